@@ -1,0 +1,41 @@
+"""frost's exception types: every error a user can trigger is one of these."""
+from __future__ import annotations
+
+
+class FrostError(Exception):
+    """Base of every error frost raises on purpose."""
+
+
+class GraphError(FrostError, ValueError):
+    """A declaration is wrong: the message names the tensor and what was expected."""
+
+
+class BindingError(FrostError, ValueError):
+    """A tensor bound at execute does not match its declaration."""
+
+
+class WorkspaceError(FrostError, ValueError):
+    """The workspace passed to execute is missing, too small or misaligned."""
+
+
+class EngineDecline(FrostError, NotImplementedError):
+    """One engine cannot serve a graph; `reason` says why in one sentence."""
+
+    def __init__(self, engine: str, reason: str):
+        self.engine = engine
+        self.reason = reason
+        super().__init__(f"{engine}: {reason}")
+
+
+class NotSupportedError(FrostError, NotImplementedError):
+    """No engine can serve the graph; lists every engine with its reason."""
+
+    def __init__(self, what: str, declines: list[tuple[str, str]]):
+        self.declines = list(declines)
+        lines = [f"no engine can serve {what}:"]
+        lines += [f"  - {name}: {reason}" for name, reason in self.declines]
+        super().__init__("\n".join(lines))
+
+
+class TemplateParamsError(FrostError, ValueError):
+    """A kernel template's validator rejected its parameters (a capability row lied)."""
