@@ -1,0 +1,106 @@
+"""Parameters of the SM90 (wgmma + TMA, warp-specialized) SDPA forward template.
+
+Feature flags follow `frost.engines.sdpa_args`; knobs change speed only. This
+module never imports cutlass, so capability rows and validators can use it
+cheaply.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from frost.engines.params import TemplateParams
+from frost.errors import TemplateParamsError
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+SUPPORTED_HEAD_DIM_PAIRS = {(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)}
+SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
+
+
+class Sm90FwdParams(TemplateParams):
+    # features (plan-time facts)
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    head_dim: int = 128
+    head_dim_v: int = 128
+    num_heads_q: int = 1
+    num_heads_kv: int = 1
+    is_thd: bool = False
+    has_seqused: bool = False
+    has_lse: bool = True
+    has_sinks: bool = False
+    has_window_left: bool = False
+    has_window_right: bool = False
+    bottom_right: bool = False
+    # knobs (speed only)
+    tile_m: int = 128
+    tile_n: int = 128
+    num_stages: int = 2
+    intra_wg_overlap: bool = True
+    pingpong: bool = True
+    separate_o_smem: bool = True
+    sm_count: int = 132
+
+    @property
+    def num_mma_wg(self) -> int:
+        return self.tile_m // 64
+
+    @property
+    def qhead_per_kvhead(self) -> int:
+        return self.num_heads_q // self.num_heads_kv
+
+
+def smem_bytes(p: Sm90FwdParams) -> int:
+    """Shared memory the template allocates (tiles + barriers + alignment slack)."""
+    e = 2
+    q = p.tile_m * p.head_dim * e
+    k = p.num_stages * p.tile_n * p.head_dim * e
+    v = p.num_stages * p.tile_n * p.head_dim_v * e
+    o = p.tile_m * p.head_dim_v * e if p.separate_o_smem else max(0, p.tile_m * p.head_dim_v * e - q)
+    return q + k + v + o + 4 * 1024
+
+
+def validate(p: Sm90FwdParams) -> None:
+    """Raise TemplateParamsError when the template cannot be built for `p`."""
+    def bad(msg: str):
+        raise TemplateParamsError(f"Sm90FwdParams: {msg}")
+
+    if (p.head_dim, p.head_dim_v) not in SUPPORTED_HEAD_DIM_PAIRS:
+        bad(f"head dims (d={p.head_dim}, dv={p.head_dim_v}) unsupported; "
+            f"supported pairs: {sorted(SUPPORTED_HEAD_DIM_PAIRS)}")
+    if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
+        bad(f"num_heads_q={p.num_heads_q} must be a positive multiple of num_heads_kv={p.num_heads_kv}")
+    if p.is_thd and p.has_seqused:
+        bad("seqused is a dense-only padding mask; THD uses cu_seqlens")
+    if p.bottom_right and not (p.has_window_left or p.has_window_right):
+        bad("bottom_right only has meaning with a window (causal is window_right=0)")
+    if p.tile_m not in (64, 128, 192):
+        bad(f"tile_m={p.tile_m} must be 64, 128 or 192 (64 rows per consumer warpgroup)")
+    if p.tile_n % 16 != 0 or not 16 <= p.tile_n <= 256:
+        bad(f"tile_n={p.tile_n} must be a multiple of 16 in [16, 256]")
+    if p.num_stages not in (1, 2, 3, 4):
+        bad(f"num_stages={p.num_stages} must be 1..4")
+    if p.pingpong and p.num_mma_wg < 2:
+        bad("pingpong needs at least two consumer warpgroups (tile_m >= 128)")
+    if p.sm_count < 1:
+        bad(f"sm_count={p.sm_count} must be positive")
+    need = smem_bytes(p)
+    if need > SMEM_BUDGET_BYTES:
+        bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
+
+
+def default_knobs(head_dim: int, head_dim_v: int | None = None, *, causal_or_window: bool = False,
+                  sm_count: int = 132) -> dict:
+    """The best measured configuration per head dim (H200)."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
+             separate_o_smem=True, sm_count=sm_count)
+    if head_dim <= 64:
+        k.update(tile_m=192, tile_n=128, pingpong=False)
+    elif head_dim <= 96:
+        k.update(tile_m=128, tile_n=128)
+    elif head_dim <= 128:
+        k.update(tile_n=128)
+    elif head_dim <= 192:
+        k.update(tile_n=112 if dv > 128 else 128, separate_o_smem=False)
+    else:
+        k.update(tile_n=80, separate_o_smem=False, pingpong=False)
+    return k
