@@ -1,0 +1,75 @@
+"""The adapter contract: `SdpaFwdDsl` / `SdpaBwdDsl`, driven by `lower_dsl_fwd` / `lower_dsl_bwd`.
+
+An adapter is constructed with plan-time descriptors only (facts, target, knobs;
+no storage). `check_support()` raises `EngineDecline`; `compile()` builds every
+artifact execute will need; `scratch_workspace_bytes()` is a closed form;
+`execute(bound, workspace, stream)` validates, binds views and launches.
+Subclasses may only add optional keywords.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from frost.engines.target import Target
+from frost.errors import EngineDecline
+from frost.ir.facts import SdpaFacts
+from frost.lowering.knobs import Knobs
+
+
+class _SdpaAdapter:
+    engine_name: str = "abstract"
+
+    def __init__(self, facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None):
+        self.facts = facts
+        self.target = target
+        self.knobs = knobs or Knobs()
+        self.compiled = False
+
+    def decline(self, reason: str) -> EngineDecline:
+        return EngineDecline(self.engine_name, reason)
+
+    def check_support(self) -> None:
+        """Raise EngineDecline when this adapter cannot serve its facts on its target."""
+
+    def compile(self) -> None:
+        self.compiled = True
+
+    def scratch_workspace_bytes(self) -> int:
+        return 0
+
+    def kernel_names(self) -> list[str]:
+        return []
+
+    def execute(self, bound: dict, workspace, stream) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class SdpaFwdDsl(_SdpaAdapter):
+    """Contract of every SDPA forward adapter."""
+
+    direction = "fwd"
+
+
+class SdpaBwdDsl(_SdpaAdapter):
+    """Contract of every SDPA backward adapter."""
+
+    direction = "bwd"
+
+
+def _lower(adapter_cls, direction: str, facts: SdpaFacts, target: Target, knobs: Optional[Knobs], **kw):
+    if facts.direction != direction:
+        raise ValueError(f"lower_dsl_{direction} got {facts.direction} facts")
+    adapter = adapter_cls(facts, target, knobs, **kw)
+    adapter.check_support()
+    adapter.compile()
+    return adapter
+
+
+def lower_dsl_fwd(adapter_cls, facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None, **kw):
+    """The one forward lowering: construct, check support, compile. `adapter_cls` is the parameter."""
+    return _lower(adapter_cls, "fwd", facts, target, knobs, **kw)
+
+
+def lower_dsl_bwd(adapter_cls, facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None, **kw):
+    """The one backward lowering: construct, check support, compile. `adapter_cls` is the parameter."""
+    return _lower(adapter_cls, "bwd", facts, target, knobs, **kw)

@@ -1,0 +1,1 @@
+"""The graph layer: tensors, SDPA nodes, validation and the facts record. Knows nothing below it."""

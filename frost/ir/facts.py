@@ -1,0 +1,90 @@
+"""The facts record: what a validated SDPA graph is, described once, judging nothing.
+
+Capability rows and adapters read facts; they never walk the graph themselves.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
+
+class TensorFacts(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    dim: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+
+
+class SdpaFacts(BaseModel):
+    """Geometry, dtypes, layouts, the resolved mask band and feature flags of one SDPA node."""
+
+    model_config = ConfigDict(frozen=True)
+
+    direction: str  # "fwd" | "bwd"
+    io_dtype: str
+    batch: int
+    num_heads_q: int
+    num_heads_kv: int
+    head_dim_qk: int
+    head_dim_v: int
+    seq_q: int  # dense: declared; THD: max_seq_len_q envelope
+    seq_kv: int
+    is_thd: bool
+    total_q: int = 0  # THD: declared packed-token envelopes
+    total_kv: int = 0
+    attn_scale: float
+    # resolved mask band, in the contract of frost.engines.sdpa_args
+    window_left: Optional[int] = None
+    window_right: Optional[int] = None
+    bottom_right: bool = False
+    has_padding: bool = False
+    has_sinks: bool = False
+    has_stats: bool = False
+    deterministic: bool = False
+    has_dsink: bool = False
+    # declared features that engines may not serve
+    has_dropout: bool = False
+    has_bias: bool = False
+    has_attn_mask: bool = False
+    has_alibi: bool = False
+    has_score_mod: bool = False
+    tensors: tuple[TensorFacts, ...] = ()
+
+    @property
+    def is_causal(self) -> bool:
+        return self.window_right == 0
+
+    @property
+    def gqa_group(self) -> int:
+        return self.num_heads_q // self.num_heads_kv
+
+    def tensor(self, name: str) -> Optional[TensorFacts]:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        return None
+
+    def features(self) -> frozenset[str]:
+        """Named features this graph uses (matched against capability rows)."""
+        f = set()
+        if self.window_right == 0:
+            f.add("causal")
+        elif self.window_right is not None:
+            f.add("window_right")
+        if self.window_left is not None:
+            f.add("window_left")
+        if self.bottom_right and (self.window_left is not None or self.window_right is not None):
+            f.add("bottom_right")
+        if self.num_heads_q != self.num_heads_kv:
+            f.add("gqa")
+        for flag, name in ((self.has_padding, "padding"), (self.has_sinks, "sinks"), (self.is_thd, "thd"),
+                           (self.has_stats, "stats"), (self.deterministic, "deterministic"),
+                           (self.has_dropout, "dropout"), (self.has_bias, "bias"),
+                           (self.has_attn_mask, "attn_mask"), (self.has_alibi, "alibi"),
+                           (self.has_score_mod, "score_mod")):
+            if flag:
+                f.add(name)
+        return frozenset(f)

@@ -1,0 +1,254 @@
+"""frost.Graph: the user-facing graph in the cuDNN frontend pygraph vocabulary."""
+from __future__ import annotations
+
+from typing import Optional
+
+from frost.errors import GraphError
+from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode
+from frost.ir.tensor import Tensor, compact_strides
+from frost.ir.validate import expected_out_dims, expected_stats_dims, validate_bwd, validate_fwd
+from frost.types import as_data_type
+
+
+def _stride_order(t: Tensor) -> list[int]:
+    """Axes from slowest to fastest, as declared by t's strides."""
+    return sorted(range(len(t.dim)), key=lambda a: (-t.stride[a], a))
+
+
+def _like_layout(src: Tensor, dim: tuple) -> tuple:
+    return compact_strides(dim, _stride_order(src))
+
+
+class Graph:
+    """Declare tensors and one SDPA node, validate, build plans, execute.
+
+    `target` (a frost Target) is a frost addition for planning against another
+    device (tests use fake targets); by default the current CUDA device, or the
+    CPU when there is none.
+    """
+
+    def __init__(self, io_data_type=None, intermediate_data_type=None, compute_data_type=None,
+                 name: str = "frost_graph", target=None, handle=None):
+        self.io_data_type = as_data_type(io_data_type)
+        self.intermediate_data_type = as_data_type(intermediate_data_type)
+        self.compute_data_type = as_data_type(compute_data_type)
+        self.name = name
+        self._target = target
+        self.tensors: list[Tensor] = []
+        self.node = None
+        self.facts = None
+        self._ranking = None
+        self.plan = None
+
+    # declarations -------------------------------------------------------------------------
+    def _invalidate(self) -> None:
+        self.facts = None
+        self._ranking = None
+        self.plan = None
+
+    def tensor(self, name: Optional[str] = None, dim=None, stride=None, data_type=None, **_ignored) -> Tensor:
+        if dim is not None and stride is None:
+            stride = compact_strides(dim)
+        dt = data_type if data_type is not None else self.io_data_type
+        t = Tensor(self, name or f"tensor_{len(self.tensors)}", dim, stride, dt)
+        self.tensors.append(t)
+        self._invalidate()
+        return t
+
+    def tensor_like(self, like, name: Optional[str] = None) -> Tensor:
+        """Declare a tensor with the dims, strides and dtype of a torch tensor."""
+        return self.tensor(name=name, dim=tuple(like.shape), stride=tuple(like.stride()), data_type=like.dtype)
+
+    def _virtual(self, name: str, dim, stride, data_type) -> Tensor:
+        t = Tensor(self, name, dim, stride, data_type, is_virtual=True)
+        self.tensors.append(t)
+        return t
+
+    def _check_owned(self, **tensors) -> None:
+        for role, t in tensors.items():
+            if t is None:
+                continue
+            if not isinstance(t, Tensor):
+                raise GraphError(f"{role}: expected a frost tensor from graph.tensor(), got {type(t).__name__}")
+            if t._graph is not self:
+                raise GraphError(f"{role}: tensor {t.name!r} belongs to another graph")
+
+    def _one_node(self) -> None:
+        if self.node is not None:
+            raise GraphError(f"graph {self.name!r} already holds {self.node.kind} {self.node.attrs.name!r}; "
+                             f"frost plans one SDPA node per graph")
+
+    def _attrs(self, name, kw) -> SdpaAttrs:
+        allowed = set(SdpaAttrs.__dataclass_fields__) - {"name"}
+        unknown = sorted(set(kw) - allowed)
+        if unknown:
+            raise GraphError(f"sdpa {name!r}: unknown keyword(s) {unknown}")
+        self._check_owned(**{k: v for k, v in kw.items() if isinstance(v, Tensor) or k in (
+            "seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv", "sink_token", "attn_mask", "bias")})
+        return SdpaAttrs(name=name, **kw)
+
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_scale=None, generate_stats=None, is_inference=None,
+             name: str = "sdpa", **kw):
+        """Scaled dot-product attention forward -> (O, Stats); Stats is None without generate_stats."""
+        self._one_node()
+        self._check_owned(q=q, k=k, v=v)
+        if generate_stats is None:
+            generate_stats = (not is_inference) if is_inference is not None else False
+        attrs = self._attrs(name, dict(attn_scale=attn_scale, **kw))
+        for role, t in (("q", q), ("k", k), ("v", v)):
+            t.require_declared()
+        thd = attrs.cu_seq_len_q is not None
+        geom = {"is_thd": thd, "total_q": q.dim[0], "batch": q.dim[0], "num_heads_q": q.dim[1],
+                "seq_q": q.dim[2] if not thd else 0}
+        o_dim = expected_out_dims(geom, v.dim[-1])
+        o = self._virtual(f"{name}::O", o_dim, _like_layout(q, o_dim), q.data_type)
+        stats = None
+        if generate_stats:
+            s_dim = expected_stats_dims(geom)
+            stats = self._virtual(f"{name}::Stats", s_dim, compact_strides(s_dim), "fp32")
+        self.node = SdpaFwdNode(q=q, k=k, v=v, o=o, stats=stats, attrs=attrs, generate_stats=bool(generate_stats))
+        for t in (o, stats):
+            if t is not None:
+                t.producer = self.node
+        self._invalidate()
+        return o, stats
+
+    def sdpa_backward(self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor,
+                      attn_scale=None, use_deterministic_algorithm: bool = False, dSink_token: Optional[Tensor] = None,
+                      name: str = "sdpa_backward", **kw):
+        """Scaled dot-product attention backward -> (dQ, dK, dV), each shaped and laid out like its input."""
+        self._one_node()
+        self._check_owned(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dSink_token=dSink_token)
+        for role, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dO", dO), ("stats", stats)):
+            if t is None:
+                raise GraphError(f"sdpa_backward {name!r}: {role} is required")
+            t.require_declared()
+        attrs = self._attrs(name, dict(attn_scale=attn_scale, **kw))
+        grads = [self._virtual(f"{name}::{g}", src.dim, _like_layout(src, src.dim), src.data_type)
+                 for g, src in (("dQ", q), ("dK", k), ("dV", v))]
+        if dSink_token is not None:
+            dSink_token.set_output(True)
+        self.node = SdpaBwdNode(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dQ=grads[0], dK=grads[1], dV=grads[2],
+                                attrs=attrs, use_deterministic_algorithm=bool(use_deterministic_algorithm),
+                                dSink_token=dSink_token)
+        self._invalidate()
+        return tuple(grads)
+
+    # planning -----------------------------------------------------------------------------
+    @property
+    def target(self):
+        if self._target is None:
+            from frost.engines.target import discover_target
+
+            self._target = discover_target()
+        return self._target
+
+    def validate(self) -> "Graph":
+        if self.node is None:
+            raise GraphError(f"graph {self.name!r} has no SDPA node; call sdpa() or sdpa_backward() first")
+        for t in self.node.outputs().values():
+            if not t.is_output and t.is_virtual:
+                continue
+        if self.node.kind == "sdpa_fwd":
+            if not self.node.o.is_output:
+                raise GraphError(f"tensor {self.node.o.name!r} (o): the output is not marked; call set_output(True)")
+            self.facts = validate_fwd(self.node)
+        else:
+            self.facts = validate_bwd(self.node)
+        return self
+
+    def build_operation_graph(self) -> "Graph":
+        if self.facts is None:
+            self.validate()
+        return self
+
+    def create_execution_plans(self, heur_modes=None, engine: Optional[str] = None, knobs=None) -> "Graph":
+        from frost.lowering.knobs import Knobs
+        from frost.lowering.lower import rank
+
+        self.build_operation_graph()
+        self._knobs = knobs if isinstance(knobs, Knobs) else Knobs(**(knobs or {}))
+        self._ranking = rank(self.facts, self.target, self._knobs, engine)
+        return self
+
+    def check_support(self) -> "Graph":
+        from frost.errors import NotSupportedError
+        from frost.lowering.lower import describe
+
+        if self._ranking is None:
+            self.create_execution_plans()
+        if not self._ranking.accepted:
+            raise NotSupportedError(describe(self.facts) + f" on {self.target.name}", self._ranking.declines)
+        return self
+
+    def build_plans(self, policy=None, engine: Optional[str] = None, knobs=None) -> "Graph":
+        """Rank the engines and compile the best (or the one named). Compiles at plan time only."""
+        from frost.lowering.lower import build_plan
+
+        if self._ranking is None or engine is not None or knobs is not None:
+            self.create_execution_plans(engine=engine, knobs=knobs)
+        self.check_support()
+        self.plan = build_plan(self.facts, self.target, self._knobs, ranking=self._ranking)
+        return self
+
+    def available_engines(self) -> list[str]:
+        """Engines that accept this graph on this machine, best first."""
+        if self._ranking is None:
+            self.create_execution_plans()
+        return [row.name for row, _ in self._ranking.accepted]
+
+    def declines(self) -> list[tuple[str, str]]:
+        """(engine, reason) for every engine that declined this graph."""
+        if self._ranking is None:
+            self.create_execution_plans()
+        return list(self._ranking.declines)
+
+    @property
+    def engine_name(self) -> Optional[str]:
+        return self.plan.engine_name if self.plan is not None else None
+
+    def get_workspace_size(self) -> int:
+        self._require_plan()
+        return self.plan.workspace_size
+
+    def _require_plan(self) -> None:
+        if self.plan is None:
+            raise GraphError(f"graph {self.name!r} has no plan; call build_plans() first")
+
+    # execution ----------------------------------------------------------------------------
+    def _roles(self) -> dict:
+        n = self.node
+        roles = dict(n.inputs())
+        roles.update(n.outputs())
+        if n.kind == "sdpa_fwd" and not n.generate_stats:
+            roles.pop("stats", None)
+        return roles
+
+    def execute(self, variant_pack: dict, workspace=None, context=None, handle=None) -> None:
+        """Bind tensors and launch on the context's stream. Never copies, allocates or syncs."""
+        from frost.runtime.binding import check_tensor, check_thd_totals, lookup
+        from frost.runtime.context import ExecutionContext
+        from frost.runtime.workspace import check_workspace
+
+        self._require_plan()
+        ctx = context if context is not None else ExecutionContext()
+        row_vec = getattr(self.plan.adapter, "vector_bytes", 1)
+        is_thd = self.facts.is_thd
+        device = None
+        bound = {}
+        for role, decl in self._roles().items():
+            t = lookup(variant_pack, decl)
+            if device is None and t is not None and hasattr(t, "device"):
+                device = t.device
+            vec = row_vec if role in ("q", "k", "v", "o", "dO", "dQ", "dK", "dV") else 4 if row_vec > 1 else 1
+            bound[role] = check_tensor(role, decl, t, device=device, is_thd=is_thd, vector_bytes=vec)
+        if device is not None:
+            want_cuda = not self.plan.adapter.target.is_cpu
+            if want_cuda and device.type != "cuda":
+                from frost.errors import BindingError
+
+                raise BindingError(f"engine {self.engine_name} runs on the GPU; tensors are on {device}")
+        if is_thd:
+            check_thd_totals(bound)
+        check_workspace(workspace, self.plan.workspace_size, device if workspace is not None else None)
+        self.plan.execute(bound, workspace, ctx.stream)

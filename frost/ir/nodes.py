@@ -1,0 +1,97 @@
+"""SDPA forward and backward nodes: the op attributes exactly as the user declared them.
+
+Attribute names follow the cuDNN frontend's pygraph `sdpa` / `sdpa_backward`
+keywords. Anything that changes numerics lives here, never in knobs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from frost.ir.tensor import Tensor
+
+
+@dataclass
+class SdpaAttrs:
+    """Attributes shared by the forward and backward node."""
+
+    name: str = "sdpa"
+    attn_scale: Optional[float] = None  # None means 1.0, as in cuDNN
+    use_causal_mask: bool = False
+    use_causal_mask_bottom_right: bool = False
+    diagonal_alignment: str = "TOP_LEFT"  # or "BOTTOM_RIGHT"
+    diagonal_band_left_bound: Optional[int] = None
+    diagonal_band_right_bound: Optional[int] = None
+    sliding_window_length: Optional[int] = None
+    use_padding_mask: bool = False
+    seq_len_q: Optional[Tensor] = None
+    seq_len_kv: Optional[Tensor] = None
+    cu_seq_len_q: Optional[Tensor] = None  # frost: packed THD prefix sums (B+1,) int32
+    cu_seq_len_kv: Optional[Tensor] = None
+    max_seq_len_q: Optional[int] = None  # frost: plan-time envelopes for THD
+    max_seq_len_kv: Optional[int] = None
+    sink_token: Optional[Tensor] = None
+    # declared for completeness; engines decline what they cannot serve
+    dropout: Optional[tuple] = None
+    attn_mask: Optional[Tensor] = None
+    bias: Optional[Tensor] = None
+    use_alibi_mask: bool = False
+    score_mod: Optional[object] = None
+
+
+@dataclass
+class SdpaFwdNode:
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    stats: Optional[Tensor]
+    attrs: SdpaAttrs
+    generate_stats: bool = False
+    kind: str = field(default="sdpa_fwd", init=False)
+
+    def inputs(self) -> dict:
+        d = {"q": self.q, "k": self.k, "v": self.v}
+        d.update(_attr_tensors(self.attrs))
+        return d
+
+    def outputs(self) -> dict:
+        d = {"o": self.o}
+        if self.stats is not None:
+            d["stats"] = self.stats
+        return d
+
+
+@dataclass
+class SdpaBwdNode:
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    dO: Tensor
+    stats: Tensor
+    dQ: Tensor
+    dK: Tensor
+    dV: Tensor
+    attrs: SdpaAttrs
+    use_deterministic_algorithm: bool = False
+    dSink_token: Optional[Tensor] = None
+    kind: str = field(default="sdpa_bwd", init=False)
+
+    def inputs(self) -> dict:
+        d = {"q": self.q, "k": self.k, "v": self.v, "o": self.o, "dO": self.dO, "stats": self.stats}
+        d.update(_attr_tensors(self.attrs))
+        return d
+
+    def outputs(self) -> dict:
+        d = {"dQ": self.dQ, "dK": self.dK, "dV": self.dV}
+        if self.dSink_token is not None:
+            d["dSink_token"] = self.dSink_token
+        return d
+
+
+def _attr_tensors(a: SdpaAttrs) -> dict:
+    named = {"seq_len_q": a.seq_len_q, "seq_len_kv": a.seq_len_kv, "cu_seq_len_q": a.cu_seq_len_q,
+             "cu_seq_len_kv": a.cu_seq_len_kv, "sink_token": a.sink_token, "attn_mask": a.attn_mask,
+             "bias": a.bias}
+    return {k: t for k, t in named.items() if t is not None}

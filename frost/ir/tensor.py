@@ -1,0 +1,119 @@
+"""Tensor descriptors: declared dims, strides and data type of one graph port."""
+from __future__ import annotations
+
+import itertools
+
+from frost.errors import GraphError
+from frost.types import DataType, as_data_type
+
+_uids = itertools.count(1)
+
+
+def compact_strides(dim, order=None) -> tuple[int, ...]:
+    """Row-major strides for `dim` (or the order given, fastest dim last in `order`)."""
+    order = list(range(len(dim))) if order is None else list(order)
+    strides = [0] * len(dim)
+    acc = 1
+    for axis in reversed(order):
+        strides[axis] = acc
+        acc *= max(int(dim[axis]), 1)
+    return tuple(strides)
+
+
+class Tensor:
+    """A graph port. Methods mirror the cuDNN frontend's tensor handle and return self."""
+
+    def __init__(self, graph, name: str, dim=None, stride=None, data_type=None, *, is_virtual=False):
+        self._graph = graph
+        self.uid = next(_uids)
+        self.name = name
+        self.dim = tuple(int(d) for d in dim) if dim is not None else None
+        self.stride = tuple(int(s) for s in stride) if stride is not None else None
+        self.data_type = as_data_type(data_type)
+        self.is_output = False
+        self.is_virtual = is_virtual  # produced by a node; becomes real when set_output(True)
+        self.producer = None
+
+    # cuDNN-style setters / getters -------------------------------------------------------
+    def set_output(self, value: bool = True) -> "Tensor":
+        self.is_output = bool(value)
+        return self
+
+    def set_dim(self, dim) -> "Tensor":
+        self.dim = tuple(int(d) for d in dim)
+        self._graph._invalidate()
+        return self
+
+    def set_stride(self, stride) -> "Tensor":
+        self.stride = tuple(int(s) for s in stride)
+        self._graph._invalidate()
+        return self
+
+    def set_data_type(self, data_type) -> "Tensor":
+        self.data_type = as_data_type(data_type)
+        self._graph._invalidate()
+        return self
+
+    def set_name(self, name: str) -> "Tensor":
+        self.name = name
+        return self
+
+    def set_uid(self, uid: int) -> "Tensor":
+        self.uid = int(uid)
+        return self
+
+    def get_dim(self):
+        return list(self.dim) if self.dim is not None else None
+
+    def get_stride(self):
+        return list(self.stride) if self.stride is not None else None
+
+    def get_data_type(self) -> DataType:
+        return self.data_type
+
+    def get_name(self) -> str:
+        return self.name
+
+    def get_uid(self) -> int:
+        return self.uid
+
+    def get_is_output(self) -> bool:
+        return self.is_output
+
+    def __repr__(self) -> str:
+        return (f"frost.Tensor(name={self.name!r}, dim={self.dim}, stride={self.stride}, "
+                f"data_type={self.data_type.short})")
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    # checks -------------------------------------------------------------------------------
+    def require_declared(self) -> None:
+        if self.dim is None or self.stride is None:
+            raise GraphError(f"tensor {self.name!r}: dim and stride must be declared (dim={self.dim}, "
+                             f"stride={self.stride})")
+        if len(self.dim) != len(self.stride):
+            raise GraphError(f"tensor {self.name!r}: dim {self.dim} and stride {self.stride} have different ranks")
+        if any(d < 0 for d in self.dim):
+            raise GraphError(f"tensor {self.name!r}: negative extent in dim {self.dim}")
+        if any(s < 0 for s in self.stride):
+            raise GraphError(f"tensor {self.name!r}: negative stride in {self.stride} (dim {self.dim})")
+        if self.data_type is DataType.NOT_SET:
+            raise GraphError(f"tensor {self.name!r}: data_type is not set")
+        if _overlaps(self.dim, self.stride):
+            raise GraphError(f"tensor {self.name!r}: strides {self.stride} make elements of dim {self.dim} "
+                             f"overlap (two indices address one element)")
+
+
+def _overlaps(dim, stride) -> bool:
+    """True when two distinct indices map to one address (ignoring size-1 dims)."""
+    pairs = sorted((s, d) for d, s in zip(dim, stride) if d > 1)
+    span = 1
+    for s, d in pairs:
+        if s < span:
+            return True
+        span = s * d
+    return False

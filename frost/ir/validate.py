@@ -1,0 +1,239 @@
+"""Validation of SDPA nodes, producing the facts record. Every error names the tensor."""
+from __future__ import annotations
+
+import math
+
+from frost.errors import GraphError
+from frost.ir.facts import SdpaFacts, TensorFacts
+from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode
+from frost.ir.tensor import Tensor
+from frost.types import DataType
+
+IO_TYPES = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)
+
+
+def _who(t: Tensor, role: str) -> str:
+    return f"tensor {t.name!r} ({role})" if t.name != role else f"tensor {t.name!r}"
+
+
+def _expect_dim(t: Tensor, role: str, expected: tuple, what: str) -> None:
+    if tuple(t.dim) != tuple(expected):
+        raise GraphError(f"{_who(t, role)}: expected dim {tuple(expected)} ({what}), got {tuple(t.dim)}")
+
+
+def _expect_dtype(t: Tensor, role: str, allowed) -> None:
+    if t.data_type not in allowed:
+        names = ", ".join(a.short for a in allowed)
+        raise GraphError(f"{_who(t, role)}: data_type must be {names}, got {t.data_type.short}")
+
+
+def _unit_last(t: Tensor, role: str) -> None:
+    if t.dim[-1] > 1 and t.stride[-1] != 1:
+        raise GraphError(f"{_who(t, role)}: the head dimension must have unit stride; strides {t.stride} "
+                         f"for dim {t.dim}")
+
+
+def _lengths_tensor(t: Tensor, role: str, batch: int) -> None:
+    t.require_declared()
+    _expect_dtype(t, role, (DataType.INT32,))
+    if tuple(t.dim) not in ((batch,), (batch, 1, 1, 1)):
+        raise GraphError(f"{_who(t, role)}: expected dim ({batch},) or ({batch}, 1, 1, 1) (one length per batch), "
+                         f"got {tuple(t.dim)}")
+
+
+def resolve_band(a: SdpaAttrs) -> tuple:
+    """(window_left, window_right, bottom_right) from the cuDNN-style keywords.
+
+    diagonal_band_left_bound L keeps keys j > i + off - L (so window_left = L - 1);
+    diagonal_band_right_bound R keeps keys j <= i + off + R; sliding_window_length W
+    is the left bound W. Causal masks set the right bound to 0.
+    """
+    if a.diagonal_alignment not in ("TOP_LEFT", "BOTTOM_RIGHT"):
+        raise GraphError(f"sdpa {a.name!r}: diagonal_alignment must be 'TOP_LEFT' or 'BOTTOM_RIGHT', "
+                         f"got {a.diagonal_alignment!r}")
+    if a.use_causal_mask and a.use_causal_mask_bottom_right:
+        raise GraphError(f"sdpa {a.name!r}: use_causal_mask and use_causal_mask_bottom_right are exclusive")
+    bottom_right = a.diagonal_alignment == "BOTTOM_RIGHT" or a.use_causal_mask_bottom_right
+    if a.use_causal_mask and a.diagonal_alignment == "BOTTOM_RIGHT":
+        raise GraphError(f"sdpa {a.name!r}: use_causal_mask is top-left; use use_causal_mask_bottom_right "
+                         f"for a bottom-right diagonal")
+    right = None
+    if a.use_causal_mask or a.use_causal_mask_bottom_right:
+        right = 0
+    if a.diagonal_band_right_bound is not None:
+        if a.diagonal_band_right_bound < 0:
+            raise GraphError(f"sdpa {a.name!r}: diagonal_band_right_bound must be >= 0, "
+                             f"got {a.diagonal_band_right_bound}")
+        if right is not None and a.diagonal_band_right_bound != 0:
+            raise GraphError(f"sdpa {a.name!r}: a causal mask and diagonal_band_right_bound="
+                             f"{a.diagonal_band_right_bound} contradict each other")
+        right = a.diagonal_band_right_bound
+    left = None
+    bounds = [b for b in (a.diagonal_band_left_bound, a.sliding_window_length) if b is not None]
+    if len(bounds) == 2 and bounds[0] != bounds[1]:
+        raise GraphError(f"sdpa {a.name!r}: diagonal_band_left_bound={bounds[0]} and sliding_window_length="
+                         f"{bounds[1]} disagree")
+    if bounds:
+        if bounds[0] < 1:
+            raise GraphError(f"sdpa {a.name!r}: the left band bound / sliding_window_length must be >= 1, "
+                             f"got {bounds[0]}")
+        left = bounds[0] - 1
+    return left, right, bottom_right
+
+
+def _tensor_facts(role: str, t: Tensor) -> TensorFacts:
+    return TensorFacts(name=role, dim=tuple(t.dim), stride=tuple(t.stride), dtype=t.data_type.short)
+
+
+def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
+    a: SdpaAttrs = node.attrs
+    for role, t in (("q", q), ("k", k), ("v", v)):
+        t.require_declared()
+        _expect_dtype(t, role, io_types)
+        _unit_last(t, role)
+    if k.data_type != q.data_type or v.data_type != q.data_type:
+        raise GraphError(f"sdpa {a.name!r}: q, k and v must share one data type; got q={q.data_type.short}, "
+                         f"k={k.data_type.short}, v={v.data_type.short}")
+    thd = a.cu_seq_len_q is not None or a.cu_seq_len_kv is not None
+    rank = len(q.dim)
+    if thd:
+        if a.cu_seq_len_q is None or a.cu_seq_len_kv is None:
+            raise GraphError(f"sdpa {a.name!r}: packed THD needs both cu_seq_len_q and cu_seq_len_kv")
+        for role, t in (("q", q), ("k", k), ("v", v)):
+            if len(t.dim) != 3:
+                raise GraphError(f"{_who(t, role)}: packed THD tensors are (tokens, heads, dim); got dim {t.dim}")
+        cu_q, cu_kv = a.cu_seq_len_q, a.cu_seq_len_kv
+        for role, t in (("cu_seq_len_q", cu_q), ("cu_seq_len_kv", cu_kv)):
+            t.require_declared()
+            _expect_dtype(t, role, (DataType.INT32,))
+            if len(t.dim) != 1 or t.dim[0] < 2:
+                raise GraphError(f"{_who(t, role)}: expected dim (B+1,) with B >= 1, got {tuple(t.dim)}")
+        if cu_q.dim != cu_kv.dim:
+            raise GraphError(f"sdpa {a.name!r}: cu_seq_len_q dim {cu_q.dim} and cu_seq_len_kv dim {cu_kv.dim} differ")
+        if a.max_seq_len_q is None or a.max_seq_len_kv is None:
+            raise GraphError(f"sdpa {a.name!r}: packed THD needs the plan-time envelopes max_seq_len_q and "
+                             f"max_seq_len_kv (the longest sequence that will ever be executed)")
+        if a.max_seq_len_q < 1 or a.max_seq_len_kv < 1:
+            raise GraphError(f"sdpa {a.name!r}: max_seq_len_q / max_seq_len_kv must be >= 1")
+        if a.use_padding_mask or a.seq_len_q is not None or a.seq_len_kv is not None:
+            raise GraphError(f"sdpa {a.name!r}: packed THD carries its lengths in cu_seq_len_q/kv; "
+                             f"padding masks (seq_len_q/kv) do not apply")
+        batch = cu_q.dim[0] - 1
+        tq, hq, dqk = q.dim
+        tkv, hkv, dk = k.dim
+        tv, hv, dv = v.dim
+        sq, skv = a.max_seq_len_q, a.max_seq_len_kv
+        if sq > tq or skv > tkv:
+            raise GraphError(f"sdpa {a.name!r}: max_seq_len_q={sq} / max_seq_len_kv={skv} exceed the declared "
+                             f"packed totals q={tq} / k={tkv}")
+    else:
+        if a.max_seq_len_q is not None or a.max_seq_len_kv is not None:
+            raise GraphError(f"sdpa {a.name!r}: max_seq_len_q/max_seq_len_kv are envelopes for packed THD "
+                             f"graphs; a dense graph takes its lengths from the declared dims")
+        for role, t in (("q", q), ("k", k), ("v", v)):
+            if len(t.dim) != 4:
+                raise GraphError(f"{_who(t, role)}: expected dim (B, H, S, D), got {t.dim}; packed THD "
+                                 f"tensors need cu_seq_len_q/cu_seq_len_kv")
+        batch, hq, sq, dqk = q.dim
+        bk, hkv, skv, dk = k.dim
+        bv, hv, sv, dv = v.dim
+        if bk != batch or bv != batch:
+            raise GraphError(f"sdpa {a.name!r}: batch sizes differ: q {batch}, k {bk}, v {bv}")
+        if sv != skv:
+            raise GraphError(f"{_who(v, 'v')}: sequence length {sv} differs from k's {skv}")
+        tq = tkv = tv = 0
+    if rank != len(k.dim):
+        raise GraphError(f"sdpa {a.name!r}: q and k have different ranks")
+    if dk != dqk:
+        raise GraphError(f"{_who(k, 'k')}: head dim {dk} differs from q's head dim {dqk}")
+    if hv != hkv:
+        raise GraphError(f"{_who(v, 'v')}: {hv} heads differ from k's {hkv}")
+    if thd and tv != tkv:
+        raise GraphError(f"{_who(v, 'v')}: packed total {tv} differs from k's {tkv}")
+    if hkv < 1 or hq % hkv != 0:
+        raise GraphError(f"sdpa {a.name!r}: q has {hq} heads, k/v have {hkv}; GQA needs H_q to be a multiple of H_kv")
+    if dqk < 1 or dv < 1:
+        raise GraphError(f"sdpa {a.name!r}: head dims must be >= 1")
+    if a.use_padding_mask != (a.seq_len_q is not None or a.seq_len_kv is not None):
+        raise GraphError(f"sdpa {a.name!r}: use_padding_mask=True needs seq_len_q and seq_len_kv, and they are "
+                         f"only meaningful with use_padding_mask=True")
+    if a.use_padding_mask:
+        if a.seq_len_q is None or a.seq_len_kv is None:
+            raise GraphError(f"sdpa {a.name!r}: use_padding_mask needs both seq_len_q and seq_len_kv")
+        _lengths_tensor(a.seq_len_q, "seq_len_q", batch)
+        _lengths_tensor(a.seq_len_kv, "seq_len_kv", batch)
+    if a.sink_token is not None:
+        s = a.sink_token
+        s.require_declared()
+        _expect_dtype(s, "sink_token", (DataType.FLOAT,))
+        if tuple(s.dim) not in ((hq,), (1, hq, 1, 1)):
+            raise GraphError(f"{_who(s, 'sink_token')}: expected dim (1, {hq}, 1, 1) or ({hq},) (one value per "
+                             f"query head), got {tuple(s.dim)}")
+    if a.attn_scale is not None and not math.isfinite(float(a.attn_scale)):
+        raise GraphError(f"sdpa {a.name!r}: attn_scale must be finite, got {a.attn_scale}")
+    left, right, bottom_right = resolve_band(a)
+    geom = dict(batch=batch, num_heads_q=hq, num_heads_kv=hkv, head_dim_qk=dqk, head_dim_v=dv, seq_q=sq,
+                seq_kv=skv, is_thd=thd, total_q=tq, total_kv=tkv)
+    mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
+                has_sinks=a.sink_token is not None,
+                attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
+                has_dropout=a.dropout is not None, has_bias=a.bias is not None, has_attn_mask=a.attn_mask is not None,
+                has_alibi=bool(a.use_alibi_mask), has_score_mod=a.score_mod is not None)
+    return geom, mask
+
+
+def expected_out_dims(geom: dict, head_dim: int) -> tuple:
+    if geom["is_thd"]:
+        return (geom["total_q"], geom["num_heads_q"], head_dim)
+    return (geom["batch"], geom["num_heads_q"], geom["seq_q"], head_dim)
+
+
+def expected_stats_dims(geom: dict) -> tuple:
+    if geom["is_thd"]:
+        return (geom["total_q"], geom["num_heads_q"], 1)
+    return (geom["batch"], geom["num_heads_q"], geom["seq_q"], 1)
+
+
+def _check_like(t: Tensor, role: str, dims: tuple, allowed, what: str) -> None:
+    t.require_declared()
+    _expect_dim(t, role, dims, what)
+    _expect_dtype(t, role, allowed)
+
+
+def validate_fwd(node: SdpaFwdNode, io_types=IO_TYPES) -> SdpaFacts:
+    geom, mask = _validate_common(node, io_types, node.q, node.k, node.v)
+    _check_like(node.o, "o", expected_out_dims(geom, geom["head_dim_v"]), io_types, "q's geometry with v's head dim")
+    _unit_last(node.o, "o")
+    if node.generate_stats and node.stats is not None:
+        _check_like(node.stats, "stats", expected_stats_dims(geom), (DataType.FLOAT,),
+                    "one fp32 log-sum-exp per query row")
+    roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o}
+    if node.generate_stats:
+        roles["stats"] = node.stats
+    return SdpaFacts(direction="fwd", io_dtype=node.q.data_type.short, has_stats=node.generate_stats,
+                     tensors=tuple(_tensor_facts(r, t) for r, t in roles.items()), **geom, **mask)
+
+
+def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
+    geom, mask = _validate_common(node, io_types, node.q, node.k, node.v)
+    a = node.attrs
+    out_dims = expected_out_dims(geom, geom["head_dim_v"])
+    _check_like(node.o, "o", out_dims, io_types, "q's geometry with v's head dim")
+    _check_like(node.dO, "dO", out_dims, io_types, "the shape of o")
+    _check_like(node.stats, "stats", expected_stats_dims(geom), (DataType.FLOAT,),
+                "the forward's fp32 log-sum-exp per query row")
+    for role, grad, like in (("dQ", node.dQ, node.q), ("dK", node.dK, node.k), ("dV", node.dV, node.v)):
+        _check_like(grad, role, tuple(like.dim), io_types, f"the shape of {like.name!r}")
+        _unit_last(grad, role)
+    for role, t in (("o", node.o), ("dO", node.dO)):
+        _unit_last(t, role)
+    if node.dSink_token is not None:
+        if a.sink_token is None:
+            raise GraphError(f"tensor {node.dSink_token.name!r} (dSink_token): a sink gradient needs sink_token")
+        _check_like(node.dSink_token, "dSink_token", tuple(a.sink_token.dim), (DataType.FLOAT,),
+                    "the shape of sink_token")
+    roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "dO": node.dO, "stats": node.stats,
+             "dQ": node.dQ, "dK": node.dK, "dV": node.dV}
+    return SdpaFacts(direction="bwd", io_dtype=node.q.data_type.short, deterministic=node.use_deterministic_algorithm,
+                     has_dsink=node.dSink_token is not None, has_stats=True,
+                     tensors=tuple(_tensor_facts(r, t) for r, t in roles.items()), **geom, **mask)

@@ -1,0 +1,1 @@
+"""The lowering pass: facts -> ranked (engine, knobs) -> a built plan."""

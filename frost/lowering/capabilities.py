@@ -1,0 +1,88 @@
+"""Capability rows: one record of data per engine. Rows judge nothing; `mismatch` does."""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
+MMA_SYNC_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
+                             "thd", "stats"})
+
+
+class CapabilityRow(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    adapter: str  # "module:Class", imported lazily
+    direction: str  # "fwd" | "bwd"
+    cc_min: tuple[int, int]
+    cc_max: tuple[int, int]
+    priority: int  # lower ranks first among engines that accept
+    dtypes: tuple[str, ...]
+    head_dims: Optional[tuple[tuple[int, int], ...]]  # None: any
+    features: frozenset[str]
+    knob_choices: dict[str, tuple[int, ...]] = {}
+    vector_bytes: int = 16  # non-unit strides must be multiples of this many bytes
+    pending: Optional[str] = None  # a kernel that is not available yet, and why
+    explicit_only_on_gpu: bool = False  # the reference: never chosen silently on a GPU
+    serves_cpu: bool = False
+
+
+def _fwd_bwd(name: str, module: str, cls: str, **kw) -> list[CapabilityRow]:
+    return [CapabilityRow(name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd", **kw),
+            CapabilityRow(name=f"SdpaBwdDsl{name}", adapter=f"{module}:SdpaBwdDsl{cls}", direction="bwd",
+                          **{**kw, "features": kw["features"] | {"deterministic"}})]
+
+
+ROWS: tuple[CapabilityRow, ...] = tuple(
+    _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
+             dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+             knob_choices={"tile_m": (64, 128, 192), "tile_n": (64, 80, 96, 112, 128, 160, 176, 192),
+                           "num_stages": (1, 2, 3)},
+             pending="the SM90 (wgmma + TMA) kernel is not available yet")
+    + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+               knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
+                             "num_warps": (4, 8)},
+               pending="the SM80 (mma.sync) kernel is not available yet")
+    + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+               knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
+                             "num_warps": (4, 8)},
+               pending="the SM120 (mma.sync, 99 KB smem) kernel is not available yet")
+    + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+               pending="the SM100 (tcgen05 + TMEM) kernel is not written yet")
+    + [CapabilityRow(name="SdpaFwdReference", adapter="frost.adapters.reference:SdpaFwdReference",
+                     direction="fwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
+                     dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=KERNEL_FEATURES,
+                     vector_bytes=1, explicit_only_on_gpu=True, serves_cpu=True),
+       CapabilityRow(name="SdpaBwdReference", adapter="frost.adapters.reference:SdpaBwdReference",
+                     direction="bwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
+                     dtypes=("bf16", "fp16", "fp32"), head_dims=None,
+                     features=KERNEL_FEATURES | {"deterministic"}, vector_bytes=1,
+                     explicit_only_on_gpu=True, serves_cpu=True)]
+)
+
+_ALIASES = {"reference": "Reference", "ref": "Reference", "sm80": "DslSm80", "sm90": "DslSm90",
+            "sm100": "DslSm100", "sm120": "DslSm120"}
+
+
+def rows_for(direction: str) -> list[CapabilityRow]:
+    return [r for r in ROWS if r.direction == direction]
+
+
+def resolve_engine_name(name: str, direction: str) -> str:
+    """Full engine name from a full name or a short alias ('sm80', 'reference')."""
+    full = {r.name for r in rows_for(direction)}
+    if name in full:
+        return name
+    tail = _ALIASES.get(name.lower())
+    if tail is not None:
+        cand = f"Sdpa{'Fwd' if direction == 'fwd' else 'Bwd'}{tail}"
+        if cand in full:
+            return cand
+    from frost.errors import GraphError
+
+    raise GraphError(f"unknown engine {name!r}; known: {sorted(full)} or aliases {sorted(_ALIASES)}")

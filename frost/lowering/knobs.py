@@ -1,0 +1,18 @@
+"""Knobs: speed-only choices a user may request. A requested knob is honored or the engine is ineligible."""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Knobs(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tile_m: Optional[int] = None
+    tile_n: Optional[int] = None
+    num_stages: Optional[int] = None
+    num_warps: Optional[int] = None
+
+    def requested(self) -> dict:
+        return {k: v for k, v in self.model_dump().items() if v is not None}

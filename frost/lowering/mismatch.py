@@ -1,0 +1,61 @@
+"""`mismatch(row, facts, knobs, target)`: the first human-readable reason a row cannot serve, or None."""
+from __future__ import annotations
+
+from typing import Optional
+
+from frost.engines.target import Target
+from frost.ir.facts import SdpaFacts
+from frost.lowering.capabilities import CapabilityRow
+from frost.lowering.knobs import Knobs
+
+_ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
+_VECTOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
+
+
+def _cc(c: tuple[int, int]) -> str:
+    return f"{c[0]}.{c[1]}"
+
+
+def mismatch(row: CapabilityRow, facts: SdpaFacts, knobs: Knobs, target: Target) -> Optional[str]:
+    if row.direction != facts.direction:
+        return f"serves sdpa {row.direction}, not {facts.direction}"
+    if target.is_cpu:
+        if not row.serves_cpu:
+            return "needs a CUDA GPU; this machine has none"
+    elif not (row.cc_min <= target.cc <= row.cc_max):
+        span = _cc(row.cc_min) if row.cc_min == row.cc_max else f"{_cc(row.cc_min)}-{_cc(row.cc_max)}"
+        return f"serves compute capability {span}; this device ({target.name}) is {_cc(target.cc)}"
+    if row.pending:
+        return row.pending
+    if facts.io_dtype not in row.dtypes:
+        return f"serves {'/'.join(row.dtypes)}, not {facts.io_dtype}"
+    if row.head_dims is not None and (facts.head_dim_qk, facts.head_dim_v) not in row.head_dims:
+        dims = ", ".join(f"{a}" if a == b else f"{a}x{b}" for a, b in row.head_dims)
+        return f"serves head dims {dims}; this graph has d_qk={facts.head_dim_qk}, d_v={facts.head_dim_v}"
+    missing = sorted(facts.features() - row.features)
+    if missing:
+        return f"does not serve {', '.join(missing)}"
+    reason = _layout_mismatch(row, facts)
+    if reason:
+        return reason
+    for knob, value in knobs.requested().items():
+        choices = row.knob_choices.get(knob)
+        if choices is None:
+            return f"has no knob {knob!r} (requested {value})"
+        if value not in choices:
+            return f"knob {knob}={value} is not one of {choices}"
+    return None
+
+
+def _layout_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
+    if row.vector_bytes <= 1:
+        return None
+    for t in facts.tensors:
+        if t.name not in _VECTOR_ROLES:
+            continue
+        elems = max(row.vector_bytes // _ITEMSIZE.get(t.dtype, 2), 1)
+        bad = [s for d, s in zip(t.dim[:-1], t.stride[:-1]) if d > 1 and s % elems != 0]
+        if bad:
+            return (f"tensor {t.name!r} has strides {t.stride} (dim {t.dim}); every non-unit stride must be a "
+                    f"multiple of {elems} elements ({row.vector_bytes}-byte vector loads), and {bad[0]} is not")
+    return None

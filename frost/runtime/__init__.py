@@ -1,0 +1,1 @@
+"""Runtime: ExecutionContext, stream resolution, binding checks and workspace carving."""

@@ -1,0 +1,67 @@
+"""Execute-time binding: check each bound tensor against its declaration. Checks only, no copies."""
+from __future__ import annotations
+
+from frost.errors import BindingError
+from frost.ir.tensor import Tensor
+
+# roles whose first dim is the packed token count in THD graphs, by token group
+THD_Q_ROLES = ("q", "o", "dO", "dQ", "stats")
+THD_KV_ROLES = ("k", "v", "dK", "dV")
+
+
+def _who(role: str, t: Tensor) -> str:
+    return f"tensor {t.name!r} ({role})" if t.name != role else f"tensor {t.name!r}"
+
+
+def lookup(variant_pack: dict, decl: Tensor):
+    """Find a declared tensor in a variant pack keyed by handle, uid or name."""
+    for key in (decl, decl.uid, decl.name):
+        try:
+            if key in variant_pack:
+                return variant_pack[key]
+        except TypeError:
+            continue
+    return None
+
+
+def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_bytes: int):
+    import torch
+
+    if t is None:
+        raise BindingError(f"{_who(role, decl)} is missing from the variant pack (key it by the tensor handle, "
+                           f"its uid {decl.uid} or its name)")
+    if not isinstance(t, torch.Tensor):
+        raise BindingError(f"{_who(role, decl)}: expected a torch.Tensor, got {type(t).__name__}")
+    want = decl.data_type.to_torch()
+    if t.dtype != want:
+        raise BindingError(f"{_who(role, decl)}: declared {want}, bound {t.dtype}")
+    if device is not None and t.device != device:
+        raise BindingError(f"{_who(role, decl)}: on {t.device}, expected {device}")
+    dims, strides = tuple(decl.dim), tuple(decl.stride)
+    got_dims, got_strides = tuple(t.shape), tuple(t.stride())
+    thd_token = is_thd and (role in THD_Q_ROLES or role in THD_KV_ROLES)
+    if thd_token:
+        ok = len(got_dims) == len(dims) and got_dims[1:] == dims[1:] and got_dims[0] <= dims[0]
+        if not ok:
+            raise BindingError(f"{_who(role, decl)}: declared dim {dims} (packed tokens up to {dims[0]}), "
+                               f"bound {got_dims}")
+    elif got_dims != dims:
+        raise BindingError(f"{_who(role, decl)}: declared dim {dims}, bound {got_dims}")
+    for axis, (d, s, gs) in enumerate(zip(got_dims, strides, got_strides)):
+        if d <= 1 or s == gs:
+            continue
+        derived = thd_token and s == dims[0] and gs == got_dims[0]  # e.g. head-major THD stats
+        if not derived:
+            raise BindingError(f"{_who(role, decl)}: declared strides {strides}, bound {got_strides} "
+                               f"(dim {got_dims}); frost never copies to fix a layout")
+    if vector_bytes > 1 and t.numel() > 0 and t.data_ptr() % vector_bytes != 0:
+        raise BindingError(f"{_who(role, decl)}: address {t.data_ptr():#x} is not {vector_bytes}-byte aligned")
+    return t
+
+
+def check_thd_totals(bound: dict) -> None:
+    """The packed totals of one token group must agree across its tensors."""
+    for group in (THD_Q_ROLES, THD_KV_ROLES):
+        seen = {r: bound[r].shape[0] for r in group if r in bound and r != "stats"}
+        if len(set(seen.values())) > 1:
+            raise BindingError(f"packed token counts disagree: {seen}")

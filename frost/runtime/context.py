@@ -1,0 +1,70 @@
+"""ExecutionContext and stream resolution.
+
+A stream may be a torch stream, a `cuda.bindings` CUstream, a raw integer
+handle, or None (torch's current stream). Raw handles 0 and 1 mean the default
+stream. Every launch and every torch operation on the execute path uses the
+resolved stream.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass
+class ExecutionContext:
+    stream: Any = None
+    handle: Optional[Any] = None  # accepted for cuDNN-style call sites; frost needs none
+
+
+def stream_handle(stream: Any) -> int:
+    """The raw integer handle of any accepted stream object (0 = default stream)."""
+    if stream is None:
+        import torch
+
+        return int(torch.cuda.current_stream().cuda_stream) if torch.cuda.is_available() else 0
+    if isinstance(stream, bool):
+        raise TypeError(f"not a stream: {stream!r}")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError(f"stream handle must be >= 0, got {stream}")
+        return 0 if stream in (0, 1) else stream
+    raw = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream
+    if raw is not None:
+        return int(raw)
+    try:
+        return int(stream)  # cuda.bindings CUstream supports int()
+    except (TypeError, ValueError):
+        pass
+    getptr = getattr(stream, "getPtr", None)
+    if getptr is not None:
+        return int(getptr())
+    raise TypeError(f"not a stream: {stream!r} (use a torch stream, a CUstream, an int handle or None)")
+
+
+def torch_stream(stream: Any, device=None):
+    """A torch stream object for the same stream, for torch work on the execute path."""
+    import torch
+
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    h = stream_handle(stream)
+    if h == 0:
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(h, device=device)
+
+
+@contextlib.contextmanager
+def on_stream(stream: Any, device=None):
+    """Run torch operations on `stream` (no-op on CPU)."""
+    import torch
+
+    if device is not None and getattr(device, "type", str(device)) == "cpu":
+        yield
+        return
+    if not torch.cuda.is_available():
+        yield
+        return
+    with torch.cuda.device(device), torch.cuda.stream(torch_stream(stream, device)):
+        yield

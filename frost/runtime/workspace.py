@@ -1,0 +1,66 @@
+"""Workspace carving: scratch views cut from the caller's workspace, never allocated by frost."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frost.errors import WorkspaceError
+
+ALIGN = 256
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class ScratchBuffer:
+    name: str
+    dtype: str  # torch dtype name, e.g. "float32"
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        size = {"float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "uint8": 1, "int64": 8, "float64": 8}
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n * size[self.dtype]
+
+
+def layout_bytes(buffers) -> int:
+    """Closed-form workspace size of a scratch layout (each buffer 256-byte aligned)."""
+    return sum(align_up(b.nbytes) for b in buffers)
+
+
+def check_workspace(workspace, needed: int, device=None) -> None:
+    if needed == 0:
+        return
+    import torch
+
+    if workspace is None:
+        raise WorkspaceError(f"this plan needs a workspace of {needed} bytes; got None "
+                             f"(allocate torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=...))")
+    if not isinstance(workspace, torch.Tensor):
+        raise WorkspaceError(f"workspace must be a torch.Tensor of uint8, got {type(workspace).__name__}")
+    if workspace.dtype != torch.uint8 or not workspace.is_contiguous():
+        raise WorkspaceError(f"workspace must be a contiguous uint8 tensor, got {workspace.dtype} "
+                             f"(contiguous={workspace.is_contiguous()})")
+    if workspace.numel() < needed:
+        raise WorkspaceError(f"workspace too small: this plan needs {needed} bytes, got {workspace.numel()}")
+    if workspace.data_ptr() % ALIGN != 0:
+        raise WorkspaceError(f"workspace must be {ALIGN}-byte aligned; its address is {workspace.data_ptr():#x}")
+    if device is not None and workspace.device != device:
+        raise WorkspaceError(f"workspace is on {workspace.device}, the plan's tensors are on {device}")
+
+
+def carve(workspace, buffers) -> dict:
+    """Views into `workspace` for each buffer, in order, each 256-byte aligned. No allocation."""
+    import torch
+
+    check_workspace(workspace, layout_bytes(buffers))
+    views, off = {}, 0
+    for b in buffers:
+        dt = getattr(torch, b.dtype)
+        views[b.name] = workspace[off:off + b.nbytes].view(dt).view(b.shape)
+        off += align_up(b.nbytes)
+    return views
