@@ -1,0 +1,81 @@
+"""The forward adapter shared by every CuTe DSL arch line; arch modules only supply TemplateParams."""
+from __future__ import annotations
+
+import importlib
+
+from frost.adapters.base import SdpaFwdDsl, SdpaBwdDsl
+from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
+from frost.engines.dsl import dsl_decline_reason
+from frost.errors import TemplateParamsError
+from frost.runtime.context import stream_handle
+
+
+def fwd_feature_flags(facts) -> dict:
+    """The TemplateParams feature fields every forward template shares (sdpa_args.py)."""
+    return dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
+                num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
+                has_seqused=facts.has_padding, has_lse=facts.has_stats, has_sinks=facts.has_sinks,
+                has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
+                bottom_right=facts.bottom_right and (facts.window_left is not None or facts.window_right is not None))
+
+
+class DslFwdAdapter(SdpaFwdDsl):
+    """Compiles one forward template at plan time; execute binds canonical views and launches."""
+
+    template: str = ""  # dotted module path of the kernel template
+    params_module: str = ""  # dotted module path with the params class, validate() and default_knobs()
+    vector_bytes = 16
+
+    def check_support(self) -> None:
+        reason = dsl_decline_reason()
+        if reason:
+            raise self.decline(reason)
+
+    def template_params(self):  # pragma: no cover - per arch
+        raise NotImplementedError
+
+    def compile(self) -> None:
+        from frost.engines.compile import compile_kernel
+
+        params = self.template_params()
+        try:
+            importlib.import_module(self.params_module).validate(params)
+        except TemplateParamsError as e:
+            raise TemplateParamsError(f"{self.engine_name}: its capability row accepted a graph its template "
+                                      f"rejects (a bug): {e}") from e
+        self.params = params
+        self.kernel = compile_kernel(self.template, params, self.target)
+        self.compiled = True
+
+    def kernel_names(self) -> list[str]:
+        return [self.kernel.name] if self.compiled else []
+
+    def execute(self, bound: dict, workspace, stream) -> None:
+        f = self.facts
+        thd = f.is_thd
+        args = [io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
+                io_view(bound["o"], thd)]
+        if f.has_stats:
+            args.append(stats_view(bound["stats"], thd))
+        if thd:
+            args += [bound["cu_seq_len_q"], bound["cu_seq_len_kv"]]
+        if f.has_padding:
+            args += [lengths_view(bound["seq_len_q"]), lengths_view(bound["seq_len_kv"])]
+        if f.has_sinks:
+            args.append(sink_view(bound["sink_token"]))
+        args.append(f.attn_scale)
+        if f.window_left is not None:
+            args.append(f.window_left)
+        if f.window_right is not None:
+            args.append(f.window_right)
+        if thd:
+            args.append(f.seq_q)
+        args.append(stream_handle(stream))
+        self.kernel(*args)
+
+
+class PendingBwdAdapter(SdpaBwdDsl):
+    """A backward arch line whose kernels are not available; its capability row declines first."""
+
+    def check_support(self) -> None:
+        raise self.decline("the backward kernels of this arch line are not available yet")
