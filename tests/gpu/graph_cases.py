@@ -1,0 +1,126 @@
+"""Build frost SDPA graphs from torch tensors for the GPU suites (engine-agnostic)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+import frost
+
+
+@dataclass
+class FwdCase:
+    d: int = 128
+    dv: int | None = None
+    hq: int = 4
+    hkv: int = 4
+    b: int = 2
+    sq: int = 256
+    skv: int = 256
+    causal: bool = False
+    bottom_right: bool = False
+    left: int | None = None  # sliding_window_length
+    sinks: bool = False
+    padding: bool = False
+    thd_lens: list | None = None  # per-batch (len_q, len_kv) for THD
+    layout: str = "bshd"  # or "bhsd"
+    stats: bool = True
+    dtype: torch.dtype = torch.bfloat16
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        parts = [f"d{self.d}" + (f"x{self.dv}" if self.dv else ""), f"h{self.hq}-{self.hkv}", self.layout]
+        for flag, name in ((self.causal, "causal"), (self.bottom_right, "br"), (self.sinks, "sinks"),
+                           (self.padding, "pad"), (self.thd_lens is not None, "thd"), (not self.stats, "nostats")):
+            if flag:
+                parts.append(name)
+        if self.left:
+            parts.append(f"win{self.left}")
+        if self.sq != self.skv:
+            parts.append(f"s{self.sq}x{self.skv}")
+        return "-".join(parts)
+
+
+def _dense(b, h, s, d, layout, dtype, dev):
+    if layout == "bshd":
+        return torch.randn(b, s, h, d, device=dev, dtype=dtype).permute(0, 2, 1, 3)
+    return torch.randn(b, h, s, d, device=dev, dtype=dtype)
+
+
+def make_fwd(case: FwdCase, dev="cuda", seed=0):
+    """Returns (graph, tensors dict keyed by frost Tensor, torch tensors by role)."""
+    torch.manual_seed(seed)
+    dv = case.dv or case.d
+    g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
+    t = {}
+    kw = dict(attn_scale=1.0 / math.sqrt(case.d), generate_stats=case.stats)
+    if case.causal and case.bottom_right:
+        kw["use_causal_mask_bottom_right"] = True
+    elif case.causal:
+        kw["use_causal_mask"] = True
+    elif case.bottom_right:
+        kw["diagonal_alignment"] = "BOTTOM_RIGHT"
+    if case.left:
+        kw["sliding_window_length"] = case.left
+    if case.thd_lens is not None:
+        lq = [a for a, _ in case.thd_lens]
+        lk = [b for _, b in case.thd_lens]
+        tq, tk = sum(lq), sum(lk)
+        t["q"] = torch.randn(max(tq, 1), case.hq, case.d, device=dev, dtype=case.dtype)[:tq]
+        t["k"] = torch.randn(max(tk, 1), case.hkv, case.d, device=dev, dtype=case.dtype)[:tk]
+        t["v"] = torch.randn(max(tk, 1), case.hkv, dv, device=dev, dtype=case.dtype)[:tk]
+        t["o"] = torch.empty(tq, case.hq, dv, device=dev, dtype=case.dtype)
+        t["cu_seq_len_q"] = torch.tensor([0] + list(_cumsum(lq)), device=dev, dtype=torch.int32)
+        t["cu_seq_len_kv"] = torch.tensor([0] + list(_cumsum(lk)), device=dev, dtype=torch.int32)
+        if case.stats:
+            t["stats"] = torch.empty(tq, case.hq, 1, device=dev, dtype=torch.float32)
+        kw.update(max_seq_len_q=max(max(lq), 1), max_seq_len_kv=max(max(lk), 1))
+    else:
+        t["q"] = _dense(case.b, case.hq, case.sq, case.d, case.layout, case.dtype, dev)
+        t["k"] = _dense(case.b, case.hkv, case.skv, case.d, case.layout, case.dtype, dev)
+        t["v"] = _dense(case.b, case.hkv, case.skv, dv, case.layout, case.dtype, dev)
+        t["o"] = _dense(case.b, case.hq, case.sq, dv, case.layout, case.dtype, dev)
+        if case.stats:
+            t["stats"] = torch.empty(case.b, case.hq, case.sq, 1, device=dev, dtype=torch.float32)
+        if case.padding:
+            t["seq_len_q"] = torch.randint(1, case.sq + 1, (case.b, 1, 1, 1), device=dev, dtype=torch.int32)
+            t["seq_len_kv"] = torch.randint(1, case.skv + 1, (case.b, 1, 1, 1), device=dev, dtype=torch.int32)
+    if case.sinks:
+        t["sink_token"] = torch.randn(1, case.hq, 1, 1, device=dev, dtype=torch.float32)
+    decl = {role: g.tensor_like(x, name=role) for role, x in t.items() if role not in ("o", "stats")}
+    if case.thd_lens is not None:
+        # envelopes: declare the packed totals as the dims (the bound tensors may hold fewer tokens)
+        for role in ("q", "k", "v"):
+            decl[role].set_dim(tuple(t[role].shape)).set_stride(tuple(t[role].stride()))
+        kw.update(cu_seq_len_q=decl["cu_seq_len_q"], cu_seq_len_kv=decl["cu_seq_len_kv"])
+    if case.padding:
+        kw.update(use_padding_mask=True, seq_len_q=decl["seq_len_q"], seq_len_kv=decl["seq_len_kv"])
+    if case.sinks:
+        kw["sink_token"] = decl["sink_token"]
+    o, stats = g.sdpa(decl["q"], decl["k"], decl["v"], **kw)
+    o.set_output(True).set_dim(tuple(t["o"].shape)).set_stride(tuple(t["o"].stride()))
+    decl["o"] = o
+    if case.stats:
+        stats.set_output(True).set_dim(tuple(t["stats"].shape)).set_stride(tuple(t["stats"].stride()))
+        decl["stats"] = stats
+    return g, decl, t
+
+
+def _cumsum(xs):
+    acc = 0
+    for x in xs:
+        acc += x
+        yield acc
+
+
+def pack(decl, tensors):
+    return {decl[r]: tensors[r] for r in decl}
+
+
+def rel_err(x, ref, mask=None):
+    x, ref = x.double(), ref.double()
+    if mask is not None:
+        x, ref = x[mask], ref[mask]
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()

@@ -1,0 +1,155 @@
+"""Forward engines through the public graph API on a GPU: numerics vs the reference, and the execute contract."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import frost
+from frost.errors import NotSupportedError
+from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err
+
+pytestmark = pytest.mark.gpu
+
+ENGINES = ["sm90", "sm80"]
+
+CASES = [
+    FwdCase(d=128),
+    FwdCase(d=128, causal=True),
+    FwdCase(d=64, causal=True, layout="bhsd"),
+    FwdCase(d=96),
+    FwdCase(d=256, causal=True, sq=192, skv=192),
+    FwdCase(d=192, dv=128, causal=True),
+    FwdCase(d=128, hq=8, hkv=2, causal=True),
+    FwdCase(d=128, hq=8, hkv=1),
+    FwdCase(d=128, causal=True, bottom_right=True, sq=100, skv=300),
+    FwdCase(d=128, causal=True, sq=300, skv=100),
+    FwdCase(d=128, causal=True, left=64),
+    FwdCase(d=64, bottom_right=True, left=33, sq=130, skv=260),
+    FwdCase(d=128, sinks=True, causal=True),
+    FwdCase(d=128, padding=True, causal=True, sq=200, skv=200),
+    FwdCase(d=128, stats=False),
+    FwdCase(d=128, dtype=torch.float16, causal=True),
+    FwdCase(d=128, thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (128, 128), (5, 200)], causal=True),
+    FwdCase(d=64, hq=8, hkv=2, thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], sinks=True),
+]
+
+
+def _plan(g, engine):
+    g.validate()
+    try:
+        g.build_plans(engine=engine)
+    except NotSupportedError as e:
+        pytest.skip(f"{engine} declines: {e.declines}")
+    return g
+
+
+def _valid_rows(case, t):
+    """Boolean mask over o's canonical rows that lie inside a sequence."""
+    if case.thd_lens is not None:
+        return None  # every bound token lies in a sequence (totals are exact here)
+    if case.padding:
+        b, sq = case.b, case.sq
+        lens = t["seq_len_q"].view(-1)
+        rows = torch.arange(sq, device=lens.device).view(1, sq) < lens.view(b, 1)
+        return rows
+    return None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_fwd_matches_reference(engine, case):
+    g, decl, t = make_fwd(case)
+    _plan(g, engine)
+    rg, rdecl, rt = make_fwd(case)  # same seed: identical inputs
+    rg.validate().build_plans(engine="reference")
+    t["o"].fill_(float("nan"))
+    if "stats" in t:
+        t["stats"].fill_(float("nan"))
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    g.execute(pack(decl, t), ws, frost.ExecutionContext())
+    rg.execute(pack(rdecl, rt), None)
+    torch.cuda.synchronize()
+    o, ro = t["o"], rt["o"]
+    rows = _valid_rows(case, t)
+    if rows is not None:  # dense (B, H, S, D): pick valid (b, s)
+        o, ro = o.permute(0, 2, 1, 3)[rows], ro.permute(0, 2, 1, 3)[rows]
+    assert not torch.isnan(o).any(), "some output elements were not written"
+    assert rel_err(o, ro) < 1e-2
+    if case.stats:
+        s, rs = t["stats"], rt["stats"]
+        if rows is not None:
+            s, rs = s[..., 0].permute(0, 2, 1)[rows], rs[..., 0].permute(0, 2, 1)[rows]
+        assert not torch.isnan(s).any(), "some stats were not written"
+        fin = torch.isfinite(rs)
+        assert torch.equal(torch.isfinite(s), fin), "empty rows must have LSE = -inf"
+        assert (s[fin] - rs[fin]).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_non_default_stream_is_honored(engine):
+    case = FwdCase(d=128, b=4, sq=1024, skv=1024, causal=True)
+    g, decl, t = make_fwd(case)
+    _plan(g, engine)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # keep the default stream busy (~100 ms)
+    g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))
+    done = torch.cuda.Event()
+    done.record(side)
+    done.synchronize()
+    assert not torch.cuda.default_stream().query(), "execute waited for the busy default stream"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_thd_cuda_graph_replay_follows_new_lengths(engine):
+    lens_a = [(100, 100), (300, 300), (17, 17), (0, 0)]
+    case = FwdCase(d=128, hq=4, hkv=4, thd_lens=lens_a, causal=True)
+    g, decl, t = make_fwd(case)
+    _plan(g, engine)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    vp = pack(decl, t)
+    s = torch.cuda.Stream()
+    g.execute(vp, ws, frost.ExecutionContext(stream=s))  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        g.execute(vp, ws, frost.ExecutionContext(stream=s))
+    # new lengths (same total, longest 250 <= the envelope 300) written into the same device tensors
+    tot = sum(a for a, _ in lens_a)
+    new = [(250, 250), (1, 1), (166, 166), (0, 0)]
+    assert sum(a for a, _ in new) == tot
+    cu = torch.tensor([0, 250, 251, 417, 417], dtype=torch.int32, device="cuda")
+    t["cu_seq_len_q"].copy_(cu)
+    t["cu_seq_len_kv"].copy_(cu)
+    t["o"].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = t["o"].clone()
+    t["o"].fill_(float("nan"))
+    g.execute(vp, ws, frost.ExecutionContext(stream=s))
+    torch.cuda.synchronize()
+    assert not torch.isnan(replayed).any()
+    assert torch.equal(replayed, t["o"]), "replay did not follow the new lengths"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_execute_has_no_sync_and_no_allocation(engine):
+    case = FwdCase(d=128, hq=8, hkv=2, thd_lens=[(100, 100), (7, 9), (256, 256)], causal=True, sinks=True)
+    g, decl, t = make_fwd(case)
+    _plan(g, engine)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    vp = pack(decl, t)
+    ctx = frost.ExecutionContext(stream=torch.cuda.current_stream())
+    g.execute(vp, ws, ctx)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            g.execute(vp, ws, ctx)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
