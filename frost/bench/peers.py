@@ -1,0 +1,174 @@
+"""The peer libraries frost is measured against, each behind the Implementation shape.
+
+- cuDNN and FlashAttention-2 through torch's `scaled_dot_product_attention`,
+  pinned to one backend with `torch.nn.attention.sdpa_kernel`.
+- FlashAttention-4 through `flash_attn.cute` (package flash-attn-4) when installed.
+
+Backward is timed as the library's user sees it: an autograd backward of an
+output built once at prepare time (`torch.autograd.grad(..., retain_graph=True)`).
+Packed (THD) batches go to torch through nested (jagged) tensors when that path
+works, otherwise the row is n/a.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from frost.bench.impl import Implementation, Prepared, Unsupported
+
+
+def _first(x):
+    return x[0] if isinstance(x, (tuple, list)) else x
+
+
+def _leaves(bufs, w):
+    """Fresh autograd leaves over one buffer set (shares storage, no copy)."""
+    return tuple(t.detach().requires_grad_(True) for t in (bufs.q, bufs.k, bufs.v))
+
+
+class _PeerBase(Implementation):
+    def prepare(self, inputs) -> Prepared:
+        w = inputs.workload
+        fwd = self._forward_fn(inputs)   # (set index, q, k, v) -> o in storage shape
+        n = len(inputs.sets)
+        last: list = [None] * n
+
+        if w.direction == "fwd":
+            calls = []
+            for i, b in enumerate(inputs.sets):
+                def call(i=i, b=b):
+                    last[i] = (fwd(i, b.q, b.k, b.v),)
+                calls.append(call)
+        else:
+            import torch
+
+            calls = []
+            with self.context():
+                for i, b in enumerate(inputs.sets):
+                    leaves = _leaves(b, w)
+                    out = fwd(i, *leaves)
+
+                    def call(i=i, out=out, leaves=leaves, do=b.do):
+                        last[i] = torch.autograd.grad(out, leaves, do, retain_graph=True)
+                    calls.append(call)
+        return Prepared(calls=calls, outputs=lambda i: last[i], context=self.context)
+
+    def context(self):  # overridden by torch peers
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def _forward_fn(self, inputs):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class TorchSdpaPeer(_PeerBase):
+    """cuDNN or FlashAttention-2 through torch SDPA with one backend pinned."""
+
+    def __init__(self, key: str, label: str, backend_name: str):
+        self.key, self.label, self.backend_name = key, label, backend_name
+
+    def unavailable(self) -> str | None:
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+        except Exception as e:  # pragma: no cover - old torch
+            return f"torch.nn.attention.sdpa_kernel unavailable ({e})"
+        if not hasattr(SDPBackend, self.backend_name):
+            return f"torch has no SDPBackend.{self.backend_name}"
+        return None
+
+    def context(self):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(getattr(SDPBackend, self.backend_name))
+
+    def _forward_fn(self, inputs):
+        import torch.nn.functional as F
+
+        w = inputs.workload
+        kw = {"scale": w.scale, "is_causal": w.causal}
+        if w.heads_q != w.heads_kv:
+            kw["enable_gqa"] = True
+        if not w.is_thd:
+            def fwd(i, q, k, v):
+                o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+                return o.transpose(1, 2)
+            return fwd
+        return self._nested_forward_fn(inputs, kw)
+
+    def _nested_forward_fn(self, inputs, kw):
+        """THD through jagged nested tensors; probed once so a missing path reads as n/a."""
+        import torch
+        import torch.nn.functional as F
+
+        w = inputs.workload
+        if w.causal:
+            raise Unsupported("torch nested-tensor SDPA has no causal mask")
+        offsets = inputs.cu_seqlens.to(torch.int64)
+        lo, hi = min(w.seqlens), max(w.seqlens)
+
+        def nest(t):
+            return torch.nested.nested_tensor_from_jagged(t, offsets, min_seqlen=lo, max_seqlen=hi).transpose(1, 2)
+
+        def fwd(i, q, k, v):
+            o = F.scaled_dot_product_attention(nest(q), nest(k), nest(v), **kw)
+            return o.transpose(1, 2).values()
+
+        b = inputs.sets[0]
+        try:
+            with self.context():
+                o = fwd(0, b.q, b.k, b.v)
+            if tuple(o.shape) != tuple(inputs.o_shape):
+                raise RuntimeError(f"nested output shape {tuple(o.shape)} != {inputs.o_shape}")
+        except Exception as e:
+            raise Unsupported(f"nested-tensor path failed: {type(e).__name__}: "
+                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+        return fwd
+
+
+class FlashAttn4Peer(_PeerBase):
+    """FlashAttention-4's CuTe DSL kernels (`flash_attn.cute`)."""
+
+    key, label = "fa4", "FlashAttention-4 (flash_attn.cute)"
+
+    def unavailable(self) -> str | None:
+        try:
+            if importlib.util.find_spec("flash_attn") is None:
+                return "flash-attn-4 not installed (no module flash_attn)"
+            if importlib.util.find_spec("flash_attn.cute") is None:
+                return "flash-attn-4 not installed (no module flash_attn.cute)"
+        except Exception as e:
+            return f"flash_attn.cute not importable: {type(e).__name__}: {e}"
+        return None
+
+    def _api(self):
+        try:
+            from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+        except Exception as e:
+            raise ImportError(f"flash_attn.cute import failed: {type(e).__name__}: {e}") from e
+        return flash_attn_func, flash_attn_varlen_func
+
+    def _forward_fn(self, inputs):
+        dense, varlen = self._api()
+        w = inputs.workload
+        if not w.is_thd:
+            def fwd(i, q, k, v):
+                return _first(dense(q, k, v, softmax_scale=w.scale, causal=w.causal))
+            return fwd
+        cu, m = inputs.cu_seqlens, w.max_seqlen
+
+        def fwd(i, q, k, v):
+            return _first(varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
+                                 softmax_scale=w.scale, causal=w.causal))
+        return fwd
+
+
+def all_peers() -> list[Implementation]:
+    """Peers in reference-preference order (the first one that runs is the check reference)."""
+    return [
+        TorchSdpaPeer("cudnn", "cuDNN (torch SDPA)", "CUDNN_ATTENTION"),
+        FlashAttn4Peer(),
+        TorchSdpaPeer("fa2", "FlashAttention-2 (torch SDPA)", "FLASH_ATTENTION"),
+    ]
+
+
+PEER_KEYS = ("cudnn", "fa2", "fa4")

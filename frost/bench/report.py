@@ -1,0 +1,203 @@
+"""Turning rows into a table (terminal text or Markdown) and the JSON / Markdown files.
+
+One table row per workload: TFLOP/s per implementation, the best peer, then for
+each frost engine its ratio to the best peer and its relative error against the
+reference. Cells that did not run say why through numbered footnotes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from frost.bench.impl import CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED
+from frost.bench.results import Row, impl_columns, report_dict
+
+_STATUS_TAG = {MISSING: "miss", NA: "n/a", FAILED: "FAIL", SKIPPED: "skip"}
+PEER_NAMES = {"cudnn": "cuDNN", "fa2": "FA2", "fa4": "FA4"}
+
+
+def impl_name(key: str) -> str:
+    return PEER_NAMES.get(key, key)
+
+
+def fmt_tflops(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.2f}x"
+
+
+def fmt_err(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "inf" if not math.isfinite(x) else f"{x:.1e}"
+
+
+class Footnotes:
+    """Numbered, de-duplicated reasons for cells that did not produce a number."""
+
+    def __init__(self):
+        self.items: list[str] = []
+
+    def ref(self, text: str) -> int:
+        if text not in self.items:
+            self.items.append(text)
+        return self.items.index(text) + 1
+
+    def lines(self) -> list[str]:
+        return [f"[{i}] {t}" for i, t in enumerate(self.items, 1)]
+
+
+def _cell(m, value: str, notes: Footnotes) -> str:
+    if m is None:
+        return "-"
+    if m.status == OK:
+        return value
+    if m.status == CHECK_FAILED:
+        return f"{value}!{notes.ref(f'{m.impl} check failed: {m.reason}')}" if m.reason else f"{value}!"
+    tag = _STATUS_TAG.get(m.status, m.status)
+    if not m.reason:
+        return tag
+    return f"{tag}[{notes.ref(f'{m.impl} {m.status}: {m.reason}')}]"
+
+
+def _frost_engines(keys: list[str]) -> list[str]:
+    return [k for k in keys if k.startswith("frost:")]
+
+
+def throughput_table(rows: list[Row], notes: Footnotes | None = None):
+    """(headers, body) of the TFLOP/s table over non-probe rows."""
+    notes = notes if notes is not None else Footnotes()
+    rows = [r for r in rows if not r.workload.probe]
+    keys = impl_columns(rows)
+    frost_keys = _frost_engines(keys)
+    headers = ["dir", "dtype", "D", "shape", "heads", "mask"] + [impl_name(k) for k in keys] + ["best"]
+    headers += [f"{k.split(':', 1)[1]}/best" for k in frost_keys] + [f"{k.split(':', 1)[1]} err" for k in frost_keys]
+    body = []
+    for r in rows:
+        w = r.workload
+        line = [w.direction, w.dtype, w.head_dim_label, w.shape_label, w.heads_label, "causal" if w.causal else "full"]
+        for k in keys:
+            m = r.measurements.get(k)
+            line.append(_cell(m, fmt_tflops(m.tflops) if m else "-", notes))
+        best = r.best_peer()
+        line.append(impl_name(best.impl) if best else "-")
+        line += [fmt_ratio(r.ratio(k)) for k in frost_keys]
+        line += [fmt_err(r.measurements[k].rel_err) if k in r.measurements else "-" for k in frost_keys]
+        body.append(line)
+    return headers, body
+
+
+def probe_table(rows: list[Row], notes: Footnotes | None = None):
+    """(headers, body) of the host-time probe: microseconds per call, lower is better."""
+    notes = notes if notes is not None else Footnotes()
+    rows = [r for r in rows if r.workload.probe]
+    keys = impl_columns(rows)
+    frost_keys = _frost_engines(keys)
+    headers = ["dir", "dtype", "shape"] + [f"{impl_name(k)} us" for k in keys] + ["best"]
+    headers += [f"{k.split(':', 1)[1]}/best" for k in frost_keys]
+    body = []
+    for r in rows:
+        w = r.workload
+        line = [w.direction, w.dtype, f"{w.batch}x{w.heads_q}x{w.seqlen_q}x{w.d_qk}"]
+        for k in keys:
+            m = r.measurements.get(k)
+            line.append(_cell(m, f"{m.host_us:.1f}" if m and m.host_us is not None else "-", notes))
+        best = r.best_peer()
+        line.append(impl_name(best.impl) if best else "-")
+        line += [fmt_ratio(r.ratio(k)) for k in frost_keys]
+        body.append(line)
+    return headers, body
+
+
+def render_text(headers: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+    def fmt(cells):
+        return "  ".join(c.rjust(wd) if i >= 3 else c.ljust(wd) for i, (c, wd) in enumerate(zip(cells, widths))).rstrip()
+    out = [fmt(headers), "  ".join("-" * wd for wd in widths)]
+    out += [fmt(b) for b in body]
+    return "\n".join(out)
+
+
+def render_markdown(headers: list[str], body: list[list[str]]) -> str:
+    def esc(c):
+        return c.replace("|", "\\|")
+    out = ["| " + " | ".join(esc(h) for h in headers) + " |",
+           "|" + "|".join("---" if i < 3 else "---:" for i in range(len(headers))) + "|"]
+    out += ["| " + " | ".join(esc(c) for c in b) + " |" for b in body]
+    return "\n".join(out)
+
+
+LEGEND = ("TFLOP/s: median per-call time of CUDA-event-timed samples; FLOPs 4*B*H*Sq*Skv*D "
+          "(2*...*(Dqk+Dv) when they differ), halved when causal, summed per sequence for THD, bwd = 2.5x fwd. "
+          "<engine>/best = frost TFLOP/s / best peer's; err = ||frost - ref|| / ||ref|| against the row's "
+          "reference; '!' marks a failed check.")
+PROBE_LEGEND = "Host time per call on a tiny problem, wall clock over many back-to-back calls (lower is better)."
+
+
+def render_report(rows: list[Row], markdown: bool = False) -> str:
+    """The whole terminal (or Markdown) report: throughput table, probe table, footnotes."""
+    notes = Footnotes()
+    render = render_markdown if markdown else render_text
+    parts = []
+    h, b = throughput_table(rows, notes)
+    if b:
+        parts += [LEGEND, "", render(h, b)]
+    h, b = probe_table(rows, notes)
+    if b:
+        parts += ["", PROBE_LEGEND, "", render(h, b)]
+    if notes.items:
+        parts += [""] + ([f"- {line}" for line in notes.lines()] if markdown else notes.lines())
+    return "\n".join(parts)
+
+
+ENV_KEYS = [("gpu", "GPU"), ("driver", "driver"), ("cuda", "CUDA (torch)"), ("torch", "torch"),
+            ("cudnn", "cuDNN"), ("cutlass_dsl", "nvidia-cutlass-dsl"), ("tvm_ffi", "apache-tvm-ffi"),
+            ("flash_attn_4", "flash-attn-4"), ("frost_commit", "frost commit"), ("python", "python"),
+            ("date", "date (UTC)"), ("command", "command")]
+
+
+def render_markdown_file(rows: list[Row], env: dict, settings: dict, title: str = "frost benchmark") -> str:
+    lines = [f"# {title}", ""]
+    for key, name in ENV_KEYS:
+        if key in env and env[key] not in (None, ""):
+            lines.append(f"- {name}: `{env[key]}`")
+    timing = settings.get("timing", {})
+    if timing:
+        lines.append("- timing: " + ", ".join(f"{k}={v}" for k, v in timing.items()))
+    lines += ["", render_report(rows, markdown=True), ""]
+    return "\n".join(lines)
+
+
+def _atomic_write(path: str, data: str | bytes) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_json(path: str, rows: list[Row], env: dict, settings: dict) -> str:
+    doc = _json_safe(report_dict(rows, env, settings))
+    _atomic_write(path, json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def write_markdown(path: str, rows: list[Row], env: dict, settings: dict, title: str = "frost benchmark") -> str:
+    _atomic_write(path, render_markdown_file(rows, env, settings, title))
+    return path

@@ -1,0 +1,267 @@
+"""The measuring loop: for each workload, run the peers, pick the check reference,
+then check and time every frost engine that accepts the graph.
+
+Each implementation is isolated: a missing library, an unsupported workload or
+an exception becomes a status with a reason on that cell, never a crash. A
+CUDA error that poisons the context stops the run (later rows are marked) since
+nothing after it could be trusted.
+"""
+from __future__ import annotations
+
+import fnmatch
+import sys
+import time
+from dataclasses import dataclass, field
+
+from frost.bench import check as checks
+from frost.bench.impl import (CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED, Implementation, Unsupported,
+                              short_reason)
+from frost.bench.results import Measurement, Row
+from frost.bench.timing import TimingOptions, host_time_us, time_calls
+
+FROST_ALL = "frost:*"   # column used when frost as a whole is missing or declines the graph
+REFERENCE_ORDER = ("cudnn", "fa4", "fa2")
+
+
+@dataclass
+class RunOptions:
+    impls: list = field(default_factory=lambda: ["cudnn", "fa2", "fa4", "frost"])
+    frost_engines: list = field(default_factory=list)      # fnmatch patterns; empty = every engine
+    exclude_engines: list = field(default_factory=list)    # fnmatch patterns
+    timing: TimingOptions = field(default_factory=TimingOptions)
+    check: bool = True
+    tol: dict = field(default_factory=lambda: dict(checks.DEFAULT_TOL))
+    max_buffers: int = 8
+    l2_multiple: float = 2.0
+    probe_calls: int = 500
+    seed: int = 0
+    time_budget_s: float | None = None
+
+
+class Progress:
+    """A one-line progress indicator on stderr (a line per row when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total, self.enabled = total, enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.i, self.label, self.t0 = 0, "", time.perf_counter()
+
+    def row(self, label: str):
+        self.i += 1
+        self.label = label
+        if self.enabled and not self.tty:
+            self._write(f"[{self.i}/{self.total}] {label}\n")
+        self.step("")
+
+    def step(self, what: str):
+        if self.enabled and self.tty:
+            line = f"[{self.i}/{self.total} {time.perf_counter() - self.t0:5.0f}s] {self.label}"
+            line += f" . {what}" if what else ""
+            self._write("\r\033[K" + line[:160])
+
+    def done(self):
+        if self.enabled and self.tty:
+            self._write("\r\033[K")
+
+    def _write(self, s: str):
+        self.stream.write(s)
+        self.stream.flush()
+
+
+def engine_selected(name: str, include: list, exclude: list) -> bool:
+    if include and not any(fnmatch.fnmatch(name, p) for p in include):
+        return False
+    return not any(fnmatch.fnmatch(name, p) for p in exclude)
+
+
+def _context_alive() -> str | None:
+    """None when the CUDA context still works; otherwise the error that broke it."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:
+        return short_reason(e)
+
+
+class Runner:
+    def __init__(self, opts: RunOptions, peers: list[Implementation], progress: Progress | None = None,
+                 on_row=None):
+        self.opts, self.peers = opts, peers
+        self.progress = progress or Progress(0, enabled=False)
+        self.on_row = on_row
+        self.broken: str | None = None
+        self.t0 = time.perf_counter()
+
+    # ---- one implementation ---------------------------------------------------
+    def _measure(self, impl: Implementation, inputs, row: Row, ref) -> tuple[Measurement, tuple | None]:
+        import torch
+
+        w = inputs.workload
+        self.progress.step(impl.key)
+        reason = impl.unavailable()
+        if reason:
+            return Measurement(impl.key, MISSING, reason=reason), None
+        try:
+            prep = impl.prepare(inputs)
+        except Unsupported as e:
+            return Measurement(impl.key, NA, reason=str(e)), None
+        except Exception as e:
+            return self._failed(impl.key, e, "prepare"), None
+        m = Measurement(impl.key, OK, info=dict(prep.info), note=prep.note)
+        outs = None
+        try:
+            with prep.context():
+                prep.poison(0)
+                prep.calls[0]()
+                torch.cuda.synchronize()
+                outs = tuple(prep.outputs(0))
+                if impl.is_frost and self.opts.check and not w.probe:
+                    self._check(m, outs, ref, w)
+                elif ref is not None and ref[1] is not None:
+                    m.rel_err = checks.compare(outs, ref[1])
+                if w.probe:
+                    m.host_us = host_time_us(prep.calls[0], self.opts.probe_calls)
+                else:
+                    t = time_calls(prep.calls, self.opts.timing, prep.bind_stream)
+                    m.ms = t.median_ms
+                    m.info.update({"min_ms": t.min_ms, "inner": t.inner, "reps": len(t.samples_ms),
+                                   "timing": t.mode, "buffer_sets": len(prep.calls)})
+                    if t.note:
+                        m.note = (m.note + "; " if m.note else "") + t.note
+        except Exception as e:
+            return self._failed(impl.key, e, "run"), None
+        finally:
+            del prep
+        return m, outs
+
+    def _failed(self, key: str, e: Exception, stage: str) -> Measurement:
+        m = Measurement(key, FAILED, reason=f"{stage}: {short_reason(e)}")
+        broken = _context_alive()
+        if broken:
+            self.broken = broken
+        return m
+
+    def _check(self, m: Measurement, outs: tuple, ref, w) -> None:
+        if ref is None:
+            m.note = "unchecked (no reference)"
+            return
+        bad = checks.unwritten(outs)
+        m.rel_err = checks.compare(outs, ref[1])
+        tol = self.opts.tol.get(w.direction, 1e-2)
+        if bad:
+            m.status, m.reason = CHECK_FAILED, f"{bad} output elements not written (NaN after poisoning)"
+        elif not (m.rel_err <= tol):
+            m.status, m.reason = CHECK_FAILED, f"rel err {m.rel_err:.2e} > tol {tol:.0e} vs {ref[0]}"
+
+    # ---- the reference --------------------------------------------------------
+    def _math_reference(self, inputs):
+        from frost.bench.reference import reference_backward, reference_forward
+
+        w, b = inputs.workload, inputs.sets[0]
+        if w.direction == "fwd":
+            return ("fp32-math", (reference_forward(w, b.q, b.k, b.v)[0],))
+        return ("fp32-math", reference_backward(w, b.q, b.k, b.v, b.do))
+
+    # ---- one workload ---------------------------------------------------------
+    def run_workload(self, w) -> Row:
+        import torch
+
+        from frost.bench.inputs import buffer_count, make_inputs
+
+        row = Row(w)
+        self.progress.row(w.label)
+        selected_peers = [p for p in self.peers if p.key in self.opts.impls]
+        want_frost = "frost" in self.opts.impls
+        keys = [p.key for p in selected_peers] + ([FROST_ALL] if want_frost else [])
+        if self.broken:
+            for k in keys:
+                row.add(Measurement(k, SKIPPED, reason=f"CUDA context broken earlier: {self.broken}"))
+            return row
+        if self.opts.time_budget_s is not None and time.perf_counter() - self.t0 > self.opts.time_budget_s:
+            for k in keys:
+                row.add(Measurement(k, SKIPPED, reason=f"time budget of {self.opts.time_budget_s:.0f} s spent"))
+            return row
+
+        try:
+            l2 = int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0)
+            n_sets = 1 if w.probe else buffer_count(w.set_bytes(), l2, self.opts.max_buffers, self.opts.l2_multiple)
+            inputs = make_inputs(w, n_sets, "cuda", self.opts.seed)
+        except Exception as e:
+            for k in keys:
+                row.add(Measurement(k, FAILED, reason=f"inputs: {short_reason(e)}"))
+            self.broken = self.broken or _context_alive()
+            return row
+
+        peer_outs: dict = {}
+        for p in selected_peers:
+            m, outs = self._measure(p, inputs, row, None)
+            row.add(m)
+            if m.status == OK and outs is not None:
+                peer_outs[p.key] = outs
+            if self.broken:
+                break
+
+        ref = None
+        for k in REFERENCE_ORDER:
+            if k in peer_outs:
+                ref = (k, peer_outs[k])
+                break
+        for k, outs in peer_outs.items():
+            if ref is not None:
+                row.measurements[k].rel_err = checks.compare(outs, ref[1])
+        peer_outs.clear()
+
+        if want_frost and not self.broken:
+            self._run_frost(row, inputs, ref)
+        row.reference = ref[0] if ref else row.reference
+        del inputs, ref
+        torch.cuda.empty_cache()
+        return row
+
+    def _run_frost(self, row: Row, inputs, ref) -> None:
+        from frost.bench import frost_runner
+
+        w = inputs.workload
+        self.progress.step("frost engines")
+        reason = frost_runner.frost_unavailable()
+        if reason:
+            row.add(Measurement(FROST_ALL, MISSING, reason=reason))
+            return
+        try:
+            names = frost_runner.list_engines(w)
+        except Unsupported as e:
+            row.add(Measurement(FROST_ALL, NA, reason=str(e)))
+            return
+        except Exception as e:
+            row.add(self._failed(FROST_ALL, e, "listing engines"))
+            return
+        chosen = [n for n in names if engine_selected(n, self.opts.frost_engines, self.opts.exclude_engines)]
+        if not chosen:
+            row.add(Measurement(FROST_ALL, SKIPPED, reason=f"engines {names} filtered out"))
+            return
+        if ref is None and self.opts.check and not w.probe:
+            self.progress.step("fp32 reference")
+            try:
+                ref = self._math_reference(inputs)
+            except Exception as e:
+                row.reference = f"none (fp32 reference failed: {short_reason(e)})"
+        if ref is not None:
+            row.reference = ref[0]
+        for name in chosen:
+            m, _ = self._measure(frost_runner.FrostEngine(name), inputs, row, ref)
+            row.add(m)
+            if self.broken:
+                break
+
+    def run(self, workloads) -> list:
+        rows = []
+        for w in workloads:
+            row = self.run_workload(w)
+            rows.append(row)
+            if self.on_row:
+                self.on_row(rows)
+        self.progress.done()
+        return rows
