@@ -1,0 +1,121 @@
+"""An independent float64 attention oracle for the tests.
+
+Written from the public contract (the cuDNN-style keywords and the mask
+semantics in frost.engines.sdpa_args), not from frost's reference code: it
+resolves the mask keywords itself, builds the allowed set by explicit
+comparison, gathers GQA heads by index and normalizes the softmax by hand, so
+a shared mistake between frost and this file is unlikely. Everything is plain
+differentiable torch, so torch.autograd gives the gradients.
+
+Inputs use frost's logical dims: dense (B, H, S, D), packed THD (T, H, D).
+Outputs: o in the same form with v's head dim; lse dense (B, H, S), THD (T, H).
+Rows past a sequence's length get O = 0 and LSE = -inf; a row with no allowed
+key gets O = 0 and LSE = the sink logit (or -inf without a sink).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def band(len_q: int, len_kv: int, *, causal: bool = False, causal_bottom_right: bool = False,
+         alignment: str = "TOP_LEFT", left_bound: Optional[int] = None, right_bound: Optional[int] = None,
+         sliding_window_length: Optional[int] = None) -> torch.Tensor:
+    """Allowed (len_q, len_kv) key set of one sequence, from the cuDNN-style keywords.
+
+    left bound L (or sliding window L): keep keys j > i + off - L;
+    right bound R (causal: R = 0): keep keys j <= i + off + R;
+    off = len_kv - len_q for a bottom-right diagonal, else 0.
+    """
+    bottom = causal_bottom_right or alignment == "BOTTOM_RIGHT"
+    off = len_kv - len_q if bottom else 0
+    right = 0 if (causal or causal_bottom_right) else right_bound
+    left = left_bound if left_bound is not None else sliding_window_length
+    rows = torch.arange(len_q).view(-1, 1).expand(len_q, len_kv)
+    cols = torch.arange(len_kv).view(1, -1).expand(len_q, len_kv)
+    ok = torch.ones(len_q, len_kv, dtype=torch.bool)
+    if left is not None:
+        ok = ok & (cols > rows + off - left)
+    if right is not None:
+        ok = ok & (cols <= rows + off + right)
+    return ok
+
+
+def _one_sequence(q, k, v, *, scale: float, sink, allowed):
+    """q (H, n, D), k (Hkv, m, D), v (Hkv, m, Dv) -> o (H, n, Dv), lse (H, n)."""
+    hq, hkv = q.shape[0], k.shape[0]
+    kv_head = torch.arange(hq) // (hq // hkv)
+    k = k.index_select(0, kv_head)
+    v = v.index_select(0, kv_head)
+    logits = torch.matmul(q, k.transpose(1, 2)) * scale  # (H, n, m)
+    logits = torch.where(allowed.unsqueeze(0), logits, torch.full_like(logits, NEG_INF))
+    if logits.shape[-1] > 0:
+        top = logits.max(dim=-1).values
+    else:
+        top = torch.full(logits.shape[:2], NEG_INF, dtype=logits.dtype)
+    if sink is not None:
+        top = torch.maximum(top, sink.view(hq, 1).expand_as(top))
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
+    weights = torch.exp(logits - top.unsqueeze(-1))
+    denom = weights.sum(dim=-1)
+    if sink is not None:
+        denom = denom + torch.exp(sink.view(hq, 1) - top)
+    empty = denom <= 0
+    safe = torch.where(empty, torch.ones_like(denom), denom)
+    o = torch.matmul(weights, v) / safe.unsqueeze(-1)
+    lse = torch.where(empty, torch.full_like(denom, NEG_INF), top + torch.log(safe))
+    return o, lse
+
+
+def attention(q, k, v, *, scale: float, sink=None, seq_len_q: Optional[Sequence[int]] = None,
+              seq_len_kv: Optional[Sequence[int]] = None, cu_seq_len_q: Optional[Sequence[int]] = None,
+              cu_seq_len_kv: Optional[Sequence[int]] = None, **mask):
+    """float64 attention. `mask` takes `band`'s keywords; lengths are host sequences."""
+    q, k, v = q.double(), k.double(), v.double()
+    sink = sink.double().reshape(-1) if sink is not None else None
+    if cu_seq_len_q is not None:
+        return _packed(q, k, v, scale=scale, sink=sink, cu_q=list(cu_seq_len_q), cu_kv=list(cu_seq_len_kv), **mask)
+    b, hq, sq, _ = q.shape
+    skv, dv = k.shape[2], v.shape[3]
+    outs, lses = [], []
+    for i in range(b):
+        n = int(seq_len_q[i]) if seq_len_q is not None else sq
+        m = int(seq_len_kv[i]) if seq_len_kv is not None else skv
+        o_b, l_b = _one_sequence(q[i, :, :n], k[i, :, :m], v[i, :, :m], scale=scale, sink=sink,
+                                 allowed=band(n, m, **mask))
+        o_b = torch.cat([o_b, q.new_zeros(hq, sq - n, dv)], dim=1)
+        l_b = torch.cat([l_b, q.new_full((hq, sq - n), NEG_INF)], dim=1)
+        outs.append(o_b)
+        lses.append(l_b)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def _packed(q, k, v, *, scale, sink, cu_q, cu_kv, **mask):
+    tq, hq, _ = q.shape
+    dv = v.shape[2]
+    outs, lses = [], []
+    for i in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_kv[i], cu_kv[i + 1]
+        o_b, l_b = _one_sequence(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
+                                 scale=scale, sink=sink, allowed=band(q1 - q0, k1 - k0, **mask))
+        outs.append(o_b.transpose(0, 1))
+        lses.append(l_b.transpose(0, 1))
+    tail = tq - cu_q[-1]
+    outs.append(q.new_zeros(tail, hq, dv))
+    lses.append(q.new_full((tail, hq), NEG_INF))
+    return torch.cat(outs), torch.cat(lses)
+
+
+def attention_grads(q, k, v, do, *, scale: float, sink=None, **kw):
+    """(o, lse, dq, dk, dv, dsink or None) in float64 by autograd through `attention`."""
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    sink_leaf = sink.detach().double().requires_grad_(True) if sink is not None else None
+    o, lse = attention(*leaves, scale=scale, sink=sink_leaf, **kw)
+    wrt = leaves + ([sink_leaf] if sink_leaf is not None else [])
+    grads = torch.autograd.grad(o, wrt, grad_outputs=do.double(), allow_unused=True)
+    grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, wrt)]
+    dsink = grads[3] if sink_leaf is not None else None
+    return o.detach(), lse.detach(), grads[0], grads[1], grads[2], dsink
