@@ -1,0 +1,183 @@
+"""The SDPA mask of the frost contract (see `frost.engines.sdpa_args`), tile by tile.
+
+For query row i and key column j, local to their sequences:
+    off = seqlen_kv - seqlen_q if bottom_right else 0
+    allowed(i, j) = j < seqlen_kv
+                    and (window_left is None  or j >= i + off - window_left)
+                    and (window_right is None or j <= i + off + window_right)
+Causal is window_right = 0. `window_left` / `window_right` are runtime Int32
+values or None (compiled out).
+
+Three pieces per kernel: which key tiles an m-tile must visit at all
+(`n_block_range`), which of those need no per-element mask
+(`n_block_unmasked_range`, `tile_needs_mask`), and the per-element mask of a
+(rows, cols) score view (`apply_mask`). All divisions are on clamped
+non-negative values, so negative diagonals are safe.
+"""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+
+@cute.jit
+def diag_offset(seqlen_q: Int32, seqlen_k: Int32, bottom_right: cutlass.Constexpr[bool]) -> Int32:
+    """Column of the diagonal in query row 0."""
+    if cutlass.const_expr(bottom_right):
+        return seqlen_k - seqlen_q
+    else:
+        return Int32(0)
+
+
+@cute.jit
+def n_block_range(
+    m_block: Int32,
+    tile_m: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+    seqlen_q: Int32,
+    seqlen_k: Int32,
+    offset: Int32,
+    window_left=None,
+    window_right=None,
+):
+    """[n_min, n_max): the key tiles holding any allowed column for rows of m_block.
+
+    Rows past seqlen_q are ignored (never written). Empty when n_max <= n_min.
+    """
+    row_first = m_block * tile_m
+    row_last = cutlass.min(row_first + tile_m, seqlen_q) - 1
+    col_end = seqlen_k
+    if cutlass.const_expr(window_right is not None):
+        col_end = cutlass.min(col_end, row_last + offset + window_right + 1)
+    n_max = (cutlass.max(col_end, 0) + tile_n - 1) // tile_n
+    n_min = Int32(0)
+    if cutlass.const_expr(window_left is not None):
+        n_min = cutlass.max(row_first + offset - window_left, 0) // tile_n
+    return n_min, n_max
+
+
+@cute.jit
+def n_block_unmasked_range(
+    m_block: Int32,
+    tile_m: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+    seqlen_q: Int32,
+    seqlen_k: Int32,
+    offset: Int32,
+    window_left=None,
+    window_right=None,
+):
+    """[lo, hi): key tiles where every (row < seqlen_q, col) pair of m_block is allowed.
+
+    May be empty (hi <= lo); callers clamp it into [n_min, n_max).
+    """
+    row_first = m_block * tile_m
+    row_last = cutlass.min(row_first + tile_m, seqlen_q) - 1
+    hi = seqlen_k // tile_n
+    if cutlass.const_expr(window_right is not None):
+        hi = cutlass.min(hi, cutlass.max(row_first + offset + window_right + 1, 0) // tile_n)
+    lo = Int32(0)
+    if cutlass.const_expr(window_left is not None):
+        lo = (cutlass.max(row_last + offset - window_left, 0) + tile_n - 1) // tile_n
+    return lo, hi
+
+
+@cute.jit
+def tile_needs_mask(
+    m_block: Int32,
+    n_block: Int32,
+    tile_m: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+    seqlen_q: Int32,
+    seqlen_k: Int32,
+    offset: Int32,
+    window_left=None,
+    window_right=None,
+):
+    """True when tile (m_block, n_block) holds a disallowed (row < seqlen_q, col) pair."""
+    lo, hi = n_block_unmasked_range(m_block, tile_m, tile_n, seqlen_q, seqlen_k, offset,
+                                    window_left, window_right)
+    return n_block < lo or n_block >= hi
+
+
+@cute.jit
+def m_block_range(
+    n_block: Int32,
+    tile_m: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+    seqlen_q: Int32,
+    seqlen_k: Int32,
+    offset: Int32,
+    window_left=None,
+    window_right=None,
+):
+    """[m_min, m_max): the query tiles with any allowed row for key tile n_block (for backward)."""
+    col_first = n_block * tile_n
+    col_last = cutlass.min(col_first + tile_n, seqlen_k) - 1
+    m_max = (seqlen_q + tile_m - 1) // tile_m
+    if cutlass.const_expr(window_left is not None):
+        row_end = col_last - offset + window_left + 1
+        m_max = cutlass.min(m_max, (cutlass.max(row_end, 0) + tile_m - 1) // tile_m)
+    m_min = Int32(0)
+    if cutlass.const_expr(window_right is not None):
+        m_min = cutlass.max(col_first - offset - window_right, 0) // tile_m
+    if col_first >= seqlen_k:
+        m_max = m_min
+    return m_min, m_max
+
+
+@cute.jit
+def apply_mask(
+    acc_mn: cute.Tensor,
+    tScS_mn: cute.Tensor,
+    t0ScS_mn: cute.Tensor,
+    row_base: Int32,
+    col_base: Int32,
+    seqlen_k: Int32,
+    offset: Int32,
+    window_left=None,
+    window_right=None,
+    mask_seqlen: cutlass.Constexpr[bool] = True,
+):
+    """Set disallowed scores of a (rows, cols) view to -inf.
+
+    tScS_mn: this thread's (row, col) tile coordinates of each element;
+    t0ScS_mn: the same for thread 0 (compile-time constants). The thread's
+    coordinates are thread 0's plus a uniform offset, so every comparison is
+    a constant against a per-row limit. row_base / col_base: sequence-local
+    index of the tile's first row / column.
+    """
+    thr_col = tScS_mn[0, 0][1]
+    col_limit_k = seqlen_k - col_base - thr_col
+    ncol = cute.size(acc_mn, mode=[1])
+    nrow = cute.size(acc_mn, mode=[0])
+    if cutlass.const_expr(window_left is None and window_right is None):
+        if cutlass.const_expr(mask_seqlen):
+            for c in cutlass.range_constexpr(ncol):
+                oob = t0ScS_mn[0, c][1] >= col_limit_k
+                for r in cutlass.range_constexpr(nrow):
+                    acc_mn[r, c] = -Float32.inf if oob else acc_mn[r, c]
+    else:
+        for r in cutlass.range_constexpr(nrow):
+            # diagonal column of this row, in thread-0 column coordinates
+            diag = row_base + tScS_mn[r, 0][0] + offset - col_base - thr_col
+            if cutlass.const_expr(window_right is not None):
+                hi = diag + window_right + 1
+                if cutlass.const_expr(mask_seqlen):
+                    hi = cutlass.min(hi, col_limit_k)
+                if cutlass.const_expr(window_left is not None):
+                    lo = diag - window_left
+                    for c in cutlass.range_constexpr(ncol):
+                        col = t0ScS_mn[0, c][1]
+                        acc_mn[r, c] = -Float32.inf if (col >= hi or col < lo) else acc_mn[r, c]
+                else:
+                    for c in cutlass.range_constexpr(ncol):
+                        acc_mn[r, c] = -Float32.inf if t0ScS_mn[0, c][1] >= hi else acc_mn[r, c]
+            else:
+                lo = diag - window_left
+                if cutlass.const_expr(mask_seqlen):
+                    for c in cutlass.range_constexpr(ncol):
+                        col = t0ScS_mn[0, c][1]
+                        acc_mn[r, c] = -Float32.inf if (col >= col_limit_k or col < lo) else acc_mn[r, c]
+                else:
+                    for c in cutlass.range_constexpr(ncol):
+                        acc_mn[r, c] = -Float32.inf if t0ScS_mn[0, c][1] < lo else acc_mn[r, c]

@@ -1,0 +1,152 @@
+"""TemplateParams, validator and default knobs of the mma.sync SDPA forward template.
+
+One template serves two arch lines: `sm80` (cc 8.x, and cc 9.0 as a fallback
+below the wgmma kernel) and `sm120` (cc 12.x, about 99 KB of shared memory per
+block). The family only changes the budgets and the knob defaults; the kernel
+code is the same. No cutlass import here: the capability rows and the lowering
+read this module while planning.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from frost.engines.params import TemplateParams
+from frost.errors import TemplateParamsError
+
+#: (head_dim, head_dim_v) pairs the template implements.
+HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (256, 256), (192, 128))
+
+#: Largest dynamic shared memory one block of each family may ask for (bytes).
+#: sm80 is the A100's opt-in limit, so an sm80 artifact also fits every 9.0 part;
+#: cc 8.6 / 8.9 parts have the sm120-sized budget (the adapter checks the target).
+SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
+
+_ELEM_BYTES = {"bf16": 2, "fp16": 2}
+
+
+class Sm80FwdParams(TemplateParams):
+    """Plan-time description of one mma.sync forward kernel.
+
+    Feature flags mirror the optional arguments of `frost.engines.sdpa_args`;
+    `tile_m`, `tile_n`, `num_stages` and `num_warps` are knobs (speed only).
+    """
+
+    family: Literal["sm80", "sm120"] = "sm80"
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    head_dim: int = 128
+    head_dim_v: int = 128
+    num_heads_q: int = 1
+    num_heads_kv: int = 1
+    is_thd: bool = False
+    has_seqused: bool = False
+    has_lse: bool = False
+    has_sinks: bool = False
+    has_window_left: bool = False
+    has_window_right: bool = False
+    bottom_right: bool = False
+    # knobs
+    tile_m: int = 128
+    tile_n: int = 64
+    num_stages: int = 1
+    num_warps: int = 4
+
+    @property
+    def qhead_per_kvhead(self) -> int:
+        return self.num_heads_q // self.num_heads_kv
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+
+def smem_bytes(p: Sm80FwdParams) -> int:
+    """Dynamic shared memory the kernel asks for: Q tile + staged K and V tiles.
+
+    O reuses the Q buffer in the epilogue. Each buffer is 1 KiB aligned.
+    """
+    eb = _ELEM_BYTES[p.dtype]
+
+    def align(n: int) -> int:
+        return (n + 1023) // 1024 * 1024
+
+    q = align(p.tile_m * p.head_dim * eb)
+    k = align(p.tile_n * p.head_dim * p.num_stages * eb)
+    v = align(p.tile_n * p.head_dim_v * p.num_stages * eb)
+    return q + k + v
+
+
+def validate(p: Sm80FwdParams) -> None:
+    """Raise TemplateParamsError when the template cannot build `p`."""
+
+    def bad(msg: str) -> None:
+        raise TemplateParamsError(f"Sm80FwdParams: {msg}")
+
+    if (p.head_dim, p.head_dim_v) not in HEAD_DIMS:
+        bad(f"head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in {list(HEAD_DIMS)}")
+    if p.num_heads_q < 1 or p.num_heads_kv < 1:
+        bad(f"head counts must be >= 1 (Hq={p.num_heads_q}, Hkv={p.num_heads_kv})")
+    if p.num_heads_q % p.num_heads_kv != 0:
+        bad(f"num_heads_q={p.num_heads_q} is not a multiple of num_heads_kv={p.num_heads_kv}")
+    if p.is_thd and p.has_seqused:
+        bad("seqused_q / seqused_kv are for dense batches; packed THD takes its lengths from cu_seqlens")
+    if p.num_warps not in (4, 8):
+        bad(f"num_warps={p.num_warps} not in (4, 8)")
+    if p.tile_m % (16 * p.num_warps) != 0 or p.tile_m > 256:
+        bad(f"tile_m={p.tile_m} must be a multiple of 16*num_warps={16 * p.num_warps} and <= 256")
+    if p.tile_n not in (32, 64, 96, 128):
+        bad(f"tile_n={p.tile_n} not in (32, 64, 96, 128)")
+    if p.num_stages not in (1, 2, 3):
+        bad(f"num_stages={p.num_stages} not in (1, 2, 3)")
+    # cp.async row coverage: threads cover whole rows of a tile per pass
+    for d in (p.head_dim, p.head_dim_v):
+        kblk = 64 if d % 64 == 0 else 32
+        rows_per_pass = p.num_threads // (kblk // 8)
+        if p.tile_n % rows_per_pass != 0 or p.tile_m % rows_per_pass != 0:
+            bad(f"tile_m={p.tile_m} / tile_n={p.tile_n} not a multiple of the copy pass height {rows_per_pass}")
+    need = smem_bytes(p)
+    if need > SMEM_BUDGET[p.family]:
+        bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
+    # per-thread fp32 accumulator registers for O and S: keep well under 255
+    acc_regs = (p.tile_m * p.head_dim_v + p.tile_m * p.tile_n) // p.num_threads
+    if acc_regs > 192:
+        bad(f"tile {p.tile_m}x{p.tile_n} with d_v={p.head_dim_v} on {p.num_warps} warps needs {acc_regs} "
+            "accumulator registers per thread (max 192)")
+
+
+# (family, head_dim, head_dim_v) -> (tile_m, tile_n, num_stages, num_warps)
+_DEFAULTS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {
+    ("sm80", 64, 64): (128, 128, 2, 4),
+    ("sm80", 96, 96): (128, 64, 2, 4),
+    ("sm80", 128, 128): (128, 64, 2, 4),
+    ("sm80", 192, 128): (128, 64, 1, 8),
+    ("sm80", 256, 256): (128, 64, 1, 8),
+    ("sm120", 64, 64): (128, 128, 1, 4),
+    ("sm120", 96, 96): (128, 64, 1, 4),
+    ("sm120", 128, 128): (128, 64, 1, 4),
+    ("sm120", 192, 128): (64, 64, 1, 4),
+    ("sm120", 256, 256): (64, 64, 1, 4),
+}
+
+# Fallbacks tried in order when a caller's smem budget rejects the default.
+_SMALL_SMEM = [(128, 64, 1, 4), (64, 64, 1, 4), (64, 32, 1, 4)]
+
+
+def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16",
+                  smem_budget: int | None = None) -> dict:
+    """Good tile knobs per family and head dim (dict of tile_m, tile_n, num_stages, num_warps).
+
+    `smem_budget` (bytes, e.g. a cc 8.6 target's opt-in limit) picks the first
+    smaller configuration that fits when the family default does not.
+    """
+    key = (family, head_dim, head_dim_v)
+    if key not in _DEFAULTS:
+        raise TemplateParamsError(
+            f"Sm80FwdParams: no default knobs for family={family!r}, d_qk={head_dim}, d_v={head_dim_v}")
+    budget = min(SMEM_BUDGET[family], smem_budget) if smem_budget else SMEM_BUDGET[family]
+    for tm, tn, st, nw in [_DEFAULTS[key]] + _SMALL_SMEM:
+        probe = Sm80FwdParams(family=family, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v,
+                              tile_m=tm, tile_n=tn, num_stages=st, num_warps=nw)
+        if smem_bytes(probe) <= budget:
+            return dict(tile_m=tm, tile_n=tn, num_stages=st, num_warps=nw)
+    raise TemplateParamsError(
+        f"Sm80FwdParams: no tile configuration for d_qk={head_dim}, d_v={head_dim_v} fits {budget} bytes")
