@@ -167,7 +167,14 @@ class Graph:
         from frost.lowering.lower import rank
 
         self.build_operation_graph()
-        self._knobs = knobs if isinstance(knobs, Knobs) else Knobs(**(knobs or {}))
+        if isinstance(knobs, Knobs):
+            self._knobs = knobs
+        else:
+            try:
+                self._knobs = Knobs(**(knobs or {}))
+            except (TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+                raise GraphError(f"bad knobs {knobs!r}; known knobs: {sorted(Knobs.model_fields)} "
+                                 f"(ints): {e}") from None
         self._ranking = rank(self.facts, self.target, self._knobs, engine)
         return self
 

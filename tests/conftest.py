@@ -1,0 +1,41 @@
+"""Fixtures shared by the test suites."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import frost.engines.dsl
+from frost.lowering import capabilities
+
+
+def patch_dsl_reason(monkeypatch, reason):
+    """Make `frost.engines.dsl.dsl_decline_reason` answer `reason`, wherever it was imported by name."""
+    original = frost.engines.dsl.dsl_decline_reason
+    fake = lambda: reason  # noqa: E731
+    monkeypatch.setattr(frost.engines.dsl, "dsl_decline_reason", fake)
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("frost.") and getattr(mod, "dsl_decline_reason", None) is original:
+            monkeypatch.setattr(mod, "dsl_decline_reason", fake)
+
+
+@pytest.fixture
+def unpended(monkeypatch):
+    """Capability rows as if every kernel were available, and a usable DSL (no kernel is compiled)."""
+    import frost.adapters.dsl_fwd  # noqa: F401  (so its imported name is patched too)
+
+    rows = tuple(r.model_copy(update={"pending": None}) for r in capabilities.ROWS)
+    monkeypatch.setattr(capabilities, "ROWS", rows)
+    patch_dsl_reason(monkeypatch, None)
+    return rows
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Fail loudly if anything tries to compile a kernel."""
+    import frost.engines.compile as compile_mod
+
+    def refuse(*a, **k):
+        raise AssertionError("a kernel compile was attempted in a CPU test")
+
+    monkeypatch.setattr(compile_mod, "compile_kernel", refuse)

@@ -1,0 +1,420 @@
+"""Which engines accept which graphs on the fake targets, in which order, and why the others decline."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import frost
+from frost.engines import dsl
+from frost.engines.target import CPU, FAKE_TARGETS, fake_target
+from frost.errors import EngineDecline, NotSupportedError
+from frost.lowering import capabilities
+from frost.lowering.lower import REFERENCE_ON_GPU
+from tests.conftest import patch_dsl_reason
+
+A100, H200, B200, RTX5090 = (fake_target(n) for n in ("A100", "H200", "B200", "RTX5090"))
+TARGETS = {"A100": A100, "H200": H200, "B200": B200, "RTX5090": RTX5090, "CPU": CPU}
+FWD = ["SdpaFwdDslSm90", "SdpaFwdDslSm120", "SdpaFwdDslSm100", "SdpaFwdDslSm80", "SdpaFwdReference"]
+BWD = [n.replace("Fwd", "Bwd") for n in FWD]
+
+
+def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, s=128, skv=None, d=64, dv=None, strides=None,
+            thd=False, direction="fwd", **kw) -> frost.Graph:
+    """A validated graph declared from dims and strides only (no storage)."""
+    skv = skv or s
+    dv = dv or d
+    g = frost.Graph(io_data_type=dtype, target=target)
+    strides = strides or {}
+    if thd:
+        dims = {"q": (b * s, hq, d), "k": (b * skv, hkv, d), "v": (b * skv, hkv, dv)}
+    else:
+        dims = {"q": (b, hq, s, d), "k": (b, hkv, skv, d), "v": (b, hkv, skv, dv)}
+    q, k, v = (g.tensor(name=r, dim=dims[r], stride=strides.get(r)) for r in ("q", "k", "v"))
+    if thd:
+        kw.update(cu_seq_len_q=g.tensor(name="cu_q", dim=(b + 1,), data_type="int32"),
+                  cu_seq_len_kv=g.tensor(name="cu_kv", dim=(b + 1,), data_type="int32"),
+                  max_seq_len_q=s, max_seq_len_kv=skv)
+    if direction == "fwd":
+        gen_stats = kw.pop("generate_stats", True)
+        o, stats = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=gen_stats, **kw)
+        o.set_output(True)
+        if stats is not None:
+            stats.set_output(True)
+    else:
+        o = g.tensor(name="o", dim=dims["q"][:-1] + (dv,))
+        do = g.tensor(name="dO", dim=dims["q"][:-1] + (dv,))
+        sdim = dims["q"][:-1] + (1,)
+        stats = g.tensor(name="stats", dim=sdim, data_type="fp32")
+        for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.125, **kw):
+            t.set_output(True)
+    return g.validate()
+
+
+def reasons(g: frost.Graph) -> dict:
+    return dict(g.declines())
+
+
+# --- the real rows ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tname", list(TARGETS))
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_real_rows_decline_or_accept_for_their_stated_reason(tname, direction):
+    """Every real row either accepts, or declines with its cc range, its pending reason or the DSL reason."""
+    target = TARGETS[tname]
+    g = declare(target, direction=direction)
+    accepted, declined = g.available_engines(), reasons(g)
+    rows = capabilities.rows_for(direction)
+    assert sorted(accepted + list(declined)) == sorted(r.name for r in rows)
+    for row in rows:
+        in_range = row.cc_min <= target.cc <= row.cc_max
+        if target.is_cpu:
+            if row.serves_cpu:
+                assert row.name in accepted
+            else:
+                assert declined[row.name] == "needs a CUDA GPU; this machine has none"
+        elif not in_range:
+            assert declined[row.name].startswith("serves compute capability ")
+            assert f"is {target.cc_major}.{target.cc_minor}" in declined[row.name]
+            assert target.name in declined[row.name]
+        elif row.explicit_only_on_gpu:
+            assert declined[row.name] == REFERENCE_ON_GPU
+        elif row.pending:
+            assert declined[row.name] == row.pending
+            assert "not available yet" in row.pending or "not written yet" in row.pending
+        else:  # a kernel that has landed: accepted, or declined by its adapter with a reason
+            assert row.name in accepted or declined[row.name]
+
+
+def test_real_pending_rows_say_so_on_h200(no_compile):
+    g = declare(H200)
+    declined = reasons(g)
+    pending = [r for r in capabilities.rows_for("fwd") if r.pending and r.cc_min <= H200.cc <= r.cc_max]
+    for row in pending:
+        assert declined[row.name] == row.pending
+    if not g.available_engines():
+        with pytest.raises(NotSupportedError) as ei:
+            g.build_plans()
+        for row in pending:
+            assert f"  - {row.name}: {row.pending}" in str(ei.value)
+
+
+def test_reference_serves_the_cpu_with_real_rows():
+    g = declare(CPU, dtype="fp32", d=80)
+    assert g.available_engines() == ["SdpaFwdReference"]
+    g.build_plans()
+    assert g.engine_name == "SdpaFwdReference"
+    assert g.get_workspace_size() == 0
+
+
+# --- ranking with every kernel available -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tname, want", [
+    ("H200", ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
+    ("A100", ["SdpaFwdDslSm80"]),
+    ("RTX5090", ["SdpaFwdDslSm120"]),
+    ("B200", []),
+    ("CPU", ["SdpaFwdReference"]),
+])
+def test_order_per_target(unpended, no_compile, tname, want):
+    g = declare(TARGETS[tname], dtype="fp32" if tname == "CPU" else "bf16", d=128)
+    assert g.available_engines() == want
+    declined = reasons(g)
+    assert set(declined) == set(FWD) - set(want)
+
+
+def test_h200_declines_in_detail(unpended):
+    declined = reasons(declare(H200))
+    assert declined["SdpaFwdDslSm120"] == ("serves compute capability 12.0-12.9; this device "
+                                           "(NVIDIA H200 (fake)) is 9.0")
+    assert declined["SdpaFwdDslSm100"].startswith("serves compute capability 10.0-10.9;")
+    assert declined["SdpaFwdReference"] == REFERENCE_ON_GPU
+    assert "engine='reference'" in REFERENCE_ON_GPU
+
+
+def test_a100_declines_sm90_by_cc(unpended):
+    declined = reasons(declare(A100))
+    assert declined["SdpaFwdDslSm90"] == "serves compute capability 9.0; this device (NVIDIA A100-SXM4-80GB (fake)) is 8.0"
+
+
+def test_rtx5090_declines_sm80_by_cc(unpended):
+    declined = reasons(declare(RTX5090))
+    assert declined["SdpaFwdDslSm80"].startswith("serves compute capability 8.0-9.0;")
+    assert "is 12.0" in declined["SdpaFwdDslSm80"]
+
+
+def test_b200_sm100_adapter_declines_and_the_error_lists_everyone(unpended, no_compile):
+    g = declare(B200)
+    declined = reasons(g)
+    assert declined["SdpaFwdDslSm100"] == "the SM100 (tcgen05 + TMEM) forward kernel is not written yet"
+    with pytest.raises(NotSupportedError) as ei:
+        g.build_plans()
+    err = ei.value
+    assert [name for name, _ in err.declines] == [n for n in FWD]  # ranked by priority, each with a reason
+    msg = str(err)
+    assert "NVIDIA B200 (fake)" in msg and "sdpa fwd (bf16, d=64x64" in msg
+    for name, reason in err.declines:
+        assert f"  - {name}: {reason}" in msg
+
+
+def test_backward_lines_decline_until_their_kernels_exist(unpended):
+    for tname, line in (("H200", "Sm90"), ("A100", "Sm80"), ("RTX5090", "Sm120")):
+        declined = reasons(declare(TARGETS[tname], direction="bwd"))
+        assert declined[f"SdpaBwdDsl{line}"] == "the backward kernels of this arch line are not available yet"
+    declined = reasons(declare(B200, direction="bwd"))
+    assert declined["SdpaBwdDslSm100"] == "the SM100 (tcgen05 + TMEM) backward kernel is not written yet"
+
+
+def test_backward_on_cpu_is_the_reference(unpended):
+    g = declare(CPU, dtype="fp32", direction="bwd", use_deterministic_algorithm=True)
+    assert g.available_engines() == ["SdpaBwdReference"]
+    assert set(reasons(g)) == set(BWD) - {"SdpaBwdReference"}
+
+
+def test_reference_is_never_silent_on_a_gpu_but_available_by_name(unpended, no_compile):
+    for target in (A100, H200, B200, RTX5090):
+        g = declare(target, dtype="fp32", d=80)
+        assert g.available_engines() == []
+        assert reasons(g)["SdpaFwdReference"] == REFERENCE_ON_GPU
+        g.create_execution_plans(engine="reference")
+        assert g.available_engines() == ["SdpaFwdReference"]
+        assert g.declines() == []
+        g.build_plans(engine="reference")
+        assert g.engine_name == "SdpaFwdReference"
+
+
+@pytest.mark.parametrize("alias, full", [("sm80", "SdpaFwdDslSm80"), ("SM90", "SdpaFwdDslSm90"),
+                                         ("ref", "SdpaFwdReference"), ("SdpaFwdDslSm80", "SdpaFwdDslSm80")])
+def test_engine_by_name_restricts_the_ranking(unpended, alias, full):
+    g = declare(H200).create_execution_plans(engine=alias)
+    assert g.available_engines() == [full]
+
+
+def test_engine_by_name_on_the_wrong_target_names_why(unpended, no_compile):
+    g = declare(A100)
+    with pytest.raises(NotSupportedError) as ei:
+        g.build_plans(engine="sm90")
+    assert ei.value.declines == [("SdpaFwdDslSm90", "serves compute capability 9.0; this device "
+                                                    "(NVIDIA A100-SXM4-80GB (fake)) is 8.0")]
+
+
+# --- what the rows judge -----------------------------------------------------------------------------------------
+
+def test_dtype(unpended):
+    declined = reasons(declare(H200, dtype="fp32"))
+    assert declined["SdpaFwdDslSm90"] == "serves bf16/fp16, not fp32"
+    assert declined["SdpaFwdDslSm80"] == "serves bf16/fp16, not fp32"
+    assert declare(H200, dtype=torch.float16).available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+
+
+@pytest.mark.parametrize("d, dv, ok", [(64, None, True), (96, None, True), (128, None, True), (192, 128, True),
+                                       (256, None, True), (80, None, False), (128, 64, False), (32, None, False),
+                                       (192, None, False)])
+def test_head_dims(unpended, d, dv, ok):
+    g = declare(H200, d=d, dv=dv)
+    if ok:
+        assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    else:
+        assert g.available_engines() == []
+        want = (f"serves head dims 64, 96, 128, 192x128, 256; this graph has d_qk={d}, d_v={dv or d}")
+        assert reasons(g)["SdpaFwdDslSm90"] == want
+        assert reasons(g)["SdpaFwdDslSm80"] == want
+
+
+@pytest.mark.parametrize("kw, feature", [
+    (dict(dropout=(0.1, None, None)), "dropout"),
+    (dict(use_alibi_mask=True), "alibi"),
+    (dict(score_mod=lambda s: s), "score_mod"),
+])
+def test_undeclared_features_decline_everywhere(unpended, kw, feature):
+    for target in (H200, A100, RTX5090, B200):
+        g = declare(target, **kw)
+        assert g.available_engines() == []
+        for name, reason in g.declines():
+            assert reason == f"does not serve {feature}" or reason.startswith("serves compute capability"), \
+                (name, reason)
+        assert reasons(g)["SdpaFwdReference"] == f"does not serve {feature}"
+    g = declare(CPU, dtype="fp32", **kw)
+    with pytest.raises(NotSupportedError) as ei:
+        g.check_support()
+    assert dict(ei.value.declines)["SdpaFwdReference"] == f"does not serve {feature}"
+
+
+def test_bias_and_attn_mask_decline_listing_both(unpended):
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    q, k, v = (g.tensor(name=n, dim=(1, 2, 64, 64)) for n in "qkv")
+    bias = g.tensor(name="bias", dim=(1, 2, 64, 64))
+    amask = g.tensor(name="mask", dim=(1, 1, 64, 64), data_type="bool")
+    o, _ = g.sdpa(q, k, v, bias=bias, attn_mask=amask)
+    o.set_output(True)
+    declined = reasons(g.validate())
+    assert declined["SdpaFwdDslSm90"] == "does not serve attn_mask, bias"
+    assert declined["SdpaFwdDslSm80"] == "does not serve attn_mask, bias"
+
+
+@pytest.mark.parametrize("kw", [
+    dict(use_causal_mask=True), dict(use_causal_mask_bottom_right=True, skv=256), dict(sliding_window_length=32),
+    dict(diagonal_band_right_bound=4), dict(hkv=1), dict(hkv=2), dict(generate_stats=False), dict(thd=True),
+    dict(thd=True, use_causal_mask=True, hkv=2),
+])
+def test_kernel_features_are_accepted(unpended, kw):
+    assert declare(H200, **kw).available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+
+
+def test_sinks_and_padding_are_accepted(unpended):
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    q, k, v = (g.tensor(name=n, dim=(2, 4, 64, 64)) for n in "qkv")
+    sink = g.tensor(name="sink", dim=(4,), data_type="fp32")
+    lq, lk = (g.tensor(name=n, dim=(2, 1, 1, 1), data_type="int32") for n in ("lq", "lk"))
+    o, _ = g.sdpa(q, k, v, sink_token=sink, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk)
+    o.set_output(True)
+    g.validate()
+    assert {"sinks", "padding"} <= g.facts.features()
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+
+
+# --- layouts --------------------------------------------------------------------------------------------------
+
+def test_strides_not_16_byte_multiples_decline_naming_the_tensor(unpended):
+    # q's token stride 68 elements (136 bytes) is not a multiple of 8 bf16 elements
+    strides = {"q": (4 * 128 * 68, 128 * 68, 68, 1)}
+    g = declare(H200, strides=strides, s=128, d=64)
+    declined = reasons(g)
+    assert g.available_engines() == []
+    reason = declined["SdpaFwdDslSm90"]
+    assert reason.startswith("tensor 'q' has strides (34816, 8704, 68, 1) (dim (2, 4, 128, 64))")
+    assert "multiple of 8 elements (16-byte vector loads), and 68 is not" in reason
+    assert declined["SdpaFwdDslSm80"] == reason
+
+
+def test_fp16_v_stride_named(unpended):
+    strides = {"v": (4 * 128 * 72 + 4, 128 * 72, 72, 1)}  # batch stride not a multiple of 8
+    g = declare(H200, dtype="fp16", strides=strides)
+    reason = reasons(g)["SdpaFwdDslSm90"]
+    assert reason.startswith("tensor 'v' has strides") and "36868 is not" in reason
+
+
+def test_padded_but_aligned_and_bshd_strides_are_accepted(unpended):
+    b, h, s, d = 2, 4, 128, 64
+    bshd = (s * h * d, d, h * d, 1)
+    padded = (h * s * 72, s * 72, 72, 1)
+    g = declare(H200, strides={"q": bshd, "k": padded, "v": bshd})
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+
+
+def test_size_one_dims_may_have_any_stride(unpended):
+    g = declare(H200, b=1, s=1, hq=1, hkv=1, strides={"q": (7, 64, 5, 1), "k": (3, 3, 3, 1)})
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+
+
+def test_the_reference_takes_any_layout_on_cpu(unpended):
+    strides = {"q": (4 * 16 * 13, 16 * 13, 13, 1)}
+    g = declare(CPU, dtype="fp32", s=16, d=8, strides=strides)
+    assert g.available_engines() == ["SdpaFwdReference"]
+
+
+# --- knobs ---------------------------------------------------------------------------------------------------
+
+def test_knob_outside_every_choice_makes_every_line_ineligible(unpended):
+    g = declare(H200).create_execution_plans(knobs=frost.Knobs(tile_m=96))
+    declined = reasons(g)
+    assert g.available_engines() == []
+    assert declined["SdpaFwdDslSm90"] == "knob tile_m=96 is not one of (64, 128, 192)"
+    assert declined["SdpaFwdDslSm80"] == "knob tile_m=96 is not one of (64, 128)"
+
+
+def test_knob_honored_by_one_line_only(unpended):
+    g = declare(H200).create_execution_plans(knobs=frost.Knobs(tile_m=192))
+    assert g.available_engines() == ["SdpaFwdDslSm90"]
+    g = declare(H200).create_execution_plans(knobs={"num_warps": 8})
+    assert g.available_engines() == ["SdpaFwdDslSm80"]
+    assert reasons(g)["SdpaFwdDslSm90"] == "has no knob 'num_warps' (requested 8)"
+
+
+def test_knobs_and_the_reference(unpended):
+    g = declare(CPU, dtype="fp32").create_execution_plans(knobs={"tile_n": 64})
+    assert g.available_engines() == []
+    assert reasons(g)["SdpaFwdReference"] == "has no knob 'tile_n' (requested 64)"
+
+
+def test_unknown_knob_is_a_frost_error(unpended):
+    g = declare(H200)
+    with pytest.raises(frost.GraphError, match="tile_k"):
+        g.create_execution_plans(knobs={"tile_k": 64})
+
+
+# --- the DSL itself ------------------------------------------------------------------------------------------
+
+def test_missing_dsl_declines_the_dsl_lines_naming_the_version(unpended, monkeypatch):
+    patch_dsl_reason(monkeypatch, "needs nvidia-cutlass-dsl >= 4.8.1; found 4.7.0")
+    g = declare(H200)
+    assert g.available_engines() == []
+    declined = reasons(g)
+    assert declined["SdpaFwdDslSm90"] == "needs nvidia-cutlass-dsl >= 4.8.1; found 4.7.0"
+    assert declined["SdpaFwdDslSm80"] == "needs nvidia-cutlass-dsl >= 4.8.1; found 4.7.0"
+
+
+@pytest.mark.parametrize("versions, fragment", [
+    ({}, "needs nvidia-cutlass-dsl >= 4.8.1, which is not installed"),
+    ({"nvidia-cutlass-dsl": "4.7.2"}, "needs nvidia-cutlass-dsl >= 4.8.1; found 4.7.2"),
+    ({"nvidia-cutlass-dsl": "4.8.0.dev1"}, "found 4.8.0.dev1"),
+    ({"nvidia-cutlass-dsl": "4.8.1"}, "needs apache-tvm-ffi, which is not installed"),
+    ({"nvidia-cutlass-dsl": "4.8.1", "apache-tvm-ffi": "0.1.15"}, None),
+    ({"nvidia-cutlass-dsl": "4.10.0", "apache-tvm-ffi": "0.1.15"}, None),
+])
+def test_dsl_decline_reason_from_metadata(monkeypatch, versions, fragment):
+    from importlib import metadata
+
+    def version(name):
+        if name in versions:
+            return versions[name]
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(dsl.metadata, "version", version)
+    dsl.dsl_decline_reason.cache_clear()
+    try:
+        reason = dsl.dsl_decline_reason()
+    finally:
+        dsl.dsl_decline_reason.cache_clear()
+    if fragment is None:
+        assert reason is None
+    else:
+        assert fragment in reason
+
+
+# --- errors and contracts ------------------------------------------------------------------------------------
+
+def test_error_types():
+    assert issubclass(EngineDecline, NotImplementedError) and issubclass(EngineDecline, frost.FrostError)
+    assert issubclass(NotSupportedError, NotImplementedError) and issubclass(NotSupportedError, frost.FrostError)
+    e = EngineDecline("SdpaFwdDslSm100", "why not")
+    assert (e.engine, e.reason, str(e)) == ("SdpaFwdDslSm100", "why not", "SdpaFwdDslSm100: why not")
+    n = NotSupportedError("thing", [("a", "x"), ("b", "y")])
+    assert n.declines == [("a", "x"), ("b", "y")]
+    assert str(n) == "no engine can serve thing:\n  - a: x\n  - b: y"
+
+
+def test_ranking_never_compiles(unpended, no_compile):
+    for target in FAKE_TARGETS.values():
+        g = declare(target)
+        g.available_engines()
+        g.check_support() if g.available_engines() else None
+
+
+def test_priorities_put_the_native_line_first():
+    rows = {r.name: r for r in capabilities.ROWS}
+    assert rows["SdpaFwdDslSm90"].priority < rows["SdpaFwdDslSm80"].priority < rows["SdpaFwdReference"].priority
+    assert rows["SdpaFwdDslSm80"].cc_max == (9, 0)  # SM80 is the fallback below SM90 on Hopper
+    for r in capabilities.ROWS:
+        assert r.direction in r.name.lower()
+
+
+def test_facts_features_and_band():
+    g = declare(CPU, dtype="fp32", use_causal_mask_bottom_right=True, sliding_window_length=5, hkv=2)
+    f = g.facts
+    assert (f.window_left, f.window_right, f.bottom_right, f.is_causal) == (4, 0, True, True)
+    assert f.features() == {"causal", "window_left", "bottom_right", "gqa", "stats"}
+    g = declare(CPU, dtype="fp32", diagonal_band_right_bound=3, diagonal_alignment="BOTTOM_RIGHT")
+    assert (g.facts.window_left, g.facts.window_right, g.facts.is_causal) == (None, 3, False)
+    assert g.facts.features() == {"window_right", "bottom_right", "stats"}
+    g = declare(CPU, dtype="fp32", diagonal_alignment="BOTTOM_RIGHT")
+    assert "bottom_right" not in g.facts.features()  # an alignment without a band changes nothing
