@@ -35,7 +35,6 @@ PRESETS = {
 }
 PRESET_TIMING = {"smoke": dict(reps=5, warmup=2, probe_calls=100)}
 IMPLS = ("cudnn", "fa2", "fa4", "frost")
-DEFAULT_EXCLUDE = "*reference*"
 
 
 def _choices(allowed):
@@ -104,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which to run (default: %s)" % ",".join(IMPLS))
     i.add_argument("--frost-engines", type=split_list, default=[],
                    help="only frost engines matching these glob patterns (default: every engine)")
-    i.add_argument("--exclude-engines", type=split_list, default=split_list(DEFAULT_EXCLUDE),
-                   help="skip frost engines matching these glob patterns (default: %s; '' for none)" % DEFAULT_EXCLUDE)
+    i.add_argument("--exclude-engines", type=split_list, default=[],
+                   help="skip frost engines matching these glob patterns, e.g. sm80 (default: none)")
 
     t = p.add_argument_group("method")
     t.add_argument("--reps", type=int, help="event-timed samples per measurement; the median is reported (default: 20)")
@@ -134,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dry-run", action="store_true", help="list what would run; needs no GPU")
     o.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     o.add_argument("--strict", action="store_true", help="exit 3 when a frost row fails or fails its check")
+    o.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda (default); cpu only self-tests the harness with wall-clock timing")
     return p
 
 
@@ -239,13 +240,15 @@ def main(argv: list[str] | None = None) -> int:
         workloads = spec.expand() + spec.probes()
     except ValueError as e:
         parser.error(str(e))
+    for why in spec.skipped:
+        print(f"frost bench: left out: {why}", file=sys.stderr)
     timing = timing_from_args(a)
     if a.dry_run:
         return dry_run(a, spec, workloads)
 
     import torch
 
-    if not torch.cuda.is_available():
+    if a.device == "cuda" and not torch.cuda.is_available():
         print("frost bench: no CUDA device here (use --dry-run to list the sweep)", file=sys.stderr)
         return 1
 
@@ -254,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     from frost.bench.peers import all_peers
     from frost.bench.runner import Progress, Runner, RunOptions
 
-    env = {**envinfo.static_env(), **envinfo.gpu_env()}
+    env = envinfo.static_env()
+    env.update(envinfo.gpu_env() if a.device == "cuda" else {"gpu": "cpu (harness self-test)"})
     settings = settings_dict(a, spec, timing)
     paths = output_paths(a, env.get("gpu"))
     json_paths = [p for p in (paths["json"], paths.get("dir_json")) if p]
@@ -269,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = RunOptions(impls=a.impl, frost_engines=a.frost_engines, exclude_engines=a.exclude_engines,
                       timing=timing, check=a.check, tol={"fwd": a.tol_fwd, "bwd": a.tol_bwd},
                       max_buffers=a.max_buffers, probe_calls=probe_calls_from_args(a), seed=a.seed,
-                      time_budget_s=a.time_budget)
+                      time_budget_s=a.time_budget, device=a.device)
     progress = Progress(len(workloads), enabled=not a.quiet)
     print(f"frost bench on {env.get('gpu')} (driver {env.get('driver')}, torch {env.get('torch')}, "
           f"cuDNN {env.get('cudnn')}, flash-attn-4 {env.get('flash_attn_4')}, frost {env.get('frost_commit')})",

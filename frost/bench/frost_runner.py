@@ -46,10 +46,18 @@ def _geom(w: Workload, which: str) -> tuple[tuple, tuple]:
 
 
 def _default_stats_geom(w: Workload) -> tuple[tuple, tuple]:
-    """Stats layout when the graph does not report one: cuDNN's (B, H, S, 1), or (T, H, 1) head-major."""
+    """Stats layout when the graph does not report one: compact (B, H, S, 1), or (T, H, 1) for THD."""
     if w.is_thd:
-        return (w.total_q, w.heads_q, 1), (1, w.total_q, 1)
+        return (w.total_q, w.heads_q, 1), (w.heads_q, 1, 1)
     return (w.batch, w.heads_q, w.seqlen_q, 1), (w.heads_q * w.seqlen_q, w.seqlen_q, 1, 1)
+
+
+def _stats_geom(w: Workload) -> tuple[tuple, tuple]:
+    """The stats layout a frost forward of this workload declares (what its backward consumes)."""
+    try:
+        return _FwdGraph(w, generate_stats=True).stats_geom()
+    except Exception:
+        return _default_stats_geom(w)
 
 
 def _declared_geom(t) -> tuple[tuple, tuple] | None:
@@ -137,20 +145,34 @@ class _BwdGraph:
 def _graph_for_listing(w: Workload):
     if w.direction == "fwd":
         return _FwdGraph(w, generate_stats=False).g
-    return _BwdGraph(w, _default_stats_geom(w)).g
+    return _BwdGraph(w, _stats_geom(w)).g
+
+
+def engine_short(name: str) -> str:
+    """Column name of an engine: 'SdpaFwdDslSm90' and 'SdpaBwdDslSm90' are both 'sm90'."""
+    for prefix in ("SdpaFwd", "SdpaBwd"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    if name.startswith("Dsl"):
+        name = name[3:]
+    return name.lower() or "engine"
 
 
 def list_engines(w: Workload) -> list[str]:
-    """Names of frost engines that accept this workload's graph on this machine, best first.
+    """Full names of frost engines that accept this workload's graph on this machine, best first.
 
-    Raises Unsupported (with frost's reasons) when none does.
+    Raises Unsupported (carrying frost's per-engine reasons) when none does.
     """
     try:
-        names = list(_graph_for_listing(w).available_engines())
+        g = _graph_for_listing(w)
+        names = list(g.available_engines())
     except NotImplementedError as e:  # frost's declines are NotImplementedError subclasses
-        raise Unsupported(str(e).strip().replace("\n", " ")) from None
+        raise Unsupported(" ".join(str(e).split())) from None
     if not names:
-        raise Unsupported("no frost engine accepts this graph")
+        declines = getattr(g, "declines", lambda: [])()
+        detail = "; ".join(f"{engine_short(n)}: {r}" for n, r in declines)
+        raise Unsupported("no frost engine accepts this graph" + (f" ({detail})" if detail else ""))
     return names
 
 
@@ -166,16 +188,23 @@ def _ctx(stream):
     return frost.ExecutionContext(stream=stream)
 
 
-def _workspace(g):
+def _current_stream(device):
+    """torch's current stream on a CUDA device; None (frost's default) elsewhere."""
     import torch
 
-    return torch.empty(int(g.get_workspace_size()), dtype=torch.uint8, device="cuda")
+    return torch.cuda.current_stream(device) if getattr(device, "type", "") == "cuda" else None
 
 
-def _empty_stats(geom):
+def _workspace(g, device):
     import torch
 
-    return torch.empty_strided(geom[0], geom[1], dtype=torch.float32, device="cuda")
+    return torch.empty(int(g.get_workspace_size()), dtype=torch.uint8, device=device)
+
+
+def _empty_stats(geom, device):
+    import torch
+
+    return torch.empty_strided(geom[0], geom[1], dtype=torch.float32, device=device)
 
 
 def _fill_stats(stats_t, lse, w: Workload) -> None:
@@ -200,10 +229,11 @@ def _forward_state(inputs):
         fg = _FwdGraph(w, generate_stats=True)
         fg.g.build_plans(engine=None)
         geom = fg.stats_geom()
-        ws, ctx = _workspace(fg.g), _ctx(torch.cuda.current_stream())
+        dev = inputs.sets[0].q.device
+        ws, ctx = _workspace(fg.g, dev), _ctx(_current_stream(dev))
         for b in inputs.sets:
-            o = torch.empty(inputs.o_shape, dtype=b.q.dtype, device=b.q.device)
-            st = _empty_stats(geom)
+            o = torch.empty(inputs.o_shape, dtype=b.q.dtype, device=dev)
+            st = _empty_stats(geom, dev)
             binds = {fg.q: _view(w, b.q), fg.k: _view(w, b.k), fg.v: _view(w, b.v), fg.o: _view(w, o), fg.stats: st}
             binds.update(_thd_binds(fg, inputs))
             fg.g.execute(binds, ws, ctx)
@@ -212,11 +242,11 @@ def _forward_state(inputs):
     except Exception as e:
         from frost.bench.reference import reference_forward
 
-        geom = _default_stats_geom(w)
+        geom = _stats_geom(w)
         outs = []
         for b in inputs.sets:
             o, lse = reference_forward(w, b.q, b.k, b.v)
-            st = _empty_stats(geom)
+            st = _empty_stats(geom, b.q.device)
             _fill_stats(st, lse, w)
             outs.append((o, st))
         source = f"fp32 reference (frost forward failed: {short_reason(e, 120)})"
@@ -238,7 +268,7 @@ class FrostEngine(Implementation):
 
     def __init__(self, engine: str):
         self.engine = engine
-        self.key = f"frost:{engine}"
+        self.key = f"frost:{engine_short(engine)}"
         self.label = f"frost {engine}"
 
     def unavailable(self) -> str | None:
@@ -256,15 +286,16 @@ class FrostEngine(Implementation):
             gr = _BwdGraph(w, geom)
         gr.g.build_plans(engine=self.engine)
         plan_s = time.perf_counter() - t0
-        ws = _workspace(gr.g)
-        ctx = [_ctx(torch.cuda.current_stream())]
+        dev = inputs.sets[0].q.device
+        ws = _workspace(gr.g, dev)
+        ctx = [_ctx(_current_stream(dev))]
 
         binds, outs = [], []
         for i, b in enumerate(inputs.sets):
             d = {gr.q: _view(w, b.q), gr.k: _view(w, b.k), gr.v: _view(w, b.v)}
             d.update(_thd_binds(gr, inputs))
             if w.direction == "fwd":
-                o = torch.empty(inputs.o_shape, dtype=b.q.dtype, device=b.q.device)
+                o = torch.empty(inputs.o_shape, dtype=b.q.dtype, device=dev)
                 d[gr.o] = _view(w, o)
                 outs.append((o,))
             else:

@@ -11,9 +11,23 @@ works, otherwise the row is n/a.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 
 from frost.bench.impl import Implementation, Prepared, Unsupported
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    """Silence a library's per-call warnings while a path is probed."""
+    log = logging.getLogger(name)
+    old = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
 
 
 def _first(x):
@@ -92,8 +106,29 @@ class TorchSdpaPeer(_PeerBase):
             def fwd(i, q, k, v):
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
                 return o.transpose(1, 2)
+            self._probe(inputs, fwd)
             return fwd
         return self._nested_forward_fn(inputs, kw)
+
+    def _probe(self, inputs, fwd) -> None:
+        """One forward on set 0: torch's 'no kernel for this' becomes n/a, with torch's own reason."""
+        import warnings
+
+        b = inputs.sets[0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with self.context():
+                    fwd(0, b.q, b.k, b.v)
+            except RuntimeError as e:
+                text = str(e)
+                if "No available kernel" not in text and "No viable backend" not in text:
+                    raise
+                from frost.bench.runner import warning_hints
+
+                hints = warning_hints(caught)
+                raise Unsupported(f"torch's {self.backend_name} backend has no kernel for this problem"
+                                  + (f" ({'; '.join(h[:160] for h in hints[-2:])})" if hints else "")) from None
 
     def _nested_forward_fn(self, inputs, kw):
         """THD through jagged nested tensors; probed once so a missing path reads as n/a."""
@@ -115,7 +150,7 @@ class TorchSdpaPeer(_PeerBase):
 
         b = inputs.sets[0]
         try:
-            with self.context():
+            with self.context(), _quiet_logger("torch.nested._internal.sdpa"):
                 o = fwd(0, b.q, b.k, b.v)
             if tuple(o.shape) != tuple(inputs.o_shape):
                 raise RuntimeError(f"nested output shape {tuple(o.shape)} != {inputs.o_shape}")

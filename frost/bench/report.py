@@ -18,13 +18,17 @@ PEER_NAMES = {"cudnn": "cuDNN", "fa2": "FA2", "fa4": "FA4"}
 
 
 def impl_name(key: str) -> str:
+    if key == "frost:*":
+        return "frost"
     return PEER_NAMES.get(key, key)
 
 
 def fmt_tflops(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "-"
-    return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+    if x >= 100:
+        return f"{x:.0f}"
+    return f"{x:.1f}" if x >= 1 else f"{x:.2g}"
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -66,7 +70,8 @@ def _cell(m, value: str, notes: Footnotes) -> str:
 
 
 def _frost_engines(keys: list[str]) -> list[str]:
-    return [k for k in keys if k.startswith("frost:")]
+    """Frost engine columns that get ratio and error columns (not the 'frost:*' catch-all)."""
+    return [k for k in keys if k.startswith("frost:") and k != "frost:*"]
 
 
 def throughput_table(rows: list[Row], notes: Footnotes | None = None):
@@ -114,10 +119,18 @@ def probe_table(rows: list[Row], notes: Footnotes | None = None):
     return headers, body
 
 
+def _text_columns(headers: list[str]) -> int:
+    """How many leading columns describe the configuration (left-aligned); the rest are numbers."""
+    return 6 if len(headers) > 5 and headers[5] == "mask" else 3
+
+
 def render_text(headers: list[str], body: list[list[str]]) -> str:
+    n_text = _text_columns(headers)
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+
     def fmt(cells):
-        return "  ".join(c.rjust(wd) if i >= 3 else c.ljust(wd) for i, (c, wd) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(c.rjust(wd) if i >= n_text else c.ljust(wd)
+                         for i, (c, wd) in enumerate(zip(cells, widths))).rstrip()
     out = [fmt(headers), "  ".join("-" * wd for wd in widths)]
     out += [fmt(b) for b in body]
     return "\n".join(out)
@@ -126,8 +139,9 @@ def render_text(headers: list[str], body: list[list[str]]) -> str:
 def render_markdown(headers: list[str], body: list[list[str]]) -> str:
     def esc(c):
         return c.replace("|", "\\|")
+    n_text = _text_columns(headers)
     out = ["| " + " | ".join(esc(h) for h in headers) + " |",
-           "|" + "|".join("---" if i < 3 else "---:" for i in range(len(headers))) + "|"]
+           "|" + "|".join("---" if i < n_text else "---:" for i in range(len(headers))) + "|"]
     out += ["| " + " | ".join(esc(c) for c in b) + " |" for b in body]
     return "\n".join(out)
 

@@ -9,15 +9,17 @@ nothing after it could be trusted.
 from __future__ import annotations
 
 import fnmatch
+import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 from frost.bench import check as checks
 from frost.bench.impl import (CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED, Implementation, Unsupported,
                               short_reason)
 from frost.bench.results import Measurement, Row
-from frost.bench.timing import TimingOptions, host_time_us, time_calls
+from frost.bench.timing import TimingOptions, host_time_us, is_cuda, sync, time_calls
 
 FROST_ALL = "frost:*"   # column used when frost as a whole is missing or declines the graph
 REFERENCE_ORDER = ("cudnn", "fa4", "fa2")
@@ -36,6 +38,7 @@ class RunOptions:
     probe_calls: int = 500
     seed: int = 0
     time_budget_s: float | None = None
+    device: str = "cuda"       # "cpu" only to self-test the harness (wall-clock timing)
 
 
 class Progress:
@@ -70,17 +73,34 @@ class Progress:
 
 
 def engine_selected(name: str, include: list, exclude: list) -> bool:
-    if include and not any(fnmatch.fnmatch(name, p) for p in include):
+    """Glob patterns match the full engine name or its short column name ('sm90')."""
+    from frost.bench.frost_runner import engine_short
+
+    names = (name, engine_short(name))
+
+    def hit(patterns):
+        return any(fnmatch.fnmatch(n, p) or fnmatch.fnmatch(n.lower(), p.lower()) for p in patterns for n in names)
+
+    if include and not hit(include):
         return False
-    return not any(fnmatch.fnmatch(name, p) for p in exclude)
+    return not hit(exclude)
 
 
-def _context_alive() -> str | None:
+def warning_hints(caught) -> list[str]:
+    """Distinct, informative warning texts (torch's 'kernel not used because:' headers dropped)."""
+    hints: list[str] = []
+    for wmsg in caught or ():
+        text = " ".join(str(getattr(wmsg, "message", wmsg)).split())
+        text = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", text).strip()
+        if text and not text.endswith("because:") and text not in hints:
+            hints.append(text)
+    return hints
+
+
+def _context_alive(device) -> str | None:
     """None when the CUDA context still works; otherwise the error that broke it."""
-    import torch
-
     try:
-        torch.cuda.synchronize()
+        sync(device)
         return None
     except Exception as e:
         return short_reason(e)
@@ -97,49 +117,58 @@ class Runner:
 
     # ---- one implementation ---------------------------------------------------
     def _measure(self, impl: Implementation, inputs, row: Row, ref) -> tuple[Measurement, tuple | None]:
-        import torch
-
-        w = inputs.workload
+        w, dev = inputs.workload, self.opts.device
         self.progress.step(impl.key)
         reason = impl.unavailable()
         if reason:
             return Measurement(impl.key, MISSING, reason=reason), None
-        try:
-            prep = impl.prepare(inputs)
-        except Unsupported as e:
-            return Measurement(impl.key, NA, reason=str(e)), None
-        except Exception as e:
-            return self._failed(impl.key, e, "prepare"), None
-        m = Measurement(impl.key, OK, info=dict(prep.info), note=prep.note)
-        outs = None
-        try:
-            with prep.context():
-                prep.poison(0)
-                prep.calls[0]()
-                torch.cuda.synchronize()
-                outs = tuple(prep.outputs(0))
-                if impl.is_frost and self.opts.check and not w.probe:
-                    self._check(m, outs, ref, w)
-                elif ref is not None and ref[1] is not None:
-                    m.rel_err = checks.compare(outs, ref[1])
-                if w.probe:
-                    m.host_us = host_time_us(prep.calls[0], self.opts.probe_calls)
-                else:
-                    t = time_calls(prep.calls, self.opts.timing, prep.bind_stream)
-                    m.ms = t.median_ms
-                    m.info.update({"min_ms": t.min_ms, "inner": t.inner, "reps": len(t.samples_ms),
-                                   "timing": t.mode, "buffer_sets": len(prep.calls)})
-                    if t.note:
-                        m.note = (m.note + "; " if m.note else "") + t.note
-        except Exception as e:
-            return self._failed(impl.key, e, "run"), None
-        finally:
-            del prep
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            try:
+                prep = impl.prepare(inputs)
+            except Unsupported as e:
+                return Measurement(impl.key, NA, reason=str(e)), None
+            except Exception as e:
+                return self._failed(impl.key, e, "prepare", caught), None
+            m = Measurement(impl.key, OK, info=dict(prep.info), note=prep.note)
+            m.info["prepare_s"] = round(time.perf_counter() - t0, 4)
+            outs = None
+            try:
+                with prep.context():
+                    t0 = time.perf_counter()
+                    prep.poison(0)
+                    prep.calls[0]()
+                    sync(dev)
+                    m.info["first_call_s"] = round(time.perf_counter() - t0, 4)
+                    outs = tuple(prep.outputs(0))
+                    if impl.is_frost and self.opts.check and not w.probe:
+                        self._check(m, outs, ref, w)
+                    elif ref is not None and ref[1] is not None:
+                        m.rel_err = checks.compare(outs, ref[1])
+                    if w.probe:
+                        m.host_us = host_time_us(prep.calls[0], self.opts.probe_calls, device=dev)
+                    else:
+                        t = time_calls(prep.calls, self.opts.timing, prep.bind_stream, device=dev)
+                        m.ms = t.median_ms
+                        m.info.update({"min_ms": t.min_ms, "inner": t.inner, "reps": len(t.samples_ms),
+                                       "timing": t.mode, "buffer_sets": len(prep.calls)})
+                        if t.note:
+                            m.note = (m.note + "; " if m.note else "") + t.note
+            except Exception as e:
+                return self._failed(impl.key, e, "run", caught), None
+            finally:
+                del prep
         return m, outs
 
-    def _failed(self, key: str, e: Exception, stage: str) -> Measurement:
-        m = Measurement(key, FAILED, reason=f"{stage}: {short_reason(e)}")
-        broken = _context_alive()
+    def _failed(self, key: str, e: Exception, stage: str, caught=()) -> Measurement:
+        """A failed cell; warnings the library raised on the way often say why, so they join the reason."""
+        hints = warning_hints(caught)
+        why = short_reason(e)
+        if hints:
+            why += " (" + "; ".join(h[:160] for h in hints[-2:]) + ")"
+        m = Measurement(key, FAILED, reason=f"{stage}: {why}")
+        broken = _context_alive(self.opts.device)
         if broken:
             self.broken = broken
         return m
@@ -185,14 +214,18 @@ class Runner:
                 row.add(Measurement(k, SKIPPED, reason=f"time budget of {self.opts.time_budget_s:.0f} s spent"))
             return row
 
+        dev = self.opts.device
         try:
-            l2 = int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 0)
+            l2 = 0
+            if is_cuda(dev):
+                props = torch.cuda.get_device_properties(torch.cuda.current_device())
+                l2 = int(getattr(props, "L2_cache_size", 0) or 0)
             n_sets = 1 if w.probe else buffer_count(w.set_bytes(), l2, self.opts.max_buffers, self.opts.l2_multiple)
-            inputs = make_inputs(w, n_sets, "cuda", self.opts.seed)
+            inputs = make_inputs(w, n_sets, dev, self.opts.seed)
         except Exception as e:
             for k in keys:
                 row.add(Measurement(k, FAILED, reason=f"inputs: {short_reason(e)}"))
-            self.broken = self.broken or _context_alive()
+            self.broken = self.broken or _context_alive(dev)
             return row
 
         peer_outs: dict = {}
@@ -218,7 +251,8 @@ class Runner:
             self._run_frost(row, inputs, ref)
         row.reference = ref[0] if ref else row.reference
         del inputs, ref
-        torch.cuda.empty_cache()
+        if is_cuda(dev):
+            torch.cuda.empty_cache()
         return row
 
     def _run_frost(self, row: Row, inputs, ref) -> None:

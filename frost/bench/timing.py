@@ -33,13 +33,24 @@ class TimingOptions:
     mode: str = "loop"
 
 
-def _sync():
-    import torch
-
-    torch.cuda.synchronize()
+def is_cuda(device) -> bool:
+    return str(getattr(device, "type", device)).startswith("cuda")
 
 
-def _event_ms(run, stream=None) -> float:
+def sync(device="cuda") -> None:
+    """Drain the device (a no-op for the CPU harness self-test)."""
+    if is_cuda(device):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _event_ms(run, device="cuda") -> float:
+    """Milliseconds of `run` between two CUDA events on the current stream (wall clock on the CPU)."""
+    if not is_cuda(device):
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) * 1e3
     import torch
 
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,7 +67,7 @@ def choose_inner(per_call_ms: float, min_sample_ms: float, max_inner: int) -> in
     return max(1, min(max_inner, math.ceil(min_sample_ms / per_call_ms)))
 
 
-def time_calls(calls, opts: TimingOptions, bind_stream=None) -> Timing:
+def time_calls(calls, opts: TimingOptions, bind_stream=None, device="cuda") -> Timing:
     """Median per-call milliseconds of `calls` (one per buffer set), rotating through them."""
     n = len(calls)
     state = {"i": 0}
@@ -70,18 +81,18 @@ def time_calls(calls, opts: TimingOptions, bind_stream=None) -> Timing:
 
     for _ in range(max(1, opts.warmup)):
         loop(n)
-    _sync()
-    per_call = _event_ms(lambda: loop(n)) / n
+    sync(device)
+    per_call = _event_ms(lambda: loop(n), device) / n
     inner = choose_inner(per_call, opts.min_sample_ms, opts.max_inner)
 
     note = ""
-    if opts.mode == "graph":
+    if opts.mode == "graph" and is_cuda(device):
         try:
             return _time_graph(loop, inner, opts, bind_stream)
         except Exception as e:
             note = f"graph capture failed ({type(e).__name__}); timed a loop"
-            _sync()
-    samples = [_event_ms(lambda: loop(inner)) / inner for _ in range(opts.reps)]
+            sync(device)
+    samples = [_event_ms(lambda: loop(inner), device) / inner for _ in range(max(1, opts.reps))]
     return Timing(statistics.median(samples), min(samples), samples, inner, "loop", note)
 
 
@@ -103,18 +114,18 @@ def _time_graph(loop, inner: int, opts: TimingOptions, bind_stream) -> Timing:
         if bind_stream:
             bind_stream(torch.cuda.current_stream())
     graph.replay()
-    _sync()
+    sync()
     samples = [_event_ms(graph.replay) / inner for _ in range(opts.reps)]
     return Timing(statistics.median(samples), min(samples), samples, inner, "graph")
 
 
-def host_time_us(call, calls: int = 500, warmup: int = 20) -> float:
+def host_time_us(call, calls: int = 500, warmup: int = 20, device="cuda") -> float:
     """Wall-clock microseconds per call over `calls` back-to-back calls (GPU drained at both ends)."""
     for _ in range(warmup):
         call()
-    _sync()
+    sync(device)
     t0 = time.perf_counter()
-    for _ in range(calls):
+    for _ in range(max(1, calls)):
         call()
-    _sync()
-    return (time.perf_counter() - t0) / calls * 1e6
+    sync(device)
+    return (time.perf_counter() - t0) / max(1, calls) * 1e6

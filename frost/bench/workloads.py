@@ -197,6 +197,7 @@ class SweepSpec:
     thd_max_len: int = 8192
     seed: int = 0
     probe: bool = True
+    skipped: list = field(default_factory=list)   # combinations expand() left out, with the reason
 
     def heads(self, d_v: int, ratio: int) -> tuple[int, int]:
         if self.hidden % d_v:
@@ -214,12 +215,19 @@ class SweepSpec:
         raise ValueError(f"unknown THD mix {name!r} (use fixed, random)")
 
     def expand(self) -> list[Workload]:
+        """Every workload of the sweep; impossible (head dim, GQA) pairs are left out and listed in `skipped`."""
         out: list[Workload] = []
+        self.skipped = []
         for direction in self.directions:
             for dtype in self.dtypes:
                 for d_qk, d_v in self.head_dims:
                     for ratio in self.gqa:
-                        hq, hkv = self.heads(d_v, ratio)
+                        try:
+                            hq, hkv = self.heads(d_v, ratio)
+                        except ValueError as e:
+                            if str(e) not in self.skipped:
+                                self.skipped.append(str(e))
+                            continue
                         for causal in self.causal:
                             if "bshd" in self.layouts:
                                 for s in self.seqlens:
@@ -232,6 +240,8 @@ class SweepSpec:
                                     name = mix if mix == "fixed" else f"random(seed={self.seed})"
                                     out.append(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
                                                         layout="thd", seqlens=lens, mix=name))
+        if not out and self.skipped:
+            raise ValueError("; ".join(self.skipped))
         return out
 
     def probes(self) -> list[Workload]:
