@@ -1,0 +1,323 @@
+"""TemplateParams, validator, knobs, scratch layout and argument lists of the mma.sync SDPA backward.
+
+The backward is a chain of three kernels launched in order on one stream:
+
+1. ``preprocess`` (`sdpa_bwd_preprocess`): dpsum = rowsum(dO * O), zeroes the fp32
+   dQ accumulator (and the deterministic-mode semaphores), and the per-block
+   partial sums of dSink.
+2. ``main`` (`sdpa_bwd`): one CTA per (key tile, kv head, batch) recomputes P from
+   the LSE, accumulates dK / dV in registers over every query head of its GQA
+   group and every query tile in the mask band, and adds dQ partials into the
+   fp32 accumulator (red.global; in deterministic mode key tiles take turns per
+   (batch, head, query tile) through a semaphore, so the sum order is fixed).
+3. ``postprocess`` (`sdpa_bwd_postprocess`): dQ = accumulator * scale in the io
+   dtype, and dSink = the fixed-order sum of the partials.
+
+GQA needs no dK / dV workspace: the main kernel's CTA owns one kv head and
+walks its query heads itself. One template serves two arch lines: ``sm80``
+(cc 8.x, and cc 9.0 below the wgmma kernel) and ``sm120`` (about 99 KB of
+shared memory). No cutlass import here: planning reads this module.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from frost.engines.params import TemplateParams
+from frost.errors import TemplateParamsError
+
+#: (head_dim, head_dim_v) pairs the template implements.
+HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (256, 256), (192, 128))
+
+#: Largest dynamic shared memory one block of each family may ask for (bytes).
+SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
+
+#: Query rows per CTA of the preprocess / postprocess kernels.
+ROWS_PER_CTA = 64
+#: dSink partial sums per preprocess CTA (one per warp).
+PARTIALS_PER_CTA = 4
+
+_ALIGN = 256
+
+
+class Sm80BwdParams(TemplateParams):
+    """Plan-time description of one mma.sync backward chain.
+
+    Feature flags mirror the optional arguments of `frost.engines.sdpa_args`;
+    the knobs (tile_m, tile_n, num_stages, num_warps and the warp arrangement
+    of the three GEMM shapes) change speed only.
+    """
+
+    family: Literal["sm80", "sm120"] = "sm80"
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    head_dim: int = 128
+    head_dim_v: int = 128
+    num_heads_q: int = 1
+    num_heads_kv: int = 1
+    is_thd: bool = False
+    has_seqused: bool = False
+    has_sinks: bool = False
+    has_dsinks: bool = False
+    has_window_left: bool = False
+    has_window_right: bool = False
+    bottom_right: bool = False
+    deterministic: bool = False
+    # knobs
+    tile_m: int = 64  # query rows per main-loop step
+    tile_n: int = 128  # key rows per CTA
+    num_stages: int = 2  # 2: Q/dO double-buffered; 1: single buffer
+    num_warps: int = 8
+    sdp_warps_m: int = 2  # warps along the query rows of S = Q.K^T and dP = dO.V^T
+    dkv_warps_n: int = 4  # warps along the key rows of dK = dS^T.Q and dV = P^T.dO
+    dq_warps_m: int = 2  # warps along the query rows of dQ = dS.K
+
+    @property
+    def qhead_per_kvhead(self) -> int:
+        return self.num_heads_q // self.num_heads_kv
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+    def validate(self) -> None:
+        validate(self)
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def smem_bytes(p: Sm80BwdParams) -> int:
+    """Shared memory of the main kernel: Q, dO (staged), K, V, P, dS tiles, LSE and dpsum rows.
+
+    Tile buffers are 1 KiB aligned, the row vectors 128 B, in allocation order.
+    """
+    e = 2
+    off = 0
+    for size, a in ((p.tile_n * p.head_dim * e, 1024), (p.tile_n * p.head_dim_v * e, 1024),
+                    (p.num_stages * p.tile_m * p.head_dim * e, 1024),
+                    (p.num_stages * p.tile_m * p.head_dim_v * e, 1024),
+                    (p.tile_m * p.tile_n * e, 1024), (p.tile_m * p.tile_n * e, 1024),
+                    (p.tile_m * 4, 128), (p.tile_m * 4, 128)):
+        off = _align(off, a) + size
+    return _align(off, 1024)
+
+
+def accumulator_registers(p: Sm80BwdParams) -> int:
+    """Peak fp32 accumulator registers per thread of the main kernel.
+
+    dK and dV live throughout; S and dP die once dS is formed, before dQ's accumulator is born.
+    """
+    t = p.num_threads
+    dkv = p.tile_n * (p.head_dim + p.head_dim_v)
+    return (dkv + max(2 * p.tile_m * p.tile_n, p.tile_m * p.head_dim)) // t
+
+
+def validate(p: Sm80BwdParams) -> None:
+    """Raise TemplateParamsError when the template cannot build `p`."""
+
+    def bad(msg: str) -> None:
+        raise TemplateParamsError(f"Sm80BwdParams: {msg}")
+
+    if (p.head_dim, p.head_dim_v) not in HEAD_DIMS:
+        bad(f"head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in {list(HEAD_DIMS)}")
+    if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
+        bad(f"num_heads_q={p.num_heads_q} must be a positive multiple of num_heads_kv={p.num_heads_kv}")
+    if p.is_thd and p.has_seqused:
+        bad("seqused_q / seqused_kv are for dense batches; packed THD takes its lengths from cu_seqlens")
+    if p.has_dsinks and not p.has_sinks:
+        bad("dsinks needs sinks")
+    if p.num_warps not in (4, 8):
+        bad(f"num_warps={p.num_warps} not in (4, 8)")
+    if p.num_stages not in (1, 2):
+        bad(f"num_stages={p.num_stages} not in (1, 2)")
+    if p.tile_m not in (16, 32, 64, 128) or p.tile_n not in (32, 64, 128):
+        bad(f"tile_m={p.tile_m} must be 16..128 and tile_n={p.tile_n} 32..128, powers of two")
+    w = p.num_warps
+    for name, v in (("sdp_warps_m", p.sdp_warps_m), ("dkv_warps_n", p.dkv_warps_n), ("dq_warps_m", p.dq_warps_m)):
+        if v < 1 or w % v != 0:
+            bad(f"{name}={v} must divide num_warps={w}")
+    # every warp tile is a whole number of 16x16 (M x N) MMA blocks
+    checks = (
+        ("S/dP rows", p.tile_m, p.sdp_warps_m), ("S/dP cols", p.tile_n, w // p.sdp_warps_m),
+        ("dK/dV rows", p.tile_n, p.dkv_warps_n), ("dK cols", p.head_dim, w // p.dkv_warps_n),
+        ("dV cols", p.head_dim_v, w // p.dkv_warps_n),
+        ("dQ rows", p.tile_m, p.dq_warps_m), ("dQ cols", p.head_dim, w // p.dq_warps_m),
+    )
+    for what, extent, warps in checks:
+        if extent % (16 * warps) != 0:
+            bad(f"{what}: extent {extent} is not a multiple of 16 x {warps} warps")
+    # cp.async tiles: whole rows per pass of the thread block
+    for d in (p.head_dim, p.head_dim_v):
+        row_threads = (64 if d % 64 == 0 else 32) // 8
+        rows_per_pass = p.num_threads // row_threads
+        if p.tile_m % rows_per_pass != 0 and rows_per_pass % p.tile_m != 0:
+            bad(f"tile_m={p.tile_m} and the copy pass height {rows_per_pass} do not tile")
+        if p.tile_n % rows_per_pass != 0 and rows_per_pass % p.tile_n != 0:
+            bad(f"tile_n={p.tile_n} and the copy pass height {rows_per_pass} do not tile")
+    if p.tile_m > p.num_threads:
+        bad(f"tile_m={p.tile_m} exceeds the {p.num_threads} threads that stage its LSE rows")
+    need = smem_bytes(p)
+    if need > SMEM_BUDGET[p.family]:
+        bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
+    regs = accumulator_registers(p)
+    if regs > 192:
+        bad(f"tiles {p.tile_m}x{p.tile_n} with d={p.head_dim}/{p.head_dim_v} on {w} warps need {regs} "
+            "fp32 accumulator registers per thread (max 192)")
+
+
+# (head_dim, head_dim_v) -> knobs, best first; the first that fits the budget wins.
+_CANDIDATES: dict[tuple[int, int], list[dict]] = {
+    (64, 64): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+               dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2)],
+    (96, 96): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
+               dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4)],
+    (128, 128): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
+                      dq_warps_m=2),
+                 dict(tile_m=64, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
+                      dq_warps_m=2)],
+    (192, 128): [dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+                 dict(tile_m=32, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
+                      dq_warps_m=2)],
+    (256, 256): [dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+                 dict(tile_m=64, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+                 dict(tile_m=32, tile_n=32, num_stages=1, num_warps=4, sdp_warps_m=2, dkv_warps_n=2,
+                      dq_warps_m=2)],
+}
+
+
+def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16",
+                  smem_budget: int | None = None, **requested) -> dict:
+    """Good knobs for a family and head dims; `requested` knobs (e.g. tile_n=64) are honored.
+
+    `smem_budget` (bytes, a target's opt-in limit) tightens the family budget.
+    Raises TemplateParamsError when no candidate honoring `requested` fits.
+    """
+    key = (head_dim, head_dim_v)
+    if key not in _CANDIDATES:
+        raise TemplateParamsError(f"Sm80BwdParams: no knobs for d_qk={head_dim}, d_v={head_dim_v}")
+    budget = min(SMEM_BUDGET[family], smem_budget) if smem_budget else SMEM_BUDGET[family]
+    for cand in _CANDIDATES[key]:
+        knobs = {**cand, **requested}
+        probe = Sm80BwdParams(family=family, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, **knobs)
+        try:
+            validate(probe)
+        except TemplateParamsError:
+            continue
+        if smem_bytes(probe) <= budget:
+            return knobs
+    raise TemplateParamsError(f"Sm80BwdParams: no knobs for d_qk={head_dim}, d_v={head_dim_v} honoring "
+                              f"{requested} fit {budget} bytes of shared memory")
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspace
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def scratch_layout(p: Sm80BwdParams, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
+                   total_q: int = 0, total_kv: int = 0) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The workspace buffers of the chain, in carving order: (name, torch dtype name, shape).
+
+    Dense: `max_seqlen_q` is the declared Sq. THD: `total_q` is the packed query
+    total (the plan-time envelope to size the workspace, the bound tensor's
+    extent to carve views). Every buffer is contiguous, row-major.
+    """
+    h, d = p.num_heads_q, p.head_dim
+    if p.is_thd:
+        out = [("dpsum", "float32", (h, total_q)), ("dq_accum", "float32", (h, total_q, d))]
+        n_sem = h * (total_q // p.tile_m + batch + 1)
+        n_part = h * PARTIALS_PER_CTA * max(_cdiv(total_q, ROWS_PER_CTA), 1)
+    else:
+        out = [("dpsum", "float32", (batch, h, max_seqlen_q)), ("dq_accum", "float32", (batch, h, max_seqlen_q, d))]
+        n_sem = batch * h * _cdiv(max_seqlen_q, p.tile_m)
+        n_part = h * PARTIALS_PER_CTA * batch * max(_cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
+    if p.deterministic:
+        out.append(("dq_semaphore", "int32", (n_sem,)))
+    if p.has_dsinks:
+        out.append(("dsink_partial", "float32", (n_part,)))
+    return out
+
+
+def scratch_bytes(p: Sm80BwdParams, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
+                  total_q: int = 0, total_kv: int = 0) -> int:
+    """Workspace bytes of `scratch_layout`, each buffer 256-byte aligned."""
+    size = {"float32": 4, "int32": 4}
+    n = 0
+    for _, dt, shape in scratch_layout(p, batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv):
+        count = 1
+        for s in shape:
+            count *= s
+        n += _align(count * size[dt], _ALIGN)
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# The chain and the argument list of each kernel (names of sdpa_args.py plus the scratch names)
+
+PREPROCESS = "frost.engines.sm80.sdpa_bwd_preprocess"
+MAIN = "frost.engines.sm80.sdpa_bwd"
+POSTPROCESS = "frost.engines.sm80.sdpa_bwd_postprocess"
+
+
+def _lengths(p: Sm80BwdParams, q: bool = True, kv: bool = True) -> list[str]:
+    out = []
+    if p.is_thd:
+        out += (["cu_seqlens_q"] if q else []) + (["cu_seqlens_kv"] if kv else [])
+    if p.has_seqused:
+        out += (["seqused_q"] if q else []) + (["seqused_kv"] if kv else [])
+    return out
+
+
+def preprocess_args(p: Sm80BwdParams) -> list[str]:
+    """o, do, lse, lengths (q side), sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?, stream."""
+    args = ["o", "do", "lse"] + _lengths(p, kv=False)
+    if p.has_dsinks:
+        args.append("sinks")
+    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if p.deterministic else [])
+    if p.has_dsinks:
+        args.append("dsink_partial")
+    return args + ["stream"]
+
+
+def main_args(p: Sm80BwdParams) -> list[str]:
+    """q, k, v, do, lse, dk, dv, lengths, dpsum, dq_accum, dq_semaphore?, scale, windows, max_seqlen_kv?, stream."""
+    args = ["q", "k", "v", "do", "lse", "dk", "dv"] + _lengths(p)
+    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if p.deterministic else [])
+    args.append("softmax_scale")
+    if p.has_window_left:
+        args.append("window_left")
+    if p.has_window_right:
+        args.append("window_right")
+    if p.is_thd:
+        args.append("max_seqlen_kv")
+    return args + ["stream"]
+
+
+def postprocess_args(p: Sm80BwdParams) -> list[str]:
+    """dq, dsinks?, dq_accum, dsink_partial?, softmax_scale, stream."""
+    args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dq_accum"]
+    if p.has_dsinks:
+        args.append("dsink_partial")
+    return args + ["softmax_scale", "stream"]
+
+
+def bwd_chain(p: Sm80BwdParams) -> list[tuple[str, str, list[str]]]:
+    """(stage, template module, argument names) of each kernel, in launch order."""
+    return [("preprocess", PREPROCESS, preprocess_args(p)), ("main", MAIN, main_args(p)),
+            ("postprocess", POSTPROCESS, postprocess_args(p))]
+
+
+def name_suffix(p: Sm80BwdParams) -> str:
+    """The self-describing part of every kernel name of the chain."""
+    d = f"d{p.head_dim}" + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+    parts = [p.family, p.dtype, d, f"h{p.num_heads_q}x{p.num_heads_kv}"]
+    for flag, tag in ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
+                      (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"),
+                      (p.deterministic, "det")):
+        if flag:
+            parts.append(tag)
+    parts.append(f"m{p.tile_m}n{p.tile_n}w{p.num_warps}s{p.num_stages}")
+    return "_".join(parts)

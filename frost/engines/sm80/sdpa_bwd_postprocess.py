@@ -1,0 +1,96 @@
+"""Backward step 3: dQ = scale * accumulator in the io dtype, and dSink from its partial sums.
+
+The grid is the preprocess grid (64-row blocks x query heads x batch; THD: over
+the packed tokens), so every row of dQ is written, padding rows and tokens
+outside every sequence included (their accumulator rows are zero). dQ goes to
+its declared strides with 16-byte stores. The CTAs of row block 0, batch 0 also
+sum one head's dSink partials in a fixed order (deterministic in every mode).
+
+Argument list: `sdpa_bwd_params.postprocess_args`.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from frost.engines.sm80 import sdpa_bwd_utils as bu
+from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, name_suffix,
+                                               postprocess_args)
+
+THREADS = 128
+VEC = 8
+
+
+def kernel_name(params: Sm80BwdParams, arch: str) -> str:
+    return f"frost_sdpa_bwd_post_{name_suffix(params)}"
+
+
+class _Postprocess:
+    """Plan-time constants of one postprocess specialization."""
+
+    def __init__(self, p: Sm80BwdParams, arch: str):
+        self.p = p
+        self.arch = arch
+        self.names = postprocess_args(p)
+
+    @cute.jit
+    def launch(self, *args):
+        a = bu.bind(self.names, args)
+        mdQ = a["dq"]
+        if cutlass.const_expr(self.p.is_thd):
+            total = mdQ.shape[0]
+            n_batch = Int32(1)
+        else:
+            total = mdQ.shape[1]
+            n_batch = mdQ.shape[0]
+        n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
+        _postprocess_kernel.set_name_prefix(kernel_name(self.p, self.arch), remove_cutlass_symbol=True,
+                                            keep_mangled_name=False)
+        _postprocess_kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
+                            Float32(a["softmax_scale"])).launch(
+            grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
+
+
+@cute.kernel
+def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart,
+                        scale: Float32):
+    tidx, _, _ = cute.arch.thread_idx()
+    bx, head, batch = cute.arch.block_idx()
+    gx, gy, gz = cute.arch.grid_dim()
+    dt = bu.io_dtype(p)
+    if cutlass.const_expr(p.is_thd):
+        extent = mdQ.shape[0]
+        acc_rows = mAcc[head, None, None]
+    else:
+        extent = mdQ.shape[1]
+        acc_rows = mAcc[batch, head, None, None]
+    chunks_per_row = p.head_dim // VEC
+    for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
+        idx = i * THREADS + tidx
+        row = bx * ROWS_PER_CTA + idx // chunks_per_row
+        c = idx % chunks_per_row
+        if row < extent:
+            if cutlass.const_expr(p.is_thd):
+                dq_row = mdQ[row, head, None]
+            else:
+                dq_row = mdQ[batch, row, head, None]
+            vals = cute.local_tile(acc_rows[row, None], (VEC,), (c,)).load() * scale
+            cute.local_tile(dq_row, (VEC,), (c,)).store(vals.to(dt))
+
+    if cutlass.const_expr(mdSinks is not None):
+        if bx == 0 and batch == 0 and tidx < 32:
+            n_part = gx * gz * PARTIALS_PER_CTA
+            s = Float32(0.0)
+            for i in cutlass.range((n_part - tidx + 31) // 32, unroll=1):
+                s += mPart[head * n_part + tidx + i * 32]
+            s = bu.lane_group_sum(s, 32)
+            if tidx == 0:
+                mdSinks[head] = s
+
+
+def build(params: Sm80BwdParams, arch: str):
+    """The host entry and fake arguments in `postprocess_args(params)` order."""
+    fakes = bu.FakeArgs(params)
+    runner = _Postprocess(params, arch)
+    return runner.launch, tuple(fakes.get(n) for n in postprocess_args(params))

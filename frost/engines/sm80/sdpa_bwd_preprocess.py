@@ -1,0 +1,161 @@
+"""Backward step 1: dpsum = rowsum(dO * O), zeroed dQ accumulator, dSink partial sums.
+
+One CTA per (64-row block, query head, batch) — THD: per (64-token block, query
+head) over the packed tokens, so the grid follows the bound tensors' extents and
+no sequence boundary is needed except for dSink (rows outside every sequence
+contribute nothing). It also zeroes the dQ accumulator rows it owns and, in
+deterministic mode, the dQ semaphores (grid-stride), so the main kernel starts
+from a clean workspace without a separate fill launch.
+
+Argument list: `sdpa_bwd_params.preprocess_args`.
+"""
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from frost.engines.sm80 import sdpa_bwd_utils as bu
+from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, name_suffix,
+                                               preprocess_args)
+
+THREADS = 128
+LANES_PER_ROW = 4  # lanes sharing one row; a pass covers THREADS // 4 rows
+VEC = 8  # 16-byte chunks of fp16 / bf16
+
+
+def kernel_name(params: Sm80BwdParams, arch: str) -> str:
+    return f"frost_sdpa_bwd_pre_{name_suffix(params)}"
+
+
+class _Preprocess:
+    """Plan-time constants of one preprocess specialization."""
+
+    def __init__(self, p: Sm80BwdParams, arch: str):
+        self.p = p
+        self.arch = arch
+        self.names = preprocess_args(p)
+        self.dv = p.head_dim_v
+        self.d = p.head_dim
+        self.thd = p.is_thd
+
+    @cute.jit
+    def launch(self, *args):
+        a = bu.bind(self.names, args)
+        mO = a["o"]
+        if cutlass.const_expr(self.thd):
+            total = mO.shape[0]
+            n_batch = Int32(1)
+        else:
+            total = mO.shape[1]
+            n_batch = mO.shape[0]
+        n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
+        _preprocess_kernel.set_name_prefix(kernel_name(self.p, self.arch), remove_cutlass_symbol=True,
+                                           keep_mangled_name=False)
+        _preprocess_kernel(
+            self.p, a["o"], a["do"], a["lse"], a.get("cu_seqlens_q"), a.get("seqused_q"), a.get("sinks"),
+            a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"),
+        ).launch(grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
+
+
+@cute.kernel
+def _preprocess_kernel(
+    p: cutlass.Constexpr,
+    mO: cute.Tensor,
+    mdO: cute.Tensor,
+    mLSE: cute.Tensor,
+    mCuQ,
+    mUsedQ,
+    mSinks,
+    mdPsum: cute.Tensor,
+    mAcc: cute.Tensor,
+    mSem,
+    mPart,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    bx, head, batch = cute.arch.block_idx()
+    gx, gy, gz = cute.arch.grid_dim()
+    lane4 = tidx % LANES_PER_ROW
+    rows_per_pass = THREADS // LANES_PER_ROW
+    if cutlass.const_expr(p.is_thd):
+        extent = mO.shape[0]
+    else:
+        extent = mO.shape[1]
+    # rows that lie inside a sequence (only dSink needs them)
+    seq_rows = extent
+    if cutlass.const_expr(mCuQ is not None):
+        seq_rows = cutlass.min(mCuQ[mCuQ.shape[0] - 1], extent)
+    if cutlass.const_expr(mUsedQ is not None):
+        seq_rows = cutlass.min(mUsedQ[batch], extent)
+    sink = Float32(0.0)
+    if cutlass.const_expr(mSinks is not None):
+        sink = mSinks[head]
+
+    dsink = Float32(0.0)
+    for pss in cutlass.range_constexpr(ROWS_PER_CTA // rows_per_pass):
+        row = bx * ROWS_PER_CTA + pss * rows_per_pass + tidx // LANES_PER_ROW
+        acc = Float32(0.0)
+        if row < extent:
+            if cutlass.const_expr(p.is_thd):
+                o_row = mO[row, head, None]
+                do_row = mdO[row, head, None]
+            else:
+                o_row = mO[batch, row, head, None]
+                do_row = mdO[batch, row, head, None]
+            for c in cutlass.range_constexpr(p.head_dim_v // (VEC * LANES_PER_ROW)):
+                k = lane4 + c * LANES_PER_ROW
+                o = cute.local_tile(o_row, (VEC,), (k,)).load().to(Float32)
+                do = cute.local_tile(do_row, (VEC,), (k,)).load().to(Float32)
+                acc += (o * do).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        acc = bu.lane_group_sum(acc, LANES_PER_ROW)
+        if row < extent and lane4 == 0:
+            if cutlass.const_expr(p.is_thd):
+                mdPsum[head, row] = acc
+            else:
+                mdPsum[batch, head, row] = acc
+            if cutlass.const_expr(mPart is not None):
+                if row < seq_rows:
+                    if cutlass.const_expr(p.is_thd):
+                        lse = mLSE[head, row]
+                    else:
+                        lse = mLSE[batch, head, row]
+                    if lse != -Float32.inf:
+                        dsink -= cute.math.exp(sink - lse) * acc
+
+    # zero this CTA's rows of the dQ accumulator, 16 bytes per store
+    if cutlass.const_expr(p.is_thd):
+        acc_rows = mAcc[head, None, None]
+    else:
+        acc_rows = mAcc[batch, head, None, None]
+    chunks_per_row = p.head_dim // 4
+    zero = cute.make_rmem_tensor((4,), Float32)
+    zero.fill(0.0)
+    for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
+        idx = i * THREADS + tidx
+        row = bx * ROWS_PER_CTA + idx // chunks_per_row
+        if row < extent:
+            dst = cute.local_tile(acc_rows[row, None], (4,), (idx % chunks_per_row,))
+            dst.store(zero.load())
+
+    if cutlass.const_expr(mSem is not None):
+        n_threads_total = gx * gy * gz * THREADS
+        linear = ((batch * gy + head) * gx + bx) * THREADS + tidx
+        n_sem = mSem.shape[0]
+        for i in cutlass.range((n_sem - linear + n_threads_total - 1) // n_threads_total, unroll=1):
+            mSem[linear + i * n_threads_total] = Int32(0)
+
+    if cutlass.const_expr(mPart is not None):
+        total = bu.lane_group_sum(dsink, 32)
+        n_part = gx * gz * PARTIALS_PER_CTA
+        part = (batch * gx + bx) * PARTIALS_PER_CTA + tidx // 32
+        if tidx % 32 == 0:
+            mPart[head * n_part + part] = total
+
+
+def build(params: Sm80BwdParams, arch: str):
+    """The host entry and fake arguments in `preprocess_args(params)` order."""
+    fakes = bu.FakeArgs(params)
+    runner = _Preprocess(params, arch)
+    return runner.launch, tuple(fakes.get(n) for n in preprocess_args(params))
+
