@@ -24,12 +24,12 @@ def stream_handle(stream: Any) -> int:
         import torch
 
         return int(torch.cuda.current_stream().cuda_stream) if torch.cuda.is_available() else 0
-    if isinstance(stream, bool):
-        raise TypeError(f"not a stream: {stream!r}")
-    if isinstance(stream, int):
-        if stream < 0:
-            raise ValueError(f"stream handle must be >= 0, got {stream}")
-        return 0 if stream in (0, 1) else stream
+    if isinstance(stream, (bool, str, bytes, float)):
+        raise TypeError(f"not a stream: {stream!r} (use a torch stream, a CUstream, an int handle or None)")
+    return _normalized(stream if isinstance(stream, int) else _raw_handle(stream), stream)
+
+
+def _raw_handle(stream: Any) -> int:
     raw = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream
     if raw is not None:
         return int(raw)
@@ -41,6 +41,13 @@ def stream_handle(stream: Any) -> int:
     if getptr is not None:
         return int(getptr())
     raise TypeError(f"not a stream: {stream!r} (use a torch stream, a CUstream, an int handle or None)")
+
+
+def _normalized(handle: int, stream: Any) -> int:
+    """Raw handles 0 and 1 (the legacy default stream) both mean the default stream, 0."""
+    if handle < 0:
+        raise ValueError(f"stream handle must be >= 0, got {handle} from {stream!r}")
+    return 0 if handle in (0, 1) else handle
 
 
 def torch_stream(stream: Any, device=None):
