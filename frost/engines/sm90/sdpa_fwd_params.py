@@ -37,6 +37,7 @@ class Sm90FwdParams(TemplateParams):
     intra_wg_overlap: bool = True
     pingpong: bool = True
     separate_o_smem: bool = True
+    persistent: bool = True
     sm_count: int = 132
 
     @property
@@ -55,7 +56,7 @@ def smem_bytes(p: Sm90FwdParams) -> int:
     k = p.num_stages * p.tile_n * p.head_dim * e
     v = p.num_stages * p.tile_n * p.head_dim_v * e
     o = p.tile_m * p.head_dim_v * e if p.separate_o_smem else max(0, p.tile_m * p.head_dim_v * e - q)
-    return q + k + v + o + 4 * 1024
+    return q + k + v + o + 1024  # barriers, padded to the 1 KiB alignment of the tiles
 
 
 def validate(p: Sm90FwdParams) -> None:
@@ -78,6 +79,8 @@ def validate(p: Sm90FwdParams) -> None:
         bad(f"tile_n={p.tile_n} must be a multiple of 16 in [16, 256]")
     if p.num_stages not in (1, 2, 3, 4):
         bad(f"num_stages={p.num_stages} must be 1..4")
+    if not p.intra_wg_overlap:
+        bad("only the intra-warpgroup-overlap mainloop is implemented")
     if p.pingpong and p.num_mma_wg < 2:
         bad("pingpong needs at least two consumer warpgroups (tile_m >= 128)")
     if p.sm_count < 1:
@@ -92,7 +95,7 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, causal_or_win
     """The best measured configuration per head dim (H200)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
-             separate_o_smem=True, sm_count=sm_count)
+             separate_o_smem=True, persistent=True, sm_count=sm_count)
     if head_dim <= 64:
         k.update(tile_m=192, tile_n=128, pingpong=False)
     elif head_dim <= 96:

@@ -1,0 +1,91 @@
+"""Persistent tile scheduler for attention kernels: work items are (m_block, head, batch).
+
+Tiles are numbered batch-major, then head, then m-block, so CTAs running at the
+same time share one head's K/V in L2. With `reverse_m` the m-blocks of each
+(batch, head) run last-first: under a causal or right-bounded band the last
+query block has the most keys, so the longest work starts first.
+
+Dense batches decode a tile index with two divisions. Packed (THD) batches
+decode it in-kernel from `cu_seqlens_q` with a warp-wide scan (the whole warp
+must call `varlen_decode` together); a cursor carried between calls makes a
+persistent CTA's scans amortize to one pass over the batch. Nothing is read on
+the host: the grid is an upper bound from tensor extents and SM count.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Int32, const_expr
+
+
+def grid_size(total_tiles_bound: Int32, sm_count: int, persistent: bool):
+    """CTAs to launch: one per tile, or at most one per SM when persistent (never zero)."""
+    if const_expr(persistent):
+        return cutlass.max(cutlass.min(total_tiles_bound, Int32(sm_count)), Int32(1))
+    return cutlass.max(total_tiles_bound, Int32(1))
+
+
+def varlen_tiles_bound(total_q: Int32, num_batch: Int32, num_heads: int, tile_m: int) -> Int32:
+    """Upper bound on THD tiles: sum_b ceil(len_b / tile_m) <= (T + B*(tile_m-1)) / tile_m."""
+    return (total_q + num_batch * (tile_m - 1)) // tile_m * num_heads
+
+
+@cute.jit
+def dense_decode(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int],
+                 total_tiles: Int32, reverse_m: cutlass.Constexpr[bool]):
+    """tile index -> (m_block, head, batch, is_valid) for a dense (B, S) batch."""
+    m_idx = tile_idx % num_m_blocks
+    hb = tile_idx // num_m_blocks
+    head = hb % num_heads
+    batch = hb // num_heads
+    m_block = m_idx
+    if const_expr(reverse_m):
+        m_block = num_m_blocks - 1 - m_idx
+    return m_block, head, batch, tile_idx < total_tiles
+
+
+@cute.jit
+def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
+                  num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
+                  reverse_m: cutlass.Constexpr[bool], cursor_batch: Int32, cursor_base: Int32):
+    """tile index -> (m_block, head, batch, is_valid, cursor_batch, cursor_base). Warp-collective.
+
+    `cursor_batch` is the first batch of a 32-batch chunk and `cursor_base` the
+    number of tiles before it; tile indices must not decrease between calls.
+    """
+    lane = cute.arch.lane_idx()
+    m_block = Int32(0)
+    head = Int32(0)
+    batch = num_batch
+    searching = Boolean(True)
+    while searching:
+        b = cursor_batch + lane
+        n_m = Int32(0)
+        if b < num_batch:
+            n_m = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
+        n_tiles = n_m * num_heads
+        incl = n_tiles
+        for i in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(incl, offset=1 << i)
+            if lane >= (1 << i):
+                incl = incl + y
+        chunk_total = cute.arch.shuffle_sync(incl, offset=31)
+        if tile_idx < cursor_base + chunk_total:
+            hit = cute.arch.vote_ballot_sync(cursor_base + incl > tile_idx)
+            first = cute.arch.popc((hit & (-hit)) - 1)
+            excl = cute.arch.shuffle_sync(incl - n_tiles, offset=first)
+            n_m_b = cute.arch.shuffle_sync(n_m, offset=first)
+            local = tile_idx - cursor_base - excl
+            m_idx = local % n_m_b
+            head = local // n_m_b
+            m_block = m_idx
+            if const_expr(reverse_m):
+                m_block = n_m_b - 1 - m_idx
+            batch = cursor_batch + first
+            searching = Boolean(False)
+        else:
+            cursor_base = cursor_base + chunk_total
+            cursor_batch = cursor_batch + 32
+            if cursor_batch >= num_batch:
+                searching = Boolean(False)
+    return m_block, head, batch, batch < num_batch, cursor_batch, cursor_base

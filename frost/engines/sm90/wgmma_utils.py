@@ -1,0 +1,92 @@
+"""Warpgroup-MMA helpers for the SM90 kernels: GEMM issue, accumulator views, conversions.
+
+The wgmma accumulator of an m64nNk16 atom holds, per thread, ((2 cols, 2 rows,
+N/8 column groups), MMA_M, MMA_N) values. Softmax wants it as (rows, cols);
+the register-A (RS) PV GEMM wants it regrouped into k16 slices. Both are views
+of the same registers, built here.
+"""
+from __future__ import annotations
+
+from typing import Type
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cute.nvgpu import warpgroup
+
+
+@cute.jit
+def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+         zero_init: cutlass.Constexpr[bool] = False, wg_wait: cutlass.Constexpr[int] = 0):
+    """acc (+)= A @ B over all k blocks as one wgmma commit group; wait for `wg_wait` groups (-1: none)."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    if const_expr(wg_wait >= 0):
+        warpgroup.wait_group(wg_wait)
+
+
+def acc_layout_mn(acc_layout: cute.Layout) -> cute.Layout:
+    """((2, 2, V), M, N) accumulator layout -> ((2, M), (2, V, N)) row/column view."""
+    c = cute.make_layout(acc_layout.shape)
+    shape = ((c.shape[0][1], c.shape[1]), (c.shape[0][0], *c.shape[0][2:], c.shape[2]))
+    stride = ((c.stride[0][1], c.stride[1]), (c.stride[0][0], *c.stride[0][2:], c.stride[2]))
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+def acc_view_mn(acc: cute.Tensor) -> cute.Tensor:
+    return cute.make_tensor(acc.iterator, acc_layout_mn(acc.layout))
+
+
+def acc_layout_as_a(acc_layout: cute.Layout) -> cute.Layout:
+    """((2, 2, V), M, N) accumulator layout -> ((2, 2, 2), M, (V/2, N)) register-A layout (16-bit A)."""
+    l = cute.logical_divide(acc_layout, ((None, None, 2), None, None))
+    return cute.make_layout(
+        ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1], (l.shape[0][2][1], l.shape[2])),
+        stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1],
+                (l.stride[0][2][1], l.stride[2])),
+    )
+
+
+def acc_view_as_a(acc: cute.Tensor) -> cute.Tensor:
+    return cute.make_tensor(acc.iterator, acc_layout_as_a(acc.layout))
+
+
+def transpose_view(a: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of a (possibly staged) smem tensor."""
+    shape = (a.shape[1], a.shape[0], *a.shape[2:])
+    order = (1, 0, *range(2, cute.rank(a)))
+    return cute.composition(a, cute.make_ordered_layout(shape, order=order))
+
+
+def select_modes(a: cute.Tensor, modes) -> cute.Tensor:
+    return cute.make_tensor(a.iterator, cute.select(a.layout, mode=modes))
+
+
+@dsl_user_op
+def cvt_pack_f32x2(a: Float32, b: Float32, to_bf16: bool, *, loc=None, ip=None) -> Int32:
+    """Two fp32 -> one 32-bit register of two 16-bit floats (round to nearest), `a` in the low half."""
+    kind = "bf16x2" if to_bf16 else "f16x2"
+    return Int32(llvm.inline_asm(
+        T.i32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+        f"cvt.rn.{kind}.f32 $0, $2, $1;", "=r,f,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@cute.jit
+def convert_to_16bit(src: cute.Tensor, dst: cute.Tensor):
+    """Elementwise fp32 -> bf16/fp16 between equally sized register tensors, two at a time."""
+    to_bf16 = const_expr(dst.element_type is cutlass.BFloat16)
+    dst_i32 = cute.recast_tensor(dst, Int32)
+    for i in cutlass.range_constexpr(cute.size(dst_i32)):
+        dst_i32[i] = cvt_pack_f32x2(src[2 * i], src[2 * i + 1], to_bf16)
+
+
+def dtype_of(name: str) -> Type[cutlass.Numeric]:
+    return {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[name]
