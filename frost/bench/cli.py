@@ -193,10 +193,12 @@ def output_paths(a, gpu_name: str | None) -> dict:
     return {"json": paths["json"], "png": paths["png"], "md": None, **{f"dir_{k}": v for k, v in extra.items()}}
 
 
-def dry_run(a, spec: SweepSpec, workloads: list, out=sys.stdout) -> int:
+def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
+    """Print the sweep and the implementations that would run; touches no GPU."""
     from frost.bench.frost_runner import frost_unavailable
     from frost.bench.peers import all_peers
 
+    out = out or sys.stdout
     probes = [w for w in workloads if w.probe]
     rows = [w for w in workloads if not w.probe]
     print(f"frost bench --dry-run: {len(rows)} workloads, {len(probes)} probe rows, preset {a.preset}", file=out)

@@ -1,0 +1,318 @@
+"""The benchmark harness on the CPU: flags, FLOP convention, table, ratio, writers, dry run.
+
+The frost runner is exercised through the real graph API with the CPU-serving
+reference engine, so API drift shows up here before anyone spends GPU time.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+from frost.bench import cli, report
+from frost.bench.flops import BWD_FACTOR, sdpa_flops, tflops
+from frost.bench.impl import CHECK_FAILED, FAILED, MISSING, NA, OK
+from frost.bench.inputs import buffer_count, cu_seqlens_of
+from frost.bench.results import Measurement, Row, impl_columns, rows_from_dict
+from frost.bench.timing import choose_inner
+from frost.bench.workloads import (DEFAULT_THD_LENGTHS, SweepSpec, Workload, parse_gqa, parse_head_dim,
+                                   parse_size, random_mix)
+
+
+def _spec(argv):
+    return cli.spec_from_args(cli.build_parser().parse_args(argv))
+
+
+# ---- flags ----------------------------------------------------------------------
+def test_parse_helpers():
+    assert parse_size("4096") == 4096 and parse_size("4k") == 4096 and parse_size("16K") == 16384
+    assert parse_head_dim("128") == (128, 128) and parse_head_dim("192x128") == (192, 128)
+    assert parse_gqa("4") == 4 and parse_gqa("32:8") == 4
+    with pytest.raises(ValueError):
+        parse_size("zero")
+    with pytest.raises(ValueError):
+        parse_gqa("6:4")
+
+
+def test_default_preset_expands_the_full_sweep():
+    spec = _spec([])
+    ws = spec.expand()
+    dense = [w for w in ws if not w.is_thd]
+    thd = [w for w in ws if w.is_thd]
+    assert len(dense) == 2 * 3 * 2 * 6  # dir x D x mask x S
+    assert len(thd) == 2 * 3 * 2 * 2   # dir x D x mask x mix
+    for w in dense:
+        assert w.batch * w.seqlen_q == 16384 and w.heads_q * w.d_v == 2048 and w.heads_kv == w.heads_q
+    assert {w.seqlen_q for w in dense} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert [w.direction for w in spec.probes()] == ["fwd", "bwd"]
+    assert all((w.batch, w.heads_q, w.seqlen_q, w.d_qk) == (1, 1, 128, 64) for w in spec.probes())
+
+
+def test_flags_override_the_preset():
+    spec = _spec(["--preset", "quick", "--head-dim", "192x128", "--dtype", "fp16", "--causal", "yes",
+                  "--gqa", "1,32:8", "--seqlen", "1k,8k", "--tokens", "32k", "--hidden", "4096",
+                  "--layout", "bshd", "--direction", "bwd", "--no-probe"])
+    ws = spec.expand()
+    assert spec.probes() == []
+    assert len(ws) == 2 * 2  # gqa x S
+    for w in ws:
+        assert (w.d_qk, w.d_v, w.dtype, w.causal, w.direction) == (192, 128, "fp16", True, "bwd")
+        assert w.heads_q == 32 and w.heads_kv in (32, 8) and w.batch * w.seqlen_q == 32768
+
+
+def test_impossible_gqa_is_left_out_not_fatal():
+    spec = _spec(["--head-dim", "64,256", "--gqa", "16", "--layout", "bshd", "--seqlen", "4k"])
+    ws = spec.expand()
+    assert {w.d_qk for w in ws} == {64}  # hidden 2048 / 256 = 8 heads: ratio 16 cannot apply
+    assert any("256" in s for s in spec.skipped)
+    with pytest.raises(ValueError):
+        _spec(["--head-dim", "256", "--gqa", "16"]).expand()
+
+
+def test_bad_flags_exit_with_usage():
+    for argv in (["--dtype", "fp8"], ["--direction", "sideways"], ["--causal", "maybe"], ["--impl", "xformers"]):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(argv)
+
+
+def test_thd_mixes():
+    spec = _spec(["--layout", "thd"])
+    assert spec.thd_mix("fixed") == DEFAULT_THD_LENGTHS
+    mix = random_mix(16384, 8192, seed=3)
+    assert sum(mix) == 16384 and all(1 <= n <= 8192 for n in mix) and len(mix) > 2
+    assert mix == random_mix(16384, 8192, seed=3) and mix != random_mix(16384, 8192, seed=4)
+    assert cu_seqlens_of([3, 0, 5]) == [0, 3, 3, 8]
+
+
+# ---- FLOPs ------------------------------------------------------------------------
+def test_flop_convention():
+    f = sdpa_flops(heads=16, d_qk=128, batch=4, seqlen_q=4096)
+    assert f == 4 * 4 * 16 * 4096 * 4096 * 128
+    assert sdpa_flops(heads=16, d_qk=128, batch=4, seqlen_q=4096, causal=True) == f / 2
+    assert sdpa_flops(heads=16, d_qk=128, batch=4, seqlen_q=4096, direction="bwd") == BWD_FACTOR * f
+    assert sdpa_flops(heads=16, d_qk=192, d_v=128, batch=2, seqlen_q=1024) == 2 * 2 * 16 * 1024 * 1024 * (192 + 128)
+    assert sdpa_flops(heads=8, d_qk=64, batch=1, seqlen_q=100, seqlen_kv=300) == 4 * 8 * 100 * 300 * 64
+    lens = [4096, 517, 1]
+    thd = sdpa_flops(heads=16, d_qk=128, seqlens_q=lens, causal=True, direction="bwd")
+    assert thd == 2.5 * sum(4 * 16 * n * n * 128 for n in lens) / 2
+    assert tflops(1e12, 1.0) == pytest.approx(1000.0) and tflops(1e12, None) is None
+    with pytest.raises(ValueError):
+        sdpa_flops(heads=1, d_qk=64, seqlen_q=1, direction="sideways")
+
+
+def test_workload_flops_match_the_formula():
+    w = Workload("bwd", "bf16", 192, 128, 16, 4, True, layout="thd", seqlens=(100, 7), mix="x")
+    assert w.flops() == 2.5 * sum(2 * 16 * n * n * (192 + 128) for n in (100, 7)) / 2
+    d = Workload("fwd", "bf16", 128, 128, 16, 16, False, batch=4, seqlen_q=4096, seqlen_kv=4096)
+    assert d.flops() == 4 * 4 * 16 * 4096 * 4096 * 128
+    assert Workload.from_dict(w.to_dict()) == w
+
+
+# ---- rows, ratio, table -----------------------------------------------------------------
+def _row(direction="fwd", causal=False, probe=False):
+    w = (Workload(direction, "bf16", 64, 64, 1, 1, False, batch=1, seqlen_q=128, seqlen_kv=128, probe=True)
+         if probe else Workload(direction, "bf16", 128, 128, 16, 16, causal, batch=4, seqlen_q=4096, seqlen_kv=4096))
+    return Row(w)
+
+
+def _synthetic_rows():
+    r1 = _row()
+    fl = r1.flops
+    ms_at = lambda t: fl / (t * 1e12) * 1e3  # noqa: E731  ms for a target TFLOP/s
+    r1.add(Measurement("cudnn", OK, ms=ms_at(600.0)))
+    r1.add(Measurement("fa2", OK, ms=ms_at(350.0)))
+    r1.add(Measurement("fa4", MISSING, reason="flash-attn-4 not installed"))
+    r1.add(Measurement("frost:sm90", OK, ms=ms_at(660.0), rel_err=3.1e-3))
+    r1.add(Measurement("frost:sm80", CHECK_FAILED, ms=ms_at(300.0), rel_err=0.5, reason="rel err 5.00e-01 > tol"))
+    r1.reference = "cudnn"
+    r2 = _row("bwd", causal=True)
+    r2.add(Measurement("cudnn", FAILED, reason="run: RuntimeError: boom"))
+    r2.add(Measurement("fa2", OK, ms=r2.flops / (250e12) * 1e3))
+    r2.add(Measurement("fa4", NA, reason="not offered"))
+    r2.add(Measurement("frost:sm90", OK, ms=r2.flops / (500e12) * 1e3, rel_err=float("inf")))
+    p = _row(probe=True)
+    p.add(Measurement("cudnn", OK, host_us=46.0))
+    p.add(Measurement("fa2", OK, host_us=43.0))
+    p.add(Measurement("frost:sm90", OK, host_us=21.5))
+    return [r1, r2, p]
+
+
+def test_ratio_against_the_best_peer():
+    r1, r2, p = _synthetic_rows()
+    assert r1.best_peer().impl == "cudnn"
+    assert r1.ratio("frost:sm90") == pytest.approx(1.1)
+    assert r1.ratio("frost:sm80") == pytest.approx(0.5)  # timed, though its check failed
+    assert r2.best_peer().impl == "fa2" and r2.ratio("frost:sm90") == pytest.approx(2.0)
+    assert p.best_peer().impl == "fa2" and p.ratio("frost:sm90") == pytest.approx(0.5)
+    empty = _row()
+    empty.add(Measurement("frost:sm90", OK, ms=1.0))
+    assert empty.best_peer() is None and empty.ratio("frost:sm90") is None
+    assert impl_columns([r1, r2]) == ["cudnn", "fa2", "fa4", "frost:sm90", "frost:sm80"]
+
+
+def test_table_cells_statuses_and_footnotes():
+    rows = _synthetic_rows()
+    notes = report.Footnotes()
+    headers, body = report.throughput_table(rows, notes)
+    assert headers[:6] == ["dir", "dtype", "D", "shape", "heads", "mask"]
+    assert headers[6:11] == ["cuDNN", "FA2", "FA4", "frost:sm90", "frost:sm80"]
+    assert headers[11:] == ["best", "sm90/best", "sm80/best", "sm90 err", "sm80 err"]
+    fwd, bwd = body
+    assert fwd[6:9] == ["600", "350", "miss[1]"]
+    assert fwd[9] == "660" and fwd[10].startswith("300!")
+    assert fwd[11:] == ["cuDNN", "1.10x", "0.50x", "3.1e-03", "5.0e-01"]
+    assert bwd[6].startswith("FAIL[") and bwd[8].startswith("n/a[")
+    assert bwd[11:14] == ["FA2", "2.00x", "-"] and bwd[14] == "inf"
+    text = "\n".join(notes.lines())
+    assert "flash-attn-4 not installed" in text and "RuntimeError: boom" in text and "check failed" in text
+    ph, pb = report.probe_table(rows)
+    assert ph[-1] == "sm90/best" and pb[0][-1] == "0.50x" and pb[0][-2] == "FA2"
+
+
+def test_rendered_report_text_and_markdown():
+    rows = _synthetic_rows()
+    text = report.render_report(rows)
+    lines = text.splitlines()
+    assert any(line.startswith("dir") and "sm90/best" in line for line in lines)
+    assert "1.10x" in text and "[1] fa4 missing" in text and "Host time per call" in text
+    md = report.render_report(rows, markdown=True)
+    assert "| dir | dtype | D | shape | heads | mask |" in md and "|---|---|---|---|---|---|---:" in md
+    assert "- [1] fa4 missing" in md
+
+
+def test_json_writer_round_trip(tmp_path):
+    rows = _synthetic_rows()
+    env = {"gpu": "NVIDIA H200", "driver": "580.159", "frost_commit": "abc123"}
+    path = report.write_json(str(tmp_path / "r.json"), rows, env, {"preset": "quick"})
+    doc = json.loads(open(path).read())
+    assert doc["schema"] == "frost-bench/1" and doc["env"]["gpu"] == "NVIDIA H200"
+    assert len(doc["rows"]) == 2 and len(doc["probe"]) == 1
+    first = doc["rows"][0]
+    assert first["best_peer"] == "cudnn" and first["ratios"]["frost:sm90"] == pytest.approx(1.1)
+    assert first["results"]["frost:sm90"]["tflops"] == pytest.approx(660.0)
+    assert first["flops"] == rows[0].flops and first["reference"] == "cudnn"
+    assert doc["rows"][1]["results"]["frost:sm90"]["rel_err"] == "inf"
+    back = rows_from_dict(doc)
+    assert [r.workload for r in back] == [r.workload for r in rows]
+    assert math.isinf(back[1].measurements["frost:sm90"].rel_err)
+    assert back[0].ratio("frost:sm90") == pytest.approx(1.1)
+
+
+def test_markdown_file_names_the_environment(tmp_path):
+    env = {"gpu": "NVIDIA H200", "driver": "580.159", "torch": "2.11.0", "cudnn": "9.19.0",
+           "cutlass_dsl": "4.8.1", "flash_attn_4": "4.0.0b36", "frost_commit": "abc123"}
+    path = report.write_markdown(str(tmp_path / "r.md"), _synthetic_rows(), env, {"timing": {"reps": 20}})
+    md = open(path).read()
+    for needle in ("NVIDIA H200", "580.159", "2.11.0", "9.19.0", "4.8.1", "4.0.0b36", "abc123", "reps=20",
+                   "| cuDNN | FA2 | FA4 |"):
+        assert needle in md
+
+
+def test_png_writer(tmp_path):
+    pytest.importorskip("matplotlib")
+    from frost.bench.plot import write_png
+
+    path = write_png(str(tmp_path / "c.png"), _synthetic_rows())
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_png_writer_without_matplotlib(tmp_path, monkeypatch):
+    from frost.bench import plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert plot.matplotlib_missing() is not None
+    assert plot.write_png(str(tmp_path / "c.png"), _synthetic_rows()) is None
+    assert not (tmp_path / "c.png").exists()
+
+
+# ---- method helpers -------------------------------------------------------------------
+def test_buffer_rotation_and_inner_loop():
+    assert buffer_count(set_bytes=256 << 20, l2_bytes=60 << 20, max_sets=8) == 1
+    assert buffer_count(set_bytes=1 << 20, l2_bytes=60 << 20, max_sets=8) == 8
+    assert buffer_count(set_bytes=40 << 20, l2_bytes=60 << 20, max_sets=8) == 3
+    assert buffer_count(set_bytes=1 << 20, l2_bytes=0, max_sets=8) == 1
+    assert choose_inner(0.01, 2.0, 100) == 100 and choose_inner(5.0, 2.0, 100) == 1 and choose_inner(0.5, 2.0, 100) == 4
+
+
+def test_engine_names_and_filters():
+    from frost.bench.frost_runner import engine_short
+    from frost.bench.runner import engine_selected
+
+    assert engine_short("SdpaFwdDslSm90") == "sm90" == engine_short("SdpaBwdDslSm90")
+    assert engine_short("SdpaFwdReference") == "reference"
+    assert engine_selected("SdpaFwdDslSm90", [], [])
+    assert engine_selected("SdpaFwdDslSm90", ["sm9*"], []) and not engine_selected("SdpaFwdDslSm80", ["sm9*"], [])
+    assert not engine_selected("SdpaFwdDslSm80", [], ["sm80"])
+
+
+# ---- dry run -----------------------------------------------------------------------------
+def test_dry_run_lists_without_a_gpu(capsys, monkeypatch):
+    import torch
+
+    def no_gpu(*a, **k):
+        raise AssertionError("--dry-run touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_gpu)
+    monkeypatch.setattr(torch.cuda, "init", no_gpu)
+    assert cli.main(["--dry-run", "--preset", "quick"]) == 0
+    out = capsys.readouterr().out
+    assert "16 workloads, 2 probe rows" in out
+    for needle in ("cudnn", "fa2", "fa4", "frost", "4x4096", "1x16384", "thd fixed (8 seq, T=16454)",
+                   "1x128 (probe)", "4096,2048,1024,3000,517,5000,768,1", "would write: frost-bench.json"):
+        assert needle in out
+    assert len([line for line in out.splitlines() if line.strip()[:3].strip().isdigit()]) == 18
+
+
+def test_dry_run_results_dir_paths(capsys):
+    assert cli.main(["--dry-run", "--preset", "smoke", "--results-dir", "benchmarks/results", "--name", "x"]) == 0
+    out = capsys.readouterr().out
+    assert "benchmarks/results/x.json" in out and "benchmarks/results/x.md" in out and "benchmarks/results/x.png" in out
+    assert "frost-bench.json" not in out
+
+
+# ---- frost through its graph API (CPU reference engine) ---------------------------------
+@pytest.mark.parametrize("w", [
+    Workload("fwd", "bf16", 64, 64, 4, 2, True, batch=2, seqlen_q=33, seqlen_kv=33),
+    Workload("fwd", "fp16", 192, 128, 2, 2, False, layout="thd", seqlens=(17, 1, 40), mix="t"),
+    Workload("bwd", "bf16", 64, 64, 4, 2, True, batch=2, seqlen_q=33, seqlen_kv=33),
+    Workload("bwd", "bf16", 64, 64, 2, 2, True, layout="thd", seqlens=(17, 1, 40), mix="t"),
+], ids=lambda w: w.label)
+def test_frost_runner_through_the_graph_api(w):
+    from frost.bench import check, frost_runner
+    from frost.bench.inputs import make_inputs
+    from frost.bench.reference import reference_backward, reference_forward
+
+    names = frost_runner.list_engines(w)
+    assert names, "the CPU reference engine should accept every graph here"
+    inputs = make_inputs(w, 2, "cpu")
+    eng = frost_runner.FrostEngine(names[-1])
+    prep = eng.prepare(inputs)
+    assert len(prep.calls) == 2
+    prep.poison(1)
+    prep.calls[1]()
+    outs = prep.outputs(1)
+    b = inputs.sets[1]
+    ref = (reference_forward(w, b.q, b.k, b.v)[0],) if w.direction == "fwd" else reference_backward(
+        w, b.q, b.k, b.v, b.do)
+    assert check.unwritten(outs) == 0
+    assert check.compare(outs, ref) < 1e-2
+
+
+def test_cpu_self_test_end_to_end(tmp_path, capsys):
+    argv = ["--device", "cpu", "--tokens", "64", "--hidden", "128", "--seqlen", "32", "--head-dim", "64",
+            "--layout", "bshd,thd", "--thd-mix", "fixed", "--thd-lengths", "20,1,11", "--causal", "yes",
+            "--reps", "2", "--warmup", "1", "--probe-calls", "3", "--impl", "frost", "-q",
+            "--results-dir", str(tmp_path), "--name", "cpu", "--json", "", "--png", ""]
+    assert cli.main(argv) == 0
+    doc = json.loads((tmp_path / "cpu.json").read_text())
+    assert (tmp_path / "cpu.md").exists()
+    assert len(doc["rows"]) == 4 and len(doc["probe"]) == 2
+    for row in doc["rows"]:
+        m = row["results"]["frost:reference"]
+        assert m["status"] == "ok", m
+        assert m["rel_err"] < 1e-2 and m["tflops"] > 0
+        assert row["reference"] == "fp32-math"
+    assert "frost:reference" in capsys.readouterr().out
