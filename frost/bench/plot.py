@@ -1,16 +1,21 @@
-"""The PNG chart: grouped bars of TFLOP/s per configuration and implementation.
+"""The PNG chart: TFLOP/s per configuration and implementation, as small multiples.
 
-matplotlib is optional (`pip install frost[bench]`); without it the chart is
+One panel per (direction, dtype, head dim, GQA) group; inside a panel, grouped
+bars per sequence configuration (dense length or THD mix, full / causal), one
+bar per implementation, frost bars labelled with their ratio to the best peer.
+matplotlib is optional (`pip install frost[bench]`): without it the chart is
 skipped with a message, never an error.
 """
 from __future__ import annotations
 
+import math
 import os
 
 from frost.bench.results import Row, impl_columns
 
-COLORS = {"cudnn": "#76b900", "fa2": "#8c8c8c", "fa4": "#1f77b4"}
+COLORS = {"cudnn": "#76b900", "fa2": "#9e9e9e", "fa4": "#1f77b4"}
 FROST_COLORS = ["#d62728", "#ff7f0e", "#9467bd", "#e377c2", "#8c564b"]
+DIRECTION_ORDER = {"fwd": 0, "bwd": 1}
 
 
 def matplotlib_missing() -> str | None:
@@ -21,11 +26,31 @@ def matplotlib_missing() -> str | None:
     return None
 
 
-def _short(w) -> str:
-    d = f"d{w.head_dim_label}"
-    shape = f"thd-{w.mix.split('(')[0]}" if w.is_thd else f"s{w.seqlen_q}"
-    gqa = f" g{w.gqa_ratio}" if w.heads_q != w.heads_kv else ""
-    return f"{w.dtype} {d} {shape}{' c' if w.causal else ''}{gqa}"
+def panel_key(w) -> tuple:
+    return (DIRECTION_ORDER.get(w.direction, 9), w.direction, w.dtype, w.d_qk, w.d_v, w.gqa_ratio)
+
+
+def panel_title(key: tuple) -> str:
+    _, direction, dtype, dq, dv, g = key
+    d = f"d{dq}" if dq == dv else f"d{dq}x{dv}"
+    return f"{direction} {dtype} {d}" + (f" gqa {g}" if g > 1 else "")
+
+
+def tick_label(w) -> str:
+    shape = f"thd {w.mix.split('(')[0]}" if w.is_thd else (f"{w.seqlen_q // 1024}k" if w.seqlen_q % 1024 == 0
+                                                          else str(w.seqlen_q))
+    return shape + (" c" if w.causal else "")
+
+
+def _colors(keys: list[str]) -> dict:
+    out, i = {}, 0
+    for k in keys:
+        if k in COLORS:
+            out[k] = COLORS[k]
+        else:
+            out[k] = FROST_COLORS[i % len(FROST_COLORS)]
+            i += 1
+    return out
 
 
 def write_png(path: str, rows: list[Row], title: str = "frost benchmark") -> str | None:
@@ -40,38 +65,44 @@ def write_png(path: str, rows: list[Row], title: str = "frost benchmark") -> str
     rows = [r for r in rows if not r.workload.probe]
     if not rows:
         return None
-    keys = impl_columns(rows)
-    directions = [d for d in ("fwd", "bwd") if any(r.workload.direction == d for r in rows)]
-    groups = {d: [r for r in rows if r.workload.direction == d] for d in directions}
-    most = max(len(g) for g in groups.values())
-    width = max(8.0, min(60.0, 0.35 * most * max(1, len(keys)) + 2.0))
-    fig, axes = plt.subplots(len(directions), 1, figsize=(width, 4.2 * len(directions)), squeeze=False)
-    frost_i = 0
-    colors = {}
-    for k in keys:
-        if k in COLORS:
-            colors[k] = COLORS[k]
-        else:
-            colors[k] = FROST_COLORS[frost_i % len(FROST_COLORS)]
-            frost_i += 1
+    keys = [k for k in impl_columns(rows) if k != "frost:*"]
+    colors = _colors(keys)
+    panels: dict = {}
+    for r in rows:
+        panels.setdefault(panel_key(r.workload), []).append(r)
+    order = sorted(panels)
+    ncols = min(3, len(order))
+    nrows = math.ceil(len(order) / ncols)
+    most = max(len(v) for v in panels.values())
+    pw = max(4.5, 0.28 * most * max(1, len(keys)) + 1.0)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(pw * ncols, 3.6 * nrows + 0.8), squeeze=False)
     bar = 0.8 / max(1, len(keys))
-    for ax, d in zip(axes[:, 0], directions):
-        g = groups[d]
+    for ax in axes.flat[len(order):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, order):
+        group = sorted(panels[key], key=lambda r: (r.workload.causal, r.workload.is_thd, r.workload.seqlen_q,
+                                                   r.workload.mix))
         for j, k in enumerate(keys):
-            xs, ys = [], []
-            for i, r in enumerate(g):
+            for i, r in enumerate(group):
                 m = r.measurements.get(k)
-                if m is not None and m.timed and m.tflops is not None:
-                    xs.append(i - 0.4 + bar * (j + 0.5))
-                    ys.append(m.tflops)
-            ax.bar(xs, ys, width=bar, label=k, color=colors[k])
-        ax.set_xticks(range(len(g)))
-        ax.set_xticklabels([_short(r.workload) for r in g], rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"{title}: {d}")
+                if m is None or not m.timed or m.tflops is None:
+                    continue
+                x = i - 0.4 + bar * (j + 0.5)
+                ax.bar(x, m.tflops, width=bar, color=colors[k], hatch="//" if m.status != "ok" else None)
+                ratio = r.ratio(k) if k.startswith("frost:") else None
+                if ratio is not None:
+                    ax.text(x, m.tflops, f"{ratio:.2f}x", ha="center", va="bottom", fontsize=6, rotation=90)
+        ax.set_xticks(range(len(group)))
+        ax.set_xticklabels([tick_label(r.workload) for r in group], rotation=45, ha="right", fontsize=7)
+        ax.set_title(panel_title(key), fontsize=9)
+        ax.set_ylabel("TFLOP/s", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7, ncol=min(6, len(keys)), loc="upper left")
-    fig.tight_layout()
+        ax.margins(y=0.15)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in keys]
+    fig.legend(handles, keys, loc="upper center", ncol=min(8, len(keys)), fontsize=8, frameon=False)
+    fig.suptitle(title, y=0.995, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (3.6 * nrows + 0.8)))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
