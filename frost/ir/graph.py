@@ -6,7 +6,7 @@ from typing import Optional
 from frost.errors import GraphError
 from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode
 from frost.ir.tensor import Tensor, compact_strides
-from frost.ir.validate import expected_out_dims, expected_stats_dims, validate_bwd, validate_fwd
+from frost.ir.validate import expect_rank, expected_out_dims, expected_stats_dims, validate_bwd, validate_fwd
 from frost.types import as_data_type
 
 
@@ -95,9 +95,10 @@ class Graph:
         if generate_stats is None:
             generate_stats = (not is_inference) if is_inference is not None else False
         attrs = self._attrs(name, dict(attn_scale=attn_scale, **kw))
+        thd = attrs.cu_seq_len_q is not None or attrs.cu_seq_len_kv is not None
         for role, t in (("q", q), ("k", k), ("v", v)):
             t.require_declared()
-        thd = attrs.cu_seq_len_q is not None
+            expect_rank(t, role, thd)
         geom = {"is_thd": thd, "total_q": q.dim[0], "batch": q.dim[0], "num_heads_q": q.dim[1],
                 "seq_q": q.dim[2] if not thd else 0}
         o_dim = expected_out_dims(geom, v.dim[-1])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import operator
 
 from frost.errors import GraphError
 from frost.ir.facts import SdpaFacts, TensorFacts
@@ -31,6 +32,37 @@ def _unit_last(t: Tensor, role: str) -> None:
     if t.dim[-1] > 1 and t.stride[-1] != 1:
         raise GraphError(f"{_who(t, role)}: the head dimension must have unit stride; strides {t.stride} "
                          f"for dim {t.dim}")
+
+
+def expect_rank(t: Tensor, role: str, thd: bool) -> None:
+    """Dense tensors are (B, H, S, D); packed THD tensors are (tokens, heads, dim)."""
+    if thd and len(t.dim) != 3:
+        raise GraphError(f"{_who(t, role)}: packed THD tensors are (tokens, heads, dim); got dim {t.dim}")
+    if not thd and len(t.dim) != 4:
+        raise GraphError(f"{_who(t, role)}: expected dim (B, H, S, D), got {t.dim}; packed THD "
+                         f"tensors need cu_seq_len_q/cu_seq_len_kv")
+
+
+def _check_attr_types(a: SdpaAttrs) -> None:
+    """Numeric keywords must be numbers: a string or a float where an int belongs is a mistake, not a value."""
+    for key in ("diagonal_band_left_bound", "diagonal_band_right_bound", "sliding_window_length",
+                "max_seq_len_q", "max_seq_len_kv"):
+        value = getattr(a, key)
+        if value is None:
+            continue
+        try:
+            ok = not isinstance(value, bool) and operator.index(value) == value
+        except TypeError:
+            ok = False
+        if not ok:
+            raise GraphError(f"sdpa {a.name!r}: {key} must be an int, got {value!r}")
+    if a.attn_scale is not None:
+        try:
+            scale = None if isinstance(a.attn_scale, (str, bytes, bool)) else float(a.attn_scale)
+        except (TypeError, ValueError):
+            scale = None
+        if scale is None:
+            raise GraphError(f"sdpa {a.name!r}: attn_scale must be a number, got {a.attn_scale!r}")
 
 
 def _lengths_tensor(t: Tensor, role: str, batch: int) -> None:
@@ -87,6 +119,7 @@ def _tensor_facts(role: str, t: Tensor) -> TensorFacts:
 
 def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
     a: SdpaAttrs = node.attrs
+    _check_attr_types(a)
     for role, t in (("q", q), ("k", k), ("v", v)):
         t.require_declared()
         _expect_dtype(t, role, io_types)
@@ -100,8 +133,7 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         if a.cu_seq_len_q is None or a.cu_seq_len_kv is None:
             raise GraphError(f"sdpa {a.name!r}: packed THD needs both cu_seq_len_q and cu_seq_len_kv")
         for role, t in (("q", q), ("k", k), ("v", v)):
-            if len(t.dim) != 3:
-                raise GraphError(f"{_who(t, role)}: packed THD tensors are (tokens, heads, dim); got dim {t.dim}")
+            expect_rank(t, role, thd=True)
         cu_q, cu_kv = a.cu_seq_len_q, a.cu_seq_len_kv
         for role, t in (("cu_seq_len_q", cu_q), ("cu_seq_len_kv", cu_kv)):
             t.require_declared()
@@ -131,9 +163,7 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
             raise GraphError(f"sdpa {a.name!r}: max_seq_len_q/max_seq_len_kv are envelopes for packed THD "
                              f"graphs; a dense graph takes its lengths from the declared dims")
         for role, t in (("q", q), ("k", k), ("v", v)):
-            if len(t.dim) != 4:
-                raise GraphError(f"{_who(t, role)}: expected dim (B, H, S, D), got {t.dim}; packed THD "
-                                 f"tensors need cu_seq_len_q/cu_seq_len_kv")
+            expect_rank(t, role, thd=False)
         batch, hq, sq, dqk = q.dim
         bk, hkv, skv, dk = k.dim
         bv, hv, sv, dv = v.dim

@@ -62,6 +62,6 @@ def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_byt
 def check_thd_totals(bound: dict) -> None:
     """The packed totals of one token group must agree across its tensors."""
     for group in (THD_Q_ROLES, THD_KV_ROLES):
-        seen = {r: bound[r].shape[0] for r in group if r in bound and r != "stats"}
+        seen = {r: bound[r].shape[0] for r in group if r in bound}
         if len(set(seen.values())) > 1:
             raise BindingError(f"packed token counts disagree: {seen}")
