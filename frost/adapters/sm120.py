@@ -1,7 +1,7 @@
 """SM120 arch line (cc 12.x): the mma.sync kernels with SM120 budgets (about 99 KB smem per block)."""
 from __future__ import annotations
 
-from frost.adapters.dsl_fwd import PendingBwdAdapter
+from frost.adapters.dsl_bwd import MmaSyncBwdAdapter
 from frost.adapters.sm80 import MmaSyncFwdAdapter
 
 
@@ -10,5 +10,6 @@ class SdpaFwdDslSm120(MmaSyncFwdAdapter):
     family = "sm120"
 
 
-class SdpaBwdDslSm120(PendingBwdAdapter):
+class SdpaBwdDslSm120(MmaSyncBwdAdapter):
     engine_name = "SdpaBwdDslSm120"
+    family = "sm120"

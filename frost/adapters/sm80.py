@@ -1,7 +1,8 @@
 """SM80 arch line (cc 8.x, and cc 9.0 below SM90): the mma.sync + cp.async kernels."""
 from __future__ import annotations
 
-from frost.adapters.dsl_fwd import DslFwdAdapter, PendingBwdAdapter, fwd_feature_flags
+from frost.adapters.dsl_bwd import MmaSyncBwdAdapter
+from frost.adapters.dsl_fwd import DslFwdAdapter, fwd_feature_flags
 
 
 class MmaSyncFwdAdapter(DslFwdAdapter):
@@ -24,5 +25,5 @@ class SdpaFwdDslSm80(MmaSyncFwdAdapter):
     engine_name = "SdpaFwdDslSm80"
 
 
-class SdpaBwdDslSm80(PendingBwdAdapter):
+class SdpaBwdDslSm80(MmaSyncBwdAdapter):
     engine_name = "SdpaBwdDslSm80"

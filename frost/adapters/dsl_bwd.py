@@ -1,0 +1,108 @@
+"""The backward adapter shared by CuTe DSL arch lines: a chain of kernels bound by argument name.
+
+The params module of a backward template supplies `bwd_chain(params)` (stage,
+template module, argument names, in launch order), `scratch_layout(...)` and
+`scratch_bytes(...)`; this adapter compiles every stage at plan time, carves
+the scratch views from the caller's workspace and launches the chain.
+"""
+from __future__ import annotations
+
+import importlib
+
+from frost.adapters.base import SdpaBwdDsl
+from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
+from frost.engines.dsl import dsl_decline_reason
+from frost.errors import TemplateParamsError
+from frost.runtime.context import stream_handle
+from frost.runtime.workspace import ScratchBuffer, carve
+
+
+def bwd_feature_flags(facts) -> dict:
+    return dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
+                num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
+                has_seqused=facts.has_padding, has_sinks=facts.has_sinks, has_dsinks=facts.has_dsink,
+                has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
+                bottom_right=facts.bottom_right and (facts.window_left is not None or facts.window_right is not None),
+                deterministic=facts.deterministic)
+
+
+class DslBwdAdapter(SdpaBwdDsl):
+    params_module: str = ""
+    vector_bytes = 16
+
+    def check_support(self) -> None:
+        reason = dsl_decline_reason()
+        if reason:
+            raise self.decline(reason)
+
+    def template_params(self):  # pragma: no cover - per arch
+        raise NotImplementedError
+
+    @property
+    def _pm(self):
+        return importlib.import_module(self.params_module)
+
+    def compile(self) -> None:
+        from frost.engines.compile import compile_kernel
+
+        params = self.template_params()
+        try:
+            self._pm.validate(params)
+        except TemplateParamsError as e:
+            raise TemplateParamsError(f"{self.engine_name}: its capability row accepted a graph its template "
+                                      f"rejects (a bug): {e}") from e
+        self.params = params
+        self.chain = [(stage, compile_kernel(module, params, self.target), names)
+                      for stage, module, names in self._pm.bwd_chain(params)]
+        self.compiled = True
+
+    def kernel_names(self) -> list[str]:
+        return [k.name for _, k, _ in self.chain] if self.compiled else []
+
+    def _scratch(self, total_q: int, total_kv: int) -> list[ScratchBuffer]:
+        f = self.facts
+        layout = self._pm.scratch_layout(self.params, f.batch, f.seq_q, f.seq_kv, total_q, total_kv)
+        return [ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in layout]
+
+    def scratch_workspace_bytes(self) -> int:
+        f = self.facts
+        return self._pm.scratch_bytes(self.params, f.batch, f.seq_q, f.seq_kv, f.total_q, f.total_kv)
+
+    def execute(self, bound: dict, workspace, stream) -> None:
+        f = self.facts
+        thd = f.is_thd
+        vals = {"q": io_view(bound["q"], thd), "k": io_view(bound["k"], thd), "v": io_view(bound["v"], thd),
+                "o": io_view(bound["o"], thd), "do": io_view(bound["dO"], thd),
+                "lse": stats_view(bound["stats"], thd), "dq": io_view(bound["dQ"], thd),
+                "dk": io_view(bound["dK"], thd), "dv": io_view(bound["dV"], thd),
+                "softmax_scale": f.attn_scale, "window_left": f.window_left, "window_right": f.window_right,
+                "max_seqlen_q": f.seq_q, "max_seqlen_kv": f.seq_kv, "stream": stream_handle(stream)}
+        if thd:
+            vals["cu_seqlens_q"], vals["cu_seqlens_kv"] = bound["cu_seq_len_q"], bound["cu_seq_len_kv"]
+        if f.has_padding:
+            vals["seqused_q"] = lengths_view(bound["seq_len_q"])
+            vals["seqused_kv"] = lengths_view(bound["seq_len_kv"])
+        if f.has_sinks:
+            vals["sinks"] = sink_view(bound["sink_token"])
+        if f.has_dsink:
+            vals["dsinks"] = sink_view(bound["dSink_token"])
+        total_q = bound["q"].shape[0] if thd else 0
+        total_kv = bound["k"].shape[0] if thd else 0
+        vals.update(carve(workspace, self._scratch(total_q, total_kv)))
+        for _, kernel, names in self.chain:
+            kernel(*[vals[n] for n in names])
+
+
+class MmaSyncBwdAdapter(DslBwdAdapter):
+    """The mma.sync backward chain; `family` selects the smem budget and tile table."""
+
+    family = "sm80"
+    params_module = "frost.engines.sm80.sdpa_bwd_params"
+
+    def template_params(self):
+        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
+
+        f = self.facts
+        knobs = default_knobs(self.family, f.head_dim_qk, f.head_dim_v, f.io_dtype,
+                              smem_budget=self.target.smem_per_block_optin or None, **self.knobs.requested())
+        return Sm80BwdParams(family=self.family, **bwd_feature_flags(f), **knobs)

@@ -1,0 +1,76 @@
+"""Compile keys hold plan-time values only: one compiled plan serves every runtime extent.
+
+The kernels compile for real (CPU, no GPU needed); only the launch is replaced by
+a recorder, since launching needs a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import frost
+from frost.adapters.base import lower_dsl_fwd
+from frost.adapters.sm80 import SdpaFwdDslSm80
+from frost.adapters.sm120 import SdpaFwdDslSm120
+from frost.adapters.sm90 import SdpaFwdDslSm90
+from frost.engines import compile as boundary
+from frost.engines.target import fake_target
+
+pytestmark = pytest.mark.slow
+
+ARCH_LINES = [(SdpaFwdDslSm80, "A100"), (SdpaFwdDslSm80, "H200"), (SdpaFwdDslSm120, "RTX5090"),
+              (SdpaFwdDslSm90, "H200")]
+
+
+def _thd_facts(total=4096, batch=3, causal=True):
+    g = frost.Graph(io_data_type=torch.bfloat16)
+    q = g.tensor(name="q", dim=(total, 8, 128), stride=(8 * 128, 128, 1))
+    k = g.tensor(name="k", dim=(total, 2, 128), stride=(2 * 128, 128, 1))
+    v = g.tensor(name="v", dim=(total, 2, 128), stride=(2 * 128, 128, 1))
+    cq = g.tensor(name="cu_seq_len_q", dim=(batch + 1,), stride=(1,), data_type=torch.int32)
+    ck = g.tensor(name="cu_seq_len_kv", dim=(batch + 1,), stride=(1,), data_type=torch.int32)
+    o, st = g.sdpa(q, k, v, attn_scale=0.088, generate_stats=True, use_causal_mask=causal, cu_seq_len_q=cq,
+                   cu_seq_len_kv=ck, max_seq_len_q=2048, max_seq_len_kv=2048)
+    o.set_output(True)
+    st.set_output(True)
+    return g.validate().facts
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+@pytest.mark.parametrize("adapter_cls,target", ARCH_LINES, ids=lambda x: getattr(x, "__name__", x))
+def test_execute_with_new_totals_never_compiles(adapter_cls, target):
+    facts = _thd_facts()
+    adapter = lower_dsl_fwd(adapter_cls, facts, fake_target(target))
+    assert adapter.kernel.name.startswith("frost_sdpa_fwd")
+    compiles = boundary.stats.compiles
+    rec = _Recorder()
+    real, adapter.kernel.fn = adapter.kernel.fn, rec
+    try:
+        _run_totals(adapter)
+    finally:
+        adapter.kernel.fn = real
+    assert boundary.stats.compiles == compiles, "execute compiled"
+    assert [c[0].shape[0] for c in rec.calls] == [4096, 1000, 17]
+    # a second plan of the same specialization with another envelope reuses the artifact
+    again = lower_dsl_fwd(adapter_cls, _thd_facts(total=9999, batch=7), fake_target(target))
+    assert boundary.stats.compiles == compiles
+    assert again.kernel.name == adapter.kernel.name
+
+
+def _run_totals(adapter):
+    for total in (4096, 1000, 17):
+        bound = {"q": torch.zeros(total, 8, 128, dtype=torch.bfloat16),
+                 "k": torch.zeros(total, 2, 128, dtype=torch.bfloat16),
+                 "v": torch.zeros(total, 2, 128, dtype=torch.bfloat16),
+                 "o": torch.zeros(total, 8, 128, dtype=torch.bfloat16),
+                 "stats": torch.zeros(total, 8, 1, dtype=torch.float32),
+                 "cu_seq_len_q": torch.zeros(4, dtype=torch.int32),
+                 "cu_seq_len_kv": torch.zeros(4, dtype=torch.int32)}
+        adapter.execute(bound, None, 0)
