@@ -117,26 +117,36 @@ def reset_stats() -> None:
 
 
 # -- fingerprint and keys -------------------------------------------------------------------
-_file_digests: dict[tuple, str] = {}
+_file_digests: dict[str, str] = {}
+_sources: dict[str, str] = {}
 
 
 def file_digest(path: Path) -> str:
-    st = path.stat()
-    k = (str(path), st.st_mtime_ns, st.st_size)
+    """sha256 of a source file as first seen by this process (the code it imported)."""
+    k = str(path)
     d = _file_digests.get(k)
     if d is None:
-        d = hashlib.sha256(path.read_bytes()).hexdigest()
-        _file_digests[k] = d
+        d = _file_digests[k] = hashlib.sha256(path.read_bytes()).hexdigest()
     return d
 
 
 def sources_digest(root: Path = ENGINES_ROOT) -> str:
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        if "__pycache__" in p.parts:
-            continue
-        h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
-    return h.hexdigest()
+    """Digest of every .py under `root`, computed once per process."""
+    k = str(root)
+    d = _sources.get(k)
+    if d is None:
+        h = hashlib.sha256()
+        for p in sorted(root.rglob("*.py")):
+            if "__pycache__" not in p.parts:
+                h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
+        d = _sources[k] = h.hexdigest()
+    return d
+
+
+def forget_sources() -> None:
+    """Re-read sources on next use (tests that edit a template in-process)."""
+    _file_digests.clear()
+    _sources.clear()
 
 
 def _dist_version(name: str) -> str:
@@ -420,14 +430,15 @@ class DiskCache:
         limit = max_bytes() if limit is None else limit
         if not self.base.is_dir():
             return 0
-        self.base.mkdir(parents=True, exist_ok=True)
         gate = os.open(self.base / ".prune.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
                 fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0  # another process is pruning
-            return self._prune(limit, set(keep))
+            n = self._prune(limit, set(keep))
+            bump(evictions=n)
+            return n
         finally:
             os.close(gate)
 
@@ -477,6 +488,10 @@ class DiskCache:
                                                          for p in d.iterdir()):
                 shutil.rmtree(d, ignore_errors=True)
         return evicted
+
+    def clear(self) -> None:
+        """Delete every entry of every fingerprint."""
+        shutil.rmtree(self.base, ignore_errors=True)
 
     def size_bytes(self) -> int:
         if not self.base.is_dir():

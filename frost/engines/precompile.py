@@ -1,0 +1,162 @@
+"""Ahead-of-time compile: `frost.precompile(...)` and the `frost precompile` command.
+
+Fills the persistent cache (and this process's memo) for many kernels at once,
+compiled in parallel worker processes, so that later plans are cache hits.
+Accepts kernel specs ((template, params) pairs, KernelSpec, or their JSON form)
+and graphs: for a graph, the engine that `build_plans` would pick on the target
+supplies its specs (its adapter's `kernel_specs()` if it has one, else its
+`template` and `template_params()`).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from typing import Iterable, Optional
+
+from frost.engines import cache
+from frost.engines.compile import CompiledKernel, KernelSpec
+from frost.engines.target import FAKE_TARGETS, Target, discover_target, fake_target
+from frost.engines.workers import as_spec, compile_many
+
+PROBE = "frost.engines.common.probe_copy"
+
+
+def _graph_specs(graph, target: Target) -> list[KernelSpec]:
+    from frost.errors import NotSupportedError
+    from frost.lowering.lower import describe, rank
+
+    if getattr(graph, "facts", None) is None:
+        graph.validate()
+    ranking = rank(graph.facts, target, getattr(graph, "_knobs", None))
+    if not ranking.accepted:
+        raise NotSupportedError(describe(graph.facts) + f" on {target.name}", ranking.declines)
+    adapter = ranking.accepted[0][1]
+    if hasattr(adapter, "kernel_specs"):
+        return [as_spec(s) for s in adapter.kernel_specs()]
+    if getattr(adapter, "template", "") and hasattr(adapter, "template_params"):
+        params = adapter.template_params()
+        if getattr(adapter, "params_module", ""):
+            importlib.import_module(adapter.params_module).validate(params)
+        return [KernelSpec(adapter.template, params)]
+    return []  # an engine without compiled kernels (the reference)
+
+
+def specs_of(items: Iterable, target: Target) -> list[KernelSpec]:
+    out: list[KernelSpec] = []
+    for item in items:
+        if hasattr(item, "kernel_specs"):
+            out += [as_spec(s) for s in item.kernel_specs(target)]
+        elif hasattr(item, "node") and hasattr(item, "validate"):
+            out += _graph_specs(item, target)
+        else:
+            out.append(as_spec(item))
+    return out
+
+
+def precompile(specs_or_graphs, target: Optional[Target | str] = None, *,
+               max_workers: Optional[int] = None) -> list[CompiledKernel]:
+    """Compile (or load from the cache) every kernel the specs or graphs need, in parallel.
+
+    `target` defaults to this machine's GPU; pass a fake target (frost.engines.target.fake_target)
+    to fill a cache for another machine. Returns the kernels in spec order.
+    """
+    if not isinstance(specs_or_graphs, (list, tuple)):
+        specs_or_graphs = [specs_or_graphs]
+    if target is None:
+        target = discover_target()
+        if target.is_cpu:
+            raise ValueError("no GPU here: pass a target, e.g. frost.engines.target.fake_target('H200')")
+    rec = target if isinstance(target, Target) else None
+    if rec is None:
+        rec = next((t for t in FAKE_TARGETS.values() if t.arch == target), None)
+    if rec is None and any(not isinstance(x, (KernelSpec, tuple, list, dict)) for x in specs_or_graphs):
+        raise ValueError(f"graphs need a Target record, not just an arch ({target!r})")
+    specs = specs_of(specs_or_graphs, rec) if rec is not None else [as_spec(x) for x in specs_or_graphs]
+    return compile_many(specs, target, max_workers=max_workers)
+
+
+def _load_spec_file(path: str) -> list:
+    text = open(path).read().strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _load_from(ref: str, target: Target) -> list:
+    mod, _, attr = ref.partition(":")
+    obj = getattr(importlib.import_module(mod), attr or "kernel_specs")
+    got = obj(target) if callable(obj) else obj
+    return list(got) if isinstance(got, (list, tuple)) or hasattr(got, "__iter__") else [got]
+
+
+def _target_of(args) -> Target | str:
+    if args.target == "auto":
+        t = discover_target()
+        if t.is_cpu and not args.arch:
+            raise SystemExit("frost precompile: no GPU here; pass --target "
+                             f"{'|'.join(FAKE_TARGETS)} or --arch sm_XX")
+    else:
+        t = fake_target(args.target)
+    return args.arch or t
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="frost precompile",
+                                description="Compile kernels into the persistent cache, in parallel workers.")
+    p.add_argument("--spec-file", action="append", default=[],
+                   help="JSON list (or JSON lines) of {template, params_type, params}")
+    p.add_argument("--from", dest="sources", action="append", default=[], metavar="MODULE:ATTR",
+                   help="a callable(target) or iterable giving specs or graphs")
+    p.add_argument("--probe", action="store_true", help="compile the probe copy kernels (smoke check)")
+    p.add_argument("--target", default="auto", help=f"auto (this GPU) or a fake target: {', '.join(FAKE_TARGETS)}")
+    p.add_argument("--arch", default=None, help="compile for this arch string instead (e.g. sm_90a)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU)")
+    p.add_argument("--info", action="store_true", help="print where the cache is and what it holds")
+    p.add_argument("--prune", action="store_true", help="apply the size cap now")
+    p.add_argument("--clear", action="store_true", help="delete every cached artifact")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+    args = p.parse_args(argv)
+
+    dc = cache.disk()
+    if args.clear and dc is not None:
+        dc.clear()
+    if args.prune and dc is not None:
+        print(f"evicted {dc.prune()} entries")
+    work = args.probe or args.spec_file or args.sources
+    if work:
+        target = _target_of(args)
+        rec = target if isinstance(target, Target) else next(
+            (t for t in FAKE_TARGETS.values() if t.arch == target), None)
+        items: list = []
+        if args.probe:
+            from frost.engines.common.probe_copy_params import ProbeCopyParams
+
+            items += [KernelSpec(PROBE, ProbeCopyParams(dtype=d)) for d in ("f16", "bf16", "f32")]
+        for f in args.spec_file:
+            items += _load_spec_file(f)
+        for ref in args.sources:
+            items += _load_from(ref, rec)
+        t0 = time.perf_counter()
+        kernels = precompile(items, target, max_workers=args.workers)
+        wall = time.perf_counter() - t0
+        rows = [{"name": k.name, "arch": k.arch, "source": k.source, "compile_s": round(k.compile_seconds, 3),
+                 "load_s": round(k.load_seconds, 4), "digest": k.digest} for k in kernels]
+        if args.json:
+            print(json.dumps({"kernels": rows, "wall_s": wall, "stats": cache.stats()}, indent=1))
+        else:
+            for r in rows:
+                print(f"{r['name']:<56} {r['arch']:<8} {r['source']:<8} compile {r['compile_s']:>7.3f}s "
+                      f"load {r['load_s']:>7.4f}s")
+            s = cache.stats()
+            print(f"{len(rows)} kernels in {wall:.2f}s: {s['compiles']} compiled here, {s['worker_compiles']} "
+                  f"by workers, {s['hits']} loaded from {cache.cache_dir()}")
+    if args.info or not (work or args.clear or args.prune):
+        print(json.dumps(cache.describe(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

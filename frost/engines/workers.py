@@ -1,0 +1,155 @@
+"""Parallel compile in worker processes that never touch CUDA.
+
+`compile_many` sends the keys that neither this process's memo nor the disk
+cache holds to a spawn-context process pool. Each worker gets the parent's
+Target record (it never discovers one), hides every GPU
+(CUDA_VISIBLE_DEVICES=""), pins the DSL's notion of the arch (CUTE_DSL_ARCH,
+so the DSL does not probe a device), compiles and exports into the shared
+cache. The parent then loads every artifact from the cache, so what it gets is
+exactly what a later process will get. Anything a worker could not do (a
+template error, an uncacheable kernel, a crashed pool) is redone in the parent,
+where its error surfaces normally.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Iterable, Optional
+
+from frost.engines import cache
+from frost.engines.compile import (CompiledKernel, KernelSpec, _arch_of, compile_kernel, compile_key, memo_has,
+                                   publish)
+from frost.engines.params import TemplateParams
+from frost.engines.target import Target
+
+_target: Optional[Target] = None
+
+
+def current_target() -> Optional[Target]:
+    """In a worker: the parent's Target record. None in the parent."""
+    return _target
+
+
+def as_spec(item) -> KernelSpec:
+    if isinstance(item, KernelSpec):
+        return item
+    if isinstance(item, dict):
+        return KernelSpec.from_json(item)
+    if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str) \
+            and isinstance(item[1], TemplateParams):
+        return KernelSpec(item[0], item[1])
+    raise TypeError(f"not a kernel spec: {item!r}; expected KernelSpec, (template, params) or its JSON form")
+
+
+def _init_worker(target_json: Optional[dict], arch: str, cache_root: str) -> None:
+    global _target
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["CUTE_DSL_ARCH"] = arch
+    os.environ["FROST_CACHE_DIR"] = cache_root
+    os.environ.pop("FROST_CACHE_DISABLE", None)
+    os.environ["FROST_COMPILE_WORKER"] = "1"
+    _target = Target.model_validate(target_json) if target_json else None
+
+
+def _compile_in_worker(spec_json: dict, arch: str) -> dict:
+    t0 = time.perf_counter()
+    spec = KernelSpec.from_json(spec_json)
+    ck = publish(spec.template, spec.params, arch, load=False)
+    return {"ok": ck is not None, "name": ck.name if ck else None, "source": ck.source if ck else None,
+            "digest": ck.digest if ck else None, "seconds": time.perf_counter() - t0}
+
+
+def _pool(n: int, target: Target | str) -> ProcessPoolExecutor:
+    target_json = target.model_dump() if isinstance(target, Target) else None
+    return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(target_json, _arch_of(target), str(cache.cache_dir())))
+
+
+def default_workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus)
+
+
+def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[int] = None,
+                 use_workers: Optional[bool] = None) -> list[CompiledKernel]:
+    """Compile every spec (KernelSpec or (template, params)); results in input order.
+
+    Keys already in memory or on disk are not recompiled. With the disk layer off
+    (FROST_CACHE_DISABLE=1) everything compiles here, one after another.
+    `use_workers=None` uses workers when two or more keys need compiling.
+    """
+    specs = [as_spec(s) for s in specs]
+    arch = _arch_of(target)
+    dc = cache.disk()
+    todo: dict[tuple, KernelSpec] = {}
+    for s in specs:
+        k = compile_key(s.template, s.params, arch)
+        if k in todo or memo_has(s.template, s.params, arch):
+            continue
+        if dc is not None and dc.lookup(cache.full_key(s.template, s.params, arch))[0] is not None:
+            continue
+        todo[k] = s
+    n = min(len(todo), max_workers or default_workers())
+    if use_workers is None:
+        use_workers = len(todo) >= 2 and n >= 2
+    if dc is not None and use_workers and todo:
+        run_in_workers(list(todo.values()), target, n)
+    return [compile_kernel(s.template, s.params, target) for s in specs]
+
+
+def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int) -> list[Optional[dict]]:
+    """Compile and export `specs` in `n` workers; None for each one that failed there."""
+    arch = _arch_of(target)
+    out: list[Optional[dict]] = [None] * len(specs)
+    try:
+        with _pool(max(1, n), target) as pool:
+            futures = [pool.submit(_compile_in_worker, s.to_json(), arch) for s in specs]
+            for i, f in enumerate(futures):
+                try:
+                    out[i] = f.result()
+                except BrokenProcessPool:
+                    raise
+                except Exception as e:  # the parent redoes it and raises it properly
+                    cache.warn(f"worker could not compile {specs[i].template} ({type(e).__name__}: {e})")
+    except BrokenProcessPool as e:
+        cache.warn(f"compile worker pool broke ({e}); compiling the rest in this process")
+    done = sum(1 for r in out if r and r["ok"] and r["source"] == "compile")
+    cache.bump(worker_compiles=done)
+    return out
+
+
+def _worker_facts(spec_json: Optional[dict], arch: str) -> dict:
+    """What a worker sees of CUDA, after compiling `spec_json` if given."""
+    import sys
+
+    compiled = _compile_in_worker(spec_json, arch) if spec_json else None
+    facts = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "compiled": compiled,
+             "target": _target.model_dump() if _target else None, "pid": os.getpid()}
+    torch = sys.modules.get("torch")
+    facts["torch_cuda_initialized_after_compile"] = bool(torch and torch.cuda.is_initialized())
+    try:
+        import cuda.bindings.driver as drv
+
+        err = drv.cuInit(0)[0]
+        facts["cuInit"] = getattr(err, "name", str(err))
+    except Exception as e:  # no driver library at all
+        facts["cuInit"] = f"{type(e).__name__}: {e}"
+    try:
+        import torch as _torch
+
+        facts["torch_cuda_device_count"] = _torch.cuda.device_count()
+    except Exception as e:  # pragma: no cover
+        facts["torch_cuda_device_count"] = f"{type(e).__name__}: {e}"
+    return facts
+
+
+def worker_facts(target: Target | str, spec: Optional[KernelSpec] = None) -> dict:
+    """Run one worker like compile_many's and report its CUDA view (diagnostics, tests)."""
+    with _pool(1, target) as pool:
+        return pool.submit(_worker_facts, spec.to_json() if spec else None, _arch_of(target)).result()
