@@ -26,7 +26,7 @@ def kernel_name(params: Sm80BwdParams, arch: str) -> str:
     return f"frost_sdpa_bwd_post_{name_suffix(params)}"
 
 
-class _Postprocess:
+class _Postprocess(bu.ArityHost):
     """Plan-time constants of one postprocess specialization."""
 
     def __init__(self, p: Sm80BwdParams, arch: str):
@@ -34,8 +34,7 @@ class _Postprocess:
         self.arch = arch
         self.names = postprocess_args(p)
 
-    @cute.jit
-    def launch(self, *args):
+    def run(self, args: tuple) -> None:
         a = bu.bind(self.names, args)
         mdQ = a["dq"]
         if cutlass.const_expr(self.p.is_thd):
@@ -45,8 +44,6 @@ class _Postprocess:
             total = mdQ.shape[1]
             n_batch = mdQ.shape[0]
         n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
-        _postprocess_kernel.set_name_prefix(kernel_name(self.p, self.arch), remove_cutlass_symbol=True,
-                                            keep_mangled_name=False)
         _postprocess_kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
                             Float32(a["softmax_scale"])).launch(
             grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
@@ -93,4 +90,5 @@ def build(params: Sm80BwdParams, arch: str):
     """The host entry and fake arguments in `postprocess_args(params)` order."""
     fakes = bu.FakeArgs(params)
     runner = _Postprocess(params, arch)
-    return runner.launch, tuple(fakes.get(n) for n in postprocess_args(params))
+    args = tuple(fakes.get(n) for n in postprocess_args(params))
+    return runner.entry(len(args)), args

@@ -29,7 +29,7 @@ def kernel_name(params: Sm80BwdParams, arch: str) -> str:
     return f"frost_sdpa_bwd_pre_{name_suffix(params)}"
 
 
-class _Preprocess:
+class _Preprocess(bu.ArityHost):
     """Plan-time constants of one preprocess specialization."""
 
     def __init__(self, p: Sm80BwdParams, arch: str):
@@ -40,8 +40,7 @@ class _Preprocess:
         self.d = p.head_dim
         self.thd = p.is_thd
 
-    @cute.jit
-    def launch(self, *args):
+    def run(self, args: tuple) -> None:
         a = bu.bind(self.names, args)
         mO = a["o"]
         if cutlass.const_expr(self.thd):
@@ -51,8 +50,6 @@ class _Preprocess:
             total = mO.shape[1]
             n_batch = mO.shape[0]
         n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
-        _preprocess_kernel.set_name_prefix(kernel_name(self.p, self.arch), remove_cutlass_symbol=True,
-                                           keep_mangled_name=False)
         _preprocess_kernel(
             self.p, a["o"], a["do"], a["lse"], a.get("cu_seqlens_q"), a.get("seqused_q"), a.get("sinks"),
             a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"),
@@ -157,5 +154,6 @@ def build(params: Sm80BwdParams, arch: str):
     """The host entry and fake arguments in `preprocess_args(params)` order."""
     fakes = bu.FakeArgs(params)
     runner = _Preprocess(params, arch)
-    return runner.launch, tuple(fakes.get(n) for n in preprocess_args(params))
+    args = tuple(fakes.get(n) for n in preprocess_args(params))
+    return runner.entry(len(args)), args
 

@@ -116,6 +116,84 @@ class FakeArgs:
         return self._made[name]
 
 
+class ArityHost:
+    """Host entries with a fixed positional signature, one per argument count.
+
+    The chain's argument lists vary with the feature flags; the compile
+    boundary (and its persistent cache) wants plain positional parameters, so
+    `entry(n)` picks the n-argument entry, which hands the tuple to `run`.
+    """
+
+    def run(self, args: tuple) -> None:  # pragma: no cover - per template
+        raise NotImplementedError
+
+    def entry(self, n: int):
+        fn = getattr(self, f"_entry{n}", None)
+        if fn is None:
+            raise TypeError(f"no host entry with {n} arguments")
+        return fn
+
+    @cute.jit
+    def _entry4(self, a0, a1, a2, a3):
+        self.run((a0, a1, a2, a3,))
+
+    @cute.jit
+    def _entry5(self, a0, a1, a2, a3, a4):
+        self.run((a0, a1, a2, a3, a4,))
+
+    @cute.jit
+    def _entry6(self, a0, a1, a2, a3, a4, a5):
+        self.run((a0, a1, a2, a3, a4, a5,))
+
+    @cute.jit
+    def _entry7(self, a0, a1, a2, a3, a4, a5, a6):
+        self.run((a0, a1, a2, a3, a4, a5, a6,))
+
+    @cute.jit
+    def _entry8(self, a0, a1, a2, a3, a4, a5, a6, a7):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7,))
+
+    @cute.jit
+    def _entry9(self, a0, a1, a2, a3, a4, a5, a6, a7, a8):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8,))
+
+    @cute.jit
+    def _entry10(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,))
+
+    @cute.jit
+    def _entry11(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10,))
+
+    @cute.jit
+    def _entry12(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11,))
+
+    @cute.jit
+    def _entry13(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12,))
+
+    @cute.jit
+    def _entry14(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13,))
+
+    @cute.jit
+    def _entry15(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14,))
+
+    @cute.jit
+    def _entry16(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15,))
+
+    @cute.jit
+    def _entry17(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16,))
+
+    @cute.jit
+    def _entry18(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17):
+        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17,))
+
+
 @cute.jit
 def lane_group_sum(x: Float32, width: cutlass.Constexpr[int]) -> Float32:
     """Sum over `width` consecutive lanes (a power of two); every lane gets the total."""
@@ -164,5 +242,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["FakeArgs", "bind", "io_dtype", "lane_group_sum", "red_add_f32", "red_add_v2_f32", "ld_acquire_i32",
+__all__ = ["ArityHost", "FakeArgs", "bind", "io_dtype", "lane_group_sum", "red_add_f32", "red_add_v2_f32", "ld_acquire_i32",
            "red_release_add_i32", "elem_ptr", "Int64"]

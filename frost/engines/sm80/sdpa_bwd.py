@@ -1,0 +1,581 @@
+"""Backward step 2: the mma.sync main kernel (dK, dV, and dQ partials).
+
+One CTA per (key tile, kv head, batch). K and V of the tile stay in shared
+memory; the CTA walks every query head of its GQA group and, per head, every
+query tile of the mask band, in one flat pipelined loop:
+
+    S  = Q.K^T           (masked only on tiles that cross the band or the end)
+    P  = exp2(S * scale * log2e - LSE * log2e)
+    dP = dO.V^T,  dS = P * (dP - dpsum)
+    dV += P^T.dO,  dK += dS^T.Q          (registers, fp32, whole loop)
+    dQ  = dS.K  -> red.global.add into the fp32 accumulator
+
+Q / dO (and their LSE / dpsum rows) are double-buffered with cp.async when
+`num_stages == 2`. LSE is read natively from its declared strides; rows past
+the sequence, and rows whose LSE is -inf, get P = 0. In deterministic mode the
+key tiles of one (batch, head, query tile) add their dQ partials in key-tile
+order, taking turns through a semaphore. dK (times scale) and dV go out
+through shared memory to their declared strides; rows past the sequence but
+inside the tensor (padding) are written as zeros.
+
+THD: lengths come from cu_seqlens in-kernel; the grid's x extent is
+ceil(max_seqlen_kv / tile_n) and each CTA strides over the key tiles of its
+sequence, so a longer sequence than declared is still fully served.
+
+Argument list: `sdpa_bwd_params.main_args`.
+"""
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warp
+
+from frost.engines.common import mask as fmask
+from frost.engines.common.acc_layout import acc_as_mn
+from frost.engines.common.seqlen import seqlen_info
+from frost.engines.sm80 import sdpa_bwd_utils as bu
+from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, main_args, name_suffix
+
+LOG2_E = math.log2(math.e)
+
+
+def kernel_name(params: Sm80BwdParams, arch: str) -> str:
+    return f"frost_sdpa_bwd_main_{name_suffix(params)}"
+
+
+def _arch_number(arch: str) -> int:
+    return int("".join(ch for ch in arch.split("_")[1] if ch.isdigit()))
+
+
+def _smem_atom(dtype, row_elems: int):
+    """Swizzled (8, 64) or (8, 32) atom for 16-bit rows of `row_elems` elements (ldmatrix conflict-free)."""
+    kblk = 64 if row_elems % 64 == 0 else 32
+    bits = 3 if kblk == 64 else 2
+    return cute.make_composed_layout(cute.make_swizzle(bits, 3, 3), 0,
+                                     cute.make_ordered_layout((8, kblk), order=(1, 0)))
+
+
+def _transpose(t: cute.Tensor) -> cute.Tensor:
+    """(M, N[, S]) smem tensor viewed as (N, M[, S])."""
+    m, n = cute.size(t, mode=[0]), cute.size(t, mode=[1])
+    if cute.rank(t) == 3:
+        return cute.composition(t, cute.make_layout((n, m, cute.size(t, mode=[2])), stride=(m, 1, m * n)))
+    return cute.composition(t, cute.make_layout((n, m), stride=(m, 1)))
+
+
+class _Main(bu.ArityHost):
+    """Plan-time constants and host entry of one main-kernel specialization."""
+
+    def __init__(self, p: Sm80BwdParams, arch: str):
+        self.p = p
+        self.arch = arch
+        self.names = main_args(p)
+        self.dtype = bu.io_dtype(p)
+        self.bm, self.bn = p.tile_m, p.tile_n
+        self.d, self.dv = p.head_dim, p.head_dim_v
+        self.threads = p.num_threads
+        self.stages = p.num_stages
+        self.group = p.qhead_per_kvhead
+        self.vector_red = _arch_number(arch) >= 90
+
+    # ------------------------------------------------------------------ host side
+    def _layouts(self):
+        dt, bm, bn, st = self.dtype, self.bm, self.bn, self.stages
+        self.sQ_layout = cute.tile_to_shape(_smem_atom(dt, self.d), (bm, self.d, st), (0, 1, 2))
+        self.sdO_layout = cute.tile_to_shape(_smem_atom(dt, self.dv), (bm, self.dv, st), (0, 1, 2))
+        self.sK_layout = cute.tile_to_shape(_smem_atom(dt, self.d), (bn, self.d), (0, 1))
+        self.sV_layout = cute.tile_to_shape(_smem_atom(dt, self.dv), (bn, self.dv), (0, 1))
+        self.sPdS_layout = cute.tile_to_shape(_smem_atom(dt, bn), (bm, bn), (0, 1))
+
+        # gmem <-> smem copies: 16-byte chunks, whole rows per pass
+        def thr_layout(row_elems):
+            per_row = (64 if row_elems % 64 == 0 else 32) // 8
+            return cute.make_ordered_layout((self.threads // per_row, per_row), order=(1, 0))
+
+        vals = cute.make_layout((1, 8))
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
+                                  num_bits_per_copy=128)
+        st128 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+        self.g2s_qk = cute.make_tiled_copy_tv(g2s, thr_layout(self.d), vals)
+        self.g2s_vdo = cute.make_tiled_copy_tv(g2s, thr_layout(self.dv), vals)
+        self.s2g_k = cute.make_tiled_copy_tv(st128, thr_layout(self.d), vals)
+        self.s2g_v = cute.make_tiled_copy_tv(st128, thr_layout(self.dv), vals)
+
+        w = self.p.num_warps
+        op = warp.MmaF16BF16Op(dt, Float32, (16, 8, 16))
+
+        def tiled(wm):
+            return cute.make_tiled_mma(op, (wm, w // wm, 1), permutation_mnk=(wm * 16, (w // wm) * 16, 16))
+
+        self.mma_sdp = tiled(self.p.sdp_warps_m)
+        self.mma_dkv = tiled(self.p.dkv_warps_n)
+        self.mma_dq = tiled(self.p.dq_warps_m)
+
+    def _storage(self):
+        dt = self.dtype
+
+        def tile(layout):
+            return cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(layout)], 1024]
+
+        rows = cute.struct.Align[cute.struct.MemRange[Float32, self.bm], 128]
+
+        @cute.struct
+        class Storage:
+            sK: tile(self.sK_layout)
+            sV: tile(self.sV_layout)
+            sQ: tile(self.sQ_layout)
+            sdO: tile(self.sdO_layout)
+            sP: tile(self.sPdS_layout)
+            sdS: tile(self.sPdS_layout)
+            sLSE: rows
+            sdPsum: rows
+
+        return Storage
+
+    def run(self, args: tuple) -> None:
+        a = bu.bind(self.names, args)
+        self._layouts()
+        Storage = self._storage()
+        mK = a["k"]
+        if cutlass.const_expr(self.p.is_thd):
+            n_batch = a["cu_seqlens_kv"].shape[0] - 1
+            grid_x = (a["max_seqlen_kv"] + self.bn - 1) // self.bn
+        else:
+            n_batch = mK.shape[0]
+            grid_x = (mK.shape[1] + self.bn - 1) // self.bn
+        grid_x = cutlass.max(grid_x, 1)
+        scale = Float32(a["softmax_scale"])
+        _main_kernel(
+            self, a["q"], mK, a["v"], a["do"], a["lse"], a["dk"], a["dv"],
+            a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"),
+            a["dpsum"], a["dq_accum"], a.get("dq_semaphore"),
+            scale, scale * LOG2_E, a.get("window_left"), a.get("window_right"),
+            self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
+            self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
+        ).launch(grid=(grid_x, self.p.num_heads_kv, n_batch), block=(self.threads, 1, 1),
+                 smem=Storage.size_in_bytes(), stream=a["stream"])
+
+@cute.jit
+def _load_rows(thr_copy: cute.TiledCopy, tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor,
+              cX: cute.Tensor, limit: Int32):
+    """cp.async a (rows, cols) tile into smem; rows >= limit are zero-filled instead."""
+    tXg = thr_copy.partition_S(gX)
+    tXs = thr_copy.partition_D(sX)
+    tXc = thr_copy.partition_S(cX)
+    for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
+        if tXc[0, r, 0][0] < limit:
+            cute.copy(tiled_copy, tXg[None, r, None], tXs[None, r, None])
+        else:
+            tXs[None, r, None].fill(0)
+
+@cute.jit
+def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
+         tCsA: cute.Tensor, tCsB: cute.Tensor, s2r_A, s2r_B):
+    """acc += A.B with both operands streamed from smem by ldmatrix, one k-slice ahead."""
+    tCrA_v = s2r_A.retile(tCrA)
+    tCrB_v = s2r_B.retile(tCrB)
+    kt = cute.size(tCsA.shape[2])
+    cute.copy(s2r_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
+    cute.copy(s2r_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
+    for k in cutlass.range_constexpr(kt):
+        if cutlass.const_expr(k + 1 < kt):
+            cute.copy(s2r_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
+            cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+@cute.jit
+def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv: Int32):
+    """Step t of the flat loop -> (query head, query tile)."""
+    if cutlass.const_expr(cfg.group == 1):
+        return head_kv, m_min + t
+    else:
+        return head_kv * cfg.group + t // n_m, m_min + t % n_m
+
+
+
+@cute.kernel
+def _main_kernel(
+    cfg: cutlass.Constexpr,
+    mQ: cute.Tensor,
+    mK: cute.Tensor,
+    mV: cute.Tensor,
+    mdO: cute.Tensor,
+    mLSE: cute.Tensor,
+    mdK: cute.Tensor,
+    mdV: cute.Tensor,
+    mCuQ,
+    mCuK,
+    mUsedQ,
+    mUsedK,
+    mdPsum: cute.Tensor,
+    mAcc: cute.Tensor,
+    mSem,
+    scale: Float32,
+    scale_log2: Float32,
+    window_left,
+    window_right,
+    sQ_layout: cute.ComposedLayout,
+    sdO_layout: cute.ComposedLayout,
+    sK_layout: cute.ComposedLayout,
+    sV_layout: cute.ComposedLayout,
+    sPdS_layout: cute.ComposedLayout,
+    g2s_qk: cute.TiledCopy,
+    g2s_vdo: cute.TiledCopy,
+    s2g_k: cute.TiledCopy,
+    s2g_v: cute.TiledCopy,
+    mma_sdp: cute.TiledMma,
+    mma_dkv: cute.TiledMma,
+    mma_dq: cute.TiledMma,
+    Storage: cutlass.Constexpr,
+):
+    p = cfg.p
+    bm, bn, D, Dv = cfg.bm, cfg.bn, cfg.d, cfg.dv
+    thd = p.is_thd
+    dt = cfg.dtype
+    tidx, _, _ = cute.arch.thread_idx()
+    bx, head_kv, batch = cute.arch.block_idx()
+    grid_x, _, _ = cute.arch.grid_dim()
+
+    # ---------------------------------------------------------------- shared memory
+    smem = cutlass.utils.SmemAllocator()
+    storage = smem.allocate(Storage)
+    sQ = storage.sQ.get_tensor(sQ_layout)
+    sdO = storage.sdO.get_tensor(sdO_layout)
+    sK = storage.sK.get_tensor(sK_layout)
+    sV = storage.sV.get_tensor(sV_layout)
+    sP = storage.sP.get_tensor(sPdS_layout)
+    sdS = storage.sdS.get_tensor(sPdS_layout)
+    sLSE = storage.sLSE.get_tensor(cute.make_layout(bm))
+    sdPsum = storage.sdPsum.get_tensor(cute.make_layout(bm))
+    sQt, sdOt, sKt, sPt, sdSt = [_transpose(t) for t in (sQ, sdO, sK, sP, sdS)]
+
+    # ---------------------------------------------------------------- MMA partitions
+    thr_sdp = mma_sdp.get_slice(tidx)
+    thr_dkv = mma_dkv.get_slice(tidx)
+    thr_dq = mma_dq.get_slice(tidx)
+    ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
+    ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dt)
+    s2r_sdp_a = cute.make_tiled_copy_A(ldsm, mma_sdp).get_slice(tidx)
+    s2r_sdp_b = cute.make_tiled_copy_B(ldsm, mma_sdp).get_slice(tidx)
+    s2r_dkv_a = cute.make_tiled_copy_A(ldsm_t, mma_dkv).get_slice(tidx)
+    s2r_dkv_b = cute.make_tiled_copy_B(ldsm_t, mma_dkv).get_slice(tidx)
+    s2r_dq_a = cute.make_tiled_copy_A(ldsm, mma_dq).get_slice(tidx)
+    s2r_dq_b = cute.make_tiled_copy_B(ldsm_t, mma_dq).get_slice(tidx)
+    r2s_sdp = cute.make_tiled_copy_C(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=2 * dt.width), mma_sdp
+    ).get_slice(tidx)
+    r2s_dkv = cute.make_tiled_copy_C(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=2 * dt.width), mma_dkv
+    ).get_slice(tidx)
+
+    tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0]))
+    tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
+    tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO[None, None, 0]))
+    tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
+    tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
+    tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt[None, None, 0]))
+    tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
+    tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt[None, None, 0]))
+    tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+    tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+
+    tSsQ = s2r_sdp_a.partition_S(sQ)
+    tSsK = s2r_sdp_b.partition_S(sK)
+    tdPsdO = s2r_sdp_a.partition_S(sdO)
+    tdPsV = s2r_sdp_b.partition_S(sV)
+    tdVsPt = s2r_dkv_a.partition_S(sPt)
+    tdVsdOt = s2r_dkv_b.partition_S(sdOt)
+    tdKsdSt = s2r_dkv_a.partition_S(sdSt)
+    tdKsQt = s2r_dkv_b.partition_S(sQt)
+    tdQsdS = s2r_dq_a.partition_S(sdS)
+    tdQsKt = s2r_dq_b.partition_S(sKt)
+    tPsP = r2s_sdp.partition_D(sP)
+    tdSsdS = r2s_sdp.partition_D(sdS)
+
+    cS = cute.make_identity_tensor((bm, bn))
+    tScS_mn = acc_as_mn(thr_sdp.partition_C(cS))
+    t0ScS_mn = acc_as_mn(mma_sdp.get_slice(0).partition_C(cS))
+    cdQ = cute.make_identity_tensor((bm, D))
+    tdQcdQ = thr_dq.partition_C(cdQ)
+    cK = cute.make_identity_tensor((bn, D))
+    cV = cute.make_identity_tensor((bn, Dv))
+    cQ = cute.make_identity_tensor((bm, D))
+    cdO = cute.make_identity_tensor((bm, Dv))
+    g2s_qk_thr = g2s_qk.get_slice(tidx)
+    g2s_vdo_thr = g2s_vdo.get_slice(tidx)
+
+    acc_shape_dK = thr_dkv.partition_shape_C((bn, D))
+    acc_shape_dV = thr_dkv.partition_shape_C((bn, Dv))
+    acc_shape_S = thr_sdp.partition_shape_C((bm, bn))
+    acc_shape_dQ = thr_dq.partition_shape_C((bm, D))
+
+    # ---------------------------------------------------------------- sequence
+    if cutlass.const_expr(thd):
+        static_q, static_k = mQ.shape[0], mK.shape[0]
+    else:
+        static_q, static_k = mQ.shape[1], mK.shape[1]
+    offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK)
+    diag = fmask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
+    n_m_blocks_total = (seqlen_q + bm - 1) // bm
+    num_n = (seqlen_k + bn - 1) // bn
+    if cutlass.const_expr(not thd):
+        num_n = grid_x  # padding rows of dK / dV are written (as zeros) too
+
+    # key / value views of this (batch, kv head)
+    if cutlass.const_expr(thd):
+        mK_cur = cute.domain_offset((offset_k, 0), mK[None, head_kv, None])
+        mV_cur = cute.domain_offset((offset_k, 0), mV[None, head_kv, None])
+        mdK_cur = cute.domain_offset((offset_k, 0), mdK[None, head_kv, None])
+        mdV_cur = cute.domain_offset((offset_k, 0), mdV[None, head_kv, None])
+        out_rows = seqlen_k
+    else:
+        mK_cur = mK[batch, None, head_kv, None]
+        mV_cur = mV[batch, None, head_kv, None]
+        mdK_cur = mdK[batch, None, head_kv, None]
+        mdV_cur = mdV[batch, None, head_kv, None]
+        out_rows = static_k
+
+    n_iters = (num_n - bx + grid_x - 1) // grid_x
+    for it in cutlass.range(n_iters, unroll=1):
+        n_block = bx + it * grid_x
+        m_min, m_max = fmask.m_block_range(n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left, window_right)
+        n_m = cutlass.max(m_max - m_min, 0)
+        n_steps = n_m * cfg.group
+
+        acc_dK = cute.make_rmem_tensor(acc_shape_dK, Float32)
+        acc_dV = cute.make_rmem_tensor(acc_shape_dV, Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+
+        if n_steps > 0:
+            kv_limit = seqlen_k - n_block * bn
+            gK = cute.local_tile(mK_cur, (bn, D), (n_block, 0))
+            gV = cute.local_tile(mV_cur, (bn, Dv), (n_block, 0))
+            _load_rows(g2s_qk_thr, g2s_qk, gK, sK, cK, kv_limit)
+            _load_rows(g2s_vdo_thr, g2s_vdo, gV, sV, cV, kv_limit)
+            head0, m0 = _tile_of(cfg, Int32(0), m_min, n_m, head_kv)
+            _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head0, m0, offset_q, seqlen_q, sQ[None, None, 0], cQ)
+            cute.arch.cp_async_commit_group()
+            _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head0, m0, offset_q, seqlen_q, sdO[None, None, 0], cdO)
+            cute.arch.cp_async_commit_group()
+            lse0, dps0 = _load_rows_stats(cfg, mLSE, mdPsum, head0, m0, offset_q, seqlen_q, tidx, batch)
+            if tidx < bm:
+                sLSE[tidx] = lse0
+                sdPsum[tidx] = dps0
+
+            for t in cutlass.range(n_steps, unroll=1):
+                head, m_block = _tile_of(cfg, t, m_min, n_m, head_kv)
+                slot = Int32(0)
+                if cutlass.const_expr(cfg.stages == 2):
+                    slot = t % 2
+                has_next = t + 1 < n_steps
+                head_n, m_next = _tile_of(cfg, t + 1, m_min, n_m, head_kv)
+                lse_n = Float32(0.0)
+                dps_n = Float32(0.0)
+                if has_next:
+                    lse_n, dps_n = _load_rows_stats(cfg, mLSE, mdPsum, head_n, m_next, offset_q, seqlen_q, tidx,
+                                                    batch)
+
+                # ---- S = Q.K^T, P
+                cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
+                cute.arch.barrier()
+                if cutlass.const_expr(cfg.stages == 2):
+                    if has_next:
+                        _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head_n, m_next, offset_q, seqlen_q,
+                                sQ[None, None, 1 - slot], cQ)
+                    cute.arch.cp_async_commit_group()
+                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+                acc_S.fill(0.0)
+                _gemm(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, slot], tSsK, s2r_sdp_a, s2r_sdp_b)
+                acc_S_mn = acc_as_mn(acc_S)
+                if fmask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left,
+                                         window_right):
+                    fmask.apply_mask(acc_S_mn, tScS_mn, t0ScS_mn, m_block * bm, n_block * bn, seqlen_k, diag,
+                                     window_left, window_right, mask_seqlen=True)
+                for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                    lse2 = sLSE[tScS_mn[r, 0][0]]
+                    acc_S_mn[r, None].store(cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - lse2,
+                                                           fastmath=True))
+
+                # ---- dP = dO.V^T, dS
+                cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
+                cute.arch.barrier()
+                if cutlass.const_expr(cfg.stages == 2):
+                    if has_next:
+                        _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
+                                sdO[None, None, 1 - slot], cdO)
+                    cute.arch.cp_async_commit_group()
+                acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
+                acc_dP.fill(0.0)
+                _gemm(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, slot], tdPsV, s2r_sdp_a,
+                         s2r_sdp_b)
+                acc_dP_mn = acc_as_mn(acc_dP)
+                for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+                    dps = sdPsum[tScS_mn[r, 0][0]]
+                    acc_dP_mn[r, None].store(acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - dps))
+                rP = cute.make_fragment_like(acc_S, dt)
+                rP.store(acc_S.load().to(dt))
+                rdS = cute.make_fragment_like(acc_dP, dt)
+                rdS.store(acc_dP.load().to(dt))
+                cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
+                cute.copy(r2s_sdp, r2s_sdp.retile(rdS), tdSsdS)
+                cute.arch.barrier()
+
+                # ---- dV += P^T.dO
+                _gemm(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, slot], s2r_dkv_a,
+                         s2r_dkv_b)
+                if cutlass.const_expr(cfg.stages == 1):
+                    cute.arch.barrier()
+                    if has_next:
+                        _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
+                                sdO[None, None, 0], cdO)
+                    cute.arch.cp_async_commit_group()
+
+                # ---- dQ partial = dS.K -> fp32 accumulator
+                acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
+                acc_dQ.fill(0.0)
+                _gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_a, s2r_dq_b)
+                _add_dq(cfg, acc_dQ, thr_dq, tdQcdQ, mAcc, mSem, head, m_block, n_block, offset_q, seqlen_q,
+                        diag, window_left, batch, tidx, static_q)
+
+                # ---- dK += dS^T.Q
+                _gemm(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, slot], s2r_dkv_a,
+                         s2r_dkv_b)
+                if cutlass.const_expr(cfg.stages == 1):
+                    cute.arch.barrier()
+                    if has_next:
+                        _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head_n, m_next, offset_q, seqlen_q, sQ[None, None, 0],
+                                cQ)
+                    cute.arch.cp_async_commit_group()
+                # stage the next tile's LSE / dpsum rows (every reader of this tile's rows passed the dS barrier)
+                if has_next:
+                    if tidx < bm:
+                        sLSE[tidx] = lse_n
+                        sdPsum[tidx] = dps_n
+            cute.arch.cp_async_wait_group(0)
+
+        # ---------------------------------------------------------------- epilogue: dK, dV
+        cute.arch.barrier()
+        acc_dK.store(acc_dK.load() * scale)
+        rdK = cute.make_fragment_like(acc_dK, dt)
+        rdK.store(acc_dK.load().to(dt))
+        rdV = cute.make_fragment_like(acc_dV, dt)
+        rdV.store(acc_dV.load().to(dt))
+        cute.copy(r2s_dkv, r2s_dkv.retile(rdK), r2s_dkv.partition_D(sK))
+        cute.copy(r2s_dkv, r2s_dkv.retile(rdV), r2s_dkv.partition_D(sV))
+        cute.arch.barrier()
+        rows_left = out_rows - n_block * bn
+        _store_rows(s2g_k, sK, cute.local_tile(mdK_cur, (bn, D), (n_block, 0)), cK, rows_left, tidx)
+        _store_rows(s2g_v, sV, cute.local_tile(mdV_cur, (bn, Dv), (n_block, 0)), cV, rows_left, tidx)
+        cute.arch.barrier()
+
+
+@cute.jit
+def _q_view(cfg: cutlass.Constexpr, mX: cute.Tensor, head: Int32, offset_q: Int32, batch: Int32):
+    """(rows, dim) view of one query head of q / do / the dQ accumulator."""
+    if cutlass.const_expr(cfg.p.is_thd):
+        return cute.domain_offset((offset_q, 0), mX[None, head, None])
+    else:
+        return mX[batch, None, head, None]
+
+
+@cute.jit
+def _load_q(cfg: cutlass.Constexpr, thr_copy, tiled_copy, mX: cute.Tensor, head: Int32, m_block: Int32,
+            offset_q: Int32, seqlen_q: Int32, sX: cute.Tensor, cX: cute.Tensor):
+    """cp.async one query tile of q or do (rows past the sequence zero-filled)."""
+    batch = cute.arch.block_idx()[2]
+    cols = cute.size(sX, mode=[1])
+    gX = cute.local_tile(_q_view(cfg, mX, head, offset_q, batch), (cfg.bm, cols), (m_block, 0))
+    _load_rows(thr_copy, tiled_copy, gX, sX, cX, seqlen_q - m_block * cfg.bm)
+
+
+@cute.jit
+def _load_rows_stats(cfg: cutlass.Constexpr, mLSE: cute.Tensor, mdPsum: cute.Tensor, head: Int32, m_block: Int32,
+                     offset_q: Int32, seqlen_q: Int32, tidx: Int32, batch: Int32):
+    """This thread's row of a query tile: (LSE * log2e or +inf, dpsum or 0)."""
+    row = m_block * cfg.bm + tidx
+    lse2 = Float32.inf
+    dps = Float32(0.0)
+    if tidx < cfg.bm and row < seqlen_q:
+        if cutlass.const_expr(cfg.p.is_thd):
+            lse = mLSE[head, offset_q + row]
+            dps = mdPsum[head, offset_q + row]
+        else:
+            lse = mLSE[batch, head, row]
+            dps = mdPsum[batch, head, row]
+        if lse != -Float32.inf:
+            lse2 = lse * LOG2_E
+    return lse2, dps
+
+
+@cute.jit
+def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Tensor, mAcc: cute.Tensor, mSem,
+            head: Int32, m_block: Int32, n_block: Int32, offset_q: Int32, seqlen_q: Int32, diag: Int32,
+            window_left, batch: Int32, tidx: Int32, static_q: Int32):
+    """Add a dQ partial into the fp32 accumulator (in key-tile order when deterministic)."""
+    p = cfg.p
+    if cutlass.const_expr(p.is_thd):
+        acc_view = cute.domain_offset((offset_q, 0), mAcc[head, None, None])
+    else:
+        acc_view = mAcc[batch, head, None, None]
+    gAcc = cute.local_tile(acc_view, (cfg.bm, cfg.d), (m_block, 0))
+    tAcc = thr_dq.partition_C(gAcc)
+    limit = seqlen_q - m_block * cfg.bm
+
+    sem_ptr = None
+    if cutlass.const_expr(mSem is not None):
+        if cutlass.const_expr(p.is_thd):
+            n_batch = cute.arch.grid_dim()[2]
+            per_head = mAcc.shape[1] // cfg.bm + n_batch + 1
+            idx = head * per_head + (offset_q + batch * cfg.bm) // cfg.bm + m_block
+        else:
+            idx = (batch * p.num_heads_q + head) * ((static_q + cfg.bm - 1) // cfg.bm) + m_block
+        sem_ptr = bu.elem_ptr(mSem, idx)
+        n_first = Int32(0)
+        if cutlass.const_expr(window_left is not None):
+            n_first = cutlass.max(m_block * cfg.bm + diag - window_left, 0) // cfg.bn
+        turn = n_block - n_first
+        if tidx == 0:
+            while bu.ld_acquire_i32(sem_ptr) != turn:
+                pass
+        cute.arch.barrier()
+
+    n_vals = cute.size(acc_dQ)
+    for i in cutlass.range_constexpr(0, n_vals, 2):
+        if tdQcdQ[i][0] < limit:
+            if cutlass.const_expr(cfg.vector_red):
+                bu.red_add_v2_f32(bu.elem_ptr(tAcc, i), acc_dQ[i], acc_dQ[i + 1])
+            else:
+                bu.red_add_f32(bu.elem_ptr(tAcc, i), acc_dQ[i])
+                bu.red_add_f32(bu.elem_ptr(tAcc, i + 1), acc_dQ[i + 1])
+
+    if cutlass.const_expr(mSem is not None):
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier()
+        if tidx == 0:
+            bu.red_release_add_i32(sem_ptr, Int32(1))
+
+
+@cute.jit
+def _store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, limit: Int32,
+                tidx: Int32):
+    """smem tile -> registers -> global rows < limit, 16 bytes per store."""
+    thr = tiled_copy.get_slice(tidx)
+    tXs = thr.partition_S(sX)
+    tXg = thr.partition_D(gX)
+    tXc = thr.partition_S(cX)
+    tXr = cute.make_fragment_like(tXg)
+    cute.autovec_copy(tXs, tXr)
+    for r in cutlass.range_constexpr(cute.size(tXr.shape[1])):
+        if tXc[0, r, 0][0] < limit:
+            cute.copy(tiled_copy, tXr[None, r, None], tXg[None, r, None])
+
+
+def build(params: Sm80BwdParams, arch: str):
+    """The host entry and fake arguments in `main_args(params)` order."""
+    fakes = bu.FakeArgs(params)
+    runner = _Main(params, arch)
+    args = tuple(fakes.get(n) for n in main_args(params))
+    return runner.entry(len(args)), args
