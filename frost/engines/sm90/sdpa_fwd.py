@@ -33,10 +33,10 @@ BAR_EPI_ALL = 7    # every consumer thread
 
 
 def kernel_name(params: Sm90FwdParams, arch: str) -> str:
+    """Every param appears: dtype, head dims, heads, band, features, then the knobs."""
     p = params
-    parts = ["frost_sdpa_fwd_sm90", p.dtype, f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")]
-    if p.num_heads_q != p.num_heads_kv:
-        parts.append(f"gqa{p.qhead_per_kvhead}")
+    parts = ["frost_sdpa_fwd_sm90", p.dtype, f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else ""),
+             f"h{p.num_heads_q}" + (f"x{p.num_heads_kv}" if p.num_heads_kv != p.num_heads_q else "")]
     if p.has_window_right and not p.has_window_left:
         parts.append("causal" if not p.bottom_right else "causalbr")
     elif p.has_window_left or p.has_window_right:
@@ -45,7 +45,8 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     parts += [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "seqused"), (p.has_sinks, "sink"),
                                     (not p.has_lse, "nolse")) if flag]
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
-                 + ("pp" if p.pingpong else ""))
+                 + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao")
+                 + ("" if p.intra_wg_overlap else "nov") + f"sm{p.sm_count}")
     return "_".join(parts)
 
 
@@ -279,6 +280,12 @@ class SdpaFwdSm90:
             n_max = n_min
         return n_min, n_max
 
+    def head_rows(self, mX, head, batch, offset):
+        """The (seq, d) rows of one head of one batch (packed: shifted by the batch's first token)."""
+        if const_expr(self.p.is_thd):
+            return cute.domain_offset((offset, 0, 0), mX)[None, None, head]
+        return mX[None, None, head, batch]
+
     @cute.jit
     def next_tile(self, tile_idx: Int32, total_tiles: Int32):
         if const_expr(self.p.persistent):
@@ -303,17 +310,9 @@ class SdpaFwdSm90:
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             if n_max > n_min:
                 head_kv = head // self.ratio
-                if const_expr(p.is_thd):
-                    gQ_all = cute.domain_offset((off_q, 0, 0), mQ)[None, None, head]
-                    gK_all = cute.domain_offset((off_k, 0, 0), mK)[None, None, head_kv]
-                    gV_all = cute.domain_offset((off_k, 0, 0), mV)[None, None, head_kv]
-                else:
-                    gQ_all = mQ[None, None, head, batch]
-                    gK_all = mK[None, None, head_kv, batch]
-                    gV_all = mV[None, None, head_kv, batch]
-                gQ = cute.local_tile(gQ_all, (self.tile_m, self.hd), (m_block, 0))
-                gK = cute.local_tile(gK_all, (self.tile_n, self.hd), (None, 0))
-                gV = cute.local_tile(gV_all, (self.tile_n, self.hdv), (None, 0))
+                gQ = cute.local_tile(self.head_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
+                gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd), (None, 0))
+                gV = cute.local_tile(self.head_rows(mV, head_kv, batch, off_k), (self.tile_n, self.hdv), (None, 0))
                 tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
                                                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
                 tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
@@ -341,6 +340,15 @@ class SdpaFwdSm90:
                 cute.copy(tma_atom_v, tVgV[None, n_min], tVsV[None, kv_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
+            else:
+                if const_expr(not p.separate_o_smem):
+                    # sO lives in sQ: an empty tile still owns the Q slot while it writes zeros
+                    gQ = cute.local_tile(self.head_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
+                    tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
+                                                       cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                    pipe_q.producer_acquire(q_state)
+                    cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    q_state.advance()
             tile_idx, more = self.next_tile(tile_idx, total_tiles)
             valid = Boolean(False)
             if more:
@@ -491,6 +499,8 @@ class SdpaFwdSm90:
                 pipe_v.consumer_release(kv_state)
                 kv_state.advance()
             else:
+                if const_expr(not p.separate_o_smem):
+                    pipe_q.consumer_wait(q_state)
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
@@ -502,9 +512,11 @@ class SdpaFwdSm90:
             sm.rescale_rows(acc_O, row_scale)
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
                           warp_in_wg, m_block, head, batch, seqlen_q, off_q, seqlen_q_static)
-            if has_work:
-                if const_expr(not p.separate_o_smem):
-                    pipe_q.consumer_release(q_state)
+            if const_expr(not p.separate_o_smem):
+                cute.arch.fence_view_async_shared()
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
+            elif has_work:
                 q_state.advance()
 
             tile_idx, more = self.next_tile(tile_idx, total_tiles)

@@ -1,0 +1,183 @@
+"""Quick H200 timing of the SM90 forward: frost vs FlashAttention-4 (flash_attn.cute) vs cuDNN, same run.
+
+bf16, B*S = 16384 tokens, hidden 2048 (H = 2048/D), BSHD tensors. TFLOP/s =
+4*B*H*S*S*D (halved when causal) / median time; medians of CUDA-event timed
+loops. Several frost knob sets can be timed side by side:
+
+    python benchmarks/sm90_fwd_quick.py --d 128 --s 4096,16384 --causal 0,1 \
+        --variants '[{}, {"persistent": false}]'
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+TEMPLATE = "frost.engines.sm90.sdpa_fwd"
+
+
+def timed(fn, warmup=3, reps=15, inner=4):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(inner):
+            fn()
+        e.record()
+        e.synchronize()
+        out.append(s.elapsed_time(e) / inner)
+    return statistics.median(out)
+
+
+def frost_params(d, causal, knobs, sm_count):
+    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs
+
+    k = default_knobs(d, d, causal_or_window=causal, sm_count=sm_count)
+    k.update(knobs)
+    return Sm90FwdParams(dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=2048 // d, num_heads_kv=2048 // d,
+                         has_lse=True, has_window_right=causal, **k)
+
+
+def smoke(kernels):
+    """Each benchmark kernel on a small ragged problem vs the reference math."""
+    from frost.adapters.reference_math import sdpa_fwd_reference
+
+    for (d, causal, var), ck in kernels.items():
+        h = 2048 // d
+        torch.manual_seed(0)
+        b, s = 2, 333
+        q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((b, h, s), float("nan"), dtype=torch.float32, device="cuda")
+        scale = 1.0 / math.sqrt(d)
+        ck(q, k, v, o, lse, scale, *([0] if causal else []), torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        ro, rl = sdpa_fwd_reference(q, k, v, softmax_scale=scale, window_right=0 if causal else None)
+        err = ((o.float() - ro).norm() / ro.norm()).item()
+        lerr = (lse - rl).abs().max().item()
+        print(f"# smoke d={d} causal={causal} {var}: o rel err {err:.2e}, lse max err {lerr:.2e}, "
+              f"nan {torch.isnan(o).sum().item()}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--d", default="128")
+    ap.add_argument("--s", default="4096,16384")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for frost")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--precompile-tests", action="store_true",
+                    help="also compile tests/gpu/test_sm90_fwd_kernel.py's kernels in the same worker pool")
+    ap.add_argument("--smoke", action="store_true", help="small correctness check of each frost kernel first")
+    a = ap.parse_args(argv)
+    ds = [int(x) for x in a.d.split(",")]
+    ss = [int(x) for x in a.s.split(",")]
+    cs = [bool(int(x)) for x in a.causal.split(",")]
+    variants = json.loads(a.variants)
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, sms {sm_count}", flush=True)
+
+    from frost.engines.workers import compile_many
+
+    specs = [(TEMPLATE, frost_params(d, c, v, sm_count)) for d in ds for c in cs for v in variants]
+    extra = []
+    if a.precompile_tests:
+        sys.path.insert(0, ".")
+        from tests.gpu.test_sm90_fwd_kernel import CASES, params_of
+
+        extra = [(TEMPLATE, params_of(c)) for c in CASES]
+    t0 = time.perf_counter()
+    cks = compile_many(specs + extra, "sm_90a")
+    kernels = {(s[1].head_dim, s[1].has_window_right, json.dumps(v, sort_keys=True)): ck
+               for s, ck, v in zip(specs, cks, [v for d in ds for c in cs for v in variants])}
+    print(f"# compiled {len(specs) + len(extra)} frost kernels in {time.perf_counter() - t0:.1f}s", flush=True)
+    if a.smoke:
+        smoke(kernels)
+
+    fa4 = None
+    if not a.no_peers:
+        try:
+            from flash_attn.cute import flash_attn_func as fa4
+        except Exception as e:  # pragma: no cover
+            print(f"# FA4 unavailable: {e}")
+    rows = []
+    for d in ds:
+        h = 2048 // d
+        for s in ss:
+            b = 16384 // s
+            for causal in cs:
+                torch.manual_seed(0)
+                q = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
+                k = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
+                v = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
+                o = torch.empty_like(q)
+                lse = torch.empty(b, h, s, dtype=torch.float32, device="cuda")
+                scale = 1.0 / math.sqrt(d)
+                flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
+                stream = torch.cuda.current_stream().cuda_stream
+                res = {}
+                ref = None
+                if fa4 is not None:
+                    try:
+                        def f_fa4():
+                            return fa4(q, k, v, softmax_scale=scale, causal=causal)
+                        ref = f_fa4()
+                        ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+                        res["fa4"] = timed(f_fa4)
+                    except Exception as e:
+                        print(f"# FA4 failed d={d} s={s} causal={causal}: {type(e).__name__}: {e}")
+                if not a.no_peers:
+                    try:
+                        from torch.nn.attention import SDPBackend, sdpa_kernel
+                        import torch.nn.functional as F
+
+                        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+                        def f_cudnn():
+                            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                                return F.scaled_dot_product_attention(qt, kt, vt, scale=scale, is_causal=causal)
+                        res["cudnn"] = timed(f_cudnn)
+                    except Exception as e:
+                        print(f"# cuDNN failed d={d} s={s} causal={causal}: {type(e).__name__}: {e}")
+                for vi, var in enumerate(variants):
+                    ck = kernels[(d, causal, json.dumps(var, sort_keys=True))]
+                    args = [q, k, v, o, lse, scale] + ([0] if causal else []) + [stream]
+
+                    def f_frost():
+                        ck(*args)
+                    f_frost()
+                    torch.cuda.synchronize()
+                    err = float("nan")
+                    if ref is not None:
+                        err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+                    res[f"frost{vi}"] = timed(f_frost)
+                    res[f"err{vi}"] = err
+                line = [f"d={d:3d} s={s:5d} {'causal' if causal else 'nc    '}"]
+                for key in ["fa4", "cudnn"] + [f"frost{i}" for i in range(len(variants))]:
+                    if key in res:
+                        line.append(f"{key} {res[key]:7.3f}ms {flops / res[key] / 1e9:6.1f}TF")
+                for i in range(len(variants)):
+                    t = res[f"frost{i}"]
+                    r = [f"v{i}"]
+                    if "fa4" in res:
+                        r.append(f"x{res['fa4'] / t:.3f}fa4")
+                    if "cudnn" in res:
+                        r.append(f"x{res['cudnn'] / t:.3f}cudnn")
+                    r.append(f"err {res[f'err{i}']:.1e}")
+                    line.append(" ".join(r))
+                print(" | ".join(line), flush=True)
+                rows.append(res)
+                del q, k, v, o, lse
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() is not None else 1)
