@@ -1,0 +1,555 @@
+"""SDPA forward of the mma.sync family (sm80 and sm120 budgets) in CuTe DSL.
+
+One CTA computes one (m-tile, query head, batch entry): Q stays in shared
+memory, K and V tiles stream through a `num_stages`-deep cp.async pipeline,
+S = Q.K^T and O += P.V run on warp-level m16n8k16 MMAs with ldmatrix operand
+loads (ldmatrix.trans for V), P is converted to 16 bits in registers and fed
+straight back as the A operand. Key tiles outside the mask band are never
+visited; only the tiles that straddle the band or the key-length boundary
+are masked element by element.
+
+Arguments follow `frost.engines.sdpa_args` exactly (canonical views, order,
+mask / sink / LSE semantics). Every runtime extent and every non-unit stride
+is symbolic, so one artifact serves any batch, lengths and BSHD / BHSD /
+interleaved layouts.
+"""
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
+
+from frost.engines.common import acc_layout, mask, seqlen, softmax
+from frost.engines.sm80 import warp_mma
+from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
+
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+
+
+def kernel_name(params: Sm80FwdParams, arch: str) -> str:
+    """frost_sdpa_fwd_<family>_<dtype>_d<qk>[v<v>]_h<Hq>k<Hkv>[_<flags>]_m<tm>n<tn>s<st>w<nw>."""
+    p = params
+    d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+    flags = [name for on, name in (
+        (p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
+        (p.has_sinks, "sink"), (p.has_lse, "lse"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
+    ) if on]
+    parts = ["frost_sdpa_fwd", p.family, p.dtype, d, f"h{p.num_heads_q}k{p.num_heads_kv}", *flags,
+             f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}"]
+    return "_".join(parts)
+
+
+def build(params: Sm80FwdParams, arch: str):
+    """(jit_fn, fake_args) for `frost.engines.compile.compile_kernel`."""
+    validate(params)
+    return _entry(Sm80SdpaFwd(params, kernel_name(params, arch))), fake_args(params)
+
+
+def arg_names(p: Sm80FwdParams) -> list[tuple[str, object]]:
+    """(name, annotation) of each positional argument, in the sdpa_args forward order."""
+    T = cute.Tensor
+    names = [("q", T), ("k", T), ("v", T), ("o", T)]
+    if p.has_lse:
+        names.append(("lse", T))
+    if p.is_thd:
+        names += [("cu_seqlens_q", T), ("cu_seqlens_kv", T)]
+    if p.has_seqused:
+        names += [("seqused_q", T), ("seqused_kv", T)]
+    if p.has_sinks:
+        names.append(("sinks", T))
+    names.append(("softmax_scale", Float32))
+    if p.has_window_left:
+        names.append(("window_left", Int32))
+    if p.has_window_right:
+        names.append(("window_right", Int32))
+    if p.is_thd:
+        names.append(("max_seqlen_q", Int32))
+    names.append(("stream", cuda.CUstream))
+    return names
+
+
+def _entry(kernel: "Sm80SdpaFwd"):
+    """A fresh @cute.jit host entry whose positional signature is exactly this flavor's argument list.
+
+    The optional arguments of the contract change the arity, so the entry
+    takes *args and advertises the flavor's own signature; the compile
+    boundary then sees plain positional parameters (persistable, TVM-FFI).
+    """
+    def sdpa_fwd_entry(*args):
+        kernel.launch(*args)
+
+    sdpa_fwd_entry.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a)
+         for n, a in arg_names(kernel.p)])
+    return cute.jit(sdpa_fwd_entry)
+
+
+def fake_args(p: Sm80FwdParams) -> list:
+    """Fake tensors / scalars / stream in the forward argument order of sdpa_args."""
+    dt = _DTYPES[p.dtype]
+    hq, hk, d, dv = p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
+
+    def st16():  # non-unit stride of a 16-bit tensor: 16-byte multiples
+        return cute.sym_int64(divisibility=8)
+
+    def t16(shape):
+        return make_fake_tensor(dt, shape, stride=tuple(st16() for _ in shape[:-1]) + (1,),
+                                assumed_align=16)
+
+    if p.is_thd:
+        tq, tk, bp1 = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        args = [t16((tq, hq, d)), t16((tk, hk, d)), t16((tk, hk, dv)), t16((tq, hq, dv))]
+        if p.has_lse:
+            args.append(make_fake_tensor(Float32, (hq, tq), stride=(cute.sym_int64(), cute.sym_int64()),
+                                         assumed_align=4))
+        args += [make_fake_compact_tensor(Int32, (bp1,), assumed_align=4),
+                 make_fake_compact_tensor(Int32, (bp1,), assumed_align=4)]
+    else:
+        b, sq, sk = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        args = [t16((b, sq, hq, d)), t16((b, sk, hk, d)), t16((b, sk, hk, dv)), t16((b, sq, hq, dv))]
+        if p.has_lse:
+            args.append(make_fake_tensor(Float32, (b, hq, sq),
+                                         stride=(cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
+                                         assumed_align=4))
+        if p.has_seqused:
+            args += [make_fake_compact_tensor(Int32, (b,), assumed_align=4),
+                     make_fake_compact_tensor(Int32, (b,), assumed_align=4)]
+    if p.has_sinks:
+        args.append(make_fake_compact_tensor(Float32, (hq,), assumed_align=4))
+    args.append(Float32(1.0))
+    if p.has_window_left:
+        args.append(Int32(0))
+    if p.has_window_right:
+        args.append(Int32(0))
+    if p.is_thd:
+        args.append(Int32(1))
+    args.append(make_fake_stream())
+    return args
+
+
+class Sm80SdpaFwd:
+    """The kernel object: host-side launch (`launch`) and the device kernel."""
+
+    def __init__(self, params: Sm80FwdParams, name: str):
+        p = params
+        self.p = p
+        self.name = name
+        self.dtype = _DTYPES[p.dtype]
+        self.num_threads = 32 * p.num_warps
+        self.qpk = p.num_heads_q // p.num_heads_kv
+
+    # ------------------------------------------------------------------ host
+    def _unpack(self, args):
+        """Name the positional arguments of the contract (absent entries become None)."""
+        p = self.p
+        a = SimpleNamespace(lse=None, cu_q=None, cu_k=None, su_q=None, su_k=None, sinks=None,
+                            wl=None, wr=None, max_seqlen_q=None)
+        a.q, a.k, a.v, a.o = args[0], args[1], args[2], args[3]
+        i = 4
+        if p.has_lse:
+            a.lse = args[i]
+            i += 1
+        if p.is_thd:
+            a.cu_q, a.cu_k = args[i], args[i + 1]
+            i += 2
+        if p.has_seqused:
+            a.su_q, a.su_k = args[i], args[i + 1]
+            i += 2
+        if p.has_sinks:
+            a.sinks = args[i]
+            i += 1
+        a.scale = args[i]
+        i += 1
+        if p.has_window_left:
+            a.wl = args[i]
+            i += 1
+        if p.has_window_right:
+            a.wr = args[i]
+            i += 1
+        if p.is_thd:
+            a.max_seqlen_q = args[i]
+            i += 1
+        a.stream = args[i]
+        if len(args) != i + 1:
+            raise TypeError(f"{self.name}: expected {i + 1} arguments, got {len(args)}")
+        return a
+
+    def _smem_layout(self, rows: int, d: int, stages: int | None):
+        """Swizzled (rows, d[, stages]) smem layout: 8 x 64 (or 8 x 32) element atoms, conflict-free ldmatrix."""
+        kblk = 64 if d % 64 == 0 else 32
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(3 if kblk == 64 else 2, 3, 3), 0,
+            cute.make_ordered_layout((8, kblk), order=(1, 0)))
+        if stages is None:
+            return cute.tile_to_shape(atom, (rows, d), (0, 1))
+        return cute.tile_to_shape(atom, (rows, d, stages), (0, 1, 2))
+
+    def _gmem_copy(self, d: int, is_async: bool):
+        """128-bit per thread, rows of the tile spread over the CTA."""
+        kblk = 64 if d % 64 == 0 else 32
+        vec = 128 // self.dtype.width
+        if is_async:
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                       self.dtype, num_bits_per_copy=128)
+        else:
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        tpr = kblk // vec
+        thr = cute.make_ordered_layout((self.num_threads // tpr, tpr), order=(1, 0))
+        return cute.make_tiled_copy_tv(atom, thr, cute.make_layout((1, vec)))
+
+    @cute.jit
+    def launch(self, *args):
+        p = self.p
+        a = self._unpack(args)
+        dt = self.dtype
+        sQ_layout = self._smem_layout(p.tile_m, p.head_dim, None)
+        sK_layout = self._smem_layout(p.tile_n, p.head_dim, p.num_stages)
+        sV_layout = self._smem_layout(p.tile_n, p.head_dim_v, p.num_stages)
+        sO_layout = self._smem_layout(p.tile_m, p.head_dim_v, None)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(dt, Float32, (16, 8, 16)),
+            (p.num_warps, 1, 1),
+            permutation_mnk=(p.num_warps * 16, 16, 16),
+        )
+        copy_QK = self._gmem_copy(p.head_dim, True)
+        copy_V = self._gmem_copy(p.head_dim_v, True)
+        copy_O = self._gmem_copy(p.head_dim_v, False)
+
+        if const_expr(p.is_thd):
+            num_batch = a.cu_q.shape[0] - 1
+            m_blocks = (a.max_seqlen_q + (p.tile_m - 1)) // p.tile_m
+        else:
+            num_batch = a.q.shape[0]
+            m_blocks = (a.q.shape[1] + (p.tile_m - 1)) // p.tile_m
+        # an empty batch or zero lengths still launch a valid (idle) grid
+        grid = (cutlass.max(m_blocks, 1), p.num_heads_q, cutlass.max(num_batch, 1))
+        scale_log2 = a.scale * softmax.LOG2_E
+        self.kernel(
+            a.q, a.k, a.v, a.o, a.lse, a.cu_q, a.cu_k, a.su_q, a.su_k, a.sinks, scale_log2, a.wl, a.wr, num_batch,
+            sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
+        ).launch(
+            grid=grid,
+            block=(self.num_threads, 1, 1),
+            smem=SharedStorage.size_in_bytes(),
+            stream=a.stream,
+        )
+
+    # ---------------------------------------------------------------- device
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE,
+        mCuQ,
+        mCuK,
+        mSuQ,
+        mSuK,
+        mSinks,
+        scale_log2: Float32,
+        window_left,
+        window_right,
+        num_batch: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        copy_QK: cute.TiledCopy,
+        copy_V: cute.TiledCopy,
+        copy_O: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        bx, head, batch = cute.arch.block_idx()
+        if batch < num_batch:
+            self.cta(mQ, mK, mV, mO, mLSE, mCuQ, mCuK, mSuQ, mSuK, mSinks, scale_log2, window_left, window_right,
+                     sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+                     SharedStorage, bx, head, batch)
+
+    @cute.jit
+    def cta(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, mSuQ, mSuK, mSinks, scale_log2, window_left, window_right,
+            sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+            SharedStorage: cutlass.Constexpr, bx, head, batch):
+        """Pick this CTA's m-tile of its (head, batch entry) and run it."""
+        p = self.p
+        if const_expr(p.is_thd):
+            static_sq, static_sk = mQ.shape[0], mK.shape[0]
+        else:
+            static_sq, static_sk = mQ.shape[1], mK.shape[1]
+        off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(
+            batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK)
+        # last m-tiles first: under a causal band they carry the most work. Dense batches
+        # visit every m-tile of the static length (rows past seqused_q are written as
+        # padding); packed sequences only their own.
+        if const_expr(p.is_thd):
+            m_block = (seqlen_q + (p.tile_m - 1)) // p.tile_m - 1 - bx
+        else:
+            m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
+        if m_block >= 0:
+            self.tile(mQ, mK, mV, mO, mLSE, mSinks, scale_log2, window_left, window_right,
+                      sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+                      SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq)
+
+    @cute.jit
+    def tile(self, mQ, mK, mV, mO, mLSE, mSinks, scale_log2, window_left, window_right,
+             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+             SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
+             static_sq):
+        p = self.p
+        S = p.num_stages
+        tidx, _, _ = cute.arch.thread_idx()
+        head_kv = head // self.qpk
+        # ---- per-sequence 2-D views (rows, d)
+        if const_expr(p.is_thd):
+            mQ_s = cute.domain_offset((off_q, 0), mQ[None, head, None])
+            mO_s = cute.domain_offset((off_q, 0), mO[None, head, None])
+            mK_s = cute.domain_offset((off_k, 0), mK[None, head_kv, None])
+            mV_s = cute.domain_offset((off_k, 0), mV[None, head_kv, None])
+        else:
+            mQ_s = mQ[batch, None, head, None]
+            mO_s = mO[batch, None, head, None]
+            mK_s = mK[batch, None, head_kv, None]
+            mV_s = mV[batch, None, head_kv, None]
+        gQ = cute.local_tile(mQ_s, (p.tile_m, p.head_dim), (m_block, 0))
+        gO = cute.local_tile(mO_s, (p.tile_m, p.head_dim_v), (m_block, 0))
+        gK = cute.local_tile(mK_s, (p.tile_n, p.head_dim), (None, 0))
+        gV = cute.local_tile(mV_s, (p.tile_n, p.head_dim_v), (None, 0))
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        sK = storage.sK.get_tensor(sK_layout)
+        sV = storage.sV.get_tensor(sV_layout)
+        sVt = cute.composition(sV, cute.make_layout(
+            (p.head_dim_v, p.tile_n, S), stride=(p.tile_n, 1, p.tile_n * p.head_dim_v)))
+
+        # ---- gmem -> smem copies
+        thr_QK = copy_QK.get_slice(tidx)
+        thr_V = copy_V.get_slice(tidx)
+        tQgQ, tQsQ = thr_QK.partition_S(gQ), thr_QK.partition_D(sQ)
+        tQcQ = thr_QK.partition_S(cute.make_identity_tensor((p.tile_m, p.head_dim)))
+        tKgK, tKsK = thr_QK.partition_S(gK), thr_QK.partition_D(sK)
+        tKcK = thr_QK.partition_S(cute.make_identity_tensor((p.tile_n, p.head_dim)))
+        tVgV, tVsV = thr_V.partition_S(gV), thr_V.partition_D(sV)
+        tVcV = thr_V.partition_S(cute.make_identity_tensor((p.tile_n, p.head_dim_v)))
+
+        # ---- MMA fragments and smem -> register copies
+        thr_mma = tiled_mma.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((p.tile_m, p.head_dim_v)), Float32)
+        acc_O.fill(0.0)
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        smem_copy_Q = cute.make_tiled_copy_A(ldsm, tiled_mma)
+        smem_copy_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
+        smem_copy_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
+        thr_copy_Q = smem_copy_Q.get_slice(tidx)
+        thr_copy_K = smem_copy_K.get_slice(tidx)
+        thr_copy_V = smem_copy_V.get_slice(tidx)
+        tSsQ = thr_copy_Q.partition_S(sQ)
+        tSsK = thr_copy_K.partition_S(sK)
+        tOsVt = thr_copy_V.partition_S(sVt)
+
+        # ---- softmax state and score coordinates
+        num_rows = acc_O.shape[0][1] * acc_O.shape[1]
+        row_max = cute.make_rmem_tensor(num_rows, Float32)
+        row_sum = cute.make_rmem_tensor(num_rows, Float32)
+        row_scale = cute.make_rmem_tensor(num_rows, Float32)
+        softmax.softmax_reset(row_max, row_sum)
+        cS = cute.make_identity_tensor((p.tile_m, p.tile_n))
+        tScS_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cS))
+        t0ScS_mn = acc_layout.acc_as_mn(tiled_mma.get_slice(0).partition_C(cS))
+
+        # ---- which key tiles to visit, which need masking
+        offset = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
+        n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
+                                          window_left, window_right)
+        lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
+                                             window_left, window_right)
+        if m_block * p.tile_m >= seqlen_q:  # padding rows only (dense seqused)
+            n_max = n_min
+        a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
+        b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
+
+        ctx = SimpleNamespace(
+            tiled_mma=tiled_mma, thr_mma=thr_mma, copy_QK=copy_QK, copy_V=copy_V,
+            tKgK=tKgK, tKsK=tKsK, tKcK=tKcK, tVgV=tVgV, tVsV=tVsV, tVcV=tVcV,
+            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
+            smem_copy_Q=smem_copy_Q, smem_copy_K=smem_copy_K, smem_copy_V=smem_copy_V,
+            thr_copy_Q=thr_copy_Q, thr_copy_K=thr_copy_K, thr_copy_V=thr_copy_V,
+            acc_O=acc_O, row_max=row_max, row_sum=row_sum, row_scale=row_scale,
+            tScS_mn=tScS_mn, t0ScS_mn=t0ScS_mn, scale_log2=scale_log2,
+            m_block=m_block, n_min=n_min, n_max=n_max, seqlen_k=seqlen_k, offset=offset,
+            window_left=window_left, window_right=window_right,
+        )
+
+        # ---- prologue: cp.async groups [Q + K(b0)], then [V(b_s-1)], [K(b_s)] for s < S
+        q_rows = seqlen_q - m_block * p.tile_m  # rows of this tile inside the sequence
+        # rows this tile writes: to the sequence end (THD), to the static length (dense)
+        store_rows = q_rows if const_expr(p.is_thd) else static_sq - m_block * p.tile_m
+        for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
+            if tQcQ[0, m, 0][0] < q_rows:
+                cute.copy(copy_QK, tQgQ[None, m, None], tQsQ[None, m, None])
+            else:
+                tQsQ[None, m, None].fill(0)  # finite scores in rows that are never kept
+        first_rows = seqlen_k - (n_max - 1) * p.tile_n
+        if n_max > n_min:
+            self.load_rows(copy_QK, tKgK, tKsK, tKcK, n_max - 1, 0, first_rows, False)
+        cute.arch.cp_async_commit_group()
+        for s in cutlass.range_constexpr(1, S):
+            if n_max - s >= n_min:
+                if const_expr(s == 1):
+                    self.load_rows(copy_V, tVgV, tVsV, tVcV, n_max - 1, 0, first_rows, True)
+                else:
+                    cute.copy(copy_V, tVgV[None, None, None, n_max - s], tVsV[None, None, None, s - 1])
+            cute.arch.cp_async_commit_group()
+            if n_max - 1 - s >= n_min:
+                cute.copy(copy_QK, tKgK[None, None, None, n_max - 1 - s], tKsK[None, None, None, s])
+            cute.arch.cp_async_commit_group()
+
+        # ---- main loop, last key tile first
+        stage = Int32(0)
+        for it in cutlass.range(n_max - a_end, unroll=1):
+            self.step(ctx, n_max - 1 - it, stage, True)
+            stage = self.next_stage(stage)
+        for it in cutlass.range(a_end - b_end, unroll=1):
+            self.step(ctx, a_end - 1 - it, stage, False)
+            stage = self.next_stage(stage)
+        if const_expr(window_left is not None):
+            for it in cutlass.range(b_end - n_min, unroll=1):
+                self.step(ctx, b_end - 1 - it, stage, True)
+                stage = self.next_stage(stage)
+
+        # ---- epilogue
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()  # sQ is reused for O; no load may still land in it
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        sink = None
+        if const_expr(p.has_sinks):
+            sink = mSinks[head]
+        softmax.softmax_finalize(row_max, row_sum, scale_log2, row_scale, lse, sink)
+        tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, p.head_dim_v))))
+        if const_expr(not p.is_thd):
+            for r in cutlass.range_constexpr(num_rows):
+                if tOcO_mn[r, 0][0] >= q_rows:  # padding rows: O = 0, LSE = -inf
+                    row_scale[r] = Float32(0.0)
+                    lse[r] = -Float32.inf
+        acc_O_mn = acc_layout.acc_as_mn(acc_O)
+        softmax.rescale_rows(acc_O_mn, row_scale)
+        rO = cute.make_fragment_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        sO = cute.make_tensor(sQ.iterator, sO_layout)
+        smem_copy_O = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=2 * self.dtype.width),
+            tiled_mma)
+        thr_copy_O = smem_copy_O.get_slice(tidx)
+        cute.copy(smem_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
+
+        if const_expr(p.has_lse):
+            if const_expr(p.is_thd):
+                mLSE_s = cute.domain_offset((off_q,), mLSE[head, None])
+            else:
+                mLSE_s = mLSE[batch, head, None]
+            if tOcO_mn[0, 0][1] == 0:  # the lane holding column 0 of its rows writes them
+                for r in cutlass.range_constexpr(num_rows):
+                    row = tOcO_mn[r, 0][0]
+                    if row < store_rows:
+                        mLSE_s[m_block * p.tile_m + row] = lse[r]
+
+        cute.arch.barrier()
+        thr_O = copy_O.get_slice(tidx)
+        tOsO = thr_O.partition_S(sO)
+        tOgO = thr_O.partition_D(gO)
+        tOcO = thr_O.partition_S(cute.make_identity_tensor((p.tile_m, p.head_dim_v)))
+        tOrO = cute.make_fragment_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+            if tOcO[0, m, 0][0] < store_rows:
+                cute.copy(copy_O, tOrO[None, m, None], tOgO[None, m, None])
+
+    @cute.jit
+    def next_stage(self, stage):
+        if const_expr(self.p.num_stages == 1):
+            return stage
+        else:
+            return Int32(0) if stage == self.p.num_stages - 1 else stage + 1
+
+    @cute.jit
+    def load_rows(self, tiled_copy, tXgX, tXsX, tXcX, block, stage, rows, zero_fill: cutlass.Constexpr):
+        """Copy the first `rows` rows of key tile `block` into `stage`; optionally zero the rest.
+
+        V rows past the key length must be zero (P is 0 there, 0 * garbage may be NaN);
+        K rows there only produce scores that the mask replaces.
+        """
+        for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
+            if tXcX[0, m, 0][0] < rows:
+                cute.copy(tiled_copy, tXgX[None, m, None, block], tXsX[None, m, None, stage])
+            else:
+                if const_expr(zero_fill):
+                    tXsX[None, m, None, stage].fill(0)
+
+    @cute.jit
+    def step(self, c: SimpleNamespace, n_block, stage, masked: cutlass.Constexpr):
+        """One key tile: S = Q.K^T, mask, online softmax, O += P.V, with the next loads in flight."""
+        p = self.p
+        S = p.num_stages
+        # K(n_block) has landed and every thread is done with the stage V is about to reuse
+        cute.arch.cp_async_wait_group(2 * S - 2)
+        cute.arch.barrier()
+        n_v = n_block - (S - 1)
+        v_stage = stage
+        if const_expr(S > 1):
+            v_stage = stage + (S - 1) if stage == 0 else stage - 1
+        if n_v >= c.n_min:
+            if const_expr(S == 1):
+                if n_v == c.n_max - 1:
+                    self.load_rows(c.copy_V, c.tVgV, c.tVsV, c.tVcV, n_v, v_stage,
+                                   c.seqlen_k - n_v * p.tile_n, True)
+                else:
+                    cute.copy(c.copy_V, c.tVgV[None, None, None, n_v], c.tVsV[None, None, None, v_stage])
+            else:
+                cute.copy(c.copy_V, c.tVgV[None, None, None, n_v], c.tVsV[None, None, None, v_stage])
+        cute.arch.cp_async_commit_group()
+
+        acc_S = cute.make_rmem_tensor(c.thr_mma.partition_shape_C((p.tile_m, p.tile_n)), Float32)
+        acc_S.fill(0.0)
+        warp_mma.gemm_ss(c.tiled_mma, acc_S, c.tSrQ, c.tSrK, c.tSsQ, c.tSsK[None, None, None, stage],
+                         c.smem_copy_Q, c.smem_copy_K, c.thr_copy_Q, c.thr_copy_K)
+
+        # V(n_block) has landed and every thread is done reading K from `stage`
+        cute.arch.cp_async_wait_group(2 * S - 2)
+        cute.arch.barrier()
+        n_k = n_block - S
+        if n_k >= c.n_min:
+            cute.copy(c.copy_QK, c.tKgK[None, None, None, n_k], c.tKsK[None, None, None, stage])
+        cute.arch.cp_async_commit_group()
+
+        acc_S_mn = acc_layout.acc_as_mn(acc_S)
+        if const_expr(masked):
+            mask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.m_block * p.tile_m, n_block * p.tile_n,
+                            c.seqlen_k, c.offset, c.window_left, c.window_right, True)
+        softmax.online_softmax(acc_S_mn, c.row_max, c.row_sum, c.row_scale, c.scale_log2, masked)
+        softmax.rescale_rows(acc_layout.acc_as_mn(c.acc_O), c.row_scale)
+
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
+        tOrP = acc_layout.acc_as_operand_a(rP)
+        warp_mma.gemm_rs(c.tiled_mma, c.acc_O, tOrP, c.tOrVt, c.tOsVt[None, None, None, stage],
+                         c.smem_copy_V, c.thr_copy_V)

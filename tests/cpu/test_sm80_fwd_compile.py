@@ -1,0 +1,145 @@
+"""The mma.sync SDPA forward template compiles for sm_80, sm_90a and sm_120a (no GPU needed).
+
+A covering set, not the cross product: every head-dim pair once, every
+feature flag at least once, both families, each arch. Each arch compiles in
+its own process (PTX kept, disk cache off) and the PTX is checked for the
+instruction family and the frost kernel symbol.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from frost.engines.sm80.sdpa_fwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80FwdParams, default_knobs, smem_bytes,
+                                                validate)
+from frost.errors import TemplateParamsError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags) -> dict:
+    dv = dv or d
+    k = default_knobs(family, d, dv, dtype)
+    k.update(knobs or {})
+    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
+                **flags, **k)
+
+
+COVER = {
+    "sm_80": [
+        _p(dtype="fp16", d=64),
+        _p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, has_lse=True),
+        _p(d=256, hq=2, hk=2, has_seqused=True, has_sinks=True, has_lse=True),
+    ],
+    "sm_90a": [
+        _p(d=96, has_window_left=True, has_window_right=True, bottom_right=True, has_lse=True),
+        _p(d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_window_left=True),
+        _p(d=128, knobs=dict(num_stages=2, tile_n=32)),
+    ],
+    "sm_120a": [
+        _p(family="sm120", d=128, is_thd=True, has_window_right=True, has_lse=True),
+        _p(family="sm120", d=256, hq=2, hk=2, has_window_right=True, bottom_right=True, has_lse=True),
+        _p(family="sm120", dtype="fp16", d=64, hq=6, hk=2, has_seqused=True, has_sinks=True),
+    ],
+}
+
+_SCRIPT = textwrap.dedent("""
+    import json, re, sys
+    from frost.engines.compile import compile_kernel
+    from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
+    arch = sys.argv[1]
+    out = []
+    for kw in json.loads(sys.argv[2]):
+        ck = compile_kernel("frost.engines.sm80.sdpa_fwd", Sm80FwdParams(**kw), arch)
+        ptx = ck.ptx or ""
+        out.append({"name": ck.name, "entries": re.findall(r"\\.entry\\s+(\\w+)", ptx),
+                    "target": re.findall(r"\\.target\\s+(\\w+)", ptx),
+                    "mma_sync": ptx.count("mma.sync.aligned.m16n8k16"), "wgmma": ptx.count("wgmma"),
+                    "ldmatrix": ptx.count("ldmatrix"), "ldmatrix_trans": ptx.count(".trans"),
+                    "cp_async": ptx.count("cp.async.cg.shared.global"), "ex2": ptx.count("ex2.approx"),
+                    "seconds": ck.compile_seconds})
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def _compile_arch(arch: str, tmp: Path) -> list[dict]:
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _SCRIPT, arch, json.dumps(COVER[arch])], cwd=tmp, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.slow
+def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
+    from frost.engines.sm80.sdpa_fwd import kernel_name
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(COVER, pool.map(lambda a: _compile_arch(a, tmp_path), COVER)))
+    for arch, outs in results.items():
+        for kw, out in zip(COVER[arch], outs):
+            name = kernel_name(Sm80FwdParams(**kw), arch)
+            assert out["name"] == name
+            assert out["entries"] == [name], out["entries"]
+            assert out["target"] == [arch], out["target"]
+            assert out["mma_sync"] > 0 and out["wgmma"] == 0, out
+            assert out["ldmatrix"] > 0 and out["ldmatrix_trans"] > 0 and out["cp_async"] > 0, out
+            assert out["ex2"] > 0, out
+
+
+def test_covering_set_covers_head_dims_flags_and_families():
+    kws = [kw for arch in COVER for kw in COVER[arch]]
+    assert {(k["head_dim"], k["head_dim_v"]) for k in kws} == set(HEAD_DIMS)
+    for flag in ("is_thd", "has_seqused", "has_lse", "has_sinks", "has_window_left", "has_window_right",
+                 "bottom_right"):
+        assert any(k.get(flag) for k in kws), flag
+    assert {k["family"] for k in kws} == {"sm80", "sm120"}
+    assert any(k["num_heads_q"] != k["num_heads_kv"] for k in kws)
+    assert {k["dtype"] for k in kws} == {"bf16", "fp16"}
+
+
+def test_kernel_name_is_a_self_describing_frost_symbol():
+    from frost.engines.naming import check_symbol
+    from frost.engines.sm80.sdpa_fwd import kernel_name
+
+    p = Sm80FwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, has_lse=True))
+    name = kernel_name(p, "sm_90a")
+    assert check_symbol(name) == name
+    assert name == "frost_sdpa_fwd_sm80_bf16_d128_h8k2_wr_lse_thd_m128n64s2w4"
+    p2 = Sm80FwdParams(**_p(family="sm120", d=192, dv=128, has_sinks=True))
+    assert kernel_name(p2, "sm_120a").startswith("frost_sdpa_fwd_sm120_bf16_d192v128_h4k4_sink_")
+
+
+def test_default_knobs_fit_each_family_and_validate():
+    for fam in ("sm80", "sm120"):
+        for d, dv in HEAD_DIMS:
+            for dt in ("bf16", "fp16"):
+                p = Sm80FwdParams(**_p(family=fam, dtype=dt, d=d, dv=dv))
+                validate(p)
+                assert smem_bytes(p) <= SMEM_BUDGET[fam]
+    # a small-smem cc 8.x target (99 KB) gets a fitting configuration in the sm80 family
+    k = default_knobs("sm80", 256, 256, "bf16", smem_budget=101376)
+    assert smem_bytes(Sm80FwdParams(head_dim=256, head_dim_v=256, **k)) <= 101376
+
+
+@pytest.mark.parametrize("bad", [
+    dict(head_dim=80, head_dim_v=80),
+    dict(num_heads_q=6, num_heads_kv=4),
+    dict(is_thd=True, has_seqused=True),
+    dict(tile_m=96),
+    dict(tile_m=64, num_warps=8),
+    dict(num_stages=4),
+    dict(family="sm120", head_dim=256, head_dim_v=256, tile_m=128, tile_n=64, num_warps=8),
+])
+def test_validator_rejects(bad):
+    with pytest.raises(TemplateParamsError):
+        validate(Sm80FwdParams(**bad))

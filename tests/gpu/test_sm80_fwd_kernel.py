@@ -1,0 +1,292 @@
+"""The mma.sync SDPA forward template, called directly with canonical views, against the reference math.
+
+Outputs are poisoned with NaN before every launch; every element that the
+contract says is written is checked (THD tokens all belong to a sequence,
+dense padding rows are written as O = 0, LSE = -inf).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from frost.adapters.reference_math import sdpa_fwd_reference  # noqa: E402
+from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs  # noqa: E402
+
+TEMPLATE = "frost.engines.sm80.sdpa_fwd"
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags):
+    dv = dv or d
+    k = default_knobs(family, d, dv, dtype)
+    k.update(knobs or {})
+    return Sm80FwdParams(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
+                         **flags, **k)
+
+
+FLAVORS = {
+    "d128_lse": _p(has_lse=True),
+    "d128_causal_br_gqa": _p(hq=8, hk=2, has_window_right=True, bottom_right=True, has_lse=True),
+    "d128_causal_s1": _p(has_window_right=True, knobs=dict(num_stages=1)),
+    "d128_s2_window": _p(has_window_left=True, has_window_right=True, has_lse=True, knobs=dict(num_stages=2)),
+    "d64_fp16_window_br": _p(dtype="fp16", d=64, hq=6, hk=3, has_window_left=True, has_window_right=True,
+                             bottom_right=True, has_lse=True),
+    "d64_fp16_plain": _p(dtype="fp16", d=64),
+    "d96_thd_causal_gqa": _p(d=96, hq=4, hk=2, is_thd=True, has_window_right=True, has_lse=True),
+    "d256_sinks_seqused": _p(d=256, hq=2, hk=2, has_sinks=True, has_seqused=True, has_lse=True),
+    "d192_thd_sinks_wl_br": _p(d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_window_left=True,
+                               bottom_right=True, has_lse=True),
+    "sm120_d128_thd_causal": _p(family="sm120", is_thd=True, has_window_right=True, has_lse=True),
+    "sm120_d256_causal_br": _p(family="sm120", d=256, hq=2, hk=2, has_window_right=True, bottom_right=True,
+                               has_lse=True),
+    "sm120_d64_thd": _p(family="sm120", d=64, is_thd=True, has_lse=True, has_sinks=True),
+}
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from frost.engines.target import discover_target
+    from frost.engines.workers import compile_many
+
+    target = discover_target()
+    names = list(FLAVORS)
+    cks = compile_many([(TEMPLATE, FLAVORS[n]) for n in names], target)
+    return dict(zip(names, cks))
+
+
+# ---------------------------------------------------------------- inputs
+def _randn(shape, dt, scale=1.0):
+    return (torch.randn(shape, device="cuda", dtype=torch.float32) * scale).to(dt)
+
+
+def _dense_qkv(p, B, Sq, Skv, layout, qscale):
+    dt, hq, hk, d, dv = DT[p.dtype], p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
+    if layout == "bshd":
+        return _randn((B, Sq, hq, d), dt, qscale), _randn((B, Skv, hk, d), dt), _randn((B, Skv, hk, dv), dt)
+    if layout == "bhsd":
+        return (_randn((B, hq, Sq, d), dt, qscale).permute(0, 2, 1, 3),
+                _randn((B, hk, Skv, d), dt).permute(0, 2, 1, 3), _randn((B, hk, Skv, dv), dt).permute(0, 2, 1, 3))
+    assert layout == "interleaved" and Sq == Skv and d == dv
+    x = _randn((B, Sq, hq + 2 * hk, d), dt)
+    q = x[:, :, :hq]
+    q.mul_(qscale)
+    return q, x[:, :, hq:hq + hk], x[:, :, hq + hk:]
+
+
+def _thd_qkv(p, Tq, Tk, layout, qscale):
+    dt, hq, hk, d, dv = DT[p.dtype], p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
+    if layout == "interleaved":
+        assert Tq == Tk and d == dv
+        x = _randn((Tq, hq + 2 * hk, d), dt)
+        q = x[:, :hq]
+        q.mul_(qscale)
+        return q, x[:, hq:hq + hk], x[:, hq + hk:]
+    if layout == "hsd":  # head-major storage
+        return (_randn((hq, Tq, d), dt, qscale).transpose(0, 1), _randn((hk, Tk, d), dt).transpose(0, 1),
+                _randn((hk, Tk, dv), dt).transpose(0, 1))
+    return _randn((Tq, hq, d), dt, qscale), _randn((Tk, hk, d), dt), _randn((Tk, hk, dv), dt)
+
+
+def _cu(lens):
+    c = [0]
+    for n in lens:
+        c.append(c[-1] + n)
+    return torch.tensor(c, dtype=torch.int32, device="cuda")
+
+
+def run_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_q=None, seqused_kv=None,
+             layout="bshd", o_layout="bshd", lse_layout="contig", wl=None, wr=None, qscale=1.0, scale=None,
+             sink_scale=1.0, stream=None):
+    """One launch with poisoned outputs; checks every written element against the reference."""
+    dt = DT[p.dtype]
+    hq, dv = p.num_heads_q, p.head_dim_v
+    scale = scale if scale is not None else 1.0 / math.sqrt(p.head_dim)
+    if p.is_thd:
+        Tq, Tk = sum(lens_q), sum(lens_kv)
+        q, k, v = _thd_qkv(p, Tq, Tk, layout, qscale)
+        o_store = torch.empty((hq, Tq, dv) if o_layout == "hsd" else (Tq, hq, dv), device="cuda", dtype=dt)
+        o = o_store.transpose(0, 1) if o_layout == "hsd" else o_store
+        lse_store = torch.empty((Tq, hq) if lse_layout == "strided" else (hq, Tq), device="cuda")
+        lse = lse_store.t() if lse_layout == "strided" else lse_store
+        cu_q, cu_k = _cu(lens_q), _cu(lens_kv)
+    else:
+        q, k, v = _dense_qkv(p, B, Sq, Skv, layout, qscale)
+        o_store = torch.empty((B, hq, Sq, dv) if o_layout == "bhsd" else (B, Sq, hq, dv), device="cuda", dtype=dt)
+        o = o_store.permute(0, 2, 1, 3) if o_layout == "bhsd" else o_store
+        lse_store = torch.empty((B, Sq, hq) if lse_layout == "strided" else (B, hq, Sq), device="cuda")
+        lse = lse_store.permute(0, 2, 1) if lse_layout == "strided" else lse_store
+    o_store.fill_(float("nan"))
+    lse_store.fill_(float("nan"))
+    sinks = (torch.randn(hq, device="cuda") * sink_scale + 1.0) if p.has_sinks else None
+    su_q = torch.tensor(seqused_q, dtype=torch.int32, device="cuda") if p.has_seqused else None
+    su_k = torch.tensor(seqused_kv, dtype=torch.int32, device="cuda") if p.has_seqused else None
+
+    args = [q, k, v, o]
+    if p.has_lse:
+        args.append(lse)
+    if p.is_thd:
+        args += [cu_q, cu_k]
+    if p.has_seqused:
+        args += [su_q, su_k]
+    if p.has_sinks:
+        args.append(sinks)
+    args.append(scale)
+    if p.has_window_left:
+        args.append(wl)
+    if p.has_window_right:
+        args.append(wr)
+    if p.is_thd:
+        args.append(max(lens_q) if lens_q else 0)
+    args.append(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
+    ck(*args)
+    torch.cuda.synchronize()
+
+    ref_o, ref_lse = sdpa_fwd_reference(
+        q, k, v, softmax_scale=scale, cu_seqlens_q=cu_q if p.is_thd else None,
+        cu_seqlens_kv=cu_k if p.is_thd else None, seqused_q=su_q, seqused_kv=su_k, sinks=sinks,
+        window_left=wl if p.has_window_left else None, window_right=wr if p.has_window_right else None,
+        bottom_right=p.bottom_right)
+    of = o.float()
+    assert not torch.isnan(of).any(), f"{int(torch.isnan(of).sum())} O elements not written"
+    den = ref_o.norm().item()
+    err = (of - ref_o).norm().item()
+    rel = err / den if den > 0 else err
+    assert rel < 1e-2, f"O relative error {rel:.3e}"
+    empty = torch.isinf(ref_lse) & (ref_lse < 0)
+    if p.has_lse:
+        assert not torch.isnan(lse).any(), f"{int(torch.isnan(lse).sum())} LSE elements not written"
+        assert torch.equal(torch.isinf(lse) & (lse < 0), empty), "LSE -inf pattern differs"
+        fin = ~empty
+        if fin.any():
+            torch.testing.assert_close(lse[fin], ref_lse[fin], atol=2e-3, rtol=1e-3)
+    # rows with no allowed key and no sink: O exactly 0
+    if empty.any():
+        if p.is_thd:
+            rows = empty.t()  # (Tq, Hq)
+        else:
+            rows = empty.permute(0, 2, 1)  # (B, Sq, Hq)
+        assert (of[rows] == 0).all(), "fully masked rows must write O = 0"
+    return rel
+
+
+# ---------------------------------------------------------------- cases
+def test_dense_plain_layouts(kernels):
+    ck, p = kernels["d128_lse"], FLAVORS["d128_lse"]
+    run_case(ck, p, B=2, Sq=256, Skv=256)
+    run_case(ck, p, B=1, Sq=200, Skv=333, layout="bhsd", o_layout="bhsd", lse_layout="strided")
+    run_case(ck, p, B=3, Sq=1, Skv=1)
+    run_case(ck, p, B=2, Sq=130, Skv=130, layout="interleaved")
+    run_case(ck, p, B=1, Sq=300, Skv=77, qscale=20.0)  # large logits
+
+
+def test_causal_bottom_right_gqa(kernels):
+    ck, p = kernels["d128_causal_br_gqa"], FLAVORS["d128_causal_br_gqa"]
+    run_case(ck, p, B=2, Sq=300, Skv=300, wr=0)
+    run_case(ck, p, B=1, Sq=100, Skv=333, wr=0, layout="bhsd")
+    run_case(ck, p, B=1, Sq=333, Skv=100, wr=0, lse_layout="strided")  # leading rows fully masked
+    run_case(ck, p, B=1, Sq=257, Skv=257, wr=3)
+
+
+def test_causal_top_left_no_lse(kernels):
+    ck, p = kernels["d128_causal_s1"], FLAVORS["d128_causal_s1"]
+    run_case(ck, p, B=2, Sq=512, Skv=512, wr=0)
+    run_case(ck, p, B=1, Sq=257, Skv=400, wr=0, o_layout="bhsd")
+    run_case(ck, p, B=1, Sq=400, Skv=150, wr=0)
+
+
+def test_window_two_stage(kernels):
+    ck, p = kernels["d128_s2_window"], FLAVORS["d128_s2_window"]
+    run_case(ck, p, B=2, Sq=1000, Skv=1000, wl=100, wr=0)
+    run_case(ck, p, B=1, Sq=300, Skv=700, wl=0, wr=0)
+    run_case(ck, p, B=1, Sq=700, Skv=300, wl=250, wr=70, layout="bhsd")
+
+
+def test_window_fp16_gqa_bottom_right(kernels):
+    ck, p = kernels["d64_fp16_window_br"], FLAVORS["d64_fp16_window_br"]
+    run_case(ck, p, B=2, Sq=400, Skv=400, wl=37, wr=5)
+    run_case(ck, p, B=1, Sq=150, Skv=500, wl=0, wr=0)
+    run_case(ck, p, B=1, Sq=500, Skv=150, wl=100, wr=300, layout="bhsd", lse_layout="strided")
+
+
+def test_fp16_plain_and_stream_objects(kernels):
+    ck, p = kernels["d64_fp16_plain"], FLAVORS["d64_fp16_plain"]
+    run_case(ck, p, B=2, Sq=333, Skv=129)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        run_case(ck, p, B=1, Sq=64, Skv=190, stream=s)  # a torch stream object
+    run_case(ck, p, B=1, Sq=70, Skv=70, layout="interleaved", stream=0)  # raw handle 0
+
+
+def test_thd_causal_random_lengths(kernels):
+    ck, p = kernels["d96_thd_causal_gqa"], FLAVORS["d96_thd_causal_gqa"]
+    run_case(ck, p, lens_q=[0, 1, 17, 128, 300, 1], lens_kv=[0, 1, 17, 128, 300, 1], wr=0)
+    run_case(ck, p, lens_q=[5, 0, 250], lens_kv=[9, 3, 260], wr=0, layout="hsd", o_layout="hsd",
+             lse_layout="strided")
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(0, 200, (7,), generator=g).tolist()
+    run_case(ck, p, lens_q=lens, lens_kv=lens, wr=0)
+
+
+def test_dense_sinks_seqused(kernels):
+    ck, p = kernels["d256_sinks_seqused"], FLAVORS["d256_sinks_seqused"]
+    run_case(ck, p, B=3, Sq=200, Skv=200, seqused_q=[200, 0, 77], seqused_kv=[150, 10, 0])
+    run_case(ck, p, B=2, Sq=65, Skv=300, seqused_q=[65, 1], seqused_kv=[300, 299], sink_scale=10.0,
+             layout="bhsd")
+
+
+def test_thd_sinks_window_left_d192(kernels):
+    ck, p = kernels["d192_thd_sinks_wl_br"], FLAVORS["d192_thd_sinks_wl_br"]
+    run_case(ck, p, lens_q=[5, 64, 200, 1], lens_kv=[100, 64, 250, 0], wl=64)
+    run_case(ck, p, lens_q=[130, 3], lens_kv=[7, 400], wl=0, lse_layout="strided")
+
+
+def test_sm120_family(kernels):
+    ck, p = kernels["sm120_d128_thd_causal"], FLAVORS["sm120_d128_thd_causal"]
+    run_case(ck, p, lens_q=[1, 200, 64, 333], lens_kv=[1, 200, 64, 333], wr=0, layout="interleaved")
+    ck, p = kernels["sm120_d256_causal_br"], FLAVORS["sm120_d256_causal_br"]
+    run_case(ck, p, B=2, Sq=190, Skv=260, wr=0)
+    run_case(ck, p, B=1, Sq=260, Skv=190, wr=0, layout="bhsd")
+    ck, p = kernels["sm120_d64_thd"], FLAVORS["sm120_d64_thd"]
+    run_case(ck, p, lens_q=[3, 0, 129], lens_kv=[50, 7, 0])
+
+
+def test_thd_cuda_graph_replay_new_lengths(kernels):
+    """Lengths are read in-kernel: a captured launch honours lengths written into the same buffers."""
+    ck, p = kernels["d96_thd_causal_gqa"], FLAVORS["d96_thd_causal_gqa"]
+    dt = DT[p.dtype]
+    T = 600
+    q, k, v = _thd_qkv(p, T, T, "thd", 1.0)
+    o = torch.empty(T, p.num_heads_q, p.head_dim_v, device="cuda", dtype=dt)
+    lse = torch.empty(p.num_heads_q, T, device="cuda")
+    cu_q = _cu([100, 200, 300])
+    cu_k = cu_q.clone()
+    scale = 1.0 / math.sqrt(p.head_dim)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        ck(q, k, v, o, lse, cu_q, cu_k, scale, 0, T, s.cuda_stream)  # warm
+        with torch.cuda.graph(g, stream=s):
+            ck(q, k, v, o, lse, cu_q, cu_k, scale, 0, T, s.cuda_stream)
+    torch.cuda.synchronize()
+    for lens in ([600], [1, 598, 1], [250, 0, 350]):
+        new = _cu(lens)
+        cu_q.copy_(new)
+        cu_k.copy_(new)
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref_o, ref_lse = sdpa_fwd_reference(q, k, v, softmax_scale=scale, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
+                                            window_right=0)
+        assert not torch.isnan(o).any()
+        rel = ((o.float() - ref_o).norm() / ref_o.norm()).item()
+        assert rel < 1e-2, f"replay with lengths {lens}: O relative error {rel:.3e}"
+        torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=1e-3)
