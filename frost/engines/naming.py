@@ -19,7 +19,9 @@ Template authors do nothing special; a kernel whose author called
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
+import sys
 import threading
 
 _SYMBOL = re.compile(r"^frost_[A-Za-z0-9_]+$")
@@ -38,6 +40,11 @@ def default_kernel_symbol(name: str, index: int, fn_name: str) -> str:
 
 
 def unwrap(fn):
+    """The function cute.compile traces for `fn` (a @cute.jit function, bound method or callable object)."""
+    if inspect.ismethod(fn):
+        fn = fn.__func__
+    elif not inspect.isfunction(fn) and callable(fn):
+        fn = type(fn).__call__
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
     return fn
@@ -50,18 +57,25 @@ def kernel_symbols(jit_fn, name: str, symbol_for=None):
     `symbol_for(index, fn_name) -> str` overrides the policy for kernels.
     Yields a list that collects the kernel symbols actually issued.
     """
-    from cutlass.base_dsl.dsl import BaseDSL, _NameOptions
-
     check_symbol(name)
-    func = unwrap(jit_fn)
-    BaseDSL._lazy_initialize_dsl(func)
-    dsl = func._dsl_object
+    symbols: list[str] = []
+    try:
+        from cutlass.base_dsl.dsl import BaseDSL, _NameOptions
+
+        func = unwrap(jit_fn)
+        BaseDSL._lazy_initialize_dsl(func)
+        dsl = func._dsl_object
+        orig_get = type(dsl)._get_name_options
+        orig_customize = dsl._customize_generated_name
+    except Exception as e:  # a DSL without these hooks: compile with its own names
+        print(f"frost: cannot apply kernel symbol {name} ({type(e).__name__}: {e})", file=sys.stderr)
+        dsl = None
+    if dsl is None:
+        yield symbols
+        return
     default = _NameOptions()
     owner = threading.get_ident()
-    orig_get = type(dsl)._get_name_options
-    orig_customize = dsl._customize_generated_name
     issued: dict[int, tuple] = {}
-    symbols: list[str] = []
     policy = symbol_for or (lambda index, fn_name: default_kernel_symbol(name, index, fn_name))
 
     def get_name_options(f):
