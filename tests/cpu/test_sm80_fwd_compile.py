@@ -114,7 +114,7 @@ def test_kernel_name_is_a_self_describing_frost_symbol():
     p = Sm80FwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, has_lse=True))
     name = kernel_name(p, "sm_90a")
     assert check_symbol(name) == name
-    assert name == "frost_sdpa_fwd_sm80_bf16_d128_h8k2_wr_lse_thd_m128n64s2w4"
+    assert name == "frost_sdpa_fwd_sm80_bf16_d128_h8k2_wr_lse_thd_m128n64s1w4"
     p2 = Sm80FwdParams(**_p(family="sm120", d=192, dv=128, has_sinks=True))
     assert kernel_name(p2, "sm_120a").startswith("frost_sdpa_fwd_sm120_bf16_d192v128_h4k4_sink_")
 

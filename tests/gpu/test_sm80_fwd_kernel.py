@@ -276,7 +276,7 @@ def test_thd_cuda_graph_replay_new_lengths(kernels):
         with torch.cuda.graph(g, stream=s):
             ck(q, k, v, o, lse, cu_q, cu_k, scale, 0, T, s.cuda_stream)
     torch.cuda.synchronize()
-    for lens in ([600], [1, 598, 1], [250, 0, 350]):
+    for lens in ([600, 0, 0], [1, 598, 1], [250, 0, 350]):  # same batch, new lengths
         new = _cu(lens)
         cu_q.copy_(new)
         cu_k.copy_(new)
