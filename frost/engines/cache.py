@@ -261,7 +261,7 @@ def link_shared(obj: Path, out: Path) -> bool:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return False
-    r = subprocess.run([cc, "-shared", "-o", str(out), str(obj)], capture_output=True, text=True)
+    r = subprocess.run([cc, "-shared", "-Wl,-Bsymbolic", "-o", str(out), str(obj)], capture_output=True, text=True)
     return r.returncode == 0 and out.exists()
 
 

@@ -246,7 +246,8 @@ def publish(template: str, params: TemplateParams, arch: str, load: bool = True)
                 return None
             compiled, symbols, dt = _compile(name, jit_fn, fake_args, symbol_for, arch, engine=False)
             t0 = time.perf_counter()
-            entry = dc.publish(key, name, lambda p: compiled.export_to_c(str(p), function_name=name),
+            entry = dc.publish(key, name, lambda p: compiled.export_to_c(str(p), function_name=name,
+                                                                         export_only_tvm_ffi_symbols=True),
                                extra={"kernel_symbols": symbols, "compile_seconds": dt})
             cache.bump(export_seconds=time.perf_counter() - t0)
         dc.prune(keep=(entry.id,))
