@@ -10,6 +10,11 @@ decode it in-kernel from `cu_seqlens_q` with a warp-wide scan (the whole warp
 must call `varlen_decode` together); a cursor carried between calls makes a
 persistent CTA's scans amortize to one pass over the batch. Nothing is read on
 the host: the grid is an upper bound from tensor extents and SM count.
+
+Under a band, dense tiles instead run longest-first over the whole batch
+(`dense_decode_lpt`), and a persistent CTA takes its tiles in a zigzag over
+waves (`zigzag_tile`): one CTA's long tile of one wave pairs with a short one
+of the next, which keeps a static assignment within a few percent of balanced.
 """
 from __future__ import annotations
 
@@ -42,6 +47,26 @@ def dense_decode(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Conste
     if const_expr(reverse_m):
         m_block = num_m_blocks - 1 - m_idx
     return m_block, head, batch, tile_idx < total_tiles
+
+
+@cute.jit
+def dense_decode_lpt(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int], num_batch: Int32):
+    """Longest-first over the whole batch: the last m-block of every (batch, head), then the
+    one before, and so on. CTAs at the same m-level of one head stream the same K/V blocks
+    at the same time, which keeps L2 reuse without grouping heads."""
+    num_hb = num_heads * num_batch
+    m_rank = tile_idx // num_hb
+    hb = tile_idx - m_rank * num_hb
+    return num_m_blocks - 1 - m_rank, hb % num_heads, hb // num_heads, tile_idx < num_hb * num_m_blocks
+
+
+@cute.jit
+def zigzag_tile(wave: Int32, cta: Int32, num_ctas: Int32) -> Int32:
+    """The tile a persistent CTA takes in `wave`: position cta, or mirrored on odd waves."""
+    pos = cta
+    if wave % 2 == 1:
+        pos = num_ctas - 1 - cta
+    return wave * num_ctas + pos
 
 
 @cute.jit

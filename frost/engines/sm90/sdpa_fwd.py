@@ -237,6 +237,10 @@ class SdpaFwdSm90:
         if const_expr(self.p.is_thd):
             return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.p.num_heads_q, self.tile_m, self.reverse_m,
                                     cursor_b, cursor_base)
+        elif const_expr(self.reverse_m):
+            m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.p.num_heads_q,
+                                                              num_batch)
+            return m_block, head, batch, valid, cursor_b, cursor_base
         else:
             m_block, head, batch, valid = ts.dense_decode(tile_idx, num_m_blocks, self.p.num_heads_q,
                                                           total_tiles, self.reverse_m)
@@ -287,11 +291,15 @@ class SdpaFwdSm90:
         return mX[None, None, head, batch]
 
     @cute.jit
-    def next_tile(self, tile_idx: Int32, total_tiles: Int32):
+    def next_tile(self, tile_idx: Int32, wave: Int32, total_tiles: Int32):
+        """(next tile, next wave, whether to decode it): zigzag over waves under a band."""
         if const_expr(self.p.persistent):
-            return tile_idx + cute.arch.grid_dim()[0], Boolean(True)
+            num_ctas = cute.arch.grid_dim()[0]
+            if const_expr(self.reverse_m):
+                return ts.zigzag_tile(wave + 1, cute.arch.block_idx()[0], num_ctas), wave + 1, Boolean(True)
+            return tile_idx + num_ctas, wave + 1, Boolean(True)
         else:
-            return total_tiles, Boolean(False)
+            return total_tiles, wave, Boolean(False)
 
     # --- producer warp
     @cute.jit
@@ -301,6 +309,7 @@ class SdpaFwdSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
+        wave = Int32(0)
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
             tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, Int32(0), Int32(0))
         while valid:
@@ -349,7 +358,7 @@ class SdpaFwdSm90:
                     pipe_q.producer_acquire(q_state)
                     cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                     q_state.advance()
-            tile_idx, more = self.next_tile(tile_idx, total_tiles)
+            tile_idx, wave, more = self.next_tile(tile_idx, wave, total_tiles)
             valid = Boolean(False)
             if more:
                 m_block, head, batch, valid, cur_b, cur_base = self.decode(
@@ -400,8 +409,8 @@ class SdpaFwdSm90:
 
     @cute.jit
     def consumer(self, mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k,
-                 pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, tiled_mma_qk, tiled_mma_pv,
-                 seqlen_q_static, seqlen_k_static):
+                 pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, tiled_mma_qk,
+                 tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -441,6 +450,7 @@ class SdpaFwdSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
+        wave = Int32(0)
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
             tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, Int32(0), Int32(0))
         while valid:
@@ -519,7 +529,7 @@ class SdpaFwdSm90:
             elif has_work:
                 q_state.advance()
 
-            tile_idx, more = self.next_tile(tile_idx, total_tiles)
+            tile_idx, wave, more = self.next_tile(tile_idx, wave, total_tiles)
             valid = Boolean(False)
             if more:
                 m_block, head, batch, valid, cur_b, cur_base = self.decode(
