@@ -1,6 +1,7 @@
 """Fixtures shared by the test suites."""
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -10,7 +11,12 @@ from frost.lowering import capabilities
 
 
 def patch_dsl_reason(monkeypatch, reason):
-    """Make `frost.engines.dsl.dsl_decline_reason` answer `reason`, wherever it was imported by name."""
+    """Make `frost.engines.dsl.dsl_decline_reason` answer `reason`, wherever it was imported by name.
+
+    Every adapter module is imported first, so none binds the fake after the patch is undone.
+    """
+    for row in capabilities.ROWS:
+        importlib.import_module(row.adapter.split(":")[0])
     original = frost.engines.dsl.dsl_decline_reason
     fake = lambda: reason  # noqa: E731
     monkeypatch.setattr(frost.engines.dsl, "dsl_decline_reason", fake)
@@ -22,8 +28,6 @@ def patch_dsl_reason(monkeypatch, reason):
 @pytest.fixture
 def unpended(monkeypatch):
     """Capability rows as if every kernel were available, and a usable DSL (no kernel is compiled)."""
-    import frost.adapters.dsl_fwd  # noqa: F401  (so its imported name is patched too)
-
     rows = tuple(r.model_copy(update={"pending": None}) for r in capabilities.ROWS)
     monkeypatch.setattr(capabilities, "ROWS", rows)
     patch_dsl_reason(monkeypatch, None)

@@ -109,9 +109,13 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
     sinks = mask_kwargs.pop("sinks", None)
     sink_leaf = sinks.detach().to(cd).requires_grad_(True) if sinks is not None else None
     o, _ = sdpa_fwd_reference(*leaves, softmax_scale=softmax_scale, sinks=sink_leaf, compute_dtype=cd, **mask_kwargs)
-    grads = torch.autograd.grad(o, leaves + ([sink_leaf] if sink_leaf is not None else []),
-                                grad_outputs=do.to(cd), allow_unused=True)
-    dq, dk, dv = (g if g is not None else torch.zeros_like(t) for g, t in zip(grads[:3], leaves))
+    wrt = leaves + ([sink_leaf] if sink_leaf is not None else [])
+    if o.requires_grad:
+        grads = torch.autograd.grad(o, wrt, grad_outputs=do.to(cd), allow_unused=True)
+    else:  # every sequence is empty: O does not depend on the inputs, every gradient is zero
+        grads = [None] * len(wrt)
+    grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, wrt)]
+    dq, dk, dv = grads[:3]
     dsink = grads[3] if sink_leaf is not None else None
     return dq, dk, dv, dsink
 

@@ -5,7 +5,7 @@ from typing import Optional
 
 from frost.errors import GraphError
 from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode
-from frost.ir.tensor import Tensor, compact_strides
+from frost.ir.tensor import Tensor, _ints, compact_strides
 from frost.ir.validate import expect_rank, expected_out_dims, expected_stats_dims, validate_bwd, validate_fwd
 from frost.types import as_data_type
 
@@ -48,7 +48,7 @@ class Graph:
 
     def tensor(self, name: Optional[str] = None, dim=None, stride=None, data_type=None, **_ignored) -> Tensor:
         if dim is not None and stride is None:
-            stride = compact_strides(dim)
+            stride = compact_strides(_ints(dim, "dim", name))
         dt = data_type if data_type is not None else self.io_data_type
         t = Tensor(self, name or f"tensor_{len(self.tensors)}", dim, stride, dt)
         self.tensors.append(t)

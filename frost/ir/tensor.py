@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 
 from frost.errors import GraphError
 from frost.types import DataType, as_data_type
@@ -27,8 +28,8 @@ class Tensor:
         self._graph = graph
         self.uid = next(_uids)
         self.name = name
-        self.dim = tuple(int(d) for d in dim) if dim is not None else None
-        self.stride = tuple(int(s) for s in stride) if stride is not None else None
+        self.dim = _ints(dim, "dim", name)
+        self.stride = _ints(stride, "stride", name)
         self.data_type = as_data_type(data_type)
         self.is_output = False
         self.is_virtual = is_virtual  # produced by a node; becomes real when set_output(True)
@@ -40,12 +41,12 @@ class Tensor:
         return self
 
     def set_dim(self, dim) -> "Tensor":
-        self.dim = tuple(int(d) for d in dim)
+        self.dim = _ints(dim, "dim", self.name)
         self._graph._invalidate()
         return self
 
     def set_stride(self, stride) -> "Tensor":
-        self.stride = tuple(int(s) for s in stride)
+        self.stride = _ints(stride, "stride", self.name)
         self._graph._invalidate()
         return self
 
@@ -106,6 +107,16 @@ class Tensor:
         if _overlaps(self.dim, self.stride):
             raise GraphError(f"tensor {self.name!r}: strides {self.stride} make elements of dim {self.dim} "
                              f"overlap (two indices address one element)")
+
+
+def _ints(values, what: str, name):
+    """A tuple of ints from a sequence of integers (a float or a string is a declaration error)."""
+    if values is None:
+        return None
+    try:
+        return tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise GraphError(f"tensor {name!r}: {what} must be a sequence of ints, got {values!r}") from None
 
 
 def _overlaps(dim, stride) -> bool:

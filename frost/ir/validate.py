@@ -230,9 +230,16 @@ def _check_like(t: Tensor, role: str, dims: tuple, allowed, what: str) -> None:
     _expect_dtype(t, role, allowed)
 
 
+def _same_io_type(t: Tensor, role: str, q: Tensor) -> None:
+    """Engines read and write one io type: an output or gradient in another type is a declaration error."""
+    if t.data_type != q.data_type:
+        raise GraphError(f"{_who(t, role)}: data_type must be q's {q.data_type.short}, got {t.data_type.short}")
+
+
 def validate_fwd(node: SdpaFwdNode, io_types=IO_TYPES) -> SdpaFacts:
     geom, mask = _validate_common(node, io_types, node.q, node.k, node.v)
     _check_like(node.o, "o", expected_out_dims(geom, geom["head_dim_v"]), io_types, "q's geometry with v's head dim")
+    _same_io_type(node.o, "o", node.q)
     _unit_last(node.o, "o")
     if node.generate_stats and node.stats is not None:
         _check_like(node.stats, "stats", expected_stats_dims(geom), (DataType.FLOAT,),
@@ -255,6 +262,8 @@ def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
     for role, grad, like in (("dQ", node.dQ, node.q), ("dK", node.dK, node.k), ("dV", node.dV, node.v)):
         _check_like(grad, role, tuple(like.dim), io_types, f"the shape of {like.name!r}")
         _unit_last(grad, role)
+    for role, t in (("o", node.o), ("dO", node.dO), ("dQ", node.dQ), ("dK", node.dK), ("dV", node.dV)):
+        _same_io_type(t, role, node.q)
     for role, t in (("o", node.o), ("dO", node.dO)):
         _unit_last(t, role)
     if node.dSink_token is not None:

@@ -44,8 +44,8 @@ def fwd(g, q, k, v, stats=True, mark=True, **kw):
     return g, o, st
 
 
-def bwd(g, q, k, v, *, o_dim=None, do_dim=None, stats_dim=None, stats_dtype="fp32", **kw):
-    o = g.tensor(name="o", dim=o_dim or q.dim)
+def bwd(g, q, k, v, *, o_dim=None, do_dim=None, stats_dim=None, stats_dtype="fp32", o_dtype=None, **kw):
+    o = g.tensor(name="o", dim=o_dim or q.dim, data_type=o_dtype)
     do = g.tensor(name="dO", dim=do_dim or q.dim)
     stats = g.tensor(name="stats", dim=stats_dim or (q.dim[:-1] + (1,)), data_type=stats_dtype)
     grads = g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.25, **kw)
@@ -215,6 +215,13 @@ CATALOG = [
      ["q, k and v must share one data type", "q=fp32", "k=fp16"]),
     ("unknown-dtype", lambda: graph().tensor(name="q", dim=(1,), data_type="int8"), ["unknown data type 'int8'"]),
     ("unknown-graph-dtype", lambda: frost.Graph(io_data_type="fp8"), ["unknown data type 'fp8'"]),
+    ("o-dtype-differs-from-q", lambda: o_tweak(lambda o: o.set_data_type("fp16")),
+     ["sdpa::O' (o)", "data_type must be q's fp32, got fp16"]),
+    ("bwd-o-dtype-differs-from-q", lambda: _bwd(o_dtype="bf16"), ["tensor 'o'", "must be q's fp32, got bf16"]),
+    ("dim-not-ints", lambda: graph().tensor(name="q", dim=(2, 4.5, 8, 16)),
+     ["tensor 'q'", "dim must be a sequence of ints", "4.5"]),
+    ("stride-not-ints", lambda: graph().tensor(name="q", dim=(2, 4)).set_stride(("4", 1)),
+     ["tensor 'q'", "stride must be a sequence of ints", "('4', 1)"]),
     ("int-io", lambda: dense_fwd(dict(dtypes=("int32", "int32", "int32"))),
      ["tensor 'q'", "data_type must be fp16, bf16, fp32, got int32"]),
     # Stats and O

@@ -45,6 +45,8 @@ CASES = {
                                      mask=CAUSAL_BR, sink=True),
     "thd-window-tail-tokens": Case(thd=True, batch=2, lens_q=(5, 3), lens_kv=(5, 7), extra_q=3, extra_kv=2,
                                     mask=(("sliding_window_length", 2),) + CAUSAL, stats_head_major=True),
+    "thd-every-sequence-empty": Case(thd=True, batch=2, lens_q=(0, 0), lens_kv=(0, 3), extra_q=1, sink=True),
+    "padding-every-row-empty": Case(batch=2, sq=4, skv=4, lens_q=(0, 0), lens_kv=(2, 4), sink=True),
     "no-stats": Case(stats=False, mask=CAUSAL),
 }
 
