@@ -25,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -90,6 +92,7 @@ class Stats:
     evictions: int = 0       # entries removed by the size cap
     uncacheable: int = 0     # compiles that could not be persisted
     load_seconds: float = 0.0
+    import_seconds: float = 0.0  # one-time imports a load needed (tvm_ffi and torch, or cutlass)
     compile_seconds: float = 0.0
     export_seconds: float = 0.0
 
@@ -224,6 +227,15 @@ def runtime_libraries() -> list[str]:
     return [str(p) for p in cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)]
 
 
+def import_for_load(so: bool) -> None:
+    """Import what a load needs before timing it (tvm_ffi pulls in torch; the object loader, cutlass)."""
+    mod = "tvm_ffi" if so else "cutlass.cute"
+    if mod not in sys.modules:
+        t0 = time.perf_counter()
+        importlib.import_module(mod)
+        bump(import_seconds=time.perf_counter() - t0)
+
+
 def loader_choice() -> str:
     """FROST_CACHE_LOADER: 'auto' (the linked .so through TVM-FFI when present, else the
     object through cute.runtime.load_module) or 'o' (always the latter)."""
@@ -281,7 +293,7 @@ class Entry:
     def digest(self) -> str:
         return self.meta["sha256"]
 
-    @property
+    @functools.cached_property
     def shared(self) -> Optional[Path]:
         """The linked .so when it exists and matches its recorded digest."""
         so = self.obj.with_suffix(".so")
@@ -297,6 +309,7 @@ class Entry:
     def load(self):
         """(module, fn, loader): the .so through TVM-FFI when allowed and usable, else the object."""
         so = self.shared if loader_choice() == "auto" else None
+        import_for_load(so is not None)
         if so is not None:
             got = load_shared(so, self.symbol, self.meta.get("runtime_libs", []))
             if got is not None:

@@ -181,6 +181,7 @@ def _compile(name, jit_fn, fake_args, symbol_for, arch: str, engine: bool):
 
 def _from_entry(entry: "cache.Entry", template, params, arch, t_compile=0.0, symbols=(), ptx=None,
                 source="disk") -> CompiledKernel:
+    cache.import_for_load(entry.shared is not None and cache.loader_choice() == "auto")
     t0 = time.perf_counter()
     module, fn, loader = entry.load()
     dt = time.perf_counter() - t0
