@@ -1,0 +1,130 @@
+"""The SM90 forward template (wgmma + TMA) compiles for sm_90a without a GPU, and its params validate.
+
+The compile test is a covering set, not the cross product: every head-dim pair,
+every feature flag and every knob at least once. Two processes (PTX kept, disk
+cache off) split the set; each PTX must hold wgmma, TMA bulk-tensor copies,
+register reallocation and the frost kernel symbol.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, smem_bytes, validate
+from frost.errors import TemplateParamsError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _p(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
+    dv = dv or d
+    k = default_knobs(d, dv, causal_or_window=flags.get("has_window_right", False))
+    k.update(knobs or {})
+    return dict(dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
+
+
+COVER = [
+    [
+        _p(),
+        _p(dtype="fp16", hq=8, hk=2, is_thd=True, has_window_right=True),
+        _p(d=64, has_window_right=True, bottom_right=True, has_seqused=True, has_sinks=True),
+        _p(d=256, has_window_left=True, has_window_right=True, has_lse=False),
+    ],
+    [
+        _p(d=96, is_thd=True, has_sinks=True, knobs=dict(persistent=False)),
+        _p(d=192, dv=128, hq=6, hk=3, has_window_right=True),
+        _p(has_window_left=True, knobs=dict(tile_n=176, separate_o_smem=False)),
+        _p(d=192, has_window_right=True, knobs=dict(pingpong=False, num_stages=1)),
+    ],
+]
+
+_SCRIPT = textwrap.dedent("""
+    import json, re, sys
+    from frost.engines.compile import compile_kernel
+    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
+    out = []
+    for kw in json.loads(sys.argv[1]):
+        ck = compile_kernel("frost.engines.sm90.sdpa_fwd", Sm90FwdParams(**kw), "sm_90a")
+        ptx = ck.ptx or ""
+        out.append({"name": ck.name, "entries": re.findall(r"\\.entry\\s+(\\w+)", ptx),
+                    "target": re.findall(r"\\.target\\s+(\\w+)", ptx),
+                    "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
+                    "setmaxnreg": ptx.count("setmaxnreg"), "local": ptx.count("ld.local") + ptx.count("st.local"),
+                    "seconds": ck.compile_seconds})
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def _compile(cover: list, tmp: Path) -> list[dict]:
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(cover)], cwd=tmp, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.slow
+def test_covering_set_compiles_for_sm90a(tmp_path):
+    with ThreadPoolExecutor(len(COVER)) as ex:
+        results = [r for part in ex.map(lambda c: _compile(c, tmp_path), COVER) for r in part]
+    for kw, r in zip([kw for part in COVER for kw in part], results):
+        assert r["name"].startswith("frost_sdpa_fwd_sm90_"), r
+        assert r["entries"] == [r["name"]], r  # the one GPU kernel carries the frost symbol
+        assert r["target"] == ["sm_90a"], r
+        assert r["wgmma"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r
+        assert r["local"] == 0, r
+    assert len({r["name"] for r in results}) == len(results)
+
+
+def test_defaults_validate_for_every_head_dim():
+    for d, dv in [(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)]:
+        for banded in (False, True):
+            p = Sm90FwdParams(head_dim=d, head_dim_v=dv, **default_knobs(d, dv, causal_or_window=banded))
+            validate(p)
+            assert smem_bytes(p) <= 227 * 1024
+
+
+@pytest.mark.parametrize("bad", [
+    dict(head_dim=80),
+    dict(head_dim=128, head_dim_v=64),
+    dict(num_heads_q=6, num_heads_kv=4),
+    dict(is_thd=True, has_seqused=True),
+    dict(bottom_right=True),
+    dict(tile_m=96),
+    dict(tile_n=120),
+    dict(tile_m=64, pingpong=True),
+    dict(tile_n=256, num_stages=3),
+    dict(intra_wg_overlap=False),
+])
+def test_validator_rejects(bad):
+    with pytest.raises(TemplateParamsError):
+        validate(Sm90FwdParams(**bad))
+
+
+def test_kernel_name_encodes_every_param():
+    from frost.engines.sm90.sdpa_fwd import kernel_name
+
+    base = Sm90FwdParams()
+    names = {kernel_name(base, "sm_90a")}
+    for field, value in [("dtype", "fp16"), ("head_dim", 64), ("num_heads_q", 8), ("num_heads_kv", 2),
+                         ("is_thd", True), ("has_seqused", True), ("has_lse", False), ("has_sinks", True),
+                         ("has_window_left", True), ("has_window_right", True), ("tile_n", 64),
+                         ("num_stages", 3), ("pingpong", False), ("separate_o_smem", False),
+                         ("persistent", False), ("sm_count", 114)]:
+        upd = {field: value}
+        if field == "head_dim":
+            upd["head_dim_v"] = 64
+        if field == "num_heads_kv":
+            upd["num_heads_q"] = 4
+        names.add(kernel_name(base.model_copy(update=upd), "sm_90a"))
+    assert len(names) == 17
+    assert all(n.startswith("frost_sdpa_fwd_sm90_") for n in names)
