@@ -321,3 +321,18 @@ def name_suffix(p: Sm80BwdParams) -> str:
             parts.append(tag)
     parts.append(f"m{p.tile_m}n{p.tile_n}w{p.num_warps}s{p.num_stages}")
     return "_".join(parts)
+
+
+def chain_args(p: Sm80BwdParams, values: dict) -> list[tuple[str, list]]:
+    """Bind the chain: (template, positional args) per kernel, in launch order.
+
+    `values` maps argument names (sdpa_args.py names, scratch names from
+    `scratch_layout`, scalars, "stream") to the objects to pass.
+    """
+    out = []
+    for _, template, names in bwd_chain(p):
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise KeyError(f"{template}: missing arguments {missing}")
+        out.append((template, [values[n] for n in names]))
+    return out

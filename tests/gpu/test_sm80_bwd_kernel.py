@@ -1,0 +1,466 @@
+"""The mma.sync SDPA backward chain, called directly with canonical views, against float64 autograd.
+
+O and LSE come from the reference forward; dQ / dK / dV / dSink are compared
+with a local float64 autograd oracle. Outputs and the whole workspace are
+poisoned (0xFF bytes: NaN floats, -1 semaphores) before each run, so every
+element that must be written is, and the chain clears its own scratch.
+Deterministic mode is checked bitwise across two runs, and strided Stats
+against contiguous Stats bitwise.
+
+Run as a script (`python3 -m tests.gpu.test_sm80_bwd_kernel [--bench] [--out DIR]`)
+for a one-process report with timings against FlashAttention-2 (torch's flash
+backend).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, bwd_chain, chain_args,  # noqa: E402
+                                               default_knobs, scratch_bytes, scratch_layout)
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags):
+    dv = dv or d
+    k = default_knobs(family, d, dv, dtype)
+    k.update(knobs or {})
+    return Sm80BwdParams(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
+                         **flags, **k)
+
+
+class Case:
+    """One problem: params, geometry, mask band and input layout."""
+
+    def __init__(self, name, params, b=2, sq=300, skv=300, wl=None, wr=None, thd_lens=None, used=None,
+                 strided_lse=False, runs=1):
+        self.name, self.p, self.b, self.sq, self.skv = name, params, b, sq, skv
+        self.wl, self.wr, self.thd_lens, self.used = wl, wr, thd_lens, used
+        self.strided_lse, self.runs = strided_lse, runs
+
+
+def _cases() -> list[Case]:
+    c = []
+    c.append(Case("d128_plain", _p(), sq=300, skv=300))
+    c.append(Case("d128_causal_tl_sq<skv", _p(has_window_right=True), sq=200, skv=333, wr=0))
+    c.append(Case("d128_causal_br", _p(has_window_right=True, bottom_right=True), sq=200, skv=450, wr=0))
+    c.append(Case("d128_causal_br_sq>skv", _p(has_window_right=True, bottom_right=True), sq=300, skv=130, wr=0))
+    c.append(Case("d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
+                                          bottom_right=True), sq=513, skv=600, wl=64, wr=0))
+    c.append(Case("d128_band_wl40_wr17", _p(has_window_left=True, has_window_right=True), sq=257, skv=257,
+                  wl=40, wr=17))
+    c.append(Case("d96_fp16_sinks", _p(d=96, dtype="fp16", has_sinks=True, has_dsinks=True), sq=190, skv=250))
+    c.append(Case("d192x128_causal_mqa", _p(d=192, dv=128, hq=4, hk=1, has_window_right=True), sq=260, skv=260,
+                  wr=0))
+    c.append(Case("d256_causal", _p(d=256, hq=2, hk=2, has_window_right=True), sq=200, skv=200, wr=0))
+    c.append(Case("thd_d128_causal_gqa_sinks",
+                  _p(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+                  thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (129, 129), (5, 200)], wr=0))
+    c.append(Case("thd_d64_det", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True),
+                  thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2))
+    c.append(Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
+                  used=[(256, 256), (100, 180), (1, 1), (0, 0)]))
+    c.append(Case("det_d128_causal", _p(has_window_right=True, deterministic=True), b=2, sq=520, skv=520,
+                  wr=0, runs=2))
+    c.append(Case("det_d128_strided_lse", _p(deterministic=True, hq=4, hk=2), b=2, sq=300, skv=300,
+                  strided_lse=True))
+    c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))
+    c.append(Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True),
+                  thd_lens=[(70, 70), (1, 1), (33, 90)]))
+    return c
+
+
+# ------------------------------------------------------------------------------------ oracle
+def _allowed(lq, lk, wl, wr, br, device):
+    i = torch.arange(lq, device=device).view(-1, 1)
+    j = torch.arange(lk, device=device).view(1, -1)
+    off = (lk - lq) if br else 0
+    ok = torch.ones(lq, lk, dtype=torch.bool, device=device)
+    if wl is not None:
+        ok &= j >= i + off - wl
+    if wr is not None:
+        ok &= j <= i + off + wr
+    return ok
+
+
+def _seq_loss(qb, kb, vb, dob, scale, sink, mask):
+    """sum(O * dO) of one sequence in float64, NaN-free for empty rows."""
+    hq, hk = qb.shape[1], kb.shape[1]
+    kb = kb.repeat_interleave(hq // hk, dim=1)
+    vb = vb.repeat_interleave(hq // hk, dim=1)
+    s = torch.einsum("qhd,khd->hqk", qb, kb) * scale
+    s = s.masked_fill(~mask.unsqueeze(0), float("-inf"))
+    if sink is not None:
+        s = torch.cat([s, sink.view(-1, 1, 1).expand(-1, s.shape[1], 1)], dim=2)
+    m = s.amax(dim=2, keepdim=True).clamp(min=-1e30).detach()
+    e = torch.exp(s - m)
+    p = e / e.sum(dim=2, keepdim=True).clamp(min=1e-300)
+    if sink is not None:
+        p = p[..., :-1]
+    o = torch.einsum("hqk,khd->qhd", p, vb)
+    return (o * dob).sum()
+
+
+def _ranges(case, dev_lens):
+    if case.thd_lens is not None:
+        out, oq, ok = [], 0, 0
+        for lq, lk in case.thd_lens:
+            out.append((oq, lq, ok, lk))
+            oq += lq
+            ok += lk
+        return out
+    if case.used is not None:
+        return [(0, lq, 0, lk) for lq, lk in case.used]
+    return [(0, case.sq, 0, case.skv)] * case.b
+
+
+def oracle(case, q, k, v, do, sinks, scale):
+    """float64 autograd gradients (dq, dk, dv, dsinks) on canonical views."""
+    p = case.p
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s64 = sinks.detach().double().requires_grad_() if sinks is not None else None
+    do64 = do.double()
+    loss = q64.new_zeros(())
+    for b, (oq, lq, ok, lk) in enumerate(_ranges(case, None)):
+        if lq == 0 or lk == 0 and s64 is None:
+            continue
+        mask = _allowed(lq, lk, case.wl, case.wr, p.bottom_right, q.device)
+        if p.is_thd:
+            sl = (slice(oq, oq + lq),)
+            skl = (slice(ok, ok + lk),)
+        else:
+            sl = (b, slice(0, lq))
+            skl = (b, slice(0, lk))
+        loss = loss + _seq_loss(q64[sl], k64[skl], v64[skl], do64[sl], scale, s64, mask)
+    wrt = [q64, k64, v64] + ([s64] if s64 is not None else [])
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+    grads = [g if g is not None else torch.zeros_like(w) for g, w in zip(grads, wrt)]
+    return grads + ([None] if s64 is None else [])
+
+
+# ------------------------------------------------------------------------------------ inputs
+def make_inputs(case, device="cuda", seed=0):
+    from frost.adapters.reference_math import sdpa_fwd_reference
+
+    p = case.p
+    g = torch.Generator(device=device).manual_seed(seed)
+    dt = DT[p.dtype]
+    hq, hk, d, dv = p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dt)
+
+    t = {}
+    if p.is_thd:
+        lens = case.thd_lens
+        tq, tk = sum(a for a, _ in lens), sum(b for _, b in lens)
+        t["q"], t["k"], t["v"] = rnd(tq, hq, d), rnd(tk, hk, d), rnd(tk, hk, dv)
+        t["do"] = rnd(tq, hq, dv)
+        cq = [0]
+        ck = [0]
+        for a, b in lens:
+            cq.append(cq[-1] + a)
+            ck.append(ck[-1] + b)
+        t["cu_seqlens_q"] = torch.tensor(cq, dtype=torch.int32, device=device)
+        t["cu_seqlens_kv"] = torch.tensor(ck, dtype=torch.int32, device=device)
+        t["dq"] = torch.empty(tq, hq, d, dtype=dt, device=device)
+        # dK / dV declared head-major: (H, T, D) memory, (T, H, D) view
+        t["dk"] = torch.empty(hk, tk, d, dtype=dt, device=device).transpose(0, 1)
+        t["dv"] = torch.empty(hk, tk, dv, dtype=dt, device=device).transpose(0, 1)
+    else:
+        b, sq, skv = case.b, case.sq, case.skv
+        t["q"] = rnd(b, sq, hq, d)  # BSHD memory
+        t["k"] = rnd(b, hk, skv, d).transpose(1, 2)  # BHSD memory
+        t["v"] = rnd(b, hk, skv, dv).transpose(1, 2)
+        t["do"] = rnd(b, hq, sq, dv).transpose(1, 2)
+        t["dq"] = torch.empty(b, hq, sq, d, dtype=dt, device=device).transpose(1, 2)
+        t["dk"] = torch.empty(b, skv, hk, d, dtype=dt, device=device)
+        t["dv"] = torch.empty(b, hk, skv, dv, dtype=dt, device=device).transpose(1, 2)
+        if case.used is not None:
+            t["seqused_q"] = torch.tensor([a for a, _ in case.used], dtype=torch.int32, device=device)
+            t["seqused_kv"] = torch.tensor([x for _, x in case.used], dtype=torch.int32, device=device)
+    sinks = None
+    if p.has_sinks:
+        sinks = torch.randn(hq, generator=g, device=device, dtype=torch.float32)
+        t["sinks"] = sinks
+        t["dsinks"] = torch.empty(hq, dtype=torch.float32, device=device)
+    scale = 1.0 / math.sqrt(d)
+    o, lse = sdpa_fwd_reference(
+        t["q"], t["k"], t["v"], softmax_scale=scale, cu_seqlens_q=t.get("cu_seqlens_q"),
+        cu_seqlens_kv=t.get("cu_seqlens_kv"), seqused_q=t.get("seqused_q"), seqused_kv=t.get("seqused_kv"),
+        sinks=sinks, window_left=case.wl, window_right=case.wr, bottom_right=p.bottom_right)
+    t["o"] = o.to(dt)
+    if case.strided_lse:
+        # Stats declared (B, S, H) in memory: the (B, H, S) view has strides (S*H, 1, H)
+        buf = torch.empty(lse.shape[0], lse.shape[2], lse.shape[1], dtype=torch.float32, device=device)
+        buf.copy_(lse.transpose(1, 2))
+        t["lse"] = buf.transpose(1, 2)
+        t["lse_contig"] = lse.contiguous()
+    else:
+        t["lse"] = lse.contiguous()
+    scalars = dict(softmax_scale=scale)
+    if p.has_window_left:
+        scalars["window_left"] = case.wl
+    if p.has_window_right:
+        scalars["window_right"] = case.wr
+    if p.is_thd:
+        scalars["max_seqlen_q"] = max(a for a, _ in case.thd_lens)
+        scalars["max_seqlen_kv"] = max(b for _, b in case.thd_lens)
+    return t, scalars, sinks, scale
+
+
+def workspace_views(p, t, poison=True):
+    if p.is_thd:
+        batch = t["cu_seqlens_q"].shape[0] - 1
+        dims = dict(batch=batch, max_seqlen_q=0, max_seqlen_kv=0, total_q=t["q"].shape[0],
+                    total_kv=t["k"].shape[0])
+    else:
+        dims = dict(batch=t["q"].shape[0], max_seqlen_q=t["q"].shape[1], max_seqlen_kv=t["k"].shape[1])
+    nbytes = scratch_bytes(p, **dims)
+    ws = torch.full((max(nbytes, 256),), 0xFF if poison else 0, dtype=torch.uint8, device=t["q"].device)
+    views, off = {}, 0
+    for name, dtype, shape in scratch_layout(p, **dims):
+        dt = getattr(torch, dtype)
+        n = 1
+        for s in shape:
+            n *= s
+        views[name] = ws[off:off + n * 4].view(dt).view(shape)
+        off += (n * 4 + 255) // 256 * 256
+    return views
+
+
+class Chain:
+    """The three compiled kernels of one params record."""
+
+    def __init__(self, p, kernels):
+        self.p = p
+        self.kernels = kernels  # template -> CompiledKernel
+
+    def __call__(self, t, scalars, views, stream=None):
+        s = stream if stream is not None else torch.cuda.current_stream()
+        values = {**t, **views, **scalars, "stream": int(s.cuda_stream)}
+        for template, args in chain_args(self.p, values):
+            self.kernels[template](*args)
+
+
+def compile_chains(params_list, target=None):
+    from frost.engines.target import discover_target
+    from frost.engines.workers import compile_many
+
+    target = target or discover_target()
+    specs = []
+    for p in params_list:
+        specs += [(tmpl, p) for _, tmpl, _ in bwd_chain(p)]
+    cks = compile_many(specs, target)
+    out, i = [], 0
+    for p in params_list:
+        kern = {}
+        for _, tmpl, _ in bwd_chain(p):
+            kern[tmpl] = cks[i]
+            i += 1
+        out.append(Chain(p, kern))
+    return out
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def run_case(case, chain, device="cuda"):
+    """Returns (ok, message)."""
+    p = case.p
+    t, scalars, sinks, scale = make_inputs(case, device)
+    outs = ["dq", "dk", "dv"] + (["dsinks"] if p.has_dsinks else [])
+    results = []
+    lse_variants = [("lse", t["lse"])] + ([("lse_contig", t["lse_contig"])] if case.strided_lse else [])
+    for tag, lse in lse_variants:
+        for r in range(case.runs):
+            for n in outs:
+                t[n].fill_(float("nan"))
+            views = workspace_views(p, t, poison=True)
+            chain({**t, "lse": lse}, scalars, views)
+            torch.cuda.synchronize()
+            results.append({n: t[n].clone() for n in outs})
+    ref = oracle(case, t["q"], t["k"], t["v"], t["do"], sinks, scale)
+    refs = dict(dq=ref[0], dk=ref[1], dv=ref[2])
+    if p.has_dsinks:
+        refs["dsinks"] = ref[3]
+    msgs, ok = [], True
+    got = results[0]
+    for n in outs:
+        if torch.isnan(got[n]).any():
+            ok = False
+            msgs.append(f"{n}: {int(torch.isnan(got[n]).sum())} NaN (unwritten?)")
+            continue
+        e = rel(got[n], refs[n])
+        tol = 2e-2
+        msgs.append(f"{n} {e:.2e}")
+        if not e < tol:
+            ok = False
+    if len(results) > 1:
+        same = all(torch.equal(results[0][n], r[n]) for r in results[1:] for n in outs)
+        msgs.append("bitwise-identical" if same else "NOT bitwise-identical")
+        ok = ok and same
+    return ok, ", ".join(msgs)
+
+
+# ------------------------------------------------------------------------------------ pytest
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def chains():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return dict(zip([c.name for c in CASES], compile_chains([c.p for c in CASES])))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_bwd_chain_matches_float64_autograd(case, chains):
+    ok, msg = run_case(case, chains[case.name])
+    assert ok, msg
+
+
+# ------------------------------------------------------------------------------------ bench
+def _time(fn, iters=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def bench_configs():
+    """(d, heads, batch, seqlen, causal, deterministic, knob overrides): B*S = 16384, hidden 2048."""
+    out = []
+    for d in (64, 128):
+        h = 2048 // d
+        for causal in (False, True):
+            out.append((d, h, 4, 4096, causal, False, {}))
+    out.append((128, 16, 4, 4096, False, True, {}))
+    out.append((128, 16, 4, 4096, True, True, {}))
+    out.append((64, 32, 4, 4096, False, False, dict(tile_m=128, sdp_warps_m=4, dq_warps_m=4)))
+    out.append((128, 16, 4, 4096, False, False, dict(num_stages=1)))
+    return out
+
+
+def bench_params(d, h, causal, det, knobs=None):
+    return _p(d=d, hq=h, hk=h, has_window_right=causal, deterministic=det, knobs=knobs)
+
+
+def bench(chains_by_cfg, log):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev = "cuda"
+    for (d, h, b, s, causal, det, knobs), chain in chains_by_cfg:
+        p = chain.p
+        flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+        q = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
+        do = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
+        scale = 1 / math.sqrt(d)
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+            fa2_ms = _time(lambda: torch.autograd.grad(out, (qt, kt, vt), do.transpose(1, 2), retain_graph=True))
+        try:
+            res = torch.ops.aten._scaled_dot_product_flash_attention(qt.detach(), kt.detach(), vt.detach(), 0.0,
+                                                                     causal, False, scale=scale)
+            o_bhsd, lse = res[0], res[1]
+        except Exception:  # pragma: no cover - fall back to the math path
+            o_bhsd, lse = out.detach(), torch.zeros(b, h, s, device=dev)
+        t = dict(q=q, k=k, v=v, do=do, o=o_bhsd.transpose(1, 2), lse=lse.contiguous(),
+                 dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
+        scalars = dict(softmax_scale=scale)
+        if causal:
+            scalars["window_right"] = 0
+        views = workspace_views(p, t, poison=False)
+        ms = _time(lambda: chain(t, scalars, views))
+        tf, tf_fa2 = flops / ms / 1e9, flops / fa2_ms / 1e9
+        tag = "".join(f" {k}={v}" for k, v in knobs.items())
+        log(f"bench d={d} h={h} b={b} s={s} causal={causal} det={det}{tag}: frost {ms:.3f} ms {tf:.0f} TFLOP/s | "
+            f"FA2 {fa2_ms:.3f} ms {tf_fa2:.0f} TFLOP/s | ratio {tf / tf_fa2:.2f}")
+
+
+def main(argv):
+    """Options: --out DIR, --tag NAME (report file name), --bench, --compile-only, --det only|skip, case names."""
+    import os
+
+    def opt(name, default=None):
+        return argv[argv.index(name) + 1] if name in argv else default
+
+    out_dir, tag, det = opt("--out"), opt("--tag", "sm80_bwd_report"), opt("--det")
+    values = {out_dir, tag, det}
+    lines = []
+
+    def log(msg):
+        print(msg, flush=True)
+        lines.append(msg)
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, f"{tag}.txt"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+
+    only = [a for a in argv if not a.startswith("--") and a not in values]
+    cases = [c for c in CASES if (not only or c.name in only)
+             and not (det == "only" and not c.p.deterministic) and not (det == "skip" and c.p.deterministic)]
+    bcfg = [c for c in bench_configs() if not (det == "only" and not c[5]) and not (det == "skip" and c[5])] \
+        if "--bench" in argv else []
+    t0 = time.time()
+    plist = [c.p for c in cases] + [bench_params(d, h, causal, dt, kn) for d, h, b, s, causal, dt, kn in bcfg]
+    try:
+        chains = compile_chains(plist)
+    except Exception as e:  # one bad compile should not hide the others
+        log(f"compile_many failed ({type(e).__name__}: {str(e)[:400]}); compiling one by one")
+        chains = []
+        for p in plist:
+            try:
+                chains.append(compile_chains([p])[0])
+            except Exception as e2:
+                log(f"compile failed for {p}: {type(e2).__name__}: {str(e2)[:400]}")
+                chains.append(None)
+    log(f"compiled {len(plist)} chains in {time.time() - t0:.1f}s on {torch.cuda.get_device_name()}")
+    if "--compile-only" in argv:
+        return 0
+    n_ok = 0
+    for case, chain in zip(cases, chains[:len(cases)]):
+        if chain is None:
+            log(f"FAIL {case.name}: not compiled")
+            continue
+        try:
+            ok, msg = run_case(case, chain)
+        except Exception as e:
+            ok, msg = False, f"{type(e).__name__}: {str(e)[:600]}"
+        n_ok += ok
+        log(f"{'PASS' if ok else 'FAIL'} {case.name}: {msg}")
+    if cases:
+        log(f"{n_ok}/{len(cases)} cases pass")
+    if bcfg:
+        pairs = [(cfg, ch) for cfg, ch in zip(bcfg, chains[len(cases):]) if ch is not None]
+        try:
+            bench(pairs, log)
+        except Exception as e:
+            log(f"bench failed: {type(e).__name__}: {str(e)[:600]}")
+    return 0 if n_ok == len(cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
