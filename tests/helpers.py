@@ -8,7 +8,7 @@ execute it; `oracle_fwd` / `oracle_bwd` answer from tests/oracle.py.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import frost
 from frost.engines.target import CPU, fake_target
-from tests.helpers import Case, assert_close, empty_like_decl, make_inputs, oracle_bwd, oracle_fwd, run_bwd, run_fwd
+from tests.helpers import Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, run_bwd, run_fwd
 
 # FROST_HYPOTHESIS_EXAMPLES raises the example count for a deeper local search
 SETTINGS = settings(max_examples=int(os.environ.get("FROST_HYPOTHESIS_EXAMPLES", "60")), deadline=None,

@@ -133,7 +133,8 @@ def test_h200_declines_in_detail(unpended):
 
 def test_a100_declines_sm90_by_cc(unpended):
     declined = reasons(declare(A100))
-    assert declined["SdpaFwdDslSm90"] == "serves compute capability 9.0; this device (NVIDIA A100-SXM4-80GB (fake)) is 8.0"
+    assert declined["SdpaFwdDslSm90"] == ("serves compute capability 9.0; this device "
+                                          "(NVIDIA A100-SXM4-80GB (fake)) is 8.0")
 
 
 def test_rtx5090_declines_sm80_by_cc(unpended):
