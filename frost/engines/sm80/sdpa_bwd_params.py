@@ -311,15 +311,15 @@ def bwd_chain(p: Sm80BwdParams) -> list[tuple[str, str, list[str]]]:
 
 
 def name_suffix(p: Sm80BwdParams) -> str:
-    """The self-describing part of every kernel name of the chain."""
-    d = f"d{p.head_dim}" + (f"x{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
-    parts = [p.family, p.dtype, d, f"h{p.num_heads_q}x{p.num_heads_kv}"]
+    """The self-describing part of every kernel name of the chain (style of the forward's names)."""
+    d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+    parts = [p.family, p.dtype, d, f"h{p.num_heads_q}k{p.num_heads_kv}"]
     for flag, tag in ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                       (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"),
                       (p.deterministic, "det")):
         if flag:
             parts.append(tag)
-    parts.append(f"m{p.tile_m}n{p.tile_n}w{p.num_warps}s{p.num_stages}")
+    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}")
     return "_".join(parts)
 
 

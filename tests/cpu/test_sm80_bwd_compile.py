@@ -1,0 +1,196 @@
+"""The mma.sync SDPA backward chain compiles for sm_80, sm_90a and sm_120a (no GPU needed).
+
+A covering set, not the cross product: every head-dim pair once, every feature
+flag at least once, both families, both dtypes, each arch. Each arch compiles
+its three kernels per flavor in its own process (PTX kept, disk cache off); the
+PTX is checked for the instruction family and the frost kernel symbol.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80BwdParams, bwd_chain, chain_args,
+                                               default_knobs, scratch_bytes, scratch_layout, smem_bytes, validate)
+from frost.errors import TemplateParamsError
+
+ROOT = Path(__file__).resolve().parents[2]
+_STAGE_TAG = {"preprocess": "pre", "main": "main", "postprocess": "post"}
+
+
+def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags) -> dict:
+    dv = dv or d
+    k = default_knobs(family, d, dv, dtype)
+    k.update(knobs or {})
+    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
+                **flags, **k)
+
+
+COVER = {
+    "sm_80": [
+        _p(d=128, hq=8, hk=2, has_window_right=True),
+        _p(dtype="fp16", d=96, has_window_left=True, has_sinks=True, has_dsinks=True),
+    ],
+    "sm_90a": [
+        _p(d=64, hq=4, hk=2, is_thd=True, has_window_left=True, has_window_right=True, deterministic=True),
+        _p(d=256, dtype="fp16", has_seqused=True, has_window_right=True, bottom_right=True),
+    ],
+    "sm_120a": [
+        _p(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
+        _p(family="sm120", d=128, has_seqused=True, deterministic=True, has_window_right=True),
+    ],
+}
+
+_SCRIPT = textwrap.dedent("""
+    import json, re, sys
+    from frost.engines.compile import compile_kernel
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, bwd_chain
+    arch = sys.argv[1]
+    out = []
+    for kw in json.loads(sys.argv[2]):
+        p = Sm80BwdParams(**kw)
+        for stage, template, _ in bwd_chain(p):
+            ck = compile_kernel(template, p, arch)
+            ptx = ck.ptx or ""
+            out.append({"stage": stage, "name": ck.name, "entries": re.findall(r"\\.entry\\s+(\\w+)", ptx),
+                        "target": re.findall(r"\\.target\\s+(\\w+)", ptx),
+                        "mma_sync": ptx.count("mma.sync.aligned.m16n8k16"), "wgmma": ptx.count("wgmma"),
+                        "ldmatrix_trans": ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans"),
+                        "cp_async": ptx.count("cp.async.cg.shared.global"), "ex2": ptx.count("ex2.approx"),
+                        "red_v2": ptx.count("red.global.add.v2.f32"), "red": ptx.count("red.global.add.f32"),
+                        "sem": ptx.count("ld.acquire.gpu"), "seconds": ck.compile_seconds})
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def _compile_arch(arch: str, tmp: Path) -> list[dict]:
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", _SCRIPT, arch, json.dumps(COVER[arch])], cwd=tmp, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.slow
+def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
+    import importlib
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(COVER, pool.map(lambda a: _compile_arch(a, tmp_path), COVER)))
+    for arch, outs in results.items():
+        expected = []
+        for kw in COVER[arch]:
+            p = Sm80BwdParams(**kw)
+            expected += [(stage, importlib.import_module(t).kernel_name(p, arch), p) for stage, t, _ in bwd_chain(p)]
+        assert len(outs) == len(expected)
+        for (stage, name, p), out in zip(expected, outs):
+            assert out["stage"] == stage and out["name"] == name, (out["name"], name)
+            assert name.startswith(f"frost_sdpa_bwd_{_STAGE_TAG[stage]}_")
+            assert out["entries"] == [name], out["entries"]
+            assert out["target"] == [arch], out["target"]
+            assert out["wgmma"] == 0, out
+            if stage != "main":
+                assert out["mma_sync"] == 0, out
+                continue
+            assert out["mma_sync"] > 0 and out["ldmatrix_trans"] > 0 and out["cp_async"] > 0, out
+            assert out["ex2"] > 0, out
+            # dQ partials: 8-byte vector reductions where the arch has them (sm_90+), scalar on sm_80
+            if arch == "sm_80":
+                assert out["red"] > 0 and out["red_v2"] == 0, out
+            else:
+                assert out["red_v2"] > 0, out
+            assert (out["sem"] > 0) == p.deterministic, out
+
+
+def test_covering_set_covers_head_dims_flags_and_families():
+    kws = [kw for arch in COVER for kw in COVER[arch]]
+    assert {(k["head_dim"], k["head_dim_v"]) for k in kws} == set(HEAD_DIMS)
+    for flag in ("is_thd", "has_seqused", "has_sinks", "has_dsinks", "has_window_left", "has_window_right",
+                 "bottom_right", "deterministic"):
+        assert any(k.get(flag) for k in kws), flag
+    assert {k["family"] for k in kws} == {"sm80", "sm120"}
+    assert any(k["num_heads_q"] != k["num_heads_kv"] for k in kws)
+    assert {k["dtype"] for k in kws} == {"bf16", "fp16"}
+
+
+def test_kernel_names_are_self_describing_frost_symbols():
+    from frost.engines.naming import check_symbol
+    from frost.engines.sm80 import sdpa_bwd, sdpa_bwd_postprocess, sdpa_bwd_preprocess
+
+    p = Sm80BwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True))
+    names = [m.kernel_name(p, "sm_90a") for m in (sdpa_bwd_preprocess, sdpa_bwd, sdpa_bwd_postprocess)]
+    for n in names:
+        assert check_symbol(n) == n
+    assert names[1] == "frost_sdpa_bwd_main_sm80_bf16_d128_h8k2_wr_thd_det_m64n128s2w8"
+    assert names[0].startswith("frost_sdpa_bwd_pre_") and names[2].startswith("frost_sdpa_bwd_post_")
+    p2 = Sm80BwdParams(**_p(family="sm120", d=192, dv=128, has_sinks=True, has_dsinks=True))
+    assert sdpa_bwd.kernel_name(p2, "sm_120a").startswith("frost_sdpa_bwd_main_sm120_bf16_d192v128_h4k4_dsink_")
+
+
+def test_default_knobs_fit_each_family_and_validate():
+    for fam in ("sm80", "sm120"):
+        for d, dv in HEAD_DIMS:
+            for dt in ("bf16", "fp16"):
+                p = Sm80BwdParams(**_p(family=fam, dtype=dt, d=d, dv=dv))
+                validate(p)
+                assert smem_bytes(p) <= SMEM_BUDGET[fam]
+    k = default_knobs("sm80", 128, 128, "bf16", smem_budget=101376)  # a 99 KB cc 8.x part
+    assert smem_bytes(Sm80BwdParams(head_dim=128, head_dim_v=128, **k)) <= 101376
+    assert default_knobs("sm80", 128, 128, tile_n=64)["tile_n"] == 64  # a requested knob is honored
+
+
+@pytest.mark.parametrize("bad", [
+    dict(head_dim=80, head_dim_v=80),
+    dict(head_dim=128, head_dim_v=64),
+    dict(num_heads_q=6, num_heads_kv=4),
+    dict(is_thd=True, has_seqused=True),
+    dict(has_dsinks=True),
+    dict(num_stages=3),
+    dict(num_warps=6),
+    dict(sdp_warps_m=3),
+    dict(tile_m=48),
+    dict(tile_m=128, tile_n=128, head_dim=128, head_dim_v=128),  # smem and registers
+    dict(family="sm120", head_dim=128, head_dim_v=128, tile_m=64, tile_n=128, num_stages=2),
+])
+def test_validator_rejects(bad):
+    with pytest.raises(TemplateParamsError):
+        validate(Sm80BwdParams(**bad))
+
+
+def test_scratch_layout_is_closed_form_and_aligned():
+    p = Sm80BwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, deterministic=True, has_sinks=True, has_dsinks=True))
+    lay = scratch_layout(p, batch=3, max_seqlen_q=0, max_seqlen_kv=0, total_q=1000, total_kv=900)
+    assert [n for n, _, _ in lay] == ["dpsum", "dq_accum", "dq_semaphore", "dsink_partial"]
+    assert dict((n, s) for n, _, s in lay)["dq_accum"] == (8, 1000, 128)
+    assert dict((n, s) for n, _, s in lay)["dq_semaphore"] == (8 * (1000 // 64 + 3 + 1),)
+    nbytes = scratch_bytes(p, 3, 0, 0, 1000, 900)
+    assert nbytes % 256 == 0 and nbytes >= 4 * (8 * 1000 + 8 * 1000 * 128)
+    dense = Sm80BwdParams(**_p(d=64))
+    lay = scratch_layout(dense, batch=2, max_seqlen_q=300, max_seqlen_kv=500)
+    assert lay == [("dpsum", "float32", (2, 4, 300)), ("dq_accum", "float32", (2, 4, 300, 64))]
+
+
+def test_chain_argument_lists_follow_the_contract_order():
+    p = Sm80BwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_left=True, has_window_right=True,
+                           has_sinks=True, has_dsinks=True, deterministic=True))
+    chain = {stage: names for stage, _, names in bwd_chain(p)}
+    assert chain["preprocess"] == ["o", "do", "lse", "cu_seqlens_q", "sinks", "dpsum", "dq_accum",
+                                   "dq_semaphore", "dsink_partial", "stream"]
+    assert chain["main"] == ["q", "k", "v", "do", "lse", "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "dpsum",
+                             "dq_accum", "dq_semaphore", "softmax_scale", "window_left", "window_right",
+                             "max_seqlen_kv", "stream"]
+    assert chain["postprocess"] == ["dq", "dsinks", "dq_accum", "dsink_partial", "softmax_scale", "stream"]
+    values = {n: n for names in chain.values() for n in names}
+    bound = chain_args(p, values)
+    assert [args for _, args in bound] == list(chain.values())
+    with pytest.raises(KeyError):
+        chain_args(p, {})
