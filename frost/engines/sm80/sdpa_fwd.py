@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import cuda.bindings.driver as cuda
 import cutlass
+import cutlass.memory
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
@@ -330,7 +331,7 @@ class Sm80SdpaFwd:
         gK = cute.local_tile(mK_s, (p.tile_n, p.head_dim), (None, 0))
         gV = cute.local_tile(mV_s, (p.tile_n, p.head_dim_v), (None, 0))
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sK_layout)
