@@ -25,15 +25,26 @@ PROBE = "frost.engines.common.probe_copy"
 ARCH = "sm_90a"
 
 
-def run_py(script: str, cache_dir: Path, extra_env=None, extra_path=(), timeout=300) -> dict:
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """A frozen copy of the frost package: processes that must agree on the fingerprint import
+    the same sources even if the working tree changes meanwhile."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("tree")
+    shutil.copytree(ROOT / "frost", root / "frost", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def run_py(script: str, cache_dir: Path, extra_env=None, extra_path=(), timeout=300, root: Path = ROOT) -> dict:
     """Run `script` in a fresh interpreter; it prints one JSON object as its last line."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *map(str, extra_path), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *map(str, extra_path), env.get("PYTHONPATH", "")])
     env["FROST_CACHE_DIR"] = str(cache_dir)
     env.pop("FROST_CACHE_DISABLE", None)
     env.update(extra_env or {})
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
-                       timeout=timeout, cwd=str(ROOT))
+                       timeout=timeout, cwd=str(root))
     assert r.returncode == 0, f"subprocess failed:\n{r.stdout}\n{r.stderr}"
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -62,12 +73,12 @@ def fresh(tmp_path, monkeypatch):
     boundary.clear_memo()
 
 
-def test_second_process_hits_with_zero_compiles_and_the_same_digest(tmp_path):
+def test_second_process_hits_with_zero_compiles_and_the_same_digest(tmp_path, tree):
     d = tmp_path / "cache"
-    first = run_py(COMPILE_PROBE.format(dtype="f32", arch=ARCH), d)
+    first = run_py(COMPILE_PROBE.format(dtype="f32", arch=ARCH), d, root=tree)
     assert first["source"] == "compile" and first["name"] == "frost_probe_copy_f32"
     assert first["stats"]["compiles"] == 1 and first["stats"]["misses"] == 1 and first["stats"]["hits"] == 0
-    second = run_py(COMPILE_PROBE.format(dtype="f32", arch=ARCH), d)
+    second = run_py(COMPILE_PROBE.format(dtype="f32", arch=ARCH), d, root=tree)
     assert second["source"] == "disk"
     assert second["stats"]["compiles"] == 0 and second["stats"]["hits"] == 1 and second["stats"]["misses"] == 0
     assert second["digest"] == first["digest"] and second["path"] == first["path"]
@@ -75,7 +86,7 @@ def test_second_process_hits_with_zero_compiles_and_the_same_digest(tmp_path):
         assert not second["cutlass"], "a warm-cache load imported cutlass"
 
 
-def test_loaded_artifact_has_the_fresh_call_signature(tmp_path):
+def test_loaded_artifact_has_the_fresh_call_signature(tmp_path, tree):
     """A fresh in-memory compile (with a JIT engine: sm_100a is what the DSL assumes without a GPU)
     and the artifact loaded from disk answer the same call the same way."""
     script = """
@@ -94,9 +105,9 @@ def test_loaded_artifact_has_the_fresh_call_signature(tmp_path):
         print(json.dumps(out))
     """
     d = tmp_path / "cache"
-    fresh = run_py(script, d, {"FROST_CACHE_DISABLE": "1"})
-    run_py(script, d)  # compile, export, load back
-    loaded = run_py(script, d)
+    fresh = run_py(script, d, {"FROST_CACHE_DISABLE": "1"}, root=tree)
+    run_py(script, d, root=tree)  # compile, export, load back
+    loaded = run_py(script, d, root=tree)
     assert fresh["source"] == "compile" and loaded["source"] == "disk"
     assert fresh["fn"] == loaded["fn"] == "Function"
     for k in ("cpu", "arity", "dtype"):
@@ -142,7 +153,7 @@ def test_corrupt_truncated_and_foreign_entries_are_misses_and_get_replaced(fresh
     assert cache.stats()["compiles"] == 5
 
 
-def test_racing_processes_compile_a_key_once(tmp_path):
+def test_racing_processes_compile_a_key_once(tmp_path, tree):
     """Two fresh processes start compiling the same key at the same moment; the file lock
     makes one compile and the other load what it published."""
     d = tmp_path / "cache"
@@ -159,10 +170,10 @@ def test_racing_processes_compile_a_key_once(tmp_path):
         ck = compile_kernel("frost.engines.common.probe_copy", ProbeCopyParams(dtype="bf16"), "{ARCH}")
         print(json.dumps({{"source": ck.source, "digest": ck.digest, "stats": cache.stats()}}))
     """
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FROST_CACHE_DIR=str(d))
+    env = dict(os.environ, PYTHONPATH=str(tree), FROST_CACHE_DIR=str(d))
     env.pop("FROST_CACHE_DISABLE", None)
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=str(ROOT)) for _ in range(2)]
+                              stderr=subprocess.PIPE, text=True, cwd=str(tree)) for _ in range(2)]
     deadline = time.time() + 120
     while len(list(tmp_path.glob("ready.*"))) < 2 and time.time() < deadline:
         time.sleep(0.01)
