@@ -174,6 +174,12 @@ def _must_fail(p, case: Case) -> bool:
     return False
 
 
+def _need(condition: bool) -> None:
+    """Discard an example whose perturbation does not apply to its case."""
+    if not condition:
+        assume(False)
+
+
 def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
     """Declare the case's forward graph with one field perturbed; returns the validated graph."""
     g = frost.Graph(io_data_type=case.dtype, target=CPU)
@@ -193,7 +199,7 @@ def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
     kind = p[0]
     if kind in ("dim", "stride", "dtype"):
         h = handles.get(p[1])
-        assume(h is not None)
+        _need(h is not None)
         if kind == "dim":
             h.set_dim(_changed(h.dim, p[2], p[3]))
         elif kind == "stride":
@@ -209,7 +215,7 @@ def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
     elif kind == "alignment":
         kw["diagonal_alignment"] = p[1]
     elif kind == "drop_kw":
-        assume(p[1] in kw)
+        _need(p[1] in kw)
         del kw[p[1]]
     elif kind == "unknown_kw":
         kw[p[1]] = True
@@ -220,7 +226,7 @@ def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
     outs = {"o": o, "stats": stats}
     if kind in ("out_dim", "out_stride", "out_dtype"):
         h = outs[p[1]]
-        assume(h is not None)
+        _need(h is not None)
         if kind == "out_dim":
             h.set_dim(_changed(h.dim, p[2], p[3]))
         elif kind == "out_stride":
