@@ -180,7 +180,7 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         raise GraphError(f"{_who(v, 'v')}: {hv} heads differ from k's {hkv}")
     if thd and tv != tkv:
         raise GraphError(f"{_who(v, 'v')}: packed total {tv} differs from k's {tkv}")
-    if hkv < 1 or hq % hkv != 0:
+    if hq < 1 or hkv < 1 or hq % hkv != 0:
         raise GraphError(f"sdpa {a.name!r}: q has {hq} heads, k/v have {hkv}; GQA needs H_q to be a multiple of H_kv")
     if dqk < 1 or dv < 1:
         raise GraphError(f"sdpa {a.name!r}: head dims must be >= 1")

@@ -192,6 +192,7 @@ CATALOG = [
     ("head-dims-differ", lambda: dense_fwd(dict(dk=32)), ["tensor 'k'", "head dim 32", "q's head dim 16"]),
     ("gqa-heads-do-not-divide", lambda: dense_fwd(dict(hq=4, hkv=3)), ["q has 4 heads", "k/v have 3",
                                                                          "multiple of H_kv"]),
+    ("no-query-heads", lambda: dense_fwd(dict(hq=0, hkv=2)), ["q has 0 heads", "k/v have 2"]),
     ("v-heads-differ-from-k", lambda: dense_fwd(dict(hv=2)), ["tensor 'v'", "2 heads differ from k's 4"]),
     ("v-seq-differs-from-k", lambda: dense_fwd(dict(skv_v=7)), ["tensor 'v'", "sequence length 7", "k's 8"]),
     ("batch-differs", lambda: dense_fwd(dict(bk=3)), ["batch sizes differ: q 2, k 3, v 3"]),
