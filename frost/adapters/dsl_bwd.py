@@ -11,7 +11,7 @@ import importlib
 
 from frost.adapters.base import SdpaBwdDsl
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
-from frost.engines.dsl import dsl_decline_reason
+from frost.adapters.dsl_fwd import check_dsl_and_knobs
 from frost.errors import TemplateParamsError
 from frost.runtime.context import stream_handle
 from frost.runtime.workspace import ScratchBuffer, carve
@@ -31,9 +31,7 @@ class DslBwdAdapter(SdpaBwdDsl):
     vector_bytes = 16
 
     def check_support(self) -> None:
-        reason = dsl_decline_reason()
-        if reason:
-            raise self.decline(reason)
+        check_dsl_and_knobs(self)
 
     def template_params(self):  # pragma: no cover - per arch
         raise NotImplementedError

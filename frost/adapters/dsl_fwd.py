@@ -19,6 +19,23 @@ def fwd_feature_flags(facts) -> dict:
                 bottom_right=facts.bottom_right and (facts.window_left is not None or facts.window_right is not None))
 
 
+def check_dsl_and_knobs(adapter) -> None:
+    """Decline when the DSL is missing, or when requested knobs make the template's params invalid.
+
+    Requested knobs are honored or the engine is ineligible; without requests the
+    defaults must validate, and a failure there is a bug, raised at compile.
+    """
+    reason = dsl_decline_reason()
+    if reason:
+        raise adapter.decline(reason)
+    if adapter.knobs.requested():
+        try:
+            params = adapter.template_params()
+            importlib.import_module(adapter.params_module).validate(params)
+        except TemplateParamsError as e:
+            raise adapter.decline(f"requested knobs {adapter.knobs.requested()} do not fit: {e}") from None
+
+
 class DslFwdAdapter(SdpaFwdDsl):
     """Compiles one forward template at plan time; execute binds canonical views and launches."""
 
@@ -27,9 +44,7 @@ class DslFwdAdapter(SdpaFwdDsl):
     vector_bytes = 16
 
     def check_support(self) -> None:
-        reason = dsl_decline_reason()
-        if reason:
-            raise self.decline(reason)
+        check_dsl_and_knobs(self)
 
     def template_params(self):  # pragma: no cover - per arch
         raise NotImplementedError

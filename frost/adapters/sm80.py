@@ -16,7 +16,8 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
         from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs
 
         f = self.facts
-        knobs = dict(default_knobs(self.family, f.head_dim_qk, f.head_dim_v, f.io_dtype))
+        knobs = dict(default_knobs(self.family, f.head_dim_qk, f.head_dim_v, f.io_dtype,
+                                   smem_budget=self.target.smem_per_block_optin or None))
         knobs.update(self.knobs.requested())
         return Sm80FwdParams(family=self.family, **fwd_feature_flags(f), **knobs)
 

@@ -37,7 +37,8 @@ Mask semantics (shared by every engine and the reference):
 Logits are softmax_scale * q.k. GQA: query head h reads kv head h // (Hq // Hkv).
 Sinks: one extra logit per query head, sinks[h] (already in scaled-logit units),
 enters the softmax denominator only. LSE (natural log) includes the sink.
-A row with no allowed key and no sink writes O = 0 and LSE = -inf.
+A row with no allowed key and no sink writes O = 0 and LSE = -inf. Dense rows past
+seqused_q are written the same way; THD kernels write only rows inside a sequence.
 
 Backward argument order:
     q, k, v, o, do, lse, dq, dk, dv,

@@ -29,10 +29,11 @@ class CapabilityRow(BaseModel):
     serves_cpu: bool = False
 
 
-def _fwd_bwd(name: str, module: str, cls: str, **kw) -> list[CapabilityRow]:
-    return [CapabilityRow(name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd", **kw),
+def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=None, **kw) -> list[CapabilityRow]:
+    return [CapabilityRow(name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd",
+                          pending=pending_fwd, **kw),
             CapabilityRow(name=f"SdpaBwdDsl{name}", adapter=f"{module}:SdpaBwdDsl{cls}", direction="bwd",
-                          **{**kw, "features": kw["features"] | {"deterministic"}})]
+                          pending=pending_bwd, **{**kw, "features": kw["features"] | {"deterministic"}})]
 
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
@@ -40,20 +41,22 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
              dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": (64, 80, 96, 112, 128, 160, 176, 192),
                            "num_stages": (1, 2, 3)},
-             pending="the SM90 (wgmma + TMA) kernel is not available yet")
+             pending_fwd="the SM90 (wgmma + TMA) forward kernel is not available yet",
+             pending_bwd="the SM90 backward is not written yet; SdpaBwdDslSm80 serves cc 9.0")
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)},
-               pending="the SM80 (mma.sync) kernel is not available yet")
+               pending_bwd="the SM80 (mma.sync) backward kernels are not available yet")
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)},
-               pending="the SM120 (mma.sync, 99 KB smem) kernel is not available yet")
+               pending_bwd="the SM120 (mma.sync, 99 KB smem) backward kernels are not available yet")
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
-               pending="the SM100 (tcgen05 + TMEM) kernel is not written yet")
+               pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",
+               pending_bwd="the SM100 (tcgen05 + TMEM) kernels are not written yet")
     + [CapabilityRow(name="SdpaFwdReference", adapter="frost.adapters.reference:SdpaFwdReference",
                      direction="fwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
                      dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=KERNEL_FEATURES,
