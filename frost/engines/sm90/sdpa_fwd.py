@@ -46,7 +46,8 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
                                     (not p.has_lse, "nolse")) if flag]
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao")
-                 + ("" if p.intra_wg_overlap else "nov") + f"sm{p.sm_count}")
+                 + ("" if p.intra_wg_overlap else "nov") + ("re" if p.rescale_o_early else "")
+                 + ("" if p.head_fastest else "mf") + f"sm{p.sm_count}")
     return "_".join(parts)
 
 
@@ -237,7 +238,7 @@ class SdpaFwdSm90:
         if const_expr(self.p.is_thd):
             return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.p.num_heads_q, self.tile_m, self.reverse_m,
                                     cursor_b, cursor_base)
-        elif const_expr(self.reverse_m):
+        elif const_expr(self.reverse_m or self.p.head_fastest):
             m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.p.num_heads_q,
                                                               num_batch)
             return m_block, head, batch, valid, cursor_b, cursor_base
@@ -392,6 +393,8 @@ class SdpaFwdSm90:
         self.sched_sync(wg)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1)
+        if const_expr(p.rescale_o_early):
+            sm.rescale_rows(acc_O, row_scale)  # while QK^T runs, off the path to the next issue
         pipe_v.consumer_wait(v_state, pipe_v.consumer_try_wait(v_state))
         wu.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], zero_init=False, wg_wait=-1)
         self.sched_arrive(wg)
@@ -404,7 +407,8 @@ class SdpaFwdSm90:
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
-        sm.rescale_rows(acc_O, row_scale)
+        if const_expr(not p.rescale_o_early):
+            sm.rescale_rows(acc_O, row_scale)
         return kv_state
 
     @cute.jit
@@ -503,6 +507,8 @@ class SdpaFwdSm90:
                 if const_expr(p.separate_o_smem):
                     pipe_q.consumer_release(q_state)
                 # last PV
+                if const_expr(p.rescale_o_early):
+                    sm.rescale_rows(acc_O, row_scale)
                 pipe_v.consumer_wait(kv_state, pipe_v.consumer_try_wait(kv_state))
                 wu.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False,
                         wg_wait=0)

@@ -38,6 +38,8 @@ class Sm90FwdParams(TemplateParams):
     pingpong: bool = True
     separate_o_smem: bool = True
     persistent: bool = True
+    rescale_o_early: bool = False  # rescale O while the next QK^T runs instead of after softmax
+    head_fastest: bool = True  # dense tiles: (batch, head) varies fastest, m-blocks last-first
     sm_count: int = 132
 
     @property
