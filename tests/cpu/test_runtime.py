@@ -62,8 +62,10 @@ def _planned_graph():
 
 
 def test_execute_checks_the_workspace_a_plan_needs(monkeypatch):
+    from frost.adapters.reference import SdpaFwdReference
+
+    monkeypatch.setattr(SdpaFwdReference, "scratch_workspace_bytes", lambda self: 512)
     g, pack = _planned_graph()
-    monkeypatch.setattr(g.plan.adapter, "scratch_workspace_bytes", lambda: 512)
     assert g.get_workspace_size() == 512
     with pytest.raises(frost.WorkspaceError, match="needs a workspace of 512 bytes; got None"):
         g.execute(pack, None)
