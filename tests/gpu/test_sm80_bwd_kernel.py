@@ -312,6 +312,42 @@ def run_case(case, chain, device="cuda"):
     return ok, ", ".join(msgs)
 
 
+def run_graph_replay(case, chain, new_lens, device="cuda"):
+    """Capture the THD chain in a CUDA graph, write new lengths (same totals, a longer sequence than the
+    captured max_seqlen_kv) into the same device tensors, replay, and check against the oracle."""
+    p = case.p
+    t, scalars, _, _ = make_inputs(case, device)
+    views = workspace_views(p, t, poison=False)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain(t, scalars, views, stream=stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        chain(t, scalars, views, stream=stream)
+    new = Case(case.name + "_replay", p, thd_lens=new_lens, wl=case.wl, wr=case.wr)
+    t2, _, sinks2, scale2 = make_inputs(new, device)
+    for n in ("cu_seqlens_q", "cu_seqlens_kv", "o", "lse"):
+        t[n].copy_(t2[n])
+    outs = ["dq", "dk", "dv"] + (["dsinks"] if p.has_dsinks else [])
+    for n in outs:
+        t[n].fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = oracle(new, t["q"], t["k"], t["v"], t["do"], sinks2, scale2)
+    refs = dict(dq=ref[0], dk=ref[1], dv=ref[2], dsinks=ref[3])
+    msgs, ok = [], True
+    for n in outs:
+        e = rel(t[n], refs[n]) if not torch.isnan(t[n]).any() else float("nan")
+        msgs.append(f"{n} {e:.2e}")
+        ok = ok and e < 2e-2
+    return ok, ", ".join(msgs)
+
+
+REPLAY_LENS = [(300, 400), (129, 129), (37, 37), (1, 96), (5, 5), (0, 0)]
+
+
 # ------------------------------------------------------------------------------------ pytest
 CASES = _cases()
 
@@ -326,6 +362,13 @@ def chains():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_bwd_chain_matches_float64_autograd(case, chains):
     ok, msg = run_case(case, chains[case.name])
+    assert ok, msg
+
+
+def test_thd_graph_replay_honors_new_lengths(chains):
+    name = "thd_d128_causal_gqa_sinks"
+    case = [c for c in CASES if c.name == name][0]
+    ok, msg = run_graph_replay(case, chains[name], REPLAY_LENS)
     assert ok, msg
 
 
@@ -355,8 +398,9 @@ def bench_configs():
             out.append((d, h, 4, 4096, causal, False, {}))
     out.append((128, 16, 4, 4096, False, True, {}))
     out.append((128, 16, 4, 4096, True, True, {}))
-    out.append((64, 32, 4, 4096, False, False, dict(tile_m=128, sdp_warps_m=4, dq_warps_m=4)))
-    out.append((128, 16, 4, 4096, False, False, dict(num_stages=1)))
+    out.append((64, 32, 4, 4096, False, True, {}))
+    out.append((64, 32, 4, 4096, True, True, {}))
+    out.append((64, 32, 4, 4096, False, False, dict(tile_m=64, sdp_warps_m=2, dq_warps_m=2)))
     return out
 
 
@@ -451,6 +495,13 @@ def main(argv):
             ok, msg = False, f"{type(e).__name__}: {str(e)[:600]}"
         n_ok += ok
         log(f"{'PASS' if ok else 'FAIL'} {case.name}: {msg}")
+    for case, chain in zip(cases, chains[:len(cases)]):
+        if case.name == "thd_d128_causal_gqa_sinks" and chain is not None:
+            try:
+                ok, msg = run_graph_replay(case, chain, REPLAY_LENS)
+            except Exception as e:
+                ok, msg = False, f"{type(e).__name__}: {str(e)[:600]}"
+            log(f"{'PASS' if ok else 'FAIL'} graph_replay_new_lengths: {msg}")
     if cases:
         log(f"{n_ok}/{len(cases)} cases pass")
     if bcfg:

@@ -187,12 +187,21 @@ def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: c
 
 @cute.jit
 def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv: Int32):
-    """Step t of the flat loop -> (query head, query tile)."""
-    if cutlass.const_expr(cfg.group == 1):
-        return head_kv, m_min + t
-    else:
-        return head_kv * cfg.group + t // n_m, m_min + t % n_m
+    """Step t of the flat loop -> (query head, query tile).
 
+    Deterministic mode walks query tiles from the last down: lower key tiles
+    (the earlier turns of every query tile) then reach a tile no later than
+    higher ones, so turns rarely wait, causal and windowed bands included.
+    """
+    head = head_kv
+    idx = t
+    if cutlass.const_expr(cfg.group > 1):
+        head = head_kv * cfg.group + t // n_m
+        idx = t % n_m
+    m = m_min + idx
+    if cutlass.const_expr(cfg.p.deterministic):
+        m = m_min + n_m - 1 - idx
+    return head, m
 
 
 @cute.kernel
@@ -379,12 +388,15 @@ def _main_kernel(
                                                     batch)
 
                 # ---- S = Q.K^T, P
-                cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
+                # stage 2: Q, dO (t) were issued one step ago; stage 1: just now
+                cute.arch.cp_async_wait_group(0)
                 cute.arch.barrier()
                 if cutlass.const_expr(cfg.stages == 2):
                     if has_next:
                         _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head_n, m_next, offset_q, seqlen_q,
                                 sQ[None, None, 1 - slot], cQ)
+                        _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
+                                sdO[None, None, 1 - slot], cdO)
                     cute.arch.cp_async_commit_group()
                 acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                 acc_S.fill(0.0)
@@ -398,28 +410,22 @@ def _main_kernel(
                     lse2 = sLSE[tScS_mn[r, 0][0]]
                     acc_S_mn[r, None].store(cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - lse2,
                                                            fastmath=True))
+                # P goes to smem now (its readers of the previous step passed the barrier above)
+                rP = cute.make_fragment_like(acc_S, dt)
+                rP.store(acc_S.load().to(dt))
+                cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
 
                 # ---- dP = dO.V^T, dS
-                cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
-                cute.arch.barrier()
-                if cutlass.const_expr(cfg.stages == 2):
-                    if has_next:
-                        _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
-                                sdO[None, None, 1 - slot], cdO)
-                    cute.arch.cp_async_commit_group()
                 acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
                 acc_dP.fill(0.0)
                 _gemm(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, slot], tdPsV, s2r_sdp_a,
-                         s2r_sdp_b)
+                      s2r_sdp_b)
                 acc_dP_mn = acc_as_mn(acc_dP)
                 for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                     dps = sdPsum[tScS_mn[r, 0][0]]
                     acc_dP_mn[r, None].store(acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - dps))
-                rP = cute.make_fragment_like(acc_S, dt)
-                rP.store(acc_S.load().to(dt))
                 rdS = cute.make_fragment_like(acc_dP, dt)
                 rdS.store(acc_dP.load().to(dt))
-                cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
                 cute.copy(r2s_sdp, r2s_sdp.retile(rdS), tdSsdS)
                 cute.arch.barrier()
 
@@ -552,9 +558,10 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
                 bu.red_add_f32(bu.elem_ptr(tAcc, i + 1), acc_dQ[i + 1])
 
     if cutlass.const_expr(mSem is not None):
-        cute.arch.fence_acq_rel_gpu()
+        # every thread's reductions precede the barrier; thread 0's fence + release publishes them all
         cute.arch.barrier()
         if tidx == 0:
+            cute.arch.fence_acq_rel_gpu()
             bu.red_release_add_i32(sem_ptr, Int32(1))
 
 

@@ -167,7 +167,8 @@ def validate(p: Sm80BwdParams) -> None:
 
 # (head_dim, head_dim_v) -> knobs, best first; the first that fits the budget wins.
 _CANDIDATES: dict[tuple[int, int], list[dict]] = {
-    (64, 64): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+    (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4),
+               dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
                dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2)],
     (96, 96): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
                dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4)],
