@@ -40,8 +40,14 @@ class DslBwdAdapter(SdpaBwdDsl):
     def _pm(self):
         return importlib.import_module(self.params_module)
 
+    def kernel_specs(self) -> list:
+        """(template module, params) of every kernel of the chain, in launch order."""
+        params = self.template_params()
+        return [(module, params) for _, module, _ in self._pm.bwd_chain(params)]
+
     def compile(self) -> None:
-        from frost.engines.compile import compile_kernel
+        """Compile the whole chain at plan time; kernels missing from the cache compile in parallel workers."""
+        from frost.engines.workers import compile_many
 
         params = self.template_params()
         try:
@@ -50,8 +56,11 @@ class DslBwdAdapter(SdpaBwdDsl):
             raise TemplateParamsError(f"{self.engine_name}: its capability row accepted a graph its template "
                                       f"rejects (a bug): {e}") from e
         self.params = params
-        self.chain = [(stage, compile_kernel(module, params, self.target), names)
-                      for stage, module, names in self._pm.bwd_chain(params)]
+        f = self.facts
+        self._scratch_bytes = self._pm.scratch_bytes(params, f.batch, f.seq_q, f.seq_kv, f.total_q, f.total_kv)
+        stages = self._pm.bwd_chain(params)
+        kernels = compile_many([(module, params) for _, module, _ in stages], self.target)
+        self.chain = [(stage, kernel, names) for (stage, _, names), kernel in zip(stages, kernels)]
         self.compiled = True
 
     def kernel_names(self) -> list[str]:
@@ -63,8 +72,8 @@ class DslBwdAdapter(SdpaBwdDsl):
         return [ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in layout]
 
     def scratch_workspace_bytes(self) -> int:
-        f = self.facts
-        return self._pm.scratch_bytes(self.params, f.batch, f.seq_q, f.seq_kv, f.total_q, f.total_kv)
+        """Closed form from plan-time envelopes, computed once at compile."""
+        return self._scratch_bytes
 
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts

@@ -12,8 +12,10 @@ where its error surfaces normally.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -60,6 +62,27 @@ def _compile_in_worker(spec_json: dict, arch: str) -> dict:
     ck = publish(spec.template, spec.params, arch, load=False)
     return {"ok": ck is not None, "name": ck.name if ck else None, "source": ck.source if ck else None,
             "digest": ck.digest if ck else None, "seconds": time.perf_counter() - t0}
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """Keep spawned workers from re-running the caller's main script.
+
+    A spawn child re-imports `__main__` from its `__spec__` or `__file__`: in a user's
+    training script without an `if __name__ == "__main__"` guard that would run the
+    script again. Workers only need frost, so both are hidden while workers start.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def _pool(n: int, target: Target | str) -> ProcessPoolExecutor:
@@ -109,7 +132,8 @@ def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int) -> lis
     out: list[Optional[dict]] = [None] * len(specs)
     try:
         with _pool(max(1, n), target) as pool:
-            futures = [pool.submit(_compile_in_worker, s.to_json(), arch) for s in specs]
+            with _main_hidden():  # processes start at the first submits
+                futures = [pool.submit(_compile_in_worker, s.to_json(), arch) for s in specs]
             for i, f in enumerate(futures):
                 try:
                     out[i] = f.result()
@@ -151,5 +175,5 @@ def _worker_facts(spec_json: Optional[dict], arch: str) -> dict:
 
 def worker_facts(target: Target | str, spec: Optional[KernelSpec] = None) -> dict:
     """Run one worker like compile_many's and report its CUDA view (diagnostics, tests)."""
-    with _pool(1, target) as pool:
+    with _pool(1, target) as pool, _main_hidden():
         return pool.submit(_worker_facts, spec.to_json() if spec else None, _arch_of(target)).result()

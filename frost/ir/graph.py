@@ -192,11 +192,15 @@ class Graph:
     def build_plans(self, policy=None, engine: Optional[str] = None, knobs=None) -> "Graph":
         """Rank the engines and compile the best (or the one named). Compiles at plan time only."""
         from frost.lowering.lower import build_plan
+        from frost.runtime.binding import Binder
 
         if self._ranking is None or engine is not None or knobs is not None:
             self.create_execution_plans(engine=engine, knobs=knobs)
         self.check_support()
         self.plan = build_plan(self.facts, self.target, self._knobs, ranking=self._ranking)
+        self._binder = Binder(self._roles(), vector_bytes=getattr(self.plan.adapter, "vector_bytes", 1),
+                              is_thd=self.facts.is_thd, wants_cuda=not self.target.is_cpu,
+                              engine=self.plan.engine_name, plan=self.plan)
         return self
 
     def available_engines(self) -> list[str]:
@@ -234,29 +238,6 @@ class Graph:
 
     def execute(self, variant_pack: dict, workspace=None, context=None, handle=None) -> None:
         """Bind tensors and launch on the context's stream. Never copies, allocates or syncs."""
-        from frost.runtime.binding import check_tensor, check_thd_totals, lookup
-        from frost.runtime.context import ExecutionContext
-        from frost.runtime.workspace import check_workspace
-
         self._require_plan()
-        ctx = context if context is not None else ExecutionContext()
-        row_vec = getattr(self.plan.adapter, "vector_bytes", 1)
-        is_thd = self.facts.is_thd
-        device = None
-        bound = {}
-        for role, decl in self._roles().items():
-            t = lookup(variant_pack, decl)
-            if device is None and t is not None and hasattr(t, "device"):
-                device = t.device
-            vec = row_vec if role in ("q", "k", "v", "o", "dO", "dQ", "dK", "dV") else 4 if row_vec > 1 else 1
-            bound[role] = check_tensor(role, decl, t, device=device, is_thd=is_thd, vector_bytes=vec)
-        if device is not None:
-            want_cuda = not self.plan.adapter.target.is_cpu
-            if want_cuda and device.type != "cuda":
-                from frost.errors import BindingError
-
-                raise BindingError(f"engine {self.engine_name} runs on the GPU; tensors are on {device}")
-        if is_thd:
-            check_thd_totals(bound)
-        check_workspace(workspace, self.plan.workspace_size, device if workspace is not None else None)
-        self.plan.execute(bound, workspace, ctx.stream)
+        stream = context.stream if context is not None else None
+        self.plan.execute(self._binder.bind(variant_pack, workspace), workspace, stream)

@@ -65,3 +65,54 @@ def check_thd_totals(bound: dict) -> None:
         seen = {r: bound[r].shape[0] for r in group if r in bound}
         if len(set(seen.values())) > 1:
             raise BindingError(f"packed token counts disagree: {seen}")
+
+
+_VECTOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
+
+
+class Binder:
+    """Built once per plan: binds a variant pack with one cheap comparison per tensor.
+
+    The fast path compares dtype, dims, strides, device and alignment against
+    values precomputed at plan time; anything else goes through `check_tensor`,
+    which accepts the legal variations (THD totals) or raises the detailed error.
+    """
+
+    def __init__(self, roles: dict, *, vector_bytes: int, is_thd: bool, wants_cuda: bool, engine: str,
+                 plan):
+        self.is_thd = is_thd
+        self.wants_cuda = wants_cuda
+        self.engine = engine
+        self.plan = plan
+        self.specs = []
+        for role, decl in roles.items():
+            vec = vector_bytes if role in _VECTOR_ROLES else (4 if vector_bytes > 1 else 1)
+            self.specs.append((role, decl, decl.data_type.to_torch(), tuple(decl.dim), tuple(decl.stride), vec))
+
+    def bind(self, variant_pack: dict, workspace) -> dict:
+        from frost.runtime.workspace import check_workspace
+
+        bound = {}
+        device = None
+        for role, decl, dtype, dims, strides, vec in self.specs:
+            t = variant_pack.get(decl)
+            if t is None:
+                t = lookup(variant_pack, decl)
+            if device is None and t is not None and hasattr(t, "device"):
+                device = t.device
+                if self.wants_cuda and device.type != "cuda":
+                    raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {device} "
+                                       f"(first: {decl.name!r})")
+            try:
+                fast = (t.dtype is dtype and t.shape == dims and t.stride() == strides and t.device == device
+                        and t.data_ptr() % vec == 0)
+            except AttributeError:
+                fast = False
+            bound[role] = t if fast else check_tensor(role, decl, t, device=device, is_thd=self.is_thd,
+                                                      vector_bytes=vec)
+        if self.is_thd:
+            check_thd_totals(bound)
+        need = self.plan.workspace_size
+        if need:
+            check_workspace(workspace, need, device)
+        return bound
