@@ -77,6 +77,7 @@ def main(argv=None):
     ap.add_argument("--precompile-tests", action="store_true",
                     help="also compile tests/gpu/test_sm90_fwd_kernel.py's kernels in the same worker pool")
     ap.add_argument("--smoke", action="store_true", help="small correctness check of each frost kernel first")
+    ap.add_argument("--repeat", type=int, default=1, help="time every implementation this many rounds, interleaved")
     a = ap.parse_args(argv)
     ds = [int(x) for x in a.d.split(",")]
     ss = [int(x) for x in a.s.split(",")]
@@ -124,6 +125,7 @@ def main(argv=None):
                 flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
                 stream = torch.cuda.current_stream().cuda_stream
                 res = {}
+                fns = {}
                 ref = None
                 if fa4 is not None:
                     try:
@@ -131,7 +133,7 @@ def main(argv=None):
                             return fa4(q, k, v, softmax_scale=scale, causal=causal)
                         ref = f_fa4()
                         ref = ref[0] if isinstance(ref, (tuple, list)) else ref
-                        res["fa4"] = timed(f_fa4)
+                        fns["fa4"] = f_fa4
                     except Exception as e:
                         print(f"# FA4 failed d={d} s={s} causal={causal}: {type(e).__name__}: {e}")
                 if not a.no_peers:
@@ -144,22 +146,30 @@ def main(argv=None):
                         def f_cudnn():
                             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                                 return F.scaled_dot_product_attention(qt, kt, vt, scale=scale, is_causal=causal)
-                        res["cudnn"] = timed(f_cudnn)
+                        f_cudnn()
+                        fns["cudnn"] = f_cudnn
                     except Exception as e:
                         print(f"# cuDNN failed d={d} s={s} causal={causal}: {type(e).__name__}: {e}")
                 for vi, var in enumerate(variants):
                     ck = kernels[(d, causal, json.dumps(var, sort_keys=True))]
                     args = [q, k, v, o, lse, scale] + ([0] if causal else []) + [stream]
 
-                    def f_frost():
+                    def f_frost(ck=ck, args=args):
                         ck(*args)
                     f_frost()
                     torch.cuda.synchronize()
                     err = float("nan")
                     if ref is not None:
                         err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
-                    res[f"frost{vi}"] = timed(f_frost)
+                    fns[f"frost{vi}"] = f_frost
                     res[f"err{vi}"] = err
+                rounds = {key: [] for key in fns}
+                for _ in range(a.repeat):
+                    for key, fn in fns.items():
+                        rounds[key].append(timed(fn))
+                for key, ts in rounds.items():
+                    res[key] = statistics.median(ts)
+                spread = {key: (max(ts) - min(ts)) / min(ts) for key, ts in rounds.items() if len(ts) > 1}
                 line = [f"d={d:3d} s={s:5d} {'causal' if causal else 'nc    '}"]
                 for key in ["fa4", "cudnn"] + [f"frost{i}" for i in range(len(variants))]:
                     if key in res:
@@ -173,6 +183,8 @@ def main(argv=None):
                         r.append(f"x{res['cudnn'] / t:.3f}cudnn")
                     r.append(f"err {res[f'err{i}']:.1e}")
                     line.append(" ".join(r))
+                if spread:
+                    line.append("spread " + " ".join(f"{k}:{v * 100:.1f}%" for k, v in spread.items()))
                 print(" | ".join(line), flush=True)
                 rows.append(res)
                 del q, k, v, o, lse

@@ -120,12 +120,12 @@ def test_kernel_name_encodes_every_param():
                          ("has_window_left", True), ("has_window_right", True), ("tile_n", 64),
                          ("num_stages", 3), ("pingpong", False), ("separate_o_smem", False),
                          ("persistent", False), ("sm_count", 114), ("rescale_o_early", True),
-                         ("head_fastest", False)]:
+                         ("head_fastest", True), ("kv_rotate", True)]:
         upd = {field: value}
         if field == "head_dim":
             upd["head_dim_v"] = 64
         if field == "num_heads_kv":
             upd["num_heads_q"] = 4
         names.add(kernel_name(base.model_copy(update=upd), "sm_90a"))
-    assert len(names) == 19
+    assert len(names) == 20
     assert all(n.startswith("frost_sdpa_fwd_sm90_") for n in names)

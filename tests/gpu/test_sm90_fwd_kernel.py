@@ -76,6 +76,9 @@ CASES = [
     K(d=256, wr=0, sq=333, skv=333),
     K(knobs=dict(persistent=False, separate_o_smem=False, pingpong=False), wr=0, sq=600, skv=600),
     K(knobs=dict(tile_n=176, separate_o_smem=False), sq=700, skv=700),
+    K(knobs=dict(kv_rotate=True, head_fastest=True), b=3, sq=900, skv=1100),
+    K(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129)), knobs=dict(kv_rotate=True)),
+    K(knobs=dict(rescale_o_early=True), wr=0, sinks=True, sq=500, skv=500),
 ]
 
 

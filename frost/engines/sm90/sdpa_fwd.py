@@ -47,7 +47,7 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao")
                  + ("" if p.intra_wg_overlap else "nov") + ("re" if p.rescale_o_early else "")
-                 + ("" if p.head_fastest else "mf") + f"sm{p.sm_count}")
+                 + ("hf" if p.head_fastest else "") + ("kr" if p.kv_rotate else "") + f"sm{p.sm_count}")
     return "_".join(parts)
 
 
@@ -72,6 +72,7 @@ class SdpaFwdSm90:
         self.mma_regs, self.load_regs = {1: (256, 56), 2: (240, 24), 3: (160, 32)}[self.num_wg]
         self.ratio = p.num_heads_q // p.num_heads_kv
         self.reverse_m = p.has_window_right
+        self.kv_rotate = p.kv_rotate and not (p.has_window_left or p.has_window_right)
 
     # ------------------------------------------------------------------ host side
     def _unpack(self, args):
@@ -336,18 +337,29 @@ class SdpaFwdSm90:
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
-                for i in cutlass.range(n_max - 1 - n_min, unroll=1):
-                    n_prev = n_last - i
+                rest = n_max - 1 - n_min
+                rot = Int32(0)
+                if const_expr(self.kv_rotate):
+                    rot = m_block % cutlass.max(rest, Int32(1))
+                n_prev = n_last
+                for i in cutlass.range(rest, unroll=1):
+                    n_cur = n_last - 1 - i
+                    if const_expr(self.kv_rotate):
+                        # unbanded: after the (masked) last block, any order of the rest is exact
+                        n_cur = n_cur - rot
+                        if n_cur < n_min:
+                            n_cur = n_cur + rest
                     prev_state = kv_state.clone()
                     kv_state.advance()
                     pipe_k.producer_acquire(kv_state)
-                    cute.copy(tma_atom_k, tKgK[None, n_prev - 1], tKsK[None, kv_state.index],
+                    cute.copy(tma_atom_k, tKgK[None, n_cur], tKsK[None, kv_state.index],
                               tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
                     pipe_v.producer_acquire(prev_state)
                     cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, prev_state.index],
                               tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
+                    n_prev = n_cur
                 pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_atom_v, tVgV[None, n_min], tVsV[None, kv_state.index],
+                cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, kv_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
             else:

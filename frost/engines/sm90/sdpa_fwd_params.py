@@ -39,7 +39,8 @@ class Sm90FwdParams(TemplateParams):
     separate_o_smem: bool = True
     persistent: bool = True
     rescale_o_early: bool = False  # rescale O while the next QK^T runs instead of after softmax
-    head_fastest: bool = True  # dense tiles: (batch, head) varies fastest, m-blocks last-first
+    head_fastest: bool = False  # dense tiles: (batch, head) varies fastest, m-blocks last-first
+    kv_rotate: bool = False  # unbanded: each m-block starts its K/V sweep at its own offset
     sm_count: int = 132
 
     @property
@@ -99,7 +100,7 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, causal_or_win
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
              separate_o_smem=True, persistent=True, sm_count=sm_count)
     if head_dim <= 64:
-        k.update(tile_m=192, tile_n=128, pingpong=False)
+        k.update(tile_m=192, tile_n=128)
     elif head_dim <= 96:
         k.update(tile_m=128, tile_n=128)
     elif head_dim <= 128:
