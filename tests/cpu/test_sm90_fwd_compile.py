@@ -101,7 +101,6 @@ def test_defaults_validate_for_every_head_dim():
     dict(bottom_right=True),
     dict(tile_m=96),
     dict(tile_n=120),
-    dict(tile_m=64, pingpong=True),
     dict(tile_n=256, num_stages=3),
     dict(intra_wg_overlap=False),
 ])

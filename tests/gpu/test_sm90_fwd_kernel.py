@@ -79,6 +79,7 @@ CASES = [
     K(knobs=dict(kv_rotate=True, head_fastest=True), b=3, sq=900, skv=1100),
     K(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129)), knobs=dict(kv_rotate=True)),
     K(knobs=dict(rescale_o_early=True), wr=0, sinks=True, sq=500, skv=500),
+    K(knobs=dict(tile_m=64), wr=0, sq=300, skv=300),
 ]
 
 

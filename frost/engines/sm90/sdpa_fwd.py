@@ -72,6 +72,7 @@ class SdpaFwdSm90:
         self.mma_regs, self.load_regs = {1: (256, 56), 2: (240, 24), 3: (160, 32)}[self.num_wg]
         self.ratio = p.num_heads_q // p.num_heads_kv
         self.reverse_m = p.has_window_right
+        self.pingpong = p.pingpong and self.num_wg >= 2
         self.kv_rotate = p.kv_rotate and not (p.has_window_left or p.has_window_right)
 
     # ------------------------------------------------------------------ host side
@@ -380,12 +381,12 @@ class SdpaFwdSm90:
     # --- consumer warpgroups
     @cute.jit
     def sched_sync(self, wg: Int32):
-        if const_expr(self.p.pingpong):
+        if const_expr(self.pingpong):
             cute.arch.barrier(barrier_id=BAR_SCHED + wg, number_of_threads=256)
 
     @cute.jit
     def sched_arrive(self, wg: Int32):
-        if const_expr(self.p.pingpong):
+        if const_expr(self.pingpong):
             nxt = wg + 1
             if const_expr(self.num_wg == 2):
                 nxt = 1 - wg
@@ -459,7 +460,7 @@ class SdpaFwdSm90:
         thr_r2s = r2s.get_slice(tidx)
         tRsO = thr_r2s.partition_D(sO_mn)
 
-        if const_expr(p.pingpong):
+        if const_expr(self.pingpong):
             if wg == 0:
                 cute.arch.barrier_arrive(barrier_id=BAR_SCHED, number_of_threads=256)
 
