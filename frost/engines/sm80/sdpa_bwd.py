@@ -78,6 +78,7 @@ class _Main(bu.ArityHost):
         self.threads = p.num_threads
         self.stages = p.num_stages
         self.group = p.qhead_per_kvhead
+        self.fused = p.fused_prefetch
         self.vector_red = _arch_number(arch) >= 90
 
     # ------------------------------------------------------------------ host side
@@ -388,15 +389,20 @@ def _main_kernel(
                                                     batch)
 
                 # ---- S = Q.K^T, P
-                # stage 2: Q, dO (t) were issued one step ago; stage 1: just now
-                cute.arch.cp_async_wait_group(0)
+                # fused: Q and dO of this step were issued together one step ago (stage 1: at its end);
+                # split: only Q is waited for here, dO behind a second barrier (FA2's order).
+                if cutlass.const_expr(cfg.fused):
+                    cute.arch.cp_async_wait_group(0)
+                else:
+                    cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
                 cute.arch.barrier()
                 if cutlass.const_expr(cfg.stages == 2):
                     if has_next:
                         _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head_n, m_next, offset_q, seqlen_q,
                                 sQ[None, None, 1 - slot], cQ)
-                        _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
-                                sdO[None, None, 1 - slot], cdO)
+                        if cutlass.const_expr(cfg.fused):
+                            _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
+                                    sdO[None, None, 1 - slot], cdO)
                     cute.arch.cp_async_commit_group()
                 acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                 acc_S.fill(0.0)
@@ -410,12 +416,21 @@ def _main_kernel(
                     lse2 = sLSE[tScS_mn[r, 0][0]]
                     acc_S_mn[r, None].store(cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - lse2,
                                                            fastmath=True))
-                # P goes to smem now (its readers of the previous step passed the barrier above)
-                rP = cute.make_fragment_like(acc_S, dt)
-                rP.store(acc_S.load().to(dt))
-                cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
+                if cutlass.const_expr(cfg.fused):
+                    # P goes to smem now (its readers of the previous step passed the barrier above)
+                    rP = cute.make_fragment_like(acc_S, dt)
+                    rP.store(acc_S.load().to(dt))
+                    cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
 
                 # ---- dP = dO.V^T, dS
+                if cutlass.const_expr(not cfg.fused):
+                    cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
+                    cute.arch.barrier()
+                    if cutlass.const_expr(cfg.stages == 2):
+                        if has_next:
+                            _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
+                                    sdO[None, None, 1 - slot], cdO)
+                        cute.arch.cp_async_commit_group()
                 acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
                 acc_dP.fill(0.0)
                 _gemm(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, slot], tdPsV, s2r_sdp_a,
@@ -424,8 +439,13 @@ def _main_kernel(
                 for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                     dps = sdPsum[tScS_mn[r, 0][0]]
                     acc_dP_mn[r, None].store(acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - dps))
+                if cutlass.const_expr(not cfg.fused):
+                    rP = cute.make_fragment_like(acc_S, dt)
+                    rP.store(acc_S.load().to(dt))
                 rdS = cute.make_fragment_like(acc_dP, dt)
                 rdS.store(acc_dP.load().to(dt))
+                if cutlass.const_expr(not cfg.fused):
+                    cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
                 cute.copy(r2s_sdp, r2s_sdp.retile(rdS), tdSsdS)
                 cute.arch.barrier()
 

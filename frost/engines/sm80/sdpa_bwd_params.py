@@ -69,6 +69,9 @@ class Sm80BwdParams(TemplateParams):
     sdp_warps_m: int = 2  # warps along the query rows of S = Q.K^T and dP = dO.V^T
     dkv_warps_n: int = 4  # warps along the key rows of dK = dS^T.Q and dV = P^T.dO
     dq_warps_m: int = 2  # warps along the query rows of dQ = dS.K
+    # True: a step waits once for its Q and dO (issued together a step earlier) and stores P right
+    # after the softmax; False: dO gets its own wait and barrier, P and dS are stored together.
+    fused_prefetch: bool = False
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -167,7 +170,8 @@ def validate(p: Sm80BwdParams) -> None:
 
 # (head_dim, head_dim_v) -> knobs, best first; the first that fits the budget wins.
 _CANDIDATES: dict[tuple[int, int], list[dict]] = {
-    (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4),
+    (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4,
+                    fused_prefetch=True),
                dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
                dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2)],
     (96, 96): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
@@ -320,7 +324,7 @@ def name_suffix(p: Sm80BwdParams) -> str:
                       (p.deterministic, "det")):
         if flag:
             parts.append(tag)
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}")
+    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else ""))
     return "_".join(parts)
 
 
