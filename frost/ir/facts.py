@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict
 class TensorFacts(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    name: str
+    name: str  # the role: q, k, v, o, stats, dO, dQ, ...
+    label: str = ""  # how errors name it: the user's name and the role
     dim: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: str

@@ -46,7 +46,12 @@ class Graph:
         self._ranking = None
         self.plan = None
 
-    def tensor(self, name: Optional[str] = None, dim=None, stride=None, data_type=None, **_ignored) -> Tensor:
+    def tensor(self, name: Optional[str] = None, dim=None, stride=None, data_type=None, is_virtual: bool = False,
+               **unknown) -> Tensor:
+        if unknown:
+            raise GraphError(f"tensor {name!r}: unknown keyword(s) {sorted(unknown)}")
+        if is_virtual:
+            raise GraphError(f"tensor {name!r}: virtual tensors are produced by nodes, not declared")
         if dim is not None and stride is None:
             stride = compact_strides(_ints(dim, "dim", name))
         dt = data_type if data_type is not None else self.io_data_type

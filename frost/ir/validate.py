@@ -114,7 +114,8 @@ def resolve_band(a: SdpaAttrs) -> tuple:
 
 
 def _tensor_facts(role: str, t: Tensor) -> TensorFacts:
-    return TensorFacts(name=role, dim=tuple(t.dim), stride=tuple(t.stride), dtype=t.data_type.short)
+    return TensorFacts(name=role, label=_who(t, role)[len("tensor "):], dim=tuple(t.dim), stride=tuple(t.stride),
+                       dtype=t.data_type.short)
 
 
 def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
