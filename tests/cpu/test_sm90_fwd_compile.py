@@ -93,6 +93,15 @@ def test_defaults_validate_for_every_head_dim():
             assert smem_bytes(p) <= 227 * 1024
 
 
+def test_o_tile_falls_back_to_q_tile_when_it_does_not_fit():
+    from frost.engines.sm90.sdpa_fwd_params import separate_o
+
+    assert separate_o(Sm90FwdParams())
+    big = Sm90FwdParams(tile_n=192)  # K and V stages leave no room for a separate O tile
+    validate(big)
+    assert not separate_o(big) and smem_bytes(big) <= 227 * 1024
+
+
 @pytest.mark.parametrize("bad", [
     dict(head_dim=80),
     dict(head_dim=128, head_dim_v=64),

@@ -25,7 +25,7 @@ from cutlass.tensor_utils import LayoutEnum
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.sm90 import fwd_softmax as sm
 from frost.engines.sm90 import wgmma_utils as wu
-from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, validate
+from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
 
 BAR_SCHED = 1      # 1..3: ping-pong turn of consumer warpgroup w
 BAR_EPI = 4        # 4..6: epilogue of consumer warpgroup w
@@ -73,6 +73,7 @@ class SdpaFwdSm90:
         self.ratio = p.num_heads_q // p.num_heads_kv
         self.reverse_m = p.has_window_right
         self.pingpong = p.pingpong and self.num_wg >= 2
+        self.separate_o = separate_o(p)
         self.kv_rotate = p.kv_rotate and not (p.has_window_left or p.has_window_right)
 
     # ------------------------------------------------------------------ host side
@@ -161,7 +162,7 @@ class SdpaFwdSm90:
         wr = Int32(a["wr"]) if const_expr(p.has_window_right) else None
 
         stages = self.stages
-        o_elems = cute.cosize(sO_layout) if const_expr(p.separate_o_smem) else 0
+        o_elems = cute.cosize(sO_layout) if const_expr(self.separate_o) else 0
 
         @cute.struct
         class SharedStorage:
@@ -217,7 +218,7 @@ class SdpaFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        if const_expr(p.separate_o_smem):
+        if const_expr(self.separate_o):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         else:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.dtype)
@@ -364,7 +365,7 @@ class SdpaFwdSm90:
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
             else:
-                if const_expr(not p.separate_o_smem):
+                if const_expr(not self.separate_o):
                     # sO lives in sQ: an empty tile still owns the Q slot while it writes zeros
                     gQ = cute.local_tile(self.head_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
                     tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
@@ -517,7 +518,7 @@ class SdpaFwdSm90:
                             l_hi - 1 - i, kv_state, acc_O, tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum,
                             row_scale, tScS_mn, t0ScS_mn, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv,
                             scale_log2, wg, row0, seqlen_k, off, wl_c, wr_c, masked=True)
-                if const_expr(p.separate_o_smem):
+                if const_expr(self.separate_o):
                     pipe_q.consumer_release(q_state)
                 # last PV
                 if const_expr(p.rescale_o_early):
@@ -528,7 +529,7 @@ class SdpaFwdSm90:
                 pipe_v.consumer_release(kv_state)
                 kv_state.advance()
             else:
-                if const_expr(not p.separate_o_smem):
+                if const_expr(not self.separate_o):
                     pipe_q.consumer_wait(q_state)
                 acc_O.fill(0.0)
                 row_max.fill(-Float32.inf)
@@ -541,7 +542,7 @@ class SdpaFwdSm90:
             sm.rescale_rows(acc_O, row_scale)
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
                           warp_in_wg, m_block, head, batch, seqlen_q, off_q, seqlen_q_static)
-            if const_expr(not p.separate_o_smem):
+            if const_expr(not self.separate_o):
                 cute.arch.fence_view_async_shared()
                 pipe_q.consumer_release(q_state)
                 q_state.advance()
@@ -573,7 +574,7 @@ class SdpaFwdSm90:
         wu.convert_to_16bit(acc_O, rO)
 
         # sO is free once the previous TMA store read it (and, when it aliases sQ, once every QK^T is done)
-        if const_expr(p.separate_o_smem):
+        if const_expr(self.separate_o):
             if const_expr(not p.is_thd):
                 if warp_in_wg == 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -591,7 +592,7 @@ class SdpaFwdSm90:
                                                    cute.group_modes(sO_wg, 0, 2), cute.group_modes(gO, 0, 2))
                 cute.copy(tma_atom_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
-                if const_expr(not p.separate_o_smem):
+                if const_expr(not self.separate_o):
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
             self.store_o_rows(sO_wg, mO, tidx % 128, m_block, wg, head, seqlen_q, off_q)

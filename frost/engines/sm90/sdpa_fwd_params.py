@@ -36,7 +36,7 @@ class Sm90FwdParams(TemplateParams):
     num_stages: int = 2
     intra_wg_overlap: bool = True
     pingpong: bool = True  # a no-op with one consumer warpgroup (tile_m=64)
-    separate_o_smem: bool = True
+    separate_o_smem: bool = True  # a preference: O reuses Q's tile when its own does not fit
     persistent: bool = True
     rescale_o_early: bool = False  # rescale O while the next QK^T runs instead of after softmax
     head_fastest: bool = False  # dense tiles: (batch, head) varies fastest, m-blocks last-first
@@ -52,14 +52,23 @@ class Sm90FwdParams(TemplateParams):
         return self.num_heads_q // self.num_heads_kv
 
 
-def smem_bytes(p: Sm90FwdParams) -> int:
-    """Shared memory the template allocates (tiles + barriers + alignment slack)."""
+def _smem(p: Sm90FwdParams, separate_o: bool) -> int:
     e = 2
     q = p.tile_m * p.head_dim * e
     k = p.num_stages * p.tile_n * p.head_dim * e
     v = p.num_stages * p.tile_n * p.head_dim_v * e
-    o = p.tile_m * p.head_dim_v * e if p.separate_o_smem else max(0, p.tile_m * p.head_dim_v * e - q)
+    o = p.tile_m * p.head_dim_v * e if separate_o else max(0, p.tile_m * p.head_dim_v * e - q)
     return q + k + v + o + 1024  # barriers, padded to the 1 KiB alignment of the tiles
+
+
+def separate_o(p: Sm90FwdParams) -> bool:
+    """Does the O staging tile get its own shared memory? (asked for and it fits; else it reuses Q's)"""
+    return p.separate_o_smem and _smem(p, True) <= SMEM_BUDGET_BYTES
+
+
+def smem_bytes(p: Sm90FwdParams) -> int:
+    """Shared memory the template allocates (tiles + barriers + alignment slack)."""
+    return _smem(p, separate_o(p))
 
 
 def validate(p: Sm90FwdParams) -> None:
