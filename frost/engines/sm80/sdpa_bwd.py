@@ -10,9 +10,12 @@ query tile of the mask band, in one flat pipelined loop:
     dV += P^T.dO,  dK += dS^T.Q          (registers, fp32, whole loop)
     dQ  = dS.K  -> red.global.add into the fp32 accumulator
 
-Q / dO (and their LSE / dpsum rows) are double-buffered with cp.async when
-`num_stages == 2`. LSE is read natively from its declared strides; rows past
-the sequence, and rows whose LSE is -inf, get P = 0. In deterministic mode the
+Q and dO are double-buffered with cp.async when `num_stages == 2`; the next
+tile's LSE / dpsum rows are prefetched into registers and staged in shared
+memory at the end of a step. `fused_prefetch` picks between two validated
+step orders (one wait for Q and dO and P stored early, or FA2's order with a
+separate wait and barrier for dO). LSE is read natively from its declared
+strides; rows past the sequence, and rows whose LSE is -inf, get P = 0. In deterministic mode the
 key tiles of one (batch, head, query tile) add their dQ partials in key-tile
 order, taking turns through a semaphore. dK (times scale) and dV go out
 through shared memory to their declared strides; rows past the sequence but

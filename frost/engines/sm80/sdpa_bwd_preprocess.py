@@ -36,14 +36,11 @@ class _Preprocess(bu.ArityHost):
         self.p = p
         self.arch = arch
         self.names = preprocess_args(p)
-        self.dv = p.head_dim_v
-        self.d = p.head_dim
-        self.thd = p.is_thd
 
     def run(self, args: tuple) -> None:
         a = bu.bind(self.names, args)
         mO = a["o"]
-        if cutlass.const_expr(self.thd):
+        if cutlass.const_expr(self.p.is_thd):
             total = mO.shape[0]
             n_batch = Int32(1)
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -243,4 +243,4 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
 
 
 __all__ = ["ArityHost", "FakeArgs", "bind", "io_dtype", "lane_group_sum", "red_add_f32", "red_add_v2_f32", "ld_acquire_i32",
-           "red_release_add_i32", "elem_ptr", "Int64"]
+           "red_release_add_i32", "elem_ptr"]
