@@ -80,6 +80,9 @@ CASES = [
     K(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129)), knobs=dict(kv_rotate=True)),
     K(knobs=dict(rescale_o_early=True), wr=0, sinks=True, sq=500, skv=500),
     K(knobs=dict(tile_m=64), wr=0, sq=300, skv=300),
+    K(d=96, thd=((200, 200), (1, 1), (77, 77)), wr=0),
+    K(d=192, dv=192, wr=0, sq=300, skv=300),
+    K(d=192, dv=192, thd=((129, 300), (64, 64))),
 ]
 
 

@@ -82,26 +82,13 @@ class SdpaFwdSm90:
         p = self.p
         a = list(args)
         q, k, v, o = a[:4]
-        i = 4
         out = dict(q=q, k=k, v=v, o=o, lse=None, cu_q=None, cu_k=None, used_q=None, used_k=None,
                    sinks=None, wl=None, wr=None)
-        if p.has_lse:
-            out["lse"] = a[i]; i += 1
-        if p.is_thd:
-            out["cu_q"], out["cu_k"] = a[i], a[i + 1]; i += 2
-        if p.has_seqused:
-            out["used_q"], out["used_k"] = a[i], a[i + 1]; i += 2
-        if p.has_sinks:
-            out["sinks"] = a[i]; i += 1
-        out["scale"] = a[i]; i += 1
-        if p.has_window_left:
-            out["wl"] = a[i]; i += 1
-        if p.has_window_right:
-            out["wr"] = a[i]; i += 1
-        if p.is_thd:
-            i += 1  # max_seqlen_q: the grid comes from tensor extents instead
-        out["stream"] = a[i]
-        assert i + 1 == len(a), f"expected {i + 1} arguments, got {len(a)}"
+        names = (["lse"] * p.has_lse + ["cu_q", "cu_k"] * p.is_thd + ["used_q", "used_k"] * p.has_seqused
+                 + ["sinks"] * p.has_sinks + ["scale"] + ["wl"] * p.has_window_left + ["wr"] * p.has_window_right
+                 + ["max_seqlen_q"] * p.is_thd + ["stream"])  # max_seqlen_q: unused, the grid uses extents
+        assert len(a) == 4 + len(names), f"expected {4 + len(names)} arguments, got {len(a)}"
+        out.update(zip(names, a[4:]))
         return out
 
     @cute.jit
@@ -612,22 +599,24 @@ class SdpaFwdSm90:
     def store_o_rows(self, sO_wg, mO, t: Int32, m_block, wg, head, seqlen_q, off_q):
         """Packed sequences: 16-byte row-predicated stores so no row of a neighbour is touched."""
         vec = 8
-        tpr = self.hdv // vec
+        tpr = self.hdv // vec  # threads per row
+        rows = 1 << int(math.log2(128 // tpr))  # rows per pass: a power of two that divides 64
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((128 // tpr, tpr), order=(1, 0)),
+        tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((rows, tpr), order=(1, 0)),
                                         cute.make_layout((1, vec)))
-        thr = tiled.get_slice(t)
-        gO = cute.local_tile(cute.domain_offset((off_q, 0, 0), mO)[None, None, head], (64, self.hdv),
-                             (m_block * self.num_wg + wg, 0))
-        tsO = thr.partition_S(sO_wg)
-        tgO = thr.partition_D(gO)
-        tcO = thr.partition_S(cute.make_identity_tensor((64, self.hdv)))
-        rO = cute.make_fragment_like(tsO)
-        cute.autovec_copy(tsO, rO)
-        limit = seqlen_q - (m_block * self.tile_m + wg * 64)
-        for m in cutlass.range_constexpr(cute.size(tsO, mode=[1])):
-            if tcO[0, m, 0][0] < limit:
-                cute.copy(tiled, rO[None, m, None], tgO[None, m, None])
+        if t < rows * tpr:
+            thr = tiled.get_slice(t)
+            gO = cute.local_tile(cute.domain_offset((off_q, 0, 0), mO)[None, None, head], (64, self.hdv),
+                                 (m_block * self.num_wg + wg, 0))
+            tsO = thr.partition_S(sO_wg)
+            tgO = thr.partition_D(gO)
+            tcO = thr.partition_S(cute.make_identity_tensor((64, self.hdv)))
+            rO = cute.make_fragment_like(tsO)
+            cute.autovec_copy(tsO, rO)
+            limit = seqlen_q - (m_block * self.tile_m + wg * 64)
+            for m in cutlass.range_constexpr(cute.size(tsO, mode=[1])):
+                if tcO[0, m, 0][0] < limit:
+                    cute.copy(tiled, rO[None, m, None], tgO[None, m, None])
 
 
 def _entry(kernel: SdpaFwdSm90, n: int):
