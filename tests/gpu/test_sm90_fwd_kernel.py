@@ -37,6 +37,7 @@ class K:
     br: bool = False
     lse: bool = True
     sinks: bool = False
+    sink_shift: float = 0.0  # added to the random sinks (a dominant sink must not overflow)
     seqused: Optional[tuple] = None  # ((len_q...), (len_kv...)) per batch
     thd: Optional[tuple] = None  # ((len_q, len_kv), ...)
     strided: bool = False
@@ -48,6 +49,7 @@ class K:
         bits += [f"wl{self.wl}"] if self.wl is not None else []
         bits += [f"wr{self.wr}"] if self.wr is not None else []
         bits += ["br"] * self.br + ["nolse"] * (not self.lse) + ["sink"] * self.sinks
+        bits += [f"shift{self.sink_shift:g}"] if self.sink_shift else []
         bits += ["seqused"] * (self.seqused is not None) + ["thd"] * (self.thd is not None)
         bits += ["strided"] * self.strided + [f"{k}{v}" for k, v in sorted(self.knobs.items())]
         bits += [f"s{self.sq}x{self.skv}"] if self.thd is None else []
@@ -83,6 +85,7 @@ CASES = [
     K(d=96, thd=((200, 200), (1, 1), (77, 77)), wr=0),
     K(d=192, dv=192, wr=0, sq=300, skv=300),
     K(d=192, dv=192, thd=((129, 300), (64, 64))),
+    K(sinks=True, sink_shift=150.0, wr=0, sq=200, skv=200),
 ]
 
 
@@ -145,7 +148,7 @@ def make_args(c: K, seed=0):
         if c.seqused is not None:
             ref_kw.update(seqused_q=torch.tensor(c.seqused[0], dtype=torch.int32, device=dev),
                           seqused_kv=torch.tensor(c.seqused[1], dtype=torch.int32, device=dev))
-    sinks = torch.randn(c.hq, dtype=torch.float32, device=dev) if c.sinks else None
+    sinks = torch.randn(c.hq, dtype=torch.float32, device=dev) + c.sink_shift if c.sinks else None
     args = [q, k, v, o]
     if c.lse:
         args.append(lse)

@@ -90,15 +90,18 @@ def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
     """row_scale <- 1/sum (0-safe); row_sum <- natural-log LSE (-inf for an empty row without sink)."""
     for r in cutlass.range_constexpr(cute.size(row_sum)):
         total = quad_sum(row_sum[r])
-        mx_scaled = row_max[r] * scale_log2
+        mx_scaled = row_max[r] * scale_log2  # the terms were taken against this (-inf: all terms 0)
+        corr = Float32(1.0)
         if const_expr(has_sink):
+            # re-centre on the larger of max and sink so a dominant sink cannot overflow the sum
             sink_log2 = sink * LOG2_E
-            if row_max[r] == -Float32.inf:
-                mx_scaled = sink_log2
-            # the running terms were computed against max(row_max, 0 if empty)
-            total = total + cute.math.exp2(sink_log2 - mx_scaled, fastmath=True)
+            m_new = cute.arch.fmax(mx_scaled, sink_log2)
+            m_new = 0.0 if m_new == -Float32.inf else m_new
+            corr = cute.math.exp2(mx_scaled - m_new, fastmath=True)
+            total = total * corr + cute.math.exp2(sink_log2 - m_new, fastmath=True)
+            mx_scaled = m_new
         empty = total == 0.0 or total != total
-        row_scale[r] = cute.arch.rcp_approx(1.0 if empty else total)
+        row_scale[r] = cute.arch.rcp_approx(1.0 if empty else total) * corr
         lse = (mx_scaled + cute.math.log2(total, fastmath=True)) * LN_2
         row_sum[r] = -Float32.inf if empty else lse
 
