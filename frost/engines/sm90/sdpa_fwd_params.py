@@ -102,7 +102,14 @@ def validate(p: Sm90FwdParams) -> None:
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, *, causal_or_window: bool = False,
                   sm_count: int = 132) -> dict:
-    """The best measured configuration per head dim (H200)."""
+    """The best measured configuration per head dim on the H200 (bf16, 16k tokens, hidden 2048).
+
+    Measured against alternatives: persistent beats one-CTA-per-tile by 5-7% unbanded
+    and by 3-5% banded (with the zigzag longest-first order); 128x128 beats
+    tile_n 144/160/176 for d=128; m-block-fastest order beats head-fastest and
+    rotated K/V sweeps unbanded; early O rescale loses everywhere. d=96 and 192
+    follow d=128 / FlashAttention-3's shapes and are not tuned.
+    """
     dv = head_dim if head_dim_v is None else head_dim_v
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
              separate_o_smem=True, persistent=True, sm_count=sm_count)
