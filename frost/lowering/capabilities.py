@@ -38,10 +38,9 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
-             dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
-             knob_choices={"tile_m": (64, 128, 192), "tile_n": (64, 80, 96, 112, 128, 160, 176, 192),
-                           "num_stages": (1, 2, 3)},
-             pending_fwd="the SM90 (wgmma + TMA) forward kernel is not available yet",
+             dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS + ((192, 192),), features=KERNEL_FEATURES,
+             knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
+                           "num_stages": (1, 2, 3, 4)},
              pending_bwd="the SM90 backward is not written yet; SdpaBwdDslSm80 serves cc 9.0")
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
