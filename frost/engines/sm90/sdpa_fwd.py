@@ -481,6 +481,8 @@ class SdpaFwdSm90:
                 sm.online_softmax(acc_S, row_max, row_sum, row_scale, scale_log2, is_first=True)
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
                 acc_O.fill(0.0)
+                if const_expr(p.is_thd or p.has_seqused):
+                    self.zero_v_tail(sV, pipe_v, kv_state, seqlen_k - n_last * self.tile_n, tidx % 128, wg)
                 hi = n_last
                 if const_expr(p.has_window_right):
                     r_lo = cutlass.max(n_min, cutlass.min(hi, (row0 + off + wr_c) // self.tile_n))
@@ -544,6 +546,34 @@ class SdpaFwdSm90:
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def zero_v_tail(self, sV, pipe_v, v_state, rows: Int32, t: Int32, wg: Int32):
+        """Zero the V rows of a sequence's last key block that lie past its length.
+
+        TMA zero-fills only outside the tensor; rows past seqused_kv or past a
+        packed batch's last token are loaded as they are, and P = 0 there does
+        not stop 0 * NaN = NaN in P.V. Every consumer warpgroup zeroes the whole
+        tail itself (the values written are all zero, so the overlap is benign)
+        and syncs only its own 128 threads, which keeps ping-pong intact.
+        """
+        if rows < self.tile_n:
+            pipe_v.consumer_wait(v_state)
+            vec = 8
+            tpr = self.hdv // vec  # threads per row
+            per_pass = 1 << int(math.log2(128 // tpr))  # rows per pass: a power of two dividing tile_n
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+            tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((per_pass, tpr), order=(1, 0)),
+                                            cute.make_layout((1, vec)))
+            if t < per_pass * tpr:
+                thr = tiled.get_slice(t)
+                tsV = thr.partition_D(sV[None, None, v_state.index])
+                tcV = thr.partition_D(cute.make_identity_tensor((self.tile_n, self.hdv)))
+                for m in cutlass.range_constexpr(cute.size(tsV, mode=[1])):
+                    if tcV[0, m, 0][0] >= rows:
+                        tsV[None, m, None].fill(0)
+            cute.arch.fence_view_async_shared()  # generic-proxy stores before the wgmma (async proxy) reads
+            cute.arch.barrier(barrier_id=BAR_EPI + wg, number_of_threads=128)
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg, warp_in_wg,
