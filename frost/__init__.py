@@ -2,7 +2,8 @@
 
 Importing frost is cheap: cutlass and kernel modules load lazily.
 """
-from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError,
+from frost import cache
+from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError, PlanFileError,
                           TemplateParamsError, WorkspaceError)
 from frost.ir.graph import Graph
 from frost.ir.tensor import Tensor
@@ -16,7 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knobs", "FrostError", "GraphError",
            "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "TemplateParamsError",
-           "precompile"]
+           "PlanFileError", "cache", "precompile", "save_plan", "load_plan"]
 
 
 def precompile(*args, **kwargs):
@@ -24,3 +25,13 @@ def precompile(*args, **kwargs):
     from frost.engines.precompile import precompile as _precompile
 
     return _precompile(*args, **kwargs)
+
+
+def save_plan(graph, path):
+    """Write a graph's built plan and its compiled kernels to one file (see Graph.save_plan)."""
+    return graph.save_plan(path)
+
+
+def load_plan(path, graph):
+    """Build `graph`'s plan from a file written by save_plan, without compiling (see Graph.load_plan)."""
+    return graph.load_plan(path)

@@ -39,3 +39,7 @@ class NotSupportedError(FrostError, NotImplementedError):
 
 class TemplateParamsError(FrostError, ValueError):
     """A kernel template's validator rejected its parameters (a capability row lied)."""
+
+
+class PlanFileError(GraphError):
+    """A saved plan file cannot be read, or was saved for a graph with other facts."""

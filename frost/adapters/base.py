@@ -40,6 +40,10 @@ class _SdpaAdapter:
     def kernel_names(self) -> list[str]:
         return []
 
+    def compiled_kernels(self) -> list:
+        """The CompiledKernel objects execute launches, in launch order (saved plans carry them)."""
+        return []
+
     def execute(self, bound: dict, workspace, stream) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 

@@ -66,6 +66,9 @@ class DslBwdAdapter(SdpaBwdDsl):
     def kernel_names(self) -> list[str]:
         return [k.name for _, k, _ in self.chain] if self.compiled else []
 
+    def compiled_kernels(self) -> list:
+        return [k for _, k, _ in self.chain] if self.compiled else []
+
     def _scratch(self, total_q: int, total_kv: int) -> list[ScratchBuffer]:
         f = self.facts
         layout = self._pm.scratch_layout(self.params, f.batch, f.seq_q, f.seq_kv, total_q, total_kv)

@@ -65,6 +65,9 @@ class DslFwdAdapter(SdpaFwdDsl):
     def kernel_names(self) -> list[str]:
         return [self.kernel.name] if self.compiled else []
 
+    def compiled_kernels(self) -> list:
+        return [self.kernel] if self.compiled else []
+
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
         thd = f.is_thd

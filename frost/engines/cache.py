@@ -415,8 +415,13 @@ class DiskCache:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
-    def publish(self, key: dict, symbol: str, export, extra: Optional[dict] = None) -> Entry:
-        """Write an artifact with `export(tmp_path)` and its sidecar, atomically."""
+    def publish(self, key: dict, symbol: str, export, extra: Optional[dict] = None,
+                shared: Optional[tuple[bytes, list]] = None) -> Entry:
+        """Write an artifact with `export(tmp_path)` and its sidecar, atomically.
+
+        `shared` = (linked library bytes, runtime libraries it was linked for) stands in
+        for linking here when those libraries exist on this machine (a plan file's kernels).
+        """
         self.ensure()
         eid = entry_id(self.fp, key)
         obj, side, _ = self.paths(eid)
@@ -427,11 +432,16 @@ class DiskCache:
                 **(extra or {})}
         so = obj.with_suffix(".so")
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            linked = []
-            _write_atomic(so, lambda p: linked.append(link_shared(obj, p)), ".so")
-            if linked and linked[0]:
-                meta["so_sha256"] = hashlib.sha256(so.read_bytes()).hexdigest()
-                meta["runtime_libs"] = runtime_libraries()
+            if shared is not None and shared[1] and all(os.path.exists(lib) for lib in shared[1]):
+                _write_atomic(so, lambda p: p.write_bytes(shared[0]), ".so")
+                meta["so_sha256"] = hashlib.sha256(shared[0]).hexdigest()
+                meta["runtime_libs"] = list(shared[1])
+            else:
+                linked = []
+                _write_atomic(so, lambda p: linked.append(link_shared(obj, p)), ".so")
+                if linked and linked[0]:
+                    meta["so_sha256"] = hashlib.sha256(so.read_bytes()).hexdigest()
+                    meta["runtime_libs"] = runtime_libraries()
         text = json.dumps(meta, indent=1, sort_keys=True)
         _write_atomic(side, lambda p: p.write_text(text), ".json")
         _fsync_dir(self.dir)

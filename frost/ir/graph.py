@@ -208,6 +208,23 @@ class Graph:
                               engine=self.plan.engine_name, plan=self.plan)
         return self
 
+    def save_plan(self, path):
+        """Write the built plan and its compiled kernels to one file (frost addition); returns the path."""
+        from frost.lowering.plan_io import save_plan
+
+        return save_plan(self, path)
+
+    def load_plan(self, path) -> "Graph":
+        """Build the plan saved in `path` without compiling (frost addition).
+
+        The graph must declare what the saved one did; a PlanFileError (a GraphError)
+        names what differs. A file from another frost build or arch loads too: its
+        kernels then compile, with a PlanFileWarning.
+        """
+        from frost.lowering.plan_io import load_plan
+
+        return load_plan(self, path)
+
     def available_engines(self) -> list[str]:
         """Engines that accept this graph on this machine, best first."""
         if self._ranking is None:

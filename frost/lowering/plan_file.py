@@ -1,0 +1,123 @@
+"""The plan file: one zip with a JSON header (`plan.json`) and the kernel artifacts a plan launches.
+
+The header says what the plan serves (the facts), how it was built (engine,
+requested knobs, target record, the fingerprint of the frost that compiled it)
+and lists every kernel with its full cache key and the size and sha256 of its
+members. Reading checks the structure and every digest; anything unreadable
+becomes a PlanFileError, never a zip or JSON error.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+import zipfile
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from frost.errors import PlanFileError
+
+MAGIC = "frost-plan"
+VERSION = 1
+HEADER = "plan.json"
+
+
+class KernelRecord(BaseModel):
+    """One kernel of the plan: what compiled it and where its bytes are in the file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str  # the entry symbol
+    template: str
+    params_type: str
+    params: dict
+    arch: str
+    key: dict  # the full cache key it was compiled under
+    member: str
+    size: int
+    sha256: str
+    so_member: Optional[str] = None  # the library linked from the object, when there is one
+    so_sha256: Optional[str] = None
+    runtime_libs: list[str] = []  # what the library was linked for
+    kernel_symbols: list[str] = []
+
+
+class PlanHeader(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    magic: Literal["frost-plan"] = MAGIC
+    version: Literal[1] = VERSION
+    frost_version: str
+    created: float
+    graph: str
+    engine: str
+    knobs: dict
+    target: dict
+    arch: str
+    fingerprint: str
+    fingerprint_inputs: dict
+    facts: dict
+    workspace_size: int
+    kernels: list[KernelRecord]
+
+
+def write(path, header: PlanHeader, blobs: list[tuple[bytes, Optional[bytes]]]) -> Path:
+    """Write the header and each kernel's (object, linked library or None) atomically; returns the path."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr(HEADER, header.model_dump_json(indent=1))
+            for rec, (obj, so) in zip(header.kernels, blobs):
+                z.writestr(rec.member, obj)
+                if rec.so_member and so is not None:
+                    z.writestr(rec.so_member, so)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path
+
+
+def _member(z: zipfile.ZipFile, name: str, size: Optional[int], digest: str, path) -> bytes:
+    data = z.read(name)
+    if (size is not None and len(data) != size) or hashlib.sha256(data).hexdigest() != digest:
+        raise PlanFileError(f"plan file {path}: member {name} does not match its recorded digest (corrupt file)")
+    return data
+
+
+def read(path) -> tuple[PlanHeader, list[tuple[bytes, Optional[bytes]]]]:
+    """The header and each kernel's verified (object, linked library or None)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            raw = json.loads(z.read(HEADER))
+            if not isinstance(raw, dict) or raw.get("magic") != MAGIC:
+                raise PlanFileError(f"{path} is not a frost plan file")
+            if raw.get("version") != VERSION:
+                raise PlanFileError(f"plan file {path} has format version {raw.get('version')!r}; "
+                                    f"this frost reads version {VERSION}")
+            header = PlanHeader.model_validate(raw)
+            blobs = []
+            for rec in header.kernels:
+                obj = _member(z, rec.member, rec.size, rec.sha256, path)
+                so = _member(z, rec.so_member, None, rec.so_sha256 or "", path) if rec.so_member else None
+                blobs.append((obj, so))
+    except PlanFileError:
+        raise
+    except FileNotFoundError:
+        raise PlanFileError(f"plan file {path} does not exist") from None
+    except ValidationError as e:
+        where = "; ".join(f"{'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors()[:3])
+        raise PlanFileError(f"plan file {path} has a malformed header ({where})") from None
+    except Exception as e:  # noqa: BLE001 - whatever a damaged zip, deflate stream or JSON raises
+        raise PlanFileError(f"plan file {path} cannot be read ({type(e).__name__}: {_short(e)})") from None
+    return header, blobs
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else ""
