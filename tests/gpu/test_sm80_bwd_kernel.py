@@ -372,6 +372,69 @@ def test_thd_graph_replay_honors_new_lengths(chains):
     assert ok, msg
 
 
+# ------------------------------------------------------------------------------------ NaN in padding
+def run_nan_padding(case, chain, tail=96, device="cuda"):
+    """Padding rows of every input (dense: past seqused; THD: `tail` tokens after the last sequence)
+    hold NaN / Inf, as uninitialized user buffers do; gradients of valid rows must be finite and match
+    the oracle on the clean inputs, dQ of padding rows must be 0, dense dK / dV padding rows 0."""
+    p = case.p
+    t, scalars, sinks, scale = make_inputs(case, device)
+    clean = {n: t[n].clone() for n in ("q", "k", "v", "do")}
+    nan = float("nan")
+    if p.is_thd:
+        tq, tk = t["q"].shape[0], t["k"].shape[0]
+
+        def grow(x, dim=0, value=nan):
+            shape = list(x.shape)
+            shape[dim] = tail
+            return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=device)], dim=dim)
+
+        for n in ("q", "do", "o", "v"):
+            t[n] = grow(t[n])
+        t["k"] = grow(t["k"], value=float("inf"))
+        t["lse"] = grow(t["lse"], 1)
+        t["dq"] = torch.empty(tq + tail, *t["dq"].shape[1:], dtype=t["dq"].dtype, device=device)
+        t["dk"] = torch.empty(t["k"].shape[1], tk + tail, t["k"].shape[2], dtype=t["dk"].dtype,
+                              device=device).transpose(0, 1)
+        t["dv"] = torch.empty(t["v"].shape[1], tk + tail, t["v"].shape[2], dtype=t["dv"].dtype,
+                              device=device).transpose(0, 1)
+    else:
+        for b, (lq, lk) in enumerate(case.used):
+            for n in ("q", "do", "o"):
+                t[n][b, lq:] = nan
+            t["lse"][b, :, lq:] = nan
+            t["k"][b, lk:] = float("inf")
+            t["v"][b, lk:] = nan
+    outs = ["dq", "dk", "dv"] + (["dsinks"] if p.has_dsinks else [])
+    for n in outs:
+        t[n].fill_(nan)
+    chain(t, scalars, workspace_views(p, t, poison=True))
+    torch.cuda.synchronize()
+    ref = oracle(case, clean["q"], clean["k"], clean["v"], clean["do"], sinks, scale)
+    refs = dict(dq=ref[0], dk=ref[1], dv=ref[2], dsinks=ref[3])
+    got = {n: t[n] for n in outs}
+    if p.is_thd:
+        assert (got["dq"][tq:] == 0).all(), "dQ of tokens outside every sequence must be 0"
+        got["dq"], got["dk"], got["dv"] = got["dq"][:tq], got["dk"][:tk], got["dv"][:tk]  # dK/dV tail: unwritten
+    msgs, ok = [], True
+    for n in outs:
+        if not torch.isfinite(got[n]).all():
+            ok = False
+            msgs.append(f"{n}: {int((~torch.isfinite(got[n])).sum())} non-finite")
+            continue
+        e = rel(got[n], refs[n])
+        msgs.append(f"{n} {e:.2e}")
+        ok = ok and e < 2e-2
+    return ok, ", ".join(msgs)
+
+
+@pytest.mark.parametrize("name", ["pad_d128_causal", "thd_d128_causal_gqa_sinks", "thd_d64_det"])
+def test_nan_in_padding_does_not_leak(name, chains):
+    case = [c for c in CASES if c.name == name][0]
+    ok, msg = run_nan_padding(case, chains[name])
+    assert ok, msg
+
+
 # ------------------------------------------------------------------------------------ bench
 def _time(fn, iters=20, warmup=3):
     for _ in range(warmup):

@@ -290,3 +290,69 @@ def test_thd_cuda_graph_replay_new_lengths(kernels):
         rel = ((o.float() - ref_o).norm() / ref_o.norm()).item()
         assert rel < 1e-2, f"replay with lengths {lens}: O relative error {rel:.3e}"
         torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=1e-3)
+
+
+# ---------------------------------------------------------------- NaN in padding
+def run_nan_padding_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_q=None,
+                         seqused_kv=None, wl=None, wr=None, tail=150):
+    """Padding rows of Q / K / V (dense: past seqused; THD: `tail` tokens after the last sequence) hold
+    NaN / Inf, as uninitialized user buffers do; valid rows must match the reference on clean inputs."""
+    dt = DT[p.dtype]
+    hq, dv = p.num_heads_q, p.head_dim_v
+    scale = 1.0 / math.sqrt(p.head_dim)
+    nan = float("nan")
+    if p.is_thd:
+        Tq, Tk = sum(lens_q), sum(lens_kv)
+        q, k, v = _thd_qkv(p, Tq + tail, Tk + tail, "thd", 1.0)
+        q[Tq:], k[Tk:], v[Tk:] = nan, float("inf"), nan
+        cu_q, cu_k = _cu(lens_q), _cu(lens_kv)
+        o = torch.full((Tq + tail, hq, dv), nan, device="cuda", dtype=dt)
+        lse = torch.full((hq, Tq + tail), nan, device="cuda")
+        clean = (q[:Tq], k[:Tk], v[:Tk])
+    else:
+        q, k, v = _dense_qkv(p, B, Sq, Skv, "bshd", 1.0)
+        clean = tuple(x.clone() for x in (q, k, v))
+        for b in range(B):
+            q[b, seqused_q[b]:], k[b, seqused_kv[b]:], v[b, seqused_kv[b]:] = nan, float("inf"), nan
+        o = torch.full((B, Sq, hq, dv), nan, device="cuda", dtype=dt)
+        lse = torch.full((B, hq, Sq), nan, device="cuda")
+    sinks = torch.randn(hq, device="cuda") + 1.0 if p.has_sinks else None
+    su_q = torch.tensor(seqused_q, dtype=torch.int32, device="cuda") if p.has_seqused else None
+    su_k = torch.tensor(seqused_kv, dtype=torch.int32, device="cuda") if p.has_seqused else None
+    args = [q, k, v, o] + [lse] * p.has_lse + ([cu_q, cu_k] if p.is_thd else []) + ([su_q, su_k] if p.has_seqused
+                                                                                      else [])
+    args += [sinks] * p.has_sinks + [scale] + [wl] * p.has_window_left + [wr] * p.has_window_right
+    args += [max(lens_q)] if p.is_thd else []
+    ck(*args, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+
+    ref_o, ref_lse = sdpa_fwd_reference(
+        *clean, softmax_scale=scale, cu_seqlens_q=cu_q if p.is_thd else None,
+        cu_seqlens_kv=cu_k if p.is_thd else None, seqused_q=su_q, seqused_kv=su_k, sinks=sinks,
+        window_left=wl, window_right=wr, bottom_right=p.bottom_right)
+    if p.is_thd:  # tokens after the last sequence are not written
+        o, lse = o[:Tq], lse[:, :Tq]
+    of = o.float()
+    assert torch.isfinite(of).all(), f"{int((~torch.isfinite(of)).sum())} O elements not finite"
+    rel = ((of - ref_o).norm() / ref_o.norm().clamp_min(1e-6)).item()
+    assert rel < 1e-2, f"O relative error {rel:.3e}"
+    if not p.is_thd:
+        for b in range(B):
+            assert (of[b, seqused_q[b]:] == 0).all(), "padding rows must write O = 0"
+    if p.has_lse:
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), fin), "LSE -inf pattern differs"
+        if fin.any():
+            torch.testing.assert_close(lse[fin], ref_lse[fin], atol=2e-3, rtol=1e-3)
+
+
+def test_nan_in_seqused_padding_does_not_leak(kernels):
+    ck, p = kernels["d256_sinks_seqused"], FLAVORS["d256_sinks_seqused"]
+    run_nan_padding_case(ck, p, B=3, Sq=200, Skv=200, seqused_q=[200, 131, 7], seqused_kv=[150, 77, 1])
+
+
+def test_nan_after_last_packed_sequence_does_not_leak(kernels):
+    ck, p = kernels["d96_thd_causal_gqa"], FLAVORS["d96_thd_causal_gqa"]
+    run_nan_padding_case(ck, p, lens_q=[129, 77, 5], lens_kv=[129, 300, 9], wr=0)
+    ck, p = kernels["d192_thd_sinks_wl_br"], FLAVORS["d192_thd_sinks_wl_br"]
+    run_nan_padding_case(ck, p, lens_q=[5, 64, 200], lens_kv=[100, 7, 250], wl=64)

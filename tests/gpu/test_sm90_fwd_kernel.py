@@ -248,3 +248,71 @@ def test_graph_replay_honors_new_lengths(kernels):
     ref_o, _ = sdpa_fwd_reference(q, k, v, **ref_kw)
     assert not torch.isnan(o).any()
     assert _rel(o, ref_o) < 1e-2
+
+
+# ---------------------------------------------------------------- NaN in padding
+# Padding rows (past seqused, or tokens after the last packed sequence) are often left
+# uninitialized; NaN there must not reach a valid row (P = 0 does not stop 0 * NaN in P.V).
+# These reuse kernels of CASES: seqused values and THD lengths are runtime values.
+NAN_DENSE = [
+    K(b=3, seqused=((300, 131, 7), (200, 257, 1)), sq=300, skv=300, wr=0),  # compiled as the seqused case
+]
+NAN_THD = [
+    K(thd=((513, 513), (1, 7), (0, 3), (64, 64)), sinks=True),
+    K(d=64, thd=((300, 300), (1, 1), (190, 190))),
+    K(hq=8, hkv=2, thd=((129, 129), (77, 300), (1, 5)), wr=0),
+]
+
+
+@pytest.mark.parametrize("case", NAN_DENSE, ids=lambda c: c.id)
+def test_nan_in_seqused_padding_does_not_leak(kernels, case):
+    from frost.adapters.reference_math import sdpa_fwd_reference
+
+    ck = kernels[case.id]
+    args, (q, k, v), ref_kw, o, lse = make_args(case, seed=3)
+    clean = [x.clone() for x in (q, k, v)]
+    for b, (lq, lk) in enumerate(zip(*case.seqused)):
+        q[b, lq:] = float("nan")
+        k[b, lk:] = float("inf")
+        v[b, lk:] = float("nan")
+    ck(*args)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = sdpa_fwd_reference(*clean, **ref_kw)
+    assert torch.isfinite(o).all(), f"{int((~torch.isfinite(o)).sum())} O elements not finite"
+    assert _rel(o, ref_o) < 1e-2, f"rel err {_rel(o, ref_o):.3e}"
+    for b, lq in enumerate(case.seqused[0]):
+        assert (o[b, lq:] == 0).all(), "padding rows must write O = 0"
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin), "LSE -inf pattern differs"
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() < 2e-3
+
+
+@pytest.mark.parametrize("case", NAN_THD, ids=lambda c: c.id)
+def test_nan_after_last_packed_sequence_does_not_leak(kernels, case):
+    from frost.adapters.reference_math import sdpa_fwd_reference
+
+    ck = kernels[case.id]
+    args, (q, k, v), ref_kw, o, lse = make_args(case, seed=4)
+    tail = 200  # more than a key tile: the tail lies inside the tensor, TMA loads it as it is
+
+    def grow(x, dim=0):
+        shape = list(x.shape)
+        shape[dim] = tail
+        return torch.cat([x, torch.full(shape, float("nan"), dtype=x.dtype, device=x.device)], dim=dim)
+
+    tq = q.shape[0]
+    args[:4] = [grow(q), grow(k), grow(v), grow(o)]
+    if case.lse:
+        args[4] = grow(lse, 1)
+    ck(*args)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, **ref_kw)
+    got_o = args[3][:tq]
+    assert torch.isfinite(got_o).all(), f"{int((~torch.isfinite(got_o)).sum())} O elements not finite"
+    assert _rel(got_o, ref_o) < 1e-2, f"rel err {_rel(got_o, ref_o):.3e}"
+    if case.lse:
+        got_lse = args[4][:, :tq]
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(got_lse), fin), "LSE -inf pattern differs"
+        if fin.any():
+            assert (got_lse[fin] - ref_lse[fin]).abs().max().item() < 2e-3
