@@ -1,13 +1,30 @@
 """Fixtures shared by the test suites."""
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
-import frost.engines.dsl
-from frost.lowering import capabilities
+
+def _private_cache_dir() -> None:
+    """Tests never write to ~/.cache/frost: unless FROST_CACHE_DIR is set, the session (and every
+    subprocess it starts) caches kernels in a temporary directory removed at exit."""
+    if os.environ.get("FROST_CACHE_DIR"):
+        return
+    d = tempfile.mkdtemp(prefix="frost-test-cache-")
+    os.environ["FROST_CACHE_DIR"] = d
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+
+
+_private_cache_dir()
+
+import frost.engines.dsl  # noqa: E402
+from frost.lowering import capabilities  # noqa: E402
 
 
 def patch_dsl_reason(monkeypatch, reason):
