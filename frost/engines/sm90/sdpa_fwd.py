@@ -551,9 +551,11 @@ class SdpaFwdSm90:
     def zero_v_tail(self, sV, pipe_v, v_state, rows: Int32, t: Int32, wg: Int32):
         """Zero the V rows of a sequence's last key block that lie past its length.
 
-        TMA zero-fills only outside the tensor; rows past seqused_kv or past a
-        packed batch's last token are loaded as they are, and P = 0 there does
-        not stop 0 * NaN = NaN in P.V. Every consumer warpgroup zeroes the whole
+        TMA zero-fills only outside the tensor; rows past seqused_kv, or past a
+        packed sequence's end (the next sequence, or whatever follows the last),
+        are loaded as they are, and P = 0 there does not stop 0 * NaN = NaN in
+        P.V (K needs nothing: the mask selects -inf over any score). Every
+        consumer warpgroup zeroes the whole
         tail itself (the values written are all zero, so the overlap is benign)
         and syncs only its own 128 threads, which keeps ping-pong intact.
         """
