@@ -555,9 +555,9 @@ class SdpaFwdSm90:
         packed sequence's end (the next sequence, or whatever follows the last),
         are loaded as they are, and P = 0 there does not stop 0 * NaN = NaN in
         P.V (K needs nothing: the mask selects -inf over any score). Every
-        consumer warpgroup zeroes the whole
-        tail itself (the values written are all zero, so the overlap is benign)
-        and syncs only its own 128 threads, which keeps ping-pong intact.
+        consumer warpgroup zeroes the whole tail itself (the values written are
+        all zero, so the overlap is benign) and syncs only its own 128 threads,
+        which keeps ping-pong intact.
         """
         if rows < self.tile_n:
             pipe_v.consumer_wait(v_state)
