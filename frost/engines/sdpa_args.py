@@ -39,6 +39,8 @@ Sinks: one extra logit per query head, sinks[h] (already in scaled-logit units),
 enters the softmax denominator only. LSE (natural log) includes the sink.
 A row with no allowed key and no sink writes O = 0 and LSE = -inf. Dense rows past
 seqused_q are written the same way; THD kernels write only rows inside a sequence.
+Padding rows (past seqused) and tokens outside every packed sequence may hold any bits,
+NaN and Inf included: kernels never let them reach a result.
 
 Backward argument order:
     q, k, v, o, do, lse, dq, dk, dv,
