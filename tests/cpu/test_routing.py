@@ -215,18 +215,21 @@ def test_dtype(unpended):
     assert declare(H200, dtype=torch.float16).available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
 
 
-@pytest.mark.parametrize("d, dv, ok", [(64, None, True), (96, None, True), (128, None, True), (192, 128, True),
-                                       (256, None, True), (80, None, False), (128, 64, False), (32, None, False),
-                                       (192, None, False)])
-def test_head_dims(unpended, d, dv, ok):
+@pytest.mark.parametrize("d, dv, engines", [
+    (64, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (96, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
+    (128, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (192, 128, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
+    (256, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (192, None, ["SdpaFwdDslSm90"]),
+    (80, None, []), (128, 64, []), (32, None, [])])
+def test_head_dims(unpended, d, dv, engines):
     g = declare(H200, d=d, dv=dv)
-    if ok:
-        assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
-    else:
-        assert g.available_engines() == []
-        want = (f"serves head dims 64, 96, 128, 192x128, 256; this graph has d_qk={d}, d_v={dv or d}")
-        assert reasons(g)["SdpaFwdDslSm90"] == want
-        assert reasons(g)["SdpaFwdDslSm80"] == want
+    assert g.available_engines() == engines
+    mma_sync = "serves head dims 64, 96, 128, 192x128, 256"
+    wgmma = "serves head dims 64, 96, 128, 192x128, 256, 192"
+    graph = f"this graph has d_qk={d}, d_v={dv or d}"
+    if "SdpaFwdDslSm80" not in engines:
+        assert reasons(g)["SdpaFwdDslSm80"] == f"{mma_sync}; {graph}"
+    if "SdpaFwdDslSm90" not in engines:
+        assert reasons(g)["SdpaFwdDslSm90"] == f"{wgmma}; {graph}"
 
 
 @pytest.mark.parametrize("kw, feature", [
