@@ -152,11 +152,19 @@ def forget_sources() -> None:
     _sources.clear()
 
 
+_versions: dict[str, str] = {}
+
+
 def _dist_version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "absent"
+    """An installed distribution's version, read once per process (parsing its metadata costs ~1 ms)."""
+    v = _versions.get(name)
+    if v is None:
+        try:
+            v = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            v = "absent"
+        _versions[name] = v
+    return v
 
 
 def codegen_env() -> dict:
@@ -252,12 +260,20 @@ def load_object(path: Path, symbol: str):
     return mod, getattr(mod, symbol)
 
 
+@functools.lru_cache(maxsize=None)
+def _libtvm_ffi() -> str:
+    """libtvm_ffi.so's path, searched once per process."""
+    import tvm_ffi
+
+    return str(tvm_ffi.libinfo.find_libtvm_ffi())
+
+
 def load_shared(path: Path, symbol: str, libs) -> Optional[tuple]:
     """(module, tvm_ffi.Function) from the linked .so, without importing cutlass; None if the
     runtime libraries it was linked for are not on this machine."""
     import tvm_ffi
 
-    libs = list(libs) + [tvm_ffi.libinfo.find_libtvm_ffi()]
+    libs = list(libs) + [_libtvm_ffi()]
     if not _open_global(libs[:-1]) or not _open_global(libs[-1:]):
         return None
     mod = tvm_ffi.load_module(str(path))

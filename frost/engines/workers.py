@@ -13,12 +13,9 @@ where its error surfaces normally.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Iterable, Optional
 
 from frost.engines import cache
@@ -85,7 +82,11 @@ def _main_hidden():
             main.__dict__.update(saved)
 
 
-def _pool(n: int, target: Target | str) -> ProcessPoolExecutor:
+def _pool(n: int, target: Target | str):
+    """A spawn-context pool (imported here: a warm plan never starts one)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
     target_json = target.model_dump() if isinstance(target, Target) else None
     return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                initargs=(target_json, _arch_of(target), str(cache.cache_dir())))
@@ -128,6 +129,8 @@ def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[in
 
 def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int) -> list[Optional[dict]]:
     """Compile and export `specs` in `n` workers; None for each one that failed there."""
+    from concurrent.futures.process import BrokenProcessPool
+
     arch = _arch_of(target)
     out: list[Optional[dict]] = [None] * len(specs)
     try:
