@@ -79,6 +79,8 @@ g = BUILD[kind](fake_target(target))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     frost.load_plan(path, g)
+if len(sys.argv) > 4:  # save the loaded plan again
+    g.save_plan(sys.argv[4])
 print(json.dumps({"engine": g.engine_name, "names": g.plan.adapter.kernel_names(), "stats": frost.cache.stats(),
                   "workspace": g.get_workspace_size(), "cutlass": "cutlass" in sys.modules,
                   "archs": sorted({k.arch for k in g.plan.adapter.compiled_kernels()}),
@@ -86,11 +88,12 @@ print(json.dumps({"engine": g.engine_name, "names": g.plan.adapter.kernel_names(
 """
 
 
-def run_py(script: str, args, cache_dir: Path, root: Path) -> dict:
+def run_py(script: str, args, cache_dir: Path, root: Path, extra_env=None) -> dict:
     """Run `script` in a fresh interpreter on the package under `root`; its last line is JSON."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
                FROST_CACHE_DIR=str(cache_dir), CUDA_VISIBLE_DEVICES="")
     env.pop("FROST_CACHE_DISABLE", None)
+    env.update(extra_env or {})
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], env=env, cwd=str(root),
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"subprocess failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
@@ -143,6 +146,21 @@ def test_fresh_process_with_an_empty_cache_loads_without_compiling(saved, tmp_pa
         assert not got["cutlass"], "loading a saved plan imported cutlass"
     # the artifacts were published into the (formerly empty) cache: a later plain build hits it too
     assert len(list(empty.rglob("*.o"))) == n_kernels
+
+
+@pytest.mark.slow
+def test_with_the_disk_layer_off_the_kernels_load_into_memory_and_save_again(saved, tmp_path):
+    again = tmp_path / "again.plan"
+    got = run_py(LOAD, ["bwd", saved["files"]["bwd"], "H200", again], tmp_path / "unused", saved["tree"],
+                 {"FROST_CACHE_DISABLE": "1"})
+    assert got["stats"]["compiles"] == 0 and got["names"] == saved["out"]["bwd"]["names"], got
+    assert got["warnings"] == [] and not (tmp_path / "unused").exists()
+
+    def members(path):
+        with zipfile.ZipFile(path) as z:
+            return [(k["name"], k["sha256"]) for k in json.loads(z.read("plan.json"))["kernels"]]
+
+    assert members(again) == members(saved["files"]["bwd"])
 
 
 @pytest.mark.slow
