@@ -239,9 +239,11 @@ class Runner:
 
         ref = None
         for k in REFERENCE_ORDER:
-            if k in peer_outs:
-                ref = (k, peer_outs[k])
+            if k in peer_outs and all(bool(torch.isfinite(t).all()) for t in peer_outs[k]):
+                ref = (k, peer_outs[k])  # a peer whose output is not finite cannot judge others
                 break
+            if k in peer_outs:
+                row.measurements[k].note = "output not finite; not used as the check reference"
         for k, outs in peer_outs.items():
             if ref is not None:
                 row.measurements[k].rel_err = checks.compare(outs, ref[1])

@@ -135,7 +135,8 @@ def test_worker_compiled_artifacts_run_in_the_parent(tmp_path):
             ok &= bool(torch.equal(src, dst))
         print(json.dumps({"ok": ok, "stats": cache.stats()}))
     """
-    e = dict(os.environ, PYTHONPATH=str(ROOT), FROST_CACHE_DIR=str(tmp_path / "cache"))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    e = dict(os.environ, PYTHONPATH=path, FROST_CACHE_DIR=str(tmp_path / "cache"))
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=e, capture_output=True, text=True,
                        timeout=600, cwd=str(ROOT))
     assert r.returncode == 0, r.stdout + r.stderr
