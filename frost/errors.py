@@ -43,3 +43,7 @@ class TemplateParamsError(FrostError, ValueError):
 
 class PlanFileError(GraphError):
     """A saved plan file cannot be read, or was saved for a graph with other facts."""
+
+
+class PlanFileWarning(UserWarning):
+    """A saved plan loaded, but some of its kernels compile here (another frost build or arch, an unusable artifact)."""

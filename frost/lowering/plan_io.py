@@ -17,13 +17,9 @@ from pathlib import Path
 from frost.engines import cache
 from frost.engines.artifacts import Artifact, adopt, export_kernel, prune_keeping, sha256, stale_reason
 from frost.engines.compile import KernelSpec
-from frost.errors import GraphError, NotSupportedError, PlanFileError
+from frost.errors import GraphError, NotSupportedError, PlanFileError, PlanFileWarning
 from frost.lowering import plan_file
 from frost.lowering.plan_file import KernelRecord, PlanHeader
-
-
-class PlanFileWarning(UserWarning):
-    """A saved plan loaded, but some of its kernels compile here."""
 
 
 def _warn(msg: str) -> None:
@@ -31,7 +27,7 @@ def _warn(msg: str) -> None:
 
 
 # -- save -------------------------------------------------------------------------------------
-def _record(i: int, art) -> KernelRecord:
+def _record(i: int, art: Artifact) -> KernelRecord:
     j = art.spec.to_json()
     return KernelRecord(name=art.symbol, template=art.spec.template, params_type=j["params_type"], params=j["params"],
                         arch=art.arch, key=art.key, member=f"kernels/{i}.o", size=len(art.obj), sha256=art.digest,

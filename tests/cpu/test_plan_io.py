@@ -84,7 +84,8 @@ if len(sys.argv) > 4:  # save the loaded plan again
 print(json.dumps({"engine": g.engine_name, "names": g.plan.adapter.kernel_names(), "stats": frost.cache.stats(),
                   "workspace": g.get_workspace_size(), "cutlass": "cutlass" in sys.modules,
                   "archs": sorted({k.arch for k in g.plan.adapter.compiled_kernels()}),
-                  "warnings": [str(w.message) for w in caught if issubclass(w.category, UserWarning)]}))
+                  "warnings": [str(w.message) for w in caught if issubclass(w.category, UserWarning)],
+                  "categories": [w.category.__name__ for w in caught if issubclass(w.category, UserWarning)]}))
 """
 
 
@@ -173,6 +174,7 @@ def test_a_file_from_another_frost_build_loads_and_compiles_with_a_warning(saved
     got = run_py(LOAD, ["fwd", other, "H200"], tmp_path / "cache", saved["tree"])
     assert got["stats"]["compiles"] == 1 and got["names"] == saved["out"]["fwd"]["names"]
     assert any("another frost build" in w and "sources" in w for w in got["warnings"]), got["warnings"]
+    assert got["categories"] == ["PlanFileWarning"] * len(got["warnings"])
 
 
 @pytest.mark.slow
