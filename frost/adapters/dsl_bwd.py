@@ -11,19 +11,14 @@ import importlib
 
 from frost.adapters.base import SdpaBwdDsl
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
-from frost.adapters.dsl_fwd import check_dsl_and_knobs
+from frost.adapters.dsl_fwd import check_dsl_and_knobs, sdpa_feature_flags
 from frost.errors import TemplateParamsError
 from frost.runtime.context import stream_handle
 from frost.runtime.workspace import ScratchBuffer, carve
 
 
 def bwd_feature_flags(facts) -> dict:
-    return dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
-                num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
-                has_seqused=facts.has_padding, has_sinks=facts.has_sinks, has_dsinks=facts.has_dsink,
-                has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
-                bottom_right=facts.bottom_right and (facts.window_left is not None or facts.window_right is not None),
-                deterministic=facts.deterministic)
+    return dict(sdpa_feature_flags(facts), has_dsinks=facts.has_dsink, deterministic=facts.deterministic)
 
 
 class DslBwdAdapter(SdpaBwdDsl):

@@ -10,13 +10,18 @@ from frost.errors import TemplateParamsError
 from frost.runtime.context import stream_handle
 
 
-def fwd_feature_flags(facts) -> dict:
-    """The TemplateParams feature fields every forward template shares (sdpa_args.py)."""
+def sdpa_feature_flags(facts) -> dict:
+    """The SdpaFeatureParams fields of every SDPA template, from the facts (sdpa_args.py)."""
+    banded = facts.window_left is not None or facts.window_right is not None
     return dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
                 num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
-                has_seqused=facts.has_padding, has_lse=facts.has_stats, has_sinks=facts.has_sinks,
+                has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
                 has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
-                bottom_right=facts.bottom_right and (facts.window_left is not None or facts.window_right is not None))
+                bottom_right=facts.bottom_right and banded)
+
+
+def fwd_feature_flags(facts) -> dict:
+    return dict(sdpa_feature_flags(facts), has_lse=facts.has_stats)
 
 
 def check_dsl_and_knobs(adapter) -> None:

@@ -5,7 +5,11 @@ packed totals) are never fields: they compile as symbolic ints.
 """
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
+
+from frost.errors import TemplateParamsError
 
 
 class TemplateParams(BaseModel):
@@ -14,3 +18,35 @@ class TemplateParams(BaseModel):
     def key(self) -> str:
         """Stable text form used in compile keys."""
         return self.model_dump_json()
+
+
+class SdpaFeatureParams(TemplateParams):
+    """The feature fields every SDPA template shares (the optional arguments of `sdpa_args`)."""
+
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    head_dim: int = 128
+    head_dim_v: int = 128
+    num_heads_q: int = 1
+    num_heads_kv: int = 1
+    is_thd: bool = False
+    has_seqused: bool = False
+    has_sinks: bool = False
+    has_window_left: bool = False
+    has_window_right: bool = False
+    bottom_right: bool = False
+
+    @property
+    def qhead_per_kvhead(self) -> int:
+        return self.num_heads_q // self.num_heads_kv
+
+
+def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
+    """The checks every SDPA template's validator starts with; raises TemplateParamsError."""
+    if (p.head_dim, p.head_dim_v) not in head_dims:
+        raise TemplateParamsError(f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in "
+                                  f"{sorted(head_dims)}")
+    if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
+        raise TemplateParamsError(f"{who}: num_heads_q={p.num_heads_q} must be a positive multiple of "
+                                  f"num_heads_kv={p.num_heads_kv}")
+    if p.is_thd and p.has_seqused:
+        raise TemplateParamsError(f"{who}: seqused is a dense-only padding mask; packed THD uses cu_seqlens")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import TemplateParams
+from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
 
 #: (head_dim, head_dim_v) pairs the template implements.
@@ -39,7 +39,7 @@ PARTIALS_PER_CTA = 4
 _ALIGN = 256
 
 
-class Sm80BwdParams(TemplateParams):
+class Sm80BwdParams(SdpaFeatureParams):
     """Plan-time description of one mma.sync backward chain.
 
     Feature flags mirror the optional arguments of `frost.engines.sdpa_args`;
@@ -48,18 +48,7 @@ class Sm80BwdParams(TemplateParams):
     """
 
     family: Literal["sm80", "sm120"] = "sm80"
-    dtype: Literal["bf16", "fp16"] = "bf16"
-    head_dim: int = 128
-    head_dim_v: int = 128
-    num_heads_q: int = 1
-    num_heads_kv: int = 1
-    is_thd: bool = False
-    has_seqused: bool = False
-    has_sinks: bool = False
     has_dsinks: bool = False
-    has_window_left: bool = False
-    has_window_right: bool = False
-    bottom_right: bool = False
     deterministic: bool = False
     # knobs
     tile_m: int = 64  # query rows per main-loop step
@@ -72,10 +61,6 @@ class Sm80BwdParams(TemplateParams):
     # True: a step waits once for its Q and dO (issued together a step earlier) and stores P right
     # after the softmax; False: dO gets its own wait and barrier, P and dS are stored together.
     fused_prefetch: bool = False
-
-    @property
-    def qhead_per_kvhead(self) -> int:
-        return self.num_heads_q // self.num_heads_kv
 
     @property
     def num_threads(self) -> int:
@@ -121,12 +106,7 @@ def validate(p: Sm80BwdParams) -> None:
     def bad(msg: str) -> None:
         raise TemplateParamsError(f"Sm80BwdParams: {msg}")
 
-    if (p.head_dim, p.head_dim_v) not in HEAD_DIMS:
-        bad(f"head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in {list(HEAD_DIMS)}")
-    if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
-        bad(f"num_heads_q={p.num_heads_q} must be a positive multiple of num_heads_kv={p.num_heads_kv}")
-    if p.is_thd and p.has_seqused:
-        bad("seqused_q / seqused_kv are for dense batches; packed THD takes its lengths from cu_seqlens")
+    check_sdpa_features(p, HEAD_DIMS, "Sm80BwdParams")
     if p.has_dsinks and not p.has_sinks:
         bad("dsinks needs sinks")
     if p.num_warps not in (4, 8):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import TemplateParams
+from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
 
 #: (head_dim, head_dim_v) pairs the template implements.
@@ -24,7 +24,7 @@ SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
 _ELEM_BYTES = {"bf16": 2, "fp16": 2}
 
 
-class Sm80FwdParams(TemplateParams):
+class Sm80FwdParams(SdpaFeatureParams):
     """Plan-time description of one mma.sync forward kernel.
 
     Feature flags mirror the optional arguments of `frost.engines.sdpa_args`;
@@ -32,27 +32,12 @@ class Sm80FwdParams(TemplateParams):
     """
 
     family: Literal["sm80", "sm120"] = "sm80"
-    dtype: Literal["bf16", "fp16"] = "bf16"
-    head_dim: int = 128
-    head_dim_v: int = 128
-    num_heads_q: int = 1
-    num_heads_kv: int = 1
-    is_thd: bool = False
-    has_seqused: bool = False
     has_lse: bool = False
-    has_sinks: bool = False
-    has_window_left: bool = False
-    has_window_right: bool = False
-    bottom_right: bool = False
     # knobs
     tile_m: int = 128
     tile_n: int = 64
     num_stages: int = 1
     num_warps: int = 4
-
-    @property
-    def qhead_per_kvhead(self) -> int:
-        return self.num_heads_q // self.num_heads_kv
 
     @property
     def num_threads(self) -> int:
@@ -81,14 +66,7 @@ def validate(p: Sm80FwdParams) -> None:
     def bad(msg: str) -> None:
         raise TemplateParamsError(f"Sm80FwdParams: {msg}")
 
-    if (p.head_dim, p.head_dim_v) not in HEAD_DIMS:
-        bad(f"head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in {list(HEAD_DIMS)}")
-    if p.num_heads_q < 1 or p.num_heads_kv < 1:
-        bad(f"head counts must be >= 1 (Hq={p.num_heads_q}, Hkv={p.num_heads_kv})")
-    if p.num_heads_q % p.num_heads_kv != 0:
-        bad(f"num_heads_q={p.num_heads_q} is not a multiple of num_heads_kv={p.num_heads_kv}")
-    if p.is_thd and p.has_seqused:
-        bad("seqused_q / seqused_kv are for dense batches; packed THD takes its lengths from cu_seqlens")
+    check_sdpa_features(p, HEAD_DIMS, "Sm80FwdParams")
     if p.num_warps not in (4, 8):
         bad(f"num_warps={p.num_warps} not in (4, 8)")
     if p.tile_m % (16 * p.num_warps) != 0 or p.tile_m > 256:

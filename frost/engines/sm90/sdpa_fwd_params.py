@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import TemplateParams
+from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -16,20 +16,9 @@ SUPPORTED_HEAD_DIM_PAIRS = {(64, 64), (96, 96), (128, 128), (192, 128), (192, 19
 SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
 
 
-class Sm90FwdParams(TemplateParams):
+class Sm90FwdParams(SdpaFeatureParams):
     # features (plan-time facts)
-    dtype: Literal["bf16", "fp16"] = "bf16"
-    head_dim: int = 128
-    head_dim_v: int = 128
-    num_heads_q: int = 1
-    num_heads_kv: int = 1
-    is_thd: bool = False
-    has_seqused: bool = False
     has_lse: bool = True
-    has_sinks: bool = False
-    has_window_left: bool = False
-    has_window_right: bool = False
-    bottom_right: bool = False
     # knobs (speed only)
     tile_m: int = 128
     tile_n: int = 128
@@ -46,10 +35,6 @@ class Sm90FwdParams(TemplateParams):
     @property
     def num_mma_wg(self) -> int:
         return self.tile_m // 64
-
-    @property
-    def qhead_per_kvhead(self) -> int:
-        return self.num_heads_q // self.num_heads_kv
 
 
 def _smem(p: Sm90FwdParams, separate_o: bool) -> int:
@@ -76,13 +61,7 @@ def validate(p: Sm90FwdParams) -> None:
     def bad(msg: str):
         raise TemplateParamsError(f"Sm90FwdParams: {msg}")
 
-    if (p.head_dim, p.head_dim_v) not in SUPPORTED_HEAD_DIM_PAIRS:
-        bad(f"head dims (d={p.head_dim}, dv={p.head_dim_v}) unsupported; "
-            f"supported pairs: {sorted(SUPPORTED_HEAD_DIM_PAIRS)}")
-    if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
-        bad(f"num_heads_q={p.num_heads_q} must be a positive multiple of num_heads_kv={p.num_heads_kv}")
-    if p.is_thd and p.has_seqused:
-        bad("seqused is a dense-only padding mask; THD uses cu_seqlens")
+    check_sdpa_features(p, SUPPORTED_HEAD_DIM_PAIRS, "Sm90FwdParams")
     if p.bottom_right and not (p.has_window_left or p.has_window_right):
         bad("bottom_right only has meaning with a window (causal is window_right=0)")
     if p.tile_m not in (64, 128, 192):
