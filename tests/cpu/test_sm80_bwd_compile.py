@@ -8,20 +8,18 @@ PTX is checked for the instruction family and the frost kernel symbol.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+
 from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80BwdParams, bwd_chain, chain_args,
                                                default_knobs, scratch_bytes, scratch_layout, smem_bytes, validate)
 from frost.errors import TemplateParamsError
+from tests.compile_runner import run_compile_script
 
-ROOT = Path(__file__).resolve().parents[2]
 _STAGE_TAG = {"preprocess": "pre", "main": "main", "postprocess": "post"}
 
 
@@ -71,13 +69,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _compile_arch(arch: str, tmp: Path) -> list[dict]:
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", _SCRIPT, arch, json.dumps(COVER[arch])], cwd=tmp, env=env,
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return run_compile_script(_SCRIPT, [arch, json.dumps(COVER[arch])], tmp, timeout=900)
 
 
 @pytest.mark.slow

@@ -8,20 +8,18 @@ instruction family and the frost kernel symbol.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+
 from frost.engines.sm80.sdpa_fwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80FwdParams, default_knobs, smem_bytes,
                                                 validate)
 from frost.errors import TemplateParamsError
+from tests.compile_runner import run_compile_script
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags) -> dict:
@@ -70,13 +68,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _compile_arch(arch: str, tmp: Path) -> list[dict]:
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", _SCRIPT, arch, json.dumps(COVER[arch])], cwd=tmp, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return run_compile_script(_SCRIPT, [arch, json.dumps(COVER[arch])], tmp, timeout=600)
 
 
 @pytest.mark.slow

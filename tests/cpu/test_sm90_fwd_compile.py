@@ -8,19 +8,17 @@ register reallocation and the frost kernel symbol.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, smem_bytes, validate
 from frost.errors import TemplateParamsError
+from tests.compile_runner import run_compile_script
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _p(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
@@ -63,13 +61,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _compile(cover: list, tmp: Path) -> list[dict]:
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(cover)], cwd=tmp, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return run_compile_script(_SCRIPT, [json.dumps(cover)], tmp, timeout=600)
 
 
 @pytest.mark.slow

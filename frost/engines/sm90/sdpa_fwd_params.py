@@ -6,7 +6,6 @@ cheaply.
 """
 from __future__ import annotations
 
-from typing import Literal
 
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
