@@ -115,6 +115,18 @@ def _cumsum(xs):
         yield acc
 
 
+def plan_or_skip(g, engine):
+    """Validate and build `g` for `engine`; skip the test (with the engine's reasons) when it declines."""
+    import pytest
+
+    g.validate()
+    try:
+        g.build_plans(engine=engine)
+    except frost.NotSupportedError as e:
+        pytest.skip(f"{engine} declines: {e.declines}")
+    return g
+
+
 def pack(decl, tensors):
     return {decl[r]: tensors[r] for r in decl}
 

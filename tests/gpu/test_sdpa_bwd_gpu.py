@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import frost
-from frost.errors import NotSupportedError
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err
+from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -64,14 +63,6 @@ def make_bwd(case: FwdCase, *, deterministic=False, seed=0, dsink=True, dev="cud
     return g, d, t
 
 
-def _plan(g, engine):
-    g.validate()
-    try:
-        g.build_plans(engine=engine)
-    except NotSupportedError as e:
-        pytest.skip(f"{engine} declines: {e.declines}")
-
-
 def _run(g, d, t, stream=None):
     for name in _GRADS + (("dSink_token",) if "dSink_token" in t else ()):
         t[name].fill_(float("nan"))
@@ -86,7 +77,7 @@ def _run(g, d, t, stream=None):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_bwd_matches_reference(engine, case):
     g, d, t = make_bwd(case)
-    _plan(g, engine)
+    plan_or_skip(g, engine)
     rg, rd, rt = make_bwd(case)
     rg.validate().build_plans(engine="reference")
     got = _run(g, d, t)
@@ -110,7 +101,7 @@ def test_bwd_matches_reference(engine, case):
 def test_deterministic_mode_is_bitwise_reproducible(engine):
     case = FwdCase(d=128, hq=8, hkv=2, b=2, sq=1024, skv=1024, causal=True)
     g, d, t = make_bwd(case, deterministic=True)
-    _plan(g, engine)
+    plan_or_skip(g, engine)
     first = _run(g, d, t)
     for _ in range(2):
         again = _run(g, d, t)
@@ -123,7 +114,7 @@ def test_bwd_thd_capture_replay_no_sync_no_alloc(engine):
     case = FwdCase(d=128, hq=4, hkv=2, thd_lens=[(100, 100), (300, 300), (17, 17), (0, 0)], causal=True,
                    sinks=True)
     g, d, t = make_bwd(case)
-    _plan(g, engine)
+    plan_or_skip(g, engine)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     vp = pack(d, t)
     s = torch.cuda.Stream()

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import frost
-from frost.errors import NotSupportedError
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err
+from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -34,15 +33,6 @@ CASES = [
 ]
 
 
-def _plan(g, engine):
-    g.validate()
-    try:
-        g.build_plans(engine=engine)
-    except NotSupportedError as e:
-        pytest.skip(f"{engine} declines: {e.declines}")
-    return g
-
-
 def _valid_rows(case, t):
     """Boolean mask over o's canonical rows that lie inside a sequence."""
     if case.thd_lens is not None:
@@ -59,7 +49,7 @@ def _valid_rows(case, t):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_fwd_matches_reference(engine, case):
     g, decl, t = make_fwd(case)
-    _plan(g, engine)
+    plan_or_skip(g, engine)
     rg, rdecl, rt = make_fwd(case)  # same seed: identical inputs
     rg.validate().build_plans(engine="reference")
     t["o"].fill_(float("nan"))
@@ -89,7 +79,7 @@ def test_fwd_matches_reference(engine, case):
 def test_non_default_stream_is_honored(engine):
     case = FwdCase(d=128, b=4, sq=1024, skv=1024, causal=True)
     g, decl, t = make_fwd(case)
-    _plan(g, engine)
+    plan_or_skip(g, engine)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     side = torch.cuda.Stream()
     # the first launch of a kernel may load its module, which the driver can serialize; steady state is the contract
@@ -109,7 +99,7 @@ def test_thd_cuda_graph_replay_follows_new_lengths(engine):
     lens_a = [(100, 100), (300, 300), (17, 17), (0, 0)]
     case = FwdCase(d=128, hq=4, hkv=4, thd_lens=lens_a, causal=True)
     g, decl, t = make_fwd(case)
-    _plan(g, engine)
+    plan_or_skip(g, engine)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     vp = pack(decl, t)
     s = torch.cuda.Stream()
@@ -140,7 +130,7 @@ def test_thd_cuda_graph_replay_follows_new_lengths(engine):
 def test_execute_has_no_sync_and_no_allocation(engine):
     case = FwdCase(d=128, hq=8, hkv=2, thd_lens=[(100, 100), (7, 9), (256, 256)], causal=True, sinks=True)
     g, decl, t = make_fwd(case)
-    _plan(g, engine)
+    plan_or_skip(g, engine)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     vp = pack(decl, t)
     ctx = frost.ExecutionContext(stream=torch.cuda.current_stream())
