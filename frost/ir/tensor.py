@@ -85,12 +85,6 @@ class Tensor:
         return (f"frost.Tensor(name={self.name!r}, dim={self.dim}, stride={self.stride}, "
                 f"data_type={self.data_type.short})")
 
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other) -> bool:
-        return self is other
-
     # checks -------------------------------------------------------------------------------
     def require_declared(self) -> None:
         if self.dim is None or self.stride is None:
