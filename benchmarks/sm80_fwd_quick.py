@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 
@@ -23,19 +22,11 @@ TEMPLATE = "frost.engines.sm80.sdpa_fwd"
 
 
 def timed(fn, warmup=3, reps=15, inner=4):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(inner):
-            fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / inner)
-    return statistics.median(out)
+    """Median ms per call over `reps` samples of `inner` back-to-back calls (frost.bench's event timer)."""
+    from frost.bench.timing import TimingOptions, time_calls
+
+    opts = TimingOptions(warmup=warmup, reps=reps, min_sample_ms=1e9, max_inner=inner)
+    return time_calls([fn], opts).median_ms
 
 
 def frost_params(d, causal, knobs, family="sm80"):
