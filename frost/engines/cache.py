@@ -1,5 +1,7 @@
 """The persistent, cross-process artifact cache behind the compile boundary.
 
+The fingerprint and keys live in `fingerprint.py`, artifact loading in `loader.py`.
+
 A compiled kernel is exported (`export_to_c`, a relocatable object with the
 cubin inside) and stored under
 
@@ -23,7 +25,6 @@ layer off. Importing this module does not import cutlass.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import functools
 import hashlib
@@ -31,36 +32,31 @@ import importlib
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-FORMAT = 1
+from frost.engines.fingerprint import (ENGINES_ROOT, FORMAT, codegen_env, entry_id, file_digest, fingerprint,
+                                       fingerprint_inputs, forget_sources, full_key, sources_digest,
+                                       template_digest)
+from frost.engines.loader import link_shared, load_object, load_shared, loader_choice, runtime_libraries
+
+# the keys and the loaders are part of this module's interface (callers and tests use cache.<name>)
+__all__ = ["ENGINES_ROOT", "FORMAT", "codegen_env", "entry_id", "file_digest", "fingerprint", "fingerprint_inputs",
+           "forget_sources", "full_key", "sources_digest", "template_digest", "link_shared", "load_object",
+           "load_shared", "loader_choice", "runtime_libraries", "DiskCache", "Entry", "Stats", "bump", "cache_dir",
+           "describe", "disk", "disk_enabled", "import_for_load", "max_bytes", "reset_stats", "stats", "warn"]
+
 _LAYOUT = "v1"
 DEFAULT_MAX_BYTES = 2 * 2**30
 LOCK_TIMEOUT_S = float(os.environ.get("FROST_CACHE_LOCK_TIMEOUT", "900"))
 _TMP_MAX_AGE_S = 3600.0
 
-# CUTE_DSL_* variables that never change generated code (diagnostics, dump and
-# cache locations, library lookup). ARCH is left out because frost always
-# passes --gpu-arch explicitly and the arch is part of every key.
-_NON_CODEGEN_ENV = {
-    "KEEP", "DUMP_DIR", "CACHE_DIR", "NO_CACHE", "JIT_CACHE_MAX_ELEMS", "PRINT_IR",
-    "PRINT_AFTER_PREPROCESSOR", "SHOW_STACKTRACE", "FILTER_STACKTRACE", "WARNINGS_IGNORE",
-    "DISABLE_FILE_CACHING", "LOG_LEVEL", "LOG_TO_CONSOLE", "LOG_TO_FILE", "LIBS", "ARCH",
-    "KEEP_PTX", "KEEP_CUBIN", "KEEP_SASS", "KEEP_IR", "JIT_TIME_PROFILING",
-}
-_DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
-          "apache-tvm-ffi")
-ENGINES_ROOT = Path(__file__).resolve().parent
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -119,122 +115,7 @@ def reset_stats() -> None:
             setattr(STATS, k, v)
 
 
-# -- fingerprint and keys -------------------------------------------------------------------
-_file_digests: dict[str, str] = {}
-_sources: dict[str, str] = {}
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a source file as first seen by this process (the code it imported)."""
-    k = str(path)
-    d = _file_digests.get(k)
-    if d is None:
-        d = _file_digests[k] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return d
-
-
-def sources_digest(root: Path = ENGINES_ROOT) -> str:
-    """Digest of every .py under `root`, computed once per process."""
-    k = str(root)
-    d = _sources.get(k)
-    if d is None:
-        h = hashlib.sha256()
-        for p in sorted(root.rglob("*.py")):
-            if "__pycache__" not in p.parts:
-                h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
-        d = _sources[k] = h.hexdigest()
-    return d
-
-
-def forget_sources() -> None:
-    """Re-read sources on next use (tests that edit a template in-process)."""
-    _file_digests.clear()
-    _sources.clear()
-
-
-_versions: dict[str, str] = {}
-
-
-def _dist_version(name: str) -> str:
-    """An installed distribution's version, read once per process (parsing its metadata costs ~1 ms)."""
-    v = _versions.get(name)
-    if v is None:
-        try:
-            v = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            v = "absent"
-        _versions[name] = v
-    return v
-
-
-def codegen_env() -> dict:
-    out = {}
-    for k, v in os.environ.items():
-        if k.startswith("CUTE_DSL_") and k[len("CUTE_DSL_"):] not in _NON_CODEGEN_ENV:
-            out[k] = v
-    return dict(sorted(out.items()))
-
-
-def fingerprint_inputs(root: Path = ENGINES_ROOT) -> dict:
-    return {
-        "format": FORMAT,
-        "sources": sources_digest(root),
-        "versions": {d: _dist_version(d) for d in _DISTS},
-        "python": [sys.implementation.name, sys.implementation.cache_tag,
-                   sysconfig.get_config_var("SOABI") or "", platform.machine(), sys.platform],
-        "env": codegen_env(),
-    }
-
-
-def fingerprint(root: Path = ENGINES_ROOT) -> str:
-    blob = json.dumps(fingerprint_inputs(root), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()
-
-
-def template_digest(template: str) -> str:
-    """sha256 of the template module's source file, found without importing it."""
-    spec = importlib.util.find_spec(template)
-    if spec is None or not spec.origin or not os.path.exists(spec.origin):
-        raise ImportError(f"kernel template {template!r} has no source file")
-    return file_digest(Path(spec.origin))
-
-
-def full_key(template: str, params, arch: str) -> dict:
-    """The whole compile key, as stored in the sidecar. Plan-time values only."""
-    t = type(params)
-    return {"template": template, "template_sha256": template_digest(template),
-            "params_type": f"{t.__module__}:{t.__qualname__}", "params": params.key(), "arch": arch}
-
-
-def entry_id(fp: str, key: dict) -> str:
-    return hashlib.sha256(json.dumps({"fp": fp, "key": key}, sort_keys=True).encode()).hexdigest()[:40]
-
-
-# -- artifacts -------------------------------------------------------------------------------
-_global_libs: set = set()
-_runtime_lock = threading.Lock()
-
-
-def _open_global(libs) -> bool:
-    """dlopen the DSL runtime libraries with RTLD_GLOBAL (once each); False if one is missing."""
-    with _runtime_lock:
-        for lib in libs:
-            if lib in _global_libs:
-                continue
-            if not os.path.exists(lib):
-                return False
-            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-            _global_libs.add(lib)
-    return True
-
-
-def runtime_libraries() -> list[str]:
-    """libcute_dsl_runtime.so and libtvm_ffi.so, as the DSL finds them (imports cutlass)."""
-    import cutlass.cute as cute
-
-    return [str(p) for p in cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)]
-
-
+# -- loading ---------------------------------------------------------------------------------
 def import_for_load(so: bool) -> None:
     """Import what a load needs before timing it (tvm_ffi pulls in torch; the object loader, cutlass)."""
     mod = "tvm_ffi" if so else "cutlass.cute"
@@ -242,55 +123,6 @@ def import_for_load(so: bool) -> None:
         t0 = time.perf_counter()
         importlib.import_module(mod)
         bump(import_seconds=time.perf_counter() - t0)
-
-
-def loader_choice() -> str:
-    """FROST_CACHE_LOADER: 'auto' (the linked .so through TVM-FFI when present, else the
-    object through cute.runtime.load_module) or 'o' (always the latter)."""
-    v = os.environ.get("FROST_CACHE_LOADER", "auto").strip().lower()
-    return v if v in ("auto", "o") else "auto"
-
-
-def load_object(path: Path, symbol: str):
-    """(module, tvm_ffi.Function) from an exported object, through cute.runtime.load_module."""
-    _open_global(runtime_libraries())
-    import cutlass.cute as cute
-
-    mod = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
-    return mod, getattr(mod, symbol)
-
-
-@functools.lru_cache(maxsize=None)
-def _libtvm_ffi() -> str:
-    """libtvm_ffi.so's path, searched once per process."""
-    import tvm_ffi
-
-    return str(tvm_ffi.libinfo.find_libtvm_ffi())
-
-
-def load_shared(path: Path, symbol: str, libs) -> Optional[tuple]:
-    """(module, tvm_ffi.Function) from the linked .so, without importing cutlass; None if the
-    runtime libraries it was linked for are not on this machine."""
-    import tvm_ffi
-
-    libs = list(libs) + [_libtvm_ffi()]
-    if not _open_global(libs[:-1]) or not _open_global(libs[-1:]):
-        return None
-    mod = tvm_ffi.load_module(str(path))
-    return mod, mod[symbol]
-
-
-def link_shared(obj: Path, out: Path) -> bool:
-    """Link the exported object into a shared library with the system C compiler, if any.
-
-    Its undefined symbols resolve at load time against the runtime libraries,
-    which the loader opens with RTLD_GLOBAL first.
-    """
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return False
-    r = subprocess.run([cc, "-shared", "-Wl,-Bsymbolic", "-o", str(out), str(obj)], capture_output=True, text=True)
-    return r.returncode == 0 and out.exists()
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""Loading exported artifacts: the DSL runtime libraries, the object loader and the linked fast loader."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Optional
+
+_global_libs: set = set()
+_runtime_lock = threading.Lock()
+
+
+def _open_global(libs) -> bool:
+    """dlopen the DSL runtime libraries with RTLD_GLOBAL (once each); False if one is missing."""
+    with _runtime_lock:
+        for lib in libs:
+            if lib in _global_libs:
+                continue
+            if not os.path.exists(lib):
+                return False
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            _global_libs.add(lib)
+    return True
+
+
+def runtime_libraries() -> list[str]:
+    """libcute_dsl_runtime.so and libtvm_ffi.so, as the DSL finds them (imports cutlass)."""
+    import cutlass.cute as cute
+
+    return [str(p) for p in cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)]
+
+
+def loader_choice() -> str:
+    """FROST_CACHE_LOADER: 'auto' (the linked .so through TVM-FFI when present, else the
+    object through cute.runtime.load_module) or 'o' (always the latter)."""
+    v = os.environ.get("FROST_CACHE_LOADER", "auto").strip().lower()
+    return v if v in ("auto", "o") else "auto"
+
+
+def load_object(path: Path, symbol: str):
+    """(module, tvm_ffi.Function) from an exported object, through cute.runtime.load_module."""
+    _open_global(runtime_libraries())
+    import cutlass.cute as cute
+
+    mod = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+    return mod, getattr(mod, symbol)
+
+
+@functools.lru_cache(maxsize=None)
+def _libtvm_ffi() -> str:
+    """libtvm_ffi.so's path, searched once per process."""
+    import tvm_ffi
+
+    return str(tvm_ffi.libinfo.find_libtvm_ffi())
+
+
+def load_shared(path: Path, symbol: str, libs) -> Optional[tuple]:
+    """(module, tvm_ffi.Function) from the linked .so, without importing cutlass; None if the
+    runtime libraries it was linked for are not on this machine."""
+    import tvm_ffi
+
+    libs = list(libs) + [_libtvm_ffi()]
+    if not _open_global(libs[:-1]) or not _open_global(libs[-1:]):
+        return None
+    mod = tvm_ffi.load_module(str(path))
+    return mod, mod[symbol]
+
+
+def link_shared(obj: Path, out: Path) -> bool:
+    """Link the exported object into a shared library with the system C compiler, if any.
+
+    Its undefined symbols resolve at load time against the runtime libraries,
+    which the loader opens with RTLD_GLOBAL first.
+    """
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return False
+    r = subprocess.run([cc, "-shared", "-Wl,-Bsymbolic", "-o", str(out), str(obj)], capture_output=True, text=True)
+    return r.returncode == 0 and out.exists()
