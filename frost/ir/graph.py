@@ -152,15 +152,12 @@ class Graph:
     def validate(self) -> "Graph":
         if self.node is None:
             raise GraphError(f"graph {self.name!r} has no SDPA node; call sdpa() or sdpa_backward() first")
-        for t in self.node.outputs().values():
-            if not t.is_output and t.is_virtual:
-                continue
-        if self.node.kind == "sdpa_fwd":
-            if not self.node.o.is_output:
-                raise GraphError(f"tensor {self.node.o.name!r} (o): the output is not marked; call set_output(True)")
-            self.facts = validate_fwd(self.node)
-        else:
-            self.facts = validate_bwd(self.node)
+        required = {"o": self.node.o} if self.node.kind == "sdpa_fwd" else {
+            "dQ": self.node.dQ, "dK": self.node.dK, "dV": self.node.dV}
+        for role, t in required.items():
+            if not t.is_output:
+                raise GraphError(f"tensor {t.name!r} ({role}): the output is not marked; call set_output(True)")
+        self.facts = validate_fwd(self.node) if self.node.kind == "sdpa_fwd" else validate_bwd(self.node)
         return self
 
     def build_operation_graph(self) -> "Graph":

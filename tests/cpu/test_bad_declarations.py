@@ -433,3 +433,14 @@ def test_thd_lengths_dtype_at_execute():
     cu = pack[handles["cu_seq_len_q"]]
     with pytest.raises(frost.BindingError, match="cu_seq_len_q"):
         g.execute(_replace(pack, handles, "cu_seq_len_q", cu.long()))
+
+
+def test_backward_gradients_must_be_marked_as_outputs():
+    g = frost.Graph(io_data_type=torch.float32)
+    q, k, v, o, do = (g.tensor(name=n, dim=(1, 2, 4, 8)) for n in ("q", "k", "v", "o", "dO"))
+    stats = g.tensor(name="stats", dim=(1, 2, 4, 1), data_type="fp32")
+    dq, dk, dv = g.sdpa_backward(q, k, v, o, do, stats)
+    dq.set_output(True)
+    dv.set_output(True)
+    with pytest.raises(frost.GraphError, match=r"tensor 'sdpa_backward::dK' \(dK\): the output is not marked"):
+        g.validate()
