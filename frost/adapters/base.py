@@ -38,7 +38,7 @@ class _SdpaAdapter:
         return 0
 
     def kernel_names(self) -> list[str]:
-        return []
+        return [k.name for k in self.compiled_kernels()]
 
     def compiled_kernels(self) -> list:
         """The CompiledKernel objects execute launches, in launch order (saved plans carry them)."""

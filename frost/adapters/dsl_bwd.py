@@ -58,9 +58,6 @@ class DslBwdAdapter(SdpaBwdDsl):
         self.chain = [(stage, kernel, names) for (stage, _, names), kernel in zip(stages, kernels)]
         self.compiled = True
 
-    def kernel_names(self) -> list[str]:
-        return [k.name for _, k, _ in self.chain] if self.compiled else []
-
     def compiled_kernels(self) -> list:
         return [k for _, k, _ in self.chain] if self.compiled else []
 

@@ -67,9 +67,6 @@ class DslFwdAdapter(SdpaFwdDsl):
         self.kernel = compile_kernel(self.template, params, self.target)
         self.compiled = True
 
-    def kernel_names(self) -> list[str]:
-        return [self.kernel.name] if self.compiled else []
-
     def compiled_kernels(self) -> list:
         return [self.kernel] if self.compiled else []
 
