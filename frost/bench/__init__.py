@@ -4,6 +4,7 @@
     python -m frost.bench --preset quick                 # a few minutes: D=128, S 1k/4k/16k, THD
     python -m frost.bench --head-dim 128,192x128 --gqa 1,4 --causal yes --direction fwd
     python -m frost.bench --preset anchors --results-dir benchmarks/results   # <name>.json/.md/.png
+    python -m frost.bench --preset quick --direction bwd --deterministic both   # det / non-det time ratio
 
 Every row is checked (frost against cuDNN, else FA4, else FA2, else fp32 math)
 before it is timed; TFLOP/s follow the FLOP convention in `frost.bench.flops`.

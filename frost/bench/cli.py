@@ -11,6 +11,8 @@ from frost.bench.timing import TimingOptions
 from frost.bench.workloads import (DEFAULT_THD_LENGTHS, DIRECTIONS, DTYPES, LAYOUTS, SweepSpec, parse_gqa,
                                    parse_head_dim, parse_size, split_list)
 
+# Presets time the non-deterministic backward; add `--deterministic both` to any of them for each
+# backward row's deterministic twin and the det / non-det time ratio (`yes` for deterministic rows only).
 PRESETS = {
     # the full sweep the harness exists for
     "default": dict(directions=["fwd", "bwd"], dtypes=["bf16"], head_dims=[(64, 64), (128, 128), (256, 256)],
@@ -68,6 +70,14 @@ def _causal(text):
     return table[t]
 
 
+def _deterministic(text):
+    t = text.strip().lower()
+    table = {"no": [False], "yes": [True], "both": [False, True]}
+    if t not in table:
+        raise argparse.ArgumentTypeError(f"{text!r}: use no, yes or both")
+    return table[t]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="frost bench",
@@ -85,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hidden", type=parse_size, default=2048,
                    help="hidden size; Hq = hidden / Dv (default: %(default)s)")
     s.add_argument("--causal", type=_causal, help="both, yes or no")
+    s.add_argument("--deterministic", type=_deterministic,
+                   help="backward rows: no (default), yes, or both (each row then its deterministic twin, "
+                        "with frost's det / non-det time ratio); forward rows ignore it")
     s.add_argument("--gqa", type=_list_of(parse_gqa), help="GQA ratios Hq/Hkv, e.g. 1,4 or 32:8")
     s.add_argument("--layout", type=_choices(LAYOUTS), help="bshd (dense), thd (packed varlen)")
     s.add_argument("--thd-mix", type=_choices(("fixed", "random")), help="packed length mixes: fixed,random")
@@ -141,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
 def spec_from_args(a) -> SweepSpec:
     base = dict(PRESETS[a.preset])
     over = {"directions": a.direction, "dtypes": a.dtype, "head_dims": a.head_dim, "seqlens": a.seqlen,
-            "causal": a.causal, "gqa": a.gqa, "layouts": a.layout, "thd_mixes": a.thd_mix, "probe": a.probe}
+            "causal": a.causal, "deterministic": a.deterministic, "gqa": a.gqa, "layouts": a.layout,
+            "thd_mixes": a.thd_mix, "probe": a.probe}
     base.update({k: v for k, v in over.items() if v is not None})
     spec = SweepSpec(**base, tokens=a.tokens, hidden=a.hidden, thd_max_len=a.thd_max_len, seed=a.seed)
     if a.thd_lengths:
@@ -166,7 +180,8 @@ def settings_dict(a, spec: SweepSpec, timing: TimingOptions) -> dict:
         "sweep": {"directions": spec.directions, "dtypes": spec.dtypes,
                   "head_dims": [f"{q}x{v}" if q != v else str(q) for q, v in spec.head_dims],
                   "seqlens": spec.seqlens, "tokens": spec.tokens, "hidden": spec.hidden,
-                  "causal": spec.causal, "gqa": spec.gqa, "layouts": spec.layouts, "thd_mixes": spec.thd_mixes,
+                  "causal": spec.causal, "deterministic": spec.deterministic, "gqa": spec.gqa,
+                  "layouts": spec.layouts, "thd_mixes": spec.thd_mixes,
                   "thd_lengths": list(spec.thd_lengths), "thd_max_len": spec.thd_max_len, "seed": spec.seed,
                   "probe": spec.probe},
         "impls": a.impl, "frost_engines": a.frost_engines, "exclude_engines": a.exclude_engines,
@@ -201,7 +216,11 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     out = out or sys.stdout
     probes = [w for w in workloads if w.probe]
     rows = [w for w in workloads if not w.probe]
+    det = [w for w in rows if w.deterministic]
     print(f"frost bench --dry-run: {len(rows)} workloads, {len(probes)} probe rows, preset {a.preset}", file=out)
+    if det:
+        print(f"deterministic backward: {len(det)} rows ('bwd det'): frost with use_deterministic_algorithm=True, "
+              f"FA4 with deterministic=True where its API has it, cuDNN and FA2 n/a", file=out)
     print("implementations:", file=out)
     for p in all_peers():
         if p.key in a.impl:
@@ -217,12 +236,12 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
         state = "graph API available" if not why else "missing: " + why
         print(f"  frost  every engine that accepts each graph, resolved on the GPU ({state}"
               f"{'; ' + '; '.join(filt) if filt else ''})", file=out)
-    header = f"{'#':>3}  {'dir':3}  {'dtype':5}  {'D':>7}  {'shape':34}  {'heads':>5}  {'mask':6}  {'GFLOP':>9}  {'set MiB':>7}"
+    header = f"{'#':>3}  {'dir':7}  {'dtype':5}  {'D':>7}  {'shape':34}  {'heads':>5}  {'mask':6}  {'GFLOP':>9}  {'set MiB':>7}"
     print(header, file=out)
     for n, w in enumerate(workloads, 1):
         gflop = "-" if w.probe else f"{w.flops() / 1e9:.1f}"
         shape = w.shape_label + (" (probe)" if w.probe else "")
-        print(f"{n:>3}  {w.direction:3}  {w.dtype:5}  {w.head_dim_label:>7}  {shape:34}  {w.heads_label:>5}  "
+        print(f"{n:>3}  {w.direction_label:7}  {w.dtype:5}  {w.head_dim_label:>7}  {shape:34}  {w.heads_label:>5}  "
               f"{'causal' if w.causal else 'full':6}  {gflop:>9}  {w.set_bytes() / 2**20:7.1f}", file=out)
     thd = [w for w in rows if w.is_thd]
     for mix in sorted({w.mix for w in thd}):

@@ -4,7 +4,8 @@ Everything the harness knows about frost's API lives in this module, so an API
 change is a one-file fix. Graphs declare BSHD physical strides for dense rows
 (logical dims (B, H, S, D)) and packed (T, H, D) tensors with `cu_seq_len_*`
 prefix sums for THD rows. Backward rows get O and the softmax stats from one
-frost forward per buffer set (the reference math when no frost forward runs).
+frost forward per buffer set (the reference math when no frost forward runs);
+deterministic rows declare `use_deterministic_algorithm=True` on the backward.
 """
 from __future__ import annotations
 
@@ -135,6 +136,7 @@ class _BwdGraph:
         self.thd = _thd_kwargs(g, w)
         self.dq, self.dk, self.dv = g.sdpa_backward(self.q, self.k, self.v, self.o, self.do, self.stats,
                                                     attn_scale=w.scale, use_causal_mask=w.causal,
+                                                    use_deterministic_algorithm=w.deterministic,
                                                     name="sdpa_backward", **self.thd)
         _set_out(self.dq, w, "q")
         _set_out(self.dk, w, "k")
@@ -320,5 +322,6 @@ class FrostEngine(Implementation):
                 "workspace_bytes": int(ws.numel())}
         if w.direction == "bwd":
             info["o_and_stats_from"] = source
+            info["deterministic"] = bool(getattr(g.facts, "deterministic", False))
         return Prepared(calls=calls, outputs=lambda i: outs[i], poison=poison, bind_stream=bind_stream,
                         info=info)

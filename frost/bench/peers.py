@@ -7,12 +7,15 @@
 Backward is timed as the library's user sees it: an autograd backward of an
 output built once at prepare time (`torch.autograd.grad(..., retain_graph=True)`).
 Packed (THD) batches go to torch through nested (jagged) tensors when that path
-works, otherwise the row is n/a.
+works, otherwise the row is n/a. Deterministic backward rows: FlashAttention-4
+runs with its `deterministic=True` option (n/a when the installed API has none);
+torch's SDPA backends promise nothing per call, so those rows are n/a there.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import logging
 
 from frost.bench.impl import Implementation, Prepared, Unsupported
@@ -99,6 +102,8 @@ class TorchSdpaPeer(_PeerBase):
         import torch.nn.functional as F
 
         w = inputs.workload
+        if w.deterministic:
+            raise Unsupported(f"torch SDPA ({self.backend_name}) offers no per-call deterministic backward")
         kw = {"scale": w.scale, "is_causal": w.causal}
         if w.heads_q != w.heads_kv:
             kw["enable_gqa"] = True
@@ -185,16 +190,30 @@ class FlashAttn4Peer(_PeerBase):
     def _forward_fn(self, inputs):
         dense, varlen = self._api()
         w = inputs.workload
+        fn = varlen if w.is_thd else dense
+        det = _deterministic_kwargs(fn) if w.deterministic else {}
         if not w.is_thd:
             def fwd(i, q, k, v):
-                return _first(dense(q, k, v, softmax_scale=w.scale, causal=w.causal))
+                return _first(dense(q, k, v, softmax_scale=w.scale, causal=w.causal, **det))
             return fwd
         cu, m = inputs.cu_seqlens, w.max_seqlen
 
         def fwd(i, q, k, v):
             return _first(varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
-                                 softmax_scale=w.scale, causal=w.causal))
+                                 softmax_scale=w.scale, causal=w.causal, **det))
         return fwd
+
+
+def _deterministic_kwargs(fn) -> dict:
+    """{'deterministic': True} when FA4's entry point takes it; otherwise the row is n/a."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "deterministic" not in params:
+        raise Unsupported(f"installed flash_attn.cute.{getattr(fn, '__name__', 'flash_attn')} "
+                          f"has no deterministic option")
+    return {"deterministic": True}
 
 
 def all_peers() -> list[Implementation]:

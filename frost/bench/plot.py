@@ -1,6 +1,6 @@
 """The PNG chart: TFLOP/s per configuration and implementation, as small multiples.
 
-One panel per (direction, dtype, head dim, GQA) group; inside a panel, grouped
+One panel per (direction, deterministic or not, dtype, head dim, GQA) group; inside a panel, grouped
 bars per sequence configuration (dense length or THD mix, full / causal), one
 bar per implementation, frost bars labelled with their ratio to the best peer.
 matplotlib is optional (`pip install frost[bench]`): without it the chart is
@@ -27,7 +27,7 @@ def matplotlib_missing() -> str | None:
 
 
 def panel_key(w) -> tuple:
-    return (DIRECTION_ORDER.get(w.direction, 9), w.direction, w.dtype, w.d_qk, w.d_v, w.gqa_ratio)
+    return (DIRECTION_ORDER.get(w.direction, 9), w.direction_label, w.dtype, w.d_qk, w.d_v, w.gqa_ratio)
 
 
 def panel_title(key: tuple) -> str:

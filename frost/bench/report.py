@@ -2,7 +2,9 @@
 
 One table row per workload: TFLOP/s per implementation, the best peer, then for
 each frost engine its ratio to the best peer and its relative error against the
-reference. Cells that did not run say why through numbered footnotes.
+reference. Cells that did not run say why through numbered footnotes. Rows
+measured with and without a deterministic backward get one line per pair with
+each implementation's deterministic / non-deterministic time ratio.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import math
 import os
 
 from frost.bench.impl import CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED
-from frost.bench.results import Row, impl_columns, report_dict
+from frost.bench.results import Row, deterministic_pairs, deterministic_ratios, impl_columns, report_dict
 
 _STATUS_TAG = {MISSING: "miss", NA: "n/a", FAILED: "FAIL", SKIPPED: "skip"}
 PEER_NAMES = {"cudnn": "cuDNN", "fa2": "FA2", "fa4": "FA4"}
@@ -85,7 +87,8 @@ def throughput_table(rows: list[Row], notes: Footnotes | None = None):
     body = []
     for r in rows:
         w = r.workload
-        line = [w.direction, w.dtype, w.head_dim_label, w.shape_label, w.heads_label, "causal" if w.causal else "full"]
+        line = [w.direction_label, w.dtype, w.head_dim_label, w.shape_label, w.heads_label,
+                "causal" if w.causal else "full"]
         for k in keys:
             m = r.measurements.get(k)
             line.append(_cell(m, fmt_tflops(m.tflops) if m else "-", notes))
@@ -119,6 +122,17 @@ def probe_table(rows: list[Row], notes: Footnotes | None = None):
     return headers, body
 
 
+def deterministic_lines(rows: list[Row]) -> list[str]:
+    """One line per (non-deterministic, deterministic) pair: frost engines' time ratios, then peers'."""
+    lines = []
+    for base, det in deterministic_pairs(rows):
+        ratios = deterministic_ratios(base, det)
+        keys = sorted(ratios, key=lambda k: not k.startswith("frost:"))
+        cells = ", ".join(f"{impl_name(k)} {fmt_ratio(ratios[k])}" for k in keys)
+        lines.append(f"{base.workload.label}: {cells or 'not timed in both modes'}")
+    return lines
+
+
 def _text_columns(headers: list[str]) -> int:
     """How many leading columns describe the configuration (left-aligned); the rest are numbers."""
     return 6 if len(headers) > 5 and headers[5] == "mask" else 3
@@ -150,6 +164,8 @@ LEGEND = ("TFLOP/s: median per-call time of CUDA-event-timed samples; FLOPs 4*B*
           "(2*...*(Dqk+Dv) when they differ), halved when causal, summed per sequence for THD, bwd = 2.5x fwd. "
           "<engine>/best = frost TFLOP/s / best peer's; err = ||frost - ref|| / ||ref|| against the row's "
           "reference; '!' marks a failed check.")
+DET_LEGEND = ("Deterministic backward: time with use_deterministic_algorithm=True (FA4: deterministic=True) / "
+              "time without, same workload and implementation (1.00x = no cost).")
 PROBE_LEGEND = "Host time per call on a tiny problem, wall clock over many back-to-back calls (lower is better)."
 
 
@@ -161,6 +177,9 @@ def render_report(rows: list[Row], markdown: bool = False) -> str:
     h, b = throughput_table(rows, notes)
     if b:
         parts += [LEGEND, "", render(h, b)]
+    det = deterministic_lines(rows)
+    if det:
+        parts += ["", DET_LEGEND, ""] + ([f"- {line}" for line in det] if markdown else det)
     h, b = probe_table(rows, notes)
     if b:
         parts += ["", PROBE_LEGEND, "", render(h, b)]

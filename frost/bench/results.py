@@ -2,11 +2,12 @@
 
 Rows carry everything the writers need (table, JSON, Markdown, PNG), so the
 writers can be tested on synthetic rows without a GPU. Ratios compare each
-frost engine with the best peer that ran in the same row.
+frost engine with the best peer that ran in the same row, and a deterministic
+backward row with its non-deterministic twin.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from frost.bench.flops import tflops
 from frost.bench.impl import CHECK_FAILED, OK
@@ -108,6 +109,27 @@ def impl_columns(rows: list[Row]) -> list[str]:
     return peers + [k for k in seen if k.startswith("frost:")]
 
 
+def deterministic_pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
+    """(non-deterministic, deterministic) rows of one backward workload, in the deterministic rows' order."""
+    plain = {r.workload: r for r in rows if not r.workload.deterministic}
+    pairs = []
+    for r in rows:
+        base = plain.get(replace(r.workload, deterministic=False)) if r.workload.deterministic else None
+        if base is not None:
+            pairs.append((base, r))
+    return pairs
+
+
+def deterministic_ratios(base: Row, det: Row) -> dict:
+    """Deterministic / non-deterministic time per implementation timed in both rows (>1 is slower)."""
+    out = {}
+    for k, m in det.measurements.items():
+        b = base.measurements.get(k)
+        if b is not None and m.timed and b.timed and m.ms and b.ms:
+            out[k] = m.ms / b.ms
+    return out
+
+
 def report_dict(rows: list[Row], env: dict, settings: dict) -> dict:
     return {
         "schema": SCHEMA,
@@ -115,6 +137,8 @@ def report_dict(rows: list[Row], env: dict, settings: dict) -> dict:
         "settings": settings,
         "rows": [r.to_dict() for r in rows if not r.workload.probe],
         "probe": [r.to_dict() for r in rows if r.workload.probe],
+        "deterministic_ratios": [{"label": base.workload.label, "ratios": deterministic_ratios(base, det)}
+                                 for base, det in deterministic_pairs(rows)],
     }
 
 

@@ -3,12 +3,14 @@
 A Workload is pure data (no torch): shapes, dtype, mask, layout and direction.
 Dense rows keep the total token count fixed (B = tokens / S) and the hidden
 size fixed (H = hidden / Dv); packed (THD) rows use a list of sequence lengths.
+Backward rows may ask for a deterministic backward; with both modes a row's
+deterministic twin follows it, so their time ratio can be read side by side.
 """
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from frost.bench.flops import sdpa_flops
 
@@ -35,6 +37,7 @@ class Workload:
     seqlens: tuple = ()       # THD: per-sequence lengths (q and kv alike)
     mix: str = ""             # THD: name of the length mix
     probe: bool = False       # host-time probe instead of throughput
+    deterministic: bool = False  # bwd: a run-to-run reproducible backward ("det" in labels)
 
     # ---- derived geometry -------------------------------------------------
     @property
@@ -70,6 +73,10 @@ class Workload:
         return f"{self.d_qk}" if self.d_qk == self.d_v else f"{self.d_qk}x{self.d_v}"
 
     @property
+    def direction_label(self) -> str:
+        return f"{self.direction} det" if self.deterministic else self.direction
+
+    @property
     def shape_label(self) -> str:
         if self.is_thd:
             return f"thd {self.mix} ({len(self.seqlens)} seq, T={self.total_q})"
@@ -85,7 +92,7 @@ class Workload:
     def label(self) -> str:
         kind = "probe " if self.probe else ""
         mask = "causal" if self.causal else "full"
-        return (f"{kind}{self.direction} {self.dtype} d{self.head_dim_label} {self.shape_label} "
+        return (f"{kind}{self.direction_label} {self.dtype} d{self.head_dim_label} {self.shape_label} "
                 f"h{self.heads_label} {mask}")
 
     def flops(self) -> float:
@@ -190,6 +197,7 @@ class SweepSpec:
     tokens: int = 16384
     hidden: int = 2048
     causal: list = field(default_factory=lambda: [False, True])
+    deterministic: list = field(default_factory=lambda: [False])   # bwd modes; fwd rows ignore it
     gqa: list = field(default_factory=lambda: [1])
     layouts: list = field(default_factory=lambda: ["bshd"])
     thd_mixes: list = field(default_factory=lambda: ["fixed", "random"])
@@ -218,6 +226,11 @@ class SweepSpec:
         """Every workload of the sweep; impossible (head dim, GQA) pairs are left out and listed in `skipped`."""
         out: list[Workload] = []
         self.skipped = []
+
+        def add(w: Workload) -> None:
+            modes = self.deterministic if w.direction == "bwd" else [False]
+            out.extend(replace(w, deterministic=bool(d)) for d in modes)
+
         for direction in self.directions:
             for dtype in self.dtypes:
                 for d_qk, d_v in self.head_dims:
@@ -232,14 +245,14 @@ class SweepSpec:
                             if "bshd" in self.layouts:
                                 for s in self.seqlens:
                                     b = max(1, self.tokens // s)
-                                    out.append(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
-                                                        layout="bshd", batch=b, seqlen_q=s, seqlen_kv=s))
+                                    add(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
+                                                 layout="bshd", batch=b, seqlen_q=s, seqlen_kv=s))
                             if "thd" in self.layouts:
                                 for mix in self.thd_mixes:
                                     lens = self.thd_mix(mix)
                                     name = mix if mix == "fixed" else f"random(seed={self.seed})"
-                                    out.append(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
-                                                        layout="thd", seqlens=lens, mix=name))
+                                    add(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
+                                                 layout="thd", seqlens=lens, mix=name))
         if not out and self.skipped:
             raise ValueError("; ".join(self.skipped))
         return out

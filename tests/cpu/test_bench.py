@@ -71,8 +71,34 @@ def test_impossible_gqa_is_left_out_not_fatal():
         _spec(["--head-dim", "256", "--gqa", "16"]).expand()
 
 
+def test_deterministic_flag_doubles_backward_rows_only():
+    base = ["--preset", "quick", "--layout", "bshd", "--seqlen", "4k", "--no-probe"]
+    plain = _spec(base).expand()
+    assert _spec(base + ["--deterministic", "no"]).expand() == plain
+    assert not any(w.deterministic for w in plain)
+    both = _spec(base + ["--deterministic", "both"]).expand()
+    fwd, bwd = [w for w in both if w.direction == "fwd"], [w for w in both if w.direction == "bwd"]
+    assert fwd == [w for w in plain if w.direction == "fwd"]  # forward rows ignore the flag
+    assert len(bwd) == 2 * len([w for w in plain if w.direction == "bwd"])
+    for nondet, det in zip(bwd[::2], bwd[1::2]):  # each backward row, then its deterministic twin
+        assert not nondet.deterministic and det.deterministic
+        assert det == Workload(**{**nondet.__dict__, "deterministic": True})
+    only = _spec(base + ["--deterministic", "yes", "--direction", "bwd"]).expand()
+    assert only and all(w.deterministic for w in only)
+    assert _spec(base + ["--deterministic", "both"]).probes() == _spec(base).probes()
+
+
+def test_deterministic_label_and_round_trip():
+    w = Workload("bwd", "bf16", 128, 128, 16, 16, True, batch=4, seqlen_q=4096, seqlen_kv=4096, deterministic=True)
+    assert w.direction_label == "bwd det" and w.label == "bwd det bf16 d128 4x4096 h16 causal"
+    assert Workload.from_dict(w.to_dict()) == w
+    legacy = {k: v for k, v in w.to_dict().items() if k != "deterministic"}  # JSON written before the flag
+    assert not Workload.from_dict(legacy).deterministic
+
+
 def test_bad_flags_exit_with_usage():
-    for argv in (["--dtype", "fp8"], ["--direction", "sideways"], ["--causal", "maybe"], ["--impl", "xformers"]):
+    for argv in (["--dtype", "fp8"], ["--direction", "sideways"], ["--causal", "maybe"], ["--impl", "xformers"],
+                 ["--deterministic", "maybe"]):
         with pytest.raises(SystemExit):
             cli.build_parser().parse_args(argv)
 
@@ -182,6 +208,60 @@ def test_rendered_report_text_and_markdown():
     assert "- [1] fa4 missing" in md
 
 
+def _deterministic_pair():
+    base = _row("bwd", causal=True)
+    det = Row(Workload(**{**base.workload.__dict__, "deterministic": True}))
+    base.add(Measurement("cudnn", OK, ms=1.0))
+    base.add(Measurement("fa4", OK, ms=2.0))
+    base.add(Measurement("frost:sm90", OK, ms=4.0))
+    base.add(Measurement("frost:sm80", OK, ms=8.0))
+    det.add(Measurement("cudnn", NA, reason="torch SDPA (CUDNN_ATTENTION) offers no per-call deterministic backward"))
+    det.add(Measurement("fa4", OK, ms=3.0))
+    det.add(Measurement("frost:sm90", OK, ms=4.6))
+    det.add(Measurement("frost:sm80", FAILED, reason="run: boom"))
+    return base, det
+
+
+def test_deterministic_ratio_line():
+    from frost.bench.results import deterministic_pairs, deterministic_ratios, report_dict
+
+    base, det = _deterministic_pair()
+    rows = _synthetic_rows() + [base, det]
+    assert deterministic_pairs(rows) == [(base, det)]
+    ratios = deterministic_ratios(base, det)
+    assert set(ratios) == {"fa4", "frost:sm90"}  # only what was timed in both modes
+    assert ratios["frost:sm90"] == pytest.approx(1.15) and ratios["fa4"] == pytest.approx(1.5)
+    assert report.deterministic_lines(rows) == ["bwd bf16 d128 4x4096 h16 causal: frost:sm90 1.15x, FA4 1.50x"]
+    md = report.render_report(rows, markdown=True)
+    assert "- bwd bf16 d128 4x4096 h16 causal: frost:sm90 1.15x, FA4 1.50x" in md
+    assert "| bwd det | bf16 |" in md and "no per-call deterministic backward" in md
+    assert "Deterministic backward" not in report.render_report(_synthetic_rows())
+    doc = report_dict(rows, {}, {})
+    assert doc["deterministic_ratios"][0]["label"] == base.workload.label
+    assert doc["deterministic_ratios"][0]["ratios"]["frost:sm90"] == pytest.approx(1.15)
+    assert report.deterministic_lines([det]) == []  # no twin, no line
+
+
+def test_peers_on_deterministic_rows():
+    from frost.bench.impl import Unsupported
+    from frost.bench.inputs import Inputs
+    from frost.bench.peers import TorchSdpaPeer, _deterministic_kwargs
+
+    w = Workload("bwd", "bf16", 64, 64, 2, 2, False, batch=1, seqlen_q=16, seqlen_kv=16, deterministic=True)
+    with pytest.raises(Unsupported, match="deterministic"):
+        TorchSdpaPeer("cudnn", "cuDNN", "CUDNN_ATTENTION")._forward_fn(Inputs(w, []))
+
+    def with_option(q, k, v, softmax_scale=None, causal=False, deterministic=False):
+        pass
+
+    def without_option(q, k, v, softmax_scale=None, causal=False):
+        pass
+
+    assert _deterministic_kwargs(with_option) == {"deterministic": True}
+    with pytest.raises(Unsupported, match="without_option has no deterministic option"):
+        _deterministic_kwargs(without_option)
+
+
 def test_json_writer_round_trip(tmp_path):
     rows = _synthetic_rows()
     env = {"gpu": "NVIDIA H200", "driver": "580.159", "frost_commit": "abc123"}
@@ -266,6 +346,16 @@ def test_dry_run_lists_without_a_gpu(capsys, monkeypatch):
     assert len([line for line in out.splitlines() if line.strip()[:3].strip().isdigit()]) == 18
 
 
+def test_dry_run_lists_deterministic_rows(capsys):
+    assert cli.main(["--dry-run", "--preset", "quick", "--layout", "bshd", "--seqlen", "4k",
+                     "--deterministic", "both"]) == 0
+    out = capsys.readouterr().out
+    assert "6 workloads, 2 probe rows" in out and "deterministic backward: 2 rows" in out
+    dirs = [line.split()[1:3] for line in out.splitlines() if line.strip()[:3].strip().isdigit()]
+    assert dirs[:6] == [["fwd", "bf16"], ["fwd", "bf16"], ["bwd", "bf16"], ["bwd", "det"],
+                        ["bwd", "bf16"], ["bwd", "det"]]
+
+
 def test_dry_run_results_dir_paths(capsys):
     assert cli.main(["--dry-run", "--preset", "smoke", "--results-dir", "benchmarks/results", "--name", "x"]) == 0
     out = capsys.readouterr().out
@@ -301,6 +391,26 @@ def test_frost_runner_through_the_graph_api(w):
     assert check.compare(outs, ref) < 1e-2
 
 
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_frost_runner_builds_a_deterministic_backward(layout):
+    from frost.bench import check, frost_runner
+    from frost.bench.inputs import make_inputs
+    from frost.bench.reference import reference_backward
+
+    dense = dict(batch=2, seqlen_q=33, seqlen_kv=33) if layout == "bshd" else dict(seqlens=(17, 1, 40), mix="t")
+    w = Workload("bwd", "bf16", 64, 64, 4, 2, True, layout=layout, deterministic=True, **dense)
+    geom = frost_runner._stats_geom(w)
+    assert frost_runner._BwdGraph(w, geom).g.facts.deterministic
+    assert not frost_runner._BwdGraph(Workload(**{**w.__dict__, "deterministic": False}), geom).g.facts.deterministic
+    inputs = make_inputs(w, 1, "cpu")
+    prep = frost_runner.FrostEngine(frost_runner.list_engines(w)[-1]).prepare(inputs)
+    assert prep.info["deterministic"] is True
+    prep.poison(0)
+    prep.calls[0]()
+    b = inputs.sets[0]
+    assert check.compare(prep.outputs(0), reference_backward(w, b.q, b.k, b.v, b.do)) < 1e-2
+
+
 def test_cpu_self_test_end_to_end(tmp_path, capsys):
     argv = ["--device", "cpu", "--tokens", "64", "--hidden", "128", "--seqlen", "32", "--head-dim", "64",
             "--layout", "bshd,thd", "--thd-mix", "fixed", "--thd-lengths", "20,1,11", "--causal", "yes",
@@ -316,3 +426,18 @@ def test_cpu_self_test_end_to_end(tmp_path, capsys):
         assert m["rel_err"] < 1e-2 and m["tflops"] > 0
         assert row["reference"] == "fp32-math"
     assert "frost:reference" in capsys.readouterr().out
+
+
+def test_cpu_self_test_deterministic_pair(tmp_path):
+    argv = ["--device", "cpu", "--tokens", "64", "--hidden", "128", "--seqlen", "32", "--head-dim", "64",
+            "--layout", "bshd", "--causal", "yes", "--direction", "bwd", "--deterministic", "both", "--no-probe",
+            "--reps", "2", "--warmup", "1", "--impl", "frost", "-q",
+            "--results-dir", str(tmp_path), "--name", "det", "--json", "", "--png", ""]
+    assert cli.main(argv) == 0
+    doc = json.loads((tmp_path / "det.json").read_text())
+    assert [r["label"] for r in doc["rows"]] == ["bwd bf16 d64 2x32 h2 causal", "bwd det bf16 d64 2x32 h2 causal"]
+    assert [r["results"]["frost:reference"]["info"]["deterministic"] for r in doc["rows"]] == [False, True]
+    assert doc["settings"]["sweep"]["deterministic"] == [False, True]
+    (pair,) = doc["deterministic_ratios"]
+    assert pair["ratios"]["frost:reference"] > 0
+    assert "- bwd bf16 d64 2x32 h2 causal: frost:reference " in (tmp_path / "det.md").read_text()
