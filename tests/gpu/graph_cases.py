@@ -127,6 +127,50 @@ def plan_or_skip(g, engine):
     return g
 
 
+class BlockedDefaultStream:
+    """Hold the default stream on a host-mapped flag (cuStreamWaitValue32): busy, but occupying no SM.
+
+    A kernel that keeps the default stream busy would hold an SM, and a persistent grid's CTA for that SM
+    would then wait for it even when launched on another stream; a stream wait on memory avoids that.
+    """
+
+    def __enter__(self):
+        import pytest
+
+        try:
+            import cuda.bindings.driver as drv
+        except ImportError as e:  # pragma: no cover - the GPU images have it
+            pytest.skip(f"cuda.bindings is needed to block a stream without a kernel: {e}")
+        self.flag = torch.zeros(1, dtype=torch.int32).pin_memory()
+        geq = int(drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        err, = drv.cuStreamWaitValue32(drv.CUstream(0), drv.CUdeviceptr(self.flag.data_ptr()), drv.cuuint32_t(1), geq)
+        if err != drv.CUresult.CUDA_SUCCESS:
+            pytest.skip(f"cuStreamWaitValue32 is not available here: {err}")
+        self.marker = torch.cuda.Event()
+        self.marker.record(torch.cuda.default_stream())
+        return self
+
+    def still_blocked(self) -> bool:
+        return not self.marker.query()
+
+    def __exit__(self, *exc):
+        self.flag[0] = 1
+        torch.cuda.synchronize()
+        return False
+
+
+def wait_for(event, seconds: float = 10.0) -> bool:
+    """Poll an event (never block on it: a wrong launch stream would deadlock behind a blocked stream)."""
+    import time
+
+    end = time.monotonic() + seconds
+    while not event.query():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def pack(decl, tensors):
     return {decl[r]: tensors[r] for r in decl}
 

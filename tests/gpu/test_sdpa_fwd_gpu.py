@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import frost
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, rel_err
+from tests.gpu.graph_cases import BlockedDefaultStream, FwdCase, make_fwd, pack, plan_or_skip, rel_err, wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -82,16 +82,19 @@ def test_non_default_stream_is_honored(engine):
     plan_or_skip(g, engine)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     side = torch.cuda.Stream()
-    # the first launch of a kernel may load its module, which the driver can serialize; steady state is the contract
-    g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))
+    g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))  # first launch loads the module
     torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)  # keep the default stream busy (~100 ms)
-    g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))
-    done = torch.cuda.Event()
-    done.record(side)
-    done.synchronize()
-    assert not torch.cuda.default_stream().query(), "execute waited for the busy default stream"
+    t["o"].fill_(float("nan"))
     torch.cuda.synchronize()
+    with BlockedDefaultStream() as blocked:
+        g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))
+        done = torch.cuda.Event()
+        done.record(side)
+        finished = wait_for(done)
+        still_blocked = blocked.still_blocked()
+    assert finished, "execute did not finish while the default stream was held: it waited for the default stream"
+    assert still_blocked, "the default stream was not held during the check"
+    assert not torch.isnan(t["o"]).any()
 
 
 @pytest.mark.parametrize("engine", ENGINES)
