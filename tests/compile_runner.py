@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,3 +19,22 @@ def run_compile_script(script: str, args: list, cwd, timeout: int = 600) -> list
     assert r.returncode == 0, r.stderr[-4000:]
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
+
+
+# instruction counts the compile tests assert on (substring -> key)
+PTX_COUNTS = {
+    "mma_sync": "mma.sync.aligned.m16n8k16", "wgmma": "wgmma", "wgmma_mma_async": "wgmma.mma_async",
+    "tma": "cp.async.bulk.tensor", "setmaxnreg": "setmaxnreg", "ldmatrix": "ldmatrix", "ldmatrix_trans": ".trans",
+    "ldmatrix_x4_trans": "ldmatrix.sync.aligned.m8n8.x4.trans", "cp_async": "cp.async.cg.shared.global",
+    "ex2": "ex2.approx", "red_v2": "red.global.add.v2.f32", "red": "red.global.add.f32", "sem": "ld.acquire.gpu",
+}
+
+
+def ptx_facts(ck) -> dict:
+    """What a compile test checks of one CompiledKernel: its names, target and instruction counts."""
+    ptx = ck.ptx or ""
+    out = {"name": ck.name, "entries": re.findall(r"\.entry\s+(\w+)", ptx),
+           "target": re.findall(r"\.target\s+(\w+)", ptx), "seconds": ck.compile_seconds,
+           "local": ptx.count("ld.local") + ptx.count("st.local")}
+    out.update({k: ptx.count(pattern) for k, pattern in PTX_COUNTS.items()})
+    return out

@@ -47,7 +47,8 @@ COVER = {
 }
 
 _SCRIPT = textwrap.dedent("""
-    import json, re, sys
+    import json, sys
+    from tests.compile_runner import ptx_facts
     from frost.engines.compile import compile_kernel
     from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, bwd_chain
     arch = sys.argv[1]
@@ -56,14 +57,7 @@ _SCRIPT = textwrap.dedent("""
         p = Sm80BwdParams(**kw)
         for stage, template, _ in bwd_chain(p):
             ck = compile_kernel(template, p, arch)
-            ptx = ck.ptx or ""
-            out.append({"stage": stage, "name": ck.name, "entries": re.findall(r"\\.entry\\s+(\\w+)", ptx),
-                        "target": re.findall(r"\\.target\\s+(\\w+)", ptx),
-                        "mma_sync": ptx.count("mma.sync.aligned.m16n8k16"), "wgmma": ptx.count("wgmma"),
-                        "ldmatrix_trans": ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans"),
-                        "cp_async": ptx.count("cp.async.cg.shared.global"), "ex2": ptx.count("ex2.approx"),
-                        "red_v2": ptx.count("red.global.add.v2.f32"), "red": ptx.count("red.global.add.f32"),
-                        "sem": ptx.count("ld.acquire.gpu"), "seconds": ck.compile_seconds})
+            out.append(dict(ptx_facts(ck), stage=stage))
     print("RESULT " + json.dumps(out))
 """)
 
@@ -93,7 +87,7 @@ def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
             if stage != "main":
                 assert out["mma_sync"] == 0, out
                 continue
-            assert out["mma_sync"] > 0 and out["ldmatrix_trans"] > 0 and out["cp_async"] > 0, out
+            assert out["mma_sync"] > 0 and out["ldmatrix_x4_trans"] > 0 and out["cp_async"] > 0, out
             assert out["ex2"] > 0, out
             # dQ partials: 8-byte vector reductions where the arch has them (sm_90+), scalar on sm_80
             if arch == "sm_80":

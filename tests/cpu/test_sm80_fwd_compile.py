@@ -49,20 +49,15 @@ COVER = {
 }
 
 _SCRIPT = textwrap.dedent("""
-    import json, re, sys
+    import json, sys
+    from tests.compile_runner import ptx_facts
     from frost.engines.compile import compile_kernel
     from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
     arch = sys.argv[1]
     out = []
     for kw in json.loads(sys.argv[2]):
         ck = compile_kernel("frost.engines.sm80.sdpa_fwd", Sm80FwdParams(**kw), arch)
-        ptx = ck.ptx or ""
-        out.append({"name": ck.name, "entries": re.findall(r"\\.entry\\s+(\\w+)", ptx),
-                    "target": re.findall(r"\\.target\\s+(\\w+)", ptx),
-                    "mma_sync": ptx.count("mma.sync.aligned.m16n8k16"), "wgmma": ptx.count("wgmma"),
-                    "ldmatrix": ptx.count("ldmatrix"), "ldmatrix_trans": ptx.count(".trans"),
-                    "cp_async": ptx.count("cp.async.cg.shared.global"), "ex2": ptx.count("ex2.approx"),
-                    "seconds": ck.compile_seconds})
+        out.append(ptx_facts(ck))
     print("RESULT " + json.dumps(out))
 """)
 

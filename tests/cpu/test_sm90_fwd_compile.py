@@ -44,18 +44,14 @@ COVER = [
 ]
 
 _SCRIPT = textwrap.dedent("""
-    import json, re, sys
+    import json, sys
+    from tests.compile_runner import ptx_facts
     from frost.engines.compile import compile_kernel
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
     out = []
     for kw in json.loads(sys.argv[1]):
         ck = compile_kernel("frost.engines.sm90.sdpa_fwd", Sm90FwdParams(**kw), "sm_90a")
-        ptx = ck.ptx or ""
-        out.append({"name": ck.name, "entries": re.findall(r"\\.entry\\s+(\\w+)", ptx),
-                    "target": re.findall(r"\\.target\\s+(\\w+)", ptx),
-                    "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
-                    "setmaxnreg": ptx.count("setmaxnreg"), "local": ptx.count("ld.local") + ptx.count("st.local"),
-                    "seconds": ck.compile_seconds})
+        out.append(ptx_facts(ck))
     print("RESULT " + json.dumps(out))
 """)
 
@@ -72,7 +68,7 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
         assert r["name"].startswith("frost_sdpa_fwd_sm90_"), r
         assert r["entries"] == [r["name"]], r  # the one GPU kernel carries the frost symbol
         assert r["target"] == ["sm_90a"], r
-        assert r["wgmma"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r
+        assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r
         assert r["local"] == 0, r
     assert len({r["name"] for r in results}) == len(results)
 
