@@ -180,6 +180,17 @@ def _need(condition: bool) -> None:
         assume(False)
 
 
+def _perturb(h, kind: str, p) -> None:
+    """Change one declared dim, stride or dtype of tensor `h` as perturbation `p` says."""
+    _need(h is not None)
+    if kind == "dim":
+        h.set_dim(_changed(h.dim, p[2], p[3]))
+    elif kind == "stride":
+        h.set_stride(_changed(h.stride, p[2], p[3]))
+    else:
+        h.set_data_type(p[2])
+
+
 def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
     """Declare the case's forward graph with one field perturbed; returns the validated graph."""
     g = frost.Graph(io_data_type=case.dtype, target=CPU)
@@ -198,14 +209,7 @@ def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
         handles["sink"] = kw["sink_token"] = g.tensor_like(t["sink"], name="sink")
     kind = p[0]
     if kind in ("dim", "stride", "dtype"):
-        h = handles.get(p[1])
-        _need(h is not None)
-        if kind == "dim":
-            h.set_dim(_changed(h.dim, p[2], p[3]))
-        elif kind == "stride":
-            h.set_stride(_changed(h.stride, p[2], p[3]))
-        else:
-            h.set_data_type(p[2])
+        _perturb(handles.get(p[1]), kind, p)
     elif kind == "int_kw":
         kw[p[1]] = p[2]
     elif kind == "bool_kw":
@@ -225,14 +229,7 @@ def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
         stats.set_output(True)
     outs = {"o": o, "stats": stats}
     if kind in ("out_dim", "out_stride", "out_dtype"):
-        h = outs[p[1]]
-        _need(h is not None)
-        if kind == "out_dim":
-            h.set_dim(_changed(h.dim, p[2], p[3]))
-        elif kind == "out_stride":
-            h.set_stride(_changed(h.stride, p[2], p[3]))
-        else:
-            h.set_data_type(p[2])
+        _perturb(outs[p[1]], kind[len("out_"):], p)
     elif kind == "unmark":
         o.set_output(False)
     return g.validate()
