@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from quick_problem import bshd_problem
+
 TEMPLATE = "frost.engines.sm90.sdpa_fwd"
 
 
@@ -107,14 +109,7 @@ def main(argv=None):
         for s in ss:
             b = 16384 // s
             for causal in cs:
-                torch.manual_seed(0)
-                q = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
-                k = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
-                v = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
-                o = torch.empty_like(q)
-                lse = torch.empty(b, h, s, dtype=torch.float32, device="cuda")
-                scale = 1.0 / math.sqrt(d)
-                flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
+                q, k, v, o, lse, scale, flops = bshd_problem(b, s, h, d, causal)
                 stream = torch.cuda.current_stream().cuda_stream
                 res = {}
                 fns = {}
