@@ -1,9 +1,10 @@
 """The backward adapter shared by CuTe DSL arch lines: a chain of kernels bound by argument name.
 
 The params module of a backward template supplies `bwd_chain(params)` (stage,
-template module, argument names, in launch order), `scratch_layout(...)` and
-`scratch_bytes(...)`; this adapter compiles every stage at plan time, carves
-the scratch views from the caller's workspace and launches the chain.
+template module, argument names, in launch order) and `scratch_layout(...)`;
+this adapter compiles every stage at plan time, sizes the workspace from the
+envelopes' layout (fixed at plan time for dense graphs), carves the scratch
+views from the caller's workspace and launches the chain.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
 from frost.adapters.dsl_fwd import check_dsl_and_knobs, sdpa_feature_flags
 from frost.errors import TemplateParamsError
 from frost.runtime.context import stream_handle
-from frost.runtime.workspace import ScratchBuffer, carve
+from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
 
 
 def bwd_feature_flags(facts) -> dict:
@@ -52,7 +53,9 @@ class DslBwdAdapter(SdpaBwdDsl):
                                       f"rejects (a bug): {e}") from e
         self.params = params
         f = self.facts
-        self._scratch_bytes = self._pm.scratch_bytes(params, f.batch, f.seq_q, f.seq_kv, f.total_q, f.total_kv)
+        envelope = self._scratch(f.total_q, f.total_kv)
+        self._scratch_bytes = layout_bytes(envelope)
+        self._dense_scratch = None if f.is_thd else envelope  # dense layouts are fully plan-time
         stages = self._pm.bwd_chain(params)
         kernels = compile_many([(module, params) for _, module, _ in stages], self.target)
         self.chain = [(stage, kernel, names) for (stage, _, names), kernel in zip(stages, kernels)]
@@ -90,7 +93,8 @@ class DslBwdAdapter(SdpaBwdDsl):
             vals["dsinks"] = sink_view(bound["dSink_token"])
         total_q = bound["q"].shape[0] if thd else 0
         total_kv = bound["k"].shape[0] if thd else 0
-        vals.update(carve(workspace, self._scratch(total_q, total_kv)))
+        buffers = self._dense_scratch if self._dense_scratch is not None else self._scratch(total_q, total_kv)
+        vals.update(carve(workspace, buffers))
         for _, kernel, names in self.chain:
             kernel(*[vals[n] for n in names])
 
