@@ -86,15 +86,18 @@ def rescale_rows(acc: cute.Tensor, row_scale: cute.Tensor):
 
 @cute.jit
 def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32,
-             sink: Float32, has_sink: cutlass.Constexpr[bool]):
-    """row_scale <- 1/sum (0-safe); row_sum <- natural-log LSE (-inf for an empty row without sink)."""
+             sink, has_sink: cutlass.Constexpr[bool], sink_per_row: cutlass.Constexpr[bool] = False):
+    """row_scale <- 1/sum (0-safe); row_sum <- natural-log LSE (-inf for an empty row without sink).
+
+    `sink` is one Float32 for every row, or (sink_per_row, packed GQA heads) a register tensor per row.
+    """
     for r in cutlass.range_constexpr(cute.size(row_sum)):
         total = quad_sum(row_sum[r])
         mx_scaled = row_max[r] * scale_log2  # the terms were taken against this (-inf: all terms 0)
         corr = Float32(1.0)
         if const_expr(has_sink):
             # re-centre on the larger of max and sink so a dominant sink cannot overflow the sum
-            sink_log2 = sink * LOG2_E
+            sink_log2 = (sink[r] if const_expr(sink_per_row) else sink) * LOG2_E
             m_new = cute.arch.fmax(mx_scaled, sink_log2)
             m_new = 0.0 if m_new == -Float32.inf else m_new
             corr = cute.math.exp2(mx_scaled - m_new, fastmath=True)
@@ -110,16 +113,20 @@ def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
 def apply_band_mask(acc_S: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, row0: Int32, col0: Int32,
                     seqlen_k: Int32, off: Int32, window_left: Int32, window_right: Int32,
                     mask_seqlen: cutlass.Constexpr[bool], mask_left: cutlass.Constexpr[bool],
-                    mask_right: cutlass.Constexpr[bool]):
+                    mask_right: cutlass.Constexpr[bool], rows_per_query: cutlass.Constexpr[int] = 1):
     """Set disallowed logits to -inf: j >= seqlen_k, j < i+off-wl, j > i+off+wr (local i, j).
 
-    `row0`/`col0` are the tile's first query row and key column. Column tests
-    compare compile-time column offsets of lane 0 against per-thread limits.
+    `row0`/`col0` are the tile's first row and key column. Tile row m is query
+    position i = m // rows_per_query (GQA packing puts rows_per_query heads of
+    one position in consecutive rows). Column tests compare compile-time column
+    offsets of lane 0 against per-thread limits.
     """
     s = acc_view_mn(acc_S)
     thr_col = col0 + tScS_mn[0][1]
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         i = row0 + tScS_mn[r, 0][0]
+        if const_expr(rows_per_query > 1):
+            i = i // rows_per_query
         right = Int32(0x7FFFFFF)
         if const_expr(mask_seqlen):
             right = seqlen_k

@@ -29,11 +29,17 @@ class Sm90FwdParams(SdpaFeatureParams):
     rescale_o_early: bool = False  # rescale O while the next QK^T runs instead of after softmax
     head_fastest: bool = False  # dense tiles: (batch, head) varies fastest, m-blocks last-first
     kv_rotate: bool = False  # unbanded: each m-block starts its K/V sweep at its own offset
+    pack_gqa: bool = False  # one M tile holds the r = Hq/Hkv query heads of a kv head (one K/V stream)
     sm_count: int = 132
 
     @property
     def num_mma_wg(self) -> int:
         return self.tile_m // 64
+
+    @property
+    def rows_per_query(self) -> int:
+        """Tile rows per query position: r when GQA heads are packed, else 1."""
+        return self.qhead_per_kvhead if self.pack_gqa else 1
 
 
 def _smem(p: Sm90FwdParams, separate_o: bool) -> int:
@@ -55,6 +61,23 @@ def smem_bytes(p: Sm90FwdParams) -> int:
     return _smem(p, separate_o(p))
 
 
+def pack_gqa_reason(p: Sm90FwdParams):
+    """Why the query heads of a kv head cannot share one M tile, or None.
+
+    A packed row is m = s * r + j (query position s, head j of the group). Q and
+    O move by TMA with a two-mode (r, rows / r) box, so r must divide the 64 rows
+    of one consumer warpgroup's O tile (and so the M tile).
+    """
+    r = p.qhead_per_kvhead
+    if p.num_heads_q % p.num_heads_kv != 0:
+        return None  # check_sdpa_features reports it
+    if r < 2:
+        return f"pack_gqa needs num_heads_q > num_heads_kv (got {p.num_heads_q}:{p.num_heads_kv})"
+    if 64 % r != 0:
+        return f"pack_gqa needs Hq/Hkv to divide 64 (a warpgroup's rows); Hq/Hkv = {r}"
+    return None
+
+
 def validate(p: Sm90FwdParams) -> None:
     """Raise TemplateParamsError when the template cannot be built for `p`."""
     def bad(msg: str):
@@ -73,6 +96,10 @@ def validate(p: Sm90FwdParams) -> None:
         bad("only the intra-warpgroup-overlap mainloop is implemented")
     if p.sm_count < 1:
         bad(f"sm_count={p.sm_count} must be positive")
+    if p.pack_gqa:
+        reason = pack_gqa_reason(p)
+        if reason:
+            bad(reason)
     need = smem_bytes(p)
     if need > SMEM_BUDGET_BYTES:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
