@@ -54,6 +54,7 @@ def main(argv=None):
     cs = [bool(int(x)) for x in a.causal.split(",")]
     variants = json.loads(a.variants)
     from frost.engines.target import discover_target
+    from frost.engines.sdpa_args import CanonicalCall
     from frost.engines.workers import compile_many
 
     arch = a.arch or discover_target().arch
@@ -68,7 +69,7 @@ def main(argv=None):
                 except Exception as e:
                     print(f"# variant {v} d={d}: {e}")
     t0 = time.perf_counter()
-    kernels = dict(zip(keys, compile_many(specs, arch)))
+    kernels = {k: CanonicalCall(ck, p) for k, (_, p), ck in zip(keys, specs, compile_many(specs, arch))}
     print(f"# compiled {len(specs)} frost kernels in {time.perf_counter() - t0:.1f}s", flush=True)
     for (d, c, vi), (_, p) in zip(keys, specs):
         if c == cs[0] and d == ds[0]:

@@ -80,6 +80,7 @@ def main(argv=None):
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, sms {sm_count}", flush=True)
 
+    from frost.engines.sdpa_args import CanonicalCall
     from frost.engines.workers import compile_many
 
     specs = [(TEMPLATE, frost_params(d, c, v, sm_count)) for d in ds for c in cs for v in variants]
@@ -91,7 +92,7 @@ def main(argv=None):
         extra = [(TEMPLATE, params_of(c)) for c in CASES]
     t0 = time.perf_counter()
     cks = compile_many(specs + extra, "sm_90a")
-    kernels = {(s[1].head_dim, s[1].has_window_right, json.dumps(v, sort_keys=True)): ck
+    kernels = {(s[1].head_dim, s[1].has_window_right, json.dumps(v, sort_keys=True)): CanonicalCall(ck, s[1])
                for s, ck, v in zip(specs, cks, [v for d in ds for c in cs for v in variants])}
     print(f"# compiled {len(specs) + len(extra)} frost kernels in {time.perf_counter() - t0:.1f}s", flush=True)
     if a.smoke:

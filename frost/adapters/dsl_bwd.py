@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 from frost.adapters.base import SdpaBwdDsl
-from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
+from frost.adapters.views import lengths_view, sink_view
 from frost.adapters.dsl_fwd import check_dsl_and_knobs, sdpa_feature_flags
 from frost.errors import TemplateParamsError
 from frost.runtime.context import stream_handle
@@ -76,10 +76,8 @@ class DslBwdAdapter(SdpaBwdDsl):
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
         thd = f.is_thd
-        vals = {"q": io_view(bound["q"], thd), "k": io_view(bound["k"], thd), "v": io_view(bound["v"], thd),
-                "o": io_view(bound["o"], thd), "do": io_view(bound["dO"], thd),
-                "lse": stats_view(bound["stats"], thd), "dq": io_view(bound["dQ"], thd),
-                "dk": io_view(bound["dK"], thd), "dv": io_view(bound["dV"], thd),
+        vals = {"q": bound["q"], "k": bound["k"], "v": bound["v"], "o": bound["o"], "do": bound["dO"],
+                "lse": bound["stats"], "dq": bound["dQ"], "dk": bound["dK"], "dv": bound["dV"],
                 "softmax_scale": f.attn_scale, "window_left": f.window_left, "window_right": f.window_right,
                 "max_seqlen_q": f.seq_q, "max_seqlen_kv": f.seq_kv, "stream": stream_handle(stream)}
         if thd:

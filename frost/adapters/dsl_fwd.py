@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 
 from frost.adapters.base import SdpaFwdDsl, SdpaBwdDsl
-from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
+from frost.adapters.views import lengths_view, sink_view
 from frost.engines.dsl import dsl_decline_reason
 from frost.errors import TemplateParamsError
 from frost.runtime.context import stream_handle
@@ -42,7 +42,7 @@ def check_dsl_and_knobs(adapter) -> None:
 
 
 class DslFwdAdapter(SdpaFwdDsl):
-    """Compiles one forward template at plan time; execute binds canonical views and launches."""
+    """Compiles one forward template at plan time; execute passes the bound tensors as declared and launches."""
 
     template: str = ""  # dotted module path of the kernel template
     params_module: str = ""  # dotted module path with the params class, validate() and default_knobs()
@@ -73,10 +73,9 @@ class DslFwdAdapter(SdpaFwdDsl):
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
         thd = f.is_thd
-        args = [io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
-                io_view(bound["o"], thd)]
+        args = [bound["q"], bound["k"], bound["v"], bound["o"]]  # declared order: the kernel entry views them
         if f.has_stats:
-            args.append(stats_view(bound["stats"], thd))
+            args.append(bound["stats"])
         if thd:
             args += [bound["cu_seq_len_q"], bound["cu_seq_len_kv"]]
         if f.has_padding:

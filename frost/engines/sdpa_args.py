@@ -1,16 +1,19 @@
 """The argument contract between SDPA adapters and SDPA kernel templates.
 
-Every SDPA kernel template (any feature arch) is called with the same canonical
-views, built by the adapter from the user's tensors as strided views only (a
-`permute` / `select` / `view` — never a copy):
+Every SDPA kernel takes the user's tensors exactly as bound, in their declared
+order (no view is built on the host at execute):
 
-Dense (B, H, S, D graphs), token-major "BSHD" views:
-    q  (B, Sq, Hq, Dqk)    k  (B, Skv, Hkv, Dqk)    v  (B, Skv, Hkv, Dv)
-    o  (B, Sq, Hq, Dv)     lse (B, Hq, Sq) fp32
+Dense graphs:
+    q  (B, Hq, Sq, Dqk)   k  (B, Hkv, Skv, Dqk)   v  (B, Hkv, Skv, Dv)
+    o  (B, Hq, Sq, Dv)    lse (B, Hq, Sq, 1) fp32   (gradients dq/dk/dv/do alike)
 Packed THD graphs:
-    q  (Tq, Hq, Dqk)       k  (Tkv, Hkv, Dqk)       v  (Tkv, Hkv, Dv)
-    o  (Tq, Hq, Dv)        lse (Hq, Tq) fp32
+    q  (Tq, Hq, Dqk)      k  (Tkv, Hkv, Dqk)      v  (Tkv, Hkv, Dv)
+    o  (Tq, Hq, Dv)       lse (Tq, Hq, 1) fp32
     cu_seqlens_q / cu_seqlens_kv: int32 (B+1,) prefix sums on the device
+The jit entry (`frost.engines.common.sdpa_entry`) turns them, at trace time, into
+the canonical views kernels are written against: token-major (B, S, H, D) for
+dense io tensors, (B, H, S) / (H, T) for lse; THD io tensors stay (T, H, D).
+`canonical_to_declared` is the inverse, for callers that hold canonical views.
 Strides are whatever the user declared; the last (head-dim) stride is 1.
 B, S and T are runtime extents and compile as symbolic ints (`cute.sym_int`);
 Hq, Hkv, D, Dv, dtypes and layout facts are plan-time and compile as constants.
@@ -57,3 +60,44 @@ padding rows of dK / dV get 0; THD tokens past cu_seqlens_kv[B] are not written.
 """
 
 FWD_DOC = __doc__
+
+# roles whose tensors are (B, H, S, D) when dense, (T, H, D) when packed
+IO_ROLES = frozenset(("q", "k", "v", "o", "do", "dq", "dk", "dv"))
+STATS_ROLE = "lse"
+
+
+def fwd_arg_names(p) -> list[str]:
+    """The forward argument names of one flag set (any SdpaFeatureParams with has_lse), in order."""
+    names = ["q", "k", "v", "o"] + ["lse"] * p.has_lse
+    names += ["cu_seqlens_q", "cu_seqlens_kv"] * p.is_thd + ["seqused_q", "seqused_kv"] * p.has_seqused
+    names += ["sinks"] * p.has_sinks + ["softmax_scale"]
+    names += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
+    return names + ["max_seqlen_q"] * p.is_thd + ["stream"]
+
+
+def canonical_to_declared(name: str, t, is_thd: bool):
+    """The declared-order view of a canonical one (a torch view; non-tensors pass through)."""
+    if name in IO_ROLES and not is_thd:
+        return t.permute(0, 2, 1, 3)
+    if name == STATS_ROLE:
+        return (t.t() if is_thd else t).unsqueeze(-1)
+    return t
+
+
+class CanonicalCall:
+    """A compiled forward kernel called with canonical views (kernel-level tests, quick benchmarks)."""
+
+    def __init__(self, kernel, params):
+        self.kernel = kernel
+        self.names = fwd_arg_names(params)
+        self.is_thd = params.is_thd
+
+    def __call__(self, *args):
+        if len(args) != len(self.names):
+            raise TypeError(f"expected {len(self.names)} arguments ({', '.join(self.names)}), got {len(args)}")
+        self.kernel(*[canonical_to_declared(n, a, self.is_thd) for n, a in zip(self.names, args)])
+
+
+def declared_values(values: dict, is_thd: bool) -> dict:
+    """Named canonical values (e.g. a backward chain's arguments) in declared order."""
+    return {n: canonical_to_declared(n, v, is_thd) for n, v in values.items()}

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.gpu
 
 from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, bwd_chain, chain_args,  # noqa: E402
                                                default_knobs, scratch_bytes, scratch_layout)
+from frost.engines.sdpa_args import declared_values  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -245,7 +246,7 @@ class Chain:
 
     def __call__(self, t, scalars, views, stream=None):
         s = stream if stream is not None else torch.cuda.current_stream()
-        values = {**t, **views, **scalars, "stream": int(s.cuda_stream)}
+        values = declared_values({**t, **views, **scalars, "stream": int(s.cuda_stream)}, self.p.is_thd)
         for template, args in chain_args(self.p, values):
             self.kernels[template](*args)
 

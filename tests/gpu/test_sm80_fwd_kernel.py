@@ -18,6 +18,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 from frost.adapters.reference_math import sdpa_fwd_reference  # noqa: E402
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs  # noqa: E402
+from frost.engines.sdpa_args import CanonicalCall  # noqa: E402
 
 TEMPLATE = "frost.engines.sm80.sdpa_fwd"
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -58,7 +59,7 @@ def kernels():
     target = discover_target()
     names = list(FLAVORS)
     cks = compile_many([(TEMPLATE, FLAVORS[n]) for n in names], target)
-    return dict(zip(names, cks))
+    return {n: CanonicalCall(ck, FLAVORS[n]) for n, ck in zip(names, cks)}
 
 
 # ---------------------------------------------------------------- inputs

@@ -11,6 +11,7 @@ from typing import Optional
 
 import pytest
 import torch
+from frost.engines.sdpa_args import CanonicalCall
 
 pytestmark = pytest.mark.gpu
 
@@ -182,7 +183,7 @@ def kernels():
 
     specs = [(TEMPLATE, params_of(c)) for c in CASES]
     cks = compile_many(specs, "sm_90a")
-    return {c.id: ck for c, ck in zip(CASES, cks)}
+    return {c.id: CanonicalCall(ck, params_of(c)) for c, ck in zip(CASES, cks)}
 
 
 def _rel(a, b):

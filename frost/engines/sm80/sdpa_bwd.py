@@ -68,7 +68,7 @@ def _transpose(t: cute.Tensor) -> cute.Tensor:
     return cute.composition(t, cute.make_layout((n, m), stride=(m, 1)))
 
 
-class _Main(bu.ArityHost):
+class _Main:
     """Plan-time constants and host entry of one main-kernel specialization."""
 
     def __init__(self, p: Sm80BwdParams, arch: str):
@@ -604,8 +604,6 @@ def _store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX
 
 
 def build(params: Sm80BwdParams, arch: str):
-    """The host entry and fake arguments in `main_args(params)` order."""
-    fakes = bu.FakeArgs(params)
+    """The host entry (declared-order tensors) and fake arguments in `main_args(params)` order."""
     runner = _Main(params, arch)
-    args = tuple(fakes.get(n) for n in main_args(params))
-    return runner.entry(len(args)), args
+    return bu.build_entry(params, runner.names, runner.run)

@@ -26,7 +26,7 @@ def kernel_name(params: Sm80BwdParams, arch: str) -> str:
     return f"frost_sdpa_bwd_post_{name_suffix(params)}"
 
 
-class _Postprocess(bu.ArityHost):
+class _Postprocess:
     """Plan-time constants of one postprocess specialization."""
 
     def __init__(self, p: Sm80BwdParams, arch: str):
@@ -87,8 +87,6 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
 
 
 def build(params: Sm80BwdParams, arch: str):
-    """The host entry and fake arguments in `postprocess_args(params)` order."""
-    fakes = bu.FakeArgs(params)
+    """The host entry (declared-order tensors) and fake arguments in `postprocess_args(params)` order."""
     runner = _Postprocess(params, arch)
-    args = tuple(fakes.get(n) for n in postprocess_args(params))
-    return runner.entry(len(args)), args
+    return bu.build_entry(params, runner.names, runner.run)

@@ -11,7 +11,6 @@ Argument list: `sdpa_bwd_params.preprocess_args`.
 """
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
@@ -29,7 +28,7 @@ def kernel_name(params: Sm80BwdParams, arch: str) -> str:
     return f"frost_sdpa_bwd_pre_{name_suffix(params)}"
 
 
-class _Preprocess(bu.ArityHost):
+class _Preprocess:
     """Plan-time constants of one preprocess specialization."""
 
     def __init__(self, p: Sm80BwdParams, arch: str):
@@ -148,9 +147,6 @@ def _preprocess_kernel(
 
 
 def build(params: Sm80BwdParams, arch: str):
-    """The host entry and fake arguments in `preprocess_args(params)` order."""
-    fakes = bu.FakeArgs(params)
+    """The host entry (declared-order tensors) and fake arguments in `preprocess_args(params)` order."""
     runner = _Preprocess(params, arch)
-    args = tuple(fakes.get(n) for n in preprocess_args(params))
-    return runner.entry(len(args)), args
-
+    return bu.build_entry(params, runner.names, runner.run)

@@ -1,8 +1,7 @@
 """Pieces shared by the three kernels of the mma.sync backward chain.
 
-Fake arguments (one symbol per runtime extent, shared wherever extents must be
-equal; every declared stride its own symbol), binding of the positional
-argument list by name, lane / warp reductions, and the fp32 reduction stores
+The jit entry and fakes of each kernel (through frost.engines.common.sdpa_entry,
+plus the workspace buffers' fakes), lane / warp reductions, and the fp32 reduction stores
 used to accumulate dQ.
 """
 from __future__ import annotations
@@ -13,13 +12,11 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from frost.engines.common.sdpa_entry import FakeArgs, IO_DTYPES, make_entry
 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
 
-_IO_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-
-
 def io_dtype(p: Sm80BwdParams):
-    return _IO_DTYPES[p.dtype]
+    return IO_DTYPES[p.dtype]
 
 
 def bind(names: list[str], args: tuple) -> dict:
@@ -29,169 +26,28 @@ def bind(names: list[str], args: tuple) -> dict:
     return dict(zip(names, args))
 
 
-class FakeArgs:
-    """Fake tensors, scalars and stream for every argument name of the chain.
-
-    Runtime extents (batch, sequence lengths, packed totals, scratch lengths) are
-    symbolic and shared where they must agree; every non-unit stride is its own
-    64-bit symbol, 8-element divisible for the 16-byte io tensors.
-    """
-
-    def __init__(self, p: Sm80BwdParams):
-        self.p = p
-        self._made: dict = {}
-        self.batch = cute.sym_int(symbol="batch")
-        if p.is_thd:
-            self.rows_q = cute.sym_int(symbol="total_q")
-            self.rows_kv = cute.sym_int(symbol="total_kv")
-            self.batch1 = cute.sym_int(symbol="batch_plus_1")
-        else:
-            self.rows_q = cute.sym_int(symbol="seqlen_q")
-            self.rows_kv = cute.sym_int(symbol="seqlen_kv")
-
-    def _io(self, rows, heads: int, dim: int):
-        dt = io_dtype(self.p)
-        if self.p.is_thd:
-            shape = (rows, heads, dim)
-            stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
-        else:
-            shape = (self.batch, rows, heads, dim)
-            stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8),
-                      cute.sym_int64(divisibility=8), 1)
-        return cute.runtime.make_fake_tensor(dt, shape, stride, assumed_align=16)
-
-    def _stats(self):
-        if self.p.is_thd:
-            shape = (self.p.num_heads_q, self.rows_q)
-            stride = (cute.sym_int64(), cute.sym_int64())
-        else:
-            shape = (self.batch, self.p.num_heads_q, self.rows_q)
-            stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64())
-        return cute.runtime.make_fake_tensor(Float32, shape, stride, assumed_align=4)
-
-    def _compact(self, dtype, shape, align=16):
-        order = tuple(range(len(shape) - 1, -1, -1))
-        return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=align)
-
-    def _make(self, name: str):
-        p = self.p
-        hq, hkv, d, dv = p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
-        if name in ("q", "dq"):
-            return self._io(self.rows_q, hq, d)
-        if name in ("o", "do"):
-            return self._io(self.rows_q, hq, dv)
-        if name in ("k", "dk"):
-            return self._io(self.rows_kv, hkv, d)
-        if name in ("v", "dv"):
-            return self._io(self.rows_kv, hkv, dv)
-        if name == "lse":
-            return self._stats()
-        if name in ("cu_seqlens_q", "cu_seqlens_kv"):
-            return self._compact(Int32, (self.batch1,), align=4)
-        if name in ("seqused_q", "seqused_kv"):
-            return self._compact(Int32, (self.batch,), align=4)
-        if name in ("sinks", "dsinks"):
-            return self._compact(Float32, (hq,), align=4)
-        if name == "dpsum":
-            shape = (hq, self.rows_q) if p.is_thd else (self.batch, hq, self.rows_q)
-            return self._compact(Float32, shape)
-        if name == "dq_accum":
-            shape = (hq, self.rows_q, d) if p.is_thd else (self.batch, hq, self.rows_q, d)
-            return self._compact(Float32, shape)
-        if name == "dq_semaphore":
-            return self._compact(Int32, (cute.sym_int(symbol="n_semaphores"),))
-        if name == "dsink_partial":
-            return self._compact(Float32, (cute.sym_int(symbol="n_dsink_partials"),))
-        if name == "softmax_scale":
-            return Float32(1.0)
-        if name in ("window_left", "window_right", "max_seqlen_q", "max_seqlen_kv"):
-            return Int32(0)
-        if name == "stream":
-            return cute.runtime.make_fake_stream()
-        raise KeyError(f"no fake argument for {name!r}")
-
-    def get(self, name: str):
-        if name not in self._made:
-            self._made[name] = self._make(name)
-        return self._made[name]
+def scratch_fake(fakes: FakeArgs, name: str):
+    """Fakes of the chain's workspace buffers (sdpa_bwd_params.scratch_layout), compact and symbolic."""
+    p = fakes.p
+    hq, d = p.num_heads_q, p.head_dim
+    if name == "dpsum":
+        return fakes.compact(Float32, (hq, fakes.rows_q) if p.is_thd else (fakes.batch, hq, fakes.rows_q))
+    if name == "dq_accum":
+        return fakes.compact(Float32, (hq, fakes.rows_q, d) if p.is_thd else (fakes.batch, hq, fakes.rows_q, d))
+    if name == "dq_semaphore":
+        return fakes.compact(Int32, (cute.sym_int(symbol="n_semaphores"),))
+    if name == "dsink_partial":
+        return fakes.compact(Float32, (cute.sym_int(symbol="n_dsink_partials"),))
+    raise KeyError(f"no fake argument for {name!r}")
 
 
-class ArityHost:
-    """Host entries with a fixed positional signature, one per argument count.
+def build_entry(p: Sm80BwdParams, names: list[str], run):
+    """(jit entry, fakes) of one kernel of the chain; `run(args)` receives the canonical views in order."""
+    fakes = FakeArgs(p, extra=scratch_fake)
 
-    The chain's argument lists vary with the feature flags; the compile
-    boundary (and its persistent cache) wants plain positional parameters, so
-    `entry(n)` picks the n-argument entry, which hands the tuple to `run`.
-    """
-
-    def run(self, args: tuple) -> None:  # pragma: no cover - per template
-        raise NotImplementedError
-
-    def entry(self, n: int):
-        fn = getattr(self, f"_entry{n}", None)
-        if fn is None:
-            raise TypeError(f"no host entry with {n} arguments")
-        return fn
-
-    @cute.jit
-    def _entry4(self, a0, a1, a2, a3):
-        self.run((a0, a1, a2, a3,))
-
-    @cute.jit
-    def _entry5(self, a0, a1, a2, a3, a4):
-        self.run((a0, a1, a2, a3, a4,))
-
-    @cute.jit
-    def _entry6(self, a0, a1, a2, a3, a4, a5):
-        self.run((a0, a1, a2, a3, a4, a5,))
-
-    @cute.jit
-    def _entry7(self, a0, a1, a2, a3, a4, a5, a6):
-        self.run((a0, a1, a2, a3, a4, a5, a6,))
-
-    @cute.jit
-    def _entry8(self, a0, a1, a2, a3, a4, a5, a6, a7):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7,))
-
-    @cute.jit
-    def _entry9(self, a0, a1, a2, a3, a4, a5, a6, a7, a8):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8,))
-
-    @cute.jit
-    def _entry10(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,))
-
-    @cute.jit
-    def _entry11(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10,))
-
-    @cute.jit
-    def _entry12(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11,))
-
-    @cute.jit
-    def _entry13(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12,))
-
-    @cute.jit
-    def _entry14(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13,))
-
-    @cute.jit
-    def _entry15(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14,))
-
-    @cute.jit
-    def _entry16(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15,))
-
-    @cute.jit
-    def _entry17(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16,))
-
-    @cute.jit
-    def _entry18(self, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17):
-        self.run((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17,))
+    def launch(*args):
+        run(args)
+    return make_entry(launch, names, p.is_thd), tuple(fakes.all(names))
 
 
 @cute.jit
@@ -242,5 +98,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["ArityHost", "FakeArgs", "bind", "io_dtype", "lane_group_sum", "red_add_f32", "red_add_v2_f32", "ld_acquire_i32",
+__all__ = ["bind", "build_entry", "scratch_fake", "io_dtype", "lane_group_sum", "red_add_f32", "red_add_v2_f32", "ld_acquire_i32",
            "red_release_add_i32", "elem_ptr"]

@@ -8,29 +8,26 @@ straight back as the A operand. Key tiles outside the mask band are never
 visited; only the tiles that straddle the band or the key-length boundary
 are masked element by element.
 
-Arguments follow `frost.engines.sdpa_args` exactly (canonical views, order,
-mask / sink / LSE semantics). Every runtime extent and every non-unit stride
+Arguments follow `frost.engines.sdpa_args` exactly (declared-order tensors
+viewed canonically by the shared entry, order, mask / sink / LSE semantics). Every runtime extent and every non-unit stride
 is symbolic, so one artifact serves any batch, lengths and BSHD / BHSD /
 interleaved layouts.
 """
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
 from frost.engines.common import acc_layout, mask, seqlen, softmax
+from frost.engines.common.sdpa_entry import FakeArgs, IO_DTYPES as _DTYPES, make_entry
+from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm80 import warp_mma
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
-
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
 
 def kernel_name(params: Sm80FwdParams, arch: str) -> str:
@@ -47,91 +44,11 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
 
 
 def build(params: Sm80FwdParams, arch: str):
-    """(jit_fn, fake_args) for `frost.engines.compile.compile_kernel`."""
+    """(jit entry taking declared-order tensors, fake arguments) for `frost.engines.compile.compile_kernel`."""
     validate(params)
-    return _entry(Sm80SdpaFwd(params, kernel_name(params, arch))), fake_args(params)
-
-
-def arg_names(p: Sm80FwdParams) -> list[tuple[str, object]]:
-    """(name, annotation) of each positional argument, in the sdpa_args forward order."""
-    T = cute.Tensor
-    names = [("q", T), ("k", T), ("v", T), ("o", T)]
-    if p.has_lse:
-        names.append(("lse", T))
-    if p.is_thd:
-        names += [("cu_seqlens_q", T), ("cu_seqlens_kv", T)]
-    if p.has_seqused:
-        names += [("seqused_q", T), ("seqused_kv", T)]
-    if p.has_sinks:
-        names.append(("sinks", T))
-    names.append(("softmax_scale", Float32))
-    if p.has_window_left:
-        names.append(("window_left", Int32))
-    if p.has_window_right:
-        names.append(("window_right", Int32))
-    if p.is_thd:
-        names.append(("max_seqlen_q", Int32))
-    names.append(("stream", cuda.CUstream))
-    return names
-
-
-def _entry(kernel: "Sm80SdpaFwd"):
-    """A fresh @cute.jit host entry whose positional signature is exactly this flavor's argument list.
-
-    The optional arguments of the contract change the arity, so the entry
-    takes *args and advertises the flavor's own signature; the compile
-    boundary then sees plain positional parameters (persistable, TVM-FFI).
-    """
-    def sdpa_fwd_entry(*args):
-        kernel.launch(*args)
-
-    sdpa_fwd_entry.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a)
-         for n, a in arg_names(kernel.p)])
-    return cute.jit(sdpa_fwd_entry)
-
-
-def fake_args(p: Sm80FwdParams) -> list:
-    """Fake tensors / scalars / stream in the forward argument order of sdpa_args."""
-    dt = _DTYPES[p.dtype]
-    hq, hk, d, dv = p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
-
-    def st16():  # non-unit stride of a 16-bit tensor: 16-byte multiples
-        return cute.sym_int64(divisibility=8)
-
-    def t16(shape):
-        return make_fake_tensor(dt, shape, stride=tuple(st16() for _ in shape[:-1]) + (1,),
-                                assumed_align=16)
-
-    if p.is_thd:
-        tq, tk, bp1 = cute.sym_int(), cute.sym_int(), cute.sym_int()
-        args = [t16((tq, hq, d)), t16((tk, hk, d)), t16((tk, hk, dv)), t16((tq, hq, dv))]
-        if p.has_lse:
-            args.append(make_fake_tensor(Float32, (hq, tq), stride=(cute.sym_int64(), cute.sym_int64()),
-                                         assumed_align=4))
-        args += [make_fake_compact_tensor(Int32, (bp1,), assumed_align=4),
-                 make_fake_compact_tensor(Int32, (bp1,), assumed_align=4)]
-    else:
-        b, sq, sk = cute.sym_int(), cute.sym_int(), cute.sym_int()
-        args = [t16((b, sq, hq, d)), t16((b, sk, hk, d)), t16((b, sk, hk, dv)), t16((b, sq, hq, dv))]
-        if p.has_lse:
-            args.append(make_fake_tensor(Float32, (b, hq, sq),
-                                         stride=(cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
-                                         assumed_align=4))
-        if p.has_seqused:
-            args += [make_fake_compact_tensor(Int32, (b,), assumed_align=4),
-                     make_fake_compact_tensor(Int32, (b,), assumed_align=4)]
-    if p.has_sinks:
-        args.append(make_fake_compact_tensor(Float32, (hq,), assumed_align=4))
-    args.append(Float32(1.0))
-    if p.has_window_left:
-        args.append(Int32(0))
-    if p.has_window_right:
-        args.append(Int32(0))
-    if p.is_thd:
-        args.append(Int32(1))
-    args.append(make_fake_stream())
-    return args
+    names = fwd_arg_names(params)
+    kernel = Sm80SdpaFwd(params, kernel_name(params, arch))
+    return make_entry(kernel.launch, names, params.is_thd), FakeArgs(params).all(names)
 
 
 class Sm80SdpaFwd:

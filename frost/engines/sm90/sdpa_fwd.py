@@ -23,6 +23,8 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from frost.engines.common import tile_scheduler as ts
+from frost.engines.common.sdpa_entry import FakeArgs, make_entry
+from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm90 import fwd_softmax as sm
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
@@ -651,88 +653,7 @@ class SdpaFwdSm90:
                     cute.copy(tiled, rO[None, m, None], tgO[None, m, None])
 
 
-def _entry(kernel: SdpaFwdSm90, n: int):
-    """A @cute.jit entry with exactly `n` positional parameters, the sdpa_args list of one flag set.
-
-    The compile boundary names, exports and reloads plain positional jit
-    functions; each arity is spelled out because the DSL transforms source.
-    """
-    if n == 6:
-        @cute.jit
-        def entry(a0, a1, a2, a3, a4, a5):
-            kernel(a0, a1, a2, a3, a4, a5)
-    elif n == 7:
-        @cute.jit
-        def entry(a0, a1, a2, a3, a4, a5, a6):
-            kernel(a0, a1, a2, a3, a4, a5, a6)
-    elif n == 8:
-        @cute.jit
-        def entry(a0, a1, a2, a3, a4, a5, a6, a7):
-            kernel(a0, a1, a2, a3, a4, a5, a6, a7)
-    elif n == 9:
-        @cute.jit
-        def entry(a0, a1, a2, a3, a4, a5, a6, a7, a8):
-            kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8)
-    elif n == 10:
-        @cute.jit
-        def entry(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
-            kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
-    elif n == 11:
-        @cute.jit
-        def entry(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10):
-            kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10)
-    elif n == 12:
-        @cute.jit
-        def entry(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11):
-            kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
-    elif n == 13:
-        @cute.jit
-        def entry(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12):
-            kernel(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12)
-    else:
-        raise ValueError(f"no sdpa_args list has {n} entries")
-    return entry
-
-
 def build(params: Sm90FwdParams, arch: str):
-    """(jit entry, fake arguments) in the sdpa_args order; every runtime extent is symbolic."""
-    p = params
-    dt = wu.dtype_of(p.dtype)
-    Hq, Hkv, D, Dv = p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
-
-    def stride():
-        return cute.sym_int64(divisibility=8)
-
-    def fake(shape, strides, dtype=dt, align=16):
-        return cute.runtime.make_fake_tensor(dtype, shape, strides, assumed_align=align)
-
-    args = []
-    if p.is_thd:
-        tq, tk = cute.sym_int(), cute.sym_int()
-        args += [fake((tq, Hq, D), (stride(), stride(), 1)), fake((tk, Hkv, D), (stride(), stride(), 1)),
-                 fake((tk, Hkv, Dv), (stride(), stride(), 1)), fake((tq, Hq, Dv), (stride(), stride(), 1))]
-        if p.has_lse:
-            args.append(fake((Hq, tq), (cute.sym_int64(), cute.sym_int64()), Float32, 4))
-        nb1 = cute.sym_int()
-        args += [fake((nb1,), (1,), Int32, 4), fake((nb1,), (1,), Int32, 4)]
-    else:
-        b, sq, sk = cute.sym_int(), cute.sym_int(), cute.sym_int()
-        args += [fake((b, sq, Hq, D), (stride(), stride(), stride(), 1)),
-                 fake((b, sk, Hkv, D), (stride(), stride(), stride(), 1)),
-                 fake((b, sk, Hkv, Dv), (stride(), stride(), stride(), 1)),
-                 fake((b, sq, Hq, Dv), (stride(), stride(), stride(), 1))]
-        if p.has_lse:
-            args.append(fake((b, Hq, sq), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()), Float32, 4))
-        if p.has_seqused:
-            args += [fake((b,), (1,), Int32, 4), fake((b,), (1,), Int32, 4)]
-    if p.has_sinks:
-        args.append(fake((Hq,), (1,), Float32, 4))
-    args.append(Float32(1.0))
-    if p.has_window_left:
-        args.append(Int32(0))
-    if p.has_window_right:
-        args.append(Int32(0))
-    if p.is_thd:
-        args.append(Int32(0))
-    args.append(cute.runtime.make_fake_stream())
-    return _entry(SdpaFwdSm90(p), len(args)), args
+    """(jit entry taking declared-order tensors, fake arguments); every runtime extent is symbolic."""
+    names = fwd_arg_names(params)
+    return make_entry(SdpaFwdSm90(params), names, params.is_thd), FakeArgs(params).all(names)

@@ -1,0 +1,122 @@
+"""The jit entry and fake arguments of every SDPA kernel (see frost.engines.sdpa_args).
+
+Execute passes the bound tensors in their declared order; the entry selects the
+canonical modes at trace time, so reordering costs nothing per call and the
+kernels keep one view of their operands. The fakes follow the declared order:
+one symbol per runtime extent, shared wherever extents must agree, and every
+stride its own 64-bit symbol (16-byte multiples for the io tensors).
+"""
+from __future__ import annotations
+
+import inspect
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from frost.engines.sdpa_args import IO_ROLES, STATS_ROLE
+
+IO_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+_SCALARS = {"softmax_scale": Float32, "window_left": Int32, "window_right": Int32, "max_seqlen_q": Int32,
+            "max_seqlen_kv": Int32, "stream": cuda.CUstream}
+
+
+def _select(t: cute.Tensor, modes) -> cute.Tensor:
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
+
+
+def canonical(name: str, t, is_thd: bool):
+    """The canonical view of one declared-order argument (trace time only)."""
+    if name in IO_ROLES and not is_thd:
+        return _select(t, [0, 2, 1, 3])  # (B, H, S, D) -> (B, S, H, D)
+    if name == STATS_ROLE:
+        return _select(t, [1, 0] if is_thd else [0, 1, 2])  # drop the unit mode; THD: (H, T)
+    return t
+
+
+def canonical_args(names, args, is_thd: bool) -> list:
+    if len(names) != len(args):
+        raise TypeError(f"expected {len(names)} arguments ({', '.join(names)}), got {len(args)}")
+    return [canonical(n, a, is_thd) for n, a in zip(names, args)]
+
+
+def make_entry(run, names: list[str], is_thd: bool):
+    """A @cute.jit host entry with one positional parameter per name; `run(*canonical views)` inside.
+
+    The compile boundary exports and reloads plain positional functions, so the
+    entry advertises exactly this flavor's signature.
+    """
+    def sdpa_entry(*args):
+        run(*canonical_args(names, args, is_thd))
+
+    sdpa_entry.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_SCALARS.get(n, cute.Tensor))
+         for n in names])
+    return cute.jit(sdpa_entry)
+
+
+class FakeArgs:
+    """Declared-order fakes for the argument names of sdpa_args; `extra(name)` covers template scratch."""
+
+    def __init__(self, p, extra=None):
+        self.p = p
+        self.extra = extra
+        self._made: dict = {}
+        self.batch = cute.sym_int(symbol="batch")
+        if p.is_thd:
+            self.rows_q, self.rows_kv = cute.sym_int(symbol="total_q"), cute.sym_int(symbol="total_kv")
+            self.batch1 = cute.sym_int(symbol="batch_plus_1")
+        else:
+            self.rows_q, self.rows_kv = cute.sym_int(symbol="seqlen_q"), cute.sym_int(symbol="seqlen_kv")
+
+    def _io(self, rows, heads: int, dim: int):
+        st = cute.sym_int64(divisibility=8)
+        if self.p.is_thd:
+            shape, stride = (rows, heads, dim), (st, cute.sym_int64(divisibility=8), 1)
+        else:
+            shape = (self.batch, heads, rows, dim)
+            stride = (st, cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
+        return cute.runtime.make_fake_tensor(IO_DTYPES[self.p.dtype], shape, stride, assumed_align=16)
+
+    def _stats(self):
+        hq = self.p.num_heads_q
+        shape = (self.rows_q, hq, 1) if self.p.is_thd else (self.batch, hq, self.rows_q, 1)
+        return cute.runtime.make_fake_tensor(Float32, shape, tuple(cute.sym_int64() for _ in shape),
+                                             assumed_align=4)
+
+    def compact(self, dtype, shape, align=16):
+        order = tuple(range(len(shape) - 1, -1, -1))
+        return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=align)
+
+    def _make(self, name: str):
+        p = self.p
+        hq, hkv, d, dv = p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
+        io = {"q": (self.rows_q, hq, d), "dq": (self.rows_q, hq, d), "o": (self.rows_q, hq, dv),
+              "do": (self.rows_q, hq, dv), "k": (self.rows_kv, hkv, d), "dk": (self.rows_kv, hkv, d),
+              "v": (self.rows_kv, hkv, dv), "dv": (self.rows_kv, hkv, dv)}
+        if name in io:
+            return self._io(*io[name])
+        if name == STATS_ROLE:
+            return self._stats()
+        if name in ("cu_seqlens_q", "cu_seqlens_kv"):
+            return self.compact(Int32, (self.batch1,), align=4)
+        if name in ("seqused_q", "seqused_kv"):
+            return self.compact(Int32, (self.batch,), align=4)
+        if name in ("sinks", "dsinks"):
+            return self.compact(Float32, (hq,), align=4)
+        if name == "stream":
+            return cute.runtime.make_fake_stream()
+        if name in _SCALARS:
+            return _SCALARS[name](1.0 if name == "softmax_scale" else 0)
+        if self.extra is not None:
+            return self.extra(self, name)
+        raise KeyError(f"no fake argument for {name!r}")
+
+    def get(self, name: str):
+        if name not in self._made:
+            self._made[name] = self._make(name)
+        return self._made[name]
+
+    def all(self, names) -> list:
+        return [self.get(n) for n in names]
