@@ -10,14 +10,21 @@ class SdpaFwdDslSm90(DslFwdAdapter):
     params_module = "frost.engines.sm90.sdpa_fwd_params"
 
     def template_params(self):
-        from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs
+        from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, pack_gqa_reason
 
         f = self.facts
         knobs = default_knobs(f.head_dim_qk, f.head_dim_v, causal_or_window=f.window_right is not None
                               or f.window_left is not None, sm_count=self.target.sm_count)
-        knobs.update(self.knobs.requested())
+        requested = self.knobs.requested()
+        knobs.update(requested)
         knobs.pop("num_warps", None)
-        return Sm90FwdParams(**fwd_feature_flags(f), **knobs)
+        flags = fwd_feature_flags(f)
+        if "pack_gqa" not in requested:
+            # GQA packs the heads of a kv head into one M tile wherever the template can;
+            # elsewhere (and when a user asks pack_gqa=False) each query head has its own tiles
+            knobs["pack_gqa"] = (f.num_heads_q > f.num_heads_kv
+                                 and pack_gqa_reason(Sm90FwdParams(**flags, **{**knobs, "pack_gqa": True})) is None)
+        return Sm90FwdParams(**flags, **knobs)
 
 
 class SdpaBwdDslSm90(PendingBwdAdapter):

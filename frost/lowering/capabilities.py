@@ -1,7 +1,7 @@
 """Capability rows: one record of data per engine. Rows judge nothing; `mismatch` does."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -22,7 +22,7 @@ class CapabilityRow(BaseModel):
     dtypes: tuple[str, ...]
     head_dims: Optional[tuple[tuple[int, int], ...]]  # None: any
     features: frozenset[str]
-    knob_choices: dict[str, tuple[int, ...]] = {}
+    knob_choices: dict[str, tuple[Union[bool, int], ...]] = {}
     vector_bytes: int = 16  # non-unit strides must be multiples of this many bytes
     pending: Optional[str] = None  # a kernel that is not available yet, and why
     explicit_only_on_gpu: bool = False  # the reference: never chosen silently on a GPU
@@ -40,7 +40,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
              dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS + ((192, 192),), features=KERNEL_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
-                           "num_stages": (1, 2, 3, 4)},
+                           "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)},
              pending_bwd="the SM90 backward is not written yet; SdpaBwdDslSm80 serves cc 9.0")
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,

@@ -13,6 +13,7 @@ class Knobs(BaseModel):
     tile_n: Optional[int] = None
     num_stages: Optional[int] = None
     num_warps: Optional[int] = None
+    pack_gqa: Optional[bool] = None  # SM90 forward: one M tile holds the query heads of a kv head (GQA)
 
     def requested(self) -> dict:
         return {k: v for k, v in self.model_dump().items() if v is not None}

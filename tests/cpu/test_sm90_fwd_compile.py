@@ -34,12 +34,16 @@ COVER = [
         _p(dtype="fp16", hq=8, hk=2, is_thd=True, has_window_right=True),
         _p(d=64, has_window_right=True, bottom_right=True, has_seqused=True, has_sinks=True),
         _p(d=256, has_window_left=True, has_window_right=True, has_lse=False),
+        _p(hq=16, hk=4, has_window_right=True, knobs=dict(pack_gqa=True)),  # GQA packed, r=4
     ],
     [
         _p(d=96, is_thd=True, has_sinks=True, knobs=dict(persistent=False)),
         _p(d=192, dv=128, hq=6, hk=3, has_window_right=True),
         _p(has_window_left=True, knobs=dict(tile_n=176, separate_o_smem=False)),
         _p(d=192, has_window_right=True, knobs=dict(pingpong=False, num_stages=1)),
+        _p(hq=16, hk=2, is_thd=True, has_window_right=True, knobs=dict(pack_gqa=True)),
+        _p(hq=8, hk=2, has_sinks=True, has_seqused=True, has_window_left=True, has_window_right=True,
+           bottom_right=True, knobs=dict(pack_gqa=True)),
     ],
 ]
 
@@ -100,6 +104,8 @@ def test_o_tile_falls_back_to_q_tile_when_it_does_not_fit():
     dict(tile_n=120),
     dict(tile_n=256, num_stages=3),
     dict(intra_wg_overlap=False),
+    dict(pack_gqa=True),  # nothing to pack (Hq == Hkv)
+    dict(num_heads_q=6, num_heads_kv=2, pack_gqa=True),  # r=3 does not divide a warpgroup's 64 rows
 ])
 def test_validator_rejects(bad):
     with pytest.raises(TemplateParamsError):
@@ -116,12 +122,12 @@ def test_kernel_name_encodes_every_param():
                          ("has_window_left", True), ("has_window_right", True), ("tile_n", 64),
                          ("num_stages", 3), ("pingpong", False), ("separate_o_smem", False),
                          ("persistent", False), ("sm_count", 114), ("rescale_o_early", True),
-                         ("head_fastest", True), ("kv_rotate", True)]:
+                         ("head_fastest", True), ("kv_rotate", True), ("pack_gqa", True)]:
         upd = {field: value}
         if field == "head_dim":
             upd["head_dim_v"] = 64
         if field == "num_heads_kv":
             upd["num_heads_q"] = 4
         names.add(kernel_name(base.model_copy(update=upd), "sm_90a"))
-    assert len(names) == 20
+    assert len(names) == 21
     assert all(n.startswith("frost_sdpa_fwd_sm90_") for n in names)
