@@ -26,6 +26,7 @@ from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.sdpa_entry import FakeArgs, make_entry
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm90 import fwd_softmax as sm
+from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
 
@@ -49,7 +50,8 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao")
                  + ("" if p.intra_wg_overlap else "nov") + ("re" if p.rescale_o_early else "")
-                 + ("hf" if p.head_fastest else "") + ("kr" if p.kv_rotate else "") + f"sm{p.sm_count}")
+                 + ("hf" if p.head_fastest else "") + ("kr" if p.kv_rotate else "") + ("pg" if p.pack_gqa else "")
+                 + f"sm{p.sm_count}")
     return "_".join(parts)
 
 
@@ -73,6 +75,11 @@ class SdpaFwdSm90:
         self.num_threads = self.num_mma_threads + 128
         self.mma_regs, self.load_regs = {1: (256, 56), 2: (240, 24), 3: (160, 32)}[self.num_wg]
         self.ratio = p.num_heads_q // p.num_heads_kv
+        # GQA packing: a tile's rows are (query position, head of the group) pairs, m = s * rq + j
+        self.pack = p.pack_gqa
+        self.rq = p.rows_per_query
+        self.qt = self.tile_m // self.rq  # query positions per M tile
+        self.tile_heads = p.num_heads_kv if self.pack else p.num_heads_q  # heads the scheduler iterates
         self.reverse_m = p.has_window_right
         self.pingpong = p.pingpong and self.num_wg >= 2
         self.separate_o = separate_o(p)
@@ -106,6 +113,14 @@ class SdpaFwdSm90:
         else:
             mQ, mK, mV, mO = [wu.select_modes(t, [1, 3, 2, 0]) for t in (a["q"], a["k"], a["v"], a["o"])]
             mLSE = wu.select_modes(a["lse"], [2, 1, 0]) if const_expr(p.has_lse) else None
+        seq_q = mQ.shape[0]
+        if const_expr(self.pack):
+            mQ, mO = pg.pack_heads(mQ, self.rq, 2), pg.pack_heads(mO, self.rq, 2)
+            if const_expr(p.has_lse):
+                mLSE = pg.pack_heads(mLSE, self.rq, 1)
+        # TMA boxes: a packed tile of rows is (rq heads, rows / rq positions)
+        q_box = (self.rq, self.qt) if const_expr(self.pack) else self.tile_m
+        o_box = (self.rq, 64 // self.rq) if const_expr(self.pack) else 64
 
         K = cute.nvgpu.OperandMajorMode.K
         MN = cute.nvgpu.OperandMajorMode.MN
@@ -122,7 +137,7 @@ class SdpaFwdSm90:
         sO_layout = cute.tile_to_shape(_smem_atom(dt, self.hdv), (64, self.hdv, self.num_wg), order=(0, 1, 2))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (self.tile_m, self.hd))
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (q_box, self.hd))
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(sK_layout, mode=[0, 1]),
                                                         (self.tile_n, self.hd), 1)
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, cute.select(sV_layout, mode=[0, 1]),
@@ -131,7 +146,7 @@ class SdpaFwdSm90:
         if const_expr(not thd):
             tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
                                                             cute.select(sO_layout, mode=[0, 1]),
-                                                            (64, self.hdv))
+                                                            (o_box, self.hdv))
         q_bytes = cute.size_in_bytes(dt, sQ_layout)
         k_bytes = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
         v_bytes = cute.size_in_bytes(dt, cute.select(sV_layout, mode=[0, 1]))
@@ -139,11 +154,11 @@ class SdpaFwdSm90:
         if const_expr(thd):
             num_batch = a["cu_q"].shape[0] - 1
             num_m_blocks = Int32(0)
-            total_tiles = ts.varlen_tiles_bound(mQ.shape[0], num_batch, p.num_heads_q, self.tile_m)
+            total_tiles = ts.varlen_tiles_bound(seq_q, num_batch, self.tile_heads, self.qt)
         else:
             num_batch = mQ.shape[3]
-            num_m_blocks = (mQ.shape[0] + (self.tile_m - 1)) // self.tile_m
-            total_tiles = num_m_blocks * p.num_heads_q * num_batch
+            num_m_blocks = (seq_q + (self.qt - 1)) // self.qt
+            total_tiles = num_m_blocks * self.tile_heads * num_batch
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
 
         scale_log2 = Float32(a["scale"]) * Float32(math.log2(math.e))
@@ -221,21 +236,21 @@ class SdpaFwdSm90:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, sQ, sK, sV, sO, tma_atom_o,
                           pipe_q, pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles,
-                          tiled_mma_qk, tiled_mma_pv, mQ.shape[0], mK.shape[0])
+                          tiled_mma_qk, tiled_mma_pv, pg.rows_extent(mQ, self.pack), mK.shape[0])
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
     def decode(self, tile_idx: Int32, mCuQ, num_batch: Int32, num_m_blocks: Int32, total_tiles: Int32,
                cursor_b: Int32, cursor_base: Int32):
         if const_expr(self.p.is_thd):
-            return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.p.num_heads_q, self.tile_m, self.reverse_m,
+            return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, self.reverse_m,
                                     cursor_b, cursor_base)
         elif const_expr(self.reverse_m or self.p.head_fastest):
-            m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.p.num_heads_q,
+            m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.tile_heads,
                                                               num_batch)
             return m_block, head, batch, valid, cursor_b, cursor_base
         else:
-            m_block, head, batch, valid = ts.dense_decode(tile_idx, num_m_blocks, self.p.num_heads_q,
+            m_block, head, batch, valid = ts.dense_decode(tile_idx, num_m_blocks, self.tile_heads,
                                                           total_tiles, self.reverse_m)
             return m_block, head, batch, valid, cursor_b, cursor_base
 
@@ -268,12 +283,12 @@ class SdpaFwdSm90:
         p = self.p
         n_max = (seqlen_k + (self.tile_n - 1)) // self.tile_n
         if const_expr(p.has_window_right):
-            m_hi = cutlass.min((m_block + 1) * self.tile_m, seqlen_q)
+            m_hi = cutlass.min((m_block + 1) * self.qt, seqlen_q)
             n_max = cutlass.min(n_max, (m_hi + off + wr + (self.tile_n - 1)) // self.tile_n)
         n_min = Int32(0)
         if const_expr(p.has_window_left):
-            n_min = cutlass.max(Int32(0), (m_block * self.tile_m + off - wl) // self.tile_n)
-        if m_block * self.tile_m >= seqlen_q:
+            n_min = cutlass.max(Int32(0), (m_block * self.qt + off - wl) // self.tile_n)
+        if m_block * self.qt >= seqlen_q:
             n_max = n_min
         return n_min, n_max
 
@@ -282,6 +297,10 @@ class SdpaFwdSm90:
         if const_expr(self.p.is_thd):
             return cute.domain_offset((offset, 0, 0), mX)[None, None, head]
         return mX[None, None, head, batch]
+
+    def q_rows(self, mX, head, batch, offset):
+        """head_rows of a Q/O view: packed, the rows of all rq heads of kv head `head` (offset in tokens)."""
+        return self.head_rows(mX, head, batch, offset * self.rq)
 
     @cute.jit
     def next_tile(self, tile_idx: Int32, wave: Int32, total_tiles: Int32):
@@ -307,12 +326,12 @@ class SdpaFwdSm90:
             tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, Int32(0), Int32(0))
         while valid:
             seqlen_q, seqlen_k, off_q, off_k = self.seqlens(batch, mCuQ, mCuK, mUsedQ, mUsedK,
-                                                            mQ.shape[0], mK.shape[0])
+                                                            pg.rows_extent(mQ, self.pack), mK.shape[0])
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             if n_max > n_min:
-                head_kv = head // self.ratio
-                gQ = cute.local_tile(self.head_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
+                head_kv = head if const_expr(self.pack) else head // self.ratio
+                gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
                 gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd), (None, 0))
                 gV = cute.local_tile(self.head_rows(mV, head_kv, batch, off_k), (self.tile_n, self.hdv), (None, 0))
                 tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
@@ -356,7 +375,7 @@ class SdpaFwdSm90:
             else:
                 if const_expr(not self.separate_o):
                     # sO lives in sQ: an empty tile still owns the Q slot while it writes zeros
-                    gQ = cute.local_tile(self.head_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
+                    gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
                     tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
                                                        cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
                     pipe_q.producer_acquire(q_state)
@@ -405,7 +424,8 @@ class SdpaFwdSm90:
         pipe_k.consumer_release(kv_state)
         if const_expr(masked):
             sm.apply_band_mask(acc_S, tScS_mn, t0ScS_mn, row0, n_block * self.tile_n, seqlen_k, off, wl, wr,
-                               mask_seqlen=False, mask_left=p.has_window_left, mask_right=p.has_window_right)
+                               mask_seqlen=False, mask_left=p.has_window_left, mask_right=p.has_window_right,
+                               rows_per_query=self.rq)
         sm.online_softmax(acc_S, row_max, row_sum, row_scale, scale_log2, is_first=False)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
@@ -465,7 +485,8 @@ class SdpaFwdSm90:
                                                             seqlen_q_static, seqlen_k_static)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
-            row0 = m_block * self.tile_m
+            row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
+            q0 = m_block * self.qt  # first query position
             has_work = n_max > n_min
             if has_work:
                 pipe_q.consumer_wait(q_state)
@@ -479,7 +500,7 @@ class SdpaFwdSm90:
                 pipe_k.consumer_release(kv_state)
                 sm.apply_band_mask(acc_S, tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off, wl_c,
                                    wr_c, mask_seqlen=True, mask_left=p.has_window_left,
-                                   mask_right=p.has_window_right)
+                                   mask_right=p.has_window_right, rows_per_query=self.rq)
                 sm.online_softmax(acc_S, row_max, row_sum, row_scale, scale_log2, is_first=True)
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
                 acc_O.fill(0.0)
@@ -487,7 +508,7 @@ class SdpaFwdSm90:
                     self.zero_v_tail(sV, pipe_v, kv_state, seqlen_k - n_last * self.tile_n, tidx % 128, wg)
                 hi = n_last
                 if const_expr(p.has_window_right):
-                    r_lo = cutlass.max(n_min, cutlass.min(hi, (row0 + off + wr_c) // self.tile_n))
+                    r_lo = cutlass.max(n_min, cutlass.min(hi, (q0 + off + wr_c) // self.tile_n))
                     for i in cutlass.range(hi - r_lo, unroll=1):
                         kv_state = self.one_block(
                             hi - 1 - i, kv_state, acc_O, tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale,
@@ -497,7 +518,7 @@ class SdpaFwdSm90:
                 l_hi = n_min
                 if const_expr(p.has_window_left):
                     l_hi = cutlass.max(n_min, cutlass.min(
-                        hi, (row0 + self.tile_m + off - wl_c + (self.tile_n - 1)) // self.tile_n))
+                        hi, (q0 + self.qt + off - wl_c + (self.tile_n - 1)) // self.tile_n))
                 for i in cutlass.range(hi - l_hi, unroll=1):
                     kv_state = self.one_block(
                         hi - 1 - i, kv_state, acc_O, tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale,
@@ -528,8 +549,15 @@ class SdpaFwdSm90:
 
             sink = Float32(0.0)
             if const_expr(p.has_sinks):
-                sink = Float32(mSinks[head])
-            sm.finalize(row_max, row_sum, row_scale, scale_log2, sink, has_sink=p.has_sinks)
+                if const_expr(self.pack):
+                    # one sink per row: row m is head head * rq + m % rq
+                    sink = cute.make_rmem_tensor(n_rows, Float32)
+                    for r in cutlass.range_constexpr(n_rows):
+                        sink[r] = mSinks[head * self.rq + (row0 + tScS_mn[r, 0][0]) % self.rq]
+                else:
+                    sink = Float32(mSinks[head])
+            sm.finalize(row_max, row_sum, row_scale, scale_log2, sink, has_sink=p.has_sinks,
+                        sink_per_row=self.pack)
             sm.rescale_rows(acc_O, row_scale)
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
                           warp_in_wg, m_block, head, batch, seqlen_q, off_q, seqlen_q_static)
@@ -584,11 +612,12 @@ class SdpaFwdSm90:
                  m_block, head, batch, seqlen_q, off_q, seqlen_q_static):
         p = self.p
         row0 = m_block * self.tile_m
+        rows_q = seqlen_q * self.rq  # tile rows inside the sequence (packed: rq per query position)
         if const_expr(p.has_seqused):
             # rows past seqused_q are padding: O = 0 whatever Q held there
             a = wu.acc_view_mn(acc_O)
             for r in cutlass.range_constexpr(cute.size(a, mode=[0])):
-                if row0 + tOcO_mn[r, 0][0] >= seqlen_q:
+                if row0 + tOcO_mn[r, 0][0] >= rows_q:
                     for c in cutlass.range_constexpr(cute.size(a, mode=[1])):
                         a[r, c] = 0.0
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
@@ -616,22 +645,25 @@ class SdpaFwdSm90:
                 if const_expr(not self.separate_o):
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
-            self.store_o_rows(sO_wg, mO, tidx % 128, m_block, wg, head, seqlen_q, off_q)
+            self.store_o_rows(sO_wg, mO, tidx % 128, m_block, wg, head, rows_q, off_q * self.rq)
 
         if const_expr(p.has_lse):
             if tOcO_mn[0][1] == 0:
                 for r in cutlass.range_constexpr(cute.size(lse)):
                     row = row0 + tOcO_mn[r, 0][0]
                     if const_expr(p.is_thd):
-                        if row < seqlen_q:
-                            mLSE[off_q + row, head] = lse[r]
+                        if row < rows_q:
+                            mLSE[off_q * self.rq + row, head] = lse[r]
                     else:
-                        if row < seqlen_q_static:
-                            mLSE[row, head, batch] = lse[r] if row < seqlen_q else -Float32.inf
+                        if row < seqlen_q_static * self.rq:
+                            mLSE[row, head, batch] = lse[r] if row < rows_q else -Float32.inf
 
     @cute.jit
-    def store_o_rows(self, sO_wg, mO, t: Int32, m_block, wg, head, seqlen_q, off_q):
-        """Packed sequences: 16-byte row-predicated stores so no row of a neighbour is touched."""
+    def store_o_rows(self, sO_wg, mO, t: Int32, m_block, wg, head, rows_q, off_rows):
+        """Packed sequences: 16-byte row-predicated stores so no row of a neighbour is touched.
+
+        `rows_q` rows of the sequence are valid; `off_rows` is its first row in mO's row mode.
+        """
         vec = 8
         tpr = self.hdv // vec  # threads per row
         rows = 1 << int(math.log2(128 // tpr))  # rows per pass: a power of two that divides 64
@@ -640,14 +672,14 @@ class SdpaFwdSm90:
                                         cute.make_layout((1, vec)))
         if t < rows * tpr:
             thr = tiled.get_slice(t)
-            gO = cute.local_tile(cute.domain_offset((off_q, 0, 0), mO)[None, None, head], (64, self.hdv),
+            gO = cute.local_tile(cute.domain_offset((off_rows, 0, 0), mO)[None, None, head], (64, self.hdv),
                                  (m_block * self.num_wg + wg, 0))
             tsO = thr.partition_S(sO_wg)
             tgO = thr.partition_D(gO)
             tcO = thr.partition_S(cute.make_identity_tensor((64, self.hdv)))
             rO = cute.make_fragment_like(tsO)
             cute.autovec_copy(tsO, rO)
-            limit = seqlen_q - (m_block * self.tile_m + wg * 64)
+            limit = rows_q - (m_block * self.tile_m + wg * 64)
             for m in cutlass.range_constexpr(cute.size(tsO, mode=[1])):
                 if tcO[0, m, 0][0] < limit:
                     cute.copy(tiled, rO[None, m, None], tgO[None, m, None])
