@@ -16,8 +16,8 @@ memory at the end of a step. `fused_prefetch` picks between two validated
 step orders (one wait for Q and dO and P stored early, or FA2's order with a
 separate wait and barrier for dO). LSE is read natively from its declared
 strides; rows past the sequence, and rows whose LSE is -inf, get P = 0. In deterministic mode the
-key tiles of one (batch, head, query tile) add their dQ partials in key-tile
-order, taking turns through a semaphore. dK (times scale) and dV go out
+key tiles of one (batch, head, query tile) add their dQ partials in a fixed
+key-tile order (`det_order`), taking turns through a semaphore. dK (times scale) and dV go out
 through shared memory to their declared strides; rows past the sequence but
 inside the tensor (padding) are written as zeros.
 
@@ -176,26 +176,31 @@ def _load_rows(thr_copy: cute.TiledCopy, tiled_copy: cute.TiledCopy, gX: cute.Te
 
 @cute.jit
 def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-         tCsA: cute.Tensor, tCsB: cute.Tensor, s2r_A, s2r_B):
-    """acc += A.B with both operands streamed from smem by ldmatrix, one k-slice ahead."""
+         tCsA: cute.Tensor, tCsB: cute.Tensor, s2r_A, s2r_B, ahead: cutlass.Constexpr[bool] = True):
+    """acc += A.B with both operands streamed from smem by ldmatrix (one k-slice ahead when `ahead`)."""
     tCrA_v = s2r_A.retile(tCrA)
     tCrB_v = s2r_B.retile(tCrB)
     kt = cute.size(tCsA.shape[2])
-    cute.copy(s2r_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
-    cute.copy(s2r_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
+    if cutlass.const_expr(ahead):
+        cute.copy(s2r_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
+        cute.copy(s2r_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
     for k in cutlass.range_constexpr(kt):
-        if cutlass.const_expr(k + 1 < kt):
-            cute.copy(s2r_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
-            cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+        if cutlass.const_expr(ahead):
+            if cutlass.const_expr(k + 1 < kt):
+                cute.copy(s2r_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
+                cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+        else:
+            cute.copy(s2r_A, tCsA[None, None, k], tCrA_v[None, None, k])
+            cute.copy(s2r_B, tCsB[None, None, k], tCrB_v[None, None, k])
         cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
 @cute.jit
 def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv: Int32):
     """Step t of the flat loop -> (query head, query tile).
 
-    Deterministic mode walks query tiles from the last down: lower key tiles
-    (the earlier turns of every query tile) then reach a tile no later than
-    higher ones, so turns rarely wait, causal and windowed bands included.
+    Query tiles are walked upward from the band's first. Deterministic "asc"
+    order walks them from the last down instead, so lower key tiles (the
+    earlier turns there) reach a tile no later than higher ones.
     """
     head = head_kv
     idx = t
@@ -203,7 +208,7 @@ def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv
         head = head_kv * cfg.group + t // n_m
         idx = t % n_m
     m = m_min + idx
-    if cutlass.const_expr(cfg.p.deterministic):
+    if cutlass.const_expr(cfg.p.deterministic and cfg.p.det_order == "asc"):
         m = m_min + n_m - 1 - idx
     return head, m
 
@@ -353,6 +358,8 @@ def _main_kernel(
     n_iters = (num_n - bx + grid_x - 1) // grid_x
     for it in cutlass.range(n_iters, unroll=1):
         n_block = bx + it * grid_x
+        if cutlass.const_expr(p.deterministic and p.det_order == "diag"):
+            n_block = num_n - 1 - n_block  # higher key tiles launch first: they take the earlier turns
         m_min, m_max = fmask.m_block_range(n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left, window_right)
         n_m = cutlass.max(m_max - m_min, 0)
         n_steps = n_m * cfg.group
@@ -409,7 +416,8 @@ def _main_kernel(
                     cute.arch.cp_async_commit_group()
                 acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                 acc_S.fill(0.0)
-                _gemm(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, slot], tSsK, s2r_sdp_a, s2r_sdp_b)
+                _gemm(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, slot], tSsK, s2r_sdp_a, s2r_sdp_b,
+                      cfg.p.prefetch_k)
                 acc_S_mn = acc_as_mn(acc_S)
                 if fmask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left,
                                          window_right):
@@ -437,7 +445,7 @@ def _main_kernel(
                 acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
                 acc_dP.fill(0.0)
                 _gemm(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, slot], tdPsV, s2r_sdp_a,
-                      s2r_sdp_b)
+                      s2r_sdp_b, cfg.p.prefetch_k)
                 acc_dP_mn = acc_as_mn(acc_dP)
                 for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                     dps = sdPsum[tScS_mn[r, 0][0]]
@@ -454,7 +462,7 @@ def _main_kernel(
 
                 # ---- dV += P^T.dO
                 _gemm(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, slot], s2r_dkv_a,
-                         s2r_dkv_b)
+                         s2r_dkv_b, cfg.p.prefetch_k)
                 if cutlass.const_expr(cfg.stages == 1):
                     cute.arch.barrier()
                     if has_next:
@@ -465,13 +473,13 @@ def _main_kernel(
                 # ---- dQ partial = dS.K -> fp32 accumulator
                 acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
                 acc_dQ.fill(0.0)
-                _gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_a, s2r_dq_b)
+                _gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_a, s2r_dq_b, cfg.p.prefetch_k)
                 _add_dq(cfg, acc_dQ, thr_dq, tdQcdQ, mAcc, mSem, head, m_block, n_block, offset_q, seqlen_q,
-                        diag, window_left, batch, tidx, static_q)
+                        seqlen_k, diag, window_left, window_right, batch, tidx, static_q)
 
                 # ---- dK += dS^T.Q
                 _gemm(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, slot], s2r_dkv_a,
-                         s2r_dkv_b)
+                         s2r_dkv_b, cfg.p.prefetch_k)
                 if cutlass.const_expr(cfg.stages == 1):
                     cute.arch.barrier()
                     if has_next:
@@ -541,8 +549,8 @@ def _load_rows_stats(cfg: cutlass.Constexpr, mLSE: cute.Tensor, mdPsum: cute.Ten
 
 @cute.jit
 def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Tensor, mAcc: cute.Tensor, mSem,
-            head: Int32, m_block: Int32, n_block: Int32, offset_q: Int32, seqlen_q: Int32, diag: Int32,
-            window_left, batch: Int32, tidx: Int32, static_q: Int32):
+            head: Int32, m_block: Int32, n_block: Int32, offset_q: Int32, seqlen_q: Int32, seqlen_k: Int32,
+            diag: Int32, window_left, window_right, batch: Int32, tidx: Int32, static_q: Int32):
     """Add a dQ partial into the fp32 accumulator (in key-tile order when deterministic)."""
     p = cfg.p
     if cutlass.const_expr(p.is_thd):
@@ -562,23 +570,42 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
         else:
             idx = (batch * p.num_heads_q + head) * ((static_q + cfg.bm - 1) // cfg.bm) + m_block
         sem_ptr = bu.elem_ptr(mSem, idx)
-        n_first = Int32(0)
-        if cutlass.const_expr(window_left is not None):
-            n_first = cutlass.max(m_block * cfg.bm + diag - window_left, 0) // cfg.bn
-        turn = n_block - n_first
+        turn = _turn(cfg, m_block, n_block, diag, window_left, window_right, seqlen_k)
         if tidx == 0:
             while bu.ld_acquire_i32(sem_ptr) != turn:
                 pass
         cute.arch.barrier()
 
     n_vals = cute.size(acc_dQ)
-    for i in cutlass.range_constexpr(0, n_vals, 2):
-        if tdQcdQ[i][0] < limit:
-            if cutlass.const_expr(cfg.vector_red):
-                bu.red_add_v2_f32(bu.elem_ptr(tAcc, i), acc_dQ[i], acc_dQ[i + 1])
-            else:
-                bu.red_add_f32(bu.elem_ptr(tAcc, i), acc_dQ[i])
-                bu.red_add_f32(bu.elem_ptr(tAcc, i + 1), acc_dQ[i + 1])
+    if cutlass.const_expr(cfg.vector_red and p.dq_red == "v4"):
+        # (4, MMA_M, MMA_N) fragment: values 0,1 (row r) and 2,3 (row r+8) at columns 2q, 2q+1 of each
+        # n-atom. Lanes q = 2u and 2u+1 swap halves of two n-atoms: the even lane then holds columns
+        # 4u..4u+3 of the first, the odd lane those of the second.
+        per_n = 4 * cute.size(acc_dQ, mode=[1])
+        odd = (tidx % 2) == 1
+        for j in cutlass.range_constexpr(0, n_vals // per_n, 2):
+            for i0 in cutlass.range_constexpr(0, per_n, 2):
+                ia = j * per_n + i0
+                ib = ia + per_n
+                s0 = Float32(cutlass.select_(odd, acc_dQ[ia], acc_dQ[ib]))
+                s1 = Float32(cutlass.select_(odd, acc_dQ[ia + 1], acc_dQ[ib + 1]))
+                r0 = cute.arch.shuffle_sync_bfly(s0, offset=1)
+                r1 = cute.arch.shuffle_sync_bfly(s1, offset=1)
+                off = cutlass.select_(odd, cute.crd2idx(ib, tAcc.layout) - 2, cute.crd2idx(ia, tAcc.layout))
+                v0 = Float32(cutlass.select_(odd, r0, acc_dQ[ia]))
+                v1 = Float32(cutlass.select_(odd, r1, acc_dQ[ia + 1]))
+                v2 = Float32(cutlass.select_(odd, acc_dQ[ib], r0))
+                v3 = Float32(cutlass.select_(odd, acc_dQ[ib + 1], r1))
+                if tdQcdQ[ia][0] < limit:
+                    bu.red_add_v4_f32(tAcc.iterator + off, v0, v1, v2, v3)
+    else:
+        for i in cutlass.range_constexpr(0, n_vals, 2):
+            if tdQcdQ[i][0] < limit:
+                if cutlass.const_expr(cfg.vector_red):
+                    bu.red_add_v2_f32(bu.elem_ptr(tAcc, i), acc_dQ[i], acc_dQ[i + 1])
+                else:
+                    bu.red_add_f32(bu.elem_ptr(tAcc, i), acc_dQ[i])
+                    bu.red_add_f32(bu.elem_ptr(tAcc, i + 1), acc_dQ[i + 1])
 
     if cutlass.const_expr(mSem is not None):
         # every thread's reductions precede the barrier; thread 0's fence + release publishes them all
@@ -586,6 +613,33 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
         if tidx == 0:
             cute.arch.fence_acq_rel_gpu()
             bu.red_release_add_i32(sem_ptr, Int32(1))
+
+
+@cute.jit
+def _turn(cfg: cutlass.Constexpr, m_block: Int32, n_block: Int32, diag: Int32, window_left, window_right,
+          seqlen_k: Int32) -> Int32:
+    """Key tile n_block's place in the fixed order of dQ additions to query tile m_block.
+
+    The key tiles that visit a query tile (`fmask.m_block_range`) are a
+    contiguous run [n_lo, n_hi]. "asc" counts up from n_lo; "diag" counts down
+    from n_hi, the tile nearest the diagonal, which reaches the query tile
+    first when every key tile walks upward from its band start.
+    """
+    bm, bn = cfg.bm, cfg.bn
+    turn = Int32(0)
+    if cutlass.const_expr(cfg.p.det_order == "asc"):
+        n_lo = Int32(0)
+        if cutlass.const_expr(window_left is not None):
+            n_lo = cutlass.max(m_block * bm + diag - window_left, 0) // bn
+        turn = n_block - n_lo
+    else:
+        n_hi = (seqlen_k + bn - 1) // bn - 1
+        if cutlass.const_expr(window_right is not None):
+            # m_block_range's m_min(n) <= m_block  <=>  n * bn < (m_block + 1) * bm + diag + window_right
+            bound = (m_block + 1) * bm + diag + window_right
+            n_hi = cutlass.min(n_hi, (cutlass.max(bound, 1) - 1) // bn)
+        turn = n_hi - n_block
+    return turn
 
 
 @cute.jit

@@ -61,6 +61,15 @@ class Sm80BwdParams(SdpaFeatureParams):
     # True: a step waits once for its Q and dO (issued together a step earlier) and stores P right
     # after the softmax; False: dO gets its own wait and barrier, P and dS are stored together.
     fused_prefetch: bool = False
+    # deterministic dQ turn order per query tile. "diag": key tiles are launched from the last down, walk
+    # their query tiles upward from the diagonal and take turns from the highest key tile down, so a tile's
+    # turn comes when it arrives (no serial lag down the band); "asc": key tile 0 first, query tiles downward.
+    det_order: Literal["diag", "asc"] = "diag"
+    # dQ partial reductions on sm_90+: "v2" one 8-byte red per accumulator pair; "v4": lane pairs swap
+    # halves (one shuffle per value pair) so each red carries 16 bytes (half as many). sm_8x: scalar.
+    dq_red: Literal["v2", "v4"] = "v2"
+    # ldmatrix operands of a GEMM loaded one k-slice ahead (more registers, more overlap)
+    prefetch_k: bool = True
 
     @property
     def num_threads(self) -> int:
@@ -109,8 +118,8 @@ def validate(p: Sm80BwdParams) -> None:
     check_sdpa_features(p, HEAD_DIMS, "Sm80BwdParams")
     if p.has_dsinks and not p.has_sinks:
         bad("dsinks needs sinks")
-    if p.num_warps not in (4, 8):
-        bad(f"num_warps={p.num_warps} not in (4, 8)")
+    if p.num_warps not in (4, 8, 16):
+        bad(f"num_warps={p.num_warps} not in (4, 8, 16)")
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} not in (1, 2)")
     if p.tile_m not in (16, 32, 64, 128) or p.tile_n not in (32, 64, 128):
@@ -137,15 +146,18 @@ def validate(p: Sm80BwdParams) -> None:
             bad(f"tile_m={p.tile_m} and the copy pass height {rows_per_pass} do not tile")
         if p.tile_n % rows_per_pass != 0 and rows_per_pass % p.tile_n != 0:
             bad(f"tile_n={p.tile_n} and the copy pass height {rows_per_pass} do not tile")
+    if p.dq_red == "v4" and (p.head_dim // (w // p.dq_warps_m) // 8) % 2:
+        bad(f"dq_red=v4 pairs the dQ MMA's n-atoms: head_dim / {w // p.dq_warps_m} warps / 8 must be even")
     if p.tile_m > p.num_threads:
         bad(f"tile_m={p.tile_m} exceeds the {p.num_threads} threads that stage its LSE rows")
     need = smem_bytes(p)
     if need > SMEM_BUDGET[p.family]:
         bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
     regs = accumulator_registers(p)
-    if regs > 192:
+    cap = min(192, 65536 // p.num_threads - 32)  # leave room for operands and addresses
+    if regs > cap:
         bad(f"tiles {p.tile_m}x{p.tile_n} with d={p.head_dim}/{p.head_dim_v} on {w} warps need {regs} "
-            "fp32 accumulator registers per thread (max 192)")
+            f"fp32 accumulator registers per thread (max {cap})")
 
 
 # (head_dim, head_dim_v) -> knobs, best first; the first that fits the budget wins.
@@ -301,11 +313,22 @@ def name_suffix(p: Sm80BwdParams) -> str:
     parts = [p.family, p.dtype, d, f"h{p.num_heads_q}k{p.num_heads_kv}"]
     for flag, tag in ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                       (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"),
-                      (p.deterministic, "det")):
+                      (p.deterministic, "det" if p.det_order == "diag" else "deta")):
         if flag:
             parts.append(tag)
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else ""))
+    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
+                 + ("r4" if p.dq_red == "v4" else "") + ("" if p.prefetch_k else "np")
+                 + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))
     return "_".join(parts)
+
+
+def _custom_warps(p: Sm80BwdParams) -> bool:
+    """True when the warp arrangement differs from the one the head dim's table lists for these tiles."""
+    for cand in _CANDIDATES.get((p.head_dim, p.head_dim_v), []):
+        if (cand["tile_m"], cand["tile_n"], cand["num_warps"]) == (p.tile_m, p.tile_n, p.num_warps):
+            return (cand["sdp_warps_m"], cand["dkv_warps_n"], cand["dq_warps_m"]) != (
+                p.sdp_warps_m, p.dkv_warps_n, p.dq_warps_m)
+    return True
 
 
 def chain_args(p: Sm80BwdParams, values: dict) -> list[tuple[str, list]]:

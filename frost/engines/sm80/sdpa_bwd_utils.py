@@ -78,6 +78,16 @@ def red_add_v2_f32(ptr: cute.Pointer, a: Float32, b: Float32, *, loc=None, ip=No
 
 
 @dsl_user_op
+def red_add_v4_f32(ptr: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None,
+                   ip=None) -> None:
+    """red.global.add.v4.f32 (sm_90+): four neighbouring fp32 adds in one 16-byte reduction."""
+    addr = ptr.toint(loc=loc, ip=ip).ir_value()
+    vals = [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)]
+    llvm.inline_asm(None, [addr, *vals], "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
 def ld_acquire_i32(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
     """ld.acquire.gpu.b32: read a semaphore with acquire ordering."""
     addr = ptr.toint(loc=loc, ip=ip).ir_value()
@@ -98,5 +108,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["bind", "build_entry", "scratch_fake", "io_dtype", "lane_group_sum", "red_add_f32", "red_add_v2_f32", "ld_acquire_i32",
-           "red_release_add_i32", "elem_ptr"]
+__all__ = ["bind", "build_entry", "scratch_fake", "io_dtype", "lane_group_sum", "red_add_f32", "red_add_v2_f32",
+           "red_add_v4_f32", "ld_acquire_i32", "red_release_add_i32", "elem_ptr"]
