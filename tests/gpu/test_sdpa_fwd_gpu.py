@@ -30,6 +30,9 @@ CASES = [
     FwdCase(d=128, dtype=torch.float16, causal=True),
     FwdCase(d=128, thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (128, 128), (5, 200)], causal=True),
     FwdCase(d=64, hq=8, hkv=2, thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], sinks=True),
+    # GQA shapes the SM90 adapter packs (query heads of a kv head in one M tile): decode-like and padded
+    FwdCase(d=128, hq=32, hkv=4, sq=7, skv=4096, causal=True, bottom_right=True, sinks=True),
+    FwdCase(d=128, hq=16, hkv=4, sq=300, skv=300, padding=True, causal=True),
 ]
 
 
