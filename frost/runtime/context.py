@@ -21,12 +21,28 @@ class ExecutionContext:
 def stream_handle(stream: Any) -> int:
     """The raw integer handle of any accepted stream object (0 = default stream)."""
     if stream is None:
-        import torch
-
-        return int(torch.cuda.current_stream().cuda_stream) if torch.cuda.is_available() else 0
+        return _current_stream()
     if isinstance(stream, (bool, str, bytes, float)):
         raise TypeError(f"not a stream: {stream!r} (use a torch stream, a CUstream, an int handle or None)")
     return _normalized(stream if isinstance(stream, int) else _raw_handle(stream), stream)
+
+
+_HAS_CUDA = None  # whether this process sees a CUDA device; fixed for its lifetime
+
+
+def _current_stream() -> int:
+    """torch's current stream on the current device (0 without CUDA), through torch's C entry points."""
+    global _HAS_CUDA
+    import torch
+
+    if _HAS_CUDA is None:
+        _HAS_CUDA = torch.cuda.is_available()
+    if not _HAS_CUDA:
+        return 0
+    try:
+        return int(torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice()))
+    except AttributeError:  # older torch: the public, slower path
+        return int(torch.cuda.current_stream().cuda_stream)
 
 
 def _raw_handle(stream: Any) -> int:

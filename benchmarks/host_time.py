@@ -1,0 +1,87 @@
+"""Host time of one execute on a tiny problem, split into its parts (GPU; prints a table).
+
+    python3 benchmarks/host_time.py [--calls 2000]
+
+Rows: the compiled kernel called directly with the bound tensors (the TVM-FFI
+call and launch), the binder alone, and Graph.execute end to end, forward and
+backward, 1x1x128x64 bf16 causal. Wall clock per call over back-to-back calls
+(the GPU work of this size is shorter than the host time, so the host bounds).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import frost
+
+
+def _per_call_us(fn, calls: int) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def _graphs(B=1, H=1, S=128, D=64):
+    dt = torch.bfloat16
+    mk = lambda: torch.randn(B, S, H, D, device="cuda", dtype=dt).permute(0, 2, 1, 3)  # noqa: E731
+    q_t, k_t, v_t, do_t = mk(), mk(), mk(), mk()
+    o_t, lse_t = torch.empty_like(q_t), torch.empty(B, H, S, 1, device="cuda")
+    dq_t, dk_t, dv_t = torch.empty_like(q_t), torch.empty_like(k_t), torch.empty_like(v_t)
+    kw = dict(io_data_type=dt, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
+    fwd = frost.Graph(**kw)
+    q, k, v = (fwd.tensor_like(t, name=n) for t, n in ((q_t, "q"), (k_t, "k"), (v_t, "v")))
+    o, st = fwd.sdpa(q, k, v, attn_scale=D ** -0.5, generate_stats=True, use_causal_mask=True)
+    o.set_output(True).set_dim(list(o_t.shape)).set_stride(list(o_t.stride()))
+    st.set_output(True).set_data_type(torch.float32)
+    fwd.validate()
+    fwd.build_plans()
+    bwd = frost.Graph(**kw)
+    bq, bk, bv, bo, bdo = (bwd.tensor_like(t, name=n) for t, n in
+                           ((q_t, "q"), (k_t, "k"), (v_t, "v"), (o_t, "o"), (do_t, "dO")))
+    bst = bwd.tensor_like(lse_t, name="stats")
+    dq, dk, dv = bwd.sdpa_backward(bq, bk, bv, bo, bdo, bst, attn_scale=D ** -0.5, use_causal_mask=True)
+    for t, ref in ((dq, dq_t), (dk, dk_t), (dv, dv_t)):
+        t.set_output(True).set_dim(list(ref.shape)).set_stride(list(ref.stride()))
+    bwd.validate()
+    bwd.build_plans()
+    ws = torch.empty(max(bwd.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+    fwd_pack = {q: q_t, k: k_t, v: v_t, o: o_t, st: lse_t}
+    bwd_pack = {bq: q_t, bk: k_t, bv: v_t, bo: o_t, bdo: do_t, bst: lse_t, dq: dq_t, dk: dk_t, dv: dv_t}
+    return (fwd, fwd_pack, None), (bwd, bwd_pack, ws)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2000)
+    a = ap.parse_args(argv)
+    rows = []
+    for name, (g, pack, ws) in zip(("fwd", "bwd"), _graphs()):
+        adapter = g.plan.adapter
+        bound = g._binder.bind(pack, ws)
+        stream = torch.cuda.current_stream().cuda_stream
+        if name == "fwd":
+            f = g.facts
+            direct = [bound[r] for r in ("q", "k", "v", "o", "stats")] + [f.attn_scale, 0, stream]
+            kernel = adapter.kernel
+            raw = _per_call_us(lambda: kernel(*direct), a.calls)
+        else:
+            raw = float("nan")
+        bind = _per_call_us(lambda: g._binder.bind(pack, ws), a.calls)
+        full = _per_call_us(lambda: g.execute(pack, ws), a.calls)
+        rows.append((name, g.engine_name, raw, bind, full))
+    print("| dir | engine | kernel call us | bind us | execute us |")
+    print("|---|---|---:|---:|---:|")
+    for name, eng, raw, bind, full in rows:
+        print(f"| {name} | {eng} | {raw:.1f} | {bind:.1f} | {full:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
