@@ -11,8 +11,8 @@ must call `varlen_decode` together); a cursor carried between calls makes a
 persistent CTA's scans amortize to one pass over the batch. Nothing is read on
 the host: the grid is an upper bound from tensor extents and SM count.
 
-Under a band, dense tiles instead run longest-first over the whole batch
-(`dense_decode_lpt`), and a persistent CTA takes its tiles in a zigzag over
+Under a band, tiles instead run longest-first over the whole batch
+(`dense_decode_lpt`; packed batches by m-block level, `varlen_decode_lpt`), and a persistent CTA takes its tiles in a zigzag over
 waves (`zigzag_tile`): one CTA's long tile of one wave pairs with a short one
 of the next, which keeps a static assignment within a few percent of balanced.
 """
@@ -114,3 +114,74 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
             if cursor_batch >= num_batch:
                 searching = Boolean(False)
     return m_block, head, batch, batch < num_batch, cursor_batch, cursor_base
+
+
+@cute.jit
+def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutlass.Constexpr[int]) -> Int32:
+    n = Int32(0)
+    if b < num_batch:
+        n = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
+    return n
+
+
+@cute.jit
+def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
+                      num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
+                      cursor_rank: Int32, cursor_base: Int32):
+    """Longest-first over a packed batch under a causal band. Warp-collective.
+
+    Under a causal band a tile's work grows with its m-block index, whatever its
+    sequence's length, so tiles run by level: m-block L-1 of every sequence that
+    has one (L = the most m-blocks of any sequence), then L-2, and so on; within a
+    level, sequence-major then head. Returns (m_block, head, batch, is_valid,
+    cursor_rank, cursor_base): the cursor is the levels already passed and the
+    tiles before them; tile indices must not decrease between calls.
+    """
+    lane = cute.arch.lane_idx()
+    top = Int32(0)
+    c = Int32(0)
+    while c < num_batch:
+        top = cutlass.max(top, _m_blocks(cu_seqlens, c + lane, num_batch, tile_m))
+        c = c + 32
+    for i in cutlass.range_constexpr(5):
+        top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=1 << i))
+    m_block = Int32(0)
+    head = Int32(0)
+    batch = num_batch
+    rank = cursor_rank
+    base = cursor_base
+    searching = rank < top
+    while searching:
+        level = top - 1 - rank
+        count = Int32(0)
+        c = Int32(0)
+        while c < num_batch:
+            count = count + cute.arch.popc(
+                cute.arch.vote_ballot_sync(_m_blocks(cu_seqlens, c + lane, num_batch, tile_m) > level))
+            c = c + 32
+        n_tiles = count * num_heads
+        if tile_idx < base + n_tiles:
+            j = tile_idx - base
+            e = j // num_heads
+            head = j - e * num_heads
+            c = Int32(0)
+            while c < num_batch:  # the e-th sequence that has a tile at this level
+                has = _m_blocks(cu_seqlens, c + lane, num_batch, tile_m) > level
+                bal = cute.arch.vote_ballot_sync(has)
+                k = cute.arch.popc(bal)
+                if e < k:
+                    below = cute.arch.popc(bal & ((Int32(1) << lane) - 1))
+                    hit = cute.arch.vote_ballot_sync(has & (below == e))
+                    batch = c + cute.arch.popc((hit & (-hit)) - 1)
+                    c = num_batch
+                else:
+                    e = e - k
+                    c = c + 32
+            m_block = level
+            searching = Boolean(False)
+        else:
+            base = base + n_tiles
+            rank = rank + 1
+            if rank >= top:
+                searching = Boolean(False)
+    return m_block, head, batch, batch < num_batch, rank, base

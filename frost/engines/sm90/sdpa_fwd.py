@@ -242,7 +242,9 @@ class SdpaFwdSm90:
     @cute.jit
     def decode(self, tile_idx: Int32, mCuQ, num_batch: Int32, num_m_blocks: Int32, total_tiles: Int32,
                cursor_b: Int32, cursor_base: Int32):
-        if const_expr(self.p.is_thd):
+        if const_expr(self.p.is_thd and self.reverse_m):
+            return ts.varlen_decode_lpt(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base)
+        elif const_expr(self.p.is_thd):
             return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, self.reverse_m,
                                     cursor_b, cursor_base)
         elif const_expr(self.reverse_m or self.p.head_fastest):
