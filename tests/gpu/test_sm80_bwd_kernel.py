@@ -72,6 +72,19 @@ def _cases() -> list[Case]:
                   wr=0, runs=2))
     c.append(Case("det_d128_strided_lse", _p(deterministic=True, hq=4, hk=2), b=2, sq=300, skv=300,
                   strided_lse=True))
+    c.append(Case("det_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
+                                              bottom_right=True, deterministic=True), sq=513, skv=600, wl=64,
+                  wr=0, runs=2))
+    c.append(Case("det_asc_d128_causal", _p(has_window_right=True, deterministic=True,
+                                            knobs=dict(det_order="asc")), b=2, sq=520, skv=520, wr=0, runs=2))
+    c.append(Case("d128_causal_red_v4", _p(has_window_right=True, knobs=dict(dq_red="v4", fused_prefetch=True)),
+                  sq=333, skv=333, wr=0))
+    c.append(Case("thd_d64_red_v4_w16", _p(d=64, hq=4, hk=2, is_thd=True, has_window_right=True,
+                                           knobs=dict(dq_red="v4", num_warps=16, sdp_warps_m=4, dkv_warps_n=8,
+                                                      dq_warps_m=4)),
+                  thd_lens=[(0, 0), (1, 1), (300, 300), (129, 200)], wr=0))
+    c.append(Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300,
+                  skv=300))
     c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))
     c.append(Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True),
                   thd_lens=[(70, 70), (1, 1), (33, 90)]))

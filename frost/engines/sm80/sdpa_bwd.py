@@ -159,7 +159,13 @@ class _Main:
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
             self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
         ).launch(grid=(grid_x, self.p.num_heads_kv, n_batch), block=(self.threads, 1, 1),
-                 smem=Storage.size_in_bytes(), stream=a["stream"])
+                 smem=Storage.size_in_bytes(), stream=a["stream"], **self._occupancy())
+
+    def _occupancy(self) -> dict:
+        """Launch hints for `ctas_per_sm` > 1: ptxas caps registers; the carveout is set (no device query)."""
+        if self.p.ctas_per_sm > 1:
+            return dict(min_blocks_per_mp=self.p.ctas_per_sm, preferred_smem_carveout=100)
+        return {}
 
 @cute.jit
 def _load_rows(thr_copy: cute.TiledCopy, tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor,

@@ -70,6 +70,8 @@ class Sm80BwdParams(SdpaFeatureParams):
     dq_red: Literal["v2", "v4"] = "v2"
     # ldmatrix operands of a GEMM loaded one k-slice ahead (more registers, more overlap)
     prefetch_k: bool = True
+    # CTAs resident per SM the kernel is built for (registers capped to fit; 2 suits small tiles)
+    ctas_per_sm: int = 1
 
     @property
     def num_threads(self) -> int:
@@ -150,11 +152,14 @@ def validate(p: Sm80BwdParams) -> None:
         bad(f"dq_red=v4 pairs the dQ MMA's n-atoms: head_dim / {w // p.dq_warps_m} warps / 8 must be even")
     if p.tile_m > p.num_threads:
         bad(f"tile_m={p.tile_m} exceeds the {p.num_threads} threads that stage its LSE rows")
-    need = smem_bytes(p)
+    if p.ctas_per_sm not in (1, 2):
+        bad(f"ctas_per_sm={p.ctas_per_sm} not in (1, 2)")
+    need = smem_bytes(p) * p.ctas_per_sm
     if need > SMEM_BUDGET[p.family]:
-        bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
+        bad(f"needs {need} bytes of shared memory for {p.ctas_per_sm} CTA(s), family {p.family} allows "
+            f"{SMEM_BUDGET[p.family]}")
     regs = accumulator_registers(p)
-    cap = min(192, 65536 // p.num_threads - 32)  # leave room for operands and addresses
+    cap = min(192, 65536 // (p.num_threads * p.ctas_per_sm) - 32)  # leave room for operands and addresses
     if regs > cap:
         bad(f"tiles {p.tile_m}x{p.tile_n} with d={p.head_dim}/{p.head_dim_v} on {w} warps need {regs} "
             f"fp32 accumulator registers per thread (max {cap})")
@@ -318,6 +323,7 @@ def name_suffix(p: Sm80BwdParams) -> str:
             parts.append(tag)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
                  + ("r4" if p.dq_red == "v4" else "") + ("" if p.prefetch_k else "np")
+                 + (f"c{p.ctas_per_sm}" if p.ctas_per_sm > 1 else "")
                  + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))
     return "_".join(parts)
 
