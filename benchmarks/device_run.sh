@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device call: the GPU test suite, plan/host time, and a benchmark; at most 8 files land in $OUT.
-#   bash benchmarks/device_run.sh [tests] [plan] [bench PRESET] [-k EXPR] [--budget SECONDS] [--commit SHA]
+# One device call: the GPU test suite, plan/host time, a benchmark, an ncu profile; at most 8 files land in $OUT.
+#   bash benchmarks/device_run.sh [tests] [plan] [host] [bench PRESET] [--bench-args "..."] [ncu "ARGS"]
+#                                 [-k EXPR] [--budget SECONDS] [--commit SHA]
+# `ncu "ARGS"` profiles benchmarks/profile_fwd.py ARGS (frost and FA4, one call each) with ncu.
 # Run from the repository root on the GPU machine with the package kit carried (.kit; see AGENTS.md).
 # Compiles happen there (CuTe DSL, 16 cores); pytest-xdist spreads them over processes.
 set -uo pipefail
@@ -8,12 +10,16 @@ source .kit/env.sh
 export PYTHONPATH="$PWD:$PYTHONPATH"
 export FROST_CACHE_DIR="${FROST_CACHE_DIR:-/tmp/frost-cache}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-kexpr=""; preset=""; run_tests=0; run_plan=0; budget=240; commit="${FROST_COMMIT:-unknown}"
+kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; budget=240; commit="${FROST_COMMIT:-unknown}"
+bench_args=""; ncu_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
     tests) run_tests=1 ;;
     plan) run_plan=1 ;;
+    host) run_host=1 ;;
     bench) preset="$2"; shift ;;
+    --bench-args) bench_args="$2"; shift ;;
+    ncu) ncu_args="$2"; shift ;;
     -k) kexpr="$2"; shift ;;
     --budget) budget="$2"; shift ;;
     --commit) commit="$2"; shift ;;
@@ -22,7 +28,7 @@ while [ $# -gt 0 ]; do
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/misc.log" 2>&1
 if [ "$run_tests" = 1 ]; then
-  timeout 300 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 12 -rfE ${kexpr:+-k "$kexpr"} \
+  timeout 330 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 12 -rfE ${kexpr:+-k "$kexpr"} \
     > "$OUT/gpu-tests.log" 2>&1
   tail -4 "$OUT/gpu-tests.log"
 fi
@@ -30,7 +36,20 @@ if [ "$run_plan" = 1 ]; then
   timeout 90 python3 -m pytest -q -s -m gpu tests/gpu/test_cache_gpu.py -p no:cacheprovider >> "$OUT/misc.log" 2>&1
   timeout 90 python3 benchmarks/plan_time.py --repeats 3 >> "$OUT/misc.log" 2>&1
 fi
+if [ "$run_host" = 1 ]; then
+  timeout 120 python3 benchmarks/host_time.py > "$OUT/host-time.md" 2>&1
+  cat "$OUT/host-time.md"
+fi
+if [ -n "$ncu_args" ]; then
+  ncu_bin="$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)"
+  python3 benchmarks/profile_fwd.py $ncu_args > /dev/null 2>&1  # compile outside the profiler
+  timeout 240 "$ncu_bin" --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    --section MemoryWorkloadAnalysis python3 benchmarks/profile_fwd.py $ncu_args > "$OUT/ncu.txt" 2>&1
+  grep -E "frost_|flash|Duration|Throughput|Issue Slots|Stall|Registers" "$OUT/ncu.txt" | head -40
+fi
 if [ -n "$preset" ]; then
   FROST_COMMIT="$commit" timeout $((budget + 60)) python3 -m frost.bench --preset "$preset" --probe \
-    --time-budget "$budget" --results-dir "$OUT" --name "h200_${preset}" 2> "$OUT/bench-progress.log" | tail -40
+    --time-budget "$budget" --results-dir "$OUT" --name "h200_${preset}" $bench_args 2> "$OUT/bench-progress.log" \
+    | tail -40
 fi
