@@ -9,6 +9,7 @@ views from the caller's workspace and launches the chain.
 from __future__ import annotations
 
 import importlib
+import weakref
 
 from frost.adapters.base import SdpaBwdDsl
 from frost.adapters.views import lengths_view, sink_view
@@ -73,14 +74,40 @@ class DslBwdAdapter(SdpaBwdDsl):
         """Closed form from plan-time envelopes, computed once at compile."""
         return self._scratch_bytes
 
+    def _static_values(self) -> dict:
+        f = self.facts
+        return {"softmax_scale": f.attn_scale, "window_left": f.window_left, "window_right": f.window_right,
+                "max_seqlen_q": f.seq_q, "max_seqlen_kv": f.seq_kv}
+
+    def _scratch_views(self, workspace, bound: dict) -> dict:
+        """Scratch views of the workspace; a dense plan re-carves only when the workspace changes.
+
+        The cache drops its views when the caller's workspace tensor dies, so it
+        never keeps workspace memory alive.
+        """
+        if self._dense_scratch is None:
+            return carve(workspace, self._scratch(bound["q"].shape[0], bound["k"].shape[0]))
+        cached = self.__dict__.get("_carved")
+        if cached is not None and cached[0]() is workspace and cached[1] == workspace.data_ptr():
+            return cached[2]
+        views = carve(workspace, self._dense_scratch)
+        me = weakref.ref(self)
+
+        def forget(ref, me=me):
+            adapter = me()
+            if adapter is not None and adapter.__dict__.get("_carved", (None,))[0] is ref:
+                adapter._carved = None
+        self._carved = (weakref.ref(workspace, forget), workspace.data_ptr(), views)
+        return views
+
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
-        thd = f.is_thd
-        vals = {"q": bound["q"], "k": bound["k"], "v": bound["v"], "o": bound["o"], "do": bound["dO"],
-                "lse": bound["stats"], "dq": bound["dQ"], "dk": bound["dK"], "dv": bound["dV"],
-                "softmax_scale": f.attn_scale, "window_left": f.window_left, "window_right": f.window_right,
-                "max_seqlen_q": f.seq_q, "max_seqlen_kv": f.seq_kv, "stream": stream_handle(stream)}
-        if thd:
+        vals = self.__dict__.get("_static")
+        if vals is None:
+            vals = self._static = self._static_values()
+        vals = dict(vals, q=bound["q"], k=bound["k"], v=bound["v"], o=bound["o"], do=bound["dO"],
+                    lse=bound["stats"], dq=bound["dQ"], dk=bound["dK"], dv=bound["dV"], stream=stream_handle(stream))
+        if f.is_thd:
             vals["cu_seqlens_q"], vals["cu_seqlens_kv"] = bound["cu_seq_len_q"], bound["cu_seq_len_kv"]
         if f.has_padding:
             vals["seqused_q"] = lengths_view(bound["seq_len_q"])
@@ -89,10 +116,7 @@ class DslBwdAdapter(SdpaBwdDsl):
             vals["sinks"] = sink_view(bound["sink_token"])
         if f.has_dsink:
             vals["dsinks"] = sink_view(bound["dSink_token"])
-        total_q = bound["q"].shape[0] if thd else 0
-        total_kv = bound["k"].shape[0] if thd else 0
-        buffers = self._dense_scratch if self._dense_scratch is not None else self._scratch(total_q, total_kv)
-        vals.update(carve(workspace, buffers))
+        vals.update(self._scratch_views(workspace, bound))
         for _, kernel, names in self.chain:
             kernel(*[vals[n] for n in names])
 

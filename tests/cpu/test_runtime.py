@@ -190,3 +190,32 @@ def test_execution_context_defaults_and_cpu_streams():
     assert ctx.stream is None and ctx.handle is None
     with on_stream(12345, torch.device("cpu")):  # torch work on CPU ignores the stream
         pass
+
+
+def test_dense_scratch_views_are_reused_and_released_with_the_workspace():
+    """The backward adapter re-carves scratch views only when the workspace changes, and holds
+    no view (so no workspace memory) once the caller's workspace tensor is gone."""
+    import gc
+
+    import torch
+
+    from frost.adapters.dsl_bwd import DslBwdAdapter
+    from frost.runtime.workspace import ScratchBuffer
+
+    a = DslBwdAdapter.__new__(DslBwdAdapter)
+    def aligned(n):
+        raw = torch.zeros(n + 256, dtype=torch.uint8)
+        off = -raw.data_ptr() % 256
+        return raw[off:off + n]
+
+    a._dense_scratch = [ScratchBuffer("acc", "float32", (4, 8)), ScratchBuffer("sem", "int32", (3,))]
+    ws = aligned(2048)
+    first = a._scratch_views(ws, {})
+    assert first["acc"].data_ptr() == ws.data_ptr() and first["sem"].data_ptr() == ws.data_ptr() + 256
+    assert a._scratch_views(ws, {}) is first
+    other = aligned(2048)
+    views = a._scratch_views(other, {})
+    assert views is not first and views["acc"].data_ptr() == other.data_ptr()
+    del views, first, other
+    gc.collect()
+    assert a._carved is None
