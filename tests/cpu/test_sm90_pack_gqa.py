@@ -73,3 +73,14 @@ def test_validator_rejects_unpackable(bad):
 def test_rows_per_query():
     assert Sm90FwdParams(num_heads_q=32, num_heads_kv=8).rows_per_query == 1
     assert Sm90FwdParams(num_heads_q=32, num_heads_kv=8, pack_gqa=True).rows_per_query == 4
+
+
+def test_decode_shapes_get_64_row_tiles():
+    """Fewer packed tiles than SMs (few queries per kv head): 64-row tiles; otherwise the head dim's default."""
+    assert _params(hq=32, hkv=4, b=8, s=1, skv=8192, use_causal_mask_bottom_right=True).tile_m == 64
+    assert _params(hq=32, hkv=4, b=8, s=16, skv=32768).tile_m == 64
+    assert _params(hq=32, hkv=4, b=8, s=128, skv=8192).tile_m == 128  # 256 tiles
+    assert _params(hq=32, hkv=8, b=4, s=4096).tile_m == 128
+    assert _params(hq=32, hkv=4, b=8, s=1, knobs=dict(tile_m=128)).tile_m == 128  # a request wins
+    assert _params(hq=32, hkv=4, b=8, s=1, knobs=dict(pack_gqa=False)).tile_m == 128  # unpacked: untouched
+    assert _params(hq=8, hkv=2, s=1, thd=True).tile_m == 64

@@ -36,6 +36,11 @@ CASES = [
     K(hq=8, hkv=2, thd=((513, 513), (1, 7), (0, 3), (64, 64)), sinks=True, knobs=PACK),
     K(d=64, hq=8, hkv=4, wr=0, br=True, sq=700, skv=900, knobs=PACK),  # tile_m 192: 96 positions x 2 heads
     K(hq=32, hkv=4, sq=3, skv=S4K, knobs=dict(pack_gqa=True, tile_m=64)),  # one warpgroup, r = 8
+    # 64-row tiles: what the adapter picks for decode-like shapes
+    *[K(hq=32, hkv=4, b=2, sq=sq, skv=S4K, wr=0, br=True, sinks=True, knobs=dict(pack_gqa=True, tile_m=64))
+      for sq in (1, 16, 100)],
+    K(hq=16, hkv=2, thd=((1, 4096), (0, 5), (7, 4096), (16, 16), (100, 3000)), wr=0, br=True,
+      knobs=dict(pack_gqa=True, tile_m=64)),
     K(dtype="fp16", hq=8, hkv=2, wr=0, sq=333, skv=333, knobs=PACK),
     K(d=256, hq=4, hkv=2, wr=0, sq=333, skv=333, knobs=PACK),
     K(d=192, dv=128, hq=8, hkv=2, wr=0, sq=200, skv=600, knobs=PACK),
