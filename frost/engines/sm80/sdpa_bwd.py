@@ -201,22 +201,34 @@ def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: c
         cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
 @cute.jit
-def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv: Int32):
+def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv: Int32, rot: Int32):
     """Step t of the flat loop -> (query head, query tile).
 
-    Query tiles are walked upward from the band's first. Deterministic "asc"
-    order walks them from the last down instead, so lower key tiles (the
-    earlier turns there) reach a tile no later than higher ones.
+    Query tiles are walked upward from the band's first, starting `rot` tiles
+    in and wrapping around (`rotate_m`: neighbouring key tiles then add into
+    different dQ rows at a time instead of all into the same ones).
+    Deterministic "asc" order walks them from the last down instead, so lower
+    key tiles (the earlier turns there) reach a tile no later than higher ones.
     """
     head = head_kv
     idx = t
     if cutlass.const_expr(cfg.group > 1):
         head = head_kv * cfg.group + t // n_m
         idx = t % n_m
+    if cutlass.const_expr(_rotates(cfg)):
+        idx = idx + rot
+        if idx >= n_m:
+            idx = idx - n_m
     m = m_min + idx
     if cutlass.const_expr(cfg.p.deterministic and cfg.p.det_order == "asc"):
         m = m_min + n_m - 1 - idx
     return head, m
+
+
+def _rotates(cfg) -> bool:
+    """Rotated walks: asked for, not deterministic (turns follow the walk), no right window (causal bands
+    already start each key tile at its own diagonal)."""
+    return cfg.p.rotate_m and not cfg.p.deterministic and not cfg.p.has_window_right
 
 
 @cute.kernel
@@ -369,6 +381,10 @@ def _main_kernel(
         m_min, m_max = fmask.m_block_range(n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left, window_right)
         n_m = cutlass.max(m_max - m_min, 0)
         n_steps = n_m * cfg.group
+        rot = Int32(0)
+        if cutlass.const_expr(_rotates(cfg)):
+            if n_m > 0:
+                rot = n_block % n_m
 
         acc_dK = cute.make_rmem_tensor(acc_shape_dK, Float32)
         acc_dV = cute.make_rmem_tensor(acc_shape_dV, Float32)
@@ -381,7 +397,7 @@ def _main_kernel(
             gV = cute.local_tile(mV_cur, (bn, Dv), (n_block, 0))
             _load_rows(g2s_qk_thr, g2s_qk, gK, sK, cK, kv_limit)
             _load_rows(g2s_vdo_thr, g2s_vdo, gV, sV, cV, kv_limit)
-            head0, m0 = _tile_of(cfg, Int32(0), m_min, n_m, head_kv)
+            head0, m0 = _tile_of(cfg, Int32(0), m_min, n_m, head_kv, rot)
             _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head0, m0, offset_q, seqlen_q, sQ[None, None, 0], cQ)
             cute.arch.cp_async_commit_group()
             _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head0, m0, offset_q, seqlen_q, sdO[None, None, 0], cdO)
@@ -392,12 +408,12 @@ def _main_kernel(
                 sdPsum[tidx] = dps0
 
             for t in cutlass.range(n_steps, unroll=1):
-                head, m_block = _tile_of(cfg, t, m_min, n_m, head_kv)
+                head, m_block = _tile_of(cfg, t, m_min, n_m, head_kv, rot)
                 slot = Int32(0)
                 if cutlass.const_expr(cfg.stages == 2):
                     slot = t % 2
                 has_next = t + 1 < n_steps
-                head_n, m_next = _tile_of(cfg, t + 1, m_min, n_m, head_kv)
+                head_n, m_next = _tile_of(cfg, t + 1, m_min, n_m, head_kv, rot)
                 lse_n = Float32(0.0)
                 dps_n = Float32(0.0)
                 if has_next:
@@ -412,6 +428,11 @@ def _main_kernel(
                 else:
                     cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
                 cute.arch.barrier()
+                if cutlass.const_expr(_late_release(cfg)):
+                    # the previous step's dQ reductions of every thread precede the barrier above
+                    if t > 0:
+                        head_p, m_p = _tile_of(cfg, t - 1, m_min, n_m, head_kv, rot)
+                        _release(cfg, mSem, mAcc, head_p, m_p, offset_q, batch, static_q, tidx)
                 if cutlass.const_expr(cfg.stages == 2):
                     if has_next:
                         _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head_n, m_next, offset_q, seqlen_q,
@@ -498,6 +519,10 @@ def _main_kernel(
                         sLSE[tidx] = lse_n
                         sdPsum[tidx] = dps_n
             cute.arch.cp_async_wait_group(0)
+            if cutlass.const_expr(_late_release(cfg)):
+                cute.arch.barrier()
+                head_p, m_p = _tile_of(cfg, n_steps - 1, m_min, n_m, head_kv, rot)
+                _release(cfg, mSem, mAcc, head_p, m_p, offset_q, batch, static_q, tidx)
 
         # ---------------------------------------------------------------- epilogue: dK, dV
         cute.arch.barrier()
@@ -569,21 +594,62 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
 
     sem_ptr = None
     if cutlass.const_expr(mSem is not None):
-        if cutlass.const_expr(p.is_thd):
-            n_batch = cute.arch.grid_dim()[2]
-            per_head = mAcc.shape[1] // cfg.bm + n_batch + 1
-            idx = head * per_head + (offset_q + batch * cfg.bm) // cfg.bm + m_block
-        else:
-            idx = (batch * p.num_heads_q + head) * ((static_q + cfg.bm - 1) // cfg.bm) + m_block
-        sem_ptr = bu.elem_ptr(mSem, idx)
+        sem_ptr = _sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q)
         turn = _turn(cfg, m_block, n_block, diag, window_left, window_right, seqlen_k)
         if tidx == 0:
             while bu.ld_acquire_i32(sem_ptr) != turn:
                 pass
         cute.arch.barrier()
 
+    # a full tile (the common case) adds without per-row checks: a check around an asm reduction becomes a
+    # branch, and ptxas does not schedule other work across it
+    if limit >= cfg.bm:
+        _red_dq(cfg, acc_dQ, tAcc, tdQcdQ, limit, tidx, False)
+    else:
+        _red_dq(cfg, acc_dQ, tAcc, tdQcdQ, limit, tidx, True)
+
+    if cutlass.const_expr(mSem is not None and not _late_release(cfg)):
+        # every thread's reductions precede the barrier; thread 0's fence + release publishes them all
+        cute.arch.barrier()
+        if tidx == 0:
+            cute.arch.fence_acq_rel_gpu()
+            bu.red_release_add_i32(sem_ptr, Int32(1))
+
+
+def _late_release(cfg) -> bool:
+    """Deterministic turns released at the next step's first barrier (or after the walk), not right away."""
+    return cfg.p.deterministic and cfg.p.det_late_release
+
+
+@cute.jit
+def _sem_ptr(cfg: cutlass.Constexpr, mSem: cute.Tensor, mAcc: cute.Tensor, head: Int32, m_block: Int32,
+             offset_q: Int32, batch: Int32, static_q: Int32):
+    """The turn semaphore of one (batch, query head, query tile)."""
+    p = cfg.p
+    if cutlass.const_expr(p.is_thd):
+        n_batch = cute.arch.grid_dim()[2]
+        per_head = mAcc.shape[1] // cfg.bm + n_batch + 1
+        idx = head * per_head + (offset_q + batch * cfg.bm) // cfg.bm + m_block
+    else:
+        idx = (batch * p.num_heads_q + head) * ((static_q + cfg.bm - 1) // cfg.bm) + m_block
+    return bu.elem_ptr(mSem, idx)
+
+
+@cute.jit
+def _release(cfg: cutlass.Constexpr, mSem: cute.Tensor, mAcc: cute.Tensor, head: Int32, m_block: Int32,
+             offset_q: Int32, batch: Int32, static_q: Int32, tidx: Int32):
+    """Pass the turn of (head, m_block) on; callers put a CTA barrier after this CTA's reductions first."""
+    if tidx == 0:
+        cute.arch.fence_acq_rel_gpu()
+        bu.red_release_add_i32(_sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q), Int32(1))
+
+
+@cute.jit
+def _red_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, tAcc: cute.Tensor, tdQcdQ: cute.Tensor, limit: Int32,
+            tidx: Int32, check: cutlass.Constexpr[bool]):
+    """red.global.add this thread's dQ partial into its accumulator rows (rows >= limit skipped if `check`)."""
     n_vals = cute.size(acc_dQ)
-    if cutlass.const_expr(cfg.vector_red and p.dq_red == "v4"):
+    if cutlass.const_expr(cfg.vector_red and cfg.p.dq_red == "v4"):
         # (4, MMA_M, MMA_N) fragment: values 0,1 (row r) and 2,3 (row r+8) at columns 2q, 2q+1 of each
         # n-atom. Lanes q = 2u and 2u+1 swap halves of two n-atoms: the even lane then holds columns
         # 4u..4u+3 of the first, the odd lane those of the second.
@@ -602,23 +668,28 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
                 v1 = Float32(cutlass.select_(odd, r1, acc_dQ[ia + 1]))
                 v2 = Float32(cutlass.select_(odd, acc_dQ[ib], r0))
                 v3 = Float32(cutlass.select_(odd, acc_dQ[ib + 1], r1))
-                if tdQcdQ[ia][0] < limit:
-                    bu.red_add_v4_f32(tAcc.iterator + off, v0, v1, v2, v3)
+                if cutlass.const_expr(check):
+                    if tdQcdQ[ia][0] < limit:
+                        bu.red_add_f32(tAcc.iterator + off, [v0, v1, v2, v3])
+                else:
+                    bu.red_add_f32(tAcc.iterator + off, [v0, v1, v2, v3])
     else:
         for i in cutlass.range_constexpr(0, n_vals, 2):
-            if tdQcdQ[i][0] < limit:
-                if cutlass.const_expr(cfg.vector_red):
-                    bu.red_add_v2_f32(bu.elem_ptr(tAcc, i), acc_dQ[i], acc_dQ[i + 1])
-                else:
-                    bu.red_add_f32(bu.elem_ptr(tAcc, i), acc_dQ[i])
-                    bu.red_add_f32(bu.elem_ptr(tAcc, i + 1), acc_dQ[i + 1])
+            if cutlass.const_expr(check):
+                if tdQcdQ[i][0] < limit:
+                    _red_pair(cfg, tAcc, acc_dQ, i)
+            else:
+                _red_pair(cfg, tAcc, acc_dQ, i)
 
-    if cutlass.const_expr(mSem is not None):
-        # every thread's reductions precede the barrier; thread 0's fence + release publishes them all
-        cute.arch.barrier()
-        if tidx == 0:
-            cute.arch.fence_acq_rel_gpu()
-            bu.red_release_add_i32(sem_ptr, Int32(1))
+
+@cute.jit
+def _red_pair(cfg: cutlass.Constexpr, tAcc: cute.Tensor, acc_dQ: cute.Tensor, i: cutlass.Constexpr[int]):
+    """Values i, i+1 (neighbouring columns): one 8-byte reduction on sm_90+, two 4-byte ones below."""
+    if cutlass.const_expr(cfg.vector_red):
+        bu.red_add_f32(bu.elem_ptr(tAcc, i), [acc_dQ[i], acc_dQ[i + 1]])
+    else:
+        bu.red_add_f32(bu.elem_ptr(tAcc, i), [acc_dQ[i]])
+        bu.red_add_f32(bu.elem_ptr(tAcc, i + 1), [acc_dQ[i + 1]])
 
 
 @cute.jit

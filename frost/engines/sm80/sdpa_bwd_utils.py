@@ -61,30 +61,16 @@ def lane_group_sum(x: Float32, width: cutlass.Constexpr[int]) -> Float32:
 
 
 @dsl_user_op
-def red_add_f32(ptr: cute.Pointer, a: Float32, *, loc=None, ip=None) -> None:
-    """red.global.add.f32: fire-and-forget fp32 add into global memory."""
+def red_add_f32(ptr: cute.Pointer, vals, *, loc=None, ip=None) -> None:
+    """red.global.add (fire-and-forget) of 1, 2 or 4 neighbouring fp32 values; .v2 / .v4 need sm_90."""
+    n = len(vals)
     addr = ptr.toint(loc=loc, ip=ip).ir_value()
-    llvm.inline_asm(None, [addr, Float32(a).ir_value(loc=loc, ip=ip)], "red.global.add.f32 [$0], $1;", "l,f",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def red_add_v2_f32(ptr: cute.Pointer, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
-    """red.global.add.v2.f32 (sm_90+): two neighbouring fp32 adds in one 8-byte reduction."""
-    addr = ptr.toint(loc=loc, ip=ip).ir_value()
-    llvm.inline_asm(None, [addr, Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-                    "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def red_add_v4_f32(ptr: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None,
-                   ip=None) -> None:
-    """red.global.add.v4.f32 (sm_90+): four neighbouring fp32 adds in one 16-byte reduction."""
-    addr = ptr.toint(loc=loc, ip=ip).ir_value()
-    vals = [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)]
-    llvm.inline_asm(None, [addr, *vals], "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    args = [addr] + [Float32(v).ir_value(loc=loc, ip=ip) for v in vals]
+    regs = ", ".join(f"${i + 1}" for i in range(n))
+    asm = {1: f"red.global.add.f32 [$0], {regs};", 2: f"red.global.add.v2.f32 [$0], {{{regs}}};",
+           4: f"red.global.add.v4.f32 [$0], {{{regs}}};"}[n]
+    llvm.inline_asm(None, args, asm, "l," + ",".join(["f"] * n), has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @dsl_user_op
@@ -108,5 +94,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["bind", "build_entry", "scratch_fake", "io_dtype", "lane_group_sum", "red_add_f32", "red_add_v2_f32",
-           "red_add_v4_f32", "ld_acquire_i32", "red_release_add_i32", "elem_ptr"]
+__all__ = ["bind", "build_entry", "scratch_fake", "io_dtype", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
+           "red_release_add_i32", "elem_ptr"]
