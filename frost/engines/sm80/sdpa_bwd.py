@@ -82,6 +82,7 @@ class _Main:
         self.stages = p.num_stages
         self.group = p.qhead_per_kvhead
         self.fused = p.fused_prefetch
+        self.early_p = p.fused_prefetch or p.early_p
         self.vector_red = _arch_number(arch) >= 90
 
     # ------------------------------------------------------------------ host side
@@ -454,7 +455,7 @@ def _main_kernel(
                     lse2 = sLSE[tScS_mn[r, 0][0]]
                     acc_S_mn[r, None].store(cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - lse2,
                                                            fastmath=True))
-                if cutlass.const_expr(cfg.fused):
+                if cutlass.const_expr(cfg.early_p):
                     # P goes to smem now (its readers of the previous step passed the barrier above)
                     rP = cute.make_fragment_like(acc_S, dt)
                     rP.store(acc_S.load().to(dt))
@@ -477,12 +478,12 @@ def _main_kernel(
                 for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                     dps = sdPsum[tScS_mn[r, 0][0]]
                     acc_dP_mn[r, None].store(acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - dps))
-                if cutlass.const_expr(not cfg.fused):
+                if cutlass.const_expr(not cfg.early_p):
                     rP = cute.make_fragment_like(acc_S, dt)
                     rP.store(acc_S.load().to(dt))
                 rdS = cute.make_fragment_like(acc_dP, dt)
                 rdS.store(acc_dP.load().to(dt))
-                if cutlass.const_expr(not cfg.fused):
+                if cutlass.const_expr(not cfg.early_p):
                     cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
                 cute.copy(r2s_sdp, r2s_sdp.retile(rdS), tdSsdS)
                 cute.arch.barrier()

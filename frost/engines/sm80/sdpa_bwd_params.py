@@ -61,6 +61,8 @@ class Sm80BwdParams(SdpaFeatureParams):
     # True: a step waits once for its Q and dO (issued together a step earlier) and stores P right
     # after the softmax; False: dO gets its own wait and barrier, P and dS are stored together.
     fused_prefetch: bool = False
+    # split order only (fused always does this): store P right after the softmax, before the dO wait
+    early_p: bool = False
     # deterministic dQ turn order per query tile. "diag": key tiles are launched from the last down, walk
     # their query tiles upward from the diagonal and take turns from the highest key tile down, so a tile's
     # turn comes when it arrives (no serial lag down the band); "asc": key tile 0 first, query tiles downward.
@@ -174,7 +176,7 @@ def validate(p: Sm80BwdParams) -> None:
 # (head_dim, head_dim_v) -> knobs, best first; the first that fits the budget wins.
 _CANDIDATES: dict[tuple[int, int], list[dict]] = {
     (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4,
-                    fused_prefetch=True),
+                    fused_prefetch=True, dq_red="v4"),
                dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
                dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2)],
     (96, 96): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
@@ -328,6 +330,7 @@ def name_suffix(p: Sm80BwdParams) -> str:
         if flag:
             parts.append(tag)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
+                 + ("p" if p.early_p and not p.fused_prefetch else "")
                  + ("r4" if p.dq_red == "v4" else "") + ("" if p.prefetch_k else "np")
                  + (f"c{p.ctas_per_sm}" if p.ctas_per_sm > 1 else "") + ("" if p.rotate_m else "nr")
                  + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))
