@@ -83,6 +83,7 @@ def _cases() -> list[Case]:
                                            knobs=dict(dq_red="v4", num_warps=16, sdp_warps_m=4, dkv_warps_n=8,
                                                       dq_warps_m=4)),
                   thd_lens=[(0, 0), (1, 1), (300, 300), (129, 200)], wr=0))
+    c.append(Case("d64_gqa_rotated_walk", _p(d=64, hq=8, hk=2, has_window_left=True), sq=300, skv=450, wl=200))
     c.append(Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300,
                   skv=300))
     c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))
