@@ -83,7 +83,14 @@ def _cases() -> list[Case]:
                                            knobs=dict(dq_red="v4", num_warps=16, sdp_warps_m=4, dkv_warps_n=8,
                                                       dq_warps_m=4)),
                   thd_lens=[(0, 0), (1, 1), (300, 300), (129, 200)], wr=0))
-    c.append(Case("d64_gqa_rotated_walk", _p(d=64, hq=8, hk=2, has_window_left=True), sq=300, skv=450, wl=200))
+    c.append(Case("d64_gqa_rotated_walk", _p(d=64, hq=8, hk=2, has_window_left=True, knobs=dict(rotate_m=True)),
+                  sq=300, skv=450, wl=200))
+    c.append(Case("det_late_release_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
+                                                         knobs=dict(det_late_release=True)),
+                  b=2, sq=520, skv=520, wr=0, runs=2))
+    c.append(Case("thd_d64_det_late_release", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True,
+                                                 knobs=dict(det_late_release=True)),
+                  thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2))
     c.append(Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300,
                   skv=300))
     c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))

@@ -68,8 +68,8 @@ class Sm80BwdParams(SdpaFeatureParams):
     # turn comes when it arrives (no serial lag down the band); "asc": key tile 0 first, query tiles downward.
     det_order: Literal["diag", "asc"] = "diag"
     # deterministic: a key tile passes its turn on at the next step's first barrier (its reductions have had
-    # a GEMM's time to land, and no extra barrier) instead of right after its reductions
-    det_late_release: bool = True
+    # a GEMM's time to land, and no extra barrier) instead of right after its reductions. Not yet measured.
+    det_late_release: bool = False
     # dQ partial reductions on sm_90+: "v2" one 8-byte red per accumulator pair; "v4": lane pairs swap
     # halves (one shuffle per value pair) so each red carries 16 bytes (half as many). sm_8x: scalar.
     dq_red: Literal["v2", "v4"] = "v2"
@@ -78,8 +78,8 @@ class Sm80BwdParams(SdpaFeatureParams):
     # CTAs resident per SM the kernel is built for (registers capped to fit; 2 suits small tiles)
     ctas_per_sm: int = 1
     # non-deterministic, no right window: key tile n starts its query walk n tiles in (wrapping), so the
-    # key tiles of a head do not all add into the same dQ rows at once
-    rotate_m: bool = True
+    # key tiles of a head do not all add into the same dQ rows at once. Not yet measured.
+    rotate_m: bool = False
 
     @property
     def num_threads(self) -> int:
@@ -324,7 +324,7 @@ def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of every kernel name of the chain (style of the forward's names)."""
     d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
     parts = [p.family, p.dtype, d, f"h{p.num_heads_q}k{p.num_heads_kv}"]
-    det = ("det" if p.det_order == "diag" else "deta") + ("" if p.det_late_release else "e")
+    det = ("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
     for flag, tag in ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                       (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det)):
         if flag:
@@ -332,7 +332,7 @@ def name_suffix(p: Sm80BwdParams) -> str:
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
                  + ("p" if p.early_p and not p.fused_prefetch else "")
                  + ("r4" if p.dq_red == "v4" else "") + ("" if p.prefetch_k else "np")
-                 + (f"c{p.ctas_per_sm}" if p.ctas_per_sm > 1 else "") + ("" if p.rotate_m else "nr")
+                 + (f"c{p.ctas_per_sm}" if p.ctas_per_sm > 1 else "") + ("rot" if p.rotate_m else "")
                  + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))
     return "_".join(parts)
 
