@@ -43,8 +43,9 @@ class Sm80BwdParams(SdpaFeatureParams):
     """Plan-time description of one mma.sync backward chain.
 
     Feature flags mirror the optional arguments of `frost.engines.sdpa_args`;
-    the knobs (tile_m, tile_n, num_stages, num_warps and the warp arrangement
-    of the three GEMM shapes) change speed only.
+    the knobs (tiles, stages, warps and the warp arrangement of the three GEMM
+    shapes, the step order, the dQ reduction width, walk and turn orders)
+    change speed only. `benchmarks/sm80_bwd_sweep.py` times them on a GPU.
     """
 
     family: Literal["sm80", "sm120"] = "sm80"
