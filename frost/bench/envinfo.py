@@ -30,13 +30,16 @@ def _run(cmd: list[str], cwd: str | None = None) -> str | None:
 
 
 def frost_commit() -> str:
-    """`git rev-parse HEAD` of the checkout frost is imported from (+ '-dirty'), or $FROST_COMMIT."""
+    """$FROST_COMMIT when set (a copied tree's git metadata may be stale), else `git rev-parse HEAD`
+    of the checkout frost is imported from (+ '-dirty'), else 'unknown'."""
+    if os.environ.get("FROST_COMMIT"):
+        return os.environ["FROST_COMMIT"]
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sha = _run(["git", "rev-parse", "HEAD"], cwd=here)
     if sha:
         dirty = _run(["git", "status", "--porcelain", "--untracked-files=no", "--", "frost"], cwd=here)
         return sha + ("-dirty" if dirty else "")
-    return os.environ.get("FROST_COMMIT") or "unknown"
+    return "unknown"
 
 
 def driver_version() -> str | None:
