@@ -190,16 +190,9 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-6)).item()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_matches_reference(kernels, case):
-    from frost.adapters.reference_math import sdpa_fwd_reference
-
-    ck = kernels[case.id]
-    args, (q, k, v), ref_kw, o, lse = make_args(case)
-    ck(*args)
-    torch.cuda.synchronize()
-    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, **ref_kw)
-    assert not torch.isnan(o).any(), "some O element was not written"
+def check_against_reference(case: K, o, lse, ref_o, ref_lse) -> None:
+    """Every O / LSE element written (outputs start as NaN) and close to the reference."""
+    assert not torch.isnan(o).any(), f"{int(torch.isnan(o).sum())} O elements not written"
     if ref_o.numel():
         assert _rel(o, ref_o) < 1e-2, f"rel err {_rel(o, ref_o):.3e}"
     if case.lse:
@@ -209,6 +202,17 @@ def test_matches_reference(kernels, case):
         if fin.any():
             err = (lse[fin] - ref_lse[fin]).abs().max().item()
             assert err < 2e-3, f"LSE max abs err {err:.3e}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_matches_reference(kernels, case):
+    from frost.adapters.reference_math import sdpa_fwd_reference
+
+    args, (q, k, v), ref_kw, o, lse = make_args(case)
+    kernels[case.id](*args)
+    torch.cuda.synchronize()
+    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, **ref_kw)
+    check_against_reference(case, o, lse, ref_o, ref_lse)
 
 
 def test_one_artifact_serves_many_extents(kernels):
@@ -224,12 +228,10 @@ def test_one_artifact_serves_many_extents(kernels):
         assert _rel(o, ref_o) < 1e-2
 
 
-def test_graph_replay_honors_new_lengths(kernels):
-    """THD lengths rewritten in place after capture are honored by a replay (no host reads)."""
+def check_replay_with_new_lengths(ck, c: K, new_q: list, new_k: list) -> None:
+    """Capture one THD launch, write new prefix sums into the same buffers, replay, compare."""
     from frost.adapters.reference_math import sdpa_fwd_reference
 
-    c = K(hq=8, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 5)), wr=0)
-    ck = kernels[c.id]
     args, (q, k, v), ref_kw, o, lse = make_args(c)
     s = torch.cuda.Stream()
     args[-1] = s.cuda_stream
@@ -239,16 +241,21 @@ def test_graph_replay_honors_new_lengths(kernels):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
         ck(*args)
-    new_q = torch.tensor([0, 300, 301, 400, 600, 708, 708], dtype=torch.int32, device="cuda")
-    new_k = torch.tensor([0, 400, 401, 600, 800, 930, 935], dtype=torch.int32, device="cuda")
-    ref_kw["cu_seqlens_q"].copy_(new_q)
-    ref_kw["cu_seqlens_kv"].copy_(new_k)
+    ref_kw["cu_seqlens_q"].copy_(torch.tensor(new_q, dtype=torch.int32, device="cuda"))
+    ref_kw["cu_seqlens_kv"].copy_(torch.tensor(new_k, dtype=torch.int32, device="cuda"))
     o.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     ref_o, _ = sdpa_fwd_reference(q, k, v, **ref_kw)
     assert not torch.isnan(o).any()
     assert _rel(o, ref_o) < 1e-2
+
+
+def test_graph_replay_honors_new_lengths(kernels):
+    """THD lengths rewritten in place after capture are honored by a replay (no host reads)."""
+    c = K(hq=8, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 5)), wr=0)
+    check_replay_with_new_lengths(kernels[c.id], c, [0, 300, 301, 400, 600, 708, 708],
+                                  [0, 400, 401, 600, 800, 930, 935])
 
 
 # ---------------------------------------------------------------- NaN in padding
@@ -265,11 +272,10 @@ NAN_THD = [
 ]
 
 
-@pytest.mark.parametrize("case", NAN_DENSE, ids=lambda c: c.id)
-def test_nan_in_seqused_padding_does_not_leak(kernels, case):
+def check_nan_in_seqused_padding(ck, case: K) -> None:
+    """Dense rows past seqused hold NaN / Inf: valid rows match clean inputs, padding rows write O = 0."""
     from frost.adapters.reference_math import sdpa_fwd_reference
 
-    ck = kernels[case.id]
     args, (q, k, v), ref_kw, o, lse = make_args(case, seed=3)
     clean = [x.clone() for x in (q, k, v)]
     for b, (lq, lk) in enumerate(zip(*case.seqused)):
@@ -288,13 +294,12 @@ def test_nan_in_seqused_padding_does_not_leak(kernels, case):
     assert (lse[fin] - ref_lse[fin]).abs().max().item() < 2e-3
 
 
-@pytest.mark.parametrize("case", NAN_THD, ids=lambda c: c.id)
-def test_nan_after_last_packed_sequence_does_not_leak(kernels, case):
+def check_nan_after_last_packed_sequence(ck, case: K, tail: int = 200) -> None:
+    """Tokens after the last sequence hold NaN (more than a key tile: TMA loads them as they are);
+    they must not leak into valid rows, and no store may reach them."""
     from frost.adapters.reference_math import sdpa_fwd_reference
 
-    ck = kernels[case.id]
     args, (q, k, v), ref_kw, o, lse = make_args(case, seed=4)
-    tail = 200  # more than a key tile: the tail lies inside the tensor, TMA loads it as it is
 
     def grow(x, dim=0):
         shape = list(x.shape)
@@ -311,9 +316,21 @@ def test_nan_after_last_packed_sequence_does_not_leak(kernels, case):
     got_o = args[3][:tq]
     assert torch.isfinite(got_o).all(), f"{int((~torch.isfinite(got_o)).sum())} O elements not finite"
     assert _rel(got_o, ref_o) < 1e-2, f"rel err {_rel(got_o, ref_o):.3e}"
+    assert torch.isnan(args[3][tq:]).all(), "a store reached a token outside every sequence"
     if case.lse:
         got_lse = args[4][:, :tq]
         fin = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(got_lse), fin), "LSE -inf pattern differs"
+        assert torch.isnan(args[4][:, tq:]).all(), "an LSE store reached a token outside every sequence"
         if fin.any():
             assert (got_lse[fin] - ref_lse[fin]).abs().max().item() < 2e-3
+
+
+@pytest.mark.parametrize("case", NAN_DENSE, ids=lambda c: c.id)
+def test_nan_in_seqused_padding_does_not_leak(kernels, case):
+    check_nan_in_seqused_padding(kernels[case.id], case)
+
+
+@pytest.mark.parametrize("case", NAN_THD, ids=lambda c: c.id)
+def test_nan_after_last_packed_sequence_does_not_leak(kernels, case):
+    check_nan_after_last_packed_sequence(kernels[case.id], case)

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from frost.engines.sdpa_args import CanonicalCall
-from tests.gpu.test_sm90_fwd_kernel import TEMPLATE, K, _hopper, _rel, make_args, params_of
+from tests.gpu.test_sm90_fwd_kernel import (TEMPLATE, K, _hopper, _rel, check_against_reference,
+                                            check_nan_after_last_packed_sequence, check_nan_in_seqused_padding,
+                                            check_replay_with_new_lengths, make_args, params_of)
 
 pytestmark = pytest.mark.gpu
 
@@ -65,19 +67,6 @@ def kernels():
     return {cid: CanonicalCall(ck, params_of(c)) for (cid, c), ck in zip(cases.items(), cks)}
 
 
-def _check(case, o, lse, ref_o, ref_lse):
-    assert not torch.isnan(o).any(), f"{int(torch.isnan(o).sum())} O elements not written"
-    if ref_o.numel():
-        assert _rel(o, ref_o) < 1e-2, f"rel err {_rel(o, ref_o):.3e}"
-    if case.lse:
-        assert not torch.isnan(lse).any(), "some LSE element was not written"
-        fin = torch.isfinite(ref_lse)
-        assert torch.equal(torch.isfinite(lse), fin), "LSE -inf pattern differs"
-        if fin.any():
-            err = (lse[fin] - ref_lse[fin]).abs().max().item()
-            assert err < 2e-3, f"LSE max abs err {err:.3e}"
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_packed_matches_reference(kernels, case):
     from frost.adapters.reference_math import sdpa_fwd_reference
@@ -86,7 +75,7 @@ def test_packed_matches_reference(kernels, case):
     kernels[case.id](*args)
     torch.cuda.synchronize()
     ref_o, ref_lse = sdpa_fwd_reference(q, k, v, **ref_kw)
-    _check(case, o, lse, ref_o, ref_lse)
+    check_against_reference(case, o, lse, ref_o, ref_lse)
 
 
 @pytest.mark.parametrize("case", TWINS, ids=lambda c: c.id)
@@ -106,83 +95,18 @@ def test_packed_agrees_with_unpacked(kernels, case):
 
 
 def test_nan_in_seqused_padding_does_not_leak(kernels):
-    from frost.adapters.reference_math import sdpa_fwd_reference
-
     case = K(hq=8, hkv=2, seqused=((250, 0), (300, 17)), sq=300, skv=300, wr=0, knobs=PACK)
     run = K(**{**case.__dict__, "b": 3, "seqused": ((300, 131, 7), (200, 257, 1))})  # same kernel
-    args, (q, k, v), ref_kw, o, lse = make_args(run, seed=3)
-    clean = [x.clone() for x in (q, k, v)]
-    for b, (lq, lk) in enumerate(zip(*run.seqused)):
-        q[b, lq:] = float("nan")
-        k[b, lk:] = float("inf")
-        v[b, lk:] = float("nan")
-    kernels[case.id](*args)
-    torch.cuda.synchronize()
-    ref_o, ref_lse = sdpa_fwd_reference(*clean, **ref_kw)
-    assert torch.isfinite(o).all(), f"{int((~torch.isfinite(o)).sum())} O elements not finite"
-    assert _rel(o, ref_o) < 1e-2
-    for b, lq in enumerate(run.seqused[0]):
-        assert (o[b, lq:] == 0).all(), "padding rows must write O = 0"
-    fin = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), fin)
-    assert (lse[fin] - ref_lse[fin]).abs().max().item() < 2e-3
+    check_nan_in_seqused_padding(kernels[case.id], run)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.thd is not None], ids=lambda c: c.id)
 def test_nan_after_last_packed_sequence_does_not_leak(kernels, case):
-    """Tokens after the last sequence hold NaN; stores must not touch them and they must not leak in."""
-    from frost.adapters.reference_math import sdpa_fwd_reference
-
-    args, (q, k, v), ref_kw, o, lse = make_args(case, seed=4)
-    tail = 200
-
-    def grow(x, dim=0):
-        shape = list(x.shape)
-        shape[dim] = tail
-        return torch.cat([x, torch.full(shape, float("nan"), dtype=x.dtype, device=x.device)], dim=dim)
-
-    tq = q.shape[0]
-    args[:4] = [grow(q), grow(k), grow(v), grow(o)]
-    if case.lse:
-        args[4] = grow(lse, 1)
-    kernels[case.id](*args)
-    torch.cuda.synchronize()
-    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, **ref_kw)
-    got_o = args[3][:tq]
-    assert torch.isfinite(got_o).all(), f"{int((~torch.isfinite(got_o)).sum())} O elements not finite"
-    assert _rel(got_o, ref_o) < 1e-2
-    assert torch.isnan(args[3][tq:]).all(), "a store reached a token outside every sequence"
-    if case.lse:
-        got_lse = args[4][:, :tq]
-        fin = torch.isfinite(ref_lse)
-        assert torch.equal(torch.isfinite(got_lse), fin)
-        assert torch.isnan(args[4][:, tq:]).all(), "an LSE store reached a token outside every sequence"
-        if fin.any():
-            assert (got_lse[fin] - ref_lse[fin]).abs().max().item() < 2e-3
+    check_nan_after_last_packed_sequence(kernels[case.id], case)
 
 
 def test_graph_replay_honors_new_lengths(kernels):
-    from frost.adapters.reference_math import sdpa_fwd_reference
-
     c = K(hq=16, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 4096), (7, 4096)), wr=0,
           knobs=PACK)
-    ck = kernels[c.id]
-    args, (q, k, v), ref_kw, o, lse = make_args(c)
-    s = torch.cuda.Stream()
-    args[-1] = s.cuda_stream
-    with torch.cuda.stream(s):
-        ck(*args)
-    s.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        ck(*args)
-    new_q = torch.tensor([0, 300, 301, 400, 600, 708, 709, 715], dtype=torch.int32, device="cuda")
-    new_k = torch.tensor([0, 400, 401, 600, 800, 930, 3000, 9122], dtype=torch.int32, device="cuda")
-    ref_kw["cu_seqlens_q"].copy_(new_q)
-    ref_kw["cu_seqlens_kv"].copy_(new_k)
-    o.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    ref_o, _ = sdpa_fwd_reference(q, k, v, **ref_kw)
-    assert not torch.isnan(o).any()
-    assert _rel(o, ref_o) < 1e-2
+    check_replay_with_new_lengths(kernels[c.id], c, [0, 300, 301, 400, 600, 708, 709, 715],
+                                  [0, 400, 401, 600, 800, 930, 3000, 9122])
