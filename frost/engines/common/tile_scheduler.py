@@ -70,6 +70,15 @@ def zigzag_tile(wave: Int32, cta: Int32, num_ctas: Int32) -> Int32:
 
 
 @cute.jit
+def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutlass.Constexpr[int]) -> Int32:
+    """m-blocks of packed sequence b (0 past the batch)."""
+    n = Int32(0)
+    if b < num_batch:
+        n = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
+    return n
+
+
+@cute.jit
 def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
                   num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
                   reverse_m: cutlass.Constexpr[bool], cursor_batch: Int32, cursor_base: Int32):
@@ -84,10 +93,7 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
     batch = num_batch
     searching = Boolean(True)
     while searching:
-        b = cursor_batch + lane
-        n_m = Int32(0)
-        if b < num_batch:
-            n_m = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
+        n_m = _m_blocks(cu_seqlens, cursor_batch + lane, num_batch, tile_m)
         n_tiles = n_m * num_heads
         incl = n_tiles
         for i in cutlass.range_constexpr(5):
@@ -114,14 +120,6 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
             if cursor_batch >= num_batch:
                 searching = Boolean(False)
     return m_block, head, batch, batch < num_batch, cursor_batch, cursor_base
-
-
-@cute.jit
-def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutlass.Constexpr[int]) -> Int32:
-    n = Int32(0)
-    if b < num_batch:
-        n = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
-    return n
 
 
 @cute.jit
