@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from frost.engines.sdpa_args import CanonicalCall
-from tests.gpu.test_sm90_fwd_kernel import (TEMPLATE, K, _hopper, _rel, check_against_reference,
+from tests.gpu.test_sm90_fwd_kernel import (TEMPLATE, K, _hopper, _rel, run_and_check,
                                             check_nan_after_last_packed_sequence, check_nan_in_seqused_padding,
                                             check_replay_with_new_lengths, make_args, params_of)
 
@@ -69,13 +69,7 @@ def kernels():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_packed_matches_reference(kernels, case):
-    from frost.adapters.reference_math import sdpa_fwd_reference
-
-    args, (q, k, v), ref_kw, o, lse = make_args(case)
-    kernels[case.id](*args)
-    torch.cuda.synchronize()
-    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, **ref_kw)
-    check_against_reference(case, o, lse, ref_o, ref_lse)
+    run_and_check(kernels[case.id], case)
 
 
 @pytest.mark.parametrize("case", TWINS, ids=lambda c: c.id)
