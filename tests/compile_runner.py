@@ -6,6 +6,8 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +21,44 @@ def run_compile_script(script: str, args: list, cwd, timeout: int = 600) -> list
     assert r.returncode == 0, r.stderr[-4000:]
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
+
+
+_SPECS_SCRIPT = textwrap.dedent("""
+    import importlib, json, sys
+    from tests.compile_runner import ptx_facts
+    from frost.engines.compile import compile_kernel
+    arch = sys.argv[1]
+    out = []
+    for template, params_class, kw, tag in json.loads(sys.argv[2]):
+        module, name = params_class.rsplit(".", 1)
+        params = getattr(importlib.import_module(module), name)(**kw)
+        out.append(dict(ptx_facts(compile_kernel(template, params, arch)), tag=tag))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def compile_groups(groups: list, cwd, timeout: int = 900) -> list:
+    """Compile groups of specs, each in its own fresh interpreter, two at a time.
+
+    `groups` is a list of (arch, specs), a spec being (template module, dotted params class, params
+    kwargs, tag); returns, per group, each spec's `ptx_facts` plus its tag.
+    """
+    def one(group):
+        arch, specs = group
+        return run_compile_script(_SPECS_SCRIPT, [arch, json.dumps(specs)], cwd, timeout)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(one, groups))
+
+
+def params_kwargs(default_knobs, family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None,
+                  **flags) -> dict:
+    """Params kwargs of an mma.sync template: the family's default knobs, then `knobs`, then flags."""
+    dv = dv or d
+    k = default_knobs(family, d, dv, dtype)
+    k.update(knobs or {})
+    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
+                **flags, **k)
 
 
 # instruction counts the compile tests assert on (substring -> key)

@@ -17,7 +17,7 @@ from frost.bench.impl import CHECK_FAILED, FAILED, MISSING, NA, OK
 from frost.bench.inputs import buffer_count, cu_seqlens_of
 from frost.bench.results import Measurement, Row, impl_columns, rows_from_dict
 from frost.bench.timing import choose_inner
-from frost.bench.workloads import (DEFAULT_THD_LENGTHS, SweepSpec, Workload, parse_gqa, parse_head_dim,
+from frost.bench.workloads import (DEFAULT_THD_LENGTHS, Workload, parse_gqa, parse_head_dim,
                                    parse_size, random_mix)
 
 

@@ -306,7 +306,7 @@ def test_fp16_v_stride_named(unpended):
 
 
 def test_padded_but_aligned_and_bshd_strides_are_accepted(unpended):
-    b, h, s, d = 2, 4, 128, 64
+    h, s, d = 4, 128, 64
     bshd = (s * h * d, d, h * d, 1)
     padded = (h * s * 72, s * 72, 72, 1)
     g = declare(H200, strides={"q": bshd, "k": padded, "v": bshd})

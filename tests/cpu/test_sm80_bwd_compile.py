@@ -7,28 +7,19 @@ PTX is checked for the instruction family and the frost kernel symbol.
 """
 from __future__ import annotations
 
-import json
-import textwrap
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
 import pytest
 
 
 from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80BwdParams, bwd_chain, chain_args,
                                                default_knobs, scratch_bytes, scratch_layout, smem_bytes, validate)
 from frost.errors import TemplateParamsError
-from tests.compile_runner import run_compile_script
+from tests.compile_runner import compile_groups, params_kwargs
 
 _STAGE_TAG = {"preprocess": "pre", "main": "main", "postprocess": "post"}
 
 
-def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags) -> dict:
-    dv = dv or d
-    k = default_knobs(family, d, dv, dtype)
-    k.update(knobs or {})
-    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
-                **flags, **k)
+def _p(**kw) -> dict:
+    return params_kwargs(default_knobs, **kw)
 
 
 COVER = {
@@ -46,32 +37,16 @@ COVER = {
     ],
 }
 
-_SCRIPT = textwrap.dedent("""
-    import json, sys
-    from tests.compile_runner import ptx_facts
-    from frost.engines.compile import compile_kernel
-    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, bwd_chain
-    arch = sys.argv[1]
-    out = []
-    for kw in json.loads(sys.argv[2]):
-        p = Sm80BwdParams(**kw)
-        for stage, template, _ in bwd_chain(p):
-            ck = compile_kernel(template, p, arch)
-            out.append(dict(ptx_facts(ck), stage=stage))
-    print("RESULT " + json.dumps(out))
-""")
-
-
-def _compile_arch(arch: str, tmp: Path) -> list[dict]:
-    return run_compile_script(_SCRIPT, [arch, json.dumps(COVER[arch])], tmp, timeout=900)
+PARAMS = "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams"
 
 
 @pytest.mark.slow
 def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
     import importlib
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(COVER, pool.map(lambda a: _compile_arch(a, tmp_path), COVER)))
+    groups = [(arch, [(t, PARAMS, kw, stage) for kw in kws for stage, t, _ in bwd_chain(Sm80BwdParams(**kw))])
+              for arch, kws in COVER.items()]
+    results = dict(zip(COVER, compile_groups(groups, tmp_path)))
     for arch, outs in results.items():
         expected = []
         for kw in COVER[arch]:
@@ -79,7 +54,7 @@ def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
             expected += [(stage, importlib.import_module(t).kernel_name(p, arch), p) for stage, t, _ in bwd_chain(p)]
         assert len(outs) == len(expected)
         for (stage, name, p), out in zip(expected, outs):
-            assert out["stage"] == stage and out["name"] == name, (out["name"], name)
+            assert out["tag"] == stage and out["name"] == name, (out["name"], name)
             assert name.startswith(f"frost_sdpa_bwd_{_STAGE_TAG[stage]}_")
             assert out["entries"] == [name], out["entries"]
             assert out["target"] == [arch], out["target"]

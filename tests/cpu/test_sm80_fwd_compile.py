@@ -7,27 +7,18 @@ instruction family and the frost kernel symbol.
 """
 from __future__ import annotations
 
-import json
-import textwrap
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
 import pytest
 
 
 from frost.engines.sm80.sdpa_fwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80FwdParams, default_knobs, smem_bytes,
                                                 validate)
 from frost.errors import TemplateParamsError
-from tests.compile_runner import run_compile_script
+from tests.compile_runner import compile_groups, params_kwargs
 
 
 
-def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags) -> dict:
-    dv = dv or d
-    k = default_knobs(family, d, dv, dtype)
-    k.update(knobs or {})
-    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
-                **flags, **k)
+def _p(**kw) -> dict:
+    return params_kwargs(default_knobs, **kw)
 
 
 COVER = {
@@ -48,30 +39,16 @@ COVER = {
     ],
 }
 
-_SCRIPT = textwrap.dedent("""
-    import json, sys
-    from tests.compile_runner import ptx_facts
-    from frost.engines.compile import compile_kernel
-    from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
-    arch = sys.argv[1]
-    out = []
-    for kw in json.loads(sys.argv[2]):
-        ck = compile_kernel("frost.engines.sm80.sdpa_fwd", Sm80FwdParams(**kw), arch)
-        out.append(ptx_facts(ck))
-    print("RESULT " + json.dumps(out))
-""")
-
-
-def _compile_arch(arch: str, tmp: Path) -> list[dict]:
-    return run_compile_script(_SCRIPT, [arch, json.dumps(COVER[arch])], tmp, timeout=600)
+TEMPLATE = "frost.engines.sm80.sdpa_fwd"
+PARAMS = "frost.engines.sm80.sdpa_fwd_params.Sm80FwdParams"
 
 
 @pytest.mark.slow
 def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
     from frost.engines.sm80.sdpa_fwd import kernel_name
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(COVER, pool.map(lambda a: _compile_arch(a, tmp_path), COVER)))
+    groups = [(arch, [(TEMPLATE, PARAMS, kw, None) for kw in kws]) for arch, kws in COVER.items()]
+    results = dict(zip(COVER, compile_groups(groups, tmp_path)))
     for arch, outs in results.items():
         for kw, out in zip(COVER[arch], outs):
             name = kernel_name(Sm80FwdParams(**kw), arch)

@@ -7,17 +7,12 @@ register reallocation and the frost kernel symbol.
 """
 from __future__ import annotations
 
-import json
-import textwrap
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
 import pytest
 
 
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, smem_bytes, validate
 from frost.errors import TemplateParamsError
-from tests.compile_runner import run_compile_script
+from tests.compile_runner import compile_groups
 
 
 
@@ -47,27 +42,14 @@ COVER = [
     ],
 ]
 
-_SCRIPT = textwrap.dedent("""
-    import json, sys
-    from tests.compile_runner import ptx_facts
-    from frost.engines.compile import compile_kernel
-    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
-    out = []
-    for kw in json.loads(sys.argv[1]):
-        ck = compile_kernel("frost.engines.sm90.sdpa_fwd", Sm90FwdParams(**kw), "sm_90a")
-        out.append(ptx_facts(ck))
-    print("RESULT " + json.dumps(out))
-""")
-
-
-def _compile(cover: list, tmp: Path) -> list[dict]:
-    return run_compile_script(_SCRIPT, [json.dumps(cover)], tmp, timeout=600)
+TEMPLATE = "frost.engines.sm90.sdpa_fwd"
+PARAMS = "frost.engines.sm90.sdpa_fwd_params.Sm90FwdParams"
 
 
 @pytest.mark.slow
 def test_covering_set_compiles_for_sm90a(tmp_path):
-    with ThreadPoolExecutor(len(COVER)) as ex:
-        results = [r for part in ex.map(lambda c: _compile(c, tmp_path), COVER) for r in part]
+    groups = [("sm_90a", [(TEMPLATE, PARAMS, kw, None) for kw in part]) for part in COVER]
+    results = [r for part in compile_groups(groups, tmp_path, timeout=600) for r in part]
     for kw, r in zip([kw for part in COVER for kw in part], results):
         assert r["name"].startswith("frost_sdpa_fwd_sm90_"), r
         assert r["entries"] == [r["name"]], r  # the one GPU kernel carries the frost symbol
