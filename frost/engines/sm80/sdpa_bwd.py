@@ -355,7 +355,6 @@ def _main_kernel(
         static_q, static_k = mQ.shape[1], mK.shape[1]
     offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK)
     diag = fmask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
-    n_m_blocks_total = (seqlen_q + bm - 1) // bm
     num_n = (seqlen_k + bn - 1) // bn
     if cutlass.const_expr(not thd):
         num_n = grid_x  # padding rows of dK / dV are written (as zeros) too

@@ -200,7 +200,6 @@ class SdpaFwdSm90:
                v_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
-        p = self.p
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_q)
@@ -325,7 +324,6 @@ class SdpaFwdSm90:
     @cute.jit
     def producer(self, mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
                  pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles):
-        p = self.p
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
