@@ -1,31 +1,27 @@
 """Host time of one execute on a tiny problem, split into its parts (GPU; prints a table).
 
-    python3 benchmarks/host_time.py [--calls 2000]
+    python3 benchmarks/host_time.py [--calls 500]
 
 Rows: the compiled kernel called directly with the bound tensors (the TVM-FFI
 call and launch), the binder alone, and Graph.execute end to end, forward and
-backward, 1x1x128x64 bf16 causal. Wall clock per call over back-to-back calls
-(the GPU work of this size is shorter than the host time, so the host bounds).
+backward, 1x1x128x64 bf16 causal. Per call over back-to-back calls: wall clock
+until the GPU drained, and in parentheses until the last call returned (host
+time alone, while the launch queue has room).
 """
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 import frost
 
 
-def _per_call_us(fn, calls: int) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
+def _per_call_us(fn, calls: int) -> tuple[float, float]:
+    """(wall, issue) microseconds per call: frost.bench's probe timer."""
+    from frost.bench.timing import host_time_us
+
+    return host_time_us(fn, calls, warmup=50)
 
 
 def _graphs(B=1, H=1, S=128, D=64):
@@ -59,7 +55,7 @@ def _graphs(B=1, H=1, S=128, D=64):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--calls", type=int, default=500)  # below the launch queue's depth
     a = ap.parse_args(argv)
     rows = []
     for name, (g, pack, ws) in zip(("fwd", "bwd"), _graphs()):
@@ -72,14 +68,15 @@ def main(argv=None) -> int:
             kernel = adapter.kernel
             raw = _per_call_us(lambda: kernel(*direct), a.calls)
         else:
-            raw = float("nan")
+            raw = (float("nan"), float("nan"))
         bind = _per_call_us(lambda: g._binder.bind(pack, ws), a.calls)
         full = _per_call_us(lambda: g.execute(pack, ws), a.calls)
         rows.append((name, g.engine_name, raw, bind, full))
+    print("wall us until the GPU drained (issue us until the calls returned)\n")
     print("| dir | engine | kernel call us | bind us | execute us |")
     print("|---|---|---:|---:|---:|")
-    for name, eng, raw, bind, full in rows:
-        print(f"| {name} | {eng} | {raw:.1f} | {bind:.1f} | {full:.1f} |")
+    for name, eng, *times in rows:
+        print(f"| {name} | {eng} | " + " | ".join(f"{w:.1f} ({i:.1f})" for w, i in times) + " |")
     return 0
 
 

@@ -100,6 +100,12 @@ def throughput_table(rows: list[Row], notes: Footnotes | None = None):
     return headers, body
 
 
+def _probe_text(m) -> str:
+    if m is None or m.host_us is None:
+        return "-"
+    return f"{m.host_us:.1f}" + (f" ({m.issue_us:.1f})" if m.issue_us is not None else "")
+
+
 def probe_table(rows: list[Row], notes: Footnotes | None = None):
     """(headers, body) of the host-time probe: microseconds per call, lower is better."""
     notes = notes if notes is not None else Footnotes()
@@ -114,7 +120,7 @@ def probe_table(rows: list[Row], notes: Footnotes | None = None):
         line = [w.direction, w.dtype, f"{w.batch}x{w.heads_q}x{w.seqlen_q}x{w.d_qk}"]
         for k in keys:
             m = r.measurements.get(k)
-            line.append(_cell(m, f"{m.host_us:.1f}" if m and m.host_us is not None else "-", notes))
+            line.append(_cell(m, _probe_text(m), notes))
         best = r.best_peer()
         line.append(impl_name(best.impl) if best else "-")
         line += [fmt_ratio(r.ratio(k)) for k in frost_keys]
@@ -166,7 +172,9 @@ LEGEND = ("TFLOP/s: median per-call time of CUDA-event-timed samples; FLOPs 4*B*
           "reference; '!' marks a failed check.")
 DET_LEGEND = ("Deterministic backward: time with use_deterministic_algorithm=True (FA4: deterministic=True) / "
               "time without, same workload and implementation (1.00x = no cost).")
-PROBE_LEGEND = "Host time per call on a tiny problem, wall clock over many back-to-back calls (lower is better)."
+PROBE_LEGEND = ("Host time per call on a tiny problem, wall clock over many back-to-back calls until the GPU drained "
+                "(in parentheses: until the last call returned, before the final sync, i.e. host time without "
+                "the tiny kernels' own GPU time); lower is better.")
 
 
 def render_report(rows: list[Row], markdown: bool = False) -> str:

@@ -22,7 +22,8 @@ class Measurement:
     status: str                    # ok | missing | n/a | failed | check-failed | skipped
     ms: float | None = None        # median per call (GPU time; probe rows: None)
     tflops: float | None = None
-    host_us: float | None = None   # probe rows: wall-clock microseconds per call
+    host_us: float | None = None   # probe rows: wall-clock microseconds per call (GPU drained)
+    issue_us: float | None = None  # probe rows: microseconds per call until the calls returned
     rel_err: float | None = None   # against the row's reference
     reason: str = ""               # why missing / n/a / failed / check-failed
     note: str = ""
@@ -90,7 +91,7 @@ class Row:
         row = cls(Workload.from_dict(d["workload"]), reference=d.get("reference", ""))
         for k, m in d.get("results", {}).items():
             m = dict(m)
-            for f in ("ms", "tflops", "host_us", "rel_err"):
+            for f in ("ms", "tflops", "host_us", "issue_us", "rel_err"):
                 if isinstance(m.get(f), str):  # JSON spells non-finite floats as strings
                     m[f] = float(m[f])
             row.measurements[k] = Measurement(**m)

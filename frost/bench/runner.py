@@ -147,7 +147,7 @@ class Runner:
                     elif ref is not None and ref[1] is not None:
                         m.rel_err = checks.compare(outs, ref[1])
                     if w.probe:
-                        m.host_us = host_time_us(prep.calls[0], self.opts.probe_calls, device=dev)
+                        m.host_us, m.issue_us = host_time_us(prep.calls[0], self.opts.probe_calls, device=dev)
                     else:
                         t = time_calls(prep.calls, self.opts.timing, prep.bind_stream, device=dev)
                         m.ms = t.median_ms

@@ -119,13 +119,21 @@ def _time_graph(loop, inner: int, opts: TimingOptions, bind_stream) -> Timing:
     return Timing(statistics.median(samples), min(samples), samples, inner, "graph")
 
 
-def host_time_us(call, calls: int = 500, warmup: int = 20, device="cuda") -> float:
-    """Wall-clock microseconds per call over `calls` back-to-back calls (GPU drained at both ends)."""
+def host_time_us(call, calls: int = 500, warmup: int = 20, device="cuda") -> tuple[float, float]:
+    """(wall, issue) microseconds per call over `calls` back-to-back calls, the GPU drained first.
+
+    wall: until the GPU has drained again (bounded below by the GPU time of a
+    launch); issue: until the last call returned on the host, before that sync —
+    the host time proper while the launch queue has room.
+    """
     for _ in range(warmup):
         call()
     sync(device)
+    n = max(1, calls)
     t0 = time.perf_counter()
-    for _ in range(max(1, calls)):
+    for _ in range(n):
         call()
+    t_issue = time.perf_counter()
     sync(device)
-    return (time.perf_counter() - t0) / max(1, calls) * 1e6
+    t_wall = time.perf_counter()
+    return (t_wall - t0) / n * 1e6, (t_issue - t0) / n * 1e6

@@ -161,7 +161,7 @@ def _synthetic_rows():
     p = _row(probe=True)
     p.add(Measurement("cudnn", OK, host_us=46.0))
     p.add(Measurement("fa2", OK, host_us=43.0))
-    p.add(Measurement("frost:sm90", OK, host_us=21.5))
+    p.add(Measurement("frost:sm90", OK, host_us=21.5, issue_us=9.5))
     return [r1, r2, p]
 
 
@@ -195,6 +195,7 @@ def test_table_cells_statuses_and_footnotes():
     assert "flash-attn-4 not installed" in text and "RuntimeError: boom" in text and "check failed" in text
     ph, pb = report.probe_table(rows)
     assert ph[-1] == "sm90/best" and pb[0][-1] == "0.50x" and pb[0][-2] == "FA2"
+    assert "21.5 (9.5)" in pb[0] and "46.0" in pb[0]  # wall (issue) where the issue time was measured
 
 
 def test_rendered_report_text_and_markdown():
@@ -421,6 +422,9 @@ def test_cpu_self_test_end_to_end(tmp_path, capsys):
     doc = json.loads((tmp_path / "cpu.json").read_text())
     assert (tmp_path / "cpu.md").exists()
     assert len(doc["rows"]) == 4 and len(doc["probe"]) == 2
+    for probe in doc["probe"]:
+        m = probe["results"]["frost:reference"]
+        assert 0 < m["issue_us"] <= m["host_us"], m
     for row in doc["rows"]:
         m = row["results"]["frost:reference"]
         assert m["status"] == "ok", m
