@@ -1,6 +1,8 @@
 """Execute-time binding: check each bound tensor against its declaration. Checks only, no copies."""
 from __future__ import annotations
 
+import operator
+
 from frost.errors import BindingError
 from frost.ir.tensor import Tensor
 
@@ -70,13 +72,23 @@ def check_thd_totals(bound: dict) -> None:
 _VECTOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
 
 
+def _stride_picker(dims: tuple):
+    """A C-level getter of the strides of a tensor's non-unit dims (the only ones that address memory)."""
+    nonunit = [i for i, d in enumerate(dims) if d > 1]
+    if not nonunit:
+        return lambda strides: ()
+    getter = operator.itemgetter(*nonunit)
+    return getter if len(nonunit) > 1 else (lambda strides, i=nonunit[0]: (strides[i],))
+
+
 class Binder:
     """Built once per plan: binds a variant pack with one cheap comparison per tensor.
 
-    The fast path compares dtype, dims, strides, device index and alignment
-    against values precomputed at plan time (about 1 us per tensor); anything
-    else goes through `check_tensor`, which accepts the legal variations (THD
-    totals, any stride on a unit dim) or raises the detailed error.
+    The fast path compares dtype, dims (packed token dims up to their
+    envelope), the strides of non-unit dims, device index and alignment against
+    values precomputed at plan time (under 1 us per tensor); anything else goes
+    through `check_tensor`, which accepts the remaining legal variations or
+    raises the detailed error.
     """
 
     def __init__(self, roles: dict, *, vector_bytes: int, is_thd: bool, wants_cuda: bool, engine: str,
@@ -89,29 +101,28 @@ class Binder:
         for role, decl in roles.items():
             vec = vector_bytes if role in _VECTOR_ROLES else (4 if vector_bytes > 1 else 1)
             dims, strides = tuple(decl.dim), tuple(decl.stride)
-            nonunit = tuple(i for i, d in enumerate(dims) if d > 1)  # a unit dim's stride is free
-            self.specs.append((role, decl, decl.data_type.to_torch(), dims, strides, nonunit, vec - 1))
+            pick = _stride_picker(dims)  # a unit dim's stride is free: compare the others only
+            packed = is_thd and (role in THD_Q_ROLES or role in THD_KV_ROLES)  # token dim up to dims[0]
+            self.specs.append((role, decl, decl.data_type.to_torch(), dims, packed, pick, pick(strides), vec - 1))
 
     def bind(self, variant_pack: dict, workspace) -> dict:
+        get = variant_pack.get
+        device, first = self._first_device(variant_pack)
         bound = {}
-        device = None  # the first tensor's device index; off the GPU (-1) devices compare as objects
-        first = None
-        for role, decl, dtype, dims, strides, nonunit, misalign in self.specs:
-            t = variant_pack.get(decl)
-            if t is None:
-                t = lookup(variant_pack, decl)
+        for role, decl, dtype, dims, packed, pick, picked, misalign in self.specs:
+            t = get(decl)
             try:
-                if device is None:
-                    device, first = self._first_device(t, decl), t.device
-                st = t.stride()
-                fast = (t.dtype is dtype and t.shape == dims and t.get_device() == device
-                        and (device >= 0 or t.device == first)
-                        and (st == strides or all(st[i] == strides[i] for i in nonunit))
-                        and not t.data_ptr() & misalign)
-            except AttributeError:
-                fast = False
-            bound[role] = t if fast else check_tensor(role, decl, t, device=first, is_thd=self.is_thd,
-                                                      vector_bytes=misalign + 1)
+                if (t.dtype is dtype
+                        and ((shape := t.shape) == dims
+                             or (packed and shape[1:] == dims[1:] and 0 <= shape[0] <= dims[0]))
+                        and pick(t.stride()) == picked and t.get_device() == device
+                        and (device >= 0 or t.device == first) and not t.data_ptr() & misalign):
+                    bound[role] = t
+                    continue
+            except (AttributeError, IndexError, TypeError):  # not keyed by handle, or not a tensor
+                pass
+            bound[role] = check_tensor(role, decl, lookup(variant_pack, decl), device=first, is_thd=self.is_thd,
+                                       vector_bytes=misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
         need = self.plan.workspace_size
@@ -121,10 +132,13 @@ class Binder:
             check_workspace(workspace, need, first)
         return bound
 
-    def _first_device(self, t, decl) -> int:
-        """The device index every tensor must share (-1 = CPU)."""
-        index = t.get_device()
-        if self.wants_cuda and index < 0:
+    def _first_device(self, variant_pack: dict):
+        """(device index, device) every tensor must share: the first declared tensor's (-1 = off the GPU)."""
+        decl = self.specs[0][1]
+        t = lookup(variant_pack, decl)
+        if not hasattr(t, "get_device"):
+            return None, None  # the loop's slow path reports it
+        if self.wants_cuda and not t.is_cuda:
             raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {t.device} "
                                f"(first: {decl.name!r})")
-        return index
+        return t.get_device(), t.device

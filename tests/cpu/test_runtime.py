@@ -219,3 +219,27 @@ def test_dense_scratch_views_are_reused_and_released_with_the_workspace():
     del views, first, other
     gc.collect()
     assert a._carved is None
+
+
+def test_packed_tensors_below_their_envelope_bind_on_the_fast_path(monkeypatch):
+    """THD tensors holding fewer tokens than declared are legal and common: no detailed check per call."""
+    from frost.runtime import binding
+
+    case = Case(thd=True, batch=2, hq=2, hkv=2, d=8, lens_q=(3, 5), lens_kv=(4, 2), extra_q=4, extra_kv=4)
+    t = make_inputs(case)
+    g, pack, o, stats = fwd_graph(case, t)
+    g.validate().build_plans()
+    pack[o] = empty_like_decl(o)
+    pack[stats] = empty_like_decl(stats)
+    small = dict(pack)
+    for role, decl, *_ in g._binder.specs:
+        if role in binding.THD_Q_ROLES:
+            small[decl] = pack[decl][:8]
+        elif role in binding.THD_KV_ROLES:
+            small[decl] = pack[decl][:6]
+
+    def no_detailed_check(role, *a, **k):
+        raise AssertionError(f"{role} took the slow path")
+    monkeypatch.setattr(binding, "check_tensor", no_detailed_check)
+    bound = g._binder.bind(small, None)
+    assert bound["q"].shape[0] == 8 and bound["k"].shape[0] == 6
