@@ -1,7 +1,8 @@
 """The argument contract between SDPA adapters and SDPA kernel templates.
 
-Every SDPA kernel takes the user's tensors exactly as bound, in their declared
-order (no view is built on the host at execute):
+Every SDPA kernel takes the user's io tensors and Stats exactly as bound, in
+their declared order, so execute builds no view of them (padding lengths and
+sinks arrive as 1-D views):
 
 Dense graphs:
     q  (B, Hq, Sq, Dqk)   k  (B, Hkv, Skv, Dqk)   v  (B, Hkv, Skv, Dv)
