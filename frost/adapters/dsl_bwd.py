@@ -26,6 +26,7 @@ def bwd_feature_flags(facts) -> dict:
 class DslBwdAdapter(SdpaBwdDsl):
     params_module: str = ""
     vector_bytes = 16
+    _carved = None  # (weakref to the workspace, its address, scratch views) of a dense plan
 
     def check_support(self) -> None:
         check_dsl_and_knobs(self)
@@ -60,6 +61,7 @@ class DslBwdAdapter(SdpaBwdDsl):
         stages = self._pm.bwd_chain(params)
         kernels = compile_many([(module, params) for _, module, _ in stages], self.target)
         self.chain = [(stage, kernel, names) for (stage, _, names), kernel in zip(stages, kernels)]
+        self._static = self._static_values()
         self.compiled = True
 
     def compiled_kernels(self) -> list:
@@ -87,7 +89,7 @@ class DslBwdAdapter(SdpaBwdDsl):
         """
         if self._dense_scratch is None:
             return carve(workspace, self._scratch(bound["q"].shape[0], bound["k"].shape[0]))
-        cached = self.__dict__.get("_carved")
+        cached = self._carved
         if cached is not None and cached[0]() is workspace and cached[1] == workspace.data_ptr():
             return cached[2]
         views = carve(workspace, self._dense_scratch)
@@ -95,17 +97,14 @@ class DslBwdAdapter(SdpaBwdDsl):
 
         def forget(ref, me=me):
             adapter = me()
-            if adapter is not None and adapter.__dict__.get("_carved", (None,))[0] is ref:
+            if adapter is not None and (adapter._carved or (None,))[0] is ref:
                 adapter._carved = None
         self._carved = (weakref.ref(workspace, forget), workspace.data_ptr(), views)
         return views
 
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
-        vals = self.__dict__.get("_static")
-        if vals is None:
-            vals = self._static = self._static_values()
-        vals = dict(vals, q=bound["q"], k=bound["k"], v=bound["v"], o=bound["o"], do=bound["dO"],
+        vals = dict(self._static, q=bound["q"], k=bound["k"], v=bound["v"], o=bound["o"], do=bound["dO"],
                     lse=bound["stats"], dq=bound["dQ"], dk=bound["dK"], dv=bound["dV"], stream=stream_handle(stream))
         if f.is_thd:
             vals["cu_seqlens_q"], vals["cu_seqlens_kv"] = bound["cu_seq_len_q"], bound["cu_seq_len_kv"]

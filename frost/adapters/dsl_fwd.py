@@ -65,6 +65,7 @@ class DslFwdAdapter(SdpaFwdDsl):
                                       f"rejects (a bug): {e}") from e
         self.params = params
         self.kernel = compile_kernel(self.template, params, self.target)
+        self._recipe = self._launch_recipe()
         self.compiled = True
 
     def compiled_kernels(self) -> list:
@@ -88,10 +89,7 @@ class DslFwdAdapter(SdpaFwdDsl):
         return tuple(roles), tuple(scalars)
 
     def execute(self, bound: dict, workspace, stream) -> None:
-        recipe = self.__dict__.get("_recipe")
-        if recipe is None:
-            recipe = self._recipe = self._launch_recipe()
-        roles, scalars = recipe
+        roles, scalars = self._recipe
         args = [bound[r] if view is None else view(bound[r]) for r, view in roles]
         self.kernel(*args, *scalars, stream_handle(stream))
 
