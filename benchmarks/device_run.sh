@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call: the GPU test suite, plan/host time, a benchmark, an ncu profile; at most 8 files land in $OUT.
-#   bash benchmarks/device_run.sh [tests] [plan] [host] [bench PRESET] [--bench-args "..."] [ncu "ARGS"]
-#                                 [-k EXPR] [--budget SECONDS] [--commit SHA]
+#   bash benchmarks/device_run.sh [tests] [plan] [host] [sweeps] [bench PRESET] [--bench-args "..."]
+#                                 [ncu "ARGS"] [-k EXPR] [--budget SECONDS] [--commit SHA]
 # `ncu "ARGS"` profiles benchmarks/profile_fwd.py ARGS (frost and FA4, one call each) with ncu.
+# `sweeps` times the knob variants still open against the peers in the same process (sweeps.log):
+# the SM90 forward at D=256 (early O rescale, one CTA per tile) and the SM80 backward's variant set.
 # Run from the repository root on the GPU machine with the package kit carried (.kit; see AGENTS.md).
 # Compiles happen there (CuTe DSL, 16 cores); pytest-xdist spreads them over processes.
 set -uo pipefail
@@ -10,10 +12,11 @@ source .kit/env.sh
 export PYTHONPATH="$PWD:$PYTHONPATH"
 export FROST_CACHE_DIR="${FROST_CACHE_DIR:-/tmp/frost-cache}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; budget=240; commit="${FROST_COMMIT:-unknown}"
+kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; run_sweeps=0; budget=240; commit="${FROST_COMMIT:-unknown}"
 bench_args=""; ncu_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    sweeps) run_sweeps=1 ;;
     tests) run_tests=1 ;;
     plan) run_plan=1 ;;
     host) run_host=1 ;;
@@ -39,6 +42,13 @@ fi
 if [ "$run_host" = 1 ]; then
   timeout 120 python3 benchmarks/host_time.py > "$OUT/host-time.md" 2>&1
   cat "$OUT/host-time.md"
+fi
+if [ "$run_sweeps" = 1 ]; then
+  (cd benchmarks && timeout 150 python3 sm90_fwd_quick.py --d 256 --s 4096,16384 --causal 0,1 \
+     --variants '[{}, {"rescale_o_early": true}, {"persistent": false}]') > "$OUT/sweeps.log" 2>&1
+  timeout 240 python3 benchmarks/sm80_bwd_sweep.py --d 64,128 --s 4096,16384 --causal 0,1 \
+    --variants "$(cat benchmarks/sm80_bwd_variants.json)" >> "$OUT/sweeps.log" 2>&1
+  grep -v "^#" "$OUT/sweeps.log" | tail -30
 fi
 if [ -n "$ncu_args" ]; then
   ncu_bin="$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)"
