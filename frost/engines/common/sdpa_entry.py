@@ -35,20 +35,22 @@ def canonical(name: str, t, is_thd: bool):
     return t
 
 
-def canonical_args(names, args, is_thd: bool) -> list:
+def canonical_args(names, args, is_thd: bool) -> dict:
+    """The arguments keyed by their contract names, tensors in canonical views (absent names: see `arg`)."""
     if len(names) != len(args):
         raise TypeError(f"expected {len(names)} arguments ({', '.join(names)}), got {len(args)}")
-    return [canonical(n, a, is_thd) for n, a in zip(names, args)]
+    return {n: canonical(n, a, is_thd) for n, a in zip(names, args)}
 
 
 def make_entry(run, names: list[str], is_thd: bool):
-    """A @cute.jit host entry with one positional parameter per name; `run(*canonical views)` inside.
+    """A @cute.jit host entry with one positional parameter per name; `run(args by name)` inside.
 
     The compile boundary exports and reloads plain positional functions, so the
-    entry advertises exactly this flavor's signature.
+    entry advertises exactly this flavor's signature; templates read their
+    arguments by contract name, never by position.
     """
     def sdpa_entry(*args):
-        run(*canonical_args(names, args, is_thd))
+        run(canonical_args(names, args, is_thd))
 
     sdpa_entry.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_SCALARS.get(n, cute.Tensor))

@@ -139,8 +139,8 @@ class _Main:
 
         return Storage
 
-    def run(self, args: tuple) -> None:
-        a = bu.bind(self.names, args)
+    def run(self, a: dict) -> None:
+        """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         self._layouts()
         Storage = self._storage()
         mK = a["k"]

@@ -34,8 +34,8 @@ class _Postprocess:
         self.arch = arch
         self.names = postprocess_args(p)
 
-    def run(self, args: tuple) -> None:
-        a = bu.bind(self.names, args)
+    def run(self, a: dict) -> None:
+        """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         mdQ = a["dq"]
         if cutlass.const_expr(self.p.is_thd):
             total = mdQ.shape[0]

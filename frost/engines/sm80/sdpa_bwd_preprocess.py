@@ -36,8 +36,8 @@ class _Preprocess:
         self.arch = arch
         self.names = preprocess_args(p)
 
-    def run(self, args: tuple) -> None:
-        a = bu.bind(self.names, args)
+    def run(self, a: dict) -> None:
+        """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         mO = a["o"]
         if cutlass.const_expr(self.p.is_thd):
             total = mO.shape[0]

@@ -19,13 +19,6 @@ def io_dtype(p: Sm80BwdParams):
     return IO_DTYPES[p.dtype]
 
 
-def bind(names: list[str], args: tuple) -> dict:
-    """Positional arguments of a host entry, keyed by their contract names."""
-    if len(names) != len(args):
-        raise TypeError(f"expected {len(names)} arguments ({', '.join(names)}), got {len(args)}")
-    return dict(zip(names, args))
-
-
 def scratch_fake(fakes: FakeArgs, name: str):
     """Fakes of the chain's workspace buffers (sdpa_bwd_params.scratch_layout), compact and symbolic."""
     p = fakes.p
@@ -42,12 +35,8 @@ def scratch_fake(fakes: FakeArgs, name: str):
 
 
 def build_entry(p: Sm80BwdParams, names: list[str], run):
-    """(jit entry, fakes) of one kernel of the chain; `run(args)` receives the canonical views in order."""
-    fakes = FakeArgs(p, extra=scratch_fake)
-
-    def launch(*args):
-        run(args)
-    return make_entry(launch, names, p.is_thd), tuple(fakes.all(names))
+    """(jit entry, fakes) of one kernel of the chain; `run(args)` receives the arguments by contract name."""
+    return make_entry(run, names, p.is_thd), tuple(FakeArgs(p, extra=scratch_fake).all(names))
 
 
 @cute.jit
@@ -94,5 +83,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["bind", "build_entry", "scratch_fake", "io_dtype", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
+__all__ = ["build_entry", "scratch_fake", "io_dtype", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
            "red_release_add_i32", "elem_ptr"]

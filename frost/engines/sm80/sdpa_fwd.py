@@ -63,41 +63,6 @@ class Sm80SdpaFwd:
         self.qpk = p.num_heads_q // p.num_heads_kv
 
     # ------------------------------------------------------------------ host
-    def _unpack(self, args):
-        """Name the positional arguments of the contract (absent entries become None)."""
-        p = self.p
-        a = SimpleNamespace(lse=None, cu_q=None, cu_k=None, su_q=None, su_k=None, sinks=None,
-                            wl=None, wr=None, max_seqlen_q=None)
-        a.q, a.k, a.v, a.o = args[0], args[1], args[2], args[3]
-        i = 4
-        if p.has_lse:
-            a.lse = args[i]
-            i += 1
-        if p.is_thd:
-            a.cu_q, a.cu_k = args[i], args[i + 1]
-            i += 2
-        if p.has_seqused:
-            a.su_q, a.su_k = args[i], args[i + 1]
-            i += 2
-        if p.has_sinks:
-            a.sinks = args[i]
-            i += 1
-        a.scale = args[i]
-        i += 1
-        if p.has_window_left:
-            a.wl = args[i]
-            i += 1
-        if p.has_window_right:
-            a.wr = args[i]
-            i += 1
-        if p.is_thd:
-            a.max_seqlen_q = args[i]
-            i += 1
-        a.stream = args[i]
-        if len(args) != i + 1:
-            raise TypeError(f"{self.name}: expected {i + 1} arguments, got {len(args)}")
-        return a
-
     def _smem_layout(self, rows: int, d: int, stages: int | None):
         """Swizzled (rows, d[, stages]) smem layout: 8 x 64 (or 8 x 32) element atoms, conflict-free ldmatrix."""
         kblk = 64 if d % 64 == 0 else 32
@@ -122,9 +87,9 @@ class Sm80SdpaFwd:
         return cute.make_tiled_copy_tv(atom, thr, cute.make_layout((1, vec)))
 
     @cute.jit
-    def launch(self, *args):
+    def launch(self, a: dict):
+        """`a`: the sdpa_args arguments by name, tensors in canonical views."""
         p = self.p
-        a = self._unpack(args)
         dt = self.dtype
         sQ_layout = self._smem_layout(p.tile_m, p.head_dim, None)
         sK_layout = self._smem_layout(p.tile_n, p.head_dim, p.num_stages)
@@ -147,22 +112,24 @@ class Sm80SdpaFwd:
         copy_O = self._gmem_copy(p.head_dim_v, False)
 
         if const_expr(p.is_thd):
-            num_batch = a.cu_q.shape[0] - 1
-            m_blocks = (a.max_seqlen_q + (p.tile_m - 1)) // p.tile_m
+            num_batch = a["cu_seqlens_q"].shape[0] - 1
+            m_blocks = (a["max_seqlen_q"] + (p.tile_m - 1)) // p.tile_m
         else:
-            num_batch = a.q.shape[0]
-            m_blocks = (a.q.shape[1] + (p.tile_m - 1)) // p.tile_m
+            num_batch = a["q"].shape[0]
+            m_blocks = (a["q"].shape[1] + (p.tile_m - 1)) // p.tile_m
         # an empty batch or zero lengths still launch a valid (idle) grid
         grid = (cutlass.max(m_blocks, 1), p.num_heads_q, cutlass.max(num_batch, 1))
-        scale_log2 = a.scale * softmax.LOG2_E
+        scale_log2 = a["softmax_scale"] * softmax.LOG2_E
+        g = a.get
         self.kernel(
-            a.q, a.k, a.v, a.o, a.lse, a.cu_q, a.cu_k, a.su_q, a.su_k, a.sinks, scale_log2, a.wl, a.wr, num_batch,
+            a["q"], a["k"], a["v"], a["o"], g("lse"), g("cu_seqlens_q"), g("cu_seqlens_kv"), g("seqused_q"),
+            g("seqused_kv"), g("sinks"), scale_log2, g("window_left"), g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
             grid=grid,
             block=(self.num_threads, 1, 1),
             smem=SharedStorage.size_in_bytes(),
-            stream=a.stream,
+            stream=a["stream"],
         )
 
     # ---------------------------------------------------------------- device

@@ -92,23 +92,10 @@ class SdpaFwdSm90:
         self.kv_rotate = p.kv_rotate and not (p.has_window_left or p.has_window_right)
 
     # ------------------------------------------------------------------ host side
-    def _unpack(self, args):
-        """Split the positional sdpa_args list according to the feature flags."""
-        p = self.p
-        a = list(args)
-        q, k, v, o = a[:4]
-        out = dict(q=q, k=k, v=v, o=o, lse=None, cu_q=None, cu_k=None, used_q=None, used_k=None,
-                   sinks=None, wl=None, wr=None)
-        names = (["lse"] * p.has_lse + ["cu_q", "cu_k"] * p.is_thd + ["used_q", "used_k"] * p.has_seqused
-                 + ["sinks"] * p.has_sinks + ["scale"] + ["wl"] * p.has_window_left + ["wr"] * p.has_window_right
-                 + ["max_seqlen_q"] * p.is_thd + ["stream"])  # max_seqlen_q: unused, the grid uses extents
-        assert len(a) == 4 + len(names), f"expected {4 + len(names)} arguments, got {len(a)}"
-        out.update(zip(names, a[4:]))
-        return out
-
     @cute.jit
-    def __call__(self, *args):
-        a = self._unpack(args)
+    def __call__(self, a: dict):
+        """`a`: the sdpa_args arguments by name, tensors in canonical views (max_seqlen_q unused:
+        the grid comes from tensor extents)."""
         p = self.p
         dt = self.dtype
         thd = const_expr(p.is_thd)
@@ -158,7 +145,7 @@ class SdpaFwdSm90:
         v_bytes = cute.size_in_bytes(dt, cute.select(sV_layout, mode=[0, 1]))
 
         if const_expr(thd):
-            num_batch = a["cu_q"].shape[0] - 1
+            num_batch = a["cu_seqlens_q"].shape[0] - 1
             num_m_blocks = Int32(0)
             total_tiles = ts.varlen_tiles_bound(seq_q, num_batch, self.tile_heads, self.qt)
         else:
@@ -167,9 +154,9 @@ class SdpaFwdSm90:
             total_tiles = num_m_blocks * self.tile_heads * num_batch
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
 
-        scale_log2 = Float32(a["scale"]) * Float32(math.log2(math.e))
-        wl = Int32(a["wl"]) if const_expr(p.has_window_left) else None
-        wr = Int32(a["wr"]) if const_expr(p.has_window_right) else None
+        scale_log2 = Float32(a["softmax_scale"]) * Float32(math.log2(math.e))
+        wl = Int32(a["window_left"]) if const_expr(p.has_window_left) else None
+        wr = Int32(a["window_right"]) if const_expr(p.has_window_right) else None
 
         stages = self.stages
         o_elems = cute.cosize(sO_layout) if const_expr(self.separate_o) else 0
@@ -185,7 +172,8 @@ class SdpaFwdSm90:
             sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
 
         self.kernel(
-            tma_q, tma_k, tma_v, tma_o, mLSE, a["cu_q"], a["cu_k"], a["used_q"], a["used_k"], a["sinks"],
+            tma_q, tma_k, tma_v, tma_o, mLSE, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
+            a.get("seqused_kv"), a.get("sinks"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, wl, wr,
             num_batch, num_m_blocks, total_tiles, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
