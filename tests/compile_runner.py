@@ -51,16 +51,6 @@ def compile_groups(groups: list, cwd, timeout: int = 900) -> list:
         return list(pool.map(one, groups))
 
 
-def params_kwargs(default_knobs, family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None,
-                  **flags) -> dict:
-    """Params kwargs of an mma.sync template: the family's default knobs, then `knobs`, then flags."""
-    dv = dv or d
-    k = default_knobs(family, d, dv, dtype)
-    k.update(knobs or {})
-    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
-                **flags, **k)
-
-
 # instruction counts the compile tests assert on (substring -> key)
 PTX_COUNTS = {
     "mma_sync": "mma.sync.aligned.m16n8k16", "wgmma": "wgmma", "wgmma_mma_async": "wgmma.mma_async",

@@ -13,7 +13,8 @@ import pytest
 from frost.engines.sm80.sdpa_fwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80FwdParams, default_knobs, smem_bytes,
                                                 validate)
 from frost.errors import TemplateParamsError
-from tests.compile_runner import compile_groups, params_kwargs
+from tests.compile_runner import compile_groups
+from tests.mma_params import params_kwargs
 
 
 

@@ -22,19 +22,17 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
+from frost.adapters.reference_math import allowed_mask  # noqa: E402
 from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, bwd_chain, chain_args,  # noqa: E402
                                                default_knobs, scratch_bytes, scratch_layout)
 from frost.engines.sdpa_args import declared_values  # noqa: E402
+from tests.mma_params import params_kwargs  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags):
-    dv = dv or d
-    k = default_knobs(family, d, dv, dtype)
-    k.update(knobs or {})
-    return Sm80BwdParams(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
-                         **flags, **k)
+def _p(**kw):
+    return Sm80BwdParams(**params_kwargs(default_knobs, **kw))
 
 
 class Case:
@@ -100,18 +98,6 @@ def _cases() -> list[Case]:
 
 
 # ------------------------------------------------------------------------------------ oracle
-def _allowed(lq, lk, wl, wr, br, device):
-    i = torch.arange(lq, device=device).view(-1, 1)
-    j = torch.arange(lk, device=device).view(1, -1)
-    off = (lk - lq) if br else 0
-    ok = torch.ones(lq, lk, dtype=torch.bool, device=device)
-    if wl is not None:
-        ok &= j >= i + off - wl
-    if wr is not None:
-        ok &= j <= i + off + wr
-    return ok
-
-
 def _seq_loss(qb, kb, vb, dob, scale, sink, mask):
     """sum(O * dO) of one sequence in float64, NaN-free for empty rows."""
     hq, hk = qb.shape[1], kb.shape[1]
@@ -153,7 +139,8 @@ def oracle(case, q, k, v, do, sinks, scale):
     for b, (oq, lq, ok, lk) in enumerate(_ranges(case, None)):
         if lq == 0 or lk == 0 and s64 is None:
             continue
-        mask = _allowed(lq, lk, case.wl, case.wr, p.bottom_right, q.device)
+        mask = allowed_mask(lq, lk, window_left=case.wl, window_right=case.wr, bottom_right=p.bottom_right,
+                            device=q.device)
         if p.is_thd:
             sl = (slice(oq, oq + lq),)
             skl = (slice(ok, ok + lk),)

@@ -18,18 +18,15 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 from frost.adapters.reference_math import sdpa_fwd_reference  # noqa: E402
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs  # noqa: E402
+from tests.mma_params import params_kwargs  # noqa: E402
 from frost.engines.sdpa_args import CanonicalCall  # noqa: E402
 
 TEMPLATE = "frost.engines.sm80.sdpa_fwd"
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _p(family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags):
-    dv = dv or d
-    k = default_knobs(family, d, dv, dtype)
-    k.update(knobs or {})
-    return Sm80FwdParams(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
-                         **flags, **k)
+def _p(**kw):
+    return Sm80FwdParams(**params_kwargs(default_knobs, **kw))
 
 
 FLAVORS = {
