@@ -18,7 +18,6 @@ class SdpaFwdDslSm90(DslFwdAdapter):
                               or f.window_left is not None, sm_count=self.target.sm_count)
         requested = self.knobs.requested()
         knobs.update(requested)
-        knobs.pop("num_warps", None)
         flags = fwd_feature_flags(f)
         if "pack_gqa" not in requested:
             # GQA packs the heads of a kv head into one M tile wherever the template can;
