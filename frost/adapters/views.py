@@ -1,4 +1,8 @@
-"""Canonical kernel views of bound tensors (see frost.engines.sdpa_args): strided views only."""
+"""Canonical views of bound tensors (see frost.engines.sdpa_args): strided views only.
+
+The reference adapter computes on them; DSL kernels take io tensors and Stats as
+declared (their jit entry views them) and only lengths and sinks pass through here.
+"""
 from __future__ import annotations
 
 

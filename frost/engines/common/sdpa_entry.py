@@ -36,9 +36,8 @@ def canonical(name: str, t, is_thd: bool):
 
 
 def canonical_args(names, args, is_thd: bool) -> dict:
-    """The arguments keyed by their contract names, tensors in canonical views (absent names: see `arg`)."""
-    if len(names) != len(args):
-        raise TypeError(f"expected {len(names)} arguments ({', '.join(names)}), got {len(args)}")
+    """The arguments keyed by their contract names (the entry's signature fixes their number), tensors in
+    canonical views; optional arguments a flavor does not take are absent."""
     return {n: canonical(n, a, is_thd) for n, a in zip(names, args)}
 
 
