@@ -75,10 +75,7 @@ _VECTOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
 def _stride_picker(dims: tuple):
     """A C-level getter of the strides of a tensor's non-unit dims (the only ones that address memory)."""
     nonunit = [i for i, d in enumerate(dims) if d > 1]
-    if not nonunit:
-        return lambda strides: ()
-    getter = operator.itemgetter(*nonunit)
-    return getter if len(nonunit) > 1 else (lambda strides, i=nonunit[0]: (strides[i],))
+    return operator.itemgetter(*nonunit) if nonunit else (lambda strides: ())
 
 
 class Binder:
