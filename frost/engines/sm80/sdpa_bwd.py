@@ -28,7 +28,6 @@ sequence, so a longer sequence than declared is still fully served.
 Argument list: `sdpa_bwd_params.main_args`.
 """
 
-import math
 
 import cutlass
 import cutlass.cute as cute
@@ -39,9 +38,8 @@ from frost.engines.common import mask as fmask
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.seqlen import seqlen_info
 from frost.engines.sm80 import sdpa_bwd_utils as bu
+from frost.engines.common.softmax import LOG2_E
 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, main_args, name_suffix
-
-LOG2_E = math.log2(math.e)
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:

@@ -6,16 +6,12 @@ Row sums stay per-thread until `finalize`, which reduces them once.
 """
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from frost.engines.common.softmax import LN_2, LOG2_E
 from frost.engines.sm90.wgmma_utils import acc_view_mn
-
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
 
 
 @cute.jit

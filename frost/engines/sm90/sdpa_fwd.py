@@ -154,7 +154,7 @@ class SdpaFwdSm90:
             total_tiles = num_m_blocks * self.tile_heads * num_batch
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
 
-        scale_log2 = Float32(a["softmax_scale"]) * Float32(math.log2(math.e))
+        scale_log2 = Float32(a["softmax_scale"]) * Float32(sm.LOG2_E)
         wl = Int32(a["window_left"]) if const_expr(p.has_window_left) else None
         wr = Int32(a["window_right"]) if const_expr(p.has_window_right) else None
 
