@@ -24,7 +24,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
 from frost.engines.common import acc_layout, mask, seqlen, softmax
-from frost.engines.common.sdpa_entry import FakeArgs, IO_DTYPES as _DTYPES, make_entry
+from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm80 import warp_mma
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
@@ -58,7 +58,7 @@ class Sm80SdpaFwd:
         p = params
         self.p = p
         self.name = name
-        self.dtype = _DTYPES[p.dtype]
+        self.dtype = IO_DTYPES[p.dtype]
         self.num_threads = 32 * p.num_warps
         self.qpk = p.num_heads_q // p.num_heads_kv
 

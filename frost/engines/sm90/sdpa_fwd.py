@@ -29,7 +29,7 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from frost.engines.common import tile_scheduler as ts
-from frost.engines.common.sdpa_entry import FakeArgs, make_entry
+from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm90 import fwd_softmax as sm
 from frost.engines.sm90 import pack_gqa as pg
@@ -72,7 +72,7 @@ class SdpaFwdSm90:
     def __init__(self, params: Sm90FwdParams):
         validate(params)
         p = self.p = params
-        self.dtype = wu.dtype_of(p.dtype)
+        self.dtype = IO_DTYPES[p.dtype]
         self.tile_m, self.tile_n = p.tile_m, p.tile_n
         self.hd, self.hdv = p.head_dim, p.head_dim_v
         self.stages = p.num_stages

@@ -7,8 +7,6 @@ of the same registers, built here.
 """
 from __future__ import annotations
 
-from typing import Type
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
@@ -86,7 +84,3 @@ def convert_to_16bit(src: cute.Tensor, dst: cute.Tensor):
     dst_i32 = cute.recast_tensor(dst, Int32)
     for i in cutlass.range_constexpr(cute.size(dst_i32)):
         dst_i32[i] = cvt_pack_f32x2(src[2 * i], src[2 * i + 1], to_bf16)
-
-
-def dtype_of(name: str) -> Type[cutlass.Numeric]:
-    return {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[name]
