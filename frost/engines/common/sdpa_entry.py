@@ -22,16 +22,17 @@ _SCALARS = {"softmax_scale": Float32, "window_left": Int32, "window_right": Int3
             "max_seqlen_kv": Int32, "stream": cuda.CUstream}
 
 
-def _select(t: cute.Tensor, modes) -> cute.Tensor:
+def select_modes(t: cute.Tensor, modes) -> cute.Tensor:
+    """The same tensor with its layout's modes picked / reordered (a trace-time view)."""
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
 
 
 def canonical(name: str, t, is_thd: bool):
     """The canonical view of one declared-order argument (trace time only)."""
     if name in IO_ROLES and not is_thd:
-        return _select(t, [0, 2, 1, 3])  # (B, H, S, D) -> (B, S, H, D)
+        return select_modes(t, [0, 2, 1, 3])  # (B, H, S, D) -> (B, S, H, D)
     if name == STATS_ROLE:
-        return _select(t, [1, 0] if is_thd else [0, 1, 2])  # drop the unit mode; THD: (H, T)
+        return select_modes(t, [1, 0] if is_thd else [0, 1, 2])  # drop the unit mode; THD: (H, T)
     return t
 
 

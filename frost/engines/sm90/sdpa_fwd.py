@@ -29,7 +29,7 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from frost.engines.common import tile_scheduler as ts
-from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
+from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm90 import fwd_softmax as sm
 from frost.engines.sm90 import pack_gqa as pg
@@ -101,11 +101,11 @@ class SdpaFwdSm90:
         thd = const_expr(p.is_thd)
         # kernel views: (seq, d, head[, batch]) for Q/K/V/O, (seq, head[, batch]) for LSE
         if const_expr(thd):
-            mQ, mK, mV, mO = [wu.select_modes(t, [0, 2, 1]) for t in (a["q"], a["k"], a["v"], a["o"])]
-            mLSE = wu.select_modes(a["lse"], [1, 0]) if const_expr(p.has_lse) else None
+            mQ, mK, mV, mO = [select_modes(t, [0, 2, 1]) for t in (a["q"], a["k"], a["v"], a["o"])]
+            mLSE = select_modes(a["lse"], [1, 0]) if const_expr(p.has_lse) else None
         else:
-            mQ, mK, mV, mO = [wu.select_modes(t, [1, 3, 2, 0]) for t in (a["q"], a["k"], a["v"], a["o"])]
-            mLSE = wu.select_modes(a["lse"], [2, 1, 0]) if const_expr(p.has_lse) else None
+            mQ, mK, mV, mO = [select_modes(t, [1, 3, 2, 0]) for t in (a["q"], a["k"], a["v"], a["o"])]
+            mLSE = select_modes(a["lse"], [2, 1, 0]) if const_expr(p.has_lse) else None
         seq_q = mQ.shape[0]
         if const_expr(self.pack):
             mQ, mO = pg.pack_heads(mQ, self.rq, 2), pg.pack_heads(mO, self.rq, 2)

@@ -63,10 +63,6 @@ def transpose_view(a: cute.Tensor) -> cute.Tensor:
     return cute.composition(a, cute.make_ordered_layout(shape, order=order))
 
 
-def select_modes(a: cute.Tensor, modes) -> cute.Tensor:
-    return cute.make_tensor(a.iterator, cute.select(a.layout, mode=modes))
-
-
 @dsl_user_op
 def cvt_pack_f32x2(a: Float32, b: Float32, to_bf16: bool, *, loc=None, ip=None) -> Int32:
     """Two fp32 -> one 32-bit register of two 16-bit floats (round to nearest), `a` in the low half."""
