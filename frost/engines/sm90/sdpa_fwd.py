@@ -29,6 +29,7 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from frost.engines.common import tile_scheduler as ts
+from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm90 import fwd_softmax as sm
@@ -251,15 +252,10 @@ class SdpaFwdSm90:
 
     @cute.jit
     def seqlens(self, batch: Int32, mCuQ, mCuK, mUsedQ, mUsedK, seqlen_q_static: Int32, seqlen_k_static: Int32):
-        """(seqlen_q, seqlen_k, offset_q, offset_k) of one batch, read in-kernel."""
-        if const_expr(self.p.is_thd):
-            off_q = mCuQ[batch]
-            off_k = mCuK[batch]
-            return mCuQ[batch + 1] - off_q, mCuK[batch + 1] - off_k, off_q, off_k
-        elif const_expr(self.p.has_seqused):
-            return mUsedQ[batch], mUsedK[batch], Int32(0), Int32(0)
-        else:
-            return seqlen_q_static, seqlen_k_static, Int32(0), Int32(0)
+        """(seqlen_q, seqlen_k, offset_q, offset_k) of one batch, read in-kernel (the shared seqlen_info)."""
+        off_q, off_k, len_q, len_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static, mCuQ, mCuK, mUsedQ,
+                                                 mUsedK)
+        return len_q, len_k, off_q, off_k
 
     @cute.jit
     def band(self, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
