@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import operator
 
 from frost.adapters.base import SdpaFwdDsl, SdpaBwdDsl
 from frost.adapters.views import lengths_view, sink_view
@@ -72,7 +73,10 @@ class DslFwdAdapter(SdpaFwdDsl):
         return [self.kernel] if self.compiled else []
 
     def _launch_recipe(self):
-        """Plan-time argument recipe: (role, view or None) per tensor argument, then the scalars."""
+        """Plan-time argument recipe: (role, view or None) per tensor argument, then the scalars.
+
+        Without views the first part is (a getter of the tensors in launch order, None) instead.
+        """
         f = self.facts
         roles = [("q", None), ("k", None), ("v", None), ("o", None)]  # declared order: the entry views them
         if f.has_stats:
@@ -86,11 +90,16 @@ class DslFwdAdapter(SdpaFwdDsl):
         scalars = [f.attn_scale] + [w for w in (f.window_left, f.window_right) if w is not None]
         if f.is_thd:
             scalars.append(f.seq_q)
+        if all(view is None for _, view in roles):
+            return (operator.itemgetter(*(r for r, _ in roles)), None), tuple(scalars)
         return tuple(roles), tuple(scalars)
 
     def execute(self, bound: dict, workspace, stream) -> None:
         roles, scalars = self._recipe
-        args = [bound[r] if view is None else view(bound[r]) for r, view in roles]
+        if roles[-1] is None:  # no views: the tensors in launch order through one C-level getter
+            args = roles[0](bound)
+        else:
+            args = [bound[r] if view is None else view(bound[r]) for r, view in roles]
         self.kernel(*args, *scalars, stream_handle(stream))
 
 

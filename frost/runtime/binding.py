@@ -78,6 +78,19 @@ def _stride_picker(dims: tuple):
     return operator.itemgetter(*nonunit) if nonunit else (lambda strides: ())
 
 
+_CUDA_DEVICES: dict = {}
+
+
+def _cuda_device(index: int):
+    """torch.device("cuda", index), made once per index."""
+    d = _CUDA_DEVICES.get(index)
+    if d is None:
+        import torch
+
+        d = _CUDA_DEVICES[index] = torch.device("cuda", index)
+    return d
+
+
 class Binder:
     """Built once per plan: binds a variant pack with one cheap comparison per tensor.
 
@@ -94,6 +107,7 @@ class Binder:
         self.wants_cuda = wants_cuda
         self.engine = engine
         self.plan = plan
+        self._workspace_need = None
         self.specs = []
         for role, decl in roles.items():
             vec = vector_bytes if role in _VECTOR_ROLES else (4 if vector_bytes > 1 else 1)
@@ -118,24 +132,37 @@ class Binder:
                     continue
             except (AttributeError, IndexError, TypeError):  # not keyed by handle, or not a tensor
                 pass
+            if first is None and device is not None:
+                first = _cuda_device(device)
             bound[role] = check_tensor(role, decl, lookup(variant_pack, decl), device=first, is_thd=self.is_thd,
                                        vector_bytes=misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
-        need = self.plan.workspace_size
+        need = self._workspace_need
+        if need is None:
+            need = self._workspace_need = self.plan.workspace_size  # a closed form, fixed at plan time
         if need:
             from frost.runtime.workspace import check_workspace
 
-            check_workspace(workspace, need, first)
+            check_workspace(workspace, need, first if first is not None or device is None else _cuda_device(device))
         return bound
 
     def _first_device(self, variant_pack: dict):
-        """(device index, device) every tensor must share: the first declared tensor's (-1 = off the GPU)."""
+        """(device index, device) every tensor must share: the first declared tensor's (-1 = off the GPU).
+
+        The device object is only needed off the GPU (CUDA tensors compare indices); it is None on it.
+        """
         decl = self.specs[0][1]
-        t = lookup(variant_pack, decl)
-        if not hasattr(t, "get_device"):
+        t = variant_pack.get(decl)
+        if t is None:
+            t = lookup(variant_pack, decl)
+        try:
+            index = t.get_device()
+        except AttributeError:
             return None, None  # the loop's slow path reports it
-        if self.wants_cuda and not t.is_cuda:
-            raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {t.device} "
-                               f"(first: {decl.name!r})")
-        return t.get_device(), t.device
+        if index < 0:
+            if self.wants_cuda:
+                raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {t.device} "
+                                   f"(first: {decl.name!r})")
+            return index, t.device
+        return index, None

@@ -27,22 +27,26 @@ def stream_handle(stream: Any) -> int:
     return _normalized(stream if isinstance(stream, int) else _raw_handle(stream), stream)
 
 
-_HAS_CUDA = None  # whether this process sees a CUDA device; fixed for its lifetime
+_CURRENT_RAW = None  # torch's C getter of the current stream, or a stand-in without CUDA; set at first use
 
 
 def _current_stream() -> int:
     """torch's current stream on the current device (0 without CUDA), through torch's C entry points."""
-    global _HAS_CUDA
+    global _CURRENT_RAW
+    if _CURRENT_RAW is None:
+        _CURRENT_RAW = _current_stream_getter()
+    return _CURRENT_RAW()
+
+
+def _current_stream_getter():
     import torch
 
-    if _HAS_CUDA is None:
-        _HAS_CUDA = torch.cuda.is_available()
-    if not _HAS_CUDA:
-        return 0
-    try:
-        return int(torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice()))
-    except AttributeError:  # older torch: the public, slower path
-        return int(torch.cuda.current_stream().cuda_stream)
+    if not torch.cuda.is_available():  # fixed for the process's lifetime
+        return lambda: 0
+    raw, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), getattr(torch._C, "_cuda_getDevice", None)
+    if raw is None or device is None:  # older torch: the public, slower path
+        return lambda: int(torch.cuda.current_stream().cuda_stream)
+    return lambda: raw(device())
 
 
 def _raw_handle(stream: Any) -> int:

@@ -87,6 +87,11 @@ CASES = [
     K(d=192, dv=192, wr=0, sq=300, skv=300),
     K(d=192, dv=192, thd=((129, 300), (64, 64))),
     K(sinks=True, sink_shift=150.0, wr=0, sq=200, skv=200),
+    # longest-first sections of heads (l2_kv_bytes): 5 x 3 (batch, head) pairs in sections of 2 and a last
+    # of 1; unpacked GQA in sections of one kv head's 2 query heads; and both with one-CTA-per-tile launches
+    K(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(l2_kv_bytes=2 * 700 * 512)),
+    K(hq=4, hkv=2, b=3, wr=0, br=True, sq=500, skv=900, knobs=dict(l2_kv_bytes=1, pack_gqa=False)),
+    K(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(l2_kv_bytes=2 * 700 * 512, persistent=False)),
 ]
 
 

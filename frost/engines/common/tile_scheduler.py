@@ -50,14 +50,37 @@ def dense_decode(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Conste
 
 
 @cute.jit
-def dense_decode_lpt(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int], num_batch: Int32):
-    """Longest-first over the whole batch: the last m-block of every (batch, head), then the
-    one before, and so on. CTAs at the same m-level of one head stream the same K/V blocks
-    at the same time, which keeps L2 reuse without grouping heads."""
+def dense_decode_lpt(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int], num_batch: Int32,
+                     width: Int32):
+    """Longest-first within sections of `width` (batch, head) pairs: the last m-block of every pair
+    of the first section, then the one before, and so on, then the next section (the last one may be
+    narrower). CTAs at one m-level of one head stream the same K/V blocks at about the same time;
+    sections keep the heads in flight few enough that their K/V stay in L2 (`l2_section_width`).
+    A width of num_heads * num_batch orders the whole batch by m-level."""
     num_hb = num_heads * num_batch
-    m_rank = tile_idx // num_hb
-    hb = tile_idx - m_rank * num_hb
+    per_section = width * num_m_blocks
+    section = tile_idx // per_section
+    r = tile_idx - section * per_section
+    first = section * width
+    w = cutlass.max(cutlass.min(width, num_hb - first), Int32(1))
+    m_rank = r // w
+    hb = first + r - m_rank * w
     return num_m_blocks - 1 - m_rank, hb % num_heads, hb // num_heads, tile_idx < num_hb * num_m_blocks
+
+
+def l2_section_width(seqlen_kv: Int32, kv_row_bytes: int, l2_kv_bytes: int, heads_per_kv: int,
+                     num_hb: Int32) -> Int32:
+    """(batch, head) pairs per longest-first section: as many kv heads as fit `l2_kv_bytes` of K/V
+    (rounded down to a power of two, at least one) times the query heads that share each; 0 bytes
+    means a single section."""
+    if const_expr(l2_kv_bytes == 0):
+        return num_hb
+    fit = Int32(l2_kv_bytes // kv_row_bytes) // cutlass.max(seqlen_kv, Int32(1))
+    fit = cutlass.max(fit, Int32(1))
+    for shift in (1, 2, 4, 8, 16):  # smear the top bit down, keep it alone: the largest power of 2 <= fit
+        fit = fit | (fit >> shift)
+    fit = fit - (fit >> 1)
+    return cutlass.max(cutlass.min(fit * heads_per_kv, num_hb), Int32(1))
 
 
 @cute.jit

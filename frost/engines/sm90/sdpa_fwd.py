@@ -58,6 +58,7 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao")
                  + ("" if p.intra_wg_overlap else "nov") + ("re" if p.rescale_o_early else "")
                  + ("hf" if p.head_fastest else "") + ("kr" if p.kv_rotate else "") + ("pg" if p.pack_gqa else "")
+                 + (f"l{p.l2_kv_bytes >> 20}m" if p.l2_kv_bytes and not p.is_thd and p.has_window_right else "")
                  + f"sm{p.sm_count}")
     return "_".join(parts)
 
@@ -153,6 +154,12 @@ class SdpaFwdSm90:
             num_batch = mQ.shape[3]
             num_m_blocks = (seq_q + (self.qt - 1)) // self.qt
             total_tiles = num_m_blocks * self.tile_heads * num_batch
+        # longest-first sections of heads whose K/V fit in L2 (dense, under a right-bounded band)
+        section_width = Int32(0)
+        if const_expr(not thd):
+            section_width = ts.l2_section_width(
+                mK.shape[0], (self.hd + self.hdv) * self.dtype.width // 8,
+                p.l2_kv_bytes if self.reverse_m else 0, 1 if self.pack else self.ratio, self.tile_heads * num_batch)
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
 
         scale_log2 = Float32(a["softmax_scale"]) * Float32(sm.LOG2_E)
@@ -176,7 +183,7 @@ class SdpaFwdSm90:
             tma_q, tma_k, tma_v, tma_o, mLSE, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
             a.get("seqused_kv"), a.get("sinks"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, wl, wr,
-            num_batch, num_m_blocks, total_tiles, q_bytes, k_bytes, v_bytes,
+            num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
         ).launch(grid=[grid, 1, 1], block=[self.num_threads, 1, 1], stream=a["stream"], min_blocks_per_mp=1)
 
@@ -185,9 +192,9 @@ class SdpaFwdSm90:
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mCuQ, mCuK,
                mUsedQ, mUsedK, mSinks, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, wl, wr, num_batch: Int32,
-               num_m_blocks: Int32, total_tiles: Int32, q_bytes: cutlass.Constexpr, k_bytes: cutlass.Constexpr,
-               v_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
+               num_m_blocks: Int32, total_tiles: Int32, section_width: Int32, q_bytes: cutlass.Constexpr,
+               k_bytes: cutlass.Constexpr, v_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -225,17 +232,18 @@ class SdpaFwdSm90:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
                 self.producer(mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, sQ, sK, sV, tma_atom_q, tma_atom_k,
-                              tma_atom_v, pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles)
+                              tma_atom_v, pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles,
+                              section_width)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, sQ, sK, sV, sO, tma_atom_o,
                           pipe_q, pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles,
-                          tiled_mma_qk, tiled_mma_pv, pg.rows_extent(mQ, self.pack), mK.shape[0])
+                          section_width, tiled_mma_qk, tiled_mma_pv, pg.rows_extent(mQ, self.pack), mK.shape[0])
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
     def decode(self, tile_idx: Int32, mCuQ, num_batch: Int32, num_m_blocks: Int32, total_tiles: Int32,
-               cursor_b: Int32, cursor_base: Int32):
+               section_width: Int32, cursor_b: Int32, cursor_base: Int32):
         if const_expr(self.p.is_thd and self.reverse_m):
             return ts.varlen_decode_lpt(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base)
         elif const_expr(self.p.is_thd):
@@ -243,7 +251,7 @@ class SdpaFwdSm90:
                                     cursor_b, cursor_base)
         elif const_expr(self.reverse_m or self.p.head_fastest):
             m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.tile_heads,
-                                                              num_batch)
+                                                              num_batch, section_width)
             return m_block, head, batch, valid, cursor_b, cursor_base
         else:
             m_block, head, batch, valid = ts.dense_decode(tile_idx, num_m_blocks, self.tile_heads,
@@ -307,13 +315,13 @@ class SdpaFwdSm90:
     # --- producer warp
     @cute.jit
     def producer(self, mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
-                 pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles):
+                 pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles, section_width):
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, Int32(0), Int32(0))
+            tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, Int32(0), Int32(0))
         while valid:
             seqlen_q, seqlen_k, off_q, off_k = self.seqlens(batch, mCuQ, mCuK, mUsedQ, mUsedK,
                                                             pg.rows_extent(mQ, self.pack), mK.shape[0])
@@ -375,7 +383,7 @@ class SdpaFwdSm90:
             valid = Boolean(False)
             if more:
                 m_block, head, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, cur_b, cur_base)
+                    tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, cur_b, cur_base)
 
     # --- consumer warpgroups
     @cute.jit
@@ -426,7 +434,7 @@ class SdpaFwdSm90:
 
     @cute.jit
     def consumer(self, mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k,
-                 pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, tiled_mma_qk,
+                 pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk,
                  tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
         tidx = cute.arch.thread_idx()[0] - 128
@@ -469,7 +477,7 @@ class SdpaFwdSm90:
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, Int32(0), Int32(0))
+            tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, Int32(0), Int32(0))
         while valid:
             seqlen_q, seqlen_k, off_q, off_k = self.seqlens(batch, mCuQ, mCuK, mUsedQ, mUsedK,
                                                             seqlen_q_static, seqlen_k_static)
@@ -562,7 +570,7 @@ class SdpaFwdSm90:
             valid = Boolean(False)
             if more:
                 m_block, head, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, cur_b, cur_base)
+                    tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, cur_b, cur_base)
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)

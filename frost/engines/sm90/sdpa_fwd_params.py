@@ -30,6 +30,9 @@ class Sm90FwdParams(SdpaFeatureParams):
     head_fastest: bool = False  # dense tiles: (batch, head) varies fastest, m-blocks last-first
     kv_rotate: bool = False  # unbanded: each m-block starts its K/V sweep at its own offset
     pack_gqa: bool = False  # one M tile holds the r = Hq/Hkv query heads of a kv head (one K/V stream)
+    # dense, under a right-bounded band: tiles run longest-first within sections of heads whose K/V
+    # together fit this many bytes (the L2), section after section; 0: one section over all heads
+    l2_kv_bytes: int = 0
     sm_count: int = 132
 
     @property
@@ -96,6 +99,8 @@ def validate(p: Sm90FwdParams) -> None:
         bad("only the intra-warpgroup-overlap mainloop is implemented")
     if p.sm_count < 1:
         bad(f"sm_count={p.sm_count} must be positive")
+    if p.l2_kv_bytes < 0:
+        bad(f"l2_kv_bytes={p.l2_kv_bytes} must be 0 (one section) or positive")
     if p.pack_gqa:
         reason = pack_gqa_reason(p)
         if reason:
@@ -106,7 +111,7 @@ def validate(p: Sm90FwdParams) -> None:
 
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, *, causal_or_window: bool = False,
-                  sm_count: int = 132) -> dict:
+                  sm_count: int = 132, l2_bytes: int = 50 * 2**20) -> dict:
     """The best measured configuration per head dim on the H200 (bf16, 16k tokens, hidden 2048).
 
     Measured against alternatives: persistent beats one-CTA-per-tile by 5-7% unbanded
@@ -118,6 +123,8 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, causal_or_win
     dv = head_dim if head_dim_v is None else head_dim_v
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
              separate_o_smem=True, persistent=True, sm_count=sm_count)
+    if causal_or_window:
+        k.update(l2_kv_bytes=l2_bytes)
     if head_dim <= 64:
         k.update(tile_m=192, tile_n=128)
     elif head_dim <= 96:
