@@ -15,8 +15,7 @@ class SdpaFwdDslSm90(DslFwdAdapter):
 
         f = self.facts
         knobs = default_knobs(f.head_dim_qk, f.head_dim_v, causal_or_window=f.window_right is not None
-                              or f.window_left is not None, sm_count=self.target.sm_count,
-                              l2_bytes=self.target.l2_bytes or 50 * 2**20)
+                              or f.window_left is not None, sm_count=self.target.sm_count)
         requested = self.knobs.requested()
         knobs.update(requested)
         flags = fwd_feature_flags(f)

@@ -31,7 +31,9 @@ class Sm90FwdParams(SdpaFeatureParams):
     kv_rotate: bool = False  # unbanded: each m-block starts its K/V sweep at its own offset
     pack_gqa: bool = False  # one M tile holds the r = Hq/Hkv query heads of a kv head (one K/V stream)
     # dense, under a right-bounded band: tiles run longest-first within sections of heads whose K/V
-    # together fit this many bytes (the L2), section after section; 0: one section over all heads
+    # together fit this many bytes (the L2), section after section; 0: one section over all heads.
+    # Measured on the H200 (60 MiB L2): 50 MiB sections lose 3-33% with persistent CTAs (their static
+    # zigzag no longer pairs long tiles with short ones); with one CTA per tile they tie the default.
     l2_kv_bytes: int = 0
     sm_count: int = 132
 
@@ -111,20 +113,19 @@ def validate(p: Sm90FwdParams) -> None:
 
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, *, causal_or_window: bool = False,
-                  sm_count: int = 132, l2_bytes: int = 50 * 2**20) -> dict:
+                  sm_count: int = 132) -> dict:
     """The best measured configuration per head dim on the H200 (bf16, 16k tokens, hidden 2048).
 
     Measured against alternatives: persistent beats one-CTA-per-tile by 5-7% unbanded
     and by 3-5% banded (with the zigzag longest-first order); 128x128 beats
     tile_n 144/160/176 for d=128; m-block-fastest order beats head-fastest and
-    rotated K/V sweeps unbanded; early O rescale loses everywhere. d=96 and 192
+    rotated K/V sweeps unbanded; early O rescale loses everywhere (d=256 included: 0-7%);
+    L2-sized head sections under a band lose (see `l2_kv_bytes`). d=96 and 192
     follow d=128 / FlashAttention-3's shapes and are not tuned.
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
              separate_o_smem=True, persistent=True, sm_count=sm_count)
-    if causal_or_window:
-        k.update(l2_kv_bytes=l2_bytes)
     if head_dim <= 64:
         k.update(tile_m=192, tile_n=128)
     elif head_dim <= 96:
