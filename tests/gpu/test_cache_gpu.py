@@ -43,6 +43,7 @@ SCRIPT = """
         for n in {lengths}:
             src = torch.randn(n, device="cuda").to(dt[d])
             dst = torch.full_like(src, float("nan"))
+            side.wait_stream(torch.cuda.current_stream())  # src and dst are written on the default stream
             with torch.cuda.stream(side):  # the env stream: torch's current stream
                 k(src, dst)
             side.synchronize()
