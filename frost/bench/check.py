@@ -32,3 +32,33 @@ def unwritten(outs) -> int:
     import torch
 
     return int(sum(int(torch.isnan(t).sum().item()) for t in outs))
+
+
+def choose_reference(outs_by_impl: dict, order, tol: float):
+    """(key, outs, notes): the check reference among peers' outputs, in preference order.
+
+    A peer whose output is not finite cannot judge others. When two or more finite
+    peers ran, the reference is the first that another one agrees with (relative
+    error within `tol`): one library's wrong answer (e.g. a nested-tensor path that
+    returns finite garbage) must not fail everyone else. No agreeing pair: key None,
+    and the caller falls back to the float32 math. `notes` say why a peer was passed over.
+    """
+    import torch
+
+    notes = {}
+    finite = {}
+    for k in order:
+        if k not in outs_by_impl:
+            continue
+        if all(bool(torch.isfinite(t).all()) for t in outs_by_impl[k]):
+            finite[k] = outs_by_impl[k]
+        else:
+            notes[k] = "output not finite; not used as the check reference"
+    if len(finite) <= 1:
+        k = next(iter(finite), None)
+        return k, finite.get(k), notes
+    for k, outs in finite.items():
+        if any(compare(other, outs) <= tol for j, other in finite.items() if j != k):
+            return k, outs, notes
+        notes[k] = "no other peer agrees with its output; not used as the check reference"
+    return None, None, notes

@@ -237,13 +237,10 @@ class Runner:
             if self.broken:
                 break
 
-        ref = None
-        for k in REFERENCE_ORDER:
-            if k in peer_outs and all(bool(torch.isfinite(t).all()) for t in peer_outs[k]):
-                ref = (k, peer_outs[k])  # a peer whose output is not finite cannot judge others
-                break
-            if k in peer_outs:
-                row.measurements[k].note = "output not finite; not used as the check reference"
+        key, outs, notes = checks.choose_reference(peer_outs, REFERENCE_ORDER, self.opts.tol.get(w.direction, 1e-2))
+        for k, note in notes.items():
+            row.measurements[k].note = note
+        ref = (key, outs) if key is not None else None  # None: frost is checked against the float32 math
         for k, outs in peer_outs.items():
             if ref is not None:
                 row.measurements[k].rel_err = checks.compare(outs, ref[1])

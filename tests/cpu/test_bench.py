@@ -446,3 +446,25 @@ def test_cpu_self_test_deterministic_pair(tmp_path):
     (pair,) = doc["deterministic_ratios"]
     assert pair["ratios"]["frost:reference"] > 0
     assert "- bwd bf16 d64 2x32 h2 causal: frost:reference " in (tmp_path / "det.md").read_text()
+
+
+def test_reference_needs_a_peer_that_agrees():
+    import torch
+
+    from frost.bench.check import choose_reference
+
+    good = (torch.ones(4, 4),)
+    close = (torch.ones(4, 4) * 1.001,)
+    garbage = (torch.randn(4, 4) * 10,)
+    order = ("cudnn", "fa4", "fa2")
+    # the preferred peer returns finite garbage: the first pair that agrees decides
+    key, outs, notes = choose_reference({"cudnn": garbage, "fa4": good, "fa2": close}, order, 2e-2)
+    assert key == "fa4" and outs is good and "cudnn" in notes
+    # a lone finite peer is the reference; a non-finite one never is
+    nan = (torch.full((4, 4), float("nan")),)
+    key, outs, notes = choose_reference({"cudnn": nan, "fa4": good}, order, 2e-2)
+    assert key == "fa4" and "not finite" in notes["cudnn"]
+    # peers that all disagree leave the choice to the caller (the float32 math)
+    key, outs, _ = choose_reference({"cudnn": garbage, "fa4": good}, order, 2e-2)
+    assert key is None and outs is None
+    assert choose_reference({}, order, 2e-2)[0] is None
