@@ -33,7 +33,8 @@ class Sm90FwdParams(SdpaFeatureParams):
     # dense, under a right-bounded band: tiles run longest-first within sections of heads whose K/V
     # together fit this many bytes (the L2), section after section; 0: one section over all heads.
     # Measured on the H200 (60 MiB L2): 50 MiB sections lose 3-33% with persistent CTAs (their static
-    # zigzag no longer pairs long tiles with short ones); with one CTA per tile they tie the default.
+    # zigzag no longer pairs long tiles with short ones); with one CTA per tile they lose 2-13% at
+    # 4k-8k tokens and land within -0.3..+4.6% at 16k (benchmarks/results/2026-11-30-h200-run3).
     l2_kv_bytes: int = 0
     sm_count: int = 132
 
