@@ -137,6 +137,7 @@ def apply_mask(
     window_left=None,
     window_right=None,
     mask_seqlen: cutlass.Constexpr[bool] = True,
+    rows_per_query: cutlass.Constexpr[int] = 1,
 ):
     """Set disallowed scores of a (rows, cols) view to -inf.
 
@@ -144,40 +145,28 @@ def apply_mask(
     t0ScS_mn: the same for thread 0 (compile-time constants). The thread's
     coordinates are thread 0's plus a uniform offset, so every comparison is
     a constant against a per-row limit. row_base / col_base: sequence-local
-    index of the tile's first row / column.
+    index of the tile's first row / column. Tile row m is query position
+    m // rows_per_query (GQA packing puts the heads of one position in
+    consecutive rows). `mask_seqlen`: also mask columns >= seqlen_k.
     """
-    thr_col = tScS_mn[0, 0][1]
-    col_limit_k = seqlen_k - col_base - thr_col
-    ncol = cute.size(acc_mn, mode=[1])
-    nrow = cute.size(acc_mn, mode=[0])
-    if cutlass.const_expr(window_left is None and window_right is None):
-        if cutlass.const_expr(mask_seqlen):
-            for c in cutlass.range_constexpr(ncol):
-                oob = t0ScS_mn[0, c][1] >= col_limit_k
-                for r in cutlass.range_constexpr(nrow):
-                    acc_mn[r, c] = -Float32.inf if oob else acc_mn[r, c]
-    else:
-        for r in cutlass.range_constexpr(nrow):
-            # diagonal column of this row, in thread-0 column coordinates
-            diag = row_base + tScS_mn[r, 0][0] + offset - col_base - thr_col
+    if cutlass.const_expr(mask_seqlen or window_left is not None or window_right is not None):
+        thr_col = col_base + tScS_mn[0][1]
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            i = row_base + tScS_mn[r, 0][0]
+            if cutlass.const_expr(rows_per_query > 1):
+                i = i // rows_per_query
+            right = Int32(0x7FFFFFF)
+            if cutlass.const_expr(mask_seqlen):
+                right = seqlen_k
             if cutlass.const_expr(window_right is not None):
-                hi = diag + window_right + 1
-                if cutlass.const_expr(mask_seqlen):
-                    hi = cutlass.min(hi, col_limit_k)
+                right = cutlass.min(right, i + offset + window_right + 1)
+            right = right - thr_col
+            left = Int32(0)
+            if cutlass.const_expr(window_left is not None):
+                left = i + offset - window_left - thr_col
+            for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                cc = t0ScS_mn[0, c][1]
                 if cutlass.const_expr(window_left is not None):
-                    lo = diag - window_left
-                    for c in cutlass.range_constexpr(ncol):
-                        col = t0ScS_mn[0, c][1]
-                        acc_mn[r, c] = -Float32.inf if (col >= hi or col < lo) else acc_mn[r, c]
+                    acc_mn[r, c] = -Float32.inf if (cc >= right or cc < left) else acc_mn[r, c]
                 else:
-                    for c in cutlass.range_constexpr(ncol):
-                        acc_mn[r, c] = -Float32.inf if t0ScS_mn[0, c][1] >= hi else acc_mn[r, c]
-            else:
-                lo = diag - window_left
-                if cutlass.const_expr(mask_seqlen):
-                    for c in cutlass.range_constexpr(ncol):
-                        col = t0ScS_mn[0, c][1]
-                        acc_mn[r, c] = -Float32.inf if (col >= col_limit_k or col < lo) else acc_mn[r, c]
-                else:
-                    for c in cutlass.range_constexpr(ncol):
-                        acc_mn[r, c] = -Float32.inf if t0ScS_mn[0, c][1] < lo else acc_mn[r, c]
+                    acc_mn[r, c] = -Float32.inf if cc >= right else acc_mn[r, c]

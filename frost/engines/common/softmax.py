@@ -1,13 +1,14 @@
 """Online softmax over a (rows, cols) accumulator view, exp2 with the scale folded in.
 
 State per thread: `row_max` (raw logits, before scaling) and `row_sum`
-(this thread's partial sum; the quad-wide sum is formed once, at finalize).
+(this thread's partial sum; the row-wide sum is formed once, at finalize).
 Each row of the view is spread over `threads_per_row` consecutive lanes
-(4 for mma.sync and wgmma accumulators). Scores are turned into
-exp2(s * scale_log2 - max * scale_log2) with one FFMA per element.
+(4 for mma.sync and wgmma accumulators), so row reductions end with
+butterfly shuffles. Scores become exp2(s * scale_log2 - max * scale_log2),
+one FFMA and one exp2 per element.
 
-Used by every SDPA forward kernel; the backward recomputes P from the LSE
-that `softmax_finalize` writes.
+Used by every SDPA forward kernel (mma.sync and wgmma); the backward
+recomputes P from the LSE that `softmax_finalize` writes.
 """
 import math
 
@@ -23,7 +24,7 @@ LN_2 = math.log(2.0)
 def quad_allreduce_max(x: Float32, threads_per_row: cutlass.Constexpr[int] = 4) -> Float32:
     """Max over the `threads_per_row` lanes that share one row."""
     for i in cutlass.range_constexpr(int(math.log2(threads_per_row))):
-        x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=threads_per_row >> (i + 1)))
+        x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1 << i))
     return x
 
 
@@ -31,8 +32,27 @@ def quad_allreduce_max(x: Float32, threads_per_row: cutlass.Constexpr[int] = 4) 
 def quad_allreduce_sum(x: Float32, threads_per_row: cutlass.Constexpr[int] = 4) -> Float32:
     """Sum over the `threads_per_row` lanes that share one row."""
     for i in cutlass.range_constexpr(int(math.log2(threads_per_row))):
-        x = x + cute.arch.shuffle_sync_bfly(x, offset=threads_per_row >> (i + 1))
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=1 << i)
     return x
+
+
+@cute.jit
+def row_max_of(row: cute.Tensor, n: cutlass.Constexpr[int]) -> Float32:
+    """Max of a register row: four independent chains when n is a multiple of 4 (more ILP)."""
+    if cutlass.const_expr(n % 4 != 0):
+        m = row.load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+    else:
+        m0 = row[0]
+        m1 = row[1]
+        m2 = row[2]
+        m3 = row[3]
+        for i in cutlass.range_constexpr(4, n, 4):
+            m0 = cute.arch.fmax(m0, row[i])
+            m1 = cute.arch.fmax(m1, row[i + 1])
+            m2 = cute.arch.fmax(m2, row[i + 2])
+            m3 = cute.arch.fmax(m3, row[i + 3])
+        m = cute.arch.fmax(cute.arch.fmax(m0, m1), cute.arch.fmax(m2, m3))
+    return m
 
 
 @cute.jit
@@ -48,6 +68,7 @@ def online_softmax(
     row_sum: cute.Tensor,
     row_scale: cute.Tensor,
     scale_log2: Float32,
+    is_first: cutlass.Constexpr[bool] = False,
     check_inf: cutlass.Constexpr[bool] = True,
     threads_per_row: cutlass.Constexpr[int] = 4,
 ):
@@ -55,30 +76,42 @@ def online_softmax(
 
     Overwrites the scores with unnormalized probabilities, updates row_max /
     row_sum, and writes into `row_scale` the factor the O accumulator rows
-    must be multiplied by (see `rescale_rows`). `check_inf` guards rows whose
-    scores are all -inf so far (only needed on masked tiles).
+    must be multiplied by (see `rescale_rows`). `is_first`: the first key
+    tile of a row (no earlier state; row_scale = 1). `check_inf`: a row whose
+    running max is still -inf uses 0 as its max, so every term is 0 (only
+    needed where a tile can be fully masked).
     """
+    n = cutlass.const_expr(cute.size(acc_mn, mode=[1]))
     for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-        s = acc_mn[r, None].load()
-        m_prev = row_max[r]
-        m_cur = s.reduce(cute.ReductionOp.MAX, m_prev, 0)
-        m_cur = quad_allreduce_max(m_cur, threads_per_row)
-        row_max[r] = m_cur
+        row = acc_mn[r, None]
+        cur = row_max_of(row, n)
+        if cutlass.const_expr(not is_first):
+            cur = cute.arch.fmax(cur, row_max[r])
+        cur = quad_allreduce_max(cur, threads_per_row)
+        prev = row_max[r]
+        row_max[r] = cur
+        cur_safe = cur
         if cutlass.const_expr(check_inf):
-            m_cur = Float32(0.0) if m_cur == -Float32.inf else m_cur
-        m_scaled = m_cur * scale_log2
-        p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
-        corr = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-        row_scale[r] = corr
-        row_sum[r] = p.reduce(cute.ReductionOp.ADD, row_sum[r] * corr, 0)
-        acc_mn[r, None].store(p)
+            cur_safe = 0.0 if cur == -Float32.inf else cur
+        cur_scaled = cur_safe * scale_log2
+        for c in cutlass.range_constexpr(n):
+            row[c] = cute.math.exp2(row[c] * scale_log2 - cur_scaled, fastmath=True)
+        part = row.load().reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+        if cutlass.const_expr(is_first):
+            row_scale[r] = 1.0
+            row_sum[r] = part
+        else:
+            sc = cute.math.exp2((prev - cur_safe) * scale_log2, fastmath=True)
+            row_scale[r] = sc
+            row_sum[r] = row_sum[r] * sc + part
 
 
 @cute.jit
 def rescale_rows(acc_mn: cute.Tensor, row_scale: cute.Tensor):
     """Multiply each row of a (rows, cols) accumulator view by row_scale[row]."""
     for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-        acc_mn[r, None].store(acc_mn[r, None].load() * row_scale[r])
+        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+            acc_mn[r, c] = acc_mn[r, c] * row_scale[r]
 
 
 @cute.jit
@@ -89,27 +122,31 @@ def softmax_finalize(
     row_scale: cute.Tensor,
     lse: cute.Tensor,
     sink=None,
+    sink_per_row: cutlass.Constexpr[bool] = False,
     threads_per_row: cutlass.Constexpr[int] = 4,
 ):
     """Close the softmax: O's per-row factor into `row_scale`, natural-log LSE into `lse`.
 
-    `sink` (Float32, a logit already in scaled units, or None) joins the
-    denominator only. A row with no allowed key and no sink gets factor 0
-    (so O = 0) and LSE = -inf; with a sink it gets O = 0 and LSE = sink.
-    The max is re-centred on the sink when the sink dominates, so large
-    sinks cannot overflow the sum.
+    `lse` may be `row_sum` itself (each row is read before it is written).
+    `sink` (a logit in scaled units: one Float32 for every row, or with
+    `sink_per_row` a register tensor per row; None: no sink) joins the
+    denominator only. A row with no allowed key (or a NaN sum) and no sink
+    gets LSE = -inf and O = 0; with a sink, O = 0 and LSE = sink. The max is
+    re-centred on the sink when the sink dominates, so large sinks cannot
+    overflow the sum.
     """
-    for r in cutlass.range_constexpr(cute.size(row_max)):
+    for r in cutlass.range_constexpr(cute.size(row_sum)):
         total = quad_allreduce_sum(row_sum[r], threads_per_row)
-        m_scaled = row_max[r] * scale_log2  # -inf for a row with no allowed key
+        mx_scaled = row_max[r] * scale_log2  # the terms were taken against this (-inf: all terms 0)
         corr = Float32(1.0)
         if cutlass.const_expr(sink is not None):
-            sink_l2 = sink * LOG2_E
-            m_new = cute.arch.fmax(m_scaled, sink_l2)
-            corr = cute.math.exp2(m_scaled - m_new, fastmath=True)
-            total = total * corr + cute.math.exp2(sink_l2 - m_new, fastmath=True)
-            m_scaled = m_new
-        empty = total == Float32(0.0)
-        inv = cute.arch.rcp_approx(total if not empty else Float32(1.0))
-        row_scale[r] = Float32(0.0) if empty else inv * corr
-        lse[r] = -Float32.inf if empty else (m_scaled + cute.math.log2(total, fastmath=True)) * LN_2
+            sink_log2 = (sink[r] if cutlass.const_expr(sink_per_row) else sink) * LOG2_E
+            m_new = cute.arch.fmax(mx_scaled, sink_log2)
+            m_new = 0.0 if m_new == -Float32.inf else m_new
+            corr = cute.math.exp2(mx_scaled - m_new, fastmath=True)
+            total = total * corr + cute.math.exp2(sink_log2 - m_new, fastmath=True)
+            mx_scaled = m_new
+        empty = total == 0.0 or total != total
+        row_scale[r] = cute.arch.rcp_approx(1.0 if empty else total) * corr
+        value = (mx_scaled + cute.math.log2(total, fastmath=True)) * LN_2
+        lse[r] = -Float32.inf if empty else value

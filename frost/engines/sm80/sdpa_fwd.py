@@ -430,7 +430,7 @@ class Sm80SdpaFwd:
         if const_expr(masked):
             mask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.m_block * p.tile_m, n_block * p.tile_n,
                             c.seqlen_k, c.offset, c.window_left, c.window_right, True)
-        softmax.online_softmax(acc_S_mn, c.row_max, c.row_sum, c.row_scale, c.scale_log2, masked)
+        softmax.online_softmax(acc_S_mn, c.row_max, c.row_sum, c.row_scale, c.scale_log2, check_inf=masked)
         softmax.rescale_rows(acc_layout.acc_as_mn(c.acc_O), c.row_scale)
 
         rP = cute.make_fragment_like(acc_S, self.dtype)

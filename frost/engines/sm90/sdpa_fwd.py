@@ -28,11 +28,13 @@ from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from frost.engines.common import mask
+from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
+from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
 from frost.engines.sdpa_args import fwd_arg_names
-from frost.engines.sm90 import fwd_softmax as sm
 from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
@@ -279,17 +281,19 @@ class SdpaFwdSm90:
 
     @cute.jit
     def n_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, off: Int32, wl: Int32, wr: Int32):
+        """The shared mask's key-tile range of m_block (in query positions), empty past the sequence."""
         p = self.p
-        n_max = (seqlen_k + (self.tile_n - 1)) // self.tile_n
-        if const_expr(p.has_window_right):
-            m_hi = cutlass.min((m_block + 1) * self.qt, seqlen_q)
-            n_max = cutlass.min(n_max, (m_hi + off + wr + (self.tile_n - 1)) // self.tile_n)
-        n_min = Int32(0)
-        if const_expr(p.has_window_left):
-            n_min = cutlass.max(Int32(0), (m_block * self.qt + off - wl) // self.tile_n)
+        n_min, n_max = mask.n_block_range(m_block, self.qt, self.tile_n, seqlen_q, seqlen_k, off,
+                                          self.band_arg(wl, p.has_window_left),
+                                          self.band_arg(wr, p.has_window_right))
         if m_block * self.qt >= seqlen_q:
             n_max = n_min
         return n_min, n_max
+
+    @staticmethod
+    def band_arg(value, present: bool):
+        """A window bound for the shared mask: the runtime value, or None when the band has no such side."""
+        return value if present else None
 
     def head_rows(self, mX, head, batch, offset):
         """The (seq, d) rows of one head of one batch (packed: shifted by the batch's first token)."""
@@ -414,22 +418,22 @@ class SdpaFwdSm90:
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1)
         if const_expr(p.rescale_o_early):
-            sm.rescale_rows(acc_O, row_scale)  # while QK^T runs, off the path to the next issue
+            sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # while QK^T runs, off the path to the next issue
         pipe_v.consumer_wait(v_state, pipe_v.consumer_try_wait(v_state))
         wu.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], zero_init=False, wg_wait=-1)
         self.sched_arrive(wg)
         warpgroup.wait_group(1)
         pipe_k.consumer_release(kv_state)
         if const_expr(masked):
-            sm.apply_band_mask(acc_S, tScS_mn, t0ScS_mn, row0, n_block * self.tile_n, seqlen_k, off, wl, wr,
-                               mask_seqlen=False, mask_left=p.has_window_left, mask_right=p.has_window_right,
-                               rows_per_query=self.rq)
-        sm.online_softmax(acc_S, row_max, row_sum, row_scale, scale_log2, is_first=False)
+            mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_block * self.tile_n, seqlen_k, off,
+                            self.band_arg(wl, p.has_window_left), self.band_arg(wr, p.has_window_right),
+                            mask_seqlen=False, rows_per_query=self.rq)
+        sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=False)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
         if const_expr(not p.rescale_o_early):
-            sm.rescale_rows(acc_O, row_scale)
+            sm.rescale_rows(acc_as_mn(acc_O), row_scale)
         return kv_state
 
     @cute.jit
@@ -450,10 +454,10 @@ class SdpaFwdSm90:
         acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.hdv)), Float32)
         tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        tScS_mn = wu.acc_view_mn(thr_qk.partition_C(cS))
-        t0ScS_mn = wu.acc_view_mn(tiled_mma_qk.get_slice(0).partition_C(cS))
+        tScS_mn = acc_as_mn(thr_qk.partition_C(cS))
+        t0ScS_mn = acc_as_mn(tiled_mma_qk.get_slice(0).partition_C(cS))
         cO = cute.make_identity_tensor((self.tile_m, self.hdv))
-        tOcO_mn = wu.acc_view_mn(thr_pv.partition_C(cO))
+        tOcO_mn = acc_as_mn(thr_pv.partition_C(cO))
         n_rows = cute.size(tScS_mn, mode=[0])
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
@@ -496,10 +500,10 @@ class SdpaFwdSm90:
                 wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True,
                         wg_wait=0)
                 pipe_k.consumer_release(kv_state)
-                sm.apply_band_mask(acc_S, tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off, wl_c,
-                                   wr_c, mask_seqlen=True, mask_left=p.has_window_left,
-                                   mask_right=p.has_window_right, rows_per_query=self.rq)
-                sm.online_softmax(acc_S, row_max, row_sum, row_scale, scale_log2, is_first=True)
+                mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off,
+                                self.band_arg(wl_c, p.has_window_left), self.band_arg(wr_c, p.has_window_right),
+                                mask_seqlen=True, rows_per_query=self.rq)
+                sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=True)
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
                 acc_O.fill(0.0)
                 if const_expr(p.is_thd or p.has_seqused):
@@ -532,7 +536,7 @@ class SdpaFwdSm90:
                     pipe_q.consumer_release(q_state)
                 # last PV
                 if const_expr(p.rescale_o_early):
-                    sm.rescale_rows(acc_O, row_scale)
+                    sm.rescale_rows(acc_as_mn(acc_O), row_scale)
                 pipe_v.consumer_wait(kv_state, pipe_v.consumer_try_wait(kv_state))
                 wu.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False,
                         wg_wait=0)
@@ -545,7 +549,7 @@ class SdpaFwdSm90:
                 row_max.fill(-Float32.inf)
                 row_sum.fill(0.0)
 
-            sink = Float32(0.0)
+            sink = None
             if const_expr(p.has_sinks):
                 if const_expr(self.pack):
                     # one sink per row: row m is head head * rq + m % rq
@@ -554,9 +558,8 @@ class SdpaFwdSm90:
                         sink[r] = mSinks[head * self.rq + (row0 + tScS_mn[r, 0][0]) % self.rq]
                 else:
                     sink = Float32(mSinks[head])
-            sm.finalize(row_max, row_sum, row_scale, scale_log2, sink, has_sink=p.has_sinks,
-                        sink_per_row=self.pack)
-            sm.rescale_rows(acc_O, row_scale)
+            sm.softmax_finalize(row_max, row_sum, scale_log2, row_scale, row_sum, sink, sink_per_row=self.pack)
+            sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # row_sum now holds the LSE
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
                           warp_in_wg, m_block, head, batch, seqlen_q, off_q, seqlen_q_static)
             if const_expr(not self.separate_o):
@@ -613,7 +616,7 @@ class SdpaFwdSm90:
         rows_q = seqlen_q * self.rq  # tile rows inside the sequence (packed: rq per query position)
         if const_expr(p.has_seqused):
             # rows past seqused_q are padding: O = 0 whatever Q held there
-            a = wu.acc_view_mn(acc_O)
+            a = acc_as_mn(acc_O)
             for r in cutlass.range_constexpr(cute.size(a, mode=[0])):
                 if row0 + tOcO_mn[r, 0][0] >= rows_q:
                     for c in cutlass.range_constexpr(cute.size(a, mode=[1])):

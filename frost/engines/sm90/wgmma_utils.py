@@ -1,9 +1,9 @@
 """Warpgroup-MMA helpers for the SM90 kernels: GEMM issue, accumulator views, conversions.
 
 The wgmma accumulator of an m64nNk16 atom holds, per thread, ((2 cols, 2 rows,
-N/8 column groups), MMA_M, MMA_N) values. Softmax wants it as (rows, cols);
-the register-A (RS) PV GEMM wants it regrouped into k16 slices. Both are views
-of the same registers, built here.
+N/8 column groups), MMA_M, MMA_N) values. Softmax and masking take it as (rows,
+cols) through the shared `common.acc_layout.acc_as_mn`; the register-A (RS) PV
+GEMM wants it regrouped into k16 slices, built here.
 """
 from __future__ import annotations
 
@@ -28,18 +28,6 @@ def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cu
     warpgroup.commit_group()
     if const_expr(wg_wait >= 0):
         warpgroup.wait_group(wg_wait)
-
-
-def acc_layout_mn(acc_layout: cute.Layout) -> cute.Layout:
-    """((2, 2, V), M, N) accumulator layout -> ((2, M), (2, V, N)) row/column view."""
-    c = cute.make_layout(acc_layout.shape)
-    shape = ((c.shape[0][1], c.shape[1]), (c.shape[0][0], *c.shape[0][2:], c.shape[2]))
-    stride = ((c.stride[0][1], c.stride[1]), (c.stride[0][0], *c.stride[0][2:], c.stride[2]))
-    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
-
-
-def acc_view_mn(acc: cute.Tensor) -> cute.Tensor:
-    return cute.make_tensor(acc.iterator, acc_layout_mn(acc.layout))
 
 
 def acc_layout_as_a(acc_layout: cute.Layout) -> cute.Layout:
