@@ -87,12 +87,13 @@ class DslBwdAdapter(SdpaBwdDsl):
         The cache drops its views when the caller's workspace tensor dies, so it
         never keeps workspace memory alive.
         """
+        # the binder has checked the workspace against the plan's size, which covers any bound totals
         if self._dense_scratch is None:
-            return carve(workspace, self._scratch(bound["q"].shape[0], bound["k"].shape[0]))
+            return carve(workspace, self._scratch(bound["q"].shape[0], bound["k"].shape[0]), checked=True)
         cached = self._carved
         if cached is not None and cached[0]() is workspace and cached[1] == workspace.data_ptr():
             return cached[2]
-        views = carve(workspace, self._dense_scratch)
+        views = carve(workspace, self._dense_scratch, checked=True)
         me = weakref.ref(self)
 
         def forget(ref, me=me):
