@@ -3,8 +3,9 @@
 #   bash benchmarks/device_run.sh [tests] [plan] [host] [sweeps] [bench PRESET] [--bench-args "..."]
 #                                 [ncu "ARGS"] [-k EXPR] [--budget SECONDS] [--commit SHA]
 # `ncu "ARGS"` profiles benchmarks/profile_fwd.py ARGS (frost and FA4, one call each) with ncu.
-# `sweeps` times the knob variants still open against the peers in the same process (sweeps.log):
-# the SM90 forward at D=256 (early O rescale, one CTA per tile) and the SM80 backward's variant set.
+# `sweeps` re-times knob alternatives against the peers in the same process (sweeps.log): the SM90 forward
+# at D=256 (early O rescale, one CTA per tile) and the SM80 backward's variant set (sm80_bwd_variants.json);
+# their last measurements are in benchmarks/results/2026-11-30-h200-run3.
 # Run from the repository root on the GPU machine with the package kit carried (.kit; see AGENTS.md).
 # Compiles happen there (CuTe DSL, 16 cores); pytest-xdist spreads them over processes.
 set -uo pipefail

@@ -12,9 +12,11 @@ persistent CTA's scans amortize to one pass over the batch. Nothing is read on
 the host: the grid is an upper bound from tensor extents and SM count.
 
 Under a band, tiles instead run longest-first over the whole batch
-(`dense_decode_lpt`; packed batches by m-block level, `varlen_decode_lpt`), and a persistent CTA takes its tiles in a zigzag over
-waves (`zigzag_tile`): one CTA's long tile of one wave pairs with a short one
-of the next, which keeps a static assignment within a few percent of balanced.
+(`dense_decode_lpt`, optionally within L2-sized sections of heads,
+`l2_section_width`; packed batches by m-block level, `varlen_decode_lpt`), and
+a persistent CTA takes its tiles in a zigzag over waves (`zigzag_tile`): one
+CTA's long tile of one wave pairs with a short one of the next, which keeps a
+static assignment within a few percent of balanced.
 """
 from __future__ import annotations
 
