@@ -13,7 +13,7 @@ import weakref
 
 from frost.adapters.base import SdpaBwdDsl
 from frost.adapters.views import lengths_view, sink_view
-from frost.adapters.dsl_fwd import check_dsl_and_knobs, sdpa_feature_flags
+from frost.adapters.dsl_fwd import check_dsl_and_knobs, kernel_window, sdpa_feature_flags
 from frost.errors import TemplateParamsError
 from frost.runtime.context import stream_handle
 from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
@@ -78,7 +78,8 @@ class DslBwdAdapter(SdpaBwdDsl):
 
     def _static_values(self) -> dict:
         f = self.facts
-        return {"softmax_scale": f.attn_scale, "window_left": f.window_left, "window_right": f.window_right,
+        window_left, window_right = kernel_window(f)
+        return {"softmax_scale": f.attn_scale, "window_left": window_left, "window_right": window_right,
                 "max_seqlen_q": f.seq_q, "max_seqlen_kv": f.seq_kv}
 
     def _scratch_views(self, workspace, bound: dict) -> dict:

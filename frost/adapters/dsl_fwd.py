@@ -11,6 +11,17 @@ from frost.errors import TemplateParamsError
 from frost.runtime.context import stream_handle
 
 
+def kernel_window(facts) -> tuple:
+    """(window_left, window_right) as the kernels take them (Int32): each bound clamped to Sq + Skv.
+
+    A bound that large already admits every key, so the mask is unchanged, and the kernels' index
+    arithmetic (i + offset + bound) stays far from Int32 overflow for any bound a user declares.
+    Packed batches clamp to the token envelopes, which no sequence can exceed.
+    """
+    cap = facts.total_q + facts.total_kv if facts.is_thd else facts.seq_q + facts.seq_kv
+    return tuple(None if w is None else min(w, cap) for w in (facts.window_left, facts.window_right))
+
+
 def sdpa_feature_flags(facts) -> dict:
     """The SdpaFeatureParams fields of every SDPA template, from the facts (sdpa_args.py)."""
     banded = facts.window_left is not None or facts.window_right is not None
@@ -87,7 +98,7 @@ class DslFwdAdapter(SdpaFwdDsl):
             roles += [("seq_len_q", lengths_view), ("seq_len_kv", lengths_view)]
         if f.has_sinks:
             roles.append(("sink_token", sink_view))
-        scalars = [f.attn_scale] + [w for w in (f.window_left, f.window_right) if w is not None]
+        scalars = [f.attn_scale] + [w for w in kernel_window(f) if w is not None]
         if f.is_thd:
             scalars.append(f.seq_q)
         if all(view is None for _, view in roles):

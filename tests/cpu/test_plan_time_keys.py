@@ -74,3 +74,23 @@ def _run_totals(adapter):
                  "cu_seq_len_q": torch.zeros(4, dtype=torch.int32),
                  "cu_seq_len_kv": torch.zeros(4, dtype=torch.int32)}
         adapter.execute(bound, None, 0)
+
+
+def test_kernel_window_bounds_are_clamped_without_changing_the_mask():
+    from frost.adapters.dsl_fwd import kernel_window
+
+    thd = _thd_facts(total=4096)
+    assert kernel_window(thd) == (None, 0)  # causal: nothing to clamp
+    huge = thd.model_copy(update={"window_left": 2 ** 40, "window_right": 2 ** 33})
+    assert kernel_window(huge) == (2 * 4096, 2 * 4096)  # the packed envelopes, Int32-safe
+    dense = huge.model_copy(update={"is_thd": False, "total_q": 0, "total_kv": 0, "seq_q": 300, "seq_kv": 700})
+    assert kernel_window(dense) == (1000, 1000)
+    small = dense.model_copy(update={"window_left": 5, "window_right": 999})
+    assert kernel_window(small) == (5, 999)
+    # the reference mask agrees: a bound of Sq + Skv admits what an unbounded window admits
+    from frost.adapters.reference_math import allowed_mask
+
+    for br in (False, True):
+        wide = allowed_mask(300, 700, window_left=2 ** 40, window_right=2 ** 33, bottom_right=br)
+        clamped = allowed_mask(300, 700, window_left=1000, window_right=1000, bottom_right=br)
+        assert bool((wide == clamped).all())
