@@ -1,0 +1,41 @@
+"""tools/kernel_ir.py sorts kernel MLIR changes into identical, reordered and different."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_TOOL = Path(__file__).resolve().parents[2] / "tools" / "kernel_ir.py"
+_spec = importlib.util.spec_from_file_location("kernel_ir", _TOOL)
+kernel_ir = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kernel_ir)
+
+A = """%0 = arith.muli %arg1, %c128_i32 : i32
+%view_3 = cute.make_view(%iter_1, %lay_2) : !memref
+%1 = arith.addi %0, %view_3 : i32"""
+# the same two independent ops swapped, SSA names shifted
+B = """%view_3 = cute.make_view(%iter_1, %lay_2) : !memref
+%5 = arith.muli %arg1, %c128_i32 : i32
+%1 = arith.addi %5, %view_3 : i32"""
+C = A.replace("arith.muli", "arith.subi")
+
+
+def test_classify():
+    assert kernel_ir.classify(A, A) == "identical"
+    assert kernel_ir.classify(A, B) == "reordered"
+    assert kernel_ir.classify(A, C) == "different"
+
+
+def test_locations_are_stripped():
+    text = '%0 = arith.addi %a, %b : i32 loc(#loc3)\n#loc3 = loc("x.py":1:2)\n%1 = foo loc(fused[#loc1, #loc2])'
+    assert kernel_ir.strip_locations(text) == "%0 = arith.addi %a, %b : i32\n%1 = foo"
+
+
+def test_diff_reports_the_worst(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "00_k.mlir").write_text(A)
+    (b / "00_k.mlir").write_text(B)
+    assert kernel_ir.diff(a, b) == 1
+    (b / "01_only.mlir").write_text(A)
+    assert kernel_ir.diff(a, b) == 2

@@ -1,0 +1,131 @@
+"""Dump and compare the MLIR of frost's covering kernels, on the CPU, to check kernel refactors.
+
+    python tools/kernel_ir.py dump /tmp/ir-before            # on the commit before the change
+    python tools/kernel_ir.py dump /tmp/ir-after             # on the change
+    python tools/kernel_ir.py diff /tmp/ir-before /tmp/ir-after
+
+`dump` compiles every kernel of the compile tests' covering sets (the SM80 and SM120
+forwards, the backward chains, the SM90 forward) through frost's compile boundary,
+with the disk cache off, and writes each one's MLIR (host entry and device code)
+with source locations stripped, one file per kernel. `--jobs` spreads the compiles
+over processes. `diff` sorts each kernel into: identical; the same operations in
+another order (equal once SSA names are renumbered and lines sorted: independent ops
+moved); or different (the change needs a GPU run to be trusted).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's frost and tests, whatever else is installed
+_LOC = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)")
+_SSA = re.compile(r"%[A-Za-z_]*[0-9]+(_[0-9]+)?")
+
+
+def covering_specs() -> list:
+    """(template, params, arch) of every kernel the CPU compile tests build."""
+    import tests.cpu.test_sm80_bwd_compile as bwd80
+    import tests.cpu.test_sm80_fwd_compile as fwd80
+    import tests.cpu.test_sm90_fwd_compile as fwd90
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, bwd_chain
+    from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
+    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
+
+    specs = []
+    for arch, kws in fwd80.COVER.items():
+        specs += [("frost.engines.sm80.sdpa_fwd", Sm80FwdParams(**kw), arch) for kw in kws]
+    for arch, kws in bwd80.COVER.items():
+        for kw in kws:
+            p = Sm80BwdParams(**kw)
+            specs += [(template, p, arch) for _, template, _ in bwd_chain(p)]
+    for group in fwd90.COVER:
+        specs += [("frost.engines.sm90.sdpa_fwd", Sm90FwdParams(**kw), "sm_90a") for kw in group]
+    return specs
+
+
+def strip_locations(mlir: str) -> str:
+    text = _LOC.sub("", mlir)
+    return "\n".join(line for line in text.splitlines() if not line.startswith("#loc"))
+
+
+def dump_part(out: Path, part: int, parts: int) -> int:
+    os.environ["FROST_CACHE_DISABLE"] = "1"
+    os.environ["CUTE_DSL_KEEP"] = "ir"
+    from frost.engines import compile as boundary
+
+    if not Path(boundary.__file__).resolve().is_relative_to(ROOT):
+        raise SystemExit(f"imported frost from {boundary.__file__}, not from {ROOT}")
+    out.mkdir(parents=True, exist_ok=True)
+    specs = covering_specs()
+    for i, (template, params, arch) in enumerate(specs):
+        if i % parts != part:
+            continue
+        name, jit_fn, fake_args, symbol_for = boundary._build(template, params, arch)
+        compiled, _, _ = boundary._compile(name, jit_fn, fake_args, symbol_for, arch, engine=True)
+        (out / f"{i:02d}_{name}.mlir").write_text(strip_locations(compiled.__mlir__ or ""))
+    return len(specs)
+
+
+def dump(out: Path, jobs: int) -> None:
+    procs = [subprocess.Popen([sys.executable, __file__, "_part", str(out), str(j), str(jobs)], cwd=str(ROOT))
+             for j in range(jobs)]
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("a dump worker failed")
+    print(f"{len(list(out.glob('*.mlir')))} kernels in {out}")
+
+
+def classify(before: str, after: str) -> str:
+    """'identical', 'reordered' (same operations, other order or SSA names) or 'different'."""
+    if before == after:
+        return "identical"
+
+    def ops(text):
+        return sorted(_SSA.sub("%N", line) for line in text.splitlines())
+    return "reordered" if ops(before) == ops(after) else "different"
+
+
+def diff(a: Path, b: Path) -> int:
+    names = sorted({p.name for p in a.glob("*.mlir")} | {p.name for p in b.glob("*.mlir")})
+    worst = 0
+    for name in names:
+        pa, pb = a / name, b / name
+        if not (pa.exists() and pb.exists()):
+            verdict = "only in " + (str(a) if pa.exists() else str(b))
+        else:
+            verdict = classify(pa.read_text(), pb.read_text())
+        worst = max(worst, {"identical": 0, "reordered": 1}.get(verdict, 2))
+        print(f"{verdict:>10}  {name}")
+    print({0: "all identical", 1: "same operations (some reordered)", 2: "some kernels differ"}[worst])
+    return worst
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dump", help="compile the covering kernels and write their MLIR")
+    d.add_argument("out", type=Path)
+    d.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    c = sub.add_parser("diff", help="compare two dumps")
+    c.add_argument("a", type=Path)
+    c.add_argument("b", type=Path)
+    w = sub.add_parser("_part")  # internal: one dump worker
+    w.add_argument("out", type=Path)
+    w.add_argument("part", type=int)
+    w.add_argument("parts", type=int)
+    a = ap.parse_args(argv)
+    if a.cmd == "dump":
+        dump(a.out, a.jobs)
+        return 0
+    if a.cmd == "diff":
+        return 0 if diff(a.a, a.b) < 2 else 1
+    dump_part(a.out, a.part, a.parts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
