@@ -202,7 +202,7 @@ class Graph:
         self.plan = build_plan(self.facts, self.target, self._knobs, ranking=self._ranking)
         self._binder = Binder(self._roles(), vector_bytes=getattr(self.plan.adapter, "vector_bytes", 1),
                               is_thd=self.facts.is_thd, wants_cuda=not self.target.is_cpu,
-                              engine=self.plan.engine_name, plan=self.plan)
+                              engine=self.plan.engine_name, workspace_size=self.plan.workspace_size)
         return self
 
     def save_plan(self, path):

@@ -102,12 +102,11 @@ class Binder:
     """
 
     def __init__(self, roles: dict, *, vector_bytes: int, is_thd: bool, wants_cuda: bool, engine: str,
-                 plan):
+                 workspace_size: int):
         self.is_thd = is_thd
         self.wants_cuda = wants_cuda
         self.engine = engine
-        self.plan = plan
-        self._workspace_need = None
+        self.workspace_size = workspace_size  # the plan's closed form, fixed at plan time
         self.specs = []
         for role, decl in roles.items():
             vec = vector_bytes if role in _VECTOR_ROLES else (4 if vector_bytes > 1 else 1)
@@ -138,9 +137,7 @@ class Binder:
                                        vector_bytes=misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
-        need = self._workspace_need
-        if need is None:
-            need = self._workspace_need = self.plan.workspace_size  # a closed form, fixed at plan time
+        need = self.workspace_size
         if need:
             from frost.runtime.workspace import check_workspace
 
