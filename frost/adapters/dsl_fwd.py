@@ -84,12 +84,13 @@ class DslFwdAdapter(SdpaFwdDsl):
         return [self.kernel] if self.compiled else []
 
     def _launch_recipe(self):
-        """Plan-time argument recipe: (role, view or None) per tensor argument, then the scalars.
+        """Plan-time launch recipe: (a gather of the tensor arguments from the bound dict, the scalars).
 
-        Without views the first part is (a getter of the tensors in launch order, None) instead.
+        Tensors go in their declared order (the kernel's entry views them); lengths and sinks get a
+        reshaping view. Without views the gather is one C-level getter.
         """
         f = self.facts
-        roles = [("q", None), ("k", None), ("v", None), ("o", None)]  # declared order: the entry views them
+        roles = [("q", None), ("k", None), ("v", None), ("o", None)]
         if f.has_stats:
             roles.append(("stats", None))
         if f.is_thd:
@@ -102,16 +103,15 @@ class DslFwdAdapter(SdpaFwdDsl):
         if f.is_thd:
             scalars.append(f.seq_q)
         if all(view is None for _, view in roles):
-            return (operator.itemgetter(*(r for r, _ in roles)), None), tuple(scalars)
-        return tuple(roles), tuple(scalars)
+            gather = operator.itemgetter(*(r for r, _ in roles))
+        else:
+            def gather(bound, roles=tuple(roles)):
+                return [bound[r] if view is None else view(bound[r]) for r, view in roles]
+        return gather, tuple(scalars)
 
     def execute(self, bound: dict, workspace, stream) -> None:
-        roles, scalars = self._recipe
-        if roles[-1] is None:  # no views: the tensors in launch order through one C-level getter
-            args = roles[0](bound)
-        else:
-            args = [bound[r] if view is None else view(bound[r]) for r, view in roles]
-        self.kernel(*args, *scalars, stream_handle(stream))
+        gather, scalars = self._recipe
+        self.kernel(*gather(bound), *scalars, stream_handle(stream))
 
 
 class PendingBwdAdapter(SdpaBwdDsl):
