@@ -54,8 +54,11 @@ def strip_locations(mlir: str) -> str:
 
 
 def dump_part(out: Path, part: int, parts: int) -> int:
+    import tempfile
+
     os.environ["FROST_CACHE_DISABLE"] = "1"
     os.environ["CUTE_DSL_KEEP"] = "ir"
+    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="frost-kernel-ir-")  # the DSL's own copies
     from frost.engines import compile as boundary
 
     if not Path(boundary.__file__).resolve().is_relative_to(ROOT):
