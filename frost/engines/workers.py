@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from typing import Iterable, Optional
 
 from frost.engines import cache
@@ -24,12 +23,7 @@ from frost.engines.compile import (CompiledKernel, KernelSpec, _arch_of, compile
 from frost.engines.params import TemplateParams
 from frost.engines.target import Target
 
-_target: Optional[Target] = None
-
-
-def current_target() -> Optional[Target]:
-    """In a worker: the parent's Target record. None in the parent."""
-    return _target
+_target: Optional[Target] = None  # in a worker: the parent's Target record (worker_facts reports it)
 
 
 def as_spec(item) -> KernelSpec:
@@ -48,17 +42,14 @@ def _init_worker(target_json: Optional[dict], arch: str, cache_root: str) -> Non
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ["FROST_CACHE_DIR"] = cache_root
-    os.environ.pop("FROST_CACHE_DISABLE", None)
-    os.environ["FROST_COMPILE_WORKER"] = "1"
     _target = Target.model_validate(target_json) if target_json else None
 
 
 def _compile_in_worker(spec_json: dict, arch: str) -> dict:
-    t0 = time.perf_counter()
     spec = KernelSpec.from_json(spec_json)
     ck = publish(spec.template, spec.params, arch, load=False)
     return {"ok": ck is not None, "name": ck.name if ck else None, "source": ck.source if ck else None,
-            "digest": ck.digest if ck else None, "seconds": time.perf_counter() - t0}
+            "digest": ck.digest if ck else None}
 
 
 @contextlib.contextmanager
@@ -100,13 +91,13 @@ def default_workers() -> int:
     return max(1, cpus)
 
 
-def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[int] = None,
-                 use_workers: Optional[bool] = None) -> list[CompiledKernel]:
+def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[int] = None
+                 ) -> list[CompiledKernel]:
     """Compile every spec (KernelSpec or (template, params)); results in input order.
 
-    Keys already in memory or on disk are not recompiled. With the disk layer off
-    (FROST_CACHE_DISABLE=1) everything compiles here, one after another.
-    `use_workers=None` uses workers when two or more keys need compiling.
+    Keys already in memory or on disk are not recompiled. Workers compile when two or
+    more keys need it; with the disk layer off (FROST_CACHE_DISABLE=1) everything
+    compiles here, one after another.
     """
     specs = [as_spec(s) for s in specs]
     arch = _arch_of(target)
@@ -120,21 +111,19 @@ def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[in
             continue
         todo[k] = s
     n = min(len(todo), max_workers or default_workers())
-    if use_workers is None:
-        use_workers = len(todo) >= 2 and n >= 2
-    if dc is not None and use_workers and todo:
+    if dc is not None and len(todo) >= 2 and n >= 2:
         run_in_workers(list(todo.values()), target, n)
     return [compile_kernel(s.template, s.params, target) for s in specs]
 
 
-def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int) -> list[Optional[dict]]:
-    """Compile and export `specs` in `n` workers; None for each one that failed there."""
+def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int) -> None:
+    """Compile and export `specs` in `n` workers; what failed there the caller redoes in this process."""
     from concurrent.futures.process import BrokenProcessPool
 
     arch = _arch_of(target)
     out: list[Optional[dict]] = [None] * len(specs)
     try:
-        with _pool(max(1, n), target) as pool:
+        with _pool(n, target) as pool:
             with _main_hidden():  # processes start at the first submits
                 futures = [pool.submit(_compile_in_worker, s.to_json(), arch) for s in specs]
             for i, f in enumerate(futures):
@@ -148,13 +137,10 @@ def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int) -> lis
         cache.warn(f"compile worker pool broke ({e}); compiling the rest in this process")
     done = sum(1 for r in out if r and r["ok"] and r["source"] == "compile")
     cache.bump(worker_compiles=done)
-    return out
 
 
 def _worker_facts(spec_json: Optional[dict], arch: str) -> dict:
     """What a worker sees of CUDA, after compiling `spec_json` if given."""
-    import sys
-
     compiled = _compile_in_worker(spec_json, arch) if spec_json else None
     facts = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "compiled": compiled,
              "target": _target.model_dump() if _target else None, "pid": os.getpid()}
