@@ -34,7 +34,7 @@ def timed(fn, warmup=3, reps=15, inner=4):
 def frost_params(d, causal, knobs, sm_count):
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs
 
-    k = default_knobs(d, d, causal_or_window=causal, sm_count=sm_count)
+    k = default_knobs(d, d, sm_count=sm_count)
     k.update(knobs)
     return Sm90FwdParams(dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=2048 // d, num_heads_kv=2048 // d,
                          has_lse=True, has_window_right=causal, **k)

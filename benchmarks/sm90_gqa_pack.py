@@ -33,7 +33,7 @@ def timed(fn):
 def params(hq, hkv, causal, pack, sm_count, tile_m=None):
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs
 
-    k = default_knobs(128, 128, causal_or_window=causal, sm_count=sm_count)
+    k = default_knobs(128, 128, sm_count=sm_count)
     if tile_m:
         k["tile_m"] = tile_m
     return Sm90FwdParams(dtype="bf16", head_dim=128, head_dim_v=128, num_heads_q=hq, num_heads_kv=hkv,

@@ -14,8 +14,7 @@ class SdpaFwdDslSm90(DslFwdAdapter):
         from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, pack_gqa_reason
 
         f = self.facts
-        knobs = default_knobs(f.head_dim_qk, f.head_dim_v, causal_or_window=f.window_right is not None
-                              or f.window_left is not None, sm_count=self.target.sm_count)
+        knobs = default_knobs(f.head_dim_qk, f.head_dim_v, sm_count=self.target.sm_count)
         requested = self.knobs.requested()
         knobs.update(requested)
         flags = fwd_feature_flags(f)

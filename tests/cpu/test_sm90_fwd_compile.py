@@ -18,7 +18,7 @@ from tests.compile_runner import compile_groups
 
 def _p(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
     dv = dv or d
-    k = default_knobs(d, dv, causal_or_window=flags.get("has_window_right", False))
+    k = default_knobs(d, dv)
     k.update(knobs or {})
     return dict(dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
@@ -61,10 +61,9 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
 
 def test_defaults_validate_for_every_head_dim():
     for d, dv in [(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)]:
-        for banded in (False, True):
-            p = Sm90FwdParams(head_dim=d, head_dim_v=dv, **default_knobs(d, dv, causal_or_window=banded))
-            validate(p)
-            assert smem_bytes(p) <= 227 * 1024
+        p = Sm90FwdParams(head_dim=d, head_dim_v=dv, **default_knobs(d, dv))
+        validate(p)
+        assert smem_bytes(p) <= 227 * 1024
 
 
 def test_o_tile_falls_back_to_q_tile_when_it_does_not_fit():

@@ -99,8 +99,7 @@ def params_of(c: K):
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs
 
     dv = c.dv or c.d
-    knobs = default_knobs(c.d, dv, causal_or_window=c.wr is not None or c.wl is not None,
-                          sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
+    knobs = default_knobs(c.d, dv, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
     knobs.update(c.knobs)
     return Sm90FwdParams(dtype=c.dtype, head_dim=c.d, head_dim_v=dv, num_heads_q=c.hq, num_heads_kv=c.hkv,
                          is_thd=c.thd is not None, has_seqused=c.seqused is not None, has_lse=c.lse,

@@ -10,7 +10,6 @@ from __future__ import annotations
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
 
-SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SUPPORTED_HEAD_DIM_PAIRS = {(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)}
 SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
 
@@ -113,8 +112,7 @@ def validate(p: Sm90FwdParams) -> None:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
 
 
-def default_knobs(head_dim: int, head_dim_v: int | None = None, *, causal_or_window: bool = False,
-                  sm_count: int = 132) -> dict:
+def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int = 132) -> dict:
     """The best measured configuration per head dim on the H200 (bf16, 16k tokens, hidden 2048).
 
     Measured against alternatives: persistent beats one-CTA-per-tile by 5-7% unbanded
