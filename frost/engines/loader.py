@@ -64,7 +64,7 @@ def load_shared(path: Path, symbol: str, libs) -> Optional[tuple]:
     import tvm_ffi
 
     libs = list(libs) + [_libtvm_ffi()]
-    if not _open_global(libs[:-1]) or not _open_global(libs[-1:]):
+    if not _open_global(libs):
         return None
     mod = tvm_ffi.load_module(str(path))
     return mod, mod[symbol]

@@ -60,8 +60,6 @@ declared strides. Rows and tokens outside every sequence get dQ = 0; dense
 padding rows of dK / dV get 0; THD tokens past cu_seqlens_kv[B] are not written.
 """
 
-FWD_DOC = __doc__
-
 # roles whose tensors are (B, H, S, D) when dense, (T, H, D) when packed
 IO_ROLES = frozenset(("q", "k", "v", "o", "do", "dq", "dk", "dv"))
 STATS_ROLE = "lse"
