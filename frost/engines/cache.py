@@ -177,7 +177,8 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
-def _write_atomic(final: Path, write, suffix: str) -> None:
+def write_atomic(final: Path, write, suffix: str) -> None:
+    """`write(tmp)` a sibling temp file, fsync it and rename it over `final` (readers never see half a file)."""
     tmp = final.parent / f".{final.name}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.tmp{suffix}"
     try:
         write(tmp)
@@ -209,7 +210,7 @@ class DiskCache:
             if not info.exists():
                 data = json.dumps({"fingerprint": self.fp, **fingerprint_inputs()}, indent=1, sort_keys=True)
                 with contextlib.suppress(OSError):
-                    _write_atomic(info, lambda p: p.write_text(data), ".json")
+                    write_atomic(info, lambda p: p.write_text(data), ".json")
 
     # lookup --------------------------------------------------------------------------------
     def lookup(self, key: dict) -> tuple[Optional[Entry], bool]:
@@ -276,7 +277,7 @@ class DiskCache:
         self.ensure()
         eid = entry_id(self.fp, key)
         obj, side, _ = self.paths(eid)
-        _write_atomic(obj, export, ".o")
+        write_atomic(obj, export, ".o")
         data = obj.read_bytes()
         meta = {"format": FORMAT, "fingerprint": self.fp, "key": key, "symbol": symbol,
                 "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "created": time.time(),
@@ -284,17 +285,17 @@ class DiskCache:
         so = obj.with_suffix(".so")
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             if shared is not None and shared[1] and all(os.path.exists(lib) for lib in shared[1]):
-                _write_atomic(so, lambda p: p.write_bytes(shared[0]), ".so")
+                write_atomic(so, lambda p: p.write_bytes(shared[0]), ".so")
                 meta["so_sha256"] = hashlib.sha256(shared[0]).hexdigest()
                 meta["runtime_libs"] = list(shared[1])
             else:
                 linked = []
-                _write_atomic(so, lambda p: linked.append(link_shared(obj, p)), ".so")
+                write_atomic(so, lambda p: linked.append(link_shared(obj, p)), ".so")
                 if linked and linked[0]:
                     meta["so_sha256"] = hashlib.sha256(so.read_bytes()).hexdigest()
                     meta["runtime_libs"] = runtime_libraries()
         text = json.dumps(meta, indent=1, sort_keys=True)
-        _write_atomic(side, lambda p: p.write_text(text), ".json")
+        write_atomic(side, lambda p: p.write_text(text), ".json")
         _fsync_dir(self.dir)
         return Entry(eid, obj, meta)
 

@@ -8,11 +8,8 @@ becomes a PlanFileError, never a zip or JSON error.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import time
 import zipfile
 from pathlib import Path
 from typing import Literal, Optional
@@ -67,19 +64,18 @@ class PlanHeader(BaseModel):
 
 def write(path, header: PlanHeader, blobs: list[tuple[bytes, Optional[bytes]]]) -> Path:
     """Write the header and each kernel's (object, linked library or None) atomically; returns the path."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    try:
+    from frost.engines.cache import write_atomic
+
+    def zip_to(tmp):
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
             z.writestr(HEADER, header.model_dump_json(indent=1))
             for rec, (obj, so) in zip(header.kernels, blobs):
                 z.writestr(rec.member, obj)
                 if rec.so_member and so is not None:
                     z.writestr(rec.so_member, so)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+
+    path = Path(path)
+    write_atomic(path, zip_to, ".zip")
     return path
 
 
