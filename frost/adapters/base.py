@@ -44,6 +44,10 @@ class _SdpaAdapter:
         """The CompiledKernel objects execute launches, in launch order (saved plans carry them)."""
         return []
 
+    def kernel_specs(self) -> list:
+        """(template module, params) of every kernel compile() builds, in launch order (precompile)."""
+        return []
+
     def execute(self, bound: dict, workspace, stream) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 

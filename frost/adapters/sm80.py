@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from frost.adapters.dsl_bwd import MmaSyncBwdAdapter
-from frost.adapters.dsl_fwd import DslFwdAdapter, fwd_feature_flags
+from frost.adapters.dsl import fwd_feature_flags
+from frost.adapters.dsl_fwd import DslFwdAdapter
 
 
 class MmaSyncFwdAdapter(DslFwdAdapter):

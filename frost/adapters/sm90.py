@@ -1,7 +1,9 @@
 """SM90 arch line (cc 9.0): the wgmma + TMA warp-specialized forward."""
 from __future__ import annotations
 
-from frost.adapters.dsl_fwd import DslFwdAdapter, PendingBwdAdapter, fwd_feature_flags
+from frost.adapters.dsl import fwd_feature_flags
+from frost.adapters.dsl_bwd import PendingBwdAdapter
+from frost.adapters.dsl_fwd import DslFwdAdapter
 from frost.errors import TemplateParamsError
 
 

@@ -33,23 +33,13 @@ def _graph_specs(graph, target: Target) -> list[KernelSpec]:
     ranking = rank(graph.facts, target, getattr(graph, "_knobs", None))
     if not ranking.accepted:
         raise NotSupportedError(describe(graph.facts) + f" on {target.name}", ranking.declines)
-    adapter = ranking.accepted[0][1]
-    if hasattr(adapter, "kernel_specs"):
-        return [as_spec(s) for s in adapter.kernel_specs()]
-    if getattr(adapter, "template", "") and hasattr(adapter, "template_params"):
-        params = adapter.template_params()
-        if getattr(adapter, "params_module", ""):
-            importlib.import_module(adapter.params_module).validate(params)
-        return [KernelSpec(adapter.template, params)]
-    return []  # an engine without compiled kernels (the reference)
+    return [as_spec(s) for s in ranking.accepted[0][1].kernel_specs()]  # none for the reference engines
 
 
 def specs_of(items: Iterable, target: Target) -> list[KernelSpec]:
     out: list[KernelSpec] = []
     for item in items:
-        if hasattr(item, "kernel_specs"):
-            out += [as_spec(s) for s in item.kernel_specs(target)]
-        elif hasattr(item, "node") and hasattr(item, "validate"):
+        if hasattr(item, "node") and hasattr(item, "validate"):
             out += _graph_specs(item, target)
         else:
             out.append(as_spec(item))

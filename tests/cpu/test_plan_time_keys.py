@@ -77,7 +77,7 @@ def _run_totals(adapter):
 
 
 def test_kernel_window_bounds_are_clamped_without_changing_the_mask():
-    from frost.adapters.dsl_fwd import kernel_window
+    from frost.adapters.dsl import kernel_window
 
     thd = _thd_facts(total=4096)
     assert kernel_window(thd) == (None, 0)  # causal: nothing to clamp

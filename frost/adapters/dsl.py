@@ -1,0 +1,131 @@
+"""What every CuTe DSL adapter shares: feature flags and mask bounds from the facts, the DSL and knob
+checks at ranking, and one validated TemplateParams per plan (`DslKernels`)."""
+from __future__ import annotations
+
+import importlib
+import operator
+
+from frost.adapters.views import lengths_view, sink_view
+from frost.engines.dsl import dsl_decline_reason
+from frost.errors import TemplateParamsError
+
+
+def kernel_window(facts) -> tuple:
+    """(window_left, window_right) as the kernels take them (Int32): each bound clamped to Sq + Skv.
+
+    A bound that large already admits every key, so the mask is unchanged, and the kernels' index
+    arithmetic (i + offset + bound) stays far from Int32 overflow for any bound a user declares.
+    Packed batches clamp to the token envelopes, which no sequence can exceed.
+    """
+    cap = facts.total_q + facts.total_kv if facts.is_thd else facts.seq_q + facts.seq_kv
+    return tuple(None if w is None else min(w, cap) for w in (facts.window_left, facts.window_right))
+
+
+def sdpa_feature_flags(facts) -> dict:
+    """The SdpaFeatureParams fields of every SDPA template, from the facts (sdpa_args.py)."""
+    banded = facts.window_left is not None or facts.window_right is not None
+    return dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
+                num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
+                has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
+                has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
+                bottom_right=facts.bottom_right and banded)
+
+
+def fwd_feature_flags(facts) -> dict:
+    return dict(sdpa_feature_flags(facts), has_lse=facts.has_stats)
+
+
+def check_dsl_and_knobs(adapter) -> None:
+    """Decline when the DSL is missing, or when requested knobs make the template's params invalid.
+
+    Requested knobs are honored or the engine is ineligible; without requests the
+    defaults must validate, and a failure there is a bug, raised at compile.
+    """
+    reason = dsl_decline_reason()
+    if reason:
+        raise adapter.decline(reason)
+    if adapter.knobs.requested():
+        try:
+            params = adapter.template_params()
+            importlib.import_module(adapter.params_module).validate(params)
+        except TemplateParamsError as e:
+            raise adapter.decline(f"requested knobs {adapter.knobs.requested()} do not fit: {e}") from None
+
+
+class DslKernels:
+    """Mixin of the DSL adapters: the template params, validated once, and the kernels they make.
+
+    Subclasses set `params_module` (a module with the params class, `validate()` and
+    `default_knobs()`), supply `template_params()` and list their kernels in `kernel_specs()`.
+    """
+
+    params_module: str = ""
+    vector_bytes = 16  # kernels take 16-byte aligned io tensors
+
+    def check_support(self) -> None:
+        check_dsl_and_knobs(self)
+
+    def template_params(self):  # pragma: no cover - per arch
+        raise NotImplementedError
+
+    def validated_params(self):
+        """template_params(), validated: the capability row accepted the graph, so a failure is a bug."""
+        params = self.template_params()
+        try:
+            importlib.import_module(self.params_module).validate(params)
+        except TemplateParamsError as e:
+            raise TemplateParamsError(f"{self.engine_name}: its capability row accepted a graph its template "
+                                      f"rejects (a bug): {e}") from e
+        return params
+
+
+
+# contract argument name (frost.engines.sdpa_args) -> (graph role, view the kernel wants or None)
+TENSOR_ARGS = {
+    "q": ("q", None), "k": ("k", None), "v": ("v", None), "o": ("o", None), "lse": ("stats", None),
+    "do": ("dO", None), "dq": ("dQ", None), "dk": ("dK", None), "dv": ("dV", None),
+    "cu_seqlens_q": ("cu_seq_len_q", None), "cu_seqlens_kv": ("cu_seq_len_kv", None),
+    "seqused_q": ("seq_len_q", lengths_view), "seqused_kv": ("seq_len_kv", lengths_view),
+    "sinks": ("sink_token", sink_view), "dsinks": ("dSink_token", sink_view),
+}
+
+
+def static_values(facts) -> dict:
+    """The contract's scalar arguments, all plan-time values."""
+    window_left, window_right = kernel_window(facts)
+    return {"softmax_scale": facts.attn_scale, "window_left": window_left, "window_right": window_right,
+            "max_seqlen_q": facts.seq_q, "max_seqlen_kv": facts.seq_kv}
+
+
+def viewed_args(names) -> tuple:
+    """(name, role, view) of the contract names whose tensor the kernel takes through a view.
+
+    The adapter makes these views once per execute and passes them with the per-call values.
+    """
+    return tuple((n, *TENSOR_ARGS[n]) for n in dict.fromkeys(names) if n in TENSOR_ARGS and TENSOR_ARGS[n][1])
+
+
+class LaunchArgs:
+    """One kernel's argument list, resolved at plan time from its contract names.
+
+    View-free tensors come from the bound dict by graph role and scalars are plan-time
+    constants; every other name (the stream, scratch buffers, viewed tensors: see
+    `viewed_args`) is supplied per call. The usual layout (tensors, then scalars, then
+    per-call names) gathers through one C-level getter.
+    """
+
+    def __init__(self, names, facts):
+        static = static_values(facts)
+        self.items = tuple((0, TENSOR_ARGS[n][0]) if n in TENSOR_ARGS and TENSOR_ARGS[n][1] is None
+                           else (1, static[n]) if n in static else (2, n) for n in names)
+        kinds = [k for k, _ in self.items]
+        self._fast = None
+        if kinds == sorted(kinds) and kinds.count(0) >= 2:
+            self._fast = (operator.itemgetter(*(a for k, a in self.items if k == 0)),
+                          tuple(a for k, a in self.items if k == 1), tuple(a for k, a in self.items if k == 2))
+
+    def __call__(self, bound: dict, per_call: dict) -> list:
+        if self._fast is not None:
+            tensors, scalars, supplied = self._fast
+            return [*tensors(bound), *scalars, *(per_call[n] for n in supplied)]
+        return [bound[a] if k == 0 else a if k == 1 else per_call[a] for k, a in self.items]
