@@ -97,6 +97,15 @@ def static_values(facts) -> dict:
             "max_seqlen_q": facts.seq_q, "max_seqlen_kv": facts.seq_kv}
 
 
+def _tuple_getter(keys: tuple):
+    """A C-level getter of `keys` from a dict that always returns a tuple."""
+    if len(keys) > 1:
+        return operator.itemgetter(*keys)
+    if keys:
+        return lambda d, key=keys[0]: (d[key],)
+    return lambda d: ()
+
+
 def viewed_args(names) -> tuple:
     """(name, role, view) of the contract names whose tensor the kernel takes through a view.
 
@@ -122,10 +131,11 @@ class LaunchArgs:
         self._fast = None
         if kinds == sorted(kinds) and kinds.count(0) >= 2:
             self._fast = (operator.itemgetter(*(a for k, a in self.items if k == 0)),
-                          tuple(a for k, a in self.items if k == 1), tuple(a for k, a in self.items if k == 2))
+                          tuple(a for k, a in self.items if k == 1),
+                          _tuple_getter(tuple(a for k, a in self.items if k == 2)))
 
     def __call__(self, bound: dict, per_call: dict) -> list:
         if self._fast is not None:
             tensors, scalars, supplied = self._fast
-            return [*tensors(bound), *scalars, *(per_call[n] for n in supplied)]
+            return [*tensors(bound), *scalars, *supplied(per_call)]
         return [bound[a] if k == 0 else a if k == 1 else per_call[a] for k, a in self.items]

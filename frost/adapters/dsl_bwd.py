@@ -83,9 +83,9 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
         return views
 
     def execute(self, bound: dict, workspace, stream) -> None:
-        per_call = {n: view(bound[role]) for n, role, view in self._views}
-        per_call["stream"] = stream_handle(stream)
-        per_call.update(self._scratch_views(workspace, bound))
+        per_call = {"stream": stream_handle(stream), **self._scratch_views(workspace, bound)}
+        for n, role, view in self._views:
+            per_call[n] = view(bound[role])
         for kernel, args in self.chain:
             kernel(*args(bound, per_call))
 

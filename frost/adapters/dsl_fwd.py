@@ -29,6 +29,7 @@ class DslFwdAdapter(DslKernels, SdpaFwdDsl):
         return [self.kernel] if self.compiled else []
 
     def execute(self, bound: dict, workspace, stream) -> None:
-        per_call = {n: view(bound[role]) for n, role, view in self._views}
-        per_call["stream"] = stream_handle(stream)
+        per_call = {"stream": stream_handle(stream)}
+        for n, role, view in self._views:
+            per_call[n] = view(bound[role])
         self.kernel(*self._args(bound, per_call))
