@@ -3,7 +3,8 @@
 An adapter is constructed with plan-time descriptors only (facts, target, knobs;
 no storage). `check_support()` raises `EngineDecline`; `compile()` builds every
 artifact execute will need; `scratch_workspace_bytes()` is a closed form;
-`execute(bound, workspace, stream)` validates, binds views and launches.
+`execute(bound, workspace, stream)` takes tensors the binder has checked, makes the views its
+kernels want and launches.
 Subclasses may only add optional keywords.
 """
 from __future__ import annotations

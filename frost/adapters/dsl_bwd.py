@@ -3,7 +3,7 @@
 The params module of a backward template supplies `bwd_chain(params)` (stage,
 template module, argument names, in launch order) and `scratch_layout(...)`;
 this adapter compiles every stage at plan time, sizes the workspace from the
-envelopes' layout (fixed at plan time for dense graphs), carves the scratch
+envelopes' layout (a plan-time closed form), carves the scratch
 views from the caller's workspace and launches the chain.
 """
 from __future__ import annotations

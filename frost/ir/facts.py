@@ -8,6 +8,9 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
+#: roles of the query/key/value/output tensors and their gradients: kernels move them in 16-byte vectors
+IO_TENSOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
+
 
 class TensorFacts(BaseModel):
     model_config = ConfigDict(frozen=True)

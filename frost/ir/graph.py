@@ -177,7 +177,7 @@ class Graph:
                 self._knobs = Knobs(**(knobs or {}))
             except (TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
                 raise GraphError(f"bad knobs {knobs!r}; known knobs: {sorted(Knobs.model_fields)} "
-                                 f"(ints): {e}") from None
+                                 f"(ints and bools): {e}") from None
         self._ranking = rank(self.facts, self.target, self._knobs, engine)
         return self
 

@@ -13,8 +13,13 @@ from frost.types import DataType
 IO_TYPES = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)
 
 
+def _label(t: Tensor, role: str) -> str:
+    """How errors name a tensor: the user's name, and the role when it differs."""
+    return f"{t.name!r} ({role})" if t.name != role else f"{t.name!r}"
+
+
 def _who(t: Tensor, role: str) -> str:
-    return f"tensor {t.name!r} ({role})" if t.name != role else f"tensor {t.name!r}"
+    return f"tensor {_label(t, role)}"
 
 
 def _expect_dim(t: Tensor, role: str, expected: tuple, what: str) -> None:
@@ -114,7 +119,7 @@ def resolve_band(a: SdpaAttrs) -> tuple:
 
 
 def _tensor_facts(role: str, t: Tensor) -> TensorFacts:
-    return TensorFacts(name=role, label=_who(t, role)[len("tensor "):], dim=tuple(t.dim), stride=tuple(t.stride),
+    return TensorFacts(name=role, label=_label(t, role), dim=tuple(t.dim), stride=tuple(t.stride),
                        dtype=t.data_type.short)
 
 
@@ -129,7 +134,6 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         raise GraphError(f"sdpa {a.name!r}: q, k and v must share one data type; got q={q.data_type.short}, "
                          f"k={k.data_type.short}, v={v.data_type.short}")
     thd = a.cu_seq_len_q is not None or a.cu_seq_len_kv is not None
-    rank = len(q.dim)
     if thd:
         if a.cu_seq_len_q is None or a.cu_seq_len_kv is None:
             raise GraphError(f"sdpa {a.name!r}: packed THD needs both cu_seq_len_q and cu_seq_len_kv")
@@ -173,8 +177,6 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         if sv != skv:
             raise GraphError(f"{_who(v, 'v')}: sequence length {sv} differs from k's {skv}")
         tq = tkv = tv = 0
-    if rank != len(k.dim):
-        raise GraphError(f"sdpa {a.name!r}: q and k have different ranks")
     if dk != dqk:
         raise GraphError(f"{_who(k, 'k')}: head dim {dk} differs from q's head dim {dqk}")
     if hv != hkv:

@@ -4,12 +4,11 @@ from __future__ import annotations
 from typing import Optional
 
 from frost.engines.target import Target
-from frost.ir.facts import SdpaFacts
+from frost.ir.facts import IO_TENSOR_ROLES, SdpaFacts
 from frost.lowering.capabilities import CapabilityRow
 from frost.lowering.knobs import Knobs
 
 _ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
-_VECTOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
 
 
 def _cc(c: tuple[int, int]) -> str:
@@ -51,7 +50,7 @@ def _layout_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
     if row.vector_bytes <= 1:
         return None
     for t in facts.tensors:
-        if t.name not in _VECTOR_ROLES:
+        if t.name not in IO_TENSOR_ROLES:
             continue
         elems = max(row.vector_bytes // _ITEMSIZE.get(t.dtype, 2), 1)
         bad = [s for d, s in zip(t.dim[:-1], t.stride[:-1]) if d > 1 and s % elems != 0]

@@ -46,9 +46,8 @@ def save_plan(graph, path) -> Path:
         arts = [export_kernel(ck) for ck in plan.adapter.compiled_kernels()]
     except OSError as e:
         raise PlanFileError(f"cannot save the plan of graph {graph.name!r}: {e}") from None
-    knobs = getattr(graph, "_knobs", None)
     header = PlanHeader(frost_version=frost.__version__, created=time.time(), graph=graph.name,
-                        engine=plan.engine_name, knobs=knobs.requested() if knobs is not None else {},
+                        engine=plan.engine_name, knobs=plan.adapter.knobs.requested(),
                         target=graph.target.model_dump(), arch=graph.target.arch, fingerprint=cache.fingerprint(),
                         fingerprint_inputs=cache.fingerprint_inputs(), facts=plan.facts.model_dump(mode="json"),
                         workspace_size=plan.workspace_size, kernels=[_record(i, a) for i, a in enumerate(arts)])

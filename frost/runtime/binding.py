@@ -4,6 +4,7 @@ from __future__ import annotations
 import operator
 
 from frost.errors import BindingError
+from frost.ir.facts import IO_TENSOR_ROLES
 from frost.ir.tensor import Tensor
 
 # roles whose first dim is the packed token count in THD graphs, by token group
@@ -69,9 +70,6 @@ def check_thd_totals(bound: dict) -> None:
             raise BindingError(f"packed token counts disagree: {seen}")
 
 
-_VECTOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
-
-
 def _stride_picker(dims: tuple):
     """A C-level getter of the strides of a tensor's non-unit dims (the only ones that address memory)."""
     nonunit = [i for i, d in enumerate(dims) if d > 1]
@@ -109,7 +107,7 @@ class Binder:
         self.workspace_size = workspace_size  # the plan's closed form, fixed at plan time
         self.specs = []
         for role, decl in roles.items():
-            vec = vector_bytes if role in _VECTOR_ROLES else (4 if vector_bytes > 1 else 1)
+            vec = vector_bytes if role in IO_TENSOR_ROLES else (4 if vector_bytes > 1 else 1)
             dims, strides = tuple(decl.dim), tuple(decl.stride)
             pick = _stride_picker(dims)  # a unit dim's stride is free: compare the others only
             packed = is_thd and (role in THD_Q_ROLES or role in THD_KV_ROLES)  # token dim up to dims[0]
@@ -131,8 +129,6 @@ class Binder:
                     continue
             except (AttributeError, IndexError, TypeError):  # not keyed by handle, or not a tensor
                 pass
-            if first is None and device is not None:
-                first = _cuda_device(device)
             bound[role] = check_tensor(role, decl, lookup(variant_pack, decl), device=first, is_thd=self.is_thd,
                                        vector_bytes=misalign + 1)
         if self.is_thd:
@@ -141,13 +137,14 @@ class Binder:
         if need:
             from frost.runtime.workspace import check_workspace
 
-            check_workspace(workspace, need, first if first is not None or device is None else _cuda_device(device))
+            check_workspace(workspace, need, first)
         return bound
 
     def _first_device(self, variant_pack: dict):
         """(device index, device) every tensor must share: the first declared tensor's (-1 = off the GPU).
 
-        The device object is only needed off the GPU (CUDA tensors compare indices); it is None on it.
+        The fast path compares indices on the GPU; the device object (one per index, made once) serves
+        the detailed checks and the CPU path.
         """
         decl = self.specs[0][1]
         t = variant_pack.get(decl)
@@ -162,4 +159,4 @@ class Binder:
                 raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {t.device} "
                                    f"(first: {decl.name!r})")
             return index, t.device
-        return index, None
+        return index, _cuda_device(index)
