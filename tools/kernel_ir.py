@@ -8,9 +8,10 @@
 forwards, the backward chains, the SM90 forward) through frost's compile boundary,
 with the disk cache off, and writes each one's MLIR (host entry and device code)
 with source locations stripped, one file per kernel. `--jobs` spreads the compiles
-over processes. `diff` sorts each kernel into: identical; the same operations in
-another order (equal once SSA names are renumbered and lines sorted: independent ops
-moved); or different (the change needs a GPU run to be trusted).
+over processes. `diff` sorts each kernel into: identical; reordered (every value is
+defined by the same op on the same operands, only independent ops moved, and the lines
+that define nothing, such as stores, barriers and region ends, keep their order); or
+different (the change needs a GPU run to be trusted).
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's frost and tests, whatever else is installed
 _LOC = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)")
-_SSA = re.compile(r"%[A-Za-z_]*[0-9]+(_[0-9]+)?")
 
 
 def covering_specs() -> list:
@@ -82,14 +82,42 @@ def dump(out: Path, jobs: int) -> None:
     print(f"{len(list(out.glob('*.mlir')))} kernels in {out}")
 
 
+_REF = re.compile(r"%[\w#.-]+")
+_DEF = re.compile(r"^\s*((?:%[\w#.-]+(?::\d+)?\s*,\s*)*%[\w#.-]+(?::\d+)?)\s*=\s*(.*)$")
+
+
+def _dataflow(text: str):
+    """(bag of value-defining ops, sequence of the other lines), names replaced by value numbers.
+
+    A value's number is its defining op with its operands' numbers (and the op's occurrence), so
+    which value feeds which op is kept while SSA names and the order of independent ops are not.
+    Lines that define nothing (stores, barriers, yields, region braces) keep their order.
+    """
+    numbers: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    defs: dict[str, int] = {}
+    effects: list[str] = []
+    for line in text.splitlines():
+        m = _DEF.match(line)
+        lhs, rhs = (m.group(1), m.group(2)) if m else (None, line)
+        body = _REF.sub(lambda r: numbers.get(r.group(0), r.group(0)), rhs.strip())
+        if lhs is None:
+            effects.append(body)
+            continue
+        seen[body] = seen.get(body, 0) + 1
+        defs[body] = defs.get(body, 0) + 1
+        tag = f"{hash(body) & 0xFFFFFFFFFFFF:x}.{seen[body]}"
+        for i, name in enumerate(n.strip().split(":")[0] for n in lhs.split(",")):
+            numbers[name] = f"%v{tag}.{i}"
+    return defs, effects
+
+
 def classify(before: str, after: str) -> str:
-    """'identical', 'reordered' (same operations, other order or SSA names) or 'different'."""
+    """'identical', 'reordered' (the same ops feeding the same ops, independent ones moved, the
+    ordered lines in the same order) or 'different'."""
     if before == after:
         return "identical"
-
-    def ops(text):
-        return sorted(_SSA.sub("%N", line) for line in text.splitlines())
-    return "reordered" if ops(before) == ops(after) else "different"
+    return "reordered" if _dataflow(before) == _dataflow(after) else "different"
 
 
 def diff(a: Path, b: Path) -> int:

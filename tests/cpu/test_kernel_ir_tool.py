@@ -39,3 +39,17 @@ def test_diff_reports_the_worst(tmp_path):
     assert kernel_ir.diff(a, b) == 1
     (b / "01_only.mlir").write_text(A)
     assert kernel_ir.diff(a, b) == 2
+
+
+def test_a_changed_dataflow_is_not_a_reorder():
+    # a butterfly sum whose shuffle offsets swap: the same op lines, another summation order
+    first = """%1 = nvvm.shfl.sync bfly %0, %c1 : f32
+%2 = arith.addf %0, %1 : f32
+%3 = nvvm.shfl.sync bfly %2, %c2 : f32
+%4 = arith.addf %2, %3 : f32"""
+    swapped = first.replace("%c1", "%cX").replace("%c2", "%c1").replace("%cX", "%c2")
+    assert kernel_ir.classify(first, swapped) == "different"
+    # a store moved across a barrier keeps every line but not the order of the ordered ones
+    a = "%1 = arith.addf %0, %0 : f32\nmemref.store %1, %m[%c0]\nnvvm.barrier0"
+    b = "%1 = arith.addf %0, %0 : f32\nnvvm.barrier0\nmemref.store %1, %m[%c0]"
+    assert kernel_ir.classify(a, b) == "different"
