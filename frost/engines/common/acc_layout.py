@@ -48,3 +48,11 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
         stride=((div.stride[0], div.stride[2][0]), div.stride[1], div.stride[2][1]),
     )
     return cute.make_tensor(acc.iterator, lay)
+
+
+def transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """(M, N[, S]) smem tensor viewed as (N, M[, S]) (flat modes)."""
+    m, n = cute.size(t, mode=[0]), cute.size(t, mode=[1])
+    if cute.rank(t) == 3:
+        return cute.composition(t, cute.make_layout((n, m, cute.size(t, mode=[2])), stride=(m, 1, m * n)))
+    return cute.composition(t, cute.make_layout((n, m), stride=(m, 1)))

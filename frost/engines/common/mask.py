@@ -41,7 +41,7 @@ def n_block_range(
 ):
     """[n_min, n_max): the key tiles holding any allowed column for rows of m_block.
 
-    Rows past seqlen_q are ignored (never written). Empty when n_max <= n_min.
+    Rows past seqlen_q are ignored (never written); an m_block of such rows only is empty (n_max = n_min).
     """
     row_first = m_block * tile_m
     row_last = cutlass.min(row_first + tile_m, seqlen_q) - 1
@@ -52,6 +52,8 @@ def n_block_range(
     n_min = Int32(0)
     if cutlass.const_expr(window_left is not None):
         n_min = cutlass.max(row_first + offset - window_left, 0) // tile_n
+    if row_first >= seqlen_q:
+        n_max = n_min
     return n_min, n_max
 
 

@@ -1,9 +1,7 @@
 """Persistent tile scheduler for attention kernels: work items are (m_block, head, batch).
 
-Tiles are numbered batch-major, then head, then m-block, so CTAs running at the
-same time share one head's K/V in L2. With `reverse_m` the m-blocks of each
-(batch, head) run last-first: under a causal or right-bounded band the last
-query block has the most keys, so the longest work starts first.
+Without a right-bounded band, tiles are numbered batch-major, then head, then
+m-block, so CTAs running at the same time share one head's K/V in L2.
 
 Dense batches decode a tile index with two divisions. Packed (THD) batches
 decode it in-kernel from `cu_seqlens_q` with a warp-wide scan (the whole warp
@@ -39,16 +37,13 @@ def varlen_tiles_bound(total_q: Int32, num_batch: Int32, num_heads: int, tile_m:
 
 @cute.jit
 def dense_decode(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int],
-                 total_tiles: Int32, reverse_m: cutlass.Constexpr[bool]):
+                 total_tiles: Int32):
     """tile index -> (m_block, head, batch, is_valid) for a dense (B, S) batch."""
     m_idx = tile_idx % num_m_blocks
     hb = tile_idx // num_m_blocks
     head = hb % num_heads
     batch = hb // num_heads
-    m_block = m_idx
-    if const_expr(reverse_m):
-        m_block = num_m_blocks - 1 - m_idx
-    return m_block, head, batch, tile_idx < total_tiles
+    return m_idx, head, batch, tile_idx < total_tiles
 
 
 @cute.jit
@@ -106,7 +101,7 @@ def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutla
 @cute.jit
 def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
                   num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                  reverse_m: cutlass.Constexpr[bool], cursor_batch: Int32, cursor_base: Int32):
+                  cursor_batch: Int32, cursor_base: Int32):
     """tile index -> (m_block, head, batch, is_valid, cursor_batch, cursor_base). Warp-collective.
 
     `cursor_batch` is the first batch of a 32-batch chunk and `cursor_base` the
@@ -135,8 +130,6 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
             m_idx = local % n_m_b
             head = local // n_m_b
             m_block = m_idx
-            if const_expr(reverse_m):
-                m_block = n_m_b - 1 - m_idx
             batch = cursor_batch + first
             searching = Boolean(False)
         else:

@@ -35,10 +35,13 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
 from frost.engines.common import mask as fmask
-from frost.engines.common.acc_layout import acc_as_mn
+from frost.engines.common import rows
+from frost.engines.common.acc_layout import acc_as_mn, transpose_view
+from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.seqlen import seqlen_info
-from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.common.softmax import LOG2_E
+from frost.engines.sm80 import sdpa_bwd_utils as bu
+from frost.engines.sm80 import warp_mma
 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, main_args, name_suffix
 
 
@@ -50,22 +53,6 @@ def _arch_number(arch: str) -> int:
     return int("".join(ch for ch in arch.split("_")[1] if ch.isdigit()))
 
 
-def _smem_atom(dtype, row_elems: int):
-    """Swizzled (8, 64) or (8, 32) atom for 16-bit rows of `row_elems` elements (ldmatrix conflict-free)."""
-    kblk = 64 if row_elems % 64 == 0 else 32
-    bits = 3 if kblk == 64 else 2
-    return cute.make_composed_layout(cute.make_swizzle(bits, 3, 3), 0,
-                                     cute.make_ordered_layout((8, kblk), order=(1, 0)))
-
-
-def _transpose(t: cute.Tensor) -> cute.Tensor:
-    """(M, N[, S]) smem tensor viewed as (N, M[, S])."""
-    m, n = cute.size(t, mode=[0]), cute.size(t, mode=[1])
-    if cute.rank(t) == 3:
-        return cute.composition(t, cute.make_layout((n, m, cute.size(t, mode=[2])), stride=(m, 1, m * n)))
-    return cute.composition(t, cute.make_layout((n, m), stride=(m, 1)))
-
-
 class _Main:
     """Plan-time constants and host entry of one main-kernel specialization."""
 
@@ -73,7 +60,7 @@ class _Main:
         self.p = p
         self.arch = arch
         self.names = main_args(p)
-        self.dtype = bu.io_dtype(p)
+        self.dtype = IO_DTYPES[p.dtype]
         self.bm, self.bn = p.tile_m, p.tile_n
         self.d, self.dv = p.head_dim, p.head_dim_v
         self.threads = p.num_threads
@@ -86,16 +73,15 @@ class _Main:
     # ------------------------------------------------------------------ host side
     def _layouts(self):
         dt, bm, bn, st = self.dtype, self.bm, self.bn, self.stages
-        self.sQ_layout = cute.tile_to_shape(_smem_atom(dt, self.d), (bm, self.d, st), (0, 1, 2))
-        self.sdO_layout = cute.tile_to_shape(_smem_atom(dt, self.dv), (bm, self.dv, st), (0, 1, 2))
-        self.sK_layout = cute.tile_to_shape(_smem_atom(dt, self.d), (bn, self.d), (0, 1))
-        self.sV_layout = cute.tile_to_shape(_smem_atom(dt, self.dv), (bn, self.dv), (0, 1))
-        self.sPdS_layout = cute.tile_to_shape(_smem_atom(dt, bn), (bm, bn), (0, 1))
+        self.sQ_layout = cute.tile_to_shape(warp_mma.smem_layout_atom(self.d), (bm, self.d, st), (0, 1, 2))
+        self.sdO_layout = cute.tile_to_shape(warp_mma.smem_layout_atom(self.dv), (bm, self.dv, st), (0, 1, 2))
+        self.sK_layout = cute.tile_to_shape(warp_mma.smem_layout_atom(self.d), (bn, self.d), (0, 1))
+        self.sV_layout = cute.tile_to_shape(warp_mma.smem_layout_atom(self.dv), (bn, self.dv), (0, 1))
+        self.sPdS_layout = cute.tile_to_shape(warp_mma.smem_layout_atom(bn), (bm, bn), (0, 1))
 
         # gmem <-> smem copies: 16-byte chunks, whole rows per pass
         def thr_layout(row_elems):
-            per_row = (64 if row_elems % 64 == 0 else 32) // 8
-            return cute.make_ordered_layout((self.threads // per_row, per_row), order=(1, 0))
+            return warp_mma.row_thread_layout(self.threads, row_elems)
 
         vals = cute.make_layout((1, 8))
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
@@ -166,38 +152,14 @@ class _Main:
             return dict(min_blocks_per_mp=self.p.ctas_per_sm, preferred_smem_carveout=100)
         return {}
 
+
 @cute.jit
 def _load_rows(thr_copy: cute.TiledCopy, tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor,
               cX: cute.Tensor, limit: Int32):
     """cp.async a (rows, cols) tile into smem; rows >= limit are zero-filled instead."""
-    tXg = thr_copy.partition_S(gX)
-    tXs = thr_copy.partition_D(sX)
-    tXc = thr_copy.partition_S(cX)
-    for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
-        if tXc[0, r, 0][0] < limit:
-            cute.copy(tiled_copy, tXg[None, r, None], tXs[None, r, None])
-        else:
-            tXs[None, r, None].fill(0)
+    rows.load_rows(tiled_copy, thr_copy.partition_S(gX), thr_copy.partition_D(sX), thr_copy.partition_S(cX),
+                   limit)
 
-@cute.jit
-def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-         tCsA: cute.Tensor, tCsB: cute.Tensor, s2r_A, s2r_B, ahead: cutlass.Constexpr[bool] = True):
-    """acc += A.B with both operands streamed from smem by ldmatrix (one k-slice ahead when `ahead`)."""
-    tCrA_v = s2r_A.retile(tCrA)
-    tCrB_v = s2r_B.retile(tCrB)
-    kt = cute.size(tCsA.shape[2])
-    if cutlass.const_expr(ahead):
-        cute.copy(s2r_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
-        cute.copy(s2r_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
-    for k in cutlass.range_constexpr(kt):
-        if cutlass.const_expr(ahead):
-            if cutlass.const_expr(k + 1 < kt):
-                cute.copy(s2r_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
-                cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
-        else:
-            cute.copy(s2r_A, tCsA[None, None, k], tCrA_v[None, None, k])
-            cute.copy(s2r_B, tCsB[None, None, k], tCrB_v[None, None, k])
-        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
 @cute.jit
 def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv: Int32, rot: Int32):
@@ -284,7 +246,7 @@ def _main_kernel(
     sdS = storage.sdS.get_tensor(sPdS_layout)
     sLSE = storage.sLSE.get_tensor(cute.make_layout(bm))
     sdPsum = storage.sdPsum.get_tensor(cute.make_layout(bm))
-    sQt, sdOt, sKt, sPt, sdSt = [_transpose(t) for t in (sQ, sdO, sK, sP, sdS)]
+    sQt, sdOt, sKt, sPt, sdSt = [transpose_view(t) for t in (sQ, sdO, sK, sP, sdS)]
 
     # ---------------------------------------------------------------- MMA partitions
     thr_sdp = mma_sdp.get_slice(tidx)
@@ -358,18 +320,11 @@ def _main_kernel(
         num_n = grid_x  # padding rows of dK / dV are written (as zeros) too
 
     # key / value views of this (batch, kv head)
-    if cutlass.const_expr(thd):
-        mK_cur = cute.domain_offset((offset_k, 0), mK[None, head_kv, None])
-        mV_cur = cute.domain_offset((offset_k, 0), mV[None, head_kv, None])
-        mdK_cur = cute.domain_offset((offset_k, 0), mdK[None, head_kv, None])
-        mdV_cur = cute.domain_offset((offset_k, 0), mdV[None, head_kv, None])
-        out_rows = seqlen_k
-    else:
-        mK_cur = mK[batch, None, head_kv, None]
-        mV_cur = mV[batch, None, head_kv, None]
-        mdK_cur = mdK[batch, None, head_kv, None]
-        mdV_cur = mdV[batch, None, head_kv, None]
-        out_rows = static_k
+    mK_cur = rows.head_rows(mK, head_kv, batch, offset_k, thd)
+    mV_cur = rows.head_rows(mV, head_kv, batch, offset_k, thd)
+    mdK_cur = rows.head_rows(mdK, head_kv, batch, offset_k, thd)
+    mdV_cur = rows.head_rows(mdV, head_kv, batch, offset_k, thd)
+    out_rows = seqlen_k if cutlass.const_expr(thd) else static_k
 
     n_iters = (num_n - bx + grid_x - 1) // grid_x
     for it in cutlass.range(n_iters, unroll=1):
@@ -441,8 +396,8 @@ def _main_kernel(
                     cute.arch.cp_async_commit_group()
                 acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
                 acc_S.fill(0.0)
-                _gemm(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, slot], tSsK, s2r_sdp_a, s2r_sdp_b,
-                      cfg.p.prefetch_k)
+                warp_mma.gemm_ss(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, slot], tSsK, s2r_sdp_a, s2r_sdp_b,
+                                 s2r_sdp_a, s2r_sdp_b, cfg.p.prefetch_k)
                 acc_S_mn = acc_as_mn(acc_S)
                 if fmask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left,
                                          window_right):
@@ -469,8 +424,8 @@ def _main_kernel(
                         cute.arch.cp_async_commit_group()
                 acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
                 acc_dP.fill(0.0)
-                _gemm(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, slot], tdPsV, s2r_sdp_a,
-                      s2r_sdp_b, cfg.p.prefetch_k)
+                warp_mma.gemm_ss(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, slot], tdPsV, s2r_sdp_a,
+                                 s2r_sdp_b, s2r_sdp_a, s2r_sdp_b, cfg.p.prefetch_k)
                 acc_dP_mn = acc_as_mn(acc_dP)
                 for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                     dps = sdPsum[tScS_mn[r, 0][0]]
@@ -486,8 +441,8 @@ def _main_kernel(
                 cute.arch.barrier()
 
                 # ---- dV += P^T.dO
-                _gemm(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, slot], s2r_dkv_a,
-                         s2r_dkv_b, cfg.p.prefetch_k)
+                warp_mma.gemm_ss(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, slot], s2r_dkv_a,
+                                 s2r_dkv_b, s2r_dkv_a, s2r_dkv_b, cfg.p.prefetch_k)
                 if cutlass.const_expr(cfg.stages == 1):
                     cute.arch.barrier()
                     if has_next:
@@ -498,13 +453,14 @@ def _main_kernel(
                 # ---- dQ partial = dS.K -> fp32 accumulator
                 acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
                 acc_dQ.fill(0.0)
-                _gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_a, s2r_dq_b, cfg.p.prefetch_k)
+                warp_mma.gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_a, s2r_dq_b, s2r_dq_a,
+                                 s2r_dq_b, cfg.p.prefetch_k)
                 _add_dq(cfg, acc_dQ, thr_dq, tdQcdQ, mAcc, mSem, head, m_block, n_block, offset_q, seqlen_q,
                         seqlen_k, diag, window_left, window_right, batch, tidx, static_q)
 
                 # ---- dK += dS^T.Q
-                _gemm(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, slot], s2r_dkv_a,
-                         s2r_dkv_b, cfg.p.prefetch_k)
+                warp_mma.gemm_ss(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, slot], s2r_dkv_a,
+                                 s2r_dkv_b, s2r_dkv_a, s2r_dkv_b, cfg.p.prefetch_k)
                 if cutlass.const_expr(cfg.stages == 1):
                     cute.arch.barrier()
                     if has_next:
@@ -539,21 +495,12 @@ def _main_kernel(
 
 
 @cute.jit
-def _q_view(cfg: cutlass.Constexpr, mX: cute.Tensor, head: Int32, offset_q: Int32, batch: Int32):
-    """(rows, dim) view of one query head of q / do / the dQ accumulator."""
-    if cutlass.const_expr(cfg.p.is_thd):
-        return cute.domain_offset((offset_q, 0), mX[None, head, None])
-    else:
-        return mX[batch, None, head, None]
-
-
-@cute.jit
 def _load_q(cfg: cutlass.Constexpr, thr_copy, tiled_copy, mX: cute.Tensor, head: Int32, m_block: Int32,
             offset_q: Int32, seqlen_q: Int32, sX: cute.Tensor, cX: cute.Tensor):
     """cp.async one query tile of q or do (rows past the sequence zero-filled)."""
     batch = cute.arch.block_idx()[2]
     cols = cute.size(sX, mode=[1])
-    gX = cute.local_tile(_q_view(cfg, mX, head, offset_q, batch), (cfg.bm, cols), (m_block, 0))
+    gX = cute.local_tile(rows.head_rows(mX, head, batch, offset_q, cfg.p.is_thd), (cfg.bm, cols), (m_block, 0))
     _load_rows(thr_copy, tiled_copy, gX, sX, cX, seqlen_q - m_block * cfg.bm)
 
 

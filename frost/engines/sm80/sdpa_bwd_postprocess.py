@@ -14,6 +14,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, name_suffix,
                                                postprocess_args)
@@ -55,7 +56,7 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
     gx, gy, gz = cute.arch.grid_dim()
-    dt = bu.io_dtype(p)
+    dt = IO_DTYPES[p.dtype]
     if cutlass.const_expr(p.is_thd):
         extent = mdQ.shape[0]
         acc_rows = mAcc[head, None, None]

@@ -9,9 +9,9 @@ visited; only the tiles that straddle the band or the key-length boundary
 are masked element by element.
 
 Arguments follow `frost.engines.sdpa_args` exactly (declared-order tensors
-viewed canonically by the shared entry, order, mask / sink / LSE semantics). Every runtime extent and every non-unit stride
-is symbolic, so one artifact serves any batch, lengths and BSHD / BHSD /
-interleaved layouts.
+viewed canonically by the shared entry, order, mask / sink / LSE semantics).
+Every runtime extent and every non-unit stride is symbolic, so one artifact
+serves any batch, lengths and BSHD / BHSD / interleaved layouts.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, mask, seqlen, softmax
+from frost.engines.common import acc_layout, mask, rows, seqlen, softmax
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm80 import warp_mma
@@ -65,25 +65,20 @@ class Sm80SdpaFwd:
     # ------------------------------------------------------------------ host
     def _smem_layout(self, rows: int, d: int, stages: int | None):
         """Swizzled (rows, d[, stages]) smem layout: 8 x 64 (or 8 x 32) element atoms, conflict-free ldmatrix."""
-        kblk = 64 if d % 64 == 0 else 32
-        atom = cute.make_composed_layout(
-            cute.make_swizzle(3 if kblk == 64 else 2, 3, 3), 0,
-            cute.make_ordered_layout((8, kblk), order=(1, 0)))
+        atom = warp_mma.smem_layout_atom(d)
         if stages is None:
             return cute.tile_to_shape(atom, (rows, d), (0, 1))
         return cute.tile_to_shape(atom, (rows, d, stages), (0, 1, 2))
 
     def _gmem_copy(self, d: int, is_async: bool):
         """128-bit per thread, rows of the tile spread over the CTA."""
-        kblk = 64 if d % 64 == 0 else 32
         vec = 128 // self.dtype.width
         if is_async:
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                        self.dtype, num_bits_per_copy=128)
         else:
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        tpr = kblk // vec
-        thr = cute.make_ordered_layout((self.num_threads // tpr, tpr), order=(1, 0))
+        thr = warp_mma.row_thread_layout(self.num_threads, d)
         return cute.make_tiled_copy_tv(atom, thr, cute.make_layout((1, vec)))
 
     @cute.jit
@@ -200,16 +195,10 @@ class Sm80SdpaFwd:
         tidx, _, _ = cute.arch.thread_idx()
         head_kv = head // self.qpk
         # ---- per-sequence 2-D views (rows, d)
-        if const_expr(p.is_thd):
-            mQ_s = cute.domain_offset((off_q, 0), mQ[None, head, None])
-            mO_s = cute.domain_offset((off_q, 0), mO[None, head, None])
-            mK_s = cute.domain_offset((off_k, 0), mK[None, head_kv, None])
-            mV_s = cute.domain_offset((off_k, 0), mV[None, head_kv, None])
-        else:
-            mQ_s = mQ[batch, None, head, None]
-            mO_s = mO[batch, None, head, None]
-            mK_s = mK[batch, None, head_kv, None]
-            mV_s = mV[batch, None, head_kv, None]
+        mQ_s = rows.head_rows(mQ, head, batch, off_q, p.is_thd)
+        mO_s = rows.head_rows(mO, head, batch, off_q, p.is_thd)
+        mK_s = rows.head_rows(mK, head_kv, batch, off_k, p.is_thd)
+        mV_s = rows.head_rows(mV, head_kv, batch, off_k, p.is_thd)
         gQ = cute.local_tile(mQ_s, (p.tile_m, p.head_dim), (m_block, 0))
         gO = cute.local_tile(mO_s, (p.tile_m, p.head_dim_v), (m_block, 0))
         gK = cute.local_tile(mK_s, (p.tile_n, p.head_dim), (None, 0))
@@ -220,8 +209,7 @@ class Sm80SdpaFwd:
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sK_layout)
         sV = storage.sV.get_tensor(sV_layout)
-        sVt = cute.composition(sV, cute.make_layout(
-            (p.head_dim_v, p.tile_n, S), stride=(p.tile_n, 1, p.tile_n * p.head_dim_v)))
+        sVt = acc_layout.transpose_view(sV)
 
         # ---- gmem -> smem copies
         thr_QK = copy_QK.get_slice(tidx)
@@ -268,8 +256,6 @@ class Sm80SdpaFwd:
                                           window_left, window_right)
         lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
                                              window_left, window_right)
-        if m_block * p.tile_m >= seqlen_q:  # padding rows only (dense seqused)
-            n_max = n_min
         a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
         b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
 
@@ -289,11 +275,7 @@ class Sm80SdpaFwd:
         q_rows = seqlen_q - m_block * p.tile_m  # rows of this tile inside the sequence
         # rows this tile writes: to the sequence end (THD), to the static length (dense)
         store_rows = q_rows if const_expr(p.is_thd) else static_sq - m_block * p.tile_m
-        for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
-            if tQcQ[0, m, 0][0] < q_rows:
-                cute.copy(copy_QK, tQgQ[None, m, None], tQsQ[None, m, None])
-            else:
-                tQsQ[None, m, None].fill(0)  # finite scores in rows that are never kept
+        rows.load_rows(copy_QK, tQgQ, tQsQ, tQcQ, q_rows)  # zeros: finite scores in rows that are never kept
         first_rows = seqlen_k - (n_max - 1) * p.tile_n
         if n_max > n_min:
             self.load_rows(copy_QK, tKgK, tKsK, tKcK, n_max - 1, 0, first_rows, False)
@@ -359,15 +341,7 @@ class Sm80SdpaFwd:
                         mLSE_s[m_block * p.tile_m + row] = lse[r]
 
         cute.arch.barrier()
-        thr_O = copy_O.get_slice(tidx)
-        tOsO = thr_O.partition_S(sO)
-        tOgO = thr_O.partition_D(gO)
-        tOcO = thr_O.partition_S(cute.make_identity_tensor((p.tile_m, p.head_dim_v)))
-        tOrO = cute.make_fragment_like(tOsO, self.dtype)
-        cute.autovec_copy(tOsO, tOrO)
-        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-            if tOcO[0, m, 0][0] < store_rows:
-                cute.copy(copy_O, tOrO[None, m, None], tOgO[None, m, None])
+        rows.store_rows(copy_O, sO, gO, cute.make_identity_tensor((p.tile_m, p.head_dim_v)), store_rows, tidx)
 
     @cute.jit
     def next_stage(self, stage):
@@ -377,14 +351,14 @@ class Sm80SdpaFwd:
             return Int32(0) if stage == self.p.num_stages - 1 else stage + 1
 
     @cute.jit
-    def load_rows(self, tiled_copy, tXgX, tXsX, tXcX, block, stage, rows, zero_fill: cutlass.Constexpr):
-        """Copy the first `rows` rows of key tile `block` into `stage`; optionally zero the rest.
+    def load_rows(self, tiled_copy, tXgX, tXsX, tXcX, block, stage, n_rows, zero_fill: cutlass.Constexpr):
+        """Copy the first `n_rows` rows of key tile `block` into `stage`; optionally zero the rest.
 
         V rows past the key length must be zero (P is 0 there, 0 * garbage may be NaN);
         K rows there only produce scores that the mask replaces.
         """
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
-            if tXcX[0, m, 0][0] < rows:
+            if tXcX[0, m, 0][0] < n_rows:
                 cute.copy(tiled_copy, tXgX[None, m, None, block], tXsX[None, m, None, stage])
             else:
                 if const_expr(zero_fill):

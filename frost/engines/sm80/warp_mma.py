@@ -6,12 +6,6 @@ from shared memory, `gemm_rs` takes A from registers (P in P.V).
 import cutlass
 import cutlass.cute as cute
 
-# Operand prefetch one k-slice ahead: on for Q.K^T; off for P.V, where the
-# wide V fragments (d_v / 8 n-tiles per k-slice) would cost more registers than
-# ptxas's own load scheduling within the unrolled block.
-PREFETCH_SS = True
-PREFETCH_RS = False
-
 
 @cute.jit
 def gemm_ss(
@@ -25,16 +19,17 @@ def gemm_ss(
     smem_copy_B: cute.TiledCopy,
     thr_copy_A,
     thr_copy_B,
+    ahead: cutlass.Constexpr[bool] = True,
 ):
-    """acc += A.B^T with A and B fragments loaded from smem one k-slice ahead."""
+    """acc += A.B^T with A and B fragments loaded from smem (one k-slice ahead when `ahead`)."""
     tCrA_v = thr_copy_A.retile(tCrA)
     tCrB_v = thr_copy_B.retile(tCrB)
     num_k = cute.size(tCsA.shape[2])
-    if cutlass.const_expr(PREFETCH_SS):
+    if cutlass.const_expr(ahead):
         cute.copy(smem_copy_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
         cute.copy(smem_copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
     for k in cutlass.range_constexpr(num_k):
-        if cutlass.const_expr(PREFETCH_SS):
+        if cutlass.const_expr(ahead):
             if cutlass.const_expr(k + 1 < num_k):
                 cute.copy(smem_copy_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
                 cute.copy(smem_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
@@ -54,15 +49,22 @@ def gemm_rs(
     smem_copy_B: cute.TiledCopy,
     thr_copy_B,
 ):
-    """acc += A.B^T with A already in registers and B loaded from smem one k-slice ahead."""
+    """acc += A.B^T with A already in registers and B loaded from smem slice by slice (no prefetch: the
+    wide V fragments would cost more registers than ptxas's own scheduling)."""
     tCrB_v = thr_copy_B.retile(tCrB)
-    num_k = cute.size(tCrA.shape[2])
-    if cutlass.const_expr(PREFETCH_RS):
-        cute.copy(smem_copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
-    for k in cutlass.range_constexpr(num_k):
-        if cutlass.const_expr(PREFETCH_RS):
-            if cutlass.const_expr(k + 1 < num_k):
-                cute.copy(smem_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
-        else:
-            cute.copy(smem_copy_B, tCsB[None, None, k], tCrB_v[None, None, k])
+    for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+        cute.copy(smem_copy_B, tCsB[None, None, k], tCrB_v[None, None, k])
         cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+
+def smem_layout_atom(row_elems: int):
+    """Swizzled (8, 64) or (8, 32) atom for 16-bit rows of `row_elems` elements (ldmatrix conflict-free)."""
+    kblk = 64 if row_elems % 64 == 0 else 32
+    return cute.make_composed_layout(cute.make_swizzle(3 if kblk == 64 else 2, 3, 3), 0,
+                                     cute.make_ordered_layout((8, kblk), order=(1, 0)))
+
+
+def row_thread_layout(num_threads: int, row_elems: int):
+    """Threads of a 16-byte-per-thread gmem copy: whole (64- or 32-element) row chunks per pass."""
+    tpr = (64 if row_elems % 64 == 0 else 32) // 8
+    return cute.make_ordered_layout((num_threads // tpr, tpr), order=(1, 0))

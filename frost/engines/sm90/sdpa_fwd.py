@@ -28,7 +28,7 @@ from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from frost.engines.common import mask
+from frost.engines.common import mask, rows
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
@@ -47,7 +47,8 @@ BAR_EPI_ALL = 7    # every consumer thread
 def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     """Every param appears: dtype, head dims, heads, band, features, then the knobs."""
     p = params
-    parts = ["frost_sdpa_fwd_sm90", p.dtype, f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else ""),
+    dims = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+    parts = ["frost_sdpa_fwd_sm90", p.dtype, dims,
              f"h{p.num_heads_q}" + (f"x{p.num_heads_kv}" if p.num_heads_kv != p.num_heads_q else "")]
     if p.has_window_right and not p.has_window_left:
         parts.append("causal" if not p.bottom_right else "causalbr")
@@ -196,8 +197,8 @@ class SdpaFwdSm90:
                tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, wl, wr, num_batch: Int32,
                num_m_blocks: Int32, total_tiles: Int32, section_width: Int32, q_bytes: cutlass.Constexpr,
                k_bytes: cutlass.Constexpr, v_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout,
-               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
-               tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_q)
@@ -249,51 +250,29 @@ class SdpaFwdSm90:
         if const_expr(self.p.is_thd and self.reverse_m):
             return ts.varlen_decode_lpt(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base)
         elif const_expr(self.p.is_thd):
-            return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, self.reverse_m,
-                                    cursor_b, cursor_base)
+            return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base)
         elif const_expr(self.reverse_m or self.p.head_fastest):
             m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.tile_heads,
                                                               num_batch, section_width)
             return m_block, head, batch, valid, cursor_b, cursor_base
         else:
-            m_block, head, batch, valid = ts.dense_decode(tile_idx, num_m_blocks, self.tile_heads,
-                                                          total_tiles, self.reverse_m)
+            m_block, head, batch, valid = ts.dense_decode(tile_idx, num_m_blocks, self.tile_heads, total_tiles)
             return m_block, head, batch, valid, cursor_b, cursor_base
-
-    @cute.jit
-    def seqlens(self, batch: Int32, mCuQ, mCuK, mUsedQ, mUsedK, seqlen_q_static: Int32, seqlen_k_static: Int32):
-        """(seqlen_q, seqlen_k, offset_q, offset_k) of one batch, read in-kernel (the shared seqlen_info)."""
-        off_q, off_k, len_q, len_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static, mCuQ, mCuK, mUsedQ,
-                                                 mUsedK)
-        return len_q, len_k, off_q, off_k
 
     @cute.jit
     def band(self, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
         """(diagonal offset, clamped window_left, clamped window_right) of one batch."""
         p = self.p
-        off = Int32(0)
-        if const_expr(p.bottom_right):
-            off = seqlen_k - seqlen_q
+        off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
         cap = seqlen_q + seqlen_k
-        wl_c = cutlass.min(wl, cap) if const_expr(p.has_window_left) else Int32(0)
-        wr_c = cutlass.min(wr, cap) if const_expr(p.has_window_right) else Int32(0)
+        wl_c = cutlass.min(wl, cap) if const_expr(p.has_window_left) else None
+        wr_c = cutlass.min(wr, cap) if const_expr(p.has_window_right) else None
         return off, wl_c, wr_c
 
     @cute.jit
-    def n_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, off: Int32, wl: Int32, wr: Int32):
+    def n_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, off: Int32, wl, wr):
         """The shared mask's key-tile range of m_block (in query positions), empty past the sequence."""
-        p = self.p
-        n_min, n_max = mask.n_block_range(m_block, self.qt, self.tile_n, seqlen_q, seqlen_k, off,
-                                          self.band_arg(wl, p.has_window_left),
-                                          self.band_arg(wr, p.has_window_right))
-        if m_block * self.qt >= seqlen_q:
-            n_max = n_min
-        return n_min, n_max
-
-    @staticmethod
-    def band_arg(value, present: bool):
-        """A window bound for the shared mask: the runtime value, or None when the band has no such side."""
-        return value if present else None
+        return mask.n_block_range(m_block, self.qt, self.tile_n, seqlen_q, seqlen_k, off, wl, wr)
 
     def head_rows(self, mX, head, batch, offset):
         """The (seq, d) rows of one head of one batch (packed: shifted by the batch's first token)."""
@@ -327,8 +306,8 @@ class SdpaFwdSm90:
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
             tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, Int32(0), Int32(0))
         while valid:
-            seqlen_q, seqlen_k, off_q, off_k = self.seqlens(batch, mCuQ, mCuK, mUsedQ, mUsedK,
-                                                            pg.rows_extent(mQ, self.pack), mK.shape[0])
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, pg.rows_extent(mQ, self.pack), mK.shape[0],
+                                                           mCuQ, mCuK, mUsedQ, mUsedK)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             if n_max > n_min:
@@ -426,7 +405,7 @@ class SdpaFwdSm90:
         pipe_k.consumer_release(kv_state)
         if const_expr(masked):
             mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_block * self.tile_n, seqlen_k, off,
-                            self.band_arg(wl, p.has_window_left), self.band_arg(wr, p.has_window_right),
+                            wl, wr,
                             mask_seqlen=False, rows_per_query=self.rq)
         sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=False)
         warpgroup.wait_group(0)
@@ -483,8 +462,8 @@ class SdpaFwdSm90:
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
             tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, Int32(0), Int32(0))
         while valid:
-            seqlen_q, seqlen_k, off_q, off_k = self.seqlens(batch, mCuQ, mCuK, mUsedQ, mUsedK,
-                                                            seqlen_q_static, seqlen_k_static)
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
+                                                           mCuQ, mCuK, mUsedQ, mUsedK)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
@@ -501,7 +480,7 @@ class SdpaFwdSm90:
                         wg_wait=0)
                 pipe_k.consumer_release(kv_state)
                 mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off,
-                                self.band_arg(wl_c, p.has_window_left), self.band_arg(wr_c, p.has_window_right),
+                                wl_c, wr_c,
                                 mask_seqlen=True, rows_per_query=self.rq)
                 sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=True)
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
@@ -546,8 +525,7 @@ class SdpaFwdSm90:
                 if const_expr(not self.separate_o):
                     pipe_q.consumer_wait(q_state)
                 acc_O.fill(0.0)
-                row_max.fill(-Float32.inf)
-                row_sum.fill(0.0)
+                sm.softmax_reset(row_max, row_sum)
 
             sink = None
             if const_expr(p.has_sinks):
@@ -578,6 +556,15 @@ class SdpaFwdSm90:
             if warp_in_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
+    def row_copy(self):
+        """16-byte row copies of (rows, hdv) smem tiles by at most one warpgroup: (tiled copy, threads used);
+        rows per pass are a power of two, so they divide tile_n and 64."""
+        tpr = self.hdv // 8  # threads per row
+        per_pass = 1 << int(math.log2(128 // tpr))
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        return cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((per_pass, tpr), order=(1, 0)),
+                                       cute.make_layout((1, 8))), per_pass * tpr
+
     @cute.jit
     def zero_v_tail(self, sV, pipe_v, v_state, rows: Int32, t: Int32, wg: Int32):
         """Zero the V rows of a sequence's last key block that lie past its length.
@@ -592,13 +579,8 @@ class SdpaFwdSm90:
         """
         if rows < self.tile_n:
             pipe_v.consumer_wait(v_state)
-            vec = 8
-            tpr = self.hdv // vec  # threads per row
-            per_pass = 1 << int(math.log2(128 // tpr))  # rows per pass: a power of two dividing tile_n
-            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-            tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((per_pass, tpr), order=(1, 0)),
-                                            cute.make_layout((1, vec)))
-            if t < per_pass * tpr:
+            tiled, threads = self.row_copy()
+            if t < threads:
                 thr = tiled.get_slice(t)
                 tsV = thr.partition_D(sV[None, None, v_state.index])
                 tcV = thr.partition_D(cute.make_identity_tensor((self.tile_n, self.hdv)))
@@ -665,25 +647,12 @@ class SdpaFwdSm90:
 
         `rows_q` rows of the sequence are valid; `off_rows` is its first row in mO's row mode.
         """
-        vec = 8
-        tpr = self.hdv // vec  # threads per row
-        rows = 1 << int(math.log2(128 // tpr))  # rows per pass: a power of two that divides 64
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        tiled = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((rows, tpr), order=(1, 0)),
-                                        cute.make_layout((1, vec)))
-        if t < rows * tpr:
-            thr = tiled.get_slice(t)
+        tiled, threads = self.row_copy()
+        if t < threads:
             gO = cute.local_tile(cute.domain_offset((off_rows, 0, 0), mO)[None, None, head], (64, self.hdv),
                                  (m_block * self.num_wg + wg, 0))
-            tsO = thr.partition_S(sO_wg)
-            tgO = thr.partition_D(gO)
-            tcO = thr.partition_S(cute.make_identity_tensor((64, self.hdv)))
-            rO = cute.make_fragment_like(tsO)
-            cute.autovec_copy(tsO, rO)
-            limit = rows_q - (m_block * self.tile_m + wg * 64)
-            for m in cutlass.range_constexpr(cute.size(tsO, mode=[1])):
-                if tcO[0, m, 0][0] < limit:
-                    cute.copy(tiled, rO[None, m, None], tgO[None, m, None])
+            rows.store_rows(tiled, sO_wg, gO, cute.make_identity_tensor((64, self.hdv)),
+                            rows_q - (m_block * self.tile_m + wg * 64), t)
 
 
 def build(params: Sm90FwdParams, arch: str):

@@ -1,0 +1,41 @@
+"""Row-wise tile movement shared by the kernels: per-head (rows, dim) views of canonical tensors, and
+row-predicated gmem <-> smem copies (rows past a sequence's end are skipped, or zeroed in smem)."""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+
+@cute.jit
+def head_rows(mX: cute.Tensor, head: Int32, batch: Int32, offset: Int32, is_thd: cutlass.Constexpr[bool]):
+    """(rows, dim) view of one head of a canonical (B, S, H, D) / (T, H, D) tensor (THD: from `offset`)."""
+    if cutlass.const_expr(is_thd):
+        return cute.domain_offset((offset, 0), mX[None, head, None])
+    else:
+        return mX[batch, None, head, None]
+
+
+@cute.jit
+def store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, limit: Int32,
+               tidx: Int32):
+    """smem tile -> registers -> global rows < limit, one copy-atom width per store."""
+    thr = tiled_copy.get_slice(tidx)
+    tXs = thr.partition_S(sX)
+    tXg = thr.partition_D(gX)
+    tXc = thr.partition_S(cX)
+    tXr = cute.make_fragment_like(tXs)
+    cute.autovec_copy(tXs, tXr)
+    for r in cutlass.range_constexpr(cute.size(tXr.shape[1])):
+        if tXc[0, r, 0][0] < limit:
+            cute.copy(tiled_copy, tXr[None, r, None], tXg[None, r, None])
+
+
+@cute.jit
+def load_rows(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tXc: cute.Tensor, limit: Int32,
+              zero_fill: cutlass.Constexpr[bool] = True):
+    """Copy the partitioned rows < limit of a (CPY, rows, cols) tile; zero the others' smem when `zero_fill`."""
+    for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
+        if tXc[0, r, 0][0] < limit:
+            cute.copy(tiled_copy, tXg[None, r, None], tXs[None, r, None])
+        else:
+            if cutlass.const_expr(zero_fill):
+                tXs[None, r, None].fill(0)
