@@ -58,7 +58,6 @@ class _Main:
 
     def __init__(self, p: Sm80BwdParams, arch: str):
         self.p = p
-        self.arch = arch
         self.names = main_args(p)
         self.dtype = IO_DTYPES[p.dtype]
         self.bm, self.bn = p.tile_m, p.tile_n

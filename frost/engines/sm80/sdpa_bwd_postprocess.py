@@ -30,9 +30,8 @@ def kernel_name(params: Sm80BwdParams, arch: str) -> str:
 class _Postprocess:
     """Plan-time constants of one postprocess specialization."""
 
-    def __init__(self, p: Sm80BwdParams, arch: str):
+    def __init__(self, p: Sm80BwdParams):
         self.p = p
-        self.arch = arch
         self.names = postprocess_args(p)
 
     def run(self, a: dict) -> None:
@@ -89,5 +88,5 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
 
 def build(params: Sm80BwdParams, arch: str):
     """The host entry (declared-order tensors) and fake arguments in `postprocess_args(params)` order."""
-    runner = _Postprocess(params, arch)
+    runner = _Postprocess(params)
     return bu.build_entry(params, runner.names, runner.run)

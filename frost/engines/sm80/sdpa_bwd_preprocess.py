@@ -31,9 +31,8 @@ def kernel_name(params: Sm80BwdParams, arch: str) -> str:
 class _Preprocess:
     """Plan-time constants of one preprocess specialization."""
 
-    def __init__(self, p: Sm80BwdParams, arch: str):
+    def __init__(self, p: Sm80BwdParams):
         self.p = p
-        self.arch = arch
         self.names = preprocess_args(p)
 
     def run(self, a: dict) -> None:
@@ -148,5 +147,5 @@ def _preprocess_kernel(
 
 def build(params: Sm80BwdParams, arch: str):
     """The host entry (declared-order tensors) and fake arguments in `preprocess_args(params)` order."""
-    runner = _Preprocess(params, arch)
+    runner = _Preprocess(params)
     return bu.build_entry(params, runner.names, runner.run)

@@ -12,11 +12,8 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from frost.engines.common.sdpa_entry import FakeArgs, IO_DTYPES, make_entry
+from frost.engines.common.sdpa_entry import FakeArgs, make_entry
 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
-
-def io_dtype(p: Sm80BwdParams):
-    return IO_DTYPES[p.dtype]
 
 
 def scratch_fake(fakes: FakeArgs, name: str):
@@ -83,5 +80,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["build_entry", "scratch_fake", "io_dtype", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
+__all__ = ["build_entry", "scratch_fake", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
            "red_release_add_i32", "elem_ptr"]

@@ -47,17 +47,16 @@ def build(params: Sm80FwdParams, arch: str):
     """(jit entry taking declared-order tensors, fake arguments) for `frost.engines.compile.compile_kernel`."""
     validate(params)
     names = fwd_arg_names(params)
-    kernel = Sm80SdpaFwd(params, kernel_name(params, arch))
+    kernel = Sm80SdpaFwd(params)
     return make_entry(kernel.launch, names, params.is_thd), FakeArgs(params).all(names)
 
 
 class Sm80SdpaFwd:
     """The kernel object: host-side launch (`launch`) and the device kernel."""
 
-    def __init__(self, params: Sm80FwdParams, name: str):
+    def __init__(self, params: Sm80FwdParams):
         p = params
         self.p = p
-        self.name = name
         self.dtype = IO_DTYPES[p.dtype]
         self.num_threads = 32 * p.num_warps
         self.qpk = p.num_heads_q // p.num_heads_kv

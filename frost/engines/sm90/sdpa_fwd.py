@@ -59,7 +59,7 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
                                     (not p.has_lse, "nolse")) if flag]
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao")
-                 + ("" if p.intra_wg_overlap else "nov") + ("re" if p.rescale_o_early else "")
+                 + ("re" if p.rescale_o_early else "")
                  + ("hf" if p.head_fastest else "") + ("kr" if p.kv_rotate else "") + ("pg" if p.pack_gqa else "")
                  + (f"l{p.l2_kv_bytes >> 20}m" if p.l2_kv_bytes and not p.is_thd and p.has_window_right else "")
                  + f"sm{p.sm_count}")
