@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: the GPU test suite, plan/host time, a benchmark, an ncu profile; at most 8 files land in $OUT.
+# One device call: the GPU test suite, plan/host time, a benchmark, an ncu profile; their files land in $OUT.
 #   bash benchmarks/device_run.sh [tests] [plan] [host] [sweeps] [bench PRESET] [--bench-args "..."]
 #                                 [ncu "ARGS"] [-k EXPR] [--budget SECONDS] [--commit SHA]
 # `ncu "ARGS"` profiles benchmarks/profile_fwd.py ARGS (frost and FA4, one call each) with ncu.
@@ -13,7 +13,7 @@ source .kit/env.sh
 export PYTHONPATH="$PWD:$PYTHONPATH"
 export FROST_CACHE_DIR="${FROST_CACHE_DIR:-/tmp/frost-cache}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; run_sweeps=0; budget=240; commit="${FROST_COMMIT:-unknown}"
+kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; run_sweeps=0; budget=240; commit="${FROST_COMMIT:-}"
 bench_args=""; ncu_args=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -60,7 +60,7 @@ if [ -n "$ncu_args" ]; then
   grep -E "frost_|flash|Duration|Throughput|Issue Slots|Stall|Registers" "$OUT/ncu.txt" | head -40
 fi
 if [ -n "$preset" ]; then
-  FROST_COMMIT="$commit" timeout $((budget + 60)) python3 -m frost.bench --preset "$preset" --probe \
+  env ${commit:+FROST_COMMIT=$commit} timeout $((budget + 60)) python3 -m frost.bench --preset "$preset" --probe \
     --time-budget "$budget" --results-dir "$OUT" --name "h200_${preset}" $bench_args 2> "$OUT/bench-progress.log" \
     | tail -40
 fi
