@@ -1,4 +1,4 @@
-"""The dense BSHD problem the quick kernel scripts time: random bf16 Q/K/V, outputs, scale and FLOPs."""
+"""What the quick kernel scripts share: the dense BSHD problem they time and their timer."""
 from __future__ import annotations
 
 import math
@@ -6,6 +6,14 @@ import math
 import torch
 
 from frost.bench.flops import sdpa_pair_flops
+
+
+def timed(fn, warmup=3, reps=15, inner=4, min_sample_ms=1e9) -> float:
+    """Median ms per call over `reps` samples of up to `inner` back-to-back calls (frost.bench's event timer)."""
+    from frost.bench.timing import TimingOptions, time_calls
+
+    opts = TimingOptions(warmup=warmup, reps=reps, min_sample_ms=min_sample_ms, max_inner=inner)
+    return time_calls([fn], opts).median_ms
 
 
 def bshd_problem(b: int, s: int, h: int, d: int, causal: bool, seed: int = 0):

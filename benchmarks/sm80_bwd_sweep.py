@@ -65,10 +65,9 @@ def ptx_report(plist, arch: str) -> None:
 
 
 def timed(fn) -> float:
-    from frost.bench.timing import TimingOptions, time_calls
+    from quick_problem import timed as quick_timed
 
-    opts = TimingOptions(warmup=2, reps=10, min_sample_ms=1e9, max_inner=3)
-    return time_calls([fn], opts).median_ms
+    return quick_timed(fn, warmup=2, reps=10, inner=3)
 
 
 def problem(d: int, s: int, causal: bool):

@@ -17,17 +17,9 @@ import time
 
 import torch
 
-from quick_problem import bshd_problem
+from quick_problem import bshd_problem, timed
 
 TEMPLATE = "frost.engines.sm80.sdpa_fwd"
-
-
-def timed(fn, warmup=3, reps=15, inner=4):
-    """Median ms per call over `reps` samples of `inner` back-to-back calls (frost.bench's event timer)."""
-    from frost.bench.timing import TimingOptions, time_calls
-
-    opts = TimingOptions(warmup=warmup, reps=reps, min_sample_ms=1e9, max_inner=inner)
-    return time_calls([fn], opts).median_ms
 
 
 def frost_params(d, causal, knobs, family="sm80"):

@@ -25,9 +25,9 @@ ANCHORS = [("anchor", 4, 32, 8, 4096, 4096, c) for c in (False, True)]
 
 
 def timed(fn):
-    from frost.bench.timing import TimingOptions, time_calls
+    from quick_problem import timed as quick_timed
 
-    return time_calls([fn], TimingOptions(warmup=3, reps=15, min_sample_ms=1.0, max_inner=50)).median_ms
+    return quick_timed(fn, inner=50, min_sample_ms=1.0)
 
 
 def params(hq, hkv, causal, pack, sm_count, tile_m=None):
