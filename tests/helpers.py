@@ -154,19 +154,22 @@ def fwd_graph(case: Case, t: dict, target=CPU):
     return g, pack, o, stats
 
 
-def run_fwd(case: Case, t: Optional[dict] = None, target=CPU, engine=None):
-    """Plan and execute the forward; returns (o, stats or None) as torch tensors."""
+def planned_fwd(case: Case, t: Optional[dict] = None, target=CPU, engine=None):
+    """The forward planned, with outputs allocated in its variant pack: (graph, pack, o handle, stats handle)."""
     t = make_inputs(case) if t is None else t
     g, pack, o, stats = fwd_graph(case, t, target)
     g.validate().build_plans(engine=engine)
-    o_t = empty_like_decl(o)
-    pack[o] = o_t
-    stats_t = None
+    pack[o] = empty_like_decl(o)
     if stats is not None:
-        stats_t = empty_like_decl(stats)
-        pack[stats] = stats_t
+        pack[stats] = empty_like_decl(stats)
+    return g, pack, o, stats
+
+
+def run_fwd(case: Case, t: Optional[dict] = None, target=CPU, engine=None):
+    """Plan and execute the forward; returns (o, stats or None) as torch tensors."""
+    g, pack, o, stats = planned_fwd(case, t, target, engine)
     g.execute(pack, None)
-    return o_t, stats_t
+    return pack[o], pack[stats] if stats is not None else None
 
 
 def oracle_kwargs(case: Case, t: dict) -> dict:

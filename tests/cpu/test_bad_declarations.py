@@ -6,7 +6,7 @@ import torch
 
 import frost
 from frost.engines.target import CPU, fake_target
-from tests.helpers import Case, empty_like_decl, fwd_graph, make_inputs
+from tests.helpers import Case, planned_fwd
 
 B, H, S, D = 2, 4, 8, 16
 
@@ -337,12 +337,7 @@ def test_graph_errors_are_value_errors():
 # --- binding errors at execute --------------------------------------------------------------------------------
 
 def _planned(case=Case(batch=2, hq=4, hkv=2, sq=6, skv=7, d=8), target=CPU, engine=None):
-    t = make_inputs(case)
-    g, pack, o, stats = fwd_graph(case, t, target)
-    g.validate().build_plans(engine=engine)
-    pack[o] = empty_like_decl(o)
-    if stats is not None:
-        pack[stats] = empty_like_decl(stats)
+    g, pack, _, _ = planned_fwd(case, target=target, engine=engine)
     handles = {h.name: h for h in pack}
     return g, pack, handles
 

@@ -7,7 +7,7 @@ import torch
 import frost
 from frost.runtime.context import ExecutionContext, on_stream, stream_handle
 from frost.runtime.workspace import ALIGN, ScratchBuffer, align_up, carve, check_workspace, layout_bytes
-from tests.helpers import Case, fwd_graph, make_inputs, empty_like_decl
+from tests.helpers import Case, planned_fwd
 
 
 def aligned_bytes(n: int, offset: int = 0) -> torch.Tensor:
@@ -52,12 +52,7 @@ def test_workspace_error_is_a_value_error():
 
 
 def _planned_graph():
-    case = Case(batch=1, hq=2, hkv=2, sq=4, skv=4, d=8)
-    t = make_inputs(case)
-    g, pack, o, stats = fwd_graph(case, t)
-    g.validate().build_plans()
-    pack[o] = empty_like_decl(o)
-    pack[stats] = empty_like_decl(stats)
+    g, pack, _, _ = planned_fwd(Case(batch=1, hq=2, hkv=2, sq=4, skv=4, d=8))
     return g, pack
 
 
@@ -197,23 +192,16 @@ def test_dense_scratch_views_are_reused_and_released_with_the_workspace():
     no view (so no workspace memory) once the caller's workspace tensor is gone."""
     import gc
 
-    import torch
-
     from frost.adapters.dsl_bwd import DslBwdAdapter
     from frost.runtime.workspace import ScratchBuffer
 
     a = DslBwdAdapter.__new__(DslBwdAdapter)
-    def aligned(n):
-        raw = torch.zeros(n + 256, dtype=torch.uint8)
-        off = -raw.data_ptr() % 256
-        return raw[off:off + n]
-
     a._dense_scratch = [ScratchBuffer("acc", "float32", (4, 8)), ScratchBuffer("sem", "int32", (3,))]
-    ws = aligned(2048)
+    ws = aligned_bytes(2048)
     first = a._scratch_views(ws, {})
     assert first["acc"].data_ptr() == ws.data_ptr() and first["sem"].data_ptr() == ws.data_ptr() + 256
     assert a._scratch_views(ws, {}) is first
-    other = aligned(2048)
+    other = aligned_bytes(2048)
     views = a._scratch_views(other, {})
     assert views is not first and views["acc"].data_ptr() == other.data_ptr()
     del views, first, other
@@ -226,11 +214,7 @@ def test_packed_tensors_below_their_envelope_bind_on_the_fast_path(monkeypatch):
     from frost.runtime import binding
 
     case = Case(thd=True, batch=2, hq=2, hkv=2, d=8, lens_q=(3, 5), lens_kv=(4, 2), extra_q=4, extra_kv=4)
-    t = make_inputs(case)
-    g, pack, o, stats = fwd_graph(case, t)
-    g.validate().build_plans()
-    pack[o] = empty_like_decl(o)
-    pack[stats] = empty_like_decl(stats)
+    g, pack, _, _ = planned_fwd(case)
     small = dict(pack)
     for role, decl, *_ in g._binder.specs:
         if role in binding.THD_Q_ROLES:
