@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import frost
 from frost.adapters.base import lower_dsl_fwd
 from frost.adapters.sm80 import SdpaFwdDslSm80
 from frost.adapters.sm120 import SdpaFwdDslSm120
 from frost.adapters.sm90 import SdpaFwdDslSm90
 from frost.engines import compile as boundary
-from frost.engines.target import fake_target
+from frost.engines.target import CPU, fake_target
+from tests.plan_graphs import fwd_thd
 
 pytestmark = pytest.mark.slow
 
@@ -22,18 +22,8 @@ ARCH_LINES = [(SdpaFwdDslSm80, "A100"), (SdpaFwdDslSm80, "H200"), (SdpaFwdDslSm1
               (SdpaFwdDslSm90, "H200")]
 
 
-def _thd_facts(total=4096, batch=3, causal=True):
-    g = frost.Graph(io_data_type=torch.bfloat16)
-    q = g.tensor(name="q", dim=(total, 8, 128), stride=(8 * 128, 128, 1))
-    k = g.tensor(name="k", dim=(total, 2, 128), stride=(2 * 128, 128, 1))
-    v = g.tensor(name="v", dim=(total, 2, 128), stride=(2 * 128, 128, 1))
-    cq = g.tensor(name="cu_seq_len_q", dim=(batch + 1,), stride=(1,), data_type=torch.int32)
-    ck = g.tensor(name="cu_seq_len_kv", dim=(batch + 1,), stride=(1,), data_type=torch.int32)
-    o, st = g.sdpa(q, k, v, attn_scale=0.088, generate_stats=True, use_causal_mask=causal, cu_seq_len_q=cq,
-                   cu_seq_len_kv=ck, max_seq_len_q=2048, max_seq_len_kv=2048)
-    o.set_output(True)
-    st.set_output(True)
-    return g.validate().facts
+def _thd_facts(total=4096, batch=3):
+    return fwd_thd(CPU, total=total, batch=batch).validate().facts
 
 
 class _Recorder:
