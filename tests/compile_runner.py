@@ -1,4 +1,5 @@
-"""Run a kernel-compiling script in a fresh interpreter (PTX kept, no cache, no GPU) and read its RESULT line."""
+"""Fresh-interpreter runners for the CPU tests: kernel-compiling scripts (PTX kept, no cache, no GPU, a RESULT
+line) and cache/plan scripts (`run_py`, a JSON last line)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_py(script: str, cache_dir: Path, *, args=(), root: Path = ROOT, extra_env=None, extra_path=(),
+           timeout: int = 300) -> dict:
+    """Run `script` in a fresh interpreter on the package under `root` with `cache_dir` as its cache;
+    its last output line is JSON."""
+    env = dict(os.environ, FROST_CACHE_DIR=str(cache_dir),
+               PYTHONPATH=os.pathsep.join([str(root), *map(str, extra_path), os.environ.get("PYTHONPATH", "")]))
+    env.pop("FROST_CACHE_DISABLE", None)
+    env.update(extra_env or {})
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], env=env, cwd=str(root),
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"subprocess failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def run_compile_script(script: str, args: list, cwd, timeout: int = 600) -> list:

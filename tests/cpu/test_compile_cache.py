@@ -19,6 +19,7 @@ import torch
 from frost.engines import cache, compile as boundary
 from frost.engines.common.probe_copy_params import ProbeCopyParams
 from frost.engines.target import fake_target
+from tests.compile_runner import run_py
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = "frost.engines.common.probe_copy"
@@ -34,19 +35,6 @@ def tree(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tree")
     shutil.copytree(ROOT / "frost", root / "frost", ignore=shutil.ignore_patterns("__pycache__"))
     return root
-
-
-def run_py(script: str, cache_dir: Path, extra_env=None, extra_path=(), timeout=300, root: Path = ROOT) -> dict:
-    """Run `script` in a fresh interpreter; it prints one JSON object as its last line."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), *map(str, extra_path), env.get("PYTHONPATH", "")])
-    env["FROST_CACHE_DIR"] = str(cache_dir)
-    env.pop("FROST_CACHE_DISABLE", None)
-    env.update(extra_env or {})
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
-                       timeout=timeout, cwd=str(root))
-    assert r.returncode == 0, f"subprocess failed:\n{r.stdout}\n{r.stderr}"
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 COMPILE_PROBE = """
@@ -105,7 +93,7 @@ def test_loaded_artifact_has_the_fresh_call_signature(tmp_path, tree):
         print(json.dumps(out))
     """
     d = tmp_path / "cache"
-    fresh = run_py(script, d, {"FROST_CACHE_DISABLE": "1"}, root=tree)
+    fresh = run_py(script, d, extra_env={"FROST_CACHE_DISABLE": "1"}, root=tree)
     run_py(script, d, root=tree)  # compile, export, load back
     loaded = run_py(script, d, root=tree)
     assert fresh["source"] == "compile" and loaded["source"] == "disk"
@@ -371,7 +359,7 @@ def test_ptx_entries_and_exported_symbol_carry_frost_names(tmp_path):
             out[t] = {"name": ck.name, "ptx": ck.ptx, "symbols": ck.kernel_symbols, "obj": open(ck.path, "rb").read().hex()}
         print(json.dumps(out))
     """
-    out = run_py(script, tmp_path / "cache", {"CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump)},
+    out = run_py(script, tmp_path / "cache", extra_env={"CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump)},
                  extra_path=[tmp_path])
     import re
 

@@ -14,18 +14,17 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests import plan_graphs
-
 import frost
 from frost.engines.target import CPU, fake_target
 from frost.errors import GraphError, PlanFileError
+from tests import plan_graphs
+from tests.compile_runner import run_py as run_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,15 +61,9 @@ print(json.dumps({"engine": g.engine_name, "names": g.plan.adapter.kernel_names(
 
 
 def run_py(script: str, args, cache_dir: Path, root: Path, extra_env=None) -> dict:
-    """Run `script` in a fresh interpreter on the package under `root`; its last line is JSON."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-               FROST_CACHE_DIR=str(cache_dir), CUDA_VISIBLE_DEVICES="")
-    env.pop("FROST_CACHE_DISABLE", None)
-    env.update(extra_env or {})
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], env=env, cwd=str(root),
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"subprocess failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """compile_runner.run_py with no visible GPU and room for compiles."""
+    return run_fresh(script, cache_dir, args=args, root=root, timeout=900,
+                     extra_env={"CUDA_VISIBLE_DEVICES": "", **(extra_env or {})})
 
 
 def rewrite(src: Path, dst: Path, header_update=None, members=None, drop=()) -> Path:

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.compile_runner import run_py
+
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
     import json, sys, time
@@ -78,14 +76,7 @@ SCRIPT = """
 
 
 def _run(cache_dir: Path, lengths, env=None) -> dict:
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-             FROST_CACHE_DIR=str(cache_dir))
-    e.pop("FROST_CACHE_DISABLE", None)
-    e.update(env or {})
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT.replace("{lengths}", repr(lengths)))],
-                       env=e, capture_output=True, text=True, timeout=600, cwd=str(ROOT))
-    assert r.returncode == 0, r.stdout + r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_py(SCRIPT.replace("{lengths}", repr(lengths)), cache_dir, extra_env=env, timeout=600)
 
 
 def test_compiled_then_loaded_in_fresh_processes_runs_correctly(tmp_path):
@@ -136,10 +127,5 @@ def test_worker_compiled_artifacts_run_in_the_parent(tmp_path):
             ok &= bool(torch.equal(src, dst))
         print(json.dumps({"ok": ok, "stats": cache.stats()}))
     """
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    e = dict(os.environ, PYTHONPATH=path, FROST_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=e, capture_output=True, text=True,
-                       timeout=600, cwd=str(ROOT))
-    assert r.returncode == 0, r.stdout + r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_py(script, tmp_path / "cache", timeout=600)
     assert out["ok"] and out["stats"]["worker_compiles"] == 2 and out["stats"]["compiles"] == 0
