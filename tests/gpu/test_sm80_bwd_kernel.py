@@ -5,17 +5,12 @@ with a local float64 autograd oracle. Outputs and the whole workspace are
 poisoned (0xFF bytes: NaN floats, -1 semaphores) before each run, so every
 element that must be written is, and the chain clears its own scratch.
 Deterministic mode is checked bitwise across two runs, and strided Stats
-against contiguous Stats bitwise.
-
-Run as a script (`python3 -m tests.gpu.test_sm80_bwd_kernel [--bench] [--out DIR]`)
-for a one-process report with timings against FlashAttention-2 (torch's flash
-backend).
+against contiguous Stats bitwise. Timings against FlashAttention-2 are
+`benchmarks/sm80_bwd_sweep.py`'s job.
 """
 from __future__ import annotations
 
 import math
-import sys
-import time
 
 import pytest
 import torch
@@ -445,145 +440,3 @@ def test_nan_in_padding_does_not_leak(name, chains):
 
 
 # ------------------------------------------------------------------------------------ bench
-def _time(fn, iters=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def bench_configs():
-    """(d, heads, batch, seqlen, causal, deterministic, knob overrides): B*S = 16384, hidden 2048."""
-    out = []
-    for d in (64, 128):
-        h = 2048 // d
-        for causal in (False, True):
-            out.append((d, h, 4, 4096, causal, False, {}))
-    out.append((128, 16, 4, 4096, False, True, {}))
-    out.append((128, 16, 4, 4096, True, True, {}))
-    out.append((64, 32, 4, 4096, False, True, {}))
-    out.append((64, 32, 4, 4096, True, True, {}))
-    out.append((64, 32, 4, 4096, False, False, dict(tile_m=64, sdp_warps_m=2, dq_warps_m=2)))
-    return out
-
-
-def bench_params(d, h, causal, det, knobs=None):
-    return _p(d=d, hq=h, hk=h, has_window_right=causal, deterministic=det, knobs=knobs)
-
-
-def bench(chains_by_cfg, log):
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    dev = "cuda"
-    for (d, h, b, s, causal, det, knobs), chain in chains_by_cfg:
-        p = chain.p
-        flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-        q = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
-        do = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
-        scale = 1 / math.sqrt(d)
-        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
-            fa2_ms = _time(lambda: torch.autograd.grad(out, (qt, kt, vt), do.transpose(1, 2), retain_graph=True))
-        try:
-            res = torch.ops.aten._scaled_dot_product_flash_attention(qt.detach(), kt.detach(), vt.detach(), 0.0,
-                                                                     causal, False, scale=scale)
-            o_bhsd, lse = res[0], res[1]
-        except Exception:  # pragma: no cover - fall back to the math path
-            o_bhsd, lse = out.detach(), torch.zeros(b, h, s, device=dev)
-        t = dict(q=q, k=k, v=v, do=do, o=o_bhsd.transpose(1, 2), lse=lse.contiguous(),
-                 dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
-        scalars = dict(softmax_scale=scale)
-        if causal:
-            scalars["window_right"] = 0
-        views = workspace_views(p, t, poison=False)
-        ms = _time(lambda: chain(t, scalars, views))
-        tf, tf_fa2 = flops / ms / 1e9, flops / fa2_ms / 1e9
-        tag = "".join(f" {k}={v}" for k, v in knobs.items())
-        log(f"bench d={d} h={h} b={b} s={s} causal={causal} det={det}{tag}: frost {ms:.3f} ms {tf:.0f} TFLOP/s | "
-            f"FA2 {fa2_ms:.3f} ms {tf_fa2:.0f} TFLOP/s | ratio {tf / tf_fa2:.2f}")
-
-
-def main(argv):
-    """Options: --out DIR, --tag NAME (report file name), --bench, --compile-only, --det only|skip, case names."""
-    import os
-
-    def opt(name, default=None):
-        return argv[argv.index(name) + 1] if name in argv else default
-
-    out_dir, tag, det = opt("--out"), opt("--tag", "sm80_bwd_report"), opt("--det")
-    values = {out_dir, tag, det}
-    lines = []
-
-    def log(msg):
-        print(msg, flush=True)
-        lines.append(msg)
-        if out_dir:
-            os.makedirs(out_dir, exist_ok=True)
-            with open(os.path.join(out_dir, f"{tag}.txt"), "w") as f:
-                f.write("\n".join(lines) + "\n")
-
-    only = [a for a in argv if not a.startswith("--") and a not in values]
-    cases = [c for c in CASES if (not only or c.name in only)
-             and not (det == "only" and not c.p.deterministic) and not (det == "skip" and c.p.deterministic)]
-    bcfg = [c for c in bench_configs() if not (det == "only" and not c[5]) and not (det == "skip" and c[5])] \
-        if "--bench" in argv else []
-    t0 = time.time()
-    plist = [c.p for c in cases] + [bench_params(d, h, causal, dt, kn) for d, h, b, s, causal, dt, kn in bcfg]
-    try:
-        chains = compile_chains(plist)
-    except Exception as e:  # one bad compile should not hide the others
-        log(f"compile_many failed ({type(e).__name__}: {str(e)[:400]}); compiling one by one")
-        chains = []
-        for p in plist:
-            try:
-                chains.append(compile_chains([p])[0])
-            except Exception as e2:
-                log(f"compile failed for {p}: {type(e2).__name__}: {str(e2)[:400]}")
-                chains.append(None)
-    log(f"compiled {len(plist)} chains in {time.time() - t0:.1f}s on {torch.cuda.get_device_name()}")
-    if "--compile-only" in argv:
-        return 0
-    n_ok = 0
-    for case, chain in zip(cases, chains[:len(cases)]):
-        if chain is None:
-            log(f"FAIL {case.name}: not compiled")
-            continue
-        try:
-            ok, msg = run_case(case, chain)
-        except Exception as e:
-            ok, msg = False, f"{type(e).__name__}: {str(e)[:600]}"
-        n_ok += ok
-        log(f"{'PASS' if ok else 'FAIL'} {case.name}: {msg}")
-    for case, chain in zip(cases, chains[:len(cases)]):
-        if case.name == "thd_d128_causal_gqa_sinks" and chain is not None:
-            try:
-                ok, msg = run_graph_replay(case, chain, REPLAY_LENS)
-            except Exception as e:
-                ok, msg = False, f"{type(e).__name__}: {str(e)[:600]}"
-            log(f"{'PASS' if ok else 'FAIL'} graph_replay_new_lengths: {msg}")
-    if cases:
-        log(f"{n_ok}/{len(cases)} cases pass")
-    if bcfg:
-        pairs = [(cfg, ch) for cfg, ch in zip(bcfg, chains[len(cases):]) if ch is not None]
-        try:
-            bench(pairs, log)
-        except Exception as e:
-            log(f"bench failed: {type(e).__name__}: {str(e)[:600]}")
-    return 0 if n_ok == len(cases) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
