@@ -59,9 +59,7 @@ def precompile(specs_or_graphs, target: Optional[Target | str] = None, *,
         target = discover_target()
         if target.is_cpu:
             raise ValueError("no GPU here: pass a target, e.g. frost.engines.target.fake_target('H200')")
-    rec = target if isinstance(target, Target) else None
-    if rec is None:
-        rec = next((t for t in FAKE_TARGETS.values() if t.arch == target), None)
+    rec = _record_of(target)
     if rec is None and any(not isinstance(x, (KernelSpec, tuple, list, dict)) for x in specs_or_graphs):
         raise ValueError(f"graphs need a Target record, not just an arch ({target!r})")
     specs = specs_of(specs_or_graphs, rec) if rec is not None else [as_spec(x) for x in specs_or_graphs]
@@ -75,11 +73,21 @@ def _load_spec_file(path: str) -> list:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def _record_of(target: Target | str) -> Optional[Target]:
+    """The Target record of a record or an arch string (a fake target's), or None."""
+    if isinstance(target, Target):
+        return target
+    return next((t for t in FAKE_TARGETS.values() if t.arch == target), None)
+
+
 def _load_from(ref: str, target: Target) -> list:
+    """The specs or graphs MODULE:ATTR names: a callable(target) or a value; a lone spec or graph counts as one."""
     mod, _, attr = ref.partition(":")
     obj = getattr(importlib.import_module(mod), attr or "kernel_specs")
     got = obj(target) if callable(obj) else obj
-    return list(got) if isinstance(got, (list, tuple)) or hasattr(got, "__iter__") else [got]
+    lone = isinstance(got, (KernelSpec, dict)) or (isinstance(got, tuple) and len(got) == 2
+                                                    and isinstance(got[0], str))
+    return [got] if lone or not hasattr(got, "__iter__") else list(got)
 
 
 def _target_of(args) -> Target | str:
@@ -110,16 +118,16 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print results as JSON")
     args = p.parse_args(argv)
 
-    dc = cache.disk()
-    if args.clear and dc is not None:
-        dc.clear()
-    if args.prune and dc is not None:
-        print(f"evicted {dc.prune()} entries")
+    from frost import cache as frost_cache
+
+    if args.clear:
+        frost_cache.clear()
+    if args.prune:
+        print(f"evicted {frost_cache.prune()} entries")
     work = args.probe or args.spec_file or args.sources
     if work:
         target = _target_of(args)
-        rec = target if isinstance(target, Target) else next(
-            (t for t in FAKE_TARGETS.values() if t.arch == target), None)
+        rec = _record_of(target)
         items: list = []
         if args.probe:
             from frost.engines.common.probe_copy_params import ProbeCopyParams
