@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from frost.engines import cache
+from frost.engines import cache, fingerprint
 from frost.engines import compile as boundary
 from frost.engines.compile import CompiledKernel, KernelSpec
 
@@ -78,7 +78,7 @@ def _from_memory(ck: CompiledKernel, key: dict) -> Optional[Artifact]:
 
 def export_kernel(ck: CompiledKernel) -> Artifact:
     """The artifact behind a compiled kernel: its cache entry, else its own file, else a fresh export."""
-    key = cache.full_key(ck.template, ck.params, ck.arch)
+    key = fingerprint.full_key(ck.template, ck.params, ck.arch)
     art = _from_disk(ck, key) or _adopted.get(boundary.compile_key(ck.template, ck.params, ck.arch))
     if art is None and ck.path and ck.digest and Path(ck.path).is_file():
         obj = Path(ck.path).read_bytes()
@@ -99,7 +99,7 @@ def _sidecar_extra(art: Artifact) -> dict:
 
 def stale_reason(art: Artifact) -> Optional[str]:
     """Why this frost would not file the artifact under its saved key (None when it would)."""
-    want = cache.full_key(art.spec.template, art.spec.params, art.arch)
+    want = fingerprint.full_key(art.spec.template, art.spec.params, art.arch)
     if want == art.key:
         return None
     diff = sorted(k for k in set(want) | set(art.key) if want.get(k) != art.key.get(k))
@@ -133,7 +133,7 @@ def _adopt_into_memo(art: Artifact, shared) -> None:
     if boundary.memo_has(template, params, art.arch):
         return
     with tempfile.TemporaryDirectory(prefix="frost-adopt-") as d:
-        entry = cache.DiskCache(Path(d), cache.fingerprint()).publish(
+        entry = cache.DiskCache(Path(d), fingerprint.fingerprint()).publish(
             art.key, art.symbol, lambda p: p.write_bytes(art.obj), extra=_sidecar_extra(art), shared=shared)
         ck = boundary._from_entry(entry, template, params, art.arch, symbols=art.kernel_symbols)
     ck.path = None  # the scratch copy is gone; the loaded module stays alive

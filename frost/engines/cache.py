@@ -7,9 +7,6 @@ cubin inside) and stored under
 
     $FROST_CACHE_DIR (default ~/.cache/frost) / v1 / <fingerprint[:16]> / <entry>.{o,json,lock}
 
-The fingerprint covers everything that changes generated code without changing
-a compile key: frost's kernel sources (frost/engines/**.py), the CuTe DSL and
-TVM-FFI versions, the Python ABI and code-generation environment variables.
 The entry id hashes the fingerprint and the full key (template, its source
 digest, params type and JSON, target arch). The .json sidecar repeats the key
 and holds the artifact's sha256: a missing, truncated, corrupt or foreign entry
@@ -29,7 +26,6 @@ import fcntl
 import functools
 import hashlib
 import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -41,16 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from frost.engines.fingerprint import (ENGINES_ROOT, FORMAT, codegen_env, entry_id, file_digest, fingerprint,
-                                       fingerprint_inputs, forget_sources, full_key, sources_digest,
-                                       template_digest)
+from frost.engines.fingerprint import FORMAT, entry_id, fingerprint, fingerprint_inputs
 from frost.engines.loader import link_shared, load_object, load_shared, loader_choice, runtime_libraries
-
-# the keys and the loaders are part of this module's interface (callers and tests use cache.<name>)
-__all__ = ["ENGINES_ROOT", "FORMAT", "codegen_env", "entry_id", "file_digest", "fingerprint", "fingerprint_inputs",
-           "forget_sources", "full_key", "sources_digest", "template_digest", "link_shared", "load_object",
-           "load_shared", "loader_choice", "runtime_libraries", "DiskCache", "Entry", "Stats", "bump", "cache_dir",
-           "describe", "disk", "disk_enabled", "import_for_load", "max_bytes", "reset_stats", "stats", "warn"]
 
 _LAYOUT = "v1"
 DEFAULT_MAX_BYTES = 2 * 2**30

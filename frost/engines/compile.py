@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Optional
 
 from frost.engines import cache
+from frost.engines.fingerprint import full_key
+from frost.engines.loader import loader_choice
 from frost.engines.naming import check_symbol, kernel_symbols
 from frost.engines.params import TemplateParams
 from frost.engines.target import Target
@@ -181,7 +183,7 @@ def _compile(name, jit_fn, fake_args, symbol_for, arch: str, engine: bool):
 
 def _from_entry(entry: "cache.Entry", template, params, arch, t_compile=0.0, symbols=(), ptx=None,
                 source="disk") -> CompiledKernel:
-    cache.import_for_load(entry.shared is not None and cache.loader_choice() == "auto")
+    cache.import_for_load(entry.shared is not None and loader_choice() == "auto")
     t0 = time.perf_counter()
     module, fn, loader = entry.load()
     dt = time.perf_counter() - t0
@@ -230,7 +232,7 @@ def publish(template: str, params: TemplateParams, arch: str, load: bool = True)
     if dc is None:
         return None
     try:
-        key = cache.full_key(template, params, arch)
+        key = full_key(template, params, arch)
         found = _find(dc, key, template, params, arch, load)
         if found is not None:
             return found

@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 from frost.engines import cache
 from frost.engines.compile import (CompiledKernel, KernelSpec, _arch_of, compile_kernel, compile_key, memo_has,
                                    publish)
+from frost.engines.fingerprint import full_key
 from frost.engines.params import TemplateParams
 from frost.engines.target import Target
 
@@ -107,7 +108,7 @@ def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[in
         k = compile_key(s.template, s.params, arch)
         if k in todo or memo_has(s.template, s.params, arch):
             continue
-        if dc is not None and dc.lookup(cache.full_key(s.template, s.params, arch))[0] is not None:
+        if dc is not None and dc.lookup(full_key(s.template, s.params, arch))[0] is not None:
             continue
         todo[k] = s
     n = min(len(todo), max_workers or default_workers())

@@ -14,7 +14,7 @@ import time
 import warnings
 from pathlib import Path
 
-from frost.engines import cache
+from frost.engines import cache, fingerprint
 from frost.engines.artifacts import Artifact, adopt, export_kernel, prune_keeping, sha256, stale_reason
 from frost.engines.compile import KernelSpec
 from frost.errors import GraphError, NotSupportedError, PlanFileError, PlanFileWarning
@@ -48,8 +48,8 @@ def save_plan(graph, path) -> Path:
         raise PlanFileError(f"cannot save the plan of graph {graph.name!r}: {e}") from None
     header = PlanHeader(frost_version=frost.__version__, created=time.time(), graph=graph.name,
                         engine=plan.engine_name, knobs=plan.adapter.knobs.requested(),
-                        target=graph.target.model_dump(), arch=graph.target.arch, fingerprint=cache.fingerprint(),
-                        fingerprint_inputs=cache.fingerprint_inputs(), facts=plan.facts.model_dump(mode="json"),
+                        target=graph.target.model_dump(), arch=graph.target.arch, fingerprint=fingerprint.fingerprint(),
+                        fingerprint_inputs=fingerprint.fingerprint_inputs(), facts=plan.facts.model_dump(mode="json"),
                         workspace_size=plan.workspace_size, kernels=[_record(i, a) for i, a in enumerate(arts)])
     return plan_file.write(path, header, [(a.obj, a.so) for a in arts])
 
@@ -96,7 +96,7 @@ def _check_facts(graph, header: PlanHeader, path) -> None:
 
 
 def _fingerprint_reason(header: PlanHeader) -> str:
-    here = cache.fingerprint_inputs()
+    here = fingerprint.fingerprint_inputs()
     keys = [k for k in sorted(set(here) | set(header.fingerprint_inputs))
             if here.get(k) != header.fingerprint_inputs.get(k)]
     parts = []
@@ -118,7 +118,7 @@ def _adopt_all(graph, header: PlanHeader, blobs, path) -> bool:
     """Put the saved kernels where the compile boundary will find them; False when they cannot serve here."""
     if not header.kernels:
         return True
-    if header.fingerprint != cache.fingerprint():
+    if header.fingerprint != fingerprint.fingerprint():
         _warn(f"{path} was saved by another frost build (differs in {_fingerprint_reason(header)}); "
               "its kernels are not used and compile here")
         return False

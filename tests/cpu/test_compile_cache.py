@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from frost.engines import cache, compile as boundary
+from frost.engines import fingerprint
 from frost.engines.common.probe_copy_params import ProbeCopyParams
 from frost.engines.target import fake_target
 from tests.compile_runner import run_py
@@ -294,28 +295,28 @@ def test_key_follows_template_source_and_arch_not_runtime_extents(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     t = write_template(tmp_path, "tmpl_key")
     p = ProbeCopyParams()
-    k90, k80 = cache.full_key(t, p, "sm_90a"), cache.full_key(t, p, "sm_80")
-    assert k90 != k80 and cache.entry_id("f", k90) != cache.entry_id("f", k80)
+    k90, k80 = fingerprint.full_key(t, p, "sm_90a"), fingerprint.full_key(t, p, "sm_80")
+    assert k90 != k80 and fingerprint.entry_id("f", k90) != fingerprint.entry_id("f", k80)
     (tmp_path / "tmpl_key.py").write_text((tmp_path / "tmpl_key.py").read_text() + "\n# edited\n")
-    assert cache.full_key(t, p, "sm_90a") == k90  # a process keys the code it loaded
-    cache.forget_sources()
-    assert cache.full_key(t, p, "sm_90a")["template_sha256"] != k90["template_sha256"]
+    assert fingerprint.full_key(t, p, "sm_90a") == k90  # a process keys the code it loaded
+    fingerprint.forget_sources()
+    assert fingerprint.full_key(t, p, "sm_90a")["template_sha256"] != k90["template_sha256"]
 
     # frost's kernel sources are in the fingerprint
     import shutil
 
     src = tmp_path / "engines"
-    shutil.copytree(cache.ENGINES_ROOT, src, ignore=shutil.ignore_patterns("__pycache__"))
-    before = cache.sources_digest(src)
+    shutil.copytree(fingerprint.ENGINES_ROOT, src, ignore=shutil.ignore_patterns("__pycache__"))
+    before = fingerprint.sources_digest(src)
     (src / "common" / "probe_copy.py").write_text((src / "common" / "probe_copy.py").read_text() + "\n# edited\n")
-    cache.forget_sources()
-    assert cache.sources_digest(src) != before
+    fingerprint.forget_sources()
+    assert fingerprint.sources_digest(src) != before
     # and so are code-generation settings, but not diagnostics
-    base = cache.fingerprint()
+    base = fingerprint.fingerprint()
     monkeypatch.setenv("CUTE_DSL_KEEP", "ptx")
-    assert cache.fingerprint() == base
+    assert fingerprint.fingerprint() == base
     monkeypatch.setenv("CUTE_DSL_LINEINFO", "1")
-    assert cache.fingerprint() != base
+    assert fingerprint.fingerprint() != base
 
     # runtime extents are symbolic: the key is the params, and the fake shapes hold no numbers
     import cutlass.cute as cute
