@@ -61,21 +61,19 @@ def _list_of(fn):
     return parse
 
 
-def _causal(text):
-    t = text.strip().lower()
-    table = {"both": [False, True], "yes": [True], "no": [False], "true": [True], "false": [False],
-             "causal": [True], "full": [False]}
-    if t not in table:
-        raise argparse.ArgumentTypeError(f"{text!r}: use both, yes or no")
-    return table[t]
+def _flag_values(table: dict, usage: str):
+    """An argparse type mapping words (case-insensitive) to the flag values they select."""
+    def parse(text):
+        t = text.strip().lower()
+        if t not in table:
+            raise argparse.ArgumentTypeError(f"{text!r}: use {usage}")
+        return table[t]
+    return parse
 
 
-def _deterministic(text):
-    t = text.strip().lower()
-    table = {"no": [False], "yes": [True], "both": [False, True]}
-    if t not in table:
-        raise argparse.ArgumentTypeError(f"{text!r}: use no, yes or both")
-    return table[t]
+_causal = _flag_values({"both": [False, True], "yes": [True], "no": [False], "true": [True], "false": [False],
+                        "causal": [True], "full": [False]}, "both, yes or no")
+_deterministic = _flag_values({"no": [False], "yes": [True], "both": [False, True]}, "no, yes or both")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -322,6 +322,6 @@ class FrostEngine(Implementation):
                 "workspace_bytes": int(ws.numel())}
         if w.direction == "bwd":
             info["o_and_stats_from"] = source
-            info["deterministic"] = bool(getattr(g.facts, "deterministic", False))
+            info["deterministic"] = g.facts.deterministic
         return Prepared(calls=calls, outputs=lambda i: outs[i], poison=poison, bind_stream=bind_stream,
                         info=info)

@@ -173,13 +173,17 @@ class Runner:
             self.broken = broken
         return m
 
+    def _tol(self, w) -> float:
+        """The relative-error tolerance of a workload's direction."""
+        return self.opts.tol.get(w.direction, 1e-2)
+
     def _check(self, m: Measurement, outs: tuple, ref, w) -> None:
         if ref is None:
             m.note = "unchecked (no reference)"
             return
         bad = checks.unwritten(outs)
         m.rel_err = checks.compare(outs, ref[1])
-        tol = self.opts.tol.get(w.direction, 1e-2)
+        tol = self._tol(w)
         if bad:
             m.status, m.reason = CHECK_FAILED, f"{bad} output elements not written (NaN after poisoning)"
         elif not (m.rel_err <= tol):
@@ -237,7 +241,7 @@ class Runner:
             if self.broken:
                 break
 
-        key, outs, notes = checks.choose_reference(peer_outs, REFERENCE_ORDER, self.opts.tol.get(w.direction, 1e-2))
+        key, outs, notes = checks.choose_reference(peer_outs, REFERENCE_ORDER, self._tol(w))
         for k, note in notes.items():
             row.measurements[k].note = note
         ref = (key, outs) if key is not None else None  # None: frost is checked against the float32 math
