@@ -86,9 +86,6 @@ class Sm80BwdParams(SdpaFeatureParams):
     def num_threads(self) -> int:
         return 32 * self.num_warps
 
-    def validate(self) -> None:
-        validate(self)
-
 
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
