@@ -43,9 +43,6 @@ class Artifact:
         return sha256(self.obj)
 
 
-_adopted: dict[tuple, Artifact] = {}  # kernels served from the memo only (disk layer off), by memo key
-
-
 def _from_disk(ck: CompiledKernel, key: dict) -> Optional[Artifact]:
     dc = cache.disk()
     entry = dc.lookup(key)[0] if dc is not None else None
@@ -79,7 +76,7 @@ def _from_memory(ck: CompiledKernel, key: dict) -> Optional[Artifact]:
 def export_kernel(ck: CompiledKernel) -> Artifact:
     """The artifact behind a compiled kernel: its cache entry, else its own file, else a fresh export."""
     key = fingerprint.full_key(ck.template, ck.params, ck.arch)
-    art = _from_disk(ck, key) or _adopted.get(boundary.compile_key(ck.template, ck.params, ck.arch))
+    art = _from_disk(ck, key) or ck.artifact
     if art is None and ck.path and ck.digest and Path(ck.path).is_file():
         obj = Path(ck.path).read_bytes()
         if sha256(obj) == ck.digest:
@@ -137,10 +134,10 @@ def _adopt_into_memo(art: Artifact, shared) -> None:
             art.key, art.symbol, lambda p: p.write_bytes(art.obj), extra=_sidecar_extra(art), shared=shared)
         ck = boundary._from_entry(entry, template, params, art.arch, symbols=art.kernel_symbols)
     ck.path = None  # the scratch copy is gone; the loaded module stays alive
-    mkey = boundary.compile_key(template, params, art.arch)
-    with boundary._lock:
-        boundary._memo.setdefault(mkey, ck)
-        _adopted[mkey] = art  # so that a plan built from it can be saved again
+    ck.artifact = art  # so that a plan built from it can be saved again
+    kept = boundary.remember(ck)
+    if kept.artifact is None:  # a kernel this process made itself: it can now be saved from the artifact too
+        kept.artifact = art
 
 
 def prune_keeping(ids) -> None:

@@ -48,6 +48,7 @@ class CompiledKernel:
     ptx: Optional[str] = None  # with CUTE_DSL_KEEP=ptx, when compiled in this process
     module: Any = field(default=None, repr=False)  # keeps a loaded artifact alive
     loader: Optional[str] = None  # "so" (TVM-FFI, linked library) | "o" (cute.runtime.load_module)
+    artifact: Any = field(default=None, repr=False)  # adopted from a saved plan with the disk layer off
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -297,6 +298,16 @@ def compile_kernel(template: str, params: TemplateParams, target: Target | str) 
         _note_name(ck, key)
         _memo[key] = ck
         return ck
+
+
+def remember(ck: CompiledKernel) -> CompiledKernel:
+    """Serve `ck` from this process's memo (a kernel obtained outside compile_kernel); the first one stays."""
+    key = compile_key(ck.template, ck.params, ck.arch)
+    with _lock:
+        if key not in _memo:
+            _note_name(ck, key)
+            _memo[key] = ck
+        return _memo[key]
 
 
 def memo_has(template: str, params: TemplateParams, target: Target | str) -> bool:
