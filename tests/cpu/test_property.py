@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import frost
 from frost.engines.target import CPU, fake_target
-from tests.helpers import Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, run_bwd, run_fwd
+from tests.helpers import (Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, run_bwd, run_fwd,
+                           sdpa_keywords)
 
 # FROST_HYPOTHESIS_EXAMPLES raises the example count for a deeper local search
 SETTINGS = settings(max_examples=int(os.environ.get("FROST_HYPOTHESIS_EXAMPLES", "60")), deadline=None,
@@ -195,18 +196,10 @@ def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
     """Declare the case's forward graph with one field perturbed; returns the validated graph."""
     g = frost.Graph(io_data_type=case.dtype, target=CPU)
     handles = {r: g.tensor_like(t[r], name=r) for r in ("q", "k", "v")}
-    kw = dict(attn_scale=case.attn_scale, generate_stats=case.stats, **dict(case.mask))
-    if case.thd:
-        for r in ("cu_seq_len_q", "cu_seq_len_kv"):
-            handles[r] = kw[r] = g.tensor_like(t[r], name=r)
-        kw["max_seq_len_q"] = max(1, max(case.lens_q))
-        kw["max_seq_len_kv"] = max(1, max(case.lens_kv))
-    if case.padding:
-        kw["use_padding_mask"] = True
-        for r in ("seq_len_q", "seq_len_kv"):
-            handles[r] = kw[r] = g.tensor_like(t[r], name=r)
-    if case.sink:
-        handles["sink"] = kw["sink_token"] = g.tensor_like(t["sink"], name="sink")
+    kw, pack = sdpa_keywords(case, g, t)
+    handles.update({h.name: h for h in pack})
+    kw.setdefault("attn_scale", case.attn_scale)
+    kw["generate_stats"] = case.stats
     kind = p[0]
     if kind in ("dim", "stride", "dtype"):
         _perturb(handles.get(p[1]), kind, p)
