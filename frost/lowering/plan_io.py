@@ -55,9 +55,11 @@ def save_plan(graph, path) -> Path:
 
 
 # -- load -------------------------------------------------------------------------------------
-def _diff(saved: dict, here: dict, prefix: str = "") -> list[str]:
+def _diff(saved: dict, here: dict, prefix: str = "", skip: tuple = ()) -> list[str]:
     out = []
     for k in sorted(set(saved) | set(here), key=str):
+        if k in skip:
+            continue
         a, b = saved.get(k), here.get(k)
         if a != b:
             out.append(f"{prefix}{k}: saved {a!r}, here {b!r}")
@@ -75,8 +77,14 @@ def facts_differences(saved: dict, here: dict) -> list[str]:
         elif role not in st:
             out.append(f"tensor {ht[role].get('label') or role}: not in the saved plan")
         else:
-            out += _diff(st[role], ht[role], f"tensor {ht[role].get('label') or role} ")
+            out += _diff(st[role], ht[role], f"tensor {ht[role].get('label') or role} ", skip=("label",))
     return out
+
+
+def _without_labels(facts: dict) -> dict:
+    """A facts record minus the tensors' error-message labels: renaming a tensor does not change the plan."""
+    tensors = [{k: v for k, v in t.items() if k != "label"} for t in facts.get("tensors", [])]
+    return {**facts, "tensors": tensors}
 
 
 def _check_facts(graph, header: PlanHeader, path) -> None:
@@ -89,7 +97,7 @@ def _check_facts(graph, header: PlanHeader, path) -> None:
     except ValueError as e:
         raise PlanFileError(f"plan file {path}: its facts record does not parse here ({e})") from None
     here = graph.facts.model_dump(mode="json")
-    if saved != here:
+    if _without_labels(saved) != _without_labels(here):
         diffs = facts_differences(saved, here)
         raise PlanFileError(f"plan file {path} was saved for a different graph than {graph.name!r}: "
                             + "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else ""))

@@ -188,12 +188,12 @@ def _exec(src: str) -> dict:
 
 
 # -- quick: the reference engine (no kernels), mismatches and damaged files ----------------------------------
-def _ref_graph(d=16, causal=True, name="q"):
-    g = frost.Graph(io_data_type=torch.float32, target=CPU)
+def _ref_graph(d=16, causal=True, name="q", graph="g", node="sdpa", kv=("k", "v")):
+    g = frost.Graph(io_data_type=torch.float32, target=CPU, name=graph)
     q = g.tensor(name=name, dim=(2, 4, 32, d))
-    k = g.tensor(name="k", dim=(2, 2, 32, d))
-    v = g.tensor(name="v", dim=(2, 2, 32, d))
-    o, st = g.sdpa(q, k, v, attn_scale=0.25, generate_stats=True, use_causal_mask=causal)
+    k = g.tensor(name=kv[0], dim=(2, 2, 32, d))
+    v = g.tensor(name=kv[1], dim=(2, 2, 32, d))
+    o, st = g.sdpa(q, k, v, attn_scale=0.25, generate_stats=True, use_causal_mask=causal, name=node)
     o.set_output(True)
     st.set_output(True)
     return g
@@ -211,6 +211,14 @@ def test_reference_plan_round_trip(ref_plan):
     g = _ref_graph()
     assert frost.load_plan(ref_plan, g) is g
     assert g.engine_name == "SdpaFwdReference" and g.get_workspace_size() == 0
+
+
+def test_renamed_tensors_graph_and_node_load_the_same_plan(ref_plan):
+    """Names only label errors: a plan saved for one spelling loads for another and runs the same."""
+    g = _ref_graph(name="query", graph="renamed", node="attn", kv=("key", "value"))
+    assert frost.load_plan(ref_plan, g) is g and g.engine_name == "SdpaFwdReference"
+    with pytest.raises(PlanFileError, match=r"tensor 'query' \(q\) dim: saved \[2, 4, 32, 16\], here \[2, 4, 32, 32\]"):
+        _ref_graph(d=32, name="query").load_plan(ref_plan)
 
 
 def test_facts_mismatch_names_what_differs(ref_plan):
