@@ -42,7 +42,7 @@ def covering_specs() -> list:
     for arch, kws in bwd80.COVER.items():
         for kw in kws:
             p = Sm80BwdParams(**kw)
-            specs += [(template, p, arch) for _, template, _ in bwd_chain(p)]
+            specs += [(template, sp, arch) for _, template, _, sp in bwd_chain(p)]
     for group in fwd90.COVER:
         specs += [("frost.engines.sm90.sdpa_fwd", Sm90FwdParams(**kw), "sm_90a") for kw in group]
     return specs

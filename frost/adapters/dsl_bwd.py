@@ -1,10 +1,10 @@
 """The backward adapter shared by CuTe DSL arch lines: a chain of kernels bound by argument name.
 
 The params module of a backward template supplies `bwd_chain(params)` (stage,
-template module, argument names, in launch order) and `scratch_layout(...)`;
-this adapter compiles every stage at plan time, sizes the workspace from the
-envelopes' layout (a plan-time closed form), carves the scratch
-views from the caller's workspace and launches the chain.
+template module, argument names and the stage's own params, in launch order)
+and `scratch_layout(...)`; this adapter compiles every stage at plan time, sizes
+the workspace from the envelopes' layout (a plan-time closed form), carves the
+scratch views from the caller's workspace and launches the chain.
 """
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
 
     def kernel_specs(self) -> list:
         """(template module, params) of every kernel of the chain, in launch order."""
-        params = self.validated_params()
-        return [(module, params) for _, module, _ in self._pm.bwd_chain(params)]
+        return [(module, sp) for _, module, _, sp in self._pm.bwd_chain(self.validated_params())]
 
     def compile(self) -> None:
         """Compile the whole chain at plan time; kernels missing from the cache compile in parallel workers."""
@@ -43,9 +42,9 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
         self._scratch_bytes = layout_bytes(envelope)
         self._dense_scratch = None if f.is_thd else envelope  # dense layouts are fully plan-time
         stages = self._pm.bwd_chain(params)
-        kernels = compile_many([(module, params) for _, module, _ in stages], self.target)
-        self.chain = [(kernel, LaunchArgs(names, f)) for (_, _, names), kernel in zip(stages, kernels)]
-        self._views = viewed_args(n for _, _, names in stages for n in names)
+        kernels = compile_many([(module, sp) for _, module, _, sp in stages], self.target)
+        self.chain = [(kernel, LaunchArgs(names, f)) for (_, _, names, _), kernel in zip(stages, kernels)]
+        self._views = viewed_args(n for _, _, names, _ in stages for n in names)
         self.compiled = True
 
     def compiled_kernels(self) -> list:

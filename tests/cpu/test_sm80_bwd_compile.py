@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 
-from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80BwdParams, bwd_chain, chain_args,
-                                               default_knobs, scratch_bytes, scratch_layout, smem_bytes, validate)
+from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, HELPER_FIELDS, SMEM_BUDGET, Sm80BwdParams, bwd_chain,
+                                               chain_args, default_knobs, scratch_bytes, scratch_layout,
+                                               smem_bytes, stage_params, validate)
 from frost.errors import TemplateParamsError
 from tests.compile_runner import compile_groups
 from tests.mma_params import params_kwargs
@@ -45,14 +46,15 @@ PARAMS = "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams"
 def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
     import importlib
 
-    groups = [(arch, [(t, PARAMS, kw, stage) for kw in kws for stage, t, _ in bwd_chain(Sm80BwdParams(**kw))])
+    groups = [(arch, [(t, PARAMS, sp.model_dump(), stage) for kw in kws
+                      for stage, t, _, sp in bwd_chain(Sm80BwdParams(**kw))])
               for arch, kws in COVER.items()]
     results = dict(zip(COVER, compile_groups(groups, tmp_path)))
     for arch, outs in results.items():
         expected = []
         for kw in COVER[arch]:
             p = Sm80BwdParams(**kw)
-            expected += [(stage, importlib.import_module(t).kernel_name(p, arch), p) for stage, t, _ in bwd_chain(p)]
+            expected += [(stage, importlib.import_module(t).kernel_name(sp, arch), p) for stage, t, _, sp in bwd_chain(p)]
         assert len(outs) == len(expected)
         for (stage, name, p), out in zip(expected, outs):
             assert out["tag"] == stage and out["name"] == name, (out["name"], name)
@@ -101,6 +103,37 @@ def test_kernel_names_are_self_describing_frost_symbols():
     assert sdpa_bwd.kernel_name(p2, "sm_120a").startswith("frost_sdpa_bwd_main_sm120_bf16_d192v128_h4k4_dsink_")
 
 
+def test_helper_kernels_are_keyed_by_the_fields_they_read():
+    """Main-kernel knobs and mask flags share one preprocess / postprocess; what a helper reads splits it."""
+    import ast
+    import inspect
+
+    from frost.engines.sm80 import sdpa_bwd_params, sdpa_bwd_postprocess, sdpa_bwd_preprocess
+
+    base = _p(d=128, hq=8, hk=2, is_thd=True, has_sinks=True, has_dsinks=True)
+    variants = [Sm80BwdParams(**base),
+                Sm80BwdParams(**dict(base, has_window_right=True, has_window_left=True, bottom_right=True)),
+                Sm80BwdParams(**dict(base, tile_m=128, tile_n=64, num_stages=1, dq_red="v4", rotate_m=True)),
+                Sm80BwdParams(**dict(base, num_heads_kv=8))]
+    for stage in ("preprocess", "postprocess"):
+        helpers = {stage_params(v, stage) for v in variants}
+        assert len(helpers) == 1, (stage, helpers)
+    det = Sm80BwdParams(**dict(base, deterministic=True))
+    assert stage_params(det, "preprocess") != stage_params(variants[0], "preprocess")  # zeroes the semaphores
+    assert stage_params(det, "postprocess") == stage_params(variants[0], "postprocess")
+    assert stage_params(det, "main") is det
+    # a field a helper reads but its key dropped would compile with the default: scan what each one reads
+    pm = sdpa_bwd_params
+    for stage, code in (("preprocess", (sdpa_bwd_preprocess, pm.preprocess_args, pm._lengths)),
+                        ("postprocess", (sdpa_bwd_postprocess, pm.postprocess_args))):
+        read = set()
+        for src in map(inspect.getsource, code):
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, ast.Attribute) and node.attr in Sm80BwdParams.model_fields:
+                    read.add(node.attr)
+        assert read <= set(HELPER_FIELDS[stage]), (stage, read - set(HELPER_FIELDS[stage]))
+
+
 def test_default_knobs_fit_each_family_and_validate():
     for fam in ("sm80", "sm120"):
         for d, dv in HEAD_DIMS:
@@ -147,7 +180,7 @@ def test_scratch_layout_is_closed_form_and_aligned():
 def test_chain_argument_lists_follow_the_contract_order():
     p = Sm80BwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_left=True, has_window_right=True,
                            has_sinks=True, has_dsinks=True, deterministic=True))
-    chain = {stage: names for stage, _, names in bwd_chain(p)}
+    chain = {stage: names for stage, _, names, _ in bwd_chain(p)}
     assert chain["preprocess"] == ["o", "do", "lse", "cu_seqlens_q", "sinks", "dpsum", "dq_accum",
                                    "dq_semaphore", "dsink_partial", "stream"]
     assert chain["main"] == ["q", "k", "v", "do", "lse", "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "dpsum",

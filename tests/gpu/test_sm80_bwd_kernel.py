@@ -261,12 +261,12 @@ def compile_chains(params_list, target=None):
     target = target or discover_target()
     specs = []
     for p in params_list:
-        specs += [(tmpl, p) for _, tmpl, _ in bwd_chain(p)]
+        specs += [(tmpl, sp) for _, tmpl, _, sp in bwd_chain(p)]
     cks = compile_many(specs, target)
     out, i = [], 0
     for p in params_list:
         kern = {}
-        for _, tmpl, _ in bwd_chain(p):
+        for _, tmpl, _, _ in bwd_chain(p):
             kern[tmpl] = cks[i]
             i += 1
         out.append(Chain(p, kern))

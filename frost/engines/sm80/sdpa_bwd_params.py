@@ -315,10 +315,37 @@ def postprocess_args(p: Sm80BwdParams) -> list[str]:
     return args + ["softmax_scale", "stream"]
 
 
-def bwd_chain(p: Sm80BwdParams) -> list[tuple[str, str, list[str]]]:
-    """(stage, template module, argument names) of each kernel, in launch order."""
-    return [("preprocess", PREPROCESS, preprocess_args(p)), ("main", MAIN, main_args(p)),
-            ("postprocess", POSTPROCESS, postprocess_args(p))]
+#: the params fields each helper kernel reads; its key keeps only these, so main-kernel knobs and mask
+#: flags never compile an identical helper twice (has_sinks rides along with has_dsinks)
+HELPER_FIELDS = {
+    "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
+                   "has_sinks", "has_dsinks", "deterministic"),
+    "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
+                    "has_dsinks"),
+}
+
+
+def stage_params(p: Sm80BwdParams, stage: str) -> Sm80BwdParams:
+    """The params one kernel of the chain compiles with: the main kernel's own, or a helper's projection."""
+    fields = HELPER_FIELDS.get(stage)
+    if fields is None:
+        return p
+    return Sm80BwdParams(**{f: getattr(p, f) for f in fields})
+
+
+def bwd_chain(p: Sm80BwdParams) -> list[tuple[str, str, list[str], Sm80BwdParams]]:
+    """(stage, template module, argument names, stage params) of each kernel, in launch order."""
+    return [(stage, template, names(p), stage_params(p, stage))
+            for stage, template, names in (("preprocess", PREPROCESS, preprocess_args), ("main", MAIN, main_args),
+                                           ("postprocess", POSTPROCESS, postprocess_args))]
+
+
+def helper_suffix(p: Sm80BwdParams) -> str:
+    """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
+    d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+    tags = [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"),
+                                  (p.deterministic, "det")) if flag]
+    return "_".join([p.family, p.dtype, d, f"h{p.num_heads_q}"] + tags)
 
 
 def name_suffix(p: Sm80BwdParams) -> str:
@@ -354,7 +381,7 @@ def chain_args(p: Sm80BwdParams, values: dict) -> list[tuple[str, list]]:
     `scratch_layout`, scalars, "stream") to the objects to pass.
     """
     out = []
-    for _, template, names in bwd_chain(p):
+    for _, template, names, _ in bwd_chain(p):
         missing = [n for n in names if n not in values]
         if missing:
             raise KeyError(f"{template}: missing arguments {missing}")

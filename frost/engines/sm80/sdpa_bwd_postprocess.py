@@ -16,7 +16,7 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.sm80 import sdpa_bwd_utils as bu
-from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, name_suffix,
+from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, helper_suffix,
                                                postprocess_args)
 
 THREADS = 128
@@ -24,7 +24,7 @@ VEC = 8
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:
-    return f"frost_sdpa_bwd_post_{name_suffix(params)}"
+    return f"frost_sdpa_bwd_post_{helper_suffix(params)}"
 
 
 class _Postprocess:

@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from frost.engines.sm80 import sdpa_bwd_utils as bu
-from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, name_suffix,
+from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, helper_suffix,
                                                preprocess_args)
 
 THREADS = 128
@@ -25,7 +25,7 @@ VEC = 8  # 16-byte chunks of fp16 / bf16
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:
-    return f"frost_sdpa_bwd_pre_{name_suffix(params)}"
+    return f"frost_sdpa_bwd_pre_{helper_suffix(params)}"
 
 
 class _Preprocess:
