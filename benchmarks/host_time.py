@@ -3,10 +3,13 @@
     python3 benchmarks/host_time.py [--calls 500]
 
 Rows: the compiled kernel called directly with the bound tensors (the TVM-FFI
-call and launch), the binder alone, and Graph.execute end to end, forward and
-backward, 1x1x128x64 bf16 causal. Per call over back-to-back calls: wall clock
-until the GPU drained, and in parentheses until the last call returned (host
-time alone, while the launch queue has room).
+call and launch), the binder alone, and Graph.execute end to end, forward (the
+default engine and the mma.sync one) and backward, 1x1x128x64 bf16 causal. Per
+call over back-to-back calls: wall clock until the GPU drained, and in
+parentheses until the last call returned (host time alone, while the launch
+queue has room). A last line times what a TMA kernel adds on the host: one
+cuTensorMapEncodeTiled of the Q tile through cuda-python, minus an empty
+driver call, an upper bound of what the compiled host code pays per descriptor.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ def _per_call_us(fn, calls: int) -> tuple[float, float]:
     return host_time_us(fn, calls, warmup=50)
 
 
-def _graphs(B=1, H=1, S=128, D=64):
+def _graphs(B=1, H=1, S=128, D=64, fwd_engine=None):
     dt = torch.bfloat16
     mk = lambda: torch.randn(B, S, H, D, device="cuda", dtype=dt).permute(0, 2, 1, 3)  # noqa: E731
     q_t, k_t, v_t, do_t = mk(), mk(), mk(), mk()
@@ -37,7 +40,7 @@ def _graphs(B=1, H=1, S=128, D=64):
     o.set_output(True).set_dim(list(o_t.shape)).set_stride(list(o_t.stride()))
     st.set_output(True).set_data_type(torch.float32)
     fwd.validate()
-    fwd.build_plans()
+    fwd.build_plans(engine=fwd_engine)
     bwd = frost.Graph(**kw)
     bq, bk, bv, bo, bdo = (bwd.tensor_like(t, name=n) for t, n in
                            ((q_t, "q"), (k_t, "k"), (v_t, "v"), (o_t, "o"), (do_t, "dO")))
@@ -58,7 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=500)  # below the launch queue's depth
     a = ap.parse_args(argv)
     rows = []
-    for name, (g, pack, ws) in zip(("fwd", "bwd"), _graphs()):
+    graphs = list(zip(("fwd", "bwd"), _graphs())) + [("fwd", _graphs(fwd_engine="sm80")[0])]
+    for name, (g, pack, ws) in graphs:
         adapter = g.plan.adapter
         bound = g._binder.bind(pack, ws)
         stream = torch.cuda.current_stream().cuda_stream
@@ -77,7 +81,44 @@ def main(argv=None) -> int:
     print("|---|---|---:|---:|---:|")
     for name, eng, *times in rows:
         print(f"| {name} | {eng} | " + " | ".join(f"{w:.1f} ({i:.1f})" for w, i in times) + " |")
+    print(f"\none TMA descriptor encode (Q, 64x128 box, 128B swizzle): {_tma_encode_us():.2f} us")
     return 0
+
+
+def _tma_encode_us(n: int = 20000) -> float:
+    """Min-of-5 per-call cost of cuTensorMapEncodeTiled through cuda-python, minus an empty driver call."""
+    import time
+
+    from cuda.bindings import driver as cu
+
+    q = torch.empty(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
+    u64 = cu.cuuint64_t
+    u32 = cu.cuuint32_t
+    dims, strides = [u64(64), u64(128), u64(1), u64(1)], [u64(128), u64(128 * 128), u64(128 * 128)]
+    box, elem = [u32(64), u32(128), u32(1), u32(1)], [u32(1)] * 4
+    T = cu.CUtensorMapDataType
+
+    def encode():
+        return cu.cuTensorMapEncodeTiled(T.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, q.data_ptr(), dims, strides, box,
+                                         elem, cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                         cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+                                         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+    err = encode()[0]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled: {err}")
+
+    def best(f):
+        m = 1e9
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                f()
+            m = min(m, (time.perf_counter() - t) / n)
+        return m * 1e6
+
+    return best(encode) - best(cu.cuDriverGetVersion)
 
 
 if __name__ == "__main__":
