@@ -257,6 +257,9 @@ class Graph:
 
     def execute(self, variant_pack: dict, workspace=None, context=None, handle=None) -> None:
         """Bind tensors and launch on the context's stream. Never copies, allocates or syncs."""
-        self._require_plan()
-        stream = context.stream if context is not None else None
-        self.plan.execute(self._binder.bind(variant_pack, workspace), workspace, stream)
+        plan = self.plan
+        if plan is None:
+            self._require_plan()
+        # straight to the adapter: each Python frame on this path costs ~0.1 us
+        plan.adapter.execute(self._binder.bind(variant_pack, workspace), workspace,
+                             None if context is None else context.stream)

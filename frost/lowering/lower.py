@@ -66,9 +66,6 @@ class Plan:
     def workspace_size(self) -> int:
         return self.adapter.scratch_workspace_bytes()
 
-    def execute(self, bound: dict, workspace, stream) -> None:
-        self.adapter.execute(bound, workspace, stream)
-
 
 def describe(facts: SdpaFacts) -> str:
     layout = "thd" if facts.is_thd else "dense"

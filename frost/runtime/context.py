@@ -21,7 +21,7 @@ class ExecutionContext:
 def stream_handle(stream: Any) -> int:
     """The raw integer handle of any accepted stream object (0 = default stream)."""
     if stream is None:
-        return _current_stream()
+        return _CURRENT_RAW() if _CURRENT_RAW is not None else _current_stream()
     if isinstance(stream, (bool, str, bytes, float)):
         raise TypeError(f"not a stream: {stream!r} (use a torch stream, a CUstream, an int handle or None)")
     return _normalized(stream if isinstance(stream, int) else _raw_handle(stream), stream)
