@@ -3,13 +3,15 @@
     python3 benchmarks/host_time.py [--calls 500]
 
 Rows: the compiled kernel called directly with the bound tensors (the TVM-FFI
-call and launch), the binder alone, and Graph.execute end to end, forward (the
-default engine and the mma.sync one) and backward, 1x1x128x64 bf16 causal. Per
-call over back-to-back calls: wall clock until the GPU drained, and in
-parentheses until the last call returned (host time alone, while the launch
-queue has room). A last line times what a TMA kernel adds on the host: one
-cuTensorMapEncodeTiled of the Q tile through cuda-python, minus an empty
-driver call, an upper bound of what the compiled host code pays per descriptor.
+call and launch), the binder alone, the adapter's execute on bound tensors
+(argument gathering, stream lookup and the kernel call), and Graph.execute end
+to end; forward (the default engine and the mma.sync one) and backward,
+1x1x128x64 bf16 causal. Per call over back-to-back calls: wall clock until the
+GPU drained, and in parentheses until the last call returned (host time alone,
+while the launch queue has room). Two last lines time the current-stream lookup
+and what a TMA kernel adds on the host: one cuTensorMapEncodeTiled of the Q
+tile through cuda-python, minus an empty driver call (an upper bound of what
+the compiled host code pays per descriptor).
 """
 from __future__ import annotations
 
@@ -74,14 +76,19 @@ def main(argv=None) -> int:
         else:
             raw = (float("nan"), float("nan"))
         bind = _per_call_us(lambda: g._binder.bind(pack, ws), a.calls)
+        launch = _per_call_us(lambda: adapter.execute(bound, ws, None), a.calls)
         full = _per_call_us(lambda: g.execute(pack, ws), a.calls)
-        rows.append((name, g.engine_name, raw, bind, full))
+        rows.append((name, g.engine_name, raw, bind, launch, full))
+    from frost.runtime.context import stream_handle
+
+    stream_us = _per_call_us(lambda: stream_handle(None), a.calls)
     print("wall us until the GPU drained (issue us until the calls returned)\n")
-    print("| dir | engine | kernel call us | bind us | execute us |")
-    print("|---|---|---:|---:|---:|")
+    print("| dir | engine | kernel call us | bind us | adapter execute us | execute us |")
+    print("|---|---|---:|---:|---:|---:|")
     for name, eng, *times in rows:
         print(f"| {name} | {eng} | " + " | ".join(f"{w:.1f} ({i:.1f})" for w, i in times) + " |")
-    print(f"\none TMA descriptor encode (Q, 64x128 box, 128B swizzle): {_tma_encode_us():.2f} us")
+    print(f"\nthe current stream's handle (stream_handle(None)): {stream_us[1]:.2f} us")
+    print(f"one TMA descriptor encode (Q, 64x128 box, 128B swizzle): {_tma_encode_us():.2f} us")
     return 0
 
 

@@ -45,13 +45,11 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
-                             "num_warps": (4, 8)},
-)
+                             "num_warps": (4, 8)})
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
-                             "num_warps": (4, 8)},
-)
+                             "num_warps": (4, 8)})
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",
