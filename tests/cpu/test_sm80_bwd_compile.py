@@ -32,6 +32,7 @@ COVER = {
     "sm_90a": [
         _p(d=64, hq=4, hk=2, is_thd=True, has_window_left=True, has_window_right=True, deterministic=True),
         _p(d=256, dtype="fp16", has_seqused=True, has_window_right=True, bottom_right=True),
+        _p(d=128, hq=4, hk=2, deterministic=True, knobs=dict(dq_accum_blocks=True, dq_red="v4")),
     ],
     "sm_120a": [
         _p(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
@@ -175,6 +176,13 @@ def test_scratch_layout_is_closed_form_and_aligned():
     dense = Sm80BwdParams(**_p(d=64))
     lay = scratch_layout(dense, batch=2, max_seqlen_q=300, max_seqlen_kv=500)
     assert lay == [("dpsum", "float32", (2, 4, 300)), ("dq_accum", "float32", (2, 4, 300, 64))]
+    # a blocked accumulator pads its rows to whole 8-row blocks (dense); THD keeps rows
+    blocked = Sm80BwdParams(**_p(d=64, knobs=dict(dq_accum_blocks=True)))
+    lay = dict((n, s) for n, _, s in scratch_layout(blocked, batch=2, max_seqlen_q=300, max_seqlen_kv=500))
+    assert lay["dq_accum"] == (2, 4, 304, 64) and lay["dpsum"] == (2, 4, 300)
+    blocked_thd = Sm80BwdParams(**_p(d=64, is_thd=True, knobs=dict(dq_accum_blocks=True)))
+    lay = dict((n, s) for n, _, s in scratch_layout(blocked_thd, 2, 0, 0, total_q=1001, total_kv=900))
+    assert lay["dq_accum"] == (4, 1001, 64)
 
 
 def test_chain_argument_lists_follow_the_contract_order():

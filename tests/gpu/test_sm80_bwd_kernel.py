@@ -86,6 +86,17 @@ def _cases() -> list[Case]:
                   thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2))
     c.append(Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300,
                   skv=300))
+    # dense dQ accumulator in 8x8 blocks: rows not a multiple of 8 (padding rows), deterministic turns,
+    # sinks, seqused padding; THD ignores the knob
+    c.append(Case("d128_acc_blocks", _p(knobs=dict(dq_accum_blocks=True)), sq=300, skv=300))
+    c.append(Case("det_d64_acc_blocks_causal_sinks", _p(d=64, hq=4, hk=2, has_window_right=True, has_sinks=True,
+                                                        has_dsinks=True, deterministic=True,
+                                                        knobs=dict(dq_accum_blocks=True)),
+                  b=2, sq=517, skv=517, wr=0, runs=2))
+    c.append(Case("pad_d128_acc_blocks", _p(has_seqused=True, knobs=dict(dq_accum_blocks=True, dq_red="v4")),
+                  b=3, sq=203, skv=203, used=[(203, 203), (9, 150), (0, 0)]))
+    c.append(Case("thd_d128_acc_blocks_ignored", _p(is_thd=True, knobs=dict(dq_accum_blocks=True)),
+                  thd_lens=[(77, 77), (1, 1), (200, 150)]))
     c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))
     c.append(Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True),
                   thd_lens=[(70, 70), (1, 1), (33, 90)]))
@@ -432,7 +443,8 @@ def run_nan_padding(case, chain, tail=96, device="cuda"):
     return ok, ", ".join(msgs)
 
 
-@pytest.mark.parametrize("name", ["pad_d128_causal", "thd_d128_causal_gqa_sinks", "thd_d64_det"])
+@pytest.mark.parametrize("name", ["pad_d128_causal", "thd_d128_causal_gqa_sinks", "thd_d64_det",
+                                  "pad_d128_acc_blocks"])
 def test_nan_in_padding_does_not_leak(name, chains):
     case = [c for c in CASES if c.name == name][0]
     ok, msg = run_nan_padding(case, chains[name])

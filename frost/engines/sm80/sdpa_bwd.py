@@ -42,7 +42,7 @@ from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.sm80 import warp_mma
-from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, main_args, name_suffix
+from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, blocked_accumulator, main_args, name_suffix
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:
@@ -532,6 +532,8 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
         acc_view = cute.domain_offset((offset_q, 0), mAcc[head, None, None])
     else:
         acc_view = mAcc[batch, head, None, None]
+        if cutlass.const_expr(blocked_accumulator(p)):
+            acc_view = bu.blocked_rows(acc_view, cfg.d)
     gAcc = cute.local_tile(acc_view, (cfg.bm, cfg.d), (m_block, 0))
     tAcc = thr_dq.partition_C(gAcc)
     limit = seqlen_q - m_block * cfg.bm

@@ -74,6 +74,9 @@ class Sm80BwdParams(SdpaFeatureParams):
     # dQ partial reductions on sm_90+: "v2" one 8-byte red per accumulator pair; "v4": lane pairs swap
     # halves (one shuffle per value pair) so each red carries 16 bytes (half as many). sm_8x: scalar.
     dq_red: Literal["v2", "v4"] = "v2"
+    # dense: the fp32 dQ accumulator is stored in 8x8 blocks (rows padded to a multiple of 8), so a warp's
+    # reduction of its MMA fragment covers whole cache lines instead of 32 bytes of eight rows. THD keeps rows.
+    dq_accum_blocks: bool = False
     # ldmatrix operands of a GEMM loaded one k-slice ahead (more registers, more overlap)
     prefetch_k: bool = True
     # CTAs resident per SM the kernel is built for (registers capped to fit; 2 suits small tiles)
@@ -228,6 +231,16 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def blocked_accumulator(p: Sm80BwdParams) -> bool:
+    """Whether the dQ accumulator is stored in 8x8 blocks (dense only)."""
+    return p.dq_accum_blocks and not p.is_thd
+
+
+def accumulator_rows(p: Sm80BwdParams, seqlen_q: int) -> int:
+    """Rows of a dense dQ accumulator: Sq, padded to whole 8-row blocks when blocked."""
+    return _cdiv(seqlen_q, 8) * 8 if blocked_accumulator(p) else seqlen_q
+
+
 def scratch_layout(p: Sm80BwdParams, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
                    total_q: int = 0, total_kv: int = 0) -> list[tuple[str, str, tuple[int, ...]]]:
     """The workspace buffers of the chain, in carving order: (name, torch dtype name, shape).
@@ -242,7 +255,8 @@ def scratch_layout(p: Sm80BwdParams, batch: int, max_seqlen_q: int, max_seqlen_k
         n_sem = h * (total_q // p.tile_m + batch + 1)
         n_part = h * PARTIALS_PER_CTA * max(_cdiv(total_q, ROWS_PER_CTA), 1)
     else:
-        out = [("dpsum", "float32", (batch, h, max_seqlen_q)), ("dq_accum", "float32", (batch, h, max_seqlen_q, d))]
+        acc_rows = accumulator_rows(p, max_seqlen_q)
+        out = [("dpsum", "float32", (batch, h, max_seqlen_q)), ("dq_accum", "float32", (batch, h, acc_rows, d))]
         n_sem = batch * h * _cdiv(max_seqlen_q, p.tile_m)
         n_part = h * PARTIALS_PER_CTA * batch * max(_cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
     if p.deterministic:
@@ -319,9 +333,9 @@ def postprocess_args(p: Sm80BwdParams) -> list[str]:
 #: flags never compile an identical helper twice (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
-                   "has_sinks", "has_dsinks", "deterministic"),
+                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocks"),
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks"),
+                    "has_dsinks", "dq_accum_blocks"),
 }
 
 
@@ -344,7 +358,7 @@ def helper_suffix(p: Sm80BwdParams) -> str:
     """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
     d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
     tags = [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"),
-                                  (p.deterministic, "det")) if flag]
+                                  (p.deterministic, "det"), (blocked_accumulator(p), "qb")) if flag]
     return "_".join([p.family, p.dtype, d, f"h{p.num_heads_q}"] + tags)
 
 
@@ -359,7 +373,8 @@ def name_suffix(p: Sm80BwdParams) -> str:
             parts.append(tag)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
                  + ("p" if p.early_p and not p.fused_prefetch else "")
-                 + ("r4" if p.dq_red == "v4" else "") + ("" if p.prefetch_k else "np")
+                 + ("r4" if p.dq_red == "v4" else "") + ("qb" if blocked_accumulator(p) else "")
+                 + ("" if p.prefetch_k else "np")
                  + (f"c{p.ctas_per_sm}" if p.ctas_per_sm > 1 else "") + ("rot" if p.rotate_m else "")
                  + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))
     return "_".join(parts)

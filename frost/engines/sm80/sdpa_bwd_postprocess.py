@@ -16,7 +16,7 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.sm80 import sdpa_bwd_utils as bu
-from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, helper_suffix,
+from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, blocked_accumulator, helper_suffix,
                                                postprocess_args)
 
 THREADS = 128
@@ -62,6 +62,8 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
     else:
         extent = mdQ.shape[1]
         acc_rows = mAcc[batch, head, None, None]
+        if cutlass.const_expr(blocked_accumulator(p)):
+            acc_rows = bu.blocked_rows(acc_rows, p.head_dim)
     chunks_per_row = p.head_dim // VEC
     for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
         idx = i * THREADS + tidx

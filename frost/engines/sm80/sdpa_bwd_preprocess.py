@@ -115,18 +115,20 @@ def _preprocess_kernel(
                     if lse != -Float32.inf:
                         dsink -= cute.math.exp(sink - lse) * acc
 
-    # zero this CTA's rows of the dQ accumulator, 16 bytes per store
+    # zero this CTA's rows of the dQ accumulator, 16 bytes per store (a blocked accumulator's padding rows
+    # too: the same memory as its row-major view of as many rows)
     if cutlass.const_expr(p.is_thd):
         acc_rows = mAcc[head, None, None]
     else:
         acc_rows = mAcc[batch, head, None, None]
+    acc_extent = acc_rows.shape[0]
     chunks_per_row = p.head_dim // 4
     zero = cute.make_rmem_tensor((4,), Float32)
     zero.fill(0.0)
     for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
         idx = i * THREADS + tidx
         row = bx * ROWS_PER_CTA + idx // chunks_per_row
-        if row < extent:
+        if row < acc_extent:
             dst = cute.local_tile(acc_rows[row, None], (4,), (idx % chunks_per_row,))
             dst.store(zero.load())
 

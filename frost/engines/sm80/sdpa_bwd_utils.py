@@ -13,7 +13,18 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from frost.engines.common.sdpa_entry import FakeArgs, make_entry
-from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
+from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, blocked_accumulator
+
+
+@cute.jit
+def blocked_rows(acc: cute.Tensor, d: cutlass.Constexpr[int]) -> cute.Tensor:
+    """The (rows, d) view of a compact fp32 accumulator stored in 8x8 blocks (row groups of 8, then columns).
+
+    An MMA accumulator fragment puts each lane quad on 8 columns of one of 8 rows, so a warp's reduction of
+    one fragment register pair lands in one 256-byte block: two whole cache lines.
+    """
+    layout = cute.make_layout(((8, acc.shape[0] // 8), (8, d // 8)), stride=((8, 8 * d), (1, 64)))
+    return cute.make_tensor(acc.iterator, layout)
 
 
 def scratch_fake(fakes: FakeArgs, name: str):
@@ -23,7 +34,10 @@ def scratch_fake(fakes: FakeArgs, name: str):
     if name == "dpsum":
         return fakes.compact(Float32, (hq, fakes.rows_q) if p.is_thd else (fakes.batch, hq, fakes.rows_q))
     if name == "dq_accum":
-        return fakes.compact(Float32, (hq, fakes.rows_q, d) if p.is_thd else (fakes.batch, hq, fakes.rows_q, d))
+        if p.is_thd:
+            return fakes.compact(Float32, (hq, fakes.rows_q, d))
+        rows = cute.sym_int(divisibility=8, symbol="acc_rows_q") if blocked_accumulator(p) else fakes.rows_q
+        return fakes.compact(Float32, (fakes.batch, hq, rows, d))
     if name == "dq_semaphore":
         return fakes.compact(Int32, (cute.sym_int(symbol="n_semaphores"),))
     if name == "dsink_partial":
@@ -80,5 +94,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["build_entry", "scratch_fake", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
+__all__ = ["blocked_rows", "build_entry", "scratch_fake", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
            "red_release_add_i32", "elem_ptr"]
