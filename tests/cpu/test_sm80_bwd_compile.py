@@ -173,7 +173,7 @@ def test_scratch_layout_is_closed_form_and_aligned():
     assert dict((n, s) for n, _, s in lay)["dq_semaphore"] == (8 * (1000 // 64 + 3 + 1),)
     nbytes = scratch_bytes(p, 3, 0, 0, 1000, 900)
     assert nbytes % 256 == 0 and nbytes >= 4 * (8 * 1000 + 8 * 1000 * 128)
-    dense = Sm80BwdParams(**_p(d=64))
+    dense = Sm80BwdParams(**_p(d=64, knobs=dict(dq_accum_blocks=False)))
     lay = scratch_layout(dense, batch=2, max_seqlen_q=300, max_seqlen_kv=500)
     assert lay == [("dpsum", "float32", (2, 4, 300)), ("dq_accum", "float32", (2, 4, 300, 64))]
     # a blocked accumulator pads its rows to whole 8-row blocks (dense); THD keeps rows

@@ -88,7 +88,9 @@ def _cases() -> list[Case]:
                   skv=300))
     # dense dQ accumulator in 8x8 blocks: rows not a multiple of 8 (padding rows), deterministic turns,
     # sinks, seqused padding; THD ignores the knob
-    c.append(Case("d128_acc_blocks", _p(knobs=dict(dq_accum_blocks=True)), sq=300, skv=300))
+    c.append(Case("d128_acc_rows", _p(knobs=dict(dq_accum_blocks=False)), sq=300, skv=300))
+    c.append(Case("det_d64_acc_rows_causal", _p(d=64, has_window_right=True, deterministic=True,
+                                                knobs=dict(dq_accum_blocks=False)), sq=333, skv=333, wr=0, runs=2))
     c.append(Case("det_d64_acc_blocks_causal_sinks", _p(d=64, hq=4, hk=2, has_window_right=True, has_sinks=True,
                                                         has_dsinks=True, deterministic=True,
                                                         knobs=dict(dq_accum_blocks=True)),
