@@ -111,19 +111,22 @@ class Binder:
             dims, strides = tuple(decl.dim), tuple(decl.stride)
             pick = _stride_picker(dims)  # a unit dim's stride is free: compare the others only
             packed = is_thd and (role in THD_Q_ROLES or role in THD_KV_ROLES)  # token dim up to dims[0]
-            self.specs.append((role, decl, decl.data_type.to_torch(), dims, packed, pick, pick(strides), vec - 1))
+            self.specs.append((role, decl, decl.data_type.to_torch(), dims, packed, strides, pick, pick(strides),
+                               vec - 1))
 
     def bind(self, variant_pack: dict, workspace) -> dict:
         get = variant_pack.get
         device, first = self._first_device(variant_pack)
         bound = {}
-        for role, decl, dtype, dims, packed, pick, picked, misalign in self.specs:
+        for role, decl, dtype, dims, packed, strides, pick, picked, misalign in self.specs:
             t = get(decl)
             try:
+                # the whole stride tuple as declared is the common case; comparing it costs less than
+                # picking out the non-unit dims' strides
                 if (t.dtype is dtype
                         and ((shape := t.shape) == dims
                              or (packed and shape[1:] == dims[1:] and 0 <= shape[0] <= dims[0]))
-                        and pick(t.stride()) == picked and t.get_device() == device
+                        and ((st := t.stride()) == strides or pick(st) == picked) and t.get_device() == device
                         and (device >= 0 or t.device == first) and not t.data_ptr() & misalign):
                     bound[role] = t
                     continue
