@@ -402,10 +402,7 @@ def _main_kernel(
                                          window_right):
                     fmask.apply_mask(acc_S_mn, tScS_mn, t0ScS_mn, m_block * bm, n_block * bn, seqlen_k, diag,
                                      window_left, window_right, mask_seqlen=True)
-                for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                    lse2 = sLSE[tScS_mn[r, 0][0]]
-                    acc_S_mn[r, None].store(cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - lse2,
-                                                           fastmath=True))
+                _probabilities(acc_S_mn, tScS_mn, sLSE, scale_log2)
                 if cutlass.const_expr(cfg.early_p):
                     # P goes to smem now (its readers of the previous step passed the barrier above)
                     rP = cute.make_fragment_like(acc_S, dt)
@@ -425,10 +422,7 @@ def _main_kernel(
                 acc_dP.fill(0.0)
                 warp_mma.gemm_ss(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, slot], tdPsV, s2r_sdp_a,
                                  s2r_sdp_b, s2r_sdp_a, s2r_sdp_b, cfg.p.prefetch_k)
-                acc_dP_mn = acc_as_mn(acc_dP)
-                for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-                    dps = sdPsum[tScS_mn[r, 0][0]]
-                    acc_dP_mn[r, None].store(acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - dps))
+                _score_grads(acc_as_mn(acc_dP), acc_S_mn, tScS_mn, sdPsum)
                 if cutlass.const_expr(not cfg.early_p):
                     rP = cute.make_fragment_like(acc_S, dt)
                     rP.store(acc_S.load().to(dt))
@@ -477,20 +471,44 @@ def _main_kernel(
                 head_p, m_p = _tile_of(cfg, n_steps - 1, m_min, n_m, head_kv, rot)
                 _release(cfg, mSem, mAcc, head_p, m_p, offset_q, batch, static_q, tidx)
 
-        # ---------------------------------------------------------------- epilogue: dK, dV
-        cute.arch.barrier()
-        acc_dK.store(acc_dK.load() * scale)
-        rdK = cute.make_fragment_like(acc_dK, dt)
-        rdK.store(acc_dK.load().to(dt))
-        rdV = cute.make_fragment_like(acc_dV, dt)
-        rdV.store(acc_dV.load().to(dt))
-        cute.copy(r2s_dkv, r2s_dkv.retile(rdK), r2s_dkv.partition_D(sK))
-        cute.copy(r2s_dkv, r2s_dkv.retile(rdV), r2s_dkv.partition_D(sV))
-        cute.arch.barrier()
-        rows_left = out_rows - n_block * bn
-        _store_rows(s2g_k, sK, cute.local_tile(mdK_cur, (bn, D), (n_block, 0)), cK, rows_left, tidx)
-        _store_rows(s2g_v, sV, cute.local_tile(mdV_cur, (bn, Dv), (n_block, 0)), cV, rows_left, tidx)
-        cute.arch.barrier()
+        _write_dk_dv(acc_dK, acc_dV, scale, dt, r2s_dkv, sK, sV, s2g_k, s2g_v,
+                     cute.local_tile(mdK_cur, (bn, D), (n_block, 0)), cute.local_tile(mdV_cur, (bn, Dv), (n_block, 0)),
+                     cK, cV, out_rows - n_block * bn, tidx)
+
+
+@cute.jit
+def _probabilities(acc_S_mn: cute.Tensor, tScS_mn: cute.Tensor, sLSE: cute.Tensor, scale_log2: Float32):
+    """S -> P = exp2(S * scale * log2e - LSE * log2e), in place; a row's staged LSE is +inf past the sequence."""
+    for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+        lse2 = sLSE[tScS_mn[r, 0][0]]
+        acc_S_mn[r, None].store(cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - lse2, fastmath=True))
+
+
+@cute.jit
+def _score_grads(acc_dP_mn: cute.Tensor, acc_P_mn: cute.Tensor, tScS_mn: cute.Tensor, sdPsum: cute.Tensor):
+    """dP -> dS = P * (dP - rowsum(dO * O)), in place."""
+    for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+        dps = sdPsum[tScS_mn[r, 0][0]]
+        acc_dP_mn[r, None].store(acc_P_mn[r, None].load() * (acc_dP_mn[r, None].load() - dps))
+
+
+@cute.jit
+def _write_dk_dv(acc_dK: cute.Tensor, acc_dV: cute.Tensor, scale: Float32, dt: cutlass.Constexpr, r2s_dkv,
+                 sK: cute.Tensor, sV: cute.Tensor, s2g_k: cute.TiledCopy, s2g_v: cute.TiledCopy, gdK: cute.Tensor,
+                 gdV: cute.Tensor, cK: cute.Tensor, cV: cute.Tensor, rows_left: Int32, tidx: Int32):
+    """Epilogue of a key tile: dK (scaled) and dV in the io dtype, through the K / V smem tiles to their rows."""
+    cute.arch.barrier()
+    acc_dK.store(acc_dK.load() * scale)
+    rdK = cute.make_fragment_like(acc_dK, dt)
+    rdK.store(acc_dK.load().to(dt))
+    rdV = cute.make_fragment_like(acc_dV, dt)
+    rdV.store(acc_dV.load().to(dt))
+    cute.copy(r2s_dkv, r2s_dkv.retile(rdK), r2s_dkv.partition_D(sK))
+    cute.copy(r2s_dkv, r2s_dkv.retile(rdV), r2s_dkv.partition_D(sV))
+    cute.arch.barrier()
+    _store_rows(s2g_k, sK, gdK, cK, rows_left, tidx)
+    _store_rows(s2g_v, sV, gdV, cV, rows_left, tidx)
+    cute.arch.barrier()
 
 
 @cute.jit
