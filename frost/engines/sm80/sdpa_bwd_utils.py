@@ -16,15 +16,19 @@ from frost.engines.common.sdpa_entry import FakeArgs, make_entry
 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, blocked_accumulator
 
 
-@cute.jit
-def blocked_rows(acc: cute.Tensor, d: cutlass.Constexpr[int]) -> cute.Tensor:
-    """The (rows, d) view of a compact fp32 accumulator stored in 8x8 blocks (row groups of 8, then columns).
+def blocked_layout(rows, d: int):
+    """(rows, d) -> offset of an fp32 accumulator stored in 8x8 blocks (row groups of 8, then columns).
 
     An MMA accumulator fragment puts each lane quad on 8 columns of one of 8 rows, so a warp's reduction of
     one fragment register pair lands in one 256-byte block: two whole cache lines.
     """
-    layout = cute.make_layout(((8, acc.shape[0] // 8), (8, d // 8)), stride=((8, 8 * d), (1, 64)))
-    return cute.make_tensor(acc.iterator, layout)
+    return cute.make_layout(((8, rows // 8), (8, d // 8)), stride=((8, 8 * d), (1, 64)))
+
+
+@cute.jit
+def blocked_rows(acc: cute.Tensor, d: cutlass.Constexpr[int]) -> cute.Tensor:
+    """The blocked (`blocked_layout`) view of a compact (rows, d) accumulator."""
+    return cute.make_tensor(acc.iterator, blocked_layout(acc.shape[0], d))
 
 
 def scratch_fake(fakes: FakeArgs, name: str):
@@ -94,5 +98,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["blocked_rows", "build_entry", "scratch_fake", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
+__all__ = ["blocked_layout", "blocked_rows", "build_entry", "scratch_fake", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
            "red_release_add_i32", "elem_ptr"]

@@ -1,0 +1,66 @@
+"""The blocked dQ accumulator: every warp reduction of the main kernel covers whole cache lines.
+
+Traced on the CPU (no kernel runs): the dQ MMA's accumulator partition of each lane of a warp, mapped
+through `blocked_layout`, for the default knobs of every head dim and family. Each 8-byte reduction
+(a fragment register pair) of the 32 lanes must fill one aligned 256-byte block, and the layout must
+place every (row, column) of the tile once.
+"""
+from __future__ import annotations
+
+import pytest
+
+from frost.engines.sm80.sdpa_bwd_params import HEAD_DIMS, Sm80BwdParams
+from tests.mma_params import params_kwargs
+
+pytestmark = pytest.mark.slow
+
+
+def _warp_offsets(p: Sm80BwdParams):
+    """[lane][value] -> accumulator offset of warp 0's dQ fragment, rows of two query tiles."""
+    import cutlass.cute as cute
+
+    from frost.engines.sm80.sdpa_bwd import _Main
+    from frost.engines.sm80.sdpa_bwd_utils import blocked_layout
+
+    out = []
+
+    def collect(m):  # plain Python: the loops run at trace time
+        rows = 2 * m.bm
+        layout = blocked_layout(rows, m.d)
+        tile = cute.make_identity_tensor((m.bm, m.d))
+        for lane in range(32):
+            frag = m.mma_dq.get_slice(lane).partition_C(tile)
+            offs = []
+            for i in range(int(cute.size(frag))):
+                r, c = frag[i]
+                offs.append(int(cute.crd2idx((int(r) + m.bm, int(c)), layout)))  # the second query tile
+            out.append(offs)
+        all_offs = {int(cute.crd2idx((r, c), layout)) for r in range(rows) for c in range(m.d)}
+        out.append(sorted(all_offs))
+
+    @cute.jit
+    def trace():
+        m = _Main(p, "sm_90a")
+        m._layouts()
+        collect(m)
+
+    cute.compile(trace)
+    return out[:32], out[32], p
+
+
+@pytest.mark.parametrize("family", ["sm80", "sm120"])
+@pytest.mark.parametrize("d,dv", HEAD_DIMS)
+def test_each_warp_reduction_fills_whole_lines(family, d, dv):
+    from frost.engines.sm80.sdpa_bwd_params import default_knobs
+
+    p = Sm80BwdParams(**params_kwargs(default_knobs, family=family, d=d, dv=dv))
+    lanes, all_offs, p = _warp_offsets(p)
+    rows = 2 * p.tile_m
+    assert all_offs == list(range(rows * d))  # a bijection onto the compact buffer
+    n_vals = len(lanes[0])
+    for i in range(0, n_vals, 2):  # one 8-byte reduction per register pair
+        pair = [(lane[i], lane[i + 1]) for lane in lanes]
+        assert all(b == a + 1 for a, b in pair), "a register pair must be two adjacent floats"
+        start = min(a for a, _ in pair)
+        assert start % 64 == 0 and sorted(x for ab in pair for x in ab) == list(range(start, start + 64)), (
+            f"value pair {i}: the warp's reduction is not one aligned 256-byte block")
