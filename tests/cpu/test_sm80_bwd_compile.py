@@ -55,7 +55,8 @@ def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
         expected = []
         for kw in COVER[arch]:
             p = Sm80BwdParams(**kw)
-            expected += [(stage, importlib.import_module(t).kernel_name(sp, arch), p) for stage, t, _, sp in bwd_chain(p)]
+            expected += [(stage, importlib.import_module(t).kernel_name(sp, arch), p)
+                         for stage, t, _, sp in bwd_chain(p)]
         assert len(outs) == len(expected)
         for (stage, name, p), out in zip(expected, outs):
             assert out["tag"] == stage and out["name"] == name, (out["name"], name)

@@ -16,8 +16,8 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.sm80 import sdpa_bwd_utils as bu
-from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, blocked_accumulator, helper_suffix,
-                                               postprocess_args)
+from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, blocked_accumulator,
+                                               helper_suffix, postprocess_args)
 
 THREADS = 128
 VEC = 8

@@ -98,5 +98,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["blocked_layout", "blocked_rows", "build_entry", "scratch_fake", "lane_group_sum", "red_add_f32", "ld_acquire_i32",
-           "red_release_add_i32", "elem_ptr"]
+__all__ = ["blocked_layout", "blocked_rows", "build_entry", "scratch_fake", "lane_group_sum", "red_add_f32",
+           "ld_acquire_i32", "red_release_add_i32", "elem_ptr"]
