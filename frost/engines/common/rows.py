@@ -16,13 +16,17 @@ def head_rows(mX: cute.Tensor, head: Int32, batch: Int32, offset: Int32, is_thd:
 
 @cute.jit
 def store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, limit: Int32,
-               tidx: Int32):
-    """smem tile -> registers -> global rows < limit, one copy-atom width per store."""
+               tidx: Int32, regs_like_dst: cutlass.Constexpr[bool] = False):
+    """smem tile -> registers -> global rows < limit, one copy-atom width per store.
+
+    The register fragment takes the smem partition's layout, or the global one's with `regs_like_dst`
+    (what the backward's dK / dV epilogue was tuned with).
+    """
     thr = tiled_copy.get_slice(tidx)
     tXs = thr.partition_S(sX)
     tXg = thr.partition_D(gX)
     tXc = thr.partition_S(cX)
-    tXr = cute.make_fragment_like(tXs)
+    tXr = cute.make_fragment_like(tXg if cutlass.const_expr(regs_like_dst) else tXs)
     cute.autovec_copy(tXs, tXr)
     for r in cutlass.range_constexpr(cute.size(tXr.shape[1])):
         if tXc[0, r, 0][0] < limit:

@@ -506,8 +506,8 @@ def _write_dk_dv(acc_dK: cute.Tensor, acc_dV: cute.Tensor, scale: Float32, dt: c
     cute.copy(r2s_dkv, r2s_dkv.retile(rdK), r2s_dkv.partition_D(sK))
     cute.copy(r2s_dkv, r2s_dkv.retile(rdV), r2s_dkv.partition_D(sV))
     cute.arch.barrier()
-    _store_rows(s2g_k, sK, gdK, cK, rows_left, tidx)
-    _store_rows(s2g_v, sV, gdV, cV, rows_left, tidx)
+    rows.store_rows(s2g_k, sK, gdK, cK, rows_left, tidx, regs_like_dst=True)
+    rows.store_rows(s2g_v, sV, gdV, cV, rows_left, tidx, regs_like_dst=True)
     cute.arch.barrier()
 
 
@@ -681,21 +681,6 @@ def _turn(cfg: cutlass.Constexpr, m_block: Int32, n_block: Int32, diag: Int32, w
             n_hi = cutlass.min(n_hi, (cutlass.max(bound, 1) - 1) // bn)
         turn = n_hi - n_block
     return turn
-
-
-@cute.jit
-def _store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, limit: Int32,
-                tidx: Int32):
-    """smem tile -> registers -> global rows < limit, 16 bytes per store."""
-    thr = tiled_copy.get_slice(tidx)
-    tXs = thr.partition_S(sX)
-    tXg = thr.partition_D(gX)
-    tXc = thr.partition_S(cX)
-    tXr = cute.make_fragment_like(tXg)
-    cute.autovec_copy(tXs, tXr)
-    for r in cutlass.range_constexpr(cute.size(tXr.shape[1])):
-        if tXc[0, r, 0][0] < limit:
-            cute.copy(tiled_copy, tXr[None, r, None], tXg[None, r, None])
 
 
 def build(params: Sm80BwdParams, arch: str):
