@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from frost.engines.sm80.sdpa_bwd_params import HEAD_DIMS, Sm80BwdParams
-from tests.mma_params import params_kwargs
+from tests.traced_bwd import FAMILIES, default_params, trace_main
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,6 @@ def _warp_offsets(p: Sm80BwdParams):
     """[lane][value] -> accumulator offset of warp 0's dQ fragment, rows of two query tiles."""
     import cutlass.cute as cute
 
-    from frost.engines.sm80.sdpa_bwd import _Main
     from frost.engines.sm80.sdpa_bwd_utils import blocked_layout
 
     out = []
@@ -38,23 +37,15 @@ def _warp_offsets(p: Sm80BwdParams):
         all_offs = {int(cute.crd2idx((r, c), layout)) for r in range(rows) for c in range(m.d)}
         out.append(sorted(all_offs))
 
-    @cute.jit
-    def trace():
-        m = _Main(p, "sm_90a")
-        m._layouts()
-        collect(m)
-
-    cute.compile(trace)
-    return out[:32], out[32], p
+    trace_main(p, collect)
+    return out[:32], out[32]
 
 
-@pytest.mark.parametrize("family", ["sm80", "sm120"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("d,dv", HEAD_DIMS)
 def test_each_warp_reduction_fills_whole_lines(family, d, dv):
-    from frost.engines.sm80.sdpa_bwd_params import default_knobs
-
-    p = Sm80BwdParams(**params_kwargs(default_knobs, family=family, d=d, dv=dv))
-    lanes, all_offs, p = _warp_offsets(p)
+    p = default_params(family, d, dv)
+    lanes, all_offs = _warp_offsets(p)
     rows = 2 * p.tile_m
     assert all_offs == list(range(rows * d))  # a bijection onto the compact buffer
     n_vals = len(lanes[0])

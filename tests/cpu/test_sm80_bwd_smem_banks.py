@@ -12,7 +12,7 @@ import collections
 import pytest
 
 from frost.engines.sm80.sdpa_bwd_params import HEAD_DIMS, Sm80BwdParams
-from tests.mma_params import params_kwargs
+from tests.traced_bwd import FAMILIES, default_params, trace_main
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,6 @@ def _copies(p: Sm80BwdParams) -> list:
     """(name, per-instruction lane addresses, is_store) of every smem copy of one main-loop step."""
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import warp
-
-    from frost.engines.sm80.sdpa_bwd import _Main
 
     out = []
 
@@ -79,23 +77,14 @@ def _copies(p: Sm80BwdParams) -> list:
                 lanes.append(addrs)
             out.append((name, [[lanes[t][j] for t in range(32)] for j in range(len(lanes[0]))], store))
 
-    @cute.jit
-    def trace():
-        m = _Main(p, "sm_90a")
-        m._layouts()
-        collect(m)
-
-    cute.compile(trace)
+    trace_main(p, collect)
     return out
 
 
-@pytest.mark.parametrize("family", ["sm80", "sm120"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("d,dv", HEAD_DIMS)
 def test_main_loop_smem_copies_are_conflict_free(family, d, dv):
-    from frost.engines.sm80.sdpa_bwd_params import default_knobs
-
-    p = Sm80BwdParams(**params_kwargs(default_knobs, family=family, d=d, dv=dv))
-    copies = _copies(p)
+    copies = _copies(default_params(family, d, dv))
     assert len(copies) == 11
     for name, instrs, store in copies:
         assert instrs, name

@@ -1,0 +1,32 @@
+"""Trace-time access to the mma.sync backward's main kernel, for CPU tests of its memory access patterns."""
+from __future__ import annotations
+
+from tests.mma_params import params_kwargs
+
+FAMILIES = ("sm80", "sm120")
+
+
+def default_params(family: str, d: int, dv: int):
+    """Sm80BwdParams with the family's default knobs for these head dims."""
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
+
+    return Sm80BwdParams(**params_kwargs(default_knobs, family=family, d=d, dv=dv))
+
+
+def trace_main(p, collect) -> None:
+    """Call `collect(main)` while tracing: `main` holds the kernel's smem layouts, MMAs and copies for `p`.
+
+    `collect` is plain Python (not preprocessed by the DSL), so its loops and indexing run on static values.
+    Nothing is launched; the trace compiles for sm_90a on the CPU.
+    """
+    import cutlass.cute as cute
+
+    from frost.engines.sm80.sdpa_bwd import _Main
+
+    @cute.jit
+    def trace():
+        m = _Main(p, "sm_90a")
+        m._layouts()
+        collect(m)
+
+    cute.compile(trace)
