@@ -356,23 +356,28 @@ def bwd_chain(p: Sm80BwdParams) -> list[tuple[str, str, list[str], Sm80BwdParams
                                            ("postprocess", POSTPROCESS, postprocess_args))]
 
 
+def _dims(p: Sm80BwdParams) -> list[str]:
+    """family, dtype and head dims: how every kernel name of the chain begins."""
+    return [p.family, p.dtype, f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")]
+
+
+def _tags(flags) -> list[str]:
+    return [tag for flag, tag in flags if flag]
+
+
 def helper_suffix(p: Sm80BwdParams) -> str:
     """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
-    d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
-    tags = [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"),
-                                  (p.deterministic, "det"), (blocked_accumulator(p), "qb")) if flag]
-    return "_".join([p.family, p.dtype, d, f"h{p.num_heads_q}"] + tags)
+    return "_".join(_dims(p) + [f"h{p.num_heads_q}"] + _tags(
+        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"),
+         (blocked_accumulator(p), "qb"))))
 
 
 def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of every kernel name of the chain (style of the forward's names)."""
-    d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
-    parts = [p.family, p.dtype, d, f"h{p.num_heads_q}k{p.num_heads_kv}"]
     det = ("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
-    for flag, tag in ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-                      (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det)):
-        if flag:
-            parts.append(tag)
+    parts = _dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"] + _tags(
+        ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
+         (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det)))
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
                  + ("p" if p.early_p and not p.fused_prefetch else "")
                  + ("r4" if p.dq_red == "v4" else "") + ("qb" if blocked_accumulator(p) else "")
