@@ -55,8 +55,8 @@ if [ "$run_sweeps" = 1 ]; then
     --variants "$(cat benchmarks/sm80_bwd_variants.json)" >> "$OUT/sweeps.log" 2>&1
   grep -v "^#" "$OUT/sweeps.log" | tail -30
 fi
+ncu_bin="$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)"
 if [ -n "$ncu_args" ]; then
-  ncu_bin="$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)"
   python3 benchmarks/profile_fwd.py $ncu_args > /dev/null 2>&1  # compile outside the profiler
   timeout 240 "$ncu_bin" --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
@@ -64,7 +64,6 @@ if [ -n "$ncu_args" ]; then
   grep -E "frost_|flash|Duration|Throughput|Issue Slots|Stall|Registers" "$OUT/ncu.txt" | head -40
 fi
 if [ -n "$ncubwd_args" ]; then
-  ncu_bin="$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)"
   python3 benchmarks/profile_bwd.py $ncubwd_args > /dev/null 2>&1  # compile outside the profiler
   timeout 300 "$ncu_bin" --profile-from-start off --kernel-name regex:"frost_sdpa_bwd_main|flash_bwd_dq_dk_dv" \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --print-details all \
