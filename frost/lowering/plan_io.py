@@ -55,10 +55,11 @@ def save_plan(graph, path) -> Path:
 
 
 # -- load -------------------------------------------------------------------------------------
-def _diff(saved: dict, here: dict, prefix: str = "", skip: tuple = ()) -> list[str]:
+def _diff(saved: dict, here: dict, prefix: str = "") -> list[str]:
+    """Differing keys; a tensor's `label` (the user's name, for errors only) is never one of them."""
     out = []
     for k in sorted(set(saved) | set(here), key=str):
-        if k in skip:
+        if k == "label":
             continue
         a, b = saved.get(k), here.get(k)
         if a != b:
@@ -77,14 +78,8 @@ def facts_differences(saved: dict, here: dict) -> list[str]:
         elif role not in st:
             out.append(f"tensor {ht[role].get('label') or role}: not in the saved plan")
         else:
-            out += _diff(st[role], ht[role], f"tensor {ht[role].get('label') or role} ", skip=("label",))
+            out += _diff(st[role], ht[role], f"tensor {ht[role].get('label') or role} ")
     return out
-
-
-def _without_labels(facts: dict) -> dict:
-    """A facts record minus the tensors' error-message labels: renaming a tensor does not change the plan."""
-    tensors = [{k: v for k, v in t.items() if k != "label"} for t in facts.get("tensors", [])]
-    return {**facts, "tensors": tensors}
 
 
 def _check_facts(graph, header: PlanHeader, path) -> None:
@@ -96,9 +91,8 @@ def _check_facts(graph, header: PlanHeader, path) -> None:
         saved = SdpaFacts.model_validate(header.facts).model_dump(mode="json")
     except ValueError as e:
         raise PlanFileError(f"plan file {path}: its facts record does not parse here ({e})") from None
-    here = graph.facts.model_dump(mode="json")
-    if _without_labels(saved) != _without_labels(here):
-        diffs = facts_differences(saved, here)
+    diffs = facts_differences(saved, graph.facts.model_dump(mode="json"))
+    if diffs:
         raise PlanFileError(f"plan file {path} was saved for a different graph than {graph.name!r}: "
                             + "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else ""))
 
