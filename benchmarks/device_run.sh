@@ -4,8 +4,9 @@
 #                                 [ncu "ARGS"] [ncubwd "ARGS"] [-k EXPR] [--budget SECONDS] [--commit SHA]
 # `ncu "ARGS"` profiles benchmarks/profile_fwd.py ARGS (frost and FA4, one call each) with ncu.
 # `ncubwd "ARGS"` profiles benchmarks/profile_bwd.py ARGS (the frost and FA2 main backward kernels): stall
-# reasons, L2 reduction requests, shared-memory bank conflicts, and the source counters that name the SASS
-# instructions with excess shared-memory wavefronts or uncoalesced global accesses (ncu-bwd.txt).
+# reasons, L2 reduction requests, shared-memory bank conflicts and source counters (ncu-bwd-N.txt), and the SASS
+# instructions with excess shared wavefronts or the most stall samples (ncu-bwd-N-sass.txt, ncu_sass_hot.py);
+# it may be given more than once.
 # `sweeps` re-times knob alternatives against the peers in the same process (sweeps.log): the SM90 forward
 # at D=256 (early O rescale, one CTA per tile) and the SM80 backward's variant set (sm80_bwd_variants.json);
 # their last measurements are in benchmarks/results/2026-11-30-h200-run3.
@@ -17,7 +18,7 @@ export PYTHONPATH="$PWD:$PYTHONPATH"
 export FROST_CACHE_DIR="${FROST_CACHE_DIR:-/tmp/frost-cache}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; run_sweeps=0; budget=240; commit="${FROST_COMMIT:-}"
-bench_args=""; ncu_args=""; ncubwd_args=""
+bench_args=""; ncu_args=""; ncubwd_list=()
 while [ $# -gt 0 ]; do
   case "$1" in
     sweeps) run_sweeps=1 ;;
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     bench) preset="$2"; shift ;;
     --bench-args) bench_args="$2"; shift ;;
     ncu) ncu_args="$2"; shift ;;
-    ncubwd) ncubwd_args="$2"; shift ;;
+    ncubwd) ncubwd_list+=("$2"); shift ;;
     -k) kexpr="$2"; shift ;;
     --budget) budget="$2"; shift ;;
     --commit) commit="$2"; shift ;;
@@ -63,14 +64,21 @@ if [ -n "$ncu_args" ]; then
     --section MemoryWorkloadAnalysis python3 benchmarks/profile_fwd.py $ncu_args > "$OUT/ncu.txt" 2>&1
   grep -E "frost_|flash|Duration|Throughput|Issue Slots|Stall|Registers" "$OUT/ncu.txt" | head -40
 fi
-if [ -n "$ncubwd_args" ]; then
-  python3 benchmarks/profile_bwd.py $ncubwd_args > /dev/null 2>&1  # compile outside the profiler
-  timeout 300 "$ncu_bin" --profile-from-start off --kernel-name regex:"frost_sdpa_bwd_main|flash_bwd_dq_dk_dv" \
-    --section SpeedOfLight --section WarpStateStats --section SourceCounters --print-details all \
+i=0
+for args in ${ncubwd_list[@]+"${ncubwd_list[@]}"}; do  # ncubwd may be given more than once: ncu-bwd-1.txt, ncu-bwd-1-sass.txt, ...
+  i=$((i + 1))
+  python3 benchmarks/profile_bwd.py $args > /dev/null 2>&1  # compile outside the profiler
+  timeout 240 "$ncu_bin" --profile-from-start off --kernel-name regex:"frost_sdpa_bwd_main|flash_bwd_dq_dk_dv" \
+    --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source no \
     --metrics lts__t_requests_op_red.sum,lts__t_sectors_op_red.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
-    python3 benchmarks/profile_bwd.py $ncubwd_args > "$OUT/ncu-bwd.txt" 2>&1
-  grep -E "frost_|flash_bwd|Duration|Stall|lts__|l1tex__|Excessive|excessive|Uncoalesced" "$OUT/ncu-bwd.txt" | head -60
-fi
+    -f -o "/tmp/ncu-bwd-$i" python3 benchmarks/profile_bwd.py $args > "/tmp/ncu-bwd-$i.log" 2>&1
+  { echo "# profile_bwd.py $args"; tail -5 "/tmp/ncu-bwd-$i.log"
+    "$ncu_bin" -i "/tmp/ncu-bwd-$i.ncu-rep" --print-details all; } > "$OUT/ncu-bwd-$i.txt" 2>&1
+  "$ncu_bin" -i "/tmp/ncu-bwd-$i.ncu-rep" --page source --csv --print-source sass > "/tmp/ncu-bwd-$i.csv" 2>&1
+  python3 benchmarks/ncu_sass_hot.py "/tmp/ncu-bwd-$i.csv" > "$OUT/ncu-bwd-$i-sass.txt" 2>&1
+  grep -E "frost_|flash_bwd|Duration|Stall|lts__|l1tex__|Excessive|excessive|Uncoalesced" "$OUT/ncu-bwd-$i.txt" | head -40
+  grep -E "^##|^###" "$OUT/ncu-bwd-$i-sass.txt" | head
+done
 if [ -n "$preset" ]; then
   env ${commit:+FROST_COMMIT=$commit} timeout $((budget + 60)) python3 -m frost.bench --preset "$preset" --probe \
     --time-budget "$budget" --results-dir "$OUT" --name "h200_${preset}" $bench_args 2> "$OUT/bench-progress.log" \
