@@ -356,8 +356,7 @@ def _main_kernel(
             cute.arch.cp_async_commit_group()
             lse0, dps0 = _load_rows_stats(cfg, mLSE, mdPsum, head0, m0, offset_q, seqlen_q, tidx, batch)
             if tidx < bm:
-                sLSE[tidx] = lse0
-                sdPsum[tidx] = dps0
+                _stage_rows_stats(sLSE, sdPsum, lse0, dps0, tidx)
 
             for t in cutlass.range(n_steps, unroll=1):
                 head, m_block = _tile_of(cfg, t, m_min, n_m, head_kv, rot)
@@ -463,8 +462,7 @@ def _main_kernel(
                 # stage the next tile's LSE / dpsum rows (every reader of this tile's rows passed the dS barrier)
                 if has_next:
                     if tidx < bm:
-                        sLSE[tidx] = lse_n
-                        sdPsum[tidx] = dps_n
+                        _stage_rows_stats(sLSE, sdPsum, lse_n, dps_n, tidx)
             cute.arch.cp_async_wait_group(0)
             if cutlass.const_expr(_late_release(cfg)):
                 cute.arch.barrier()
@@ -524,9 +522,13 @@ def _load_q(cfg: cutlass.Constexpr, thr_copy, tiled_copy, mX: cute.Tensor, head:
 @cute.jit
 def _load_rows_stats(cfg: cutlass.Constexpr, mLSE: cute.Tensor, mdPsum: cute.Tensor, head: Int32, m_block: Int32,
                      offset_q: Int32, seqlen_q: Int32, tidx: Int32, batch: Int32):
-    """This thread's row of a query tile: (LSE * log2e or +inf, dpsum or 0)."""
+    """This thread's row of a query tile, as loaded: (LSE, or -inf past the sequence; dpsum, or 0).
+
+    Nothing here reads the loaded values, so the loads stay in flight until `_stage_rows_stats` at the end of
+    the step; converting them here made every step wait out a global-memory round trip.
+    """
     row = m_block * cfg.bm + tidx
-    lse2 = Float32.inf
+    lse = -Float32.inf
     dps = Float32(0.0)
     if tidx < cfg.bm and row < seqlen_q:
         if cutlass.const_expr(cfg.p.is_thd):
@@ -535,9 +537,17 @@ def _load_rows_stats(cfg: cutlass.Constexpr, mLSE: cute.Tensor, mdPsum: cute.Ten
         else:
             lse = mLSE[batch, head, row]
             dps = mdPsum[batch, head, row]
-        if lse != -Float32.inf:
-            lse2 = lse * LOG2_E
-    return lse2, dps
+    return lse, dps
+
+
+@cute.jit
+def _stage_rows_stats(sLSE: cute.Tensor, sdPsum: cute.Tensor, lse: Float32, dps: Float32, tidx: Int32):
+    """Store a row's LSE * log2e (+inf for -inf: a row with no keys, or past the sequence, gets P = 0) and dpsum."""
+    lse2 = Float32.inf
+    if lse != -Float32.inf:
+        lse2 = lse * LOG2_E
+    sLSE[tidx] = lse2
+    sdPsum[tidx] = dps
 
 
 @cute.jit

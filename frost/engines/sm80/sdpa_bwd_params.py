@@ -178,11 +178,11 @@ def validate(p: Sm80BwdParams) -> None:
 # (head_dim, head_dim_v) -> knobs, best first; the first that fits the budget wins.
 # d=64 deterministic: the late turn release cut the cost over non-deterministic from 1.17/1.15/1.22 to
 # 1.11/1.09/1.14 (4k causal, 16k full, 16k causal) and raised 4k full from 1.22 to 1.25 (H200, 4866a9b sweep);
-# at d=128 it lost 0-4%. With the blocked dQ accumulator, plain 8-byte reductions timed 1-4% faster than the
-# 16-byte ones at d=64 (82558bf sweep); not the default until that pairing has passed the GPU tests.
+# at d=128 it lost 0-4%. With the blocked dQ accumulator the 16-byte reductions' shuffles cost more than they
+# save: plain 8-byte ones timed 1-4% faster at d=64 (82558bf and 3fde72a sweeps), so d=64 keeps the default "v2".
 _CANDIDATES: dict[tuple[int, int], list[dict]] = {
     (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4,
-                    fused_prefetch=True, dq_red="v4", det_late_release=True),
+                    fused_prefetch=True, det_late_release=True),
                dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
                dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2)],
     (96, 96): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
