@@ -34,7 +34,12 @@ def _tables(lines: list[str]):
     """Split the CSV text into (kernel label, rows): ncu writes one table per profiled kernel."""
     label, block = "", []
     for ln in lines:
-        if ln.startswith('"Address"') or ln.startswith('"#"') or ln.startswith('"Source"'):
+        if ln.startswith('"Kernel Name"'):
+            if block:
+                yield label, list(csv.reader(block))
+                block = []
+            label = ln.strip()
+        elif ln.startswith('"Address"') or ln.startswith('"#"') or ln.startswith('"Source"'):
             if block:
                 yield label, list(csv.reader(block))
             block = [ln]
@@ -78,17 +83,38 @@ def main(argv=None) -> int:
                     parts.append(f"{name}={r[c]}")
             return "  ".join(parts)
 
+        reasons = [(i, h) for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
+
+        def why(r):
+            top = sorted(((_num(r[i]), h[6:]) for i, h in reasons if i < len(r)), reverse=True)[:3]
+            return " ".join(f"{h}={v:.0f}" for v, h in top if v > 0)
+
         if exc is not None:
             hot = sorted((r for r in body if len(r) > exc and _num(r[exc]) > 0), key=lambda r: -_num(r[exc]))
             total = sum(_num(r[exc]) for r in body if len(r) > exc)
             print(f"### excess shared wavefronts: {total:.0f} over {len(hot)} instructions")
             for r in hot[:a.top]:
                 print(show(r))
+        if execd is not None:
+            ops: dict[str, float] = {}
+            for r in body:
+                if len(r) > execd and _num(r[execd]) > 0:
+                    words = r[src].split()
+                    op = words[1] if words and words[0].startswith("@") and len(words) > 1 else (words or ["?"])[0]
+                    ops[op] = ops.get(op, 0.0) + _num(r[execd])
+            print("### warp instructions executed by opcode (top 30)")
+            for op, n in sorted(ops.items(), key=lambda kv: -kv[1])[:30]:
+                print(f"{op:40s} {n:14.0f}")
         if stall is not None:
-            hot = sorted(body, key=lambda r: -_num(r[stall]) if len(r) > stall else 0)
-            print(f"### most stall samples")
-            for r in hot[:a.top]:
-                print(show(r))
+            order = sorted(range(len(body)), key=lambda i: -_num(body[i][stall]) if len(body[i]) > stall else 0)
+            print("### most stall samples (with the top stall reasons)")
+            for i in order[:a.top]:
+                print(show(body[i]) + "  " + why(body[i]))
+            print("### around the five most-stalled instructions")
+            for i in order[:5]:
+                print("---")
+                for j in range(max(0, i - 6), min(len(body), i + 3)):
+                    print(("=> " if j == i else "   ") + show(body[j]) + "  " + why(body[j]))
     if not found:
         print("no source table found; the first lines of the file:")
         print("\n".join(lines[:20]))

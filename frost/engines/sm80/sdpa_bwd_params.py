@@ -71,6 +71,10 @@ class Sm80BwdParams(SdpaFeatureParams):
     # deterministic: a key tile passes its turn on at the next step's first barrier (its reductions have had
     # a GEMM's time to land, and no extra barrier) instead of right after its reductions. The d=64 default.
     det_late_release: bool = False
+    # deterministic: thread 0 reads its turn's semaphore (relaxed) before the dV GEMM, so by the reductions the
+    # value is back; when it is already this tile's turn a fence completes the acquire instead of a second
+    # round trip to L2 (an ld.acquire holds its warp until the value returns). Stale: it spins as before.
+    det_early_poll: bool = False
     # dQ partial reductions on sm_90+: "v2" one 8-byte red per accumulator pair; "v4": lane pairs swap
     # halves (one shuffle per value pair) so each red carries 16 bytes (half as many). sm_8x: scalar.
     dq_red: Literal["v2", "v4"] = "v2"
@@ -374,7 +378,8 @@ def helper_suffix(p: Sm80BwdParams) -> str:
 
 def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of every kernel name of the chain (style of the forward's names)."""
-    det = ("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
+    det = (("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
+           + ("e" if p.det_early_poll else ""))
     parts = _dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"] + _tags(
         ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
          (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det)))
