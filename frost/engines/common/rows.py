@@ -35,8 +35,25 @@ def store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX:
 
 @cute.jit
 def load_rows(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tXc: cute.Tensor, limit: Int32,
-              zero_fill: cutlass.Constexpr[bool] = True):
-    """Copy the partitioned rows < limit of a (CPY, rows, cols) tile; zero the others' smem when `zero_fill`."""
+              zero_fill: cutlass.Constexpr[bool] = True, tile_rows: cutlass.Constexpr[int] = 0):
+    """Copy the partitioned rows < limit of a (CPY, rows, cols) tile; zero the others' smem when `zero_fill`.
+
+    With `tile_rows` (the tile's height), a tile that lies wholly below `limit` is copied without per-row
+    predicates: ptxas pads every predicated cp.async with three dead shared loads, which crowd the
+    memory-instruction queue of a loop that issues them every step.
+    """
+    if cutlass.const_expr(tile_rows > 0):
+        if limit >= tile_rows:
+            cute.copy(tiled_copy, tXg, tXs)
+        else:
+            _load_rows_checked(tiled_copy, tXg, tXs, tXc, limit, zero_fill)
+    else:
+        _load_rows_checked(tiled_copy, tXg, tXs, tXc, limit, zero_fill)
+
+
+@cute.jit
+def _load_rows_checked(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tXc: cute.Tensor,
+                       limit: Int32, zero_fill: cutlass.Constexpr[bool]):
     for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
         if tXc[0, r, 0][0] < limit:
             cute.copy(tiled_copy, tXg[None, r, None], tXs[None, r, None])

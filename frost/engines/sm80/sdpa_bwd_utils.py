@@ -86,14 +86,6 @@ def ld_acquire_i32(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def ld_relaxed_i32(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
-    """ld.relaxed.gpu.b32: read a semaphore without holding the warp; a later fence.acq_rel makes it an acquire."""
-    addr = ptr.toint(loc=loc, ip=ip).ir_value()
-    return Int32(llvm.inline_asm(T.i32(), [addr], "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l",
-                                 has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
 def red_release_add_i32(ptr: cute.Pointer, a: Int32, *, loc=None, ip=None) -> None:
     """red.release.gpu.add.s32: publish a semaphore step after this CTA's fenced writes."""
     addr = ptr.toint(loc=loc, ip=ip).ir_value()
@@ -107,4 +99,4 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
 
 
 __all__ = ["blocked_layout", "blocked_rows", "build_entry", "scratch_fake", "lane_group_sum", "red_add_f32",
-           "ld_acquire_i32", "red_release_add_i32", "elem_ptr", "ld_relaxed_i32"]
+           "ld_acquire_i32", "red_release_add_i32", "elem_ptr"]
