@@ -68,7 +68,6 @@ class _Main:
         self.fused = p.fused_prefetch
         self.early_p = p.fused_prefetch or p.early_p
         self.vector_red = _arch_number(arch) >= 90
-        self.stsm = p.stsm and _arch_number(arch) >= 90
 
     # ------------------------------------------------------------------ host side
     def _layouts(self):
@@ -260,11 +259,9 @@ def _main_kernel(
     s2r_dkv_b = cute.make_tiled_copy_B(ldsm_t, mma_dkv).get_slice(tidx)
     s2r_dq_a = cute.make_tiled_copy_A(ldsm, mma_dq).get_slice(tidx)
     s2r_dq_b = cute.make_tiled_copy_B(ldsm_t, mma_dq).get_slice(tidx)
-    if cutlass.const_expr(cfg.stsm):
-        r2s_sdp_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
-    else:
-        r2s_sdp_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=2 * dt.width)
-    r2s_sdp = cute.make_tiled_copy_C(r2s_sdp_atom, mma_sdp).get_slice(tidx)
+    r2s_sdp = cute.make_tiled_copy_C(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=2 * dt.width), mma_sdp
+    ).get_slice(tidx)
     r2s_dkv = cute.make_tiled_copy_C(
         cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=2 * dt.width), mma_dkv
     ).get_slice(tidx)
@@ -446,12 +443,17 @@ def _main_kernel(
                     cute.arch.cp_async_commit_group()
 
                 # ---- dQ partial = dS.K -> fp32 accumulator
+                polled = Int32(-1)
+                if cutlass.const_expr(cfg.p.deterministic and cfg.p.det_poll == "dq_gemm"):
+                    if tidx == 0:
+                        polled = bu.ld_acquire_i32(_sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch,
+                                                            static_q))
                 acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
                 acc_dQ.fill(0.0)
                 warp_mma.gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_a, s2r_dq_b, s2r_dq_a,
                                  s2r_dq_b, cfg.p.prefetch_k)
                 _add_dq(cfg, acc_dQ, thr_dq, tdQcdQ, mAcc, mSem, head, m_block, n_block, offset_q, seqlen_q,
-                        seqlen_k, diag, window_left, window_right, batch, tidx, static_q)
+                        seqlen_k, diag, window_left, window_right, batch, tidx, static_q, polled)
 
                 # ---- dK += dS^T.Q
                 warp_mma.gemm_ss(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, slot], s2r_dkv_a,
@@ -556,8 +558,11 @@ def _stage_rows_stats(sLSE: cute.Tensor, sdPsum: cute.Tensor, lse: Float32, dps:
 @cute.jit
 def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Tensor, mAcc: cute.Tensor, mSem,
             head: Int32, m_block: Int32, n_block: Int32, offset_q: Int32, seqlen_q: Int32, seqlen_k: Int32,
-            diag: Int32, window_left, window_right, batch: Int32, tidx: Int32, static_q: Int32):
-    """Add a dQ partial into the fp32 accumulator (in key-tile order when deterministic)."""
+            diag: Int32, window_left, window_right, batch: Int32, tidx: Int32, static_q: Int32, polled: Int32):
+    """Add a dQ partial into the fp32 accumulator (in key-tile order when deterministic).
+
+    `polled`: thread 0's acquire read of the semaphore before the dQ GEMM (`det_poll="dq_gemm"`).
+    """
     p = cfg.p
     if cutlass.const_expr(p.is_thd):
         acc_view = cute.domain_offset((offset_q, 0), mAcc[head, None, None])
@@ -574,8 +579,13 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
         sem_ptr = _sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q)
         turn = _turn(cfg, m_block, n_block, diag, window_left, window_right, seqlen_k)
         if tidx == 0:
-            while bu.ld_acquire_i32(sem_ptr) != turn:
-                pass
+            if cutlass.const_expr(cfg.p.det_poll == "dq_gemm"):
+                if polled != turn:
+                    while bu.ld_acquire_i32(sem_ptr) != turn:
+                        pass
+            else:
+                while bu.ld_acquire_i32(sem_ptr) != turn:
+                    pass
         cute.arch.barrier()
 
     # a full tile (the common case) adds without per-row checks: a check around an asm reduction becomes a

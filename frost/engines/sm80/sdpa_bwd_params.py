@@ -71,6 +71,10 @@ class Sm80BwdParams(SdpaFeatureParams):
     # deterministic: a key tile passes its turn on at the next step's first barrier (its reductions have had
     # a GEMM's time to land, and no extra barrier) instead of right after its reductions. The d=64 default.
     det_late_release: bool = False
+    # deterministic: where thread 0 reads its turn (ld.acquire holds its warp until the value returns).
+    # "reduce": right before the dQ reductions, while the other warps wait at a barrier; "dq_gemm": before the
+    # dQ GEMM, so the other warps compute while warp 0 waits (a stale read is re-polled at the reductions).
+    det_poll: Literal["reduce", "dq_gemm"] = "reduce"
     # dQ partial reductions on sm_90+: "v2" one 8-byte red per accumulator pair; "v4": lane pairs swap
     # halves (one shuffle per value pair) so each red carries 16 bytes (half as many). sm_8x: scalar.
     dq_red: Literal["v2", "v4"] = "v2"
@@ -78,9 +82,6 @@ class Sm80BwdParams(SdpaFeatureParams):
     # reduction of its MMA fragment covers whole cache lines instead of 32 bytes of eight rows (4x fewer L2
     # requests; 9-11% faster at d=128, 0-2% at d=64 on the H200). THD keeps rows.
     dq_accum_blocks: bool = True
-    # sm_90+: P and dS go to shared memory with stmatrix (one instruction per four 8x8 blocks instead of
-    # one 4-byte store per value pair: a quarter of the shared-memory instructions). sm_8x: plain stores.
-    stsm: bool = True
     # ldmatrix operands of a GEMM loaded one k-slice ahead (more registers, more overlap)
     prefetch_k: bool = True
     # CTAs resident per SM the kernel is built for (registers capped to fit; 2 suits small tiles)
@@ -182,7 +183,8 @@ def validate(p: Sm80BwdParams) -> None:
 # d=64 deterministic: the late turn release cut the cost over non-deterministic from 1.17/1.15/1.22 to
 # 1.11/1.09/1.14 (4k causal, 16k full, 16k causal) and raised 4k full from 1.22 to 1.25 (H200, 4866a9b sweep);
 # at d=128 it lost 0-4%. Reading the turn early (relaxed, before the dV GEMM) and completing the acquire with a
-# fence timed 1-3% slower than the plain ld.acquire at both head dims (8bbd725 sweep), so it was dropped. With the blocked dQ accumulator the 16-byte reductions' shuffles cost more than they
+# fence timed 1-3% slower than the plain ld.acquire at both head dims (8bbd725 sweep), so it was dropped.
+# P and dS stored with stmatrix on sm_90 timed 0-2% slower than 4-byte stores (1c50e3a sweep): dropped too. With the blocked dQ accumulator the 16-byte reductions' shuffles cost more than they
 # save: plain 8-byte ones timed 1-4% faster at d=64 (82558bf and 3fde72a sweeps), so d=64 keeps the default "v2".
 _CANDIDATES: dict[tuple[int, int], list[dict]] = {
     (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4,
@@ -378,14 +380,15 @@ def helper_suffix(p: Sm80BwdParams) -> str:
 
 def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of every kernel name of the chain (style of the forward's names)."""
-    det = ("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
+    det = (("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
+           + ("q" if p.det_poll == "dq_gemm" else ""))
     parts = _dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"] + _tags(
         ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
          (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det)))
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
                  + ("p" if p.early_p and not p.fused_prefetch else "")
                  + ("r4" if p.dq_red == "v4" else "") + ("qb" if blocked_accumulator(p) else "")
-                 + ("" if p.prefetch_k else "np") + ("" if p.stsm else "ns")
+                 + ("" if p.prefetch_k else "np")
                  + (f"c{p.ctas_per_sm}" if p.ctas_per_sm > 1 else "") + ("rot" if p.rotate_m else "")
                  + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))
     return "_".join(parts)
