@@ -11,6 +11,7 @@ first (compile, module load, forward state), then once inside the profiled range
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 
 def main(argv=None) -> int:
@@ -18,6 +19,7 @@ def main(argv=None) -> int:
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--s", type=int, default=16384)
     ap.add_argument("--causal", type=int, default=0)
+    ap.add_argument("--det", type=int, default=0, help="frost's deterministic backward (FA2 then runs its usual one)")
     a = ap.parse_args(argv)
     import torch
 
@@ -28,10 +30,12 @@ def main(argv=None) -> int:
 
     h = 2048 // a.d
     w = Workload(direction="bwd", dtype="bf16", d_qk=a.d, d_v=a.d, heads_q=h, heads_kv=h, causal=bool(a.causal),
-                 batch=max(16384 // a.s, 1), seqlen_q=a.s, seqlen_kv=a.s)
+                 batch=max(16384 // a.s, 1), seqlen_q=a.s, seqlen_kv=a.s, deterministic=bool(a.det))
     inputs = make_inputs(w, 1, torch.device("cuda"))
     engine = list_engines(w)[0]
-    sides = [FrostEngine(engine).prepare(inputs), next(p for p in all_peers() if p.key == "fa2").prepare(inputs)]
+    fa2 = next(p for p in all_peers() if p.key == "fa2")
+    sides = [FrostEngine(engine).prepare(inputs),
+             fa2.prepare(make_inputs(dataclasses.replace(w, deterministic=False), 1, torch.device("cuda")))]
     print(f"# frost engine {engine}")
 
     def run_both():

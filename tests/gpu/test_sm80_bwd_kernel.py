@@ -102,16 +102,16 @@ def _cases() -> list[Case]:
                                                          knobs=dict(dq_red="v4")), sq=333, skv=333, wr=0))
     c.append(Case("det_d64_acc_blocks_red_v4", _p(d=64, deterministic=True, knobs=dict(dq_red="v4")), b=2, sq=300,
                   skv=300, runs=2))
-    # deterministic turn read before the dQ GEMM
-    c.append(Case("det_poll_dq_gemm_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
-                                                         knobs=dict(det_poll="dq_gemm")),
+    # deterministic turn read right before the reductions (the default reads it before the dQ GEMM)
+    c.append(Case("det_poll_reduce_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
+                                                        knobs=dict(det_poll="reduce")),
                   b=2, sq=520, skv=520, wr=0, runs=3))
-    c.append(Case("det_poll_dq_gemm_d64_window_br", _p(d=64, hq=8, hk=2, has_window_left=True,
-                                                       has_window_right=True, bottom_right=True, deterministic=True,
-                                                       knobs=dict(det_poll="dq_gemm")),
+    c.append(Case("det_poll_reduce_d64_window_br", _p(d=64, hq=8, hk=2, has_window_left=True,
+                                                      has_window_right=True, bottom_right=True, deterministic=True,
+                                                      knobs=dict(det_poll="reduce")),
                   sq=513, skv=600, wl=64, wr=0, runs=3))
-    c.append(Case("thd_d128_det_poll_dq_gemm", _p(hq=2, hk=2, is_thd=True, deterministic=True,
-                                                  knobs=dict(det_poll="dq_gemm")),
+    c.append(Case("thd_d128_det_poll_reduce", _p(hq=2, hk=2, is_thd=True, deterministic=True,
+                                                 knobs=dict(det_poll="reduce")),
                   thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=3))
     c.append(Case("thd_d128_acc_blocks_ignored", _p(is_thd=True, knobs=dict(dq_accum_blocks=True)),
                   thd_lens=[(77, 77), (1, 1), (200, 150)]))
