@@ -110,6 +110,12 @@ def _cases() -> list[Case]:
                                                       has_window_right=True, bottom_right=True, deterministic=True,
                                                       knobs=dict(det_poll="reduce")),
                   sq=513, skv=600, wl=64, wr=0, runs=3))
+    c.append(Case("det_release_warp_first_d128_causal", _p(has_window_right=True, deterministic=True,
+                                                           knobs=dict(det_release_warp="first")),
+                  b=2, sq=520, skv=520, wr=0, runs=3))
+    c.append(Case("det_release_warp_first_d64_late", _p(d=64, hq=4, hk=2, deterministic=True,
+                                                        knobs=dict(det_release_warp="first")),
+                  b=2, sq=300, skv=300, runs=3))
     c.append(Case("thd_d128_det_poll_reduce", _p(hq=2, hk=2, is_thd=True, deterministic=True,
                                                  knobs=dict(det_poll="reduce")),
                   thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=3))

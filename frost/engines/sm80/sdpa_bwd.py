@@ -596,11 +596,9 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
         _red_dq(cfg, acc_dQ, tAcc, tdQcdQ, limit, tidx, True)
 
     if cutlass.const_expr(mSem is not None and not _late_release(cfg)):
-        # every thread's reductions precede the barrier; thread 0's fence + release publishes them all
+        # every thread's reductions precede the barrier; one thread's fence + release publishes them all
         cute.arch.barrier()
-        if tidx == 0:
-            cute.arch.fence_acq_rel_gpu()
-            bu.red_release_add_i32(sem_ptr, Int32(1))
+        _release(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q, tidx)
 
 
 def _late_release(cfg) -> bool:
@@ -625,8 +623,15 @@ def _sem_ptr(cfg: cutlass.Constexpr, mSem: cute.Tensor, mAcc: cute.Tensor, head:
 @cute.jit
 def _release(cfg: cutlass.Constexpr, mSem: cute.Tensor, mAcc: cute.Tensor, head: Int32, m_block: Int32,
              offset_q: Int32, batch: Int32, static_q: Int32, tidx: Int32):
-    """Pass the turn of (head, m_block) on; callers put a CTA barrier after this CTA's reductions first."""
-    if tidx == 0:
+    """Pass the turn of (head, m_block) on; callers put a CTA barrier after this CTA's reductions first.
+
+    `det_release_warp="last"`: the last warp releases, so warp 0, which reads the turns, does not also wait
+    out the release's fence.
+    """
+    releaser = 0
+    if cutlass.const_expr(cfg.p.det_release_warp == "last"):
+        releaser = cfg.threads - 32
+    if tidx == releaser:
         cute.arch.fence_acq_rel_gpu()
         bu.red_release_add_i32(_sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q), Int32(1))
 

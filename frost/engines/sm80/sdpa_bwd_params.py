@@ -76,6 +76,9 @@ class Sm80BwdParams(SdpaFeatureParams):
     # dQ GEMM, so the other warps compute while warp 0 waits (a stale read is re-polled at the reductions).
     # "dq_gemm" cut the deterministic cost by 1-8% at d=64 and d=128 (1361a54 sweep).
     det_poll: Literal["reduce", "dq_gemm"] = "dq_gemm"
+    # deterministic: the warp whose lane 0 passes a turn on (fence + release): "first" is warp 0, which also
+    # reads the turns; "last" spreads the two waits over two warps.
+    det_release_warp: Literal["first", "last"] = "last"
     # dQ partial reductions on sm_90+: "v2" one 8-byte red per accumulator pair; "v4": lane pairs swap
     # halves (one shuffle per value pair) so each red carries 16 bytes (half as many). sm_8x: scalar.
     dq_red: Literal["v2", "v4"] = "v2"
@@ -382,7 +385,7 @@ def helper_suffix(p: Sm80BwdParams) -> str:
 def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of every kernel name of the chain (style of the forward's names)."""
     det = (("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
-           + ("r" if p.det_poll == "reduce" else ""))
+           + ("r" if p.det_poll == "reduce" else "") + ("0" if p.det_release_warp == "first" else ""))
     parts = _dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"] + _tags(
         ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
          (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det)))
