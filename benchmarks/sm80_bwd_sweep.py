@@ -29,14 +29,16 @@ sys.path.insert(0, str(ROOT))
 MAIN = "frost.engines.sm80.sdpa_bwd"
 
 
-def params(d: int, causal: bool, det: bool, knobs: dict):
-    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
+def params(d: int, causal: bool, det: bool, knobs: dict, s: int = 4096, sm_count: int = 132):
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, choose_dq_splits, default_knobs
 
     knobs = dict(knobs)
     det = bool(knobs.pop("det", det))  # a variant may switch deterministic mode on
     k = default_knobs("sm80", d, d, "bf16")
     k.update(knobs)
     h = 2048 // d
+    if k.get("dq_splits") == "auto":  # the count the problem and the GPU's SMs call for (0: turns)
+        k["dq_splits"] = choose_dq_splits(sm_count, max(16384 // s, 1), h, -(-s // k["tile_n"]))
     return Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h, num_heads_kv=h,
                          has_window_right=causal, deterministic=det, **k)
 
@@ -123,20 +125,24 @@ def main(argv=None) -> int:
             os.makedirs(a.out, exist_ok=True)
             Path(a.out, "sweep.txt").write_text("\n".join(lines) + "\n")
 
-    plist = []  # (tag, d, causal, det, knobs, params)
+    import torch
+
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    plist = []  # (tag, d, s, causal, det, knobs, params); params depend on S only through "dq_splits": "auto"
     for d in ds:
-        for c in cs:
-            for det in dets:
-                for vi, kn in enumerate(variants.get(d, [{}])):
-                    try:
-                        plist.append((f"d{d} c{int(c)} det{int(det)} v{vi}", d, c, det, kn, params(d, c, det, kn)))
-                    except Exception as e:
-                        log(f"# d{d} v{vi} {kn}: invalid: {e}")
+        for s in ss:
+            for c in cs:
+                for det in dets:
+                    for vi, kn in enumerate(variants.get(d, [{}])):
+                        try:
+                            p = params(d, c, det, kn, s, sm_count)
+                        except Exception as e:
+                            log(f"# d{d} v{vi} {kn}: invalid: {e}")
+                            continue
+                        plist.append((f"d{d} s{s} c{int(c)} det{int(det)} v{vi}", d, s, c, det, kn, p))
     if a.ptx:
         ptx_report([(t, p) for t, *_, p in plist], a.arch or "sm_90a")
         return 0
-
-    import torch
 
     sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     from tests.gpu.test_sm80_bwd_kernel import compile_chains, workspace_views
@@ -167,8 +173,8 @@ def main(argv=None) -> int:
             for c in cs:
                 b, h, q, k, v, do, scale, flops = problem(d, s, c)
                 fa2_ms, o, lse = fa2_time(q, k, v, do, c, scale)
-                for (tag, d2, c2, det, kn, p), ch in zip(plist, chains):
-                    if d2 != d or c2 != c or ch is None:
+                for (tag, d2, s2, c2, det, kn, p), ch in zip(plist, chains):
+                    if d2 != d or s2 != s or c2 != c or ch is None:
                         continue
                     t = dict(q=q, k=k, v=v, do=do, o=o, lse=lse, dq=torch.empty_like(q), dk=torch.empty_like(k),
                              dv=torch.empty_like(v))

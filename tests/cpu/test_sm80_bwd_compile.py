@@ -12,7 +12,8 @@ import pytest
 
 from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, HELPER_FIELDS, SMEM_BUDGET, Sm80BwdParams, bwd_chain,
                                                chain_args, default_knobs, scratch_bytes, scratch_layout,
-                                               smem_bytes, stage_params, validate)
+                                               smem_bytes, split_tile, split_tile_count, stage_params,
+                                               uses_turns, validate)
 from frost.errors import TemplateParamsError
 from tests.compile_runner import compile_groups
 from tests.mma_params import params_kwargs
@@ -28,11 +29,14 @@ COVER = {
     "sm_80": [
         _p(d=128, hq=8, hk=2, has_window_right=True),
         _p(dtype="fp16", d=96, has_window_left=True, has_sinks=True, has_dsinks=True),
+        _p(d=64, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
     ],
     "sm_90a": [
         _p(d=64, hq=4, hk=2, is_thd=True, has_window_left=True, has_window_right=True, deterministic=True),
         _p(d=256, dtype="fp16", has_seqused=True, has_window_right=True, bottom_right=True),
         _p(d=128, hq=4, hk=2, deterministic=True, knobs=dict(dq_accum_blocks=True, dq_red="v4")),
+        _p(d=128, hq=4, hk=2, has_window_right=True, has_sinks=True, has_dsinks=True, deterministic=True,
+           knobs=dict(dq_splits=3)),
     ],
     "sm_120a": [
         _p(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
@@ -77,7 +81,7 @@ def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
                 assert out["red"] == 0 and out["red_v2"] == 0, out
             else:
                 assert out["red_v2"] > 0 and out["red"] == 0, out
-            assert (out["sem"] > 0) == p.deterministic, out
+            assert (out["sem"] > 0) == uses_turns(p), out  # split copies need no turns
 
 
 def test_covering_set_covers_head_dims_flags_and_families():
@@ -160,6 +164,9 @@ def test_default_knobs_fit_each_family_and_validate():
     dict(tile_m=48),
     dict(tile_m=128, tile_n=128, head_dim=128, head_dim_v=128),  # smem and registers
     dict(family="sm120", head_dim=128, head_dim_v=128, tile_m=64, tile_n=128, num_stages=2),
+    dict(dq_splits=2),  # split accumulator copies order a deterministic backward only
+    dict(dq_splits=2, deterministic=True, is_thd=True),  # THD keeps turns
+    dict(dq_splits=65, deterministic=True),
 ])
 def test_validator_rejects(bad):
     with pytest.raises(TemplateParamsError):
@@ -184,6 +191,52 @@ def test_scratch_layout_is_closed_form_and_aligned():
     blocked_thd = Sm80BwdParams(**_p(d=64, is_thd=True, knobs=dict(dq_accum_blocks=True)))
     lay = dict((n, s) for n, _, s in scratch_layout(blocked_thd, 2, 0, 0, total_q=1001, total_kv=900))
     assert lay["dq_accum"] == (4, 1001, 64)
+
+
+def test_split_copies_replace_the_semaphores_and_multiply_the_accumulator():
+    p = Sm80BwdParams(**_p(d=64, hq=4, hk=2, deterministic=True, has_sinks=True, has_dsinks=True,
+                           knobs=dict(dq_splits=3)))
+    validate(p)
+    lay = dict((n, s) for n, _, s in scratch_layout(p, batch=2, max_seqlen_q=300, max_seqlen_kv=500))
+    assert lay["dq_accum"] == (3 * 2, 4, 304, 64) and "dq_semaphore" not in lay and "dsink_partial" in lay
+    chain = {stage: names for stage, _, names, _ in bwd_chain(p)}
+    assert "dq_semaphore" not in chain["preprocess"] + chain["main"]
+    assert "_detsp3_" in sdpa_kernel_name(p) and not uses_turns(p)
+    # the helpers that read the copies are keyed by them
+    plain = Sm80BwdParams(**_p(d=64, hq=4, hk=2, deterministic=True, has_sinks=True, has_dsinks=True))
+    for stage in ("preprocess", "postprocess"):
+        assert stage_params(p, stage) != stage_params(plain, stage)
+    # requested through the knob table like any knob
+    assert default_knobs("sm80", 64, 64, dq_splits=3)["dq_splits"] == 3
+
+
+def test_split_count_keeps_the_sms_busy_or_falls_back_to_turns():
+    from frost.engines.sm80.sdpa_bwd_params import choose_dq_splits
+
+    # H200 (132 SMs), hidden 2048: d=64 at 4k (B=4, H=32) fills one wave with one copy; at 16k (B=1) four
+    assert choose_dq_splits(132, 4, 32, 32) == 1
+    assert choose_dq_splits(132, 1, 32, 128) == 4
+    assert choose_dq_splits(132, 1, 16, 128) == 8  # d=128, 16k
+    assert choose_dq_splits(132, 4, 16, 32) == 2  # d=128, 4k
+    assert choose_dq_splits(132, 200, 1, 64) == 3  # 200 groups: 1 or 2 copies leave a wave three-quarters full
+    assert choose_dq_splits(132, 1, 1, 64) == 0  # one head: 8 copies fill 6% of the SMs; turns instead
+    assert choose_dq_splits(132, 1, 32, 2) == 0  # two key tiles cap the copies at 2
+
+
+def sdpa_kernel_name(p):
+    from frost.engines.sm80 import sdpa_bwd
+    return sdpa_bwd.kernel_name(p, "sm_90a")
+
+
+@pytest.mark.parametrize("splits", range(1, 10))
+def test_split_ctas_walk_every_key_tile_once_with_even_counts(splits):
+    for num_n in range(1, 70):
+        tiles = [[split_tile(i, s, splits) for i in range(split_tile_count(num_n, s, splits))] for s in range(splits)]
+        assert sorted(t for ts in tiles for t in ts) == list(range(num_n))
+        counts = [len(ts) for ts in tiles]
+        assert max(counts) - min(counts) <= 1
+        if num_n % (2 * splits) == 0:  # whole forward/backward round pairs: equal causal work (sum of indices)
+            assert len({sum(ts) for ts in tiles}) == 1
 
 
 def test_chain_argument_lists_follow_the_contract_order():

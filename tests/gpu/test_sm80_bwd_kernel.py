@@ -119,6 +119,23 @@ def _cases() -> list[Case]:
     c.append(Case("thd_d128_det_poll_reduce", _p(hq=2, hk=2, is_thd=True, deterministic=True,
                                                  knobs=dict(det_poll="reduce")),
                   thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=3))
+    # deterministic through split accumulator copies (dq_splits): uneven and empty splits, padding, windows,
+    # sinks, a row-layout accumulator
+    c.append(Case("det_splits3_d128_causal_gqa_sinks", _p(hq=4, hk=2, has_window_right=True, has_sinks=True,
+                                                          has_dsinks=True, deterministic=True,
+                                                          knobs=dict(dq_splits=3)),
+                  b=2, sq=520, skv=520, wr=0, runs=3))
+    c.append(Case("det_splits2_d64_pad", _p(d=64, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
+                  b=3, sq=203, skv=203, used=[(203, 203), (9, 150), (0, 0)], runs=2))
+    c.append(Case("det_splits1_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
+                                                      bottom_right=True, deterministic=True,
+                                                      knobs=dict(dq_splits=1)),
+                  sq=513, skv=600, wl=64, wr=0, runs=2))
+    c.append(Case("det_splits8_d128_more_splits_than_tiles", _p(deterministic=True, knobs=dict(dq_splits=8)),
+                  b=2, sq=300, skv=300, runs=2))
+    c.append(Case("det_splits4_d64_acc_rows", _p(d=64, hq=4, hk=4, deterministic=True,
+                                                 knobs=dict(dq_splits=4, dq_accum_blocks=False)),
+                  sq=333, skv=700, runs=2))
     c.append(Case("thd_d128_acc_blocks_ignored", _p(is_thd=True, knobs=dict(dq_accum_blocks=True)),
                   thd_lens=[(77, 77), (1, 1), (200, 150)]))
     c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))

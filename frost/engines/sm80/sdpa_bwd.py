@@ -17,7 +17,9 @@ step orders (one wait for Q and dO and P stored early, or FA2's order with a
 separate wait and barrier for dO). LSE is read natively from its declared
 strides; rows past the sequence, and rows whose LSE is -inf, get P = 0. In deterministic mode the
 key tiles of one (batch, head, query tile) add their dQ partials in a fixed
-key-tile order (`det_order`), taking turns through a semaphore. dK (times scale) and dV go out
+key-tile order (`det_order`), taking turns through a semaphore; with `dq_splits` (dense) the grid
+holds that many CTAs per (batch, kv head) instead, each walking its share of the key tiles and adding
+into its own accumulator copy, so no CTA waits for another. dK (times scale) and dV go out
 through shared memory to their declared strides; rows past the sequence but
 inside the tensor (padding) are written as zeros.
 
@@ -42,7 +44,8 @@ from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.sm80 import warp_mma
-from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, blocked_accumulator, main_args, name_suffix
+from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, blocked_accumulator, main_args, name_suffix,
+                                               split_tile, split_tile_count, uses_turns)
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:
@@ -133,6 +136,8 @@ class _Main:
         else:
             n_batch = mK.shape[0]
             grid_x = (mK.shape[1] + self.bn - 1) // self.bn
+            if cutlass.const_expr(self.p.dq_splits > 0):
+                grid_x = self.p.dq_splits  # one CTA per accumulator copy, walking its share of key tiles
         grid_x = cutlass.max(grid_x, 1)
         scale = Float32(a["softmax_scale"])
         _main_kernel(
@@ -180,7 +185,7 @@ def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv
         if idx >= n_m:
             idx = idx - n_m
     m = m_min + idx
-    if cutlass.const_expr(cfg.p.deterministic and cfg.p.det_order == "asc"):
+    if cutlass.const_expr(uses_turns(cfg.p) and cfg.p.det_order == "asc"):
         m = m_min + n_m - 1 - idx
     return head, m
 
@@ -315,8 +320,14 @@ def _main_kernel(
     offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK)
     diag = fmask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
     num_n = (seqlen_k + bn - 1) // bn
+    splits = p.dq_splits
     if cutlass.const_expr(not thd):
         num_n = grid_x  # padding rows of dK / dV are written (as zeros) too
+        if cutlass.const_expr(splits > 0):
+            num_n = cutlass.max((static_k + bn - 1) // bn, 1)  # the grid holds one CTA per split
+    acc_batch = batch  # the accumulator copy this CTA adds into (its own, with split copies)
+    if cutlass.const_expr(splits > 0):
+        acc_batch = bx * cute.arch.grid_dim()[2] + batch
 
     # key / value views of this (batch, kv head)
     mK_cur = rows.head_rows(mK, head_kv, batch, offset_k, thd)
@@ -326,9 +337,13 @@ def _main_kernel(
     out_rows = seqlen_k if cutlass.const_expr(thd) else static_k
 
     n_iters = (num_n - bx + grid_x - 1) // grid_x
+    if cutlass.const_expr(splits > 0):
+        n_iters = split_tile_count(num_n, bx, splits)
     for it in cutlass.range(n_iters, unroll=1):
         n_block = bx + it * grid_x
-        if cutlass.const_expr(p.deterministic and p.det_order == "diag"):
+        if cutlass.const_expr(splits > 0):
+            n_block = split_tile(it, bx, splits)
+        if cutlass.const_expr(uses_turns(p) and p.det_order == "diag"):
             n_block = num_n - 1 - n_block  # higher key tiles launch first: they take the earlier turns
         m_min, m_max = fmask.m_block_range(n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left, window_right)
         n_m = cutlass.max(m_max - m_min, 0)
@@ -444,7 +459,7 @@ def _main_kernel(
 
                 # ---- dQ partial = dS.K -> fp32 accumulator
                 polled = Int32(-1)
-                if cutlass.const_expr(cfg.p.deterministic and cfg.p.det_poll == "dq_gemm"):
+                if cutlass.const_expr(uses_turns(cfg.p) and cfg.p.det_poll == "dq_gemm"):
                     if tidx == 0:
                         polled = bu.ld_acquire_i32(_sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch,
                                                             static_q))
@@ -453,7 +468,7 @@ def _main_kernel(
                 warp_mma.gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_a, s2r_dq_b, s2r_dq_a,
                                  s2r_dq_b, cfg.p.prefetch_k)
                 _add_dq(cfg, acc_dQ, thr_dq, tdQcdQ, mAcc, mSem, head, m_block, n_block, offset_q, seqlen_q,
-                        seqlen_k, diag, window_left, window_right, batch, tidx, static_q, polled)
+                        seqlen_k, diag, window_left, window_right, batch, acc_batch, tidx, static_q, polled)
 
                 # ---- dK += dS^T.Q
                 warp_mma.gemm_ss(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, slot], s2r_dkv_a,
@@ -558,16 +573,18 @@ def _stage_rows_stats(sLSE: cute.Tensor, sdPsum: cute.Tensor, lse: Float32, dps:
 @cute.jit
 def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Tensor, mAcc: cute.Tensor, mSem,
             head: Int32, m_block: Int32, n_block: Int32, offset_q: Int32, seqlen_q: Int32, seqlen_k: Int32,
-            diag: Int32, window_left, window_right, batch: Int32, tidx: Int32, static_q: Int32, polled: Int32):
+            diag: Int32, window_left, window_right, batch: Int32, acc_batch: Int32, tidx: Int32, static_q: Int32,
+            polled: Int32):
     """Add a dQ partial into the fp32 accumulator (in key-tile order when deterministic).
 
     `polled`: thread 0's acquire read of the semaphore before the dQ GEMM (`det_poll="dq_gemm"`).
+    `acc_batch`: the dense accumulator's batch index, which selects this CTA's own copy with `dq_splits`.
     """
     p = cfg.p
     if cutlass.const_expr(p.is_thd):
         acc_view = cute.domain_offset((offset_q, 0), mAcc[head, None, None])
     else:
-        acc_view = mAcc[batch, head, None, None]
+        acc_view = mAcc[acc_batch, head, None, None]
         if cutlass.const_expr(blocked_accumulator(p)):
             acc_view = bu.blocked_rows(acc_view, cfg.d)
     gAcc = cute.local_tile(acc_view, (cfg.bm, cfg.d), (m_block, 0))
@@ -603,7 +620,7 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
 
 def _late_release(cfg) -> bool:
     """Deterministic turns released at the next step's first barrier (or after the walk), not right away."""
-    return cfg.p.deterministic and cfg.p.det_late_release
+    return uses_turns(cfg.p) and cfg.p.det_late_release
 
 
 @cute.jit

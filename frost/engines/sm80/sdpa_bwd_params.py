@@ -9,9 +9,10 @@ The backward is a chain of three kernels launched in order on one stream:
    the LSE, accumulates dK / dV in registers over every query head of its GQA
    group and every query tile in the mask band, and adds dQ partials into the
    fp32 accumulator (red.global; in deterministic mode key tiles take turns per
-   (batch, head, query tile) through a semaphore, so the sum order is fixed).
-3. ``postprocess`` (`sdpa_bwd_postprocess`): dQ = accumulator * scale in the io
-   dtype, and dSink = the fixed-order sum of the partials.
+   (batch, head, query tile) through a semaphore, so the sum order is fixed, or,
+   with `dq_splits`, a few CTAs per head each add into their own accumulator copy).
+3. ``postprocess`` (`sdpa_bwd_postprocess`): dQ = accumulator (copies summed in
+   order) * scale in the io dtype, and dSink = the fixed-order sum of the partials.
 
 GQA needs no dK / dV workspace: the main kernel's CTA owns one kv head and
 walks its query heads itself. One template serves two arch lines: ``sm80``
@@ -90,6 +91,12 @@ class Sm80BwdParams(SdpaFeatureParams):
     prefetch_k: bool = True
     # CTAs resident per SM the kernel is built for (registers capped to fit; 2 suits small tiles)
     ctas_per_sm: int = 1
+    # deterministic, dense: 0 orders the dQ additions through per-tile turns (semaphores). n >= 1 launches n
+    # CTAs per (batch, kv head) instead of one per key tile; each walks every n-th key tile (in a zig-zag, so
+    # causal work evens out) and adds into its own copy of the fp32 accumulator, which only it writes, so its
+    # additions land in program order with no waiting. The dQ convert sums the copies in a fixed order.
+    # Costs n accumulator copies of workspace. Deterministic dense chains only (THD keeps turns).
+    dq_splits: int = 0
     # non-deterministic, no right window: key tile n starts its query walk n tiles in (wrapping), so the
     # key tiles of a head do not all add into the same dQ rows at once. Measured within 0.5% of off.
     rotate_m: bool = False
@@ -170,6 +177,11 @@ def validate(p: Sm80BwdParams) -> None:
         bad(f"dq_red=v4 pairs the dQ MMA's n-atoms: head_dim / {w // p.dq_warps_m} warps / 8 must be even")
     if p.tile_m > p.num_threads:
         bad(f"tile_m={p.tile_m} exceeds the {p.num_threads} threads that stage its LSE rows")
+    if not 0 <= p.dq_splits <= 64:
+        bad(f"dq_splits={p.dq_splits} not in 0..64")
+    if p.dq_splits and (not p.deterministic or p.is_thd):
+        bad(f"dq_splits={p.dq_splits} orders a deterministic dense backward; this one is "
+            f"{'packed (THD)' if p.is_thd else 'not deterministic'}")
     if p.ctas_per_sm not in (1, 2):
         bad(f"ctas_per_sm={p.ctas_per_sm} not in (1, 2)")
     need = smem_bytes(p) * p.ctas_per_sm
@@ -222,6 +234,7 @@ def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf1
     if key not in _CANDIDATES:
         raise TemplateParamsError(f"Sm80BwdParams: no knobs for d_qk={head_dim}, d_v={head_dim_v}")
     budget = min(SMEM_BUDGET[family], smem_budget) if smem_budget else SMEM_BUDGET[family]
+    splits = requested.pop("dq_splits", None)  # needs the feature flags the probe lacks; sizes nothing here
     for cand in _CANDIDATES[key]:
         knobs = {**cand, **requested}
         probe = Sm80BwdParams(family=family, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, **knobs)
@@ -230,7 +243,7 @@ def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf1
         except TemplateParamsError:
             continue
         if smem_bytes(probe) <= budget:
-            return knobs
+            return knobs if splits is None else {**knobs, "dq_splits": splits}
     raise TemplateParamsError(f"Sm80BwdParams: no knobs for d_qk={head_dim}, d_v={head_dim_v} honoring "
                               f"{requested} fit {budget} bytes of shared memory")
 
@@ -241,6 +254,43 @@ def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf1
 
 def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
+
+
+def uses_turns(p: Sm80BwdParams) -> bool:
+    """Whether the deterministic order comes from per-tile turns (semaphores) rather than split copies."""
+    return p.deterministic and p.dq_splits == 0
+
+
+def split_tile(it, split, splits: int):
+    """The key tile of step `it` of split CTA `split` (`dq_splits`): rounds of `splits` tiles, walked forward
+    and backward in turn, so the CTAs' causal work evens out. Plain arithmetic: kernels call it on Int32s."""
+    return it * splits + split + (it % 2) * (splits - 1 - 2 * split)
+
+
+def split_tile_count(num_n, split, splits: int):
+    """How many of `num_n` key tiles `split_tile` gives split CTA `split`: the whole rounds, plus one when its
+    place in the last, partial round lies inside it."""
+    rounds = num_n // splits
+    rest = num_n - rounds * splits
+    place = split + (rounds % 2) * (splits - 1 - 2 * split)
+    return rounds + (rest - place + splits - 1) // splits  # + 1 exactly when place < rest
+
+
+def choose_dq_splits(sm_count: int, batch: int, num_heads_kv: int, num_key_tiles: int, max_splits: int = 8,
+                     min_busy: float = 0.9) -> int:
+    """The fewest split copies whose grid keeps at least `min_busy` of the SMs busy over its waves, or 0
+    (per-tile turns) when none of 1..max_splits does.
+
+    A split CTA lives for its whole share of a head, so a grid that leaves a wave part-empty idles those SMs
+    for a CTA's lifetime; fewer copies also mean less workspace.
+    """
+    groups = batch * num_heads_kv
+    for splits in range(1, min(max_splits, max(num_key_tiles, 1)) + 1):
+        ctas = groups * splits
+        waves = _cdiv(ctas, sm_count)
+        if ctas / (waves * sm_count) >= min_busy:
+            return splits
+    return 0
 
 
 def blocked_accumulator(p: Sm80BwdParams) -> bool:
@@ -268,10 +318,12 @@ def scratch_layout(p: Sm80BwdParams, batch: int, max_seqlen_q: int, max_seqlen_k
         n_part = h * PARTIALS_PER_CTA * max(_cdiv(total_q, ROWS_PER_CTA), 1)
     else:
         acc_rows = accumulator_rows(p, max_seqlen_q)
-        out = [("dpsum", "float32", (batch, h, max_seqlen_q)), ("dq_accum", "float32", (batch, h, acc_rows, d))]
+        copies = max(p.dq_splits, 1)
+        out = [("dpsum", "float32", (batch, h, max_seqlen_q)),
+               ("dq_accum", "float32", (copies * batch, h, acc_rows, d))]
         n_sem = batch * h * _cdiv(max_seqlen_q, p.tile_m)
         n_part = h * PARTIALS_PER_CTA * batch * max(_cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
-    if p.deterministic:
+    if uses_turns(p):
         out.append(("dq_semaphore", "int32", (n_sem,)))
     if p.has_dsinks:
         out.append(("dsink_partial", "float32", (n_part,)))
@@ -313,7 +365,7 @@ def preprocess_args(p: Sm80BwdParams) -> list[str]:
     args = ["o", "do", "lse"] + _lengths(p, kv=False)
     if p.has_dsinks:
         args.append("sinks")
-    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if p.deterministic else [])
+    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
     if p.has_dsinks:
         args.append("dsink_partial")
     return args + ["stream"]
@@ -322,7 +374,7 @@ def preprocess_args(p: Sm80BwdParams) -> list[str]:
 def main_args(p: Sm80BwdParams) -> list[str]:
     """q, k, v, do, lse, dk, dv, lengths, dpsum, dq_accum, dq_semaphore?, scale, windows, max_seqlen_kv?, stream."""
     args = ["q", "k", "v", "do", "lse", "dk", "dv"] + _lengths(p)
-    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if p.deterministic else [])
+    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
     args.append("softmax_scale")
     if p.has_window_left:
         args.append("window_left")
@@ -345,9 +397,9 @@ def postprocess_args(p: Sm80BwdParams) -> list[str]:
 #: flags never compile an identical helper twice (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
-                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocks"),
+                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocks", "dq_splits"),
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocks"),
+                    "has_dsinks", "dq_accum_blocks", "dq_splits"),
 }
 
 
@@ -379,13 +431,15 @@ def helper_suffix(p: Sm80BwdParams) -> str:
     """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
     return "_".join(_dims(p) + [f"h{p.num_heads_q}"] + _tags(
         ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"),
-         (blocked_accumulator(p), "qb"))))
+         (blocked_accumulator(p), "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"))))
 
 
 def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of every kernel name of the chain (style of the forward's names)."""
     det = (("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
            + ("r" if p.det_poll == "reduce" else "") + ("0" if p.det_release_warp == "first" else ""))
+    if p.dq_splits:
+        det = f"detsp{p.dq_splits}"  # the turn knobs do not apply
     parts = _dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"] + _tags(
         ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
          (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det)))

@@ -2,7 +2,8 @@
 
 The grid is the preprocess grid (64-row blocks x query heads x batch; THD: over
 the packed tokens), so every row of dQ is written, padding rows and tokens
-outside every sequence included (their accumulator rows are zero). dQ goes to
+outside every sequence included (their accumulator rows are zero). With
+`dq_splits` the accumulator's copies are summed in copy order. dQ goes to
 its declared strides with 16-byte stores. The CTAs of row block 0, batch 0 also
 sum one head's dSink partials in a fixed order (deterministic in every mode).
 
@@ -58,12 +59,9 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
     dt = IO_DTYPES[p.dtype]
     if cutlass.const_expr(p.is_thd):
         extent = mdQ.shape[0]
-        acc_rows = mAcc[head, None, None]
     else:
         extent = mdQ.shape[1]
-        acc_rows = mAcc[batch, head, None, None]
-        if cutlass.const_expr(blocked_accumulator(p)):
-            acc_rows = bu.blocked_rows(acc_rows, p.head_dim)
+    copies = [_acc_rows(p, mAcc, copy, gz, batch, head) for copy in range(max(p.dq_splits, 1))]
     chunks_per_row = p.head_dim // VEC
     for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
         idx = i * THREADS + tidx
@@ -74,8 +72,10 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
                 dq_row = mdQ[row, head, None]
             else:
                 dq_row = mdQ[batch, row, head, None]
-            vals = cute.local_tile(acc_rows[row, None], (VEC,), (c,)).load() * scale
-            cute.local_tile(dq_row, (VEC,), (c,)).store(vals.to(dt))
+            vals = cute.local_tile(copies[0][row, None], (VEC,), (c,)).load()
+            for acc_rows in copies[1:]:  # split copies, summed in a fixed order
+                vals = vals + cute.local_tile(acc_rows[row, None], (VEC,), (c,)).load()
+            cute.local_tile(dq_row, (VEC,), (c,)).store((vals * scale).to(dt))
 
     if cutlass.const_expr(mdSinks is not None):
         if bx == 0 and batch == 0 and tidx < 32:
@@ -86,6 +86,16 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
             s = bu.lane_group_sum(s, 32)
             if tidx == 0:
                 mdSinks[head] = s
+
+
+def _acc_rows(p, mAcc: cute.Tensor, copy: int, n_batch, batch, head) -> cute.Tensor:
+    """The (rows, head_dim) accumulator view of one head (`copy`: a dense accumulator's split copy)."""
+    if p.is_thd:
+        return mAcc[head, None, None]
+    acc_rows = mAcc[copy * n_batch + batch, head, None, None] if copy else mAcc[batch, head, None, None]
+    if blocked_accumulator(p):
+        acc_rows = bu.blocked_rows(acc_rows, p.head_dim)
+    return acc_rows
 
 
 def build(params: Sm80BwdParams, arch: str):

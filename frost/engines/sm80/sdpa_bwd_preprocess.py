@@ -3,8 +3,8 @@
 One CTA per (64-row block, query head, batch) — THD: per (64-token block, query
 head) over the packed tokens, so the grid follows the bound tensors' extents and
 no sequence boundary is needed except for dSink (rows outside every sequence
-contribute nothing). It also zeroes the dQ accumulator rows it owns and, in
-deterministic mode, the dQ semaphores (grid-stride), so the main kernel starts
+contribute nothing). It also zeroes the dQ accumulator rows it owns (in every
+copy, with `dq_splits`) and, with deterministic turns, the dQ semaphores (grid-stride), so the main kernel starts
 from a clean workspace without a separate fill launch.
 
 Argument list: `sdpa_bwd_params.preprocess_args`.
@@ -16,8 +16,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from frost.engines.sm80 import sdpa_bwd_utils as bu
-from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, helper_suffix,
-                                               preprocess_args)
+from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams,
+                                               helper_suffix, preprocess_args)
 
 THREADS = 128
 LANES_PER_ROW = 4  # lanes sharing one row; a pass covers THREADS // 4 rows
@@ -115,22 +115,14 @@ def _preprocess_kernel(
                     if lse != -Float32.inf:
                         dsink -= cute.math.exp(sink - lse) * acc
 
-    # zero this CTA's rows of the dQ accumulator, 16 bytes per store (a blocked accumulator's padding rows
-    # too: the same memory as its row-major view of as many rows)
-    if cutlass.const_expr(p.is_thd):
-        acc_rows = mAcc[head, None, None]
-    else:
-        acc_rows = mAcc[batch, head, None, None]
-    acc_extent = acc_rows.shape[0]
-    chunks_per_row = p.head_dim // 4
-    zero = cute.make_rmem_tensor((4,), Float32)
-    zero.fill(0.0)
-    for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
-        idx = i * THREADS + tidx
-        row = bx * ROWS_PER_CTA + idx // chunks_per_row
-        if row < acc_extent:
-            dst = cute.local_tile(acc_rows[row, None], (4,), (idx % chunks_per_row,))
-            dst.store(zero.load())
+    # zero this CTA's rows of the dQ accumulator (of every copy, with split copies), 16 bytes per store (a
+    # blocked accumulator's padding rows too: the same memory as its row-major view of as many rows)
+    for copy in cutlass.range_constexpr(max(p.dq_splits, 1)):
+        if cutlass.const_expr(p.is_thd):
+            acc_rows = mAcc[head, None, None]
+        else:
+            acc_rows = mAcc[copy * gz + batch, head, None, None]
+        _zero_rows(acc_rows, bx * ROWS_PER_CTA, p.head_dim, tidx)
 
     if cutlass.const_expr(mSem is not None):
         n_threads_total = gx * gy * gz * THREADS
@@ -145,6 +137,21 @@ def _preprocess_kernel(
         part = (batch * gx + bx) * PARTIALS_PER_CTA + tidx // 32
         if tidx % 32 == 0:
             mPart[head * n_part + part] = total
+
+
+@cute.jit
+def _zero_rows(acc_rows: cute.Tensor, first_row: Int32, head_dim: cutlass.Constexpr[int], tidx: Int32):
+    """Zero ROWS_PER_CTA rows of a (rows, head_dim) fp32 view from `first_row` (those inside it)."""
+    acc_extent = acc_rows.shape[0]
+    chunks_per_row = head_dim // 4
+    zero = cute.make_rmem_tensor((4,), Float32)
+    zero.fill(0.0)
+    for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
+        idx = i * THREADS + tidx
+        row = first_row + idx // chunks_per_row
+        if row < acc_extent:
+            dst = cute.local_tile(acc_rows[row, None], (4,), (idx % chunks_per_row,))
+            dst.store(zero.load())
 
 
 def build(params: Sm80BwdParams, arch: str):
