@@ -577,7 +577,7 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
             polled: Int32):
     """Add a dQ partial into the fp32 accumulator (in key-tile order when deterministic).
 
-    `polled`: thread 0's acquire read of the semaphore before the dQ GEMM (`det_poll="dq_gemm"`).
+    `polled`: thread 0's acquire read of the semaphore before the dQ GEMM (`det_poll="dq_gemm"`), else -1.
     `acc_batch`: the dense accumulator's batch index, which selects this CTA's own copy with `dq_splits`.
     """
     p = cfg.p
@@ -596,11 +596,7 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
         sem_ptr = _sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q)
         turn = _turn(cfg, m_block, n_block, diag, window_left, window_right, seqlen_k)
         if tidx == 0:
-            if cutlass.const_expr(cfg.p.det_poll == "dq_gemm"):
-                if polled != turn:
-                    while bu.ld_acquire_i32(sem_ptr) != turn:
-                        pass
-            else:
+            if polled != turn:  # never equal with det_poll="reduce" (-1; turns count from 0)
                 while bu.ld_acquire_i32(sem_ptr) != turn:
                     pass
         cute.arch.barrier()

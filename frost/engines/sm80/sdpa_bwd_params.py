@@ -200,8 +200,9 @@ def validate(p: Sm80BwdParams) -> None:
 # 1.11/1.09/1.14 (4k causal, 16k full, 16k causal) and raised 4k full from 1.22 to 1.25 (H200, 4866a9b sweep);
 # at d=128 it lost 0-4%. Reading the turn early (relaxed, before the dV GEMM) and completing the acquire with a
 # fence timed 1-3% slower than the plain ld.acquire at both head dims (8bbd725 sweep), so it was dropped.
-# P and dS stored with stmatrix on sm_90 timed 0-2% slower than 4-byte stores (1c50e3a sweep): dropped too. With the blocked dQ accumulator the 16-byte reductions' shuffles cost more than they
-# save: plain 8-byte ones timed 1-4% faster at d=64 (82558bf and 3fde72a sweeps), so d=64 keeps the default "v2".
+# P and dS stored with stmatrix on sm_90 timed 0-2% slower than 4-byte stores (1c50e3a sweep): dropped too.
+# With the blocked dQ accumulator the 16-byte reductions' shuffles cost more than they save: plain 8-byte ones
+# timed 1-4% faster at d=64 (82558bf and 3fde72a sweeps), so d=64 keeps the default "v2".
 _CANDIDATES: dict[tuple[int, int], list[dict]] = {
     (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4,
                     fused_prefetch=True, det_late_release=True),
