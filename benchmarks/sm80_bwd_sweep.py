@@ -38,7 +38,8 @@ def params(d: int, causal: bool, det: bool, knobs: dict, s: int = 4096, sm_count
     k.update(knobs)
     h = 2048 // d
     if k.get("dq_splits") == "auto":  # the count the problem and the GPU's SMs call for (0: turns)
-        k["dq_splits"] = choose_dq_splits(sm_count, max(16384 // s, 1), h, -(-s // k["tile_n"]))
+        b = max(16384 // s, 1)
+        k["dq_splits"] = choose_dq_splits(sm_count, b, h, -(-s // k["tile_n"]), copy_bytes=b * h * s * d * 4)
     return Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h, num_heads_kv=h,
                          has_window_right=causal, deterministic=det, **k)
 

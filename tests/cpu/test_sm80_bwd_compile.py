@@ -221,6 +221,10 @@ def test_split_count_keeps_the_sms_busy_or_falls_back_to_turns():
     assert choose_dq_splits(132, 200, 1, 64) == 3  # 200 groups: 1 or 2 copies leave a wave three-quarters full
     assert choose_dq_splits(132, 1, 1, 64) == 0  # one head: 8 copies fill 6% of the SMs; turns instead
     assert choose_dq_splits(132, 1, 32, 2) == 0  # two key tiles cap the copies at 2
+    # workspace: d=128 at 16k needs 8 copies of 134 MB (0.94 GB beyond the first: allowed); d=64 at 128k
+    # would need 4 copies of 1.07 GB, past the 1 GiB bound, so it keeps the turns
+    assert choose_dq_splits(132, 1, 16, 128, copy_bytes=16 * 16384 * 128 * 4) == 8
+    assert choose_dq_splits(132, 1, 32, 1024, copy_bytes=32 * 131072 * 64 * 4) == 0
 
 
 def sdpa_kernel_name(p):

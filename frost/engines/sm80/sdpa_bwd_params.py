@@ -277,16 +277,19 @@ def split_tile_count(num_n, split, splits: int):
     return rounds + (rest - place + splits - 1) // splits  # + 1 exactly when place < rest
 
 
-def choose_dq_splits(sm_count: int, batch: int, num_heads_kv: int, num_key_tiles: int, max_splits: int = 8,
-                     min_busy: float = 0.9) -> int:
+def choose_dq_splits(sm_count: int, batch: int, num_heads_kv: int, num_key_tiles: int, copy_bytes: int = 0,
+                     max_splits: int = 8, min_busy: float = 0.9, max_extra_bytes: int = 1 << 30) -> int:
     """The fewest split copies whose grid keeps at least `min_busy` of the SMs busy over its waves, or 0
-    (per-tile turns) when none of 1..max_splits does.
+    (per-tile turns) when none of 1..max_splits does within `max_extra_bytes` of workspace beyond the one
+    accumulator every mode has (`copy_bytes` each).
 
     A split CTA lives for its whole share of a head, so a grid that leaves a wave part-empty idles those SMs
     for a CTA's lifetime; fewer copies also mean less workspace.
     """
     groups = batch * num_heads_kv
     for splits in range(1, min(max_splits, max(num_key_tiles, 1)) + 1):
+        if (splits - 1) * copy_bytes > max_extra_bytes:
+            break
         ctas = groups * splits
         waves = _cdiv(ctas, sm_count)
         if ctas / (waves * sm_count) >= min_busy:
