@@ -44,8 +44,8 @@ from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.sm80 import warp_mma
-from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, blocked_accumulator, main_args, name_suffix,
-                                               split_tile, split_tile_count, uses_turns)
+from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, main_args, name_suffix, split_tile,
+                                               split_tile_count, uses_turns)
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:
@@ -327,7 +327,7 @@ def _main_kernel(
             num_n = cutlass.max((static_k + bn - 1) // bn, 1)  # the grid holds one CTA per split
     acc_batch = batch  # the accumulator copy this CTA adds into (its own, with split copies)
     if cutlass.const_expr(splits > 0):
-        acc_batch = bx * cute.arch.grid_dim()[2] + batch
+        acc_batch = bu.copy_batch(bx, cute.arch.grid_dim()[2], batch)
 
     # key / value views of this (batch, kv head)
     mK_cur = rows.head_rows(mK, head_kv, batch, offset_k, thd)
@@ -584,9 +584,7 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
     if cutlass.const_expr(p.is_thd):
         acc_view = cute.domain_offset((offset_q, 0), mAcc[head, None, None])
     else:
-        acc_view = mAcc[acc_batch, head, None, None]
-        if cutlass.const_expr(blocked_accumulator(p)):
-            acc_view = bu.blocked_rows(acc_view, cfg.d)
+        acc_view = bu.dense_acc_rows(p, mAcc, acc_batch, head)
     gAcc = cute.local_tile(acc_view, (cfg.bm, cfg.d), (m_block, 0))
     tAcc = thr_dq.partition_C(gAcc)
     limit = seqlen_q - m_block * cfg.bm

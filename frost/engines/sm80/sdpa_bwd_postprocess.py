@@ -17,8 +17,8 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.sm80 import sdpa_bwd_utils as bu
-from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, blocked_accumulator,
-                                               helper_suffix, postprocess_args)
+from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, helper_suffix,
+                                               postprocess_args)
 
 THREADS = 128
 VEC = 8
@@ -61,7 +61,10 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
         extent = mdQ.shape[0]
     else:
         extent = mdQ.shape[1]
-    copies = [_acc_rows(p, mAcc, copy, gz, batch, head) for copy in range(max(p.dq_splits, 1))]
+    if cutlass.const_expr(p.is_thd):
+        copies = [mAcc[head, None, None]]
+    else:
+        copies = [bu.dense_acc_rows(p, mAcc, bu.copy_batch(c, gz, batch), head) for c in range(max(p.dq_splits, 1))]
     chunks_per_row = p.head_dim // VEC
     for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
         idx = i * THREADS + tidx
@@ -86,16 +89,6 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
             s = bu.lane_group_sum(s, 32)
             if tidx == 0:
                 mdSinks[head] = s
-
-
-def _acc_rows(p, mAcc: cute.Tensor, copy: int, n_batch, batch, head) -> cute.Tensor:
-    """The (rows, head_dim) accumulator view of one head (`copy`: a dense accumulator's split copy)."""
-    if p.is_thd:
-        return mAcc[head, None, None]
-    acc_rows = mAcc[copy * n_batch + batch, head, None, None] if copy else mAcc[batch, head, None, None]
-    if blocked_accumulator(p):
-        acc_rows = bu.blocked_rows(acc_rows, p.head_dim)
-    return acc_rows
 
 
 def build(params: Sm80BwdParams, arch: str):

@@ -121,7 +121,7 @@ def _preprocess_kernel(
         if cutlass.const_expr(p.is_thd):
             acc_rows = mAcc[head, None, None]
         else:
-            acc_rows = mAcc[copy * gz + batch, head, None, None]
+            acc_rows = bu.dense_acc_rows(p, mAcc, bu.copy_batch(copy, gz, batch), head, blocked=False)
         _zero_rows(acc_rows, bx * ROWS_PER_CTA, p.head_dim, tidx)
 
     if cutlass.const_expr(mSem is not None):

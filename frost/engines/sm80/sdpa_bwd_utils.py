@@ -31,6 +31,19 @@ def blocked_rows(acc: cute.Tensor, d: cutlass.Constexpr[int]) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, blocked_layout(acc.shape[0], d))
 
 
+def copy_batch(copy, n_batch, batch):
+    """Batch index of a dense accumulator's copy `copy`: `dq_splits` copies stack copy-major along the batch
+    mode (`scratch_layout`); copy 0 is the accumulator every mode has."""
+    return copy * n_batch + batch
+
+
+def dense_acc_rows(p: Sm80BwdParams, mAcc: cute.Tensor, acc_batch, head, blocked: bool = True) -> cute.Tensor:
+    """The (rows, head_dim) dQ accumulator of one head of a dense batch index (`copy_batch`): 8x8-blocked
+    where the params block it, or, with `blocked=False`, the same memory row-major (zeroing)."""
+    acc = mAcc[acc_batch, head, None, None]
+    return blocked_rows(acc, p.head_dim) if blocked and blocked_accumulator(p) else acc
+
+
 def scratch_fake(fakes: FakeArgs, name: str):
     """Fakes of the chain's workspace buffers (sdpa_bwd_params.scratch_layout), compact and symbolic."""
     p = fakes.p
@@ -98,5 +111,6 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["blocked_layout", "blocked_rows", "build_entry", "scratch_fake", "lane_group_sum", "red_add_f32",
+__all__ = ["blocked_layout", "blocked_rows", "copy_batch", "dense_acc_rows", "build_entry", "scratch_fake",
+           "lane_group_sum", "red_add_f32",
            "ld_acquire_i32", "red_release_add_i32", "elem_ptr"]
