@@ -79,7 +79,6 @@ class DslKernels:
         return params
 
 
-
 # contract argument name (frost.engines.sdpa_args) -> (graph role, view the kernel wants or None)
 TENSOR_ARGS = {
     "q": ("q", None), "k": ("k", None), "v": ("v", None), "o": ("o", None), "lse": ("stats", None),

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.gpu
 
 from frost.adapters.reference_math import allowed_mask  # noqa: E402
 from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, bwd_chain, chain_args,  # noqa: E402
-                                               default_knobs, scratch_bytes, scratch_layout)
+                                               default_knobs, scratch_layout)
 from frost.engines.sdpa_args import declared_values  # noqa: E402
+from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes  # noqa: E402
 from tests.mma_params import params_kwargs  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -273,23 +274,18 @@ def make_inputs(case, device="cuda", seed=0):
 
 
 def workspace_views(p, t, poison=True):
+    """The chain's scratch views, carved as the adapter carves them, from a workspace of 0xFF bytes (NaN in
+    every fp32 view) when `poison`: what the kernels rely on being zeroed must be zeroed by the preprocess."""
     if p.is_thd:
         batch = t["cu_seqlens_q"].shape[0] - 1
         dims = dict(batch=batch, max_seqlen_q=0, max_seqlen_kv=0, total_q=t["q"].shape[0],
                     total_kv=t["k"].shape[0])
     else:
         dims = dict(batch=t["q"].shape[0], max_seqlen_q=t["q"].shape[1], max_seqlen_kv=t["k"].shape[1])
-    nbytes = scratch_bytes(p, **dims)
-    ws = torch.full((max(nbytes, 256),), 0xFF if poison else 0, dtype=torch.uint8, device=t["q"].device)
-    views, off = {}, 0
-    for name, dtype, shape in scratch_layout(p, **dims):
-        dt = getattr(torch, dtype)
-        n = 1
-        for s in shape:
-            n *= s
-        views[name] = ws[off:off + n * 4].view(dt).view(shape)
-        off += (n * 4 + 255) // 256 * 256
-    return views
+    buffers = [ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in scratch_layout(p, **dims)]
+    ws = torch.full((max(layout_bytes(buffers), 256),), 0xFF if poison else 0, dtype=torch.uint8,
+                    device=t["q"].device)
+    return carve(ws, buffers, checked=True)  # sized from the same layout just above
 
 
 class Chain:

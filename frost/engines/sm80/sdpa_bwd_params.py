@@ -25,6 +25,7 @@ from typing import Literal
 
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
+from frost.runtime.workspace import ScratchBuffer, layout_bytes
 
 #: (head_dim, head_dim_v) pairs the template implements.
 HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (256, 256), (192, 128))
@@ -36,8 +37,6 @@ SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
 ROWS_PER_CTA = 64
 #: dSink partial sums per preprocess CTA (one per warp).
 PARTIALS_PER_CTA = 4
-
-_ALIGN = 256
 
 
 class Sm80BwdParams(SdpaFeatureParams):
@@ -336,15 +335,9 @@ def scratch_layout(p: Sm80BwdParams, batch: int, max_seqlen_q: int, max_seqlen_k
 
 def scratch_bytes(p: Sm80BwdParams, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
                   total_q: int = 0, total_kv: int = 0) -> int:
-    """Workspace bytes of `scratch_layout`, each buffer 256-byte aligned."""
-    size = {"float32": 4, "int32": 4}
-    n = 0
-    for _, dt, shape in scratch_layout(p, batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv):
-        count = 1
-        for s in shape:
-            count *= s
-        n += _align(count * size[dt], _ALIGN)
-    return n
+    """Workspace bytes of `scratch_layout`, each buffer 256-byte aligned (the adapter's own closed form)."""
+    return layout_bytes(ScratchBuffer(n, dt, tuple(shape))
+                        for n, dt, shape in scratch_layout(p, batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv))
 
 
 # ---------------------------------------------------------------------------------------------
