@@ -128,7 +128,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    from frost.engines.target import discover_target, fake_target
+
+    target = discover_target() if torch.cuda.is_available() else fake_target("H200")  # --ptx runs on the CPU
     plist = []  # (tag, d, s, causal, det, knobs, params); params depend on S only through "dq_splits": "auto"
     for d in ds:
         for s in ss:
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
                 for det in dets:
                     for vi, kn in enumerate(variants.get(d, [{}])):
                         try:
-                            p = params(d, c, det, kn, s, sm_count)
+                            p = params(d, c, det, kn, s, target.sm_count)
                         except Exception as e:
                             log(f"# d{d} v{vi} {kn}: invalid: {e}")
                             continue
@@ -148,9 +150,6 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     from tests.gpu.test_sm80_bwd_kernel import compile_chains, workspace_views
 
-    from frost.engines.target import discover_target
-
-    target = discover_target()
     if a.arch:
         target = a.arch
     log(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
