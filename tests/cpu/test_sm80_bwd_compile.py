@@ -208,6 +208,13 @@ def test_split_copies_replace_the_semaphores_and_multiply_the_accumulator():
         assert stage_params(p, stage) != stage_params(plain, stage)
     # requested through the knob table like any knob
     assert default_knobs("sm80", 64, 64, dq_splits=3)["dq_splits"] == 3
+    # the copies stack along the accumulator's batch mode, so the compiled call must not bind that extent to
+    # the io tensors' batch (a call would be refused with a shape mismatch)
+    from frost.engines.common.sdpa_entry import FakeArgs
+    from frost.engines.sm80.sdpa_bwd_utils import scratch_fake
+    for params, shared in ((p, False), (plain, True)):
+        acc, o = FakeArgs(params, extra=scratch_fake).all(["dq_accum", "o"])
+        assert (acc.shape[0] is o.shape[0]) == shared
 
 
 def test_split_count_keeps_the_sms_busy_or_falls_back_to_turns():

@@ -54,7 +54,9 @@ def scratch_fake(fakes: FakeArgs, name: str):
         if p.is_thd:
             return fakes.compact(Float32, (hq, fakes.rows_q, d))
         rows = cute.sym_int(divisibility=8, symbol="acc_rows_q") if blocked_accumulator(p) else fakes.rows_q
-        return fakes.compact(Float32, (fakes.batch, hq, rows, d))
+        # dq_splits stacks its copies along the batch mode (copy_batch), so that extent is its own symbol
+        batch = cute.sym_int(symbol="acc_batch") if p.dq_splits > 0 else fakes.batch
+        return fakes.compact(Float32, (batch, hq, rows, d))
     if name == "dq_semaphore":
         return fakes.compact(Int32, (cute.sym_int(symbol="n_semaphores"),))
     if name == "dsink_partial":
