@@ -30,18 +30,22 @@ MAIN = "frost.engines.sm80.sdpa_bwd"
 
 
 def params(d: int, causal: bool, det: bool, knobs: dict, s: int = 4096, sm_count: int = 132):
-    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, choose_dq_splits, default_knobs
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs, planned_dq_splits
 
     knobs = dict(knobs)
     det = bool(knobs.pop("det", det))  # a variant may switch deterministic mode on
     k = default_knobs("sm80", d, d, "bf16")
     k.update(knobs)
     h = 2048 // d
-    if k.get("dq_splits") == "auto":  # the count the problem and the GPU's SMs call for (0: turns)
-        b = max(16384 // s, 1)
-        k["dq_splits"] = choose_dq_splits(sm_count, b, h, -(-s // k["tile_n"]), copy_bytes=b * h * s * d * 4)
-    return Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h, num_heads_kv=h,
-                         has_window_right=causal, deterministic=det, **k)
+    auto = k.get("dq_splits") == "auto"  # the count a plan picks for the problem and the GPU's SMs (0: turns)
+    if auto:
+        k["dq_splits"] = 0
+    p = Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h, num_heads_kv=h,
+                      has_window_right=causal, deterministic=det, **k)
+    if auto:
+        k["dq_splits"] = planned_dq_splits(p, sm_count, max(16384 // s, 1), s, s)
+        p = Sm80BwdParams(**{**p.model_dump(), **k})
+    return p
 
 
 def ptx_report(plist, arch: str) -> None:
@@ -107,7 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--det", default="0")
     ap.add_argument("--variants", default="{}",
                     help='JSON {"64": [knobs, ...], "128": [...]} ([{}] when absent); "det": true in a variant '
-                         'switches deterministic mode on for it')
+                         'switches deterministic mode on for it (with per-tile turns unless the variant sets '
+                         '"dq_splits"; "auto" is the count a plan would pick)')
     ap.add_argument("--ptx", action="store_true", help="CPU: ptxas registers / spills of each main kernel")
     ap.add_argument("--arch", default=None)
     ap.add_argument("--out", default=None, help="directory for sweep.txt")

@@ -96,12 +96,18 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
     params_module = "frost.engines.sm80.sdpa_bwd_params"
 
     def template_params(self):
-        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
+        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs, planned_dq_splits
 
         f = self.facts
         knobs = default_knobs(self.family, f.head_dim_qk, f.head_dim_v, f.io_dtype,
                               smem_budget=self.target.smem_per_block_optin or None, **self.knobs.requested())
-        return Sm80BwdParams(family=self.family, **bwd_feature_flags(f), **knobs)
+        flags = bwd_feature_flags(f)
+        params = Sm80BwdParams(family=self.family, **flags, **knobs)
+        # deterministic dense: split accumulator copies where the grid they make keeps the SMs busy
+        splits = planned_dq_splits(params, self.target.sm_count, f.batch, f.seq_q, f.seq_kv)
+        if splits:
+            params = Sm80BwdParams(family=self.family, **flags, **knobs, dq_splits=splits)
+        return params
 
 
 class PendingBwdAdapter(SdpaBwdDsl):

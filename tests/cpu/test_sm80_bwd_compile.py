@@ -234,6 +234,24 @@ def test_split_count_keeps_the_sms_busy_or_falls_back_to_turns():
     assert choose_dq_splits(132, 1, 32, 1024, copy_bytes=32 * 131072 * 64 * 4) == 0
 
 
+@pytest.mark.parametrize("kw,splits", [
+    (dict(b=1, hq=16, hkv=16, s=16384, d=128), 8),  # one wave of 128 CTAs on the H200's 132 SMs
+    (dict(b=4, hq=32, hkv=32, s=4096, d=64), 1),
+    (dict(b=1, hq=1, hkv=1, s=1024), 0),  # eight copies would busy 8 of 132 SMs: turns
+    (dict(b=2, hq=4, hkv=4, s=128, thd=True), 0),  # packed chains keep turns
+])
+def test_deterministic_dense_plans_default_to_split_copies(kw, splits):
+    from frost.adapters.sm80 import SdpaBwdDslSm80
+    from frost.lowering.knobs import Knobs
+    from tests.cpu.test_routing import H200, declare
+
+    det = declare(H200, direction="bwd", use_deterministic_algorithm=True, **kw)
+    p = SdpaBwdDslSm80(det.facts, H200, Knobs()).template_params()
+    assert p.deterministic and p.dq_splits == splits and uses_turns(p) == (splits == 0)
+    plain = declare(H200, direction="bwd", **kw)
+    assert SdpaBwdDslSm80(plain.facts, H200, Knobs()).template_params().dq_splits == 0
+
+
 def sdpa_kernel_name(p):
     from frost.engines.sm80 import sdpa_bwd
     return sdpa_bwd.kernel_name(p, "sm_90a")

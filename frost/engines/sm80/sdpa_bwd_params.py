@@ -94,7 +94,8 @@ class Sm80BwdParams(SdpaFeatureParams):
     # CTAs per (batch, kv head) instead of one per key tile; each walks every n-th key tile (in a zig-zag, so
     # causal work evens out) and adds into its own copy of the fp32 accumulator, which only it writes, so its
     # additions land in program order with no waiting. The dQ convert sums the copies in a fixed order.
-    # Costs n accumulator copies of workspace. Deterministic dense chains only (THD keeps turns).
+    # Costs n accumulator copies of workspace. Deterministic dense chains only (THD keeps turns). Plans pick
+    # it per problem and GPU (`planned_dq_splits`); 0 here is the template's own default.
     dq_splits: int = 0
     # non-deterministic, no right window: key tile n starts its query walk n tiles in (wrapping), so the
     # key tiles of a head do not all add into the same dQ rows at once. Measured within 0.5% of off.
@@ -294,6 +295,20 @@ def choose_dq_splits(sm_count: int, batch: int, num_heads_kv: int, num_key_tiles
         if ctas / (waves * sm_count) >= min_busy:
             return splits
     return 0
+
+
+def planned_dq_splits(p: Sm80BwdParams, sm_count: int, batch: int, seq_q: int, seq_kv: int) -> int:
+    """The `dq_splits` a deterministic dense plan compiles with on a GPU of `sm_count` SMs (0: turns).
+
+    Split copies beat per-tile turns on every H200 row measured (deterministic cost 2-12% against 5-25%,
+    benchmarks/results/2026-11-30-h200-run6), so they are the default wherever `choose_dq_splits` finds a
+    count that keeps the SMs busy; a non-deterministic or packed chain, or an unknown SM count, keeps 0.
+    """
+    if not p.deterministic or p.is_thd or sm_count <= 0:
+        return 0
+    copy_bytes = batch * p.num_heads_q * accumulator_rows(p, seq_q) * p.head_dim * 4
+    return choose_dq_splits(sm_count * p.ctas_per_sm, batch, p.num_heads_kv, _cdiv(seq_kv, p.tile_n),
+                            copy_bytes=copy_bytes)
 
 
 def blocked_accumulator(p: Sm80BwdParams) -> bool:
