@@ -9,7 +9,7 @@
 # it may be given more than once.
 # `sweeps` re-times knob alternatives against the peers in the same process (sweeps.log): the SM90 forward
 # at D=256 (early O rescale, one CTA per tile) and the SM80 backward's variant set (sm80_bwd_variants.json);
-# their last measurements are in benchmarks/results/2026-11-30-h200-run3 (SM90) and -run5 (backward).
+# their last measurements are in benchmarks/results/2026-11-30-h200-run3 (SM90), -run5 and -run6 (backward).
 # Run from the repository root on the GPU machine with the package kit carried (.kit; see AGENTS.md).
 # Compiles happen there (CuTe DSL, 16 cores); pytest-xdist spreads them over processes.
 set -uo pipefail
