@@ -96,18 +96,15 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
     params_module = "frost.engines.sm80.sdpa_bwd_params"
 
     def template_params(self):
-        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs, planned_dq_splits
+        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs, planned_det_knobs
 
         f = self.facts
         knobs = default_knobs(self.family, f.head_dim_qk, f.head_dim_v, f.io_dtype,
                               smem_budget=self.target.smem_per_block_optin or None, **self.knobs.requested())
-        flags = bwd_feature_flags(f)
-        params = Sm80BwdParams(family=self.family, **flags, **knobs)
-        # deterministic dense: split accumulator copies where the grid they make keeps the SMs busy
-        splits = planned_dq_splits(params, self.target.sm_count, f.batch, f.seq_q, f.seq_kv)
-        if splits:
-            params = Sm80BwdParams(family=self.family, **flags, **knobs, dq_splits=splits)
-        return params
+        params = Sm80BwdParams(family=self.family, **bwd_feature_flags(f), **knobs)
+        # deterministic: split accumulator copies or the turn order that suit this problem on this GPU
+        chosen = planned_det_knobs(params, self.target.sm_count, f.batch, f.seq_q, f.seq_kv)
+        return Sm80BwdParams(**{**params.model_dump(), **chosen}) if chosen else params
 
 
 class PendingBwdAdapter(SdpaBwdDsl):

@@ -41,6 +41,7 @@ COVER = {
     "sm_120a": [
         _p(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
         _p(family="sm120", d=128, has_seqused=True, deterministic=True, has_window_right=True),
+        _p(family="sm120", d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="cyc")),
     ],
 }
 
@@ -167,6 +168,7 @@ def test_default_knobs_fit_each_family_and_validate():
     dict(dq_splits=2),  # split accumulator copies order a deterministic backward only
     dict(dq_splits=2, deterministic=True, is_thd=True),  # THD keeps turns
     dict(dq_splits=65, deterministic=True),
+    dict(det_order="cyc", deterministic=True, has_window_right=True),  # windows narrow the cyclic walks
 ])
 def test_validator_rejects(bad):
     with pytest.raises(TemplateParamsError):
@@ -250,6 +252,34 @@ def test_deterministic_dense_plans_default_to_split_copies(kw, splits):
     assert p.deterministic and p.dq_splits == splits and uses_turns(p) == (splits == 0)
     plain = declare(H200, direction="bwd", **kw)
     assert SdpaBwdDslSm80(plain.facts, H200, Knobs()).template_params().dq_splits == 0
+
+
+def test_cyclic_turns_rank_key_tiles_by_arrival_on_the_rotated_walks():
+    from frost.engines.sm80.sdpa_bwd_params import cyclic_turn
+
+    for n_m in range(1, 12):
+        for num_n in range(1, 30):  # fewer, as many and more key tiles than query tiles
+            for m in range(n_m):
+                # key tile n starts at query tile n % n_m and walks upward, wrapping: it reaches m at step s
+                arrivals = sorted(range(num_n), key=lambda n: ((m - n) % n_m, n))
+                assert [cyclic_turn(m, n, n_m, num_n) for n in arrivals] == list(range(num_n))
+
+
+@pytest.mark.parametrize("kw,order", [
+    (dict(b=2, hq=4, hkv=4, s=5000, thd=True), "cyc"),  # 40 key tiles fit on half of 132 SMs at once
+    (dict(b=2, hq=4, hkv=4, s=5000, thd=True, use_causal_mask=True), "diag"),  # windows keep the band order
+    (dict(b=1, hq=1, hkv=1, s=32768), "diag"),  # 256 key tiles could not all be resident
+    (dict(b=1, hq=1, hkv=1, s=1024), "cyc"),  # dense, too few heads for split copies
+])
+def test_deterministic_turn_plans_pick_the_cyclic_order_where_it_is_safe(kw, order):
+    from frost.adapters.sm80 import SdpaBwdDslSm80
+    from frost.lowering.knobs import Knobs
+    from tests.cpu.test_routing import H200, declare
+
+    g = declare(H200, direction="bwd", use_deterministic_algorithm=True, **kw)
+    p = SdpaBwdDslSm80(g.facts, H200, Knobs()).template_params()
+    assert uses_turns(p) and p.det_order == order
+    validate(p)
 
 
 def sdpa_kernel_name(p):

@@ -137,6 +137,21 @@ def _cases() -> list[Case]:
     c.append(Case("det_splits4_d64_acc_rows", _p(d=64, hq=4, hk=4, deterministic=True,
                                                  knobs=dict(dq_splits=4, dq_accum_blocks=False)),
                   sq=333, skv=700, runs=2))
+    # deterministic turns in "cyc" order (rotated walks, turns by arrival): GQA, more key tiles than query
+    # tiles (ties in a step), fewer, padding with sinks, THD, both release points
+    c.append(Case("det_cyc_d128_gqa", _p(hq=4, hk=2, deterministic=True, knobs=dict(det_order="cyc")),
+                  b=2, sq=520, skv=520, runs=3))
+    c.append(Case("det_cyc_d64_skv>sq", _p(d=64, deterministic=True, knobs=dict(det_order="cyc")),
+                  sq=200, skv=900, runs=2))
+    c.append(Case("det_cyc_d128_sq>skv", _p(deterministic=True, knobs=dict(det_order="cyc", det_late_release=True)),
+                  sq=900, skv=130, runs=2))
+    c.append(Case("det_cyc_d64_pad_sinks", _p(d=64, has_seqused=True, has_sinks=True, has_dsinks=True,
+                                              deterministic=True, knobs=dict(det_order="cyc",
+                                                                             det_late_release=False)),
+                  b=3, sq=300, skv=300, used=[(300, 300), (9, 150), (0, 0)], runs=2))
+    c.append(Case("thd_d64_det_cyc_gqa", _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True,
+                                            knobs=dict(det_order="cyc")),
+                  thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64), (100, 700)], runs=3))
     c.append(Case("thd_d128_acc_blocks_ignored", _p(is_thd=True, knobs=dict(dq_accum_blocks=True)),
                   thd_lens=[(77, 77), (1, 1), (200, 150)]))
     c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))

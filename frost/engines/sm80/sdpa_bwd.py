@@ -44,7 +44,7 @@ from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.sm80 import warp_mma
-from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, main_args, name_suffix, split_tile,
+from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, cyclic_turn, main_args, name_suffix, split_tile,
                                                split_tile_count, uses_turns)
 
 
@@ -191,8 +191,11 @@ def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv
 
 
 def _rotates(cfg) -> bool:
-    """Rotated walks: asked for, not deterministic (turns follow the walk), no right window (causal bands
-    already start each key tile at its own diagonal)."""
+    """Rotated walks: deterministic turns in "cyc" order (whose turns follow the rotation), or `rotate_m`
+    when not deterministic and without a right window (causal bands already start each key tile at its own
+    diagonal)."""
+    if uses_turns(cfg.p) and cfg.p.det_order == "cyc":
+        return True
     return cfg.p.rotate_m and not cfg.p.deterministic and not cfg.p.has_window_right
 
 
@@ -592,7 +595,7 @@ def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Te
     sem_ptr = None
     if cutlass.const_expr(mSem is not None):
         sem_ptr = _sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q)
-        turn = _turn(cfg, m_block, n_block, diag, window_left, window_right, seqlen_k)
+        turn = _turn(cfg, m_block, n_block, diag, window_left, window_right, seqlen_q, seqlen_k)
         if tidx == 0:
             if polled != turn:  # never equal with det_poll="reduce" (-1; turns count from 0)
                 while bu.ld_acquire_i32(sem_ptr) != turn:
@@ -697,17 +700,20 @@ def _red_pair(cfg: cutlass.Constexpr, tAcc: cute.Tensor, acc_dQ: cute.Tensor, i:
 
 @cute.jit
 def _turn(cfg: cutlass.Constexpr, m_block: Int32, n_block: Int32, diag: Int32, window_left, window_right,
-          seqlen_k: Int32) -> Int32:
+          seqlen_q: Int32, seqlen_k: Int32) -> Int32:
     """Key tile n_block's place in the fixed order of dQ additions to query tile m_block.
 
     The key tiles that visit a query tile (`fmask.m_block_range`) are a
     contiguous run [n_lo, n_hi]. "asc" counts up from n_lo; "diag" counts down
     from n_hi, the tile nearest the diagonal, which reaches the query tile
-    first when every key tile walks upward from its band start.
+    first when every key tile walks upward from its band start. "cyc" (every
+    key tile visits every query tile) ranks by arrival on the rotated walks.
     """
     bm, bn = cfg.bm, cfg.bn
     turn = Int32(0)
-    if cutlass.const_expr(cfg.p.det_order == "asc"):
+    if cutlass.const_expr(cfg.p.det_order == "cyc"):
+        turn = cyclic_turn(m_block, n_block, (seqlen_q + bm - 1) // bm, (seqlen_k + bn - 1) // bn, mn=cutlass.min)
+    elif cutlass.const_expr(cfg.p.det_order == "asc"):
         n_lo = Int32(0)
         if cutlass.const_expr(window_left is not None):
             n_lo = cutlass.max(m_block * bm + diag - window_left, 0) // bn

@@ -67,7 +67,11 @@ class Sm80BwdParams(SdpaFeatureParams):
     # deterministic dQ turn order per query tile. "diag": key tiles are launched from the last down, walk
     # their query tiles upward from the diagonal and take turns from the highest key tile down, so a tile's
     # turn comes when it arrives (no serial lag down the band); "asc": key tile 0 first, query tiles downward.
-    det_order: Literal["diag", "asc"] = "diag"
+    # "cyc" (no windows): key tile n starts its walk at query tile n (wrapping) and each query tile takes the
+    # key tiles in the order they arrive (`cyclic_turn`), so neighbouring key tiles never queue behind each
+    # other. A key tile may wait on one launched after it, so a plan picks "cyc" only where a head's key
+    # tiles fit on half the SMs at once (`planned_det_order`).
+    det_order: Literal["diag", "asc", "cyc"] = "diag"
     # deterministic: a key tile passes its turn on at the next step's first barrier (its reductions have had
     # a GEMM's time to land, and no extra barrier) instead of right after its reductions. The d=64 default.
     det_late_release: bool = False
@@ -182,6 +186,8 @@ def validate(p: Sm80BwdParams) -> None:
     if p.dq_splits and (not p.deterministic or p.is_thd):
         bad(f"dq_splits={p.dq_splits} orders a deterministic dense backward; this one is "
             f"{'packed (THD)' if p.is_thd else 'not deterministic'}")
+    if p.det_order == "cyc" and (p.has_window_left or p.has_window_right):
+        bad("det_order='cyc' walks every query tile from each key tile's own start; windows narrow the walks")
     if p.ctas_per_sm not in (1, 2):
         bad(f"ctas_per_sm={p.ctas_per_sm} not in (1, 2)")
     need = smem_bytes(p) * p.ctas_per_sm
@@ -262,6 +268,31 @@ def uses_turns(p: Sm80BwdParams) -> bool:
     return p.deterministic and p.dq_splits == 0
 
 
+def cyclic_turn(m, n, n_m, num_n, mn=min):
+    """Key tile n's place among the `num_n` key tiles that add into query tile m (of `n_m`) under
+    det_order="cyc": key tile n reaches m at step s = (m - n) mod n_m, and a query tile takes key tiles by
+    (arrival step, key tile). Plain arithmetic on non-negative values (kernels pass `mn=cutlass.min`).
+
+    Each earlier step j < s brings the key tiles congruent to m - j: num_n // n_m of them, one more for the
+    residues below num_n % n_m; `_below` counts those residues over the wrapped run m - s + 1 .. m.
+    """
+    q, r = num_n // n_m, num_n % n_m
+    s = (m - n % n_m + n_m) % n_m
+
+    def _below(x):  # residues v < r among 0 .. x - 1 (x >= 0), counted along the unwrapped line
+        return (x // n_m) * r + mn(x % n_m, r)
+    return s * q + _below(m + 1 + n_m) - _below(m - s + 1 + n_m) + n // n_m
+
+
+def planned_det_order(p: Sm80BwdParams, sm_count: int, seq_kv: int) -> str:
+    """The turn order a deterministic plan with turns compiles with: "cyc" where it applies (no windows) and
+    a head's key tiles (`seq_kv`: the dense length or the THD envelope) fit on half the SMs, so a key tile
+    waiting on a later-launched one never holds the SMs that one needs; else the params' own."""
+    if not uses_turns(p) or p.has_window_left or p.has_window_right or sm_count <= 0:
+        return p.det_order
+    return "cyc" if 0 < _cdiv(seq_kv, p.tile_n) <= sm_count * p.ctas_per_sm // 2 else p.det_order
+
+
 def split_tile(it, split, splits: int):
     """The key tile of step `it` of split CTA `split` (`dq_splits`): rounds of `splits` tiles, walked forward
     and backward in turn, so the CTAs' causal work evens out. Plain arithmetic: kernels call it on Int32s."""
@@ -309,6 +340,20 @@ def planned_dq_splits(p: Sm80BwdParams, sm_count: int, batch: int, seq_q: int, s
     copy_bytes = batch * p.num_heads_q * accumulator_rows(p, seq_q) * p.head_dim * 4
     return choose_dq_splits(sm_count * p.ctas_per_sm, batch, p.num_heads_kv, _cdiv(seq_kv, p.tile_n),
                             copy_bytes=copy_bytes)
+
+
+def planned_det_knobs(p: Sm80BwdParams, sm_count: int, batch: int, seq_q: int, seq_kv: int) -> dict:
+    """The deterministic-mode knobs a plan sets on top of `p` for its problem and GPU (empty when none
+    change): split copies where they keep the SMs busy, else the "cyc" turn order where it applies."""
+    out = {}
+    splits = planned_dq_splits(p, sm_count, batch, seq_q, seq_kv)
+    if splits:
+        out["dq_splits"] = splits
+    else:
+        order = planned_det_order(p, sm_count, seq_kv)
+        if order != p.det_order:
+            out["det_order"] = order
+    return out
 
 
 def blocked_accumulator(p: Sm80BwdParams) -> bool:
@@ -448,7 +493,7 @@ def helper_suffix(p: Sm80BwdParams) -> str:
 
 def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of every kernel name of the chain (style of the forward's names)."""
-    det = (("det" if p.det_order == "diag" else "deta") + ("l" if p.det_late_release else "")
+    det = ({"diag": "det", "asc": "deta", "cyc": "detc"}[p.det_order] + ("l" if p.det_late_release else "")
            + ("r" if p.det_poll == "reduce" else "") + ("0" if p.det_release_warp == "first" else ""))
     if p.dq_splits:
         det = f"detsp{p.dq_splits}"  # the turn knobs do not apply
