@@ -99,11 +99,13 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
         from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs, planned_det_knobs
 
         f = self.facts
+        requested = self.knobs.requested()
         knobs = default_knobs(self.family, f.head_dim_qk, f.head_dim_v, f.io_dtype,
-                              smem_budget=self.target.smem_per_block_optin or None, **self.knobs.requested())
+                              smem_budget=self.target.smem_per_block_optin or None, **requested)
         params = Sm80BwdParams(family=self.family, **bwd_feature_flags(f), **knobs)
-        # deterministic: split accumulator copies or the turn order that suit this problem on this GPU
-        chosen = planned_det_knobs(params, self.target.sm_count, f.batch, f.seq_q, f.seq_kv)
+        # deterministic: split accumulator copies (unless requested) or the turn order that suit this problem
+        chosen = planned_det_knobs(params, self.target.sm_count, f.batch, f.seq_q, f.seq_kv,
+                                   choose_splits="dq_splits" not in requested)
         return Sm80BwdParams(**{**params.model_dump(), **chosen}) if chosen else params
 
 

@@ -29,11 +29,18 @@ class CapabilityRow(BaseModel):
     serves_cpu: bool = False
 
 
-def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=None, **kw) -> list[CapabilityRow]:
+def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=None, bwd_knobs=None,
+             **kw) -> list[CapabilityRow]:
+    """The forward and backward rows of one arch line; `bwd_knobs` are knob choices only the backward has."""
+    bwd = {**kw, "features": kw["features"] | {"deterministic"},
+           "knob_choices": {**kw.get("knob_choices", {}), **(bwd_knobs or {})}}
     return [CapabilityRow(name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd",
                           pending=pending_fwd, **kw),
             CapabilityRow(name=f"SdpaBwdDsl{name}", adapter=f"{module}:SdpaBwdDsl{cls}", direction="bwd",
-                          pending=pending_bwd, **{**kw, "features": kw["features"] | {"deterministic"}})]
+                          pending=pending_bwd, **bwd)]
+
+
+MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
@@ -45,11 +52,11 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
-                             "num_warps": (4, 8)})
+                             "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
-                             "num_warps": (4, 8)})
+                             "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",

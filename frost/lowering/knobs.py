@@ -14,6 +14,9 @@ class Knobs(BaseModel):
     num_stages: Optional[int] = None
     num_warps: Optional[int] = None
     pack_gqa: Optional[bool] = None  # SM90 forward: one M tile holds the query heads of a kv head (GQA)
+    # mma.sync deterministic dense backward: fp32 dQ accumulator copies (0: per-tile turns, one accumulator of
+    # workspace). Unset, the plan picks the count that keeps the SMs busy within 1 GiB of extra workspace.
+    dq_splits: Optional[int] = None
 
     def requested(self) -> dict:
         return {k: v for k, v in self.model_dump().items() if v is not None}

@@ -254,6 +254,30 @@ def test_deterministic_dense_plans_default_to_split_copies(kw, splits):
     assert SdpaBwdDslSm80(plain.facts, H200, Knobs()).template_params().dq_splits == 0
 
 
+def test_dq_splits_knob_overrides_the_plan_or_declines_with_the_reason():
+    import frost
+    from frost.lowering.lower import rank
+    from tests.cpu.test_routing import H200, declare
+
+    def sm80(g, **knobs):
+        r = rank(g.facts, H200, frost.Knobs(**knobs))
+        accepted = [a.template_params() for row, a in r.accepted if row.name == "SdpaBwdDslSm80"]
+        return accepted[0] if accepted else dict(r.declines)["SdpaBwdDslSm80"]
+
+    det = declare(H200, direction="bwd", use_deterministic_algorithm=True, b=1, hq=16, hkv=16, s=16384, d=128)
+    assert sm80(det).dq_splits == 8
+    assert sm80(det, dq_splits=3).dq_splits == 3
+    turns = sm80(det, dq_splits=0)  # one accumulator of workspace: turns, in band order (128 key tiles)
+    assert turns.dq_splits == 0 and uses_turns(turns) and turns.det_order == "diag"
+    plain = declare(H200, direction="bwd", b=1, hq=16, hkv=16, s=1024, d=128)
+    assert sm80(plain, dq_splits=0).dq_splits == 0
+    assert "not deterministic" in sm80(plain, dq_splits=3)
+    thd = declare(H200, direction="bwd", use_deterministic_algorithm=True, thd=True, s=1024)
+    assert "packed (THD)" in sm80(thd, dq_splits=2)
+    fwd = rank(declare(H200).facts, H200, frost.Knobs(dq_splits=0))
+    assert "has no knob 'dq_splits'" in dict(fwd.declines)["SdpaFwdDslSm80"]
+
+
 def test_cyclic_turns_rank_key_tiles_by_arrival_on_the_rotated_walks():
     from frost.engines.sm80.sdpa_bwd_params import cyclic_turn
 

@@ -342,17 +342,17 @@ def planned_dq_splits(p: Sm80BwdParams, sm_count: int, batch: int, seq_q: int, s
                             copy_bytes=copy_bytes)
 
 
-def planned_det_knobs(p: Sm80BwdParams, sm_count: int, batch: int, seq_q: int, seq_kv: int) -> dict:
+def planned_det_knobs(p: Sm80BwdParams, sm_count: int, batch: int, seq_q: int, seq_kv: int,
+                      choose_splits: bool = True) -> dict:
     """The deterministic-mode knobs a plan sets on top of `p` for its problem and GPU (empty when none
-    change): split copies where they keep the SMs busy, else the "cyc" turn order where it applies."""
+    change): split copies where they keep the SMs busy (unless the caller fixed `dq_splits`), else the
+    "cyc" turn order where it applies."""
     out = {}
-    splits = planned_dq_splits(p, sm_count, batch, seq_q, seq_kv)
-    if splits:
+    splits = planned_dq_splits(p, sm_count, batch, seq_q, seq_kv) if choose_splits else p.dq_splits
+    if splits != p.dq_splits:
         out["dq_splits"] = splits
-    else:
-        order = planned_det_order(p, sm_count, seq_kv)
-        if order != p.det_order:
-            out["det_order"] = order
+    if not splits and planned_det_order(p, sm_count, seq_kv) != p.det_order:
+        out["det_order"] = planned_det_order(p, sm_count, seq_kv)
     return out
 
 
