@@ -287,7 +287,8 @@ def cyclic_turn(m, n, n_m, num_n, mn=min):
 def planned_det_order(p: Sm80BwdParams, sm_count: int, seq_kv: int) -> str:
     """The turn order a deterministic plan with turns compiles with: "cyc" where it applies (no windows) and
     a head's key tiles (`seq_kv`: the dense length or the THD envelope) fit on half the SMs, so a key tile
-    waiting on a later-launched one never holds the SMs that one needs; else the params' own."""
+    waiting on a later-launched one never holds the SMs that one needs, even with a second such kernel
+    running at once; else the params' own."""
     if not uses_turns(p) or p.has_window_left or p.has_window_right or sm_count <= 0:
         return p.det_order
     return "cyc" if 0 < _cdiv(seq_kv, p.tile_n) <= sm_count * p.ctas_per_sm // 2 else p.det_order
@@ -331,7 +332,7 @@ def choose_dq_splits(sm_count: int, batch: int, num_heads_kv: int, num_key_tiles
 def planned_dq_splits(p: Sm80BwdParams, sm_count: int, batch: int, seq_q: int, seq_kv: int) -> int:
     """The `dq_splits` a deterministic dense plan compiles with on a GPU of `sm_count` SMs (0: turns).
 
-    Split copies beat per-tile turns on every H200 row measured (deterministic cost 2-12% against 5-25%,
+    Split copies beat per-tile turns on every H200 row measured (deterministic cost 2-12% against 8-23%,
     benchmarks/results/2026-11-30-h200-run6), so they are the default wherever `choose_dq_splits` finds a
     count that keeps the SMs busy; a non-deterministic or packed chain, or an unknown SM count, keeps 0.
     """
