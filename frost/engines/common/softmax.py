@@ -16,24 +16,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from frost.engines.common.lanes import lanes_allreduce_max, lanes_allreduce_sum
+
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
-
-
-@cute.jit
-def quad_allreduce_max(x: Float32, threads_per_row: cutlass.Constexpr[int] = 4) -> Float32:
-    """Max over the `threads_per_row` lanes that share one row."""
-    for i in cutlass.range_constexpr(int(math.log2(threads_per_row))):
-        x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1 << i))
-    return x
-
-
-@cute.jit
-def quad_allreduce_sum(x: Float32, threads_per_row: cutlass.Constexpr[int] = 4) -> Float32:
-    """Sum over the `threads_per_row` lanes that share one row."""
-    for i in cutlass.range_constexpr(int(math.log2(threads_per_row))):
-        x = x + cute.arch.shuffle_sync_bfly(x, offset=1 << i)
-    return x
 
 
 @cute.jit
@@ -87,7 +73,7 @@ def online_softmax(
         cur = row_max_of(row, n)
         if cutlass.const_expr(not is_first):
             cur = cute.arch.fmax(cur, row_max[r])
-        cur = quad_allreduce_max(cur, threads_per_row)
+        cur = lanes_allreduce_max(cur, threads_per_row)
         prev = row_max[r]
         row_max[r] = cur
         cur_safe = cur
@@ -136,7 +122,7 @@ def softmax_finalize(
     overflow the sum.
     """
     for r in cutlass.range_constexpr(cute.size(row_sum)):
-        total = quad_allreduce_sum(row_sum[r], threads_per_row)
+        total = lanes_allreduce_sum(row_sum[r], threads_per_row)
         mx_scaled = row_max[r] * scale_log2  # the terms were taken against this (-inf: all terms 0)
         corr = Float32(1.0)
         if cutlass.const_expr(sink is not None):

@@ -16,6 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
+from frost.engines.common.lanes import lanes_allreduce_sum
 from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, helper_suffix,
                                                postprocess_args)
@@ -86,7 +87,7 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
             s = Float32(0.0)
             for i in cutlass.range((n_part - tidx + 31) // 32, unroll=1):
                 s += mPart[head * n_part + tidx + i * 32]
-            s = bu.lane_group_sum(s, 32)
+            s = lanes_allreduce_sum(s, 32)
             if tidx == 0:
                 mdSinks[head] = s
 

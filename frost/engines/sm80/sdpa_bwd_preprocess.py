@@ -15,6 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from frost.engines.common.lanes import lanes_allreduce_sum
 from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams,
                                                helper_suffix, preprocess_args)
@@ -100,7 +101,7 @@ def _preprocess_kernel(
                 o = cute.local_tile(o_row, (VEC,), (k,)).load().to(Float32)
                 do = cute.local_tile(do_row, (VEC,), (k,)).load().to(Float32)
                 acc += (o * do).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        acc = bu.lane_group_sum(acc, LANES_PER_ROW)
+        acc = lanes_allreduce_sum(acc, LANES_PER_ROW)
         if row < extent and lane4 == 0:
             if cutlass.const_expr(p.is_thd):
                 mdPsum[head, row] = acc
@@ -132,7 +133,7 @@ def _preprocess_kernel(
             mSem[linear + i * n_threads_total] = Int32(0)
 
     if cutlass.const_expr(mPart is not None):
-        total = bu.lane_group_sum(dsink, 32)
+        total = lanes_allreduce_sum(dsink, 32)
         n_part = gx * gz * PARTIALS_PER_CTA
         part = (batch * gx + bx) * PARTIALS_PER_CTA + tidx // 32
         if tidx % 32 == 0:

@@ -1,7 +1,7 @@
 """Pieces shared by the three kernels of the mma.sync backward chain.
 
 The jit entry and fakes of each kernel (through frost.engines.common.sdpa_entry,
-plus the workspace buffers' fakes), lane / warp reductions, and the fp32 reduction stores
+plus the workspace buffers' fakes), and the fp32 reduction stores
 used to accumulate dQ.
 """
 from __future__ import annotations
@@ -69,16 +69,6 @@ def build_entry(p: Sm80BwdParams, names: list[str], run):
     return make_entry(run, names, p.is_thd), tuple(FakeArgs(p, extra=scratch_fake).all(names))
 
 
-@cute.jit
-def lane_group_sum(x: Float32, width: cutlass.Constexpr[int]) -> Float32:
-    """Sum over `width` consecutive lanes (a power of two); every lane gets the total."""
-    offset = width // 2
-    while cutlass.const_expr(offset >= 1):
-        x = x + cute.arch.shuffle_sync_bfly(x, offset=offset)
-        offset = offset // 2
-    return x
-
-
 @dsl_user_op
 def red_add_f32(ptr: cute.Pointer, vals, *, loc=None, ip=None) -> None:
     """red.global.add (fire-and-forget) of 1, 2 or 4 neighbouring fp32 values; .v2 / .v4 need sm_90."""
@@ -114,5 +104,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
 
 
 __all__ = ["blocked_layout", "blocked_rows", "copy_batch", "dense_acc_rows", "build_entry", "scratch_fake",
-           "lane_group_sum", "red_add_f32",
+           "red_add_f32",
            "ld_acquire_i32", "red_release_add_i32", "elem_ptr"]
