@@ -134,9 +134,8 @@ def _adopt_into_memo(art: Artifact, shared) -> None:
             art.key, art.symbol, lambda p: p.write_bytes(art.obj), extra=_sidecar_extra(art), shared=shared)
         ck = boundary._from_entry(entry, template, params, art.arch, symbols=art.kernel_symbols)
     ck.path = None  # the scratch copy is gone; the loaded module stays alive
-    ck.artifact = art  # so that a plan built from it can be saved again
     kept = boundary.remember(ck)
-    if kept.artifact is None:  # a kernel this process made itself: it can now be saved from the artifact too
+    if kept.artifact is None:  # so that a plan built from it (or from this process's own kernel) saves again
         kept.artifact = art
 
 

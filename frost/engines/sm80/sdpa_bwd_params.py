@@ -352,8 +352,9 @@ def planned_det_knobs(p: Sm80BwdParams, sm_count: int, batch: int, seq_q: int, s
     splits = planned_dq_splits(p, sm_count, batch, seq_q, seq_kv) if choose_splits else p.dq_splits
     if splits != p.dq_splits:
         out["dq_splits"] = splits
-    if not splits and planned_det_order(p, sm_count, seq_kv) != p.det_order:
-        out["det_order"] = planned_det_order(p, sm_count, seq_kv)
+    order = p.det_order if splits else planned_det_order(p, sm_count, seq_kv)
+    if order != p.det_order:
+        out["det_order"] = order
     return out
 
 

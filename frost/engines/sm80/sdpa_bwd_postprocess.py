@@ -62,10 +62,7 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
         extent = mdQ.shape[0]
     else:
         extent = mdQ.shape[1]
-    if cutlass.const_expr(p.is_thd):
-        copies = [mAcc[head, None, None]]
-    else:
-        copies = [bu.dense_acc_rows(p, mAcc, bu.copy_batch(c, gz, batch), head) for c in range(max(p.dq_splits, 1))]
+    copies = bu.acc_copies(p, mAcc, gz, batch, head)
     chunks_per_row = p.head_dim // VEC
     for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
         idx = i * THREADS + tidx

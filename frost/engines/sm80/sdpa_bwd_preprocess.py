@@ -118,11 +118,7 @@ def _preprocess_kernel(
 
     # zero this CTA's rows of the dQ accumulator (of every copy, with split copies), 16 bytes per store (a
     # blocked accumulator's padding rows too: the same memory as its row-major view of as many rows)
-    for copy in cutlass.range_constexpr(max(p.dq_splits, 1)):
-        if cutlass.const_expr(p.is_thd):
-            acc_rows = mAcc[head, None, None]
-        else:
-            acc_rows = bu.dense_acc_rows(p, mAcc, bu.copy_batch(copy, gz, batch), head, blocked=False)
+    for acc_rows in bu.acc_copies(p, mAcc, gz, batch, head, blocked=False):
         _zero_rows(acc_rows, bx * ROWS_PER_CTA, p.head_dim, tidx)
 
     if cutlass.const_expr(mSem is not None):

@@ -44,6 +44,14 @@ def dense_acc_rows(p: Sm80BwdParams, mAcc: cute.Tensor, acc_batch, head, blocked
     return blocked_rows(acc, p.head_dim) if blocked and blocked_accumulator(p) else acc
 
 
+def acc_copies(p: Sm80BwdParams, mAcc: cute.Tensor, n_batch, batch, head, blocked: bool = True) -> list:
+    """The (rows, head_dim) dQ accumulator views of one (batch, head), one per copy in copy order: THD's
+    packed rows, or each dense copy (`dense_acc_rows`); the helper kernels zero and sum them."""
+    if p.is_thd:
+        return [mAcc[head, None, None]]
+    return [dense_acc_rows(p, mAcc, copy_batch(c, n_batch, batch), head, blocked) for c in range(max(p.dq_splits, 1))]
+
+
 def scratch_fake(fakes: FakeArgs, name: str):
     """Fakes of the chain's workspace buffers (sdpa_bwd_params.scratch_layout), compact and symbolic."""
     p = fakes.p
@@ -103,6 +111,5 @@ def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     return t.iterator + cute.crd2idx(coord, t.layout)
 
 
-__all__ = ["blocked_layout", "blocked_rows", "copy_batch", "dense_acc_rows", "build_entry", "scratch_fake",
-           "red_add_f32",
-           "ld_acquire_i32", "red_release_add_i32", "elem_ptr"]
+__all__ = ["blocked_layout", "blocked_rows", "copy_batch", "dense_acc_rows", "acc_copies", "build_entry",
+           "scratch_fake", "red_add_f32", "ld_acquire_i32", "red_release_add_i32", "elem_ptr"]
