@@ -172,3 +172,40 @@ def apply_mask(
                     acc_mn[r, c] = -Float32.inf if (cc >= right or cc < left) else acc_mn[r, c]
                 else:
                     acc_mn[r, c] = -Float32.inf if cc >= right else acc_mn[r, c]
+
+
+@cute.jit
+def apply_mask_keys_by_rows(
+    acc_mn: cute.Tensor,
+    tScS_mn: cute.Tensor,
+    t0ScS_mn: cute.Tensor,
+    q_base: Int32,
+    k_base: Int32,
+    seqlen_k: Int32,
+    offset: Int32,
+    window_left=None,
+    window_right=None,
+):
+    """`apply_mask` for a transposed score tile: rows are keys, columns are queries (the backward's S^T = K.Q^T).
+
+    Coordinates are (key, query) pairs; the same allowed(i, j) as `apply_mask`, keys >= seqlen_k always
+    masked. As there, the thread's columns are thread 0's plus a uniform offset.
+    """
+    thr_q = q_base + tScS_mn[0][1]
+    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        j = k_base + tScS_mn[r, 0][0]
+        # allowed queries i (column offsets from thr_q): lo <= i - thr_q <= hi
+        lo = Int32(-0x7FFFFFF)
+        hi = Int32(0x7FFFFFF)
+        if cutlass.const_expr(window_right is not None):
+            lo = j - offset - window_right - thr_q
+        if cutlass.const_expr(window_left is not None):
+            hi = j - offset + window_left - thr_q
+        if j >= seqlen_k:
+            lo = Int32(0x7FFFFFF)
+        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+            cc = t0ScS_mn[0, c][1]
+            if cutlass.const_expr(window_left is not None):
+                acc_mn[r, c] = -Float32.inf if (cc < lo or cc > hi) else acc_mn[r, c]
+            else:
+                acc_mn[r, c] = -Float32.inf if cc < lo else acc_mn[r, c]

@@ -1,0 +1,155 @@
+"""Quick H200 timing of the wgmma backward chain against FlashAttention-4's backward, in one run.
+
+bf16, B*S = 16384 tokens, hidden 2048 (H = 2048/D), BSHD tensors. TFLOP/s = 2.5 x the forward FLOPs of
+design.md / median time (CUDA-event timed loops). frost times its whole chain (preprocess, main kernel, dQ
+convert); FA4 times `torch.autograd.grad` of its output (its own three kernels). Knob sets of the wgmma
+backward can be timed side by side, and the mma.sync chain with `--sm80`:
+
+    python benchmarks/sm90_bwd_quick.py --d 64,128 --s 4096,16384 --causal 0,1 --variants '[{}, {"tile_m": 128}]'
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+
+from quick_problem import timed
+
+BWD_FACTOR = 2.5
+
+
+def chain_for(params_list, target):
+    """One callable per params: the chain bound to named canonical tensors."""
+    from frost.engines.sdpa_args import declared_values
+    from frost.engines.workers import compile_many
+    from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
+
+    specs, mods = [], []
+    for p in params_list:
+        mod = sys.modules[type(p).__module__]
+        mods.append(mod)
+        specs += [(tmpl, sp) for _, tmpl, _, sp in mod.bwd_chain(p)]
+    cks = iter(compile_many(specs, target))
+    out = []
+    for p, mod in zip(params_list, mods):
+        kern = {tmpl: next(cks) for _, tmpl, _, _ in mod.bwd_chain(p)}
+
+        def make(t, scalars, p=p, mod=mod, kern=kern):
+            bufs = [ScratchBuffer(n, dt, tuple(s)) for n, dt, s in
+                    mod.scratch_layout(p, batch=t["q"].shape[0], max_seqlen_q=t["q"].shape[1],
+                                       max_seqlen_kv=t["k"].shape[1])]
+            ws = torch.zeros(max(layout_bytes(bufs), 256), dtype=torch.uint8, device="cuda")
+            views = carve(ws, bufs, checked=True)
+            values = declared_values({**t, **views, **scalars,
+                                      "stream": int(torch.cuda.current_stream().cuda_stream)}, False)
+            calls = [(kern[tmpl], args) for tmpl, args in mod.chain_args(p, values)]
+
+            def run():
+                for k, args in calls:
+                    k(*args)
+            return run
+        out.append(make)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--d", default="128")
+    ap.add_argument("--s", default="4096,16384")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--hkv", default="", help="kv heads (GQA); default = query heads")
+    ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for the wgmma backward")
+    ap.add_argument("--sm80", action="store_true", help="also time the mma.sync chain")
+    a = ap.parse_args(argv)
+    from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs
+    from frost.engines.target import discover_target
+
+    target = discover_target()
+    ds = [int(x) for x in a.d.split(",")]
+    ss = [int(x) for x in a.s.split(",")]
+    cs = [bool(int(x)) for x in a.causal.split(",")]
+    variants = json.loads(a.variants)
+    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    keys, params = [], []
+    for d in ds:
+        h = 2048 // d
+        hk = int(a.hkv) if a.hkv else h
+        for c in cs:
+            for vi, var in enumerate(variants):
+                keys.append((d, c, f"v{vi}"))
+                params.append(Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h, num_heads_kv=hk,
+                                            has_window_right=c, **default_knobs(d, d, **var)))
+            if a.sm80:
+                from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
+                from frost.engines.sm80.sdpa_bwd_params import default_knobs as k80
+                keys.append((d, c, "sm80"))
+                params.append(Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h,
+                                            num_heads_kv=hk, has_window_right=c, **k80("sm80", d, d)))
+    t0 = time.perf_counter()
+    makers = dict(zip(keys, chain_for(params, target)))
+    print(f"# compiled {len(params)} chains in {time.perf_counter() - t0:.1f}s", flush=True)
+    try:
+        from flash_attn.cute import flash_attn_func as fa4
+    except Exception as e:  # pragma: no cover
+        fa4 = None
+        print(f"# FA4 unavailable: {e}")
+    for d in ds:
+        h = 2048 // d
+        hk = int(a.hkv) if a.hkv else h
+        for s in ss:
+            b = 16384 // s
+            for c in cs:
+                torch.manual_seed(0)
+                q = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
+                k, v = (torch.randn(b, s, hk, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+                do = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
+                scale = 1.0 / math.sqrt(d)
+                flops = BWD_FACTOR * b * 2.0 * h * s * s * 2 * d / (2 if c else 1)
+                res, grads = {}, {}
+                if fa4 is not None:
+                    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+                    out = fa4(qr, kr, vr, softmax_scale=scale, causal=c)
+                    out = out[0] if isinstance(out, (tuple, list)) else out
+
+                    def f_fa4():
+                        return torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
+                    grads["fa4"] = f_fa4()
+                    res["fa4"] = timed(f_fa4)
+                if fa4 is not None:  # O and LSE from FA4's forward
+                    o, lse = fa4(q, k, v, softmax_scale=scale, causal=c, return_lse=True)[:2]
+                    lse = lse.contiguous()
+                else:
+                    from frost.adapters.reference_math import sdpa_fwd_reference
+                    o, lse = sdpa_fwd_reference(q, k, v, softmax_scale=scale, window_right=0 if c else None)
+                    o = o.to(q.dtype)
+                for key in [kk for kk in keys if kk[0] == d and kk[1] == c]:
+                    t = dict(q=q, k=k, v=v, o=o, do=do, lse=lse, dq=torch.empty_like(q), dk=torch.empty_like(k),
+                             dv=torch.empty_like(v))
+                    sc = dict(softmax_scale=scale, **({"window_right": 0} if c else {}))
+                    run = makers[key](t, sc)
+                    run()
+                    torch.cuda.synchronize()
+                    grads[key[2]] = (t["dq"].clone(), t["dk"].clone(), t["dv"].clone())
+                    res[key[2]] = timed(run)
+                line = [f"d={d:3d} s={s:5d} h={h}/{hk} {'causal' if c else 'nc    '}"]
+                for name, ms in res.items():
+                    line.append(f"{name} {ms:7.3f}ms {flops / ms / 1e9:6.1f}TF")
+                if "fa4" in res:
+                    for name, ms in res.items():
+                        if name != "fa4":
+                            errs = [((g.float() - r.float()).norm() / r.float().norm()).item()
+                                    for g, r in zip(grads[name], grads["fa4"])]
+                            line.append(f"{name} x{res['fa4'] / ms:.3f}fa4 err vs fa4 "
+                                        + "/".join(f"{e:.1e}" for e in errs))
+                print(" | ".join(line), flush=True)
+                del q, k, v, do, o, lse, grads
+                torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

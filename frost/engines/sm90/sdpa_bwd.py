@@ -1,0 +1,440 @@
+"""SM90 SDPA backward main kernel: TMA loads, two wgmma warpgroups, dQ by TMA reduce-add.
+
+One CTA per (key tile, kv head, batch), 384 threads in three warpgroups. K and V
+of the tile stay in shared memory. The CTA walks every query head of its GQA
+group and every query tile of the mask band in one flat loop; each MMA
+warpgroup owns 64 of the tile's 128 keys and computes, per step:
+
+    S^T  = K Q^T, dP^T = V dO^T        (wgmma, both operands in shared memory)
+    P^T  = exp2(S^T * scale_log2 - LSE_log2)       (registers, masked where the band or the keys end)
+    dS^T = P^T * (dP^T - dpsum)
+    dV  += P^T dO, dK += dS^T Q        (wgmma with P^T / dS^T from registers)
+    dS^T -> shared memory (stmatrix, transposed), then dQ = dS K split over both warpgroups
+
+Warpgroup 0 gives its registers away (setmaxnreg): warp 0 issues the TMA loads of
+Q and dO into a staged mbarrier pipeline (K and V once), warp 1 adds each step's
+fp32 dQ tile into the row-layout dQ accumulator with one TMA reduce-add
+(`cp.reduce.async.bulk.tensor`), out of bounds rows skipped by the hardware. LSE
+and dpsum are read per query column straight from global memory (LSE from its
+declared strides), issued before the GEMMs they wait behind. dK (times scale) and
+dV leave through the K / V tiles by TMA stores to their declared strides.
+
+Dense batches only (packed THD and padding masks are declined by the params'
+validator). Argument list: `main_args`.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr, pipeline
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from frost.engines.common import mask
+from frost.engines.common.acc_layout import acc_as_mn
+from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
+from frost.engines.common.softmax import LOG2_E
+from frost.engines.sm90 import wgmma_utils as wu
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, name_suffix, validate
+
+BAR_DS = 1        # both MMA warpgroups stored their halves of dS
+BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgroups + writer warp)
+BAR_DQ_FULL = 3   # the MMA warpgroups wrote the dQ tile
+BAR_EPI = 4       # epilogue: K / V tiles free, then dK / dV staged
+MMA_THREADS = 256
+
+
+def kernel_name(params: Sm90BwdParams, arch: str) -> str:
+    return f"frost_sdpa_bwd_main_{name_suffix(params)}"
+
+
+def _smem_atom(dtype, width: int):
+    return warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, width), dtype)
+
+
+class SdpaBwdSm90:
+    """One compiled specialization; `run` is the jit body taking the main arguments by name."""
+
+    def __init__(self, p: Sm90BwdParams):
+        validate(p)
+        self.p = p
+        self.dtype = IO_DTYPES[p.dtype]
+        self.bm, self.bn = p.tile_m, p.tile_n
+        self.d, self.dv = p.head_dim, p.head_dim_v
+        self.stages = p.num_stages
+        self.group = p.qhead_per_kvhead
+        self.split_m = p.dq_split_m
+        self.num_threads = MMA_THREADS + 128
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def run(self, a: dict):
+        p = self.p
+        dt = self.dtype
+        bm, bn, d, dv, st = self.bm, self.bn, self.d, self.dv, self.stages
+        # kernel views: (seq, d, head, batch) for Q/K/V/dO/dK/dV and the accumulator, (seq, head, batch) rows
+        mQ, mK, mV, mdO, mdK, mdV = [select_modes(a[n], [1, 3, 2, 0]) for n in ("q", "k", "v", "do", "dk", "dv")]
+        mLSE = select_modes(a["lse"], [2, 1, 0])
+        mdPsum = select_modes(a["dpsum"], [2, 1, 0])
+        mAcc = select_modes(a["dq_accum"], [2, 3, 1, 0])
+
+        K = cute.nvgpu.OperandMajorMode.K
+        MN = cute.nvgpu.OperandMajorMode.MN
+        RMEM = warpgroup.OperandSource.RMEM
+        mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (2, 1, 1), (64, bm))
+        mma_dk = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d), RMEM)
+        mma_dv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, dv), RMEM)
+        if const_expr(self.split_m):
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d))
+        else:
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, d // 2))
+
+        # K is also dQ's B operand (head-dim major), split in halves over the warpgroups when tile_m = 64
+        k_major = d if const_expr(self.split_m) else d // 2
+        sQ_layout = cute.tile_to_shape(_smem_atom(dt, d), (bm, d, st), order=(0, 1, 2))
+        sdO_layout = cute.tile_to_shape(_smem_atom(dt, dv), (bm, dv, st), order=(0, 1, 2))
+        sK_layout = cute.tile_to_shape(_smem_atom(dt, k_major), (bn, d), order=(0, 1))
+        sV_layout = cute.tile_to_shape(_smem_atom(dt, dv), (bn, dv), order=(0, 1))
+        sdS_layout = cute.tile_to_shape(_smem_atom(dt, bn), (bm, bn, 2), order=(0, 1, 2))
+        sdQ_layout = cute.tile_to_shape(_smem_atom(Float32, k_major), (bm, d), order=(0, 1))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        s2g = cpasync.CopyBulkTensorTileS2GOp()
+        tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (bm, d))
+        tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(g2s, mdO, cute.select(sdO_layout, mode=[0, 1]),
+                                                          (bm, dv))
+        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, sK_layout, (bn, d))
+        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, sV_layout, (bn, dv))
+        tma_atom_dk, tma_dk = cpasync.make_tiled_tma_atom(s2g, mdK, sK_layout, (bn, d))
+        tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(s2g, mdV, sV_layout, (bn, dv))
+        tma_atom_dq, tma_dq = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mAcc,
+                                                          sdQ_layout, (bm, d))
+        q_bytes = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
+        do_bytes = cute.size_in_bytes(dt, cute.select(sdO_layout, mode=[0, 1]))
+        kv_bytes = cute.size_in_bytes(dt, sK_layout) + cute.size_in_bytes(dt, sV_layout)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * st]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * st]
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm], 128]
+            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm], 128]
+
+        scale = Float32(a["softmax_scale"])
+        n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
+        self.kernel(
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_dq, mLSE, mdPsum,
+            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
+            scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
+            mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
+        ).launch(grid=[n_blocks, p.num_heads_kv, mQ.shape[3]], block=[self.num_threads, 1, 1],
+                 stream=a["stream"], min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
+               mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
+               tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom,
+               tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom, tma_atom_dv: cute.CopyAtom,
+               tma_atom_dq: cute.CopyAtom, scale: Float32, wl, wr, q_bytes: cutlass.Constexpr,
+               do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout,
+               sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+               sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, mma_sdp: cute.TiledMma,
+               mma_dk: cute.TiledMma, mma_dv: cute.TiledMma, mma_dq: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
+                         tma_atom_dq):
+                cpasync.prefetch_descriptor(atom)
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, MMA_THREADS // 32)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=q_bytes, defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=do_bytes, defer_sync=True)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=kv_bytes, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        rows2 = cute.make_layout((self.bm, 2))
+        sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2))
+
+        n_block, head_kv, batch = cute.arch.block_idx()
+        work = self.work(n_block, mQ.shape[0], mK.shape[0], wl, wr)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(24)
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
+                          pipe_q, pipe_do, pipe_kv, work, n_block, head_kv, batch)
+            if warp_idx == 1:
+                self.store_dq(mAcc, sdQ, tma_atom_dq, work, head_kv, batch)
+        else:
+            cute.arch.setmaxregister_increase(240)
+            self.mma(mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv,
+                     pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv,
+                     batch)
+
+    @cute.jit
+    def work(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
+        """The CTA's walk: (first query tile, query tiles per head, steps, diagonal offset, clamped windows)."""
+        p = self.p
+        off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
+        cap = seqlen_q + seqlen_k
+        wl_c = cutlass.min(Int32(wl), cap) if const_expr(p.has_window_left) else None
+        wr_c = cutlass.min(Int32(wr), cap) if const_expr(p.has_window_right) else None
+        m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
+        n_m = cutlass.max(m_max - m_min, 0)
+        return m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k
+
+    @cute.jit
+    def step_tile(self, t: Int32, head_kv: Int32, m_min: Int32, n_m: Int32):
+        """Step t of the flat loop -> (query head, query tile): heads of the group outer, tiles inner."""
+        head = head_kv * self.group + t // n_m
+        return head, m_min + t % n_m
+
+    # --- producer warp: K / V once, then Q and dO per step
+    @cute.jit
+    def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
+             pipe_q, pipe_do, pipe_kv, work, n_block, head_kv, batch):
+        m_min, n_m, steps = work[0], work[1], work[2]
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.bn, self.d), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.bn, self.dv), (n_block, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        pipe_kv.producer_acquire(kv_state)
+        cute.copy(tma_atom_k, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_atom_v, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for t in cutlass.range(steps, unroll=1):
+            head, m_block = self.step_tile(t, head_kv, m_min, n_m)
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.bm, self.d), (m_block, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (self.bm, self.dv), (m_block, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tOsdO, tOgdO = cpasync.tma_partition(tma_atom_do, 0, cute.make_layout(1),
+                                                 cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2))
+            pipe_q.producer_acquire(state)
+            cute.copy(tma_atom_q, tQgQ, tQsQ[None, state.index], tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            pipe_do.producer_acquire(state)
+            cute.copy(tma_atom_do, tOgdO, tOsdO[None, state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            state.advance()
+
+    # --- dQ writer warp: one TMA reduce-add of each step's fp32 dQ tile
+    @cute.jit
+    def store_dq(self, mAcc, sdQ, tma_atom_dq, work, head_kv, batch):
+        m_min, n_m, steps = work[0], work[1], work[2]
+        for t in cutlass.range(steps, unroll=1):
+            head, m_block = self.step_tile(t, head_kv, m_min, n_m)
+            gAcc = cute.local_tile(mAcc[None, None, head, batch], (self.bm, self.d), (m_block, 0))
+            tDsdQ, tDgAcc = cpasync.tma_partition(tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2),
+                                                  cute.group_modes(gAcc, 0, 2))
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous reduce has read the tile
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
+            cute.copy(tma_atom_dq, tDsdQ, tDgAcc)
+            cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    # --- MMA warpgroups
+    @cute.jit
+    def mma(self, mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv, pipe_q,
+            pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv, batch):
+        p = self.p
+        bm, bn = self.bm, self.bn
+        m_min, n_m, steps, off, wl, wr, seqlen_q, seqlen_k = work
+        tidx = cute.arch.thread_idx()[0] - 128
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        wg_sdp = mma_sdp.get_slice(wg * 128)
+        wg_dk = mma_dk.get_slice(wg * 128)
+        wg_dv = mma_dv.get_slice(wg * 128)
+        wg_dq = mma_dq.get_slice(wg * 128)
+        thr_sdp = mma_sdp.get_slice(tidx)
+        # operands
+        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        tdVrdOt = wg_dv.make_fragment_B(wg_dv.partition_B(wu.transpose_view(sdO)))
+        tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(wu.transpose_view(sQ)))
+        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wu.transpose_view(sK)))
+        tdVrP = wg_dv.make_fragment_A(wg_dv.partition_shape_A((bn, bm)))
+        tdKrdS = wg_dk.make_fragment_A(wg_dk.partition_shape_A((bn, bm)))
+        acc_dK = cute.make_rmem_tensor(mma_dk.partition_shape_C((bn, self.d)), Float32)
+        acc_dV = cute.make_rmem_tensor(mma_dv.partition_shape_C((bn, self.dv)), Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        # dS^T -> sdS (query rows, key columns) through a transposed stmatrix
+        st_t = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        r2s_ds = cute.make_tiled_copy_C(st_t, mma_sdp)
+        thr_r2s_ds = r2s_ds.get_slice(tidx)
+        tRsdS = thr_r2s_ds.partition_D(wu.transpose_view(sdS))
+        tdQsdQ = mma_dq.get_slice(tidx).partition_C(sdQ)
+        # per-column (query) coordinates of this thread's S^T values
+        cS = cute.make_identity_tensor((bn, bm))
+        tScS_mn = acc_as_mn(thr_sdp.partition_C(cS))
+        t0ScS_mn = acc_as_mn(mma_sdp.get_slice(0).partition_C(cS))
+        n_cols = cute.size(tScS_mn, mode=[1])
+        sLSE, sdPsum = sRows
+        scale_log2 = scale * Float32(LOG2_E)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        rows_ctx = (mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch)
+        if steps > 0:
+            self.stage_rows(rows_ctx, Int32(0), self.load_rows(rows_ctx, Int32(0)))
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
+        pipe_kv.consumer_wait(kv_state)
+        for t in cutlass.range(steps, unroll=1):
+            head, m_block = self.step_tile(t, head_kv, m_min, n_m)
+            q0 = m_block * bm
+            row_next = self.load_rows(rows_ctx, t + 1)  # the next step's LSE / dpsum row, staged below
+            stage = t % 2
+            pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
+            acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
+            wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
+            pipe_do.consumer_wait(q_state, pipe_do.consumer_try_wait(q_state))
+            acc_dP = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
+            wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
+            warpgroup.wait_group(1)
+            s_mn = acc_as_mn(acc_S)
+            if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
+                mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                for c in cutlass.range_constexpr(n_cols):
+                    s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - sLSE[tScS_mn[0, c][1], stage],
+                                                 fastmath=True)
+            wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
+            warpgroup.wait_group(0)
+            dp_mn = acc_as_mn(acc_dP)
+            for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
+                for c in cutlass.range_constexpr(n_cols):
+                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - sdPsum[tScS_mn[0, c][1], stage])
+            wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
+            # dV += P^T dO while dS goes to shared memory
+            wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
+            cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
+                      tRsdS[None, None, None, stage])
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+            acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
+            wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
+            wu.gemm(mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
+            warpgroup.wait_group(1)  # dV and dQ done; dK may still run
+            pipe_do.consumer_release(q_state)
+            self.stage_rows(rows_ctx, t + 1, row_next)  # read after this step's dQ-empty barrier
+            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+            cute.autovec_copy(acc_dQ, tdQsdQ)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(q_state)
+            q_state.advance()
+        self.epilogue(acc_dK, acc_dV, mdK, mdV, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx,
+                      n_block, head_kv, batch)
+
+    @cute.jit
+    def load_rows(self, ctx, t: Int32) -> Float32:
+        """Threads [0, tile_m) read step t's LSE (log2 units; +inf past the sequence or for a row with no key,
+        so P = 0), threads [tile_m, 2 tile_m) its dpsum; a step past the last reads the last step's rows."""
+        mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch = ctx
+        head, m_block = self.step_tile(cutlass.min(t, steps - 1), head_kv, m_min, n_m)
+        i = tidx % self.bm
+        q = m_block * self.bm + i
+        qc = cutlass.min(q, seqlen_q - 1)
+        v = Float32(0.0)
+        if tidx < self.bm:
+            lse = mLSE[qc, head, batch] * Float32(LOG2_E)
+            v = Float32.inf if (q >= seqlen_q or lse == -Float32.inf) else lse
+        elif tidx < 2 * self.bm:
+            v = mdPsum[qc, head, batch]
+        return v
+
+    @cute.jit
+    def stage_rows(self, ctx, t: Int32, v: Float32):
+        """Store `load_rows`' value in step t's half of the staged LSE / dpsum rows."""
+        mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch = ctx
+        i = tidx % self.bm
+        if tidx < self.bm:
+            sLSE[i, t % 2] = v
+        elif tidx < 2 * self.bm:
+            sdPsum[i, t % 2] = v
+
+    @cute.jit
+    def epilogue(self, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx,
+                 n_block, head_kv, batch):
+        """dK * scale and dV through the (now free) K / V tiles, then one TMA store each."""
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            acc_dK[i] = acc_dK[i] * scale
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        wu.convert_to_16bit(acc_dK, rdK)
+        wu.convert_to_16bit(acc_dV, rdV)
+        st = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        r2s_k = cute.make_tiled_copy_C(st, mma_dk)
+        r2s_v = cute.make_tiled_copy_C(st, mma_dv)
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)  # every dQ GEMM has read sK
+        cute.copy(r2s_k, r2s_k.retile(rdK), r2s_k.get_slice(tidx).partition_D(sK))
+        cute.copy(r2s_v, r2s_v.retile(rdV), r2s_v.get_slice(tidx).partition_D(sV))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
+        if tidx < 32:
+            gdK = cute.local_tile(mdK[None, None, head_kv, batch], (self.bn, self.d), (n_block, 0))
+            gdV = cute.local_tile(mdV[None, None, head_kv, batch], (self.bn, self.dv), (n_block, 0))
+            tKsK, tKgK = cpasync.tma_partition(tma_atom_dk, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gdK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_atom_dv, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gdV, 0, 2))
+            cute.copy(tma_atom_dk, tKsK, tKgK)
+            cute.copy(tma_atom_dv, tVsV, tVgV)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+def scratch_fake(fakes, name: str):
+    """Fakes of the chain's workspace buffers with the row-layout accumulator this kernel reads."""
+    p = fakes.p
+    if name == "dpsum":
+        return fakes.compact(Float32, (fakes.batch, p.num_heads_q, fakes.rows_q))
+    if name == "dq_accum":
+        return fakes.compact(Float32, (fakes.batch, p.num_heads_q, fakes.rows_q, p.head_dim))
+    raise KeyError(f"no fake argument for {name!r}")
+
+
+def build(params: Sm90BwdParams, arch: str):
+    """The host entry (declared-order tensors) and fake arguments in `main_args(params)` order."""
+    from frost.engines.common.sdpa_entry import FakeArgs, make_entry
+
+    runner = SdpaBwdSm90(params)
+    names = main_args(params)
+    return make_entry(runner.run, names, params.is_thd), tuple(FakeArgs(params, extra=scratch_fake).all(names))
+
+
+__all__ = ["SdpaBwdSm90", "build", "kernel_name", "main_args"]

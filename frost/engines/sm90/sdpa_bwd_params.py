@@ -1,0 +1,159 @@
+"""Parameters of the SM90 (wgmma + TMA, warp-specialized) SDPA backward main kernel.
+
+The backward is the shared three-kernel chain (preprocess -> main -> dQ convert);
+this template is its main kernel for cc 9.0. It reads the fp32 dQ accumulator in
+row layout (one copy, rows = query positions, compact (B, H, Sq, D)), which the
+shared preprocess zeroes and the shared dQ convert scales into dQ's declared
+strides. No cutlass import here: planning reads this module.
+"""
+from __future__ import annotations
+
+from frost.engines.params import SdpaFeatureParams, check_sdpa_features
+from frost.errors import TemplateParamsError
+
+#: (head_dim, head_dim_v) pairs the template implements.
+HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128))
+SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
+#: key rows per MMA warpgroup: each of the two MMA warpgroups owns 64 keys of the tile
+KEYS_PER_WG = 64
+
+
+class Sm90BwdParams(SdpaFeatureParams):
+    """Plan-time description of one wgmma backward main kernel.
+
+    Features follow `frost.engines.sdpa_args`; deterministic order, dSink, packed
+    THD and padding masks are not served yet (the validator says so, and the
+    capability row declines them before). Knobs change speed only.
+    """
+
+    has_dsinks: bool = False
+    deterministic: bool = False
+    # knobs
+    tile_m: int = 64  # query rows per step (64: dQ split over head-dim halves; 128: over query halves)
+    tile_n: int = 128  # key rows per CTA (two MMA warpgroups of 64)
+    num_stages: int = 2  # Q / dO pipeline depth
+
+    @property
+    def num_mma_wg(self) -> int:
+        return self.tile_n // KEYS_PER_WG
+
+    @property
+    def dq_split_m(self) -> bool:
+        """The dQ GEMM splits query rows over the warpgroups (tile_m = 128), else head-dim columns."""
+        return self.tile_m == 128
+
+
+def smem_bytes(p: Sm90BwdParams) -> int:
+    """Shared memory of the main kernel: staged Q and dO, K, V, double-buffered dS, the fp32 dQ tile."""
+    e = 2
+    q = p.num_stages * p.tile_m * p.head_dim * e
+    do = p.num_stages * p.tile_m * p.head_dim_v * e
+    k = p.tile_n * p.head_dim * e
+    v = p.tile_n * p.head_dim_v * e
+    ds = 2 * p.tile_m * p.tile_n * e
+    dq = p.tile_m * p.head_dim * 4
+    return q + do + k + v + ds + dq + 1024
+
+
+def accumulator_registers(p: Sm90BwdParams) -> int:
+    """fp32 accumulator registers per MMA thread at the step's peak (dK, dV, S, dP; dQ is born after S dies)."""
+    dkv = KEYS_PER_WG * (p.head_dim + p.head_dim_v) // 128
+    sdp = 2 * KEYS_PER_WG * p.tile_m // 128
+    return dkv + sdp
+
+
+def validate(p: Sm90BwdParams) -> None:
+    """Raise TemplateParamsError when the template cannot build `p`."""
+    def bad(msg: str):
+        raise TemplateParamsError(f"Sm90BwdParams: {msg}")
+
+    check_sdpa_features(p, HEAD_DIMS, "Sm90BwdParams")
+    if p.is_thd:
+        bad("packed THD batches are not implemented in the wgmma backward yet")
+    if p.has_seqused:
+        bad("padding masks (seqused) are not implemented in the wgmma backward yet")
+    if p.has_sinks or p.has_dsinks:
+        bad("sinks are not implemented in the wgmma backward yet")
+    if p.deterministic:
+        bad("the deterministic order is not implemented in the wgmma backward yet")
+    if p.tile_n != 128:
+        bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys)")
+    if p.tile_m not in (64, 128):
+        bad(f"tile_m={p.tile_m} must be 64 or 128")
+    if p.num_stages not in (1, 2):
+        bad(f"num_stages={p.num_stages} must be 1 or 2")
+    if not p.dq_split_m and (p.head_dim // 2) % 16:
+        bad(f"tile_m=64 splits dQ's {p.head_dim} columns over two warpgroups: head_dim/2 must be a multiple of 16")
+    regs = accumulator_registers(p)
+    if regs > 192:
+        bad(f"tile_m={p.tile_m} with d={p.head_dim} needs {regs} accumulator registers per thread (max 192)")
+    need = smem_bytes(p)
+    if need > SMEM_BUDGET_BYTES:
+        bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
+
+
+def default_knobs(head_dim: int, head_dim_v: int | None = None, **requested) -> dict:
+    """Good knobs per head dim; `requested` knobs are honored (the validator judges them)."""
+    k = dict(tile_m=64, tile_n=128, num_stages=2)
+    return {**k, **requested}
+
+
+def name_suffix(p: Sm90BwdParams) -> str:
+    """The self-describing part of the main kernel's name."""
+    dims = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
+    parts = ["sm90", p.dtype, dims, f"h{p.num_heads_q}k{p.num_heads_kv}"]
+    parts += [tag for flag, tag in ((p.has_window_left, "wl"), (p.has_window_right, "wr"),
+                                    (p.bottom_right, "br")) if flag]
+    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}")
+    return "_".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The chain: the shared helper kernels around this main kernel
+
+MAIN = "frost.engines.sm90.sdpa_bwd"
+
+
+def helper_params(p: Sm90BwdParams):
+    """The helper kernels' params: the row-layout, single-copy accumulator this main kernel adds into."""
+    from frost.engines.sm80.sdpa_bwd_params import HELPER_FIELDS, Sm80BwdParams
+
+    fields = set(HELPER_FIELDS["preprocess"]) | set(HELPER_FIELDS["postprocess"])
+    kw = {f: getattr(p, f) for f in fields if f in Sm90BwdParams.model_fields}
+    return Sm80BwdParams(**kw, dq_accum_blocks=False, dq_splits=0)
+
+
+def main_args(p: Sm90BwdParams) -> list[str]:
+    """q, k, v, do, lse, dk, dv, dpsum, dq_accum, softmax_scale, window_left?, window_right?, stream."""
+    args = ["q", "k", "v", "do", "lse", "dk", "dv", "dpsum", "dq_accum", "softmax_scale"]
+    args += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
+    return args + ["stream"]
+
+
+def bwd_chain(p: Sm90BwdParams) -> list:
+    """(stage, template module, argument names, stage params) of each kernel, in launch order."""
+    from frost.engines.sm80 import sdpa_bwd_params as h
+
+    hp = helper_params(p)
+    return [("preprocess", h.PREPROCESS, h.preprocess_args(hp), h.stage_params(hp, "preprocess")),
+            ("main", MAIN, main_args(p), p),
+            ("postprocess", h.POSTPROCESS, h.postprocess_args(hp), h.stage_params(hp, "postprocess"))]
+
+
+def scratch_layout(p: Sm90BwdParams, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
+                   total_q: int = 0, total_kv: int = 0) -> list:
+    """The chain's workspace buffers (dpsum, the row-layout dQ accumulator), in carving order."""
+    from frost.engines.sm80.sdpa_bwd_params import scratch_layout as layout
+
+    return layout(helper_params(p), batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv)
+
+
+def chain_args(p: Sm90BwdParams, values: dict) -> list:
+    """(template, positional args) per kernel, in launch order, from named values."""
+    out = []
+    for _, template, names, _ in bwd_chain(p):
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise KeyError(f"{template}: missing arguments {missing}")
+        out.append((template, [values[n] for n in names]))
+    return out
