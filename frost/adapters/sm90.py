@@ -1,8 +1,8 @@
-"""SM90 arch line (cc 9.0): the wgmma + TMA warp-specialized forward."""
+"""SM90 arch line (cc 9.0): the wgmma + TMA warp-specialized forward and backward."""
 from __future__ import annotations
 
 from frost.adapters.dsl import fwd_feature_flags
-from frost.adapters.dsl_bwd import PendingBwdAdapter
+from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
 from frost.errors import TemplateParamsError
 
@@ -52,5 +52,15 @@ class SdpaFwdDslSm90(DslFwdAdapter):
         return 64
 
 
-class SdpaBwdDslSm90(PendingBwdAdapter):
+class SdpaBwdDslSm90(DslBwdAdapter):
+    """The wgmma + TMA backward main kernel between the shared preprocess and dQ convert."""
+
     engine_name = "SdpaBwdDslSm90"
+    params_module = "frost.engines.sm90.sdpa_bwd_params"
+
+    def template_params(self):
+        from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs
+
+        f = self.facts
+        knobs = default_knobs(f.head_dim_qk, f.head_dim_v, **self.knobs.requested())
+        return Sm90BwdParams(**bwd_feature_flags(f), **knobs)

@@ -430,3 +430,16 @@ def test_facts_features_and_band():
     assert g.facts.features() == {"window_right", "bottom_right", "stats"}
     g = declare(CPU, dtype="fp32", diagonal_alignment="BOTTOM_RIGHT")
     assert "bottom_right" not in g.facts.features()  # an alignment without a band changes nothing
+
+
+def test_h200_backward_ranks_the_wgmma_chain_first_and_the_mma_sync_chain_serves_the_rest(unpended, no_compile):
+    g = declare(H200, direction="bwd", hq=8, hkv=2, d=128, use_causal_mask=True)
+    assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
+    for kw, missing in ((dict(thd=True), "thd"), (dict(use_deterministic_algorithm=True), "deterministic"),
+                        (dict(d=256), None)):
+        g = declare(H200, direction="bwd", **kw)
+        assert g.available_engines()[0] == "SdpaBwdDslSm80"
+        reason = reasons(g)["SdpaBwdDslSm90"]
+        assert (missing in reason) if missing else "head dims" in reason, reason
+    g = declare(H200, direction="bwd").create_execution_plans(engine="sm80")
+    assert g.available_engines() == ["SdpaBwdDslSm80"]  # the mma.sync chain stays available by name

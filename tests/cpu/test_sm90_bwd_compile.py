@@ -1,0 +1,64 @@
+"""The wgmma backward main kernel compiles for sm_90a without a GPU; its PTX holds what the design asks for.
+
+Covering set: every head dim, both tile heights, fp16, every mask flag, GQA and MQA. Each PTX must hold wgmma,
+TMA bulk-tensor loads and stores, the TMA reduce-add of dQ, register reallocation and the frost symbol; the
+params validator rejects what the template does not serve.
+"""
+from __future__ import annotations
+
+import pytest
+
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, bwd_chain, default_knobs, main_args, validate
+from frost.errors import TemplateParamsError
+from tests.compile_runner import compile_groups
+
+
+def _p(d=128, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
+    k = default_knobs(d, d)
+    k.update(knobs or {})
+    return dict(dtype=dtype, head_dim=d, head_dim_v=d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
+
+
+COVER = [
+    [_p(), _p(d=64, hq=8, hk=2, has_window_right=True), _p(d=96, dtype="fp16", has_window_left=True)],
+    [_p(hq=4, hk=1, has_window_left=True, has_window_right=True, bottom_right=True),
+     _p(d=64, knobs=dict(tile_m=64, num_stages=1)), _p(dtype="fp16", has_window_right=True, bottom_right=True)],
+]
+TEMPLATE = "frost.engines.sm90.sdpa_bwd"
+PARAMS = "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams"
+
+
+@pytest.mark.slow
+def test_covering_set_compiles_for_sm90a(tmp_path):
+    groups = [("sm_90a", [(TEMPLATE, PARAMS, kw, None) for kw in part]) for part in COVER]
+    results = [r for part in compile_groups(groups, tmp_path, timeout=600) for r in part]
+    for r in results:
+        assert r["name"].startswith("frost_sdpa_bwd_main_sm90_"), r
+        assert r["entries"] == [r["name"]], r
+        assert r["target"] == ["sm_90a"], r
+        assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r
+        assert r["tma_reduce"] > 0, r
+        assert r["local"] == 0, r
+    assert len({r["name"] for r in results}) == len(results)
+
+
+def test_validator_declines_what_the_template_lacks():
+    for flags, word in ((dict(is_thd=True), "THD"), (dict(has_seqused=True), "seqused"),
+                        (dict(has_sinks=True), "sinks"), (dict(deterministic=True), "deterministic"),
+                        (dict(head_dim=256, head_dim_v=256), "head dims"), (dict(tile_m=128), "registers"),
+                        (dict(tile_n=64), "tile_n")):
+        with pytest.raises(TemplateParamsError, match=word):
+            validate(Sm90BwdParams(**{**_p(), **flags}))
+    for part in COVER:
+        for kw in part:
+            validate(Sm90BwdParams(**kw))
+
+
+def test_chain_wraps_the_main_kernel_in_the_shared_helpers_with_a_row_accumulator():
+    p = Sm90BwdParams(**_p(has_window_right=True))
+    stages = bwd_chain(p)
+    assert [s[0] for s in stages] == ["preprocess", "main", "postprocess"]
+    assert stages[1][1] == TEMPLATE and stages[1][2] == main_args(p)
+    for _, _, _, sp in (stages[0], stages[2]):
+        assert sp.dq_accum_blocks is False and sp.dq_splits == 0
+    assert "window_right" in main_args(p) and "max_seqlen_kv" not in main_args(p)
