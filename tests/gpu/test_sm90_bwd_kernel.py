@@ -40,6 +40,14 @@ CASES = [
     Case("d128_fp16_left_only", _p(dtype="fp16", has_window_left=True), sq=400, skv=300, wl=100),
     Case("d128_strided_lse", _p(hq=4, hk=2), b=2, sq=300, skv=300, strided_lse=True),
     Case("d128_one_row", _p(), b=3, sq=1, skv=77),
+    # 80-row steps: dQ^T = K^T dS^T (head dim on the wgmma M axis)
+    Case("d128_m80_plain_gqa", _p(hq=8, hk=2, knobs=dict(tile_m=80)), b=2, sq=333, skv=517),
+    Case("d128_m80_causal_br", _p(has_window_right=True, bottom_right=True, knobs=dict(tile_m=80)),
+         sq=700, skv=650, wr=0),
+    Case("d128_m80_band", _p(has_window_left=True, has_window_right=True, knobs=dict(tile_m=80)),
+         sq=257, skv=257, wl=40, wr=17),
+    Case("d96_m80_fp16_causal", _p(d=96, dtype="fp16", has_window_right=True, knobs=dict(tile_m=80)),
+         sq=190, skv=250, wr=0),
 ]
 
 

@@ -66,6 +66,7 @@ class SdpaBwdSm90:
         self.stages = p.num_stages
         self.group = p.qhead_per_kvhead
         self.split_m = p.dq_split_m
+        self.swap_dq = p.dq_swap
         self.num_threads = MMA_THREADS + 128
 
     # ------------------------------------------------------------------ host side
@@ -86,7 +87,9 @@ class SdpaBwdSm90:
         mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (2, 1, 1), (64, bm))
         mma_dk = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d), RMEM)
         mma_dv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, dv), RMEM)
-        if const_expr(self.split_m):
+        if const_expr(self.swap_dq):  # dQ^T = K^T dS^T: head-dim rows over the warpgroups, any tile_m
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, K, Float32, (2, 1, 1), (64, bm))
+        elif const_expr(self.split_m):
             mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d))
         else:
             mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, d // 2))
@@ -283,8 +286,12 @@ class SdpaBwdSm90:
         tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         tdVrdOt = wg_dv.make_fragment_B(wg_dv.partition_B(wu.transpose_view(sdO)))
         tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(wu.transpose_view(sQ)))
-        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
-        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wu.transpose_view(sK)))
+        if const_expr(self.swap_dq):
+            tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(wu.transpose_view(sK)))
+            tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
+        else:
+            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wu.transpose_view(sK)))
         tdVrP = wg_dv.make_fragment_A(wg_dv.partition_shape_A((bn, bm)))
         tdKrdS = wg_dk.make_fragment_A(wg_dk.partition_shape_A((bn, bm)))
         acc_dK = cute.make_rmem_tensor(mma_dk.partition_shape_C((bn, self.d)), Float32)
@@ -296,7 +303,7 @@ class SdpaBwdSm90:
         r2s_ds = cute.make_tiled_copy_C(st_t, mma_sdp)
         thr_r2s_ds = r2s_ds.get_slice(tidx)
         tRsdS = thr_r2s_ds.partition_D(wu.transpose_view(sdS))
-        tdQsdQ = mma_dq.get_slice(tidx).partition_C(sdQ)
+        tdQsdQ = mma_dq.get_slice(tidx).partition_C(wu.transpose_view(sdQ) if const_expr(self.swap_dq) else sdQ)
         # per-column (query) coordinates of this thread's S^T values
         cS = cute.make_identity_tensor((bn, bm))
         tScS_mn = acc_as_mn(thr_sdp.partition_C(cS))
@@ -344,8 +351,12 @@ class SdpaBwdSm90:
                       tRsdS[None, None, None, stage])
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-            acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
-            wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
+            if const_expr(self.swap_dq):
+                acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, bm)), Float32)
+                wu.gemm(mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], zero_init=True, wg_wait=-1)
+            else:
+                acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
+                wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
             wu.gemm(mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
             warpgroup.wait_group(1)  # dV and dQ done; dK may still run
             pipe_do.consumer_release(q_state)

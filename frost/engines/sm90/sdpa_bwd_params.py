@@ -29,13 +29,18 @@ class Sm90BwdParams(SdpaFeatureParams):
     has_dsinks: bool = False
     deterministic: bool = False
     # knobs
-    tile_m: int = 64  # query rows per step (64: dQ split over head-dim halves; 128: over query halves)
+    tile_m: int = 64  # query rows per step (64, 80: dQ split over head-dim halves; 128: over query halves)
     tile_n: int = 128  # key rows per CTA (two MMA warpgroups of 64)
     num_stages: int = 2  # Q / dO pipeline depth
 
     @property
     def num_mma_wg(self) -> int:
         return self.tile_n // KEYS_PER_WG
+
+    @property
+    def dq_swap(self) -> bool:
+        """tile_m is not a whole number of 64-row wgmma tiles: dQ^T = K^T dS^T puts the head dim on M."""
+        return self.tile_m % 64 != 0
 
     @property
     def dq_split_m(self) -> bool:
@@ -52,7 +57,8 @@ def smem_bytes(p: Sm90BwdParams) -> int:
     v = p.tile_n * p.head_dim_v * e
     ds = 2 * p.tile_m * p.tile_n * e
     dq = p.tile_m * p.head_dim * 4
-    return q + do + k + v + ds + dq + 1024
+    rows = 2 * 2 * p.tile_m * 4  # staged LSE and dpsum
+    return q + do + k + v + ds + dq + rows + 1024
 
 
 def accumulator_registers(p: Sm90BwdParams) -> int:
@@ -78,15 +84,15 @@ def validate(p: Sm90BwdParams) -> None:
         bad("the deterministic order is not implemented in the wgmma backward yet")
     if p.tile_n != 128:
         bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys)")
-    if p.tile_m not in (64, 128):
-        bad(f"tile_m={p.tile_m} must be 64 or 128")
+    if p.tile_m not in (64, 80, 128):
+        bad(f"tile_m={p.tile_m} must be 64, 80 or 128")
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} must be 1 or 2")
     if not p.dq_split_m and (p.head_dim // 2) % 16:
         bad(f"tile_m=64 splits dQ's {p.head_dim} columns over two warpgroups: head_dim/2 must be a multiple of 16")
     regs = accumulator_registers(p)
-    if regs > 192:
-        bad(f"tile_m={p.tile_m} with d={p.head_dim} needs {regs} accumulator registers per thread (max 192)")
+    if regs > 208:
+        bad(f"tile_m={p.tile_m} with d={p.head_dim} needs {regs} accumulator registers per thread (max 208)")
     need = smem_bytes(p)
     if need > SMEM_BUDGET_BYTES:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
