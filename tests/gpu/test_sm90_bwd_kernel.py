@@ -46,7 +46,7 @@ CASES = [
          sq=700, skv=650, wr=0),
     Case("d128_m80_band", _p(has_window_left=True, has_window_right=True, knobs=dict(tile_m=80)),
          sq=257, skv=257, wl=40, wr=17),
-    Case("d96_m80_fp16_causal", _p(d=96, dtype="fp16", has_window_right=True, knobs=dict(tile_m=80)),
+    Case("d128_m80_fp16_causal_mqa", _p(dtype="fp16", hq=4, hk=1, has_window_right=True, knobs=dict(tile_m=80)),
          sq=190, skv=250, wr=0),
 ]
 

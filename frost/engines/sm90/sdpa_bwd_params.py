@@ -88,6 +88,8 @@ def validate(p: Sm90BwdParams) -> None:
         bad(f"tile_m={p.tile_m} must be 64, 80 or 128")
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} must be 1 or 2")
+    if p.dq_swap and p.head_dim != 2 * 64:
+        bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups: needs head_dim=128")
     if not p.dq_split_m and (p.head_dim // 2) % 16:
         bad(f"tile_m=64 splits dQ's {p.head_dim} columns over two warpgroups: head_dim/2 must be a multiple of 16")
     regs = accumulator_registers(p)
