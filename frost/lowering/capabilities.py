@@ -44,7 +44,8 @@ MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
-SM90_BWD_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "stats"})
+SM90_BWD_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "stats",
+                               "deterministic"})
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
@@ -54,7 +55,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
                      cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"),
                      head_dims=((64, 64), (96, 96), (128, 128)), features=SM90_BWD_FEATURES,
-                     knob_choices={"tile_m": (64, 128), "num_stages": (1, 2)})]
+                     knob_choices={"tile_m": (64, 80, 128), "num_stages": (1, 2)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),

@@ -20,9 +20,11 @@ def _p(d=128, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
 
 
 COVER = [
-    [_p(), _p(d=64, hq=8, hk=2, has_window_right=True), _p(d=96, dtype="fp16", has_window_left=True)],
+    [_p(), _p(d=64, hq=8, hk=2, has_window_right=True), _p(d=96, dtype="fp16", has_window_left=True),
+     _p(hq=8, hk=2, has_window_right=True, deterministic=True)],
     [_p(hq=4, hk=1, has_window_left=True, has_window_right=True, bottom_right=True),
-     _p(d=64, knobs=dict(tile_m=64, num_stages=1)), _p(dtype="fp16", has_window_right=True, bottom_right=True)],
+     _p(d=64, knobs=dict(tile_m=64, num_stages=1)), _p(dtype="fp16", has_window_right=True, bottom_right=True),
+     _p(knobs=dict(tile_m=64), has_window_left=True, deterministic=True)],
 ]
 TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 PARAMS = "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams"
@@ -44,7 +46,7 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
 
 def test_validator_declines_what_the_template_lacks():
     for flags, word in ((dict(is_thd=True), "THD"), (dict(has_seqused=True), "seqused"),
-                        (dict(has_sinks=True), "sinks"), (dict(deterministic=True), "deterministic"),
+                        (dict(has_sinks=True), "sinks"), (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim=128"),
                         (dict(head_dim=256, head_dim_v=256), "head dims"), (dict(tile_m=128), "registers"),
                         (dict(tile_n=64), "tile_n")):
         with pytest.raises(TemplateParamsError, match=word):
@@ -62,3 +64,6 @@ def test_chain_wraps_the_main_kernel_in_the_shared_helpers_with_a_row_accumulato
     for _, _, _, sp in (stages[0], stages[2]):
         assert sp.dq_accum_blocks is False and sp.dq_splits == 0
     assert "window_right" in main_args(p) and "max_seqlen_kv" not in main_args(p)
+    det = Sm90BwdParams(**_p(deterministic=True))
+    assert main_args(det)[main_args(det).index("dq_accum") + 1] == "dq_semaphore"
+    assert "dq_semaphore" in bwd_chain(det)[0][2]  # the preprocess zeroes the turn counters

@@ -48,6 +48,14 @@ CASES = [
          sq=257, skv=257, wl=40, wr=17),
     Case("d128_m80_fp16_causal_mqa", _p(dtype="fp16", hq=4, hk=1, has_window_right=True, knobs=dict(tile_m=80)),
          sq=190, skv=250, wr=0),
+    # deterministic: the key tiles add into each query tile in a fixed order; three runs bitwise equal
+    Case("det_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True), b=2, sq=1000, skv=1000,
+         wr=0, runs=3),
+    Case("det_d128_plain", _p(deterministic=True), b=2, sq=700, skv=900, runs=3),
+    Case("det_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
+                                     bottom_right=True, deterministic=True), sq=513, skv=600, wl=64, wr=0, runs=3),
+    Case("det_d128_m64_left", _p(has_window_left=True, deterministic=True, knobs=dict(tile_m=64)), sq=500, skv=400,
+         wl=100, runs=3),
 ]
 
 
@@ -92,12 +100,19 @@ def test_sm90_bwd_chain(case, chains):
     lse_variants = [t["lse"]] + ([t["lse_contig"]] if case.strided_lse else [])
     ref = oracle(case, t["q"], t["k"], t["v"], t["do"], None, scale)
     refs = dict(dq=ref[0], dk=ref[1], dv=ref[2])
+    first = None
     for lse in lse_variants:
-        for n in ("dq", "dk", "dv"):
-            t[n].fill_(float("nan"))
-        chains[case.name]({**t, "lse": lse}, scalars, workspace_views(p, t))
-        torch.cuda.synchronize()
-        for n in ("dq", "dk", "dv"):
-            assert not torch.isnan(t[n]).any(), f"{case.name}: {n} has {int(torch.isnan(t[n]).sum())} NaN"
-            e = rel(t[n], refs[n])
-            assert e < 2e-2, f"{case.name}: {n} rel err {e:.2e}"
+        for _ in range(case.runs):
+            for n in ("dq", "dk", "dv"):
+                t[n].fill_(float("nan"))
+            chains[case.name]({**t, "lse": lse}, scalars, workspace_views(p, t))
+            torch.cuda.synchronize()
+            for n in ("dq", "dk", "dv"):
+                assert not torch.isnan(t[n]).any(), f"{case.name}: {n} has {int(torch.isnan(t[n]).sum())} NaN"
+                e = rel(t[n], refs[n])
+                assert e < 2e-2, f"{case.name}: {n} rel err {e:.2e}"
+            got = [t[n].clone() for n in ("dq", "dk", "dv")]
+            if first is None:
+                first = got
+            elif p.deterministic:
+                assert all(torch.equal(a, b) for a, b in zip(first, got)), f"{case.name}: runs differ bitwise"

@@ -35,6 +35,7 @@ from frost.engines.common import mask
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
 from frost.engines.common.softmax import LOG2_E
+from frost.engines.sm80 import sdpa_bwd_utils as bu
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, name_suffix, validate
 
@@ -135,7 +136,7 @@ class SdpaBwdSm90:
         scale = Float32(a["softmax_scale"])
         n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_dq, mLSE, mdPsum,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_dq, mLSE, mdPsum, a.get("dq_semaphore"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
@@ -146,7 +147,7 @@ class SdpaBwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
-               mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor,
+               mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem,
                tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom,
                tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom, tma_atom_dv: cute.CopyAtom,
                tma_atom_dq: cute.CopyAtom, scale: Float32, wl, wr, q_bytes: cutlass.Constexpr,
@@ -185,7 +186,8 @@ class SdpaBwdSm90:
         rows2 = cute.make_layout((self.bm, 2))
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2))
 
-        n_block, head_kv, batch = cute.arch.block_idx()
+        bx, head_kv, batch = cute.arch.block_idx()
+        n_block = self.key_tile(bx)
         work = self.work(n_block, mQ.shape[0], mK.shape[0], wl, wr)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(24)
@@ -193,7 +195,7 @@ class SdpaBwdSm90:
                 self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
                           pipe_q, pipe_do, pipe_kv, work, n_block, head_kv, batch)
             if warp_idx == 1:
-                self.store_dq(mAcc, sdQ, tma_atom_dq, work, head_kv, batch)
+                self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, work, n_block, head_kv, batch)
         else:
             cute.arch.setmaxregister_increase(240)
             self.mma(mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv,
@@ -251,8 +253,11 @@ class SdpaBwdSm90:
 
     # --- dQ writer warp: one TMA reduce-add of each step's fp32 dQ tile
     @cute.jit
-    def store_dq(self, mAcc, sdQ, tma_atom_dq, work, head_kv, batch):
+    def store_dq(self, mAcc, mSem, sdQ, tma_atom_dq, work, n_block, head_kv, batch):
+        """Deterministic: each (head, query tile) takes its key tiles' adds in a fixed order (`turn`); lane 0
+        (the lane TMA elects) waits for its turn, and passes it on once its add has completed."""
         m_min, n_m, steps = work[0], work[1], work[2]
+        lane = cute.arch.lane_idx()
         for t in cutlass.range(steps, unroll=1):
             head, m_block = self.step_tile(t, head_kv, m_min, n_m)
             gAcc = cute.local_tile(mAcc[None, None, head, batch], (self.bm, self.d), (m_block, 0))
@@ -260,10 +265,62 @@ class SdpaBwdSm90:
                                                   cute.group_modes(gAcc, 0, 2))
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+            sem = None
+            if const_expr(self.p.deterministic):
+                sem = self.semaphore(mSem, head, m_block, batch, work[6])
+                turn = self.turn(m_block, n_block, work)
+                if lane == 0:
+                    while bu.ld_acquire_i32(sem) != turn:
+                        pass
+                cute.arch.sync_warp()
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
             cute.copy(tma_atom_dq, tDsdQ, tDgAcc)
             cute.arch.cp_async_bulk_commit_group()
+            if const_expr(self.p.deterministic):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)  # the add itself has completed
+                if lane == 0:
+                    cute.arch.fence_acq_rel_gpu()
+                    bu.red_release_add_i32(sem, Int32(1))
         cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def semaphore(self, mSem, head: Int32, m_block: Int32, batch: Int32, seqlen_q: Int32):
+        """The turn counter of one (batch, query head, query tile), as the shared preprocess zeroes them."""
+        idx = (batch * self.p.num_heads_q + head) * ((seqlen_q + self.bm - 1) // self.bm) + m_block
+        return bu.elem_ptr(mSem, idx)
+
+    @cute.jit
+    def turn(self, m_block: Int32, n_block: Int32, work):
+        """Key tile n_block's place among the key tiles that add into query tile m_block.
+
+        Under a right-bounded band (causal) the order runs from the highest key tile down: that tile reaches
+        the query tile first (walks start at the diagonal) and is launched first (`key_tile`), so a tile only
+        ever waits on tiles already running. Otherwise it runs upward from the band's first key tile; every
+        walk starts at the same query tile, so the additions settle into a staircase after the first.
+        """
+        p = self.p
+        bm, bn = self.bm, self.bn
+        off, wl, wr, seqlen_k = work[3], work[4], work[5], work[7]
+        turn = Int32(0)
+        if const_expr(p.has_window_right):
+            n_hi = (seqlen_k + bn - 1) // bn - 1
+            bound = (m_block + 1) * bm + off + wr
+            n_hi = cutlass.min(n_hi, (cutlass.max(bound, 1) - 1) // bn)
+            turn = n_hi - n_block
+        else:
+            n_lo = Int32(0)
+            if const_expr(p.has_window_left):
+                n_lo = cutlass.max(m_block * bm + off - wl, 0) // bn
+            turn = n_block - n_lo
+        return turn
+
+    @cute.jit
+    def key_tile(self, bx: Int32):
+        """The key tile of CTA bx: deterministic plans under a right-bounded band launch the last tile first."""
+        n_block = bx
+        if const_expr(self.p.deterministic and self.p.has_window_right):
+            n_block = cute.arch.grid_dim()[0] - 1 - bx
+        return n_block
 
     # --- MMA warpgroups
     @cute.jit
@@ -436,6 +493,8 @@ def scratch_fake(fakes, name: str):
         return fakes.compact(Float32, (fakes.batch, p.num_heads_q, fakes.rows_q))
     if name == "dq_accum":
         return fakes.compact(Float32, (fakes.batch, p.num_heads_q, fakes.rows_q, p.head_dim))
+    if name == "dq_semaphore":
+        return fakes.compact(Int32, (cute.sym_int(symbol="n_semaphores"),), align=4)
     raise KeyError(f"no fake argument for {name!r}")
 
 
