@@ -73,7 +73,7 @@ def main(argv=None):
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, sms {sm_count}", flush=True)
 
     from frost.engines.sdpa_args import CanonicalCall
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     specs = [(TEMPLATE, frost_params(d, c, v, sm_count)) for d in ds for c in cs for v in variants]
     extra = []

@@ -58,7 +58,7 @@ def main(argv=None):
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, sms {sm}", flush=True)
     from frost.engines.sdpa_args import CanonicalCall
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     variants = {"packed": dict(pack=True), "unpacked": dict(pack=False)}
     if a.small_tile:

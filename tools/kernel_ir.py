@@ -59,7 +59,7 @@ def dump_part(out: Path, part: int, parts: int) -> int:
     os.environ["FROST_CACHE_DISABLE"] = "1"
     os.environ["CUTE_DSL_KEEP"] = "ir"
     os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="frost-kernel-ir-")  # the DSL's own copies
-    from frost.engines import compile as boundary
+    from frost.compiler import compile as boundary
 
     if not Path(boundary.__file__).resolve().is_relative_to(ROOT):
         raise SystemExit(f"imported frost from {boundary.__file__}, not from {ROOT}")

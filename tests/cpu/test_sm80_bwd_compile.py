@@ -97,7 +97,7 @@ def test_covering_set_covers_head_dims_flags_and_families():
 
 
 def test_kernel_names_are_self_describing_frost_symbols():
-    from frost.engines.naming import check_symbol
+    from frost.compiler.naming import check_symbol
     from frost.engines.sm80 import sdpa_bwd, sdpa_bwd_postprocess, sdpa_bwd_preprocess
 
     p = Sm80BwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True))
@@ -244,7 +244,7 @@ def test_split_count_keeps_the_sms_busy_or_falls_back_to_turns():
 ])
 def test_deterministic_dense_plans_default_to_split_copies(kw, splits):
     from frost.adapters.sm80 import SdpaBwdDslSm80
-    from frost.lowering.knobs import Knobs
+    from frost.knobs import Knobs
     from tests.cpu.test_routing import H200, declare
 
     det = declare(H200, direction="bwd", use_deterministic_algorithm=True, **kw)
@@ -297,7 +297,7 @@ def test_cyclic_turns_rank_key_tiles_by_arrival_on_the_rotated_walks():
 ])
 def test_deterministic_turn_plans_pick_the_cyclic_order_where_it_is_safe(kw, order):
     from frost.adapters.sm80 import SdpaBwdDslSm80
-    from frost.lowering.knobs import Knobs
+    from frost.knobs import Knobs
     from tests.cpu.test_routing import H200, declare
 
     g = declare(H200, direction="bwd", use_deterministic_algorithm=True, **kw)

@@ -73,7 +73,7 @@ def test_covering_set_covers_head_dims_flags_and_families():
 
 
 def test_kernel_name_is_a_self_describing_frost_symbol():
-    from frost.engines.naming import check_symbol
+    from frost.compiler.naming import check_symbol
     from frost.engines.sm80.sdpa_fwd import kernel_name
 
     p = Sm80FwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, has_lse=True))

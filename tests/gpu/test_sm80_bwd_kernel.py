@@ -318,8 +318,8 @@ class Chain:
 
 
 def compile_chains(params_list, target=None):
-    from frost.engines.target import discover_target
-    from frost.engines.workers import compile_many
+    from frost.target import discover_target
+    from frost.compiler.workers import compile_many
 
     target = target or discover_target()
     specs = []

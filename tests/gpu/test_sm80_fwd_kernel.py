@@ -50,8 +50,8 @@ FLAVORS = {
 
 @pytest.fixture(scope="module")
 def kernels():
-    from frost.engines.target import discover_target
-    from frost.engines.workers import compile_many
+    from frost.target import discover_target
+    from frost.compiler.workers import compile_many
 
     target = discover_target()
     names = list(FLAVORS)

@@ -183,7 +183,7 @@ def kernels():
     """Every case's kernel, compiled up front in parallel worker processes."""
     if not _hopper():
         pytest.skip("needs an sm_90 GPU")
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     specs = [(TEMPLATE, params_of(c)) for c in CASES]
     cks = compile_many(specs, "sm_90a")

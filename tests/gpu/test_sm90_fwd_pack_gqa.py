@@ -60,7 +60,7 @@ def _unpacked(c: K) -> K:
 def kernels():
     if not _hopper():
         pytest.skip("needs an sm_90 GPU")
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     cases = {c.id: c for c in CASES + [_unpacked(c) for c in TWINS]}
     cks = compile_many([(TEMPLATE, params_of(c)) for c in cases.values()], "sm_90a")
