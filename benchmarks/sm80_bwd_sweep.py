@@ -152,8 +152,7 @@ def main(argv=None) -> int:
         ptx_report([(t, p) for t, *_, p in plist], a.arch or "sm_90a")
         return 0
 
-    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-    from tests.gpu.test_sm80_bwd_kernel import compile_chains, workspace_views
+    from frost.testing.bwd_chain import compile_chains, workspace_views
 
     if a.arch:
         target = a.arch

@@ -78,10 +78,9 @@ def main(argv=None):
     specs = [(TEMPLATE, frost_params(d, c, v, sm_count)) for d in ds for c in cs for v in variants]
     extra = []
     if a.precompile_tests:
-        sys.path.insert(0, ".")
-        from tests.gpu.test_sm90_fwd_kernel import CASES, params_of
+        from frost.testing.cases import SM90_FWD_CASES, sm90_params
 
-        extra = [(TEMPLATE, params_of(c)) for c in CASES]
+        extra = [(TEMPLATE, sm90_params(c, sm_count)) for c in SM90_FWD_CASES]
     t0 = time.perf_counter()
     cks = compile_many(specs + extra, "sm_90a")
     kernels = {(s[1].head_dim, s[1].has_window_right, json.dumps(v, sort_keys=True)): CanonicalCall(ck, s[1])

@@ -67,11 +67,10 @@ def main(argv=None):
     specs = [(TEMPLATE, params(hq, hkv, c, sm_count=sm, **variants[v])) for hq, hkv, c, v in keys]
     extra = []
     if a.precompile_tests:
-        sys.path.insert(0, ".")
-        from tests.gpu import test_sm90_fwd_kernel as t1, test_sm90_fwd_pack_gqa as t2
+        from frost.testing import cases as tc
 
-        cases = t1.CASES + t2.CASES + [t2._unpacked(c) for c in t2.TWINS]
-        extra = [(TEMPLATE, t1.params_of(c)) for c in cases]
+        cases = tc.SM90_FWD_CASES + tc.SM90_PACK_GQA_CASES + [tc.unpacked(c) for c in tc.SM90_PACK_GQA_TWINS]
+        extra = [(TEMPLATE, tc.sm90_params(c, sm)) for c in cases]
     t0 = time.perf_counter()
     compiled = compile_many(specs + extra, "sm_90a")
     print(f"# compiled {len(specs) + len(extra)} kernels in {time.perf_counter() - t0:.1f}s", flush=True)
