@@ -108,7 +108,7 @@ def main(argv=None):
                 ref = None
                 if fa4 is not None:
                     try:
-                        def f_fa4():
+                        def f_fa4(q=q, k=k, v=v):
                             return fa4(q, k, v, softmax_scale=scale, causal=causal)
                         ref = f_fa4()
                         ref = ref[0] if isinstance(ref, (tuple, list)) else ref
@@ -166,7 +166,7 @@ def main(argv=None):
                     line.append("spread " + " ".join(f"{k}:{v * 100:.1f}%" for k, v in spread.items()))
                 print(" | ".join(line), flush=True)
                 rows.append(res)
-                del q, k, v, o, lse
+                del q, k, v, o, lse, fns
     return rows
 
 

@@ -94,7 +94,7 @@ def main(argv=None):
         fns, outs = {}, {}
         if fa4 is not None:
             try:
-                def f_fa4():
+                def f_fa4(q=q, k=k, v=v):
                     return fa4(q, k, v, softmax_scale=scale, causal=causal)
                 r = f_fa4()
                 outs["fa4"] = (r[0] if isinstance(r, (tuple, list)) else r).clone()
@@ -139,7 +139,7 @@ def main(argv=None):
         errs = {k2: ((x.float() - ref.float()).norm() / ref.float().norm()).item() for k2, x in outs.items()}
         line.append("err " + " ".join(f"{k2}:{e:.1e}" for k2, e in errs.items()))
         print(" | ".join(line), flush=True)
-        del q, k, v, o, lse
+        del q, k, v, o, lse, fns
     return 0
 
 

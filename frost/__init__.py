@@ -17,7 +17,7 @@ data_type = DataType  # cuDNN-style alias: frost.data_type.BFLOAT16
 
 __all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knobs", "FrostError", "GraphError",
            "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "TemplateParamsError",
-           "PlanFileError", "PlanFileWarning", "cache", "precompile", "save_plan", "load_plan"]
+           "PlanFileError", "PlanFileWarning", "cache", "precompile", "save_plan", "load_plan", "__version__"]
 
 
 def precompile(*args, **kwargs):
