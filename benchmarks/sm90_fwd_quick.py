@@ -61,7 +61,7 @@ def main(argv=None):
     ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for frost")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--precompile-tests", action="store_true",
-                    help="also compile tests/gpu/test_sm90_fwd_kernel.py's kernels in the same worker pool")
+                    help="also compile frost.testing.cases' SM90 forward cases in the same worker pool")
     ap.add_argument("--smoke", action="store_true", help="small correctness check of each frost kernel first")
     ap.add_argument("--repeat", type=int, default=1, help="time every implementation this many rounds, interleaved")
     a = ap.parse_args(argv)
