@@ -18,8 +18,7 @@ import sys
 from typing import Iterable, Optional
 
 from frost.compiler import cache
-from frost.compiler.compile import (CompiledKernel, KernelSpec, _arch_of, compile_kernel, compile_key, memo_has,
-                                   publish)
+from frost.compiler.compile import CompiledKernel, KernelSpec, _arch_of, compile_kernel, compile_key, memo_has, publish
 from frost.compiler.fingerprint import full_key
 from frost.engines.params import TemplateParams
 from frost.target import Target

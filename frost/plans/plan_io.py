@@ -19,8 +19,8 @@ from frost.compiler.artifacts import Artifact, adopt, export_kernel, prune_keepi
 from frost.compiler.compile import KernelSpec
 from frost.errors import GraphError, NotSupportedError, PlanFileError, PlanFileWarning
 from frost.plans import plan_file
-from frost.version import __version__
 from frost.plans.plan_file import KernelRecord, PlanHeader
+from frost.version import __version__
 
 
 def _warn(msg: str) -> None:

@@ -18,8 +18,8 @@ from typing import Iterable, Optional
 
 from frost.compiler import cache
 from frost.compiler.compile import CompiledKernel, KernelSpec
-from frost.target import FAKE_TARGETS, Target, discover_target, fake_target
 from frost.compiler.workers import as_spec, compile_many
+from frost.target import FAKE_TARGETS, Target, discover_target, fake_target
 
 PROBE = "frost.engines.common.probe_copy"
 
