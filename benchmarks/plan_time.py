@@ -37,7 +37,7 @@ import json, sys, time
 t = time.perf_counter
 a = t(); import torch; t_torch = t() - a
 a = t(); import frost; t_frost = t() - a
-from frost.engines.target import discover_target, fake_target
+from frost.target import discover_target, fake_target
 cfg = json.loads(sys.argv[1])
 a = t()
 target = discover_target() if cfg["target"] == "auto" else fake_target(cfg["target"])

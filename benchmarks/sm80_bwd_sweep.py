@@ -51,7 +51,7 @@ def params(d: int, causal: bool, det: bool, knobs: dict, s: int = 4096, sm_count
 def ptx_report(plist, arch: str) -> None:
     """ptxas -v of each main kernel: registers, spill bytes, and key instruction counts."""
     os.environ.setdefault("CUTE_DSL_KEEP", "ptx")
-    from frost.engines.compile import compile_kernel
+    from frost.compiler.compile import compile_kernel
 
     tmp = Path(tempfile.mkdtemp())
     for tag, p in plist:
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from frost.engines.target import discover_target, fake_target
+    from frost.target import discover_target, fake_target
 
     target = discover_target() if torch.cuda.is_available() else fake_target("H200")  # --ptx runs on the CPU
     plist = []  # (tag, d, s, causal, det, knobs, params); params depend on S only through "dq_splits": "auto"
@@ -152,8 +152,7 @@ def main(argv=None) -> int:
         ptx_report([(t, p) for t, *_, p in plist], a.arch or "sm_90a")
         return 0
 
-    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-    from tests.gpu.test_sm80_bwd_kernel import compile_chains, workspace_views
+    from frost.testing.bwd_chain import compile_chains, workspace_views
 
     if a.arch:
         target = a.arch

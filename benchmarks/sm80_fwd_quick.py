@@ -45,9 +45,9 @@ def main(argv=None):
     ss = [int(x) for x in a.s.split(",")]
     cs = [bool(int(x)) for x in a.causal.split(",")]
     variants = json.loads(a.variants)
-    from frost.engines.target import discover_target
+    from frost.target import discover_target
     from frost.engines.sdpa_args import CanonicalCall
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     arch = a.arch or discover_target().arch
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, arch {arch}", flush=True)

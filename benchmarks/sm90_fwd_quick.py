@@ -61,7 +61,7 @@ def main(argv=None):
     ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for frost")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--precompile-tests", action="store_true",
-                    help="also compile tests/gpu/test_sm90_fwd_kernel.py's kernels in the same worker pool")
+                    help="also compile frost.testing.cases' SM90 forward cases in the same worker pool")
     ap.add_argument("--smoke", action="store_true", help="small correctness check of each frost kernel first")
     ap.add_argument("--repeat", type=int, default=1, help="time every implementation this many rounds, interleaved")
     a = ap.parse_args(argv)
@@ -73,15 +73,14 @@ def main(argv=None):
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, sms {sm_count}", flush=True)
 
     from frost.engines.sdpa_args import CanonicalCall
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     specs = [(TEMPLATE, frost_params(d, c, v, sm_count)) for d in ds for c in cs for v in variants]
     extra = []
     if a.precompile_tests:
-        sys.path.insert(0, ".")
-        from tests.gpu.test_sm90_fwd_kernel import CASES, params_of
+        from frost.testing.cases import SM90_FWD_CASES, sm90_params
 
-        extra = [(TEMPLATE, params_of(c)) for c in CASES]
+        extra = [(TEMPLATE, sm90_params(c, sm_count)) for c in SM90_FWD_CASES]
     t0 = time.perf_counter()
     cks = compile_many(specs + extra, "sm_90a")
     kernels = {(s[1].head_dim, s[1].has_window_right, json.dumps(v, sort_keys=True)): CanonicalCall(ck, s[1])
@@ -109,7 +108,7 @@ def main(argv=None):
                 ref = None
                 if fa4 is not None:
                     try:
-                        def f_fa4():
+                        def f_fa4(q=q, k=k, v=v):
                             return fa4(q, k, v, softmax_scale=scale, causal=causal)
                         ref = f_fa4()
                         ref = ref[0] if isinstance(ref, (tuple, list)) else ref
@@ -167,7 +166,7 @@ def main(argv=None):
                     line.append("spread " + " ".join(f"{k}:{v * 100:.1f}%" for k, v in spread.items()))
                 print(" | ".join(line), flush=True)
                 rows.append(res)
-                del q, k, v, o, lse
+                del q, k, v, o, lse, fns
     return rows
 
 

@@ -58,7 +58,7 @@ def main(argv=None):
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, sms {sm}", flush=True)
     from frost.engines.sdpa_args import CanonicalCall
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     variants = {"packed": dict(pack=True), "unpacked": dict(pack=False)}
     if a.small_tile:
@@ -67,11 +67,10 @@ def main(argv=None):
     specs = [(TEMPLATE, params(hq, hkv, c, sm_count=sm, **variants[v])) for hq, hkv, c, v in keys]
     extra = []
     if a.precompile_tests:
-        sys.path.insert(0, ".")
-        from tests.gpu import test_sm90_fwd_kernel as t1, test_sm90_fwd_pack_gqa as t2
+        from frost.testing import cases as tc
 
-        cases = t1.CASES + t2.CASES + [t2._unpacked(c) for c in t2.TWINS]
-        extra = [(TEMPLATE, t1.params_of(c)) for c in cases]
+        cases = tc.SM90_FWD_CASES + tc.SM90_PACK_GQA_CASES + [tc.unpacked(c) for c in tc.SM90_PACK_GQA_TWINS]
+        extra = [(TEMPLATE, tc.sm90_params(c, sm)) for c in cases]
     t0 = time.perf_counter()
     compiled = compile_many(specs + extra, "sm_90a")
     print(f"# compiled {len(specs) + len(extra)} kernels in {time.perf_counter() - t0:.1f}s", flush=True)
@@ -95,7 +94,7 @@ def main(argv=None):
         fns, outs = {}, {}
         if fa4 is not None:
             try:
-                def f_fa4():
+                def f_fa4(q=q, k=k, v=v):
                     return fa4(q, k, v, softmax_scale=scale, causal=causal)
                 r = f_fa4()
                 outs["fa4"] = (r[0] if isinstance(r, (tuple, list)) else r).clone()
@@ -140,7 +139,7 @@ def main(argv=None):
         errs = {k2: ((x.float() - ref.float()).norm() / ref.float().norm()).item() for k2, x in outs.items()}
         line.append("err " + " ".join(f"{k2}:{e:.1e}" for k2, e in errs.items()))
         print(" | ".join(line), flush=True)
-        del q, k, v, o, lse
+        del q, k, v, o, lse, fns
     return 0
 
 

@@ -5,24 +5,24 @@ Importing frost is cheap: cutlass and kernel modules load lazily.
 from frost import cache
 from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError, PlanFileError,
                           PlanFileWarning, TemplateParamsError, WorkspaceError)
-from frost.ir.graph import Graph
+from frost.graph import Graph
 from frost.ir.tensor import Tensor
-from frost.lowering.knobs import Knobs
+from frost.knobs import Knobs
 from frost.runtime.context import ExecutionContext
 from frost.types import DataType
+from frost.version import __version__
 
 data_type = DataType  # cuDNN-style alias: frost.data_type.BFLOAT16
 
-__version__ = "0.1.0"
 
 __all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knobs", "FrostError", "GraphError",
            "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "TemplateParamsError",
-           "PlanFileError", "PlanFileWarning", "cache", "precompile", "save_plan", "load_plan"]
+           "PlanFileError", "PlanFileWarning", "cache", "precompile", "save_plan", "load_plan", "__version__"]
 
 
 def precompile(*args, **kwargs):
-    """Compile many kernels ahead of time in worker processes (see frost.engines.precompile)."""
-    from frost.engines.precompile import precompile as _precompile
+    """Compile many kernels ahead of time in worker processes (see frost.plans.precompile)."""
+    from frost.plans.precompile import precompile as _precompile
 
     return _precompile(*args, **kwargs)
 

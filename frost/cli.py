@@ -16,7 +16,7 @@ def main(argv=None) -> int:
     elif cmd == "bench":
         from frost.bench.cli import main as run
     elif cmd == "precompile":
-        from frost.engines.precompile import main as run
+        from frost.plans.precompile import main as run
     else:
         print(f"frost: unknown command {cmd!r}\n{usage}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ def run_compile_script(script: str, args: list, cwd, timeout: int = 600) -> list
 _SPECS_SCRIPT = textwrap.dedent("""
     import importlib, json, sys
     from tests.compile_runner import ptx_facts
-    from frost.engines.compile import compile_kernel
+    from frost.compiler.compile import compile_kernel
     arch = sys.argv[1]
     out = []
     for template, params_class, kw, tag in json.loads(sys.argv[2]):

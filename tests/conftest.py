@@ -54,7 +54,7 @@ def unpended(monkeypatch):
 @pytest.fixture
 def no_compile(monkeypatch):
     """Fail loudly if anything tries to compile a kernel."""
-    import frost.engines.compile as compile_mod
+    import frost.compiler.compile as compile_mod
 
     def refuse(*a, **k):
         raise AssertionError("a kernel compile was attempted in a CPU test")

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 import frost
-from frost.engines.target import CPU
+from frost.target import CPU
 from tests import oracle
 
 

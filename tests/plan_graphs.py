@@ -6,7 +6,7 @@ test_plan_io also runs this source in fresh interpreters (GRAPHS), so it imports
 import torch
 
 import frost
-from frost.engines.target import fake_target  # noqa: F401  (the fresh-interpreter scripts use it)
+from frost.target import fake_target  # noqa: F401  (the fresh-interpreter scripts use it)
 
 
 def fwd_thd(target, d=128, total=4096, batch=3):

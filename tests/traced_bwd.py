@@ -1,7 +1,7 @@
 """Trace-time access to the mma.sync backward's main kernel, for CPU tests of its memory access patterns."""
 from __future__ import annotations
 
-from tests.mma_params import params_kwargs
+from frost.testing.cases import params_kwargs
 
 FAMILIES = ("sm80", "sm120")
 

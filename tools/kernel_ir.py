@@ -4,7 +4,7 @@
     python tools/kernel_ir.py dump /tmp/ir-after             # on the change
     python tools/kernel_ir.py diff /tmp/ir-before /tmp/ir-after
 
-`dump` compiles every kernel of the compile tests' covering sets (the SM80 and SM120
+`dump` compiles every kernel of the covering sets in frost/testing/cases.py (the SM80 and SM120
 forwards, the backward chains, the SM90 forward) through frost's compile boundary,
 with the disk cache off, and writes each one's MLIR (host entry and device code)
 with source locations stripped, one file per kernel. `--jobs` spreads the compiles
@@ -23,28 +23,26 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's frost and tests, whatever else is installed
+sys.path.insert(0, str(ROOT))  # this checkout's frost, whatever else is installed
 _LOC = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)")
 
 
 def covering_specs() -> list:
     """(template, params, arch) of every kernel the CPU compile tests build."""
-    import tests.cpu.test_sm80_bwd_compile as bwd80
-    import tests.cpu.test_sm80_fwd_compile as fwd80
-    import tests.cpu.test_sm90_fwd_compile as fwd90
     from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, bwd_chain
     from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
+    from frost.testing import cases
 
     specs = []
-    for arch, kws in fwd80.COVER.items():
-        specs += [("frost.engines.sm80.sdpa_fwd", Sm80FwdParams(**kw), arch) for kw in kws]
-    for arch, kws in bwd80.COVER.items():
+    for arch, kws in cases.SM80_FWD_COVER.items():
+        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
+    for arch, kws in cases.SM80_BWD_COVER.items():
         for kw in kws:
             p = Sm80BwdParams(**kw)
             specs += [(template, sp, arch) for _, template, _, sp in bwd_chain(p)]
-    for group in fwd90.COVER:
-        specs += [("frost.engines.sm90.sdpa_fwd", Sm90FwdParams(**kw), "sm_90a") for kw in group]
+    for group in cases.SM90_FWD_COVER:
+        specs += [(cases.SM90_FWD_TEMPLATE, Sm90FwdParams(**kw), "sm_90a") for kw in group]
     return specs
 
 
@@ -59,7 +57,7 @@ def dump_part(out: Path, part: int, parts: int) -> int:
     os.environ["FROST_CACHE_DISABLE"] = "1"
     os.environ["CUTE_DSL_KEEP"] = "ir"
     os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="frost-kernel-ir-")  # the DSL's own copies
-    from frost.engines import compile as boundary
+    from frost.compiler import compile as boundary
 
     if not Path(boundary.__file__).resolve().is_relative_to(ROOT):
         raise SystemExit(f"imported frost from {boundary.__file__}, not from {ROOT}")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from frost.engines.target import Target
+from frost.target import Target
 from frost.errors import EngineDecline
 from frost.ir.facts import SdpaFacts
-from frost.lowering.knobs import Knobs
+from frost.knobs import Knobs
 
 
 class _SdpaAdapter:

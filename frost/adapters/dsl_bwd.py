@@ -34,7 +34,7 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
 
     def compile(self) -> None:
         """Compile the whole chain at plan time; kernels missing from the cache compile in parallel workers."""
-        from frost.engines.workers import compile_many
+        from frost.compiler.workers import compile_many
 
         params = self.params = self.validated_params()
         f = self.facts

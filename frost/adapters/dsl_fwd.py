@@ -16,7 +16,7 @@ class DslFwdAdapter(DslKernels, SdpaFwdDsl):
         return [(self.template, self.validated_params())]
 
     def compile(self) -> None:
-        from frost.engines.compile import compile_kernel
+        from frost.compiler.compile import compile_kernel
 
         self.params = self.validated_params()
         self.kernel = compile_kernel(self.template, self.params, self.target)

@@ -58,13 +58,13 @@ def reference_forward(w: Workload, q, k, v):
         g = _kv_group(w, qq.shape[0], kk.shape[0])
         for h0 in range(0, w.heads_kv, g):
             h1 = min(w.heads_kv, h0 + g)
-            oq, l = _attend(qq[:, h0 * r:h1 * r].transpose(0, 1).float(), kk[:, h0:h1].transpose(0, 1).float(),
+            oq, lq = _attend(qq[:, h0 * r:h1 * r].transpose(0, 1).float(), kk[:, h0:h1].transpose(0, 1).float(),
                             vv[:, h0:h1].transpose(0, 1).float(), w, r)
             o[qs][:, h0 * r:h1 * r] = oq.transpose(0, 1).to(o.dtype)
             if w.is_thd:
-                lse[h0 * r:h1 * r, qs] = l
+                lse[h0 * r:h1 * r, qs] = lq
             else:
-                lse[qs, h0 * r:h1 * r] = l
+                lse[qs, h0 * r:h1 * r] = lq
     return o, lse
 
 

@@ -1,4 +1,4 @@
-"""Kernel templates by feature arch, their params, the compile boundary and target discovery.
+"""Kernel templates by feature arch, their TemplateParams and validators, and the adapter-kernel argument contract.
 
-Nothing here imports cutlass at import time; template modules load lazily.
+Nothing here imports cutlass at import time; template modules load lazily by dotted path.
 """

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from frost.adapters.base import lower_dsl_bwd, lower_dsl_fwd
-from frost.engines.target import Target
 from frost.errors import EngineDecline, NotSupportedError
 from frost.ir.facts import SdpaFacts
+from frost.knobs import Knobs
 from frost.lowering.capabilities import CapabilityRow, resolve_engine_name, rows_for
-from frost.lowering.knobs import Knobs
 from frost.lowering.mismatch import mismatch
+from frost.target import Target
 
 REFERENCE_ON_GPU = ("is the numerics oracle and is never chosen silently on a GPU; "
                     "request it with engine='reference'")

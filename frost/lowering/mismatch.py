@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from frost.engines.target import Target
 from frost.ir.facts import IO_TENSOR_ROLES, SdpaFacts
+from frost.knobs import Knobs
 from frost.lowering.capabilities import CapabilityRow
-from frost.lowering.knobs import Knobs
+from frost.target import Target
 
 _ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
 

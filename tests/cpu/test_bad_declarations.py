@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import frost
-from frost.engines.target import CPU, fake_target
+from frost.target import CPU, fake_target
 from tests.helpers import Case, planned_fwd
 
 B, H, S, D = 2, 4, 8, 16

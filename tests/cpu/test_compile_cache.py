@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from frost.engines import cache, compile as boundary
-from frost.engines import fingerprint
+from frost.compiler import cache, compile as boundary
+from frost.compiler import fingerprint
 from frost.engines.common.probe_copy_params import ProbeCopyParams
-from frost.engines.target import fake_target
+from frost.target import fake_target
 from tests.compile_runner import run_py
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +40,8 @@ def tree(tmp_path_factory) -> Path:
 
 COMPILE_PROBE = """
     import json, sys, time
-    from frost.engines import cache
-    from frost.engines.compile import compile_kernel
+    from frost.compiler import cache
+    from frost.compiler.compile import compile_kernel
     from frost.engines.common.probe_copy_params import ProbeCopyParams
     ck = compile_kernel("frost.engines.common.probe_copy", ProbeCopyParams(dtype="{dtype}"), "{arch}")
     print(json.dumps({{"name": ck.name, "source": ck.source, "digest": ck.digest, "path": ck.path,
@@ -80,7 +80,7 @@ def test_loaded_artifact_has_the_fresh_call_signature(tmp_path, tree):
     and the artifact loaded from disk answer the same call the same way."""
     script = """
         import json, torch
-        from frost.engines.compile import compile_kernel
+        from frost.compiler.compile import compile_kernel
         from frost.engines.common.probe_copy_params import ProbeCopyParams
         ck = compile_kernel("frost.engines.common.probe_copy", ProbeCopyParams(dtype="f32"), "sm_100a")
         out = {"source": ck.source, "fn": type(ck.fn).__name__}
@@ -150,8 +150,8 @@ def test_racing_processes_compile_a_key_once(tmp_path, tree):
     script = f"""
         import json, os, sys, time
         import cutlass.cute  # pay the import before the barrier
-        from frost.engines import cache
-        from frost.engines.compile import compile_kernel
+        from frost.compiler import cache
+        from frost.compiler.compile import compile_kernel
         from frost.engines.common.probe_copy_params import ProbeCopyParams
         open(os.path.join({str(tmp_path)!r}, "ready." + str(os.getpid())), "w").close()
         while not os.path.exists({str(go)!r}):
@@ -178,8 +178,8 @@ def test_racing_processes_compile_a_key_once(tmp_path, tree):
 
 
 def test_worker_sees_no_gpu_and_cannot_initialize_cuda(fresh):
-    from frost.engines.compile import KernelSpec
-    from frost.engines.workers import worker_facts
+    from frost.compiler.compile import KernelSpec
+    from frost.compiler.workers import worker_facts
 
     h200 = fake_target("H200")
     facts = worker_facts(h200, KernelSpec(PROBE, ProbeCopyParams(dtype="f32")))
@@ -197,7 +197,7 @@ def test_worker_sees_no_gpu_and_cannot_initialize_cuda(fresh):
 
 
 def test_compile_many_compiles_in_workers_and_loads_in_order(fresh):
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     specs = [(PROBE, ProbeCopyParams(dtype="bf16")), (PROBE, ProbeCopyParams(dtype="f16")),
              (PROBE, ProbeCopyParams(dtype="bf16"))]
@@ -212,7 +212,7 @@ def test_compile_many_compiles_in_workers_and_loads_in_order(fresh):
 
 def test_precompile_entry_and_cli(fresh, capsys):
     import frost
-    from frost.engines.precompile import main
+    from frost.plans.precompile import main
 
     got = frost.precompile([(PROBE, ProbeCopyParams(dtype="f32"))], fake_target("H200"))
     assert got[0].name == "frost_probe_copy_f32"
@@ -228,7 +228,7 @@ def test_precompile_entry_and_cli(fresh, capsys):
 def test_precompile_takes_graphs(monkeypatch, unpended):
     """A graph contributes the specs of the engine build_plans would pick (nothing compiles here)."""
     import frost
-    from frost.engines import precompile as pre
+    from frost.plans import precompile as pre
 
     seen = {}
 
@@ -302,15 +302,17 @@ def test_key_follows_template_source_and_arch_not_runtime_extents(tmp_path, monk
     fingerprint.forget_sources()
     assert fingerprint.full_key(t, p, "sm_90a")["template_sha256"] != k90["template_sha256"]
 
-    # frost's kernel sources are in the fingerprint
+    # frost's kernel sources and its compile boundary are in the fingerprint; the layers above are not
     import shutil
 
-    src = tmp_path / "engines"
-    shutil.copytree(fingerprint.ENGINES_ROOT, src, ignore=shutil.ignore_patterns("__pycache__"))
-    before = fingerprint.sources_digest(src)
-    (src / "common" / "probe_copy.py").write_text((src / "common" / "probe_copy.py").read_text() + "\n# edited\n")
-    fingerprint.forget_sources()
-    assert fingerprint.sources_digest(src) != before
+    src = tmp_path / "frost"
+    shutil.copytree(fingerprint.FROST_ROOT, src, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, counts in (("engines/common/probe_copy.py", True), ("compiler/naming.py", True),
+                        ("runtime/workspace.py", True), ("bench/cli.py", False), ("lowering/lower.py", False)):
+        before = fingerprint.sources_digest(src)
+        (src / rel).write_text((src / rel).read_text() + "\n# edited\n")
+        fingerprint.forget_sources()
+        assert (fingerprint.sources_digest(src) != before) == counts, rel
     # and so are code-generation settings, but not diagnostics
     base = fingerprint.fingerprint()
     monkeypatch.setenv("CUTE_DSL_KEEP", "ptx")
@@ -352,7 +354,7 @@ def test_ptx_entries_and_exported_symbol_carry_frost_names(tmp_path):
     dump.mkdir()
     script = """
         import json
-        from frost.engines.compile import compile_kernel
+        from frost.compiler.compile import compile_kernel
         from frost.engines.common.probe_copy_params import ProbeCopyParams
         out = {}
         for t in ("frost.engines.common.probe_copy", "tmpl_two"):

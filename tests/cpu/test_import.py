@@ -19,10 +19,10 @@ SCRIPT = textwrap.dedent("""
     import frost
     seen["import frost"] = heavy()
     import frost.adapters.sm80, frost.adapters.sm90, frost.adapters.sm120, frost.adapters.sm100
-    import frost.adapters.reference, frost.engines.compile
+    import frost.adapters.reference, frost.compiler.compile
     seen["import adapters"] = heavy()
 
-    from frost.engines.target import fake_target
+    from frost.target import fake_target
 
     def ranked(target):
         g = frost.Graph(io_data_type=frost.DataType.BFLOAT16, target=target)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import frost
-from frost.engines.target import CPU, fake_target
+from frost.target import CPU, fake_target
 from frost.errors import GraphError, PlanFileError
 from tests import plan_graphs
 from tests.compile_runner import run_py as run_fresh

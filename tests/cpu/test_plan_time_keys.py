@@ -12,8 +12,8 @@ from frost.adapters.base import lower_dsl_fwd
 from frost.adapters.sm80 import SdpaFwdDslSm80
 from frost.adapters.sm120 import SdpaFwdDslSm120
 from frost.adapters.sm90 import SdpaFwdDslSm90
-from frost.engines import compile as boundary
-from frost.engines.target import CPU, fake_target
+from frost.compiler import compile as boundary
+from frost.target import CPU, fake_target
 from tests.plan_graphs import fwd_thd
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import frost
-from frost.engines.target import CPU, fake_target
+from frost.target import CPU, fake_target
 from tests.helpers import (Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, run_bwd, run_fwd,
                            sdpa_keywords)
 

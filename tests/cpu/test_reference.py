@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from frost.engines.target import CPU
+from frost.target import CPU
 from tests import oracle
 from tests.helpers import Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, rel_err, run_bwd, run_fwd
 

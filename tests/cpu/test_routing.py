@@ -6,7 +6,7 @@ import torch
 
 import frost
 from frost.engines import dsl
-from frost.engines.target import CPU, FAKE_TARGETS, fake_target
+from frost.target import CPU, FAKE_TARGETS, fake_target
 from frost.errors import EngineDecline, NotSupportedError
 from frost.lowering import capabilities
 from frost.lowering.lower import REFERENCE_ON_GPU

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-
 from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, HELPER_FIELDS, SMEM_BUDGET, Sm80BwdParams, bwd_chain,
                                                chain_args, default_knobs, scratch_bytes, scratch_layout,
                                                smem_bytes, split_tile, split_tile_count, stage_params,
                                                uses_turns, validate)
 from frost.errors import TemplateParamsError
+from frost.testing.cases import SM80_BWD_COVER as COVER
+from frost.testing.cases import params_kwargs
 from tests.compile_runner import compile_groups
-from tests.mma_params import params_kwargs
 
 _STAGE_TAG = {"preprocess": "pre", "main": "main", "postprocess": "post"}
 
@@ -24,26 +24,6 @@ _STAGE_TAG = {"preprocess": "pre", "main": "main", "postprocess": "post"}
 def _p(**kw) -> dict:
     return params_kwargs(default_knobs, **kw)
 
-
-COVER = {
-    "sm_80": [
-        _p(d=128, hq=8, hk=2, has_window_right=True),
-        _p(dtype="fp16", d=96, has_window_left=True, has_sinks=True, has_dsinks=True),
-        _p(d=64, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
-    ],
-    "sm_90a": [
-        _p(d=64, hq=4, hk=2, is_thd=True, has_window_left=True, has_window_right=True, deterministic=True),
-        _p(d=256, dtype="fp16", has_seqused=True, has_window_right=True, bottom_right=True),
-        _p(d=128, hq=4, hk=2, deterministic=True, knobs=dict(dq_accum_blocks=True, dq_red="v4")),
-        _p(d=128, hq=4, hk=2, has_window_right=True, has_sinks=True, has_dsinks=True, deterministic=True,
-           knobs=dict(dq_splits=3)),
-    ],
-    "sm_120a": [
-        _p(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
-        _p(family="sm120", d=128, has_seqused=True, deterministic=True, has_window_right=True),
-        _p(family="sm120", d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="cyc")),
-    ],
-}
 
 PARAMS = "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams"
 
@@ -97,7 +77,7 @@ def test_covering_set_covers_head_dims_flags_and_families():
 
 
 def test_kernel_names_are_self_describing_frost_symbols():
-    from frost.engines.naming import check_symbol
+    from frost.compiler.naming import check_symbol
     from frost.engines.sm80 import sdpa_bwd, sdpa_bwd_postprocess, sdpa_bwd_preprocess
 
     p = Sm80BwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True))
@@ -244,7 +224,7 @@ def test_split_count_keeps_the_sms_busy_or_falls_back_to_turns():
 ])
 def test_deterministic_dense_plans_default_to_split_copies(kw, splits):
     from frost.adapters.sm80 import SdpaBwdDslSm80
-    from frost.lowering.knobs import Knobs
+    from frost.knobs import Knobs
     from tests.cpu.test_routing import H200, declare
 
     det = declare(H200, direction="bwd", use_deterministic_algorithm=True, **kw)
@@ -297,7 +277,7 @@ def test_cyclic_turns_rank_key_tiles_by_arrival_on_the_rotated_walks():
 ])
 def test_deterministic_turn_plans_pick_the_cyclic_order_where_it_is_safe(kw, order):
     from frost.adapters.sm80 import SdpaBwdDslSm80
-    from frost.lowering.knobs import Knobs
+    from frost.knobs import Knobs
     from tests.cpu.test_routing import H200, declare
 
     g = declare(H200, direction="bwd", use_deterministic_algorithm=True, **kw)

@@ -9,38 +9,19 @@ from __future__ import annotations
 
 import pytest
 
-
 from frost.engines.sm80.sdpa_fwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80FwdParams, default_knobs, smem_bytes,
                                                 validate)
 from frost.errors import TemplateParamsError
+from frost.testing.cases import SM80_FWD_COVER as COVER
+from frost.testing.cases import SM80_FWD_TEMPLATE as TEMPLATE
+from frost.testing.cases import params_kwargs
 from tests.compile_runner import compile_groups
-from tests.mma_params import params_kwargs
-
 
 
 def _p(**kw) -> dict:
     return params_kwargs(default_knobs, **kw)
 
 
-COVER = {
-    "sm_80": [
-        _p(dtype="fp16", d=64),
-        _p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, has_lse=True),
-        _p(d=256, hq=2, hk=2, has_seqused=True, has_sinks=True, has_lse=True),
-    ],
-    "sm_90a": [
-        _p(d=96, has_window_left=True, has_window_right=True, bottom_right=True, has_lse=True),
-        _p(d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_window_left=True),
-        _p(d=128, knobs=dict(num_stages=2, tile_n=32)),
-    ],
-    "sm_120a": [
-        _p(family="sm120", d=128, is_thd=True, has_window_right=True, has_lse=True),
-        _p(family="sm120", d=256, hq=2, hk=2, has_window_right=True, bottom_right=True, has_lse=True),
-        _p(family="sm120", dtype="fp16", d=64, hq=6, hk=2, has_seqused=True, has_sinks=True),
-    ],
-}
-
-TEMPLATE = "frost.engines.sm80.sdpa_fwd"
 PARAMS = "frost.engines.sm80.sdpa_fwd_params.Sm80FwdParams"
 
 
@@ -73,7 +54,7 @@ def test_covering_set_covers_head_dims_flags_and_families():
 
 
 def test_kernel_name_is_a_self_describing_frost_symbol():
-    from frost.engines.naming import check_symbol
+    from frost.compiler.naming import check_symbol
     from frost.engines.sm80.sdpa_fwd import kernel_name
 
     p = Sm80FwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, has_lse=True))

@@ -9,40 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, smem_bytes, validate
 from frost.errors import TemplateParamsError
+from frost.testing.cases import SM90_FWD_COVER as COVER
+from frost.testing.cases import SM90_FWD_TEMPLATE as TEMPLATE
 from tests.compile_runner import compile_groups
 
-
-
-def _p(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
-    dv = dv or d
-    k = default_knobs(d, dv)
-    k.update(knobs or {})
-    return dict(dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
-
-
-COVER = [
-    [
-        _p(),
-        _p(dtype="fp16", hq=8, hk=2, is_thd=True, has_window_right=True),
-        _p(d=64, has_window_right=True, bottom_right=True, has_seqused=True, has_sinks=True),
-        _p(d=256, has_window_left=True, has_window_right=True, has_lse=False),
-        _p(hq=16, hk=4, has_window_right=True, knobs=dict(pack_gqa=True)),  # GQA packed, r=4
-    ],
-    [
-        _p(d=96, is_thd=True, has_sinks=True, knobs=dict(persistent=False)),
-        _p(d=192, dv=128, hq=6, hk=3, has_window_right=True),
-        _p(has_window_left=True, knobs=dict(tile_n=176, separate_o_smem=False)),
-        _p(d=192, has_window_right=True, knobs=dict(pingpong=False, num_stages=1)),
-        _p(hq=16, hk=2, is_thd=True, has_window_right=True, knobs=dict(pack_gqa=True)),
-        _p(hq=8, hk=2, has_sinks=True, has_seqused=True, has_window_left=True, has_window_right=True,
-           bottom_right=True, knobs=dict(pack_gqa=True)),
-    ],
-]
-
-TEMPLATE = "frost.engines.sm90.sdpa_fwd"
 PARAMS = "frost.engines.sm90.sdpa_fwd_params.Sm90FwdParams"
 
 

@@ -11,7 +11,7 @@ import frost
 from frost.adapters.sm90 import SdpaFwdDslSm90
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, pack_gqa_reason, validate
 from frost.errors import TemplateParamsError
-from frost.lowering.knobs import Knobs
+from frost.knobs import Knobs
 from tests.cpu.test_routing import H200, declare, reasons
 
 

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.gpu
 SCRIPT = """
     import json, sys, time
     import torch
-    from frost.engines import cache
-    from frost.engines.compile import compile_kernel
+    from frost.compiler import cache
+    from frost.compiler.compile import compile_kernel
     from frost.engines.common.probe_copy_params import ProbeCopyParams
-    from frost.engines.target import discover_target
+    from frost.target import discover_target
 
     target = discover_target()
     t0 = time.perf_counter()
@@ -113,10 +113,10 @@ def test_compiled_then_loaded_in_fresh_processes_runs_correctly(tmp_path):
 def test_worker_compiled_artifacts_run_in_the_parent(tmp_path):
     script = """
         import json, torch
-        from frost.engines import cache
+        from frost.compiler import cache
         from frost.engines.common.probe_copy_params import ProbeCopyParams
-        from frost.engines.target import discover_target
-        from frost.engines.workers import compile_many
+        from frost.target import discover_target
+        from frost.compiler.workers import compile_many
         torch.cuda.init()  # the parent has CUDA; the workers must not need it
         ks = compile_many([("frost.engines.common.probe_copy", ProbeCopyParams(dtype=d)) for d in ("f16", "bf16")],
                           discover_target(), max_workers=2)

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 from frost.adapters.reference_math import sdpa_fwd_reference  # noqa: E402
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs  # noqa: E402
-from tests.mma_params import params_kwargs  # noqa: E402
+from frost.testing.cases import params_kwargs  # noqa: E402
 from frost.engines.sdpa_args import CanonicalCall  # noqa: E402
 
 TEMPLATE = "frost.engines.sm80.sdpa_fwd"
@@ -50,8 +50,8 @@ FLAVORS = {
 
 @pytest.fixture(scope="module")
 def kernels():
-    from frost.engines.target import discover_target
-    from frost.engines.workers import compile_many
+    from frost.target import discover_target
+    from frost.compiler.workers import compile_many
 
     target = discover_target()
     names = list(FLAVORS)

@@ -6,105 +6,25 @@ defines must be written. Run on an H100/H200 (cc 9.0); skipped elsewhere.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Optional
 
 import pytest
 import torch
+
 from frost.engines.sdpa_args import CanonicalCall
+from frost.testing.cases import SM90_FWD_CASES as CASES
+from frost.testing.cases import SM90_FWD_TEMPLATE as TEMPLATE
+from frost.testing.cases import Sm90Case as K
+from frost.testing.cases import sm90_params
 
 pytestmark = pytest.mark.gpu
-
-TEMPLATE = "frost.engines.sm90.sdpa_fwd"
 
 
 def _hopper():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-@dataclass(frozen=True)
-class K:
-    """One direct-call case: geometry, features and optional knob overrides."""
-    d: int = 128
-    dv: Optional[int] = None
-    hq: int = 4
-    hkv: int = 4
-    b: int = 2
-    sq: int = 300
-    skv: int = 300
-    dtype: str = "bf16"
-    wl: Optional[int] = None
-    wr: Optional[int] = None
-    br: bool = False
-    lse: bool = True
-    sinks: bool = False
-    sink_shift: float = 0.0  # added to the random sinks (a dominant sink must not overflow)
-    seqused: Optional[tuple] = None  # ((len_q...), (len_kv...)) per batch
-    thd: Optional[tuple] = None  # ((len_q, len_kv), ...)
-    strided: bool = False
-    knobs: dict = field(default_factory=dict)
-
-    @property
-    def id(self):
-        bits = [f"d{self.d}" + (f"v{self.dv}" if self.dv else ""), f"h{self.hq}x{self.hkv}", self.dtype]
-        bits += [f"wl{self.wl}"] if self.wl is not None else []
-        bits += [f"wr{self.wr}"] if self.wr is not None else []
-        bits += ["br"] * self.br + ["nolse"] * (not self.lse) + ["sink"] * self.sinks
-        bits += [f"shift{self.sink_shift:g}"] if self.sink_shift else []
-        bits += ["seqused"] * (self.seqused is not None) + ["thd"] * (self.thd is not None)
-        bits += ["strided"] * self.strided + [f"{k}{v}" for k, v in sorted(self.knobs.items())]
-        bits += [f"s{self.sq}x{self.skv}"] if self.thd is None else []
-        return "-".join(bits)
-
-
-CASES = [
-    K(),
-    K(wr=0),
-    K(wr=0, sq=300, skv=700),
-    K(wr=0, br=True, sq=200, skv=520),
-    K(wr=0, br=True, sq=520, skv=200),
-    K(hq=8, hkv=2, wr=0, sq=1000, skv=1000),
-    K(dtype="fp16", wr=0),
-    K(wl=100, wr=17, sinks=True, sq=700, skv=700),
-    K(wl=33, br=True, sq=130, skv=260),
-    K(wr=0, br=True, sq=520, skv=200, sinks=True, hq=2, hkv=1),
-    K(seqused=((250, 0), (300, 17)), sq=300, skv=300, wr=0),
-    K(lse=False, strided=True, sq=257, skv=383),
-    K(hq=8, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 5)), wr=0),
-    K(thd=((513, 513), (1, 7), (0, 3), (64, 64)), sinks=True),
-    K(d=64, hq=4, hkv=4, wr=0, sq=700, skv=700),
-    K(d=64, thd=((300, 300), (1, 1), (190, 190))),
-    K(d=96, wr=0),
-    K(d=192, dv=128, wr=0),
-    K(d=256, wr=0, sq=333, skv=333),
-    K(knobs=dict(persistent=False, separate_o_smem=False, pingpong=False), wr=0, sq=600, skv=600),
-    K(knobs=dict(tile_n=176, separate_o_smem=False), sq=700, skv=700),
-    K(knobs=dict(kv_rotate=True, head_fastest=True), b=3, sq=900, skv=1100),
-    K(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129)), knobs=dict(kv_rotate=True)),
-    K(knobs=dict(rescale_o_early=True), wr=0, sinks=True, sq=500, skv=500),
-    K(knobs=dict(tile_m=64), wr=0, sq=300, skv=300),
-    K(d=96, thd=((200, 200), (1, 1), (77, 77)), wr=0),
-    K(d=192, dv=192, wr=0, sq=300, skv=300),
-    K(d=192, dv=192, thd=((129, 300), (64, 64))),
-    K(sinks=True, sink_shift=150.0, wr=0, sq=200, skv=200),
-    # longest-first sections of heads (l2_kv_bytes): 5 x 3 (batch, head) pairs in sections of 2 and a last
-    # of 1; unpacked GQA in sections of one kv head's 2 query heads; and both with one-CTA-per-tile launches
-    K(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(l2_kv_bytes=2 * 700 * 512)),
-    K(hq=4, hkv=2, b=3, wr=0, br=True, sq=500, skv=900, knobs=dict(l2_kv_bytes=1, pack_gqa=False)),
-    K(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(l2_kv_bytes=2 * 700 * 512, persistent=False)),
-]
-
-
 def params_of(c: K):
-    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs
-
-    dv = c.dv or c.d
-    knobs = default_knobs(c.d, dv, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
-    knobs.update(c.knobs)
-    return Sm90FwdParams(dtype=c.dtype, head_dim=c.d, head_dim_v=dv, num_heads_q=c.hq, num_heads_kv=c.hkv,
-                         is_thd=c.thd is not None, has_seqused=c.seqused is not None, has_lse=c.lse,
-                         has_sinks=c.sinks, has_window_left=c.wl is not None, has_window_right=c.wr is not None,
-                         bottom_right=c.br, **knobs)
+    return sm90_params(c, torch.cuda.get_device_properties(0).multi_processor_count)
 
 
 def _strided(shape, dtype, dev, perm):
@@ -183,7 +103,7 @@ def kernels():
     """Every case's kernel, compiled up front in parallel worker processes."""
     if not _hopper():
         pytest.skip("needs an sm_90 GPU")
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
 
     specs = [(TEMPLATE, params_of(c)) for c in CASES]
     cks = compile_many(specs, "sm_90a")

@@ -44,7 +44,7 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
 
 
 def build(params: Sm80FwdParams, arch: str):
-    """(jit entry taking declared-order tensors, fake arguments) for `frost.engines.compile.compile_kernel`."""
+    """(jit entry taking declared-order tensors, fake arguments) for `frost.compiler.compile.compile_kernel`."""
     validate(params)
     names = fwd_arg_names(params)
     kernel = Sm80SdpaFwd(params)

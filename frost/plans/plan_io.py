@@ -1,7 +1,7 @@
 """Save a built plan to one file; load it into a graph in a fresh process without compiling.
 
 Saving records the facts, engine, requested knobs, target and every kernel
-artifact the plan launches (frost.lowering.plan_file). Loading checks that the
+artifact the plan launches (frost.plans.plan_file). Loading checks that the
 graph's facts equal the saved ones, adopts the artifacts into the cache when
 this frost would have compiled exactly them (same fingerprint, same arch), and
 builds the plan for the saved engine and knobs: the compile boundary then finds
@@ -14,12 +14,13 @@ import time
 import warnings
 from pathlib import Path
 
-from frost.engines import cache, fingerprint
-from frost.engines.artifacts import Artifact, adopt, export_kernel, prune_keeping, sha256, stale_reason
-from frost.engines.compile import KernelSpec
+from frost.compiler import cache, fingerprint
+from frost.compiler.artifacts import Artifact, adopt, export_kernel, prune_keeping, sha256, stale_reason
+from frost.compiler.compile import KernelSpec
 from frost.errors import GraphError, NotSupportedError, PlanFileError, PlanFileWarning
-from frost.lowering import plan_file
-from frost.lowering.plan_file import KernelRecord, PlanHeader
+from frost.plans import plan_file
+from frost.plans.plan_file import KernelRecord, PlanHeader
+from frost.version import __version__
 
 
 def _warn(msg: str) -> None:
@@ -38,15 +39,13 @@ def _record(i: int, art: Artifact) -> KernelRecord:
 
 def save_plan(graph, path) -> Path:
     """Write `graph`'s built plan and the artifacts of every kernel it launches to `path` (one file)."""
-    import frost
-
     graph._require_plan()
     plan = graph.plan
     try:
         arts = [export_kernel(ck) for ck in plan.adapter.compiled_kernels()]
     except OSError as e:
         raise PlanFileError(f"cannot save the plan of graph {graph.name!r}: {e}") from None
-    header = PlanHeader(frost_version=frost.__version__, created=time.time(), graph=graph.name,
+    header = PlanHeader(frost_version=__version__, created=time.time(), graph=graph.name,
                         engine=plan.engine_name, knobs=plan.adapter.knobs.requested(),
                         target=graph.target.model_dump(), arch=graph.target.arch, fingerprint=fingerprint.fingerprint(),
                         fingerprint_inputs=fingerprint.fingerprint_inputs(), facts=plan.facts.model_dump(mode="json"),

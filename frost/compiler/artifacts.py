@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from frost.engines import cache, fingerprint
-from frost.engines import compile as boundary
-from frost.engines.compile import CompiledKernel, KernelSpec
+from frost.compiler import cache, fingerprint
+from frost.compiler import compile as boundary
+from frost.compiler.compile import CompiledKernel, KernelSpec
 
 
 def sha256(data: bytes) -> str:

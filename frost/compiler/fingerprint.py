@@ -1,9 +1,10 @@
 """The cache fingerprint and compile keys: what must match for a stored artifact to be reused.
 
 The fingerprint covers everything that changes generated code without changing
-a compile key: frost's kernel sources (frost/engines/**.py), the CuTe DSL and
-TVM-FFI versions, the Python ABI and code-generation environment variables.
-Computed once per process; never imports cutlass.
+a compile key: frost's kernel sources (`SOURCES`: the templates, the compile
+boundary, and what they import from other layers that shapes a kernel), the
+CuTe DSL and TVM-FFI versions, the Python ABI and code-generation environment
+variables. Computed once per process; never imports cutlass.
 """
 from __future__ import annotations
 
@@ -29,7 +30,12 @@ _NON_CODEGEN_ENV = {
 }
 _DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
           "apache-tvm-ffi")
-ENGINES_ROOT = Path(__file__).resolve().parent
+FROST_ROOT = Path(__file__).resolve().parents[1]
+# Paths under FROST_ROOT whose .py files are hashed: a folder means every .py below it.
+SOURCES = ("engines", "compiler", "runtime/workspace.py")
+# Modules the SOURCES import that never change generated code: error messages, and
+# the target record (its arch string is part of every compile key).
+NOT_CODEGEN = ("errors.py", "target.py")
 
 
 _file_digests: dict[str, str] = {}
@@ -45,15 +51,23 @@ def file_digest(path: Path) -> str:
     return d
 
 
-def sources_digest(root: Path = ENGINES_ROOT) -> str:
-    """Digest of every .py under `root`, computed once per process."""
-    k = str(root)
+def source_files(root: Path = FROST_ROOT, parts: tuple = SOURCES) -> list[Path]:
+    """The .py files the fingerprint hashes, sorted."""
+    out = set()
+    for part in parts:
+        p = root / part
+        out.update([p] if p.is_file() else (f for f in p.rglob("*.py") if "__pycache__" not in f.parts))
+    return sorted(out)
+
+
+def sources_digest(root: Path = FROST_ROOT, parts: tuple = SOURCES) -> str:
+    """Digest of the `parts` of the tree at `root`, computed once per process."""
+    k = f"{root}:{','.join(parts)}"
     d = _sources.get(k)
     if d is None:
         h = hashlib.sha256()
-        for p in sorted(root.rglob("*.py")):
-            if "__pycache__" not in p.parts:
-                h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
+        for p in source_files(root, parts):
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + file_digest(p).encode() + b"\n")
         d = _sources[k] = h.hexdigest()
     return d
 
@@ -87,7 +101,7 @@ def codegen_env() -> dict:
     return dict(sorted(out.items()))
 
 
-def fingerprint_inputs(root: Path = ENGINES_ROOT) -> dict:
+def fingerprint_inputs(root: Path = FROST_ROOT) -> dict:
     return {
         "format": FORMAT,
         "sources": sources_digest(root),
@@ -98,7 +112,7 @@ def fingerprint_inputs(root: Path = ENGINES_ROOT) -> dict:
     }
 
 
-def fingerprint(root: Path = ENGINES_ROOT) -> str:
+def fingerprint(root: Path = FROST_ROOT) -> str:
     blob = json.dumps(fingerprint_inputs(root), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()
 

@@ -16,10 +16,10 @@ import sys
 import time
 from typing import Iterable, Optional
 
-from frost.engines import cache
-from frost.engines.compile import CompiledKernel, KernelSpec
-from frost.engines.target import FAKE_TARGETS, Target, discover_target, fake_target
-from frost.engines.workers import as_spec, compile_many
+from frost.compiler import cache
+from frost.compiler.compile import CompiledKernel, KernelSpec
+from frost.compiler.workers import as_spec, compile_many
+from frost.target import FAKE_TARGETS, Target, discover_target, fake_target
 
 PROBE = "frost.engines.common.probe_copy"
 
@@ -50,7 +50,7 @@ def precompile(specs_or_graphs, target: Optional[Target | str] = None, *,
                max_workers: Optional[int] = None) -> list[CompiledKernel]:
     """Compile (or load from the cache) every kernel the specs or graphs need, in parallel.
 
-    `target` defaults to this machine's GPU; pass a fake target (frost.engines.target.fake_target)
+    `target` defaults to this machine's GPU; pass a fake target (frost.target.fake_target)
     to fill a cache for another machine. Returns the kernels in spec order.
     """
     if not isinstance(specs_or_graphs, (list, tuple)):
@@ -58,7 +58,7 @@ def precompile(specs_or_graphs, target: Optional[Target | str] = None, *,
     if target is None:
         target = discover_target()
         if target.is_cpu:
-            raise ValueError("no GPU here: pass a target, e.g. frost.engines.target.fake_target('H200')")
+            raise ValueError("no GPU here: pass a target, e.g. frost.target.fake_target('H200')")
     rec = _record_of(target)
     if rec is None and any(not isinstance(x, (KernelSpec, tuple, list, dict)) for x in specs_or_graphs):
         raise ValueError(f"graphs need a Target record, not just an arch ({target!r})")
@@ -118,12 +118,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print results as JSON")
     args = p.parse_args(argv)
 
-    from frost import cache as frost_cache
-
     if args.clear:
-        frost_cache.clear()
+        cache.clear()
     if args.prune:
-        print(f"evicted {frost_cache.prune()} entries")
+        print(f"evicted {cache.prune()} entries")
     work = args.probe or args.spec_file or args.sources
     if work:
         target = _target_of(args)

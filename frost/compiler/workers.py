@@ -17,12 +17,11 @@ import os
 import sys
 from typing import Iterable, Optional
 
-from frost.engines import cache
-from frost.engines.compile import (CompiledKernel, KernelSpec, _arch_of, compile_kernel, compile_key, memo_has,
-                                   publish)
-from frost.engines.fingerprint import full_key
+from frost.compiler import cache
+from frost.compiler.compile import CompiledKernel, KernelSpec, _arch_of, compile_kernel, compile_key, memo_has, publish
+from frost.compiler.fingerprint import full_key
 from frost.engines.params import TemplateParams
-from frost.engines.target import Target
+from frost.target import Target
 
 _target: Optional[Target] = None  # in a worker: the parent's Target record (worker_facts reports it)
 

@@ -8,9 +8,9 @@ A kernel template is a module (imported lazily by dotted path) that exposes
     kernel_symbol(params, arch, index, fn_name) # optional: names of 2nd.. kernels
 
 `compile_kernel(template, params, target)` serves a key from, in order, this
-process's memo, the persistent cache (frost.engines.cache), or a compile. The
+process's memo, the persistent cache (frost.compiler.cache), or a compile. The
 compile rejects real tensors, names the host entry and the GPU kernels after
-`kernel_name` (frost.engines.naming), compiles with TVM-FFI for the target's
+`kernel_name` (frost.compiler.naming), compiles with TVM-FFI for the target's
 arch, exports into the cache and loads the artifact back, so a kernel behaves
 the same whether it was compiled here or loaded from disk: `fn` is the raw
 TVM-FFI function and calls are positional.
@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Optional
 
-from frost.engines import cache
-from frost.engines.fingerprint import full_key
-from frost.engines.loader import loader_choice
-from frost.engines.naming import check_symbol, kernel_symbols
+from frost.compiler import cache
+from frost.compiler.fingerprint import full_key
+from frost.compiler.loader import loader_choice
+from frost.compiler.naming import check_symbol, kernel_symbols
 from frost.engines.params import TemplateParams
-from frost.engines.target import Target
+from frost.target import Target
 
 
 @dataclass(eq=False)

@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from frost.engines.fingerprint import FORMAT, entry_id, fingerprint, fingerprint_inputs
-from frost.engines.loader import link_shared, load_object, load_shared, loader_choice, runtime_libraries
+from frost.compiler.fingerprint import FORMAT, entry_id, fingerprint, fingerprint_inputs
+from frost.compiler.loader import link_shared, load_object, load_shared, loader_choice, runtime_libraries
 
 _LAYOUT = "v1"
 DEFAULT_MAX_BYTES = 2 * 2**30
@@ -386,3 +386,16 @@ def describe() -> dict[str, Any]:
     dc = disk()
     return {"dir": str(cache_dir()), "enabled": dc is not None, "max_bytes": max_bytes(),
             "fingerprint": dc.fp if dc else None, "bytes": dc.size_bytes() if dc else 0, "stats": stats()}
+
+
+def prune(limit: Optional[int] = None) -> int:
+    """Apply the size cap now (stale fingerprints first, then least recently used); returns evictions."""
+    dc = disk()
+    return dc.prune(limit) if dc is not None else 0
+
+
+def clear() -> None:
+    """Delete every cached artifact (all fingerprints) under the cache directory."""
+    dc = disk()
+    if dc is not None:
+        dc.clear()

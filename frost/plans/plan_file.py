@@ -64,7 +64,7 @@ class PlanHeader(BaseModel):
 
 def write(path, header: PlanHeader, blobs: list[tuple[bytes, Optional[bytes]]]) -> Path:
     """Write the header and each kernel's (object, linked library or None) atomically; returns the path."""
-    from frost.engines.cache import write_atomic
+    from frost.compiler.cache import write_atomic
 
     def zip_to(tmp):
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:

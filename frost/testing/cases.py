@@ -1,0 +1,237 @@
+"""Kernel cases that the tests, tools/kernel_ir.py and the benchmark scripts share.
+
+The compile tests' covering sets (every head-dim pair, feature flag, family and
+arch at least once, not the cross product), which tools/kernel_ir.py dumps; and
+the SM90 forward's direct-call cases, which the GPU kernel tests run and the
+SM90 benchmark scripts precompile. Data and params records only: no cutlass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from frost.engines.sm80 import sdpa_bwd_params as _bwd80
+from frost.engines.sm80 import sdpa_fwd_params as _fwd80
+from frost.engines.sm90.sdpa_fwd_params import default_knobs as _sm90_knobs
+
+SM80_FWD_TEMPLATE = "frost.engines.sm80.sdpa_fwd"
+SM90_FWD_TEMPLATE = "frost.engines.sm90.sdpa_fwd"
+
+
+def params_kwargs(default_knobs, family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None,
+                  **flags) -> dict:
+    """Keyword arguments of Sm80FwdParams / Sm80BwdParams: a family's default knobs (`default_knobs` of the
+    matching params module), then overrides, then feature flags."""
+    dv = dv or d
+    k = default_knobs(family, d, dv, dtype)
+    k.update(knobs or {})
+    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
+                **flags, **k)
+
+
+def _mma_fwd(**kw) -> dict:
+    return params_kwargs(_fwd80.default_knobs, **kw)
+
+
+def _mma_bwd(**kw) -> dict:
+    return params_kwargs(_bwd80.default_knobs, **kw)
+
+
+def _sm90(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
+    dv = dv or d
+    k = _sm90_knobs(d, dv)
+    k.update(knobs or {})
+    return dict(dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
+
+
+# the mma.sync forward, by arch (sm_120a compiles the sm120 family)
+SM80_FWD_COVER = {
+    "sm_80": [
+        _mma_fwd(dtype="fp16", d=64),
+        _mma_fwd(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, has_lse=True),
+        _mma_fwd(d=256, hq=2, hk=2, has_seqused=True, has_sinks=True, has_lse=True),
+    ],
+    "sm_90a": [
+        _mma_fwd(d=96, has_window_left=True, has_window_right=True, bottom_right=True, has_lse=True),
+        _mma_fwd(d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_window_left=True),
+        _mma_fwd(d=128, knobs=dict(num_stages=2, tile_n=32)),
+    ],
+    "sm_120a": [
+        _mma_fwd(family="sm120", d=128, is_thd=True, has_window_right=True, has_lse=True),
+        _mma_fwd(family="sm120", d=256, hq=2, hk=2, has_window_right=True, bottom_right=True, has_lse=True),
+        _mma_fwd(family="sm120", dtype="fp16", d=64, hq=6, hk=2, has_seqused=True, has_sinks=True),
+    ],
+}
+
+# the mma.sync backward chain (preprocess, main, dQ convert), by arch
+SM80_BWD_COVER = {
+    "sm_80": [
+        _mma_bwd(d=128, hq=8, hk=2, has_window_right=True),
+        _mma_bwd(dtype="fp16", d=96, has_window_left=True, has_sinks=True, has_dsinks=True),
+        _mma_bwd(d=64, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
+    ],
+    "sm_90a": [
+        _mma_bwd(d=64, hq=4, hk=2, is_thd=True, has_window_left=True, has_window_right=True, deterministic=True),
+        _mma_bwd(d=256, dtype="fp16", has_seqused=True, has_window_right=True, bottom_right=True),
+        _mma_bwd(d=128, hq=4, hk=2, deterministic=True, knobs=dict(dq_accum_blocks=True, dq_red="v4")),
+        _mma_bwd(d=128, hq=4, hk=2, has_window_right=True, has_sinks=True, has_dsinks=True, deterministic=True,
+             knobs=dict(dq_splits=3)),
+    ],
+    "sm_120a": [
+        _mma_bwd(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
+        _mma_bwd(family="sm120", d=128, has_seqused=True, deterministic=True, has_window_right=True),
+        _mma_bwd(family="sm120", d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="cyc")),
+    ],
+}
+
+# the SM90 forward, in two groups (each compiles in its own process)
+SM90_FWD_COVER = [
+    [
+        _sm90(),
+        _sm90(dtype="fp16", hq=8, hk=2, is_thd=True, has_window_right=True),
+        _sm90(d=64, has_window_right=True, bottom_right=True, has_seqused=True, has_sinks=True),
+        _sm90(d=256, has_window_left=True, has_window_right=True, has_lse=False),
+        _sm90(hq=16, hk=4, has_window_right=True, knobs=dict(pack_gqa=True)),  # GQA packed, r=4
+    ],
+    [
+        _sm90(d=96, is_thd=True, has_sinks=True, knobs=dict(persistent=False)),
+        _sm90(d=192, dv=128, hq=6, hk=3, has_window_right=True),
+        _sm90(has_window_left=True, knobs=dict(tile_n=176, separate_o_smem=False)),
+        _sm90(d=192, has_window_right=True, knobs=dict(pingpong=False, num_stages=1)),
+        _sm90(hq=16, hk=2, is_thd=True, has_window_right=True, knobs=dict(pack_gqa=True)),
+        _sm90(hq=8, hk=2, has_sinks=True, has_seqused=True, has_window_left=True, has_window_right=True,
+          bottom_right=True, knobs=dict(pack_gqa=True)),
+    ],
+]
+
+
+@dataclass(frozen=True)
+class Sm90Case:
+    """One direct-call case of the SM90 forward: geometry, features and optional knob overrides."""
+    d: int = 128
+    dv: Optional[int] = None
+    hq: int = 4
+    hkv: int = 4
+    b: int = 2
+    sq: int = 300
+    skv: int = 300
+    dtype: str = "bf16"
+    wl: Optional[int] = None
+    wr: Optional[int] = None
+    br: bool = False
+    lse: bool = True
+    sinks: bool = False
+    sink_shift: float = 0.0  # added to the random sinks (a dominant sink must not overflow)
+    seqused: Optional[tuple] = None  # ((len_q...), (len_kv...)) per batch
+    thd: Optional[tuple] = None  # ((len_q, len_kv), ...)
+    strided: bool = False
+    knobs: dict = field(default_factory=dict)
+
+    @property
+    def id(self):
+        bits = [f"d{self.d}" + (f"v{self.dv}" if self.dv else ""), f"h{self.hq}x{self.hkv}", self.dtype]
+        bits += [f"wl{self.wl}"] if self.wl is not None else []
+        bits += [f"wr{self.wr}"] if self.wr is not None else []
+        bits += ["br"] * self.br + ["nolse"] * (not self.lse) + ["sink"] * self.sinks
+        bits += [f"shift{self.sink_shift:g}"] if self.sink_shift else []
+        bits += ["seqused"] * (self.seqused is not None) + ["thd"] * (self.thd is not None)
+        bits += ["strided"] * self.strided + [f"{k}{v}" for k, v in sorted(self.knobs.items())]
+        bits += [f"s{self.sq}x{self.skv}"] if self.thd is None else []
+        return "-".join(bits)
+
+
+SM90_FWD_CASES = [
+    Sm90Case(),
+    Sm90Case(wr=0),
+    Sm90Case(wr=0, sq=300, skv=700),
+    Sm90Case(wr=0, br=True, sq=200, skv=520),
+    Sm90Case(wr=0, br=True, sq=520, skv=200),
+    Sm90Case(hq=8, hkv=2, wr=0, sq=1000, skv=1000),
+    Sm90Case(dtype="fp16", wr=0),
+    Sm90Case(wl=100, wr=17, sinks=True, sq=700, skv=700),
+    Sm90Case(wl=33, br=True, sq=130, skv=260),
+    Sm90Case(wr=0, br=True, sq=520, skv=200, sinks=True, hq=2, hkv=1),
+    Sm90Case(seqused=((250, 0), (300, 17)), sq=300, skv=300, wr=0),
+    Sm90Case(lse=False, strided=True, sq=257, skv=383),
+    Sm90Case(hq=8, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 5)), wr=0),
+    Sm90Case(thd=((513, 513), (1, 7), (0, 3), (64, 64)), sinks=True),
+    Sm90Case(d=64, hq=4, hkv=4, wr=0, sq=700, skv=700),
+    Sm90Case(d=64, thd=((300, 300), (1, 1), (190, 190))),
+    Sm90Case(d=96, wr=0),
+    Sm90Case(d=192, dv=128, wr=0),
+    Sm90Case(d=256, wr=0, sq=333, skv=333),
+    Sm90Case(knobs=dict(persistent=False, separate_o_smem=False, pingpong=False), wr=0, sq=600, skv=600),
+    Sm90Case(knobs=dict(tile_n=176, separate_o_smem=False), sq=700, skv=700),
+    Sm90Case(knobs=dict(kv_rotate=True, head_fastest=True), b=3, sq=900, skv=1100),
+    Sm90Case(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129)), knobs=dict(kv_rotate=True)),
+    Sm90Case(knobs=dict(rescale_o_early=True), wr=0, sinks=True, sq=500, skv=500),
+    Sm90Case(knobs=dict(tile_m=64), wr=0, sq=300, skv=300),
+    Sm90Case(d=96, thd=((200, 200), (1, 1), (77, 77)), wr=0),
+    Sm90Case(d=192, dv=192, wr=0, sq=300, skv=300),
+    Sm90Case(d=192, dv=192, thd=((129, 300), (64, 64))),
+    Sm90Case(sinks=True, sink_shift=150.0, wr=0, sq=200, skv=200),
+    # longest-first sections of heads (l2_kv_bytes): 5 x 3 (batch, head) pairs in sections of 2 and a last
+    # of 1; unpacked GQA in sections of one kv head's 2 query heads; and both with one-CTA-per-tile launches
+    Sm90Case(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(l2_kv_bytes=2 * 700 * 512)),
+    Sm90Case(hq=4, hkv=2, b=3, wr=0, br=True, sq=500, skv=900,
+             knobs=dict(l2_kv_bytes=1, pack_gqa=False)),
+    Sm90Case(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700,
+             knobs=dict(l2_kv_bytes=2 * 700 * 512, persistent=False)),
+]
+
+
+def sm90_params(c: Sm90Case, sm_count: int):
+    """The Sm90FwdParams a case compiles from, with the default knobs for a GPU of `sm_count` SMs."""
+    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
+
+    dv = c.dv or c.d
+    knobs = _sm90_knobs(c.d, dv, sm_count=sm_count)
+    knobs.update(c.knobs)
+    return Sm90FwdParams(dtype=c.dtype, head_dim=c.d, head_dim_v=dv, num_heads_q=c.hq, num_heads_kv=c.hkv,
+                         is_thd=c.thd is not None, has_seqused=c.seqused is not None, has_lse=c.lse,
+                         has_sinks=c.sinks, has_window_left=c.wl is not None, has_window_right=c.wr is not None,
+                         bottom_right=c.br, **knobs)
+
+
+# GQA heads packed into one M tile: decode-like shapes are what packing exists for
+_PACK = dict(pack_gqa=True)
+_S4K = 4096
+
+SM90_PACK_GQA_CASES = [
+    # r = 2, 4, 8 over Sq in {1, 7, 128, 1000} against 4k keys
+    *[Sm90Case(hq=4, hkv=2, b=2, sq=sq, skv=_S4K, wr=0, br=True, knobs=_PACK) for sq in (1, 7, 128, 1000)],
+    *[Sm90Case(hq=8, hkv=2, b=2, sq=sq, skv=_S4K, knobs=_PACK) for sq in (1, 7, 128, 1000)],
+    *[Sm90Case(hq=16, hkv=2, b=1, sq=sq, skv=_S4K, wr=0, br=True, sinks=True, knobs=_PACK)
+      for sq in (1, 7, 128, 1000)],
+    Sm90Case(hq=16, hkv=2, b=2, sq=1000, skv=1000, wr=0, knobs=_PACK),  # causal, top-left
+    Sm90Case(hq=8, hkv=2, b=2, sq=300, skv=700, wr=0, knobs=_PACK),  # causal top-left, Sq < Skv
+    # bottom-right, Sq > Skv (empty rows)
+    Sm90Case(hq=8, hkv=2, b=2, sq=520, skv=200, wr=0, br=True, knobs=_PACK),
+    Sm90Case(hq=8, hkv=2, wl=100, wr=17, sinks=True, sq=700, skv=700, knobs=_PACK),
+    Sm90Case(hq=8, hkv=4, wl=33, br=True, sq=130, skv=260, knobs=_PACK),
+    Sm90Case(hq=8, hkv=2, seqused=((250, 0), (300, 17)), sq=300, skv=300, wr=0, knobs=_PACK),
+    Sm90Case(hq=16, hkv=4, lse=False, strided=True, sq=257, skv=383, knobs=_PACK),
+    Sm90Case(hq=16, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 4096), (7, 4096)),
+             wr=0, knobs=_PACK),
+    Sm90Case(hq=8, hkv=2, thd=((513, 513), (1, 7), (0, 3), (64, 64)), sinks=True, knobs=_PACK),
+    # tile_m 192: 96 positions x 2 heads
+    Sm90Case(d=64, hq=8, hkv=4, wr=0, br=True, sq=700, skv=900, knobs=_PACK),
+    Sm90Case(hq=32, hkv=4, sq=3, skv=_S4K, knobs=dict(pack_gqa=True, tile_m=64)),  # one warpgroup, r = 8
+    # 64-row tiles: what the adapter picks for decode-like shapes
+    *[Sm90Case(hq=32, hkv=4, b=2, sq=sq, skv=_S4K, wr=0, br=True, sinks=True,
+               knobs=dict(pack_gqa=True, tile_m=64)) for sq in (1, 16, 100)],
+    Sm90Case(hq=16, hkv=2, thd=((1, 4096), (0, 5), (7, 4096), (16, 16), (100, 3000)), wr=0, br=True,
+             knobs=dict(pack_gqa=True, tile_m=64)),
+    Sm90Case(dtype="fp16", hq=8, hkv=2, wr=0, sq=333, skv=333, knobs=_PACK),
+    Sm90Case(d=256, hq=4, hkv=2, wr=0, sq=333, skv=333, knobs=_PACK),
+    Sm90Case(d=192, dv=128, hq=8, hkv=2, wr=0, sq=200, skv=600, knobs=_PACK),
+    # r = 64: one position fills a warpgroup
+    Sm90Case(hq=64, hkv=1, sq=5, skv=2000, wr=0, br=True, knobs=_PACK),
+]
+# the unpacked twin of a dense case: same inputs, same params but pack_gqa off
+SM90_PACK_GQA_TWINS = [c for c in SM90_PACK_GQA_CASES if c.thd is None and c.seqused is None][::3]
+
+
+def unpacked(c: Sm90Case) -> Sm90Case:
+    """The unpacked twin of a packed case: same inputs, pack_gqa off."""
+    return Sm90Case(**{**c.__dict__, "knobs": {**c.knobs, "pack_gqa": False}})
