@@ -25,7 +25,7 @@ BWD_FACTOR = 2.5
 def chain_for(params_list, target):
     """One callable per params: the chain bound to named canonical tensors."""
     from frost.engines.sdpa_args import declared_values
-    from frost.engines.workers import compile_many
+    from frost.compiler.workers import compile_many
     from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
 
     specs, mods = [], []
@@ -66,7 +66,7 @@ def main(argv=None):
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync chain")
     a = ap.parse_args(argv)
     from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs
-    from frost.engines.target import discover_target
+    from frost.target import discover_target
 
     target = discover_target()
     ds = [int(x) for x in a.d.split(",")]
@@ -115,7 +115,7 @@ def main(argv=None):
                     out = fa4(qr, kr, vr, softmax_scale=scale, causal=c)
                     out = out[0] if isinstance(out, (tuple, list)) else out
 
-                    def f_fa4():
+                    def f_fa4(out=out, qr=qr, kr=kr, vr=vr, do=do):
                         return torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
                     grads["fa4"] = f_fa4()
                     res["fa4"] = timed(f_fa4)

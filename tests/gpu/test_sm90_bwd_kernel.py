@@ -78,8 +78,8 @@ class Chain:
 
 
 def compile_chains(params_list):
-    from frost.engines.target import discover_target
-    from frost.engines.workers import compile_many
+    from frost.target import discover_target
+    from frost.compiler.workers import compile_many
 
     specs = [(tmpl, sp) for p in params_list for _, tmpl, _, sp in bwd_chain(p)]
     cks = iter(compile_many(specs, discover_target()))

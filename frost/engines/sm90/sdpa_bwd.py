@@ -326,7 +326,6 @@ class SdpaBwdSm90:
     @cute.jit
     def mma(self, mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv, pipe_q,
             pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv, batch):
-        p = self.p
         bm, bn = self.bm, self.bn
         m_min, n_m, steps, off, wl, wr, seqlen_q, seqlen_k = work
         tidx = cute.arch.thread_idx()[0] - 128
