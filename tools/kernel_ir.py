@@ -32,7 +32,7 @@ def covering_specs() -> list:
     import tests.cpu.test_sm80_bwd_compile as bwd80
     import tests.cpu.test_sm80_fwd_compile as fwd80
     import tests.cpu.test_sm90_fwd_compile as fwd90
-    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, bwd_chain
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, chain
     from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
 
@@ -42,7 +42,7 @@ def covering_specs() -> list:
     for arch, kws in bwd80.COVER.items():
         for kw in kws:
             p = Sm80BwdParams(**kw)
-            specs += [(template, sp, arch) for _, template, _, sp in bwd_chain(p)]
+            specs += [(template, sp, arch) for _, template, _, sp in chain(p)]
     for group in fwd90.COVER:
         specs += [("frost.engines.sm90.sdpa_fwd", Sm90FwdParams(**kw), "sm_90a") for kw in group]
     return specs

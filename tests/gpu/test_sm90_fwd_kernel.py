@@ -79,19 +79,18 @@ CASES = [
     K(d=256, wr=0, sq=333, skv=333),
     K(knobs=dict(persistent=False, separate_o_smem=False, pingpong=False), wr=0, sq=600, skv=600),
     K(knobs=dict(tile_n=176, separate_o_smem=False), sq=700, skv=700),
-    K(knobs=dict(kv_rotate=True, head_fastest=True), b=3, sq=900, skv=1100),
-    K(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129)), knobs=dict(kv_rotate=True)),
-    K(knobs=dict(rescale_o_early=True), wr=0, sinks=True, sq=500, skv=500),
+    K(b=3, sq=900, skv=1100),
+    K(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129))),
+    K(wr=0, sinks=True, sq=500, skv=500),
     K(knobs=dict(tile_m=64), wr=0, sq=300, skv=300),
     K(d=96, thd=((200, 200), (1, 1), (77, 77)), wr=0),
     K(d=192, dv=192, wr=0, sq=300, skv=300),
     K(d=192, dv=192, thd=((129, 300), (64, 64))),
     K(sinks=True, sink_shift=150.0, wr=0, sq=200, skv=200),
-    # longest-first sections of heads (l2_kv_bytes): 5 x 3 (batch, head) pairs in sections of 2 and a last
-    # of 1; unpacked GQA in sections of one kv head's 2 query heads; and both with one-CTA-per-tile launches
-    K(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(l2_kv_bytes=2 * 700 * 512)),
-    K(hq=4, hkv=2, b=3, wr=0, br=True, sq=500, skv=900, knobs=dict(l2_kv_bytes=1, pack_gqa=False)),
-    K(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(l2_kv_bytes=2 * 700 * 512, persistent=False)),
+    # longest-first order over 5 x 3 (batch, head) pairs; unpacked GQA; one-CTA-per-tile launches
+    K(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700),
+    K(hq=4, hkv=2, b=3, wr=0, br=True, sq=500, skv=900, knobs=dict(pack_gqa=False)),
+    K(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(persistent=False)),
 ]
 
 
