@@ -34,14 +34,14 @@ def kernel_name(params: BwdHelperParams, arch: str) -> str:
     return f"frost_sdpa_bwd_post_{helper_suffix(params)}"
 
 
-class _Postprocess:
-    """Plan-time constants of one postprocess specialization."""
+class SdpaBwdPostprocess:
+    """The dQ-convert kernel object: plan-time constants and the host-side launch; device code: `kernel`."""
 
     def __init__(self, p: BwdHelperParams):
         self.p = p
         self.names = postprocess_args(p)
 
-    def run(self, a: dict) -> None:
+    def launch(self, a: dict) -> None:
         """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         mdQ = a["dq"]
         if cutlass.const_expr(self.p.is_thd):
@@ -51,13 +51,13 @@ class _Postprocess:
             total = mdQ.shape[1]
             n_batch = mdQ.shape[0]
         n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
-        _postprocess_kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
+        kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
                             Float32(a["softmax_scale"])).launch(
             grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
 @cute.kernel
-def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart,
+def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart,
                         scale: Float32):
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
@@ -96,5 +96,5 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
 
 def build(params: BwdHelperParams, arch: str):
     """The host entry (declared-order tensors) and fake arguments in `postprocess_args(params)` order."""
-    runner = _Postprocess(params)
-    return build_entry(params, runner.names, runner.run)
+    helper = SdpaBwdPostprocess(params)
+    return build_entry(params, helper.names, helper.launch)

@@ -34,14 +34,14 @@ def kernel_name(params: BwdHelperParams, arch: str) -> str:
     return f"frost_sdpa_bwd_pre_{helper_suffix(params)}"
 
 
-class _Preprocess:
-    """Plan-time constants of one preprocess specialization."""
+class SdpaBwdPreprocess:
+    """The preprocess kernel object: plan-time constants and the host-side launch; device code: `kernel`."""
 
     def __init__(self, p: BwdHelperParams):
         self.p = p
         self.names = preprocess_args(p)
 
-    def run(self, a: dict) -> None:
+    def launch(self, a: dict) -> None:
         """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         mO = a["o"]
         if cutlass.const_expr(self.p.is_thd):
@@ -51,14 +51,14 @@ class _Preprocess:
             total = mO.shape[1]
             n_batch = mO.shape[0]
         n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
-        _preprocess_kernel(
+        kernel(
             self.p, a["o"], a["do"], a["lse"], a.get("cu_seqlens_q"), a.get("seqused_q"), a.get("sinks"),
             a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"),
         ).launch(grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
 @cute.kernel
-def _preprocess_kernel(
+def kernel(
     p: cutlass.Constexpr,
     mO: cute.Tensor,
     mdO: cute.Tensor,
@@ -158,5 +158,5 @@ def _zero_rows(acc_rows: cute.Tensor, first_row: Int32, head_dim: cutlass.Conste
 
 def build(params: BwdHelperParams, arch: str):
     """The host entry (declared-order tensors) and fake arguments in `preprocess_args(params)` order."""
-    runner = _Preprocess(params)
-    return build_entry(params, runner.names, runner.run)
+    helper = SdpaBwdPreprocess(params)
+    return build_entry(params, helper.names, helper.launch)

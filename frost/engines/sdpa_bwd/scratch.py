@@ -45,8 +45,8 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
         out = [("dpsum", "float32", (batch, h, max_seqlen_q)),
                ("dq_accum", "float32", (copies * batch, h, acc_rows, d))]
         n_part = h * PARTIALS_PER_CTA * batch * max(cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
-    if uses_turns(p):  # one per (batch, head, query tile of tile_m rows); THD: the packed tiles, each
-        # sequence's start rounded down
+    if uses_turns(p):  # one per (batch, head, query tile of tile_m rows); THD: per head, the packed total's
+        # tiles plus one per sequence (a sequence's tiles start where its first token's tile does)
         tiles = total_q // p.tile_m + batch + 1 if p.is_thd else batch * cdiv(max_seqlen_q, p.tile_m)
         out.append(("dq_semaphore", "int32", (h * tiles,)))
     if p.has_dsinks:

@@ -61,8 +61,8 @@ def _arch_number(arch: str) -> int:
     return int("".join(ch for ch in arch.split("_")[1] if ch.isdigit()))
 
 
-class _Main:
-    """Plan-time constants and host entry of one main-kernel specialization."""
+class SdpaBwdSm80:
+    """The main kernel object: plan-time constants, host-side launch (`launch`) and the device kernel (`kernel`)."""
 
     def __init__(self, p: Sm80BwdParams, arch: str):
         self.p = p
@@ -129,7 +129,7 @@ class _Main:
 
         return Storage
 
-    def run(self, a: dict) -> None:
+    def launch(self, a: dict) -> None:
         """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         self._layouts()
         Storage = self._storage()
@@ -144,7 +144,7 @@ class _Main:
                 grid_x = self.p.dq_splits  # one CTA per accumulator copy, walking its share of key tiles
         grid_x = cutlass.max(grid_x, 1)
         scale = Float32(a["softmax_scale"])
-        _main_kernel(
+        kernel(
             self, a["q"], mK, a["v"], a["do"], a["lse"], a["dk"], a["dv"],
             a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"),
             a["dpsum"], a["dq_accum"], a.get("dq_semaphore"),
@@ -230,7 +230,7 @@ class _Io(NamedTuple):
 
 
 @cute.kernel
-def _main_kernel(
+def kernel(
     cfg: cutlass.Constexpr,
     mQ: cute.Tensor,
     mK: cute.Tensor,
@@ -762,5 +762,5 @@ def _turn(cfg: cutlass.Constexpr, s: _Sequence, m_block: Int32, n_block: Int32) 
 
 def build(params: Sm80BwdParams, arch: str):
     """The host entry (declared-order tensors) and fake arguments in `main_args(params)` order."""
-    runner = _Main(params, arch)
-    return accum.build_entry(params, runner.names, runner.run)
+    main = SdpaBwdSm80(params, arch)
+    return accum.build_entry(params, main.names, main.launch)
