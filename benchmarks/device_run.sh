@@ -51,7 +51,7 @@ if [ "$run_host" = 1 ]; then
 fi
 if [ "$run_sweeps" = 1 ]; then
   (cd benchmarks && timeout 150 python3 sm90_fwd_quick.py --d 256 --s 4096,16384 --causal 0,1 \
-     --variants '[{}, {"rescale_o_early": true}, {"persistent": false}]') > "$OUT/sweeps.log" 2>&1
+     --variants '[{}, {"persistent": false}]') > "$OUT/sweeps.log" 2>&1
   timeout 240 python3 benchmarks/sm80_bwd_sweep.py --d 64,128 --s 4096,16384 --causal 0,1 \
     --variants "$(cat benchmarks/sm80_bwd_variants.json)" >> "$OUT/sweeps.log" 2>&1
   grep -v "^#" "$OUT/sweeps.log" | tail -30

@@ -6,7 +6,7 @@ problem's FA2 backward is timed once; every variant (knob overrides on top of
 timer. Ratio = FA2 time / frost time (>= 1 is faster than FA2).
 
     python benchmarks/sm80_bwd_sweep.py --d 64,128 --s 4096 --causal 0,1 --det 0 \
-        --variants '{"64": [{}, {"fused_prefetch": false}], "128": [{}, {"dq_red": "v4"}]}'
+        --variants '{"64": [{}, {"fused_prefetch": false}], "128": [{}, {"tile_n": 64}]}'
 
 `--ptx` compiles the main kernel of each variant for --arch (default sm_90a)
 on the CPU and prints ptxas registers / spills instead (no GPU needed).
@@ -30,7 +30,8 @@ MAIN = "frost.engines.sm80.sdpa_bwd"
 
 
 def params(d: int, causal: bool, det: bool, knobs: dict, s: int = 4096, sm_count: int = 132):
-    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs, planned_dq_splits
+    from frost.adapters.sm80_plan import planned_dq_splits
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
 
     knobs = dict(knobs)
     det = bool(knobs.pop("det", det))  # a variant may switch deterministic mode on

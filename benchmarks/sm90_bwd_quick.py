@@ -23,34 +23,16 @@ BWD_FACTOR = 2.5
 
 
 def chain_for(params_list, target):
-    """One callable per params: the chain bound to named canonical tensors."""
-    from frost.engines.sdpa_args import declared_values
-    from frost.compiler.workers import compile_many
-    from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
+    """One maker per params: given named canonical tensors, it returns a callable running the whole chain."""
+    from frost.testing.bwd_chain import compile_chains, workspace_views
 
-    specs, mods = [], []
-    for p in params_list:
-        mod = sys.modules[type(p).__module__]
-        mods.append(mod)
-        specs += [(tmpl, sp) for _, tmpl, _, sp in mod.bwd_chain(p)]
-    cks = iter(compile_many(specs, target))
     out = []
-    for p, mod in zip(params_list, mods):
-        kern = {tmpl: next(cks) for _, tmpl, _, _ in mod.bwd_chain(p)}
-
-        def make(t, scalars, p=p, mod=mod, kern=kern):
-            bufs = [ScratchBuffer(n, dt, tuple(s)) for n, dt, s in
-                    mod.scratch_layout(p, batch=t["q"].shape[0], max_seqlen_q=t["q"].shape[1],
-                                       max_seqlen_kv=t["k"].shape[1])]
-            ws = torch.zeros(max(layout_bytes(bufs), 256), dtype=torch.uint8, device="cuda")
-            views = carve(ws, bufs, checked=True)
-            values = declared_values({**t, **views, **scalars,
-                                      "stream": int(torch.cuda.current_stream().cuda_stream)}, False)
-            calls = [(kern[tmpl], args) for tmpl, args in mod.chain_args(p, values)]
+    for chain in compile_chains(params_list, target):
+        def make(t, scalars, chain=chain):
+            views = workspace_views(chain.p, t, poison=False)
 
             def run():
-                for k, args in calls:
-                    k(*args)
+                chain(t, scalars, views)
             return run
         out.append(make)
     return out

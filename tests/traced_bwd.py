@@ -21,11 +21,11 @@ def trace_main(p, collect) -> None:
     """
     import cutlass.cute as cute
 
-    from frost.engines.sm80.sdpa_bwd import _Main
+    from frost.engines.sm80.sdpa_bwd import SdpaBwdSm80
 
     @cute.jit
     def trace():
-        m = _Main(p, "sm_90a")
+        m = SdpaBwdSm80(p, "sm_90a")
         m._layouts()
         collect(m)
 

@@ -56,7 +56,8 @@ class DslKernels:
     """Mixin of the DSL adapters: the template params, validated once, and the kernels they make.
 
     Subclasses set `params_module` (a module with the params class, `validate()` and
-    `default_knobs()`), supply `template_params()` and list their kernels in `kernel_specs()`.
+    `default_knobs()`), supply `plan_knobs()` and `template_params()` and list their kernels in
+    `kernel_specs()`.
     """
 
     params_module: str = ""
@@ -65,7 +66,15 @@ class DslKernels:
     def check_support(self) -> None:
         check_dsl_and_knobs(self)
 
+    @classmethod
+    def plan_knobs(cls, facts, target, requested: dict) -> dict:  # pragma: no cover - per arch
+        """The knobs a plan compiles with (the arch's planning policy, forward and backward alike): the
+        defaults for these facts on this target, the `requested` ones honored, then the choices made per
+        problem and GPU. Plan-time values only; raises TemplateParamsError when a request cannot be met."""
+        raise NotImplementedError
+
     def template_params(self):  # pragma: no cover - per arch
+        """The arch's params: the feature flags of the facts and `plan_knobs()`."""
         raise NotImplementedError
 
     def validated_params(self):

@@ -1,10 +1,11 @@
-"""The backward adapter shared by CuTe DSL arch lines: a chain of kernels bound by argument name.
+"""The backward adapter shared by CuTe DSL arch lines: the chain of `frost.engines.sdpa_bwd`, bound by name.
 
-The params module of a backward template supplies `bwd_chain(params)` (stage,
-template module, argument names and the stage's own params, in launch order)
-and `scratch_layout(...)`; this adapter compiles every stage at plan time, sizes
-the workspace from the envelopes' layout (a plan-time closed form), carves the
-scratch views from the caller's workspace and launches the chain.
+An arch adapter names its params module, which supplies the main kernel's template
+(`MAIN_TEMPLATE`) and argument names (`main_args(params)`); the shared skeleton adds
+the preprocess and dQ convert and the workspace layout. This adapter compiles every
+stage at plan time, sizes the workspace from the envelopes' layout (a plan-time
+closed form), carves the scratch views from the caller's workspace and launches the
+chain. It imports no arch module.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import weakref
 
 from frost.adapters.base import SdpaBwdDsl
 from frost.adapters.dsl import DslKernels, LaunchArgs, sdpa_feature_flags, viewed_args
+from frost.engines.sdpa_bwd.chain import bwd_chain
+from frost.engines.sdpa_bwd.scratch import scratch_layout
 from frost.runtime.context import stream_handle
 from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
 
@@ -28,9 +31,13 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
     def _pm(self):
         return importlib.import_module(self.params_module)
 
+    def _chain(self, params) -> list:
+        """(stage, template module, argument names, stage params) of every kernel, in launch order."""
+        return bwd_chain(params, self._pm.MAIN_TEMPLATE, self._pm.main_args(params))
+
     def kernel_specs(self) -> list:
         """(template module, params) of every kernel of the chain, in launch order."""
-        return [(module, sp) for _, module, _, sp in self._pm.bwd_chain(self.validated_params())]
+        return [(module, sp) for _, module, _, sp in self._chain(self.validated_params())]
 
     def compile(self) -> None:
         """Compile the whole chain at plan time; kernels missing from the cache compile in parallel workers."""
@@ -41,7 +48,7 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
         envelope = self._scratch(f.total_q, f.total_kv)
         self._scratch_bytes = layout_bytes(envelope)
         self._dense_scratch = None if f.is_thd else envelope  # dense layouts are fully plan-time
-        stages = self._pm.bwd_chain(params)
+        stages = self._chain(params)
         kernels = compile_many([(module, sp) for _, module, _, sp in stages], self.target)
         self.chain = [(kernel, LaunchArgs(names, f)) for (_, _, names, _), kernel in zip(stages, kernels)]
         self._views = viewed_args(n for _, _, names, _ in stages for n in names)
@@ -52,7 +59,7 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
 
     def _scratch(self, total_q: int, total_kv: int) -> list[ScratchBuffer]:
         f = self.facts
-        layout = self._pm.scratch_layout(self.params, f.batch, f.seq_q, f.seq_kv, total_q, total_kv)
+        layout = scratch_layout(self.params, f.batch, f.seq_q, f.seq_kv, total_q, total_kv)
         return [ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in layout]
 
     def scratch_workspace_bytes(self) -> int:
@@ -87,26 +94,6 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
             per_call[n] = view(bound[role])
         for kernel, args in self.chain:
             kernel(*args(bound, per_call))
-
-
-class MmaSyncBwdAdapter(DslBwdAdapter):
-    """The mma.sync backward chain; `family` selects the smem budget and tile table."""
-
-    family = "sm80"
-    params_module = "frost.engines.sm80.sdpa_bwd_params"
-
-    def template_params(self):
-        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs, planned_det_knobs
-
-        f = self.facts
-        requested = self.knobs.requested()
-        knobs = default_knobs(self.family, f.head_dim_qk, f.head_dim_v, f.io_dtype,
-                              smem_budget=self.target.smem_per_block_optin or None, **requested)
-        params = Sm80BwdParams(family=self.family, **bwd_feature_flags(f), **knobs)
-        # deterministic: split accumulator copies (unless requested) or the turn order that suit this problem
-        chosen = planned_det_knobs(params, self.target.sm_count, f.batch, f.seq_q, f.seq_kv,
-                                   choose_splits="dq_splits" not in requested)
-        return Sm80BwdParams(**{**params.model_dump(), **chosen}) if chosen else params
 
 
 class PendingBwdAdapter(SdpaBwdDsl):

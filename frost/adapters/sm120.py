@@ -1,8 +1,7 @@
 """SM120 arch line (cc 12.x): the mma.sync kernels with SM120 budgets (about 99 KB smem per block)."""
 from __future__ import annotations
 
-from frost.adapters.dsl_bwd import MmaSyncBwdAdapter
-from frost.adapters.sm80 import MmaSyncFwdAdapter
+from frost.adapters.sm80 import MmaSyncBwdAdapter, MmaSyncFwdAdapter
 
 
 class SdpaFwdDslSm120(MmaSyncFwdAdapter):

@@ -1,9 +1,18 @@
-"""SM80 arch line (cc 8.x, and cc 9.0 below SM90): the mma.sync + cp.async kernels."""
+"""SM80 arch line (cc 8.x, and cc 9.0 below SM90): the mma.sync + cp.async kernels.
+
+Each adapter's `plan_knobs(facts, target, requested)` is its planning policy: the tuning table's
+knobs for the head dims and the target's shared memory, the requested knobs honored, and (backward)
+the deterministic mode that suits the problem and the GPU (`frost.adapters.sm80_plan`).
+"""
 from __future__ import annotations
 
-from frost.adapters.dsl_bwd import MmaSyncBwdAdapter
 from frost.adapters.dsl import fwd_feature_flags
+from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
+
+
+def _smem_budget(target):
+    return target.smem_per_block_optin or None
 
 
 class MmaSyncFwdAdapter(DslFwdAdapter):
@@ -13,14 +22,47 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
     template = "frost.engines.sm80.sdpa_fwd"
     params_module = "frost.engines.sm80.sdpa_fwd_params"
 
+    @classmethod
+    def plan_knobs(cls, facts, target, requested: dict) -> dict:
+        from frost.engines.sm80.sdpa_fwd_params import default_knobs
+
+        knobs = dict(default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
+                                   smem_budget=_smem_budget(target)))
+        knobs.update(requested)
+        return knobs
+
     def template_params(self):
-        from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs
+        from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
 
         f = self.facts
-        knobs = dict(default_knobs(self.family, f.head_dim_qk, f.head_dim_v, f.io_dtype,
-                                   smem_budget=self.target.smem_per_block_optin or None))
-        knobs.update(self.knobs.requested())
-        return Sm80FwdParams(family=self.family, **fwd_feature_flags(f), **knobs)
+        return Sm80FwdParams(family=self.family, **fwd_feature_flags(f),
+                             **self.plan_knobs(f, self.target, self.knobs.requested()))
+
+
+class MmaSyncBwdAdapter(DslBwdAdapter):
+    """The mma.sync backward chain; `family` selects the smem budget and tile table."""
+
+    family = "sm80"
+    params_module = "frost.engines.sm80.sdpa_bwd_params"
+
+    @classmethod
+    def plan_knobs(cls, facts, target, requested: dict) -> dict:
+        from frost.adapters.sm80_plan import planned_det_knobs
+        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
+
+        knobs = default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
+                              smem_budget=_smem_budget(target), **requested)
+        params = Sm80BwdParams(family=cls.family, **bwd_feature_flags(facts), **knobs)
+        # deterministic: split accumulator copies (unless requested) or the turn order that suit this problem
+        return {**knobs, **planned_det_knobs(params, target.sm_count, facts.batch, facts.seq_q, facts.seq_kv,
+                                             choose_splits="dq_splits" not in requested)}
+
+    def template_params(self):
+        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
+
+        f = self.facts
+        return Sm80BwdParams(family=self.family, **bwd_feature_flags(f),
+                             **self.plan_knobs(f, self.target, self.knobs.requested()))
 
 
 class SdpaFwdDslSm80(MmaSyncFwdAdapter):

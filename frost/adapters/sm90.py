@@ -1,4 +1,9 @@
-"""SM90 arch line (cc 9.0): the wgmma + TMA warp-specialized forward and backward."""
+"""SM90 arch line (cc 9.0): the wgmma + TMA warp-specialized forward and backward.
+
+Each adapter's `plan_knobs(facts, target, requested)` is its planning policy: the measured defaults for the
+head dims (and, forward, the target's SM count), the requested knobs honored, then (forward) GQA head
+packing and its tile height chosen for the declared shape.
+"""
 from __future__ import annotations
 
 from frost.adapters.dsl import fwd_feature_flags
@@ -7,49 +12,54 @@ from frost.adapters.dsl_fwd import DslFwdAdapter
 from frost.errors import TemplateParamsError
 
 
+def _packed_tile_m(facts, target, p) -> int:
+    """64-row tiles when the declared shape gives fewer packed tiles than SMs (decode-like).
+
+    Few queries against long keys leave most SMs idle; halving the tile doubles
+    the CTAs and shortens each one's per-block latency (H200, d=128, r=8, 8k-32k
+    keys: 1.3-1.4x over 128-row tiles). Declared extents only choose the knob; the
+    kernel still serves every runtime extent.
+    """
+    from frost.engines.sm90.sdpa_fwd_params import validate
+
+    rows = facts.seq_q * p.rows_per_query
+    tiles = facts.batch * facts.num_heads_kv * -(-rows // p.tile_m)
+    if p.tile_m == 64 or tiles >= target.sm_count:
+        return p.tile_m
+    small = p.model_copy(update={"tile_m": 64})
+    try:
+        validate(small)
+    except TemplateParamsError:
+        return p.tile_m
+    return 64
+
+
 class SdpaFwdDslSm90(DslFwdAdapter):
     engine_name = "SdpaFwdDslSm90"
     template = "frost.engines.sm90.sdpa_fwd"
     params_module = "frost.engines.sm90.sdpa_fwd_params"
 
-    def template_params(self):
+    @classmethod
+    def plan_knobs(cls, facts, target, requested: dict) -> dict:
         from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, pack_gqa_reason
 
-        f = self.facts
-        knobs = default_knobs(f.head_dim_qk, f.head_dim_v, sm_count=self.target.sm_count)
-        requested = self.knobs.requested()
+        knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count)
         knobs.update(requested)
-        flags = fwd_feature_flags(f)
+        flags = fwd_feature_flags(facts)
         if "pack_gqa" not in requested:
             # GQA packs the heads of a kv head into one M tile wherever the template can;
             # elsewhere (and when a user asks pack_gqa=False) each query head has its own tiles
-            knobs["pack_gqa"] = (f.num_heads_q > f.num_heads_kv
+            knobs["pack_gqa"] = (facts.num_heads_q > facts.num_heads_kv
                                  and pack_gqa_reason(Sm90FwdParams(**flags, **{**knobs, "pack_gqa": True})) is None)
         if knobs["pack_gqa"] and "tile_m" not in requested:
-            knobs["tile_m"] = self._packed_tile_m(Sm90FwdParams(**flags, **knobs))
-        return Sm90FwdParams(**flags, **knobs)
+            knobs["tile_m"] = _packed_tile_m(facts, target, Sm90FwdParams(**flags, **knobs))
+        return knobs
 
-    def _packed_tile_m(self, p) -> int:
-        """64-row tiles when the declared shape gives fewer packed tiles than SMs (decode-like).
-
-        Few queries against long keys leave most SMs idle; halving the tile doubles
-        the CTAs and shortens each one's per-block latency (H200, d=128, r=8, 8k-32k
-        keys: 1.3-1.4x over 128-row tiles). Declared extents only choose the knob; the
-        kernel still serves every runtime extent.
-        """
-        from frost.engines.sm90.sdpa_fwd_params import validate
+    def template_params(self):
+        from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
 
         f = self.facts
-        rows = f.seq_q * p.rows_per_query
-        tiles = f.batch * f.num_heads_kv * -(-rows // p.tile_m)
-        if p.tile_m == 64 or tiles >= self.target.sm_count:
-            return p.tile_m
-        small = p.model_copy(update={"tile_m": 64})
-        try:
-            validate(small)
-        except TemplateParamsError:
-            return p.tile_m
-        return 64
+        return Sm90FwdParams(**fwd_feature_flags(f), **self.plan_knobs(f, self.target, self.knobs.requested()))
 
 
 class SdpaBwdDslSm90(DslBwdAdapter):
@@ -58,9 +68,14 @@ class SdpaBwdDslSm90(DslBwdAdapter):
     engine_name = "SdpaBwdDslSm90"
     params_module = "frost.engines.sm90.sdpa_bwd_params"
 
+    @classmethod
+    def plan_knobs(cls, facts, target, requested: dict) -> dict:
+        from frost.engines.sm90.sdpa_bwd_params import default_knobs
+
+        return default_knobs(facts.head_dim_qk, facts.head_dim_v, **requested)
+
     def template_params(self):
-        from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs
+        from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams
 
         f = self.facts
-        knobs = default_knobs(f.head_dim_qk, f.head_dim_v, **self.knobs.requested())
-        return Sm90BwdParams(**bwd_feature_flags(f), **knobs)
+        return Sm90BwdParams(**bwd_feature_flags(f), **self.plan_knobs(f, self.target, self.knobs.requested()))

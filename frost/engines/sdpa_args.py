@@ -54,7 +54,7 @@ Backward argument order:
 dsinks (fp32 (Hq,)) = -sum over rows of exp(sinks[h] - lse) * rowsum(dO * O).
 A backward made of several kernels gives each kernel the ordered subsequence of
 this list that it reads; its params module names them per kernel (e.g.
-`sm80.sdpa_bwd_params.bwd_chain`). dsinks is present only when dSink is
+`frost.engines.sdpa_bwd.chain.bwd_chain`). dsinks is present only when dSink is
 requested (flag `has_dsinks`); sinks then too. lse is read natively from its
 declared strides. Rows and tokens outside every sequence get dQ = 0; dense
 padding rows of dK / dV get 0; THD tokens past cu_seqlens_kv[B] are not written.

@@ -1,4 +1,4 @@
-"""The mma.sync backward chain called directly: its three compiled kernels and the workspace views they take.
+"""A backward chain called directly (any arch's params): its three compiled kernels and the workspace views.
 
 For the GPU kernel tests and the benchmark scripts that time the chain without
 a graph; the adapter (frost/adapters/dsl_bwd.py) does the same work on the
@@ -6,13 +6,22 @@ execute path.
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from frost.compiler.workers import compile_many
 from frost.engines.sdpa_args import declared_values
-from frost.engines.sm80.sdpa_bwd_params import bwd_chain, chain_args, scratch_layout
+from frost.engines.sdpa_bwd.chain import bwd_chain, chain_args
+from frost.engines.sdpa_bwd.scratch import scratch_layout
 from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
 from frost.target import discover_target
+
+
+def chain_of(p) -> list:
+    """The chain of a backward's params: the shared helpers around the main template its params module names."""
+    pm = importlib.import_module(type(p).__module__)
+    return bwd_chain(p, pm.MAIN_TEMPLATE, pm.main_args(p))
 
 
 def workspace_views(p, t, poison=True):
@@ -40,7 +49,7 @@ class Chain:
     def __call__(self, t, scalars, views, stream=None):
         s = stream if stream is not None else torch.cuda.current_stream()
         values = declared_values({**t, **views, **scalars, "stream": int(s.cuda_stream)}, self.p.is_thd)
-        for template, args in chain_args(self.p, values):
+        for template, args in chain_args(chain_of(self.p), values):
             self.kernels[template](*args)
 
 
@@ -49,12 +58,12 @@ def compile_chains(params_list, target=None):
     target = target or discover_target()
     specs = []
     for p in params_list:
-        specs += [(tmpl, sp) for _, tmpl, _, sp in bwd_chain(p)]
+        specs += [(tmpl, sp) for _, tmpl, _, sp in chain_of(p)]
     cks = compile_many(specs, target)
     out, i = [], 0
     for p in params_list:
         kern = {}
-        for _, tmpl, _, _ in bwd_chain(p):
+        for _, tmpl, _, _ in chain_of(p):
             kern[tmpl] = cks[i]
             i += 1
         out.append(Chain(p, kern))

@@ -73,7 +73,7 @@ SM80_BWD_COVER = {
     "sm_90a": [
         _mma_bwd(d=64, hq=4, hk=2, is_thd=True, has_window_left=True, has_window_right=True, deterministic=True),
         _mma_bwd(d=256, dtype="fp16", has_seqused=True, has_window_right=True, bottom_right=True),
-        _mma_bwd(d=128, hq=4, hk=2, deterministic=True, knobs=dict(dq_accum_blocks=True, dq_red="v4")),
+        _mma_bwd(d=128, hq=4, hk=2, deterministic=True),
         _mma_bwd(d=128, hq=4, hk=2, has_window_right=True, has_sinks=True, has_dsinks=True, deterministic=True,
              knobs=dict(dq_splits=3)),
     ],
@@ -162,21 +162,18 @@ SM90_FWD_CASES = [
     Sm90Case(d=256, wr=0, sq=333, skv=333),
     Sm90Case(knobs=dict(persistent=False, separate_o_smem=False, pingpong=False), wr=0, sq=600, skv=600),
     Sm90Case(knobs=dict(tile_n=176, separate_o_smem=False), sq=700, skv=700),
-    Sm90Case(knobs=dict(kv_rotate=True, head_fastest=True), b=3, sq=900, skv=1100),
-    Sm90Case(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129)), knobs=dict(kv_rotate=True)),
-    Sm90Case(knobs=dict(rescale_o_early=True), wr=0, sinks=True, sq=500, skv=500),
+    Sm90Case(b=3, sq=900, skv=1100),
+    Sm90Case(hq=4, hkv=2, thd=((700, 900), (1, 1), (333, 129))),
+    Sm90Case(wr=0, sinks=True, sq=500, skv=500),
     Sm90Case(knobs=dict(tile_m=64), wr=0, sq=300, skv=300),
     Sm90Case(d=96, thd=((200, 200), (1, 1), (77, 77)), wr=0),
     Sm90Case(d=192, dv=192, wr=0, sq=300, skv=300),
     Sm90Case(d=192, dv=192, thd=((129, 300), (64, 64))),
     Sm90Case(sinks=True, sink_shift=150.0, wr=0, sq=200, skv=200),
-    # longest-first sections of heads (l2_kv_bytes): 5 x 3 (batch, head) pairs in sections of 2 and a last
-    # of 1; unpacked GQA in sections of one kv head's 2 query heads; and both with one-CTA-per-tile launches
-    Sm90Case(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(l2_kv_bytes=2 * 700 * 512)),
-    Sm90Case(hq=4, hkv=2, b=3, wr=0, br=True, sq=500, skv=900,
-             knobs=dict(l2_kv_bytes=1, pack_gqa=False)),
-    Sm90Case(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700,
-             knobs=dict(l2_kv_bytes=2 * 700 * 512, persistent=False)),
+    # longest-first order over 5 x 3 (batch, head) pairs; unpacked GQA; one-CTA-per-tile launches
+    Sm90Case(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700),
+    Sm90Case(hq=4, hkv=2, b=3, wr=0, br=True, sq=500, skv=900, knobs=dict(pack_gqa=False)),
+    Sm90Case(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(persistent=False)),
 ]
 
 

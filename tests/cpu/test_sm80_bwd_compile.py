@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, HELPER_FIELDS, SMEM_BUDGET, Sm80BwdParams, bwd_chain,
-                                               chain_args, default_knobs, scratch_bytes, scratch_layout,
-                                               smem_bytes, split_tile, split_tile_count, stage_params,
-                                               uses_turns, validate)
+from frost.engines.sdpa_bwd.chain import BwdHelperParams, chain_args, stage_params
+from frost.engines.sdpa_bwd.scratch import scratch_bytes, scratch_layout, uses_turns
+from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80BwdParams, default_knobs,
+                                               smem_bytes, split_tile, split_tile_count, validate)
+from frost.engines.sm80.sdpa_bwd_params import chain as bwd_chain
 from frost.errors import TemplateParamsError
 from frost.testing.cases import SM80_BWD_COVER as COVER
 from frost.testing.cases import params_kwargs
@@ -25,14 +26,16 @@ def _p(**kw) -> dict:
     return params_kwargs(default_knobs, **kw)
 
 
-PARAMS = "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams"
+PARAMS = {"main": "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams",
+          "preprocess": "frost.engines.sdpa_bwd.chain.BwdHelperParams",
+          "postprocess": "frost.engines.sdpa_bwd.chain.BwdHelperParams"}
 
 
 @pytest.mark.slow
 def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
     import importlib
 
-    groups = [(arch, [(t, PARAMS, sp.model_dump(), stage) for kw in kws
+    groups = [(arch, [(t, PARAMS[stage], sp.model_dump(), stage) for kw in kws
                       for stage, t, _, sp in bwd_chain(Sm80BwdParams(**kw))])
               for arch, kws in COVER.items()]
     results = dict(zip(COVER, compile_groups(groups, tmp_path)))
@@ -54,12 +57,10 @@ def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
                 continue
             assert out["mma_sync"] > 0 and out["ldmatrix_x4_trans"] > 0 and out["cp_async"] > 0, out
             assert out["ex2"] > 0, out
-            # dQ partials: 8- or 16-byte (dq_red) vector reductions where the arch has them (sm_90+), scalar on
-            # sm_80 ("red" counts the scalar form only)
+            # dQ partials: 8-byte vector reductions where the arch has them (sm_90+), scalar on sm_80 ("red"
+            # counts the scalar form only)
             if arch == "sm_80":
                 assert out["red"] > 0 and out["red_v2"] == 0, out
-            elif p.dq_red == "v4":
-                assert out["red"] == 0 and out["red_v2"] == 0, out
             else:
                 assert out["red_v2"] > 0 and out["red"] == 0, out
             assert (out["sem"] > 0) == uses_turns(p), out  # split copies need no turns
@@ -77,11 +78,13 @@ def test_covering_set_covers_head_dims_flags_and_families():
 
 
 def test_kernel_names_are_self_describing_frost_symbols():
+    import importlib
+
     from frost.compiler.naming import check_symbol
-    from frost.engines.sm80 import sdpa_bwd, sdpa_bwd_postprocess, sdpa_bwd_preprocess
+    from frost.engines.sm80 import sdpa_bwd
 
     p = Sm80BwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True))
-    names = [m.kernel_name(p, "sm_90a") for m in (sdpa_bwd_preprocess, sdpa_bwd, sdpa_bwd_postprocess)]
+    names = [importlib.import_module(t).kernel_name(sp, "sm_90a") for _, t, _, sp in bwd_chain(p)]
     for n in names:
         assert check_symbol(n) == n
     assert names[1] == "frost_sdpa_bwd_main_sm80_bf16_d128_h8k2_wr_thd_det_m64n128s2w8"
@@ -92,33 +95,25 @@ def test_kernel_names_are_self_describing_frost_symbols():
 
 def test_helper_kernels_are_keyed_by_the_fields_they_read():
     """Main-kernel knobs and mask flags share one preprocess / postprocess; what a helper reads splits it."""
-    import ast
-    import inspect
-
-    from frost.engines.sm80 import sdpa_bwd_params, sdpa_bwd_postprocess, sdpa_bwd_preprocess
+    from frost.engines.sdpa_bwd.chain import HELPER_FIELDS
 
     base = _p(d=128, hq=8, hk=2, is_thd=True, has_sinks=True, has_dsinks=True)
     variants = [Sm80BwdParams(**base),
                 Sm80BwdParams(**dict(base, has_window_right=True, has_window_left=True, bottom_right=True)),
-                Sm80BwdParams(**dict(base, tile_m=128, tile_n=64, num_stages=1, dq_red="v4", rotate_m=True)),
+                Sm80BwdParams(**dict(base, tile_m=128, tile_n=64, num_stages=1, fused_prefetch=True)),
                 Sm80BwdParams(**dict(base, num_heads_kv=8))]
     for stage in ("preprocess", "postprocess"):
         helpers = {stage_params(v, stage) for v in variants}
         assert len(helpers) == 1, (stage, helpers)
+        assert set(HELPER_FIELDS[stage]) <= set(BwdHelperParams.model_fields)
     det = Sm80BwdParams(**dict(base, deterministic=True))
     assert stage_params(det, "preprocess") != stage_params(variants[0], "preprocess")  # zeroes the semaphores
     assert stage_params(det, "postprocess") == stage_params(variants[0], "postprocess")
     assert stage_params(det, "main") is det
-    # a field a helper reads but its key dropped would compile with the default: scan what each one reads
-    pm = sdpa_bwd_params
-    for stage, code in (("preprocess", (sdpa_bwd_preprocess, pm.preprocess_args, pm._lengths)),
-                        ("postprocess", (sdpa_bwd_postprocess, pm.postprocess_args))):
-        read = set()
-        for src in map(inspect.getsource, code):
-            for node in ast.walk(ast.parse(src)):
-                if isinstance(node, ast.Attribute) and node.attr in Sm80BwdParams.model_fields:
-                    read.add(node.attr)
-        assert read <= set(HELPER_FIELDS[stage]), (stage, read - set(HELPER_FIELDS[stage]))
+    # the helpers compile from their own record: the accumulator layout is their whole input contract
+    dense = stage_params(Sm80BwdParams(**_p(d=64)), "postprocess")
+    assert isinstance(dense, BwdHelperParams) and dense.dq_accum_blocked and dense.dq_splits == 0
+    assert not stage_params(variants[0], "preprocess").dq_accum_blocked  # THD keeps rows
 
 
 def test_default_knobs_fit_each_family_and_validate():
@@ -163,14 +158,15 @@ def test_scratch_layout_is_closed_form_and_aligned():
     assert dict((n, s) for n, _, s in lay)["dq_semaphore"] == (8 * (1000 // 64 + 3 + 1),)
     nbytes = scratch_bytes(p, 3, 0, 0, 1000, 900)
     assert nbytes % 256 == 0 and nbytes >= 4 * (8 * 1000 + 8 * 1000 * 128)
-    dense = Sm80BwdParams(**_p(d=64, knobs=dict(dq_accum_blocks=False)))
-    lay = scratch_layout(dense, batch=2, max_seqlen_q=300, max_seqlen_kv=500)
+    # a row-layout accumulator (a backward whose params say so) keeps Sq rows
+    rows = BwdHelperParams(head_dim=64, head_dim_v=64, num_heads_q=4, dq_accum_blocked=False)
+    lay = scratch_layout(rows, batch=2, max_seqlen_q=300, max_seqlen_kv=500)
     assert lay == [("dpsum", "float32", (2, 4, 300)), ("dq_accum", "float32", (2, 4, 300, 64))]
-    # a blocked accumulator pads its rows to whole 8-row blocks (dense); THD keeps rows
-    blocked = Sm80BwdParams(**_p(d=64, knobs=dict(dq_accum_blocks=True)))
+    # the mma.sync one pads its rows to whole 8-row blocks (dense); THD keeps rows
+    blocked = Sm80BwdParams(**_p(d=64))
     lay = dict((n, s) for n, _, s in scratch_layout(blocked, batch=2, max_seqlen_q=300, max_seqlen_kv=500))
     assert lay["dq_accum"] == (2, 4, 304, 64) and lay["dpsum"] == (2, 4, 300)
-    blocked_thd = Sm80BwdParams(**_p(d=64, is_thd=True, knobs=dict(dq_accum_blocks=True)))
+    blocked_thd = Sm80BwdParams(**_p(d=64, is_thd=True))
     lay = dict((n, s) for n, _, s in scratch_layout(blocked_thd, 2, 0, 0, total_q=1001, total_kv=900))
     assert lay["dq_accum"] == (4, 1001, 64)
 
@@ -193,14 +189,14 @@ def test_split_copies_replace_the_semaphores_and_multiply_the_accumulator():
     # the copies stack along the accumulator's batch mode, so the compiled call must not bind that extent to
     # the io tensors' batch (a call would be refused with a shape mismatch)
     from frost.engines.common.sdpa_entry import FakeArgs
-    from frost.engines.sm80.sdpa_bwd_utils import scratch_fake
+    from frost.engines.sdpa_bwd.accum import scratch_fake
     for params, shared in ((p, False), (plain, True)):
         acc, o = FakeArgs(params, extra=scratch_fake).all(["dq_accum", "o"])
         assert (acc.shape[0] is o.shape[0]) == shared
 
 
 def test_split_count_keeps_the_sms_busy_or_falls_back_to_turns():
-    from frost.engines.sm80.sdpa_bwd_params import choose_dq_splits
+    from frost.adapters.sm80_plan import choose_dq_splits
 
     # H200 (132 SMs), hidden 2048: d=64 at 4k (B=4, H=32) fills one wave with one copy; at 16k (B=1) four
     assert choose_dq_splits(132, 4, 32, 32) == 1
@@ -313,7 +309,7 @@ def test_chain_argument_lists_follow_the_contract_order():
                              "max_seqlen_kv", "stream"]
     assert chain["postprocess"] == ["dq", "dsinks", "dq_accum", "dsink_partial", "softmax_scale", "stream"]
     values = {n: n for names in chain.values() for n in names}
-    bound = chain_args(p, values)
+    bound = chain_args(bwd_chain(p), values)
     assert [args for _, args in bound] == list(chain.values())
     with pytest.raises(KeyError):
-        chain_args(p, {})
+        chain_args(bwd_chain(p), {})

@@ -19,7 +19,7 @@ def _warp_offsets(p: Sm80BwdParams):
     """[lane][value] -> accumulator offset of warp 0's dQ fragment, rows of two query tiles."""
     import cutlass.cute as cute
 
-    from frost.engines.sm80.sdpa_bwd_utils import blocked_layout
+    from frost.engines.sdpa_bwd.accum import blocked_layout
 
     out = []
 

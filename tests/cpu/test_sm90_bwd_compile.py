@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, bwd_chain, default_knobs, main_args, validate
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs, main_args, validate
 from frost.errors import TemplateParamsError
+from frost.testing.bwd_chain import chain_of
 from tests.compile_runner import compile_groups
 
 
@@ -58,12 +59,12 @@ def test_validator_declines_what_the_template_lacks():
 
 def test_chain_wraps_the_main_kernel_in_the_shared_helpers_with_a_row_accumulator():
     p = Sm90BwdParams(**_p(has_window_right=True))
-    stages = bwd_chain(p)
+    stages = chain_of(p)
     assert [s[0] for s in stages] == ["preprocess", "main", "postprocess"]
     assert stages[1][1] == TEMPLATE and stages[1][2] == main_args(p)
     for _, _, _, sp in (stages[0], stages[2]):
-        assert sp.dq_accum_blocks is False and sp.dq_splits == 0
+        assert sp.dq_accum_blocked is False and sp.dq_splits == 0 and sp.family == "sm90"
     assert "window_right" in main_args(p) and "max_seqlen_kv" not in main_args(p)
     det = Sm90BwdParams(**_p(deterministic=True))
     assert main_args(det)[main_args(det).index("dq_accum") + 1] == "dq_semaphore"
-    assert "dq_semaphore" in bwd_chain(det)[0][2]  # the preprocess zeroes the turn counters
+    assert "dq_semaphore" in chain_of(det)[0][2]  # the preprocess zeroes the turn counters

@@ -67,16 +67,12 @@ def _cases() -> list[Case]:
     c.append(Case("det_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
                                               bottom_right=True, deterministic=True), sq=513, skv=600, wl=64,
                   wr=0, runs=2))
-    c.append(Case("det_asc_d128_causal", _p(has_window_right=True, deterministic=True,
-                                            knobs=dict(det_order="asc")), b=2, sq=520, skv=520, wr=0, runs=2))
-    c.append(Case("d128_causal_red_v4", _p(has_window_right=True, knobs=dict(dq_red="v4", fused_prefetch=True)),
+    c.append(Case("d128_causal_fused", _p(has_window_right=True, knobs=dict(fused_prefetch=True)),
                   sq=333, skv=333, wr=0))
-    c.append(Case("thd_d64_red_v4_w16", _p(d=64, hq=4, hk=2, is_thd=True, has_window_right=True,
-                                           knobs=dict(dq_red="v4", num_warps=16, sdp_warps_m=4, dkv_warps_n=8,
-                                                      dq_warps_m=4)),
+    c.append(Case("thd_d64_w16", _p(d=64, hq=4, hk=2, is_thd=True, has_window_right=True,
+                                    knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)),
                   thd_lens=[(0, 0), (1, 1), (300, 300), (129, 200)], wr=0))
-    c.append(Case("d64_gqa_rotated_walk", _p(d=64, hq=8, hk=2, has_window_left=True, knobs=dict(rotate_m=True)),
-                  sq=300, skv=450, wl=200))
+    c.append(Case("d64_gqa_window_left", _p(d=64, hq=8, hk=2, has_window_left=True), sq=300, skv=450, wl=200))
     c.append(Case("det_late_release_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
                                                          knobs=dict(det_late_release=True)),
                   b=2, sq=520, skv=520, wr=0, runs=2))
@@ -86,40 +82,16 @@ def _cases() -> list[Case]:
     c.append(Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300,
                   skv=300))
     # dense dQ accumulator in 8x8 blocks: rows not a multiple of 8 (padding rows), deterministic turns,
-    # sinks, seqused padding; THD ignores the knob
-    c.append(Case("d128_acc_rows", _p(knobs=dict(dq_accum_blocks=False)), sq=300, skv=300))
-    c.append(Case("det_d64_acc_rows_causal", _p(d=64, has_window_right=True, deterministic=True,
-                                                knobs=dict(dq_accum_blocks=False)), sq=333, skv=333, wr=0, runs=2))
+    # sinks, seqused padding
     c.append(Case("det_d64_acc_blocks_causal_sinks", _p(d=64, hq=4, hk=2, has_window_right=True, has_sinks=True,
-                                                        has_dsinks=True, deterministic=True,
-                                                        knobs=dict(dq_accum_blocks=True)),
+                                                        has_dsinks=True, deterministic=True),
                   b=2, sq=517, skv=517, wr=0, runs=2))
-    c.append(Case("pad_d128_acc_blocks", _p(has_seqused=True, knobs=dict(dq_accum_blocks=True, dq_red="v4")),
-                  b=3, sq=203, skv=203, used=[(203, 203), (9, 150), (0, 0)]))
-    # d=64 with the 16-byte reductions on the blocked accumulator (the default is 8-byte, timed faster)
-    c.append(Case("d64_acc_blocks_red_v4_gqa_causal", _p(d=64, hq=8, hk=2, has_window_right=True,
-                                                         knobs=dict(dq_red="v4")), sq=333, skv=333, wr=0))
-    c.append(Case("det_d64_acc_blocks_red_v4", _p(d=64, deterministic=True, knobs=dict(dq_red="v4")), b=2, sq=300,
-                  skv=300, runs=2))
-    # deterministic turn read right before the reductions (the default reads it before the dQ GEMM)
-    c.append(Case("det_poll_reduce_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
-                                                        knobs=dict(det_poll="reduce")),
-                  b=2, sq=520, skv=520, wr=0, runs=3))
-    c.append(Case("det_poll_reduce_d64_window_br", _p(d=64, hq=8, hk=2, has_window_left=True,
-                                                      has_window_right=True, bottom_right=True, deterministic=True,
-                                                      knobs=dict(det_poll="reduce")),
-                  sq=513, skv=600, wl=64, wr=0, runs=3))
-    c.append(Case("det_release_warp_first_d128_causal", _p(has_window_right=True, deterministic=True,
-                                                           knobs=dict(det_release_warp="first")),
-                  b=2, sq=520, skv=520, wr=0, runs=3))
-    c.append(Case("det_release_warp_first_d64_late", _p(d=64, hq=4, hk=2, deterministic=True,
-                                                        knobs=dict(det_release_warp="first")),
-                  b=2, sq=300, skv=300, runs=3))
-    c.append(Case("thd_d128_det_poll_reduce", _p(hq=2, hk=2, is_thd=True, deterministic=True,
-                                                 knobs=dict(det_poll="reduce")),
+    c.append(Case("pad_d128_acc_blocks", _p(has_seqused=True), b=3, sq=203, skv=203,
+                  used=[(203, 203), (9, 150), (0, 0)]))
+    c.append(Case("thd_d128_det", _p(hq=2, hk=2, is_thd=True, deterministic=True),
                   thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=3))
     # deterministic through split accumulator copies (dq_splits): uneven and empty splits, padding, windows,
-    # sinks, a row-layout accumulator
+    # sinks, more splits than key tiles
     c.append(Case("det_splits3_d128_causal_gqa_sinks", _p(hq=4, hk=2, has_window_right=True, has_sinks=True,
                                                           has_dsinks=True, deterministic=True,
                                                           knobs=dict(dq_splits=3)),
@@ -132,8 +104,7 @@ def _cases() -> list[Case]:
                   sq=513, skv=600, wl=64, wr=0, runs=2))
     c.append(Case("det_splits8_d128_more_splits_than_tiles", _p(deterministic=True, knobs=dict(dq_splits=8)),
                   b=2, sq=300, skv=300, runs=2))
-    c.append(Case("det_splits4_d64_acc_rows", _p(d=64, hq=4, hk=4, deterministic=True,
-                                                 knobs=dict(dq_splits=4, dq_accum_blocks=False)),
+    c.append(Case("det_splits4_d64_skv>sq", _p(d=64, hq=4, hk=4, deterministic=True, knobs=dict(dq_splits=4)),
                   sq=333, skv=700, runs=2))
     # deterministic turns in "cyc" order (rotated walks, turns by arrival): GQA, more key tiles than query
     # tiles (ties in a step), fewer, padding with sinks, THD, both release points
@@ -150,7 +121,7 @@ def _cases() -> list[Case]:
     c.append(Case("thd_d64_det_cyc_gqa", _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True,
                                             knobs=dict(det_order="cyc")),
                   thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64), (100, 700)], runs=3))
-    c.append(Case("thd_d128_acc_blocks_ignored", _p(is_thd=True, knobs=dict(dq_accum_blocks=True)),
+    c.append(Case("thd_d128_plain", _p(is_thd=True),
                   thd_lens=[(77, 77), (1, 1), (200, 150)]))
     c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))
     c.append(Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True),

@@ -11,10 +11,8 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-from frost.engines.sdpa_args import declared_values  # noqa: E402
-from frost.engines.sm90.sdpa_bwd_params import (Sm90BwdParams, bwd_chain, chain_args,  # noqa: E402
-                                               default_knobs, scratch_layout)
-from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes  # noqa: E402
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs  # noqa: E402
+from frost.testing.bwd_chain import compile_chains, workspace_views  # noqa: E402
 from tests.gpu.test_sm80_bwd_kernel import Case, make_inputs, oracle, rel  # noqa: E402
 
 
@@ -57,33 +55,6 @@ CASES = [
     Case("det_d128_m64_left", _p(has_window_left=True, deterministic=True, knobs=dict(tile_m=64)), sq=500, skv=400,
          wl=100, runs=3),
 ]
-
-
-def workspace_views(p, t):
-    buffers = [ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in
-               scratch_layout(p, batch=t["q"].shape[0], max_seqlen_q=t["q"].shape[1], max_seqlen_kv=t["k"].shape[1])]
-    ws = torch.full((max(layout_bytes(buffers), 256),), 0xFF, dtype=torch.uint8, device=t["q"].device)
-    return carve(ws, buffers, checked=True)
-
-
-class Chain:
-    def __init__(self, p, kernels):
-        self.p, self.kernels = p, kernels
-
-    def __call__(self, t, scalars, views):
-        s = torch.cuda.current_stream()
-        values = declared_values({**t, **views, **scalars, "stream": int(s.cuda_stream)}, False)
-        for template, args in chain_args(self.p, values):
-            self.kernels[template](*args)
-
-
-def compile_chains(params_list):
-    from frost.target import discover_target
-    from frost.compiler.workers import compile_many
-
-    specs = [(tmpl, sp) for p in params_list for _, tmpl, _, sp in bwd_chain(p)]
-    cks = iter(compile_many(specs, discover_target()))
-    return [Chain(p, {tmpl: next(cks) for _, tmpl, _, _ in bwd_chain(p)}) for p in params_list]
 
 
 @pytest.fixture(scope="module")

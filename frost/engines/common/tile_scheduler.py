@@ -10,8 +10,7 @@ persistent CTA's scans amortize to one pass over the batch. Nothing is read on
 the host: the grid is an upper bound from tensor extents and SM count.
 
 Under a band, tiles instead run longest-first over the whole batch
-(`dense_decode_lpt`, optionally within L2-sized sections of heads,
-`l2_section_width`; packed batches by m-block level, `varlen_decode_lpt`), and
+(`dense_decode_lpt`; packed batches by m-block level, `varlen_decode_lpt`), and
 a persistent CTA takes its tiles in a zigzag over waves (`zigzag_tile`): one
 CTA's long tile of one wave pairs with a short one of the next, which keeps a
 static assignment within a few percent of balanced.
@@ -51,9 +50,8 @@ def dense_decode_lpt(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Co
                      width: Int32):
     """Longest-first within sections of `width` (batch, head) pairs: the last m-block of every pair
     of the first section, then the one before, and so on, then the next section (the last one may be
-    narrower). CTAs at one m-level of one head stream the same K/V blocks at about the same time;
-    sections keep the heads in flight few enough that their K/V stay in L2 (`l2_section_width`).
-    A width of num_heads * num_batch orders the whole batch by m-level."""
+    narrower). CTAs at one m-level of one head stream the same K/V blocks at about the same time.
+    A width of num_heads * num_batch (the SM90 forward's) orders the whole batch by m-level."""
     num_hb = num_heads * num_batch
     per_section = width * num_m_blocks
     section = tile_idx // per_section
@@ -63,21 +61,6 @@ def dense_decode_lpt(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Co
     m_rank = r // w
     hb = first + r - m_rank * w
     return num_m_blocks - 1 - m_rank, hb % num_heads, hb // num_heads, tile_idx < num_hb * num_m_blocks
-
-
-def l2_section_width(seqlen_kv: Int32, kv_row_bytes: int, l2_kv_bytes: int, heads_per_kv: int,
-                     num_hb: Int32) -> Int32:
-    """(batch, head) pairs per longest-first section: as many kv heads as fit `l2_kv_bytes` of K/V
-    (rounded down to a power of two, at least one) times the query heads that share each; 0 bytes
-    means a single section."""
-    if const_expr(l2_kv_bytes == 0):
-        return num_hb
-    fit = Int32(l2_kv_bytes // kv_row_bytes) // cutlass.max(seqlen_kv, Int32(1))
-    fit = cutlass.max(fit, Int32(1))
-    for shift in (1, 2, 4, 8, 16):  # smear the top bit down, keep it alone: the largest power of 2 <= fit
-        fit = fit | (fit >> shift)
-    fit = fit - (fit >> 1)
-    return cutlass.max(cutlass.min(fit * heads_per_kv, num_hb), Int32(1))
 
 
 @cute.jit

@@ -14,7 +14,7 @@ Q and dO are double-buffered with cp.async when `num_stages == 2`; the next
 tile's LSE / dpsum rows are prefetched into registers and staged in shared
 memory at the end of a step. `fused_prefetch` picks between two validated
 step orders (one wait for Q and dO and P stored early, or FA2's order with a
-separate wait and barrier for dO). LSE is read natively from its declared
+separate wait and barrier for dO, P and dS stored together). LSE is read natively from its declared
 strides; rows past the sequence, and rows whose LSE is -inf, get P = 0. In deterministic mode the
 key tiles of one (batch, head, query tile) add their dQ partials in a fixed
 key-tile order (`det_order`), taking turns through a semaphore; with `dq_splits` (dense) the grid
@@ -27,9 +27,12 @@ THD: lengths come from cu_seqlens in-kernel; the grid's x extent is
 ceil(max_seqlen_kv / tile_n) and each CTA strides over the key tiles of its
 sequence, so a longer sequence than declared is still fully served.
 
-Argument list: `sdpa_bwd_params.main_args`.
+Argument list: `sdpa_bwd_params.main_args`; the chain around it: `frost.engines.sdpa_bwd`.
 """
 
+
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -42,10 +45,12 @@ from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.softmax import LOG2_E
-from frost.engines.sm80 import sdpa_bwd_utils as bu
+from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32
+from frost.engines.sdpa_bwd import accum
+from frost.engines.sdpa_bwd.scratch import uses_turns
 from frost.engines.sm80 import warp_mma
 from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, cyclic_turn, main_args, name_suffix, split_tile,
-                                               split_tile_count, uses_turns)
+                                               split_tile_count)
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:
@@ -56,8 +61,8 @@ def _arch_number(arch: str) -> int:
     return int("".join(ch for ch in arch.split("_")[1] if ch.isdigit()))
 
 
-class _Main:
-    """Plan-time constants and host entry of one main-kernel specialization."""
+class SdpaBwdSm80:
+    """The main kernel object: plan-time constants, host-side launch (`launch`) and the device kernel (`kernel`)."""
 
     def __init__(self, p: Sm80BwdParams, arch: str):
         self.p = p
@@ -69,7 +74,6 @@ class _Main:
         self.stages = p.num_stages
         self.group = p.qhead_per_kvhead
         self.fused = p.fused_prefetch
-        self.early_p = p.fused_prefetch or p.early_p
         self.vector_red = _arch_number(arch) >= 90
 
     # ------------------------------------------------------------------ host side
@@ -125,7 +129,7 @@ class _Main:
 
         return Storage
 
-    def run(self, a: dict) -> None:
+    def launch(self, a: dict) -> None:
         """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         self._layouts()
         Storage = self._storage()
@@ -140,7 +144,7 @@ class _Main:
                 grid_x = self.p.dq_splits  # one CTA per accumulator copy, walking its share of key tiles
         grid_x = cutlass.max(grid_x, 1)
         scale = Float32(a["softmax_scale"])
-        _main_kernel(
+        kernel(
             self, a["q"], mK, a["v"], a["do"], a["lse"], a["dk"], a["dv"],
             a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"),
             a["dpsum"], a["dq_accum"], a.get("dq_semaphore"),
@@ -148,13 +152,7 @@ class _Main:
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
             self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
         ).launch(grid=(grid_x, self.p.num_heads_kv, n_batch), block=(self.threads, 1, 1),
-                 smem=Storage.size_in_bytes(), stream=a["stream"], **self._occupancy())
-
-    def _occupancy(self) -> dict:
-        """Launch hints for `ctas_per_sm` > 1: ptxas caps registers; the carveout is set (no device query)."""
-        if self.p.ctas_per_sm > 1:
-            return dict(min_blocks_per_mp=self.p.ctas_per_sm, preferred_smem_carveout=100)
-        return {}
+                 smem=Storage.size_in_bytes(), stream=a["stream"])
 
 
 @cute.jit
@@ -170,10 +168,8 @@ def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv
     """Step t of the flat loop -> (query head, query tile).
 
     Query tiles are walked upward from the band's first, starting `rot` tiles
-    in and wrapping around (`rotate_m`: neighbouring key tiles then add into
-    different dQ rows at a time instead of all into the same ones).
-    Deterministic "asc" order walks them from the last down instead, so lower
-    key tiles (the earlier turns there) reach a tile no later than higher ones.
+    in and wrapping around (deterministic "cyc" order: each key tile starts at
+    its own query tile, so neighbouring key tiles never queue behind each other).
     """
     head = head_kv
     idx = t
@@ -185,22 +181,56 @@ def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv
         if idx >= n_m:
             idx = idx - n_m
     m = m_min + idx
-    if cutlass.const_expr(uses_turns(cfg.p) and cfg.p.det_order == "asc"):
-        m = m_min + n_m - 1 - idx
     return head, m
 
 
 def _rotates(cfg) -> bool:
-    """Rotated walks: deterministic turns in "cyc" order (whose turns follow the rotation), or `rotate_m`
-    when not deterministic and without a right window (causal bands already start each key tile at its own
-    diagonal)."""
-    if uses_turns(cfg.p) and cfg.p.det_order == "cyc":
-        return True
-    return cfg.p.rotate_m and not cfg.p.deterministic and not cfg.p.has_window_right
+    """Rotated walks: deterministic turns in "cyc" order (whose turns follow the rotation)."""
+    return uses_turns(cfg.p) and cfg.p.det_order == "cyc"
+
+
+class _Sequence(NamedTuple):
+    """A CTA's (batch, kv head): where its sequences start, their lengths, the mask band and the key tiles it
+    walks. Made once per CTA."""
+
+    batch: Any
+    head_kv: Any
+    offset_q: Any
+    offset_k: Any
+    seqlen_q: Any
+    seqlen_k: Any
+    static_q: Any  # the bound tensors' query and key extents (dense: the semaphores' rows, dK / dV's rows)
+    static_k: Any
+    diag: Any
+    window_left: Any
+    window_right: Any
+    num_n: Any  # key tiles of the walk (dense: every tile of the tensor, padding rows included)
+    acc_batch: Any  # the dense accumulator's batch index: this CTA's own copy with `dq_splits`
+
+
+class _KeyTile(NamedTuple):
+    """One key tile of a CTA's walk: its index, its band's query tiles and the walk's rotation."""
+
+    n_block: Any
+    m_min: Any
+    n_m: Any  # query tiles in the band
+    n_steps: Any  # n_m times the query heads of the GQA group
+    rot: Any
+
+
+class _Io(NamedTuple):
+    """The global tensors a walk step reads or adds into."""
+
+    q: Any
+    do: Any
+    lse: Any
+    dpsum: Any
+    acc: Any
+    sem: Any
 
 
 @cute.kernel
-def _main_kernel(
+def kernel(
     cfg: cutlass.Constexpr,
     mQ: cute.Tensor,
     mK: cute.Tensor,
@@ -234,267 +264,307 @@ def _main_kernel(
     mma_dq: cute.TiledMma,
     Storage: cutlass.Constexpr,
 ):
+    """Setup, then per key tile of this CTA: the walk over its band's query tiles, and the dK / dV epilogue."""
     p = cfg.p
-    bm, bn, D, Dv = cfg.bm, cfg.bn, cfg.d, cfg.dv
-    thd = p.is_thd
-    dt = cfg.dtype
     tidx, _, _ = cute.arch.thread_idx()
     bx, head_kv, batch = cute.arch.block_idx()
     grid_x, _, _ = cute.arch.grid_dim()
+    c = _setup(cfg, tidx, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, g2s_qk, g2s_vdo, s2g_k, s2g_v,
+               mma_sdp, mma_dkv, mma_dq, Storage)
+    s = _sequence(cfg, mQ, mK, mCuQ, mCuK, mUsedQ, mUsedK, batch, head_kv, bx, grid_x, window_left, window_right)
+    io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem)
+
+    # key / value views of this (batch, kv head)
+    mK_cur = rows.head_rows(mK, head_kv, batch, s.offset_k, p.is_thd)
+    mV_cur = rows.head_rows(mV, head_kv, batch, s.offset_k, p.is_thd)
+    mdK_cur = rows.head_rows(mdK, head_kv, batch, s.offset_k, p.is_thd)
+    mdV_cur = rows.head_rows(mdV, head_kv, batch, s.offset_k, p.is_thd)
+    out_rows = s.seqlen_k if cutlass.const_expr(p.is_thd) else s.static_k
+
+    n_iters = (s.num_n - bx + grid_x - 1) // grid_x
+    if cutlass.const_expr(p.dq_splits > 0):
+        n_iters = split_tile_count(s.num_n, bx, p.dq_splits)
+    for it in cutlass.range(n_iters, unroll=1):
+        kt = _key_tile(cfg, s, bx, it, grid_x)
+        acc_dK = cute.make_rmem_tensor(c.acc_shape_dK, Float32)
+        acc_dV = cute.make_rmem_tensor(c.acc_shape_dV, Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        if kt.n_steps > 0:
+            _walk(cfg, c, s, kt, io, acc_dK, acc_dV, mK_cur, mV_cur, scale_log2, tidx)
+        _write_dk_dv(cfg, c, acc_dK, acc_dV, scale, cute.local_tile(mdK_cur, (cfg.bn, cfg.d), (kt.n_block, 0)),
+                     cute.local_tile(mdV_cur, (cfg.bn, cfg.dv), (kt.n_block, 0)), out_rows - kt.n_block * cfg.bn,
+                     tidx)
+
+
+@cute.jit
+def _setup(cfg: cutlass.Constexpr, tidx: Int32, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
+           g2s_qk: cute.TiledCopy, g2s_vdo: cute.TiledCopy, s2g_k: cute.TiledCopy, s2g_v: cute.TiledCopy,
+           mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, Storage: cutlass.Constexpr):
+    """Shared memory, this thread's MMA partitions and fragments, and the copies: loop-invariant, bound once."""
+    bm, bn, D, Dv = cfg.bm, cfg.bn, cfg.d, cfg.dv
+    dt = cfg.dtype
+    c = SimpleNamespace(g2s_qk=g2s_qk, g2s_vdo=g2s_vdo, s2g_k=s2g_k, s2g_v=s2g_v, mma_sdp=mma_sdp,
+                        mma_dkv=mma_dkv, mma_dq=mma_dq)
 
     # ---------------------------------------------------------------- shared memory
     smem = cutlass.utils.SmemAllocator()
     storage = smem.allocate(Storage)
-    sQ = storage.sQ.get_tensor(sQ_layout)
-    sdO = storage.sdO.get_tensor(sdO_layout)
-    sK = storage.sK.get_tensor(sK_layout)
-    sV = storage.sV.get_tensor(sV_layout)
+    sQ = c.sQ = storage.sQ.get_tensor(sQ_layout)
+    sdO = c.sdO = storage.sdO.get_tensor(sdO_layout)
+    sK = c.sK = storage.sK.get_tensor(sK_layout)
+    sV = c.sV = storage.sV.get_tensor(sV_layout)
     sP = storage.sP.get_tensor(sPdS_layout)
     sdS = storage.sdS.get_tensor(sPdS_layout)
-    sLSE = storage.sLSE.get_tensor(cute.make_layout(bm))
-    sdPsum = storage.sdPsum.get_tensor(cute.make_layout(bm))
+    c.sLSE = storage.sLSE.get_tensor(cute.make_layout(bm))
+    c.sdPsum = storage.sdPsum.get_tensor(cute.make_layout(bm))
     sQt, sdOt, sKt, sPt, sdSt = [transpose_view(t) for t in (sQ, sdO, sK, sP, sdS)]
 
     # ---------------------------------------------------------------- MMA partitions
     thr_sdp = mma_sdp.get_slice(tidx)
     thr_dkv = mma_dkv.get_slice(tidx)
-    thr_dq = mma_dq.get_slice(tidx)
+    thr_dq = c.thr_dq = mma_dq.get_slice(tidx)
     ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
     ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dt)
-    s2r_sdp_a = cute.make_tiled_copy_A(ldsm, mma_sdp).get_slice(tidx)
-    s2r_sdp_b = cute.make_tiled_copy_B(ldsm, mma_sdp).get_slice(tidx)
-    s2r_dkv_a = cute.make_tiled_copy_A(ldsm_t, mma_dkv).get_slice(tidx)
-    s2r_dkv_b = cute.make_tiled_copy_B(ldsm_t, mma_dkv).get_slice(tidx)
-    s2r_dq_a = cute.make_tiled_copy_A(ldsm, mma_dq).get_slice(tidx)
-    s2r_dq_b = cute.make_tiled_copy_B(ldsm_t, mma_dq).get_slice(tidx)
-    r2s_sdp = cute.make_tiled_copy_C(
+    s2r_sdp_a = c.s2r_sdp_a = cute.make_tiled_copy_A(ldsm, mma_sdp).get_slice(tidx)
+    s2r_sdp_b = c.s2r_sdp_b = cute.make_tiled_copy_B(ldsm, mma_sdp).get_slice(tidx)
+    s2r_dkv_a = c.s2r_dkv_a = cute.make_tiled_copy_A(ldsm_t, mma_dkv).get_slice(tidx)
+    s2r_dkv_b = c.s2r_dkv_b = cute.make_tiled_copy_B(ldsm_t, mma_dkv).get_slice(tidx)
+    s2r_dq_a = c.s2r_dq_a = cute.make_tiled_copy_A(ldsm, mma_dq).get_slice(tidx)
+    s2r_dq_b = c.s2r_dq_b = cute.make_tiled_copy_B(ldsm_t, mma_dq).get_slice(tidx)
+    r2s_sdp = c.r2s_sdp = cute.make_tiled_copy_C(
         cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=2 * dt.width), mma_sdp
     ).get_slice(tidx)
-    r2s_dkv = cute.make_tiled_copy_C(
+    c.r2s_dkv = cute.make_tiled_copy_C(
         cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=2 * dt.width), mma_dkv
     ).get_slice(tidx)
 
-    tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0]))
-    tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
-    tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO[None, None, 0]))
-    tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
-    tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
-    tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt[None, None, 0]))
-    tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
-    tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt[None, None, 0]))
-    tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-    tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+    c.tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0]))
+    c.tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
+    c.tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO[None, None, 0]))
+    c.tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
+    c.tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
+    c.tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt[None, None, 0]))
+    c.tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
+    c.tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt[None, None, 0]))
+    c.tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+    c.tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
 
-    tSsQ = s2r_sdp_a.partition_S(sQ)
-    tSsK = s2r_sdp_b.partition_S(sK)
-    tdPsdO = s2r_sdp_a.partition_S(sdO)
-    tdPsV = s2r_sdp_b.partition_S(sV)
-    tdVsPt = s2r_dkv_a.partition_S(sPt)
-    tdVsdOt = s2r_dkv_b.partition_S(sdOt)
-    tdKsdSt = s2r_dkv_a.partition_S(sdSt)
-    tdKsQt = s2r_dkv_b.partition_S(sQt)
-    tdQsdS = s2r_dq_a.partition_S(sdS)
-    tdQsKt = s2r_dq_b.partition_S(sKt)
-    tPsP = r2s_sdp.partition_D(sP)
-    tdSsdS = r2s_sdp.partition_D(sdS)
+    c.tSsQ = s2r_sdp_a.partition_S(sQ)
+    c.tSsK = s2r_sdp_b.partition_S(sK)
+    c.tdPsdO = s2r_sdp_a.partition_S(sdO)
+    c.tdPsV = s2r_sdp_b.partition_S(sV)
+    c.tdVsPt = s2r_dkv_a.partition_S(sPt)
+    c.tdVsdOt = s2r_dkv_b.partition_S(sdOt)
+    c.tdKsdSt = s2r_dkv_a.partition_S(sdSt)
+    c.tdKsQt = s2r_dkv_b.partition_S(sQt)
+    c.tdQsdS = s2r_dq_a.partition_S(sdS)
+    c.tdQsKt = s2r_dq_b.partition_S(sKt)
+    c.tPsP = r2s_sdp.partition_D(sP)
+    c.tdSsdS = r2s_sdp.partition_D(sdS)
 
     cS = cute.make_identity_tensor((bm, bn))
-    tScS_mn = acc_as_mn(thr_sdp.partition_C(cS))
-    t0ScS_mn = acc_as_mn(mma_sdp.get_slice(0).partition_C(cS))
+    c.tScS_mn = acc_as_mn(thr_sdp.partition_C(cS))
+    c.t0ScS_mn = acc_as_mn(mma_sdp.get_slice(0).partition_C(cS))
     cdQ = cute.make_identity_tensor((bm, D))
-    tdQcdQ = thr_dq.partition_C(cdQ)
-    cK = cute.make_identity_tensor((bn, D))
-    cV = cute.make_identity_tensor((bn, Dv))
-    cQ = cute.make_identity_tensor((bm, D))
-    cdO = cute.make_identity_tensor((bm, Dv))
-    g2s_qk_thr = g2s_qk.get_slice(tidx)
-    g2s_vdo_thr = g2s_vdo.get_slice(tidx)
+    c.tdQcdQ = thr_dq.partition_C(cdQ)
+    c.cK = cute.make_identity_tensor((bn, D))
+    c.cV = cute.make_identity_tensor((bn, Dv))
+    c.cQ = cute.make_identity_tensor((bm, D))
+    c.cdO = cute.make_identity_tensor((bm, Dv))
+    c.g2s_qk_thr = g2s_qk.get_slice(tidx)
+    c.g2s_vdo_thr = g2s_vdo.get_slice(tidx)
 
-    acc_shape_dK = thr_dkv.partition_shape_C((bn, D))
-    acc_shape_dV = thr_dkv.partition_shape_C((bn, Dv))
-    acc_shape_S = thr_sdp.partition_shape_C((bm, bn))
-    acc_shape_dQ = thr_dq.partition_shape_C((bm, D))
+    c.acc_shape_dK = thr_dkv.partition_shape_C((bn, D))
+    c.acc_shape_dV = thr_dkv.partition_shape_C((bn, Dv))
+    c.acc_shape_S = thr_sdp.partition_shape_C((bm, bn))
+    c.acc_shape_dQ = thr_dq.partition_shape_C((bm, D))
+    return c
 
-    # ---------------------------------------------------------------- sequence
-    if cutlass.const_expr(thd):
+
+@cute.jit
+def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mCuK, mUsedQ, mUsedK, batch: Int32,
+              head_kv: Int32, bx: Int32, grid_x: Int32, window_left, window_right) -> _Sequence:
+    """This CTA's sequence record: offsets, lengths, the mask's diagonal, its key tiles and accumulator copy."""
+    p = cfg.p
+    if cutlass.const_expr(p.is_thd):
         static_q, static_k = mQ.shape[0], mK.shape[0]
     else:
         static_q, static_k = mQ.shape[1], mK.shape[1]
     offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK)
     diag = fmask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
-    num_n = (seqlen_k + bn - 1) // bn
+    num_n = (seqlen_k + cfg.bn - 1) // cfg.bn
     splits = p.dq_splits
-    if cutlass.const_expr(not thd):
+    if cutlass.const_expr(not p.is_thd):
         num_n = grid_x  # padding rows of dK / dV are written (as zeros) too
         if cutlass.const_expr(splits > 0):
-            num_n = cutlass.max((static_k + bn - 1) // bn, 1)  # the grid holds one CTA per split
+            num_n = cutlass.max((static_k + cfg.bn - 1) // cfg.bn, 1)  # the grid holds one CTA per split
     acc_batch = batch  # the accumulator copy this CTA adds into (its own, with split copies)
     if cutlass.const_expr(splits > 0):
-        acc_batch = bu.copy_batch(bx, cute.arch.grid_dim()[2], batch)
+        acc_batch = accum.copy_batch(bx, cute.arch.grid_dim()[2], batch)
+    return _Sequence(batch, head_kv, offset_q, offset_k, seqlen_q, seqlen_k, static_q, static_k, diag, window_left,
+                     window_right, num_n, acc_batch)
 
-    # key / value views of this (batch, kv head)
-    mK_cur = rows.head_rows(mK, head_kv, batch, offset_k, thd)
-    mV_cur = rows.head_rows(mV, head_kv, batch, offset_k, thd)
-    mdK_cur = rows.head_rows(mdK, head_kv, batch, offset_k, thd)
-    mdV_cur = rows.head_rows(mdV, head_kv, batch, offset_k, thd)
-    out_rows = seqlen_k if cutlass.const_expr(thd) else static_k
 
-    n_iters = (num_n - bx + grid_x - 1) // grid_x
-    if cutlass.const_expr(splits > 0):
-        n_iters = split_tile_count(num_n, bx, splits)
-    for it in cutlass.range(n_iters, unroll=1):
-        n_block = bx + it * grid_x
-        if cutlass.const_expr(splits > 0):
-            n_block = split_tile(it, bx, splits)
-        if cutlass.const_expr(uses_turns(p) and p.det_order == "diag"):
-            n_block = num_n - 1 - n_block  # higher key tiles launch first: they take the earlier turns
-        m_min, m_max = fmask.m_block_range(n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left, window_right)
-        n_m = cutlass.max(m_max - m_min, 0)
-        n_steps = n_m * cfg.group
-        rot = Int32(0)
-        if cutlass.const_expr(_rotates(cfg)):
-            if n_m > 0:
-                rot = n_block % n_m
+@cute.jit
+def _key_tile(cfg: cutlass.Constexpr, s: _Sequence, bx: Int32, it: Int32, grid_x: Int32) -> _KeyTile:
+    """Step `it` of this CTA's walk over key tiles: the key tile and its band of query tiles."""
+    p = cfg.p
+    n_block = bx + it * grid_x
+    if cutlass.const_expr(p.dq_splits > 0):
+        n_block = split_tile(it, bx, p.dq_splits)
+    if cutlass.const_expr(uses_turns(p) and p.det_order == "diag"):
+        n_block = s.num_n - 1 - n_block  # higher key tiles launch first: they take the earlier turns
+    m_min, m_max = fmask.m_block_range(n_block, cfg.bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left,
+                                       s.window_right)
+    n_m = cutlass.max(m_max - m_min, 0)
+    n_steps = n_m * cfg.group
+    rot = Int32(0)
+    if cutlass.const_expr(_rotates(cfg)):
+        if n_m > 0:
+            rot = n_block % n_m
+    return _KeyTile(n_block, m_min, n_m, n_steps, rot)
 
-        acc_dK = cute.make_rmem_tensor(acc_shape_dK, Float32)
-        acc_dV = cute.make_rmem_tensor(acc_shape_dV, Float32)
-        acc_dK.fill(0.0)
-        acc_dV.fill(0.0)
 
-        if n_steps > 0:
-            kv_limit = seqlen_k - n_block * bn
-            gK = cute.local_tile(mK_cur, (bn, D), (n_block, 0))
-            gV = cute.local_tile(mV_cur, (bn, Dv), (n_block, 0))
-            _load_rows(g2s_qk_thr, g2s_qk, gK, sK, cK, kv_limit)
-            _load_rows(g2s_vdo_thr, g2s_vdo, gV, sV, cV, kv_limit)
-            head0, m0 = _tile_of(cfg, Int32(0), m_min, n_m, head_kv, rot)
-            _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head0, m0, offset_q, seqlen_q, sQ[None, None, 0], cQ)
+@cute.jit
+def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK: cute.Tensor, acc_dV: cute.Tensor,
+          mK_cur: cute.Tensor, mV_cur: cute.Tensor, scale_log2: Float32, tidx: Int32):
+    """Load the key tile and the walk's first query tile, run every step, and pass a late turn on."""
+    bm, bn = cfg.bm, cfg.bn
+    kv_limit = s.seqlen_k - kt.n_block * bn
+    gK = cute.local_tile(mK_cur, (bn, cfg.d), (kt.n_block, 0))
+    gV = cute.local_tile(mV_cur, (bn, cfg.dv), (kt.n_block, 0))
+    _load_rows(c.g2s_qk_thr, c.g2s_qk, gK, c.sK, c.cK, kv_limit)
+    _load_rows(c.g2s_vdo_thr, c.g2s_vdo, gV, c.sV, c.cV, kv_limit)
+    head0, m0 = _tile_of(cfg, Int32(0), kt.m_min, kt.n_m, s.head_kv, kt.rot)
+    _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head0, m0, c.sQ[None, None, 0], c.cQ)
+    cute.arch.cp_async_commit_group()
+    _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head0, m0, c.sdO[None, None, 0], c.cdO)
+    cute.arch.cp_async_commit_group()
+    lse0, dps0 = _load_rows_stats(cfg, s, io, head0, m0, tidx)
+    if tidx < bm:
+        _stage_rows_stats(c.sLSE, c.sdPsum, lse0, dps0, tidx)
+
+    for t in cutlass.range(kt.n_steps, unroll=1):
+        _step(cfg, c, s, kt, io, acc_dK, acc_dV, scale_log2, tidx, t)
+    cute.arch.cp_async_wait_group(0)
+    if cutlass.const_expr(_late_release(cfg)):
+        cute.arch.barrier()
+        head_p, m_p = _tile_of(cfg, kt.n_steps - 1, kt.m_min, kt.n_m, s.head_kv, kt.rot)
+        _release(cfg, s, io, head_p, m_p, tidx)
+
+
+@cute.jit
+def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK: cute.Tensor, acc_dV: cute.Tensor,
+          scale_log2: Float32, tidx: Int32, t: Int32):
+    """Step t of a walk: S, P, dP, dS of one query tile; dV and dK accumulate, dQ's partial is added."""
+    bm = cfg.bm
+    dt = cfg.dtype
+    n_block = kt.n_block
+    head, m_block = _tile_of(cfg, t, kt.m_min, kt.n_m, s.head_kv, kt.rot)
+    slot = Int32(0)
+    if cutlass.const_expr(cfg.stages == 2):
+        slot = t % 2
+    has_next = t + 1 < kt.n_steps
+    head_n, m_next = _tile_of(cfg, t + 1, kt.m_min, kt.n_m, s.head_kv, kt.rot)
+    lse_n = Float32(0.0)
+    dps_n = Float32(0.0)
+    if has_next:
+        lse_n, dps_n = _load_rows_stats(cfg, s, io, head_n, m_next, tidx)
+
+    # ---- S = Q.K^T, P
+    # fused: Q and dO of this step were issued together one step ago (stage 1: at its end);
+    # split: only Q is waited for here, dO behind a second barrier (FA2's order).
+    if cutlass.const_expr(cfg.fused):
+        cute.arch.cp_async_wait_group(0)
+    else:
+        cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
+    cute.arch.barrier()
+    if cutlass.const_expr(_late_release(cfg)):
+        # the previous step's dQ reductions of every thread precede the barrier above
+        if t > 0:
+            head_p, m_p = _tile_of(cfg, t - 1, kt.m_min, kt.n_m, s.head_kv, kt.rot)
+            _release(cfg, s, io, head_p, m_p, tidx)
+    if cutlass.const_expr(cfg.stages == 2):
+        if has_next:
+            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head_n, m_next, c.sQ[None, None, 1 - slot], c.cQ)
+            if cutlass.const_expr(cfg.fused):
+                _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 1 - slot],
+                        c.cdO)
+        cute.arch.cp_async_commit_group()
+    acc_S = cute.make_rmem_tensor(c.acc_shape_S, Float32)
+    acc_S.fill(0.0)
+    warp_mma.gemm_ss(c.mma_sdp, acc_S, c.tSrQ, c.tSrK, c.tSsQ[None, None, None, slot], c.tSsK, c.s2r_sdp_a,
+                     c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b)
+    acc_S_mn = acc_as_mn(acc_S)
+    if fmask.tile_needs_mask(m_block, n_block, bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left,
+                             s.window_right):
+        fmask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, m_block * bm, n_block * cfg.bn, s.seqlen_k, s.diag,
+                         s.window_left, s.window_right, mask_seqlen=True)
+    _probabilities(acc_S_mn, c.tScS_mn, c.sLSE, scale_log2)
+    if cutlass.const_expr(cfg.fused):
+        # P goes to smem now (its readers of the previous step passed the barrier above)
+        rP = cute.make_fragment_like(acc_S, dt)
+        rP.store(acc_S.load().to(dt))
+        cute.copy(c.r2s_sdp, c.r2s_sdp.retile(rP), c.tPsP)
+
+    # ---- dP = dO.V^T, dS
+    if cutlass.const_expr(not cfg.fused):
+        cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
+        cute.arch.barrier()
+        if cutlass.const_expr(cfg.stages == 2):
+            if has_next:
+                _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 1 - slot], c.cdO)
             cute.arch.cp_async_commit_group()
-            _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head0, m0, offset_q, seqlen_q, sdO[None, None, 0], cdO)
-            cute.arch.cp_async_commit_group()
-            lse0, dps0 = _load_rows_stats(cfg, mLSE, mdPsum, head0, m0, offset_q, seqlen_q, tidx, batch)
-            if tidx < bm:
-                _stage_rows_stats(sLSE, sdPsum, lse0, dps0, tidx)
+    acc_dP = cute.make_rmem_tensor(c.acc_shape_S, Float32)
+    acc_dP.fill(0.0)
+    warp_mma.gemm_ss(c.mma_sdp, acc_dP, c.tdPrdO, c.tdPrV, c.tdPsdO[None, None, None, slot], c.tdPsV, c.s2r_sdp_a,
+                     c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b)
+    _score_grads(acc_as_mn(acc_dP), acc_S_mn, c.tScS_mn, c.sdPsum)
+    if cutlass.const_expr(not cfg.fused):
+        rP = cute.make_fragment_like(acc_S, dt)
+        rP.store(acc_S.load().to(dt))
+    rdS = cute.make_fragment_like(acc_dP, dt)
+    rdS.store(acc_dP.load().to(dt))
+    if cutlass.const_expr(not cfg.fused):
+        cute.copy(c.r2s_sdp, c.r2s_sdp.retile(rP), c.tPsP)
+    cute.copy(c.r2s_sdp, c.r2s_sdp.retile(rdS), c.tdSsdS)
+    cute.arch.barrier()
 
-            for t in cutlass.range(n_steps, unroll=1):
-                head, m_block = _tile_of(cfg, t, m_min, n_m, head_kv, rot)
-                slot = Int32(0)
-                if cutlass.const_expr(cfg.stages == 2):
-                    slot = t % 2
-                has_next = t + 1 < n_steps
-                head_n, m_next = _tile_of(cfg, t + 1, m_min, n_m, head_kv, rot)
-                lse_n = Float32(0.0)
-                dps_n = Float32(0.0)
-                if has_next:
-                    lse_n, dps_n = _load_rows_stats(cfg, mLSE, mdPsum, head_n, m_next, offset_q, seqlen_q, tidx,
-                                                    batch)
+    # ---- dV += P^T.dO
+    warp_mma.gemm_ss(c.mma_dkv, acc_dV, c.tdVrPt, c.tdVrdOt, c.tdVsPt, c.tdVsdOt[None, None, None, slot],
+                     c.s2r_dkv_a, c.s2r_dkv_b, c.s2r_dkv_a, c.s2r_dkv_b)
+    if cutlass.const_expr(cfg.stages == 1):
+        cute.arch.barrier()
+        if has_next:
+            _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 0], c.cdO)
+        cute.arch.cp_async_commit_group()
 
-                # ---- S = Q.K^T, P
-                # fused: Q and dO of this step were issued together one step ago (stage 1: at its end);
-                # split: only Q is waited for here, dO behind a second barrier (FA2's order).
-                if cutlass.const_expr(cfg.fused):
-                    cute.arch.cp_async_wait_group(0)
-                else:
-                    cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
-                cute.arch.barrier()
-                if cutlass.const_expr(_late_release(cfg)):
-                    # the previous step's dQ reductions of every thread precede the barrier above
-                    if t > 0:
-                        head_p, m_p = _tile_of(cfg, t - 1, m_min, n_m, head_kv, rot)
-                        _release(cfg, mSem, mAcc, head_p, m_p, offset_q, batch, static_q, tidx)
-                if cutlass.const_expr(cfg.stages == 2):
-                    if has_next:
-                        _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head_n, m_next, offset_q, seqlen_q,
-                                sQ[None, None, 1 - slot], cQ)
-                        if cutlass.const_expr(cfg.fused):
-                            _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
-                                    sdO[None, None, 1 - slot], cdO)
-                    cute.arch.cp_async_commit_group()
-                acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-                acc_S.fill(0.0)
-                warp_mma.gemm_ss(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, slot], tSsK, s2r_sdp_a, s2r_sdp_b,
-                                 s2r_sdp_a, s2r_sdp_b, cfg.p.prefetch_k)
-                acc_S_mn = acc_as_mn(acc_S)
-                if fmask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, diag, window_left,
-                                         window_right):
-                    fmask.apply_mask(acc_S_mn, tScS_mn, t0ScS_mn, m_block * bm, n_block * bn, seqlen_k, diag,
-                                     window_left, window_right, mask_seqlen=True)
-                _probabilities(acc_S_mn, tScS_mn, sLSE, scale_log2)
-                if cutlass.const_expr(cfg.early_p):
-                    # P goes to smem now (its readers of the previous step passed the barrier above)
-                    rP = cute.make_fragment_like(acc_S, dt)
-                    rP.store(acc_S.load().to(dt))
-                    cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
+    # ---- dQ partial = dS.K -> fp32 accumulator
+    # deterministic turns: thread 0 reads its turn before the dQ GEMM, so the other warps compute while warp 0
+    # waits on the load (a stale read is re-polled at the reductions)
+    polled = Int32(-1)
+    if cutlass.const_expr(uses_turns(cfg.p)):
+        if tidx == 0:
+            polled = ld_acquire_i32(_sem_ptr(cfg, s, io, head, m_block))
+    acc_dQ = cute.make_rmem_tensor(c.acc_shape_dQ, Float32)
+    acc_dQ.fill(0.0)
+    warp_mma.gemm_ss(c.mma_dq, acc_dQ, c.tdQrdS, c.tdQrKt, c.tdQsdS, c.tdQsKt, c.s2r_dq_a, c.s2r_dq_b, c.s2r_dq_a,
+                     c.s2r_dq_b)
+    _add_dq(cfg, c, s, io, acc_dQ, head, m_block, n_block, tidx, polled)
 
-                # ---- dP = dO.V^T, dS
-                if cutlass.const_expr(not cfg.fused):
-                    cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
-                    cute.arch.barrier()
-                    if cutlass.const_expr(cfg.stages == 2):
-                        if has_next:
-                            _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
-                                    sdO[None, None, 1 - slot], cdO)
-                        cute.arch.cp_async_commit_group()
-                acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
-                acc_dP.fill(0.0)
-                warp_mma.gemm_ss(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, slot], tdPsV, s2r_sdp_a,
-                                 s2r_sdp_b, s2r_sdp_a, s2r_sdp_b, cfg.p.prefetch_k)
-                _score_grads(acc_as_mn(acc_dP), acc_S_mn, tScS_mn, sdPsum)
-                if cutlass.const_expr(not cfg.early_p):
-                    rP = cute.make_fragment_like(acc_S, dt)
-                    rP.store(acc_S.load().to(dt))
-                rdS = cute.make_fragment_like(acc_dP, dt)
-                rdS.store(acc_dP.load().to(dt))
-                if cutlass.const_expr(not cfg.early_p):
-                    cute.copy(r2s_sdp, r2s_sdp.retile(rP), tPsP)
-                cute.copy(r2s_sdp, r2s_sdp.retile(rdS), tdSsdS)
-                cute.arch.barrier()
-
-                # ---- dV += P^T.dO
-                warp_mma.gemm_ss(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, slot], s2r_dkv_a,
-                                 s2r_dkv_b, s2r_dkv_a, s2r_dkv_b, cfg.p.prefetch_k)
-                if cutlass.const_expr(cfg.stages == 1):
-                    cute.arch.barrier()
-                    if has_next:
-                        _load_q(cfg, g2s_vdo_thr, g2s_vdo, mdO, head_n, m_next, offset_q, seqlen_q,
-                                sdO[None, None, 0], cdO)
-                    cute.arch.cp_async_commit_group()
-
-                # ---- dQ partial = dS.K -> fp32 accumulator
-                polled = Int32(-1)
-                if cutlass.const_expr(uses_turns(cfg.p) and cfg.p.det_poll == "dq_gemm"):
-                    if tidx == 0:
-                        polled = bu.ld_acquire_i32(_sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch,
-                                                            static_q))
-                acc_dQ = cute.make_rmem_tensor(acc_shape_dQ, Float32)
-                acc_dQ.fill(0.0)
-                warp_mma.gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_a, s2r_dq_b, s2r_dq_a,
-                                 s2r_dq_b, cfg.p.prefetch_k)
-                _add_dq(cfg, acc_dQ, thr_dq, tdQcdQ, mAcc, mSem, head, m_block, n_block, offset_q, seqlen_q,
-                        seqlen_k, diag, window_left, window_right, batch, acc_batch, tidx, static_q, polled)
-
-                # ---- dK += dS^T.Q
-                warp_mma.gemm_ss(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, slot], s2r_dkv_a,
-                                 s2r_dkv_b, s2r_dkv_a, s2r_dkv_b, cfg.p.prefetch_k)
-                if cutlass.const_expr(cfg.stages == 1):
-                    cute.arch.barrier()
-                    if has_next:
-                        _load_q(cfg, g2s_qk_thr, g2s_qk, mQ, head_n, m_next, offset_q, seqlen_q, sQ[None, None, 0],
-                                cQ)
-                    cute.arch.cp_async_commit_group()
-                # stage the next tile's LSE / dpsum rows (every reader of this tile's rows passed the dS barrier)
-                if has_next:
-                    if tidx < bm:
-                        _stage_rows_stats(sLSE, sdPsum, lse_n, dps_n, tidx)
-            cute.arch.cp_async_wait_group(0)
-            if cutlass.const_expr(_late_release(cfg)):
-                cute.arch.barrier()
-                head_p, m_p = _tile_of(cfg, n_steps - 1, m_min, n_m, head_kv, rot)
-                _release(cfg, mSem, mAcc, head_p, m_p, offset_q, batch, static_q, tidx)
-
-        _write_dk_dv(acc_dK, acc_dV, scale, dt, r2s_dkv, sK, sV, s2g_k, s2g_v,
-                     cute.local_tile(mdK_cur, (bn, D), (n_block, 0)), cute.local_tile(mdV_cur, (bn, Dv), (n_block, 0)),
-                     cK, cV, out_rows - n_block * bn, tidx)
+    # ---- dK += dS^T.Q
+    warp_mma.gemm_ss(c.mma_dkv, acc_dK, c.tdKrdSt, c.tdKrQt, c.tdKsdSt, c.tdKsQt[None, None, None, slot],
+                     c.s2r_dkv_a, c.s2r_dkv_b, c.s2r_dkv_a, c.s2r_dkv_b)
+    if cutlass.const_expr(cfg.stages == 1):
+        cute.arch.barrier()
+        if has_next:
+            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head_n, m_next, c.sQ[None, None, 0], c.cQ)
+        cute.arch.cp_async_commit_group()
+    # stage the next tile's LSE / dpsum rows (every reader of this tile's rows passed the dS barrier)
+    if has_next:
+        if tidx < bm:
+            _stage_rows_stats(c.sLSE, c.sdPsum, lse_n, dps_n, tidx)
 
 
 @cute.jit
@@ -514,37 +584,36 @@ def _score_grads(acc_dP_mn: cute.Tensor, acc_P_mn: cute.Tensor, tScS_mn: cute.Te
 
 
 @cute.jit
-def _write_dk_dv(acc_dK: cute.Tensor, acc_dV: cute.Tensor, scale: Float32, dt: cutlass.Constexpr, r2s_dkv,
-                 sK: cute.Tensor, sV: cute.Tensor, s2g_k: cute.TiledCopy, s2g_v: cute.TiledCopy, gdK: cute.Tensor,
-                 gdV: cute.Tensor, cK: cute.Tensor, cV: cute.Tensor, rows_left: Int32, tidx: Int32):
+def _write_dk_dv(cfg: cutlass.Constexpr, c, acc_dK: cute.Tensor, acc_dV: cute.Tensor, scale: Float32,
+                 gdK: cute.Tensor, gdV: cute.Tensor, rows_left: Int32, tidx: Int32):
     """Epilogue of a key tile: dK (scaled) and dV in the io dtype, through the K / V smem tiles to their rows."""
+    dt = cfg.dtype
     cute.arch.barrier()
     acc_dK.store(acc_dK.load() * scale)
     rdK = cute.make_fragment_like(acc_dK, dt)
     rdK.store(acc_dK.load().to(dt))
     rdV = cute.make_fragment_like(acc_dV, dt)
     rdV.store(acc_dV.load().to(dt))
-    cute.copy(r2s_dkv, r2s_dkv.retile(rdK), r2s_dkv.partition_D(sK))
-    cute.copy(r2s_dkv, r2s_dkv.retile(rdV), r2s_dkv.partition_D(sV))
+    cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rdK), c.r2s_dkv.partition_D(c.sK))
+    cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rdV), c.r2s_dkv.partition_D(c.sV))
     cute.arch.barrier()
-    rows.store_rows(s2g_k, sK, gdK, cK, rows_left, tidx, regs_like_dst=True)
-    rows.store_rows(s2g_v, sV, gdV, cV, rows_left, tidx, regs_like_dst=True)
+    rows.store_rows(c.s2g_k, c.sK, gdK, c.cK, rows_left, tidx, regs_like_dst=True)
+    rows.store_rows(c.s2g_v, c.sV, gdV, c.cV, rows_left, tidx, regs_like_dst=True)
     cute.arch.barrier()
 
 
 @cute.jit
-def _load_q(cfg: cutlass.Constexpr, thr_copy, tiled_copy, mX: cute.Tensor, head: Int32, m_block: Int32,
-            offset_q: Int32, seqlen_q: Int32, sX: cute.Tensor, cX: cute.Tensor):
+def _load_q(cfg: cutlass.Constexpr, s: _Sequence, thr_copy, tiled_copy, mX: cute.Tensor, head: Int32,
+            m_block: Int32, sX: cute.Tensor, cX: cute.Tensor):
     """cp.async one query tile of q or do (rows past the sequence zero-filled)."""
     batch = cute.arch.block_idx()[2]
     cols = cute.size(sX, mode=[1])
-    gX = cute.local_tile(rows.head_rows(mX, head, batch, offset_q, cfg.p.is_thd), (cfg.bm, cols), (m_block, 0))
-    _load_rows(thr_copy, tiled_copy, gX, sX, cX, seqlen_q - m_block * cfg.bm)
+    gX = cute.local_tile(rows.head_rows(mX, head, batch, s.offset_q, cfg.p.is_thd), (cfg.bm, cols), (m_block, 0))
+    _load_rows(thr_copy, tiled_copy, gX, sX, cX, s.seqlen_q - m_block * cfg.bm)
 
 
 @cute.jit
-def _load_rows_stats(cfg: cutlass.Constexpr, mLSE: cute.Tensor, mdPsum: cute.Tensor, head: Int32, m_block: Int32,
-                     offset_q: Int32, seqlen_q: Int32, tidx: Int32, batch: Int32):
+def _load_rows_stats(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block: Int32, tidx: Int32):
     """This thread's row of a query tile, as loaded: (LSE, or -inf past the sequence; dpsum, or 0).
 
     Nothing here reads the loaded values, so the loads stay in flight until `_stage_rows_stats` at the end of
@@ -553,13 +622,13 @@ def _load_rows_stats(cfg: cutlass.Constexpr, mLSE: cute.Tensor, mdPsum: cute.Ten
     row = m_block * cfg.bm + tidx
     lse = -Float32.inf
     dps = Float32(0.0)
-    if tidx < cfg.bm and row < seqlen_q:
+    if tidx < cfg.bm and row < s.seqlen_q:
         if cutlass.const_expr(cfg.p.is_thd):
-            lse = mLSE[head, offset_q + row]
-            dps = mdPsum[head, offset_q + row]
+            lse = io.lse[head, s.offset_q + row]
+            dps = io.dpsum[head, s.offset_q + row]
         else:
-            lse = mLSE[batch, head, row]
-            dps = mdPsum[batch, head, row]
+            lse = io.lse[s.batch, head, row]
+            dps = io.dpsum[s.batch, head, row]
     return lse, dps
 
 
@@ -574,45 +643,43 @@ def _stage_rows_stats(sLSE: cute.Tensor, sdPsum: cute.Tensor, lse: Float32, dps:
 
 
 @cute.jit
-def _add_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, thr_dq, tdQcdQ: cute.Tensor, mAcc: cute.Tensor, mSem,
-            head: Int32, m_block: Int32, n_block: Int32, offset_q: Int32, seqlen_q: Int32, seqlen_k: Int32,
-            diag: Int32, window_left, window_right, batch: Int32, acc_batch: Int32, tidx: Int32, static_q: Int32,
-            polled: Int32):
+def _add_dq(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, acc_dQ: cute.Tensor, head: Int32, m_block: Int32,
+            n_block: Int32, tidx: Int32, polled: Int32):
     """Add a dQ partial into the fp32 accumulator (in key-tile order when deterministic).
 
-    `polled`: thread 0's acquire read of the semaphore before the dQ GEMM (`det_poll="dq_gemm"`), else -1.
-    `acc_batch`: the dense accumulator's batch index, which selects this CTA's own copy with `dq_splits`.
+    `polled`: thread 0's acquire read of the semaphore before the dQ GEMM (deterministic turns), else -1.
+    The dense accumulator's batch index `s.acc_batch` selects this CTA's own copy with `dq_splits`.
     """
     p = cfg.p
     if cutlass.const_expr(p.is_thd):
-        acc_view = cute.domain_offset((offset_q, 0), mAcc[head, None, None])
+        acc_view = cute.domain_offset((s.offset_q, 0), io.acc[head, None, None])
     else:
-        acc_view = bu.dense_acc_rows(p, mAcc, acc_batch, head)
+        acc_view = accum.dense_acc_rows(p, io.acc, s.acc_batch, head)
     gAcc = cute.local_tile(acc_view, (cfg.bm, cfg.d), (m_block, 0))
-    tAcc = thr_dq.partition_C(gAcc)
-    limit = seqlen_q - m_block * cfg.bm
+    tAcc = c.thr_dq.partition_C(gAcc)
+    limit = s.seqlen_q - m_block * cfg.bm
 
     sem_ptr = None
-    if cutlass.const_expr(mSem is not None):
-        sem_ptr = _sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q)
-        turn = _turn(cfg, m_block, n_block, diag, window_left, window_right, seqlen_q, seqlen_k)
+    if cutlass.const_expr(io.sem is not None):
+        sem_ptr = _sem_ptr(cfg, s, io, head, m_block)
+        turn = _turn(cfg, s, m_block, n_block)
         if tidx == 0:
-            if polled != turn:  # never equal with det_poll="reduce" (-1; turns count from 0)
-                while bu.ld_acquire_i32(sem_ptr) != turn:
+            if polled != turn:
+                while ld_acquire_i32(sem_ptr) != turn:
                     pass
         cute.arch.barrier()
 
     # a full tile (the common case) adds without per-row checks: a check around an asm reduction becomes a
     # branch, and ptxas does not schedule other work across it
     if limit >= cfg.bm:
-        _red_dq(cfg, acc_dQ, tAcc, tdQcdQ, limit, tidx, False)
+        _red_dq(cfg, acc_dQ, tAcc, c.tdQcdQ, limit, False)
     else:
-        _red_dq(cfg, acc_dQ, tAcc, tdQcdQ, limit, tidx, True)
+        _red_dq(cfg, acc_dQ, tAcc, c.tdQcdQ, limit, True)
 
-    if cutlass.const_expr(mSem is not None and not _late_release(cfg)):
+    if cutlass.const_expr(io.sem is not None and not _late_release(cfg)):
         # every thread's reductions precede the barrier; one thread's fence + release publishes them all
         cute.arch.barrier()
-        _release(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q, tidx)
+        _release(cfg, s, io, head, m_block, tidx)
 
 
 def _late_release(cfg) -> bool:
@@ -621,108 +688,73 @@ def _late_release(cfg) -> bool:
 
 
 @cute.jit
-def _sem_ptr(cfg: cutlass.Constexpr, mSem: cute.Tensor, mAcc: cute.Tensor, head: Int32, m_block: Int32,
-             offset_q: Int32, batch: Int32, static_q: Int32):
+def _sem_ptr(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block: Int32):
     """The turn semaphore of one (batch, query head, query tile)."""
     p = cfg.p
     if cutlass.const_expr(p.is_thd):
         n_batch = cute.arch.grid_dim()[2]
-        per_head = mAcc.shape[1] // cfg.bm + n_batch + 1
-        idx = head * per_head + (offset_q + batch * cfg.bm) // cfg.bm + m_block
+        per_head = io.acc.shape[1] // cfg.bm + n_batch + 1
+        idx = head * per_head + (s.offset_q + s.batch * cfg.bm) // cfg.bm + m_block
     else:
-        idx = (batch * p.num_heads_q + head) * ((static_q + cfg.bm - 1) // cfg.bm) + m_block
-    return bu.elem_ptr(mSem, idx)
+        idx = (s.batch * p.num_heads_q + head) * ((s.static_q + cfg.bm - 1) // cfg.bm) + m_block
+    return elem_ptr(io.sem, idx)
 
 
 @cute.jit
-def _release(cfg: cutlass.Constexpr, mSem: cute.Tensor, mAcc: cute.Tensor, head: Int32, m_block: Int32,
-             offset_q: Int32, batch: Int32, static_q: Int32, tidx: Int32):
+def _release(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block: Int32, tidx: Int32):
     """Pass the turn of (head, m_block) on; callers put a CTA barrier after this CTA's reductions first.
 
-    `det_release_warp="last"`: the last warp releases, so warp 0, which reads the turns, does not also wait
-    out the release's fence.
+    The last warp releases, so warp 0, which reads the turns, does not also wait out the release's fence.
     """
-    releaser = 0
-    if cutlass.const_expr(cfg.p.det_release_warp == "last"):
-        releaser = cfg.threads - 32
+    releaser = cfg.threads - 32
     if tidx == releaser:
         cute.arch.fence_acq_rel_gpu()
-        bu.red_release_add_i32(_sem_ptr(cfg, mSem, mAcc, head, m_block, offset_q, batch, static_q), Int32(1))
+        red_release_add_i32(_sem_ptr(cfg, s, io, head, m_block), Int32(1))
 
 
 @cute.jit
 def _red_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, tAcc: cute.Tensor, tdQcdQ: cute.Tensor, limit: Int32,
-            tidx: Int32, check: cutlass.Constexpr[bool]):
+            check: cutlass.Constexpr[bool]):
     """red.global.add this thread's dQ partial into its accumulator rows (rows >= limit skipped if `check`)."""
     n_vals = cute.size(acc_dQ)
-    if cutlass.const_expr(cfg.vector_red and cfg.p.dq_red == "v4"):
-        # (4, MMA_M, MMA_N) fragment: values 0,1 (row r) and 2,3 (row r+8) at columns 2q, 2q+1 of each
-        # n-atom. Lanes q = 2u and 2u+1 swap halves of two n-atoms: the even lane then holds columns
-        # 4u..4u+3 of the first, the odd lane those of the second.
-        per_n = 4 * cute.size(acc_dQ, mode=[1])
-        odd = (tidx % 2) == 1
-        for j in cutlass.range_constexpr(0, n_vals // per_n, 2):
-            for i0 in cutlass.range_constexpr(0, per_n, 2):
-                ia = j * per_n + i0
-                ib = ia + per_n
-                s0 = Float32(cutlass.select_(odd, acc_dQ[ia], acc_dQ[ib]))
-                s1 = Float32(cutlass.select_(odd, acc_dQ[ia + 1], acc_dQ[ib + 1]))
-                r0 = cute.arch.shuffle_sync_bfly(s0, offset=1)
-                r1 = cute.arch.shuffle_sync_bfly(s1, offset=1)
-                off = cutlass.select_(odd, cute.crd2idx(ib, tAcc.layout) - 2, cute.crd2idx(ia, tAcc.layout))
-                v0 = Float32(cutlass.select_(odd, r0, acc_dQ[ia]))
-                v1 = Float32(cutlass.select_(odd, r1, acc_dQ[ia + 1]))
-                v2 = Float32(cutlass.select_(odd, acc_dQ[ib], r0))
-                v3 = Float32(cutlass.select_(odd, acc_dQ[ib + 1], r1))
-                if cutlass.const_expr(check):
-                    if tdQcdQ[ia][0] < limit:
-                        bu.red_add_f32(tAcc.iterator + off, [v0, v1, v2, v3])
-                else:
-                    bu.red_add_f32(tAcc.iterator + off, [v0, v1, v2, v3])
-    else:
-        for i in cutlass.range_constexpr(0, n_vals, 2):
-            if cutlass.const_expr(check):
-                if tdQcdQ[i][0] < limit:
-                    _red_pair(cfg, tAcc, acc_dQ, i)
-            else:
+    for i in cutlass.range_constexpr(0, n_vals, 2):
+        if cutlass.const_expr(check):
+            if tdQcdQ[i][0] < limit:
                 _red_pair(cfg, tAcc, acc_dQ, i)
+        else:
+            _red_pair(cfg, tAcc, acc_dQ, i)
 
 
 @cute.jit
 def _red_pair(cfg: cutlass.Constexpr, tAcc: cute.Tensor, acc_dQ: cute.Tensor, i: cutlass.Constexpr[int]):
     """Values i, i+1 (neighbouring columns): one 8-byte reduction on sm_90+, two 4-byte ones below."""
     if cutlass.const_expr(cfg.vector_red):
-        bu.red_add_f32(bu.elem_ptr(tAcc, i), [acc_dQ[i], acc_dQ[i + 1]])
+        red_add_f32(elem_ptr(tAcc, i), [acc_dQ[i], acc_dQ[i + 1]])
     else:
-        bu.red_add_f32(bu.elem_ptr(tAcc, i), [acc_dQ[i]])
-        bu.red_add_f32(bu.elem_ptr(tAcc, i + 1), [acc_dQ[i + 1]])
+        red_add_f32(elem_ptr(tAcc, i), [acc_dQ[i]])
+        red_add_f32(elem_ptr(tAcc, i + 1), [acc_dQ[i + 1]])
 
 
 @cute.jit
-def _turn(cfg: cutlass.Constexpr, m_block: Int32, n_block: Int32, diag: Int32, window_left, window_right,
-          seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+def _turn(cfg: cutlass.Constexpr, s: _Sequence, m_block: Int32, n_block: Int32) -> Int32:
     """Key tile n_block's place in the fixed order of dQ additions to query tile m_block.
 
     The key tiles that visit a query tile (`fmask.m_block_range`) are a
-    contiguous run [n_lo, n_hi]. "asc" counts up from n_lo; "diag" counts down
-    from n_hi, the tile nearest the diagonal, which reaches the query tile
-    first when every key tile walks upward from its band start. "cyc" (every
-    key tile visits every query tile) ranks by arrival on the rotated walks.
+    contiguous run [n_lo, n_hi]. "diag" counts down from n_hi, the tile
+    nearest the diagonal, which reaches the query tile first when every key
+    tile walks upward from its band start. "cyc" (every key tile visits every
+    query tile) ranks by arrival on the rotated walks.
     """
     bm, bn = cfg.bm, cfg.bn
     turn = Int32(0)
     if cutlass.const_expr(cfg.p.det_order == "cyc"):
-        turn = cyclic_turn(m_block, n_block, (seqlen_q + bm - 1) // bm, (seqlen_k + bn - 1) // bn, mn=cutlass.min)
-    elif cutlass.const_expr(cfg.p.det_order == "asc"):
-        n_lo = Int32(0)
-        if cutlass.const_expr(window_left is not None):
-            n_lo = cutlass.max(m_block * bm + diag - window_left, 0) // bn
-        turn = n_block - n_lo
+        turn = cyclic_turn(m_block, n_block, (s.seqlen_q + bm - 1) // bm, (s.seqlen_k + bn - 1) // bn,
+                           mn=cutlass.min)
     else:
-        n_hi = (seqlen_k + bn - 1) // bn - 1
-        if cutlass.const_expr(window_right is not None):
+        n_hi = (s.seqlen_k + bn - 1) // bn - 1
+        if cutlass.const_expr(s.window_right is not None):
             # m_block_range's m_min(n) <= m_block  <=>  n * bn < (m_block + 1) * bm + diag + window_right
-            bound = (m_block + 1) * bm + diag + window_right
+            bound = (m_block + 1) * bm + s.diag + s.window_right
             n_hi = cutlass.min(n_hi, (cutlass.max(bound, 1) - 1) // bn)
         turn = n_hi - n_block
     return turn
@@ -730,5 +762,5 @@ def _turn(cfg: cutlass.Constexpr, m_block: Int32, n_block: Int32, diag: Int32, w
 
 def build(params: Sm80BwdParams, arch: str):
     """The host entry (declared-order tensors) and fake arguments in `main_args(params)` order."""
-    runner = _Main(params, arch)
-    return bu.build_entry(params, runner.names, runner.run)
+    main = SdpaBwdSm80(params, arch)
+    return accum.build_entry(params, main.names, main.launch)

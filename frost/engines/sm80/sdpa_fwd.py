@@ -47,11 +47,11 @@ def build(params: Sm80FwdParams, arch: str):
     """(jit entry taking declared-order tensors, fake arguments) for `frost.compiler.compile.compile_kernel`."""
     validate(params)
     names = fwd_arg_names(params)
-    kernel = Sm80SdpaFwd(params)
+    kernel = SdpaFwdSm80(params)
     return make_entry(kernel.launch, names, params.is_thd), FakeArgs(params).all(names)
 
 
-class Sm80SdpaFwd:
+class SdpaFwdSm80:
     """The kernel object: host-side launch (`launch`) and the device kernel."""
 
     def __init__(self, params: Sm80FwdParams):

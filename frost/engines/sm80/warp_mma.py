@@ -19,23 +19,17 @@ def gemm_ss(
     smem_copy_B: cute.TiledCopy,
     thr_copy_A,
     thr_copy_B,
-    ahead: cutlass.Constexpr[bool] = True,
 ):
-    """acc += A.B^T with A and B fragments loaded from smem (one k-slice ahead when `ahead`)."""
+    """acc += A.B^T with A and B fragments loaded from smem, each k-slice one slice ahead of its MMAs."""
     tCrA_v = thr_copy_A.retile(tCrA)
     tCrB_v = thr_copy_B.retile(tCrB)
     num_k = cute.size(tCsA.shape[2])
-    if cutlass.const_expr(ahead):
-        cute.copy(smem_copy_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
-        cute.copy(smem_copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
+    cute.copy(smem_copy_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
+    cute.copy(smem_copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
     for k in cutlass.range_constexpr(num_k):
-        if cutlass.const_expr(ahead):
-            if cutlass.const_expr(k + 1 < num_k):
-                cute.copy(smem_copy_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
-                cute.copy(smem_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
-        else:
-            cute.copy(smem_copy_A, tCsA[None, None, k], tCrA_v[None, None, k])
-            cute.copy(smem_copy_B, tCsB[None, None, k], tCrB_v[None, None, k])
+        if cutlass.const_expr(k + 1 < num_k):
+            cute.copy(smem_copy_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
+            cute.copy(smem_copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
         cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
 

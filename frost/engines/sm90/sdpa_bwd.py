@@ -35,7 +35,7 @@ from frost.engines.common import mask
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
 from frost.engines.common.softmax import LOG2_E
-from frost.engines.sm80 import sdpa_bwd_utils as bu
+from frost.engines.common import global_ops as gops
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, name_suffix, validate
 
@@ -270,7 +270,7 @@ class SdpaBwdSm90:
                 sem = self.semaphore(mSem, head, m_block, batch, work[6])
                 turn = self.turn(m_block, n_block, work)
                 if lane == 0:
-                    while bu.ld_acquire_i32(sem) != turn:
+                    while gops.ld_acquire_i32(sem) != turn:
                         pass
                 cute.arch.sync_warp()
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
@@ -280,14 +280,14 @@ class SdpaBwdSm90:
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # the add itself has completed
                 if lane == 0:
                     cute.arch.fence_acq_rel_gpu()
-                    bu.red_release_add_i32(sem, Int32(1))
+                    gops.red_release_add_i32(sem, Int32(1))
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
     def semaphore(self, mSem, head: Int32, m_block: Int32, batch: Int32, seqlen_q: Int32):
         """The turn counter of one (batch, query head, query tile), as the shared preprocess zeroes them."""
         idx = (batch * self.p.num_heads_q + head) * ((seqlen_q + self.bm - 1) // self.bm) + m_block
-        return bu.elem_ptr(mSem, idx)
+        return gops.elem_ptr(mSem, idx)
 
     @cute.jit
     def turn(self, m_block: Int32, n_block: Int32, work):
@@ -485,25 +485,12 @@ class SdpaBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
-def scratch_fake(fakes, name: str):
-    """Fakes of the chain's workspace buffers with the row-layout accumulator this kernel reads."""
-    p = fakes.p
-    if name == "dpsum":
-        return fakes.compact(Float32, (fakes.batch, p.num_heads_q, fakes.rows_q))
-    if name == "dq_accum":
-        return fakes.compact(Float32, (fakes.batch, p.num_heads_q, fakes.rows_q, p.head_dim))
-    if name == "dq_semaphore":
-        return fakes.compact(Int32, (cute.sym_int(symbol="n_semaphores"),), align=4)
-    raise KeyError(f"no fake argument for {name!r}")
-
-
 def build(params: Sm90BwdParams, arch: str):
-    """The host entry (declared-order tensors) and fake arguments in `main_args(params)` order."""
-    from frost.engines.common.sdpa_entry import FakeArgs, make_entry
+    """The host entry (declared-order tensors) and fake arguments in `main_args(params)` order; the workspace
+    buffers' fakes are the skeleton's (`frost.engines.sdpa_bwd.accum`)."""
+    from frost.engines.sdpa_bwd.accum import build_entry
 
-    runner = SdpaBwdSm90(params)
-    names = main_args(params)
-    return make_entry(runner.run, names, params.is_thd), tuple(FakeArgs(params, extra=scratch_fake).all(names))
+    return build_entry(params, main_args(params), SdpaBwdSm90(params).run)
 
 
 __all__ = ["SdpaBwdSm90", "build", "kernel_name", "main_args"]

@@ -1,12 +1,15 @@
 """Parameters of the SM90 (wgmma + TMA, warp-specialized) SDPA backward main kernel.
 
-The backward is the shared three-kernel chain (preprocess -> main -> dQ convert);
-this template is its main kernel for cc 9.0. It reads the fp32 dQ accumulator in
-row layout (one copy, rows = query positions, compact (B, H, Sq, D)), which the
-shared preprocess zeroes and the shared dQ convert scales into dQ's declared
-strides. No cutlass import here: planning reads this module.
+The backward is the shared chain of `frost.engines.sdpa_bwd` (preprocess -> main ->
+dQ convert); this template is its main kernel for cc 9.0 (`MAIN_TEMPLATE`,
+`main_args`). It adds into the fp32 dQ accumulator in row layout, one copy
+(`dq_accum_blocked=False`, `dq_splits=0`), which the shared preprocess zeroes
+(with the turn counters when deterministic) and the shared dQ convert scales into
+dQ's declared strides. No cutlass import here: planning reads this module.
 """
 from __future__ import annotations
+
+from typing import Literal
 
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
@@ -26,12 +29,23 @@ class Sm90BwdParams(SdpaFeatureParams):
     row declines them before). Knobs change speed only.
     """
 
+    family: Literal["sm90"] = "sm90"
     has_dsinks: bool = False
     deterministic: bool = False
     # knobs
     tile_m: int = 64  # query rows per step (64, 80: dQ split over head-dim halves; 128: over query halves)
     tile_n: int = 128  # key rows per CTA (two MMA warpgroups of 64)
     num_stages: int = 2  # Q / dO pipeline depth
+
+    @property
+    def dq_accum_blocked(self) -> bool:
+        """The chain's accumulator contract: plain rows (the TMA reduce-add adds whole row tiles)."""
+        return False
+
+    @property
+    def dq_splits(self) -> int:
+        """One accumulator: the deterministic order comes from turns."""
+        return 0
 
     @property
     def num_mma_wg(self) -> int:
@@ -120,18 +134,9 @@ def name_suffix(p: Sm90BwdParams) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The chain: the shared helper kernels around this main kernel
+# The chain (frost.engines.sdpa_bwd): the shared preprocess and dQ convert around this main kernel
 
-MAIN = "frost.engines.sm90.sdpa_bwd"
-
-
-def helper_params(p: Sm90BwdParams):
-    """The helper kernels' params: the row-layout, single-copy accumulator this main kernel adds into."""
-    from frost.engines.sm80.sdpa_bwd_params import HELPER_FIELDS, Sm80BwdParams
-
-    fields = set(HELPER_FIELDS["preprocess"]) | set(HELPER_FIELDS["postprocess"])
-    kw = {f: getattr(p, f) for f in fields if f in Sm90BwdParams.model_fields}
-    return Sm80BwdParams(**kw, dq_accum_blocks=False, dq_splits=0)
+MAIN_TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 
 
 def main_args(p: Sm90BwdParams) -> list[str]:
@@ -140,32 +145,3 @@ def main_args(p: Sm90BwdParams) -> list[str]:
     args = ["q", "k", "v", "do", "lse", "dk", "dv", "dpsum", "dq_accum"] + ["dq_semaphore"] * p.deterministic
     args += ["softmax_scale"] + ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
     return args + ["stream"]
-
-
-def bwd_chain(p: Sm90BwdParams) -> list:
-    """(stage, template module, argument names, stage params) of each kernel, in launch order."""
-    from frost.engines.sm80 import sdpa_bwd_params as h
-
-    hp = helper_params(p)
-    return [("preprocess", h.PREPROCESS, h.preprocess_args(hp), h.stage_params(hp, "preprocess")),
-            ("main", MAIN, main_args(p), p),
-            ("postprocess", h.POSTPROCESS, h.postprocess_args(hp), h.stage_params(hp, "postprocess"))]
-
-
-def scratch_layout(p: Sm90BwdParams, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
-                   total_q: int = 0, total_kv: int = 0) -> list:
-    """The chain's workspace buffers (dpsum, the row-layout dQ accumulator), in carving order."""
-    from frost.engines.sm80.sdpa_bwd_params import scratch_layout as layout
-
-    return layout(helper_params(p), batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv)
-
-
-def chain_args(p: Sm90BwdParams, values: dict) -> list:
-    """(template, positional args) per kernel, in launch order, from named values."""
-    out = []
-    for _, template, names, _ in bwd_chain(p):
-        missing = [n for n in names if n not in values]
-        if missing:
-            raise KeyError(f"{template}: missing arguments {missing}")
-        out.append((template, [values[n] for n in names]))
-    return out

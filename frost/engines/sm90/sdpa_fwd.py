@@ -20,6 +20,7 @@ Arguments follow `frost.engines.sdpa_args` exactly; see `build` for the fakes.
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -58,12 +59,41 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     parts += [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "seqused"), (p.has_sinks, "sink"),
                                     (not p.has_lse, "nolse")) if flag]
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
-                 + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao")
-                 + ("re" if p.rescale_o_early else "")
-                 + ("hf" if p.head_fastest else "") + ("kr" if p.kv_rotate else "") + ("pg" if p.pack_gqa else "")
-                 + (f"l{p.l2_kv_bytes >> 20}m" if p.l2_kv_bytes and not p.is_thd and p.has_window_right else "")
+                 + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
                  + f"sm{p.sm_count}")
     return "_".join(parts)
+
+
+class _Mainloop(NamedTuple):
+    """What every K/V block step of a consumer warpgroup reads, bound once per kernel (trace-time record).
+    The state a step updates in place (the O accumulator, the pipeline state) travels beside it."""
+
+    tOrP: Any
+    tSrQ: Any
+    tSrK: Any
+    tOrVt: Any
+    row_max: Any
+    row_sum: Any
+    row_scale: Any
+    tScS_mn: Any
+    t0ScS_mn: Any
+    pipe_k: Any
+    pipe_v: Any
+    tiled_mma_qk: Any
+    tiled_mma_pv: Any
+    scale_log2: Any
+    wg: Any
+
+
+class _TileBand(NamedTuple):
+    """One work tile's place in the mask: its first row, the key extent, the diagonal offset and the
+    clamped windows (None when absent). Made once per tile."""
+
+    row0: Any
+    seqlen_k: Any
+    off: Any
+    wl: Any
+    wr: Any
 
 
 def _smem_atom(dtype, width: int):
@@ -72,7 +102,7 @@ def _smem_atom(dtype, width: int):
 
 
 class SdpaFwdSm90:
-    """One compiled specialization; `__call__` is the jit entry taking the sdpa_args list."""
+    """The kernel object: host-side launch (`launch`, the jit entry's body) and the device kernel."""
 
     def __init__(self, params: Sm90FwdParams):
         validate(params)
@@ -94,11 +124,10 @@ class SdpaFwdSm90:
         self.reverse_m = p.has_window_right
         self.pingpong = p.pingpong and self.num_wg >= 2
         self.separate_o = separate_o(p)
-        self.kv_rotate = p.kv_rotate and not (p.has_window_left or p.has_window_right)
 
     # ------------------------------------------------------------------ host side
     @cute.jit
-    def __call__(self, a: dict):
+    def launch(self, a: dict):
         """`a`: the sdpa_args arguments by name, tensors in canonical views (max_seqlen_q unused:
         the grid comes from tensor extents)."""
         p = self.p
@@ -157,12 +186,10 @@ class SdpaFwdSm90:
             num_batch = mQ.shape[3]
             num_m_blocks = (seq_q + (self.qt - 1)) // self.qt
             total_tiles = num_m_blocks * self.tile_heads * num_batch
-        # longest-first sections of heads whose K/V fit in L2 (dense, under a right-bounded band)
+        # dense longest-first order: one section over every (batch, head) pair
         section_width = Int32(0)
         if const_expr(not thd):
-            section_width = ts.l2_section_width(
-                mK.shape[0], (self.hd + self.hdv) * self.dtype.width // 8,
-                p.l2_kv_bytes if self.reverse_m else 0, 1 if self.pack else self.ratio, self.tile_heads * num_batch)
+            section_width = self.tile_heads * num_batch
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
 
         scale_log2 = Float32(a["softmax_scale"]) * Float32(sm.LOG2_E)
@@ -251,7 +278,7 @@ class SdpaFwdSm90:
             return ts.varlen_decode_lpt(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base)
         elif const_expr(self.p.is_thd):
             return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base)
-        elif const_expr(self.reverse_m or self.p.head_fastest):
+        elif const_expr(self.reverse_m):
             m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.tile_heads,
                                                               num_batch, section_width)
             return m_block, head, batch, valid, cursor_b, cursor_base
@@ -329,17 +356,9 @@ class SdpaFwdSm90:
                 cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
                 rest = n_max - 1 - n_min
-                rot = Int32(0)
-                if const_expr(self.kv_rotate):
-                    rot = m_block % cutlass.max(rest, Int32(1))
                 n_prev = n_last
                 for i in cutlass.range(rest, unroll=1):
                     n_cur = n_last - 1 - i
-                    if const_expr(self.kv_rotate):
-                        # unbanded: after the (masked) last block, any order of the rest is exact
-                        n_cur = n_cur - rot
-                        if n_cur < n_min:
-                            n_cur = n_cur + rest
                     prev_state = kv_state.clone()
                     kv_state.advance()
                     pipe_k.producer_acquire(kv_state)
@@ -385,34 +404,29 @@ class SdpaFwdSm90:
             cute.arch.barrier_arrive(barrier_id=BAR_SCHED + nxt, number_of_threads=256)
 
     @cute.jit
-    def one_block(self, n_block: Int32, kv_state, acc_O, tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale,
-                  tScS_mn, t0ScS_mn, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg, row0,
-                  seqlen_k, off, wl, wr, masked: cutlass.Constexpr[bool]):
+    def one_block(self, c: _Mainloop, t: _TileBand, acc_O, n_block: Int32, kv_state,
+                  masked: cutlass.Constexpr[bool]):
         """QK^T of block n_block overlapped with PV of the previous block; softmax of n_block."""
-        p = self.p
         v_state = kv_state.clone()
         kv_state.advance()
-        pipe_k.consumer_wait(kv_state, pipe_k.consumer_try_wait(kv_state))
-        self.sched_sync(wg)
-        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1)
-        if const_expr(p.rescale_o_early):
-            sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # while QK^T runs, off the path to the next issue
-        pipe_v.consumer_wait(v_state, pipe_v.consumer_try_wait(v_state))
-        wu.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], zero_init=False, wg_wait=-1)
-        self.sched_arrive(wg)
+        c.pipe_k.consumer_wait(kv_state, c.pipe_k.consumer_try_wait(kv_state))
+        self.sched_sync(c.wg)
+        acc_S = cute.make_rmem_tensor(c.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        wu.gemm(c.tiled_mma_qk, acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1)
+        c.pipe_v.consumer_wait(v_state, c.pipe_v.consumer_try_wait(v_state))
+        wu.gemm(c.tiled_mma_pv, acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index], zero_init=False,
+                wg_wait=-1)
+        self.sched_arrive(c.wg)
         warpgroup.wait_group(1)
-        pipe_k.consumer_release(kv_state)
+        c.pipe_k.consumer_release(kv_state)
         if const_expr(masked):
-            mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_block * self.tile_n, seqlen_k, off,
-                            wl, wr,
-                            mask_seqlen=False, rows_per_query=self.rq)
-        sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=False)
+            mask.apply_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.seqlen_k,
+                            t.off, t.wl, t.wr, mask_seqlen=False, rows_per_query=self.rq)
+        sm.online_softmax(acc_as_mn(acc_S), c.row_max, c.row_sum, c.row_scale, c.scale_log2, is_first=False)
         warpgroup.wait_group(0)
-        pipe_v.consumer_release(v_state)
-        wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
-        if const_expr(not p.rescale_o_early):
-            sm.rescale_rows(acc_as_mn(acc_O), row_scale)
+        c.pipe_v.consumer_release(v_state)
+        wu.convert_to_16bit(wu.acc_view_as_a(acc_S), c.tOrP)
+        sm.rescale_rows(acc_as_mn(acc_O), c.row_scale)
         return kv_state
 
     @cute.jit
@@ -451,6 +465,9 @@ class SdpaFwdSm90:
         thr_r2s = r2s.get_slice(tidx)
         tRsO = thr_r2s.partition_D(sO_mn)
 
+        loop = _Mainloop(tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale, tScS_mn, t0ScS_mn, pipe_k,
+                         pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg)
+
         if const_expr(self.pingpong):
             if wg == 0:
                 cute.arch.barrier_arrive(barrier_id=BAR_SCHED, number_of_threads=256)
@@ -487,35 +504,25 @@ class SdpaFwdSm90:
                 acc_O.fill(0.0)
                 if const_expr(p.is_thd or p.has_seqused):
                     self.zero_v_tail(sV, pipe_v, kv_state, seqlen_k - n_last * self.tile_n, tidx % 128, wg)
+                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c)
                 hi = n_last
                 if const_expr(p.has_window_right):
                     r_lo = cutlass.max(n_min, cutlass.min(hi, (q0 + off + wr_c) // self.tile_n))
                     for i in cutlass.range(hi - r_lo, unroll=1):
-                        kv_state = self.one_block(
-                            hi - 1 - i, kv_state, acc_O, tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale,
-                            tScS_mn, t0ScS_mn, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg, row0,
-                            seqlen_k, off, wl_c, wr_c, masked=True)
+                        kv_state = self.one_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=True)
                     hi = r_lo
                 l_hi = n_min
                 if const_expr(p.has_window_left):
                     l_hi = cutlass.max(n_min, cutlass.min(
                         hi, (q0 + self.qt + off - wl_c + (self.tile_n - 1)) // self.tile_n))
                 for i in cutlass.range(hi - l_hi, unroll=1):
-                    kv_state = self.one_block(
-                        hi - 1 - i, kv_state, acc_O, tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale,
-                        tScS_mn, t0ScS_mn, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg, row0,
-                        seqlen_k, off, wl_c, wr_c, masked=False)
+                    kv_state = self.one_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=False)
                 if const_expr(p.has_window_left):
                     for i in cutlass.range(l_hi - n_min, unroll=1):
-                        kv_state = self.one_block(
-                            l_hi - 1 - i, kv_state, acc_O, tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum,
-                            row_scale, tScS_mn, t0ScS_mn, pipe_k, pipe_v, tiled_mma_qk, tiled_mma_pv,
-                            scale_log2, wg, row0, seqlen_k, off, wl_c, wr_c, masked=True)
+                        kv_state = self.one_block(loop, band, acc_O, l_hi - 1 - i, kv_state, masked=True)
                 if const_expr(self.separate_o):
                     pipe_q.consumer_release(q_state)
                 # last PV
-                if const_expr(p.rescale_o_early):
-                    sm.rescale_rows(acc_as_mn(acc_O), row_scale)
                 pipe_v.consumer_wait(kv_state, pipe_v.consumer_try_wait(kv_state))
                 wu.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False,
                         wg_wait=0)
@@ -658,4 +665,4 @@ class SdpaFwdSm90:
 def build(params: Sm90FwdParams, arch: str):
     """(jit entry taking declared-order tensors, fake arguments); every runtime extent is symbolic."""
     names = fwd_arg_names(params)
-    return make_entry(SdpaFwdSm90(params), names, params.is_thd), FakeArgs(params).all(names)
+    return make_entry(SdpaFwdSm90(params).launch, names, params.is_thd), FakeArgs(params).all(names)

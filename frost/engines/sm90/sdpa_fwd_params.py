@@ -25,16 +25,7 @@ class Sm90FwdParams(SdpaFeatureParams):
     pingpong: bool = True  # a no-op with one consumer warpgroup (tile_m=64)
     separate_o_smem: bool = True  # a preference: O reuses Q's tile when its own does not fit
     persistent: bool = True
-    rescale_o_early: bool = False  # rescale O while the next QK^T runs instead of after softmax
-    head_fastest: bool = False  # dense tiles: (batch, head) varies fastest, m-blocks last-first
-    kv_rotate: bool = False  # unbanded: each m-block starts its K/V sweep at its own offset
     pack_gqa: bool = False  # one M tile holds the r = Hq/Hkv query heads of a kv head (one K/V stream)
-    # dense, under a right-bounded band: tiles run longest-first within sections of heads whose K/V
-    # together fit this many bytes (the L2), section after section; 0: one section over all heads.
-    # Measured on the H200 (60 MiB L2): 50 MiB sections lose 3-33% with persistent CTAs (their static
-    # zigzag no longer pairs long tiles with short ones); with one CTA per tile they lose 2-13% at
-    # 4k-8k tokens and land within -0.3..+4.6% at 16k (benchmarks/results/2026-11-30-h200-run3).
-    l2_kv_bytes: int = 0
     sm_count: int = 132
 
     @property
@@ -101,8 +92,6 @@ def validate(p: Sm90FwdParams) -> None:
         bad("only the intra-warpgroup-overlap mainloop is implemented")
     if p.sm_count < 1:
         bad(f"sm_count={p.sm_count} must be positive")
-    if p.l2_kv_bytes < 0:
-        bad(f"l2_kv_bytes={p.l2_kv_bytes} must be 0 (one section) or positive")
     if p.pack_gqa:
         reason = pack_gqa_reason(p)
         if reason:
@@ -117,10 +106,10 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
 
     Measured against alternatives: persistent beats one-CTA-per-tile by 5-7% unbanded
     and by 3-5% banded (with the zigzag longest-first order); 128x128 beats
-    tile_n 144/160/176 for d=128; m-block-fastest order beats head-fastest and
-    rotated K/V sweeps unbanded; early O rescale loses everywhere (d=256 included: 0-7%);
-    L2-sized head sections under a band lose (see `l2_kv_bytes`). d=96 and 192
-    follow d=128 / FlashAttention-3's shapes and are not tuned.
+    tile_n 144/160/176 for d=128. The knobs that lost (head-fastest order, rotated K/V
+    sweeps, early O rescale, L2-sized head sections) were removed; their measurements are
+    in benchmarks/results/2026-11-30-h200-run3/README.md. d=96 and 192 follow d=128 /
+    FlashAttention-3's shapes and are not tuned.
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,

@@ -1,4 +1,9 @@
-"""Backward step 1: dpsum = rowsum(dO * O), zeroed dQ accumulator, dSink partial sums.
+"""Backward step 1 of every chain: dpsum = rowsum(dO * O), zeroed dQ accumulator, dSink partial sums.
+
+Input contract (`chain.BwdHelperParams`): the fp32 dQ accumulator as the params state it, dense
+(batch * copies, heads, rows, head_dim) in rows or 8x8 blocks (`dq_accum_blocked`; zeroing treats both
+as rows) with `dq_splits` copies stacked copy-major along the batch mode, or THD (heads, tokens, head_dim);
+int32 turn semaphores when deterministic without split copies. Plain loads and stores only: any arch.
 
 One CTA per (64-row block, query head, batch) — THD: per (64-token block, query
 head) over the packed tokens, so the grid follows the bound tensors' extents and
@@ -7,7 +12,7 @@ contribute nothing). It also zeroes the dQ accumulator rows it owns (in every
 copy, with `dq_splits`) and, with deterministic turns, the dQ semaphores (grid-stride), so the main kernel starts
 from a clean workspace without a separate fill launch.
 
-Argument list: `sdpa_bwd_params.preprocess_args`.
+Argument list: `chain.preprocess_args`.
 """
 from __future__ import annotations
 
@@ -16,27 +21,27 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from frost.engines.common.lanes import lanes_allreduce_sum
-from frost.engines.sm80 import sdpa_bwd_utils as bu
-from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams,
-                                               helper_suffix, preprocess_args)
+from frost.engines.sdpa_bwd.accum import acc_copies, build_entry
+from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, preprocess_args
+from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA
 
 THREADS = 128
 LANES_PER_ROW = 4  # lanes sharing one row; a pass covers THREADS // 4 rows
 VEC = 8  # 16-byte chunks of fp16 / bf16
 
 
-def kernel_name(params: Sm80BwdParams, arch: str) -> str:
+def kernel_name(params: BwdHelperParams, arch: str) -> str:
     return f"frost_sdpa_bwd_pre_{helper_suffix(params)}"
 
 
-class _Preprocess:
-    """Plan-time constants of one preprocess specialization."""
+class SdpaBwdPreprocess:
+    """The preprocess kernel object: plan-time constants and the host-side launch; device code: `kernel`."""
 
-    def __init__(self, p: Sm80BwdParams):
+    def __init__(self, p: BwdHelperParams):
         self.p = p
         self.names = preprocess_args(p)
 
-    def run(self, a: dict) -> None:
+    def launch(self, a: dict) -> None:
         """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         mO = a["o"]
         if cutlass.const_expr(self.p.is_thd):
@@ -46,14 +51,14 @@ class _Preprocess:
             total = mO.shape[1]
             n_batch = mO.shape[0]
         n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
-        _preprocess_kernel(
+        kernel(
             self.p, a["o"], a["do"], a["lse"], a.get("cu_seqlens_q"), a.get("seqused_q"), a.get("sinks"),
             a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"),
         ).launch(grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
 @cute.kernel
-def _preprocess_kernel(
+def kernel(
     p: cutlass.Constexpr,
     mO: cute.Tensor,
     mdO: cute.Tensor,
@@ -118,7 +123,7 @@ def _preprocess_kernel(
 
     # zero this CTA's rows of the dQ accumulator (of every copy, with split copies), 16 bytes per store (a
     # blocked accumulator's padding rows too: the same memory as its row-major view of as many rows)
-    for acc_rows in bu.acc_copies(p, mAcc, gz, batch, head, blocked=False):
+    for acc_rows in acc_copies(p, mAcc, gz, batch, head, blocked=False):
         _zero_rows(acc_rows, bx * ROWS_PER_CTA, p.head_dim, tidx)
 
     if cutlass.const_expr(mSem is not None):
@@ -151,7 +156,7 @@ def _zero_rows(acc_rows: cute.Tensor, first_row: Int32, head_dim: cutlass.Conste
             dst.store(zero.load())
 
 
-def build(params: Sm80BwdParams, arch: str):
+def build(params: BwdHelperParams, arch: str):
     """The host entry (declared-order tensors) and fake arguments in `preprocess_args(params)` order."""
-    runner = _Preprocess(params)
-    return bu.build_entry(params, runner.names, runner.run)
+    helper = SdpaBwdPreprocess(params)
+    return build_entry(params, helper.names, helper.launch)

@@ -1,4 +1,9 @@
-"""Backward step 3: dQ = scale * accumulator in the io dtype, and dSink from its partial sums.
+"""Backward step 3 of every chain (dQ convert): dQ = scale * accumulator in the io dtype, and dSink.
+
+Input contract (`chain.BwdHelperParams`): the fp32 dQ accumulator the preprocess zeroed and the main
+kernel filled, dense (batch * copies, heads, rows, head_dim) in rows or 8x8 blocks (`dq_accum_blocked`)
+with `dq_splits` copies stacked copy-major along the batch mode, or THD (heads, tokens, head_dim); the
+dSink partials of the preprocess. Plain loads and stores only: any arch.
 
 The grid is the preprocess grid (64-row blocks x query heads x batch; THD: over
 the packed tokens), so every row of dQ is written, padding rows and tokens
@@ -7,7 +12,7 @@ outside every sequence included (their accumulator rows are zero). With
 its declared strides with 16-byte stores. The CTAs of row block 0, batch 0 also
 sum one head's dSink partials in a fixed order (deterministic in every mode).
 
-Argument list: `sdpa_bwd_params.postprocess_args`.
+Argument list: `chain.postprocess_args`.
 """
 from __future__ import annotations
 
@@ -17,26 +22,26 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.lanes import lanes_allreduce_sum
-from frost.engines.sm80 import sdpa_bwd_utils as bu
-from frost.engines.sm80.sdpa_bwd_params import (PARTIALS_PER_CTA, ROWS_PER_CTA, Sm80BwdParams, helper_suffix,
-                                               postprocess_args)
+from frost.engines.sdpa_bwd.accum import acc_copies, build_entry
+from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, postprocess_args
+from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA
 
 THREADS = 128
 VEC = 8
 
 
-def kernel_name(params: Sm80BwdParams, arch: str) -> str:
+def kernel_name(params: BwdHelperParams, arch: str) -> str:
     return f"frost_sdpa_bwd_post_{helper_suffix(params)}"
 
 
-class _Postprocess:
-    """Plan-time constants of one postprocess specialization."""
+class SdpaBwdPostprocess:
+    """The dQ-convert kernel object: plan-time constants and the host-side launch; device code: `kernel`."""
 
-    def __init__(self, p: Sm80BwdParams):
+    def __init__(self, p: BwdHelperParams):
         self.p = p
         self.names = postprocess_args(p)
 
-    def run(self, a: dict) -> None:
+    def launch(self, a: dict) -> None:
         """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         mdQ = a["dq"]
         if cutlass.const_expr(self.p.is_thd):
@@ -46,13 +51,13 @@ class _Postprocess:
             total = mdQ.shape[1]
             n_batch = mdQ.shape[0]
         n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
-        _postprocess_kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
+        kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
                             Float32(a["softmax_scale"])).launch(
             grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
 @cute.kernel
-def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart,
+def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart,
                         scale: Float32):
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
@@ -62,7 +67,7 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
         extent = mdQ.shape[0]
     else:
         extent = mdQ.shape[1]
-    copies = bu.acc_copies(p, mAcc, gz, batch, head)
+    copies = acc_copies(p, mAcc, gz, batch, head)
     chunks_per_row = p.head_dim // VEC
     for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
         idx = i * THREADS + tidx
@@ -89,7 +94,7 @@ def _postprocess_kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tenso
                 mdSinks[head] = s
 
 
-def build(params: Sm80BwdParams, arch: str):
+def build(params: BwdHelperParams, arch: str):
     """The host entry (declared-order tensors) and fake arguments in `postprocess_args(params)` order."""
-    runner = _Postprocess(params)
-    return bu.build_entry(params, runner.names, runner.run)
+    helper = SdpaBwdPostprocess(params)
+    return build_entry(params, helper.names, helper.launch)

@@ -1,0 +1,28 @@
+"""The backward skeleton every SDPA backward shares: a chain of three kernels on one stream.
+
+1. preprocess (`preprocess.py`): dpsum = rowsum(dO * O), zeroes the fp32 dQ accumulator (every copy) and
+   the turn semaphores, and writes the per-block partial sums of dSink.
+2. main (the arch's own template): dK and dV, and dQ partials added into the fp32 accumulator.
+3. dQ convert (`postprocess.py`): dQ = accumulator (copies summed in order) * scale in the io dtype,
+   and dSink from its partials.
+
+The helper kernels use plain loads and stores only, so any main kernel can sit between them. What
+a backward provides to join the chain:
+
+- a params class (a frozen `SdpaFeatureParams` subclass, the `BwdChainParams` protocol of
+  `chain.py`): the feature flags, `family` (how its kernel names begin), `deterministic`,
+  `has_dsinks`, `tile_m` (query rows per semaphore), and the dQ accumulator layout:
+  `dq_accum_blocked` (8x8 blocks, dense only, or plain rows) and `dq_splits` (0: one accumulator;
+  n >= 1: n copies stacked along its batch mode, each written by one CTA, with no turns);
+- its params module exposes `MAIN_TEMPLATE` (the main template's dotted module path),
+  `main_args(params)` (the main kernel's argument names, from `sdpa_args` and the scratch names of
+  `scratch.py`), `validate(params)` and `default_knobs(...)`;
+- the main template module exposes `kernel_name(params, arch)` and `build(params, arch)` like any
+  template, taking its scratch fakes from `accum.scratch_fake`.
+
+`chain.bwd_chain(params, MAIN_TEMPLATE, main_args(params))` then lists the three kernels with their
+argument names and compile params (the helpers compile from a small `BwdHelperParams` record, so
+main-kernel knobs never compile a helper twice); `scratch.scratch_layout` sizes the workspace;
+`frost.adapters.dsl_bwd.DslBwdAdapter` compiles, carves and launches the chain. Only `accum.py`,
+`preprocess.py` and `postprocess.py` import cutlass.
+"""

@@ -1,0 +1,126 @@
+"""The backward chain (preprocess -> main -> dQ convert): its kernels, their argument lists and names.
+
+A backward joins the chain through its params (the `BwdChainParams` protocol), its main template's
+module path and the main kernel's argument names (see the package docstring). The helper kernels
+compile from `BwdHelperParams`, the few fields they read, so backward plans that differ only in masks,
+tiles or other main-kernel knobs share them. No cutlass import: planning reads this module.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from frost.engines.params import SdpaFeatureParams
+from frost.engines.sdpa_bwd.scratch import uses_turns
+
+PREPROCESS = "frost.engines.sdpa_bwd.preprocess"
+POSTPROCESS = "frost.engines.sdpa_bwd.postprocess"
+
+
+class BwdChainParams(Protocol):
+    """What the chain reads from a backward's params, besides the `SdpaFeatureParams` feature flags."""
+
+    family: str  # how the chain's kernel names begin ("sm80", "sm120", "sm90", ...)
+    deterministic: bool
+    has_dsinks: bool
+    tile_m: int  # query rows per turn semaphore
+    dq_accum_blocked: bool  # the dense dQ accumulator in 8x8 blocks (rows padded to 8); else plain rows
+    dq_splits: int  # 0: one accumulator (turns when deterministic); n >= 1: n copies along its batch mode
+
+
+class BwdHelperParams(SdpaFeatureParams):
+    """The compile params of a helper kernel: the fields of `HELPER_FIELDS[stage]`, the rest at defaults.
+
+    The accumulator layout is the helpers' input contract: `dq_accum_blocked` (dense only) stores it in
+    8x8 blocks, else rows; `dq_splits` copies (0 or 1: one) stack copy-major along its batch mode.
+    """
+
+    family: str = "sm80"
+    has_dsinks: bool = False
+    deterministic: bool = False
+    dq_accum_blocked: bool = False
+    dq_splits: int = 0
+
+
+#: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
+HELPER_FIELDS = {
+    "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
+                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits"),
+    "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
+                    "has_dsinks", "dq_accum_blocked", "dq_splits"),
+}
+
+
+def stage_params(p, stage: str):
+    """The params one kernel of the chain compiles with: the main kernel's own, or a helper's projection."""
+    fields = HELPER_FIELDS.get(stage)
+    if fields is None:
+        return p
+    return BwdHelperParams(**{f: getattr(p, f) for f in fields})
+
+
+def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
+    """The sequence-length arguments of a kernel: cu_seqlens (THD) or seqused (padding), q and / or kv side."""
+    out = []
+    if p.is_thd:
+        out += (["cu_seqlens_q"] if q else []) + (["cu_seqlens_kv"] if kv else [])
+    if p.has_seqused:
+        out += (["seqused_q"] if q else []) + (["seqused_kv"] if kv else [])
+    return out
+
+
+def preprocess_args(p) -> list[str]:
+    """o, do, lse, lengths (q side), sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?, stream."""
+    args = ["o", "do", "lse"] + lengths_args(p, kv=False)
+    if p.has_dsinks:
+        args.append("sinks")
+    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
+    if p.has_dsinks:
+        args.append("dsink_partial")
+    return args + ["stream"]
+
+
+def postprocess_args(p) -> list[str]:
+    """dq, dsinks?, dq_accum, dsink_partial?, softmax_scale, stream."""
+    args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dq_accum"]
+    if p.has_dsinks:
+        args.append("dsink_partial")
+    return args + ["softmax_scale", "stream"]
+
+
+def bwd_chain(p, main_template: str, main_args: list[str]) -> list[tuple[str, str, list[str], object]]:
+    """(stage, template module, argument names, stage params) of each kernel, in launch order."""
+    return [("preprocess", PREPROCESS, preprocess_args(p), stage_params(p, "preprocess")),
+            ("main", main_template, list(main_args), p),
+            ("postprocess", POSTPROCESS, postprocess_args(p), stage_params(p, "postprocess"))]
+
+
+def chain_args(chain: list, values: dict) -> list[tuple[str, list]]:
+    """Bind a `bwd_chain`: (template, positional args) per kernel, in launch order.
+
+    `values` maps argument names (sdpa_args.py names, scratch names from
+    `scratch.scratch_layout`, scalars, "stream") to the objects to pass.
+    """
+    out = []
+    for _, template, names, _ in chain:
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise KeyError(f"{template}: missing arguments {missing}")
+        out.append((template, [values[n] for n in names]))
+    return out
+
+
+def name_dims(p) -> list[str]:
+    """family, dtype and head dims: how every kernel name of a chain begins."""
+    return [p.family, p.dtype, f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")]
+
+
+def name_tags(flags) -> list[str]:
+    """The tags of the (flag, tag) pairs whose flag is set, in order."""
+    return [tag for flag, tag in flags if flag]
+
+
+def helper_suffix(p: BwdHelperParams) -> str:
+    """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
+    return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
+        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"),
+         (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"))))

@@ -1,0 +1,60 @@
+"""The backward's workspace: the fp32 dQ accumulator, dpsum, turn semaphores and dSink partials.
+
+Every function reads a `BwdChainParams` (see `chain.py`), so the helper kernels, the main kernels and
+the adapter size and carve the same buffers. No cutlass import: planning reads this module.
+"""
+from __future__ import annotations
+
+from frost.runtime.workspace import ScratchBuffer, layout_bytes
+
+#: Query rows per CTA of the preprocess / dQ-convert kernels.
+ROWS_PER_CTA = 64
+#: dSink partial sums per preprocess CTA (one per warp).
+PARTIALS_PER_CTA = 4
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def uses_turns(p) -> bool:
+    """Whether the deterministic order comes from per-tile turns (semaphores) rather than split copies."""
+    return p.deterministic and p.dq_splits == 0
+
+
+def accumulator_rows(p, seqlen_q: int) -> int:
+    """Rows of a dense dQ accumulator: Sq, padded to whole 8-row blocks when blocked."""
+    return cdiv(seqlen_q, 8) * 8 if p.dq_accum_blocked else seqlen_q
+
+
+def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
+                   total_q: int = 0, total_kv: int = 0) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The workspace buffers of the chain, in carving order: (name, torch dtype name, shape).
+
+    Dense: `max_seqlen_q` is the declared Sq. THD: `total_q` is the packed query
+    total (the plan-time envelope to size the workspace, the bound tensor's
+    extent to carve views). Every buffer is contiguous, row-major.
+    """
+    h, d = p.num_heads_q, p.head_dim
+    if p.is_thd:
+        out = [("dpsum", "float32", (h, total_q)), ("dq_accum", "float32", (h, total_q, d))]
+        n_part = h * PARTIALS_PER_CTA * max(cdiv(total_q, ROWS_PER_CTA), 1)
+    else:
+        acc_rows = accumulator_rows(p, max_seqlen_q)
+        copies = max(p.dq_splits, 1)
+        out = [("dpsum", "float32", (batch, h, max_seqlen_q)),
+               ("dq_accum", "float32", (copies * batch, h, acc_rows, d))]
+        n_part = h * PARTIALS_PER_CTA * batch * max(cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
+    if uses_turns(p):  # one per (batch, head, query tile of tile_m rows); THD: per head, the packed total's
+        # tiles plus one per sequence (a sequence's tiles start where its first token's tile does)
+        tiles = total_q // p.tile_m + batch + 1 if p.is_thd else batch * cdiv(max_seqlen_q, p.tile_m)
+        out.append(("dq_semaphore", "int32", (h * tiles,)))
+    if p.has_dsinks:
+        out.append(("dsink_partial", "float32", (n_part,)))
+    return out
+
+
+def scratch_bytes(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_q: int = 0, total_kv: int = 0) -> int:
+    """Workspace bytes of `scratch_layout`, each buffer 256-byte aligned (the adapter's own closed form)."""
+    return layout_bytes(ScratchBuffer(n, dt, tuple(shape))
+                        for n, dt, shape in scratch_layout(p, batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv))
