@@ -3,9 +3,9 @@
 Importing frost is cheap: cutlass and kernel modules load lazily.
 """
 from frost import cache
-from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError, PlanDuringCaptureError,
-                          PlanFileError, PlanFileWarning, TemplateParamsError, UnsupportedArgumentError,
-                          WorkspaceError)
+from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError,
+                          PlanDuringCaptureError, PlanFileError, PlanFileWarning, TemplateParamsError,
+                          UnsupportedArgumentError, WorkspaceError)
 from frost.ir.graph import Graph
 from frost.ir.tensor import Tensor
 from frost.lowering.knobs import Knobs
