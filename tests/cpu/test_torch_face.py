@@ -380,3 +380,19 @@ def test_importing_frost_leaves_the_torch_face_unloaded():
     code = "import sys, frost; assert 'frost.torch_face' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_train_gpt_example_runs_tiny_on_the_cpu(tmp_path):
+    import json
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, str(root / "examples" / "train_gpt.py"), "--device", "cpu", "--layers", "1", "--width",
+           "64", "--heads", "2", "--context", "64", "--steps", "2", "--out-dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads((tmp_path / "frost_summary.json").read_text())
+    assert math.isfinite(summary["final_loss"]) and summary["frost_plans"]["plans"] >= 2
+    assert (tmp_path / "frost_loss.png").stat().st_size > 0
