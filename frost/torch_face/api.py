@@ -75,11 +75,11 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
     """
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
-    lay = str(layout).lower()
-    if lay not in ("bhsd", "bshd"):
+    bshd = layout == "bshd"
+    if not bshd and layout != "bhsd":
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
     _check_dense(q, k, v)
-    if lay == "bshd":
+    if bshd:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     q, k, v = ops.servable(q), ops.servable(k), ops.servable(v)
     b = band(causal, window, diagonal_alignment, causal_wins=_causal_wins)
@@ -90,7 +90,7 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
         out, lse = run.forward(*args)
     else:
         out, lse = torch.ops.frost.sdpa_fwd(*args, det)
-    if lay == "bshd":
+    if bshd:
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
 

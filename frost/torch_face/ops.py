@@ -73,6 +73,8 @@ def _sdpa_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
 def servable(t):
     """`t` when frost can bind it as laid out (unit last stride, other strides whole 16-byte vectors, no
     overlap); otherwise a contiguous copy. Autograd's gradients (an expanded `sum()` grad, say) need it."""
+    if t.is_contiguous():
+        return t
     st = t.stride()
     if st[-1] != 1:
         return t.contiguous()

@@ -17,6 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import torch
+
 from frost.errors import PlanDuringCaptureError
 
 DEFAULT_SIZE = 256
@@ -34,8 +36,6 @@ class Planned:
 
     def run(self, tensors, device) -> None:
         """Bind `tensors` (in handle order), allocate the workspace on the current stream, execute there."""
-        import torch
-
         ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=device) if self.workspace_size else None
         self.graph.execute(dict(zip(self.handles, tensors)), ws)
 
@@ -55,8 +55,6 @@ class CacheStats:
 
 def capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
-    import torch
-
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
@@ -71,13 +69,19 @@ class PlanCache:
         self.stats = CacheStats()
 
     def get(self, key, build: Callable[[], Planned], what: Callable[[], str]) -> Planned:
-        """The entry of `key`, built by `build()` on a miss; `what()` describes the call for errors."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
+        """The entry of `key`, built by `build()` on a miss; `what()` describes the call for errors.
+
+        A hit takes no lock: OrderedDict's get and move_to_end are each atomic under the GIL, and an
+        entry evicted between the two is still a valid plan to run.
+        """
+        entry = self._entries.get(key)
+        if entry is not None:
+            try:
                 self._entries.move_to_end(key)
-                self.stats.hits += 1
-                return entry
+            except KeyError:  # evicted meanwhile by another thread
+                pass
+            self.stats.hits += 1
+            return entry
         if capturing():
             raise PlanDuringCaptureError(
                 f"frost needs a new plan for {what()} while the current stream captures a CUDA graph; planning "

@@ -30,7 +30,8 @@ def out_like(q, head_dim_v):
 
 def dense_lse(q):
     """(B, H, S) fp32, contiguous."""
-    return torch.empty(q.shape[:3], dtype=_F32, device=q.device)
+    b, h, s, _ = q.shape
+    return torch.empty((b, h, s), dtype=_F32, device=q.device)
 
 
 def packed_lse(q):

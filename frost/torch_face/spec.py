@@ -38,12 +38,28 @@ class Band:
         return kw
 
 
+_BANDS: dict = {}  # (causal, window, alignment, causal_wins) -> Band, for hashable windows
+
+
 def band(causal: bool, window=None, diagonal_alignment: str = "top_left", *, causal_wins: bool = False) -> Band:
     """The Band of a call's `causal` flag, `window=(left, right)` (None or negative: unbounded) and alignment.
 
     `causal` sets the right bound to 0. A window whose right bound is positive contradicts it: an
     error, unless `causal_wins` (FlashAttention's rule: causal overrides the right bound).
     """
+    try:
+        key = (causal, window, diagonal_alignment, causal_wins)
+        hit = _BANDS.get(key)
+    except TypeError:  # a list window: not hashable
+        return _band(causal, window, diagonal_alignment, causal_wins)
+    if hit is None:
+        hit = _band(causal, window, diagonal_alignment, causal_wins)
+        if len(_BANDS) < 1024:
+            _BANDS[key] = hit
+    return hit
+
+
+def _band(causal, window, diagonal_alignment, causal_wins) -> Band:
     align = str(diagonal_alignment).lower()
     if align not in ("top_left", "bottom_right"):
         raise ValueError(f"diagonal_alignment must be 'top_left' or 'bottom_right', got {diagonal_alignment!r}")
