@@ -23,14 +23,19 @@ PROVIDER_NAME = "frost"
 
 
 def _registry():
-    """torch's provider registry functions, or None where this torch has none."""
+    """torch's provider registry functions, or None where this torch has none.
+
+    torch 2.10 and 2.11 have register / activate / list / current; `restore_flash_attention_impl` came later
+    (None here where it is missing).
+    """
     import torch.nn.attention as attn
 
-    names = ("register_flash_attention_impl", "activate_flash_attention_impl", "restore_flash_attention_impl",
-             "current_flash_attention_impl")
-    if not all(hasattr(attn, n) for n in names):
+    if not all(hasattr(attn, n) for n in ("register_flash_attention_impl", "activate_flash_attention_impl",
+                                          "current_flash_attention_impl")):
         return None
-    return {n: getattr(attn, n) for n in names}
+    names = ("register_flash_attention_impl", "activate_flash_attention_impl", "current_flash_attention_impl",
+             "restore_flash_attention_impl")
+    return {n: getattr(attn, n, None) for n in names}
 
 
 def _no_registry_error() -> RuntimeError:
@@ -146,18 +151,26 @@ class _Handle:
         self.library = library
 
     def remove(self) -> None:
+        global _HANDLE
         lib, self.library = self.library, None
         if lib is not None:
             lib._destroy()
+        if _HANDLE is self:
+            _HANDLE = None
+
+
+_HANDLE = None  # the registrations of the active frost provider
 
 
 def _install() -> _Handle:
     """Register frost's kernels for aten's flash ops on CUDA (the ops this torch has)."""
+    global _HANDLE
     lib = torch.library.Library("aten", "IMPL", "CUDA")
     for name, fn in KERNELS.items():
         if hasattr(torch.ops.aten, name):
             lib.impl(name, fn, "CUDA")
-    return _Handle(lib)
+    _HANDLE = _Handle(lib)
+    return _HANDLE
 
 
 def register() -> bool:
@@ -183,8 +196,18 @@ def restore_sdpa() -> None:
     reg = _registry()
     if reg is None:
         raise _no_registry_error()
-    if reg["current_flash_attention_impl"]() == PROVIDER_NAME:
+    if reg["current_flash_attention_impl"]() != PROVIDER_NAME:
+        return
+    if reg["restore_flash_attention_impl"] is not None:
         reg["restore_flash_attention_impl"]()
+        return
+    # a registry without restore (torch 2.10, 2.11): drop frost's registrations and its active mark
+    from torch.nn.attention import _registry as registry
+
+    if _HANDLE is not None:
+        _HANDLE.remove()
+    getattr(registry, "_FLASH_ATTENTION_HANDLES", {}).pop(PROVIDER_NAME, None)
+    registry._FLASH_ATTENTION_ACTIVE = None
 
 
 def active() -> bool:

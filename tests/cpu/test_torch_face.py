@@ -396,3 +396,25 @@ def test_train_gpt_example_runs_tiny_on_the_cpu(tmp_path):
     summary = json.loads((tmp_path / "frost_summary.json").read_text())
     assert math.isfinite(summary["final_loss"]) and summary["frost_plans"]["plans"] >= 2
     assert (tmp_path / "frost_loss.png").stat().st_size > 0
+
+
+def test_provider_restores_where_torch_has_no_restore(monkeypatch):
+    """torch 2.10 / 2.11's registry has no restore_flash_attention_impl: frost undoes its own activation."""
+    from torch.nn import attention as attn
+
+    if not hasattr(attn, "activate_flash_attention_impl"):
+        pytest.skip("this torch has no provider registry")
+    monkeypatch.delattr(attn, "restore_flash_attention_impl", raising=False)
+    ft.use_for_sdpa()
+    assert provider.active() and provider._HANDLE is not None
+    ft.restore_sdpa()
+    assert attn.current_flash_attention_impl() is None and provider._HANDLE is None
+
+
+def test_provider_says_when_torch_has_no_registry(monkeypatch):
+    from torch.nn import attention as attn
+
+    monkeypatch.delattr(attn, "register_flash_attention_impl", raising=False)
+    with pytest.raises(RuntimeError, match="no flash-attention provider registry"):
+        ft.use_for_sdpa()
+    assert provider.register() is False
