@@ -68,11 +68,11 @@ class PlanCache:
         self._build_lock = threading.Lock()
         self.stats = CacheStats()
 
-    def get(self, key, build: Callable[[], Planned], what: Callable[[], str]) -> Planned:
-        """The entry of `key`, built by `build()` on a miss; `what()` describes the call for errors.
+    def lookup(self, key) -> Optional[Planned]:
+        """The cached entry of `key` (now the most recent), or None.
 
-        A hit takes no lock: OrderedDict's get and move_to_end are each atomic under the GIL, and an
-        entry evicted between the two is still a valid plan to run.
+        No lock: OrderedDict's get and move_to_end are each atomic under the GIL, and an entry
+        evicted between the two is still a valid plan to run.
         """
         entry = self._entries.get(key)
         if entry is not None:
@@ -81,7 +81,11 @@ class PlanCache:
             except KeyError:  # evicted meanwhile by another thread
                 pass
             self.stats.hits += 1
-            return entry
+        return entry
+
+    def build(self, key, build: Callable[[], Planned], what: Callable[[], str]) -> Planned:
+        """Plan `key` with `build()` (one plan at a time) unless another thread just did; `what()` names
+        the call in the error raised during capture."""
         if capturing():
             raise PlanDuringCaptureError(
                 f"frost needs a new plan for {what()} while the current stream captures a CUDA graph; planning "
@@ -106,6 +110,10 @@ class PlanCache:
                     self._entries.popitem(last=False)
                     self.stats.evictions += 1
         return entry
+
+    def get(self, key, build: Callable[[], Planned], what: Callable[[], str]) -> Planned:
+        """The entry of `key`, built on a miss."""
+        return self.lookup(key) or self.build(key, build, what)
 
     def resize(self, max_size: int) -> None:
         with self._lock:

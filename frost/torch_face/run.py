@@ -16,6 +16,7 @@ from frost.torch_face.plans import PLANS
 from frost.torch_face.spec import Band
 
 _F32 = torch.float32
+_lookup = PLANS.lookup  # the hit path: no closures, no lock
 
 
 def out_like(q, head_dim_v):
@@ -73,9 +74,11 @@ def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=
     lse4 = lse.unsqueeze(-1)
     key = ("fwd", q.dtype, dev, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), ostride,
            sinks is None, scale, window_left, window_right, bottom_right)
-    plan = PLANS.get(key, lambda: build_forward(q, k, v, out, lse4, sinks, scale,
-                                                Band(window_left, window_right, bottom_right)),
-                     lambda: _describe("the attention forward", q, k, v))
+    plan = _lookup(key)
+    if plan is None:
+        band = Band(window_left, window_right, bottom_right)
+        plan = PLANS.build(key, lambda: build_forward(q, k, v, out, lse4, sinks, scale, band),
+                           lambda: _describe("the attention forward", q, k, v))
     _launch(plan, (q, k, v, out, lse4) if sinks is None else (q, k, v, out, lse4, sinks), dev)
     return out, lse
 
@@ -89,9 +92,11 @@ def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, b
     key = ("bwd", q.dtype, dev, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(),
            dout.stride(), lse.stride(), sinks is None, scale, window_left, window_right, bottom_right, deterministic)
     grads = (dq, dk, dv)
-    plan = PLANS.get(key, lambda: build_backward(dout, q, k, v, out, lse4, grads, sinks, dsinks, scale,
-                                                 Band(window_left, window_right, bottom_right), deterministic),
-                     lambda: _describe("the attention backward", q, k, v, dout))
+    plan = _lookup(key)
+    if plan is None:
+        plan = PLANS.build(key, lambda: build_backward(dout, q, k, v, out, lse4, grads, sinks, dsinks, scale,
+                                                       Band(window_left, window_right, bottom_right), deterministic),
+                           lambda: _describe("the attention backward", q, k, v, dout))
     tensors = (q, k, v, out, dout, lse4, dq, dk, dv)
     _launch(plan, tensors if sinks is None else (*tensors, sinks, dsinks), dev)
     return dq, dk, dv, dsinks
@@ -118,10 +123,12 @@ def packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     key = ("pfwd", q.dtype, dev, q.shape[1:], q.stride(), k.shape[1:], k.stride(), v.shape[1:], v.stride(), ostride,
            cu_seqlens_q.shape[0], totals, maxes, sinks is None, scale, window_left, window_right, bottom_right)
     cu = (cu_seqlens_q, cu_seqlens_k)
-    plan = PLANS.get(key, lambda: build_forward(q, k, v, out, lse3, sinks, scale,
-                                                Band(window_left, window_right, bottom_right), cu=cu,
-                                                max_seqlens=maxes, totals=totals),
-                     lambda: _describe("the packed attention forward", q, k, v))
+    plan = _lookup(key)
+    if plan is None:
+        band = Band(window_left, window_right, bottom_right)
+        plan = PLANS.build(key, lambda: build_forward(q, k, v, out, lse3, sinks, scale, band, cu=cu,
+                                                      max_seqlens=maxes, totals=totals),
+                           lambda: _describe("the packed attention forward", q, k, v))
     tensors = (q, k, v, out, lse3) if sinks is None else (q, k, v, out, lse3, sinks)
     _launch(plan, (*tensors, *cu), dev)
     return out, lse
@@ -142,10 +149,12 @@ def packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
            window_left, window_right, bottom_right, deterministic)
     cu = (cu_seqlens_q, cu_seqlens_k)
     grads = (dq, dk, dv)
-    plan = PLANS.get(key, lambda: build_backward(dout, q, k, v, out, lse3, grads, sinks, dsinks, scale,
-                                                 Band(window_left, window_right, bottom_right), deterministic,
-                                                 cu=cu, max_seqlens=maxes, totals=totals),
-                     lambda: _describe("the packed attention backward", q, k, v, dout))
+    plan = _lookup(key)
+    if plan is None:
+        plan = PLANS.build(key, lambda: build_backward(dout, q, k, v, out, lse3, grads, sinks, dsinks, scale,
+                                                       Band(window_left, window_right, bottom_right), deterministic,
+                                                       cu=cu, max_seqlens=maxes, totals=totals),
+                           lambda: _describe("the packed attention backward", q, k, v, dout))
     tensors = (q, k, v, out, dout, lse3, dq, dk, dv)
     _launch(plan, (*tensors, *((sinks, dsinks) if sinks is not None else ()), *cu), dev)
     return dq, dk, dv, dsinks
