@@ -392,22 +392,29 @@ def test_provider_registers_and_activates_on_request():
     assert attn.current_flash_attention_impl() is None
 
 
+def _env():
+    """This checkout first on the path of a subprocess."""
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+
 def test_importing_frost_leaves_the_torch_face_unloaded():
     code = "import sys, frost; assert 'frost.torch_face' not in sys.modules; print('ok')"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
 def test_train_gpt_example_runs_tiny_on_the_cpu(tmp_path):
     import json
-    import os
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, str(root / "examples" / "train_gpt.py"), "--device", "cpu", "--layers", "1", "--width",
            "64", "--heads", "2", "--context", "64", "--steps", "2", "--out-dir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads((tmp_path / "frost_summary.json").read_text())
     assert math.isfinite(summary["final_loss"]) and summary["frost_plans"]["plans"] >= 2
@@ -434,3 +441,41 @@ def test_provider_says_when_torch_has_no_registry(monkeypatch):
     with pytest.raises(RuntimeError, match="no flash-attention provider registry"):
         ft.use_for_sdpa()
     assert provider.register() is False
+
+
+_DISPATCH_SCRIPT = r"""
+import torch
+import frost.torch_face as ft
+from frost.torch_face import provider
+lib = torch.library.Library("aten", "IMPL", "CPU")  # the provider's kernels on the CPU key, in this process only
+for name, fn in provider.KERNELS.items():
+    if hasattr(torch.ops.aten, name):
+        lib.impl(name, fn, "CPU")
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
+qg = q.clone().requires_grad_(True)
+r = torch.ops.aten._scaled_dot_product_flash_attention(qg, k, v, 0.0, True, False, scale=0.2)
+assert len(r) == 9 and r[2] is None and (r[4], r[5]) == (9, 9)
+ref = qg.detach().clone().requires_grad_(True)
+want = torch.nn.functional.scaled_dot_product_attention(ref, k, v, is_causal=True, scale=0.2)
+assert (r[0] - want).abs().max() < 1e-5
+r[0].backward(torch.ones_like(want))  # aten's derivative formula calls the backward op: frost's kernel
+want.backward(torch.ones_like(want))
+assert (qg.grad - ref.grad).abs().max() < 1e-5
+qb = q.transpose(1, 2).contiguous()
+cu = torch.tensor([0, 9, 18], dtype=torch.int32)
+r3 = torch.ops.aten._flash_attention_forward(qb.flatten(0, 1), qb.flatten(0, 1), qb.flatten(0, 1), cu, cu, 9, 9, 0.0,
+                                             True, False, window_size_left=3)
+g3 = torch.ops.aten._flash_attention_backward(torch.ones_like(r3[0]), qb.flatten(0, 1), qb.flatten(0, 1),
+                                              qb.flatten(0, 1), r3[0], r3[1], cu, cu, 9, 9, 0.0, True, r3[2], r3[3],
+                                              window_size_left=3)
+assert r3[1].shape == (4, 18) and [tuple(t.shape) for t in g3] == [(18, 4, 16)] * 3
+print("ok")
+"""
+
+
+def test_provider_kernels_through_torchs_dispatcher():
+    """aten's flash ops reach the provider's Python kernels with their schema's arguments (CPU key, subprocess)."""
+    out = subprocess.run([sys.executable, "-c", _DISPATCH_SCRIPT], capture_output=True, text=True, timeout=300,
+                         env=_env())
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
