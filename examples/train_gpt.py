@@ -234,6 +234,7 @@ def _plot(path: Path, summary: dict, others) -> None:
     import matplotlib.pyplot as plt
 
     runs = [summary] + [json.loads(Path(p).read_text()) for p in others if os.path.exists(p)]
+    runs = [r for i, r in enumerate(runs) if i == 0 or r["attention"] != summary["attention"]]
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in runs:
         steps, values = zip(*run["losses"])
