@@ -5,8 +5,8 @@ to an envelope), so a dense call with another batch or length needs its own plan
 shared: they compile per specialization (`spec.py`) and frost keeps them for the process, so a new
 shape with a known specialization plans in about a millisecond and compiles nothing.
 
-Lookups are lock-protected; plans are built one at a time, never while the current stream captures a
-CUDA graph (the call raises `PlanDuringCaptureError`: run it once before capture).
+A hit takes no lock; a miss plans under a lock, one plan at a time, and never while the current stream
+captures a CUDA graph (the call raises `PlanDuringCaptureError`: run it once before capture).
 """
 from __future__ import annotations
 
