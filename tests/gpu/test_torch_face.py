@@ -1,7 +1,8 @@
 """The torch face on a GPU: ops vs a float64 oracle, torch.compile, CUDA graphs, streams, determinism, provider.
 
-Four specializations serve every test (their kernels compile once): dense causal BSHD and BHSD with 4/4
-heads, dense GQA 8/2 with a bottom-right window, packed GQA 8/2 causal bottom-right; D = 128, bf16.
+Four specializations serve every test (their kernels compile once; strides are runtime values, so BSHD and
+BHSD share them): dense causal 4/4 heads, dense GQA 8/2 with a bottom-right window, packed GQA 8/2 causal
+bottom-right, and the deterministic backward of the first; D = 128, bf16.
 Run: python3 -m pytest -q -m gpu tests/gpu/test_torch_face.py
 """
 from __future__ import annotations
@@ -246,6 +247,25 @@ def test_sdpa_provider_runs_frost_kernels():
         assert torch.equal(got[0], want) and got[1].shape == (8, sum(lens))
     finally:
         ft.restore_sdpa()
+
+
+def test_train_gpt_example_runs_a_few_steps(tmp_path):
+    """The example's GPU path (bf16 autocast), eager for speed; D=128 with 4 heads reuses the kernels above."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, str(root / "examples" / "train_gpt.py"), "--attention", "frost", "--layers", "1",
+           "--width", "512", "--heads", "4", "--context", "128", "--batch", "2", "--steps", "3", "--log-every", "1",
+           "--compile", "off", "--data-mb", "1", "--out-dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    summary = json.loads((tmp_path / "frost_summary.json").read_text())
+    assert math.isfinite(summary["final_loss"]) and summary["final_loss"] < 6.0
 
 
 def test_a_new_shape_during_capture_raises_a_warm_up_error():  # last: it abandons a capture
