@@ -185,13 +185,17 @@ def test_cuda_graph_replays_honor_rewritten_packed_lengths():
 def test_runs_on_the_current_non_default_stream():
     q, k, v = (_dense(2, 512, 4, "bshd", 30 + i) for i in range(3))
     do = torch.randn_like(q)
-    out, lse = ft.attention(q, k, v, causal=True, layout="bhsd", return_lse=True)  # warm-up: plans exist
-    torch.ops.frost.sdpa_bwd(do, q, k, v, out, lse, None, None, -1, 0, False, False)
-    torch.cuda.synchronize()
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+
+    def calls():
+        out, lse = ft.attention(q, k, v, causal=True, return_lse=True)
+        return out, torch.ops.frost.sdpa_bwd(do, q, k, v, out, lse, None, None, -1, 0, False, False)[0]
+    with torch.cuda.stream(side):  # warm-up on the side stream: plans exist, its allocator pool holds the blocks
+        out, _ = calls()
+    torch.cuda.synchronize()
     with BlockedDefaultStream() as blocked, torch.cuda.stream(side):
-        out2, lse2 = ft.attention(q, k, v, causal=True, return_lse=True)
-        dq = torch.ops.frost.sdpa_bwd(do, q, k, v, out2, lse2, None, None, -1, 0, False, False)[0]
+        out2, dq = calls()
         done = torch.cuda.Event()
         done.record(side)
         finished = wait_for(done)
