@@ -2,6 +2,9 @@
 # One device call: the GPU test suite, plan/host time, a benchmark, an ncu profile; their files land in $OUT.
 #   bash benchmarks/device_run.sh [tests] [plan] [host] [sweeps] [bench PRESET] [--bench-args "..."]
 #                                 [ncu "ARGS"] [ncubwd "ARGS"] [-k EXPR] [--budget SECONDS] [--commit SHA]
+#                                 [torchface] [gpt STEPS]
+# `torchface` runs the torch face's GPU tests and benchmarks/torch_face.py (torch-face-*.log/json);
+# `gpt STEPS` trains examples/train_gpt.py with sdpa, then frost (same seed), overlaying both loss curves.
 # `ncu "ARGS"` profiles benchmarks/profile_fwd.py ARGS (frost and FA4, one call each) with ncu.
 # `ncubwd "ARGS"` profiles benchmarks/profile_bwd.py ARGS (the frost and FA2 main backward kernels): stall
 # reasons, L2 reduction requests, shared-memory bank conflicts and source counters (ncu-bwd-N.txt), and the SASS
@@ -18,11 +21,13 @@ export PYTHONPATH="$PWD:$PYTHONPATH"
 export FROST_CACHE_DIR="${FROST_CACHE_DIR:-/tmp/frost-cache}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; run_sweeps=0; budget=240; commit="${FROST_COMMIT:-}"
-bench_args=""; ncu_args=""; ncubwd_list=()
+bench_args=""; ncu_args=""; ncubwd_list=(); run_torchface=0; gpt_steps=""
 while [ $# -gt 0 ]; do
   case "$1" in
     sweeps) run_sweeps=1 ;;
     tests) run_tests=1 ;;
+    torchface) run_torchface=1 ;;
+    gpt) gpt_steps="$2"; shift ;;
     plan) run_plan=1 ;;
     host) run_host=1 ;;
     bench) preset="$2"; shift ;;
@@ -40,6 +45,20 @@ if [ "$run_tests" = 1 ]; then
   timeout 330 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 12 -rfE ${kexpr:+-k "$kexpr"} \
     > "$OUT/gpu-tests.log" 2>&1
   tail -4 "$OUT/gpu-tests.log"
+fi
+if [ "$run_torchface" = 1 ]; then
+  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_torch_face.py -p no:cacheprovider -rfE \
+    > "$OUT/torch-face-tests.log" 2>&1
+  tail -4 "$OUT/torch-face-tests.log"
+  timeout 180 python3 benchmarks/torch_face.py --json "$OUT/torch-face-bench.json" > "$OUT/torch-face-bench.log" 2>&1
+  cat "$OUT/torch-face-bench.log"
+fi
+if [ -n "$gpt_steps" ]; then
+  for att in sdpa frost; do
+    timeout 280 python3 examples/train_gpt.py --attention "$att" --steps "$gpt_steps" --seed 0 --out-dir "$OUT/gpt" \
+      --compare-with "$OUT/gpt/sdpa_summary.json" > "$OUT/gpt-$att.log" 2>&1
+    tail -3 "$OUT/gpt-$att.log"
+  done
 fi
 if [ "$run_plan" = 1 ]; then
   timeout 90 python3 -m pytest -q -s -m gpu tests/gpu/test_cache_gpu.py -p no:cacheprovider >> "$OUT/misc.log" 2>&1

@@ -3,8 +3,9 @@
 Importing frost is cheap: cutlass and kernel modules load lazily.
 """
 from frost import cache
-from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError, PlanFileError,
-                          PlanFileWarning, TemplateParamsError, WorkspaceError)
+from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError,
+                          PlanDuringCaptureError, PlanFileError, PlanFileWarning, TemplateParamsError,
+                          UnsupportedArgumentError, WorkspaceError)
 from frost.graph import Graph
 from frost.ir.tensor import Tensor
 from frost.knobs import Knobs
@@ -17,7 +18,8 @@ data_type = DataType  # cuDNN-style alias: frost.data_type.BFLOAT16
 
 __all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knobs", "FrostError", "GraphError",
            "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "TemplateParamsError",
-           "PlanFileError", "PlanFileWarning", "cache", "precompile", "save_plan", "load_plan", "__version__"]
+           "PlanFileError", "PlanFileWarning", "UnsupportedArgumentError", "PlanDuringCaptureError", "cache",
+           "precompile", "save_plan", "load_plan", "__version__"]
 
 
 def precompile(*args, **kwargs):

@@ -47,3 +47,11 @@ class PlanFileError(GraphError):
 
 class PlanFileWarning(UserWarning):
     """A saved plan loaded, but some of its kernels compile here (another frost build or arch, an unusable artifact)."""
+
+
+class UnsupportedArgumentError(FrostError, NotImplementedError):
+    """A torch-face call passed an argument value frost does not serve (dropout, ALiBi, softcap, ...)."""
+
+
+class PlanDuringCaptureError(FrostError, RuntimeError):
+    """A torch-face call needed a new plan while its stream was capturing a CUDA graph (warm up first)."""

@@ -99,24 +99,65 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
     return o, lse
 
 
-def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float64, **mask_kwargs):
-    """Gradients by autograd through `sdpa_fwd_reference` in `compute_dtype`.
+def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask):
+    """Gradients of one sequence in closed form (no autograd: it works under any grad mode or dispatch state).
 
-    Returns (dq, dk, dv, dsinks or None) on the canonical views' shapes.
+    qb (Sq, Hq, D), kb/vb (Skv, Hkv, D/Dv), dob (Sq, Hq, Dv) -> dq, dk, dv (same shapes), dsink (Hq,) or None.
     """
+    hq, hkv = qb.shape[1], kb.shape[1]
+    g = hq // hkv
+    kk = kb.repeat_interleave(g, dim=1)
+    vv = vb.repeat_interleave(g, dim=1)
+    o, lse = _attend(qb, kb, vb, scale=scale, sink=sink, mask=mask)  # o (Sq, Hq, Dv), lse (Hq, Sq)
+    s = torch.einsum("qhd,khd->hqk", qb, kk) * scale
+    p = torch.exp(s - lse.unsqueeze(2)).masked_fill(~mask.unsqueeze(0), 0.0)
+    p = torch.nan_to_num(p, nan=0.0)  # empty rows: lse = -inf
+    dv = torch.einsum("hqk,qhd->khd", p, dob)
+    dp = torch.einsum("qhd,khd->hqk", dob, vv)
+    di = torch.einsum("qhd,qhd->hq", dob, o)  # rowsum(dO * O)
+    ds = p * (dp - di.unsqueeze(2))
+    dq = torch.einsum("hqk,khd->qhd", ds, kk) * scale
+    dk = torch.einsum("hqk,qhd->khd", ds, qb) * scale
+    fold = lambda t: t.reshape(t.shape[0], hkv, g, t.shape[-1]).sum(2)  # noqa: E731  (GQA: sum each group)
+    dsink = None
+    if sink is not None:
+        dsink = -(torch.nan_to_num(torch.exp(sink.view(hq, 1) - lse), nan=0.0) * di).sum(1)
+    return dq, fold(dk), fold(dv), dsink
+
+
+def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float64, cu_seqlens_q=None,
+                       cu_seqlens_kv=None, seqused_q=None, seqused_kv=None, sinks=None, window_left=None,
+                       window_right=None, bottom_right=False):
+    """Gradients of `sdpa_fwd_reference` in `compute_dtype`, in closed form per sequence.
+
+    Returns (dq, dk, dv, dsinks or None) on the canonical views' shapes; rows and keys outside every
+    sequence get zero gradients.
+    """
+    thd = cu_seqlens_q is not None
     cd = compute_dtype
-    leaves = [t.detach().to(cd).requires_grad_(True) for t in (q, k, v)]
-    sinks = mask_kwargs.pop("sinks", None)
-    sink_leaf = sinks.detach().to(cd).requires_grad_(True) if sinks is not None else None
-    o, _ = sdpa_fwd_reference(*leaves, softmax_scale=softmax_scale, sinks=sink_leaf, compute_dtype=cd, **mask_kwargs)
-    wrt = leaves + ([sink_leaf] if sink_leaf is not None else [])
-    if o.requires_grad:
-        grads = torch.autograd.grad(o, wrt, grad_outputs=do.to(cd), allow_unused=True)
-    else:  # every sequence is empty: O does not depend on the inputs, every gradient is zero
-        grads = [None] * len(wrt)
-    grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, wrt)]
-    dq, dk, dv = grads[:3]
-    dsink = grads[3] if sink_leaf is not None else None
+    q, k, v, do = q.to(cd), k.to(cd), v.to(cd), do.to(cd)
+    sink = sinks.to(cd) if sinks is not None else None
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dsink = torch.zeros(q.shape[-2], dtype=cd, device=q.device) if sink is not None else None
+    batches = len(cu_seqlens_q) - 1 if thd else q.shape[0]
+    s_q = 0 if thd else q.shape[1]
+    s_kv = 0 if thd else k.shape[1]
+    for b, (q0, lq, k0, lk) in enumerate(_ranges(batches, s_q, s_kv, cu_seqlens_q, cu_seqlens_kv,
+                                                 seqused_q, seqused_kv)):
+        if lq == 0:
+            continue
+        mask = allowed_mask(lq, lk, window_left=window_left, window_right=window_right,
+                            bottom_right=bottom_right, device=q.device)
+        if thd:
+            qs, ks = slice(q0, q0 + lq), slice(k0, k0 + lk)
+            parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask)
+            dq[qs], dk[ks], dv[ks] = parts[:3]
+        else:
+            parts = _attend_bwd(q[b, :lq], k[b, :lk], v[b, :lk], do[b, :lq], scale=softmax_scale, sink=sink,
+                                mask=mask)
+            dq[b, :lq], dk[b, :lk], dv[b, :lk] = parts[:3]
+        if sink is not None:
+            dsink += parts[3]
     return dq, dk, dv, dsink
 
 

@@ -1,0 +1,128 @@
+"""`attention(q, k, v, ...)` and `varlen_attention(...)`: frost as one call in a model.
+
+Both call the custom ops of `ops.py` (autograd, torch.compile and CUDA graphs see one op). An eager
+call that needs no autograd and runs under no tracing mode skips the dispatcher and calls the ops'
+own implementation directly: the same plan and launch, fewer microseconds of host time.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from frost.torch_face import ops, run
+from frost.torch_face.spec import band, reject
+
+
+def _direct_probe():
+    """A predicate: may this eager call bypass the dispatcher? (No mode, transform or subclass in play.)"""
+    try:
+        modes = torch._C._len_torch_dispatch_stack
+        fmodes = torch._C._is_torch_function_mode_enabled
+        functorch = torch._C._functorch.peek_interpreter_stack
+    except AttributeError:  # another torch: always dispatch
+        return lambda tensors: False
+    grad_enabled = torch.is_grad_enabled
+    plain = torch.Tensor
+
+    def direct(tensors) -> bool:
+        if modes() or fmodes() or functorch() is not None:
+            return False
+        need_grad = grad_enabled()
+        for t in tensors:
+            if t is not None and (type(t) is not plain or (need_grad and t.requires_grad)):
+                return False
+        return True
+    return direct
+
+
+_direct = _direct_probe()
+
+
+def _deterministic(deterministic) -> bool:
+    return torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
+
+
+def _sinks(sinks, heads_q):
+    """Sinks as frost takes them: fp32 (Hq,), contiguous (a differentiable cast, so a bf16 parameter learns)."""
+    if sinks is None:
+        return None
+    if sinks.dim() != 1 or sinks.shape[0] != heads_q:
+        raise ValueError(f"sinks must be one value per query head, shape ({heads_q},); got {tuple(sinks.shape)}")
+    return sinks.float().contiguous()
+
+
+def _check_dense(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, S, H, D) or (B, H, S, D); got shape {tuple(t.shape)}")
+
+
+def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[float] = None, sinks=None,
+              deterministic: Optional[bool] = None, layout: str = "bhsd", return_lse: bool = False,
+              diagonal_alignment: str = "top_left", dropout_p: float = 0.0, _causal_wins: bool = False):
+    """Scaled dot-product attention on frost; differentiable, torch.compile- and CUDA-graph-safe.
+
+    q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D/Dv) with `layout="bhsd"` (torch's order, the default), or
+    (B, S, H, D) with `layout="bshd"` (FlashAttention's); any memory layout frost serves (others are
+    copied to contiguous first). Hq must be a multiple of Hkv (GQA/MQA).
+
+    causal: keep keys j <= i (+ offset). window=(left, right): keep i - left <= j <= i + right, None or
+    -1 unbounded, relative to the `diagonal_alignment` ("top_left" or "bottom_right": offset Skv - Sq).
+    scale: default 1/sqrt(D). sinks: one logit per query head (learnable). deterministic: bitwise
+    reproducible gradients; default `torch.are_deterministic_algorithms_enabled()`.
+    Returns out in q's order and layout, and with `return_lse` also lse fp32 (B, Hq, Sq).
+    """
+    if dropout_p:
+        reject("dropout_p", dropout_p, "attention dropout is not implemented")
+    bshd = layout == "bshd"
+    if not bshd and layout != "bhsd":
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    _check_dense(q, k, v)
+    if bshd:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q, k, v = ops.servable(q), ops.servable(k), ops.servable(v)
+    b = band(causal, window, diagonal_alignment, causal_wins=_causal_wins)
+    det = _deterministic(deterministic)
+    sinks = _sinks(sinks, q.shape[1])
+    args = (q, k, v, sinks, scale, b.left, b.right, b.bottom_right)
+    if not torch.compiler.is_compiling() and _direct((q, k, v, sinks)):
+        out, lse = run.forward(*args)
+    else:
+        out, lse = torch.ops.frost.sdpa_fwd(*args, det)
+    if bshd:
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: bool = False, window=None, scale: Optional[float] = None, sinks=None,
+                     deterministic: Optional[bool] = None, return_lse: bool = False,
+                     diagonal_alignment: str = "top_left", dropout_p: float = 0.0, _causal_wins: bool = False):
+    """Attention over packed variable-length sequences: q (Tq, Hq, D), k/v (Tk, Hkv, D/Dv).
+
+    cu_seqlens_q/k: int32 (B+1,) prefix sums on the device (read only by the kernels, never on the host,
+    so the call can be captured in a CUDA graph and replayed with new lengths in the same tensors).
+    max_seqlen_q/k: static envelopes, at least the longest sequence ever passed. Tokens past
+    cu_seqlens[-1] get unspecified outputs. Masks are per sequence; other arguments as in `attention`.
+    Returns out (Tq, Hq, Dv), and with `return_lse` also lse fp32 (Hq, Tq).
+    """
+    if dropout_p:
+        reject("dropout_p", dropout_p, "attention dropout is not implemented")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be packed (T, H, D); got shape {tuple(t.shape)}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t.dtype != torch.int32 or t.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D int32 tensor of B+1 prefix sums; got {t.dtype} {tuple(t.shape)}")
+    q, k, v = ops.servable(q), ops.servable(k), ops.servable(v)
+    b = band(causal, window, diagonal_alignment, causal_wins=_causal_wins)
+    det = _deterministic(deterministic)
+    sinks = _sinks(sinks, q.shape[1])
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, b.left, b.right,
+            b.bottom_right)
+    if not torch.compiler.is_compiling() and _direct((q, k, v, sinks)):
+        out, lse = run.packed_forward(*args)
+    else:
+        out, lse = torch.ops.frost.sdpa_varlen_fwd(*args, det)
+    return (out, lse) if return_lse else out
