@@ -157,7 +157,7 @@ def plan_cache_info() -> dict:
 
 def target_of(device) -> Optional[object]:
     """frost's Target for a torch device: the CPU record for CPU tensors, the device's record otherwise."""
-    from frost.engines.target import CPU, discover_target
+    from frost.target import CPU, discover_target
 
     if device.type == "cpu":
         return CPU
