@@ -24,19 +24,16 @@ validator). Argument list: `main_args`.
 """
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Boolean, Float32, Int32, const_expr, pipeline
+from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from frost.engines.common import mask, rows
+from frost.engines.common import mask
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
-from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common import global_ops as gops
 from frost.engines.sm90 import wgmma_utils as wu
@@ -72,7 +69,6 @@ class SdpaBwdSm90:
         self.split_m = p.dq_split_m
         self.swap_dq = p.dq_swap
         self.num_threads = MMA_THREADS + 128
-        self.zero_tails = p.is_thd or p.has_seqused  # rows past a sequence are loaded as they are
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -80,13 +76,11 @@ class SdpaBwdSm90:
         p = self.p
         dt = self.dtype
         bm, bn, d, dv, st = self.bm, self.bn, self.d, self.dv, self.stages
-        # kernel views: (seq, d, head[, batch]) for Q/K/V/dO/dK/dV and the accumulator, (seq, head[, batch]) rows
-        thd = const_expr(p.is_thd)
-        io = [0, 2, 1] if const_expr(thd) else [1, 3, 2, 0]
-        mQ, mK, mV, mdO, mdK, mdV = [select_modes(a[n], io) for n in ("q", "k", "v", "do", "dk", "dv")]
-        mLSE = select_modes(a["lse"], [1, 0] if const_expr(thd) else [2, 1, 0])
-        mdPsum = select_modes(a["dpsum"], [1, 0] if const_expr(thd) else [2, 1, 0])
-        mAcc = select_modes(a["dq_accum"], [1, 2, 0] if const_expr(thd) else [2, 3, 1, 0])
+        # kernel views: (seq, d, head, batch) for Q/K/V/dO/dK/dV and the accumulator, (seq, head, batch) rows
+        mQ, mK, mV, mdO, mdK, mdV = [select_modes(a[n], [1, 3, 2, 0]) for n in ("q", "k", "v", "do", "dk", "dv")]
+        mLSE = select_modes(a["lse"], [2, 1, 0])
+        mdPsum = select_modes(a["dpsum"], [2, 1, 0])
+        mAcc = select_modes(a["dq_accum"], [2, 3, 1, 0])
 
         K = cute.nvgpu.OperandMajorMode.K
         MN = cute.nvgpu.OperandMajorMode.MN
@@ -140,27 +134,20 @@ class SdpaBwdSm90:
             sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm], 128]
 
         scale = Float32(a["softmax_scale"])
-        if const_expr(thd):  # one CTA per key tile of the longest sequence the plan declares, per batch entry
-            n_blocks = cutlass.max((Int32(a["max_seqlen_kv"]) + bn - 1) // bn, 1)
-            n_batch = a["cu_seqlens_q"].shape[0] - 1
-        else:
-            n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
-            n_batch = mQ.shape[3]
+        n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
         self.kernel(
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_dq, mLSE, mdPsum, a.get("dq_semaphore"),
-            a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"), mdK, mdV,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
-        ).launch(grid=[n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
+        ).launch(grid=[n_blocks, p.num_heads_kv, mQ.shape[3]], block=[self.num_threads, 1, 1],
                  stream=a["stream"], min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
-               mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
-               mUsedQ, mUsedK, mdK_rows: cute.Tensor, mdV_rows: cute.Tensor,
+               mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem,
                tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom,
                tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom, tma_atom_dv: cute.CopyAtom,
                tma_atom_dq: cute.CopyAtom, scale: Float32, wl, wr, q_bytes: cutlass.Constexpr,
@@ -201,42 +188,23 @@ class SdpaBwdSm90:
 
         bx, head_kv, batch = cute.arch.block_idx()
         n_block = self.key_tile(bx)
-        off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, mQ.shape[0], mK.shape[0], mCuQ, mCuK, mUsedQ, mUsedK)
-        work = self.work(n_block, seqlen_q, seqlen_k, wl, wr, off_q, off_k)
-        # packed: key tiles past this sequence's keys own no rows of dK / dV and visit no query tile
-        active = Boolean(True)
-        if const_expr(self.p.is_thd):
-            active = n_block * self.bn < seqlen_k
-        if active:
-            if warp_idx < 4:
-                cute.arch.setmaxregister_decrease(24)
-                if warp_idx == 0:
-                    self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
-                              pipe_q, pipe_do, pipe_kv, work, n_block, head_kv, batch)
-                if warp_idx == 1:
-                    self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, work, n_block, head_kv, batch)
-            else:
-                cute.arch.setmaxregister_increase(240)
-                self.mma(mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv,
-                         pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv,
-                         batch, mdK_rows, mdV_rows)
-
-    def rows(self, mX, head, batch, offset):
-        """The (seq, dim) rows of one head of one batch entry (packed: shifted by the sequence's first token)."""
-        if const_expr(self.p.is_thd):
-            return cute.domain_offset((offset, 0), mX[None, None, head])
-        return mX[None, None, head, batch]
-
-    def row_value(self, mX, row, head, batch, offset):
-        """One value of a (seq, head[, batch]) row vector (LSE, dpsum)."""
-        if const_expr(self.p.is_thd):
-            return mX[offset + row, head]
-        return mX[row, head, batch]
+        work = self.work(n_block, mQ.shape[0], mK.shape[0], wl, wr)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(24)
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
+                          pipe_q, pipe_do, pipe_kv, work, n_block, head_kv, batch)
+            if warp_idx == 1:
+                self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, work, n_block, head_kv, batch)
+        else:
+            cute.arch.setmaxregister_increase(240)
+            self.mma(mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv,
+                     pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv,
+                     batch)
 
     @cute.jit
-    def work(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr, off_q: Int32, off_k: Int32):
-        """The CTA's walk: (first query tile, query tiles per head, steps, diagonal offset, clamped windows,
-        sequence lengths, first query and key token of the sequence)."""
+    def work(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
+        """The CTA's walk: (first query tile, query tiles per head, steps, diagonal offset, clamped windows)."""
         p = self.p
         off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
         cap = seqlen_q + seqlen_k
@@ -244,7 +212,7 @@ class SdpaBwdSm90:
         wr_c = cutlass.min(Int32(wr), cap) if const_expr(p.has_window_right) else None
         m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
         n_m = cutlass.max(m_max - m_min, 0)
-        return m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k, off_q, off_k
+        return m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k
 
     @cute.jit
     def step_tile(self, t: Int32, head_kv: Int32, m_min: Int32, n_m: Int32):
@@ -258,9 +226,8 @@ class SdpaBwdSm90:
              pipe_q, pipe_do, pipe_kv, work, n_block, head_kv, batch):
         m_min, n_m, steps = work[0], work[1], work[2]
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        off_q, off_k = work[8], work[9]
-        gK = cute.local_tile(self.rows(mK, head_kv, batch, off_k), (self.bn, self.d), (n_block, 0))
-        gV = cute.local_tile(self.rows(mV, head_kv, batch, off_k), (self.bn, self.dv), (n_block, 0))
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.bn, self.d), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.bn, self.dv), (n_block, 0))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
@@ -271,8 +238,8 @@ class SdpaBwdSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for t in cutlass.range(steps, unroll=1):
             head, m_block = self.step_tile(t, head_kv, m_min, n_m)
-            gQ = cute.local_tile(self.rows(mQ, head, batch, off_q), (self.bm, self.d), (m_block, 0))
-            gdO = cute.local_tile(self.rows(mdO, head, batch, off_q), (self.bm, self.dv), (m_block, 0))
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.bm, self.d), (m_block, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (self.bm, self.dv), (m_block, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                                cute.group_modes(gQ, 0, 2))
             tOsdO, tOgdO = cpasync.tma_partition(tma_atom_do, 0, cute.make_layout(1),
@@ -293,14 +260,14 @@ class SdpaBwdSm90:
         lane = cute.arch.lane_idx()
         for t in cutlass.range(steps, unroll=1):
             head, m_block = self.step_tile(t, head_kv, m_min, n_m)
-            gAcc = cute.local_tile(self.rows(mAcc, head, batch, work[8]), (self.bm, self.d), (m_block, 0))
+            gAcc = cute.local_tile(mAcc[None, None, head, batch], (self.bm, self.d), (m_block, 0))
             tDsdQ, tDgAcc = cpasync.tma_partition(tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2),
                                                   cute.group_modes(gAcc, 0, 2))
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
             sem = None
             if const_expr(self.p.deterministic):
-                sem = self.semaphore(mSem, mAcc, head, m_block, batch, work)
+                sem = self.semaphore(mSem, head, m_block, batch, work[6])
                 turn = self.turn(m_block, n_block, work)
                 if lane == 0:
                     while gops.ld_acquire_i32(sem) != turn:
@@ -317,16 +284,9 @@ class SdpaBwdSm90:
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
-    def semaphore(self, mSem, mAcc, head: Int32, m_block: Int32, batch: Int32, work):
-        """The turn counter of one (batch, query head, query tile), laid out as the skeleton's scratch layout
-        sizes them: dense per (batch, head) the tiles of Sq; packed per head the tiles of the packed total plus
-        one per sequence (a sequence's tiles start where its first token's tile does)."""
-        bm = self.bm
-        if const_expr(self.p.is_thd):
-            per_head = mAcc.shape[0] // bm + cute.arch.grid_dim()[2] + 1
-            idx = head * per_head + (work[8] + batch * bm) // bm + m_block
-        else:
-            idx = (batch * self.p.num_heads_q + head) * ((work[6] + bm - 1) // bm) + m_block
+    def semaphore(self, mSem, head: Int32, m_block: Int32, batch: Int32, seqlen_q: Int32):
+        """The turn counter of one (batch, query head, query tile), as the shared preprocess zeroes them."""
+        idx = (batch * self.p.num_heads_q + head) * ((seqlen_q + self.bm - 1) // self.bm) + m_block
         return gops.elem_ptr(mSem, idx)
 
     @cute.jit
@@ -365,10 +325,9 @@ class SdpaBwdSm90:
     # --- MMA warpgroups
     @cute.jit
     def mma(self, mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv, pipe_q,
-            pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv, batch, mdK_rows,
-            mdV_rows):
+            pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv, batch):
         bm, bn = self.bm, self.bn
-        m_min, n_m, steps, off, wl, wr, seqlen_q, seqlen_k, off_q, off_k = work
+        m_min, n_m, steps, off, wl, wr, seqlen_q, seqlen_k = work
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_sdp = mma_sdp.get_slice(wg * 128)
@@ -411,32 +370,16 @@ class SdpaBwdSm90:
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        rows_ctx = (mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch, off_q)
+        rows_ctx = (mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch)
         if steps > 0:
             self.stage_rows(rows_ctx, Int32(0), self.load_rows(rows_ctx, Int32(0)))
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         pipe_kv.consumer_wait(kv_state)
-        if const_expr(self.zero_tails):
-            key_rows = seqlen_k - n_block * bn
-            if key_rows < bn:
-                self.zero_rows(sK, key_rows, tidx)
-                self.zero_rows(sV, key_rows, tidx)
-                cute.arch.fence_view_async_shared()  # generic-proxy stores before the wgmma (async proxy) reads
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
         for t in cutlass.range(steps, unroll=1):
             head, m_block = self.step_tile(t, head_kv, m_min, n_m)
             q0 = m_block * bm
             row_next = self.load_rows(rows_ctx, t + 1)  # the next step's LSE / dpsum row, staged below
             stage = t % 2
-            if const_expr(self.zero_tails):
-                query_rows = seqlen_q - q0
-                if query_rows < bm:  # the sequence's last query tile: rows past it may hold any bits
-                    pipe_q.consumer_wait(q_state)
-                    pipe_do.consumer_wait(q_state)
-                    self.zero_rows(sQ[None, None, q_state.index], query_rows, tidx)
-                    self.zero_rows(sdO[None, None, q_state.index], query_rows, tidx)
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
             pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
             acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
             wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
@@ -482,66 +425,39 @@ class SdpaBwdSm90:
             pipe_q.consumer_release(q_state)
             q_state.advance()
         self.epilogue(acc_dK, acc_dV, mdK, mdV, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx,
-                      n_block, head_kv, batch, mdK_rows, mdV_rows, seqlen_k, off_k)
+                      n_block, head_kv, batch)
 
     @cute.jit
     def load_rows(self, ctx, t: Int32) -> Float32:
         """Threads [0, tile_m) read step t's LSE (log2 units; +inf past the sequence or for a row with no key,
         so P = 0), threads [tile_m, 2 tile_m) its dpsum; a step past the last reads the last step's rows."""
-        mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch, off_q = ctx
+        mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch = ctx
         head, m_block = self.step_tile(cutlass.min(t, steps - 1), head_kv, m_min, n_m)
         i = tidx % self.bm
         q = m_block * self.bm + i
-        qc = cutlass.max(cutlass.min(q, seqlen_q - 1), 0)
+        qc = cutlass.min(q, seqlen_q - 1)
         v = Float32(0.0)
         if tidx < self.bm:
-            lse = self.row_value(mLSE, qc, head, batch, off_q) * Float32(LOG2_E)
+            lse = mLSE[qc, head, batch] * Float32(LOG2_E)
             v = Float32.inf if (q >= seqlen_q or lse == -Float32.inf) else lse
         elif tidx < 2 * self.bm:
-            v = self.row_value(mdPsum, qc, head, batch, off_q)
+            v = mdPsum[qc, head, batch]
         return v
 
     @cute.jit
     def stage_rows(self, ctx, t: Int32, v: Float32):
         """Store `load_rows`' value in step t's half of the staged LSE / dpsum rows."""
-        i = ctx[4] % self.bm
-        sLSE, sdPsum, tidx = ctx[2], ctx[3], ctx[4]
+        mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch = ctx
+        i = tidx % self.bm
         if tidx < self.bm:
             sLSE[i, t % 2] = v
         elif tidx < 2 * self.bm:
             sdPsum[i, t % 2] = v
 
-    def row_copy(self, width: int, threads: int):
-        """16-byte row copies of (rows, width) smem tiles by `threads` threads: (tiled copy, threads used); rows
-        per pass are a power of two (they divide every tile height: 64, 80, 128)."""
-        tpr = width // 8  # threads per row
-        per_pass = 1 << int(math.log2(threads // tpr))
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        return cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((per_pass, tpr), order=(1, 0)),
-                                       cute.make_layout((1, 8))), per_pass * tpr
-
-    @cute.jit
-    def zero_rows(self, sX: cute.Tensor, limit: Int32, tidx: Int32):
-        """Zero the rows >= limit of a (rows, cols) smem tile with the MMA threads.
-
-        TMA zero-fills only outside the tensor: rows past a packed sequence (the next one's, or whatever
-        follows the last) or past a padding length arrive as they are, and a masked P = 0 does not stop
-        0 * NaN = NaN in the GEMMs that read them.
-        """
-        tiled, threads = self.row_copy(cute.size(sX, mode=[1]), MMA_THREADS)
-        if tidx < threads:
-            thr = tiled.get_slice(tidx)
-            tsX = thr.partition_D(sX)
-            tcX = thr.partition_D(cute.make_identity_tensor((cute.size(sX, mode=[0]), cute.size(sX, mode=[1]))))
-            for m in cutlass.range_constexpr(cute.size(tsX, mode=[1])):
-                if tcX[0, m, 0][0] >= limit:
-                    tsX[None, m, None].fill(0)
-
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx,
-                 n_block, head_kv, batch, mdK_rows, mdV_rows, seqlen_k, off_k):
-        """dK * scale and dV through the (now free) K / V tiles, then one TMA store each (packed: row-predicated
-        stores by one warpgroup each, so no row of the next sequence is touched)."""
+                 n_block, head_kv, batch):
+        """dK * scale and dV through the (now free) K / V tiles, then one TMA store each."""
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * scale
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
@@ -556,21 +472,7 @@ class SdpaBwdSm90:
         cute.copy(r2s_v, r2s_v.retile(rdV), r2s_v.get_slice(tidx).partition_D(sV))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
-        if const_expr(self.p.is_thd):
-            limit = seqlen_k - n_block * self.bn
-            t = tidx % 128
-            if tidx < 128:
-                tiled, threads = self.row_copy(self.d, 128)
-                if t < threads:
-                    gdK = cute.local_tile(self.rows(mdK_rows, head_kv, batch, off_k), (self.bn, self.d), (n_block, 0))
-                    rows.store_rows(tiled, sK, gdK, cute.make_identity_tensor((self.bn, self.d)), limit, t)
-            else:
-                tiled, threads = self.row_copy(self.dv, 128)
-                if t < threads:
-                    gdV = cute.local_tile(self.rows(mdV_rows, head_kv, batch, off_k), (self.bn, self.dv),
-                                          (n_block, 0))
-                    rows.store_rows(tiled, sV, gdV, cute.make_identity_tensor((self.bn, self.dv)), limit, t)
-        elif tidx < 32:
+        if tidx < 32:
             gdK = cute.local_tile(mdK[None, None, head_kv, batch], (self.bn, self.d), (n_block, 0))
             gdV = cute.local_tile(mdV[None, None, head_kv, batch], (self.bn, self.dv), (n_block, 0))
             tKsK, tKgK = cpasync.tma_partition(tma_atom_dk, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
