@@ -31,6 +31,7 @@ def covering_specs() -> list:
     """(template, params, arch) of every kernel the CPU compile tests build."""
     from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, chain
     from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
+    from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
     from frost.testing import cases
 
@@ -43,6 +44,8 @@ def covering_specs() -> list:
             specs += [(template, sp, arch) for _, template, _, sp in chain(p)]
     for group in cases.SM90_FWD_COVER:
         specs += [(cases.SM90_FWD_TEMPLATE, Sm90FwdParams(**kw), "sm_90a") for kw in group]
+    for group in cases.SM90_BWD_COVER:  # the main kernel; its helpers are the skeleton's, covered above
+        specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in group]
     return specs
 
 

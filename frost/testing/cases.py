@@ -16,6 +16,7 @@ from frost.engines.sm90.sdpa_fwd_params import default_knobs as _sm90_knobs
 
 SM80_FWD_TEMPLATE = "frost.engines.sm80.sdpa_fwd"
 SM90_FWD_TEMPLATE = "frost.engines.sm90.sdpa_fwd"
+SM90_BWD_TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 
 
 def params_kwargs(default_knobs, family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None,
@@ -232,3 +233,24 @@ SM90_PACK_GQA_TWINS = [c for c in SM90_PACK_GQA_CASES if c.thd is None and c.seq
 def unpacked(c: Sm90Case) -> Sm90Case:
     """The unpacked twin of a packed case: same inputs, pack_gqa off."""
     return Sm90Case(**{**c.__dict__, "knobs": {**c.knobs, "pack_gqa": False}})
+
+
+def sm90_bwd_kwargs(d=128, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
+    from frost.engines.sm90.sdpa_bwd_params import default_knobs
+
+    k = default_knobs(d, d)
+    k.update(knobs or {})
+    return dict(dtype=dtype, head_dim=d, head_dim_v=d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
+
+
+# the SM90 (wgmma) backward main kernel, in two groups: every head dim and tile height, fp16, every mask flag,
+# GQA / MQA and the deterministic mode at least once
+SM90_BWD_COVER = [
+    [sm90_bwd_kwargs(), sm90_bwd_kwargs(d=64, hq=8, hk=2, has_window_right=True),
+     sm90_bwd_kwargs(d=96, dtype="fp16", has_window_left=True), sm90_bwd_kwargs(hq=8, hk=2, has_window_right=True,
+                                                                     deterministic=True)],
+    [sm90_bwd_kwargs(hq=4, hk=1, has_window_left=True, has_window_right=True, bottom_right=True),
+     sm90_bwd_kwargs(d=64, knobs=dict(tile_m=64, num_stages=1)),
+     sm90_bwd_kwargs(dtype="fp16", has_window_right=True, bottom_right=True),
+     sm90_bwd_kwargs(knobs=dict(tile_m=64), has_window_left=True, deterministic=True)],
+]

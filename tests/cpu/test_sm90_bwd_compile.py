@@ -8,25 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs, main_args, validate
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validate
 from frost.errors import TemplateParamsError
 from frost.testing.bwd_chain import chain_of
+from frost.testing.cases import SM90_BWD_COVER, sm90_bwd_kwargs
 from tests.compile_runner import compile_groups
 
 
-def _p(d=128, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
-    k = default_knobs(d, d)
-    k.update(knobs or {})
-    return dict(dtype=dtype, head_dim=d, head_dim_v=d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
-
-
-COVER = [
-    [_p(), _p(d=64, hq=8, hk=2, has_window_right=True), _p(d=96, dtype="fp16", has_window_left=True),
-     _p(hq=8, hk=2, has_window_right=True, deterministic=True)],
-    [_p(hq=4, hk=1, has_window_left=True, has_window_right=True, bottom_right=True),
-     _p(d=64, knobs=dict(tile_m=64, num_stages=1)), _p(dtype="fp16", has_window_right=True, bottom_right=True),
-     _p(knobs=dict(tile_m=64), has_window_left=True, deterministic=True)],
-]
+_p = sm90_bwd_kwargs
+COVER = SM90_BWD_COVER
 TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 PARAMS = "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams"
 
