@@ -22,6 +22,22 @@ def _ranges(num_batches: int, s_q: int, s_kv: int, cu_q, cu_kv, used_q, used_kv)
     return [(0, int(uq[b]), 0, int(uk[b])) for b in range(num_batches)]
 
 
+def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, window_right, bottom_right):
+    """Per non-empty sequence: (query rows, key rows, mask), the rows as index tuples into the canonical views
+    (THD: token slices; dense: the batch entry's leading rows)."""
+    batches = len(cu_q) - 1 if thd else q.shape[0]
+    s_q, s_kv = (0, 0) if thd else (q.shape[1], k.shape[1])
+    for b, (q0, lq, k0, lk) in enumerate(_ranges(batches, s_q, s_kv, cu_q, cu_kv, used_q, used_kv)):
+        if lq == 0:
+            continue
+        mask = allowed_mask(lq, lk, window_left=window_left, window_right=window_right, bottom_right=bottom_right,
+                            device=q.device)
+        if thd:
+            yield (slice(q0, q0 + lq),), (slice(k0, k0 + lk),), mask
+        else:
+            yield (b, slice(0, lq)), (b, slice(0, lk)), mask
+
+
 def allowed_mask(len_q: int, len_kv: int, *, window_left=None, window_right=None, bottom_right=False,
                  device=None) -> torch.Tensor:
     """Boolean (len_q, len_kv) mask of the contract in sdpa_args.py."""
@@ -74,28 +90,18 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
         tq, hq = q.shape[0], q.shape[1]
         o = torch.zeros(tq, hq, dv, dtype=cd, device=q.device)
         lse = torch.full((hq, tq), float("-inf"), dtype=cd, device=q.device)
-        batches = len(cu_seqlens_q) - 1
     else:
         bsz, sq, hq = q.shape[0], q.shape[1], q.shape[2]
         o = torch.zeros(bsz, sq, hq, dv, dtype=cd, device=q.device)
         lse = torch.full((bsz, hq, sq), float("-inf"), dtype=cd, device=q.device)
-        batches = bsz
-    s_q = 0 if thd else q.shape[1]
-    s_kv = 0 if thd else k.shape[1]
-    for b, (q0, lq, k0, lk) in enumerate(_ranges(batches, s_q, s_kv, cu_seqlens_q, cu_seqlens_kv,
-                                                 seqused_q, seqused_kv)):
-        if lq == 0:
-            continue
-        mask = allowed_mask(lq, lk, window_left=window_left, window_right=window_right,
-                            bottom_right=bottom_right, device=q.device)
+    for qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
+                                   window_left=window_left, window_right=window_right, bottom_right=bottom_right):
+        ob, lb = _attend(q[qs], k[ks], v[ks], scale=softmax_scale, sink=sink, mask=mask)
+        o[qs] = ob
         if thd:
-            ob, lb = _attend(q[q0:q0 + lq], k[k0:k0 + lk], v[k0:k0 + lk], scale=softmax_scale, sink=sink, mask=mask)
-            o[q0:q0 + lq] = ob
-            lse[:, q0:q0 + lq] = lb
+            lse[:, qs[0]] = lb
         else:
-            ob, lb = _attend(q[b, :lq], k[b, :lk], v[b, :lk], scale=softmax_scale, sink=sink, mask=mask)
-            o[b, :lq] = ob
-            lse[b, :, :lq] = lb
+            lse[qs[0], :, qs[1]] = lb
     return o, lse
 
 
@@ -139,23 +145,10 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
     sink = sinks.to(cd) if sinks is not None else None
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dsink = torch.zeros(q.shape[-2], dtype=cd, device=q.device) if sink is not None else None
-    batches = len(cu_seqlens_q) - 1 if thd else q.shape[0]
-    s_q = 0 if thd else q.shape[1]
-    s_kv = 0 if thd else k.shape[1]
-    for b, (q0, lq, k0, lk) in enumerate(_ranges(batches, s_q, s_kv, cu_seqlens_q, cu_seqlens_kv,
-                                                 seqused_q, seqused_kv)):
-        if lq == 0:
-            continue
-        mask = allowed_mask(lq, lk, window_left=window_left, window_right=window_right,
-                            bottom_right=bottom_right, device=q.device)
-        if thd:
-            qs, ks = slice(q0, q0 + lq), slice(k0, k0 + lk)
-            parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask)
-            dq[qs], dk[ks], dv[ks] = parts[:3]
-        else:
-            parts = _attend_bwd(q[b, :lq], k[b, :lk], v[b, :lk], do[b, :lq], scale=softmax_scale, sink=sink,
-                                mask=mask)
-            dq[b, :lq], dk[b, :lk], dv[b, :lk] = parts[:3]
+    for qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
+                                   window_left=window_left, window_right=window_right, bottom_right=bottom_right):
+        parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask)
+        dq[qs], dk[ks], dv[ks] = parts[:3]
         if sink is not None:
             dsink += parts[3]
     return dq, dk, dv, dsink

@@ -29,7 +29,6 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from frost.engines.common import mask
 from frost.engines.common.acc_layout import acc_as_mn
@@ -48,11 +47,6 @@ MMA_THREADS = 256
 
 def kernel_name(params: Sm90BwdParams, arch: str) -> str:
     return f"frost_sdpa_bwd_main_{name_suffix(params)}"
-
-
-def _smem_atom(dtype, width: int):
-    return warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, width), dtype)
 
 
 class SdpaBwdSm90:
@@ -97,12 +91,12 @@ class SdpaBwdSm90:
 
         # K is also dQ's B operand (head-dim major), split in halves over the warpgroups when tile_m = 64
         k_major = d if const_expr(self.split_m) else d // 2
-        sQ_layout = cute.tile_to_shape(_smem_atom(dt, d), (bm, d, st), order=(0, 1, 2))
-        sdO_layout = cute.tile_to_shape(_smem_atom(dt, dv), (bm, dv, st), order=(0, 1, 2))
-        sK_layout = cute.tile_to_shape(_smem_atom(dt, k_major), (bn, d), order=(0, 1))
-        sV_layout = cute.tile_to_shape(_smem_atom(dt, dv), (bn, dv), order=(0, 1))
-        sdS_layout = cute.tile_to_shape(_smem_atom(dt, bn), (bm, bn, 2), order=(0, 1, 2))
-        sdQ_layout = cute.tile_to_shape(_smem_atom(Float32, k_major), (bm, d), order=(0, 1))
+        sQ_layout = cute.tile_to_shape(wu.smem_atom(dt, d), (bm, d, st), order=(0, 1, 2))
+        sdO_layout = cute.tile_to_shape(wu.smem_atom(dt, dv), (bm, dv, st), order=(0, 1, 2))
+        sK_layout = cute.tile_to_shape(wu.smem_atom(dt, k_major), (bn, d), order=(0, 1))
+        sV_layout = cute.tile_to_shape(wu.smem_atom(dt, dv), (bn, dv), order=(0, 1))
+        sdS_layout = cute.tile_to_shape(wu.smem_atom(dt, bn), (bm, bn, 2), order=(0, 1, 2))
+        sdQ_layout = cute.tile_to_shape(wu.smem_atom(Float32, k_major), (bm, d), order=(0, 1))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         s2g = cpasync.CopyBulkTensorTileS2GOp()

@@ -27,7 +27,6 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from frost.engines.common import mask, rows
 from frost.engines.common import softmax as sm
@@ -96,11 +95,6 @@ class _TileBand(NamedTuple):
     wr: Any
 
 
-def _smem_atom(dtype, width: int):
-    return warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, width), dtype)
-
-
 class SdpaFwdSm90:
     """The kernel object: host-side launch (`launch`, the jit entry's body) and the device kernel."""
 
@@ -156,12 +150,12 @@ class SdpaFwdSm90:
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (self.num_wg, 1, 1),
                                                          (64, self.hdv), warpgroup.OperandSource.RMEM)
 
-        sQ_layout = cute.tile_to_shape(_smem_atom(dt, self.hd), (self.tile_m, self.hd), order=(0, 1))
-        sK_layout = cute.tile_to_shape(_smem_atom(dt, self.hd), (self.tile_n, self.hd, self.stages),
+        sQ_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hd), (self.tile_m, self.hd), order=(0, 1))
+        sK_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hd), (self.tile_n, self.hd, self.stages),
                                        order=(0, 1, 2))
-        sV_layout = cute.tile_to_shape(_smem_atom(dt, self.hdv), (self.tile_n, self.hdv, self.stages),
+        sV_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hdv), (self.tile_n, self.hdv, self.stages),
                                        order=(0, 1, 2))
-        sO_layout = cute.tile_to_shape(_smem_atom(dt, self.hdv), (64, self.hdv, self.num_wg), order=(0, 1, 2))
+        sO_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hdv), (64, self.hdv, self.num_wg), order=(0, 1, 2))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (q_box, self.hd))

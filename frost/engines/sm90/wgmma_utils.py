@@ -15,6 +15,15 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import warpgroup
 
 
+def smem_atom(dtype, width: int):
+    """The row-major wgmma shared-memory layout atom (widest swizzle) for rows of `width` elements."""
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.tensor_utils import LayoutEnum
+
+    return warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, width), dtype)
+
+
 @cute.jit
 def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
          zero_init: cutlass.Constexpr[bool] = False, wg_wait: cutlass.Constexpr[int] = 0):
