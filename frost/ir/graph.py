@@ -179,6 +179,9 @@ class OpGraph:
                   score_sum_exp=score_sum_exp, sink_token=sink_token, unfuse_fma=unfuse_fma, **frost_kw)
         attrs = self._attrs(name, kw)
         thd = attrs.cu_seq_len_q is not None or attrs.cu_seq_len_kv is not None
+        if thd and any(t.ragged_offset is not None for t in (q, k, v)):
+            raise GraphError(f"sdpa {name!r}: declare frost's packed form (cu_seq_len_q/kv) or cuDNN's ragged "
+                             f"offsets (set_ragged_offset), not both")
         for role, t in (("q", q), ("k", k), ("v", v)):
             t.require_declared()
             expect_rank(t, role, thd)
