@@ -111,12 +111,12 @@ class tensor_reordering(enum.Enum):  # noqa: N801
 
 
 def enum_name(value, enum_cls, what: str) -> str:
-    """The member name of `value`: a member of `enum_cls`, or its name as a string (any case)."""
+    """The member name of `value`: a member of `enum_cls`, or its exact name as a string."""
     if isinstance(value, enum_cls):
         return value.name
     name = getattr(value, "name", value)  # a foreign enum member with the same names (cudnn's own) works too
-    if isinstance(name, str) and name.upper() in enum_cls.__members__:
-        return name.upper()
+    if isinstance(name, str) and name in enum_cls.__members__:
+        return name
     from frost.errors import GraphError
 
     raise GraphError(f"{what} must be one of {[m for m in enum_cls.__members__]} (frost.{enum_cls.__name__}), "
