@@ -319,3 +319,18 @@ def test_ragged_offsets_that_are_not_whole_tokens_fail_the_reference_binding():
     pack[n.q.ragged_offset] = pack[n.q.ragged_offset].to(torch.int32)
     with pytest.raises(frost.BindingError, match="declared torch.int64"):
         g.execute(pack, None)
+
+
+def test_a_variant_pack_keyed_by_uid_binds():
+    g = frost.pygraph(io_data_type=frost.data_type.FLOAT)
+    dims = (1, 2, 8, 16)
+    q, k, v = (g.tensor(dims, None, uid=uid) for uid in (101, 102, 103))
+    o, _ = g.sdpa(q, k, v, generate_stats=False)
+    o.set_output(True).set_uid(104)
+    g.build([frost.heur_mode.A])
+    t = {uid: torch.randn(dims, dtype=torch.float64).float() for uid in (101, 102, 103)}
+    t[104] = torch.full(dims, float("nan"))
+    g.execute(t, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(t[101].double(), t[102].double(), t[103].double(),
+                                                           scale=1.0)
+    torch.testing.assert_close(t[104].double(), ref, atol=1e-5, rtol=1e-5)
