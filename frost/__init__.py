@@ -5,21 +5,43 @@ Importing frost is cheap: cutlass and kernel modules load lazily.
 from frost import cache
 from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError,
                           PlanDuringCaptureError, PlanFileError, PlanFileWarning, TemplateParamsError,
-                          UnsupportedArgumentError, WorkspaceError)
-from frost.graph import Graph
+                          UnsupportedArgumentError, WorkspaceError, cudnnGraphNotSupportedError)
+from frost.graph import Graph, pygraph
 from frost.ir.tensor import Tensor
 from frost.knobs import Knobs
-from frost.runtime.context import ExecutionContext
-from frost.types import DataType
+from frost.runtime.context import (ExecutionContext, Handle, create_handle, destroy_handle, get_stream,
+                                   set_stream)
+from frost.types import (DataType, attention_implementation, build_plan_policy, diagonal_alignment, heur_mode,
+                         tensor_reordering)
 from frost.version import __version__
 
 data_type = DataType  # cuDNN-style alias: frost.data_type.BFLOAT16
+tensor = Tensor  # cuDNN's name of the tensor handle class
+
+#: the cuDNN release whose SDPA graph vocabulary frost follows; version gates in cuDNN programs compare with it
+CUDNN_VOCABULARY_VERSION = 91300
+
+
+def backend_version() -> int:
+    """cuDNN's backend_version(): the cuDNN release (major*10000 + minor*100 + patch) whose SDPA graph
+    vocabulary frost accepts, so version gates in cuDNN programs take the branch of the keywords frost takes.
+    frost's own version is frost.__version__."""
+    return CUDNN_VOCABULARY_VERSION
+
+
+def backend_version_string() -> str:
+    v = CUDNN_VOCABULARY_VERSION
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
 __all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knobs", "FrostError", "GraphError",
            "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "TemplateParamsError",
            "PlanFileError", "PlanFileWarning", "UnsupportedArgumentError", "PlanDuringCaptureError", "cache",
-           "precompile", "save_plan", "load_plan", "__version__"]
+           "precompile", "save_plan", "load_plan", "__version__",
+           # the cuDNN frontend's names: `import frost as cudnn` runs cuDNN's SDPA graph programs
+           "pygraph", "tensor", "heur_mode", "build_plan_policy", "diagonal_alignment", "attention_implementation",
+           "tensor_reordering", "Handle", "create_handle", "set_stream", "get_stream", "destroy_handle",
+           "backend_version", "backend_version_string", "cudnnGraphNotSupportedError"]
 
 
 def precompile(*args, **kwargs):

@@ -55,3 +55,7 @@ class UnsupportedArgumentError(FrostError, NotImplementedError):
 
 class PlanDuringCaptureError(FrostError, RuntimeError):
     """A torch-face call needed a new plan while its stream was capturing a CUDA graph (warm up first)."""
+
+
+#: cuDNN's name for "no engine can serve this graph" (raised by check_support / build_plans)
+cudnnGraphNotSupportedError = NotSupportedError

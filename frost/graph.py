@@ -10,6 +10,7 @@ from typing import Optional
 
 from frost.errors import GraphError, NotSupportedError
 from frost.ir.graph import OpGraph
+from frost.runtime.context import launch_stream
 
 
 class Graph(OpGraph):
@@ -21,9 +22,28 @@ class Graph(OpGraph):
     """
 
     def __init__(self, io_data_type=None, intermediate_data_type=None, compute_data_type=None,
-                 name: str = "frost_graph", target=None, handle=None):
-        super().__init__(io_data_type, intermediate_data_type, compute_data_type, name)
-        self._target = target
+                 name: str = "frost_graph", target=None, handle=None, sm_count=None, sm_version=None,
+                 kernel_cache=None, device_property=None, is_dynamic_shape_enabled: bool = False,
+                 is_override_shape_enabled: bool = False):
+        if not isinstance(name, str):
+            raise GraphError(f"Graph(): name must be a string, got {name!r}")
+        super().__init__(io_data_type, intermediate_data_type, compute_data_type, name or "frost_graph")
+        for key, value in (("device_property", device_property),):
+            if value is not None:
+                raise GraphError(f"Graph {self.name!r}: {key} is not served; frost plans for the device it finds, "
+                                 f"for sm_version=..., or for target=...")
+        for key, value in (("is_dynamic_shape_enabled", is_dynamic_shape_enabled),
+                           ("is_override_shape_enabled", is_override_shape_enabled)):
+            if value is not False:
+                raise GraphError(f"Graph {self.name!r}: {key}={value!r} is not served; a dense frost plan binds its "
+                                 f"declared dims, a packed one any token count up to its envelope")
+        if handle is not None:
+            from frost.runtime.context import as_handle
+
+            handle = as_handle(handle)
+        self.handle = handle
+        self.kernel_cache = kernel_cache  # cuDNN's kernel cache object; frost keeps its own persistent cache
+        self._target = _target_for(target, sm_version, sm_count)
         self._ranking = None
         self.plan = None
 
@@ -42,9 +62,12 @@ class Graph(OpGraph):
         return self._target
 
     def create_execution_plans(self, heur_modes=None, engine: Optional[str] = None, knobs=None) -> "Graph":
+        """Rank the engines for this graph. `heur_modes` (cuDNN's list of `heur_mode` members) are accepted;
+        frost ranks the same way for every mode."""
         from frost.knobs import Knobs
         from frost.lowering.lower import rank
 
+        _check_heur_modes(heur_modes)
         self.build_operation_graph()
         if isinstance(knobs, Knobs):
             self._knobs = knobs
@@ -66,17 +89,36 @@ class Graph(OpGraph):
             raise NotSupportedError(describe(self.facts) + f" on {self.target.name}", self._ranking.declines)
         return self
 
+    def build(self, heur_modes=None) -> "Graph":
+        """cuDNN's one-call build: validate, rank (heur_modes as in create_execution_plans), check, build."""
+        self.validate()
+        self.create_execution_plans(heur_modes)
+        self.check_support()
+        return self.build_plans()
+
+    def get_execution_plan_count(self) -> int:
+        """How many engines accept this graph (cuDNN's count of candidate plans)."""
+        return len(self.available_engines())
+
     def build_plans(self, policy=None, engine: Optional[str] = None, knobs=None) -> "Graph":
-        """Rank the engines and compile the best (or the one named). Compiles at plan time only."""
+        """Rank the engines and compile the best (or the one named). Compiles at plan time only.
+
+        `policy` is cuDNN's `build_plan_policy` (HEURISTICS_CHOICE or ALL): frost compiles the best
+        accepted engine under either, as every accepted engine computes the same attention.
+        """
         from frost.lowering.lower import build_plan
         from frost.runtime.binding import Binder
+        from frost.types import build_plan_policy, enum_name
+
+        if policy is not None:
+            enum_name(policy, build_plan_policy, "build_plans(policy)")
 
         if self._ranking is None or engine is not None or knobs is not None:
             self.create_execution_plans(engine=engine, knobs=knobs)
         self.check_support()
         self.plan = build_plan(self.facts, self.target, self._knobs, ranking=self._ranking)
         self._binder = Binder(self._roles(), vector_bytes=getattr(self.plan.adapter, "vector_bytes", 1),
-                              is_thd=self.facts.is_thd, wants_cuda=not self.target.is_cpu,
+                              is_thd=self.facts.is_thd and self.facts.ragged is None, wants_cuda=not self.target.is_cpu,
                               engine=self.plan.engine_name, workspace_size=self.plan.workspace_size)
         return self
 
@@ -122,11 +164,74 @@ class Graph(OpGraph):
             raise GraphError(f"graph {self.name!r} has no plan; call build_plans() first")
 
     # execution ----------------------------------------------------------------------------
-    def execute(self, variant_pack: dict, workspace=None, context=None, handle=None) -> None:
-        """Bind tensors and launch on the context's stream. Never copies, allocates or syncs."""
+    def execute(self, variant_pack: dict, workspace=None, handle=None, context=None) -> None:
+        """Bind tensors and launch. Never copies, allocates or syncs.
+
+        The third argument (positional, `handle=` or `context=`) is a handle from `create_handle()` (its
+        stream, as `set_stream` left it) or a `frost.ExecutionContext` (its stream); without one, the graph's
+        own handle, else torch's current stream.
+        """
         plan = self.plan
         if plan is None:
             self._require_plan()
+        if context is not None:
+            if handle is not None:
+                raise TypeError("execute: pass a handle or a context, not both")
+            handle = context
+        elif handle is None:
+            handle = self.handle
         # straight to the adapter: each Python frame on this path costs ~0.1 us
         plan.adapter.execute(self._binder.bind(variant_pack, workspace), workspace,
-                             None if context is None else context.stream)
+                             None if handle is None else launch_stream(handle))
+
+
+def _check_heur_modes(heur_modes) -> None:
+    from frost.types import enum_name, heur_mode
+
+    if heur_modes is None:
+        return
+    modes = [heur_modes] if not isinstance(heur_modes, (list, tuple)) else heur_modes
+    for m in modes:
+        enum_name(m, heur_mode, "create_execution_plans(heur_modes)")
+
+
+def _target_for(target, sm_version, sm_count):
+    """The planning target: `target`, else the device (or a fake one of cuDNN's `sm_version`), with `sm_count`."""
+    if target is not None and sm_version is not None:
+        raise GraphError("Graph(): pass target= or sm_version=, not both")
+    if sm_version is not None:
+        if isinstance(sm_version, bool) or not isinstance(sm_version, int) or sm_version < 10:
+            raise GraphError(f"Graph(): sm_version must be an int such as 80, 90, 100 or 120, got {sm_version!r}")
+        from frost.target import FAKE_TARGETS, discover_target
+
+        cc = divmod(sm_version, 10)
+        found = discover_target()
+        if found.cc != cc:
+            matches = [t for t in FAKE_TARGETS.values() if t.cc == cc]
+            if not matches:
+                raise GraphError(f"Graph(): sm_version={sm_version} is neither this device's ({found.name}) nor one "
+                                 f"frost has a target record for ({sorted(t.cc[0] * 10 + t.cc[1] for t in FAKE_TARGETS.values())})")
+            found = matches[0]
+        target = found
+    if sm_count is not None:
+        if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1:
+            raise GraphError(f"Graph(): sm_count must be a positive int, got {sm_count!r}")
+        if target is None:
+            from frost.target import discover_target
+
+            target = discover_target()
+        target = target.model_copy(update={"sm_count": sm_count})
+    return target
+
+
+class pygraph(Graph):  # noqa: N801
+    """cuDNN's `pygraph`, with its constructor's positional order (name first); otherwise frost.Graph."""
+
+    def __init__(self, name: str = "frost_graph", io_data_type=None, intermediate_data_type=None,
+                 compute_data_type=None, handle=None, sm_count=None, sm_version=None, kernel_cache=None,
+                 device_property=None, is_dynamic_shape_enabled: bool = False, is_override_shape_enabled: bool = False,
+                 target=None):
+        super().__init__(io_data_type, intermediate_data_type, compute_data_type, name, target=target, handle=handle,
+                         sm_count=sm_count, sm_version=sm_version, kernel_cache=kernel_cache,
+                         device_property=device_property, is_dynamic_shape_enabled=is_dynamic_shape_enabled,
+                         is_override_shape_enabled=is_override_shape_enabled)

@@ -12,6 +12,7 @@ import torch
 from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
 from frost.adapters.reference_math import sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
+from frost.errors import BindingError
 from frost.runtime.context import on_stream
 
 
@@ -30,12 +31,80 @@ def _mask_kwargs(facts, bound) -> dict:
     return kw
 
 
+def _ragged_batches(facts, bound):
+    """cuDNN's ragged form, per batch: (b, rows(role) -> that batch's (len, H, D) view of a ragged tensor)."""
+    strides = dict(facts.ragged.token_strides)
+    offsets = {role: bound[f"{role}_ragged_offset"].reshape(-1).tolist() for role in strides}
+    lens_q = lengths_view(bound["seq_len_q"]).tolist()
+    lens_kv = lengths_view(bound["seq_len_kv"]).tolist()
+    for b in range(len(lens_q)):
+        def rows(role, b=b):
+            t = bound[role]
+            start, stride_s = int(offsets[role][b]), strides[role]
+            length = int(lens_q[b] if role in ("q", "o", "dO", "dQ", "stats") else lens_kv[b])
+            if start % stride_s:
+                raise BindingError(f"{role} ragged offset {start} of batch {b} is not a multiple of the token "
+                                   f"stride {stride_s}: frost's packed form needs whole-token offsets")
+            if length > t.shape[2]:
+                raise BindingError(f"batch {b}: sequence length {length} of {role} exceeds its declared S "
+                                   f"{t.shape[2]}")
+            return t.as_strided((length, t.shape[1], t.shape[3]), (t.stride(2), t.stride(1), t.stride(3)),
+                                t.storage_offset() + start)
+        yield b, int(lens_q[b]), rows
+
+
+def _band(facts) -> dict:
+    kw = dict(window_left=facts.window_left, window_right=facts.window_right, bottom_right=facts.bottom_right)
+    return kw
+
+
+def _ragged_fwd(facts, bound) -> None:
+    sinks = sink_view(bound["sink_token"]) if facts.has_sinks else None
+    stats = bound.get("stats") if facts.has_stats else None
+    for b, len_q, rows in _ragged_batches(facts, bound):
+        if facts.ragged.stats_per_batch and stats is not None:
+            stats[b, :, len_q:, 0] = float("-inf")
+        if len_q == 0:
+            continue
+        o, lse = sdpa_fwd_reference(rows("q")[None], rows("k")[None], rows("v")[None], softmax_scale=facts.attn_scale,
+                                    compute_dtype=_compute_dtype(facts), sinks=sinks, **_band(facts))
+        rows("o").copy_(o[0])
+        if stats is not None:
+            if facts.ragged.stats_per_batch:
+                stats[b, :, :len_q, 0] = lse[0]
+            else:
+                rows("stats")[..., 0].copy_(lse[0].t())
+
+
+def _ragged_bwd(facts, bound) -> None:
+    sinks = sink_view(bound["sink_token"]) if facts.has_sinks else None
+    total_dsink = None
+    for b, len_q, rows in _ragged_batches(facts, bound):
+        if len_q == 0:
+            continue
+        dq, dk, dv, dsink = sdpa_bwd_reference(rows("q")[None], rows("k")[None], rows("v")[None], rows("dO")[None],
+                                               softmax_scale=facts.attn_scale, compute_dtype=_compute_dtype(facts),
+                                               sinks=sinks, **_band(facts))
+        rows("dQ").copy_(dq[0])
+        rows("dK").copy_(dk[0])
+        rows("dV").copy_(dv[0])
+        if dsink is not None:
+            total_dsink = dsink if total_dsink is None else total_dsink + dsink
+    if facts.has_dsink:
+        out = sink_view(bound["dSink_token"])
+        out.copy_(total_dsink) if total_dsink is not None else out.zero_()
+
+
 class SdpaFwdReference(SdpaFwdDsl):
     engine_name = "SdpaFwdReference"
 
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
         thd = f.is_thd
+        if f.ragged is not None:
+            with on_stream(stream, bound["q"].device):
+                _ragged_fwd(f, bound)
+            return
         with on_stream(stream, bound["q"].device):
             o, lse = sdpa_fwd_reference(io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
                                         softmax_scale=f.attn_scale, compute_dtype=_compute_dtype(f),
@@ -51,6 +120,10 @@ class SdpaBwdReference(SdpaBwdDsl):
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
         thd = f.is_thd
+        if f.ragged is not None:
+            with on_stream(stream, bound["q"].device):
+                _ragged_bwd(f, bound)
+            return
         with on_stream(stream, bound["q"].device):
             kw = _mask_kwargs(f, bound)
             dq, dk, dv, dsink = sdpa_bwd_reference(

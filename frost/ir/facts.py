@@ -22,6 +22,21 @@ class TensorFacts(BaseModel):
     dtype: str
 
 
+class RaggedFacts(BaseModel):
+    """cuDNN's ragged-offset form, lowered: how its element offsets map to the packed token facts.
+
+    Each ragged tensor's offset tensor holds element offsets per batch, (B+1, 1, 1, 1) int32/int64; its token
+    offsets are those divided by the tensor's token stride (its declared S stride). Sequence lengths come from
+    seq_len_q / seq_len_kv (the padding mask's tensors).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    token_strides: tuple[tuple[str, int], ...]  # (role, element-offset divisor)
+    offset_dtypes: tuple[tuple[str, str], ...]  # (role, "int32" | "int64")
+    stats_per_batch: bool = False  # Stats declared (B, H, S, 1) without a ragged offset
+
+
 class SdpaFacts(BaseModel):
     """Geometry, dtypes, layouts, the resolved mask band and feature flags of one SDPA node."""
 
@@ -55,6 +70,8 @@ class SdpaFacts(BaseModel):
     has_attn_mask: bool = False
     has_alibi: bool = False
     has_score_mod: bool = False
+    other_features: tuple[str, ...] = ()  # further declared cuDNN features (block_mask, paged_attention, ...)
+    ragged: Optional[RaggedFacts] = None  # declared in cuDNN's ragged-offset form (else frost's packed form)
     tensors: tuple[TensorFacts, ...] = ()
 
     @property
@@ -91,4 +108,9 @@ class SdpaFacts(BaseModel):
                            (self.has_score_mod, "score_mod")):
             if flag:
                 f.add(name)
+        f.update(self.other_features)
+        if self.ragged is not None:
+            f.add("ragged_offsets")
+            if self.ragged.stats_per_batch:
+                f.add("stats_per_batch")
         return frozenset(f)

@@ -30,6 +30,8 @@ class SdpaAttrs:
     cu_seq_len_kv: Optional[Tensor] = None
     max_seq_len_q: Optional[int] = None  # frost: plan-time envelopes for THD
     max_seq_len_kv: Optional[int] = None
+    max_total_seq_len_q: Optional[int] = None  # cuDNN's ragged form: token envelopes (default B * S)
+    max_total_seq_len_kv: Optional[int] = None
     sink_token: Optional[Tensor] = None
     # declared for completeness; engines decline what they cannot serve
     dropout: Optional[tuple] = None
@@ -37,6 +39,25 @@ class SdpaAttrs:
     bias: Optional[Tensor] = None
     use_alibi_mask: bool = False
     score_mod: Optional[object] = None
+    score_mod_bprop: Optional[object] = None
+    block_mask: Optional[Tensor] = None
+    rng_dump: Optional[Tensor] = None
+    paged_attention_k_table: Optional[Tensor] = None
+    paged_attention_v_table: Optional[Tensor] = None
+    paged_attention_max_seq_len_kv: Optional[int] = None
+    score_max: Optional[Tensor] = None
+    score_sum_exp: Optional[Tensor] = None
+    implementation: str = "AUTO"  # cuDNN's attention_implementation, by name
+    compute_data_type: Optional[str] = None  # short name of a DataType; None = not set
+    unfuse_fma: bool = False
+
+
+#: attributes that hold graph tensors (checked to belong to the graph)
+TENSOR_ATTRS = ("seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv", "sink_token", "attn_mask", "bias",
+                "block_mask", "rng_dump", "paged_attention_k_table", "paged_attention_v_table", "score_max",
+                "score_sum_exp")
+#: attributes that must be True or False
+BOOL_ATTRS = ("use_alibi_mask", "use_padding_mask", "use_causal_mask", "use_causal_mask_bottom_right", "unfuse_fma")
 
 
 @dataclass
@@ -50,9 +71,17 @@ class SdpaFwdNode:
     generate_stats: bool = False
     kind: str = field(default="sdpa_fwd", init=False)
 
+    def io(self) -> dict:
+        """The attention tensors by role (those cuDNN's ragged form may give a ragged offset)."""
+        d = {"q": self.q, "k": self.k, "v": self.v, "o": self.o}
+        if self.stats is not None:
+            d["stats"] = self.stats
+        return d
+
     def inputs(self) -> dict:
         d = {"q": self.q, "k": self.k, "v": self.v}
         d.update(_attr_tensors(self.attrs))
+        d.update(ragged_offsets(self.io()))
         return d
 
     def outputs(self) -> dict:
@@ -78,9 +107,14 @@ class SdpaBwdNode:
     dSink_token: Optional[Tensor] = None
     kind: str = field(default="sdpa_bwd", init=False)
 
+    def io(self) -> dict:
+        return {"q": self.q, "k": self.k, "v": self.v, "o": self.o, "dO": self.dO, "stats": self.stats,
+                "dQ": self.dQ, "dK": self.dK, "dV": self.dV}
+
     def inputs(self) -> dict:
         d = {"q": self.q, "k": self.k, "v": self.v, "o": self.o, "dO": self.dO, "stats": self.stats}
         d.update(_attr_tensors(self.attrs))
+        d.update(ragged_offsets(self.io()))
         return d
 
     def outputs(self) -> dict:
@@ -91,7 +125,11 @@ class SdpaBwdNode:
 
 
 def _attr_tensors(a: SdpaAttrs) -> dict:
-    named = {"seq_len_q": a.seq_len_q, "seq_len_kv": a.seq_len_kv, "cu_seq_len_q": a.cu_seq_len_q,
-             "cu_seq_len_kv": a.cu_seq_len_kv, "sink_token": a.sink_token, "attn_mask": a.attn_mask,
-             "bias": a.bias}
+    named = {k: getattr(a, k) for k in TENSOR_ATTRS}
     return {k: t for k, t in named.items() if t is not None}
+
+
+def ragged_offsets(io: dict) -> dict:
+    """The ragged offset tensors of cuDNN's packed form, by role ("q_ragged_offset", ...)."""
+    return {f"{role}_ragged_offset": t.ragged_offset for role, t in io.items()
+            if t is not None and t.ragged_offset is not None}

@@ -34,6 +34,7 @@ class Tensor:
         self.is_output = False
         self.is_virtual = is_virtual  # produced by a node; becomes real when set_output(True)
         self.producer = None
+        self.ragged_offset = None  # cuDNN's packed form: int32/int64 (B+1, 1, 1, 1) element offsets per batch
 
     # cuDNN-style setters / getters -------------------------------------------------------
     def set_output(self, value: bool = True) -> "Tensor":
@@ -62,6 +63,29 @@ class Tensor:
     def set_uid(self, uid: int) -> "Tensor":
         self.uid = int(uid)
         return self
+
+    def set_ragged_offset(self, offset: "Tensor") -> "Tensor":
+        """cuDNN's packed (ragged) form: `offset` holds each batch's first element, (B+1, 1, 1, 1) int32/int64."""
+        if offset is not None:
+            if not isinstance(offset, Tensor):
+                raise GraphError(f"tensor {self.name!r}: set_ragged_offset takes a tensor from graph.tensor() "
+                                 f"(int32/int64, dim (B+1, 1, 1, 1)), got {type(offset).__name__}")
+            if offset._graph is not self._graph:
+                raise GraphError(f"tensor {self.name!r}: ragged offset {offset.name!r} belongs to another graph")
+            if offset is self:
+                raise GraphError(f"tensor {self.name!r}: a tensor cannot be its own ragged offset")
+        self.ragged_offset = offset
+        self._graph._invalidate()
+        return self
+
+    def get_ragged_offset(self):
+        return self.ragged_offset
+
+    def get_is_virtual(self) -> bool:
+        return self.is_virtual and not self.is_output
+
+    def get_is_pass_by_value(self) -> bool:
+        return False
 
     def get_dim(self):
         return list(self.dim) if self.dim is not None else None
@@ -107,6 +131,8 @@ def _ints(values, what: str, name):
     """A tuple of ints from a sequence of integers (a float or a string is a declaration error)."""
     if values is None:
         return None
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise GraphError(f"tensor {name!r}: {what} must be a sequence of ints, got {values!r}")
     try:
         return tuple(operator.index(v) for v in values)
     except TypeError:

@@ -5,9 +5,9 @@ import math
 import operator
 
 from frost.errors import GraphError
-from frost.ir.facts import SdpaFacts, TensorFacts
+from frost.ir.facts import RaggedFacts, SdpaFacts, TensorFacts
 from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode
-from frost.ir.tensor import Tensor
+from frost.ir.tensor import Tensor, _overlaps
 from frost.types import DataType
 
 IO_TYPES = (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT)
@@ -51,7 +51,8 @@ def expect_rank(t: Tensor, role: str, thd: bool) -> None:
 def _check_attr_types(a: SdpaAttrs) -> None:
     """Numeric keywords must be numbers: a string or a float where an int belongs is a mistake, not a value."""
     for key in ("diagonal_band_left_bound", "diagonal_band_right_bound", "sliding_window_length",
-                "max_seq_len_q", "max_seq_len_kv"):
+                "max_seq_len_q", "max_seq_len_kv", "max_total_seq_len_q", "max_total_seq_len_kv",
+                "paged_attention_max_seq_len_kv"):
         value = getattr(a, key)
         if value is None:
             continue
@@ -134,6 +135,14 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         raise GraphError(f"sdpa {a.name!r}: q, k and v must share one data type; got q={q.data_type.short}, "
                          f"k={k.data_type.short}, v={v.data_type.short}")
     thd = a.cu_seq_len_q is not None or a.cu_seq_len_kv is not None
+    ragged = any(t is not None and t.ragged_offset is not None for t in node.io().values())
+    if ragged and thd:
+        raise GraphError(f"sdpa {a.name!r}: declare frost's packed form (cu_seq_len_q/kv) or cuDNN's ragged offsets "
+                         f"(set_ragged_offset), not both")
+    if not ragged and (a.max_total_seq_len_q is not None or a.max_total_seq_len_kv is not None):
+        raise GraphError(f"sdpa {a.name!r}: max_total_seq_len_q/kv are envelopes of cuDNN's packed (ragged offset) "
+                         f"form; this graph declares no ragged offsets")
+    _check_paged(a, ragged)
     if thd:
         if a.cu_seq_len_q is None or a.cu_seq_len_kv is None:
             raise GraphError(f"sdpa {a.name!r}: packed THD needs both cu_seq_len_q and cu_seq_len_kv")
@@ -211,8 +220,107 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
                 has_sinks=a.sink_token is not None,
                 attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
                 has_dropout=a.dropout is not None, has_bias=a.bias is not None, has_attn_mask=a.attn_mask is not None,
-                has_alibi=bool(a.use_alibi_mask), has_score_mod=a.score_mod is not None)
+                has_alibi=bool(a.use_alibi_mask), has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
+                other_features=_other_features(a))
     return geom, mask
+
+
+def _check_paged(a: SdpaAttrs, ragged: bool) -> None:
+    """What cuDNN's validate() reports about paged K/V caches (engines then decide whether to serve them)."""
+    tables = (a.paged_attention_k_table, a.paged_attention_v_table)
+    if all(t is None for t in tables):
+        if a.paged_attention_max_seq_len_kv is not None:
+            raise GraphError(f"sdpa {a.name!r}: paged_attention_max_seq_len_kv is only meaningful with "
+                             f"paged_attention_k_table / paged_attention_v_table")
+        return
+    if any(t is None for t in tables):
+        raise GraphError(f"sdpa {a.name!r}: paged caches need both paged_attention_k_table and "
+                         f"paged_attention_v_table")
+    if not a.use_padding_mask:
+        raise GraphError(f"sdpa {a.name!r}: paged caches need use_padding_mask=True with seq_len_q and seq_len_kv")
+    if ragged:
+        raise GraphError(f"sdpa {a.name!r}: paged caches cannot be combined with ragged offsets")
+
+
+def _other_features(a: SdpaAttrs) -> tuple:
+    """Declared cuDNN features beyond the named flags, as feature names (engines decline what they lack)."""
+    f = [name for name, on in (("block_mask", a.block_mask is not None), ("rng_dump", a.rng_dump is not None),
+                               ("paged_attention", a.paged_attention_k_table is not None),
+                               ("score_max", a.score_max is not None), ("score_sum_exp", a.score_sum_exp is not None),
+                               ("unfuse_fma", a.unfuse_fma)) if on]
+    if a.implementation != "AUTO":
+        f.append(f"implementation_{a.implementation.lower()}")
+    if a.compute_data_type not in (None, DataType.NOT_SET.short, DataType.FLOAT.short):
+        f.append(f"compute_{a.compute_data_type}")
+    return tuple(f)
+
+
+Q_GROUP = ("q", "o", "dO", "dQ", "stats")
+
+
+def _lower_ragged(node, geom: dict):
+    """cuDNN's ragged-offset form -> (geometry of frost's packed facts, RaggedFacts, lowered TensorFacts by role).
+
+    Declared (B, H, S, D) tensors whose batches start at element offsets become packed (T, H, D) tensors with the
+    declared S and H strides; T is max_total_seq_len_q/kv, or B * S when not given.
+    """
+    a: SdpaAttrs = node.attrs
+    io = {r: t for r, t in node.io().items() if t is not None}
+    if not any(t.ragged_offset is not None for t in io.values()):
+        return None
+    if not a.use_padding_mask:
+        raise GraphError(f"sdpa {a.name!r}: ragged offsets need use_padding_mask=True with seq_len_q and "
+                         f"seq_len_kv (the sequence lengths), as in cuDNN")
+    missing = [r for r in io if r != "stats" and io[r].ragged_offset is None]
+    if missing:
+        raise GraphError(f"sdpa {a.name!r}: {', '.join(_who(io[r], r) for r in missing)} declared no ragged offset; "
+                         f"in the ragged form every one of {', '.join(r for r in io if r != 'stats')} needs "
+                         f"set_ragged_offset")
+    batch = geom["batch"]
+    envelopes = {}
+    for key, seq in (("max_total_seq_len_q", geom["seq_q"]), ("max_total_seq_len_kv", geom["seq_kv"])):
+        value = getattr(a, key)
+        if value is not None and not (1 <= value <= batch * seq):
+            raise GraphError(f"sdpa {a.name!r}: {key}={value} must be between 1 and B * S = {batch * seq}")
+        envelopes[key] = batch * seq if value is None else value
+    tq, tkv = envelopes["max_total_seq_len_q"], envelopes["max_total_seq_len_kv"]
+    strides, dtypes, lowered = [], [], {}
+    for role, t in io.items():
+        off = t.ragged_offset
+        if off is None:
+            continue
+        off.require_declared()
+        _expect_dtype(off, f"{role} ragged offset", (DataType.INT32, DataType.INT64))
+        if tuple(off.dim) not in ((batch + 1, 1, 1, 1), (batch + 1,)):
+            raise GraphError(f"{_who(off, f'{role} ragged offset')}: expected dim ({batch + 1}, 1, 1, 1) (B+1 element "
+                             f"offsets), got {tuple(off.dim)}")
+        total = tq if role in Q_GROUP else tkv
+        dim = (total, t.dim[1], t.dim[3])
+        stride = (t.stride[2], t.stride[1], t.stride[3])
+        if _overlaps(dim, stride):
+            raise GraphError(f"{_who(t, role)}: strides {t.stride} overlap tokens of the packed form (tokens of one "
+                             f"sequence are S-stride {t.stride[2]} apart)")
+        strides.append((role, t.stride[2]))
+        dtypes.append((role, off.data_type.short))
+        lowered[role] = TensorFacts(name=role, label=_label(t, role), dim=dim, stride=stride, dtype=t.data_type.short)
+    packed = dict(is_thd=True, total_q=tq, total_kv=tkv, seq_q=min(geom["seq_q"], tq),
+                  seq_kv=min(geom["seq_kv"], tkv))
+    stats = io.get("stats")
+    info = RaggedFacts(token_strides=tuple(strides), offset_dtypes=tuple(dtypes),
+                       stats_per_batch=stats is not None and stats.ragged_offset is None)
+    return packed, info, lowered
+
+
+def _facts(node, direction: str, geom: dict, mask: dict, roles: dict, **extra) -> SdpaFacts:
+    lowering = _lower_ragged(node, geom)
+    tensors = {r: _tensor_facts(r, t) for r, t in roles.items()}
+    if lowering is not None:
+        packed, info, lowered = lowering
+        geom = {**geom, **packed}
+        mask = {**mask, "has_padding": False, "ragged": info}  # lengths come with the ragged form
+        tensors.update({r: tf for r, tf in lowered.items() if r in tensors})
+    return SdpaFacts(direction=direction, io_dtype=node.q.data_type.short, tensors=tuple(tensors.values()),
+                     **geom, **mask, **extra)
 
 
 def expected_out_dims(geom: dict, head_dim: int) -> tuple:
@@ -250,8 +358,7 @@ def validate_fwd(node: SdpaFwdNode, io_types=IO_TYPES) -> SdpaFacts:
     roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o}
     if node.generate_stats:
         roles["stats"] = node.stats
-    return SdpaFacts(direction="fwd", io_dtype=node.q.data_type.short, has_stats=node.generate_stats,
-                     tensors=tuple(_tensor_facts(r, t) for r, t in roles.items()), **geom, **mask)
+    return _facts(node, "fwd", geom, mask, roles, has_stats=node.generate_stats)
 
 
 def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
@@ -276,6 +383,5 @@ def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
                     "the shape of sink_token")
     roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "dO": node.dO, "stats": node.stats,
              "dQ": node.dQ, "dK": node.dK, "dV": node.dV}
-    return SdpaFacts(direction="bwd", io_dtype=node.q.data_type.short, deterministic=node.use_deterministic_algorithm,
-                     has_dsink=node.dSink_token is not None, has_stats=True,
-                     tensors=tuple(_tensor_facts(r, t) for r, t in roles.items()), **geom, **mask)
+    return _facts(node, "bwd", geom, mask, roles, deterministic=node.use_deterministic_algorithm,
+                  has_dsink=node.dSink_token is not None, has_stats=True)

@@ -40,6 +40,9 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
                           pending=pending_bwd, **bwd)]
 
 
+#: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
+REFERENCE_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
+
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
@@ -70,12 +73,12 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                pending_bwd="the SM100 (tcgen05 + TMEM) kernels are not written yet")
     + [CapabilityRow(name="SdpaFwdReference", adapter="frost.adapters.reference:SdpaFwdReference",
                      direction="fwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
-                     dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=KERNEL_FEATURES,
+                     dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=REFERENCE_FEATURES,
                      vector_bytes=1, explicit_only_on_gpu=True, serves_cpu=True),
        CapabilityRow(name="SdpaBwdReference", adapter="frost.adapters.reference:SdpaBwdReference",
                      direction="bwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
                      dtypes=("bf16", "fp16", "fp32"), head_dims=None,
-                     features=KERNEL_FEATURES | {"deterministic"}, vector_bytes=1,
+                     features=REFERENCE_FEATURES | {"deterministic"}, vector_bytes=1,
                      explicit_only_on_gpu=True, serves_cpu=True)]
 )
 

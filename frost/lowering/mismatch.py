@@ -11,6 +11,23 @@ from frost.target import Target
 _ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
 
 
+#: why a declared cuDNN feature is missing, appended to the decline reason
+FEATURE_DETAILS = {
+    "ragged_offsets": "cuDNN's ragged-offset form: the DSL kernels read token prefix sums, int32 (B+1,), and do "
+                      "not yet divide element offsets by the token stride; declare Q/K/V/O as (tokens, heads, dim) "
+                      "with cu_seq_len_q/kv for them",
+    "stats_per_batch": "Stats (B, H, S, 1) per batch in a packed graph; give Stats a ragged offset",
+    "block_mask": "a block-sparse mask",
+    "rng_dump": "dropout's RNG mask dump",
+    "paged_attention": "paged K/V caches",
+    "score_max": "frost writes Stats (the log-sum-exp), not the row maximum",
+    "score_sum_exp": "frost writes Stats (the log-sum-exp), not the sum of exponentials",
+    "implementation_composite": "frost's engines are implementation=AUTO",
+    "implementation_unified": "frost's engines are implementation=AUTO",
+    "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",
+}
+
+
 def _cc(c: tuple[int, int]) -> str:
     return f"{c[0]}.{c[1]}"
 
@@ -33,7 +50,10 @@ def mismatch(row: CapabilityRow, facts: SdpaFacts, knobs: Knobs, target: Target)
         return f"serves head dims {dims}; this graph has d_qk={facts.head_dim_qk}, d_v={facts.head_dim_v}"
     missing = sorted(facts.features() - row.features)
     if missing:
-        return f"does not serve {', '.join(missing)}"
+        details = [FEATURE_DETAILS.get(f) or ("frost computes in fp32" if f.startswith("compute_") else "")
+                   for f in missing]
+        details = [d for d in details if d]
+        return f"does not serve {', '.join(missing)}" + "".join(f" ({d})" for d in details)
     reason = _layout_mismatch(row, facts)
     if reason:
         return reason

@@ -214,7 +214,7 @@ CATALOG = [
     # dtypes
     ("dtype-mismatch-q-k", lambda: dense_fwd(dict(dtypes=(None, "fp16", None))),
      ["q, k and v must share one data type", "q=fp32", "k=fp16"]),
-    ("unknown-dtype", lambda: graph().tensor(name="q", dim=(1,), data_type="int8"), ["unknown data type 'int8'"]),
+    ("unknown-dtype", lambda: graph().tensor(name="q", dim=(1,), data_type="int7"), ["unknown data type 'int7'"]),
     ("unknown-graph-dtype", lambda: frost.Graph(io_data_type="fp8"), ["unknown data type 'fp8'"]),
     ("o-dtype-differs-from-q", lambda: o_tweak(lambda o: o.set_data_type("fp16")),
      ["sdpa::O' (o)", "data_type must be q's fp32, got fp16"]),
@@ -282,7 +282,7 @@ CATALOG = [
     ("causal-top-left-with-br-alignment", lambda: dense_fwd(use_causal_mask=True, diagonal_alignment="BOTTOM_RIGHT"),
      ["use_causal_mask is top-left", "use_causal_mask_bottom_right"]),
     ("bad-diagonal-alignment", lambda: dense_fwd(diagonal_alignment="CENTER"),
-     ["diagonal_alignment must be 'TOP_LEFT' or 'BOTTOM_RIGHT', got 'CENTER'"]),
+     ["diagonal_alignment must be one of ['TOP_LEFT', 'BOTTOM_RIGHT']", "got 'CENTER'"]),
     ("sliding-window-zero", lambda: dense_fwd(sliding_window_length=0), ["sliding_window_length must be >= 1, got 0"]),
     ("left-bound-negative", lambda: dense_fwd(diagonal_band_left_bound=-3), ["must be >= 1, got -3"]),
     ("left-bound-and-window-disagree", lambda: dense_fwd(diagonal_band_left_bound=3, sliding_window_length=4),
