@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from frost.errors import GraphError
-from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode
+from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
 from frost.ir.tensor import Tensor, _ints, compact_strides
 from frost.ir.validate import expect_rank, expected_out_dims, expected_stats_dims, validate_bwd, validate_fwd
 from frost.types import as_data_type
@@ -85,6 +85,8 @@ class OpGraph:
             raise GraphError(f"sdpa {name!r}: unknown keyword(s) {unknown}")
         self._check_owned(**{k: v for k, v in kw.items() if isinstance(v, Tensor) or k in (
             "seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv", "sink_token", "attn_mask", "bias")})
+        seed, offset = dropout_tensors(kw.get("dropout"))
+        self._check_owned(dropout_seed=seed, dropout_offset=offset)
         return SdpaAttrs(name=name, **kw)
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_scale=None, generate_stats=None, is_inference=None,
@@ -116,10 +118,13 @@ class OpGraph:
 
     def sdpa_backward(self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor,
                       attn_scale=None, use_deterministic_algorithm: bool = False, dSink_token: Optional[Tensor] = None,
-                      name: str = "sdpa_backward", **kw):
-        """Scaled dot-product attention backward -> (dQ, dK, dV), each shaped and laid out like its input."""
+                      dBias: Optional[Tensor] = None, name: str = "sdpa_backward", **kw):
+        """Scaled dot-product attention backward -> (dQ, dK, dV), each shaped and laid out like its input.
+
+        `dBias` (declared like `bias`, which it needs) receives the gradient of the additive bias.
+        """
         self._one_node()
-        self._check_owned(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dSink_token=dSink_token)
+        self._check_owned(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dSink_token=dSink_token, dBias=dBias)
         for role, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dO", dO), ("stats", stats)):
             if t is None:
                 raise GraphError(f"sdpa_backward {name!r}: {role} is required")
@@ -127,11 +132,12 @@ class OpGraph:
         attrs = self._attrs(name, dict(attn_scale=attn_scale, **kw))
         grads = [self._virtual(f"{name}::{g}", src.dim, _like_layout(src, src.dim), src.data_type)
                  for g, src in (("dQ", q), ("dK", k), ("dV", v))]
-        if dSink_token is not None:
-            dSink_token.set_output(True)
+        for out in (dSink_token, dBias):
+            if out is not None:
+                out.set_output(True)
         self.node = SdpaBwdNode(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dQ=grads[0], dK=grads[1], dV=grads[2],
                                 attrs=attrs, use_deterministic_algorithm=bool(use_deterministic_algorithm),
-                                dSink_token=dSink_token)
+                                dSink_token=dSink_token, dBias=dBias)
         self._invalidate()
         return tuple(grads)
 

@@ -31,10 +31,11 @@ class SdpaAttrs:
     max_seq_len_q: Optional[int] = None  # frost: plan-time envelopes for THD
     max_seq_len_kv: Optional[int] = None
     sink_token: Optional[Tensor] = None
-    # declared for completeness; engines decline what they cannot serve
+    # (probability, seed tensor, offset tensor), as cuDNN declares it; served by the cuDNN engine
     dropout: Optional[tuple] = None
+    bias: Optional[Tensor] = None  # additive, (1|B, 1|H_q, S_q, S_kv); served by the cuDNN engine
+    # declared for completeness; engines decline what they cannot serve
     attn_mask: Optional[Tensor] = None
-    bias: Optional[Tensor] = None
     use_alibi_mask: bool = False
     score_mod: Optional[object] = None
 
@@ -76,6 +77,7 @@ class SdpaBwdNode:
     attrs: SdpaAttrs
     use_deterministic_algorithm: bool = False
     dSink_token: Optional[Tensor] = None
+    dBias: Optional[Tensor] = None
     kind: str = field(default="sdpa_bwd", init=False)
 
     def inputs(self) -> dict:
@@ -87,6 +89,8 @@ class SdpaBwdNode:
         d = {"dQ": self.dQ, "dK": self.dK, "dV": self.dV}
         if self.dSink_token is not None:
             d["dSink_token"] = self.dSink_token
+        if self.dBias is not None:
+            d["dBias"] = self.dBias
         return d
 
 
@@ -94,4 +98,13 @@ def _attr_tensors(a: SdpaAttrs) -> dict:
     named = {"seq_len_q": a.seq_len_q, "seq_len_kv": a.seq_len_kv, "cu_seq_len_q": a.cu_seq_len_q,
              "cu_seq_len_kv": a.cu_seq_len_kv, "sink_token": a.sink_token, "attn_mask": a.attn_mask,
              "bias": a.bias}
+    seed, offset = dropout_tensors(a.dropout)
+    named.update(dropout_seed=seed, dropout_offset=offset)
     return {k: t for k, t in named.items() if t is not None}
+
+
+def dropout_tensors(dropout) -> tuple:
+    """(seed, offset) frost tensors of a declared `dropout=(p, seed, offset)`, None where absent or not tensors."""
+    if not isinstance(dropout, (tuple, list)) or len(dropout) != 3:
+        return None, None
+    return tuple(t if isinstance(t, Tensor) else None for t in dropout[1:])

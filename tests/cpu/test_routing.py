@@ -14,7 +14,7 @@ from tests.conftest import patch_dsl_reason
 
 A100, H200, B200, RTX5090 = (fake_target(n) for n in ("A100", "H200", "B200", "RTX5090"))
 TARGETS = {"A100": A100, "H200": H200, "B200": B200, "RTX5090": RTX5090, "CPU": CPU}
-FWD = ["SdpaFwdDslSm90", "SdpaFwdDslSm120", "SdpaFwdDslSm100", "SdpaFwdDslSm80", "SdpaFwdReference"]
+FWD = ["SdpaFwdDslSm90", "SdpaFwdDslSm120", "SdpaFwdDslSm100", "SdpaFwdDslSm80", "SdpaFwdCudnn", "SdpaFwdReference"]
 BWD = [n.replace("Fwd", "Bwd") for n in FWD]
 
 
@@ -233,8 +233,6 @@ def test_head_dims(unpended, d, dv, engines):
 
 
 @pytest.mark.parametrize("kw, feature", [
-    (dict(dropout=(0.1, None, None)), "dropout"),
-    (dict(use_alibi_mask=True), "alibi"),
     (dict(score_mod=lambda s: s), "score_mod"),
 ])
 def test_undeclared_features_decline_everywhere(unpended, kw, feature):
