@@ -19,11 +19,11 @@ BWD = [n.replace("Fwd", "Bwd") for n in FWD]
 
 
 def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, s=128, skv=None, d=64, dv=None, strides=None,
-            thd=False, direction="fwd", **kw) -> frost.Graph:
-    """A validated graph declared from dims and strides only (no storage)."""
+            thd=False, direction="fwd", graph=None, **kw) -> frost.Graph:
+    """A validated graph declared from dims and strides only (no storage); `graph` may hold tensors `kw` names."""
     skv = skv or s
     dv = dv or d
-    g = frost.Graph(io_data_type=dtype, target=target)
+    g = graph if graph is not None else frost.Graph(io_data_type=dtype, target=target)
     strides = strides or {}
     if thd:
         dims = {"q": (b * s, hq, d), "k": (b * skv, hkv, d), "v": (b * skv, hkv, dv)}
