@@ -101,8 +101,10 @@ class _CudnnAdapter:
     """What the cuDNN forward and backward share (mixed in before the contract class)."""
 
     vector_bytes = 16  # the rows' stride rule; the binder checks pointer alignment with it
+    costly_support_check = True  # asking cuDNN builds its plan: ranking asks only when this engine could win
 
-    def check_support(self) -> None:
+    def check_support(self, quick: bool = False) -> None:
+        """The binding, then the lowering, then (on the live device, unless `quick`) cuDNN's own verdict."""
         reason = cudnn_missing_reason()
         if reason:
             raise self.decline(reason)
@@ -110,8 +112,8 @@ class _CudnnAdapter:
             self.call = lower_cudnn_sdpa(self.facts)
         except CudnnUnsupported as e:
             raise self.decline(e.reason) from None
-        if self.target.is_fake or self.target.is_cpu:
-            return  # routing against a record: cuDNN can only be asked on the device itself (compile declines)
+        if quick or self.target.is_fake or self.target.is_cpu:
+            return  # a record cannot be asked: cuDNN is asked on the device itself (compile declines on a record)
         self._build()
 
     def _build(self) -> None:

@@ -328,3 +328,165 @@ def test_dropout_tensors_are_bound_at_execute():
     assert roles["dropout_seed"].name == "seed" and roles["dropout_offset"].name == "offset"
     gb = bias_graph(direction="bwd").validate()
     assert gb._roles()["dBias"].name == "dbias" and gb._roles()["bias"].name == "bias"
+
+
+# --- the adapter against a stand-in of the cuDNN binding ----------------------------------------------------------
+
+class _FakeTensor:
+    def __init__(self, **kw):
+        self.kw, self.output = dict(kw), False
+
+    def set_output(self, value):
+        self.output = value
+        return self
+
+    def set_dim(self, dim):
+        self.kw["dim"] = dim
+        return self
+
+    def set_stride(self, stride):
+        self.kw["stride"] = stride
+        return self
+
+    def set_data_type(self, dt):
+        self.kw["data_type"] = dt
+        return self
+
+
+class _FakeGraph:
+    """Records what frost asks of `cudnn.pygraph`; `refuse` makes check_support raise like cuDNN does."""
+
+    refuse = None
+    made = []
+
+    def __init__(self, **kw):
+        self.kw, self.calls, self.steps, self.executed = kw, [], [], []
+        _FakeGraph.made.append(self)
+
+    def tensor(self, **kw):
+        return _FakeTensor(**kw)
+
+    def _op(self, op, n, args, kw):
+        self.calls.append((op, args, kw))
+        return [_FakeTensor(name=f"out{i}") for i in range(n)]
+
+    def sdpa(self, *args, **kw):
+        return self._op("sdpa", 2, args, kw)
+
+    def sdpa_backward(self, *args, **kw):
+        return self._op("sdpa_backward", 3, args, kw)
+
+    def __getattr__(self, step):  # validate, build_operation_graph, create_execution_plans, build_plans
+        if step.startswith("_"):
+            raise AttributeError(step)
+        return lambda *a: self.steps.append(step)
+
+    def check_support(self):
+        self.steps.append("check_support")
+        if _FakeGraph.refuse:
+            raise RuntimeError(_FakeGraph.refuse)
+
+    def get_workspace_size(self):
+        return 1000
+
+    def execute(self, pack, workspace, handle=None):
+        self.executed.append((pack, workspace, handle))
+
+
+@pytest.fixture
+def fake_cudnn(monkeypatch, cudnn_present):
+    """A live-device record (cc 9.0, not fake) and a stand-in binding: the adapter's cuDNN path, run on the CPU."""
+    from types import SimpleNamespace
+
+    import torch
+
+    ns = SimpleNamespace
+    fake = ns(pygraph=_FakeGraph, heur_mode=ns(A="A", FALLBACK="FALLBACK"),
+              data_type=ns(BFLOAT16="BFLOAT16", HALF="HALF", FLOAT="FLOAT", INT32="INT32", INT64="INT64"),
+              diagonal_alignment=ns(TOP_LEFT="TOP_LEFT", BOTTOM_RIGHT="BOTTOM_RIGHT"))
+    monkeypatch.setattr(cudnn_adapter, "_cudnn", lambda: fake)
+    monkeypatch.setattr(cudnn_adapter, "_BUILT", {})
+    monkeypatch.setattr(cudnn_adapter, "handle_for", lambda device, stream: ("handle", device, stream))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_FakeGraph, "made", [])
+    monkeypatch.setattr(_FakeGraph, "refuse", None)
+    return H200.model_copy(update={"is_fake": False, "name": "NVIDIA H200 (record)"})
+
+
+def test_ranking_asks_cudnn_only_when_it_could_win(unpended, fake_cudnn):
+    live = fake_cudnn
+    g = declare(live)
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80", "SdpaFwdCudnn"]
+    assert _FakeGraph.made == [], "a fallback below an accepting DSL engine must not build a cuDNN plan"
+    g = bias_graph(live).validate()
+    assert g.available_engines() == ["SdpaFwdCudnn"]
+    assert len(_FakeGraph.made) == 1 and _FakeGraph.made[0].steps == [
+        "validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"]
+    g = declare(live)
+    g.create_execution_plans(engine="cudnn")
+    assert g.available_engines() == ["SdpaFwdCudnn"] and len(_FakeGraph.made) == 2
+
+
+def test_cudnn_refusal_is_a_decline_with_its_message(unpended, fake_cudnn):
+    _FakeGraph.refuse = "cudnnGraphNotSupportedError: no engine for head dim 72"
+    g = bias_graph(fake_cudnn).validate()
+    assert g.available_engines() == []
+    reason = dict(g.declines())["SdpaFwdCudnn"]
+    assert reason == "cuDNN declines this graph: RuntimeError: cudnnGraphNotSupportedError: no engine for head dim 72"
+
+
+def test_the_record_is_replayed_and_execute_binds_pointers_only(unpended, fake_cudnn):
+    g = bias_graph(fake_cudnn, use_causal_mask_bottom_right=True, sliding_window_length=16).validate()
+    g.build_plans()
+    assert g.engine_name == "SdpaFwdCudnn"
+    assert g.get_workspace_size() == 1024  # cuDNN's 1000 bytes, aligned
+    (cg,) = _FakeGraph.made
+    assert cg.kw["io_data_type"] == "BFLOAT16" and cg.kw["handle"][0] == "handle"
+    op, args, kw = cg.calls[0]
+    assert op == "sdpa" and [a.kw["name"] for a in args] == ["q", "k", "v"]
+    assert kw["bias"].kw["dim"] == [1, 4, 128, 128] and kw["attn_scale"] == 0.125
+    assert kw["use_causal_mask_bottom_right"] is True and kw["diagonal_band_left_bound"] == 16
+    assert kw["generate_stats"] is True
+    adapter = g.plan.adapter
+
+    class Bound:
+        def __init__(self, role):
+            self.role = role
+
+        def get_device(self):
+            return 0
+
+    bound = {r: Bound(r) for r in ("q", "k", "v", "bias", "o", "stats")}
+    adapter.execute(bound, "workspace", 12345)
+    pack, ws, handle = cg.executed[0]
+    assert ws == "workspace" and handle == ("handle", 0, 12345)
+    assert sorted(b.role for b in pack.values()) == sorted(bound)
+    assert {t.kw["name"]: b.role for t, b in pack.items() if "name" in t.kw and not t.kw["name"].startswith("out")} \
+        == {"q": "q", "k": "k", "v": "v", "bias": "bias"}
+    outs = [t for t in pack if t.output]
+    assert [pack[t].role for t in outs] == ["o", "stats"]
+    assert outs[0].kw["dim"] == [2, 4, 128, 64] and outs[1].kw["data_type"] == "FLOAT"
+
+
+def test_backward_replay_passes_dbias_dropout_and_determinism(unpended, fake_cudnn):
+    g = frost.Graph(io_data_type="bf16", target=fake_cudnn)
+    seed = g.tensor(name="seed", dim=(1,), data_type="int64")
+    offset = g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64")
+    q, k, v, o, do = (g.tensor(name=n, dim=(2, 4, 128, 64)) for n in ("q", "k", "v", "o", "dO"))
+    stats = g.tensor(name="stats", dim=(2, 4, 128, 1), data_type="fp32")
+    bias = g.tensor(name="bias", dim=(1, 4, 128, 128))
+    db = g.tensor(name="db", dim=(1, 4, 128, 128))
+    for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.5, bias=bias, dBias=db,
+                             dropout=(0.2, seed, offset), use_deterministic_algorithm=True,
+                             diagonal_band_right_bound=3):
+        t.set_output(True)
+    g.validate().build_plans()
+    assert g.engine_name == "SdpaBwdCudnn"
+    op, args, kw = _FakeGraph.made[0].calls[0]
+    assert op == "sdpa_backward" and [a.kw["name"] for a in args] == ["q", "k", "v", "o", "dO", "stats"]
+    assert kw["dBias"].output and kw["dBias"].kw["dim"] == [1, 4, 128, 128]
+    p, s, off = kw["dropout"]
+    assert p == 0.2 and s.kw["dim"] == [1, 1, 1, 1] and s.kw["data_type"] == "INT64" and off.kw["name"] == \
+        "dropout_offset"
+    assert kw["use_deterministic_algorithm"] is True and kw["diagonal_alignment"] == "TOP_LEFT"
+    assert kw["diagonal_band_right_bound"] == 3
