@@ -15,7 +15,7 @@ IO_TENSOR_ROLES = ("q", "k", "v", "o", "dO", "dQ", "dK", "dV")
 class TensorFacts(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    name: str  # the role: q, k, v, o, stats, dO, dQ, ...
+    name: str  # the role: q, k, v, o, stats, dO, dQ, ...; bias, dBias, dropout_seed, dropout_offset, ...
     label: str = ""  # how errors name it: the user's name and the role
     dim: tuple[int, ...]
     stride: tuple[int, ...]
@@ -64,6 +64,8 @@ class SdpaFacts(BaseModel):
     has_stats: bool = False
     deterministic: bool = False
     has_dsink: bool = False
+    has_dbias: bool = False
+    dropout_probability: float = 0.0  # with has_dropout: the probability of dropping a weight
     # declared features that engines may not serve
     has_dropout: bool = False
     has_bias: bool = False
@@ -103,7 +105,7 @@ class SdpaFacts(BaseModel):
             f.add("gqa")
         for flag, name in ((self.has_padding, "padding"), (self.has_sinks, "sinks"), (self.is_thd, "thd"),
                            (self.has_stats, "stats"), (self.deterministic, "deterministic"),
-                           (self.has_dropout, "dropout"), (self.has_bias, "bias"),
+                           (self.has_dropout, "dropout"), (self.has_bias, "bias"), (self.has_dbias, "dbias"),
                            (self.has_attn_mask, "attn_mask"), (self.has_alibi, "alibi"),
                            (self.has_score_mod, "score_mod")):
             if flag:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from frost.errors import GraphError
-from frost.ir.nodes import BOOL_ATTRS, TENSOR_ATTRS, SdpaAttrs, SdpaBwdNode, SdpaFwdNode
+from frost.ir.nodes import BOOL_ATTRS, TENSOR_ATTRS, SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
 from frost.ir.tensor import Tensor, _ints, compact_strides
 from frost.ir.validate import expect_rank, expected_out_dims, expected_stats_dims, validate_bwd, validate_fwd
 from frost.types import (as_data_type, attention_implementation, diagonal_alignment, enum_name,
@@ -140,6 +140,8 @@ class OpGraph:
                                                                     f"sdpa {name!r}: implementation")
         cdt = kw.get("compute_data_type")
         kw["compute_data_type"] = as_data_type(cdt).short if cdt is not None else None
+        seed, offset = dropout_tensors(kw.get("dropout"))
+        self._check_owned(dropout_seed=seed, dropout_offset=offset)
         return SdpaAttrs(name=name, **kw)
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, is_inference=None, attn_scale=None, bias=None, block_mask=None,
@@ -212,16 +214,15 @@ class OpGraph:
         """Scaled dot-product attention backward -> (dQ, dK, dV), each shaped and laid out like its input.
 
         The parameters are cuDNN's, in its positional order; frost's additions are keyword-only, as for sdpa().
+        `dBias` (declared like `bias`, which it needs) receives the gradient of the additive bias.
         """
         name = name or "sdpa_backward"
         self._one_node()
-        self._check_owned(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dSink_token=dSink_token)
+        self._check_owned(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dSink_token=dSink_token, dBias=dBias)
         for role, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dO", dO), ("stats", stats)):
             if t is None:
                 raise GraphError(f"sdpa_backward {name!r}: {role} is required")
             t.require_declared()
-        if dBias is not None:
-            raise GraphError(f"sdpa_backward {name!r}: dBias (a bias gradient) is not served by frost")
         if not isinstance(use_deterministic_algorithm, bool):
             raise GraphError(f"sdpa_backward {name!r}: use_deterministic_algorithm must be True or False, "
                              f"got {use_deterministic_algorithm!r}")
@@ -237,11 +238,12 @@ class OpGraph:
         attrs = self._attrs(name, kw)
         grads = [self._virtual(f"{name}::{g}", src.dim, _like_layout(src, src.dim), src.data_type)
                  for g, src in (("dQ", q), ("dK", k), ("dV", v))]
-        if dSink_token is not None:
-            dSink_token.set_output(True)
+        for out in (dSink_token, dBias):
+            if out is not None:
+                out.set_output(True)
         self.node = SdpaBwdNode(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dQ=grads[0], dK=grads[1], dV=grads[2],
                                 attrs=attrs, use_deterministic_algorithm=use_deterministic_algorithm,
-                                dSink_token=dSink_token)
+                                dSink_token=dSink_token, dBias=dBias)
         self._invalidate()
         return tuple(grads)
 

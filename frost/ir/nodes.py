@@ -33,10 +33,11 @@ class SdpaAttrs:
     max_total_seq_len_q: Optional[int] = None  # cuDNN's ragged form: token envelopes (default B * S)
     max_total_seq_len_kv: Optional[int] = None
     sink_token: Optional[Tensor] = None
-    # declared for completeness; engines decline what they cannot serve
+    # (probability, seed tensor, offset tensor), as cuDNN declares it; served by the cuDNN engine
     dropout: Optional[tuple] = None
+    bias: Optional[Tensor] = None  # additive, (1|B, 1|H_q, S_q, S_kv); served by the cuDNN engine
+    # declared for completeness; engines decline what they cannot serve
     attn_mask: Optional[Tensor] = None
-    bias: Optional[Tensor] = None
     use_alibi_mask: bool = False
     score_mod: Optional[object] = None
     score_mod_bprop: Optional[object] = None
@@ -105,6 +106,7 @@ class SdpaBwdNode:
     attrs: SdpaAttrs
     use_deterministic_algorithm: bool = False
     dSink_token: Optional[Tensor] = None
+    dBias: Optional[Tensor] = None
     kind: str = field(default="sdpa_bwd", init=False)
 
     def io(self) -> dict:
@@ -121,12 +123,23 @@ class SdpaBwdNode:
         d = {"dQ": self.dQ, "dK": self.dK, "dV": self.dV}
         if self.dSink_token is not None:
             d["dSink_token"] = self.dSink_token
+        if self.dBias is not None:
+            d["dBias"] = self.dBias
         return d
 
 
 def _attr_tensors(a: SdpaAttrs) -> dict:
     named = {k: getattr(a, k) for k in TENSOR_ATTRS}
+    seed, offset = dropout_tensors(a.dropout)
+    named.update(dropout_seed=seed, dropout_offset=offset)
     return {k: t for k, t in named.items() if t is not None}
+
+
+def dropout_tensors(dropout) -> tuple:
+    """(seed, offset) frost tensors of a declared `dropout=(p, seed, offset)`, None where absent or not tensors."""
+    if not isinstance(dropout, (tuple, list)) or len(dropout) != 3:
+        return None, None
+    return tuple(t if isinstance(t, Tensor) else None for t in dropout[1:])
 
 
 def ragged_offsets(io: dict) -> dict:

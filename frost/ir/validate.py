@@ -6,7 +6,7 @@ import operator
 
 from frost.errors import GraphError
 from frost.ir.facts import RaggedFacts, SdpaFacts, TensorFacts
-from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode
+from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
 from frost.ir.tensor import Tensor, _overlaps
 from frost.types import DataType
 
@@ -213,13 +213,17 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
                              f"query head), got {tuple(s.dim)}")
     if a.attn_scale is not None and not math.isfinite(float(a.attn_scale)):
         raise GraphError(f"sdpa {a.name!r}: attn_scale must be finite, got {a.attn_scale}")
+    if a.bias is not None:
+        _check_bias(a.bias, "bias", batch, hq, sq, skv, q)
+    probability = _check_dropout(a)
     left, right, bottom_right = resolve_band(a)
     geom = dict(batch=batch, num_heads_q=hq, num_heads_kv=hkv, head_dim_qk=dqk, head_dim_v=dv, seq_q=sq,
                 seq_kv=skv, is_thd=thd, total_q=tq, total_kv=tkv)
     mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
                 has_sinks=a.sink_token is not None,
                 attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
-                has_dropout=a.dropout is not None, has_bias=a.bias is not None, has_attn_mask=a.attn_mask is not None,
+                has_dropout=a.dropout is not None, dropout_probability=probability,
+                has_bias=a.bias is not None, has_attn_mask=a.attn_mask is not None,
                 has_alibi=bool(a.use_alibi_mask), has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
                 other_features=_other_features(a))
     return geom, mask
@@ -316,11 +320,63 @@ def _facts(node, direction: str, geom: dict, mask: dict, roles: dict, **extra) -
     tensors = {r: _tensor_facts(r, t) for r, t in roles.items()}
     if lowering is not None:
         packed, info, lowered = lowering
+        for role in ("seq_len_q", "seq_len_kv"):  # the ragged form's lengths, not a padding mask
+            tensors.pop(role, None)
         geom = {**geom, **packed}
         mask = {**mask, "has_padding": False, "ragged": info}  # lengths come with the ragged form
         tensors.update({r: tf for r, tf in lowered.items() if r in tensors})
     return SdpaFacts(direction=direction, io_dtype=node.q.data_type.short, tensors=tuple(tensors.values()),
                      **geom, **mask, **extra)
+
+
+def _check_bias(t: Tensor, role: str, batch: int, hq: int, sq: int, skv: int, q: Tensor) -> None:
+    """An additive bias is (B or 1, H_q or 1, S_q, S_kv) in q's data type, any declared strides."""
+    t.require_declared()
+    want = f"(1 or {batch}, 1 or {hq}, {sq}, {skv})"
+    d = tuple(t.dim)
+    if len(d) != 4 or d[0] not in (1, batch) or d[1] not in (1, hq) or d[2:] != (sq, skv):
+        raise GraphError(f"{_who(t, role)}: expected dim {want} (broadcast over batch and heads only, one value "
+                         f"per query row and key), got {d}")
+    if t.data_type != q.data_type:
+        raise GraphError(f"{_who(t, role)}: data_type must be q's {q.data_type.short}, got {t.data_type.short}")
+    if d[-1] > 1 and t.stride[-1] != 1:
+        raise GraphError(f"{_who(t, role)}: the key dimension must have unit stride; strides {t.stride} for dim {d}")
+
+
+def _check_dropout(a: SdpaAttrs) -> float:
+    """dropout=(probability, seed, offset): a float in [0, 1) and two one-element int32/int64 tensors."""
+    if a.dropout is None:
+        return 0.0
+    if not isinstance(a.dropout, (tuple, list)) or len(a.dropout) != 3:
+        raise GraphError(f"sdpa {a.name!r}: dropout must be (probability, seed tensor, offset tensor), "
+                         f"got {a.dropout!r}")
+    p, seed, offset = a.dropout
+    try:
+        prob = None if isinstance(p, (str, bytes, bool)) else float(p)
+    except (TypeError, ValueError):
+        prob = None
+    if prob is None or not (0.0 <= prob < 1.0):
+        raise GraphError(f"sdpa {a.name!r}: the dropout probability must be a number in [0, 1), got {p!r}")
+    for role, t in (("dropout_seed", seed), ("dropout_offset", offset)):
+        if not isinstance(t, Tensor):
+            raise GraphError(f"sdpa {a.name!r}: the dropout {role.split('_')[1]} must be a frost tensor from "
+                             f"graph.tensor() (one int64 value on the device), got {type(t).__name__}")
+        t.require_declared()
+        _expect_dtype(t, role, (DataType.INT64, DataType.INT32))
+        if tuple(t.dim) not in ((1,), (1, 1, 1, 1)):
+            raise GraphError(f"{_who(t, role)}: expected dim (1, 1, 1, 1) or (1,) (one value), got {tuple(t.dim)}")
+    return prob
+
+
+def _extra_tensors(node) -> dict:
+    """The feature tensors an engine binds besides Q/K/V/O (facts carry their declarations too)."""
+    a = node.attrs
+    seed, offset = dropout_tensors(a.dropout)
+    named = {"seq_len_q": a.seq_len_q, "seq_len_kv": a.seq_len_kv, "sink_token": a.sink_token, "bias": a.bias,
+             "dropout_seed": seed, "dropout_offset": offset}
+    if node.kind == "sdpa_bwd":
+        named.update(dSink_token=node.dSink_token, dBias=node.dBias)
+    return {r: t for r, t in named.items() if t is not None}
 
 
 def expected_out_dims(geom: dict, head_dim: int) -> tuple:
@@ -358,6 +414,7 @@ def validate_fwd(node: SdpaFwdNode, io_types=IO_TYPES) -> SdpaFacts:
     roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o}
     if node.generate_stats:
         roles["stats"] = node.stats
+    roles.update(_extra_tensors(node))
     return _facts(node, "fwd", geom, mask, roles, has_stats=node.generate_stats)
 
 
@@ -381,7 +438,15 @@ def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
             raise GraphError(f"tensor {node.dSink_token.name!r} (dSink_token): a sink gradient needs sink_token")
         _check_like(node.dSink_token, "dSink_token", tuple(a.sink_token.dim), (DataType.FLOAT,),
                     "the shape of sink_token")
+    if node.dBias is not None:
+        if a.bias is None:
+            raise GraphError(f"tensor {node.dBias.name!r} (dBias): a bias gradient needs bias")
+        _check_like(node.dBias, "dBias", tuple(a.bias.dim), (node.q.data_type,), "the shape of bias")
+        if node.dBias.dim[-1] > 1 and node.dBias.stride[-1] != 1:
+            raise GraphError(f"{_who(node.dBias, 'dBias')}: the key dimension must have unit stride; strides "
+                             f"{node.dBias.stride} for dim {node.dBias.dim}")
     roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "dO": node.dO, "stats": node.stats,
              "dQ": node.dQ, "dK": node.dK, "dV": node.dV}
+    roles.update(_extra_tensors(node))
     return _facts(node, "bwd", geom, mask, roles, deterministic=node.use_deterministic_algorithm,
-                  has_dsink=node.dSink_token is not None, has_stats=True)
+                  has_dsink=node.dSink_token is not None, has_dbias=node.dBias is not None, has_stats=True)

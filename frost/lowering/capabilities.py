@@ -42,6 +42,10 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
 
 #: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
 REFERENCE_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
+#: the cuDNN engine: every arch cuDNN serves, ranked below every DSL engine (and above the reference oracle);
+#: cuDNN's own check_support judges head dims and the rest at plan time (packed THD declines in its lowering)
+CUDNN_PRIORITY = 90
+CUDNN_FEATURES = KERNEL_FEATURES | {"bias", "dropout", "alibi"}
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
@@ -71,6 +75,10 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",
                pending_bwd="the SM100 (tcgen05 + TMEM) kernels are not written yet")
+    + [CapabilityRow(name=f"Sdpa{d.capitalize()}Cudnn", adapter=f"frost.adapters.cudnn:Sdpa{d.capitalize()}Cudnn",
+                     direction=d, cc_min=(8, 0), cc_max=(12, 9), priority=CUDNN_PRIORITY, dtypes=("bf16", "fp16"),
+                     head_dims=None, features=CUDNN_FEATURES | ({"deterministic", "dbias"} if d == "bwd" else set()))
+       for d in ("fwd", "bwd")]
     + [CapabilityRow(name="SdpaFwdReference", adapter="frost.adapters.reference:SdpaFwdReference",
                      direction="fwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
                      dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=REFERENCE_FEATURES,
@@ -83,7 +91,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
 )
 
 _ALIASES = {"reference": "Reference", "ref": "Reference", "sm80": "DslSm80", "sm90": "DslSm90",
-            "sm100": "DslSm100", "sm120": "DslSm120"}
+            "sm100": "DslSm100", "sm120": "DslSm120", "cudnn": "Cudnn"}
 
 
 def rows_for(direction: str) -> list[CapabilityRow]:

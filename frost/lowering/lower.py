@@ -45,7 +45,12 @@ def rank(facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None, engine
             continue
         adapter = adapter_class(row)(facts, target, knobs)
         try:
-            adapter.check_support()
+            if out.accepted and engine is None and getattr(adapter, "costly_support_check", False):
+                # a fallback below an engine that already accepted: its own cheap checks only (the library's
+                # verdict costs plan time, and the plan never reaches it unless it is requested by name)
+                adapter.check_support(quick=True)
+            else:
+                adapter.check_support()
         except EngineDecline as e:
             out.declines.append((row.name, e.reason))
             continue

@@ -205,8 +205,6 @@ REFUSED = [
                                              generate_stats=True), "contradict"),
     ("scale tensor", lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)),
                                       attn_scale=g.tensor((1, 1, 1, 1))), "attn_scale must be a number"),
-    ("dBias", lambda g: g.sdpa_backward(*(g.tensor((1, 2, 8, 64)) for _ in range(5)), g.tensor((1, 2, 8, 1)),
-                                        dBias=g.tensor((1, 2, 8, 8))), "dBias"),
     ("heur mode", lambda g: g.create_execution_plans(["fast"]), "heur_modes"),
     ("policy", lambda g: g.build_plans("quick"), "build_plans(policy)"),
     ("alignment", lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), diagonal_alignment=1),

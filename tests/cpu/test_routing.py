@@ -14,16 +14,16 @@ from tests.conftest import patch_dsl_reason
 
 A100, H200, B200, RTX5090 = (fake_target(n) for n in ("A100", "H200", "B200", "RTX5090"))
 TARGETS = {"A100": A100, "H200": H200, "B200": B200, "RTX5090": RTX5090, "CPU": CPU}
-FWD = ["SdpaFwdDslSm90", "SdpaFwdDslSm120", "SdpaFwdDslSm100", "SdpaFwdDslSm80", "SdpaFwdReference"]
+FWD = ["SdpaFwdDslSm90", "SdpaFwdDslSm120", "SdpaFwdDslSm100", "SdpaFwdDslSm80", "SdpaFwdCudnn", "SdpaFwdReference"]
 BWD = [n.replace("Fwd", "Bwd") for n in FWD]
 
 
 def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, s=128, skv=None, d=64, dv=None, strides=None,
-            thd=False, direction="fwd", **kw) -> frost.Graph:
-    """A validated graph declared from dims and strides only (no storage)."""
+            thd=False, direction="fwd", graph=None, **kw) -> frost.Graph:
+    """A validated graph declared from dims and strides only (no storage); `graph` may hold tensors `kw` names."""
     skv = skv or s
     dv = dv or d
-    g = frost.Graph(io_data_type=dtype, target=target)
+    g = graph if graph is not None else frost.Graph(io_data_type=dtype, target=target)
     strides = strides or {}
     if thd:
         dims = {"q": (b * s, hq, d), "k": (b * skv, hkv, d), "v": (b * skv, hkv, dv)}
@@ -233,8 +233,6 @@ def test_head_dims(unpended, d, dv, engines):
 
 
 @pytest.mark.parametrize("kw, feature", [
-    (dict(dropout=(0.1, None, None)), "dropout"),
-    (dict(use_alibi_mask=True), "alibi"),
     (dict(score_mod=lambda s: s), "score_mod"),
 ])
 def test_undeclared_features_decline_everywhere(unpended, kw, feature):

@@ -1,0 +1,168 @@
+"""The cuDNN engine: `SdpaFwdCudnn` / `SdpaBwdCudnn`, the cuDNN library through nvidia-cudnn-frontend.
+
+Behind the same contract as the DSL adapters. At plan time the adapter lowers its facts to a
+`CudnnSdpaCall` (`cudnn_lowering.py`, pure Python), replays it against `cudnn.pygraph`, asks cuDNN
+for support (a refusal is an `EngineDecline` carrying cuDNN's message), builds an execution plan and
+keeps it with cuDNN's workspace size, which `scratch_workspace_bytes()` reports so the caller's
+workspace covers it. Execute looks up the cuDNN handle of the launch stream, binds the bound tensors'
+pointers and launches: no allocation, no fill, no device-to-host read.
+
+Handles: one cuDNN handle per (device, stream), created and set to its stream once, then cached for
+the process (`cudnnSetStream` is never called per execute). Planning creates the handle of the
+current stream; the first execute on another stream creates that stream's handle (host work, once).
+
+nvidia-cudnn-frontend is an optional extra (`pip install 'frost[cudnn]'`) imported here lazily, so
+`import frost` and planning never need it; without it the engine declines naming the package.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
+from frost.adapters.cudnn_lowering import CudnnSdpaCall, CudnnUnsupported, lower_cudnn_sdpa
+from frost.runtime.context import stream_handle
+from frost.runtime.workspace import align_up
+
+CUDNN_MISSING = "nvidia-cudnn-frontend is not installed (pip install 'frost[cudnn]')"
+FAKE_TARGET = ("plans only for the device it runs on (cuDNN picks its kernels from the live device); "
+               "this target is a fake record")
+
+
+def cudnn_missing_reason() -> Optional[str]:
+    """None when the cuDNN frontend's Python binding imports, else the decline reason."""
+    try:
+        import cudnn  # noqa: F401
+    except ModuleNotFoundError:
+        return CUDNN_MISSING
+    except Exception as e:  # the binding is there but cannot load (no libcudnn, a broken build)
+        return f"nvidia-cudnn-frontend is installed but does not import: {type(e).__name__}: {e}"
+    return None
+
+
+def _cudnn():
+    import cudnn
+
+    return cudnn
+
+
+_DTYPES = {"bf16": "BFLOAT16", "fp16": "HALF", "fp32": "FLOAT", "int32": "INT32", "int64": "INT64"}
+
+# (device index, raw stream) -> cuDNN handle bound to that stream; process-wide, never per execute
+_HANDLES: dict = {}
+_HANDLES_LOCK = threading.Lock()
+# (CudnnSdpaCall, device index) -> (cudnn graph, {role: cudnn tensor}, workspace bytes): one cuDNN build per
+# specialization and device, shared by every frost plan of that graph (execute passes its own handle)
+_BUILT: dict = {}
+
+
+def handle_for(device: int, stream: int):
+    """The cached cuDNN handle of `stream` on `device` (created and set to the stream on first use)."""
+    h = _HANDLES.get((device, stream))
+    if h is not None:
+        return h
+    with _HANDLES_LOCK:
+        h = _HANDLES.get((device, stream))
+        if h is None:
+            import torch
+
+            cudnn = _cudnn()
+            with torch.cuda.device(device):
+                h = cudnn.create_handle()
+                cudnn.set_stream(handle=h, stream=stream)
+            _HANDLES[(device, stream)] = h
+    return h
+
+
+def build_cudnn_graph(cudnn, call: CudnnSdpaCall, handle):
+    """Replay a lowering record against `cudnn.pygraph`: returns (graph, {role: cudnn tensor})."""
+    dt = lambda short: getattr(cudnn.data_type, _DTYPES[short])  # noqa: E731
+    g = cudnn.pygraph(io_data_type=dt(call.io_dtype), intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    ts = {t.role: g.tensor(name=t.role, dim=list(t.dim), stride=list(t.stride), data_type=dt(t.dtype))
+          for t in call.inputs}
+    kw = {}
+    for key, value in call.scalar_kwargs:
+        kw[key] = getattr(cudnn.diagonal_alignment, value) if key == "diagonal_alignment" else value
+    kw.update({key: ts[role] for key, role in call.tensor_kwargs})
+    if call.dropout is not None:
+        p, seed, offset = call.dropout
+        kw["dropout"] = (float(p), ts[seed], ts[offset])
+    outs = getattr(g, call.op)(*(ts[r] for r in call.positional), name=f"frost_{call.op}", **kw)
+    for spec, t in zip(call.outputs, outs):
+        t.set_output(True).set_dim(list(spec.dim)).set_stride(list(spec.stride)).set_data_type(dt(spec.dtype))
+        ts[spec.role] = t
+    for role in call.output_kwargs:
+        ts[role].set_output(True)
+    return g, ts
+
+
+class _CudnnAdapter:
+    """What the cuDNN forward and backward share (mixed in before the contract class)."""
+
+    vector_bytes = 16  # the rows' stride rule; the binder checks pointer alignment with it
+    costly_support_check = True  # asking cuDNN builds its plan: ranking asks only when this engine could win
+
+    def check_support(self, quick: bool = False) -> None:
+        """The binding, then the lowering, then (on the live device, unless `quick`) cuDNN's own verdict."""
+        reason = cudnn_missing_reason()
+        if reason:
+            raise self.decline(reason)
+        try:
+            self.call = lower_cudnn_sdpa(self.facts)
+        except CudnnUnsupported as e:
+            raise self.decline(e.reason) from None
+        if quick or self.target.is_fake or self.target.is_cpu:
+            return  # a record cannot be asked: cuDNN is asked on the device itself (compile declines on a record)
+        self._build()
+
+    def _build(self) -> None:
+        import torch
+
+        self._device = torch.cuda.current_device()
+        key = (self.call, self._device)
+        built = _BUILT.get(key)
+        if built is None:
+            cudnn = _cudnn()
+            handle = handle_for(self._device, stream_handle(None))
+            try:
+                g, ts = build_cudnn_graph(cudnn, self.call, handle)
+                g.validate()
+                g.build_operation_graph()
+                g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                g.check_support()
+                g.build_plans()
+            except Exception as e:  # cuDNN's refusal (cudnnGraphNotSupportedError and kin) names the reason
+                raise self.decline(f"cuDNN declines this graph: {type(e).__name__}: {e}") from None
+            built = _BUILT[key] = (g, ts, int(g.get_workspace_size()))
+        self._graph, tensors, self._cudnn_ws = built
+        self._pack_roles = tuple((role, tensors[role]) for role in self.call.roles())
+
+    def compile(self) -> None:
+        if not hasattr(self, "call"):
+            self.check_support()
+        if self.target.is_fake or self.target.is_cpu:
+            raise self.decline(FAKE_TARGET)
+        if not hasattr(self, "_graph"):
+            self._build()
+        self.compiled = True
+
+    def scratch_workspace_bytes(self) -> int:
+        return align_up(self._cudnn_ws) if getattr(self, "_cudnn_ws", 0) else 0
+
+    def execute(self, bound: dict, workspace, stream) -> None:
+        device = bound["q"].get_device()
+        s = stream_handle(stream)
+        h = _HANDLES.get((device, s))
+        if h is None:
+            h = handle_for(device, s)
+        self._graph.execute({t: bound[role] for role, t in self._pack_roles},
+                            workspace if self._cudnn_ws else None, handle=h)
+
+
+class SdpaFwdCudnn(_CudnnAdapter, SdpaFwdDsl):
+    engine_name = "SdpaFwdCudnn"
+
+
+class SdpaBwdCudnn(_CudnnAdapter, SdpaBwdDsl):
+    engine_name = "SdpaBwdCudnn"

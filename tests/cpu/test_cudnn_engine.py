@@ -1,0 +1,492 @@
+"""The cuDNN engine without cuDNN: its lowering record, its routing on the fake targets, its declines, and the
+declarations of bias, dBias and dropout it brings."""
+from __future__ import annotations
+
+import builtins
+import os
+import subprocess
+import sys
+
+from pathlib import Path
+
+import pytest
+
+import frost
+import frost.adapters.cudnn as cudnn_adapter
+from frost.adapters.cudnn_lowering import THD_REASON, CudnnUnsupported, band_kwargs, lower_cudnn_sdpa
+from frost.errors import GraphError, NotSupportedError
+from frost.lowering import capabilities
+from frost.target import fake_target
+from tests.cpu.test_routing import declare
+
+H200, B200, A100, RTX5090 = (fake_target(n) for n in ("H200", "B200", "A100", "RTX5090"))
+
+
+def bias_graph(target=H200, *, direction="fwd", bias_dim=(1, 4, 128, 128), bias_dtype=None, dbias=True, **kw):
+    """A dense graph (b=2, h=4, s=128, d=64) with an additive bias (and its gradient in the backward)."""
+    g = frost.Graph(io_data_type="bf16", target=target)
+    q, k, v = (g.tensor(name=n, dim=(2, 4, 128, 64)) for n in "qkv")
+    bias = g.tensor(name="bias", dim=bias_dim, data_type=bias_dtype)
+    if direction == "fwd":
+        o, stats = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=True, bias=bias, **kw)
+        o.set_output(True)
+        stats.set_output(True)
+    else:
+        o, do = (g.tensor(name=n, dim=(2, 4, 128, 64)) for n in ("o", "dO"))
+        stats = g.tensor(name="stats", dim=(2, 4, 128, 1), data_type="fp32")
+        db = g.tensor(name="dbias", dim=bias_dim, data_type=bias_dtype) if dbias else None
+        for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.125, bias=bias, dBias=db, **kw):
+            t.set_output(True)
+    return g
+
+
+def dropout_graph(target=H200, *, p=0.1, seed_dtype="int64", seed_dim=(1, 1, 1, 1), direction="fwd"):
+    g = frost.Graph(io_data_type="bf16", target=target)
+    seed = g.tensor(name="seed", dim=seed_dim, data_type=seed_dtype)
+    offset = g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64")
+    return declare(target, direction=direction, dropout=(p, seed, offset), graph=g)
+
+
+# --- the lowering record ---------------------------------------------------------------------------------------
+
+def test_dense_forward_lowering_keeps_declared_layouts():
+    bshd = {r: (128 * 4 * 64, 64, 4 * 64, 1) for r in "qkv"}
+    f = declare(H200, hq=4, hkv=4, s=128, d=64, strides=bshd).facts
+    call = lower_cudnn_sdpa(f)
+    assert call.op == "sdpa" and call.io_dtype == "bf16" and call.positional == ("q", "k", "v")
+    assert {t.role: t.stride for t in call.inputs} == bshd
+    assert [t.role for t in call.outputs] == ["o", "stats"]
+    assert call.outputs[0].dim == (2, 4, 128, 64) and call.outputs[0].stride == f.tensor("o").stride
+    assert call.outputs[1].dtype == "fp32" and call.outputs[1].dim == (2, 4, 128, 1)
+    assert call.kwarg("attn_scale") == 0.125 and call.kwarg("generate_stats") is True
+    assert call.kwarg("use_causal_mask") is None and call.dropout is None
+    assert call.roles() == ("q", "k", "v", "o", "stats")
+
+
+def test_stats_off_lowering_returns_o_only():
+    call = lower_cudnn_sdpa(declare(H200, generate_stats=False).facts)
+    assert call.kwarg("generate_stats") is False and [t.role for t in call.outputs] == ["o"]
+
+
+def test_gqa_lowering_declares_kv_heads_as_they_are():
+    call = lower_cudnn_sdpa(declare(H200, hq=8, hkv=2).facts)
+    dims = {t.role: t.dim for t in call.inputs}
+    assert dims["q"][1] == 8 and dims["k"][1] == 2 and dims["v"][1] == 2
+
+
+@pytest.mark.parametrize("kw, want", [
+    (dict(use_causal_mask=True), dict(use_causal_mask=True)),
+    (dict(use_causal_mask_bottom_right=True, skv=256), dict(use_causal_mask_bottom_right=True)),
+    (dict(use_causal_mask=True, sliding_window_length=32), dict(use_causal_mask=True, diagonal_band_left_bound=32)),
+    (dict(diagonal_band_left_bound=16, diagonal_band_right_bound=4),
+     dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=16, diagonal_band_right_bound=4)),
+    (dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=3, skv=256),
+     dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=3)),
+    (dict(sliding_window_length=8), dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=8)),
+    (dict(), dict()),
+])
+def test_band_lowering(kw, want):
+    f = declare(H200, **kw).facts
+    assert band_kwargs(f) == want
+    call = lower_cudnn_sdpa(f)
+    for key, value in want.items():
+        assert call.kwarg(key) == value
+
+
+def test_padding_lowering_declares_lengths_as_4d_views():
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    sq = g.tensor(name="lq", dim=(2,), data_type="int32")
+    skv = g.tensor(name="lkv", dim=(2, 1, 1, 1), data_type="int32")
+    f = declare(H200, use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv, graph=g).facts
+    call = lower_cudnn_sdpa(f)
+    ins = {t.role: t for t in call.inputs}
+    assert call.kwarg("use_padding_mask") is True
+    assert ins["seq_len_q"].dim == (2, 1, 1, 1) and ins["seq_len_q"].dtype == "int32"
+    assert ins["seq_len_kv"].dim == (2, 1, 1, 1)
+    assert dict(call.tensor_kwargs) == {"seq_len_q": "seq_len_q", "seq_len_kv": "seq_len_kv"}
+
+
+def test_sinks_lowering_declares_one_value_per_head():
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    sink = g.tensor(name="sink", dim=(4,), data_type="fp32")
+    call = lower_cudnn_sdpa(declare(H200, sink_token=sink, graph=g).facts)
+    t = {t.role: t for t in call.inputs}["sink_token"]
+    assert t.dim == (1, 4, 1, 1) and t.dtype == "fp32"
+
+
+@pytest.mark.parametrize("bias_dim", [(1, 4, 128, 128), (2, 1, 128, 128), (2, 4, 128, 128), (1, 1, 128, 128)])
+def test_bias_lowering_forward_and_backward(bias_dim):
+    f = bias_graph(bias_dim=bias_dim).validate().facts
+    assert f.has_bias and "bias" in f.features()
+    call = lower_cudnn_sdpa(f)
+    assert {t.role: t.dim for t in call.inputs}["bias"] == bias_dim
+    assert dict(call.tensor_kwargs)["bias"] == "bias"
+    fb = bias_graph(bias_dim=bias_dim, direction="bwd").validate().facts
+    assert fb.has_dbias and {"bias", "dbias"} <= fb.features()
+    cb = lower_cudnn_sdpa(fb)
+    assert cb.op == "sdpa_backward" and cb.positional == ("q", "k", "v", "o", "dO", "stats")
+    assert cb.output_kwargs == ("dBias",) and dict(cb.tensor_kwargs)["dBias"] == "dBias"
+    assert [t.role for t in cb.outputs] == ["dQ", "dK", "dV"]
+    assert "dBias" in cb.roles() and "bias" in cb.roles()
+
+
+def test_dropout_lowering():
+    f = dropout_graph(p=0.25).facts
+    assert f.has_dropout and f.dropout_probability == 0.25
+    call = lower_cudnn_sdpa(f)
+    assert call.dropout == (0.25, "dropout_seed", "dropout_offset")
+    ins = {t.role: t for t in call.inputs}
+    assert ins["dropout_seed"].dim == (1, 1, 1, 1) and ins["dropout_seed"].dtype == "int64"
+    cb = lower_cudnn_sdpa(dropout_graph(p=0.25, direction="bwd").facts)
+    assert cb.dropout == call.dropout
+
+
+def test_deterministic_backward_lowering():
+    call = lower_cudnn_sdpa(declare(H200, direction="bwd", use_deterministic_algorithm=True).facts)
+    assert call.kwarg("use_deterministic_algorithm") is True
+
+
+def test_thd_lowering_declines_with_the_reason():
+    with pytest.raises(CudnnUnsupported) as ei:
+        lower_cudnn_sdpa(declare(B200, thd=True).facts)
+    assert ei.value.reason == THD_REASON
+    assert "cu_seq_len_q" in THD_REASON and "seq_len" in THD_REASON
+
+
+# --- routing on the fake targets -------------------------------------------------------------------------------
+
+def test_b200_routes_every_graph_to_cudnn(unpended, cudnn_present, no_compile):
+    for direction in ("fwd", "bwd"):
+        name = "SdpaFwdCudnn" if direction == "fwd" else "SdpaBwdCudnn"
+        for kw in (dict(), dict(hq=8, hkv=2), dict(use_causal_mask=True), dict(use_causal_mask_bottom_right=True),
+                   dict(sliding_window_length=16), dict(diagonal_band_left_bound=8, diagonal_band_right_bound=2)):
+            assert declare(B200, direction=direction, **kw).available_engines() == [name], kw
+        assert bias_graph(B200, direction=direction).validate().available_engines() == [name]
+        assert dropout_graph(B200, direction=direction).available_engines() == [name]
+
+
+def test_h200_prefers_the_dsl_engines_and_uses_cudnn_for_bias_and_dropout(unpended, cudnn_present):
+    assert declare(H200).available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80", "SdpaFwdCudnn"]
+    assert declare(A100, direction="bwd").available_engines() == ["SdpaBwdDslSm80", "SdpaBwdCudnn"]
+    assert declare(RTX5090).available_engines() == ["SdpaFwdDslSm120", "SdpaFwdCudnn"]
+    for g in (bias_graph(H200).validate(), dropout_graph(H200)):
+        assert g.available_engines() == ["SdpaFwdCudnn"]
+        declined = dict(g.declines())
+        feature = "bias" if g.facts.has_bias else "dropout"
+        assert declined["SdpaFwdDslSm90"] == f"does not serve {feature}"
+        assert declined["SdpaFwdDslSm80"] == f"does not serve {feature}"
+    g = bias_graph(H200, direction="bwd").validate()
+    assert g.available_engines() == ["SdpaBwdCudnn"]
+    assert dict(g.declines())["SdpaBwdDslSm80"] == "does not serve bias, dbias"
+
+
+def test_cudnn_is_ranked_below_every_dsl_row():
+    cudnn_rows = [r for r in capabilities.ROWS if "Cudnn" in r.name]
+    assert {r.direction for r in cudnn_rows} == {"fwd", "bwd"}
+    for row in cudnn_rows:
+        assert (row.cc_min, row.cc_max) == ((8, 0), (12, 9))
+        for other in capabilities.rows_for(row.direction):
+            if "Dsl" in other.name:
+                assert other.priority < row.priority
+            if "Reference" in other.name:
+                assert other.priority > row.priority
+
+
+def test_cudnn_by_name(unpended, cudnn_present):
+    g = declare(H200)
+    g.create_execution_plans(engine="cudnn")
+    assert g.available_engines() == ["SdpaFwdCudnn"]
+    g = declare(H200, direction="bwd")
+    g.create_execution_plans(engine="cudnn")
+    assert g.available_engines() == ["SdpaBwdCudnn"]
+
+
+def test_a_fake_target_routes_to_cudnn_but_cannot_build_its_plan(unpended, cudnn_present):
+    g = declare(B200)
+    with pytest.raises(NotImplementedError) as ei:
+        g.build_plans()
+    assert cudnn_adapter.FAKE_TARGET in str(ei.value)
+
+
+def test_thd_declines_on_b200_with_the_reason(unpended, cudnn_present):
+    g = declare(B200, thd=True)
+    assert g.available_engines() == []
+    assert dict(g.declines())["SdpaFwdCudnn"] == THD_REASON
+
+
+def test_missing_binding_declines_naming_the_package(unpended, monkeypatch):
+    monkeypatch.undo()  # the real check, with the import made to fail
+    real_import = builtins.__import__
+
+    def no_cudnn(name, *a, **k):
+        if name == "cudnn" or name.startswith("cudnn."):
+            raise ModuleNotFoundError("No module named 'cudnn'")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_cudnn)
+    assert cudnn_adapter.cudnn_missing_reason() == cudnn_adapter.CUDNN_MISSING
+    g = bias_graph(B200).validate()
+    with pytest.raises(NotSupportedError) as ei:
+        g.build_plans()
+    assert dict(ei.value.declines)["SdpaFwdCudnn"] == "nvidia-cudnn-frontend is not installed (pip install " \
+                                                      "'frost[cudnn]')"
+
+
+def test_broken_binding_declines_with_the_error(monkeypatch):
+    monkeypatch.undo()
+    real_import = builtins.__import__
+
+    def broken(name, *a, **k):
+        if name == "cudnn":
+            raise OSError("libcudnn.so.9: cannot open shared object file")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    reason = cudnn_adapter.cudnn_missing_reason()
+    assert reason.startswith("nvidia-cudnn-frontend is installed but does not import") and "libcudnn" in reason
+
+
+def test_import_frost_does_not_import_cudnn():
+    code = ("import sys, frost, frost.adapters.cudnn, frost.lowering.lower\n"
+            "assert 'cudnn' not in sys.modules, 'importing frost imported cudnn'\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+
+
+# --- declarations of bias, dBias and dropout --------------------------------------------------------------------
+
+@pytest.mark.parametrize("bias_dim, match", [
+    ((3, 4, 128, 128), r"'bias'.*expected dim \(1 or 2, 1 or 4, 128, 128\).*got \(3, 4, 128, 128\)"),
+    ((1, 2, 128, 128), r"'bias'.*1 or 4"),
+    ((1, 4, 128, 64), r"'bias'.*got \(1, 4, 128, 64\)"),
+    ((4, 128, 128), r"'bias'.*expected dim"),
+])
+def test_bias_with_a_wrong_broadcast_is_a_graph_error(bias_dim, match):
+    with pytest.raises(GraphError, match=match):
+        bias_graph(bias_dim=bias_dim).validate()
+
+
+def test_bias_with_a_wrong_dtype_is_a_graph_error():
+    with pytest.raises(GraphError, match=r"'bias'.*data_type must be q's bf16, got fp32"):
+        bias_graph(bias_dtype="fp32").validate()
+
+
+def test_bias_from_another_graph_or_not_a_tensor_is_a_graph_error():
+    other = frost.Graph(io_data_type="bf16").tensor(name="b", dim=(1, 4, 128, 128))
+    g = frost.Graph(io_data_type="bf16")
+    q, k, v = (g.tensor(name=n, dim=(2, 4, 128, 64)) for n in "qkv")
+    with pytest.raises(GraphError, match="belongs to another graph"):
+        g.sdpa(q, k, v, bias=other)
+    with pytest.raises(GraphError, match="bias: expected a frost tensor"):
+        g.sdpa(q, k, v, bias=0.5)
+
+
+def test_dbias_needs_bias_and_its_shape():
+    g = frost.Graph(io_data_type="bf16")
+    q, k, v, o, do = (g.tensor(name=n, dim=(2, 4, 128, 64)) for n in ("q", "k", "v", "o", "dO"))
+    stats = g.tensor(name="stats", dim=(2, 4, 128, 1), data_type="fp32")
+    db = g.tensor(name="db", dim=(1, 4, 128, 128))
+    for t in g.sdpa_backward(q, k, v, o, do, stats, dBias=db):
+        t.set_output(True)
+    with pytest.raises(GraphError, match=r"'db' \(dBias\): a bias gradient needs bias"):
+        g.validate()
+    g = bias_graph(direction="bwd", dbias=False)
+    g.node.dBias = g.tensor(name="db", dim=(2, 4, 128, 128)).set_output(True)
+    with pytest.raises(GraphError, match=r"'db' \(dBias\): expected dim \(1, 4, 128, 128\)"):
+        g.validate()
+
+
+@pytest.mark.parametrize("dropout, match", [
+    ((1.0, "seed", "offset"), r"dropout probability must be a number in \[0, 1\), got 1.0"),
+    ((-0.1, "seed", "offset"), r"got -0.1"),
+    (("x", "seed", "offset"), r"got 'x'"),
+    ((0.1, None, "offset"), r"dropout seed must be a frost tensor.*got NoneType"),
+    ((0.1, "seed", 7), r"dropout offset must be a frost tensor.*got int"),
+    ((0.1,), r"dropout must be \(probability, seed tensor, offset tensor\)"),
+])
+def test_bad_dropout_is_a_graph_error(dropout, match):
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    tensors = {"seed": g.tensor(name="seed", dim=(1, 1, 1, 1), data_type="int64"),
+               "offset": g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64")}
+    dropout = tuple(tensors.get(x, x) if isinstance(x, str) and x in tensors else x for x in dropout)
+    with pytest.raises(GraphError, match=match):
+        declare(H200, dropout=dropout, graph=g)
+
+
+def test_dropout_seed_dtype_and_dim_are_checked():
+    with pytest.raises(GraphError, match=r"'seed' \(dropout_seed\): data_type must be int64, int32, got fp32"):
+        dropout_graph(seed_dtype="fp32")
+    with pytest.raises(GraphError, match=r"'seed' \(dropout_seed\): expected dim \(1, 1, 1, 1\) or \(1,\)"):
+        dropout_graph(seed_dim=(2,))
+    assert dropout_graph(seed_dim=(1,), seed_dtype="int32").facts.has_dropout
+
+
+def test_dropout_tensors_are_bound_at_execute():
+    g = dropout_graph()
+    roles = g._roles()
+    assert roles["dropout_seed"].name == "seed" and roles["dropout_offset"].name == "offset"
+    gb = bias_graph(direction="bwd").validate()
+    assert gb._roles()["dBias"].name == "dbias" and gb._roles()["bias"].name == "bias"
+
+
+# --- the adapter against a stand-in of the cuDNN binding ----------------------------------------------------------
+
+class _FakeTensor:
+    def __init__(self, **kw):
+        self.kw, self.output = dict(kw), False
+
+    def set_output(self, value):
+        self.output = value
+        return self
+
+    def set_dim(self, dim):
+        self.kw["dim"] = dim
+        return self
+
+    def set_stride(self, stride):
+        self.kw["stride"] = stride
+        return self
+
+    def set_data_type(self, dt):
+        self.kw["data_type"] = dt
+        return self
+
+
+class _FakeGraph:
+    """Records what frost asks of `cudnn.pygraph`; `refuse` makes check_support raise like cuDNN does."""
+
+    refuse = None
+    made = []
+
+    def __init__(self, **kw):
+        self.kw, self.calls, self.steps, self.executed = kw, [], [], []
+        _FakeGraph.made.append(self)
+
+    def tensor(self, **kw):
+        return _FakeTensor(**kw)
+
+    def _op(self, op, n, args, kw):
+        self.calls.append((op, args, kw))
+        return [_FakeTensor(name=f"out{i}") for i in range(n)]
+
+    def sdpa(self, *args, **kw):
+        return self._op("sdpa", 2, args, kw)
+
+    def sdpa_backward(self, *args, **kw):
+        return self._op("sdpa_backward", 3, args, kw)
+
+    def __getattr__(self, step):  # validate, build_operation_graph, create_execution_plans, build_plans
+        if step.startswith("_"):
+            raise AttributeError(step)
+        return lambda *a: self.steps.append(step)
+
+    def check_support(self):
+        self.steps.append("check_support")
+        if _FakeGraph.refuse:
+            raise RuntimeError(_FakeGraph.refuse)
+
+    def get_workspace_size(self):
+        return 1000
+
+    def execute(self, pack, workspace, handle=None):
+        self.executed.append((pack, workspace, handle))
+
+
+@pytest.fixture
+def fake_cudnn(monkeypatch, cudnn_present):
+    """A live-device record (cc 9.0, not fake) and a stand-in binding: the adapter's cuDNN path, run on the CPU."""
+    from types import SimpleNamespace
+
+    import torch
+
+    ns = SimpleNamespace
+    fake = ns(pygraph=_FakeGraph, heur_mode=ns(A="A", FALLBACK="FALLBACK"),
+              data_type=ns(BFLOAT16="BFLOAT16", HALF="HALF", FLOAT="FLOAT", INT32="INT32", INT64="INT64"),
+              diagonal_alignment=ns(TOP_LEFT="TOP_LEFT", BOTTOM_RIGHT="BOTTOM_RIGHT"))
+    monkeypatch.setattr(cudnn_adapter, "_cudnn", lambda: fake)
+    monkeypatch.setattr(cudnn_adapter, "_BUILT", {})
+    monkeypatch.setattr(cudnn_adapter, "handle_for", lambda device, stream: ("handle", device, stream))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_FakeGraph, "made", [])
+    monkeypatch.setattr(_FakeGraph, "refuse", None)
+    return H200.model_copy(update={"is_fake": False, "name": "NVIDIA H200 (record)"})
+
+
+def test_ranking_asks_cudnn_only_when_it_could_win(unpended, fake_cudnn):
+    live = fake_cudnn
+    g = declare(live)
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80", "SdpaFwdCudnn"]
+    assert _FakeGraph.made == [], "a fallback below an accepting DSL engine must not build a cuDNN plan"
+    g = bias_graph(live).validate()
+    assert g.available_engines() == ["SdpaFwdCudnn"]
+    assert len(_FakeGraph.made) == 1 and _FakeGraph.made[0].steps == [
+        "validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"]
+    g = declare(live)
+    g.create_execution_plans(engine="cudnn")
+    assert g.available_engines() == ["SdpaFwdCudnn"] and len(_FakeGraph.made) == 2
+
+
+def test_cudnn_refusal_is_a_decline_with_its_message(unpended, fake_cudnn):
+    _FakeGraph.refuse = "cudnnGraphNotSupportedError: no engine for head dim 72"
+    g = bias_graph(fake_cudnn).validate()
+    assert g.available_engines() == []
+    reason = dict(g.declines())["SdpaFwdCudnn"]
+    assert reason == "cuDNN declines this graph: RuntimeError: cudnnGraphNotSupportedError: no engine for head dim 72"
+
+
+def test_the_record_is_replayed_and_execute_binds_pointers_only(unpended, fake_cudnn):
+    g = bias_graph(fake_cudnn, use_causal_mask_bottom_right=True, sliding_window_length=16).validate()
+    g.build_plans()
+    assert g.engine_name == "SdpaFwdCudnn"
+    assert g.get_workspace_size() == 1024  # cuDNN's 1000 bytes, aligned
+    (cg,) = _FakeGraph.made
+    assert cg.kw["io_data_type"] == "BFLOAT16" and cg.kw["handle"][0] == "handle"
+    op, args, kw = cg.calls[0]
+    assert op == "sdpa" and [a.kw["name"] for a in args] == ["q", "k", "v"]
+    assert kw["bias"].kw["dim"] == [1, 4, 128, 128] and kw["attn_scale"] == 0.125
+    assert kw["use_causal_mask_bottom_right"] is True and kw["diagonal_band_left_bound"] == 16
+    assert kw["generate_stats"] is True
+    adapter = g.plan.adapter
+
+    class Bound:
+        def __init__(self, role):
+            self.role = role
+
+        def get_device(self):
+            return 0
+
+    bound = {r: Bound(r) for r in ("q", "k", "v", "bias", "o", "stats")}
+    adapter.execute(bound, "workspace", 12345)
+    pack, ws, handle = cg.executed[0]
+    assert ws == "workspace" and handle == ("handle", 0, 12345)
+    assert sorted(b.role for b in pack.values()) == sorted(bound)
+    assert {t.kw["name"]: b.role for t, b in pack.items() if "name" in t.kw and not t.kw["name"].startswith("out")} \
+        == {"q": "q", "k": "k", "v": "v", "bias": "bias"}
+    outs = [t for t in pack if t.output]
+    assert [pack[t].role for t in outs] == ["o", "stats"]
+    assert outs[0].kw["dim"] == [2, 4, 128, 64] and outs[1].kw["data_type"] == "FLOAT"
+
+
+def test_backward_replay_passes_dbias_dropout_and_determinism(unpended, fake_cudnn):
+    g = frost.Graph(io_data_type="bf16", target=fake_cudnn)
+    seed = g.tensor(name="seed", dim=(1,), data_type="int64")
+    offset = g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64")
+    q, k, v, o, do = (g.tensor(name=n, dim=(2, 4, 128, 64)) for n in ("q", "k", "v", "o", "dO"))
+    stats = g.tensor(name="stats", dim=(2, 4, 128, 1), data_type="fp32")
+    bias = g.tensor(name="bias", dim=(1, 4, 128, 128))
+    db = g.tensor(name="db", dim=(1, 4, 128, 128))
+    for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.5, bias=bias, dBias=db,
+                             dropout=(0.2, seed, offset), use_deterministic_algorithm=True,
+                             diagonal_band_right_bound=3):
+        t.set_output(True)
+    g.validate().build_plans()
+    assert g.engine_name == "SdpaBwdCudnn"
+    op, args, kw = _FakeGraph.made[0].calls[0]
+    assert op == "sdpa_backward" and [a.kw["name"] for a in args] == ["q", "k", "v", "o", "dO", "stats"]
+    assert kw["dBias"].output and kw["dBias"].kw["dim"] == [1, 4, 128, 128]
+    p, s, off = kw["dropout"]
+    assert p == 0.2 and s.kw["dim"] == [1, 1, 1, 1] and s.kw["data_type"] == "INT64" and off.kw["name"] == \
+        "dropout_offset"
+    assert kw["use_deterministic_algorithm"] is True and kw["diagonal_alignment"] == "TOP_LEFT"
+    assert kw["diagonal_band_right_bound"] == 3

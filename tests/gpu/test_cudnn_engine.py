@@ -1,0 +1,321 @@
+"""The cuDNN engine through the public graph API on a GPU (engine="cudnn"): forward and backward against the
+float64 oracle, bias and dBias, dropout (statistics and forward/backward consistency under one seed), and the
+launch stream. Skips cleanly without CUDA or without nvidia-cudnn-frontend."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import frost
+from tests import oracle
+from tests.gpu.graph_cases import BlockedDefaultStream, FwdCase, make_fwd, pack, plan_or_skip, rel_err, wait_for
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+try:
+    import cudnn  # noqa: F401
+except Exception as e:  # not installed, or its library does not load
+    pytest.skip(f"nvidia-cudnn-frontend is not usable here: {type(e).__name__}: {e}", allow_module_level=True)
+
+from tests.gpu.test_sdpa_bwd_gpu import _run, make_bwd  # noqa: E402
+
+ENGINE = "cudnn"
+
+FWD_CASES = [
+    FwdCase(d=128),
+    FwdCase(d=64, layout="bhsd"),
+    FwdCase(d=128, causal=True),
+    FwdCase(d=128, causal=True, bottom_right=True, sq=100, skv=300),
+    FwdCase(d=128, hq=8, hkv=2, causal=True),
+    FwdCase(d=128, hq=8, hkv=1),
+    FwdCase(d=128, causal=True, left=64),
+    FwdCase(d=64, bottom_right=True, left=33, sq=130, skv=260),
+    FwdCase(d=128, padding=True, causal=True, sq=200, skv=200),
+    FwdCase(d=128, stats=False),
+    FwdCase(d=128, dtype=torch.float16, causal=True),
+]
+
+BWD_CASES = [
+    FwdCase(d=128),
+    FwdCase(d=128, causal=True, layout="bhsd"),
+    FwdCase(d=64, hq=8, hkv=2, causal=True),
+    FwdCase(d=128, causal=True, bottom_right=True, sq=150, skv=300),
+    FwdCase(d=128, left=64, causal=True),
+    FwdCase(d=128, dtype=torch.float16, causal=True),
+]
+
+
+def _band_kw(case: FwdCase) -> dict:
+    """The oracle's mask keywords for a case."""
+    kw = {}
+    if case.causal:
+        kw["causal_bottom_right" if case.bottom_right else "causal"] = True
+    elif case.bottom_right:
+        kw["alignment"] = "BOTTOM_RIGHT"
+    if case.left:
+        kw["sliding_window_length"] = case.left
+    return kw
+
+
+@pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: c.id)
+def test_fwd_matches_the_float64_oracle(case):
+    g, decl, t = make_fwd(case)
+    plan_or_skip(g, ENGINE)
+    assert g.engine_name == "SdpaFwdCudnn"
+    t["o"].fill_(float("nan"))
+    if "stats" in t:
+        t["stats"].fill_(float("nan"))
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    g.execute(pack(decl, t), ws, frost.ExecutionContext())
+    torch.cuda.synchronize()
+    lens = {}
+    if case.padding:
+        lens = dict(seq_len_q=t["seq_len_q"].view(-1).tolist(), seq_len_kv=t["seq_len_kv"].view(-1).tolist())
+    ro, rlse = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), **lens, **_band_kw(case))
+    o, lse = t["o"], t.get("stats")
+    if case.padding:  # rows past a sequence's length are engine-defined: compare the valid ones
+        rows = torch.arange(case.sq, device="cuda").view(1, -1) < t["seq_len_q"].view(-1, 1)
+        o, ro = o.permute(0, 2, 1, 3)[rows], ro.permute(0, 2, 1, 3)[rows]
+        if lse is not None:
+            lse, rlse = lse[..., 0].permute(0, 2, 1)[rows], rlse.permute(0, 2, 1)[rows]
+    elif lse is not None:
+        lse = lse[..., 0]
+    assert not torch.isnan(o).any(), "some output elements were not written"
+    assert rel_err(o, ro) < 1e-2
+    if lse is not None:
+        fin = torch.isfinite(rlse)
+        assert (lse[fin].double() - rlse[fin]).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: c.id)
+def test_bwd_matches_the_float64_oracle(case):
+    g, d, t = make_bwd(case)
+    plan_or_skip(g, ENGINE)
+    assert g.engine_name == "SdpaBwdCudnn"
+    got = _run(g, d, t)
+    _, _, dq, dk, dv, _ = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], scale=1 / math.sqrt(case.d),
+                                                 **_band_kw(case))
+    for name, ref in (("dQ", dq), ("dK", dk), ("dV", dv)):
+        assert not torch.isnan(got[name]).any(), f"{name}: some elements were not written"
+        assert rel_err(got[name], ref) < 2e-2, name
+
+
+# --- bias and dBias ----------------------------------------------------------------------------------------------
+
+def _biased_reference(q, k, v, bias, do, *, scale, causal):
+    """float64 softmax(scale * q k^T + bias) v with autograd: (o, dq, dk, dv, dbias summed to bias's shape)."""
+    leaves = [x.detach().double().requires_grad_(True) for x in (q, k, v, bias)]
+    qd, kd, vd, bd = leaves
+    s = torch.einsum("bhqd,bhkd->bhqk", qd, kd) * scale + bd
+    if causal:
+        s = s.masked_fill(~oracle.band(s.shape[-2], s.shape[-1], causal=True).to(s.device), float("-inf"))
+    o = torch.softmax(s, dim=-1) @ vd
+    grads = torch.autograd.grad(o, leaves, grad_outputs=do.double())
+    return (o.detach(),) + tuple(grads)
+
+
+@pytest.mark.parametrize("bias_shape", ["1h", "b1", "bh"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bias_forward_and_dbias_backward(bias_shape, causal):
+    b, h, s, dh = 2, 4, 256, 128
+    scale = 1 / math.sqrt(dh)
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(b, s, h, dh, device="cuda", dtype=torch.bfloat16).permute(0, 2, 1, 3)
+                   for _ in range(4))
+    bdim = {"1h": (1, h, s, s), "b1": (b, 1, s, s), "bh": (b, h, s, s)}[bias_shape]
+    bias = torch.randn(bdim, device="cuda", dtype=torch.bfloat16)
+    mask = dict(use_causal_mask=True) if causal else {}
+
+    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
+    dq_, dk_, dv_, db_ = (g.tensor_like(x, name=n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (bias, "bias")))
+    o_t = torch.empty_like(q)
+    stats_t = torch.empty(b, h, s, 1, device="cuda", dtype=torch.float32)
+    o, stats = g.sdpa(dq_, dk_, dv_, attn_scale=scale, generate_stats=True, bias=db_, **mask)
+    o.set_output(True).set_dim(tuple(o_t.shape)).set_stride(tuple(o_t.stride()))
+    stats.set_output(True)
+    plan_or_skip(g, ENGINE)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    o_t.fill_(float("nan"))
+    g.execute({dq_: q, dk_: k, dv_: v, db_: bias, o: o_t, stats: stats_t}, ws, frost.ExecutionContext())
+    torch.cuda.synchronize()
+    ro, rdq, rdk, rdv, rdb = _biased_reference(q, k, v, bias, do, scale=scale, causal=causal)
+    assert rel_err(o_t, ro) < 1e-2
+
+    gb = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
+    t = {"q": q, "k": k, "v": v, "o": o_t, "dO": do, "stats": stats_t, "bias": bias}
+    d = {n: gb.tensor_like(x, name=n) for n, x in t.items()}
+    out = {"dQ": torch.empty_like(q), "dK": torch.empty_like(k), "dV": torch.empty_like(v),
+           "dBias": torch.empty_like(bias)}
+    d["dBias"] = gb.tensor_like(out["dBias"], name="dBias")
+    grads = gb.sdpa_backward(d["q"], d["k"], d["v"], d["o"], d["dO"], d["stats"], attn_scale=scale, bias=d["bias"],
+                             dBias=d["dBias"], **mask)
+    for n, decl in zip(("dQ", "dK", "dV"), grads):
+        decl.set_output(True).set_dim(tuple(out[n].shape)).set_stride(tuple(out[n].stride()))
+        d[n] = decl
+    plan_or_skip(gb, ENGINE)
+    assert gb.engine_name == "SdpaBwdCudnn"
+    for x in out.values():
+        x.fill_(float("nan"))
+    ws = torch.empty(gb.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    gb.execute({d[n]: x for n, x in {**t, **out}.items()}, ws, frost.ExecutionContext())
+    torch.cuda.synchronize()
+    for name, ref in (("dQ", rdq), ("dK", rdk), ("dV", rdv), ("dBias", rdb)):
+        assert not torch.isnan(out[name]).any(), f"{name}: some elements were not written"
+        assert rel_err(out[name], ref) < 2e-2, name
+
+
+# --- dropout -----------------------------------------------------------------------------------------------------
+
+def _dropout_graphs(p, *, b=2, h=4, s=512, dh=64, q_zero=False, seed=0):
+    """A forward and a backward graph with dropout (p, seed, offset) over the same tensors."""
+    torch.manual_seed(seed)
+    q = torch.zeros if q_zero else torch.randn
+    t = {"q": q(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
+         "k": torch.randn(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
+         "v": torch.randn(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
+         "seed": torch.full((1, 1, 1, 1), 123456, device="cuda", dtype=torch.int64),
+         "offset": torch.full((1, 1, 1, 1), 789, device="cuda", dtype=torch.int64)}
+    t["o"] = torch.empty_like(t["q"])
+    t["stats"] = torch.empty(b, h, s, 1, device="cuda", dtype=torch.float32)
+    t["dO"] = torch.randn_like(t["o"])
+    for n in ("dQ", "dK", "dV"):
+        t[n] = torch.empty_like(t[n[1].lower()])
+    scale = 1 / math.sqrt(dh)
+
+    fg = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
+    fd = {n: fg.tensor_like(t[n], name=n) for n in ("q", "k", "v", "seed", "offset")}
+    o, stats = fg.sdpa(fd["q"], fd["k"], fd["v"], attn_scale=scale, generate_stats=True,
+                       dropout=(p, fd["seed"], fd["offset"]))
+    o.set_output(True)
+    stats.set_output(True)
+    fd.update(o=o, stats=stats)
+
+    bg = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
+    bd = {n: bg.tensor_like(t[n], name=n) for n in ("q", "k", "v", "o", "dO", "stats", "seed", "offset")}
+    grads = bg.sdpa_backward(bd["q"], bd["k"], bd["v"], bd["o"], bd["dO"], bd["stats"], attn_scale=scale,
+                             dropout=(p, bd["seed"], bd["offset"]))
+    for n, decl in zip(("dQ", "dK", "dV"), grads):
+        decl.set_output(True)
+        bd[n] = decl
+    plan_or_skip(fg, ENGINE)
+    plan_or_skip(bg, ENGINE)
+    return fg, fd, bg, bd, t
+
+
+def _execute(g, decl, t):
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    g.execute({decl[n]: t[n] for n in decl}, ws, frost.ExecutionContext())
+    torch.cuda.synchronize()
+
+
+def test_dropout_keeps_the_expected_fraction_with_inverse_scaling():
+    """Uniform attention (q = 0) over v = 1: each output is (kept keys / S) / (1 - p), so its mean is 1 and its
+    spread is the binomial one; the same seed repeats bit for bit, another seed does not."""
+    p, s = 0.2, 512
+    fg, fd, _, _, t = _dropout_graphs(p, s=s, q_zero=True)
+    t["v"].fill_(1.0)
+    _execute(fg, fd, t)
+    o = t["o"][..., 0].double()  # every column of a row is the same kept fraction
+    assert abs(o.mean().item() - 1.0) < 0.02
+    want_std = math.sqrt(p * (1 - p) / s) / (1 - p)
+    assert 0.7 * want_std < o.std().item() < 1.3 * want_std
+    first = t["o"].clone()
+    _execute(fg, fd, t)
+    assert torch.equal(first, t["o"]), "one seed and offset must give one dropout mask"
+    t["seed"].fill_(42)
+    _execute(fg, fd, t)
+    assert not torch.equal(first, t["o"]), "a new seed (read on the device at execute) must change the mask"
+
+
+def test_dropout_forward_and_backward_share_one_mask():
+    """With O = D V (D the dropped, rescaled probabilities) the backward's dV = D^T dO, so <O, dO> = <V, dV> per
+    head: only a backward that drops the forward's weights satisfies it."""
+    fg, fd, bg, bd, t = _dropout_graphs(0.3)
+    _execute(fg, fd, t)
+    _execute(bg, bd, t)
+    lhs = (t["o"].double() * t["dO"].double()).sum(dim=(2, 3))
+    rhs = (t["v"].double() * t["dV"].double()).sum(dim=(2, 3))
+    assert ((lhs - rhs).abs() / lhs.abs().clamp_min(1.0)).max().item() < 3e-2
+    t["seed"].fill_(7)  # a backward with another mask breaks the identity
+    _execute(bg, bd, t)
+    other = (t["v"].double() * t["dV"].double()).sum(dim=(2, 3))
+    assert ((lhs - other).abs() / lhs.abs().clamp_min(1.0)).max().item() > 0.1
+
+
+# --- the launch stream -------------------------------------------------------------------------------------------
+
+def test_non_default_stream_is_honored():
+    case = FwdCase(d=128, b=4, sq=1024, skv=1024, causal=True)
+    g, decl, t = make_fwd(case)
+    plan_or_skip(g, ENGINE)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))  # the first execute on a stream makes its handle
+    torch.cuda.synchronize()
+    t["o"].fill_(float("nan"))
+    torch.cuda.synchronize()
+    with BlockedDefaultStream() as blocked:
+        g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))
+        done = torch.cuda.Event()
+        done.record(side)
+        finished = wait_for(done)
+        still_blocked = blocked.still_blocked()
+    assert finished, "execute did not finish while the default stream was held: it waited for the default stream"
+    assert still_blocked, "the default stream was not held during the check"
+    assert not torch.isnan(t["o"]).any()
+
+
+def test_execute_allocates_nothing_and_never_syncs():
+    case = FwdCase(d=128, causal=True)
+    g, decl, t = make_fwd(case)
+    plan_or_skip(g, ENGINE)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    vp = pack(decl, t)
+    g.execute(vp, ws, frost.ExecutionContext())  # the handle of this stream exists after planning
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            g.execute(vp, ws, frost.ExecutionContext())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+
+
+def test_thd_declines_with_the_reason():
+    case = FwdCase(d=128, thd_lens=[(10, 10), (37, 37)], causal=True)
+    g, _, _ = make_fwd(case)
+    g.validate()
+    with pytest.raises(frost.NotSupportedError) as ei:
+        g.build_plans(engine=ENGINE)
+    assert "packed THD" in dict(ei.value.declines)["SdpaFwdCudnn"]
+
+
+def test_cuda_graph_capture_and_replay_with_new_inputs():
+    """An execute on a stream that has run once is capturable; a replay reads the new contents of the tensors."""
+    case = FwdCase(d=128, causal=True, stats=False)
+    g, decl, t = make_fwd(case)
+    plan_or_skip(g, ENGINE)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    vp = pack(decl, t)
+    s = torch.cuda.Stream()
+    g.execute(vp, ws, frost.ExecutionContext(stream=s))  # makes this stream's handle outside the capture
+    torch.cuda.synchronize()
+    cg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cg, stream=s):
+        g.execute(vp, ws, frost.ExecutionContext(stream=s))
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        for r in ("q", "k", "v"):
+            t[r].copy_(torch.randn_like(t[r]))
+        t["o"].fill_(float("nan"))
+        cg.replay()
+        torch.cuda.synchronize()
+        ro, _ = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), causal=True)
+        assert rel_err(t["o"], ro) < 1e-2
