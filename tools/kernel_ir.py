@@ -29,7 +29,8 @@ _LOC = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)")
 
 def covering_specs() -> list:
     """(template, params, arch) of every kernel the CPU compile tests build."""
-    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, chain
+    from frost.engines.sdpa_bwd.chain import chain_of
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
     from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
     from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
@@ -41,7 +42,7 @@ def covering_specs() -> list:
     for arch, kws in cases.SM80_BWD_COVER.items():
         for kw in kws:
             p = Sm80BwdParams(**kw)
-            specs += [(template, sp, arch) for _, template, _, sp in chain(p)]
+            specs += [(template, sp, arch) for _, template, _, sp in chain_of(p)]
     for group in cases.SM90_FWD_COVER:
         specs += [(cases.SM90_FWD_TEMPLATE, Sm90FwdParams(**kw), "sm_90a") for kw in group]
     for group in cases.SM90_BWD_COVER:  # the main kernel; its helpers are the skeleton's, covered above

@@ -9,12 +9,11 @@ chain. It imports no arch module.
 """
 from __future__ import annotations
 
-import importlib
 import weakref
 
 from frost.adapters.base import SdpaBwdDsl
 from frost.adapters.dsl import DslKernels, LaunchArgs, sdpa_feature_flags, viewed_args
-from frost.engines.sdpa_bwd.chain import bwd_chain
+from frost.engines.sdpa_bwd.chain import chain_of
 from frost.engines.sdpa_bwd.scratch import scratch_layout
 from frost.runtime.context import stream_handle
 from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
@@ -27,17 +26,9 @@ def bwd_feature_flags(facts) -> dict:
 class DslBwdAdapter(DslKernels, SdpaBwdDsl):
     _carved = None  # (weakref to the workspace, its address, scratch views) of a dense plan
 
-    @property
-    def _pm(self):
-        return importlib.import_module(self.params_module)
-
-    def _chain(self, params) -> list:
-        """(stage, template module, argument names, stage params) of every kernel, in launch order."""
-        return bwd_chain(params, self._pm.MAIN_TEMPLATE, self._pm.main_args(params))
-
     def kernel_specs(self) -> list:
         """(template module, params) of every kernel of the chain, in launch order."""
-        return [(module, sp) for _, module, _, sp in self._chain(self.validated_params())]
+        return [(module, sp) for _, module, _, sp in chain_of(self.validated_params())]
 
     def compile(self) -> None:
         """Compile the whole chain at plan time; kernels missing from the cache compile in parallel workers."""
@@ -48,7 +39,7 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
         envelope = self._scratch(f.total_q, f.total_kv)
         self._scratch_bytes = layout_bytes(envelope)
         self._dense_scratch = None if f.is_thd else envelope  # dense layouts are fully plan-time
-        stages = self._chain(params)
+        stages = chain_of(params)
         kernels = compile_many([(module, sp) for _, module, _, sp in stages], self.target)
         self.chain = [(kernel, LaunchArgs(names, f)) for (_, _, names, _), kernel in zip(stages, kernels)]
         self._views = viewed_args(n for _, _, names, _ in stages for n in names)

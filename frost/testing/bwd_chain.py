@@ -6,22 +6,14 @@ execute path.
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from frost.compiler.workers import compile_many
 from frost.engines.sdpa_args import declared_values
-from frost.engines.sdpa_bwd.chain import bwd_chain, chain_args
+from frost.engines.sdpa_bwd.chain import chain_args, chain_of
 from frost.engines.sdpa_bwd.scratch import scratch_layout
 from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
 from frost.target import discover_target
-
-
-def chain_of(p) -> list:
-    """The chain of a backward's params: the shared helpers around the main template its params module names."""
-    pm = importlib.import_module(type(p).__module__)
-    return bwd_chain(p, pm.MAIN_TEMPLATE, pm.main_args(p))
 
 
 def workspace_views(p, t, poison=True):

@@ -13,7 +13,7 @@ from frost.engines.sdpa_bwd.chain import BwdHelperParams, chain_args, stage_para
 from frost.engines.sdpa_bwd.scratch import scratch_bytes, scratch_layout, uses_turns
 from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80BwdParams, default_knobs,
                                                smem_bytes, split_tile, split_tile_count, validate)
-from frost.engines.sm80.sdpa_bwd_params import chain as bwd_chain
+from frost.engines.sdpa_bwd.chain import chain_of as bwd_chain
 from frost.errors import TemplateParamsError
 from frost.testing.cases import SM80_BWD_COVER as COVER
 from frost.testing.cases import params_kwargs

@@ -10,7 +10,7 @@ import pytest
 
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validate
 from frost.errors import TemplateParamsError
-from frost.testing.bwd_chain import chain_of
+from frost.engines.sdpa_bwd.chain import chain_of
 from frost.testing.cases import SM90_BWD_COVER, sm90_bwd_kwargs
 from tests.compile_runner import compile_groups
 

@@ -94,6 +94,15 @@ def bwd_chain(p, main_template: str, main_args: list[str]) -> list[tuple[str, st
             ("postprocess", POSTPROCESS, postprocess_args(p), stage_params(p, "postprocess"))]
 
 
+def chain_of(p) -> list:
+    """`bwd_chain` of a backward's params: its params module (the one defining its class) names the main
+    template (`MAIN_TEMPLATE`) and its arguments (`main_args`)."""
+    import importlib
+
+    pm = importlib.import_module(type(p).__module__)
+    return bwd_chain(p, pm.MAIN_TEMPLATE, pm.main_args(p))
+
+
 def chain_args(chain: list, values: dict) -> list[tuple[str, list]]:
     """Bind a `bwd_chain`: (template, positional args) per kernel, in launch order.
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Literal
 
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
-from frost.engines.sdpa_bwd.chain import bwd_chain, lengths_args, name_dims, name_tags
+from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sdpa_bwd.scratch import uses_turns
 from frost.errors import TemplateParamsError
 
@@ -273,11 +273,6 @@ def main_args(p: Sm80BwdParams) -> list[str]:
     if p.is_thd:
         args.append("max_seqlen_kv")
     return args + ["stream"]
-
-
-def chain(p: Sm80BwdParams) -> list:
-    """This backward's `frost.engines.sdpa_bwd.chain.bwd_chain`: (stage, template, argument names, params)."""
-    return bwd_chain(p, MAIN_TEMPLATE, main_args(p))
 
 
 def name_suffix(p: Sm80BwdParams) -> str:
