@@ -14,13 +14,13 @@ a backward provides to join the chain:
   `has_dsinks`, `tile_m` (query rows per semaphore), and the dQ accumulator layout:
   `dq_accum_blocked` (8x8 blocks, dense only, or plain rows) and `dq_splits` (0: one accumulator;
   n >= 1: n copies stacked along its batch mode, each written by one CTA, with no turns);
-- its params module exposes `MAIN_TEMPLATE` (the main template's dotted module path),
+- its params module (the module that defines its params class) exposes `MAIN_TEMPLATE` (the main template's dotted module path),
   `main_args(params)` (the main kernel's argument names, from `sdpa_args` and the scratch names of
   `scratch.py`), `validate(params)` and `default_knobs(...)`;
 - the main template module exposes `kernel_name(params, arch)` and `build(params, arch)` like any
   template, taking its scratch fakes from `accum.scratch_fake`.
 
-`chain.bwd_chain(params, MAIN_TEMPLATE, main_args(params))` then lists the three kernels with their
+`chain.chain_of(params)` (`bwd_chain(params, MAIN_TEMPLATE, main_args(params))`) then lists the three kernels with their
 argument names and compile params (the helpers compile from a small `BwdHelperParams` record, so
 main-kernel knobs never compile a helper twice); `scratch.scratch_layout` sizes the workspace;
 `frost.adapters.dsl_bwd.DslBwdAdapter` compiles, carves and launches the chain. Only `accum.py`,
