@@ -24,6 +24,8 @@ validator). Argument list: `main_args`.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
@@ -43,6 +45,32 @@ BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgr
 BAR_DQ_FULL = 3   # the MMA warpgroups wrote the dQ tile
 BAR_EPI = 4       # epilogue: K / V tiles free, then dK / dV staged
 MMA_THREADS = 256
+
+
+class Walk(NamedTuple):
+    """One CTA's work, made once: its key tile and heads, the query tiles it visits and the mask band."""
+
+    n_block: Int32
+    head_kv: Int32
+    batch: Int32
+    m_min: Int32  # first query tile of the band
+    n_m: Int32  # query tiles per query head
+    steps: Int32  # n_m times the query heads of the group
+    off: Int32  # diagonal offset
+    wl: object  # clamped windows (Int32 or None)
+    wr: object
+    seqlen_q: Int32
+    seqlen_k: Int32
+
+
+class Rows(NamedTuple):
+    """The staged LSE / dpsum rows: global sources, shared halves (one per step parity), this thread."""
+
+    mLSE: cute.Tensor
+    mdPsum: cute.Tensor
+    sLSE: cute.Tensor
+    sdPsum: cute.Tensor
+    tidx: Int32
 
 
 def kernel_name(params: Sm90BwdParams, arch: str) -> str:
@@ -182,23 +210,22 @@ class SdpaBwdSm90:
 
         bx, head_kv, batch = cute.arch.block_idx()
         n_block = self.key_tile(bx)
-        work = self.work(n_block, mQ.shape[0], mK.shape[0], wl, wr)
+        walk = self.walk(n_block, head_kv, batch, mQ.shape[0], mK.shape[0], wl, wr)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(24)
             if warp_idx == 0:
                 self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
-                          pipe_q, pipe_do, pipe_kv, work, n_block, head_kv, batch)
+                          pipe_q, pipe_do, pipe_kv, walk)
             if warp_idx == 1:
-                self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, work, n_block, head_kv, batch)
+                self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, walk)
         else:
             cute.arch.setmaxregister_increase(240)
             self.mma(mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv,
-                     pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv,
-                     batch)
+                     pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
 
     @cute.jit
-    def work(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
-        """The CTA's walk: (first query tile, query tiles per head, steps, diagonal offset, clamped windows)."""
+    def walk(self, n_block: Int32, head_kv: Int32, batch: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
+        """The CTA's `Walk`: the query tiles of its key tile's band, over every query head of its group."""
         p = self.p
         off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
         cap = seqlen_q + seqlen_k
@@ -206,19 +233,19 @@ class SdpaBwdSm90:
         wr_c = cutlass.min(Int32(wr), cap) if const_expr(p.has_window_right) else None
         m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
         n_m = cutlass.max(m_max - m_min, 0)
-        return m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k
+        return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k)
 
     @cute.jit
-    def step_tile(self, t: Int32, head_kv: Int32, m_min: Int32, n_m: Int32):
+    def step_tile(self, t: Int32, w: Walk):
         """Step t of the flat loop -> (query head, query tile): heads of the group outer, tiles inner."""
-        head = head_kv * self.group + t // n_m
-        return head, m_min + t % n_m
+        head = w.head_kv * self.group + t // w.n_m
+        return head, w.m_min + t % w.n_m
 
     # --- producer warp: K / V once, then Q and dO per step
     @cute.jit
     def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
-             pipe_q, pipe_do, pipe_kv, work, n_block, head_kv, batch):
-        m_min, n_m, steps = work[0], work[1], work[2]
+             pipe_q, pipe_do, pipe_kv, w: Walk):
+        n_block, head_kv, batch = w.n_block, w.head_kv, w.batch
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.bn, self.d), (n_block, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.bn, self.dv), (n_block, 0))
@@ -230,8 +257,8 @@ class SdpaBwdSm90:
         cute.copy(tma_atom_k, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         cute.copy(tma_atom_v, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        for t in cutlass.range(steps, unroll=1):
-            head, m_block = self.step_tile(t, head_kv, m_min, n_m)
+        for t in cutlass.range(w.steps, unroll=1):
+            head, m_block = self.step_tile(t, w)
             gQ = cute.local_tile(mQ[None, None, head, batch], (self.bm, self.d), (m_block, 0))
             gdO = cute.local_tile(mdO[None, None, head, batch], (self.bm, self.dv), (m_block, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
@@ -247,22 +274,21 @@ class SdpaBwdSm90:
 
     # --- dQ writer warp: one TMA reduce-add of each step's fp32 dQ tile
     @cute.jit
-    def store_dq(self, mAcc, mSem, sdQ, tma_atom_dq, work, n_block, head_kv, batch):
+    def store_dq(self, mAcc, mSem, sdQ, tma_atom_dq, w: Walk):
         """Deterministic: each (head, query tile) takes its key tiles' adds in a fixed order (`turn`); lane 0
         (the lane TMA elects) waits for its turn, and passes it on once its add has completed."""
-        m_min, n_m, steps = work[0], work[1], work[2]
         lane = cute.arch.lane_idx()
-        for t in cutlass.range(steps, unroll=1):
-            head, m_block = self.step_tile(t, head_kv, m_min, n_m)
-            gAcc = cute.local_tile(mAcc[None, None, head, batch], (self.bm, self.d), (m_block, 0))
+        for t in cutlass.range(w.steps, unroll=1):
+            head, m_block = self.step_tile(t, w)
+            gAcc = cute.local_tile(mAcc[None, None, head, w.batch], (self.bm, self.d), (m_block, 0))
             tDsdQ, tDgAcc = cpasync.tma_partition(tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2),
                                                   cute.group_modes(gAcc, 0, 2))
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
             sem = None
             if const_expr(self.p.deterministic):
-                sem = self.semaphore(mSem, head, m_block, batch, work[6])
-                turn = self.turn(m_block, n_block, work)
+                sem = self.semaphore(mSem, head, m_block, w.batch, w.seqlen_q)
+                turn = self.turn(m_block, w)
                 if lane == 0:
                     while gops.ld_acquire_i32(sem) != turn:
                         pass
@@ -284,7 +310,7 @@ class SdpaBwdSm90:
         return gops.elem_ptr(mSem, idx)
 
     @cute.jit
-    def turn(self, m_block: Int32, n_block: Int32, work):
+    def turn(self, m_block: Int32, w: Walk):
         """Key tile n_block's place among the key tiles that add into query tile m_block.
 
         Under a right-bounded band (causal) the order runs from the highest key tile down: that tile reaches
@@ -294,7 +320,7 @@ class SdpaBwdSm90:
         """
         p = self.p
         bm, bn = self.bm, self.bn
-        off, wl, wr, seqlen_k = work[3], work[4], work[5], work[7]
+        n_block, off, wl, wr, seqlen_k = w.n_block, w.off, w.wl, w.wr, w.seqlen_k
         turn = Int32(0)
         if const_expr(p.has_window_right):
             n_hi = (seqlen_k + bn - 1) // bn - 1
@@ -319,9 +345,9 @@ class SdpaBwdSm90:
     # --- MMA warpgroups
     @cute.jit
     def mma(self, mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv, pipe_q,
-            pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, work, n_block, head_kv, batch):
+            pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, w: Walk):
         bm, bn = self.bm, self.bn
-        m_min, n_m, steps, off, wl, wr, seqlen_q, seqlen_k = work
+        n_block, steps, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.steps, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_sdp = mma_sdp.get_slice(wg * 128)
@@ -359,20 +385,19 @@ class SdpaBwdSm90:
         tScS_mn = acc_as_mn(thr_sdp.partition_C(cS))
         t0ScS_mn = acc_as_mn(mma_sdp.get_slice(0).partition_C(cS))
         n_cols = cute.size(tScS_mn, mode=[1])
-        sLSE, sdPsum = sRows
+        rows = Rows(mLSE, mdPsum, sRows[0], sRows[1], tidx)
         scale_log2 = scale * Float32(LOG2_E)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        rows_ctx = (mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch)
         if steps > 0:
-            self.stage_rows(rows_ctx, Int32(0), self.load_rows(rows_ctx, Int32(0)))
+            self.stage_rows(rows, Int32(0), self.load_rows(rows, w, Int32(0)))
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         pipe_kv.consumer_wait(kv_state)
         for t in cutlass.range(steps, unroll=1):
-            head, m_block = self.step_tile(t, head_kv, m_min, n_m)
+            head, m_block = self.step_tile(t, w)
             q0 = m_block * bm
-            row_next = self.load_rows(rows_ctx, t + 1)  # the next step's LSE / dpsum row, staged below
+            row_next = self.load_rows(rows, w, t + 1)  # the next step's LSE / dpsum row, staged below
             stage = t % 2
             pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
             acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
@@ -386,14 +411,14 @@ class SdpaBwdSm90:
                 mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
-                    s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - sLSE[tScS_mn[0, c][1], stage],
+                    s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
                                                  fastmath=True)
             wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
             warpgroup.wait_group(0)
             dp_mn = acc_as_mn(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
-                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - sdPsum[tScS_mn[0, c][1], stage])
+                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
             wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
             # dV += P^T dO while dS goes to shared memory
             wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
@@ -410,7 +435,7 @@ class SdpaBwdSm90:
             wu.gemm(mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
             warpgroup.wait_group(1)  # dV and dQ done; dK may still run
             pipe_do.consumer_release(q_state)
-            self.stage_rows(rows_ctx, t + 1, row_next)  # read after this step's dQ-empty barrier
+            self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
             cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
             cute.autovec_copy(acc_dQ, tdQsdQ)
             cute.arch.fence_view_async_shared()
@@ -419,38 +444,37 @@ class SdpaBwdSm90:
             pipe_q.consumer_release(q_state)
             q_state.advance()
         self.epilogue(acc_dK, acc_dV, mdK, mdV, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx,
-                      n_block, head_kv, batch)
+                      w)
 
     @cute.jit
-    def load_rows(self, ctx, t: Int32) -> Float32:
+    def load_rows(self, r: Rows, w: Walk, t: Int32) -> Float32:
         """Threads [0, tile_m) read step t's LSE (log2 units; +inf past the sequence or for a row with no key,
         so P = 0), threads [tile_m, 2 tile_m) its dpsum; a step past the last reads the last step's rows."""
-        mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch = ctx
-        head, m_block = self.step_tile(cutlass.min(t, steps - 1), head_kv, m_min, n_m)
+        tidx, seqlen_q, batch = r.tidx, w.seqlen_q, w.batch
+        head, m_block = self.step_tile(cutlass.min(t, w.steps - 1), w)
         i = tidx % self.bm
         q = m_block * self.bm + i
         qc = cutlass.min(q, seqlen_q - 1)
         v = Float32(0.0)
         if tidx < self.bm:
-            lse = mLSE[qc, head, batch] * Float32(LOG2_E)
+            lse = r.mLSE[qc, head, batch] * Float32(LOG2_E)
             v = Float32.inf if (q >= seqlen_q or lse == -Float32.inf) else lse
         elif tidx < 2 * self.bm:
-            v = mdPsum[qc, head, batch]
+            v = r.mdPsum[qc, head, batch]
         return v
 
     @cute.jit
-    def stage_rows(self, ctx, t: Int32, v: Float32):
+    def stage_rows(self, r: Rows, t: Int32, v: Float32):
         """Store `load_rows`' value in step t's half of the staged LSE / dpsum rows."""
-        mLSE, mdPsum, sLSE, sdPsum, tidx, head_kv, m_min, n_m, steps, seqlen_q, batch = ctx
-        i = tidx % self.bm
-        if tidx < self.bm:
-            sLSE[i, t % 2] = v
-        elif tidx < 2 * self.bm:
-            sdPsum[i, t % 2] = v
+        i = r.tidx % self.bm
+        if r.tidx < self.bm:
+            r.sLSE[i, t % 2] = v
+        elif r.tidx < 2 * self.bm:
+            r.sdPsum[i, t % 2] = v
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx,
-                 n_block, head_kv, batch):
+                 w: Walk):
         """dK * scale and dV through the (now free) K / V tiles, then one TMA store each."""
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * scale
@@ -467,8 +491,8 @@ class SdpaBwdSm90:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         if tidx < 32:
-            gdK = cute.local_tile(mdK[None, None, head_kv, batch], (self.bn, self.d), (n_block, 0))
-            gdV = cute.local_tile(mdV[None, None, head_kv, batch], (self.bn, self.dv), (n_block, 0))
+            gdK = cute.local_tile(mdK[None, None, w.head_kv, w.batch], (self.bn, self.d), (w.n_block, 0))
+            gdV = cute.local_tile(mdV[None, None, w.head_kv, w.batch], (self.bn, self.dv), (w.n_block, 0))
             tKsK, tKgK = cpasync.tma_partition(tma_atom_dk, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                                cute.group_modes(gdK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_atom_dv, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
