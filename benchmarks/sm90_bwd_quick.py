@@ -17,10 +17,8 @@ import time
 
 import torch
 
+from frost.bench.flops import sdpa_flops
 from quick_problem import timed
-
-BWD_FACTOR = 2.5
-
 
 def chain_for(params_list, target):
     """One maker per params: given named canonical tensors, it returns a callable running the whole chain."""
@@ -90,7 +88,7 @@ def main(argv=None):
                 k, v = (torch.randn(b, s, hk, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
                 do = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
                 scale = 1.0 / math.sqrt(d)
-                flops = BWD_FACTOR * b * 2.0 * h * s * s * 2 * d / (2 if c else 1)
+                flops = sdpa_flops(heads=h, d_qk=d, causal=c, direction="bwd", batch=b, seqlen_q=s)
                 res, grads = {}, {}
                 if fa4 is not None:
                     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
