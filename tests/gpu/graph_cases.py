@@ -180,3 +180,17 @@ def rel_err(x, ref, mask=None):
     if mask is not None:
         x, ref = x[mask], ref[mask]
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def runs_while_default_blocked(launch, side) -> tuple:
+    """Call `launch()` with the default stream held: (whether `side` then finishes, whether the default stream was
+    still held when it did). A launch that waited on the default stream never finishes."""
+    import torch
+
+    with BlockedDefaultStream() as blocked:
+        launch()
+        done = torch.cuda.Event()
+        done.record(side)
+        finished = wait_for(done)
+        still_blocked = blocked.still_blocked()
+    return finished, still_blocked

@@ -10,7 +10,7 @@ import torch
 
 import frost
 from tests import oracle
-from tests.gpu.graph_cases import BlockedDefaultStream, FwdCase, make_fwd, pack, plan_or_skip, rel_err, wait_for
+from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, rel_err, runs_while_default_blocked
 
 pytestmark = pytest.mark.gpu
 
@@ -258,12 +258,8 @@ def test_non_default_stream_is_honored():
     torch.cuda.synchronize()
     t["o"].fill_(float("nan"))
     torch.cuda.synchronize()
-    with BlockedDefaultStream() as blocked:
-        g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))
-        done = torch.cuda.Event()
-        done.record(side)
-        finished = wait_for(done)
-        still_blocked = blocked.still_blocked()
+    finished, still_blocked = runs_while_default_blocked(
+        lambda: g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side)), side)
     assert finished, "execute did not finish while the default stream was held: it waited for the default stream"
     assert still_blocked, "the default stream was not held during the check"
     assert not torch.isnan(t["o"]).any()

@@ -6,7 +6,7 @@ import torch
 
 import frost
 from tests.cpu.test_cudnn_programs import DENSE_BWD, DENSE_FWD, RAGGED_FWD
-from tests.gpu.graph_cases import BlockedDefaultStream, FwdCase, make_fwd, pack, plan_or_skip, wait_for
+from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, runs_while_default_blocked
 
 pytestmark = pytest.mark.gpu
 
@@ -42,12 +42,7 @@ def test_the_handles_stream_is_honored(engine):
     torch.cuda.synchronize()
     t["o"].fill_(float("nan"))
     torch.cuda.synchronize()
-    with BlockedDefaultStream() as blocked:
-        g.execute(pack(decl, t), ws, handle)
-        done = torch.cuda.Event()
-        done.record(side)
-        finished = wait_for(done)
-        still_blocked = blocked.still_blocked()
+    finished, still_blocked = runs_while_default_blocked(lambda: g.execute(pack(decl, t), ws, handle), side)
     assert finished, "execute did not finish while the default stream was held: it ignored the handle's stream"
     assert still_blocked
     assert not torch.isnan(t["o"]).any()

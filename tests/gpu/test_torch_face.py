@@ -14,7 +14,7 @@ import torch
 
 import frost.torch_face as ft
 from tests import oracle
-from tests.gpu.graph_cases import BlockedDefaultStream, rel_err, wait_for
+from tests.gpu.graph_cases import rel_err, runs_while_default_blocked
 
 pytestmark = pytest.mark.gpu
 
@@ -194,12 +194,13 @@ def test_runs_on_the_current_non_default_stream():
     with torch.cuda.stream(side):  # warm-up on the side stream: plans exist, its allocator pool holds the blocks
         out, _ = calls()
     torch.cuda.synchronize()
-    with BlockedDefaultStream() as blocked, torch.cuda.stream(side):
-        out2, dq = calls()
-        done = torch.cuda.Event()
-        done.record(side)
-        finished = wait_for(done)
-        still_blocked = blocked.still_blocked()
+    got = []
+
+    def launch():
+        with torch.cuda.stream(side):
+            got.extend(calls())
+    finished, still_blocked = runs_while_default_blocked(launch, side)
+    out2, dq = got
     assert finished, "the call waited on the (blocked) default stream: something ran off the current stream"
     assert still_blocked
     torch.cuda.synchronize()
