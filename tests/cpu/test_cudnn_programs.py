@@ -248,15 +248,21 @@ def _ragged_rows(t, offsets, stride, b, length):
                         t.storage_offset() + start)
 
 
-def test_ragged_forward_program_matches_torch():
-    p = run_as_frost(RAGGED_FWD)
-    h, d = p["h"], p["d"]
+def _sequences(p):
+    """Per non-empty batch entry of a ragged program: (b, its query length, its q rows, its kv rows)."""
+    hd = p["h"] * p["d"]
     for b in range(p["b"]):
         lq, lk = int(p["seq_len_q_gpu"][b]), int(p["seq_len_kv_gpu"][b])
-        rows_q = lambda t: _ragged_rows(t, p["q_ragged_offset_gpu"], h * d, b, lq)  # noqa: E731
-        rows_kv = lambda t: _ragged_rows(t, p["kv_ragged_offset_gpu"], h * d, b, lk)  # noqa: E731
         if lq == 0:
             continue
+        yield (b, lq, lambda t, b=b, n=lq: _ragged_rows(t, p["q_ragged_offset_gpu"], hd, b, n),
+               lambda t, b=b, n=lk: _ragged_rows(t, p["kv_ragged_offset_gpu"], hd, b, n))
+
+
+def test_ragged_forward_program_matches_torch():
+    p = run_as_frost(RAGGED_FWD)
+    h = p["h"]
+    for b, lq, rows_q, rows_kv in _sequences(p):
         o, lse = _attend(rows_q(p["q_gpu"]), rows_kv(p["k_gpu"]), rows_kv(p["v_gpu"]), p["attn_scale"], 0)
         torch.testing.assert_close(rows_q(p["o_gpu"]).double(), o, atol=2e-2, rtol=2e-2)
         stats = _ragged_rows(p["stats_gpu"], p["stats_ragged_offset_gpu"], h, b, lq)[..., 0]
@@ -267,13 +273,7 @@ def test_ragged_forward_program_matches_torch():
 
 def test_ragged_backward_program_matches_torch_autograd():
     p = run_as_frost(RAGGED_BWD)
-    h, d = p["h"], p["d"]
-    for b in range(p["b"]):
-        lq, lk = int(p["seq_len_q_gpu"][b]), int(p["seq_len_kv_gpu"][b])
-        rows_q = lambda t: _ragged_rows(t, p["q_ragged_offset_gpu"], h * d, b, lq)  # noqa: E731
-        rows_kv = lambda t: _ragged_rows(t, p["kv_ragged_offset_gpu"], h * d, b, lk)  # noqa: E731
-        if lq == 0:
-            continue
+    for _, _, rows_q, rows_kv in _sequences(p):
         q, k, v = (x.double().requires_grad_() for x in (rows_q(p["q_gpu"]), rows_kv(p["k_gpu"]),
                                                          rows_kv(p["v_gpu"])))
         o, _ = _attend(q, k, v, p["attn_scale"], 0)
