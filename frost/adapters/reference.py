@@ -13,6 +13,7 @@ from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
 from frost.adapters.reference_math import sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
 from frost.errors import BindingError
+from frost.ir.validate import Q_GROUP
 from frost.runtime.context import on_stream
 
 
@@ -41,7 +42,7 @@ def _ragged_batches(facts, bound):
         def rows(role, b=b):
             t = bound[role]
             start, stride_s = int(offsets[role][b]), strides[role]
-            length = int(lens_q[b] if role in ("q", "o", "dO", "dQ", "stats") else lens_kv[b])
+            length = int(lens_q[b] if role in Q_GROUP else lens_kv[b])
             if start % stride_s:
                 raise BindingError(f"{role} ragged offset {start} of batch {b} is not a multiple of the token "
                                    f"stride {stride_s}: frost's packed form needs whole-token offsets")
@@ -92,7 +93,10 @@ def _ragged_bwd(facts, bound) -> None:
             total_dsink = dsink if total_dsink is None else total_dsink + dsink
     if facts.has_dsink:
         out = sink_view(bound["dSink_token"])
-        out.copy_(total_dsink) if total_dsink is not None else out.zero_()
+        if total_dsink is not None:
+            out.copy_(total_dsink)
+        else:
+            out.zero_()
 
 
 class SdpaFwdReference(SdpaFwdDsl):
