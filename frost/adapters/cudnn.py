@@ -151,11 +151,10 @@ class _CudnnAdapter:
         return align_up(self._cudnn_ws) if getattr(self, "_cudnn_ws", 0) else 0
 
     def execute(self, bound: dict, workspace, stream) -> None:
-        device = bound["q"].get_device()
         s = stream_handle(stream)
-        h = _HANDLES.get((device, s))
+        h = _HANDLES.get((self._device, s))  # the plan's device, found at plan time
         if h is None:
-            h = handle_for(device, s)
+            h = handle_for(self._device, s)
         self._graph.execute({t: bound[role] for role, t in self._pack_roles},
                             workspace if self._cudnn_ws else None, handle=h)
 
