@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Literal
 
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
+from frost.engines.sdpa_bwd.chain import name_dims, name_tags
+from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
 from frost.errors import TemplateParamsError
 
 #: (head_dim, head_dim_v) pairs the template implements.
 HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128))
-SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
 #: key rows per MMA warpgroup: each of the two MMA warpgroups owns 64 keys of the tile
 KEYS_PER_WG = 64
 
@@ -46,10 +47,6 @@ class Sm90BwdParams(SdpaFeatureParams):
     def dq_splits(self) -> int:
         """One accumulator: the deterministic order comes from turns."""
         return 0
-
-    @property
-    def num_mma_wg(self) -> int:
-        return self.tile_n // KEYS_PER_WG
 
     @property
     def dq_swap(self) -> bool:
@@ -125,10 +122,9 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, **requested) -> 
 
 def name_suffix(p: Sm90BwdParams) -> str:
     """The self-describing part of the main kernel's name."""
-    dims = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
-    parts = ["sm90", p.dtype, dims, f"h{p.num_heads_q}k{p.num_heads_kv}"]
-    parts += [tag for flag, tag in ((p.has_window_left, "wl"), (p.has_window_right, "wr"),
-                                    (p.bottom_right, "br"), (p.deterministic, "det")) if flag]
+    parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
+    parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
+                        (p.deterministic, "det")))
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}")
     return "_".join(parts)
 
