@@ -56,11 +56,12 @@ class DslKernels:
     """Mixin of the DSL adapters: the template params, validated once, and the kernels they make.
 
     Subclasses set `params_module` (a module with the params class, `validate()` and
-    `default_knobs()`), supply `plan_knobs()` and `template_params()` and list their kernels in
-    `kernel_specs()`.
+    `default_knobs()`) and `params_class` (that class's name), supply `plan_knobs()` and list their
+    kernels in `kernel_specs()`; the direction supplies `feature_flags(facts)`.
     """
 
     params_module: str = ""
+    params_class: str = ""
     vector_bytes = 16  # kernels take 16-byte aligned io tensors
 
     def check_support(self) -> None:
@@ -73,9 +74,16 @@ class DslKernels:
         problem and GPU. Plan-time values only; raises TemplateParamsError when a request cannot be met."""
         raise NotImplementedError
 
-    def template_params(self):  # pragma: no cover - per arch
-        """The arch's params: the feature flags of the facts and `plan_knobs()`."""
-        raise NotImplementedError
+    def fixed_params(self) -> dict:
+        """Fields the arch line fixes whatever the graph (e.g. the mma.sync `family`)."""
+        return {}
+
+    def template_params(self):
+        """The arch's params: its fixed fields, the feature flags of the facts and `plan_knobs()`."""
+        cls = getattr(importlib.import_module(self.params_module), self.params_class)
+        f = self.facts
+        return cls(**self.fixed_params(), **self.feature_flags(f),
+                   **self.plan_knobs(f, self.target, self.knobs.requested()))
 
     def validated_params(self):
         """template_params(), validated: the capability row accepted the graph, so a failure is a bug."""

@@ -24,6 +24,7 @@ def bwd_feature_flags(facts) -> dict:
 
 
 class DslBwdAdapter(DslKernels, SdpaBwdDsl):
+    feature_flags = staticmethod(bwd_feature_flags)
     _carved = None  # (weakref to the workspace, its address, scratch views) of a dense plan
 
     def kernel_specs(self) -> list:

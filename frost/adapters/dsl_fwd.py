@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from frost.adapters.base import SdpaFwdDsl
-from frost.adapters.dsl import DslKernels, LaunchArgs, viewed_args
+from frost.adapters.dsl import DslKernels, LaunchArgs, fwd_feature_flags, viewed_args
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.runtime.context import stream_handle
 
@@ -11,6 +11,7 @@ class DslFwdAdapter(DslKernels, SdpaFwdDsl):
     """Compiles one forward template at plan time; execute passes the bound tensors as declared and launches."""
 
     template: str = ""  # dotted module path of the kernel template
+    feature_flags = staticmethod(fwd_feature_flags)
 
     def kernel_specs(self) -> list:
         return [(self.template, self.validated_params())]

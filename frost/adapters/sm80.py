@@ -6,7 +6,6 @@ the deterministic mode that suits the problem and the GPU (`frost.adapters.sm80_
 """
 from __future__ import annotations
 
-from frost.adapters.dsl import fwd_feature_flags
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
 
@@ -21,6 +20,7 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
     family = "sm80"
     template = "frost.engines.sm80.sdpa_fwd"
     params_module = "frost.engines.sm80.sdpa_fwd_params"
+    params_class = "Sm80FwdParams"
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
@@ -31,12 +31,8 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
         knobs.update(requested)
         return knobs
 
-    def template_params(self):
-        from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
-
-        f = self.facts
-        return Sm80FwdParams(family=self.family, **fwd_feature_flags(f),
-                             **self.plan_knobs(f, self.target, self.knobs.requested()))
+    def fixed_params(self) -> dict:
+        return {"family": self.family}
 
 
 class MmaSyncBwdAdapter(DslBwdAdapter):
@@ -44,6 +40,7 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
 
     family = "sm80"
     params_module = "frost.engines.sm80.sdpa_bwd_params"
+    params_class = "Sm80BwdParams"
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
@@ -57,12 +54,8 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
         return {**knobs, **planned_det_knobs(params, target.sm_count, facts.batch, facts.seq_q, facts.seq_kv,
                                              choose_splits="dq_splits" not in requested)}
 
-    def template_params(self):
-        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
-
-        f = self.facts
-        return Sm80BwdParams(family=self.family, **bwd_feature_flags(f),
-                             **self.plan_knobs(f, self.target, self.knobs.requested()))
+    def fixed_params(self) -> dict:
+        return {"family": self.family}
 
 
 class SdpaFwdDslSm80(MmaSyncFwdAdapter):

@@ -7,7 +7,7 @@ packing and its tile height chosen for the declared shape.
 from __future__ import annotations
 
 from frost.adapters.dsl import fwd_feature_flags
-from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
+from frost.adapters.dsl_bwd import DslBwdAdapter
 from frost.adapters.dsl_fwd import DslFwdAdapter
 from frost.errors import TemplateParamsError
 
@@ -38,6 +38,7 @@ class SdpaFwdDslSm90(DslFwdAdapter):
     engine_name = "SdpaFwdDslSm90"
     template = "frost.engines.sm90.sdpa_fwd"
     params_module = "frost.engines.sm90.sdpa_fwd_params"
+    params_class = "Sm90FwdParams"
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
@@ -55,27 +56,16 @@ class SdpaFwdDslSm90(DslFwdAdapter):
             knobs["tile_m"] = _packed_tile_m(facts, target, Sm90FwdParams(**flags, **knobs))
         return knobs
 
-    def template_params(self):
-        from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
-
-        f = self.facts
-        return Sm90FwdParams(**fwd_feature_flags(f), **self.plan_knobs(f, self.target, self.knobs.requested()))
-
 
 class SdpaBwdDslSm90(DslBwdAdapter):
     """The wgmma + TMA backward main kernel between the shared preprocess and dQ convert."""
 
     engine_name = "SdpaBwdDslSm90"
     params_module = "frost.engines.sm90.sdpa_bwd_params"
+    params_class = "Sm90BwdParams"
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
         from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
         return default_knobs(facts.head_dim_qk, facts.head_dim_v, **requested)
-
-    def template_params(self):
-        from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams
-
-        f = self.facts
-        return Sm90BwdParams(**bwd_feature_flags(f), **self.plan_knobs(f, self.target, self.knobs.requested()))
