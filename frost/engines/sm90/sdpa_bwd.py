@@ -185,17 +185,9 @@ class SdpaBwdSm90:
                 cpasync.prefetch_descriptor(atom)
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, MMA_THREADS // 32)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=q_bytes, defer_sync=True)
-        pipe_do = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=do_bytes, defer_sync=True)
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer,
-            consumer_group=consumers, tx_count=kv_bytes, defer_sync=True)
+        pipe_q, pipe_do, pipe_kv = wu.tma_pipelines(
+            MMA_THREADS, (storage.mbar_q.data_ptr(), self.stages, q_bytes),
+            (storage.mbar_do.data_ptr(), self.stages, do_bytes), (storage.mbar_kv.data_ptr(), 1, kv_bytes))
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 

@@ -230,17 +230,9 @@ class SdpaFwdSm90:
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=q_bytes, defer_sync=True)
-        pipe_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=k_bytes, defer_sync=True)
-        pipe_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages, producer_group=producer_group,
-            consumer_group=consumer_group, tx_count=v_bytes, defer_sync=True)
+        pipe_q, pipe_k, pipe_v = wu.tma_pipelines(
+            self.num_mma_threads, (storage.mbar_q.data_ptr(), 1, q_bytes),
+            (storage.mbar_k.data_ptr(), self.stages, k_bytes), (storage.mbar_v.data_ptr(), self.stages, v_bytes))
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 

@@ -24,6 +24,19 @@ def smem_atom(dtype, width: int):
         sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, width), dtype)
 
 
+def tma_pipelines(consumer_threads: int, *specs):
+    """One TMA mbarrier pipeline per (barrier storage, stages, tx bytes) spec: one producer thread fills it,
+    the consumer warps (`consumer_threads` / 32 arrivals) release it. Initialized together; the caller fences
+    (`mbarrier_init_fence`) and syncs once after."""
+    from cutlass import pipeline
+
+    producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+    consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_threads // 32)
+    return [pipeline.PipelineTmaAsync.create(barrier_storage=mbar, num_stages=stages, producer_group=producer,
+                                             consumer_group=consumers, tx_count=tx, defer_sync=True)
+            for mbar, stages, tx in specs]
+
+
 @cute.jit
 def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
          zero_init: cutlass.Constexpr[bool] = False, wg_wait: cutlass.Constexpr[int] = 0):
