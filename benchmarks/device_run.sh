@@ -6,7 +6,7 @@
 # `torchface` runs the torch face's GPU tests and benchmarks/torch_face.py (torch-face-*.log/json);
 # `gpt STEPS` trains examples/train_gpt.py with sdpa, then frost (same seed), overlaying both loss curves.
 # `ncu "ARGS"` profiles benchmarks/profile_fwd.py ARGS (frost and FA4, one call each) with ncu.
-# `ncubwd "ARGS"` profiles benchmarks/profile_bwd.py ARGS (the frost and FA2 main backward kernels): stall
+# `ncubwd "ARGS"` profiles benchmarks/profile_bwd.py ARGS (the frost and FA2, or with --peer fa4 FA4, main backward kernels): stall
 # reasons, L2 reduction requests, shared-memory bank conflicts and source counters (ncu-bwd-N.txt), and the SASS
 # instructions with excess shared wavefronts or the most stall samples (ncu-bwd-N-sass.txt, ncu_sass_hot.py);
 # it may be given more than once.
@@ -87,7 +87,7 @@ i=0
 for args in ${ncubwd_list[@]+"${ncubwd_list[@]}"}; do  # ncubwd may be given more than once: ncu-bwd-1.txt, ncu-bwd-1-sass.txt, ...
   i=$((i + 1))
   python3 benchmarks/profile_bwd.py $args > /dev/null 2>&1  # compile outside the profiler
-  timeout 240 "$ncu_bin" --profile-from-start off --kernel-name regex:"frost_sdpa_bwd_main|flash_bwd_dq_dk_dv" \
+  timeout 240 "$ncu_bin" --profile-from-start off --kernel-name regex:"frost_sdpa_bwd_main|flash_bwd_dq_dk_dv|BackwardSm90" \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source no \
     --metrics lts__t_requests_op_red.sum,lts__t_sectors_op_red.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
     -f -o "/tmp/ncu-bwd-$i" python3 benchmarks/profile_bwd.py $args > "/tmp/ncu-bwd-$i.log" 2>&1

@@ -1,5 +1,5 @@
-"""One frost backward and one FlashAttention-2 backward (torch's flash backend) between cudaProfilerStart/Stop,
-for ncu.
+"""One frost backward and one peer backward (FlashAttention-2 through torch's flash backend, or FA4 with
+--peer fa4) between cudaProfilerStart/Stop, for ncu.
 
     ncu --profile-from-start off --kernel-name regex:"frost_sdpa_bwd_main|flash_bwd_dq_dk_dv" \
         --section SpeedOfLight ... python3 benchmarks/profile_bwd.py --d 128 --s 16384
@@ -19,7 +19,8 @@ def main(argv=None) -> int:
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--s", type=int, default=16384)
     ap.add_argument("--causal", type=int, default=0)
-    ap.add_argument("--det", type=int, default=0, help="frost's deterministic backward (FA2 then runs its usual one)")
+    ap.add_argument("--det", type=int, default=0, help="frost's deterministic backward (the peer then runs its usual one)")
+    ap.add_argument("--peer", default="fa2", help="the peer profiled beside frost: fa2 (torch's flash backend) or fa4")
     a = ap.parse_args(argv)
     import torch
 
@@ -33,9 +34,9 @@ def main(argv=None) -> int:
                  batch=max(16384 // a.s, 1), seqlen_q=a.s, seqlen_kv=a.s, deterministic=bool(a.det))
     inputs = make_inputs(w, 1, torch.device("cuda"))
     engine = list_engines(w)[0]
-    fa2 = next(p for p in all_peers() if p.key == "fa2")
+    peer = next(p for p in all_peers() if p.key == a.peer)
     sides = [FrostEngine(engine).prepare(inputs),
-             fa2.prepare(make_inputs(dataclasses.replace(w, deterministic=False), 1, torch.device("cuda")))]
+             peer.prepare(make_inputs(dataclasses.replace(w, deterministic=False), 1, torch.device("cuda")))]
     print(f"# frost engine {engine}")
 
     def run_both():
