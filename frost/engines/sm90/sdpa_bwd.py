@@ -90,7 +90,6 @@ class SdpaBwdSm90:
         self.group = p.qhead_per_kvhead
         self.split_m = p.dq_split_m
         self.swap_dq = p.dq_swap
-        self.dv_first = p.dv_first
         self.num_threads = MMA_THREADS + 128
 
     # ------------------------------------------------------------------ host side
@@ -407,18 +406,14 @@ class SdpaBwdSm90:
                     s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
                                                  fastmath=True)
             wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
-            if const_expr(self.dv_first):  # dV += P^T dO runs while dS is computed
-                wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
-                warpgroup.wait_group(1)
-            else:
-                warpgroup.wait_group(0)
+            warpgroup.wait_group(0)
             dp_mn = acc_as_mn(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
                     dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
             wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
-            if const_expr(not self.dv_first):  # dV += P^T dO while dS goes to shared memory
-                wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
+            # dV += P^T dO while dS goes to shared memory
+            wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
             cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
                       tRsdS[None, None, None, stage])
             cute.arch.fence_view_async_shared()

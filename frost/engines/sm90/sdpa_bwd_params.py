@@ -37,7 +37,6 @@ class Sm90BwdParams(SdpaFeatureParams):
     tile_m: int = 64  # query rows per step (64, 80: dQ split over head-dim halves; 128: over query halves)
     tile_n: int = 128  # key rows per CTA (two MMA warpgroups of 64)
     num_stages: int = 2  # Q / dO pipeline depth
-    dv_first: bool = False  # issue dV += P^T dO before dS is computed (else after)
 
     @property
     def dq_accum_blocked(self) -> bool:
@@ -126,7 +125,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                         (p.deterministic, "det")))
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "v" * p.dv_first)
+    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}")
     return "_".join(parts)
 
 
