@@ -39,3 +39,13 @@ def red_release_add_i32(ptr: cute.Pointer, a: Int32, *, loc=None, ip=None) -> No
 def elem_ptr(t: cute.Tensor, coord) -> cute.Pointer:
     """Pointer to one element of a (possibly swizzle-free) global tensor."""
     return t.iterator + cute.crd2idx(coord, t.layout)
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(dst: cute.Pointer, src: cute.Pointer, nbytes: int, *, loc=None, ip=None) -> None:
+    """cp.reduce.async.bulk .add.f32: add `nbytes` (a multiple of 16) of contiguous fp32 from shared memory
+    into global memory, in the issuing thread's bulk group (commit and wait like any bulk copy)."""
+    args = [dst.toint(loc=loc, ip=ip).ir_value(), src.toint(loc=loc, ip=ip).ir_value(),
+            Int32(nbytes).ir_value(loc=loc, ip=ip)]
+    llvm.inline_asm(None, args, "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+                    "l,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)

@@ -1,8 +1,9 @@
 """Views of the fp32 dQ accumulator and the jit entry and fakes of every kernel of a backward chain.
 
-The accumulator's layout is stated by its params (`chain.BwdChainParams`): dense rows or 8x8 blocks
-(`dq_accum_blocked`), one copy or `dq_splits` copies stacked copy-major along its batch mode; THD keeps
-one (heads, packed tokens, head_dim) accumulator.
+The accumulator's layout is stated by its params (`chain.BwdChainParams`): dense rows, 8x8 blocks
+(`dq_accum_blocked`) or tiles in wgmma fragment order (`dq_accum_tile`, `fragment_offset`), one copy or
+`dq_splits` copies stacked copy-major along its batch mode; THD keeps one (heads, packed tokens,
+head_dim) accumulator.
 """
 from __future__ import annotations
 
@@ -26,6 +27,38 @@ def blocked_layout(rows, d: int):
 def blocked_rows(acc: cute.Tensor, d: cutlass.Constexpr[int]) -> cute.Tensor:
     """The blocked (`blocked_layout`) view of a compact (rows, d) accumulator."""
     return cute.make_tensor(acc.iterator, blocked_layout(acc.shape[0], d))
+
+
+#: threads of one wgmma warpgroup, and of the two that write a fragment-order tile
+WG_THREADS = 128
+FRAGMENT_THREADS = 256
+
+
+def fragment_offset(tile_m: int, head_dim: int, t, i: int):
+    """Where thread t (of the 256 MMA threads) puts fp32 register i of its dQ fragment in a tile of
+    `tile_m` rows stored in fragment order: warpgroup t // 128 owns one half of the tile's words, and its
+    threads store four registers at a time side by side (16-byte stores, every bank once per quarter warp)."""
+    half = tile_m * head_dim // 2
+    return (t // WG_THREADS) * half + ((i // 4) * WG_THREADS + t % WG_THREADS) * 4 + i % 4
+
+
+def fragment_coord(tile_m: int, head_dim: int, t, i: int):
+    """(query row in the tile, head-dim column) of fp32 register i of MMA thread t's dQ fragment.
+
+    The dQ GEMM of the SM90 backward (`frost.engines.sm90.sdpa_bwd`): two warpgroups of 64-row wgmma
+    atoms. A 64 x N accumulator puts register i of thread (warp w, lane l) at row 16 w + 8 ((i // 2) % 2) +
+    l // 4, column 8 (i // 4) + 2 (l % 4) + i % 2. tile_m not a multiple of 64 computes dQ^T (head dim on
+    the rows, the two warpgroups over its halves); tile_m = 128 splits the query rows over the warpgroups;
+    else the warpgroups split the head-dim columns.
+    """
+    g, w, lane = t // WG_THREADS, (t % WG_THREADS) // 32, t % 32
+    row = 16 * w + 8 * ((i // 2) % 2) + lane // 4
+    col = 8 * (i // 4) + 2 * (lane % 4) + i % 2
+    if tile_m % 64:
+        return col, 64 * g + row
+    if tile_m == 128:
+        return 64 * g + row, col
+    return row, (head_dim // 2) * g + col
 
 
 def copy_batch(copy, n_batch, batch):
@@ -58,7 +91,8 @@ def scratch_fake(fakes: FakeArgs, name: str):
     if name == "dq_accum":
         if p.is_thd:
             return fakes.compact(Float32, (hq, fakes.rows_q, d))
-        rows = cute.sym_int(divisibility=8, symbol="acc_rows_q") if p.dq_accum_blocked else fakes.rows_q
+        padded = p.dq_accum_blocked or p.dq_accum_tile > 0
+        rows = cute.sym_int(divisibility=8, symbol="acc_rows_q") if padded else fakes.rows_q
         # dq_splits stacks its copies along the batch mode (copy_batch), so that extent is its own symbol
         batch = cute.sym_int(symbol="acc_batch") if p.dq_splits > 0 else fakes.batch
         return fakes.compact(Float32, (batch, hq, rows, d))

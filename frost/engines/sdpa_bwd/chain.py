@@ -25,13 +25,16 @@ class BwdChainParams(Protocol):
     tile_m: int  # query rows per turn semaphore
     dq_accum_blocked: bool  # the dense dQ accumulator in 8x8 blocks (rows padded to 8); else plain rows
     dq_splits: int  # 0: one accumulator (turns when deterministic); n >= 1: n copies along its batch mode
+    dq_accum_tile: int  # 0: rows (or 8x8 blocks); m > 0: tiles of m rows in wgmma fragment order (dense)
 
 
 class BwdHelperParams(SdpaFeatureParams):
     """The compile params of a helper kernel: the fields of `HELPER_FIELDS[stage]`, the rest at defaults.
 
     The accumulator layout is the helpers' input contract: `dq_accum_blocked` (dense only) stores it in
-    8x8 blocks, else rows; `dq_splits` copies (0 or 1: one) stack copy-major along its batch mode.
+    8x8 blocks, `dq_accum_tile` > 0 (dense only) in tiles of that many rows, each in the SM90 wgmma
+    fragment order (`accum.fragment_coord`), else rows; `dq_splits` copies (0 or 1: one) stack copy-major
+    along its batch mode.
     """
 
     family: str = "sm80"
@@ -39,6 +42,7 @@ class BwdHelperParams(SdpaFeatureParams):
     deterministic: bool = False
     dq_accum_blocked: bool = False
     dq_splits: int = 0
+    dq_accum_tile: int = 0
 
 
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
@@ -46,7 +50,7 @@ HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
                    "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits"),
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocked", "dq_splits"),
+                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
 }
 
 
@@ -132,4 +136,5 @@ def helper_suffix(p: BwdHelperParams) -> str:
     """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
     return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
         ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"),
-         (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"))))
+         (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
+         (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"))))

@@ -1,13 +1,16 @@
 """Backward step 3 of every chain (dQ convert): dQ = scale * accumulator in the io dtype, and dSink.
 
 Input contract (`chain.BwdHelperParams`): the fp32 dQ accumulator the preprocess zeroed and the main
-kernel filled, dense (batch * copies, heads, rows, head_dim) in rows or 8x8 blocks (`dq_accum_blocked`)
-with `dq_splits` copies stacked copy-major along the batch mode, or THD (heads, tokens, head_dim); the
-dSink partials of the preprocess. Plain loads and stores only: any arch.
+kernel filled, dense (batch * copies, heads, rows, head_dim) in rows, 8x8 blocks (`dq_accum_blocked`) or
+tiles in wgmma fragment order (`dq_accum_tile`), with `dq_splits` copies stacked copy-major along the
+batch mode, or THD (heads, tokens, head_dim); the dSink partials of the preprocess. Plain loads and
+stores only: any arch.
 
 The grid is the preprocess grid (64-row blocks x query heads x batch; THD: over
 the packed tokens), so every row of dQ is written, padding rows and tokens
-outside every sequence included (their accumulator rows are zero). With
+outside every sequence included (their accumulator rows are zero). A fragment-order
+accumulator is read one tile per CTA instead: its 16-byte groups land in a shared
+memory tile by `accum.fragment_coord`, which then leaves in rows. With
 `dq_splits` the accumulator's copies are summed in copy order. dQ goes to
 its declared strides with 16-byte stores. The CTAs of row block 0, batch 0 also
 sum one head's dSink partials in a fixed order (deterministic in every mode).
@@ -22,7 +25,8 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.lanes import lanes_allreduce_sum
-from frost.engines.sdpa_bwd.accum import acc_copies, build_entry
+from frost.engines.sdpa_bwd.accum import (FRAGMENT_THREADS, acc_copies, build_entry, fragment_coord,
+                                          fragment_offset)
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, postprocess_args
 from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA
 
@@ -50,7 +54,8 @@ class SdpaBwdPostprocess:
         else:
             total = mdQ.shape[1]
             n_batch = mdQ.shape[0]
-        n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
+        rows = self.p.dq_accum_tile or ROWS_PER_CTA
+        n_blocks = cutlass.max((total + rows - 1) // rows, 1)
         kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
                             Float32(a["softmax_scale"])).launch(
             grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
@@ -69,7 +74,9 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
         extent = mdQ.shape[1]
     copies = acc_copies(p, mAcc, gz, batch, head)
     chunks_per_row = p.head_dim // VEC
-    for i in cutlass.range_constexpr(ROWS_PER_CTA * chunks_per_row // THREADS):
+    if cutlass.const_expr(p.dq_accum_tile > 0):
+        _convert_fragment_tile(p, mdQ, copies[0], scale, tidx, bx, batch, head, extent)
+    for i in cutlass.range_constexpr(0 if p.dq_accum_tile else ROWS_PER_CTA * chunks_per_row // THREADS):
         idx = i * THREADS + tidx
         row = bx * ROWS_PER_CTA + idx // chunks_per_row
         c = idx % chunks_per_row
@@ -85,13 +92,43 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
 
     if cutlass.const_expr(mdSinks is not None):
         if bx == 0 and batch == 0 and tidx < 32:
-            n_part = gx * gz * PARTIALS_PER_CTA
+            n_part = (extent + ROWS_PER_CTA - 1) // ROWS_PER_CTA * gz * PARTIALS_PER_CTA  # the preprocess grid
             s = Float32(0.0)
             for i in cutlass.range((n_part - tidx + 31) // 32, unroll=1):
                 s += mPart[head * n_part + tidx + i * 32]
             s = lanes_allreduce_sum(s, 32)
             if tidx == 0:
                 mdSinks[head] = s
+
+
+@cute.jit
+def _convert_fragment_tile(p: cutlass.Constexpr, mdQ: cute.Tensor, acc_rows: cute.Tensor, scale: Float32,
+                           tidx: Int32, m_block: Int32, batch: Int32, head: Int32, extent: Int32):
+    """dQ rows of query tile m_block from its fragment-order accumulator tile: each thread reads the
+    16-byte groups of two MMA threads (t and t + 128), places them in a shared tile, then rows go out."""
+    tile, d = p.dq_accum_tile, p.head_dim
+    dt = IO_DTYPES[p.dtype]
+    smem = cutlass.utils.SmemAllocator()
+    s_tile = smem.allocate_tensor(dt, cute.make_layout((tile, d), stride=(d + VEC, 1)), byte_alignment=16)
+    chunk = cute.make_tensor(acc_rows.iterator + m_block * (tile * d), cute.make_layout((4, tile * d // 4)))
+    group = cute.make_rmem_tensor((4,), Float32)
+    for k in cutlass.range_constexpr(FRAGMENT_THREADS // THREADS):
+        t = tidx + k * THREADS
+        for j in cutlass.range_constexpr(tile * d // FRAGMENT_THREADS // 4):
+            cute.autovec_copy(chunk[None, fragment_offset(tile, d, t, 4 * j) // 4], group)
+            for e in cutlass.range_constexpr(4):
+                r, c = fragment_coord(tile, d, t, 4 * j + e)
+                s_tile[r, c] = (group[e] * scale).to(dt)
+    cute.arch.sync_threads()
+    chunks_per_row = d // VEC
+    for i in cutlass.range_constexpr(tile * chunks_per_row // THREADS):
+        idx = i * THREADS + tidx
+        r = idx // chunks_per_row
+        c = idx % chunks_per_row
+        row = m_block * tile + r
+        if row < extent:
+            dq_row = mdQ[batch, row, head, None]
+            cute.local_tile(dq_row, (VEC,), (c,)).store(cute.local_tile(s_tile[r, None], (VEC,), (c,)).load())
 
 
 def build(params: BwdHelperParams, arch: str):

@@ -86,6 +86,11 @@ class Sm80BwdParams(SdpaFeatureParams):
         fewer L2 requests; 9-11% faster at d=128, 0-2% at d=64 on the H200). THD keeps rows."""
         return not self.is_thd
 
+    @property
+    def dq_accum_tile(self) -> int:
+        """The mma.sync chain adds rows (or 8x8 blocks), never wgmma fragment tiles."""
+        return 0
+
 
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a

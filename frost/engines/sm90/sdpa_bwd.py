@@ -90,6 +90,7 @@ class SdpaBwdSm90:
         self.group = p.qhead_per_kvhead
         self.split_m = p.dq_split_m
         self.swap_dq = p.dq_swap
+        self.frag = p.dq_fragments
         self.num_threads = MMA_THREADS + 128
 
     # ------------------------------------------------------------------ host side
@@ -158,7 +159,7 @@ class SdpaBwdSm90:
         scale = Float32(a["softmax_scale"])
         n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, tma_dq, mLSE, mdPsum, a.get("dq_semaphore"),
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, mAcc if const_expr(self.frag) else tma_dq, mLSE, mdPsum, a.get("dq_semaphore"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
@@ -196,7 +197,10 @@ class SdpaBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        if const_expr(self.frag):  # a flat tile (fragment order), added by one bulk reduce
+            sdQ = storage.sdQ.get_tensor(cute.make_layout(self.bm * self.d))
+        else:
+            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         rows2 = cute.make_layout((self.bm, 2))
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2))
 
@@ -272,9 +276,10 @@ class SdpaBwdSm90:
         lane = cute.arch.lane_idx()
         for t in cutlass.range(w.steps, unroll=1):
             head, m_block = self.step_tile(t, w)
-            gAcc = cute.local_tile(mAcc[None, None, head, w.batch], (self.bm, self.d), (m_block, 0))
-            tDsdQ, tDgAcc = cpasync.tma_partition(tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2),
-                                                  cute.group_modes(gAcc, 0, 2))
+            if const_expr(not self.frag):
+                gAcc = cute.local_tile(mAcc[None, None, head, w.batch], (self.bm, self.d), (m_block, 0))
+                tDsdQ, tDgAcc = cpasync.tma_partition(tma_atom_dq, 0, cute.make_layout(1),
+                                                      cute.group_modes(sdQ, 0, 2), cute.group_modes(gAcc, 0, 2))
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
             sem = None
@@ -286,7 +291,12 @@ class SdpaBwdSm90:
                         pass
                 cute.arch.sync_warp()
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
-            cute.copy(tma_atom_dq, tDsdQ, tDgAcc)
+            if const_expr(self.frag):  # the tile's rows are one contiguous run of the accumulator
+                if lane == 0:
+                    gops.bulk_reduce_add_f32(gops.elem_ptr(mAcc, (m_block * self.bm, 0, head, w.batch)),
+                                             sdQ.iterator, self.bm * self.d * 4)
+            else:
+                cute.copy(tma_atom_dq, tDsdQ, tDgAcc)
             cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.p.deterministic):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # the add itself has completed
@@ -371,7 +381,13 @@ class SdpaBwdSm90:
         r2s_ds = cute.make_tiled_copy_C(st_t, mma_sdp)
         thr_r2s_ds = r2s_ds.get_slice(tidx)
         tRsdS = thr_r2s_ds.partition_D(wu.transpose_view(sdS))
-        tdQsdQ = mma_dq.get_slice(tidx).partition_C(wu.transpose_view(sdQ) if const_expr(self.swap_dq) else sdQ)
+        if const_expr(self.frag):  # fragment order (frost.engines.sdpa_bwd.accum.fragment_offset)
+            n_dq = self.bm * self.d // MMA_THREADS  # registers (p, h, j) of the dQ fragment, 128 words apart
+            half = self.bm * self.d // 2
+            tdQsdQ = cute.make_tensor(sdQ.iterator + (tidx // 128) * half + tidx % 128,
+                                      cute.make_layout(((2, 2, n_dq // 4), 1, 1), stride=((128, 256, 512), 0, 0)))
+        else:
+            tdQsdQ = mma_dq.get_slice(tidx).partition_C(wu.transpose_view(sdQ) if const_expr(self.swap_dq) else sdQ)
         # per-column (query) coordinates of this thread's S^T values
         cS = cute.make_identity_tensor((bn, bm))
         tScS_mn = acc_as_mn(thr_sdp.partition_C(cS))

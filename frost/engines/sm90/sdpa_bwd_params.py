@@ -37,11 +37,17 @@ class Sm90BwdParams(SdpaFeatureParams):
     tile_m: int = 64  # query rows per step (64, 80: dQ split over head-dim halves; 128: over query halves)
     tile_n: int = 128  # key rows per CTA (two MMA warpgroups of 64)
     num_stages: int = 2  # Q / dO pipeline depth
+    dq_fragments: bool = False  # dQ tiles leave in fragment order by a 1D bulk reduce (else rows, tensor TMA)
 
     @property
     def dq_accum_blocked(self) -> bool:
         """The chain's accumulator contract: plain rows (the TMA reduce-add adds whole row tiles)."""
         return False
+
+    @property
+    def dq_accum_tile(self) -> int:
+        """The chain's accumulator contract with `dq_fragments`: tiles of tile_m rows in fragment order."""
+        return self.tile_m if self.dq_fragments else 0
 
     @property
     def dq_splits(self) -> int:
@@ -95,6 +101,10 @@ def validate(p: Sm90BwdParams) -> None:
         bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys)")
     if p.tile_m not in (64, 80, 128):
         bad(f"tile_m={p.tile_m} must be 64, 80 or 128")
+    if p.dq_fragments and p.is_thd:
+        bad("dq_fragments stores dense query tiles: packed THD batches add rows")
+    if p.dq_fragments and (p.tile_m * p.head_dim) % 1024:
+        bad(f"dq_fragments needs tile_m * head_dim ({p.tile_m * p.head_dim}) to be a multiple of 1024")
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} must be 1 or 2")
     if p.dq_swap and p.head_dim != 2 * 64:
@@ -125,7 +135,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                         (p.deterministic, "det")))
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}")
+    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments)
     return "_".join(parts)
 
 
