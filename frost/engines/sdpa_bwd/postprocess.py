@@ -110,7 +110,9 @@ def _convert_fragment_tile(p: cutlass.Constexpr, mdQ: cute.Tensor, acc_rows: cut
     dt = IO_DTYPES[p.dtype]
     smem = cutlass.utils.SmemAllocator()
     s_tile = smem.allocate_tensor(dt, cute.make_layout((tile, d), stride=(d + VEC, 1)), byte_alignment=16)
-    chunk = cute.make_tensor(acc_rows.iterator + m_block * (tile * d), cute.make_layout((4, tile * d // 4)))
+    base = acc_rows.iterator + m_block * (tile * d)  # whole tiles: 16-byte aligned (the workspace is 256)
+    chunk = cute.make_tensor(cute.make_ptr(Float32, base.toint(), cute.AddressSpace.gmem, assumed_align=16),
+                             cute.make_layout((4, tile * d // 4)))
     group = cute.make_rmem_tensor((4,), Float32)
     for k in cutlass.range_constexpr(FRAGMENT_THREADS // THREADS):
         t = tidx + k * THREADS

@@ -382,10 +382,10 @@ class SdpaBwdSm90:
         thr_r2s_ds = r2s_ds.get_slice(tidx)
         tRsdS = thr_r2s_ds.partition_D(wu.transpose_view(sdS))
         if const_expr(self.frag):  # fragment order (frost.engines.sdpa_bwd.accum.fragment_offset)
-            n_dq = self.bm * self.d // MMA_THREADS  # registers (p, h, j) of the dQ fragment, 128 words apart
+            n_dq = self.bm * self.d // MMA_THREADS  # registers (p, h, j) of the dQ fragment: j-th 16-byte group
             half = self.bm * self.d // 2
-            tdQsdQ = cute.make_tensor(sdQ.iterator + (tidx // 128) * half + tidx % 128,
-                                      cute.make_layout(((2, 2, n_dq // 4), 1, 1), stride=((128, 256, 512), 0, 0)))
+            tdQsdQ = cute.make_tensor(sdQ.iterator + (tidx // 128) * half + (tidx % 128) * 4,
+                                      cute.make_layout(((2, 2, n_dq // 4), 1, 1), stride=((1, 2, 512), 0, 0)))
         else:
             tdQsdQ = mma_dq.get_slice(tidx).partition_C(wu.transpose_view(sdQ) if const_expr(self.swap_dq) else sdQ)
         # per-column (query) coordinates of this thread's S^T values
