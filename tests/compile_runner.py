@@ -72,7 +72,8 @@ PTX_COUNTS = {
     "tma": "cp.async.bulk.tensor", "setmaxnreg": "setmaxnreg", "ldmatrix": "ldmatrix", "ldmatrix_trans": ".trans",
     "ldmatrix_x4_trans": "ldmatrix.sync.aligned.m8n8.x4.trans", "cp_async": "cp.async.cg.shared.global",
     "ex2": "ex2.approx", "red_v2": "red.global.add.v2.f32", "red": "red.global.add.f32", "sem": "ld.acquire.gpu",
-    "tma_reduce": "cp.reduce.async.bulk.tensor",
+    "tma_reduce": "cp.reduce.async.bulk.tensor", "bulk_reduce": "cp.reduce.async.bulk.global.shared::cta",
+    "sts_v4": "st.shared.v4", "ldg_v4": "ld.global.v4", "stg_v4": "st.global.v4",
 }
 
 

@@ -68,4 +68,5 @@ class SdpaBwdDslSm90(DslBwdAdapter):
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
         from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
-        return default_knobs(facts.head_dim_qk, facts.head_dim_v, **requested)
+        return default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
+                             packed=facts.is_thd, **requested)

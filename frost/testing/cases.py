@@ -238,7 +238,7 @@ def unpacked(c: Sm90Case) -> Sm90Case:
 def sm90_bwd_kwargs(d=128, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
     from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
-    k = default_knobs(d, d)
+    k = default_knobs(d, d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")))
     k.update(knobs or {})
     return dict(dtype=dtype, head_dim=d, head_dim_v=d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 

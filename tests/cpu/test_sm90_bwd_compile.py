@@ -1,8 +1,9 @@
 """The wgmma backward main kernel compiles for sm_90a without a GPU; its PTX holds what the design asks for.
 
 Covering set: every head dim, both tile heights, fp16, every mask flag, GQA and MQA. Each PTX must hold wgmma,
-TMA bulk-tensor loads and stores, the TMA reduce-add of dQ, register reallocation and the frost symbol; the
-params validator rejects what the template does not serve.
+TMA bulk-tensor loads and stores, the reduce-add of dQ (a tensor TMA of rows, or one 1D bulk reduce of a
+fragment-order tile written with 16-byte stores), register reallocation and the frost symbol; the params
+validator rejects what the template does not serve.
 """
 from __future__ import annotations
 
@@ -30,16 +31,21 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
         assert r["entries"] == [r["name"]], r
         assert r["target"] == ["sm_90a"], r
         assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r
-        assert r["tma_reduce"] > 0, r
+        if r["name"].endswith("f"):  # dq_fragments
+            assert r["bulk_reduce"] == 1 and r["sts_v4"] > 0 and r["tma_reduce"] == 0, r
+        else:
+            assert r["tma_reduce"] > 0 and r["bulk_reduce"] == 0, r
         assert r["local"] == 0, r
     assert len({r["name"] for r in results}) == len(results)
+    assert {r["name"].endswith("f") for r in results} == {True, False}  # both dQ paths covered
 
 
 def test_validator_declines_what_the_template_lacks():
     for flags, word in ((dict(is_thd=True), "THD"), (dict(has_seqused=True), "seqused"),
                         (dict(has_sinks=True), "sinks"), (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim=128"),
                         (dict(head_dim=256, head_dim_v=256), "head dims"), (dict(tile_m=128), "registers"),
-                        (dict(tile_n=64), "tile_n")):
+                        (dict(tile_n=64), "tile_n"), (dict(tile_m=80, dq_fragments=True), "serialize"),
+                        (dict(tile_m=64, dq_fragments=True, is_thd=True), "THD")):
         with pytest.raises(TemplateParamsError, match=word):
             validate(Sm90BwdParams(**{**_p(), **flags}))
     for part in COVER:
@@ -47,14 +53,60 @@ def test_validator_declines_what_the_template_lacks():
             validate(Sm90BwdParams(**kw))
 
 
-def test_chain_wraps_the_main_kernel_in_the_shared_helpers_with_a_row_accumulator():
+def test_chain_wraps_the_main_kernel_in_the_shared_helpers():
     p = Sm90BwdParams(**_p(has_window_right=True))
     stages = chain_of(p)
     assert [s[0] for s in stages] == ["preprocess", "main", "postprocess"]
     assert stages[1][1] == TEMPLATE and stages[1][2] == main_args(p)
     for _, _, _, sp in (stages[0], stages[2]):
         assert sp.dq_accum_blocked is False and sp.dq_splits == 0 and sp.family == "sm90"
+    assert stages[2][3].dq_accum_tile == p.tile_m == 64  # causal d=128: fragment-order tiles for the dQ convert
     assert "window_right" in main_args(p) and "max_seqlen_kv" not in main_args(p)
     det = Sm90BwdParams(**_p(deterministic=True))
     assert main_args(det)[main_args(det).index("dq_accum") + 1] == "dq_semaphore"
     assert "dq_semaphore" in chain_of(det)[0][2]  # the preprocess zeroes the turn counters
+
+
+@pytest.mark.parametrize("tile_m,d", [(80, 128), (128, 64), (64, 128), (64, 96), (64, 64)])
+def test_fragment_order_is_a_bijection_of_the_tile(tile_m, d):
+    """Every (row, column) of a tile is one register of one MMA thread, stored at its own word of the tile."""
+    from frost.engines.sdpa_bwd.accum import FRAGMENT_THREADS, fragment_coord, fragment_offset
+
+    n = tile_m * d // FRAGMENT_THREADS
+    coords, offsets = set(), set()
+    for t in range(FRAGMENT_THREADS):
+        for i in range(n):
+            r, c = fragment_coord(tile_m, d, t, i)
+            assert 0 <= r < tile_m and 0 <= c < d
+            coords.add((r, c))
+            offsets.add(fragment_offset(tile_m, d, t, i))
+        # each thread's registers leave four at a time, side by side
+        assert all(fragment_offset(tile_m, d, t, i) + 1 == fragment_offset(tile_m, d, t, i + 1)
+                   for i in range(n) if i % 4 != 3)
+    assert len(coords) == len(offsets) == tile_m * d and offsets == set(range(tile_m * d))
+
+
+def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
+    from frost.engines.sm90.sdpa_bwd_params import default_knobs
+
+    assert default_knobs(128, 128) == dict(tile_m=80, tile_n=128, num_stages=2, dq_fragments=False)
+    assert default_knobs(128, 128, banded=True)["tile_m"] == 64 and default_knobs(128, 128, banded=True)["dq_fragments"]
+    assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]
+    assert not default_knobs(64, 64, packed=True)["dq_fragments"]
+    assert not default_knobs(64, 64, tile_m=80)["dq_fragments"]  # a requested knob keeps the plan valid
+    for d in (64, 96, 128):
+        for banded in (False, True):
+            validate(Sm90BwdParams(**_p(d=d, has_window_right=banded)))
+
+
+def test_the_dq_convert_of_a_fragment_tile_compiles_with_16_byte_accesses(tmp_path):
+    from frost.engines.sdpa_bwd.chain import stage_params
+
+    p = Sm90BwdParams(**_p(d=64))
+    sp = stage_params(p, "postprocess")
+    assert p.dq_accum_tile == sp.dq_accum_tile == 128
+    spec = ("frost.engines.sdpa_bwd.postprocess", "frost.engines.sdpa_bwd.chain.BwdHelperParams", sp.model_dump(),
+            None)
+    [[r]] = compile_groups([("sm_90a", [spec])], tmp_path, timeout=600)
+    assert r["name"].endswith("_qf128"), r
+    assert r["local"] == 0 and r["ldg_v4"] > 0 and r["stg_v4"] > 0, r

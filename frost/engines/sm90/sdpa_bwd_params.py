@@ -37,7 +37,7 @@ class Sm90BwdParams(SdpaFeatureParams):
     tile_m: int = 64  # query rows per step (64, 80: dQ split over head-dim halves; 128: over query halves)
     tile_n: int = 128  # key rows per CTA (two MMA warpgroups of 64)
     num_stages: int = 2  # Q / dO pipeline depth
-    dq_fragments: bool = False  # dQ tiles leave in fragment order by a 1D bulk reduce (else rows, tensor TMA)
+    dq_fragments: bool = False  # dQ tiles leave in fragment order by a 1D bulk reduce (else rows by tensor TMA)
 
     @property
     def dq_accum_blocked(self) -> bool:
@@ -103,6 +103,9 @@ def validate(p: Sm90BwdParams) -> None:
         bad(f"tile_m={p.tile_m} must be 64, 80 or 128")
     if p.dq_fragments and p.is_thd:
         bad("dq_fragments stores dense query tiles: packed THD batches add rows")
+    if p.dq_fragments and p.dq_swap:
+        bad(f"dq_fragments needs tile_m a multiple of 64 (tile_m={p.tile_m} transposes dQ, and fragment stores "
+            "of the transposed tile make ptxas serialize the wgmmas)")
     if p.dq_fragments and (p.tile_m * p.head_dim) % 1024:
         bad(f"dq_fragments needs tile_m * head_dim ({p.tile_m * p.head_dim}) to be a multiple of 1024")
     if p.num_stages not in (1, 2):
@@ -119,15 +122,24 @@ def validate(p: Sm90BwdParams) -> None:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
 
 
-def default_knobs(head_dim: int, head_dim_v: int | None = None, **requested) -> dict:
-    """Good knobs per head dim; `requested` knobs are honored (the validator judges them).
+def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = False, packed: bool = False,
+                  **requested) -> dict:
+    """Good knobs per head dim (`banded`: a right bound, e.g. causal; `packed`: THD); `requested` knobs are
+    honored (the validator judges them).
 
-    d=64 takes 128 query rows per step: 1.12-1.20x faster than 64 on the H200 (bf16, 16k tokens,
-    benchmarks/results/2026-12-01-h200-run7); d=128 takes 80 (dQ^T = K^T dS^T): 1.02-1.04x faster than 64,
-    causal included; d=96 keeps 64 (128 rows do not fit the registers, 80 needs head_dim 128).
+    Measured on the H200 (bf16, 16k tokens; benchmarks/results/2026-12-01-h200-run7 and -run8): d=64 takes
+    128 query rows per step (1.12-1.20x faster than 64), d=96 64 rows; both store dQ in fragment order
+    (`dq_fragments`: 1.00-1.05x). d=128 takes 80 rows without a right bound (dQ^T = K^T dS^T, 1.02-1.06x
+    faster than 64 rows, which needs row stores: fragment stores make ptxas serialize its wgmmas) and 64
+    rows in fragment order under one (0.99-1.06x the 80-row kernel).
     """
-    k = dict(tile_m=128 if head_dim <= 64 else 80 if head_dim == 128 else 64, tile_n=128, num_stages=2)
-    return {**k, **requested}
+    if head_dim == 128:
+        tile_m = 64 if banded and not packed else 80
+    else:
+        tile_m = 128 if head_dim <= 64 else 64
+    k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
+    k.setdefault("dq_fragments", not packed and k["tile_m"] % 64 == 0)
+    return k
 
 
 def name_suffix(p: Sm90BwdParams) -> str:
