@@ -36,8 +36,8 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
 
 
 def test_validator_declines_what_the_template_lacks():
-    for flags, word in ((dict(is_thd=True), "THD"), (dict(has_seqused=True), "seqused"),
-                        (dict(has_sinks=True), "sinks"), (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim=128"),
+    for flags, word in ((dict(has_dsinks=True), "dsinks needs sinks"),
+                        (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim=128"),
                         (dict(head_dim=256, head_dim_v=256), "head dims"), (dict(tile_m=128), "registers"),
                         (dict(tile_n=64), "tile_n")):
         with pytest.raises(TemplateParamsError, match=word):
@@ -58,3 +58,7 @@ def test_chain_wraps_the_main_kernel_in_the_shared_helpers_with_a_row_accumulato
     det = Sm90BwdParams(**_p(deterministic=True))
     assert main_args(det)[main_args(det).index("dq_accum") + 1] == "dq_semaphore"
     assert "dq_semaphore" in chain_of(det)[0][2]  # the preprocess zeroes the turn counters
+    thd = Sm90BwdParams(**_p(is_thd=True))
+    assert main_args(thd)[7:9] == ["cu_seqlens_q", "cu_seqlens_kv"] and main_args(thd)[-2] == "max_seqlen_kv"
+    sinks = Sm90BwdParams(**_p(has_sinks=True, has_dsinks=True))
+    assert "sinks" not in main_args(sinks) and "dsinks" in chain_of(sinks)[2][2]  # the helpers compute dSink
