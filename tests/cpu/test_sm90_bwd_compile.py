@@ -1,8 +1,9 @@
 """The wgmma backward main kernel compiles for sm_90a without a GPU; its PTX holds what the design asks for.
 
-Covering set: every head dim, both tile heights, fp16, every mask flag, GQA and MQA. Each PTX must hold wgmma,
-TMA bulk-tensor loads and stores, the TMA reduce-add of dQ, register reallocation and the frost symbol; the
-params validator rejects what the template does not serve.
+Covering set: every head dim and tile height, fp16, every mask flag, GQA and MQA, packed THD, padding masks,
+sinks and the deterministic mode. Each PTX must hold wgmma, TMA bulk-tensor loads (and stores, dense), the TMA
+reduce-add of dQ, register reallocation and the frost symbol; the params validator rejects what the template
+does not serve.
 """
 from __future__ import annotations
 
