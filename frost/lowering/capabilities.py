@@ -51,8 +51,7 @@ MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
-SM90_BWD_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "stats",
-                               "deterministic"})
+SM90_BWD_FEATURES = KERNEL_FEATURES | {"deterministic"}
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,

@@ -243,8 +243,9 @@ def sm90_bwd_kwargs(d=128, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dic
     return dict(dtype=dtype, head_dim=d, head_dim_v=d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 
-# the SM90 (wgmma) backward main kernel, in two groups: every head dim and tile height, fp16, every mask flag,
-# GQA / MQA and the deterministic mode at least once
+# the SM90 (wgmma) backward main kernel, in three groups: every head dim and tile height, fp16, every mask flag,
+# GQA / MQA and the deterministic mode at least once; then packed THD, padding masks and sinks (each head dim
+# and tile height, deterministic turns of both orders, one stage)
 SM90_BWD_COVER = [
     [sm90_bwd_kwargs(), sm90_bwd_kwargs(d=64, hq=8, hk=2, has_window_right=True),
      sm90_bwd_kwargs(d=96, dtype="fp16", has_window_left=True), sm90_bwd_kwargs(hq=8, hk=2, has_window_right=True,
@@ -253,4 +254,12 @@ SM90_BWD_COVER = [
      sm90_bwd_kwargs(d=64, knobs=dict(tile_m=64, num_stages=1)),
      sm90_bwd_kwargs(dtype="fp16", has_window_right=True, bottom_right=True),
      sm90_bwd_kwargs(knobs=dict(tile_m=64), has_window_left=True, deterministic=True)],
+    [sm90_bwd_kwargs(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+     sm90_bwd_kwargs(d=64, is_thd=True, deterministic=True),
+     sm90_bwd_kwargs(d=96, hq=4, hk=2, is_thd=True, has_window_right=True, deterministic=True),
+     sm90_bwd_kwargs(dtype="fp16", is_thd=True, has_window_left=True, has_window_right=True, bottom_right=True,
+                     knobs=dict(tile_m=64, num_stages=1)),
+     sm90_bwd_kwargs(has_seqused=True, has_window_right=True, bottom_right=True),
+     sm90_bwd_kwargs(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),
+     sm90_bwd_kwargs(d=64, hq=4, hk=1, has_seqused=True, has_window_left=True, deterministic=True)],
 ]

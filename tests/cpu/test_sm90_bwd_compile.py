@@ -1,9 +1,10 @@
 """The wgmma backward main kernel compiles for sm_90a without a GPU; its PTX holds what the design asks for.
 
-Covering set: every head dim, both tile heights, fp16, every mask flag, GQA and MQA. Each PTX must hold wgmma,
-TMA bulk-tensor loads and stores, the reduce-add of dQ (a tensor TMA of rows, or one 1D bulk reduce of a
-fragment-order tile written with 16-byte stores), register reallocation and the frost symbol; the params
-validator rejects what the template does not serve.
+Covering set: every head dim and tile height, fp16, every mask flag, GQA and MQA, packed THD, padding masks,
+sinks and the deterministic mode. Each PTX must hold wgmma, TMA bulk-tensor loads (and stores, dense), the
+reduce-add of dQ (a tensor TMA of rows, or one 1D bulk reduce of a fragment-order tile written with 16-byte
+stores), register reallocation and the frost symbol; the params validator rejects what the template does not
+serve.
 """
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
 
 
 def test_validator_declines_what_the_template_lacks():
-    for flags, word in ((dict(is_thd=True), "THD"), (dict(has_seqused=True), "seqused"),
-                        (dict(has_sinks=True), "sinks"), (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim=128"),
+    for flags, word in ((dict(has_dsinks=True), "dsinks needs sinks"),
+                        (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim=128"),
                         (dict(head_dim=256, head_dim_v=256), "head dims"), (dict(tile_m=128), "registers"),
                         (dict(tile_n=64), "tile_n"), (dict(tile_m=80, dq_fragments=True), "serialize"),
                         (dict(tile_m=64, dq_fragments=True, is_thd=True), "THD")):
@@ -65,6 +66,10 @@ def test_chain_wraps_the_main_kernel_in_the_shared_helpers():
     det = Sm90BwdParams(**_p(deterministic=True))
     assert main_args(det)[main_args(det).index("dq_accum") + 1] == "dq_semaphore"
     assert "dq_semaphore" in chain_of(det)[0][2]  # the preprocess zeroes the turn counters
+    thd = Sm90BwdParams(**_p(is_thd=True))
+    assert main_args(thd)[7:9] == ["cu_seqlens_q", "cu_seqlens_kv"] and main_args(thd)[-2] == "max_seqlen_kv"
+    sinks = Sm90BwdParams(**_p(has_sinks=True, has_dsinks=True))
+    assert "sinks" not in main_args(sinks) and "dsinks" in chain_of(sinks)[2][2]  # the helpers compute dSink
 
 
 @pytest.mark.parametrize("tile_m,d", [(80, 128), (128, 64), (64, 128), (64, 96), (64, 64)])

@@ -104,6 +104,8 @@ DET_CASES = [
     (FwdCase(d=64, hq=4, hkv=2, thd_lens=[(300, 300), (1, 1), (700, 500), (0, 0), (129, 900)]), False, "cyc"),
     # the wgmma chain has one order (turn counters), so any graph it serves is its case
     (FwdCase(d=128, hq=8, hkv=2, b=2, sq=1000, skv=1000, causal=True, bottom_right=True), False, None),
+    (FwdCase(d=128, hq=4, hkv=2, thd_lens=[(300, 300), (1, 1), (0, 0), (129, 500), (77, 20)], causal=True), False,
+     None),
 ]
 
 
@@ -113,8 +115,9 @@ def test_deterministic_mode_is_bitwise_reproducible(engine, case, splits, order)
     g, d, t = make_bwd(case, deterministic=True)
     plan_or_skip(g, engine)
     p = g.plan.adapter.params  # the CPU tests pin these choices for the H200's record
-    if splits != (p.dq_splits > 0) or (order is not None and getattr(p, "det_order", None) != order):
-        pytest.skip(f"this GPU's plan picked dq_splits={p.dq_splits}, det_order={p.det_order!r}, not the mode "
+    det_order = getattr(p, "det_order", None)  # the wgmma chain's params have none (one order)
+    if splits != (p.dq_splits > 0) or (order is not None and det_order != order):
+        pytest.skip(f"this GPU's plan picked dq_splits={p.dq_splits}, det_order={det_order!r}, not the mode "
                     "this case covers")
     rg, rd, rt = make_bwd(case)
     rg.validate().build_plans(engine="reference")
@@ -126,6 +129,35 @@ def test_deterministic_mode_is_bitwise_reproducible(engine, case, splits, order)
         again = _run(g, d, t)
         for n in first:
             assert torch.equal(first[n], again[n]), n
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bwd_nan_in_padded_rows_stays_out(engine):
+    """Rows past seq_len_q / seq_len_kv hold NaN (Q, O, dO, Stats, V) and Inf (K), as uninitialized buffers do:
+    every gradient stays finite (the DSL engines write zeros there) and the valid rows, and dSink, match the
+    reference on clean inputs."""
+    case = FwdCase(d=128, hq=4, hkv=2, b=3, sq=200, skv=260, padding=True, causal=True, bottom_right=True,
+                   sinks=True)
+    g, d, t = make_bwd(case)
+    plan_or_skip(g, engine)
+    rg, rd, rt = make_bwd(case)
+    rg.validate().build_plans(engine="reference")
+    want = _run(rg, rd, rt)
+    lq = t["seq_len_q"].view(-1).tolist()
+    lk = t["seq_len_kv"].view(-1).tolist()
+    for b in range(case.b):  # (B, H, S, D) views of the declared tensors
+        for r in ("q", "o", "dO", "stats"):
+            t[r][b, :, lq[b]:] = float("nan")
+        t["k"][b, :, lk[b]:] = float("inf")
+        t["v"][b, :, lk[b]:] = float("nan")
+    got = _run(g, d, t)
+    for name, x in got.items():
+        assert torch.isfinite(x).all(), f"{name}: {int((~torch.isfinite(x)).sum())} non-finite"
+    assert rel_err(got["dSink_token"], want["dSink_token"]) < 2e-2
+    for b in range(case.b):
+        assert rel_err(got["dQ"][b, :, :lq[b]], want["dQ"][b, :, :lq[b]]) < 2e-2
+        assert rel_err(got["dK"][b, :, :lk[b]], want["dK"][b, :, :lk[b]]) < 2e-2
+        assert rel_err(got["dV"][b, :, :lk[b]], want["dV"][b, :, :lk[b]]) < 2e-2
 
 
 @pytest.mark.parametrize("engine", ENGINES)

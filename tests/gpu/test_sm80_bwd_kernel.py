@@ -301,9 +301,14 @@ def run_case(case, chain, device="cuda"):
 
 
 def run_graph_replay(case, chain, new_lens, device="cuda"):
-    """Capture the THD chain in a CUDA graph, write new lengths (same totals, a longer sequence than the
-    captured max_seqlen_kv) into the same device tensors, replay, and check against the oracle."""
+    """Capture the THD chain in a CUDA graph, write new lengths into the same device tensors, replay, and check
+    against the oracle. The new lengths keep both packed totals: the inputs are drawn again for them (the same
+    draws, since the shapes are the same) to refresh O and LSE, and every dK / dV row stays inside a sequence.
+    REPLAY_LENS also holds a longer sequence than the captured max_seqlen_kv, which the mma.sync chain serves
+    (its CTAs stride over key tiles); the wgmma chain's grid is that envelope, so its lengths stay within."""
     p = case.p
+    for i in (0, 1):
+        assert sum(x[i] for x in new_lens) == sum(x[i] for x in case.thd_lens), "new lengths must keep the totals"
     t, scalars, _, _ = make_inputs(case, device)
     views = workspace_views(p, t, poison=False)
     stream = torch.cuda.Stream()

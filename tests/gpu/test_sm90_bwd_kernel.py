@@ -13,7 +13,8 @@ pytestmark = pytest.mark.gpu
 
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs  # noqa: E402
 from frost.testing.bwd_chain import compile_chains, workspace_views  # noqa: E402
-from tests.gpu.test_sm80_bwd_kernel import Case, make_inputs, oracle, rel  # noqa: E402
+from tests.gpu.test_sm80_bwd_kernel import (Case, make_inputs, oracle, rel, run_graph_replay,  # noqa: E402
+                                            run_nan_padding)
 
 
 def _p(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> Sm90BwdParams:
@@ -56,6 +57,32 @@ CASES = [
          wl=100, runs=3),
 ]
 
+# Lengths from the device: packed THD (empty sequences, sequences shorter than a tile, a key tile with no query
+# tile in its band, key tiles past a short sequence), padding masks (an empty batch), sinks with dSink, and
+# deterministic turns of both orders. Their own fixture, so a run of these compiles only these.
+LENGTH_CASES = [
+    Case("thd_d128_causal_gqa_sinks", _p(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True,
+                                         has_dsinks=True),
+         thd_lens=[(0, 0), (1, 1), (37, 37), (300, 450), (129, 129), (5, 200)], wr=0),
+    Case("thd_d64_det", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True),
+         thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=3),
+    Case("thd_d96_det_causal_gqa", _p(d=96, hq=4, hk=2, is_thd=True, has_window_right=True, deterministic=True),
+         thd_lens=[(200, 200), (1, 1), (0, 5), (130, 70), (64, 300)], wr=0, runs=3),
+    Case("thd_d128_band_br", _p(is_thd=True, has_window_left=True, has_window_right=True, bottom_right=True),
+         thd_lens=[(70, 300), (200, 90), (1, 1)], wl=50, wr=10),
+    Case("thd_d128_m64_s1_fp16", _p(dtype="fp16", is_thd=True, knobs=dict(tile_m=64, num_stages=1)),
+         thd_lens=[(77, 77), (1, 1), (200, 150), (0, 0), (129, 64)]),
+    Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
+         used=[(256, 256), (100, 180), (1, 1), (0, 0)]),
+    Case("pad_d96_sinks_det", _p(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),
+         b=3, sq=203, skv=203, used=[(203, 203), (9, 150), (0, 0)], runs=3),
+    Case("pad_d64_left_det_mqa", _p(d=64, hq=4, hk=1, has_seqused=True, has_window_left=True, deterministic=True),
+         b=3, sq=300, skv=300, used=[(300, 260), (0, 0), (130, 300)], wl=100, runs=3),
+]
+#: new lengths for the replay of each case (the same totals; keys within the captured max_seqlen_kv)
+REPLAY = {"thd_d128_causal_gqa_sinks": [(5, 5), (300, 449), (129, 129), (0, 0), (37, 138), (1, 96)],
+          "thd_d64_det": [(0, 0), (64, 300), (513, 286), (1, 1)]}
+
 
 @pytest.fixture(scope="module")
 def chains():
@@ -64,26 +91,60 @@ def chains():
     return dict(zip([c.name for c in CASES], compile_chains([c.p for c in CASES])))
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_sm90_bwd_chain(case, chains):
+@pytest.fixture(scope="module")
+def length_chains():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return dict(zip([c.name for c in LENGTH_CASES], compile_chains([c.p for c in LENGTH_CASES])))
+
+
+def valid_rows(case, name, x):
+    """Packed dK / dV rows past the last sequence are not written (the contract); everything else is."""
+    if case.thd_lens is not None and name in ("dk", "dv"):
+        return x[:sum(b for _, b in case.thd_lens)]
+    return x
+
+
+@pytest.mark.parametrize("case", CASES + LENGTH_CASES, ids=[c.name for c in CASES + LENGTH_CASES])
+def test_sm90_bwd_chain(case, request):
+    chains = request.getfixturevalue("length_chains" if case in LENGTH_CASES else "chains")
     p = case.p
-    t, scalars, _, scale = make_inputs(case)
+    t, scalars, sinks, scale = make_inputs(case)
     lse_variants = [t["lse"]] + ([t["lse_contig"]] if case.strided_lse else [])
-    ref = oracle(case, t["q"], t["k"], t["v"], t["do"], None, scale)
-    refs = dict(dq=ref[0], dk=ref[1], dv=ref[2])
+    ref = oracle(case, t["q"], t["k"], t["v"], t["do"], sinks, scale)
+    refs = dict(dq=ref[0], dk=ref[1], dv=ref[2], dsinks=ref[3])
+    outs = ("dq", "dk", "dv") + (("dsinks",) if p.has_dsinks else ())
     first = None
     for lse in lse_variants:
         for _ in range(case.runs):
-            for n in ("dq", "dk", "dv"):
+            for n in outs:
                 t[n].fill_(float("nan"))
             chains[case.name]({**t, "lse": lse}, scalars, workspace_views(p, t))
             torch.cuda.synchronize()
-            for n in ("dq", "dk", "dv"):
-                assert not torch.isnan(t[n]).any(), f"{case.name}: {n} has {int(torch.isnan(t[n]).sum())} NaN"
-                e = rel(t[n], refs[n])
+            for n in outs:
+                got_n = valid_rows(case, n, t[n])
+                assert not torch.isnan(got_n).any(), f"{case.name}: {n} has {int(torch.isnan(got_n).sum())} NaN"
+                e = rel(got_n, valid_rows(case, n, refs[n]))
                 assert e < 2e-2, f"{case.name}: {n} rel err {e:.2e}"
-            got = [t[n].clone() for n in ("dq", "dk", "dv")]
+            got = [t[n].clone() for n in outs]
             if first is None:
                 first = got
             elif p.deterministic:
                 assert all(torch.equal(a, b) for a, b in zip(first, got)), f"{case.name}: runs differ bitwise"
+
+
+@pytest.mark.parametrize("name", sorted(REPLAY))
+def test_thd_graph_replay_honors_new_lengths(name, length_chains):
+    """Captured once, replayed after new lengths are written into the same device tensors."""
+    case = [c for c in LENGTH_CASES if c.name == name][0]
+    ok, msg = run_graph_replay(case, length_chains[name], REPLAY[name])
+    assert ok, msg
+
+
+@pytest.mark.parametrize("name", ["pad_d128_causal", "pad_d96_sinks_det", "thd_d128_causal_gqa_sinks",
+                                  "thd_d64_det", "thd_d96_det_causal_gqa"])
+def test_nan_in_padding_does_not_leak(name, length_chains):
+    """NaN / Inf in every padding row (past seqused, after the last packed sequence) stays out of the gradients."""
+    case = [c for c in LENGTH_CASES if c.name == name][0]
+    ok, msg = run_nan_padding(case, length_chains[name])
+    assert ok, msg

@@ -1,5 +1,7 @@
 """Row-wise tile movement shared by the kernels: per-head (rows, dim) views of canonical tensors, and
 row-predicated gmem <-> smem copies (rows past a sequence's end are skipped, or zeroed in smem)."""
+import math
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
@@ -12,6 +14,33 @@ def head_rows(mX: cute.Tensor, head: Int32, batch: Int32, offset: Int32, is_thd:
         return cute.domain_offset((offset, 0), mX[None, head, None])
     else:
         return mX[batch, None, head, None]
+
+
+def row_copy(dtype, width: int, threads: int):
+    """16-byte row copies of (rows, width) smem tiles of a 16-bit `dtype` by at most `threads` threads:
+    (tiled copy, threads used). Rows per pass are a power of two, so they divide every tile height the
+    kernels use (64, 80, 128)."""
+    tpr = width // 8  # threads per row
+    per_pass = 1 << int(math.log2(threads // tpr))
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
+    return cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((per_pass, tpr), order=(1, 0)),
+                                   cute.make_layout((1, 8))), per_pass * tpr
+
+
+@cute.jit
+def zero_rows(tiled_copy: cute.TiledCopy, threads: cutlass.Constexpr[int], sX: cute.Tensor, limit: Int32,
+              tidx: Int32):
+    """Zero the rows >= limit of a (rows, cols) smem tile, 16 bytes per store, by threads [0, threads) of a
+    `row_copy`. TMA zero-fills only outside the tensor: rows past a packed sequence (the next one's, or
+    whatever follows the last) or past a padding length arrive as they are, and a P or dS of 0 does not stop
+    0 * NaN = NaN in a GEMM that reads them. The caller fences and syncs before an async-proxy (wgmma) read."""
+    if tidx < threads:
+        thr = tiled_copy.get_slice(tidx)
+        tsX = thr.partition_D(sX)
+        tcX = thr.partition_D(cute.make_identity_tensor((cute.size(sX, mode=[0]), cute.size(sX, mode=[1]))))
+        for m in cutlass.range_constexpr(cute.size(tsX, mode=[1])):
+            if tcX[0, m, 0][0] >= limit:
+                tsX[None, m, None].fill(0)
 
 
 @cute.jit

@@ -19,8 +19,19 @@ and dpsum are read per query column straight from global memory (LSE from its
 declared strides), issued before the GEMMs they wait behind. dK (times scale) and
 dV leave through the K / V tiles by TMA stores to their declared strides.
 
-Dense batches only (packed THD and padding masks are declined by the params'
-validator). Argument list: `main_args`.
+Lengths (packed THD through cu_seqlens, padding through seqused) are read per CTA
+on the device (`seqlen_info`). TMA zero-fills only outside a tensor, so the rows
+of a sequence's last query tile and last key tile that lie past its length (the
+next sequence's, padding, whatever follows) are zeroed in shared memory before a
+GEMM reads them; their LSE reads as +inf (P = 0), so their dS, and so their rows
+of the dQ tile, are exactly zero: the reduce-add of a packed sequence's last tile
+adds zeros into the next sequence's accumulator rows. Packed: the grid holds
+ceil(max_seqlen_kv / 128) key tiles per sequence (the plan's envelope: a longer
+sequence is not fully served), a CTA whose key tile starts past its sequence
+exits at once (all its warps: nothing waits on it), and dK / dV leave by
+row-predicated stores so no row of the next sequence is touched. Sinks need
+nothing here (LSE holds them; the shared helpers compute dSink). Argument list:
+`main_args`.
 """
 from __future__ import annotations
 
@@ -34,7 +45,9 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from frost.engines.common import mask
 from frost.engines.common.acc_layout import acc_as_mn
+from frost.engines.common.rows import row_copy, store_rows, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
+from frost.engines.common.seqlen import seqlen_info
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common import global_ops as gops
 from frost.engines.sm90 import wgmma_utils as wu
@@ -61,6 +74,8 @@ class Walk(NamedTuple):
     wr: object
     seqlen_q: Int32
     seqlen_k: Int32
+    off_q: object  # first query / key token of the sequence (Int32), or None without lengths (dense rows)
+    off_k: object
 
 
 class Rows(NamedTuple):
@@ -92,6 +107,7 @@ class SdpaBwdSm90:
         self.swap_dq = p.dq_swap
         self.frag = p.dq_fragments
         self.num_threads = MMA_THREADS + 128
+        self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -99,11 +115,13 @@ class SdpaBwdSm90:
         p = self.p
         dt = self.dtype
         bm, bn, d, dv, st = self.bm, self.bn, self.d, self.dv, self.stages
-        # kernel views: (seq, d, head, batch) for Q/K/V/dO/dK/dV and the accumulator, (seq, head, batch) rows
-        mQ, mK, mV, mdO, mdK, mdV = [select_modes(a[n], [1, 3, 2, 0]) for n in ("q", "k", "v", "do", "dk", "dv")]
-        mLSE = select_modes(a["lse"], [2, 1, 0])
-        mdPsum = select_modes(a["dpsum"], [2, 1, 0])
-        mAcc = select_modes(a["dq_accum"], [2, 3, 1, 0])
+        # kernel views: (seq, d, head[, batch]) for Q/K/V/dO/dK/dV and the accumulator, (seq, head[, batch]) rows
+        thd = const_expr(p.is_thd)
+        io = [0, 2, 1] if const_expr(thd) else [1, 3, 2, 0]
+        mQ, mK, mV, mdO, mdK, mdV = [select_modes(a[n], io) for n in ("q", "k", "v", "do", "dk", "dv")]
+        mLSE = select_modes(a["lse"], [1, 0] if const_expr(thd) else [2, 1, 0])
+        mdPsum = select_modes(a["dpsum"], [1, 0] if const_expr(thd) else [2, 1, 0])
+        mAcc = select_modes(a["dq_accum"], [1, 2, 0] if const_expr(thd) else [2, 3, 1, 0])
 
         K = cute.nvgpu.OperandMajorMode.K
         MN = cute.nvgpu.OperandMajorMode.MN
@@ -157,27 +175,34 @@ class SdpaBwdSm90:
             sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm], 128]
 
         scale = Float32(a["softmax_scale"])
-        n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
+        if const_expr(thd):  # the key tiles of the longest sequence the plan declares, per sequence
+            n_blocks = cutlass.max((Int32(a["max_seqlen_kv"]) + bn - 1) // bn, 1)
+            n_batch = a["cu_seqlens_q"].shape[0] - 1
+        else:
+            n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
+            n_batch = mQ.shape[3]
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, mAcc if const_expr(self.frag) else tma_dq, mLSE, mdPsum, a.get("dq_semaphore"),
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, mAcc if const_expr(self.frag) else tma_dq, mLSE, mdPsum,
+            a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
+            a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
-        ).launch(grid=[n_blocks, p.num_heads_kv, mQ.shape[3]], block=[self.num_threads, 1, 1],
+        ).launch(grid=[n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
                  stream=a["stream"], min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
-               mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem,
-               tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom,
-               tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom, tma_atom_dv: cute.CopyAtom,
-               tma_atom_dq: cute.CopyAtom, scale: Float32, wl, wr, q_bytes: cutlass.Constexpr,
-               do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout,
-               sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
-               sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, mma_sdp: cute.TiledMma,
-               mma_dk: cute.TiledMma, mma_dv: cute.TiledMma, mma_dq: cute.TiledMma,
+               mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
+               mUsedQ, mUsedK, mdK_rows, mdV_rows, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
+               tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
+               tma_atom_dv: cute.CopyAtom, tma_atom_dq: cute.CopyAtom, scale: Float32, wl, wr,
+               q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
+               sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
+               mma_sdp: cute.TiledMma, mma_dk: cute.TiledMma, mma_dv: cute.TiledMma, mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -206,7 +231,27 @@ class SdpaBwdSm90:
 
         bx, head_kv, batch = cute.arch.block_idx()
         n_block = self.key_tile(bx)
-        walk = self.walk(n_block, head_kv, batch, mQ.shape[0], mK.shape[0], wl, wr)
+        seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
+        if const_expr(self.lengths):
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, mQ.shape[0], mK.shape[0], mCuQ, mCuK, mUsedQ,
+                                                           mUsedK)
+        walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k)
+        args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
+                sdS, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
+                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
+        if const_expr(self.p.is_thd):
+            # a key tile past its sequence's keys owns no dK / dV rows and visits no query tile: every warp
+            # of the CTA leaves at once, so none waits on another
+            if n_block * self.bn < walk.seqlen_k:
+                self.roles(warp_idx, *args)
+        else:
+            self.roles(warp_idx, *args)
+
+    @cute.jit
+    def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ,
+              sK, sV, sdO, sdS, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
+              tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk: Walk):
+        """The warp roles: warp 0 loads, warp 1 adds dQ, the MMA warpgroups compute; all walk `walk`."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(24)
             if warp_idx == 0:
@@ -216,11 +261,24 @@ class SdpaBwdSm90:
                 self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, walk)
         else:
             cute.arch.setmaxregister_increase(240)
-            self.mma(mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv,
-                     pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
+            self.mma(mK, mdK, mdV, mLSE, mdPsum, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sdQ,
+                     tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
+
+    def seq_rows(self, mX, head, w: Walk, offset):
+        """The (seq, dim) rows of one head of the CTA's batch entry (packed: from the sequence's first token)."""
+        if self.p.is_thd:
+            return cute.domain_offset((offset, 0), mX[None, None, head])
+        return mX[None, None, head, w.batch]
+
+    def row_value(self, mX, row, head, w: Walk):
+        """One value of a (seq, head[, batch]) row vector (LSE, dpsum) at a row of the CTA's sequence."""
+        if self.p.is_thd:
+            return mX[w.off_q + row, head]
+        return mX[row, head, w.batch]
 
     @cute.jit
-    def walk(self, n_block: Int32, head_kv: Int32, batch: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
+    def walk(self, n_block: Int32, head_kv: Int32, batch: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr, off_q,
+             off_k):
         """The CTA's `Walk`: the query tiles of its key tile's band, over every query head of its group."""
         p = self.p
         off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
@@ -229,7 +287,8 @@ class SdpaBwdSm90:
         wr_c = cutlass.min(Int32(wr), cap) if const_expr(p.has_window_right) else None
         m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
         n_m = cutlass.max(m_max - m_min, 0)
-        return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k)
+        return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k,
+                    off_q, off_k)
 
     @cute.jit
     def step_tile(self, t: Int32, w: Walk):
@@ -241,10 +300,10 @@ class SdpaBwdSm90:
     @cute.jit
     def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
              pipe_q, pipe_do, pipe_kv, w: Walk):
-        n_block, head_kv, batch = w.n_block, w.head_kv, w.batch
+        n_block, head_kv = w.n_block, w.head_kv
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.bn, self.d), (n_block, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.bn, self.dv), (n_block, 0))
+        gK = cute.local_tile(self.seq_rows(mK, head_kv, w, w.off_k), (self.bn, self.d), (n_block, 0))
+        gV = cute.local_tile(self.seq_rows(mV, head_kv, w, w.off_k), (self.bn, self.dv), (n_block, 0))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
@@ -255,8 +314,8 @@ class SdpaBwdSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for t in cutlass.range(w.steps, unroll=1):
             head, m_block = self.step_tile(t, w)
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.bm, self.d), (m_block, 0))
-            gdO = cute.local_tile(mdO[None, None, head, batch], (self.bm, self.dv), (m_block, 0))
+            gQ = cute.local_tile(self.seq_rows(mQ, head, w, w.off_q), (self.bm, self.d), (m_block, 0))
+            gdO = cute.local_tile(self.seq_rows(mdO, head, w, w.off_q), (self.bm, self.dv), (m_block, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                                cute.group_modes(gQ, 0, 2))
             tOsdO, tOgdO = cpasync.tma_partition(tma_atom_do, 0, cute.make_layout(1),
@@ -277,14 +336,14 @@ class SdpaBwdSm90:
         for t in cutlass.range(w.steps, unroll=1):
             head, m_block = self.step_tile(t, w)
             if const_expr(not self.frag):
-                gAcc = cute.local_tile(mAcc[None, None, head, w.batch], (self.bm, self.d), (m_block, 0))
+                gAcc = cute.local_tile(self.seq_rows(mAcc, head, w, w.off_q), (self.bm, self.d), (m_block, 0))
                 tDsdQ, tDgAcc = cpasync.tma_partition(tma_atom_dq, 0, cute.make_layout(1),
                                                       cute.group_modes(sdQ, 0, 2), cute.group_modes(gAcc, 0, 2))
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
             sem = None
             if const_expr(self.p.deterministic):
-                sem = self.semaphore(mSem, head, m_block, w.batch, w.seqlen_q)
+                sem = self.semaphore(mSem, mAcc, head, m_block, w)
                 turn = self.turn(m_block, w)
                 if lane == 0:
                     while gops.ld_acquire_i32(sem) != turn:
@@ -306,9 +365,19 @@ class SdpaBwdSm90:
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
-    def semaphore(self, mSem, head: Int32, m_block: Int32, batch: Int32, seqlen_q: Int32):
-        """The turn counter of one (batch, query head, query tile), as the shared preprocess zeroes them."""
-        idx = (batch * self.p.num_heads_q + head) * ((seqlen_q + self.bm - 1) // self.bm) + m_block
+    def semaphore(self, mSem, mAcc, head: Int32, m_block: Int32, w: Walk):
+        """The turn counter of one (batch, query head, query tile), laid out as the skeleton's scratch layout
+        sizes them (`scratch.scratch_layout`) and the shared preprocess zeroes them: dense, per (batch, head)
+        the tiles of the declared Sq (the accumulator's rows, not a padded batch's own length: every batch
+        has the same stride); packed, per head the tiles of the packed total plus one per sequence (a
+        sequence's tiles start where its first token's tile does, shifted by one per sequence before it)."""
+        bm = self.bm
+        if const_expr(self.p.is_thd):
+            per_head = mAcc.shape[0] // bm + cute.arch.grid_dim()[2] + 1
+            idx = head * per_head + (w.off_q + w.batch * bm) // bm + m_block
+        else:
+            rows_q = mAcc.shape[0] if const_expr(self.p.has_seqused) else w.seqlen_q  # equal without padding
+            idx = (w.batch * self.p.num_heads_q + head) * ((rows_q + bm - 1) // bm) + m_block
         return gops.elem_ptr(mSem, idx)
 
     @cute.jit
@@ -346,8 +415,8 @@ class SdpaBwdSm90:
 
     # --- MMA warpgroups
     @cute.jit
-    def mma(self, mK, mdK, mdV, mLSE, mdPsum, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk, tma_atom_dv, pipe_q,
-            pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, w: Walk):
+    def mma(self, mK, mdK, mdV, mLSE, mdPsum, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk,
+            tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, w: Walk):
         bm, bn = self.bm, self.bn
         n_block, steps, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.steps, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
         tidx = cute.arch.thread_idx()[0] - 128
@@ -402,11 +471,27 @@ class SdpaBwdSm90:
             self.stage_rows(rows, Int32(0), self.load_rows(rows, w, Int32(0)))
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         pipe_kv.consumer_wait(kv_state)
+        if const_expr(self.lengths):
+            key_rows = seqlen_k - n_block * bn
+            if key_rows < bn:  # the sequence's last key tile: rows past it may hold any bits
+                self.zero_tail(sK, key_rows, tidx)
+                self.zero_tail(sV, key_rows, tidx)
+                cute.arch.fence_view_async_shared()  # generic-proxy stores before the wgmma (async proxy) reads
+                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
         for t in cutlass.range(steps, unroll=1):
             head, m_block = self.step_tile(t, w)
             q0 = m_block * bm
             row_next = self.load_rows(rows, w, t + 1)  # the next step's LSE / dpsum row, staged below
             stage = t % 2
+            if const_expr(self.lengths):
+                query_rows = seqlen_q - q0
+                if query_rows < bm:  # the sequence's last query tile: rows past it may hold any bits
+                    pipe_q.consumer_wait(q_state)
+                    pipe_do.consumer_wait(q_state)
+                    self.zero_tail(sQ[None, None, q_state.index], query_rows, tidx)
+                    self.zero_tail(sdO[None, None, q_state.index], query_rows, tidx)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
             pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
             acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
             wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
@@ -451,24 +536,24 @@ class SdpaBwdSm90:
             warpgroup.wait_group(0)
             pipe_q.consumer_release(q_state)
             q_state.advance()
-        self.epilogue(acc_dK, acc_dV, mdK, mdV, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx,
-                      w)
+        self.epilogue(acc_dK, acc_dV, mdK, mdV, mCuK, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
+                      mma_dv, scale, tidx, w)
 
     @cute.jit
     def load_rows(self, r: Rows, w: Walk, t: Int32) -> Float32:
         """Threads [0, tile_m) read step t's LSE (log2 units; +inf past the sequence or for a row with no key,
         so P = 0), threads [tile_m, 2 tile_m) its dpsum; a step past the last reads the last step's rows."""
-        tidx, seqlen_q, batch = r.tidx, w.seqlen_q, w.batch
+        tidx, seqlen_q = r.tidx, w.seqlen_q
         head, m_block = self.step_tile(cutlass.min(t, w.steps - 1), w)
         i = tidx % self.bm
         q = m_block * self.bm + i
         qc = cutlass.min(q, seqlen_q - 1)
         v = Float32(0.0)
         if tidx < self.bm:
-            lse = r.mLSE[qc, head, batch] * Float32(LOG2_E)
+            lse = self.row_value(r.mLSE, qc, head, w) * Float32(LOG2_E)
             v = Float32.inf if (q >= seqlen_q or lse == -Float32.inf) else lse
         elif tidx < 2 * self.bm:
-            v = r.mdPsum[qc, head, batch]
+            v = self.row_value(r.mdPsum, qc, head, w)
         return v
 
     @cute.jit
@@ -481,9 +566,16 @@ class SdpaBwdSm90:
             r.sdPsum[i, t % 2] = v
 
     @cute.jit
-    def epilogue(self, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx,
-                 w: Walk):
-        """dK * scale and dV through the (now free) K / V tiles, then one TMA store each."""
+    def zero_tail(self, sX: cute.Tensor, limit: Int32, tidx: Int32):
+        """Zero the rows >= limit of a (rows, cols) smem tile with the MMA threads (no fence, no barrier)."""
+        tiled, threads = row_copy(self.dtype, cute.size(sX, mode=[1]), MMA_THREADS)
+        zero_rows(tiled, threads, sX, limit, tidx)
+
+    @cute.jit
+    def epilogue(self, acc_dK, acc_dV, mdK, mdV, mCuK, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
+                 mma_dv, scale, tidx, w: Walk):
+        """dK * scale and dV through the (now free) K / V tiles, then one TMA store each (packed: row-predicated
+        stores, dK by one warpgroup and dV by the other, so no row of the next sequence is touched)."""
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * scale
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
@@ -498,7 +590,15 @@ class SdpaBwdSm90:
         cute.copy(r2s_v, r2s_v.retile(rdV), r2s_v.get_slice(tidx).partition_D(sV))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
-        if tidx < 32:
+        if const_expr(self.p.is_thd):
+            # the sequence's first key read again here, not kept in registers over the steps (a d=64 spill)
+            off_k = mCuK[w.batch]
+            limit = w.seqlen_k - w.n_block * self.bn
+            if tidx < 128:
+                self.store_tile(sK, mdK_rows, self.d, off_k, limit, tidx, w)
+            else:
+                self.store_tile(sV, mdV_rows, self.dv, off_k, limit, tidx - 128, w)
+        elif tidx < 32:
             gdK = cute.local_tile(mdK[None, None, w.head_kv, w.batch], (self.bn, self.d), (w.n_block, 0))
             gdV = cute.local_tile(mdV[None, None, w.head_kv, w.batch], (self.bn, self.dv), (w.n_block, 0))
             tKsK, tKgK = cpasync.tma_partition(tma_atom_dk, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
@@ -509,6 +609,16 @@ class SdpaBwdSm90:
             cute.copy(tma_atom_dv, tVsV, tVgV)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def store_tile(self, sX: cute.Tensor, mX: cute.Tensor, width: cutlass.Constexpr[int], off_k: Int32, limit: Int32,
+                   t: Int32, w: Walk):
+        """The rows < limit of a staged (tile_n, width) dK / dV tile to the sequence's rows (from its first key
+        `off_k`), by one warpgroup."""
+        tiled, threads = row_copy(self.dtype, width, 128)
+        if t < threads:
+            g = cute.local_tile(self.seq_rows(mX, w.head_kv, w, off_k), (self.bn, width), (w.n_block, 0))
+            store_rows(tiled, sX, g, cute.make_identity_tensor((self.bn, width)), limit, t)
 
 
 def build(params: Sm90BwdParams, arch: str):

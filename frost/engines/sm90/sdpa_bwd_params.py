@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
-from frost.engines.sdpa_bwd.chain import name_dims, name_tags
+from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
 from frost.errors import TemplateParamsError
 
@@ -25,9 +25,8 @@ KEYS_PER_WG = 64
 class Sm90BwdParams(SdpaFeatureParams):
     """Plan-time description of one wgmma backward main kernel.
 
-    Features follow `frost.engines.sdpa_args`; sinks and dSink, packed THD and
-    padding masks are not served yet (the validator says so, and the capability
-    row declines them before). Knobs change speed only.
+    Features follow `frost.engines.sdpa_args` (sinks and dSink through the shared
+    helpers). Knobs change speed only.
     """
 
     family: Literal["sm90"] = "sm90"
@@ -91,12 +90,8 @@ def validate(p: Sm90BwdParams) -> None:
         raise TemplateParamsError(f"Sm90BwdParams: {msg}")
 
     check_sdpa_features(p, HEAD_DIMS, "Sm90BwdParams")
-    if p.is_thd:
-        bad("packed THD batches are not implemented in the wgmma backward yet")
-    if p.has_seqused:
-        bad("padding masks (seqused) are not implemented in the wgmma backward yet")
-    if p.has_sinks or p.has_dsinks:
-        bad("sinks are not implemented in the wgmma backward yet")
+    if p.has_dsinks and not p.has_sinks:
+        bad("dsinks needs sinks")
     if p.tile_n != 128:
         bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys)")
     if p.tile_m not in (64, 80, 128):
@@ -146,7 +141,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     """The self-describing part of the main kernel's name."""
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-                        (p.deterministic, "det")))
+                        (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments)
     return "_".join(parts)
 
@@ -158,8 +153,10 @@ MAIN_TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 
 
 def main_args(p: Sm90BwdParams) -> list[str]:
-    """q, k, v, do, lse, dk, dv, dpsum, dq_accum, dq_semaphore?, softmax_scale, window_left?, window_right?,
-    stream."""
-    args = ["q", "k", "v", "do", "lse", "dk", "dv", "dpsum", "dq_accum"] + ["dq_semaphore"] * p.deterministic
-    args += ["softmax_scale"] + ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
-    return args + ["stream"]
+    """q, k, v, do, lse, dk, dv, lengths (cu_seqlens or seqused), dpsum, dq_accum, dq_semaphore?, softmax_scale,
+    window_left?, window_right?, max_seqlen_kv?, stream. Sinks need nothing here: LSE holds them, and the shared
+    helpers compute dSink."""
+    args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p) + ["dpsum", "dq_accum"]
+    args += ["dq_semaphore"] * p.deterministic + ["softmax_scale"]
+    args += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
+    return args + ["max_seqlen_kv"] * p.is_thd + ["stream"]

@@ -19,7 +19,6 @@ Arguments follow `frost.engines.sdpa_args` exactly; see `build` for the fakes.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import cutlass
@@ -552,14 +551,10 @@ class SdpaFwdSm90:
     def row_copy(self):
         """16-byte row copies of (rows, hdv) smem tiles by at most one warpgroup: (tiled copy, threads used);
         rows per pass are a power of two, so they divide tile_n and 64."""
-        tpr = self.hdv // 8  # threads per row
-        per_pass = 1 << int(math.log2(128 // tpr))
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        return cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((per_pass, tpr), order=(1, 0)),
-                                       cute.make_layout((1, 8))), per_pass * tpr
+        return rows.row_copy(self.dtype, self.hdv, 128)
 
     @cute.jit
-    def zero_v_tail(self, sV, pipe_v, v_state, rows: Int32, t: Int32, wg: Int32):
+    def zero_v_tail(self, sV, pipe_v, v_state, limit: Int32, t: Int32, wg: Int32):
         """Zero the V rows of a sequence's last key block that lie past its length.
 
         TMA zero-fills only outside the tensor; rows past seqused_kv, or past a
@@ -570,16 +565,10 @@ class SdpaFwdSm90:
         all zero, so the overlap is benign) and syncs only its own 128 threads,
         which keeps ping-pong intact.
         """
-        if rows < self.tile_n:
+        if limit < self.tile_n:
             pipe_v.consumer_wait(v_state)
             tiled, threads = self.row_copy()
-            if t < threads:
-                thr = tiled.get_slice(t)
-                tsV = thr.partition_D(sV[None, None, v_state.index])
-                tcV = thr.partition_D(cute.make_identity_tensor((self.tile_n, self.hdv)))
-                for m in cutlass.range_constexpr(cute.size(tsV, mode=[1])):
-                    if tcV[0, m, 0][0] >= rows:
-                        tsV[None, m, None].fill(0)
+            rows.zero_rows(tiled, threads, sV[None, None, v_state.index], limit, t)
             cute.arch.fence_view_async_shared()  # generic-proxy stores before the wgmma (async proxy) reads
             cute.arch.barrier(barrier_id=BAR_EPI + wg, number_of_threads=128)
 
