@@ -2,7 +2,10 @@
 # One device call: the GPU test suite, plan/host time, a benchmark, an ncu profile; their files land in $OUT.
 #   bash benchmarks/device_run.sh [tests] [plan] [host] [sweeps] [bench PRESET] [--bench-args "..."]
 #                                 [ncu "ARGS"] [ncubwd "ARGS"] [-k EXPR] [--budget SECONDS] [--commit SHA]
-#                                 [torchface] [gpt STEPS]
+#                                 [torchface] [gpt STEPS] [cudnn]
+# `cudnn` runs the cuDNN engine's GPU tests (cudnn-tests.log, skip reasons listed) and benchmarks/cudnn_host.py
+# (cudnn-host.md/json: its execute's host time against torch's cuDNN SDPA call); time it against cuDNN through
+# torch with `bench cudnn --bench-args "--impl cudnn,frost --frost-engines cudnn"`.
 # `torchface` runs the torch face's GPU tests and benchmarks/torch_face.py (torch-face-*.log/json);
 # `gpt STEPS` trains examples/train_gpt.py with sdpa, then frost (same seed), overlaying both loss curves.
 # `ncu "ARGS"` profiles benchmarks/profile_fwd.py ARGS (frost and FA4, one call each) with ncu.
@@ -21,12 +24,14 @@ export PYTHONPATH="$PWD:$PYTHONPATH"
 export FROST_CACHE_DIR="${FROST_CACHE_DIR:-/tmp/frost-cache}"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; run_sweeps=0; budget=240; commit="${FROST_COMMIT:-}"
+run_cudnn=0
 bench_args=""; ncu_args=""; ncubwd_list=(); run_torchface=0; gpt_steps=""
 while [ $# -gt 0 ]; do
   case "$1" in
     sweeps) run_sweeps=1 ;;
     tests) run_tests=1 ;;
     torchface) run_torchface=1 ;;
+    cudnn) run_cudnn=1 ;;
     gpt) gpt_steps="$2"; shift ;;
     plan) run_plan=1 ;;
     host) run_host=1 ;;
@@ -45,6 +50,15 @@ if [ "$run_tests" = 1 ]; then
   timeout 330 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 12 -rfE ${kexpr:+-k "$kexpr"} \
     > "$OUT/gpu-tests.log" 2>&1
   tail -4 "$OUT/gpu-tests.log"
+fi
+if [ "$run_cudnn" = 1 ]; then
+  timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_cudnn_engine.py tests/gpu/test_cudnn_programs_gpu.py \
+    "tests/gpu/test_sdpa_fwd_gpu.py::test_non_default_stream_is_honored[cudnn]" -p no:cacheprovider -n 8 -rfEs \
+    > "$OUT/cudnn-tests.log" 2>&1
+  grep -E "^(SKIPPED|FAILED|ERROR)" "$OUT/cudnn-tests.log" | cut -c1-300 | head -30
+  tail -2 "$OUT/cudnn-tests.log"
+  timeout 120 python3 benchmarks/cudnn_host.py --json "$OUT/cudnn-host.json" > "$OUT/cudnn-host.md" 2>&1
+  cat "$OUT/cudnn-host.md"
 fi
 if [ "$run_torchface" = 1 ]; then
   timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_torch_face.py -p no:cacheprovider -rfE \

@@ -11,11 +11,18 @@ Handles: one cuDNN handle per (device, stream), created and set to its stream on
 the process (`cudnnSetStream` is never called per execute). Planning creates the handle of the
 current stream; the first execute on another stream creates that stream's handle (host work, once).
 
+The cuDNN library's own engines only: nvidia-cudnn-frontend 1.32's `pygraph` also ranks Python engines of its
+own (CuTe DSL kernels it ships) into the plan list; they are deselected before the plans are built, so this
+engine runs what torch's cuDNN SDPA backend runs. Execute hands the bound tensors to `pygraph.execute` in the
+plan's operand order (`tensor_uids=`, cuDNN's cheapest binding path), falling back once, with a warning, to
+the mapping form if this binding refuses the ordered one.
+
 nvidia-cudnn-frontend is an optional extra (`pip install 'frost[cudnn]'`) imported here lazily, so
 `import frost` and planning never need it; without it the engine declines naming the package.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Optional
 
@@ -29,14 +36,34 @@ FAKE_TARGET = ("plans only for the device it runs on (cuDNN picks its kernels fr
                "this target is a fake record")
 
 
+#: the oldest nvidia-cudnn-frontend whose Python API this engine speaks (the pure-Python `pygraph`, `cudnn.Handle`,
+#: `generate_stats`, `execute(..., tensor_uids=)`); an older binding is a decline naming its version
+MIN_FRONTEND = (1, 32)
+
+
+def frontend_version(text: str) -> tuple:
+    """(major, minor) of a version string such as '1.32.0' or '1.32.0.dev1'; () when it has none."""
+    parts = []
+    for piece in str(text).split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) if len(parts) == 2 else ()
+
+
 def cudnn_missing_reason() -> Optional[str]:
-    """None when the cuDNN frontend's Python binding imports, else the decline reason."""
+    """None when the cuDNN frontend's Python binding imports and is recent enough, else the decline reason."""
     try:
-        import cudnn  # noqa: F401
+        import cudnn
     except ModuleNotFoundError:
         return CUDNN_MISSING
     except Exception as e:  # the binding is there but cannot load (no libcudnn, a broken build)
         return f"nvidia-cudnn-frontend is installed but does not import: {type(e).__name__}: {e}"
+    version = getattr(cudnn, "__version__", "")
+    if frontend_version(version) < MIN_FRONTEND:
+        return (f"nvidia-cudnn-frontend {version or '(no version)'} is installed; the cuDNN engine needs "
+                f"{'.'.join(map(str, MIN_FRONTEND))} or later (pip install 'frost[cudnn]')")
     return None
 
 
@@ -47,12 +74,17 @@ def _cudnn():
 
 
 _DTYPES = {"bf16": "BFLOAT16", "fp16": "HALF", "fp32": "FLOAT", "int32": "INT32", "int64": "INT64"}
+#: first engine id of nvidia-cudnn-frontend's Python engines (`cudnn.engines.engine_ids.PYTHON_ENGINE_ID_BASE`)
+PYTHON_ENGINE_ID_BASE = 20_000
+#: exception types a binding mismatch raises (a frost bug, never a decline): they propagate out of planning
+_BUG_TYPES = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError)
 
 # (device index, raw stream) -> cuDNN handle bound to that stream; process-wide, never per execute
 _HANDLES: dict = {}
 _HANDLES_LOCK = threading.Lock()
-# (CudnnSdpaCall, device index) -> (cudnn graph, {role: cudnn tensor}, workspace bytes): one cuDNN build per
-# specialization and device, shared by every frost plan of that graph (execute passes its own handle)
+# (CudnnSdpaCall, device index) -> (cudnn graph, ((role, cudnn tensor), ...), workspace bytes, operand uids or None):
+# one cuDNN build per specialization and device, shared by every frost plan of that graph (execute passes its own
+# handle)
 _BUILT: dict = {}
 
 
@@ -97,6 +129,43 @@ def build_cudnn_graph(cudnn, call: CudnnSdpaCall, handle):
     return g, ts
 
 
+class LibraryHasNoPlan(Exception):
+    """Every plan cuDNN's frontend ranked for a graph is one of its own Python engines, none the library's."""
+
+
+def library_plans_only(g) -> None:
+    """Deselect nvidia-cudnn-frontend's own Python engines from `g`'s ranked plans (after create_execution_plans).
+
+    1.32's `pygraph` ranks CuTe DSL engines it ships beside the cuDNN library's engines (ids from
+    PYTHON_ENGINE_ID_BASE up) and may put them first; the build walk then skips them, so the plan built is the
+    library's. A binding without that plan list (older frontends) has the library's engines only.
+    """
+    plans = getattr(g, "plans", None)
+    if not isinstance(plans, (list, tuple)) or not plans:
+        return
+    own = [i for i, cfg in enumerate(plans) if getattr(cfg, "engine_id", -1) >= PYTHON_ENGINE_ID_BASE]
+    if not own:
+        return
+    names = sorted({g.get_plan_name_at_index(i).split("[", 1)[0] for i in own})
+    if len(own) == len(plans):
+        why = getattr(g, "_backend_declined", None)  # the library's own refusal, when the frontend kept it
+        raise LibraryHasNoPlan(f"the cuDNN library has no engine for this graph (the frontend offers only its own "
+                               f"Python engines: {', '.join(names)})" + (f"; the library said: {why}" if why else ""))
+    g.deselect_engines(names)
+
+
+def ordered_uids(g, ts: dict, roles: tuple):
+    """The uids of `roles` in that order when `g.execute` takes operands by position (`tensor_uids=`), else None."""
+    import inspect
+
+    try:
+        if "tensor_uids" not in inspect.signature(g.execute).parameters:
+            return None
+        return tuple(int(ts[role].get_uid()) for role in roles)
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 class _CudnnAdapter:
     """What the cuDNN forward and backward share (mixed in before the contract class)."""
 
@@ -130,13 +199,18 @@ class _CudnnAdapter:
                 g.validate()
                 g.build_operation_graph()
                 g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                library_plans_only(g)
                 g.check_support()
                 g.build_plans()
+                ws = int(g.get_workspace_size())
+            except _BUG_TYPES:
+                raise  # a call this binding does not take: frost's bug, not cuDNN's verdict
             except Exception as e:  # cuDNN's refusal (cudnnGraphNotSupportedError and kin) names the reason
                 raise self.decline(f"cuDNN declines this graph: {type(e).__name__}: {e}") from None
-            built = _BUILT[key] = (g, ts, int(g.get_workspace_size()))
-        self._graph, tensors, self._cudnn_ws = built
-        self._pack_roles = tuple((role, tensors[role]) for role in self.call.roles())
+            roles = self.call.roles()
+            built = _BUILT[key] = (g, tuple((role, ts[role]) for role in roles), ws, ordered_uids(g, ts, roles))
+        self._graph, self._pack_roles, self._cudnn_ws, self._uids = built
+        self._roles = tuple(role for role, _ in self._pack_roles)
 
     def compile(self) -> None:
         if not hasattr(self, "call"):
@@ -155,8 +229,22 @@ class _CudnnAdapter:
         h = _HANDLES.get((self._device, s))  # the plan's device, found at plan time
         if h is None:
             h = handle_for(self._device, s)
-        self._graph.execute({t: bound[role] for role, t in self._pack_roles},
-                            workspace if self._cudnn_ws else None, handle=h)
+        ws = workspace if self._cudnn_ws else None
+        if self._uids is not None:
+            try:
+                self._graph.execute(tuple([bound[r] for r in self._roles]), ws, handle=h, tensor_uids=self._uids)
+                return
+            except (TypeError, ValueError) as e:
+                self._refuse_ordered(e)
+        self._graph.execute({t: bound[role] for role, t in self._pack_roles}, ws, handle=h)
+
+    def _refuse_ordered(self, e: Exception) -> None:
+        """This binding refused the ordered operands: this plan binds by mapping from now on (said once)."""
+        import warnings
+
+        self._uids = None
+        warnings.warn(f"{self.engine_name}: cuDNN refused the ordered variant pack ({type(e).__name__}: {e}); "
+                      f"binding by mapping instead", RuntimeWarning, stacklevel=3)
 
 
 class SdpaFwdCudnn(_CudnnAdapter, SdpaFwdDsl):

@@ -80,19 +80,20 @@ def _declared(facts, role: str) -> CudnnTensor:
 
 
 def band_kwargs(facts) -> dict:
-    """frost's resolved band as cuDNN keywords: causal flags where they say it all, explicit bounds otherwise."""
+    """frost's resolved band as cuDNN's preferred masking keywords: the diagonal alignment and explicit bounds.
+
+    A causal mask is `diagonal_band_right_bound=0` (what cuDNN's deprecated `use_causal_mask*` flags set), never
+    the flag: cuDNN documents mixing its deprecated masking keywords with the preferred ones (a causal sliding
+    window needs the left bound) as undefined.
+    """
     left, right = facts.window_left, facts.window_right
     if left is None and right is None:
         return {}
-    kw = {}
-    if right == 0:
-        kw["use_causal_mask_bottom_right" if facts.bottom_right else "use_causal_mask"] = True
-    else:
-        kw["diagonal_alignment"] = "BOTTOM_RIGHT" if facts.bottom_right else "TOP_LEFT"
-        if right is not None:
-            kw["diagonal_band_right_bound"] = right
+    kw = {"diagonal_alignment": "BOTTOM_RIGHT" if facts.bottom_right else "TOP_LEFT"}
     if left is not None:
-        kw["diagonal_band_left_bound"] = left + 1  # frost's window_left = L - 1
+        kw["diagonal_band_left_bound"] = int(left) + 1  # frost's window_left = L - 1
+    if right is not None:
+        kw["diagonal_band_right_bound"] = int(right)
     return kw
 
 
@@ -107,7 +108,7 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
     positional = ("q", "k", "v") if fwd else ("q", "k", "v", "o", "dO", "stats")
     inputs = [_declared(facts, r) for r in positional]
     tensor_kwargs, output_kwargs = [], []
-    scalars = {"attn_scale": facts.attn_scale}
+    scalars = {"attn_scale": float(facts.attn_scale)}  # pybind takes a Python float (an int reads as a tensor)
     if fwd:
         scalars["generate_stats"] = bool(facts.has_stats)
     elif facts.deterministic:

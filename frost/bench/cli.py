@@ -29,6 +29,11 @@ PRESETS = {
     # a functional pass: does every implementation run at all
     "smoke": dict(directions=["fwd", "bwd"], dtypes=["bf16"], head_dims=[(128, 128)], seqlens=[1024],
                   causal=[False, True], gqa=[1], layouts=["bshd", "thd"], thd_mixes=["fixed"], probe=True),
+    # frost's cuDNN engine against cuDNN through torch (the same library; the bar is within 3%) with the
+    # host-time probe; `--impl cudnn,frost --frost-engines cudnn` times just those two (a minute or two on an H200)
+    "cudnn": dict(directions=["fwd", "bwd"], dtypes=["bf16"], head_dims=[(64, 64), (128, 128)],
+                  seqlens=[4096, 16384], causal=[False, True], gqa=[1], layouts=["bshd"], thd_mixes=["fixed"],
+                  probe=True),
     # everything the flags can express
     "all": dict(directions=["fwd", "bwd"], dtypes=["bf16", "fp16"],
                 head_dims=[(64, 64), (128, 128), (256, 256), (192, 128)],
@@ -225,6 +230,9 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
             why = p.unavailable()
             print(f"  {p.key:6s} {p.label}: {'available' if not why else 'missing: ' + why}", file=out)
     if "frost" in a.impl:
+        from frost.bench.frost_runner import cudnn_engine_unavailable
+        from frost.bench.runner import engine_selected
+
         why = frost_unavailable()
         filt = []
         if a.frost_engines:
@@ -234,6 +242,10 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
         state = "graph API available" if not why else "missing: " + why
         print(f"  frost  every engine that accepts each graph, resolved on the GPU ({state}"
               f"{'; ' + '; '.join(filt) if filt else ''})", file=out)
+        if engine_selected("SdpaFwdCudnn", a.frost_engines, a.exclude_engines):
+            why = cudnn_engine_unavailable()
+            print(f"  frost:cudnn  frost's cuDNN engine, beside cuDNN through torch (cudnn/cuDNN column): "
+                  f"{'available' if not why else 'missing: ' + why}", file=out)
     header = f"{'#':>3}  {'dir':7}  {'dtype':5}  {'D':>7}  {'shape':34}  {'heads':>5}  {'mask':6}  {'GFLOP':>9}  {'set MiB':>7}"
     print(header, file=out)
     for n, w in enumerate(workloads, 1):

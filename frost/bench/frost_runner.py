@@ -16,6 +16,16 @@ from frost.bench.inputs import torch_dtype
 from frost.bench.workloads import Workload
 
 
+def cudnn_engine_unavailable() -> str | None:
+    """Why frost's cuDNN engine cannot run here (its binding is missing or too old), None when it can; never
+    touches the GPU. Graphs it declines still read n/a per row."""
+    try:
+        from frost.adapters.cudnn import cudnn_missing_reason
+    except Exception as e:
+        return f"frost has no cuDNN engine: {short_reason(e)}"
+    return cudnn_missing_reason()
+
+
 def frost_unavailable() -> str | None:
     """Why frost's graph API cannot be used here (None when it can)."""
     try:
@@ -286,7 +296,10 @@ class FrostEngine(Implementation):
         else:
             geom, fwd_outs, source = _forward_state(inputs)
             gr = _BwdGraph(w, geom)
-        gr.g.build_plans(engine=self.engine)
+        try:
+            gr.g.build_plans(engine=self.engine)
+        except NotImplementedError as e:  # the engine declined when asked to build (cuDNN's own verdict): n/a
+            raise Unsupported(" ".join(str(e).split())) from None
         plan_s = time.perf_counter() - t0
         dev = inputs.sets[0].q.device
         ws = _workspace(gr.g, dev)

@@ -2,9 +2,12 @@
 
 One table row per workload: TFLOP/s per implementation, the best peer, then for
 each frost engine its ratio to the best peer and its relative error against the
-reference. Cells that did not run say why through numbered footnotes. Rows
-measured with and without a deterministic backward get one line per pair with
-each implementation's deterministic / non-deterministic time ratio.
+reference. Where frost's cuDNN engine and cuDNN through torch both ran, a
+`cudnn/cuDNN` column gives their ratio (the same library behind two front ends)
+and a summary block says how many rows are within 3%. Cells that did not run say
+why through numbered footnotes. Rows measured with and without a deterministic
+backward get one line per pair with each implementation's deterministic /
+non-deterministic time ratio.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ import math
 import os
 
 from frost.bench.impl import CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED
-from frost.bench.results import Row, deterministic_pairs, deterministic_ratios, impl_columns, report_dict
+from frost.bench.results import (CUDNN_ENGINE, CUDNN_PEER, Row, cudnn_engine_summary, deterministic_pairs,
+                                 deterministic_ratios, impl_columns, report_dict)
 
 _STATUS_TAG = {MISSING: "miss", NA: "n/a", FAILED: "FAIL", SKIPPED: "skip"}
 PEER_NAMES = {"cudnn": "cuDNN", "fa2": "FA2", "fa4": "FA4"}
@@ -76,14 +80,24 @@ def _frost_engines(keys: list[str]) -> list[str]:
     return [k for k in keys if k.startswith("frost:") and k != "frost:*"]
 
 
+VS_CUDNN = "cudnn/cuDNN"  # column: frost's cuDNN engine / cuDNN through torch
+
+
+def _vs_cudnn(keys: list[str]) -> bool:
+    """Whether the table gets the cudnn/cuDNN column: both frost's cuDNN engine and the cuDNN peer appear."""
+    return CUDNN_ENGINE in keys and CUDNN_PEER in keys
+
+
 def throughput_table(rows: list[Row], notes: Footnotes | None = None):
     """(headers, body) of the TFLOP/s table over non-probe rows."""
     notes = notes if notes is not None else Footnotes()
     rows = [r for r in rows if not r.workload.probe]
     keys = impl_columns(rows)
     frost_keys = _frost_engines(keys)
+    vs_cudnn = _vs_cudnn(keys)
     headers = ["dir", "dtype", "D", "shape", "heads", "mask"] + [impl_name(k) for k in keys] + ["best"]
-    headers += [f"{k.split(':', 1)[1]}/best" for k in frost_keys] + [f"{k.split(':', 1)[1]} err" for k in frost_keys]
+    headers += [f"{k.split(':', 1)[1]}/best" for k in frost_keys] + ([VS_CUDNN] if vs_cudnn else [])
+    headers += [f"{k.split(':', 1)[1]} err" for k in frost_keys]
     body = []
     for r in rows:
         w = r.workload
@@ -95,6 +109,7 @@ def throughput_table(rows: list[Row], notes: Footnotes | None = None):
         best = r.best_peer()
         line.append(impl_name(best.impl) if best else "-")
         line += [fmt_ratio(r.ratio(k)) for k in frost_keys]
+        line += [fmt_ratio(r.ratio_to(CUDNN_ENGINE, CUDNN_PEER))] if vs_cudnn else []
         line += [fmt_err(r.measurements[k].rel_err) if k in r.measurements else "-" for k in frost_keys]
         body.append(line)
     return headers, body
@@ -112,8 +127,9 @@ def probe_table(rows: list[Row], notes: Footnotes | None = None):
     rows = [r for r in rows if r.workload.probe]
     keys = impl_columns(rows)
     frost_keys = _frost_engines(keys)
+    vs_cudnn = _vs_cudnn(keys)
     headers = ["dir", "dtype", "shape"] + [f"{impl_name(k)} us" for k in keys] + ["best"]
-    headers += [f"{k.split(':', 1)[1]}/best" for k in frost_keys]
+    headers += [f"{k.split(':', 1)[1]}/best" for k in frost_keys] + ([VS_CUDNN] if vs_cudnn else [])
     body = []
     for r in rows:
         w = r.workload
@@ -124,8 +140,24 @@ def probe_table(rows: list[Row], notes: Footnotes | None = None):
         best = r.best_peer()
         line.append(impl_name(best.impl) if best else "-")
         line += [fmt_ratio(r.ratio(k)) for k in frost_keys]
+        line += [fmt_ratio(r.ratio_to(CUDNN_ENGINE, CUDNN_PEER))] if vs_cudnn else []
         body.append(line)
     return headers, body
+
+
+def cudnn_engine_lines(rows: list[Row]) -> list[str]:
+    """frost's cuDNN engine against cuDNN through torch: one line per direction, then the probe's host times."""
+    lines = []
+    for e in cudnn_engine_summary(rows):
+        spread = (f"{fmt_ratio(e['min'])} - {fmt_ratio(e['max'])} (median {fmt_ratio(e['median'])})"
+                  if e["rows"] > 1 else fmt_ratio(e["min"]))
+        if e["probe"]:
+            lines.append(f"{e['direction']} host time per call: frost:cudnn {e['frost_us']:.1f} us, cuDNN (torch) "
+                         f"{e['cudnn_us']:.1f} us: {spread}")
+        else:
+            lines.append(f"{e['direction']}: {spread} over {e['rows']} rows; {e['within']} of {e['rows']} within "
+                         f"{e['tolerance']:.0%} of cuDNN or faster")
+    return lines
 
 
 def deterministic_lines(rows: list[Row]) -> list[str]:
@@ -172,6 +204,9 @@ LEGEND = ("TFLOP/s: median per-call time of CUDA-event-timed samples; FLOPs 4*B*
           "reference; '!' marks a failed check.")
 DET_LEGEND = ("Deterministic backward: time with use_deterministic_algorithm=True (FA4: deterministic=True) / "
               "time without, same workload and implementation (1.00x = no cost).")
+CUDNN_LEGEND = ("frost's cuDNN engine (frost:cudnn) / cuDNN through torch SDPA's CUDNN_ATTENTION backend, the same "
+                "library behind two front ends: TFLOP/s ratio per row (>1: frost's is faster); on probe rows the "
+                "host-time ratio (<1: frost's execute costs less host time than torch's call).")
 PROBE_LEGEND = ("Host time per call on a tiny problem, wall clock over many back-to-back calls until the GPU drained "
                 "(in parentheses: until the last call returned, before the final sync, i.e. host time without "
                 "the tiny kernels' own GPU time); lower is better.")
@@ -188,6 +223,9 @@ def render_report(rows: list[Row], markdown: bool = False) -> str:
     det = deterministic_lines(rows)
     if det:
         parts += ["", DET_LEGEND, ""] + ([f"- {line}" for line in det] if markdown else det)
+    same = cudnn_engine_lines(rows)
+    if same:
+        parts += ["", CUDNN_LEGEND, ""] + ([f"- {line}" for line in same] if markdown else same)
     h, b = probe_table(rows, notes)
     if b:
         parts += ["", PROBE_LEGEND, "", render(h, b)]

@@ -2,8 +2,9 @@
 
 Rows carry everything the writers need (table, JSON, Markdown, PNG), so the
 writers can be tested on synthetic rows without a GPU. Ratios compare each
-frost engine with the best peer that ran in the same row, and a deterministic
-backward row with its non-deterministic twin.
+frost engine with the best peer that ran in the same row, each frost engine with
+cuDNN through torch (the same library under frost's cuDNN engine), and a
+deterministic backward row with its non-deterministic twin.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from frost.bench.impl import CHECK_FAILED, OK
 from frost.bench.workloads import Workload
 
 SCHEMA = "frost-bench/1"
+CUDNN_PEER = "cudnn"            # cuDNN through torch SDPA (its CUDNN_ATTENTION backend)
+CUDNN_ENGINE = "frost:cudnn"    # frost's cuDNN engine: the same library through frost's graph API
 
 
 @dataclass
@@ -67,12 +70,20 @@ class Row:
 
     def ratio(self, impl: str) -> float | None:
         """frost engine vs the best peer: TFLOP/s ratio (>1 is faster); probe rows: host-time ratio (<1 is faster)."""
-        m, best = self.measurements.get(impl), self.best_peer()
-        if m is None or best is None or not m.timed:
+        return self.ratio_to(impl, self.best_peer())
+
+    def ratio_to(self, impl: str, peer) -> float | None:
+        """`impl` vs one peer (a Measurement or its key), in `ratio`'s terms; None unless both were timed."""
+        m = self.measurements.get(impl)
+        if isinstance(peer, str):
+            peer = self.measurements.get(peer)
+            if peer is not None and peer.status != OK:
+                peer = None
+        if m is None or peer is None or not m.timed:
             return None
         if self.workload.probe:
-            return m.host_us / best.host_us if m.host_us and best.host_us else None
-        return m.tflops / best.tflops if m.tflops and best.tflops else None
+            return m.host_us / peer.host_us if m.host_us and peer.host_us else None
+        return m.tflops / peer.tflops if m.tflops and peer.tflops else None
 
     def to_dict(self) -> dict:
         best = self.best_peer()
@@ -83,6 +94,7 @@ class Row:
             "reference": self.reference,
             "best_peer": best.impl if best else None,
             "ratios": {m.impl: self.ratio(m.impl) for m in self.frost()},
+            "vs_cudnn": {m.impl: self.ratio_to(m.impl, CUDNN_PEER) for m in self.frost()},
             "results": {k: asdict(m) for k, m in self.measurements.items()},
         }
 
@@ -131,6 +143,32 @@ def deterministic_ratios(base: Row, det: Row) -> dict:
     return out
 
 
+def cudnn_engine_summary(rows: list[Row], tolerance: float = 0.03) -> list[dict]:
+    """frost's cuDNN engine against cuDNN through torch, per direction (probe rows apart): the rows where both
+    were timed, the TFLOP/s ratios' min / median / max and how many are within `tolerance` below 1 (or above);
+    probe rows: the host-time ratio (<1: frost's execute costs less host time than torch's call)."""
+    out = []
+    for probe in (False, True):
+        for direction in ("fwd", "bwd"):
+            pairs = [(r, r.ratio_to(CUDNN_ENGINE, CUDNN_PEER)) for r in rows
+                     if r.workload.probe == probe and r.workload.direction == direction
+                     and not r.workload.deterministic]
+            ratios = sorted(x for _, x in pairs if x is not None)
+            if not ratios:
+                continue
+            entry = {"direction": direction, "probe": probe, "rows": len(ratios), "min": ratios[0],
+                     "median": ratios[len(ratios) // 2] if len(ratios) % 2 else
+                     (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2, "max": ratios[-1]}
+            if probe:
+                m = [(r.measurements[CUDNN_ENGINE], r.measurements[CUDNN_PEER]) for r, x in pairs if x is not None]
+                entry.update(frost_us=m[0][0].host_us, cudnn_us=m[0][1].host_us)
+            else:
+                entry["within"] = sum(x >= 1 - tolerance for x in ratios)
+                entry["tolerance"] = tolerance
+            out.append(entry)
+    return out
+
+
 def report_dict(rows: list[Row], env: dict, settings: dict) -> dict:
     return {
         "schema": SCHEMA,
@@ -140,6 +178,7 @@ def report_dict(rows: list[Row], env: dict, settings: dict) -> dict:
         "probe": [r.to_dict() for r in rows if r.workload.probe],
         "deterministic_ratios": [{"label": base.workload.label, "ratios": deterministic_ratios(base, det)}
                                  for base, det in deterministic_pairs(rows)],
+        "cudnn_engine_vs_cudnn": cudnn_engine_summary(rows),
     }
 
 

@@ -468,3 +468,140 @@ def test_reference_needs_a_peer_that_agrees():
     key, outs, _ = choose_reference({"cudnn": garbage, "fa4": good}, order, 2e-2)
     assert key is None and outs is None
     assert choose_reference({}, order, 2e-2)[0] is None
+
+
+# ---- frost's cuDNN engine beside cuDNN through torch --------------------------------------
+def _cudnn_rows():
+    """A forward and a backward row and a probe where frost:cudnn and the cuDNN peer both ran."""
+    rows = []
+    for direction, frost_tf, cudnn_tf in (("fwd", 588.0, 600.0), ("bwd", 450.0, 440.0)):
+        r = _row(direction)
+        ms_at = lambda t, r=r: r.flops / (t * 1e12) * 1e3  # noqa: E731
+        r.add(Measurement("cudnn", OK, ms=ms_at(cudnn_tf)))
+        r.add(Measurement("fa2", OK, ms=ms_at(350.0)))
+        r.add(Measurement("frost:sm90", OK, ms=ms_at(660.0), rel_err=3e-3))
+        r.add(Measurement("frost:cudnn", OK, ms=ms_at(frost_tf), rel_err=1e-4))
+        rows.append(r)
+    p = _row(probe=True)
+    p.add(Measurement("cudnn", OK, host_us=40.0, issue_us=30.0))
+    p.add(Measurement("frost:cudnn", OK, host_us=20.0, issue_us=15.0))
+    return rows + [p]
+
+
+def test_cudnn_engine_column_compares_with_cudnn_through_torch():
+    fwd, bwd, probe = _cudnn_rows()
+    assert fwd.ratio_to("frost:cudnn", "cudnn") == pytest.approx(0.98)
+    assert bwd.ratio_to("frost:cudnn", "cudnn") == pytest.approx(450 / 440)
+    assert probe.ratio_to("frost:cudnn", "cudnn") == pytest.approx(0.5)
+    assert fwd.ratio_to("frost:cudnn", "fa4") is None  # a peer that did not run
+    failed = _row()
+    failed.add(Measurement("cudnn", FAILED, reason="boom"))
+    failed.add(Measurement("frost:cudnn", OK, ms=1.0))
+    assert failed.ratio_to("frost:cudnn", "cudnn") is None
+    headers, body = report.throughput_table([fwd, bwd])
+    assert headers[6:11] == ["cuDNN", "FA2", "frost:sm90", "frost:cudnn", "best"]
+    i = headers.index("cudnn/cuDNN")
+    assert headers[i - 2:i + 3] == ["sm90/best", "cudnn/best", "cudnn/cuDNN", "sm90 err", "cudnn err"]
+    assert [line[i] for line in body] == ["0.98x", "1.02x"]
+    ph, pb = report.probe_table([probe])
+    assert ph[-1] == "cudnn/cuDNN" and pb[0][-1] == "0.50x"
+    # without frost's cuDNN engine there is no such column
+    assert "cudnn/cuDNN" not in report.throughput_table(_synthetic_rows())[0]
+
+
+def test_cudnn_engine_summary_in_the_report_and_the_json(tmp_path):
+    rows = _cudnn_rows()
+    lines = report.cudnn_engine_lines(rows)
+    assert lines[0] == "fwd: 0.98x over 1 rows; 1 of 1 within 3% of cuDNN or faster"
+    assert lines[1].startswith("bwd: 1.02x over 1 rows; 1 of 1 within 3%")
+    assert lines[2] == "fwd host time per call: frost:cudnn 20.0 us, cuDNN (torch) 40.0 us: 0.50x"
+    slow = _row()
+    slow.add(Measurement("cudnn", OK, ms=slow.flops / 600e12 * 1e3))
+    slow.add(Measurement("frost:cudnn", OK, ms=slow.flops / 570e12 * 1e3))
+    assert report.cudnn_engine_lines([rows[0], slow])[0] == \
+        "fwd: 0.95x - 0.98x (median 0.96x) over 2 rows; 1 of 2 within 3% of cuDNN or faster"
+    text = report.render_report(rows)
+    assert "the same library behind two front ends" in text and "1 of 1 within 3%" in text
+    md = report.render_report(rows, markdown=True)
+    assert "| cudnn/cuDNN |" in md and "- fwd: 0.98x over 1 rows" in md
+    path = report.write_json(str(tmp_path / "r.json"), rows, {"gpu": "test"}, {})
+    doc = json.loads(open(path).read())
+    assert doc["rows"][0]["vs_cudnn"]["frost:cudnn"] == pytest.approx(0.98)
+    assert doc["rows"][0]["vs_cudnn"]["frost:sm90"] == pytest.approx(1.1)
+    summary = {(e["direction"], e["probe"]): e for e in doc["cudnn_engine_vs_cudnn"]}
+    assert summary[("fwd", False)]["within"] == 1 and summary[("fwd", True)]["frost_us"] == 20.0
+    assert [r.ratio_to("frost:cudnn", "cudnn") for r in rows_from_dict(doc)] == pytest.approx([0.98, 450 / 440, 0.5])
+
+
+def test_cudnn_engine_names_and_filters():
+    from frost.bench.frost_runner import FrostEngine, engine_short
+    from frost.bench.runner import engine_selected
+
+    assert engine_short("SdpaFwdCudnn") == "cudnn" == engine_short("SdpaBwdCudnn")
+    assert FrostEngine("SdpaBwdCudnn").key == "frost:cudnn"
+    assert engine_selected("SdpaFwdCudnn", ["cudnn"], []) and engine_selected("SdpaBwdCudnn", ["cudnn", "sm90"], [])
+    assert not engine_selected("SdpaFwdDslSm90", ["cudnn"], []) and not engine_selected("SdpaFwdCudnn", [], ["cud*"])
+
+
+def test_cudnn_preset_dry_run(capsys):
+    assert cli.main(["--dry-run", "--preset", "cudnn", "--impl", "cudnn,frost", "--frost-engines", "cudnn"]) == 0
+    out = capsys.readouterr().out
+    assert "16 workloads, 2 probe rows, preset cudnn" in out
+    assert "frost:cudnn  frost's cuDNN engine" in out and "missing: nvidia-cudnn-frontend is not installed" in out
+    assert "fa2" not in out.split("#")[0]  # only the implementations asked for
+    assert cli.main(["--dry-run", "--preset", "cudnn", "--exclude-engines", "cudnn"]) == 0
+    assert "frost:cudnn" not in capsys.readouterr().out
+
+
+def test_a_declining_engine_is_na_not_a_failure():
+    """Asked to build where it cannot (here: no GPU, no binding), the cuDNN engine's row is n/a."""
+    from frost.bench.frost_runner import FrostEngine
+    from frost.bench.impl import Unsupported
+    from frost.bench.inputs import make_inputs
+
+    w = Workload("fwd", "bf16", 64, 64, 2, 2, True, batch=1, seqlen_q=32, seqlen_kv=32)
+    with pytest.raises(Unsupported, match="SdpaFwdCudnn"):
+        FrostEngine("SdpaFwdCudnn").prepare(make_inputs(w, 1, "cpu"))
+
+
+def test_runner_times_frost_cudnn_beside_the_cudnn_peer(monkeypatch, tmp_path):
+    """The wiring on the CPU: frost:cudnn rows (a stand-in that runs the reference engine) next to a cuDNN peer
+    (the same stand-in), the cudnn/cuDNN column and the summary in the written report."""
+    from frost.bench import frost_runner
+    from frost.bench.impl import Implementation
+    from frost.bench.runner import Progress, Runner, RunOptions
+    from frost.bench.timing import TimingOptions
+
+    real_prepare = frost_runner.FrostEngine.prepare
+
+    def prepare(self, inputs):
+        if "Cudnn" not in self.engine:
+            return real_prepare(self, inputs)
+        prep = real_prepare(frost_runner.FrostEngine(self.engine.replace("Cudnn", "Reference")), inputs)
+        prep.info["engine_name"] = self.engine
+        return prep
+
+    monkeypatch.setattr(frost_runner.FrostEngine, "prepare", prepare)
+    monkeypatch.setattr(frost_runner, "list_engines", lambda w: ["SdpaFwdReference", "SdpaFwdCudnn"] if
+                        w.direction == "fwd" else ["SdpaBwdReference", "SdpaBwdCudnn"])
+
+    class CudnnPeer(Implementation):
+        key, label = "cudnn", "cuDNN (stand-in)"
+
+        def prepare(self, inputs):
+            name = "SdpaFwdReference" if inputs.workload.direction == "fwd" else "SdpaBwdReference"
+            return real_prepare(frost_runner.FrostEngine(name), inputs)
+
+    dense = dict(batch=2, seqlen_q=32, seqlen_kv=32)
+    workloads = [Workload("fwd", "bf16", 64, 64, 1, 1, False, batch=1, seqlen_q=128, seqlen_kv=128, probe=True),
+                 Workload("fwd", "bf16", 64, 64, 2, 2, True, **dense), Workload("bwd", "bf16", 64, 64, 2, 2, True, **dense)]
+    opts = RunOptions(impls=["cudnn", "frost"], timing=TimingOptions(warmup=1, reps=2, mode="loop"), probe_calls=3,
+                      device="cpu")
+    rows = Runner(opts, [CudnnPeer()], Progress(0, enabled=False)).run(workloads)
+    for r in rows:
+        assert r.measurements["frost:cudnn"].status == OK, r.measurements["frost:cudnn"]
+        assert r.ratio_to("frost:cudnn", "cudnn") > 0
+    assert rows[1].reference == "cudnn" and rows[1].measurements["frost:cudnn"].rel_err < 1e-6
+    text = report.render_report(rows)
+    assert "cudnn/cuDNN" in text and "fwd host time per call: frost:cudnn" in text
+    assert any(line.startswith("bwd: ") and "within 3%" in line for line in text.splitlines())

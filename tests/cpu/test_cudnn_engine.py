@@ -3,6 +3,7 @@ declarations of bias, dBias and dropout it brings."""
 from __future__ import annotations
 
 import builtins
+import itertools
 import os
 import subprocess
 import sys
@@ -75,9 +76,11 @@ def test_gqa_lowering_declares_kv_heads_as_they_are():
 
 
 @pytest.mark.parametrize("kw, want", [
-    (dict(use_causal_mask=True), dict(use_causal_mask=True)),
-    (dict(use_causal_mask_bottom_right=True, skv=256), dict(use_causal_mask_bottom_right=True)),
-    (dict(use_causal_mask=True, sliding_window_length=32), dict(use_causal_mask=True, diagonal_band_left_bound=32)),
+    (dict(use_causal_mask=True), dict(diagonal_alignment="TOP_LEFT", diagonal_band_right_bound=0)),
+    (dict(use_causal_mask_bottom_right=True, skv=256), dict(diagonal_alignment="BOTTOM_RIGHT",
+                                                           diagonal_band_right_bound=0)),
+    (dict(use_causal_mask=True, sliding_window_length=32),
+     dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=32, diagonal_band_right_bound=0)),
     (dict(diagonal_band_left_bound=16, diagonal_band_right_bound=4),
      dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=16, diagonal_band_right_bound=4)),
     (dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=3, skv=256),
@@ -86,11 +89,14 @@ def test_gqa_lowering_declares_kv_heads_as_they_are():
     (dict(), dict()),
 ])
 def test_band_lowering(kw, want):
+    """cuDNN's preferred masking keywords only: its deprecated causal flags mixed with a bound are undefined."""
     f = declare(H200, **kw).facts
     assert band_kwargs(f) == want
     call = lower_cudnn_sdpa(f)
     for key, value in want.items():
         assert call.kwarg(key) == value
+    assert call.kwarg("use_causal_mask") is None and call.kwarg("use_causal_mask_bottom_right") is None
+    assert all(type(v) is int for k, v in want.items() if k.startswith("diagonal_band"))
 
 
 def test_padding_lowering_declares_lengths_as_4d_views():
@@ -246,6 +252,21 @@ def test_broken_binding_declines_with_the_error(monkeypatch):
     assert reason.startswith("nvidia-cudnn-frontend is installed but does not import") and "libcudnn" in reason
 
 
+def test_an_older_binding_declines_naming_its_version(monkeypatch):
+    monkeypatch.undo()
+    from types import SimpleNamespace
+
+    monkeypatch.setitem(sys.modules, "cudnn", SimpleNamespace(__version__="1.23.0"))
+    reason = cudnn_adapter.cudnn_missing_reason()
+    assert reason == "nvidia-cudnn-frontend 1.23.0 is installed; the cuDNN engine needs 1.32 or later (pip install " \
+                     "'frost[cudnn]')"
+    monkeypatch.setitem(sys.modules, "cudnn", SimpleNamespace())
+    assert "(no version) is installed" in cudnn_adapter.cudnn_missing_reason()
+    for ok in ("1.32.0", "1.32.1.dev0", "1.40.0", "2.0.0rc1"):
+        monkeypatch.setitem(sys.modules, "cudnn", SimpleNamespace(__version__=ok))
+        assert cudnn_adapter.cudnn_missing_reason() is None, ok
+
+
 def test_import_frost_does_not_import_cudnn():
     code = ("import sys, frost, frost.adapters.cudnn, frost.lowering.lower\n"
             "assert 'cudnn' not in sys.modules, 'importing frost imported cudnn'\n")
@@ -333,8 +354,13 @@ def test_dropout_tensors_are_bound_at_execute():
 # --- the adapter against a stand-in of the cuDNN binding ----------------------------------------------------------
 
 class _FakeTensor:
+    uids = itertools.count(1)
+
     def __init__(self, **kw):
-        self.kw, self.output = dict(kw), False
+        self.kw, self.output, self.uid = dict(kw), False, next(_FakeTensor.uids)
+
+    def get_uid(self):
+        return self.uid
 
     def set_output(self, value):
         self.output = value
@@ -353,15 +379,38 @@ class _FakeTensor:
         return self
 
 
+class _Plan:
+    def __init__(self, engine_id, name):
+        self.engine_id, self.name = engine_id, name
+
+
 class _FakeGraph:
-    """Records what frost asks of `cudnn.pygraph`; `refuse` makes check_support raise like cuDNN does."""
+    """Records what frost asks of `cudnn.pygraph` (1.32's: a ranked plan list, `execute(..., tensor_uids=)`).
+
+    `refuse` makes check_support raise like cuDNN does; `ranked` is the plan list create_execution_plans leaves
+    (library engines below id 20000, the frontend's own Python engines above); `ordered_error` makes the ordered
+    execute raise it.
+    """
 
     refuse = None
     made = []
+    ranked = [(7, "eng7_k2=3")]
+    ordered_error = None
 
     def __init__(self, **kw):
-        self.kw, self.calls, self.steps, self.executed = kw, [], [], []
+        self.kw, self.calls, self.steps, self.executed, self.plans, self.deselected = kw, [], [], [], [], []
         _FakeGraph.made.append(self)
+
+    def create_execution_plans(self, modes):
+        self.steps.append("create_execution_plans")
+        self.plans = [_Plan(i, n) for i, n in _FakeGraph.ranked]
+
+    def get_plan_name_at_index(self, i):
+        return self.plans[i].name
+
+    def deselect_engines(self, names):
+        self.steps.append("deselect_engines")
+        self.deselected += list(names)
 
     def tensor(self, **kw):
         return _FakeTensor(**kw)
@@ -376,7 +425,7 @@ class _FakeGraph:
     def sdpa_backward(self, *args, **kw):
         return self._op("sdpa_backward", 3, args, kw)
 
-    def __getattr__(self, step):  # validate, build_operation_graph, create_execution_plans, build_plans
+    def __getattr__(self, step):  # validate, build_operation_graph, build_plans
         if step.startswith("_"):
             raise AttributeError(step)
         return lambda *a: self.steps.append(step)
@@ -389,8 +438,10 @@ class _FakeGraph:
     def get_workspace_size(self):
         return 1000
 
-    def execute(self, pack, workspace, handle=None):
-        self.executed.append((pack, workspace, handle))
+    def execute(self, pack, workspace, handle=None, tensor_uids=None):
+        if tensor_uids is not None and _FakeGraph.ordered_error is not None:
+            raise _FakeGraph.ordered_error
+        self.executed.append((pack, workspace, handle, tensor_uids))
 
 
 @pytest.fixture
@@ -410,6 +461,8 @@ def fake_cudnn(monkeypatch, cudnn_present):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(_FakeGraph, "made", [])
     monkeypatch.setattr(_FakeGraph, "refuse", None)
+    monkeypatch.setattr(_FakeGraph, "ranked", [(7, "eng7_k2=3")])
+    monkeypatch.setattr(_FakeGraph, "ordered_error", None)
     return H200.model_copy(update={"is_fake": False, "name": "NVIDIA H200 (record)"})
 
 
@@ -435,6 +488,14 @@ def test_cudnn_refusal_is_a_decline_with_its_message(unpended, fake_cudnn):
     assert reason == "cuDNN declines this graph: RuntimeError: cudnnGraphNotSupportedError: no engine for head dim 72"
 
 
+class _Bound:
+    def __init__(self, role):
+        self.role = role
+
+    def get_device(self):
+        return 0
+
+
 def test_the_record_is_replayed_and_execute_binds_pointers_only(unpended, fake_cudnn):
     g = bias_graph(fake_cudnn, use_causal_mask_bottom_right=True, sliding_window_length=16).validate()
     g.build_plans()
@@ -445,27 +506,73 @@ def test_the_record_is_replayed_and_execute_binds_pointers_only(unpended, fake_c
     op, args, kw = cg.calls[0]
     assert op == "sdpa" and [a.kw["name"] for a in args] == ["q", "k", "v"]
     assert kw["bias"].kw["dim"] == [1, 4, 128, 128] and kw["attn_scale"] == 0.125
-    assert kw["use_causal_mask_bottom_right"] is True and kw["diagonal_band_left_bound"] == 16
+    assert kw["diagonal_alignment"] == "BOTTOM_RIGHT" and kw["diagonal_band_right_bound"] == 0
+    assert kw["diagonal_band_left_bound"] == 16 and "use_causal_mask_bottom_right" not in kw
     assert kw["generate_stats"] is True
     adapter = g.plan.adapter
-
-    class Bound:
-        def __init__(self, role):
-            self.role = role
-
-        def get_device(self):
-            return 0
-
-    bound = {r: Bound(r) for r in ("q", "k", "v", "bias", "o", "stats")}
+    bound = {r: _Bound(r) for r in ("q", "k", "v", "bias", "o", "stats")}
     adapter.execute(bound, "workspace", 12345)
-    pack, ws, handle = cg.executed[0]
+    # the ordered form: the bound tensors in the record's role order, with the uids of their cuDNN tensors
+    pack, ws, handle, uids = cg.executed[0]
     assert ws == "workspace" and handle == ("handle", 0, 12345)
-    assert sorted(b.role for b in pack.values()) == sorted(bound)
-    assert {t.kw["name"]: b.role for t, b in pack.items() if "name" in t.kw and not t.kw["name"].startswith("out")} \
-        == {"q": "q", "k": "k", "v": "v", "bias": "bias"}
-    outs = [t for t in pack if t.output]
-    assert [pack[t].role for t in outs] == ["o", "stats"]
-    assert outs[0].kw["dim"] == [2, 4, 128, 64] and outs[1].kw["data_type"] == "FLOAT"
+    roles = ("q", "k", "v", "bias", "o", "stats")
+    assert isinstance(pack, tuple) and [b.role for b in pack] == list(roles)
+    assert len(set(uids)) == len(roles)
+    named = {t.get_uid(): t.kw["name"] for t in [*args, kw["bias"]]}
+    assert [named.get(u) for u in uids[:4]] == ["q", "k", "v", "bias"]
+    tensors = dict(adapter._pack_roles)
+    assert [tensors[r].get_uid() for r in roles] == list(uids)
+    assert tensors["o"].output and tensors["o"].kw["dim"] == [2, 4, 128, 64]
+    assert tensors["stats"].output and tensors["stats"].kw["data_type"] == "FLOAT"
+
+
+def test_execute_falls_back_to_the_mapping_form_once(unpended, fake_cudnn):
+    _FakeGraph.ordered_error = TypeError("execute() got an unexpected keyword argument 'tensor_uids'")
+    g = bias_graph(fake_cudnn).validate()
+    g.build_plans()
+    adapter = g.plan.adapter
+    bound = {r: _Bound(r) for r in ("q", "k", "v", "bias", "o", "stats")}
+    with pytest.warns(RuntimeWarning, match="binding by mapping"):
+        adapter.execute(bound, "workspace", 0)
+    adapter.execute(bound, "workspace", 0)  # no second warning: the plan binds by mapping now
+    (cg,) = _FakeGraph.made
+    assert len(cg.executed) == 2
+    for pack, _, _, uids in cg.executed:
+        assert uids is None and sorted(b.role for b in pack.values()) == sorted(bound)
+        assert {t.kw["name"]: b.role for t, b in pack.items() if t.kw.get("name") in ("q", "k", "v", "bias")} \
+            == {"q": "q", "k": "k", "v": "v", "bias": "bias"}
+
+
+def test_the_frontends_own_engines_are_deselected(unpended, fake_cudnn):
+    """1.32's pygraph ranks its own CuTe DSL engines beside the library's: the cuDNN engine builds the library's."""
+    _FakeGraph.ranked = [(20517, "sdpa_fwd_prefill_sm90[TILE_M=128]"), (7, "eng7_k2=3"),
+                         (20511, "sdpa_fwd_prefill_sm100"), (3, "eng3")]
+    g = bias_graph(fake_cudnn).validate()
+    assert g.available_engines() == ["SdpaFwdCudnn"]
+    (cg,) = _FakeGraph.made
+    assert cg.deselected == ["sdpa_fwd_prefill_sm100", "sdpa_fwd_prefill_sm90"]
+    assert cg.steps == ["validate", "build_operation_graph", "create_execution_plans", "deselect_engines",
+                        "check_support", "build_plans"]
+
+
+def test_a_graph_only_the_frontends_own_engines_serve_is_declined(unpended, fake_cudnn):
+    _FakeGraph.ranked = [(20517, "sdpa_fwd_prefill_sm90")]
+    g = bias_graph(fake_cudnn).validate()
+    assert g.available_engines() == []
+    reason = dict(g.declines())["SdpaFwdCudnn"]
+    assert reason.startswith("cuDNN declines this graph: LibraryHasNoPlan: the cuDNN library has no engine")
+    assert "sdpa_fwd_prefill_sm90" in reason
+
+
+def test_a_binding_mismatch_is_an_error_not_a_decline(unpended, fake_cudnn, monkeypatch):
+    """A keyword the binding does not take must fail planning loudly (a decline would hide it as a skip)."""
+    def sdpa(self, *args, **kw):
+        raise TypeError("sdpa(): incompatible function arguments")
+
+    monkeypatch.setattr(_FakeGraph, "sdpa", sdpa)
+    g = bias_graph(fake_cudnn).validate()
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        g.available_engines()
 
 
 def test_backward_replay_passes_dbias_dropout_and_determinism(unpended, fake_cudnn):

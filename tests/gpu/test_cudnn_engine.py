@@ -1,6 +1,9 @@
 """The cuDNN engine through the public graph API on a GPU (engine="cudnn"): forward and backward against the
 float64 oracle, bias and dBias, dropout (statistics and forward/backward consistency under one seed), and the
-launch stream. Skips cleanly without CUDA or without nvidia-cudnn-frontend."""
+launch stream. Skips cleanly without CUDA or without a usable nvidia-cudnn-frontend (1.32 or later).
+
+A graph is skipped only when cuDNN itself says it does not support it (cudnnGraphNotSupportedError); any other
+decline fails the test, so a call the binding refuses cannot pass as a skip."""
 from __future__ import annotations
 
 import math
@@ -10,20 +13,39 @@ import torch
 
 import frost
 from tests import oracle
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, rel_err
+from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err
 
 pytestmark = pytest.mark.gpu
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
-try:
-    import cudnn  # noqa: F401
-except Exception as e:  # not installed, or its library does not load
-    pytest.skip(f"nvidia-cudnn-frontend is not usable here: {type(e).__name__}: {e}", allow_module_level=True)
+from frost.adapters.cudnn import cudnn_missing_reason  # noqa: E402
+
+if cudnn_missing_reason():  # not installed, too old, or its library does not load
+    pytest.skip(cudnn_missing_reason(), allow_module_level=True)
 
 from tests.gpu.test_sdpa_bwd_gpu import _run, make_bwd  # noqa: E402
 
 ENGINE = "cudnn"
+
+
+def plan_or_skip(g, engine=ENGINE, *, any_cudnn_refusal=False):
+    """Validate and build `g` on the cuDNN engine. Skip when cuDNN's own support check refuses the graph
+    (`any_cudnn_refusal`: any error cuDNN raised while planning); fail on every other decline."""
+    g.validate()
+    try:
+        g.build_plans(engine=engine)
+    except frost.NotSupportedError as e:
+        reasons = [r for name, r in e.declines if "Cudnn" in name]
+        refused = reasons and reasons[0].startswith("cuDNN declines this graph: ") and (
+            any_cudnn_refusal or "cudnnGraphNotSupportedError" in reasons[0])
+        if refused:
+            pytest.skip(f"cuDNN does not support this graph here: {reasons[0]}")
+        pytest.fail(f"the cuDNN engine declined: {e.declines}")
+    adapter = g.plan.adapter
+    assert getattr(adapter._graph, "selected_engine", None) is None, "not a cuDNN library plan"
+    return g
+
 
 FWD_CASES = [
     FwdCase(d=128),
@@ -37,6 +59,7 @@ FWD_CASES = [
     FwdCase(d=128, padding=True, causal=True, sq=200, skv=200),
     FwdCase(d=128, stats=False),
     FwdCase(d=128, dtype=torch.float16, causal=True),
+    FwdCase(d=128, sinks=True, causal=True),
 ]
 
 BWD_CASES = [
@@ -46,6 +69,7 @@ BWD_CASES = [
     FwdCase(d=128, causal=True, bottom_right=True, sq=150, skv=300),
     FwdCase(d=128, left=64, causal=True),
     FwdCase(d=128, dtype=torch.float16, causal=True),
+    FwdCase(d=128, sinks=True, causal=True),  # with dSink_token
 ]
 
 
@@ -75,7 +99,8 @@ def test_fwd_matches_the_float64_oracle(case):
     lens = {}
     if case.padding:
         lens = dict(seq_len_q=t["seq_len_q"].view(-1).tolist(), seq_len_kv=t["seq_len_kv"].view(-1).tolist())
-    ro, rlse = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), **lens, **_band_kw(case))
+    ro, rlse = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), sink=t.get("sink_token"),
+                                **lens, **_band_kw(case))
     o, lse = t["o"], t.get("stats")
     if case.padding:  # rows past a sequence's length are engine-defined: compare the valid ones
         rows = torch.arange(case.sq, device="cuda").view(1, -1) < t["seq_len_q"].view(-1, 1)
@@ -97,9 +122,10 @@ def test_bwd_matches_the_float64_oracle(case):
     plan_or_skip(g, ENGINE)
     assert g.engine_name == "SdpaBwdCudnn"
     got = _run(g, d, t)
-    _, _, dq, dk, dv, _ = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], scale=1 / math.sqrt(case.d),
-                                                 **_band_kw(case))
-    for name, ref in (("dQ", dq), ("dK", dk), ("dV", dv)):
+    _, _, dq, dk, dv, dsink = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], scale=1 / math.sqrt(case.d),
+                                                     sink=t.get("sink_token"), **_band_kw(case))
+    refs = [("dQ", dq), ("dK", dk), ("dV", dv)] + ([("dSink_token", dsink)] if "dSink_token" in got else [])
+    for name, ref in refs:
         assert not torch.isnan(got[name]).any(), f"{name}: some elements were not written"
         assert rel_err(got[name], ref) < 2e-2, name
 
@@ -156,7 +182,7 @@ def test_bias_forward_and_dbias_backward(bias_shape, causal):
     for n, decl in zip(("dQ", "dK", "dV"), grads):
         decl.set_output(True).set_dim(tuple(out[n].shape)).set_stride(tuple(out[n].stride()))
         d[n] = decl
-    plan_or_skip(gb, ENGINE)
+    plan_or_skip(gb, ENGINE, any_cudnn_refusal=bias_shape != "1h")  # cuDNN's own tests take dBias as (1, H, S, S)
     assert gb.engine_name == "SdpaBwdCudnn"
     for x in out.values():
         x.fill_(float("nan"))

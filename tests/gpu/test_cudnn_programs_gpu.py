@@ -1,20 +1,47 @@
-"""cuDNN programs on a GPU with only the import changed; the handle's stream is the launch stream."""
+"""cuDNN programs on a GPU with only the import changed; the handle's stream is the launch stream; a program only
+frost's cuDNN engine serves (an additive bias) gives what the real cuDNN frontend gives for the same text."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import frost
-from tests.cpu.test_cudnn_programs import DENSE_BWD, DENSE_FWD, RAGGED_FWD
+from tests.cpu.test_cudnn_programs import DENSE_BWD, DENSE_FWD, PROLOGUE, RAGGED_FWD
 from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, runs_while_default_blocked
 
 pytestmark = pytest.mark.gpu
 
 
-def _run(program: str) -> dict:
+def _run(program: str, real_cudnn: bool = False) -> dict:
+    """Run a cuDNN program text as frost (its import changed), or unchanged against the real binding."""
     scope: dict = {"__name__": "cudnn_program"}
-    exec(compile(program.replace("import cudnn\n", "import frost as cudnn\n"), "<cudnn program>", "exec"), scope)
+    text = program if real_cudnn else program.replace("import cudnn\n", "import frost as cudnn\n")
+    exec(compile(text, "<cudnn program>", "exec"), scope)
     return scope
+
+
+# a causal forward with a per-head additive bias: on an H200 only frost's cuDNN engine serves it
+BIAS_FWD = PROLOGUE + '''
+b, h, s, d = 2, 4, 256, 128
+q_gpu = torch.randn(b, s, h, d, dtype=torch.bfloat16, device=device).transpose(1, 2)
+k_gpu = torch.randn(b, s, h, d, dtype=torch.bfloat16, device=device).transpose(1, 2)
+v_gpu = torch.randn(b, s, h, d, dtype=torch.bfloat16, device=device).transpose(1, 2)
+bias_gpu = torch.randn(1, h, s, s, dtype=torch.bfloat16, device=device)
+o_gpu = torch.empty(b, s, h, d, dtype=torch.bfloat16, device=device).transpose(1, 2)
+stats_gpu = torch.empty(b, h, s, 1, dtype=torch.float32, device=device)
+
+graph = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+q, k, v, bias = (graph.tensor_like(t) for t in (q_gpu, k_gpu, v_gpu, bias_gpu))
+o, stats = graph.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=True, attn_scale=d ** -0.5, bias=bias,
+                      diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT, diagonal_band_right_bound=0)
+o.set_output(True).set_dim(o_gpu.size()).set_stride(o_gpu.stride())
+stats.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+graph.execute({q: q_gpu, k: k_gpu, v: v_gpu, bias: bias_gpu, o: o_gpu, stats: stats_gpu}, workspace, handle=handle)
+torch.cuda.synchronize()
+'''
 
 
 def test_dense_programs_run_on_a_dsl_engine():
@@ -46,3 +73,20 @@ def test_the_handles_stream_is_honored(engine):
     assert finished, "execute did not finish while the default stream was held: it ignored the handle's stream"
     assert still_blocked
     assert not torch.isnan(t["o"]).any()
+
+
+def test_a_bias_program_matches_the_real_cudnn_frontend():
+    """The same program text through frost (its cuDNN engine) and through nvidia-cudnn-frontend itself: one library,
+    one answer."""
+    from frost.adapters.cudnn import cudnn_missing_reason
+
+    if cudnn_missing_reason():
+        pytest.skip(cudnn_missing_reason())
+    mine = _run(BIAS_FWD)
+    assert mine["graph"].engine_name == "SdpaFwdCudnn"
+    theirs = _run(BIAS_FWD, real_cudnn=True)
+    assert torch.equal(mine["q_gpu"], theirs["q_gpu"]) and torch.equal(mine["bias_gpu"], theirs["bias_gpu"])
+    for name in ("o_gpu", "stats_gpu"):
+        a, b = mine[name].double(), theirs[name].double()
+        assert torch.isfinite(a).all(), name
+        assert ((a - b).norm() / b.norm()).item() < 1e-3, name  # the same engine and plan: equal in practice
