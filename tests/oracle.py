@@ -47,7 +47,8 @@ def band(len_q: int, len_kv: int, *, causal: bool = False, causal_bottom_right: 
 def _one_sequence(q, k, v, *, scale: float, sink, allowed):
     """q (H, n, D), k (Hkv, m, D), v (Hkv, m, Dv) -> o (H, n, Dv), lse (H, n)."""
     hq, hkv = q.shape[0], k.shape[0]
-    kv_head = torch.arange(hq) // (hq // hkv)
+    kv_head = torch.arange(hq, device=q.device) // (hq // hkv)
+    allowed = allowed.to(q.device)
     k = k.index_select(0, kv_head)
     v = v.index_select(0, kv_head)
     logits = torch.matmul(q, k.transpose(1, 2)) * scale  # (H, n, m)
@@ -55,7 +56,7 @@ def _one_sequence(q, k, v, *, scale: float, sink, allowed):
     if logits.shape[-1] > 0:
         top = logits.max(dim=-1).values
     else:
-        top = torch.full(logits.shape[:2], NEG_INF, dtype=logits.dtype)
+        top = torch.full(logits.shape[:2], NEG_INF, dtype=logits.dtype, device=logits.device)
     if sink is not None:
         top = torch.maximum(top, sink.view(hq, 1).expand_as(top))
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()

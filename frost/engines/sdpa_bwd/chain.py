@@ -48,7 +48,7 @@ class BwdHelperParams(SdpaFeatureParams):
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
-                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits"),
+                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
                     "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
 }
