@@ -1,15 +1,20 @@
 """What the torch face costs over the raw graph API (GPU; prints a table).
 
     python3 benchmarks/torch_face.py [--batch 4 --seq 4096 --heads 16 --head-dim 128] [--json out.json]
+    python3 benchmarks/torch_face.py --host-only      # section 2 alone (a minute, mostly compiles)
 
 1. Forward+backward at 16k tokens (B=4, S=4096, H=16, D=128, bf16, BSHD memory, full and causal):
    `frost.torch_face.attention` under autograd (`torch.autograd.grad`, outputs and workspace allocated per
    call) against one forward and one backward `Graph.execute` on preallocated tensors. Medians of
    CUDA-event-timed loops; the ratio's target is within 3%.
-2. Host time of one call on a tiny problem (1x1x128x64, causal): `attention` without autograd (the eager
-   fast path; BHSD, then BSHD with its transposes), the custom op through the dispatcher, `attention`
-   under autograd, and a raw `Graph.execute`; microseconds until the calls returned, back to back, with
-   the GPU drained before (target <= 20 us for the first row).
+2. Host time of one call on a tiny problem (1x1x128x64, causal), in one table: `attention` without
+   autograd (the eager fast path, memoized: BHSD, with `return_lse`, BSHD with its transposes), the custom
+   op through the dispatcher (forward and backward), `attention` under autograd (forward, and forward +
+   `torch.autograd.grad`), and the raw graph API on preallocated tensors (`Graph.execute`, the
+   positional `Graph.executor` and its `launch`, forward and forward + backward); microseconds until the
+   calls returned, back to back, with the GPU drained before (target <= 20 us for the first row). The
+   last column is the row's cost over the raw `Graph.execute` of the same direction(s).
+   `benchmarks/torch_face_host.py` splits the same calls into their parts on the CPU.
 3. Planning a new shape whose kernels are already compiled (milliseconds per plan).
 """
 from __future__ import annotations
@@ -31,7 +36,8 @@ def _bshd(b, s, h, d):
 
 
 def raw_graphs(q, k, v, causal: bool):
-    """Forward and backward graphs on (B, S, H, D) tensors, planned by hand: (run_fwd, run_bwd)."""
+    """Forward and backward graphs on (B, S, H, D) tensors, planned by hand: (run_fwd, run_bwd, engines,
+    launch_fwd), the last the forward through `Graph.executor(...).launch` (positional, pinned tensors)."""
     qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D) views of BSHD memory
     ob, dob = torch.empty_like(qb), torch.randn_like(qb)
     lse = torch.empty(qb.shape[:3] + (1,), device="cuda", dtype=torch.float32)
@@ -58,8 +64,10 @@ def raw_graphs(q, k, v, causal: bool):
     fpack = {fq: qb, fk: kb, fv: vb, o: ob, st: lse}
     bpack = dict(zip(ports, tensors))
     bpack.update(zip((dq, dk, dv), grads))
-    return (lambda: fwd.execute(fpack, ws_f)), (lambda: bwd.execute(bpack, ws_b)), (fwd.engine_name,
-                                                                                      bwd.engine_name)
+    launch = fwd.executor((fq, fk, fv, o, st)).launch
+    ftensors = (qb, kb, vb, ob, lse)
+    return ((lambda: fwd.execute(fpack, ws_f)), (lambda: bwd.execute(bpack, ws_b)),
+            (fwd.engine_name, bwd.engine_name), (lambda: launch(ftensors, ws_f)))
 
 
 def gpu_ms(fn, iters: int, repeats: int = 5) -> float:
@@ -106,7 +114,7 @@ def throughput_rows(args) -> list[dict]:
         def through_op():
             out = ft.attention(*leaves, causal=causal, layout="bshd")
             torch.autograd.grad(out, leaves, do)
-        run_f, run_b, engines = raw_graphs(q, k, v, causal)
+        run_f, run_b, engines, _ = raw_graphs(q, k, v, causal)
 
         def raw():
             run_f()
@@ -120,18 +128,36 @@ def throughput_rows(args) -> list[dict]:
 
 
 def host_rows(args) -> list[dict]:
-    q, k, v = (_bshd(1, 128, 1, 64) for _ in range(3))
-    qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))
-    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    run_f, _, _ = raw_graphs(q, k, v, causal=True)
-    calls = {
-        "attention (eager, no autograd)": lambda: ft.attention(qb, kb, vb, causal=True),
-        "attention, layout='bshd'": lambda: ft.attention(q, k, v, causal=True, layout="bshd"),
-        "torch.ops.frost.sdpa_fwd": lambda: torch.ops.frost.sdpa_fwd(qb, kb, vb, None, None, -1, 0, False, False),
-        "attention under autograd (forward only)": lambda: ft.attention(*leaves, causal=True, layout="bshd"),
-        "raw Graph.execute (forward)": run_f,
-    }
-    return [{"call": name, "host_us": host_us(fn, args.calls)} for name, fn in calls.items()]
+    q, k, v, do = (_bshd(1, 128, 1, 64) for _ in range(4))
+    qb, kb, vb, dob = (t.transpose(1, 2) for t in (q, k, v, do))
+    leaves = [t.detach().requires_grad_(True) for t in (qb, kb, vb)]
+    out, lse = torch.ops.frost.sdpa_fwd(qb, kb, vb, None, None, -1, 0, False, False)
+    run_f, run_b, _, launch_f = raw_graphs(q, k, v, causal=True)
+
+    def raw_fwd_bwd():
+        run_f()
+        run_b()
+    calls = [  # (name, call, its raw reference: "fwd" or "fwd+bwd")
+        ("attention eager (bhsd)", lambda: ft.attention(qb, kb, vb, causal=True), "fwd"),
+        ("attention eager, return_lse", lambda: ft.attention(qb, kb, vb, causal=True, return_lse=True), "fwd"),
+        ("attention eager, layout='bshd'", lambda: ft.attention(q, k, v, causal=True, layout="bshd"), "fwd"),
+        ("torch.ops.frost.sdpa_fwd", lambda: torch.ops.frost.sdpa_fwd(qb, kb, vb, None, None, -1, 0, False, False),
+         "fwd"),
+        ("torch.ops.frost.sdpa_bwd", lambda: torch.ops.frost.sdpa_bwd(dob, qb, kb, vb, out, lse, None, None, -1, 0,
+                                                                      False, False), "bwd"),
+        ("attention under autograd (forward)", lambda: ft.attention(*leaves, causal=True), "fwd"),
+        ("attention under autograd (fwd+bwd)",
+         lambda: torch.autograd.grad(ft.attention(*leaves, causal=True), leaves, dob), "fwd+bwd"),
+        ("raw Graph.execute (forward)", run_f, "fwd"),
+        ("raw Graph.execute (backward)", run_b, "bwd"),
+        ("raw Graph.execute (fwd+bwd)", raw_fwd_bwd, "fwd+bwd"),
+        ("raw Graph.executor(...).launch (forward)", launch_f, "fwd"),
+    ]
+    rows = [{"call": name, "host_us": host_us(fn, args.calls), "raw": raw} for name, fn, raw in calls]
+    raw_us = {r["raw"]: r["host_us"] for r in rows if r["call"].startswith("raw Graph.execute (")}
+    for r in rows:
+        r["over_raw_us"] = r["host_us"] - raw_us[r["raw"]]
+    return rows
 
 
 def warm_plan_ms(args) -> dict:
@@ -156,19 +182,29 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--host-only", action="store_true", help="only the host-time table (section 2)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/torch_face.py needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    through = throughput_rows(args)
-    print(f"\n{'forward+backward':<30} {'engines':<36} {'op ms':>8} {'raw ms':>8} {'op/raw':>7} {'TFLOP/s':>8}")
-    for r in through:
-        print(f"{r['problem']:<30} {'/'.join(r['engines']):<36} {r['op_ms']:8.3f} {r['raw_ms']:8.3f} "
-              f"{r['ratio']:7.3f} {r['op_tflops']:8.1f}")
+    through, warm = [], {}
+    if not args.host_only:
+        through = throughput_rows(args)
+        print(f"\n{'forward+backward':<30} {'engines':<36} {'op ms':>8} {'raw ms':>8} {'op/raw':>7} {'TFLOP/s':>8}")
+        for r in through:
+            print(f"{r['problem']:<30} {'/'.join(r['engines']):<36} {r['op_ms']:8.3f} {r['raw_ms']:8.3f} "
+                  f"{r['ratio']:7.3f} {r['op_tflops']:8.1f}")
     host = host_rows(args)
-    print(f"\n{'host time, 1x1x128x64 causal':<44} {'us/call':>8}")
+    print(f"\n{'host time, 1x1x128x64 causal':<44} {'us/call':>8} {'over raw':>9}  (raw: Graph.execute of the "
+          f"same direction)")
     for r in host:
-        print(f"{r['call']:<44} {r['host_us']:8.1f}")
+        print(f"{r['call']:<44} {r['host_us']:8.1f} {r['over_raw_us']:+9.1f}  ({r['raw']})")
+    if args.host_only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "host": host}, f,
+                          indent=1)
+        return 0
     warm = warm_plan_ms(args)
     print(f"\nplanning a new shape with compiled kernels: {warm['ms_per_plan']:.2f} ms per plan "
           f"({warm['plans']} plans)")

@@ -184,6 +184,21 @@ class Graph(OpGraph):
         plan.adapter.execute(self._binder.bind(variant_pack, workspace), workspace,
                              None if handle is None else launch_stream(handle))
 
+    def executor(self, ports):
+        """A frost addition: this graph's plan executed with tensors given positionally, in the order of
+        `ports` (tensor handles, uids or names; every tensor an execute binds, once each).
+
+            run = g.executor((q, k, v, o, stats))
+            run((q_t, k_t, v_t, o_t, lse_t), workspace)       # == g.execute({q: q_t, ...}, workspace)
+
+        `run(tensors, workspace, handle)` makes every check of `execute` (the same errors) without a
+        variant pack per call; `run.launch(...)` checks only devices and alignment, for callers whose cache
+        key holds each tensor's dtype, dims and strides (see `frost/runtime/executor.py`).
+        """
+        from frost.runtime.executor import Executor
+
+        return Executor(self, ports)
+
 
 def _check_heur_modes(heur_modes) -> None:
     from frost.types import enum_name, heur_mode

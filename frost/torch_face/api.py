@@ -1,11 +1,24 @@
 """`attention(q, k, v, ...)` and `varlen_attention(...)`: frost as one call in a model.
 
 Both call the custom ops of `ops.py` (autograd, torch.compile and CUDA graphs see one op). An eager
-call that needs no autograd and runs under no tracing mode skips the dispatcher and calls the ops'
-own implementation directly: the same plan and launch, fewer microseconds of host time.
+call that needs no autograd and runs under no tracing mode, no mode and no tensor subclass skips the
+dispatcher and calls the ops' own implementation (`run.py`) directly: the same plan and launch, fewer
+microseconds of host time. Nothing a custom op does is lost there: no autograd node is made (none is
+needed), nothing is traced (`torch.compiler.is_compiling()` and the mode checks route those calls to the
+op), and the op's kernel is this same `run.py` code. Under autograd, compile, functionalization or a
+subclass the op stays the path.
+
+The eager path has two steps. A call whose exact argument signature (dims, strides and dtypes of q,
+k and v, q's device, every other argument) was served before finds its memoized launch
+(`run.EagerForward`) with one dict lookup, and only allocates its output and launches; any other call
+takes the whole way (argument checks, copies of unservable layouts, the plan cache, every binding
+check) and memoizes it when it needed no copy. Both give the same outputs and raise the same errors.
+Without `return_lse` the eager forward plans without Stats: no lse is allocated or written (nobody
+could see it).
 """
 from __future__ import annotations
 
+import enum
 from typing import Optional
 
 import torch
@@ -37,6 +50,38 @@ def _direct_probe():
 
 
 _direct = _direct_probe()
+
+
+def _direct3_probe():
+    """`_direct((q, k, v, None))` for three tensors, without the loop (the eager memo's gate)."""
+    try:
+        modes = torch._C._len_torch_dispatch_stack
+        fmodes = torch._C._is_torch_function_mode_enabled
+        functorch = torch._C._functorch.peek_interpreter_stack
+    except AttributeError:  # another torch: always dispatch
+        return lambda q, k, v: False
+    grad_enabled = torch.is_grad_enabled
+    plain = torch.Tensor
+
+    def direct3(q, k, v) -> bool:
+        return (type(q) is plain and type(k) is plain and type(v) is plain and not modes() and not fmodes()
+                and functorch() is None
+                and not (grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
+    return direct3
+
+
+_direct3 = _direct3_probe()
+_compiling = torch.compiler.is_compiling
+_memo = run.PLANS.memo
+_MEMO_SCALARS = (bool, int, float, str, type(None))
+
+
+def _memoizable(causal, window, scale, diagonal_alignment, return_lse, causal_wins) -> bool:
+    """Arguments a memo key may hold: plain values (never a tensor, which would be kept alive and compared)."""
+    plain = _MEMO_SCALARS
+    return (type(causal) in plain and type(scale) in plain and type(return_lse) in plain
+            and type(causal_wins) in plain and isinstance(diagonal_alignment, (str, enum.Enum))
+            and (window is None or (type(window) is tuple and all(type(w) in plain for w in window))))
 
 
 def _deterministic(deterministic) -> bool:
@@ -73,6 +118,17 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
     reproducible gradients; default `torch.are_deterministic_algorithms_enabled()`.
     Returns out in q's order and layout, and with `return_lse` also lse fp32 (B, Hq, Sq).
     """
+    direct = not _compiling() and _direct3(q, k, v)  # views and copies below keep what it looked at
+    key = None
+    if direct and sinks is None and not dropout_p:
+        try:
+            key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                   q.device, causal, window, scale, layout, return_lse, diagonal_alignment, _causal_wins)
+            hit = _memo.get(key)
+        except TypeError:  # an unhashable window
+            key = hit = None
+        if hit is not None and hit.plan.live:
+            return hit(q, k, v)
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
     bshd = layout == "bshd"
@@ -81,15 +137,19 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
     _check_dense(q, k, v)
     if bshd:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    q, k, v = ops.servable(q), ops.servable(k), ops.servable(v)
+    qs, ks, vs = ops.servable(q), ops.servable(k), ops.servable(v)
     b = band(causal, window, diagonal_alignment, causal_wins=_causal_wins)
-    det = _deterministic(deterministic)
-    sinks = _sinks(sinks, q.shape[1])
-    args = (q, k, v, sinks, scale, b.left, b.right, b.bottom_right)
-    if not torch.compiler.is_compiling() and _direct((q, k, v, sinks)):
-        out, lse = run.forward(*args)
+    sinks = _sinks(sinks, qs.shape[1])
+    if direct and (sinks is None or _direct((sinks,))):
+        remember = None
+        if (key is not None and qs is q and ks is k and vs is v
+                and _memoizable(causal, window, scale, diagonal_alignment, return_lse, _causal_wins)):
+            remember = (key, bshd)
+        out, lse = run.forward(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, lse=bool(return_lse),
+                               remember=remember)
     else:
-        out, lse = torch.ops.frost.sdpa_fwd(*args, det)
+        out, lse = torch.ops.frost.sdpa_fwd(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right,
+                                            _deterministic(deterministic))
     if bshd:
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

@@ -70,22 +70,26 @@ def _finish(g, handles, spec) -> Planned:
 
 def build_forward(q, k, v, out, lse_view, sinks, scale, band: Band, *, cu=None, max_seqlens=None,
                   totals=None) -> Planned:
-    """Plan `out, lse = sdpa(q, k, v)`; handles: q, k, v, o, stats, [sinks], [cu_q, cu_k].
+    """Plan `out, lse = sdpa(q, k, v)`; handles: q, k, v, o, [stats], [sinks], [cu_q, cu_k].
 
     Dense tensors are (B, H, S, D) and `lse_view` (B, H, S, 1); packed ones are (T, H, D) with
     `lse_view` (T, H, 1) head-major, `cu` the prefix sums and `totals` the (q, kv) token envelopes.
+    `lse_view` None plans without Stats (generate_stats=False: no lse is written).
     """
     packed = cu is not None
+    stats_on = lse_view is not None
     g = _graph(q.dtype, q.device, "frost_torch_fwd")
     env = {"q": totals[0], "k": totals[1], "v": totals[1]} if packed else None
     hq, hk, hv = _declare_io(g, (("q", q), ("k", k), ("v", v)), env)
     kw, extra = _sdpa_keywords(g, q, band, scale, sinks, cu, max_seqlens)
-    o, stats = g.sdpa(hq, hk, hv, generate_stats=True, **kw)
+    o, stats = g.sdpa(hq, hk, hv, generate_stats=stats_on, **kw)
     _set_output(o, out, totals[0] if packed else None)
-    dims, strides = _stats_layout(lse_view, totals[0] if packed else None)
-    stats.set_output(True).set_dim(dims).set_stride(strides)
-    spec = specialization("fwd", q, k, v, band=band, sinks=sinks, packed=packed, arch=g.target.arch, scale=scale)
-    return _finish(g, (hq, hk, hv, o, stats, *extra), spec)
+    if stats_on:
+        dims, strides = _stats_layout(lse_view, totals[0] if packed else None)
+        stats.set_output(True).set_dim(dims).set_stride(strides)
+    spec = specialization("fwd", q, k, v, band=band, sinks=sinks, packed=packed, arch=g.target.arch, scale=scale,
+                          has_stats=stats_on)
+    return _finish(g, (hq, hk, hv, o, *((stats,) if stats_on else ()), *extra), spec)
 
 
 def build_backward(dout, q, k, v, out, lse_view, grads, sinks, dsinks, scale, band: Band, deterministic: bool, *,

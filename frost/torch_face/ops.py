@@ -7,67 +7,109 @@ unbounded, causal is right = 0) around the top-left or bottom-right diagonal. Th
 (out, lse): out `empty_like(q)` (q's layout), lse fp32 (B, H, S) dense or (H, T) packed. lse carries no
 gradient. `deterministic` is the backward's (the forward only records it for autograd). The backward
 returns (dq, dk, dv, dsinks); dsinks is (H,) fp32 with sinks and an empty (0,) tensor without.
+
+The ops are registered through `torch.library.Library` rather than `torch.library.custom_op`, whose
+Python wrappers cost tens of microseconds a call (its autograd kernel rebuilds the argument list
+from the schema, looks the op up again to redispatch, and its backend kernel runs through a
+`torch._dynamo.disable` wrapper and an aliasing check). Here each op has the same schema (pt2-compliant),
+a `CompositeExplicitAutograd` kernel (the `run.py` call), a fake kernel and an `Autograd` kernel of its
+own: it records the autograd node (forwards) or refuses a double backward (backwards), and runs the op's
+kernel directly when nothing lies between autograd and the CPU/CUDA kernel (no mode, subclass or
+functionalization: the dispatcher would call that same function), else redispatches below autograd
+as any Autograd kernel does. `torch.library.opcheck` checks the registrations.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
-from torch import Tensor
 
 from frost.torch_face import run
 
+_LIB = torch.library.Library("frost", "DEF")  # kept for the process: the registrations live while it does
 
-@torch.library.custom_op("frost::sdpa_fwd", mutates_args=())
-def sdpa_fwd(q: Tensor, k: Tensor, v: Tensor, sinks: Optional[Tensor], scale: Optional[float], window_left: int,
-             window_right: int, bottom_right: bool, deterministic: bool) -> tuple[Tensor, Tensor]:
+_FWD = ("(Tensor q, Tensor k, Tensor v, Tensor? sinks, float? scale, SymInt window_left, SymInt window_right, "
+        "bool bottom_right, bool deterministic) -> (Tensor, Tensor)")
+_BWD = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sinks, float? scale, "
+        "SymInt window_left, SymInt window_right, bool bottom_right, bool deterministic) "
+        "-> (Tensor, Tensor, Tensor, Tensor)")
+_VARLEN_FWD = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+               "SymInt max_seqlen_k, Tensor? sinks, float? scale, SymInt window_left, SymInt window_right, "
+               "bool bottom_right, bool deterministic) -> (Tensor, Tensor)")
+_VARLEN_BWD = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+               "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? sinks, float? scale, "
+               "SymInt window_left, SymInt window_right, bool bottom_right, bool deterministic) "
+               "-> (Tensor, Tensor, Tensor, Tensor)")
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_AFTER_AD_INPLACE = torch._C._after_ADInplaceOrView_keyset
+_KERNEL_KEYS = frozenset((torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA))
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_grad_enabled = torch._C.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+
+
+def _kernel_is_next(keyset) -> bool:
+    """Whether below autograd only the op's own CPU/CUDA kernel runs (ADInplaceOrView passes functional ops on)."""
+    return (keyset & _AFTER_AD_INPLACE).highestPriorityTypeId() in _KERNEL_KEYS
+
+
+def _define(name: str, schema: str, kernel, fake) -> object:
+    _LIB.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _LIB.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"frost::{name}", fake, lib=_LIB)
+    return torch._C._dispatch_find_schema_or_throw(f"frost::{name}", "")
+
+
+# the kernels: `run.py` (looked up per call, so a patched `run.forward` is what runs)
+def sdpa_fwd(q, k, v, sinks, scale, window_left, window_right, bottom_right, deterministic):
     return run.forward(q, k, v, sinks, scale, window_left, window_right, bottom_right)
 
 
-@sdpa_fwd.register_fake
 def _sdpa_fwd_fake(q, k, v, sinks, scale, window_left, window_right, bottom_right, deterministic):
     return run.out_like(q, v.shape[-1]), run.dense_lse(q)
 
 
-@torch.library.custom_op("frost::sdpa_bwd", mutates_args=())
-def sdpa_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, sinks: Optional[Tensor],
-             scale: Optional[float], window_left: int, window_right: int, bottom_right: bool,
-             deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def sdpa_bwd(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
     return run.backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic)
 
 
-@sdpa_bwd.register_fake
 def _sdpa_bwd_fake(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), run.dsinks_like(q, sinks)
 
 
-@torch.library.custom_op("frost::sdpa_varlen_fwd", mutates_args=())
-def sdpa_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                    max_seqlen_k: int, sinks: Optional[Tensor], scale: Optional[float], window_left: int,
-                    window_right: int, bottom_right: bool, deterministic: bool) -> tuple[Tensor, Tensor]:
+def sdpa_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
+                    window_right, bottom_right, deterministic):
     return run.packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
                               window_left, window_right, bottom_right)
 
 
-@sdpa_varlen_fwd.register_fake
 def _sdpa_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
                           window_right, bottom_right, deterministic):
     return run.out_like(q, v.shape[-1]), run.packed_lse(q)
 
 
-@torch.library.custom_op("frost::sdpa_varlen_bwd", mutates_args=())
-def sdpa_varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
-                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, sinks: Optional[Tensor],
-                    scale: Optional[float], window_left: int, window_right: int, bottom_right: bool,
-                    deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def sdpa_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
+                    window_left, window_right, bottom_right, deterministic):
     return run.packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                sinks, scale, window_left, window_right, bottom_right, deterministic)
 
 
-@sdpa_varlen_bwd.register_fake
 def _sdpa_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks,
                           scale, window_left, window_right, bottom_right, deterministic):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), run.dsinks_like(q, sinks)
+
+
+_SDPA_FWD = _define("sdpa_fwd", _FWD, sdpa_fwd, _sdpa_fwd_fake)
+_SDPA_BWD = _define("sdpa_bwd", _BWD, sdpa_bwd, _sdpa_bwd_fake)
+_SDPA_VARLEN_FWD = _define("sdpa_varlen_fwd", _VARLEN_FWD, sdpa_varlen_fwd, _sdpa_varlen_fwd_fake)
+_SDPA_VARLEN_BWD = _define("sdpa_varlen_bwd", _VARLEN_BWD, sdpa_varlen_bwd, _sdpa_varlen_bwd_fake)
+
+
+def _below(handle, kernel, keyset, args):
+    """The op below autograd: its kernel directly when nothing else would run first, else a redispatch."""
+    if _kernel_is_next(keyset):
+        return kernel(*args)
+    with _below_autograd():
+        return handle.redispatch_boxed(keyset & _AFTER_AUTOGRAD, *args)
 
 
 def servable(t):
@@ -85,39 +127,82 @@ def servable(t):
     return t
 
 
-def _setup_fwd(ctx, inputs, output):
-    q, k, v, sinks, scale, wl, wr, br, det = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks)
-    ctx.attrs = (scale, wl, wr, br, det)
-    ctx.mark_non_differentiable(lse)
+class _SdpaFwd(torch.autograd.Function):
+    """The dense forward's autograd node: saves what the backward op needs; lse is non-differentiable."""
+
+    @staticmethod
+    def forward(ctx, keyset, q, k, v, sinks, scale, wl, wr, br, det):
+        out, lse = _below(_SDPA_FWD, sdpa_fwd, keyset, (q, k, v, sinks, scale, wl, wr, br, det))
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.attrs = (scale, wl, wr, br, det)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        if dout is None:
+            return (None,) * 10
+        dq, dk, dv, dsinks = torch.ops.frost.sdpa_bwd(servable(dout), q, k, v, out, lse, sinks, *ctx.attrs)
+        return None, dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None, None
 
 
-def _backward_fwd(ctx, dout, _dlse):
-    q, k, v, out, lse, sinks = ctx.saved_tensors
-    if dout is None:
-        return None, None, None, None, None, None, None, None, None
-    dq, dk, dv, dsinks = torch.ops.frost.sdpa_bwd(servable(dout), q, k, v, out, lse, sinks, *ctx.attrs)
-    return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None, None
+class _SdpaVarlenFwd(torch.autograd.Function):
+    """The packed forward's autograd node."""
+
+    @staticmethod
+    def forward(ctx, keyset, q, k, v, cu_q, cu_k, max_q, max_k, sinks, scale, wl, wr, br, det):
+        out, lse = _below(_SDPA_VARLEN_FWD, sdpa_varlen_fwd, keyset,
+                          (q, k, v, cu_q, cu_k, max_q, max_k, sinks, scale, wl, wr, br, det))
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
+        ctx.attrs = (max_q, max_k, sinks is not None, scale, wl, wr, br, det)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
+        max_q, max_k, has_sinks, *attrs = ctx.attrs
+        if dout is None:
+            return (None,) * 14
+        dq, dk, dv, dsinks = torch.ops.frost.sdpa_varlen_bwd(servable(dout), q, k, v, out, lse, cu_q, cu_k, max_q,
+                                                             max_k, sinks, *attrs)
+        return (None, dq, dk, dv, None, None, None, None, dsinks if has_sinks else None) + (None,) * 5
 
 
-def _setup_varlen(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, sinks, scale, wl, wr, br, det = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
-    ctx.attrs = (max_q, max_k, sinks is not None, scale, wl, wr, br, det)
-    ctx.mark_non_differentiable(lse)
+class _NoDerivative(torch.autograd.Function):
+    """A backward op called on tensors that require grad (a double backward): its outputs get a node that
+    raises when differentiated, as `custom_op` without a registered formula does."""
+
+    @staticmethod
+    def forward(ctx, handle, kernel, keyset, *args):
+        ctx.op = handle.schema().name
+        return _below(handle, kernel, keyset, args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.op} has no derivative: frost attention does not serve double backward "
+                           f"(create_graph=True through its gradients)")
 
 
-def _backward_varlen(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
-    max_q, max_k, has_sinks, *attrs = ctx.attrs
-    if dout is None:
-        return (None,) * 13
-    dq, dk, dv, dsinks = torch.ops.frost.sdpa_varlen_bwd(servable(dout), q, k, v, out, lse, cu_q, cu_k, max_q,
-                                                         max_k, sinks, *attrs)
-    return (dq, dk, dv, None, None, None, None, dsinks if has_sinks else None) + (None,) * 5
+def _fwd_autograd(function, handle, kernel):
+    def autograd_kernel(keyset, *args):
+        if _grad_enabled() and _any_requires_grad(*args):
+            return function.apply(keyset, *args)
+        return _below(handle, kernel, keyset, args)
+    return autograd_kernel
 
 
-sdpa_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
-sdpa_varlen_fwd.register_autograd(_backward_varlen, setup_context=_setup_varlen)
+def _bwd_autograd(handle, kernel):
+    def autograd_kernel(keyset, *args):
+        if _grad_enabled() and _any_requires_grad(*args):
+            return _NoDerivative.apply(handle, kernel, keyset, *args)
+        return _below(handle, kernel, keyset, args)
+    return autograd_kernel
+
+
+_LIB.impl("sdpa_fwd", _fwd_autograd(_SdpaFwd, _SDPA_FWD, sdpa_fwd), "Autograd", with_keyset=True)
+_LIB.impl("sdpa_varlen_fwd", _fwd_autograd(_SdpaVarlenFwd, _SDPA_VARLEN_FWD, sdpa_varlen_fwd), "Autograd",
+          with_keyset=True)
+_LIB.impl("sdpa_bwd", _bwd_autograd(_SDPA_BWD, sdpa_bwd), "Autograd", with_keyset=True)
+_LIB.impl("sdpa_varlen_bwd", _bwd_autograd(_SDPA_VARLEN_BWD, sdpa_varlen_bwd), "Autograd", with_keyset=True)

@@ -5,15 +5,18 @@ to an envelope), so a dense call with another batch or length needs its own plan
 shared: they compile per specialization (`spec.py`) and frost keeps them for the process, so a new
 shape with a known specialization plans in about a millisecond and compiles nothing.
 
-A hit takes no lock; a miss plans under a lock, one plan at a time, and never while the current stream
-captures a CUDA graph (the call raises `PlanDuringCaptureError`: run it once before capture).
+A hit takes no lock and hashes its key once: recency is a tick stamped on the entry (eviction, on a
+miss, looks for the oldest stamp). A miss plans under a lock, one plan at a time, and never while the
+current stream captures a CUDA graph (the call raises `PlanDuringCaptureError`: run it once before
+capture). `memo` maps the raw arguments of eager `attention` calls to prepared launches of cached
+entries (`run.EagerForward`); an evicted entry is marked dead, and the memo forgets what pointed to it.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -22,9 +25,10 @@ import torch
 from frost.errors import PlanDuringCaptureError
 
 DEFAULT_SIZE = 256
+TICKS = itertools.count(1)  # recency stamps: `next(TICKS)` is one C call
 
 
-@dataclass
+@dataclass(eq=False)
 class Planned:
     """A built graph and the handles of its ports, in the order `run` takes tensors."""
 
@@ -33,11 +37,25 @@ class Planned:
     workspace_size: int
     spec: object  # spec.Specialization
     plan_seconds: float = 0.0
+    used: int = 0  # the tick of its last use (the cache's recency)
+    live: bool = True  # False once evicted or cleared (a memoized launch then plans again)
+    executor: object = None  # graph.executor(handles): positional binding, no variant pack per call
 
-    def run(self, tensors, device) -> None:
-        """Bind `tensors` (in handle order), allocate the workspace on the current stream, execute there."""
+    def __post_init__(self):
+        if self.executor is None:
+            self.executor = self.graph.executor(self.handles)
+
+    def run(self, tensors, device, pinned: bool = False) -> None:
+        """Bind `tensors` (in handle order), allocate the workspace on the current stream, execute there.
+
+        Every check of execute applies, unless `pinned`: the caller's cache key holds each tensor's dtype,
+        dims and strides, as when the plan was declared from tensors with that key (the executor's
+        `launch` then checks devices and alignment)."""
         ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=device) if self.workspace_size else None
-        self.graph.execute(dict(zip(self.handles, tensors)), ws)
+        if pinned:
+            self.executor.launch(tensors, ws)
+        else:
+            self.executor(tensors, ws)
 
     @property
     def engine_name(self) -> str:
@@ -63,25 +81,41 @@ class PlanCache:
 
     def __init__(self, max_size: int = DEFAULT_SIZE):
         self.max_size = max(int(max_size), 1)
-        self._entries: OrderedDict = OrderedDict()
+        self._entries: dict = {}
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self.stats = CacheStats()
+        self.memo: dict = {}  # eager attention arguments -> run.EagerForward (of a live entry)
 
     def lookup(self, key) -> Optional[Planned]:
         """The cached entry of `key` (now the most recent), or None.
 
-        No lock: OrderedDict's get and move_to_end are each atomic under the GIL, and an entry
-        evicted between the two is still a valid plan to run.
+        No lock: the dict's get is atomic under the GIL, and an entry evicted meanwhile is still a
+        valid plan to run.
         """
         entry = self._entries.get(key)
         if entry is not None:
-            try:
-                self._entries.move_to_end(key)
-            except KeyError:  # evicted meanwhile by another thread
-                pass
+            entry.used = next(TICKS)
             self.stats.hits += 1
         return entry
+
+    def remember(self, key, launch) -> None:
+        """Memoize an eager call's prepared launch under its raw arguments (bounded: cleared when full)."""
+        if len(self.memo) >= 4 * self.max_size + 64:
+            self.memo.clear()
+        self.memo[key] = launch
+
+    def _evict_to(self, size: int) -> None:
+        """Drop the least recently used entries until `size` are left (under the lock)."""
+        if len(self._entries) <= size:
+            return
+        for key, entry in sorted(self._entries.items(), key=lambda kv: kv[1].used)[:len(self._entries) - size]:
+            del self._entries[key]
+            entry.live = False
+            self.stats.evictions += 1
+        for key, launch in list(self.memo.items()):
+            if not launch.plan.live:
+                self.memo.pop(key, None)
 
     def build(self, key, build: Callable[[], Planned], what: Callable[[], str]) -> Planned:
         """Plan `key` with `build()` (one plan at a time) unless another thread just did; `what()` names
@@ -100,15 +134,14 @@ class PlanCache:
             t0 = time.perf_counter()
             entry = build()
             entry.plan_seconds = time.perf_counter() - t0
+            entry.used = next(TICKS)
             with self._lock:
                 self.stats.misses += 1
                 self.stats.plan_seconds += entry.plan_seconds
                 specs = self.stats.specializations
                 specs[entry.spec] = specs.get(entry.spec, 0) + 1
                 self._entries[key] = entry
-                while len(self._entries) > self.max_size:
-                    self._entries.popitem(last=False)
-                    self.stats.evictions += 1
+                self._evict_to(self.max_size)
         return entry
 
     def get(self, key, build: Callable[[], Planned], what: Callable[[], str]) -> Planned:
@@ -118,18 +151,20 @@ class PlanCache:
     def resize(self, max_size: int) -> None:
         with self._lock:
             self.max_size = max(int(max_size), 1)
-            while len(self._entries) > self.max_size:
-                self._entries.popitem(last=False)
-                self.stats.evictions += 1
+            self._evict_to(self.max_size)
 
     def clear(self) -> None:
         with self._lock:
+            for entry in self._entries.values():
+                entry.live = False
             self._entries.clear()
+            self.memo.clear()
             self.stats = CacheStats()
 
     def entries(self) -> list[Planned]:
+        """The cached entries, least recently used first."""
         with self._lock:
-            return list(self._entries.values())
+            return sorted(self._entries.values(), key=lambda e: e.used)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -6,13 +6,17 @@ device and the current stream, allocated here, outside `execute` (which never al
 
 Dense tensors are (B, H, S, D) with any strides frost serves; packed ones are (T, H, D). Windows use
 FlashAttention's convention (`spec.Band`): -1 is unbounded, causal is right = 0.
+
+Eager `attention` calls memoize an `EagerForward` per exact argument signature (`PLANS.memo`): the
+cached plan, its executor and the recipe of its outputs, so a repeated call allocates its outputs and
+launches with nothing else between (see `EagerForward`).
 """
 from __future__ import annotations
 
 import torch
 
 from frost.torch_face.graphs import build_backward, build_forward, envelope
-from frost.torch_face.plans import PLANS
+from frost.torch_face.plans import PLANS, TICKS
 from frost.torch_face.spec import Band
 
 _F32 = torch.float32
@@ -49,38 +53,112 @@ def _describe(kind, *tensors) -> str:
     return f"{kind} on " + ", ".join(f"{tuple(t.shape)}/{t.dtype}" for t in tensors if t is not None)
 
 
-def _current_device():
-    return torch.cuda.current_device()
+def _current_device() -> int:
+    """The current CUDA device's index, through torch's C getter (CUDA is initialized: a tensor lives there)."""
+    global _current_device
+    _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    return _current_device()
 
 
-def _launch(plan, tensors, device) -> None:
-    """Run on the tensors' device: the current stream of that device is the launch stream."""
+def _launch(plan, tensors, device, pinned: bool = False) -> None:
+    """Run on the tensors' device: the current stream of that device is the launch stream.
+
+    pinned: the plan-cache key holds every tensor's dtype, dims and strides (or the tensor was allocated
+    here from those), so only devices and alignment are checked (`Planned.run`)."""
     if device.type == "cuda" and device.index != _current_device():
         with torch.cuda.device(device):
-            plan.run(tensors, device)
+            plan.run(tensors, device, pinned)
     else:
-        plan.run(tensors, device)
+        plan.run(tensors, device, pinned)
 
 
-def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=None):
-    """Dense forward -> (out, lse (B, H, S) fp32); `out` may be given (written in place)."""
+def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=None, *, lse: bool = True,
+            remember=None):
+    """Dense forward -> (out, lse (B, H, S) fp32); `out` may be given (written in place).
+
+    lse=False: a plan without Stats (nothing writes an lse) and (out, None). `remember`: (memo key,
+    bshd) of an eager `attention` call whose inputs are these tensors (`bshd`: their (B, S, H, D)
+    transposes): its launch is memoized under that key (see `EagerForward`).
+    """
     dev = q.device
     ostride = None
     if out is None:
-        out = out_like(q, v.shape[-1])
+        out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else out_like(q, v.shape[-1])
     else:
         ostride = out.stride()  # a given output's layout is part of the plan
-    lse = dense_lse(q)
-    lse4 = lse.unsqueeze(-1)
-    key = ("fwd", q.dtype, dev, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), ostride,
-           sinks is None, scale, window_left, window_right, bottom_right)
+    if lse:
+        lse_t = torch.empty(q.shape[:3], dtype=_F32, device=dev)  # dense_lse
+        lse4 = lse_t.unsqueeze(-1)
+        tensors = (q, k, v, out, lse4)
+    else:
+        lse_t = lse4 = None
+        tensors = (q, k, v, out)
+    key = ("fwd", q.dtype, k.dtype, v.dtype, dev, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           ostride, sinks is None, scale, window_left, window_right, bottom_right, lse)
     plan = _lookup(key)
     if plan is None:
         band = Band(window_left, window_right, bottom_right)
         plan = PLANS.build(key, lambda: build_forward(q, k, v, out, lse4, sinks, scale, band),
                            lambda: _describe("the attention forward", q, k, v))
-    _launch(plan, (q, k, v, out, lse4) if sinks is None else (q, k, v, out, lse4, sinks), dev)
-    return out, lse
+    if sinks is None:  # the key pins q, k, v; out and lse are made from q here (a given out is checked)
+        _launch(plan, tensors, dev, ostride is None)
+    else:
+        _launch(plan, (*tensors, sinks), dev)
+    if remember is not None and sinks is None:
+        PLANS.remember(remember[0], EagerForward(plan, q, out, lse_t, bshd=remember[1]))
+    return out, lse_t
+
+
+class EagerForward:
+    """A memoized eager dense forward: `attention(q, k, v, ...)` for one exact signature of its arguments.
+
+    Made after a call with that signature went the whole way (argument checks, a plan, every binding
+    check of execute) and needed no copy of its inputs; the memo key (`api.attention`) holds the dims,
+    strides and dtypes of q, k and v, q's device and every other argument, so a call that finds it has
+    nothing left to decide. It allocates the outputs as that call did (out `empty_like(q)`, or q's
+    stride order when Dv != D; lse fp32 only when returned), binds through the plan's executor `launch`
+    (devices and alignment checked: the rest is pinned by the key; a failure takes the checked path and
+    its errors) and counts as a plan-cache hit.
+    """
+
+    __slots__ = ("plan", "launch", "bshd", "out_shape", "out_stride", "lse_shape", "cuda", "workspace_size")
+
+    def __init__(self, plan, q, out, lse, *, bshd: bool):
+        self.plan = plan
+        self.launch = plan.executor.launch
+        self.bshd = bshd
+        like = out.shape == q.shape
+        self.out_shape = None if like else tuple(out.shape)  # None: empty_like(q), as out_like does
+        self.out_stride = None if like else out.stride()
+        self.lse_shape = None if lse is None else tuple(lse.shape)
+        self.cuda = q.device.index if q.device.type == "cuda" else -1
+        self.workspace_size = plan.workspace_size
+
+    def __call__(self, q, k, v):
+        plan = self.plan
+        plan.used = next(TICKS)
+        PLANS.stats.hits += 1
+        if self.bshd:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.out_shape is None:
+            out = torch.empty_like(q)
+        else:
+            out = torch.empty_strided(self.out_shape, self.out_stride, dtype=q.dtype, device=q.device)
+        if self.lse_shape is None:
+            lse, tensors = None, (q, k, v, out)
+        else:
+            lse = torch.empty(self.lse_shape, dtype=_F32, device=q.device)
+            tensors = (q, k, v, out, lse.unsqueeze(-1))
+        ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=q.device) if self.workspace_size else None
+        cuda = self.cuda
+        if cuda >= 0 and _current_device() != cuda:
+            with torch.cuda.device(cuda):
+                self.launch(tensors, ws)
+        else:
+            self.launch(tensors, ws)
+        if self.bshd:
+            out = out.transpose(1, 2)
+        return out if lse is None else (out, lse)
 
 
 def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
@@ -89,8 +167,9 @@ def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, b
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = dsinks_like(q, sinks)
     lse4 = lse.unsqueeze(-1)
-    key = ("bwd", q.dtype, dev, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.stride(),
-           dout.stride(), lse.stride(), sinks is None, scale, window_left, window_right, bottom_right, deterministic)
+    key = ("bwd", q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, dev, q.shape, q.stride(), k.shape,
+           k.stride(), v.shape, v.stride(), out.shape, out.stride(), dout.shape, dout.stride(), lse.shape, lse.stride(),
+           sinks is None, scale, window_left, window_right, bottom_right, deterministic)
     grads = (dq, dk, dv)
     plan = _lookup(key)
     if plan is None:
@@ -98,7 +177,10 @@ def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, b
                                                        Band(window_left, window_right, bottom_right), deterministic),
                            lambda: _describe("the attention backward", q, k, v, dout))
     tensors = (q, k, v, out, dout, lse4, dq, dk, dv)
-    _launch(plan, tensors if sinks is None else (*tensors, sinks, dsinks), dev)
+    if sinks is None:  # the key pins every input; the gradients are made from them here
+        _launch(plan, tensors, dev, True)
+    else:
+        _launch(plan, (*tensors, sinks, dsinks), dev)
     return dq, dk, dv, dsinks
 
 

@@ -1,9 +1,9 @@
 """What a torch-face call specializes on, and how its mask maps onto frost's graph keywords.
 
 The specialization is everything a plan's kernels depend on (dtype, head dims and counts, mask,
-sinks, packing, layout class, arch, determinism, scale) and never batch, lengths or totals; two
-calls that differ only in those share their compiled kernels (each exact shape still has its own
-plan, see `plans.py`).
+sinks, packing, layout class, arch, determinism, scale, whether the forward writes lse) and never
+batch, lengths or totals; two calls that differ only in those share their compiled kernels (each
+exact shape still has its own plan, see `plans.py`).
 """
 from __future__ import annotations
 
@@ -109,10 +109,11 @@ class Specialization:
     arch: str
     deterministic: bool
     scale: float
+    has_stats: bool = True  # False: an eager forward whose lse nobody sees (no Stats port, no lse written)
 
 
 def specialization(direction: str, q, k, v, *, band: Band, sinks, packed: bool, arch: str, scale: Optional[float],
-                   deterministic: bool = False, extra=()) -> Specialization:
+                   deterministic: bool = False, extra=(), has_stats: bool = True) -> Specialization:
     """The Specialization of a call; `extra` are further io tensors (out, dout) whose layout class counts.
 
     Heads are dim 1 of dense (B, H, S, D) and packed (T, H, D) tensors alike.
@@ -122,7 +123,7 @@ def specialization(direction: str, q, k, v, *, band: Band, sinks, packed: bool, 
                           heads_kv=int(k.shape[1]), band=band, has_sinks=sinks is not None, packed=packed,
                           layouts=tuple(stride_order(t) for t in (q, k, v, *extra)), arch=arch,
                           deterministic=bool(deterministic) and direction == "bwd",
-                          scale=default_scale(int(q.shape[-1]), scale))
+                          scale=default_scale(int(q.shape[-1]), scale), has_stats=has_stats or direction == "bwd")
 
 
 def reject(name: str, value, why: str = "") -> None:

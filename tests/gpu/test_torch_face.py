@@ -2,7 +2,8 @@
 
 Four specializations serve every test (their kernels compile once; strides are runtime values, so BSHD and
 BHSD share them): dense causal 4/4 heads, dense GQA 8/2 with a bottom-right window, packed GQA 8/2 causal
-bottom-right, and the deterministic backward of the first; D = 128, bf16.
+bottom-right, and the deterministic backward of the first; D = 128, bf16. Eager inference calls of the
+first (no autograd, no return_lse) add its forward without Stats.
 Run: python3 -m pytest -q -m gpu tests/gpu/test_torch_face.py
 """
 from __future__ import annotations
@@ -271,6 +272,28 @@ def test_train_gpt_example_runs_a_few_steps(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     summary = json.loads((tmp_path / "frost_summary.json").read_text())
     assert math.isfinite(summary["final_loss"]) and summary["final_loss"] < 6.0
+
+
+def test_eager_paths_agree_bitwise_and_allocate_only_their_outputs():
+    """The memoized eager call (its Stats-free plan, and with return_lse) and the op give the same bits; a
+    memoized call allocates its outputs and nothing else, and never syncs."""
+    q, k, v = (_dense(2, 512, 4, "bshd", 60 + i) for i in range(3))
+    via_op = torch.ops.frost.sdpa_fwd(q, k, v, None, None, -1, 0, False, False)
+    first = ft.attention(q, k, v, causal=True)  # the whole way: a Stats-free plan, memoized
+    out_lse, lse = ft.attention(q, k, v, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    for lse_too, outputs in ((False, 1), (True, 2)):
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            again = ft.attention(q, k, v, causal=True, return_lse=lse_too)  # the memo
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] - before == outputs
+        assert torch.equal(again[0] if lse_too else again, via_op[0])
+    assert torch.equal(first, via_op[0]), "the Stats-free forward differs from the one that writes lse"
+    assert torch.equal(out_lse, via_op[0]) and torch.equal(lse, via_op[1])
+    assert first.stride() == via_op[0].stride() == q.stride()
 
 
 def test_a_new_shape_during_capture_raises_a_warm_up_error():  # last: it abandons a capture
