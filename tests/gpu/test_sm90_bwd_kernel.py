@@ -18,8 +18,8 @@ from tests.gpu.test_sm80_bwd_kernel import (Case, make_inputs, oracle, rel, run_
 
 
 def _p(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> Sm90BwdParams:
-    k = default_knobs(d, dv or d, banded=flags.get("has_window_right", False), packed=flags.get("is_thd", False))
-    k.update(knobs or {})
+    k = default_knobs(d, dv or d, banded=flags.get("has_window_right", False), packed=flags.get("is_thd", False),
+                      **(knobs or {}))
     return Sm90BwdParams(dtype=dtype, head_dim=d, head_dim_v=dv or d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 
