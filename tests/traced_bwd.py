@@ -4,6 +4,9 @@ from __future__ import annotations
 from frost.testing.cases import params_kwargs
 
 FAMILIES = ("sm80", "sm120")
+#: head dims the tiles pad (72 on 96 columns, 40 on 64, 8 on 32), tile widths off the tuned ones (160, 224),
+#: and pairs whose d_qk and d_v differ
+PADDED_HEAD_DIMS = ((72, 72), (40, 40), (8, 24), (160, 160), (224, 224), (192, 64), (64, 256))
 
 
 def default_params(family: str, d: int, dv: int):

@@ -5,7 +5,8 @@
     python tools/kernel_ir.py diff /tmp/ir-before /tmp/ir-after
 
 `dump` compiles every kernel of the covering sets in frost/testing/cases.py (the SM80 and SM120
-forwards, the backward chains, the SM90 forward) through frost's compile boundary,
+forwards, the backward chains, the SM90 forward and backward, then the mma.sync head-dim sets) through
+frost's compile boundary,
 with the disk cache off, and writes each one's MLIR (host entry and device code)
 with source locations stripped, one file per kernel. `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
@@ -47,6 +48,12 @@ def covering_specs() -> list:
         specs += [(cases.SM90_FWD_TEMPLATE, Sm90FwdParams(**kw), "sm_90a") for kw in group]
     for group in cases.SM90_BWD_COVER:  # the main kernel; its helpers are the skeleton's, covered above
         specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in group]
+    # the mma.sync head-dim sets last, so the kernels above keep their file names
+    for arch, kws in cases.SM80_FWD_HEAD_DIM_COVER.items():
+        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
+    for arch, kws in cases.SM80_BWD_HEAD_DIM_COVER.items():
+        for kw in kws:
+            specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
     return specs
 
 

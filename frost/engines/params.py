@@ -5,11 +5,18 @@ packed totals) are never fields: they compile as symbolic ints.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from frost.errors import TemplateParamsError
+
+
+class HeadDimSpan(NamedTuple):
+    """Every head dim that is a multiple of `multiple` from `multiple` up to `maximum`, d_qk and d_v each."""
+
+    multiple: int
+    maximum: int
 
 
 class TemplateParams(BaseModel):
@@ -40,9 +47,27 @@ class SdpaFeatureParams(TemplateParams):
         return self.num_heads_q // self.num_heads_kv
 
 
+def head_dim_span_reason(d_qk: int, d_v: int, multiple: int, maximum: int) -> str | None:
+    """Why (d_qk, d_v) lies outside "every multiple of `multiple` up to `maximum`, each independently", or None."""
+    for name, d in (("d_qk", d_qk), ("d_v", d_v)):
+        if d < multiple or d % multiple != 0:
+            return f"{name}={d} is not a multiple of {multiple}"
+        if d > maximum:
+            return f"{name}={d} is above {maximum}"
+    return None
+
+
 def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
-    """The checks every SDPA template's validator starts with; raises TemplateParamsError."""
-    if (p.head_dim, p.head_dim_v) not in head_dims:
+    """The checks every SDPA template's validator starts with; raises TemplateParamsError.
+
+    `head_dims`: the (d_qk, d_v) pairs the template implements, or a (multiple, maximum) span of
+    `head_dim_span_reason` (every multiple up to the maximum, d_qk and d_v independently).
+    """
+    if isinstance(head_dims, HeadDimSpan):
+        why = head_dim_span_reason(p.head_dim, p.head_dim_v, head_dims.multiple, head_dims.maximum)
+        if why:
+            raise TemplateParamsError(f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}): {why}")
+    elif (p.head_dim, p.head_dim_v) not in head_dims:
         raise TemplateParamsError(f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in "
                                   f"{sorted(head_dims)}")
     if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:

@@ -5,7 +5,25 @@ from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
-MMA_SYNC_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+
+class HeadDimSpan(BaseModel):
+    """Every head dim that is a multiple of `multiple`, from `multiple` up to `maximum`: d_qk and d_v each,
+    independently (cuDNN's rule for its SDPA head dims). The templates state theirs in their params modules
+    (`frost.engines.params.HeadDimSpan`); tests/cpu/test_routing.py checks that the two agree."""
+
+    model_config = ConfigDict(frozen=True)
+
+    multiple: int
+    maximum: int
+
+    def describe(self) -> str:
+        return f"every multiple of {self.multiple} up to {self.maximum} (d_qk and d_v independently)"
+
+
+#: the head dims the wgmma forward is written for (and the pending SM100 line states)
+FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+#: the mma.sync kernels pad a head dim up to their tiles' 32-element granule inside the kernel
+MMA_SYNC_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
                              "thd", "stats"})
 
@@ -20,7 +38,7 @@ class CapabilityRow(BaseModel):
     cc_max: tuple[int, int]
     priority: int  # lower ranks first among engines that accept
     dtypes: tuple[str, ...]
-    head_dims: Optional[tuple[tuple[int, int], ...]]  # None: any
+    head_dims: Optional[Union[tuple[tuple[int, int], ...], HeadDimSpan]]  # None: any
     features: frozenset[str]
     knob_choices: dict[str, tuple[Union[bool, int], ...]] = {}
     vector_bytes: int = 16  # non-unit strides must be multiples of this many bytes
@@ -55,7 +73,7 @@ SM90_BWD_FEATURES = KERNEL_FEATURES | {"deterministic"}
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
-             dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS + ((192, 192),), features=KERNEL_FEATURES,
+             dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS + ((192, 192),), features=KERNEL_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
@@ -71,7 +89,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS, features=KERNEL_FEATURES,
                pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",
                pending_bwd="the SM100 (tcgen05 + TMEM) kernels are not written yet")
     + [CapabilityRow(name=f"Sdpa{d.capitalize()}Cudnn", adapter=f"frost.adapters.cudnn:Sdpa{d.capitalize()}Cudnn",

@@ -5,7 +5,7 @@ from typing import Optional
 
 from frost.ir.facts import IO_TENSOR_ROLES, SdpaFacts
 from frost.knobs import Knobs
-from frost.lowering.capabilities import CapabilityRow
+from frost.lowering.capabilities import CapabilityRow, HeadDimSpan
 from frost.target import Target
 
 _ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
@@ -45,9 +45,9 @@ def mismatch(row: CapabilityRow, facts: SdpaFacts, knobs: Knobs, target: Target)
         return row.pending
     if facts.io_dtype not in row.dtypes:
         return f"serves {'/'.join(row.dtypes)}, not {facts.io_dtype}"
-    if row.head_dims is not None and (facts.head_dim_qk, facts.head_dim_v) not in row.head_dims:
-        dims = ", ".join(f"{a}" if a == b else f"{a}x{b}" for a, b in row.head_dims)
-        return f"serves head dims {dims}; this graph has d_qk={facts.head_dim_qk}, d_v={facts.head_dim_v}"
+    reason = _head_dims_mismatch(row, facts)
+    if reason:
+        return reason
     missing = sorted(facts.features() - row.features)
     if missing:
         details = [FEATURE_DETAILS.get(f) or ("frost computes in fp32" if f.startswith("compute_") else "")
@@ -63,6 +63,24 @@ def mismatch(row: CapabilityRow, facts: SdpaFacts, knobs: Knobs, target: Target)
             return f"has no knob {knob!r} (requested {value})"
         if value not in choices:
             return f"knob {knob}={value} is not one of {choices}"
+    return None
+
+
+def _head_dims_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
+    dims, d, dv = row.head_dims, facts.head_dim_qk, facts.head_dim_v
+    graph = f"this graph has d_qk={d}, d_v={dv}"
+    if dims is None:
+        return None
+    if isinstance(dims, HeadDimSpan):
+        for name, x in (("d_qk", d), ("d_v", dv)):
+            if x % dims.multiple != 0:
+                return f"serves head dims {dims.describe()}; {graph} ({name} is not a multiple of {dims.multiple})"
+            if x > dims.maximum:
+                return f"serves head dims {dims.describe()}; {graph} ({name} is above {dims.maximum})"
+        return None
+    if (d, dv) not in dims:
+        listed = ", ".join(f"{a}" if a == b else f"{a}x{b}" for a, b in dims)
+        return f"serves head dims {listed}; {graph}"
     return None
 
 

@@ -1,7 +1,8 @@
 """Kernel cases that the tests, tools/kernel_ir.py and the benchmark scripts share.
 
-The compile tests' covering sets (every head-dim pair, feature flag, family and
-arch at least once, not the cross product), which tools/kernel_ir.py dumps; and
+The compile tests' covering sets (every tuned head-dim pair, feature flag, family and
+arch at least once, not the cross product; a representative set of the other head
+dims), which tools/kernel_ir.py dumps; and
 the SM90 forward's direct-call cases, which the GPU kernel tests run and the
 SM90 benchmark scripts precompile. Data and params records only: no cutlass.
 """
@@ -82,6 +83,52 @@ SM80_BWD_COVER = {
         _mma_bwd(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
         _mma_bwd(family="sm120", d=128, has_seqused=True, deterministic=True, has_window_right=True),
         _mma_bwd(family="sm120", d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="cyc")),
+    ],
+}
+
+# head dims outside the tuned set (tiles padded past the head dim, d_qk != d_v), apart from the sets above so
+# that tools/kernel_ir.py keeps those kernels' file names: every head dim on sm_80, a few on the other arches
+SM80_FWD_HEAD_DIM_COVER = {
+    "sm_80": [
+        _mma_fwd(d=32, has_lse=True),
+        _mma_fwd(d=48, hq=8, hk=2, has_window_right=True, has_lse=True),
+        _mma_fwd(d=72, has_window_right=True, bottom_right=True, has_lse=True),
+        _mma_fwd(d=80, is_thd=True, has_window_left=True, has_window_right=True, has_lse=True),
+        _mma_fwd(d=112, dtype="fp16", has_seqused=True, has_sinks=True, has_lse=True),
+        _mma_fwd(d=160, has_window_right=True, has_lse=True),
+        _mma_fwd(d=192, dv=64, hq=4, hk=1, has_lse=True),
+        _mma_fwd(d=40, is_thd=True, has_sinks=True),
+        _mma_fwd(d=8, dv=24),
+    ],
+    "sm_90a": [
+        _mma_fwd(d=72, hq=8, hk=2, is_thd=True, has_window_right=True, has_lse=True),
+        _mma_fwd(d=64, dv=256, has_window_right=True, has_lse=True),
+    ],
+    "sm_120a": [
+        _mma_fwd(family="sm120", d=136, dv=128, has_window_right=True, has_lse=True),
+        _mma_fwd(family="sm120", d=80, is_thd=True, has_lse=True),
+    ],
+}
+
+SM80_BWD_HEAD_DIM_COVER = {
+    "sm_80": [
+        _mma_bwd(d=32),
+        _mma_bwd(d=48, hq=8, hk=2, has_window_right=True),
+        _mma_bwd(d=72, has_window_right=True, bottom_right=True),
+        _mma_bwd(d=80, is_thd=True, has_window_left=True, has_window_right=True, deterministic=True),
+        _mma_bwd(d=112, dtype="fp16", has_seqused=True, has_sinks=True, has_dsinks=True),
+        _mma_bwd(d=160, has_window_right=True),
+        _mma_bwd(d=192, dv=64, hq=4, hk=1),
+        _mma_bwd(d=40, is_thd=True, has_sinks=True, has_dsinks=True),
+        _mma_bwd(d=8, dv=24, deterministic=True, knobs=dict(dq_splits=2)),
+    ],
+    "sm_90a": [
+        _mma_bwd(d=72, hq=8, hk=2, deterministic=True, has_window_right=True),
+        _mma_bwd(d=64, dv=256, is_thd=True, has_window_right=True),
+    ],
+    "sm_120a": [
+        _mma_bwd(family="sm120", d=136, dv=128, has_window_right=True),
+        _mma_bwd(family="sm120", d=80, is_thd=True, deterministic=True),
     ],
 }
 

@@ -1,6 +1,8 @@
 """Which engines accept which graphs on the fake targets, in which order, and why the others decline."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -218,18 +220,72 @@ def test_dtype(unpended):
 @pytest.mark.parametrize("d, dv, engines", [
     (64, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (96, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
     (128, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (192, 128, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
-    (256, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (192, None, ["SdpaFwdDslSm90"]),
-    (80, None, []), (128, 64, []), (32, None, [])])
+    (256, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (192, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
+    # every multiple of 8 up to 256, d_qk and d_v independently: the mma.sync line alone
+    (80, None, ["SdpaFwdDslSm80"]), (128, 64, ["SdpaFwdDslSm80"]), (32, None, ["SdpaFwdDslSm80"]),
+    (8, None, ["SdpaFwdDslSm80"]), (72, None, ["SdpaFwdDslSm80"]), (192, 64, ["SdpaFwdDslSm80"]),
+    (40, 200, ["SdpaFwdDslSm80"]),
+    (100, None, []), (264, None, []), (128, 12, [])])
 def test_head_dims(unpended, d, dv, engines):
     g = declare(H200, d=d, dv=dv)
     assert g.available_engines() == engines
-    mma_sync = "serves head dims 64, 96, 128, 192x128, 256"
+    mma_sync = "serves head dims every multiple of 8 up to 256 (d_qk and d_v independently)"
     wgmma = "serves head dims 64, 96, 128, 192x128, 256, 192"
     graph = f"this graph has d_qk={d}, d_v={dv or d}"
     if "SdpaFwdDslSm80" not in engines:
-        assert reasons(g)["SdpaFwdDslSm80"] == f"{mma_sync}; {graph}"
+        why = {100: "d_qk is not a multiple of 8", 264: "d_qk is above 256", 12: "d_v is not a multiple of 8"}
+        assert reasons(g)["SdpaFwdDslSm80"] == f"{mma_sync}; {graph} ({why[dv or d]})"
     if "SdpaFwdDslSm90" not in engines:
         assert reasons(g)["SdpaFwdDslSm90"] == f"{wgmma}; {graph}"
+
+
+@pytest.mark.parametrize("tname", ["A100", "H200", "RTX5090"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("d, dv", [(32, 32), (48, 48), (72, 72), (80, 80), (112, 112), (160, 160), (192, 64),
+                                   (40, 40), (8, 8), (256, 64), (64, 256), (136, 128)])
+def test_head_dims_outside_the_wgmma_set_plan_on_the_mma_sync_lines(unpended, no_compile, tname, direction, d, dv):
+    """cuDNN's head dims (multiples of 8 up to 256) plan on the mma.sync engine of each target, with valid
+    params, dense and packed; the wgmma engines decline them naming their own head dims."""
+    from frost.knobs import Knobs
+
+    target = TARGETS[tname]
+    for thd in (False, True):
+        g = declare(target, d=d, dv=dv, direction=direction, thd=thd, use_causal_mask=True)
+        line = "Sm120" if tname == "RTX5090" else "Sm80"
+        name = f"Sdpa{direction.capitalize()}Dsl{line}"
+        assert g.available_engines() == [name], reasons(g)
+        if tname == "H200":
+            why = reasons(g)[f"Sdpa{direction.capitalize()}DslSm90"]
+            assert why.startswith("serves head dims 64, 96, 128") and f"d_qk={d}, d_v={dv}" in why
+        row = next(r for r in capabilities.rows_for(direction) if r.name == name)
+        adapter = importlib.import_module(row.adapter.split(":")[0])
+        adapter_cls = getattr(adapter, row.adapter.split(":")[1])
+        params = adapter_cls(g.facts, target, Knobs()).validated_params()
+        assert (params.head_dim, params.head_dim_v) == (d, dv)
+        assert params.tile_head_dim == -(-d // 32) * 32 and params.tile_head_dim_v == -(-dv // 32) * 32
+
+
+def test_mma_sync_rows_and_validators_agree_on_every_head_dim():
+    """The capability rows' head-dim span is the templates' own: every pair a row accepts has default knobs
+    that validate, forward and backward, in both families; every pair it declines the validators reject."""
+    from frost.engines.sm80 import sdpa_bwd_params as bwd
+    from frost.engines.sm80 import sdpa_fwd_params as fwd
+    from frost.errors import TemplateParamsError
+
+    span = capabilities.MMA_SYNC_HEAD_DIMS
+    for d in range(4, 272, 4):
+        for dv in (8, 12, 64, 72, 160, 256, 264):
+            served = d % span.multiple == 0 and dv % span.multiple == 0 and max(d, dv) <= span.maximum
+            for family in ("sm80", "sm120"):
+                for mod, cls in ((fwd, fwd.Sm80FwdParams), (bwd, bwd.Sm80BwdParams)):
+                    if served:
+                        mod.validate(cls(family=family, head_dim=d, head_dim_v=dv,
+                                         **mod.default_knobs(family, d, dv)))
+                    else:
+                        with pytest.raises(TemplateParamsError):
+                            mod.default_knobs(family, d, dv)
+                        with pytest.raises(TemplateParamsError):
+                            mod.validate(cls(family=family, head_dim=d, head_dim_v=dv))
 
 
 @pytest.mark.parametrize("kw, feature", [

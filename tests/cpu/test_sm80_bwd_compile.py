@@ -1,7 +1,8 @@
 """The mma.sync SDPA backward chain compiles for sm_80, sm_90a and sm_120a (no GPU needed).
 
-A covering set, not the cross product: every head-dim pair once, every feature
-flag at least once, both families, both dtypes, each arch. Each arch compiles
+A covering set, not the cross product: every tuned head-dim pair once, every feature
+flag at least once, both families, both dtypes, each arch; and a second set of the
+other head dims (tiles padded past the head dim, d_qk != d_v). Each arch compiles
 its three kernels per flavor in its own process (PTX kept, disk cache off); the
 PTX is checked for the instruction family and the frost kernel symbol.
 """
@@ -11,11 +12,13 @@ import pytest
 
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, chain_args, stage_params
 from frost.engines.sdpa_bwd.scratch import scratch_bytes, scratch_layout, uses_turns
-from frost.engines.sm80.sdpa_bwd_params import (HEAD_DIMS, SMEM_BUDGET, Sm80BwdParams, default_knobs,
-                                               smem_bytes, split_tile, split_tile_count, validate)
+from frost.engines.sm80.sdpa_bwd_params import (_CANDIDATES, SMEM_BUDGET, Sm80BwdParams, candidates, default_knobs, smem_bytes,
+                                               split_tile, split_tile_count, validate)
+from frost.engines.sm80.sdpa_fwd_params import TUNED_HEAD_DIMS
 from frost.engines.sdpa_bwd.chain import chain_of as bwd_chain
 from frost.errors import TemplateParamsError
 from frost.testing.cases import SM80_BWD_COVER as COVER
+from frost.testing.cases import SM80_BWD_HEAD_DIM_COVER as HEAD_DIM_COVER
 from frost.testing.cases import params_kwargs
 from tests.compile_runner import compile_groups
 
@@ -32,16 +35,17 @@ PARAMS = {"main": "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams",
 
 
 @pytest.mark.slow
-def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
+@pytest.mark.parametrize("cover", [COVER, HEAD_DIM_COVER], ids=["tuned", "head_dims"])
+def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path, cover):
     import importlib
 
     groups = [(arch, [(t, PARAMS[stage], sp.model_dump(), stage) for kw in kws
                       for stage, t, _, sp in bwd_chain(Sm80BwdParams(**kw))])
-              for arch, kws in COVER.items()]
-    results = dict(zip(COVER, compile_groups(groups, tmp_path)))
+              for arch, kws in cover.items()]
+    results = dict(zip(cover, compile_groups(groups, tmp_path)))
     for arch, outs in results.items():
         expected = []
-        for kw in COVER[arch]:
+        for kw in cover[arch]:
             p = Sm80BwdParams(**kw)
             expected += [(stage, importlib.import_module(t).kernel_name(sp, arch), p)
                          for stage, t, _, sp in bwd_chain(p)]
@@ -68,7 +72,14 @@ def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path):
 
 def test_covering_set_covers_head_dims_flags_and_families():
     kws = [kw for arch in COVER for kw in COVER[arch]]
-    assert {(k["head_dim"], k["head_dim_v"]) for k in kws} == set(HEAD_DIMS)
+    assert {(k["head_dim"], k["head_dim_v"]) for k in kws} == set(TUNED_HEAD_DIMS)
+    on_sm80 = {(k["head_dim"], k["head_dim_v"]) for k in HEAD_DIM_COVER["sm_80"]}
+    assert {d for d, _ in on_sm80} >= {8, 32, 40, 48, 72, 80, 112, 160, 192}
+    assert (192, 64) in on_sm80
+    others = [kw for arch in HEAD_DIM_COVER for kw in HEAD_DIM_COVER[arch]]
+    assert any(k["head_dim"] < k["head_dim_v"] for k in others) and {k["family"] for k in others} == {"sm80", "sm120"}
+    for flag in ("is_thd", "has_seqused", "has_dsinks", "deterministic", "dq_splits"):
+        assert any(k.get(flag) for k in others), flag
     for flag in ("is_thd", "has_seqused", "has_sinks", "has_dsinks", "has_window_left", "has_window_right",
                  "bottom_right", "deterministic"):
         assert any(k.get(flag) for k in kws), flag
@@ -118,7 +129,7 @@ def test_helper_kernels_are_keyed_by_the_fields_they_read():
 
 def test_default_knobs_fit_each_family_and_validate():
     for fam in ("sm80", "sm120"):
-        for d, dv in HEAD_DIMS:
+        for d, dv in TUNED_HEAD_DIMS + ((8, 8), (40, 40), (72, 72), (160, 160), (192, 64), (64, 256), (256, 8)):
             for dt in ("bf16", "fp16"):
                 p = Sm80BwdParams(**_p(family=fam, dtype=dt, d=d, dv=dv))
                 validate(p)
@@ -128,9 +139,28 @@ def test_default_knobs_fit_each_family_and_validate():
     assert default_knobs("sm80", 128, 128, tile_n=64)["tile_n"] == 64  # a requested knob is honored
 
 
+def test_padded_head_dims_take_the_covering_rows_with_their_warps_arranged():
+    # the tuned pairs keep their rows (and their kernel names)
+    for d, dv in TUNED_HEAD_DIMS:
+        assert candidates(d, dv) == _CANDIDATES[(d, dv)] and default_knobs("sm80", d, dv) in candidates(d, dv)
+    # 72 runs on 96-wide tiles with the 96 rows first (then the larger pairs' as fallbacks); 112 with the 128 rows
+    for d, tuned in ((72, 96), (112, 128)):
+        assert candidates(d, d)[:len(_CANDIDATES[(tuned, tuned)])] == _CANDIDATES[(tuned, tuned)]
+    # 160 columns do not split over 4 warps of 16: the dQ warps go 4 along the rows, 2 along the columns
+    c160 = candidates(160, 128)
+    assert c160 and all(c["dq_warps_m"] == 4 for c in c160 if c["num_warps"] == 8)
+    assert sdpa_kernel_name(Sm80BwdParams(**_p(d=160, dv=128))).endswith("_m64n64s2w8qb")  # no custom-warps tag
+    # the sm120 budget: 160x128 falls back to the rows of the larger tuned pairs
+    p = Sm80BwdParams(**_p(family="sm120", d=160, dv=128))
+    validate(p)
+    assert smem_bytes(p) <= SMEM_BUDGET["sm120"]
+    assert (p.tile_head_dim, p.tile_head_dim_v) == (160, 128)
+
+
 @pytest.mark.parametrize("bad", [
-    dict(head_dim=80, head_dim_v=80),
-    dict(head_dim=128, head_dim_v=64),
+    dict(head_dim=84, head_dim_v=84),
+    dict(head_dim=128, head_dim_v=68),
+    dict(head_dim=264, head_dim_v=256),
     dict(num_heads_q=6, num_heads_kv=4),
     dict(is_thd=True, has_seqused=True),
     dict(has_dsinks=True),

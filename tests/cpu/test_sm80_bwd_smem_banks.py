@@ -1,6 +1,7 @@
 """Shared-memory bank conflicts of the mma.sync backward's main loop, modelled on the CPU.
 
-Traced, not run: for warp 0 of the default knobs of every head dim and family, each ldmatrix of the
+Traced, not run: for warp 0 of the default knobs of every tuned head dim, a few padded ones (their tiles'
+head-dim extents) and each family, each ldmatrix of the
 five GEMMs (its lanes' 16-byte row addresses under the swizzled smem layouts, in phases of 8 lanes)
 and each 4-byte store of P and dS (32 lanes) must take the minimum number of shared-memory wavefronts.
 A tile, warp arrangement or swizzle change that makes a copy conflict fails here.
@@ -11,8 +12,9 @@ import collections
 
 import pytest
 
-from frost.engines.sm80.sdpa_bwd_params import HEAD_DIMS, Sm80BwdParams
-from tests.traced_bwd import FAMILIES, default_params, trace_main
+from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
+from frost.engines.sm80.sdpa_fwd_params import TUNED_HEAD_DIMS
+from tests.traced_bwd import FAMILIES, PADDED_HEAD_DIMS, default_params, trace_main
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +84,7 @@ def _copies(p: Sm80BwdParams) -> list:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("d,dv", HEAD_DIMS)
+@pytest.mark.parametrize("d,dv", TUNED_HEAD_DIMS + PADDED_HEAD_DIMS)
 def test_main_loop_smem_copies_are_conflict_free(family, d, dv):
     copies = _copies(default_params(family, d, dv))
     assert len(copies) == 11

@@ -24,7 +24,7 @@ class FwdCase:
     sinks: bool = False
     padding: bool = False
     thd_lens: list | None = None  # per-batch (len_q, len_kv) for THD
-    layout: str = "bshd"  # or "bhsd"
+    layout: str = "bshd"  # or "bhsd", or "wide" (BSHD rows longer than the head dim, the extra columns NaN)
     stats: bool = True
     dtype: torch.dtype = torch.bfloat16
     extra: dict = field(default_factory=dict)
@@ -43,10 +43,33 @@ class FwdCase:
         return "-".join(parts)
 
 
+WIDE = 8  # extra elements per row of the "wide" layout (a 16-byte multiple, as every declared stride must be)
+
+
 def _dense(b, h, s, d, layout, dtype, dev):
     if layout == "bshd":
         return torch.randn(b, s, h, d, device=dev, dtype=dtype).permute(0, 2, 1, 3)
+    if layout == "wide":  # BSHD rows WIDE elements longer than the head dim, the extra columns NaN (never read)
+        x = torch.randn(b, s, h, d + WIDE, device=dev, dtype=dtype)
+        x[..., d:] = float("nan")
+        return x[..., :d].permute(0, 2, 1, 3)
     return torch.randn(b, h, s, d, device=dev, dtype=dtype)
+
+
+def wide_like(x, values=None):
+    """A "wide" (B, H, S, D) view shaped like `x`: BSHD rows WIDE elements longer, holding `values` (NaN if
+    None), the extra columns NaN."""
+    b, h, s, d = x.shape
+    buf = torch.full((b, s, h, d + WIDE), float("nan"), dtype=x.dtype, device=x.device)
+    out = buf[..., :d].permute(0, 2, 1, 3)
+    if values is not None:
+        out.copy_(values)
+    return out
+
+
+def extra_cols(x):
+    """The WIDE columns past a "wide" view's head dim."""
+    return torch.as_strided(x, x.shape[:-1] + (WIDE,), x.stride(), x.storage_offset() + x.shape[-1])
 
 
 def make_fwd(case: FwdCase, dev="cuda", seed=0):

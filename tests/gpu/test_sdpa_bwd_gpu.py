@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import frost
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, rel_err
+from tests.gpu.graph_cases import FwdCase, extra_cols, make_fwd, pack, plan_or_skip, rel_err, wide_like
 
 pytestmark = pytest.mark.gpu
 
@@ -26,6 +26,18 @@ CASES = [
     FwdCase(d=128, padding=True, causal=True, sq=200, skv=200),
     FwdCase(d=128, dtype=torch.float16, causal=True),
     FwdCase(d=128, hq=4, hkv=1, thd_lens=[(0, 0), (1, 1), (77, 77), (300, 300), (5, 130)], causal=True),
+    # head dims outside the wgmma set (the mma.sync chain pads 72 to 96-wide tiles, 40 to 64, 8 to 32)
+    FwdCase(d=72, causal=True),
+    FwdCase(d=40, hq=8, hkv=2, thd_lens=[(0, 0), (1, 1), (77, 77), (300, 300), (5, 130)], causal=True, sinks=True),
+    FwdCase(d=192, dv=64, hq=4, hkv=1, causal=True),
+    FwdCase(d=80, left=64, causal=True, layout="bhsd"),
+    FwdCase(d=112, padding=True, causal=True, sq=200, skv=200),
+    FwdCase(d=32, hq=8, hkv=2),
+    FwdCase(d=48, causal=True, bottom_right=True, sq=150, skv=300),
+    FwdCase(d=160, causal=True, sq=192, skv=192),
+    FwdCase(d=8, dv=24),
+    FwdCase(d=64, dv=256, sq=128, skv=128),
+    FwdCase(d=72, hq=8, hkv=2, causal=True, layout="wide"),
 ]
 
 _GRADS = ("dQ", "dK", "dV")
@@ -40,6 +52,8 @@ def make_bwd(case: FwdCase, *, deterministic=False, seed=0, dsink=True, dev="cud
     t["_forward"] = (fg, fdecl)  # to refresh O and Stats after new lengths
     torch.manual_seed(seed + 1)
     t["dO"] = torch.randn_like(t["o"])
+    if case.layout == "wide":
+        t["dO"] = wide_like(t["o"], t["dO"])
     g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     d = {r: g.tensor_like(x, name=r) for r, x in t.items() if not r.startswith("_")}
     kw = {}
@@ -57,7 +71,7 @@ def make_bwd(case: FwdCase, *, deterministic=False, seed=0, dsink=True, dev="cud
     grads = g.sdpa_backward(d["q"], d["k"], d["v"], d["o"], d["dO"], d["stats"],
                             use_deterministic_algorithm=deterministic, **kw)
     for name, decl, src in zip(_GRADS, grads, ("q", "k", "v")):
-        t[name] = torch.empty_like(t[src])
+        t[name] = wide_like(t[src]) if case.layout == "wide" else torch.empty_like(t[src])
         decl.set_output(True).set_dim(tuple(t[name].shape)).set_stride(tuple(t[name].stride()))
         d[name] = decl
     return g, d, t
@@ -82,6 +96,9 @@ def test_bwd_matches_reference(engine, case):
     rg.validate().build_plans(engine="reference")
     got = _run(g, d, t)
     want = _run(rg, rd, rt)
+    if case.layout == "wide":
+        for name in _GRADS:
+            assert torch.isnan(extra_cols(t[name])).all(), f"{name} written past its head dim"
     for name, x in got.items():
         ref = want[name]
         if case.thd_lens is None and case.padding:

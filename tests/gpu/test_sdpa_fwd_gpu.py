@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import frost
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, rel_err, runs_while_default_blocked
+from tests.gpu.graph_cases import FwdCase, extra_cols, make_fwd, pack, plan_or_skip, rel_err, runs_while_default_blocked
 
 pytestmark = pytest.mark.gpu
 
@@ -33,6 +33,18 @@ CASES = [
     # GQA shapes the SM90 adapter packs (query heads of a kv head in one M tile): decode-like and padded
     FwdCase(d=128, hq=32, hkv=4, sq=7, skv=4096, causal=True, bottom_right=True, sinks=True),
     FwdCase(d=128, hq=16, hkv=4, sq=300, skv=300, padding=True, causal=True),
+    # head dims outside the wgmma set (the mma.sync engine pads 72 to 96-wide tiles, 40 to 64, 8 to 32)
+    FwdCase(d=72, causal=True),
+    FwdCase(d=40, hq=8, hkv=2, thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], sinks=True),
+    FwdCase(d=192, dv=64, hq=4, hkv=1, causal=True),
+    FwdCase(d=80, left=64, causal=True, layout="bhsd"),
+    FwdCase(d=112, padding=True, causal=True, sq=200, skv=200),
+    FwdCase(d=32),
+    FwdCase(d=48, causal=True, bottom_right=True, sq=100, skv=300),
+    FwdCase(d=160, causal=True, sq=192, skv=192),
+    FwdCase(d=8, dv=24),
+    FwdCase(d=64, dv=256, causal=True, sq=192, skv=192),
+    FwdCase(d=72, hq=8, hkv=2, causal=True, layout="wide"),
 ]
 
 
@@ -68,6 +80,8 @@ def test_fwd_matches_reference(engine, case):
         o, ro = o.permute(0, 2, 1, 3)[rows], ro.permute(0, 2, 1, 3)[rows]
     assert not torch.isnan(o).any(), "some output elements were not written"
     assert rel_err(o, ro) < 1e-2
+    if case.layout == "wide":
+        assert torch.isnan(extra_cols(t["o"])).all(), "O written past its head dim"
     if case.stats:
         s, rs = t["stats"], rt["stats"]
         if rows is not None:

@@ -33,10 +33,11 @@ class Case:
     """One problem: params, geometry, mask band and input layout."""
 
     def __init__(self, name, params, b=2, sq=300, skv=300, wl=None, wr=None, thd_lens=None, used=None,
-                 strided_lse=False, runs=1):
+                 strided_lse=False, runs=1, wide=False):
         self.name, self.p, self.b, self.sq, self.skv = name, params, b, sq, skv
         self.wl, self.wr, self.thd_lens, self.used = wl, wr, thd_lens, used
         self.strided_lse, self.runs = strided_lse, runs
+        self.wide = wide  # every io tensor's rows WIDE elements longer than its head dim, the extra columns NaN
 
 
 def _cases() -> list[Case]:
@@ -126,7 +127,54 @@ def _cases() -> list[Case]:
     c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))
     c.append(Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True),
                   thd_lens=[(70, 70), (1, 1), (33, 90)]))
+    c.extend(HEAD_DIM_CASES)
     return c
+
+
+# head dims outside the tuned set: tiles padded past the head dim (72 on 96 columns, 40 on 64, 8 on 32), tile
+# widths off the tuned ones (160), d_qk != d_v both ways, and rows wider than the head dim holding NaN
+HEAD_DIM_CASES = [
+    Case("hd_d72_causal_br", _p(d=72, has_window_right=True, bottom_right=True), sq=200, skv=333, wr=0),
+    Case("hd_thd_d40_causal_gqa_sinks", _p(d=40, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True,
+                                           has_dsinks=True),
+         thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (5, 200)], wr=0),
+    Case("hd_d192v64_mqa", _p(d=192, dv=64, hq=4, hk=1), sq=260, skv=260),
+    Case("hd_d80_fp16_band", _p(dtype="fp16", d=80, has_window_left=True, has_window_right=True), sq=257, skv=257,
+         wl=40, wr=17),
+    Case("hd_pad_d112_sinks", _p(d=112, has_seqused=True, has_sinks=True, has_dsinks=True), b=3, sq=203, skv=203,
+         used=[(203, 203), (9, 150), (0, 0)]),
+    Case("hd_d32_gqa", _p(d=32, hq=8, hk=2), sq=300, skv=300),
+    Case("hd_d48_causal", _p(d=48, has_window_right=True), sq=333, skv=333, wr=0),
+    Case("hd_d160_causal", _p(d=160, has_window_right=True), sq=200, skv=200, wr=0),
+    Case("hd_d8v24", _p(d=8, dv=24), sq=130, skv=190),
+    Case("hd_thd_d64v256_causal", _p(d=64, dv=256, is_thd=True, has_window_right=True),
+         thd_lens=[(70, 70), (1, 1), (33, 90)], wr=0),
+    Case("hd_det_d72_causal_gqa", _p(d=72, hq=4, hk=2, has_window_right=True, deterministic=True), sq=520, skv=520,
+         wr=0, runs=2),
+    Case("hd_det_splits2_d8v24", _p(d=8, dv=24, deterministic=True, knobs=dict(dq_splits=2)), sq=300, skv=300,
+         runs=2),
+    Case("hd_thd_d80_det", _p(d=80, hq=2, hk=2, is_thd=True, deterministic=True),
+         thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=2),
+    Case("hd_sm120_d136v128_causal", _p(family="sm120", d=136, dv=128, has_window_right=True), sq=300, skv=300,
+         wr=0),
+    Case("hd_wide_d72_causal_gqa", _p(d=72, hq=4, hk=2, has_window_right=True), sq=300, skv=300, wr=0, wide=True),
+    Case("hd_wide_thd_d40v104", _p(d=40, dv=104, is_thd=True), thd_lens=[(77, 77), (1, 1), (200, 150)], wide=True),
+]
+
+WIDE = 8  # extra elements per row of a `wide` case (a 16-byte multiple, as every declared stride must be)
+
+
+def _widen(x, fill=float("nan")):
+    """x's values in a buffer whose rows are WIDE elements longer, the extra columns `fill`: the same view with
+    longer row strides."""
+    buf = torch.full(x.shape[:-1] + (x.shape[-1] + WIDE,), fill, dtype=x.dtype, device=x.device)
+    buf[..., :x.shape[-1]] = x
+    return buf[..., :x.shape[-1]]
+
+
+def extra_cols(x):
+    """The WIDE columns past a `_widen` view's head dim."""
+    return torch.as_strided(x, x.shape[:-1] + (WIDE,), x.stride(), x.storage_offset() + x.shape[-1])
 
 
 # ------------------------------------------------------------------------------------ oracle
@@ -238,6 +286,9 @@ def make_inputs(case, device="cuda", seed=0):
         cu_seqlens_kv=t.get("cu_seqlens_kv"), seqused_q=t.get("seqused_q"), seqused_kv=t.get("seqused_kv"),
         sinks=sinks, window_left=case.wl, window_right=case.wr, bottom_right=p.bottom_right)
     t["o"] = o.to(dt)
+    if case.wide:  # NaN in the columns past the head dim: a kernel reading them would spread NaN
+        for n in ("q", "k", "v", "do", "o", "dq", "dk", "dv"):
+            t[n] = _widen(t[n])
     if case.strided_lse:
         # Stats declared (B, S, H) in memory: the (B, H, S) view has strides (S*H, 1, H)
         buf = torch.empty(lse.shape[0], lse.shape[2], lse.shape[1], dtype=torch.float32, device=device)
@@ -283,6 +334,11 @@ def run_case(case, chain, device="cuda"):
         refs["dsinks"] = ref[3]
     msgs, ok = [], True
     got = results[0]
+    if case.wide:
+        for n in ("dq", "dk", "dv"):
+            if not torch.isnan(extra_cols(t[n])).all():
+                ok = False
+                msgs.append(f"{n}: written past its head dim")
     for n in outs:
         if torch.isnan(got[n]).any():
             ok = False

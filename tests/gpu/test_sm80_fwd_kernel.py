@@ -47,6 +47,24 @@ FLAVORS = {
     "sm120_d64_thd": _p(family="sm120", d=64, is_thd=True, has_lse=True, has_sinks=True),
 }
 
+# head dims outside the tuned set: tiles padded past the head dim (72 on 96 columns, 40 on 64, 8 on 32), tile
+# widths off the tuned ones (160), d_qk != d_v both ways
+HEAD_DIM_FLAVORS = {
+    "hd_d72_causal_br": _p(d=72, has_window_right=True, bottom_right=True, has_lse=True),
+    "hd_d40_thd_sinks_gqa": _p(d=40, hq=4, hk=2, is_thd=True, has_sinks=True, has_lse=True),
+    "hd_d192v64_mqa": _p(d=192, dv=64, hq=4, hk=1, has_lse=True),
+    "hd_d80_fp16_window": _p(dtype="fp16", d=80, has_window_left=True, has_window_right=True, has_lse=True),
+    "hd_d112_seqused_sinks": _p(d=112, has_seqused=True, has_sinks=True, has_lse=True),
+    "hd_d32": _p(d=32, has_lse=True),
+    "hd_d48_causal_gqa": _p(d=48, hq=8, hk=2, has_window_right=True, has_lse=True),
+    "hd_d160_causal": _p(d=160, has_window_right=True, has_lse=True),
+    "hd_d8v24": _p(d=8, dv=24, has_lse=True),
+    "hd_d64v256_causal": _p(d=64, dv=256, has_window_right=True, has_lse=True),
+    "hd_sm120_d136v128_causal": _p(family="sm120", d=136, dv=128, has_window_right=True, has_lse=True),
+    "hd_sm120_d72_thd": _p(family="sm120", d=72, is_thd=True, has_lse=True),
+}
+FLAVORS.update(HEAD_DIM_FLAVORS)
+
 
 @pytest.fixture(scope="module")
 def kernels():
@@ -60,8 +78,24 @@ def kernels():
 
 
 # ---------------------------------------------------------------- inputs
+WIDE = 8  # extra elements per row of the "wide" layouts (a 16-byte multiple, as every declared stride must be)
+
+
 def _randn(shape, dt, scale=1.0):
     return (torch.randn(shape, device="cuda", dtype=torch.float32) * scale).to(dt)
+
+
+def _wide(shape, dt, scale=1.0):
+    """Random values of `shape` in rows WIDE elements longer, the extra columns NaN: a kernel that read past
+    the head dim would spread NaN."""
+    x = _randn(tuple(shape[:-1]) + (shape[-1] + WIDE,), dt, scale)
+    x[..., shape[-1]:] = float("nan")
+    return x[..., :shape[-1]]
+
+
+def extra_cols(x):
+    """The WIDE columns past a wide view's head dim."""
+    return torch.as_strided(x, x.shape[:-1] + (WIDE,), x.stride(), x.storage_offset() + x.shape[-1])
 
 
 def _dense_qkv(p, B, Sq, Skv, layout, qscale):
@@ -71,6 +105,8 @@ def _dense_qkv(p, B, Sq, Skv, layout, qscale):
     if layout == "bhsd":
         return (_randn((B, hq, Sq, d), dt, qscale).permute(0, 2, 1, 3),
                 _randn((B, hk, Skv, d), dt).permute(0, 2, 1, 3), _randn((B, hk, Skv, dv), dt).permute(0, 2, 1, 3))
+    if layout == "wide":
+        return _wide((B, Sq, hq, d), dt, qscale), _wide((B, Skv, hk, d), dt), _wide((B, Skv, hk, dv), dt)
     assert layout == "interleaved" and Sq == Skv and d == dv
     x = _randn((B, Sq, hq + 2 * hk, d), dt)
     q = x[:, :, :hq]
@@ -86,6 +122,8 @@ def _thd_qkv(p, Tq, Tk, layout, qscale):
         q = x[:, :hq]
         q.mul_(qscale)
         return q, x[:, hq:hq + hk], x[:, hq + hk:]
+    if layout == "wide":
+        return _wide((Tq, hq, d), dt, qscale), _wide((Tk, hk, d), dt), _wide((Tk, hk, dv), dt)
     if layout == "hsd":  # head-major storage
         return (_randn((hq, Tq, d), dt, qscale).transpose(0, 1), _randn((hk, Tk, d), dt).transpose(0, 1),
                 _randn((hk, Tk, dv), dt).transpose(0, 1))
@@ -109,15 +147,17 @@ def run_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_
     if p.is_thd:
         Tq, Tk = sum(lens_q), sum(lens_kv)
         q, k, v = _thd_qkv(p, Tq, Tk, layout, qscale)
-        o_store = torch.empty((hq, Tq, dv) if o_layout == "hsd" else (Tq, hq, dv), device="cuda", dtype=dt)
-        o = o_store.transpose(0, 1) if o_layout == "hsd" else o_store
+        o_store = torch.empty((hq, Tq, dv) if o_layout == "hsd" else (Tq, hq, dv + WIDE * (o_layout == "wide")),
+                              device="cuda", dtype=dt)
+        o = o_store.transpose(0, 1) if o_layout == "hsd" else o_store[..., :dv]
         lse_store = torch.empty((Tq, hq) if lse_layout == "strided" else (hq, Tq), device="cuda")
         lse = lse_store.t() if lse_layout == "strided" else lse_store
         cu_q, cu_k = _cu(lens_q), _cu(lens_kv)
     else:
         q, k, v = _dense_qkv(p, B, Sq, Skv, layout, qscale)
-        o_store = torch.empty((B, hq, Sq, dv) if o_layout == "bhsd" else (B, Sq, hq, dv), device="cuda", dtype=dt)
-        o = o_store.permute(0, 2, 1, 3) if o_layout == "bhsd" else o_store
+        o_store = torch.empty((B, hq, Sq, dv) if o_layout == "bhsd" else (B, Sq, hq, dv + WIDE * (o_layout == "wide")),
+                              device="cuda", dtype=dt)
+        o = o_store.permute(0, 2, 1, 3) if o_layout == "bhsd" else o_store[..., :dv]
         lse_store = torch.empty((B, Sq, hq) if lse_layout == "strided" else (B, hq, Sq), device="cuda")
         lse = lse_store.permute(0, 2, 1) if lse_layout == "strided" else lse_store
     o_store.fill_(float("nan"))
@@ -153,6 +193,8 @@ def run_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_
         bottom_right=p.bottom_right)
     of = o.float()
     assert not torch.isnan(of).any(), f"{int(torch.isnan(of).sum())} O elements not written"
+    if o_layout == "wide":
+        assert torch.isnan(extra_cols(o)).all(), "O written past its head dim"
     den = ref_o.norm().item()
     err = (of - ref_o).norm().item()
     rel = err / den if den > 0 else err
@@ -288,6 +330,29 @@ def test_thd_cuda_graph_replay_new_lengths(kernels):
         rel = ((o.float() - ref_o).norm() / ref_o.norm()).item()
         assert rel < 1e-2, f"replay with lengths {lens}: O relative error {rel:.3e}"
         torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", list(HEAD_DIM_FLAVORS))
+def test_head_dims_padded_and_unequal(kernels, name):
+    """Every layout a head dim's strides allow: BSHD, BHSD, interleaved heads (the next head's values right
+    past the head dim), and rows wider than the head dim holding NaN (read nowhere, O's never written)."""
+    ck, p = kernels[name], FLAVORS[name]
+    wr = 0 if p.has_window_right else None
+    wl = 64 if p.has_window_left else None
+    if p.is_thd:
+        run_case(ck, p, lens_q=[0, 1, 17, 128, 300, 1], lens_kv=[0, 1, 17, 128, 300, 1], wl=wl, wr=wr)
+        run_case(ck, p, lens_q=[5, 0, 250], lens_kv=[9, 3, 260], wl=wl, wr=wr, layout="hsd", o_layout="hsd",
+                 lse_layout="strided")
+        run_case(ck, p, lens_q=[77, 1, 200], lens_kv=[77, 1, 150], wl=wl, wr=wr, layout="wide", o_layout="wide")
+        return
+    su = dict(seqused_q=[200, 0, 77], seqused_kv=[150, 10, 0]) if p.has_seqused else {}
+    su2 = dict(seqused_q=[65, 1, 0], seqused_kv=[300, 299, 1]) if p.has_seqused else {}
+    run_case(ck, p, B=3, Sq=200, Skv=200 if p.has_seqused else 333, wl=wl, wr=wr, **su)
+    run_case(ck, p, B=3, Sq=65 if p.has_seqused else 300, Skv=300 if p.has_seqused else 77, wl=wl, wr=wr,
+             layout="bhsd", o_layout="bhsd", lse_layout="strided", **su2)
+    run_case(ck, p, B=3, Sq=200, Skv=200, wl=wl, wr=wr, layout="wide", o_layout="wide", qscale=4.0, **su)
+    if p.head_dim == p.head_dim_v and not p.has_seqused:
+        run_case(ck, p, B=2, Sq=130, Skv=130, wl=wl, wr=wr, layout="interleaved")
 
 
 # ---------------------------------------------------------------- NaN in padding

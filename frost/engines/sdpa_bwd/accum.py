@@ -14,19 +14,20 @@ from cutlass import Float32, Int32
 from frost.engines.common.sdpa_entry import FakeArgs, make_entry
 
 
-def blocked_layout(rows, d: int):
+def blocked_layout(rows, d: int, cols: int = 0):
     """(rows, d) -> offset of an fp32 accumulator stored in 8x8 blocks (row groups of 8, then columns).
 
     An MMA accumulator fragment puts each lane quad on 8 columns of one of 8 rows, so a warp's reduction of
-    one fragment register pair lands in one 256-byte block: two whole cache lines.
+    one fragment register pair lands in one 256-byte block: two whole cache lines. `cols` > d widens the
+    view for a tile padded past the head dim (its extra column blocks are never added into).
     """
-    return cute.make_layout(((8, rows // 8), (8, d // 8)), stride=((8, 8 * d), (1, 64)))
+    return cute.make_layout(((8, rows // 8), (8, (cols or d) // 8)), stride=((8, 8 * d), (1, 64)))
 
 
 @cute.jit
-def blocked_rows(acc: cute.Tensor, d: cutlass.Constexpr[int]) -> cute.Tensor:
-    """The blocked (`blocked_layout`) view of a compact (rows, d) accumulator."""
-    return cute.make_tensor(acc.iterator, blocked_layout(acc.shape[0], d))
+def blocked_rows(acc: cute.Tensor, d: cutlass.Constexpr[int], cols: cutlass.Constexpr[int] = 0) -> cute.Tensor:
+    """The blocked (`blocked_layout`) view of a compact (rows, d) accumulator, `cols` wide if given."""
+    return cute.make_tensor(acc.iterator, blocked_layout(acc.shape[0], d, cols))
 
 
 #: threads of one wgmma warpgroup, and of the two that write a fragment-order tile
@@ -67,11 +68,12 @@ def copy_batch(copy, n_batch, batch):
     return copy * n_batch + batch
 
 
-def dense_acc_rows(p, mAcc: cute.Tensor, acc_batch, head, blocked: bool = True) -> cute.Tensor:
+def dense_acc_rows(p, mAcc: cute.Tensor, acc_batch, head, blocked: bool = True, cols: int = 0) -> cute.Tensor:
     """The (rows, head_dim) dQ accumulator of one head of a dense batch index (`copy_batch`): 8x8-blocked
-    where the params block it, or, with `blocked=False`, the same memory row-major (zeroing)."""
+    where the params block it, or, with `blocked=False`, the same memory row-major (zeroing). `cols` widens
+    a blocked view for a padded tile (`blocked_layout`)."""
     acc = mAcc[acc_batch, head, None, None]
-    return blocked_rows(acc, p.head_dim) if blocked and p.dq_accum_blocked else acc
+    return blocked_rows(acc, p.head_dim, cols) if blocked and p.dq_accum_blocked else acc
 
 
 def acc_copies(p, mAcc: cute.Tensor, n_batch, batch, head, blocked: bool = True) -> list:

@@ -76,19 +76,14 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
     chunks_per_row = p.head_dim // VEC
     if cutlass.const_expr(p.dq_accum_tile > 0):
         _convert_fragment_tile(p, mdQ, copies[0], scale, tidx, bx, batch, head, extent)
-    for i in cutlass.range_constexpr(0 if p.dq_accum_tile else ROWS_PER_CTA * chunks_per_row // THREADS):
+    chunks = 0 if p.dq_accum_tile else ROWS_PER_CTA * chunks_per_row
+    for i in cutlass.range_constexpr((chunks + THREADS - 1) // THREADS):
         idx = i * THREADS + tidx
-        row = bx * ROWS_PER_CTA + idx // chunks_per_row
-        c = idx % chunks_per_row
-        if row < extent:
-            if cutlass.const_expr(p.is_thd):
-                dq_row = mdQ[row, head, None]
-            else:
-                dq_row = mdQ[batch, row, head, None]
-            vals = cute.local_tile(copies[0][row, None], (VEC,), (c,)).load()
-            for acc_rows in copies[1:]:  # split copies, summed in a fixed order
-                vals = vals + cute.local_tile(acc_rows[row, None], (VEC,), (c,)).load()
-            cute.local_tile(dq_row, (VEC,), (c,)).store((vals * scale).to(dt))
+        if cutlass.const_expr((i + 1) * THREADS <= chunks):
+            _convert_chunk(p, mdQ, copies, scale, dt, bx, batch, head, extent, idx, chunks_per_row)
+        else:  # an odd number of 16-byte chunks per row (head dims 8 mod 16): the last pass is partial
+            if idx < chunks:
+                _convert_chunk(p, mdQ, copies, scale, dt, bx, batch, head, extent, idx, chunks_per_row)
 
     if cutlass.const_expr(mdSinks is not None):
         if bx == 0 and batch == 0 and tidx < 32:
@@ -131,6 +126,23 @@ def _convert_fragment_tile(p: cutlass.Constexpr, mdQ: cute.Tensor, acc_rows: cut
         if row < extent:
             dq_row = mdQ[batch, row, head, None]
             cute.local_tile(dq_row, (VEC,), (c,)).store(cute.local_tile(s_tile[r, None], (VEC,), (c,)).load())
+
+
+@cute.jit
+def _convert_chunk(p: cutlass.Constexpr, mdQ: cute.Tensor, copies, scale: Float32, dt: cutlass.Constexpr, bx: Int32,
+                   batch: Int32, head: Int32, extent: Int32, idx: Int32, chunks_per_row: cutlass.Constexpr[int]):
+    """dQ's 16-byte chunk `idx` of this CTA's rows: the accumulator copies summed in order, times scale."""
+    row = bx * ROWS_PER_CTA + idx // chunks_per_row
+    c = idx % chunks_per_row
+    if row < extent:
+        if cutlass.const_expr(p.is_thd):
+            dq_row = mdQ[row, head, None]
+        else:
+            dq_row = mdQ[batch, row, head, None]
+        vals = cute.local_tile(copies[0][row, None], (VEC,), (c,)).load()
+        for acc_rows in copies[1:]:  # split copies, summed in a fixed order
+            vals = vals + cute.local_tile(acc_rows[row, None], (VEC,), (c,)).load()
+        cute.local_tile(dq_row, (VEC,), (c,)).store((vals * scale).to(dt))
 
 
 def build(params: BwdHelperParams, arch: str):

@@ -102,11 +102,14 @@ def kernel(
             else:
                 o_row = mO[batch, row, head, None]
                 do_row = mdO[batch, row, head, None]
-            for c in cutlass.range_constexpr(p.head_dim_v // (VEC * LANES_PER_ROW)):
+            chunks = p.head_dim_v // VEC
+            for c in cutlass.range_constexpr((chunks + LANES_PER_ROW - 1) // LANES_PER_ROW):
                 k = lane4 + c * LANES_PER_ROW
-                o = cute.local_tile(o_row, (VEC,), (k,)).load().to(Float32)
-                do = cute.local_tile(do_row, (VEC,), (k,)).load().to(Float32)
-                acc += (o * do).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                if cutlass.const_expr((c + 1) * LANES_PER_ROW <= chunks):
+                    acc += _row_dot(o_row, do_row, k)
+                else:  # a head dim that is not a multiple of 32: the last pass is partial
+                    if k < chunks:
+                        acc += _row_dot(o_row, do_row, k)
         acc = lanes_allreduce_sum(acc, LANES_PER_ROW)
         if row < extent and lane4 == 0:
             if cutlass.const_expr(p.is_thd):
@@ -140,6 +143,14 @@ def kernel(
         part = (batch * gx + bx) * PARTIALS_PER_CTA + tidx // 32
         if tidx % 32 == 0:
             mPart[head * n_part + part] = total
+
+
+@cute.jit
+def _row_dot(o_row: cute.Tensor, do_row: cute.Tensor, k: Int32) -> Float32:
+    """sum(O * dO) over the 16-byte chunk k of a row."""
+    o = cute.local_tile(o_row, (VEC,), (k,)).load().to(Float32)
+    do = cute.local_tile(do_row, (VEC,), (k,)).load().to(Float32)
+    return (o * do).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
 
 @cute.jit

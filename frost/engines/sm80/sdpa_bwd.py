@@ -23,6 +23,12 @@ into its own accumulator copy, so no CTA waits for another. dK (times scale) and
 through shared memory to their declared strides; rows past the sequence but
 inside the tensor (padding) are written as zeros.
 
+Head dims between the tiles' 32-element granules (72, 80, 112, ...) run on tiles padded
+up to the next granule (`Sm80BwdParams.tile_head_dim`): loads zero-fill the columns past
+the head dim in shared memory, so S, dP and the padded columns of dK, dV and dQ come out
+exact or zero (S and dP stop at the last 16-column k-slice holding a head-dim column);
+dK / dV stores and the dQ additions skip those columns.
+
 THD: lengths come from cu_seqlens in-kernel; the grid's x extent is
 ceil(max_seqlen_kv / tile_n) and each CTA strides over the key tiles of its
 sequence, so a longer sequence than declared is still fully served.
@@ -69,7 +75,13 @@ class SdpaBwdSm80:
         self.names = main_args(p)
         self.dtype = IO_DTYPES[p.dtype]
         self.bm, self.bn = p.tile_m, p.tile_n
-        self.d, self.dv = p.head_dim, p.head_dim_v
+        self.d, self.dv = p.tile_head_dim, p.tile_head_dim_v  # the tiles' head-dim extents
+        # column limits of the copies and dQ additions: the head dim where the tile is wider, else 0 (none)
+        self.cols_qk = p.head_dim if self.d != p.head_dim else 0
+        self.cols_v = p.head_dim_v if self.dv != p.head_dim_v else 0
+        # S = Q.K^T and dP = dO.V^T stop at the last 16-wide k-slice holding a head-dim column (0: every slice)
+        self.k_slices_qk = -(-p.head_dim // 16) if self.cols_qk else 0
+        self.k_slices_v = -(-p.head_dim_v // 16) if self.cols_v else 0
         self.threads = p.num_threads
         self.stages = p.num_stages
         self.group = p.qhead_per_kvhead
@@ -157,10 +169,10 @@ class SdpaBwdSm80:
 
 @cute.jit
 def _load_rows(thr_copy: cute.TiledCopy, tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor,
-              cX: cute.Tensor, limit: Int32):
-    """cp.async a (rows, cols) tile into smem; rows >= limit are zero-filled instead."""
+              cX: cute.Tensor, limit: Int32, cols: cutlass.Constexpr[int] = 0):
+    """cp.async a (rows, cols) tile into smem; rows >= limit (and columns >= `cols`) are zero-filled instead."""
     rows.load_rows(tiled_copy, thr_copy.partition_S(gX), thr_copy.partition_D(sX), thr_copy.partition_S(cX),
-                   limit, tile_rows=cute.size(sX, mode=[0]))
+                   limit, tile_rows=cute.size(sX, mode=[0]), cols=cols)
 
 
 @cute.jit
@@ -275,10 +287,10 @@ def kernel(
     io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem)
 
     # key / value views of this (batch, kv head)
-    mK_cur = rows.head_rows(mK, head_kv, batch, s.offset_k, p.is_thd)
-    mV_cur = rows.head_rows(mV, head_kv, batch, s.offset_k, p.is_thd)
-    mdK_cur = rows.head_rows(mdK, head_kv, batch, s.offset_k, p.is_thd)
-    mdV_cur = rows.head_rows(mdV, head_kv, batch, s.offset_k, p.is_thd)
+    mK_cur = rows.widen(rows.head_rows(mK, head_kv, batch, s.offset_k, p.is_thd), cfg.d)
+    mV_cur = rows.widen(rows.head_rows(mV, head_kv, batch, s.offset_k, p.is_thd), cfg.dv)
+    mdK_cur = rows.widen(rows.head_rows(mdK, head_kv, batch, s.offset_k, p.is_thd), cfg.d)
+    mdV_cur = rows.widen(rows.head_rows(mdV, head_kv, batch, s.offset_k, p.is_thd), cfg.dv)
     out_rows = s.seqlen_k if cutlass.const_expr(p.is_thd) else s.static_k
 
     n_iters = (s.num_n - bx + grid_x - 1) // grid_x
@@ -434,12 +446,12 @@ def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     kv_limit = s.seqlen_k - kt.n_block * bn
     gK = cute.local_tile(mK_cur, (bn, cfg.d), (kt.n_block, 0))
     gV = cute.local_tile(mV_cur, (bn, cfg.dv), (kt.n_block, 0))
-    _load_rows(c.g2s_qk_thr, c.g2s_qk, gK, c.sK, c.cK, kv_limit)
-    _load_rows(c.g2s_vdo_thr, c.g2s_vdo, gV, c.sV, c.cV, kv_limit)
+    _load_rows(c.g2s_qk_thr, c.g2s_qk, gK, c.sK, c.cK, kv_limit, cfg.cols_qk)
+    _load_rows(c.g2s_vdo_thr, c.g2s_vdo, gV, c.sV, c.cV, kv_limit, cfg.cols_v)
     head0, m0 = _tile_of(cfg, Int32(0), kt.m_min, kt.n_m, s.head_kv, kt.rot)
-    _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head0, m0, c.sQ[None, None, 0], c.cQ)
+    _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head0, m0, c.sQ[None, None, 0], c.cQ, cfg.cols_qk)
     cute.arch.cp_async_commit_group()
-    _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head0, m0, c.sdO[None, None, 0], c.cdO)
+    _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head0, m0, c.sdO[None, None, 0], c.cdO, cfg.cols_v)
     cute.arch.cp_async_commit_group()
     lse0, dps0 = _load_rows_stats(cfg, s, io, head0, m0, tidx)
     if tidx < bm:
@@ -487,15 +499,16 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
             _release(cfg, s, io, head_p, m_p, tidx)
     if cutlass.const_expr(cfg.stages == 2):
         if has_next:
-            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head_n, m_next, c.sQ[None, None, 1 - slot], c.cQ)
+            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head_n, m_next, c.sQ[None, None, 1 - slot], c.cQ,
+                    cfg.cols_qk)
             if cutlass.const_expr(cfg.fused):
                 _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 1 - slot],
-                        c.cdO)
+                        c.cdO, cfg.cols_v)
         cute.arch.cp_async_commit_group()
     acc_S = cute.make_rmem_tensor(c.acc_shape_S, Float32)
     acc_S.fill(0.0)
     warp_mma.gemm_ss(c.mma_sdp, acc_S, c.tSrQ, c.tSrK, c.tSsQ[None, None, None, slot], c.tSsK, c.s2r_sdp_a,
-                     c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b)
+                     c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b, cfg.k_slices_qk)
     acc_S_mn = acc_as_mn(acc_S)
     if fmask.tile_needs_mask(m_block, n_block, bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left,
                              s.window_right):
@@ -514,12 +527,13 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
         cute.arch.barrier()
         if cutlass.const_expr(cfg.stages == 2):
             if has_next:
-                _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 1 - slot], c.cdO)
+                _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 1 - slot], c.cdO,
+                        cfg.cols_v)
             cute.arch.cp_async_commit_group()
     acc_dP = cute.make_rmem_tensor(c.acc_shape_S, Float32)
     acc_dP.fill(0.0)
     warp_mma.gemm_ss(c.mma_sdp, acc_dP, c.tdPrdO, c.tdPrV, c.tdPsdO[None, None, None, slot], c.tdPsV, c.s2r_sdp_a,
-                     c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b)
+                     c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b, cfg.k_slices_v)
     _score_grads(acc_as_mn(acc_dP), acc_S_mn, c.tScS_mn, c.sdPsum)
     if cutlass.const_expr(not cfg.fused):
         rP = cute.make_fragment_like(acc_S, dt)
@@ -537,7 +551,8 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     if cutlass.const_expr(cfg.stages == 1):
         cute.arch.barrier()
         if has_next:
-            _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 0], c.cdO)
+            _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 0], c.cdO,
+                    cfg.cols_v)
         cute.arch.cp_async_commit_group()
 
     # ---- dQ partial = dS.K -> fp32 accumulator
@@ -559,7 +574,7 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     if cutlass.const_expr(cfg.stages == 1):
         cute.arch.barrier()
         if has_next:
-            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head_n, m_next, c.sQ[None, None, 0], c.cQ)
+            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head_n, m_next, c.sQ[None, None, 0], c.cQ, cfg.cols_qk)
         cute.arch.cp_async_commit_group()
     # stage the next tile's LSE / dpsum rows (every reader of this tile's rows passed the dS barrier)
     if has_next:
@@ -597,19 +612,20 @@ def _write_dk_dv(cfg: cutlass.Constexpr, c, acc_dK: cute.Tensor, acc_dV: cute.Te
     cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rdK), c.r2s_dkv.partition_D(c.sK))
     cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rdV), c.r2s_dkv.partition_D(c.sV))
     cute.arch.barrier()
-    rows.store_rows(c.s2g_k, c.sK, gdK, c.cK, rows_left, tidx, regs_like_dst=True)
-    rows.store_rows(c.s2g_v, c.sV, gdV, c.cV, rows_left, tidx, regs_like_dst=True)
+    rows.store_rows(c.s2g_k, c.sK, gdK, c.cK, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_qk)
+    rows.store_rows(c.s2g_v, c.sV, gdV, c.cV, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_v)
     cute.arch.barrier()
 
 
 @cute.jit
 def _load_q(cfg: cutlass.Constexpr, s: _Sequence, thr_copy, tiled_copy, mX: cute.Tensor, head: Int32,
-            m_block: Int32, sX: cute.Tensor, cX: cute.Tensor):
-    """cp.async one query tile of q or do (rows past the sequence zero-filled)."""
+            m_block: Int32, sX: cute.Tensor, cX: cute.Tensor, limit_cols: cutlass.Constexpr[int]):
+    """cp.async one query tile of q or do (rows past the sequence, and columns >= `limit_cols`, zero-filled)."""
     batch = cute.arch.block_idx()[2]
     cols = cute.size(sX, mode=[1])
-    gX = cute.local_tile(rows.head_rows(mX, head, batch, s.offset_q, cfg.p.is_thd), (cfg.bm, cols), (m_block, 0))
-    _load_rows(thr_copy, tiled_copy, gX, sX, cX, s.seqlen_q - m_block * cfg.bm)
+    mX_cur = rows.widen(rows.head_rows(mX, head, batch, s.offset_q, cfg.p.is_thd), cols)
+    gX = cute.local_tile(mX_cur, (cfg.bm, cols), (m_block, 0))
+    _load_rows(thr_copy, tiled_copy, gX, sX, cX, s.seqlen_q - m_block * cfg.bm, limit_cols)
 
 
 @cute.jit
@@ -652,9 +668,9 @@ def _add_dq(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, acc_dQ: cute.Tenso
     """
     p = cfg.p
     if cutlass.const_expr(p.is_thd):
-        acc_view = cute.domain_offset((s.offset_q, 0), io.acc[head, None, None])
+        acc_view = rows.widen(cute.domain_offset((s.offset_q, 0), io.acc[head, None, None]), cfg.d)
     else:
-        acc_view = accum.dense_acc_rows(p, io.acc, s.acc_batch, head)
+        acc_view = rows.widen(accum.dense_acc_rows(p, io.acc, s.acc_batch, head, cols=cfg.d), cfg.d)
     gAcc = cute.local_tile(acc_view, (cfg.bm, cfg.d), (m_block, 0))
     tAcc = c.thr_dq.partition_C(gAcc)
     limit = s.seqlen_q - m_block * cfg.bm
@@ -720,8 +736,20 @@ def _red_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, tAcc: cute.Tensor, tdQc
     for i in cutlass.range_constexpr(0, n_vals, 2):
         if cutlass.const_expr(check):
             if tdQcdQ[i][0] < limit:
-                _red_pair(cfg, tAcc, acc_dQ, i)
+                _red_pair_cols(cfg, tAcc, acc_dQ, tdQcdQ, i)
         else:
+            _red_pair_cols(cfg, tAcc, acc_dQ, tdQcdQ, i)
+
+
+@cute.jit
+def _red_pair_cols(cfg: cutlass.Constexpr, tAcc: cute.Tensor, acc_dQ: cute.Tensor, tdQcdQ: cute.Tensor,
+                   i: cutlass.Constexpr[int]):
+    """`_red_pair`, skipped for a pair in the columns past the head dim of a padded tile (a pair is two
+    neighbouring columns of one 8-column block: both in or both out)."""
+    if cutlass.const_expr(cfg.cols_qk == 0):
+        _red_pair(cfg, tAcc, acc_dQ, i)
+    else:
+        if tdQcdQ[i][1] < cfg.cols_qk:
             _red_pair(cfg, tAcc, acc_dQ, i)
 
 

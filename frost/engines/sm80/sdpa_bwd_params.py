@@ -21,10 +21,8 @@ from typing import Literal
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sdpa_bwd.scratch import uses_turns
+from frost.engines.sm80.sdpa_fwd_params import HEAD_DIMS, TUNED_HEAD_DIMS, tile_dim, tuned_head_dims
 from frost.errors import TemplateParamsError
-
-#: (head_dim, head_dim_v) pairs the template implements.
-HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (256, 256), (192, 128))
 
 #: Largest dynamic shared memory one block of each family may ask for (bytes).
 SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
@@ -80,6 +78,17 @@ class Sm80BwdParams(SdpaFeatureParams):
         return 32 * self.num_warps
 
     @property
+    def tile_head_dim(self) -> int:
+        """The Q / K / dQ / dK tiles' head-dim extent: head_dim, or head_dim padded up to a 32-element granule
+        (`sdpa_fwd_params.tile_dim`; loads zero-fill the columns past head_dim, stores and dQ adds skip them)."""
+        return tile_dim(self.head_dim)
+
+    @property
+    def tile_head_dim_v(self) -> int:
+        """The V / dO / dV tiles' head-dim extent (`tile_dim`)."""
+        return tile_dim(self.head_dim_v)
+
+    @property
     def dq_accum_blocked(self) -> bool:
         """Dense: the fp32 dQ accumulator is stored in 8x8 blocks (rows padded to a multiple of 8), so a
         warp's reduction of its MMA fragment covers whole cache lines instead of 32 bytes of eight rows (4x
@@ -103,9 +112,10 @@ def smem_bytes(p: Sm80BwdParams) -> int:
     """
     e = 2
     off = 0
-    for size, a in ((p.tile_n * p.head_dim * e, 1024), (p.tile_n * p.head_dim_v * e, 1024),
-                    (p.num_stages * p.tile_m * p.head_dim * e, 1024),
-                    (p.num_stages * p.tile_m * p.head_dim_v * e, 1024),
+    d, dv = p.tile_head_dim, p.tile_head_dim_v
+    for size, a in ((p.tile_n * d * e, 1024), (p.tile_n * dv * e, 1024),
+                    (p.num_stages * p.tile_m * d * e, 1024),
+                    (p.num_stages * p.tile_m * dv * e, 1024),
                     (p.tile_m * p.tile_n * e, 1024), (p.tile_m * p.tile_n * e, 1024),
                     (p.tile_m * 4, 128), (p.tile_m * 4, 128)):
         off = _align(off, a) + size
@@ -118,8 +128,8 @@ def accumulator_registers(p: Sm80BwdParams) -> int:
     dK and dV live throughout; S and dP die once dS is formed, before dQ's accumulator is born.
     """
     t = p.num_threads
-    dkv = p.tile_n * (p.head_dim + p.head_dim_v)
-    return (dkv + max(2 * p.tile_m * p.tile_n, p.tile_m * p.head_dim)) // t
+    dkv = p.tile_n * (p.tile_head_dim + p.tile_head_dim_v)
+    return (dkv + max(2 * p.tile_m * p.tile_n, p.tile_m * p.tile_head_dim)) // t
 
 
 def validate(p: Sm80BwdParams) -> None:
@@ -141,18 +151,12 @@ def validate(p: Sm80BwdParams) -> None:
     for name, v in (("sdp_warps_m", p.sdp_warps_m), ("dkv_warps_n", p.dkv_warps_n), ("dq_warps_m", p.dq_warps_m)):
         if v < 1 or w % v != 0:
             bad(f"{name}={v} must divide num_warps={w}")
-    # every warp tile is a whole number of 16x16 (M x N) MMA blocks
-    checks = (
-        ("S/dP rows", p.tile_m, p.sdp_warps_m), ("S/dP cols", p.tile_n, w // p.sdp_warps_m),
-        ("dK/dV rows", p.tile_n, p.dkv_warps_n), ("dK cols", p.head_dim, w // p.dkv_warps_n),
-        ("dV cols", p.head_dim_v, w // p.dkv_warps_n),
-        ("dQ rows", p.tile_m, p.dq_warps_m), ("dQ cols", p.head_dim, w // p.dq_warps_m),
-    )
-    for what, extent, warps in checks:
+    # every warp tile is a whole number of 16x16 (M x N) MMA blocks (head-dim extents: the tiles')
+    for what, extent, warps in _warp_tiles(p):
         if extent % (16 * warps) != 0:
             bad(f"{what}: extent {extent} is not a multiple of 16 x {warps} warps")
     # cp.async tiles: whole rows per pass of the thread block
-    for d in (p.head_dim, p.head_dim_v):
+    for d in (p.tile_head_dim, p.tile_head_dim_v):
         row_threads = (64 if d % 64 == 0 else 32) // 8
         rows_per_pass = p.num_threads // row_threads
         if p.tile_m % rows_per_pass != 0 and rows_per_pass % p.tile_m != 0:
@@ -178,6 +182,15 @@ def validate(p: Sm80BwdParams) -> None:
             f"fp32 accumulator registers per thread (max {cap})")
 
 
+def _warp_tiles(p: Sm80BwdParams) -> tuple:
+    """(what, extent, warps along it) of the five GEMMs' warp tilings."""
+    w, d, dv = p.num_warps, p.tile_head_dim, p.tile_head_dim_v
+    return (("S/dP rows", p.tile_m, p.sdp_warps_m), ("S/dP cols", p.tile_n, w // p.sdp_warps_m),
+            ("dK/dV rows", p.tile_n, p.dkv_warps_n), ("dK cols", d, w // p.dkv_warps_n),
+            ("dV cols", dv, w // p.dkv_warps_n),
+            ("dQ rows", p.tile_m, p.dq_warps_m), ("dQ cols", d, w // p.dq_warps_m))
+
+
 # (head_dim, head_dim_v) -> knobs, best first; the first that fits the budget wins.
 # d=64 deterministic: the late turn release cut the cost over non-deterministic from 1.17/1.15/1.22 to
 # 1.11/1.09/1.14 (4k causal, 16k full, 16k causal) and raised 4k full from 1.22 to 1.25 (H200, 4866a9b sweep);
@@ -185,6 +198,8 @@ def validate(p: Sm80BwdParams) -> None:
 # fence timed 1-3% slower than the plain ld.acquire at both head dims (8bbd725 sweep), so it was dropped.
 # P and dS stored with stmatrix on sm_90 timed 0-2% slower than 4-byte stores (1c50e3a sweep): dropped too.
 # Knobs no row picked were removed; benchmarks/results records the sweeps that retired each.
+# Head dims outside these rows take the rows of their covering tuned pair (`tuned_head_dims`), each with its
+# warps re-arranged where the tile width asks for it (`candidates`); not tuned at their own dims yet.
 _CANDIDATES: dict[tuple[int, int], list[dict]] = {
     (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4,
                     fused_prefetch=True, det_late_release=True),
@@ -206,6 +221,35 @@ _CANDIDATES: dict[tuple[int, int], list[dict]] = {
 }
 
 
+def candidates(head_dim: int, head_dim_v: int) -> list[dict]:
+    """The tuning table's knobs for these head dims, best first: the table's own rows, or those of the
+    covering tuned pair (`tuned_head_dims`), then of the larger tuned pairs that cover the tile dims too,
+    each with its dQ warps re-arranged along the query rows where the tile width does not split into 16
+    columns per warp (e.g. 160 = 5 x 32 columns over 4 warps becomes 2 warps)."""
+    probe = Sm80BwdParams(head_dim=head_dim, head_dim_v=head_dim_v)
+    try:
+        check_sdpa_features(probe, HEAD_DIMS, "Sm80BwdParams")
+    except TemplateParamsError as e:
+        raise TemplateParamsError(f"{e}; no knobs") from None
+    key = (head_dim, head_dim_v)
+    if key in _CANDIDATES:
+        return list(_CANDIDATES[key])
+    d, dv = tile_dim(head_dim), tile_dim(head_dim_v)
+    first = TUNED_HEAD_DIMS.index(tuned_head_dims(head_dim, head_dim_v))
+    out = []
+    for a, b in TUNED_HEAD_DIMS[first:]:
+        if a < d or b < dv:
+            continue
+        for cand in _CANDIDATES[(a, b)]:
+            w, dq_m = cand["num_warps"], cand["dq_warps_m"]
+            while dq_m < w and d % (16 * (w // dq_m)) != 0:
+                dq_m *= 2
+            arranged = {**cand, "dq_warps_m": dq_m}
+            if cand["tile_m"] % (16 * dq_m) == 0 and d % (16 * (w // dq_m)) == 0 and arranged not in out:
+                out.append(arranged)
+    return out
+
+
 def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16",
                   smem_budget: int | None = None, **requested) -> dict:
     """Good knobs for a family and head dims; `requested` knobs (e.g. tile_n=64) are honored.
@@ -213,12 +257,9 @@ def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf1
     `smem_budget` (bytes, a target's opt-in limit) tightens the family budget.
     Raises TemplateParamsError when no candidate honoring `requested` fits.
     """
-    key = (head_dim, head_dim_v)
-    if key not in _CANDIDATES:
-        raise TemplateParamsError(f"Sm80BwdParams: no knobs for d_qk={head_dim}, d_v={head_dim_v}")
     budget = min(SMEM_BUDGET[family], smem_budget) if smem_budget else SMEM_BUDGET[family]
     splits = requested.pop("dq_splits", None)  # needs the feature flags the probe lacks; sizes nothing here
-    for cand in _CANDIDATES[key]:
+    for cand in candidates(head_dim, head_dim_v):
         knobs = {**cand, **requested}
         probe = Sm80BwdParams(family=family, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, **knobs)
         try:
@@ -296,7 +337,11 @@ def name_suffix(p: Sm80BwdParams) -> str:
 
 def _custom_warps(p: Sm80BwdParams) -> bool:
     """True when the warp arrangement differs from the one the head dim's table lists for these tiles."""
-    for cand in _CANDIDATES.get((p.head_dim, p.head_dim_v), []):
+    try:
+        cands = candidates(p.head_dim, p.head_dim_v)
+    except TemplateParamsError:
+        cands = []
+    for cand in cands:
         if (cand["tile_m"], cand["tile_n"], cand["num_warps"]) == (p.tile_m, p.tile_n, p.num_warps):
             return (cand["sdp_warps_m"], cand["dkv_warps_n"], cand["dq_warps_m"]) != (
                 p.sdp_warps_m, p.dkv_warps_n, p.dq_warps_m)

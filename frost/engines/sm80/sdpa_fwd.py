@@ -12,6 +12,12 @@ Arguments follow `frost.engines.sdpa_args` exactly (declared-order tensors
 viewed canonically by the shared entry, order, mask / sink / LSE semantics).
 Every runtime extent and every non-unit stride is symbolic, so one artifact
 serves any batch, lengths and BSHD / BHSD / interleaved layouts.
+
+Head dims between the tiles' 32-element granules (72, 80, 112, ...) run on tiles
+padded up to the next granule (`Sm80FwdParams.tile_head_dim`): Q, K and V loads
+zero-fill the columns past the head dim in shared memory (so they add nothing to
+Q.K^T, which stops at the last 16-column k-slice holding a head-dim column, and give
+O columns that are never stored), and O's store skips them.
 """
 from __future__ import annotations
 
@@ -60,6 +66,12 @@ class SdpaFwdSm80:
         self.dtype = IO_DTYPES[p.dtype]
         self.num_threads = 32 * p.num_warps
         self.qpk = p.num_heads_q // p.num_heads_kv
+        self.d, self.dv = p.tile_head_dim, p.tile_head_dim_v  # the tiles' head-dim extents
+        # column limits of the copies: the head dim where the tile is wider, else 0 (no column checks)
+        self.cols_qk = p.head_dim if self.d != p.head_dim else 0
+        self.cols_v = p.head_dim_v if self.dv != p.head_dim_v else 0
+        # S = Q.K^T stops at the last 16-wide k-slice holding a head-dim column (0: every slice)
+        self.k_slices_qk = -(-p.head_dim // 16) if self.cols_qk else 0
 
     # ------------------------------------------------------------------ host
     def _smem_layout(self, rows: int, d: int, stages: int | None):
@@ -85,10 +97,10 @@ class SdpaFwdSm80:
         """`a`: the sdpa_args arguments by name, tensors in canonical views."""
         p = self.p
         dt = self.dtype
-        sQ_layout = self._smem_layout(p.tile_m, p.head_dim, None)
-        sK_layout = self._smem_layout(p.tile_n, p.head_dim, p.num_stages)
-        sV_layout = self._smem_layout(p.tile_n, p.head_dim_v, p.num_stages)
-        sO_layout = self._smem_layout(p.tile_m, p.head_dim_v, None)
+        sQ_layout = self._smem_layout(p.tile_m, self.d, None)
+        sK_layout = self._smem_layout(p.tile_n, self.d, p.num_stages)
+        sV_layout = self._smem_layout(p.tile_n, self.dv, p.num_stages)
+        sO_layout = self._smem_layout(p.tile_m, self.dv, None)
 
         @cute.struct
         class SharedStorage:
@@ -101,9 +113,9 @@ class SdpaFwdSm80:
             (p.num_warps, 1, 1),
             permutation_mnk=(p.num_warps * 16, 16, 16),
         )
-        copy_QK = self._gmem_copy(p.head_dim, True)
-        copy_V = self._gmem_copy(p.head_dim_v, True)
-        copy_O = self._gmem_copy(p.head_dim_v, False)
+        copy_QK = self._gmem_copy(self.d, True)
+        copy_V = self._gmem_copy(self.dv, True)
+        copy_O = self._gmem_copy(self.dv, False)
 
         if const_expr(p.is_thd):
             num_batch = a["cu_seqlens_q"].shape[0] - 1
@@ -194,14 +206,15 @@ class SdpaFwdSm80:
         tidx, _, _ = cute.arch.thread_idx()
         head_kv = head // self.qpk
         # ---- per-sequence 2-D views (rows, d)
-        mQ_s = rows.head_rows(mQ, head, batch, off_q, p.is_thd)
-        mO_s = rows.head_rows(mO, head, batch, off_q, p.is_thd)
-        mK_s = rows.head_rows(mK, head_kv, batch, off_k, p.is_thd)
-        mV_s = rows.head_rows(mV, head_kv, batch, off_k, p.is_thd)
-        gQ = cute.local_tile(mQ_s, (p.tile_m, p.head_dim), (m_block, 0))
-        gO = cute.local_tile(mO_s, (p.tile_m, p.head_dim_v), (m_block, 0))
-        gK = cute.local_tile(mK_s, (p.tile_n, p.head_dim), (None, 0))
-        gV = cute.local_tile(mV_s, (p.tile_n, p.head_dim_v), (None, 0))
+        d, dv = self.d, self.dv
+        mQ_s = rows.widen(rows.head_rows(mQ, head, batch, off_q, p.is_thd), d)
+        mO_s = rows.widen(rows.head_rows(mO, head, batch, off_q, p.is_thd), dv)
+        mK_s = rows.widen(rows.head_rows(mK, head_kv, batch, off_k, p.is_thd), d)
+        mV_s = rows.widen(rows.head_rows(mV, head_kv, batch, off_k, p.is_thd), dv)
+        gQ = cute.local_tile(mQ_s, (p.tile_m, d), (m_block, 0))
+        gO = cute.local_tile(mO_s, (p.tile_m, dv), (m_block, 0))
+        gK = cute.local_tile(mK_s, (p.tile_n, d), (None, 0))
+        gV = cute.local_tile(mV_s, (p.tile_n, dv), (None, 0))
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -214,18 +227,18 @@ class SdpaFwdSm80:
         thr_QK = copy_QK.get_slice(tidx)
         thr_V = copy_V.get_slice(tidx)
         tQgQ, tQsQ = thr_QK.partition_S(gQ), thr_QK.partition_D(sQ)
-        tQcQ = thr_QK.partition_S(cute.make_identity_tensor((p.tile_m, p.head_dim)))
+        tQcQ = thr_QK.partition_S(cute.make_identity_tensor((p.tile_m, d)))
         tKgK, tKsK = thr_QK.partition_S(gK), thr_QK.partition_D(sK)
-        tKcK = thr_QK.partition_S(cute.make_identity_tensor((p.tile_n, p.head_dim)))
+        tKcK = thr_QK.partition_S(cute.make_identity_tensor((p.tile_n, d)))
         tVgV, tVsV = thr_V.partition_S(gV), thr_V.partition_D(sV)
-        tVcV = thr_V.partition_S(cute.make_identity_tensor((p.tile_n, p.head_dim_v)))
+        tVcV = thr_V.partition_S(cute.make_identity_tensor((p.tile_n, dv)))
 
         # ---- MMA fragments and smem -> register copies
         thr_mma = tiled_mma.get_slice(tidx)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
         tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))
         tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))
-        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((p.tile_m, p.head_dim_v)), Float32)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((p.tile_m, dv)), Float32)
         acc_O.fill(0.0)
         ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
@@ -274,20 +287,23 @@ class SdpaFwdSm80:
         q_rows = seqlen_q - m_block * p.tile_m  # rows of this tile inside the sequence
         # rows this tile writes: to the sequence end (THD), to the static length (dense)
         store_rows = q_rows if const_expr(p.is_thd) else static_sq - m_block * p.tile_m
-        rows.load_rows(copy_QK, tQgQ, tQsQ, tQcQ, q_rows)  # zeros: finite scores in rows that are never kept
+        # zeros: finite scores in rows that are never kept
+        rows.load_rows(copy_QK, tQgQ, tQsQ, tQcQ, q_rows, cols=self.cols_qk)
         first_rows = seqlen_k - (n_max - 1) * p.tile_n
         if n_max > n_min:
-            self.load_rows(copy_QK, tKgK, tKsK, tKcK, n_max - 1, 0, first_rows, False)
+            self.load_rows(copy_QK, tKgK, tKsK, tKcK, n_max - 1, 0, first_rows, False, self.cols_qk)
         cute.arch.cp_async_commit_group()
         for s in cutlass.range_constexpr(1, S):
             if n_max - s >= n_min:
                 if const_expr(s == 1):
-                    self.load_rows(copy_V, tVgV, tVsV, tVcV, n_max - 1, 0, first_rows, True)
+                    self.load_rows(copy_V, tVgV, tVsV, tVcV, n_max - 1, 0, first_rows, True, self.cols_v)
                 else:
-                    cute.copy(copy_V, tVgV[None, None, None, n_max - s], tVsV[None, None, None, s - 1])
+                    rows.copy_cols(copy_V, tVgV[None, None, None, n_max - s], tVsV[None, None, None, s - 1],
+                                   tVcV, self.cols_v)
             cute.arch.cp_async_commit_group()
             if n_max - 1 - s >= n_min:
-                cute.copy(copy_QK, tKgK[None, None, None, n_max - 1 - s], tKsK[None, None, None, s])
+                rows.copy_cols(copy_QK, tKgK[None, None, None, n_max - 1 - s], tKsK[None, None, None, s], tKcK,
+                               self.cols_qk)
             cute.arch.cp_async_commit_group()
 
         # ---- main loop, last key tile first
@@ -311,7 +327,7 @@ class SdpaFwdSm80:
         if const_expr(p.has_sinks):
             sink = mSinks[head]
         softmax.softmax_finalize(row_max, row_sum, scale_log2, row_scale, lse, sink)
-        tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, p.head_dim_v))))
+        tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, dv))))
         if const_expr(not p.is_thd):
             for r in cutlass.range_constexpr(num_rows):
                 if tOcO_mn[r, 0][0] >= q_rows:  # padding rows: O = 0, LSE = -inf
@@ -340,7 +356,8 @@ class SdpaFwdSm80:
                         mLSE_s[m_block * p.tile_m + row] = lse[r]
 
         cute.arch.barrier()
-        rows.store_rows(copy_O, sO, gO, cute.make_identity_tensor((p.tile_m, p.head_dim_v)), store_rows, tidx)
+        rows.store_rows(copy_O, sO, gO, cute.make_identity_tensor((p.tile_m, dv)), store_rows, tidx,
+                        cols=self.cols_v)
 
     @cute.jit
     def next_stage(self, stage):
@@ -350,15 +367,18 @@ class SdpaFwdSm80:
             return Int32(0) if stage == self.p.num_stages - 1 else stage + 1
 
     @cute.jit
-    def load_rows(self, tiled_copy, tXgX, tXsX, tXcX, block, stage, n_rows, zero_fill: cutlass.Constexpr):
+    def load_rows(self, tiled_copy, tXgX, tXsX, tXcX, block, stage, n_rows, zero_fill: cutlass.Constexpr,
+                  cols: cutlass.Constexpr = 0):
         """Copy the first `n_rows` rows of key tile `block` into `stage`; optionally zero the rest.
 
         V rows past the key length must be zero (P is 0 there, 0 * garbage may be NaN);
-        K rows there only produce scores that the mask replaces.
+        K rows there only produce scores that the mask replaces. With `cols`, the columns
+        past it are zeroed instead of loaded (`rows.copy_row`).
         """
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             if tXcX[0, m, 0][0] < n_rows:
-                cute.copy(tiled_copy, tXgX[None, m, None, block], tXsX[None, m, None, stage])
+                rows.copy_row(tiled_copy, tXgX[None, m, None, block], tXsX[None, m, None, stage],
+                              tXcX[None, m, None], cols)
             else:
                 if const_expr(zero_fill):
                     tXsX[None, m, None, stage].fill(0)
@@ -379,24 +399,27 @@ class SdpaFwdSm80:
             if const_expr(S == 1):
                 if n_v == c.n_max - 1:
                     self.load_rows(c.copy_V, c.tVgV, c.tVsV, c.tVcV, n_v, v_stage,
-                                   c.seqlen_k - n_v * p.tile_n, True)
+                                   c.seqlen_k - n_v * p.tile_n, True, self.cols_v)
                 else:
-                    cute.copy(c.copy_V, c.tVgV[None, None, None, n_v], c.tVsV[None, None, None, v_stage])
+                    rows.copy_cols(c.copy_V, c.tVgV[None, None, None, n_v], c.tVsV[None, None, None, v_stage],
+                                   c.tVcV, self.cols_v)
             else:
-                cute.copy(c.copy_V, c.tVgV[None, None, None, n_v], c.tVsV[None, None, None, v_stage])
+                rows.copy_cols(c.copy_V, c.tVgV[None, None, None, n_v], c.tVsV[None, None, None, v_stage], c.tVcV,
+                               self.cols_v)
         cute.arch.cp_async_commit_group()
 
         acc_S = cute.make_rmem_tensor(c.thr_mma.partition_shape_C((p.tile_m, p.tile_n)), Float32)
         acc_S.fill(0.0)
         warp_mma.gemm_ss(c.tiled_mma, acc_S, c.tSrQ, c.tSrK, c.tSsQ, c.tSsK[None, None, None, stage],
-                         c.smem_copy_Q, c.smem_copy_K, c.thr_copy_Q, c.thr_copy_K)
+                         c.smem_copy_Q, c.smem_copy_K, c.thr_copy_Q, c.thr_copy_K, self.k_slices_qk)
 
         # V(n_block) has landed and every thread is done reading K from `stage`
         cute.arch.cp_async_wait_group(2 * S - 2)
         cute.arch.barrier()
         n_k = n_block - S
         if n_k >= c.n_min:
-            cute.copy(c.copy_QK, c.tKgK[None, None, None, n_k], c.tKsK[None, None, None, stage])
+            rows.copy_cols(c.copy_QK, c.tKgK[None, None, None, n_k], c.tKsK[None, None, None, stage], c.tKcK,
+                           self.cols_qk)
         cute.arch.cp_async_commit_group()
 
         acc_S_mn = acc_layout.acc_as_mn(acc_S)

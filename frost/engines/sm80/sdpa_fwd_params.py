@@ -10,11 +10,36 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import SdpaFeatureParams, check_sdpa_features
+from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
 
-#: (head_dim, head_dim_v) pairs the template implements.
-HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (256, 256), (192, 128))
+#: Head dims the mma.sync templates (forward and backward) implement: d_qk and d_v each a multiple of 8
+#: from 8 up to 256, independently.
+HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
+
+#: The (head_dim, head_dim_v) pairs the tuning tables were measured at; every other pair takes the knobs of
+#: the first of these that covers its tile dims (`tuned_head_dims`).
+TUNED_HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+
+#: Tiles span a head dim in whole granules of this many elements (the 8 x 32 swizzle atom; 8 x 64 where the
+#: dim is a multiple of 64). A head dim between granules (72, 80, 112, ...) is padded up inside the kernel:
+#: its loads fill the columns past the head dim with zeros and its stores skip them, so the declared
+#: tensors are read and written as they are.
+HEAD_DIM_GRANULE = 32
+
+
+def tile_dim(d: int) -> int:
+    """The head-dim extent of a kernel's tiles for head dim `d`: `d` rounded up to a whole granule."""
+    return -(-d // HEAD_DIM_GRANULE) * HEAD_DIM_GRANULE
+
+
+def tuned_head_dims(head_dim: int, head_dim_v: int) -> tuple[int, int]:
+    """The tuned pair whose knobs (head_dim, head_dim_v) takes: itself when tuned, else the first tuned pair
+    whose dims cover its tile dims (so its shared memory and registers fit wherever the tuned pair's do)."""
+    if (head_dim, head_dim_v) in TUNED_HEAD_DIMS:
+        return head_dim, head_dim_v
+    d, dv = tile_dim(head_dim), tile_dim(head_dim_v)
+    return next((a, b) for a, b in TUNED_HEAD_DIMS if a >= d and b >= dv)
 
 #: Largest dynamic shared memory one block of each family may ask for (bytes).
 #: sm80 is the A100's opt-in limit, so an sm80 artifact also fits every 9.0 part;
@@ -43,6 +68,16 @@ class Sm80FwdParams(SdpaFeatureParams):
     def num_threads(self) -> int:
         return 32 * self.num_warps
 
+    @property
+    def tile_head_dim(self) -> int:
+        """The Q / K tiles' head-dim extent (`tile_dim`): head_dim, or head_dim padded up to a granule."""
+        return tile_dim(self.head_dim)
+
+    @property
+    def tile_head_dim_v(self) -> int:
+        """The V / O tiles' head-dim extent (`tile_dim`)."""
+        return tile_dim(self.head_dim_v)
+
 
 def smem_bytes(p: Sm80FwdParams) -> int:
     """Dynamic shared memory the kernel asks for: Q tile + staged K and V tiles.
@@ -54,9 +89,9 @@ def smem_bytes(p: Sm80FwdParams) -> int:
     def align(n: int) -> int:
         return (n + 1023) // 1024 * 1024
 
-    q = align(p.tile_m * p.head_dim * eb)
-    k = align(p.tile_n * p.head_dim * p.num_stages * eb)
-    v = align(p.tile_n * p.head_dim_v * p.num_stages * eb)
+    q = align(p.tile_m * p.tile_head_dim * eb)
+    k = align(p.tile_n * p.tile_head_dim * p.num_stages * eb)
+    v = align(p.tile_n * p.tile_head_dim_v * p.num_stages * eb)
     return q + k + v
 
 
@@ -76,7 +111,7 @@ def validate(p: Sm80FwdParams) -> None:
     if p.num_stages not in (1, 2, 3):
         bad(f"num_stages={p.num_stages} not in (1, 2, 3)")
     # cp.async row coverage: threads cover whole rows of a tile per pass
-    for d in (p.head_dim, p.head_dim_v):
+    for d in (p.tile_head_dim, p.tile_head_dim_v):
         kblk = 64 if d % 64 == 0 else 32
         rows_per_pass = p.num_threads // (kblk // 8)
         if p.tile_n % rows_per_pass != 0 or p.tile_m % rows_per_pass != 0:
@@ -85,13 +120,14 @@ def validate(p: Sm80FwdParams) -> None:
     if need > SMEM_BUDGET[p.family]:
         bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
     # per-thread fp32 accumulator registers for O and S: keep well under 255
-    acc_regs = (p.tile_m * p.head_dim_v + p.tile_m * p.tile_n) // p.num_threads
+    acc_regs = (p.tile_m * p.tile_head_dim_v + p.tile_m * p.tile_n) // p.num_threads
     if acc_regs > 192:
-        bad(f"tile {p.tile_m}x{p.tile_n} with d_v={p.head_dim_v} on {p.num_warps} warps needs {acc_regs} "
+        bad(f"tile {p.tile_m}x{p.tile_n} with d_v={p.head_dim_v} (tiles of {p.tile_head_dim_v}) on {p.num_warps} warps needs {acc_regs} "
             "accumulator registers per thread (max 192)")
 
 
-# (family, head_dim, head_dim_v) -> (tile_m, tile_n, num_stages, num_warps).
+# (family, head_dim, head_dim_v) -> (tile_m, tile_n, num_stages, num_warps), for the TUNED_HEAD_DIMS; every
+# other pair takes its covering tuned pair's row (`tuned_head_dims`; not tuned at its own dims yet).
 # H200 (sm_90a build), bf16, S=4096, hidden 2048: d64 128x128x2 stages beat 1 stage by ~9%;
 # d128 128x64 with 1 stage beat 2 stages by ~9% (register pressure); 8 warps of 16 rows lost
 # 15-20% at d <= 128 (twice the K/V smem reads per FLOP); d256 64x64 on 4 warps beat
@@ -113,22 +149,33 @@ _DEFAULTS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {
 _SMALL_SMEM = [(128, 64, 1, 4), (64, 64, 1, 4), (64, 32, 1, 4)]
 
 
+def _valid(p: Sm80FwdParams) -> bool:
+    try:
+        validate(p)
+    except TemplateParamsError:
+        return False
+    return True
+
+
 def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16",
                   smem_budget: int | None = None) -> dict:
     """Good tile knobs per family and head dim (dict of tile_m, tile_n, num_stages, num_warps).
 
+    Head dims outside the tuning table take the row of their covering tuned pair (`tuned_head_dims`).
     `smem_budget` (bytes, e.g. a cc 8.6 target's opt-in limit) picks the first
     smaller configuration that fits when the family default does not.
     """
-    key = (family, head_dim, head_dim_v)
-    if key not in _DEFAULTS:
-        raise TemplateParamsError(
-            f"Sm80FwdParams: no default knobs for family={family!r}, d_qk={head_dim}, d_v={head_dim_v}")
+    probe = Sm80FwdParams(family=family, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v)
+    try:
+        check_sdpa_features(probe, HEAD_DIMS, "Sm80FwdParams")
+    except TemplateParamsError as e:
+        raise TemplateParamsError(f"{e}; no default knobs") from None
+    key = (family, *tuned_head_dims(head_dim, head_dim_v))
     budget = min(SMEM_BUDGET[family], smem_budget) if smem_budget else SMEM_BUDGET[family]
     for tm, tn, st, nw in [_DEFAULTS[key]] + _SMALL_SMEM:
         probe = Sm80FwdParams(family=family, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v,
                               tile_m=tm, tile_n=tn, num_stages=st, num_warps=nw)
-        if smem_bytes(probe) <= budget:
+        if smem_bytes(probe) <= budget and _valid(probe):
             return dict(tile_m=tm, tile_n=tn, num_stages=st, num_warps=nw)
     raise TemplateParamsError(
         f"Sm80FwdParams: no tile configuration for d_qk={head_dim}, d_v={head_dim_v} fits {budget} bytes")

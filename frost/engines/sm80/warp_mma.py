@@ -19,11 +19,18 @@ def gemm_ss(
     smem_copy_B: cute.TiledCopy,
     thr_copy_A,
     thr_copy_B,
+    k_slices: cutlass.Constexpr[int] = 0,
 ):
-    """acc += A.B^T with A and B fragments loaded from smem, each k-slice one slice ahead of its MMAs."""
+    """acc += A.B^T with A and B fragments loaded from smem, each k-slice one slice ahead of its MMAs.
+
+    `k_slices` > 0 stops after that many 16-wide k-slices (a head dim padded past them: the slices beyond
+    hold only zero columns, which add nothing).
+    """
     tCrA_v = thr_copy_A.retile(tCrA)
     tCrB_v = thr_copy_B.retile(tCrB)
     num_k = cute.size(tCsA.shape[2])
+    if cutlass.const_expr(k_slices > 0):
+        num_k = k_slices
     cute.copy(smem_copy_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
     cute.copy(smem_copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
     for k in cutlass.range_constexpr(num_k):
