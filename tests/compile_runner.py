@@ -85,3 +85,17 @@ def ptx_facts(ck) -> dict:
            "local": ptx.count("ld.local") + ptx.count("st.local")}
     out.update({k: ptx.count(pattern) for k, pattern in PTX_COUNTS.items()})
     return out
+
+
+def check_head_dim_cover(cover: dict, head_dim_cover: dict, tuned) -> list:
+    """The mma.sync covering sets: the tuned head dims in `cover`, and in `head_dim_cover` every representative
+    untuned dim on sm_80 (padded and unpadded, d_qk != d_v both ways) for both families. Returns the untuned
+    cases' keyword arguments for the direction's own flag checks."""
+    kws = [kw for arch in cover for kw in cover[arch]]
+    assert {(k["head_dim"], k["head_dim_v"]) for k in kws} == set(tuned)
+    on_sm80 = {(k["head_dim"], k["head_dim_v"]) for k in head_dim_cover["sm_80"]}
+    assert {d for d, _ in on_sm80} >= {8, 32, 40, 48, 72, 80, 112, 160, 192}
+    assert (192, 64) in on_sm80
+    others = [kw for arch in head_dim_cover for kw in head_dim_cover[arch]]
+    assert any(k["head_dim"] < k["head_dim_v"] for k in others) and {k["family"] for k in others} == {"sm80", "sm120"}
+    return others

@@ -242,3 +242,12 @@ def assert_close(got, want, *, rtol=1e-5, atol=1e-5, what=""):
 def rel_err(got, want) -> float:
     want = want.double().reshape(got.shape)
     return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def error_of(fn):
+    """(exception type, message) that fn() raises, or None: for comparing two paths' errors."""
+    try:
+        fn()
+    except Exception as e:  # the error is what is compared
+        return type(e), str(e)
+    return None

@@ -27,14 +27,16 @@ from frost.torch_face import ops, run
 from frost.torch_face.spec import band, reject
 
 
-def _direct_probe():
-    """A predicate: may this eager call bypass the dispatcher? (No mode, transform or subclass in play.)"""
+def _direct_probes():
+    """Predicates: may this eager call bypass the dispatcher? (No mode, transform or subclass in play, and no
+    tensor that autograd must see.) `direct(tensors)` for any tuple (None entries allowed); `direct3(q, k, v)`
+    the same for three tensors without the loop (the eager memo's gate). Another torch: always dispatch."""
     try:
         modes = torch._C._len_torch_dispatch_stack
         fmodes = torch._C._is_torch_function_mode_enabled
         functorch = torch._C._functorch.peek_interpreter_stack
-    except AttributeError:  # another torch: always dispatch
-        return lambda tensors: False
+    except AttributeError:
+        return (lambda tensors: False), (lambda q, k, v: False)
     grad_enabled = torch.is_grad_enabled
     plain = torch.Tensor
 
@@ -46,31 +48,15 @@ def _direct_probe():
             if t is not None and (type(t) is not plain or (need_grad and t.requires_grad)):
                 return False
         return True
-    return direct
-
-
-_direct = _direct_probe()
-
-
-def _direct3_probe():
-    """`_direct((q, k, v, None))` for three tensors, without the loop (the eager memo's gate)."""
-    try:
-        modes = torch._C._len_torch_dispatch_stack
-        fmodes = torch._C._is_torch_function_mode_enabled
-        functorch = torch._C._functorch.peek_interpreter_stack
-    except AttributeError:  # another torch: always dispatch
-        return lambda q, k, v: False
-    grad_enabled = torch.is_grad_enabled
-    plain = torch.Tensor
 
     def direct3(q, k, v) -> bool:
         return (type(q) is plain and type(k) is plain and type(v) is plain and not modes() and not fmodes()
                 and functorch() is None
                 and not (grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
-    return direct3
+    return direct, direct3
 
 
-_direct3 = _direct3_probe()
+_direct, _direct3 = _direct_probes()
 _compiling = torch.compiler.is_compiling
 _memo = run.PLANS.memo
 _MEMO_SCALARS = (bool, int, float, str, type(None))

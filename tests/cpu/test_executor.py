@@ -5,18 +5,11 @@ import pytest
 import torch
 
 import frost
+from tests.helpers import error_of
 
 
 def _rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, dtype=dtype)
-
-
-def _error_of(fn):
-    try:
-        fn()
-    except Exception as e:  # the error is what is compared
-        return type(e), str(e)
-    return None
 
 
 def _graph(q, stats=True):
@@ -69,12 +62,12 @@ def test_executor_raises_executes_errors(name, bad):
     q, k, v = (_rand(1, 2, 8, 16) for _ in range(3))
     g, ports = _graph(q)
     tensors = bad(q, k, v, torch.empty_like(q), torch.empty(1, 2, 8, 1))
-    want = _error_of(lambda: g.execute(dict(zip(ports, tensors))))
+    want = error_of(lambda: g.execute(dict(zip(ports, tensors))))
     assert want is not None and want[0] is frost.BindingError
     ex = g.executor(ports)
-    assert _error_of(lambda: ex(tensors)) == want
+    assert error_of(lambda: ex(tensors)) == want
     if name == "device":  # launch re-checks devices (dims, strides, dtypes are its caller's)
-        assert _error_of(lambda: ex.launch(tensors)) == want
+        assert error_of(lambda: ex.launch(tensors)) == want
 
 
 def test_executor_needs_every_port_once_and_the_right_count():
@@ -112,8 +105,8 @@ def test_launch_checks_alignment(monkeypatch):
     g, ports = _graph(q)
     shifted = _rand(1 * 2 * 8 * 16 + 1)[1:].view(1, 2, 8, 16)  # 4 bytes past an aligned address
     tensors = (q, shifted, v, torch.empty_like(q), torch.empty(1, 2, 8, 1))
-    want = _error_of(lambda: g.execute(dict(zip(ports, tensors))))
+    want = error_of(lambda: g.execute(dict(zip(ports, tensors))))
     assert want is not None and "aligned" in want[1]
     ex = g.executor(ports)
-    assert _error_of(lambda: ex(tensors)) == want
-    assert _error_of(lambda: ex.launch(tensors)) == want
+    assert error_of(lambda: ex(tensors)) == want
+    assert error_of(lambda: ex.launch(tensors)) == want

@@ -8,6 +8,7 @@ import torch
 
 import frost.torch_face as ft
 from frost.torch_face import plans, run
+from tests.helpers import error_of
 
 BF16 = torch.bfloat16
 
@@ -109,14 +110,6 @@ def test_memo_follows_evictions_and_clears():
     assert not plans.PLANS.memo
 
 
-def _error_of(fn):
-    try:
-        fn()
-    except Exception as e:  # the error is what is compared
-        return type(e), str(e)
-    return None
-
-
 BAD_CALLS = [  # (name, call) with a memoized good call of the same shapes before each
     ("k dtype", lambda q, k, v: ft.attention(q, k.double(), v, causal=True)),
     ("v on meta", lambda q, k, v: ft.attention(q, k, v.to("meta"), causal=True)),
@@ -134,10 +127,10 @@ def test_errors_are_the_same_with_and_without_the_memo(name, bad):
     q = _rand(1, 2, 8, 16)
     k, v = _rand(1, 2, 8, 16), _rand(1, 2, 8, 16)
     ft.clear_plan_cache()
-    cold = _error_of(lambda: bad(q, k, v))
+    cold = error_of(lambda: bad(q, k, v))
     ft.attention(q, k, v, causal=True)  # memoized
     ft.attention(q, k, v, causal=True)
-    warm = _error_of(lambda: bad(q, k, v))
+    warm = error_of(lambda: bad(q, k, v))
     assert cold is not None and warm == cold
 
 
