@@ -12,8 +12,10 @@ a backward provides to join the chain:
 - a params class (a frozen `SdpaFeatureParams` subclass, the `BwdChainParams` protocol of
   `chain.py`): the feature flags, `family` (how its kernel names begin), `deterministic`,
   `has_dsinks`, `tile_m` (query rows per semaphore), and the dQ accumulator layout:
-  `dq_accum_blocked` (8x8 blocks, dense only, or plain rows) and `dq_splits` (0: one accumulator;
-  n >= 1: n copies stacked along its batch mode, each written by one CTA, with no turns);
+  `dq_accum_blocked` (8x8 blocks, dense only, or plain rows), `dq_accum_tile` (m > 0: dense tiles
+  of m rows in the SM90 wgmma fragment order, `accum.fragment_coord`; rows padded to whole tiles) and
+  `dq_splits` (0: one accumulator; n >= 1: n copies stacked along its batch mode, each written by one
+  CTA, with no turns);
 - its params module (the module that defines its params class) exposes `MAIN_TEMPLATE` (the main template's dotted module path),
   `main_args(params)` (the main kernel's argument names, from `sdpa_args` and the scratch names of
   `scratch.py`), `validate(params)` and `default_knobs(...)`;
