@@ -148,3 +148,48 @@ def test_nan_in_padding_does_not_leak(name, length_chains):
     case = [c for c in LENGTH_CASES if c.name == name][0]
     ok, msg = run_nan_padding(case, length_chains[name])
     assert ok, msg
+
+
+# Determinism over many runs: 1000 of small problems (checked once against float64), 20 of large ones (every
+# run bitwise equal to the first; the float64 oracle is too large there). Dense, GQA, causal and packed THD.
+MANY_RUNS = [
+    Case("many_small_gqa_causal", _p(hq=4, hk=2, has_window_right=True, deterministic=True), b=1, sq=256, skv=256,
+         wr=0, runs=1000),
+    Case("many_small_thd_d64", _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True),
+         thd_lens=[(200, 200), (57, 57), (300, 129)], runs=1000),
+    Case("many_large_gqa", _p(hq=16, hk=4, deterministic=True), b=2, sq=4096, skv=4096, runs=20),
+    Case("many_large_causal", _p(hq=16, hk=16, has_window_right=True, deterministic=True), b=1, sq=8192,
+         skv=8192, wr=0, runs=20),
+    Case("many_large_thd_causal_gqa", _p(hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True),
+         thd_lens=[(4000, 4000), (1500, 1500), (2600, 2600)], wr=0, runs=20),
+]
+
+
+@pytest.fixture(scope="module")
+def many_run_chains():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return dict(zip([c.name for c in MANY_RUNS], compile_chains([c.p for c in MANY_RUNS])))
+
+
+@pytest.mark.parametrize("case", MANY_RUNS, ids=[c.name for c in MANY_RUNS])
+def test_deterministic_gradients_are_bitwise_equal_over_many_runs(case, many_run_chains):
+    p = case.p
+    t, scalars, sinks, scale = make_inputs(case)
+    outs = ("dq", "dk", "dv")
+    views = workspace_views(p, t)
+    many_run_chains[case.name](t, scalars, views)
+    torch.cuda.synchronize()
+    first = [valid_rows(case, n, t[n]).clone() for n in outs]
+    for n, x in zip(outs, first):
+        assert torch.isfinite(x).all(), f"{case.name}: {n} not finite"
+    if case.runs >= 1000:  # small: the first run against float64
+        ref = oracle(case, t["q"], t["k"], t["v"], t["do"], sinks, scale)
+        for n, x, r in zip(outs, first, ref[:3]):
+            assert rel(x, valid_rows(case, n, r)) < 2e-2, f"{case.name}: {n}"
+    differ = 0
+    for _ in range(case.runs - 1):
+        many_run_chains[case.name](t, scalars, views)
+        differ += sum(not torch.equal(valid_rows(case, n, t[n]), x) for n, x in zip(outs, first))
+    torch.cuda.synchronize()
+    assert differ == 0, f"{case.name}: {differ} gradients differ bitwise from the first run"
