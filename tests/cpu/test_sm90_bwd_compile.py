@@ -115,3 +115,22 @@ def test_the_dq_convert_of_a_fragment_tile_compiles_with_16_byte_accesses(tmp_pa
     [[r]] = compile_groups([("sm_90a", [spec])], tmp_path, timeout=600)
     assert r["name"].endswith("_qf128"), r
     assert r["local"] == 0 and r["ldg_v4"] > 0 and r["stg_v4"] > 0, r
+
+
+@pytest.mark.parametrize("kw", [dict(d=64), dict(d=128), dict(d=128, has_window_right=True), dict(is_thd=True)],
+                         ids=["d64_fragments", "d128_rows", "d128_causal_fragments", "thd_rows"])
+def test_helpers_take_a_padded_accumulator_as_its_own_extent(kw):
+    """A fragment-order accumulator has whole tiles of rows, more than Sq: the helpers' fake dq_accum must
+    not share the query rows' symbol (else binding a real padded accumulator fails), and a row accumulator must."""
+    from frost.engines.sdpa_bwd import postprocess, preprocess
+    from frost.engines.sdpa_bwd.chain import postprocess_args, preprocess_args, stage_params
+
+    p = Sm90BwdParams(**_p(**kw))
+    for mod, args, stage, rows_of in ((preprocess, preprocess_args, "preprocess", "o"),
+                                      (postprocess, postprocess_args, "postprocess", "dq")):
+        sp = stage_params(p, stage)
+        _, fakes = mod.build(sp, "sm_90a")
+        names = args(sp)
+        acc, io = fakes[names.index("dq_accum")], fakes[names.index(rows_of)]
+        acc_rows, io_rows = (acc.shape[1], io.shape[0]) if p.is_thd else (acc.shape[2], io.shape[2])
+        assert (str(acc_rows) != str(io_rows)) == (p.dq_accum_tile > 0), (stage, acc.shape, io.shape)
