@@ -79,6 +79,22 @@ def _stride_picker(dims: tuple):
 _CUDA_DEVICES: dict = {}
 
 
+def matches_spec(t, spec: tuple, device: int, first) -> bool:
+    """The fast path's test of one tensor against a `Binder` spec: dtype, dims (a packed token dim up to its
+    envelope), declared strides (the non-unit dims'), device index (off the GPU: the device `first`) and
+    alignment. False for anything else, which `check_tensor` then judges."""
+    _, _, dtype, dims, packed, strides, pick, picked, misalign = spec
+    try:
+        # the whole stride tuple as declared is the common case; comparing it costs less than
+        # picking out the non-unit dims' strides
+        return (t.dtype is dtype
+                and ((shape := t.shape) == dims or (packed and shape[1:] == dims[1:] and 0 <= shape[0] <= dims[0]))
+                and ((st := t.stride()) == strides or pick(st) == picked) and t.get_device() == device
+                and (device >= 0 or t.device == first) and not t.data_ptr() & misalign)
+    except (AttributeError, IndexError, TypeError):  # not keyed by handle, or not a tensor
+        return False
+
+
 def _cuda_device(index: int):
     """torch.device("cuda", index), made once per index."""
     d = _CUDA_DEVICES.get(index)
@@ -118,22 +134,14 @@ class Binder:
         get = variant_pack.get
         device, first = self._first_device(variant_pack)
         bound = {}
-        for role, decl, dtype, dims, packed, strides, pick, picked, misalign in self.specs:
+        for spec in self.specs:
+            role, decl = spec[0], spec[1]
             t = get(decl)
-            try:
-                # the whole stride tuple as declared is the common case; comparing it costs less than
-                # picking out the non-unit dims' strides
-                if (t.dtype is dtype
-                        and ((shape := t.shape) == dims
-                             or (packed and shape[1:] == dims[1:] and 0 <= shape[0] <= dims[0]))
-                        and ((st := t.stride()) == strides or pick(st) == picked) and t.get_device() == device
-                        and (device >= 0 or t.device == first) and not t.data_ptr() & misalign):
-                    bound[role] = t
-                    continue
-            except (AttributeError, IndexError, TypeError):  # not keyed by handle, or not a tensor
-                pass
+            if matches_spec(t, spec, device, first):
+                bound[role] = t
+                continue
             bound[role] = check_tensor(role, decl, lookup(variant_pack, decl), device=first, is_thd=self.is_thd,
-                                       vector_bytes=misalign + 1)
+                                       vector_bytes=spec[8] + 1)
         if self.is_thd:
             check_thd_totals(bound)
         need = self.workspace_size

@@ -16,7 +16,7 @@ Neither allocates, copies or syncs: the workspace and every output are the calle
 from __future__ import annotations
 
 from frost.errors import BindingError, GraphError
-from frost.runtime.binding import check_thd_totals
+from frost.runtime.binding import check_thd_totals, matches_spec
 from frost.runtime.context import launch_stream
 from frost.runtime.workspace import check_workspace
 
@@ -62,8 +62,7 @@ class Executor:
                              f"once ({', '.join(s[1].name for s in binder.specs)})")
         order.sort(key=lambda x: x[0])
         specs = tuple(s for _, s in order)
-        self._specs = tuple((dtype, dims, packed, strides, pick, picked, misalign)
-                            for _, _, dtype, dims, packed, strides, pick, picked, misalign in specs)
+        self._specs = specs
         self._roles = tuple(s[0] for s in specs)
         self._misalign = tuple(s[8] for s in specs)
         self._lead = next(i for i, s in enumerate(specs) if s is binder.specs[0])  # whose device all share
@@ -99,18 +98,7 @@ class Executor:
         except AttributeError:
             index = None  # not a tensor: the binder says so
         if index is not None and (index >= 0 or not self._wants_cuda):
-            for t, (dtype, dims, packed, strides, pick, picked, misalign) in zip(tensors, self._specs):
-                try:
-                    if (t.dtype is dtype
-                            and ((shape := t.shape) == dims
-                                 or (packed and shape[1:] == dims[1:] and 0 <= shape[0] <= dims[0]))
-                            and ((st := t.stride()) == strides or pick(st) == picked) and t.get_device() == index
-                            and (index >= 0 or t.device == device) and not t.data_ptr() & misalign):
-                        continue
-                except (AttributeError, IndexError, TypeError):  # not a tensor: the binder says what it is
-                    pass
-                break
-            else:
+            if all(matches_spec(t, spec, index, device) for t, spec in zip(tensors, self._specs)):
                 bound = dict(zip(self._roles, tensors))
                 if self._is_thd:
                     check_thd_totals(bound)
@@ -146,6 +134,4 @@ class Executor:
                     return self(tensors, workspace, handle)
         if self._workspace_size:
             check_workspace(workspace, self._workspace_size, lead.device)
-        if handle is None:
-            handle = self._graph.handle
-        self._execute(dict(zip(self._roles, tensors)), workspace, None if handle is None else launch_stream(handle))
+        self._execute(dict(zip(self._roles, tensors)), workspace, self._stream(handle))
