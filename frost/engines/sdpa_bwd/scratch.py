@@ -25,7 +25,7 @@ def uses_turns(p) -> bool:
 def accumulator_rows(p, seqlen_q: int) -> int:
     """Rows of a dense dQ accumulator: Sq, padded to whole 8-row blocks when blocked, to whole tiles when
     stored in fragment order (`dq_accum_tile`)."""
-    if getattr(p, "dq_accum_tile", 0):
+    if p.dq_accum_tile:
         return cdiv(seqlen_q, p.dq_accum_tile) * p.dq_accum_tile
     return cdiv(seqlen_q, 8) * 8 if p.dq_accum_blocked else seqlen_q
 

@@ -154,8 +154,11 @@ class SdpaBwdSm90:
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, sV_layout, (bn, dv))
         tma_atom_dk, tma_dk = cpasync.make_tiled_tma_atom(s2g, mdK, sK_layout, (bn, d))
         tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(s2g, mdV, sV_layout, (bn, dv))
-        tma_atom_dq, tma_dq = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mAcc,
-                                                          sdQ_layout, (bm, d))
+        if const_expr(self.frag):  # the bulk reduce adds a flat tile at its address: no tensor map
+            tma_atom_dq, acc = None, mAcc
+        else:
+            tma_atom_dq, acc = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mAcc,
+                                                           sdQ_layout, (bm, d))
         q_bytes = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
         do_bytes = cute.size_in_bytes(dt, cute.select(sdO_layout, mode=[0, 1]))
         kv_bytes = cute.size_in_bytes(dt, sK_layout) + cute.size_in_bytes(dt, sV_layout)
@@ -182,7 +185,7 @@ class SdpaBwdSm90:
             n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
             n_batch = mQ.shape[3]
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, mAcc if const_expr(self.frag) else tma_dq, mLSE, mdPsum,
+            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, acc, mLSE, mdPsum,
             a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
             a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
@@ -198,7 +201,7 @@ class SdpaBwdSm90:
                mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
                mUsedQ, mUsedK, mdK_rows, mdV_rows, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
-               tma_atom_dv: cute.CopyAtom, tma_atom_dq: cute.CopyAtom, scale: Float32, wl, wr,
+               tma_atom_dv: cute.CopyAtom, tma_atom_dq, scale: Float32, wl, wr,
                q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
@@ -208,7 +211,8 @@ class SdpaBwdSm90:
         if warp_idx == 0:
             for atom in (tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
                          tma_atom_dq):
-                cpasync.prefetch_descriptor(atom)
+                if const_expr(atom is not None):
+                    cpasync.prefetch_descriptor(atom)
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         pipe_q, pipe_do, pipe_kv = wu.tma_pipelines(
