@@ -282,12 +282,14 @@ def unpacked(c: Sm90Case) -> Sm90Case:
     return Sm90Case(**{**c.__dict__, "knobs": {**c.knobs, "pack_gqa": False}})
 
 
-def sm90_bwd_kwargs(d=128, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
+def sm90_bwd_kwargs(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
+    """Keyword arguments of Sm90BwdParams: `knobs` requested as the planner requests them (`default_knobs`
+    fills the rest, the dQ path from the tile height among them)."""
     from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
-    k = default_knobs(d, d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")))
-    k.update(knobs or {})
-    return dict(dtype=dtype, head_dim=d, head_dim_v=d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
+    k = default_knobs(d, dv or d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")),
+                      **(knobs or {}))
+    return dict(dtype=dtype, head_dim=d, head_dim_v=dv or d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 
 # the SM90 (wgmma) backward main kernel, in three groups: every head dim and tile height, fp16, every mask flag,
@@ -300,7 +302,7 @@ SM90_BWD_COVER = [
     [sm90_bwd_kwargs(hq=4, hk=1, has_window_left=True, has_window_right=True, bottom_right=True),
      sm90_bwd_kwargs(d=64, knobs=dict(tile_m=64, num_stages=1)),
      sm90_bwd_kwargs(dtype="fp16", has_window_right=True, bottom_right=True),
-     sm90_bwd_kwargs(knobs=dict(tile_m=64), has_window_left=True, deterministic=True)],
+     sm90_bwd_kwargs(knobs=dict(tile_m=64, dq_fragments=False), has_window_left=True, deterministic=True)],
     [sm90_bwd_kwargs(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
      sm90_bwd_kwargs(d=64, is_thd=True, deterministic=True),
      sm90_bwd_kwargs(d=96, hq=4, hk=2, is_thd=True, has_window_right=True, deterministic=True),

@@ -11,16 +11,15 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs  # noqa: E402
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams  # noqa: E402
+from frost.testing.cases import sm90_bwd_kwargs  # noqa: E402
 from frost.testing.bwd_chain import compile_chains, workspace_views  # noqa: E402
 from tests.gpu.test_sm80_bwd_kernel import (Case, make_inputs, oracle, rel, run_graph_replay,  # noqa: E402
                                             run_nan_padding)
 
 
-def _p(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> Sm90BwdParams:
-    k = default_knobs(d, dv or d, banded=flags.get("has_window_right", False), packed=flags.get("is_thd", False),
-                      **(knobs or {}))
-    return Sm90BwdParams(dtype=dtype, head_dim=d, head_dim_v=dv or d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
+def _p(**kw) -> Sm90BwdParams:
+    return Sm90BwdParams(**sm90_bwd_kwargs(**kw))
 
 
 CASES = [
