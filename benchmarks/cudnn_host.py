@@ -27,44 +27,12 @@ import torch
 import torch.nn.functional as F
 
 import frost
+from host_time import per_call_us, tiny_graphs
 
 
-def _per_call_us(fn, calls: int) -> tuple[float, float]:
-    from frost.bench.timing import host_time_us
-
-    return host_time_us(fn, calls, warmup=50)
-
-
-def _graphs(B=1, H=1, S=128, D=64, causal=False):
-    dt = torch.bfloat16
-    mk = lambda: torch.randn(B, S, H, D, device="cuda", dtype=dt).permute(0, 2, 1, 3)  # noqa: E731
-    t = {"q": mk(), "k": mk(), "v": mk(), "dO": mk()}
-    t["o"], t["stats"] = torch.empty_like(t["q"]), torch.empty(B, H, S, 1, device="cuda")
-    t["dQ"], t["dK"], t["dV"] = torch.empty_like(t["q"]), torch.empty_like(t["k"]), torch.empty_like(t["v"])
-    kw = dict(io_data_type=dt, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
-    mask = dict(use_causal_mask=True) if causal else {}
-    fwd = frost.Graph(**kw)
-    fd = {n: fwd.tensor_like(t[n], name=n) for n in ("q", "k", "v")}
-    fd["o"], fd["stats"] = fwd.sdpa(fd["q"], fd["k"], fd["v"], attn_scale=D ** -0.5, generate_stats=True, **mask)
-    fd["o"].set_output(True).set_dim(list(t["o"].shape)).set_stride(list(t["o"].stride()))
-    fd["stats"].set_output(True).set_data_type(torch.float32)
-    fwd.validate()
-    fwd.build_plans(engine="cudnn")
-    bwd = frost.Graph(**kw)
-    bd = {n: bwd.tensor_like(t[n], name=n) for n in ("q", "k", "v", "o", "dO", "stats")}
-    grads = bwd.sdpa_backward(bd["q"], bd["k"], bd["v"], bd["o"], bd["dO"], bd["stats"], attn_scale=D ** -0.5, **mask)
-    for n, g in zip(("dQ", "dK", "dV"), grads):
-        g.set_output(True).set_dim(list(t[n].shape)).set_stride(list(t[n].stride()))
-        bd[n] = g
-    bwd.validate()
-    bwd.build_plans(engine="cudnn")
-    return t, (fwd, fd), (bwd, bd)
-
-
-def _frost_rows(g, decl, t, calls):
+def _frost_rows(g, pack, calls):
     """frost execute, frost adapter, cudnn ordered, cudnn mapping: (name, (wall, issue)) or (name, reason)."""
     ws = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
-    pack = {decl[n]: t[n] for n in decl}
     ctx = frost.ExecutionContext()
     adapter = g.plan.adapter
     bound = g._binder.bind(pack, ws)
@@ -84,7 +52,7 @@ def _frost_rows(g, decl, t, calls):
     out = []
     for name, fn in rows:
         try:
-            out.append((name, _per_call_us(fn, calls)))
+            out.append((name, per_call_us(fn, calls)))
         except Exception as e:  # report, keep going
             out.append((name, f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:120]}"))
     out.append(("(binding form frost uses)", "ordered" if adapter._uids is not None else "mapping"))
@@ -110,7 +78,7 @@ def _torch_rows(t, direction, causal, calls, scale):
         for name, fn in rows:
             try:
                 fn()
-                out.append((name, _per_call_us(fn, calls)))
+                out.append((name, per_call_us(fn, calls)))
             except Exception as e:
                 out.append((name, f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:120]}"))
     return out
@@ -122,14 +90,15 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true", help="a causal mask (default: none)")
     ap.add_argument("--json", default=None, help="also write the numbers here")
     a = ap.parse_args(argv)
-    t, (fwd, fd), (bwd, bd) = _graphs(causal=a.causal)
+    (fwd, fwd_pack, _), (bwd, bwd_pack, _) = tiny_graphs(fwd_engine="cudnn", bwd_engine="cudnn", causal=a.causal)
+    t = {decl.name: x for decl, x in bwd_pack.items()}
     scale = 64 ** -0.5
-    fwd.execute({fd[n]: t[n] for n in fd}, torch.empty(max(fwd.get_workspace_size(), 1), device="cuda",
-                                                        dtype=torch.uint8))  # O and Stats for the backward
+    fwd.execute(fwd_pack, torch.empty(max(fwd.get_workspace_size(), 1), device="cuda",
+                                      dtype=torch.uint8))  # O and Stats for the backward
     torch.cuda.synchronize()
     table = {}
-    for direction, (g, decl) in (("fwd", (fwd, fd)), ("bwd", (bwd, bd))):
-        table[direction] = _torch_rows(t, direction, a.causal, a.calls, scale) + _frost_rows(g, decl, t, a.calls)
+    for direction, (g, pack) in (("fwd", (fwd, fwd_pack)), ("bwd", (bwd, bwd_pack))):
+        table[direction] = _torch_rows(t, direction, a.causal, a.calls, scale) + _frost_rows(g, pack, a.calls)
     print(f"host time per call, 1x1x128x64 bf16{' causal' if a.causal else ''}, {a.calls} calls: wall us until the "
           f"GPU drained (issue us until the calls returned)\n")
     print("| dir | what | us per call |")
