@@ -88,18 +88,11 @@ def gpu_ms(fn, iters: int, repeats: int = 5) -> float:
 
 
 def host_us(fn, calls: int) -> float:
-    """Microseconds per call until the calls returned (the GPU drained first, the launch queue has room)."""
-    import time
+    """Microseconds per call until the calls returned (the GPU drained first, the launch queue has room):
+    the issue time of frost.bench's probe timer."""
+    from frost.bench.timing import host_time_us
 
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+    return host_time_us(fn, calls, warmup=50)[1]
 
 
 def throughput_rows(args) -> list[dict]:
