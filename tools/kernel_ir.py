@@ -5,7 +5,8 @@
     python tools/kernel_ir.py diff /tmp/ir-before /tmp/ir-after
 
 `dump` compiles every kernel of the covering sets in frost/testing/cases.py (the SM80 and SM120
-forwards, the backward chains, the SM90 forward and backward, then the mma.sync head-dim sets) through
+forwards, the backward chains, the SM90 forward and backward, then the mma.sync head-dim sets and the
+SM90 backward above d=128) through
 frost's compile boundary,
 with the disk cache off, and writes each one's MLIR (host entry and device code)
 with source locations stripped, one file per kernel. `--jobs` spreads the compiles
@@ -54,6 +55,8 @@ def covering_specs() -> list:
     for arch, kws in cases.SM80_BWD_HEAD_DIM_COVER.items():
         for kw in kws:
             specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
+    for group in cases.SM90_BWD_WIDE_COVER:  # the SM90 backward above d=128
+        specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in group]
     return specs
 
 

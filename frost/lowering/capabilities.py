@@ -78,8 +78,10 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
                      cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"),
-                     head_dims=((64, 64), (96, 96), (128, 128)), features=SM90_BWD_FEATURES,
-                     knob_choices={"tile_m": (64, 80, 128), "num_stages": (1, 2)})]
+                     head_dims=((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)),
+                     features=SM90_BWD_FEATURES,
+                     knob_choices={"tile_m": (64, 80, 128), "tile_n": (64, 128), "num_stages": (1, 2),
+                                   "dq_fragments": (False, True), "dq_red": (False, True)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),

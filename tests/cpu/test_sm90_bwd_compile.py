@@ -13,12 +13,12 @@ import pytest
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validate
 from frost.errors import TemplateParamsError
 from frost.engines.sdpa_bwd.chain import chain_of
-from frost.testing.cases import SM90_BWD_COVER, sm90_bwd_kwargs
+from frost.testing.cases import SM90_BWD_COVER, SM90_BWD_WIDE_COVER, sm90_bwd_kwargs
 from tests.compile_runner import compile_groups
 
 
 _p = sm90_bwd_kwargs
-COVER = SM90_BWD_COVER
+COVER = SM90_BWD_COVER + SM90_BWD_WIDE_COVER
 TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 PARAMS = "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams"
 
@@ -34,18 +34,24 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
         assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r
         if r["name"].endswith("f"):  # dq_fragments
             assert r["bulk_reduce"] == 1 and r["sts_v4"] > 0 and r["tma_reduce"] == 0, r
+        elif r["name"].endswith("r"):  # dq_red: two columns per add, no shared dQ tile leaves
+            assert r["red_v2"] > 0 and r["red"] == 0 and r["tma_reduce"] == r["bulk_reduce"] == 0, r
         else:
             assert r["tma_reduce"] > 0 and r["bulk_reduce"] == 0, r
         assert r["local"] == 0, r
     assert len({r["name"] for r in results}) == len(results)
-    assert {r["name"].endswith("f") for r in results} == {True, False}  # both dQ paths covered
+    assert {r["name"][-1] for r in results} >= {"f", "r", "2", "1"}  # every dQ path covered
 
 
 def test_validator_declines_what_the_template_lacks():
     for flags, word in ((dict(has_dsinks=True), "dsinks needs sinks"),
                         (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim=128"),
-                        (dict(head_dim=256, head_dim_v=256), "head dims"), (dict(tile_m=128), "registers"),
-                        (dict(tile_n=64), "tile_n"), (dict(tile_m=80, dq_fragments=True), "serialize"),
+                        (dict(head_dim=160, head_dim_v=160), "head dims"), (dict(tile_m=128), "registers"),
+                        (dict(tile_n=64), "tile_m=64"), (dict(tile_n=32, tile_m=64), "tile_n"),
+                        (dict(tile_m=80, dq_fragments=True), "serialize"),
+                        (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
+                        (dict(tile_m=80, dq_red=True), "transposes"),
+                        (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),
                         (dict(tile_m=64, dq_fragments=True, is_thd=True), "THD")):
         with pytest.raises(TemplateParamsError, match=word):
             validate(Sm90BwdParams(**{**_p(), **flags}))
@@ -99,9 +105,13 @@ def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]
     assert not default_knobs(64, 64, packed=True)["dq_fragments"]
     assert not default_knobs(64, 64, tile_m=80)["dq_fragments"]  # a requested knob keeps the plan valid
-    for d in (64, 96, 128):
+    assert default_knobs(256, 256) == dict(tile_m=64, tile_n=64, num_stages=2, dq_red=True, dq_fragments=False)
+    assert default_knobs(192, 128)["tile_n"] == 64 and default_knobs(192, 128)["dq_fragments"]
+    assert not default_knobs(192, 128, packed=True)["dq_fragments"]
+    for d, dv in ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)):
         for banded in (False, True):
-            validate(Sm90BwdParams(**_p(d=d, has_window_right=banded)))
+            for packed in (False, True):
+                validate(Sm90BwdParams(**_p(d=d, dv=dv, has_window_right=banded, is_thd=packed)))
 
 
 def test_the_dq_convert_of_a_fragment_tile_compiles_with_16_byte_accesses(tmp_path):

@@ -78,6 +78,30 @@ LENGTH_CASES = [
     Case("pad_d64_left_det_mqa", _p(d=64, hq=4, hk=1, has_seqused=True, has_window_left=True, deterministic=True),
          b=3, sq=300, skv=300, used=[(300, 260), (0, 0), (130, 300)], wl=100, runs=3),
 ]
+# Head dims above 128: both warpgroups share 64 keys (tile_n=64), P^T and dS^T through shared memory, dQ from
+# registers by red.global.add (d=256) or through the shared dQ tile (d=192); dense, masks, GQA, deterministic
+# turns with the register adds, packed and padded lengths, fp16, and the other dQ paths as knobs.
+WIDE_CASES = [
+    Case("d256_plain", _p(d=256), sq=300, skv=333),
+    Case("d256_causal_gqa", _p(d=256, hq=8, hk=2, has_window_right=True), b=2, sq=700, skv=700, wr=0),
+    Case("d256_band_br_fp16", _p(d=256, dtype="fp16", has_window_left=True, has_window_right=True,
+                                 bottom_right=True), sq=257, skv=400, wl=60, wr=5),
+    Case("d256_frag_s1", _p(d=256, knobs=dict(num_stages=1, dq_red=False)), sq=333, skv=200),
+    Case("d256_det_causal_gqa", _p(d=256, hq=4, hk=2, has_window_right=True, deterministic=True), b=2, sq=500,
+         skv=500, wr=0, runs=3),
+    Case("d192_plain_mqa", _p(d=192, dv=128, hq=4, hk=1), sq=300, skv=517),
+    Case("d192_causal_br", _p(d=192, dv=128, has_window_right=True, bottom_right=True), sq=200, skv=450, wr=0),
+    Case("d192_red_det", _p(d=192, dv=128, deterministic=True, knobs=dict(dq_red=True)), sq=400, skv=300, runs=3),
+    Case("d128_n64_causal", _p(has_window_right=True, knobs=dict(tile_m=64, tile_n=64)), sq=300, skv=300, wr=0),
+    Case("thd_d256_causal_gqa_sinks", _p(d=256, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True,
+                                         has_dsinks=True),
+         thd_lens=[(0, 0), (1, 1), (37, 37), (300, 450), (65, 65), (5, 200)], wr=0),
+    Case("thd_d192_det", _p(d=192, dv=128, hq=2, hk=2, is_thd=True, deterministic=True),
+         thd_lens=[(200, 200), (1, 7), (0, 3), (64, 64)], runs=3),
+    Case("pad_d256_causal", _p(d=256, has_seqused=True, has_window_right=True), b=3, sq=256, skv=256, wr=0,
+         used=[(256, 256), (100, 180), (0, 0)]),
+]
+
 #: new lengths for the replay of each case (the same totals; keys within the captured max_seqlen_kv)
 REPLAY = {"thd_d128_causal_gqa_sinks": [(5, 5), (300, 449), (129, 129), (0, 0), (37, 138), (1, 96)],
           "thd_d64_det": [(0, 0), (64, 300), (513, 286), (1, 1)]}
@@ -88,6 +112,13 @@ def chains():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     return dict(zip([c.name for c in CASES], compile_chains([c.p for c in CASES])))
+
+
+@pytest.fixture(scope="module")
+def wide_chains():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return dict(zip([c.name for c in WIDE_CASES], compile_chains([c.p for c in WIDE_CASES])))
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +135,13 @@ def valid_rows(case, name, x):
     return x
 
 
-@pytest.mark.parametrize("case", CASES + LENGTH_CASES, ids=[c.name for c in CASES + LENGTH_CASES])
+ALL_CASES = CASES + LENGTH_CASES + WIDE_CASES
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=[c.name for c in ALL_CASES])
 def test_sm90_bwd_chain(case, request):
-    chains = request.getfixturevalue("length_chains" if case in LENGTH_CASES else "chains")
+    fixture = "length_chains" if case in LENGTH_CASES else "wide_chains" if case in WIDE_CASES else "chains"
+    chains = request.getfixturevalue(fixture)
     p = case.p
     t, scalars, sinks, scale = make_inputs(case)
     lse_variants = [t["lse"]] + ([t["lse_contig"]] if case.strided_lse else [])

@@ -11,6 +11,16 @@ warpgroup owns 64 of the tile's 128 keys and computes, per step:
     dV  += P^T dO, dK += dS^T Q        (wgmma with P^T / dS^T from registers)
     dS^T -> shared memory (stmatrix, transposed), then dQ = dS K split over both warpgroups
 
+Above d=128 one warpgroup's registers cannot hold dK and dV of 64 keys, so with
+tile_n = 64 (`kv_shared`) both MMA warpgroups share the tile's 64 keys: each computes
+S^T / dP^T for half of the step's query columns, stores its halves of P^T and dS^T
+to shared memory, and after one barrier takes half of the head-dim columns of dV,
+dK and dQ with both wgmma operands in shared memory. With `dq_red` the MMA warpgroups
+add their dQ values straight from registers (red.global.add.v2, rows past the
+sequence skipped; deterministic turns taken by MMA thread 0 around the fenced adds)
+and the dQ writer warp and the shared dQ tile are not there: at d=256 that is what
+leaves room for two Q / dO stages.
+
 Warpgroup 0 gives its registers away (setmaxnreg): warp 0 issues the TMA loads of
 Q and dO into a staged mbarrier pipeline (K and V once), warp 1 adds each step's
 fp32 dQ tile into the row-layout dQ accumulator with one TMA reduce-add
@@ -106,6 +116,8 @@ class SdpaBwdSm90:
         self.split_m = p.dq_split_m
         self.swap_dq = p.dq_swap
         self.frag = p.dq_fragments
+        self.red = p.dq_red
+        self.shared_keys = p.kv_shared
         self.num_threads = MMA_THREADS + 128
         self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
 
@@ -126,9 +138,14 @@ class SdpaBwdSm90:
         K = cute.nvgpu.OperandMajorMode.K
         MN = cute.nvgpu.OperandMajorMode.MN
         RMEM = warpgroup.OperandSource.RMEM
-        mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (2, 1, 1), (64, bm))
-        mma_dk = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d), RMEM)
-        mma_dv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, dv), RMEM)
+        if const_expr(self.shared_keys):  # the warpgroups split query columns, then head-dim columns
+            mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 2, 1), (64, bm // 2))
+            mma_dk = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, 2, 1), (64, d // 2))
+            mma_dv = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, 2, 1), (64, dv // 2))
+        else:
+            mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (2, 1, 1), (64, bm))
+            mma_dk = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d), RMEM)
+            mma_dv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, dv), RMEM)
         if const_expr(self.swap_dq):  # dQ^T = K^T dS^T: head-dim rows over the warpgroups, any tile_m
             mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, K, Float32, (2, 1, 1), (64, bm))
         elif const_expr(self.split_m):
@@ -138,8 +155,10 @@ class SdpaBwdSm90:
 
         # K is also dQ's B operand (head-dim major), split in halves over the warpgroups when tile_m = 64
         k_major = d if const_expr(self.split_m) else d // 2
-        sQ_layout = cute.tile_to_shape(wu.smem_atom(dt, d), (bm, d, st), order=(0, 1, 2))
-        sdO_layout = cute.tile_to_shape(wu.smem_atom(dt, dv), (bm, dv, st), order=(0, 1, 2))
+        # Q and dO are also dK's / dV's B operands (head-dim major), split in halves when the warpgroups share keys
+        q_major, do_major = (d // 2, dv // 2) if const_expr(self.shared_keys) else (d, dv)
+        sQ_layout = cute.tile_to_shape(wu.smem_atom(dt, q_major), (bm, d, st), order=(0, 1, 2))
+        sdO_layout = cute.tile_to_shape(wu.smem_atom(dt, do_major), (bm, dv, st), order=(0, 1, 2))
         sK_layout = cute.tile_to_shape(wu.smem_atom(dt, k_major), (bn, d), order=(0, 1))
         sV_layout = cute.tile_to_shape(wu.smem_atom(dt, dv), (bn, dv), order=(0, 1))
         sdS_layout = cute.tile_to_shape(wu.smem_atom(dt, bn), (bm, bn, 2), order=(0, 1, 2))
@@ -154,7 +173,7 @@ class SdpaBwdSm90:
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, sV_layout, (bn, dv))
         tma_atom_dk, tma_dk = cpasync.make_tiled_tma_atom(s2g, mdK, sK_layout, (bn, d))
         tma_atom_dv, tma_dv = cpasync.make_tiled_tma_atom(s2g, mdV, sV_layout, (bn, dv))
-        if const_expr(self.frag):  # the bulk reduce adds a flat tile at its address: no tensor map
+        if const_expr(self.frag or self.red):  # a bulk reduce of a flat tile, or reds: no tensor map
             tma_atom_dq, acc = None, mAcc
         else:
             tma_atom_dq, acc = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mAcc,
@@ -163,19 +182,7 @@ class SdpaBwdSm90:
         do_bytes = cute.size_in_bytes(dt, cute.select(sdO_layout, mode=[0, 1]))
         kv_bytes = cute.size_in_bytes(dt, sK_layout) + cute.size_in_bytes(dt, sV_layout)
 
-        @cute.struct
-        class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * st]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * st]
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm], 128]
-            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm], 128]
+        SharedStorage = self.shared_storage(sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout)
 
         scale = Float32(a["softmax_scale"])
         if const_expr(thd):  # the key tiles of the longest sequence the plan declares, per sequence
@@ -194,6 +201,21 @@ class SdpaBwdSm90:
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
         ).launch(grid=[n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
                  stream=a["stream"], min_blocks_per_mp=1)
+
+    def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout):
+        """The kernel's shared memory struct; P^T's tiles (`sP`) only when the warpgroups share the keys, the
+        dQ tile only when dQ leaves through shared memory (a 16-byte stand-in otherwise)."""
+        dt, st, bm = self.dtype, self.stages, self.bm
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields = dict(mbar_q=mem[cutlass.Int64, 2 * st], mbar_do=mem[cutlass.Int64, 2 * st],
+                      mbar_kv=mem[cutlass.Int64, 2])
+        for name, layout in (("sQ", sQ_layout), ("sdO", sdO_layout), ("sK", sK_layout), ("sV", sV_layout),
+                             ("sdS", sdS_layout)) + ((("sP", sdS_layout),) if self.shared_keys else ()):
+            fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
+        fields["sdQ"] = align[mem[Float32, 4 if self.red else cute.cosize(sdQ_layout)], 1024]
+        fields["sLSE"] = align[mem[Float32, 2 * bm], 128]
+        fields["sdPsum"] = align[mem[Float32, 2 * bm], 128]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -226,6 +248,9 @@ class SdpaBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sP = None
+        if const_expr(self.shared_keys):  # P^T's tiles, laid out as dS^T's
+            sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         if const_expr(self.frag):  # a flat tile (fragment order), added by one bulk reduce
             sdQ = storage.sdQ.get_tensor(cute.make_layout(self.bm * self.d))
         else:
@@ -241,7 +266,7 @@ class SdpaBwdSm90:
                                                            mUsedK)
         walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k)
         args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
-                sdS, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
+                sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
                 pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
         if const_expr(self.p.is_thd):
             # a key tile past its sequence's keys owns no dK / dV rows and visits no query tile: every warp
@@ -253,20 +278,22 @@ class SdpaBwdSm90:
 
     @cute.jit
     def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ,
-              sK, sV, sdO, sdS, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
+              sK, sV, sdO, sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
               tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk: Walk):
-        """The warp roles: warp 0 loads, warp 1 adds dQ, the MMA warpgroups compute; all walk `walk`."""
+        """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), the
+        MMA warpgroups compute; all walk `walk`."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(24)
             if warp_idx == 0:
                 self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
                           pipe_q, pipe_do, pipe_kv, walk)
-            if warp_idx == 1:
-                self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, walk)
+            if const_expr(not self.red):
+                if warp_idx == 1:
+                    self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, walk)
         else:
             cute.arch.setmaxregister_increase(240)
-            self.mma(mK, mdK, mdV, mLSE, mdPsum, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sdQ,
-                     tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
+            self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
+                     sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
 
     def seq_rows(self, mX, head, w: Walk, offset):
         """The (seq, dim) rows of one head of the CTA's batch entry (packed: from the sequence's first token)."""
@@ -419,8 +446,8 @@ class SdpaBwdSm90:
 
     # --- MMA warpgroups
     @cute.jit
-    def mma(self, mK, mdK, mdV, mLSE, mdPsum, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sdQ, tma_atom_dk,
-            tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, w: Walk):
+    def mma(self, mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sP,
+            sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, w: Walk):
         bm, bn = self.bm, self.bn
         n_block, steps, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.steps, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
         tidx = cute.arch.thread_idx()[0] - 128
@@ -443,8 +470,12 @@ class SdpaBwdSm90:
         else:
             tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
             tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wu.transpose_view(sK)))
-        tdVrP = wg_dv.make_fragment_A(wg_dv.partition_shape_A((bn, bm)))
-        tdKrdS = wg_dk.make_fragment_A(wg_dk.partition_shape_A((bn, bm)))
+        if const_expr(self.shared_keys):  # P^T and dS^T from shared memory (each warpgroup holds half of them)
+            tdVrP = wg_dv.make_fragment_A(wg_dv.partition_A(wu.transpose_view(sP)))
+            tdKrdS = wg_dk.make_fragment_A(wg_dk.partition_A(wu.transpose_view(sdS)))
+        else:
+            tdVrP = wg_dv.make_fragment_A(wg_dv.partition_shape_A((bn, bm)))
+            tdKrdS = wg_dk.make_fragment_A(wg_dk.partition_shape_A((bn, bm)))
         acc_dK = cute.make_rmem_tensor(mma_dk.partition_shape_C((bn, self.d)), Float32)
         acc_dV = cute.make_rmem_tensor(mma_dv.partition_shape_C((bn, self.dv)), Float32)
         acc_dK.fill(0.0)
@@ -454,7 +485,14 @@ class SdpaBwdSm90:
         r2s_ds = cute.make_tiled_copy_C(st_t, mma_sdp)
         thr_r2s_ds = r2s_ds.get_slice(tidx)
         tRsdS = thr_r2s_ds.partition_D(wu.transpose_view(sdS))
-        if const_expr(self.frag):  # fragment order (frost.engines.sdpa_bwd.accum.fragment_offset)
+        tRsP = None
+        if const_expr(self.shared_keys):
+            tRsP = thr_r2s_ds.partition_D(wu.transpose_view(sP))
+        tdQcdQ = None
+        if const_expr(self.red):  # (query row, head-dim column) of each dQ value this thread adds
+            tdQsdQ = None
+            tdQcdQ = mma_dq.get_slice(tidx).partition_C(cute.make_identity_tensor((bm, self.d)))
+        elif const_expr(self.frag):  # fragment order (frost.engines.sdpa_bwd.accum.fragment_offset)
             n_dq = self.bm * self.d // MMA_THREADS  # registers (p, h, j) of the dQ fragment: j-th 16-byte group
             half = self.bm * self.d // 2
             tdQsdQ = cute.make_tensor(sdQ.iterator + (tidx // 128) * half + (tidx % 128) * 4,
@@ -510,38 +548,89 @@ class SdpaBwdSm90:
                 for c in cutlass.range_constexpr(n_cols):
                     s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
                                                  fastmath=True)
-            wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
+            if const_expr(self.shared_keys):
+                self.stage_tile(acc_S, r2s_ds, tRsP[None, None, None, stage])
+            else:
+                wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
             warpgroup.wait_group(0)
             dp_mn = acc_as_mn(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
                     dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
-            wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
-            # dV += P^T dO while dS goes to shared memory
-            wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
-            cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
-                      tRsdS[None, None, None, stage])
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+            if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
+                self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+                wu.gemm(mma_dv, acc_dV, tdVrP[None, None, None, stage], tdVrdOt[None, None, None, q_state.index],
+                        wg_wait=-1)
+            else:
+                wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
+                # dV += P^T dO while dS goes to shared memory
+                wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
+                cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
+                          tRsdS[None, None, None, stage])
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
             if const_expr(self.swap_dq):
                 acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, bm)), Float32)
                 wu.gemm(mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], zero_init=True, wg_wait=-1)
             else:
                 acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
                 wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
-            wu.gemm(mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
+            if const_expr(self.shared_keys):
+                wu.gemm(mma_dk, acc_dK, tdKrdS[None, None, None, stage], tdKrQt[None, None, None, q_state.index],
+                        wg_wait=-1)
+            else:
+                wu.gemm(mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
             warpgroup.wait_group(1)  # dV and dQ done; dK may still run
             pipe_do.consumer_release(q_state)
             self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
-            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
-            cute.autovec_copy(acc_dQ, tdQsdQ)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
+            if const_expr(self.red):
+                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS)
+                self.add_dq(acc_dQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w)
+            else:
+                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+                cute.autovec_copy(acc_dQ, tdQsdQ)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(q_state)
             q_state.advance()
         self.epilogue(acc_dK, acc_dV, mdK, mdV, mCuK, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
                       mma_dv, scale, tidx, w)
+
+    @cute.jit
+    def stage_tile(self, acc: cute.Tensor, r2s: cute.TiledCopy, dst: cute.Tensor):
+        """A 16-bit copy of this thread's part of an S^T-shaped tile (P^T, dS^T) into its shared tile."""
+        r16 = cute.make_rmem_tensor_like(acc, self.dtype)
+        wu.convert_to_16bit(acc, r16)
+        cute.copy(r2s, r2s.retile(r16), dst)
+
+    @cute.jit
+    def add_dq(self, acc_dQ: cute.Tensor, tdQcdQ: cute.Tensor, mAcc: cute.Tensor, mSem, head: Int32,
+               m_block: Int32, tidx: Int32, w: Walk):
+        """Add this thread's dQ values into the row-layout accumulator, two neighbouring columns per
+        red.global.add.v2, rows past the sequence skipped. Deterministic: MMA thread 0 waits for the tile's
+        turn, every thread fences its adds, and thread 0 passes the turn on."""
+        q0 = m_block * self.bm
+        gAcc = self.seq_rows(mAcc, head, w, w.off_q)
+        sem = None
+        if const_expr(self.p.deterministic):
+            sem = self.semaphore(mSem, mAcc, head, m_block, w)
+            if tidx == 0:
+                turn = self.turn(m_block, w)
+                while gops.ld_acquire_i32(sem) != turn:
+                    pass
+            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS)
+        for i in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+            r, c = tdQcdQ[2 * i]
+            if q0 + r < w.seqlen_q:
+                gops.red_add_f32(gops.elem_ptr(gAcc, (q0 + r, c)), (acc_dQ[2 * i], acc_dQ[2 * i + 1]))
+        if const_expr(self.p.deterministic):
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS)
+            if tidx == 0:
+                gops.red_release_add_i32(sem, Int32(1))
 
     @cute.jit
     def load_rows(self, r: Rows, w: Walk, t: Int32) -> Float32:

@@ -17,8 +17,8 @@ from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
 from frost.errors import TemplateParamsError
 
 #: (head_dim, head_dim_v) pairs the template implements.
-HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128))
-#: key rows per MMA warpgroup: each of the two MMA warpgroups owns 64 keys of the tile
+HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+#: key rows of one wgmma M tile: with tile_n = 128 each MMA warpgroup owns 64 keys; with tile_n = 64 both share them
 KEYS_PER_WG = 64
 
 
@@ -34,9 +34,17 @@ class Sm90BwdParams(SdpaFeatureParams):
     deterministic: bool = False
     # knobs
     tile_m: int = 64  # query rows per step (64, 80: dQ split over head-dim halves; 128: over query halves)
-    tile_n: int = 128  # key rows per CTA (two MMA warpgroups of 64)
+    tile_n: int = 128  # key rows per CTA: 128 (a warpgroup per 64 keys) or 64 (warpgroups split head dims)
     num_stages: int = 2  # Q / dO pipeline depth
     dq_fragments: bool = False  # dQ tiles leave in fragment order by a 1D bulk reduce (else rows by tensor TMA)
+    dq_red: bool = False  # dQ added from registers by red.global.add (no shared dQ tile, no writer warp)
+
+    @property
+    def kv_shared(self) -> bool:
+        """tile_n = 64: both MMA warpgroups share the tile's 64 keys. They split S^T / dP^T by query columns
+        and dK / dV (and dQ) by head-dim columns, so P^T and dS^T pass through shared memory; this is what
+        leaves room in registers for dK and dV at head dims above 128."""
+        return self.tile_n == KEYS_PER_WG
 
     @property
     def dq_accum_blocked(self) -> bool:
@@ -65,20 +73,25 @@ class Sm90BwdParams(SdpaFeatureParams):
 
 
 def smem_bytes(p: Sm90BwdParams) -> int:
-    """Shared memory of the main kernel: staged Q and dO, K, V, double-buffered dS, the fp32 dQ tile."""
+    """Shared memory of the main kernel: staged Q and dO, K, V, double-buffered dS (and P^T when the
+    warpgroups share the keys), the fp32 dQ tile unless dQ leaves from registers."""
     e = 2
     q = p.num_stages * p.tile_m * p.head_dim * e
     do = p.num_stages * p.tile_m * p.head_dim_v * e
     k = p.tile_n * p.head_dim * e
     v = p.tile_n * p.head_dim_v * e
-    ds = 2 * p.tile_m * p.tile_n * e
-    dq = p.tile_m * p.head_dim * 4
+    ds = 2 * p.tile_m * p.tile_n * e * (2 if p.kv_shared else 1)
+    dq = 0 if p.dq_red else p.tile_m * p.head_dim * 4
     rows = 2 * 2 * p.tile_m * 4  # staged LSE and dpsum
     return q + do + k + v + ds + dq + rows + 1024
 
 
 def accumulator_registers(p: Sm90BwdParams) -> int:
-    """fp32 accumulator registers per MMA thread at the step's peak (dK, dV, S, dP; dQ is born after S dies)."""
+    """fp32 accumulator registers per MMA thread at the step's peak (dK, dV, S, dP; dQ is born after S dies,
+    and with shared keys after P^T and dS^T have left for shared memory)."""
+    if p.kv_shared:  # per warpgroup: dK / dV of 64 keys x half the head dims, S^T / dP^T of half the queries
+        dkv = KEYS_PER_WG * (p.head_dim + p.head_dim_v) // 2 // 128
+        return dkv + max(2 * KEYS_PER_WG * p.tile_m // 2 // 128, p.tile_m * p.head_dim // 2 // 128)
     dkv = KEYS_PER_WG * (p.head_dim + p.head_dim_v) // 128
     sdp = 2 * KEYS_PER_WG * p.tile_m // 128
     return dkv + sdp
@@ -92,10 +105,20 @@ def validate(p: Sm90BwdParams) -> None:
     check_sdpa_features(p, HEAD_DIMS, "Sm90BwdParams")
     if p.has_dsinks and not p.has_sinks:
         bad("dsinks needs sinks")
-    if p.tile_n != 128:
-        bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys)")
+    if p.tile_n not in (64, 128):
+        bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys) or 64 (both share the keys)")
     if p.tile_m not in (64, 80, 128):
         bad(f"tile_m={p.tile_m} must be 64, 80 or 128")
+    if p.kv_shared and p.tile_m != 64:
+        bad(f"tile_n=64 splits S^T's query columns and dQ's head dims over the warpgroups: needs tile_m=64 "
+            f"(tile_m={p.tile_m})")
+    if p.dq_red and p.dq_fragments:
+        bad("dq_red and dq_fragments are two ways out for dQ: pick one")
+    if p.dq_red and p.dq_swap:
+        bad(f"dq_red adds neighbouring dQ columns from registers: tile_m={p.tile_m} transposes dQ")
+    if p.kv_shared and ((p.head_dim // 2) % 16 or (p.head_dim_v // 2) % 16):
+        bad(f"tile_n=64 splits dK / dV columns over two warpgroups: head dims ({p.head_dim}, {p.head_dim_v}) / 2 "
+            "must be multiples of 16")
     if p.dq_fragments and p.is_thd:
         bad("dq_fragments stores dense query tiles: packed THD batches add rows")
     if p.dq_fragments and p.dq_swap:
@@ -128,12 +151,16 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     faster than 64 rows, which needs row stores: fragment stores make ptxas serialize its wgmmas) and 64
     rows in fragment order under one (0.99-1.06x the 80-row kernel).
     """
+    if head_dim > 128:
+        k = {**dict(tile_m=64, tile_n=64, num_stages=2, dq_red=head_dim > 192), **requested}
+        k.setdefault("dq_fragments", not packed and not k["dq_red"] and k["tile_m"] % 64 == 0)
+        return k
     if head_dim == 128:
         tile_m = 64 if banded and not packed else 80
     else:
         tile_m = 128 if head_dim <= 64 else 64
     k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
-    k.setdefault("dq_fragments", not packed and k["tile_m"] % 64 == 0)
+    k.setdefault("dq_fragments", not packed and not k.get("dq_red") and k["tile_m"] % 64 == 0)
     return k
 
 
@@ -142,7 +169,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments)
+    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red)
     return "_".join(parts)
 
 
