@@ -42,6 +42,7 @@ def main(argv=None):
     ap.add_argument("--s", default="4096,16384")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--hkv", default="", help="kv heads (GQA); default = query heads")
+    ap.add_argument("--dv", default="", help="V's head dim (e.g. 128 with --d 192); default = d")
     ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for the wgmma backward")
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync chain")
     a = ap.parse_args(argv)
@@ -49,6 +50,9 @@ def main(argv=None):
     from frost.target import discover_target
 
     target = discover_target()
+
+    def dv_of(d):
+        return int(a.dv) if a.dv else d
     ds = [int(x) for x in a.d.split(",")]
     ss = [int(x) for x in a.s.split(",")]
     cs = [bool(int(x)) for x in a.causal.split(",")]
@@ -61,14 +65,16 @@ def main(argv=None):
         for c in cs:
             for vi, var in enumerate(variants):
                 keys.append((d, c, f"v{vi}"))
-                params.append(Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h, num_heads_kv=hk,
-                                            has_window_right=c, **default_knobs(d, d, **var)))
+                params.append(Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=dv_of(d), num_heads_q=h,
+                                            num_heads_kv=hk, has_window_right=c,
+                                            **default_knobs(d, dv_of(d), banded=c, **var)))
             if a.sm80:
                 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
                 from frost.engines.sm80.sdpa_bwd_params import default_knobs as k80
                 keys.append((d, c, "sm80"))
-                params.append(Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h,
-                                            num_heads_kv=hk, has_window_right=c, **k80("sm80", d, d)))
+                params.append(Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=dv_of(d),
+                                            num_heads_q=h, num_heads_kv=hk, has_window_right=c,
+                                            **k80("sm80", d, dv_of(d))))
     t0 = time.perf_counter()
     makers = dict(zip(keys, chain_for(params, target)))
     print(f"# compiled {len(params)} chains in {time.perf_counter() - t0:.1f}s", flush=True)
@@ -85,10 +91,11 @@ def main(argv=None):
             for c in cs:
                 torch.manual_seed(0)
                 q = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
-                k, v = (torch.randn(b, s, hk, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-                do = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
+                k = torch.randn(b, s, hk, d, dtype=torch.bfloat16, device="cuda")
+                v = torch.randn(b, s, hk, dv_of(d), dtype=torch.bfloat16, device="cuda")
+                do = torch.randn(b, s, h, dv_of(d), dtype=torch.bfloat16, device="cuda")
                 scale = 1.0 / math.sqrt(d)
-                flops = sdpa_flops(heads=h, d_qk=d, causal=c, direction="bwd", batch=b, seqlen_q=s)
+                flops = sdpa_flops(heads=h, d_qk=d, d_v=dv_of(d), causal=c, direction="bwd", batch=b, seqlen_q=s)
                 res, grads = {}, {}
                 if fa4 is not None:
                     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))

@@ -571,33 +571,54 @@ class SdpaBwdSm90:
                           tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-            if const_expr(self.swap_dq):
-                acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, bm)), Float32)
-                wu.gemm(mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], zero_init=True, wg_wait=-1)
-            else:
-                acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
-                wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
             if const_expr(self.shared_keys):
+                # dK before dQ, so Q and dO are released while dQ still runs: the next step's loads overlap it
                 wu.gemm(mma_dk, acc_dK, tdKrdS[None, None, None, stage], tdKrQt[None, None, None, q_state.index],
                         wg_wait=-1)
+                acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
+                wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
+                warpgroup.wait_group(1)  # dV and dK done; dQ may still run
+                pipe_do.consumer_release(q_state)
+                pipe_q.consumer_release(q_state)
+                self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
+                self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, True)
+                q_state.advance()
             else:
+                if const_expr(self.swap_dq):
+                    acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, bm)), Float32)
+                    wu.gemm(mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], zero_init=True, wg_wait=-1)
+                else:
+                    acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
+                    wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
                 wu.gemm(mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
-            warpgroup.wait_group(1)  # dV and dQ done; dK may still run
-            pipe_do.consumer_release(q_state)
-            self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
-            if const_expr(self.red):
-                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS)
-                self.add_dq(acc_dQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w)
-            else:
-                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
-                cute.autovec_copy(acc_dQ, tdQsdQ)
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(q_state)
-            q_state.advance()
+                warpgroup.wait_group(1)  # dV and dQ done; dK may still run
+                pipe_do.consumer_release(q_state)
+                self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
+                self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, False)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
         self.epilogue(acc_dK, acc_dV, mdK, mdV, mCuK, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
                       mma_dv, scale, tidx, w)
+
+    @cute.jit
+    def put_dq(self, acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head: Int32, m_block: Int32, tidx: Int32, w: Walk,
+               wait: cutlass.Constexpr[bool]):
+        """The step's dQ out of the registers: added by this thread (`dq_red`), or into the shared dQ tile once
+        the writer's previous add has read it, handed over to the writer. `wait`: the dQ GEMM is the last one
+        in flight, waited for here (after the barrier, so its time overlaps the writer's)."""
+        if const_expr(self.red):
+            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS)
+            if const_expr(wait):
+                warpgroup.wait_group(0)
+            self.add_dq(acc_dQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w)
+        else:
+            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+            if const_expr(wait):
+                warpgroup.wait_group(0)
+            cute.autovec_copy(acc_dQ, tdQsdQ)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
 
     @cute.jit
     def stage_tile(self, acc: cute.Tensor, r2s: cute.TiledCopy, dst: cute.Tensor):
