@@ -312,14 +312,14 @@ SM90_BWD_COVER = [
      sm90_bwd_kwargs(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),
      sm90_bwd_kwargs(d=64, hq=4, hk=1, has_seqused=True, has_window_left=True, deterministic=True)],
 ]
-# the SM90 backward above d=128 (both warpgroups share 64 keys): dQ by register adds (d=256 default), through
-# fragment tiles (d=192 default, d=256 with one stage) and rows (packed), every mask flag, deterministic turns
-# with register adds, packed and padded lengths, fp16, and d=128 on shared keys
+# the SM90 backward above d=128 (both warpgroups share 64 keys): dQ through fragment tiles (the dense defaults),
+# rows (packed) and register adds (with two stages), every mask flag, deterministic turns with register adds,
+# packed and padded lengths, fp16, and d=128 on shared keys
 SM90_BWD_WIDE_COVER = [
     [sm90_bwd_kwargs(d=256), sm90_bwd_kwargs(d=192, dv=128, hq=4, hk=1, has_window_right=True, bottom_right=True),
-     sm90_bwd_kwargs(d=256, knobs=dict(num_stages=1, dq_red=False)),
+     sm90_bwd_kwargs(d=256, knobs=dict(num_stages=2, dq_red=True)),
      sm90_bwd_kwargs(d=256, dtype="fp16", hq=8, hk=2, has_window_left=True, has_window_right=True,
-                     deterministic=True)],
+                     deterministic=True, knobs=dict(num_stages=2, dq_red=True))],
     [sm90_bwd_kwargs(d=256, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
      sm90_bwd_kwargs(d=192, dv=128, is_thd=True, deterministic=True),
      sm90_bwd_kwargs(d=256, has_seqused=True, has_window_right=True),

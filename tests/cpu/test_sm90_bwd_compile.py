@@ -105,7 +105,8 @@ def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]
     assert not default_knobs(64, 64, packed=True)["dq_fragments"]
     assert not default_knobs(64, 64, tile_m=80)["dq_fragments"]  # a requested knob keeps the plan valid
-    assert default_knobs(256, 256) == dict(tile_m=64, tile_n=64, num_stages=2, dq_red=True, dq_fragments=False)
+    assert default_knobs(256, 256) == dict(tile_m=64, tile_n=64, num_stages=1, dq_red=False, dq_fragments=True)
+    assert default_knobs(192, 128)["num_stages"] == 2
     assert default_knobs(192, 128)["tile_n"] == 64 and default_knobs(192, 128)["dq_fragments"]
     assert not default_knobs(192, 128, packed=True)["dq_fragments"]
     for d, dv in ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)):

@@ -78,15 +78,17 @@ LENGTH_CASES = [
     Case("pad_d64_left_det_mqa", _p(d=64, hq=4, hk=1, has_seqused=True, has_window_left=True, deterministic=True),
          b=3, sq=300, skv=300, used=[(300, 260), (0, 0), (130, 300)], wl=100, runs=3),
 ]
-# Head dims above 128: both warpgroups share 64 keys (tile_n=64), P^T and dS^T through shared memory, dQ from
-# registers by red.global.add (d=256) or through the shared dQ tile (d=192); dense, masks, GQA, deterministic
+# Head dims above 128: both warpgroups share 64 keys (tile_n=64), P^T and dS^T through shared memory, dQ through
+# the shared dQ tile (the defaults) or from registers by red.global.add (a knob); dense, masks, GQA, deterministic
 # turns with the register adds, packed and padded lengths, fp16, and the other dQ paths as knobs.
 WIDE_CASES = [
     Case("d256_plain", _p(d=256), sq=300, skv=333),
     Case("d256_causal_gqa", _p(d=256, hq=8, hk=2, has_window_right=True), b=2, sq=700, skv=700, wr=0),
     Case("d256_band_br_fp16", _p(d=256, dtype="fp16", has_window_left=True, has_window_right=True,
                                  bottom_right=True), sq=257, skv=400, wl=60, wr=5),
-    Case("d256_frag_s1", _p(d=256, knobs=dict(num_stages=1, dq_red=False)), sq=333, skv=200),
+    Case("d256_red_s2", _p(d=256, knobs=dict(num_stages=2, dq_red=True)), sq=333, skv=200),
+    Case("d256_red_det_band", _p(d=256, has_window_left=True, has_window_right=True, deterministic=True,
+                                 knobs=dict(num_stages=2, dq_red=True)), sq=300, skv=300, wl=70, wr=20, runs=3),
     Case("d256_det_causal_gqa", _p(d=256, hq=4, hk=2, has_window_right=True, deterministic=True), b=2, sq=500,
          skv=500, wr=0, runs=3),
     Case("d192_plain_mqa", _p(d=192, dv=128, hq=4, hk=1), sq=300, skv=517),
