@@ -118,6 +118,7 @@ class SdpaBwdSm90:
         self.frag = p.dq_fragments
         self.red = p.dq_red
         self.shared_keys = p.kv_shared
+        self.dk_first = p.dk_first_order
         self.num_threads = MMA_THREADS + 128
         self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
 
@@ -571,35 +572,39 @@ class SdpaBwdSm90:
                           tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-            if const_expr(self.shared_keys):
+            tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
+            if const_expr(self.dk_first):
                 # dK before dQ, so Q and dO are released while dQ still runs: the next step's loads overlap it
-                wu.gemm(mma_dk, acc_dK, tdKrdS[None, None, None, stage], tdKrQt[None, None, None, q_state.index],
-                        wg_wait=-1)
-                acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
-                wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
+                wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
+                acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
                 warpgroup.wait_group(1)  # dV and dK done; dQ may still run
                 pipe_do.consumer_release(q_state)
                 pipe_q.consumer_release(q_state)
                 self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
                 self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, True)
-                q_state.advance()
             else:
-                if const_expr(self.swap_dq):
-                    acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, bm)), Float32)
-                    wu.gemm(mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], zero_init=True, wg_wait=-1)
-                else:
-                    acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((bm, self.d)), Float32)
-                    wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
-                wu.gemm(mma_dk, acc_dK, tdKrdS, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
+                acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
+                wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
                 warpgroup.wait_group(1)  # dV and dQ done; dK may still run
                 pipe_do.consumer_release(q_state)
                 self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
                 self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, False)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
-                q_state.advance()
+            q_state.advance()
         self.epilogue(acc_dK, acc_dV, mdK, mdV, mCuK, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
                       mma_dv, scale, tidx, w)
+
+    @cute.jit
+    def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage):
+        """dQ = dS K (or dQ^T = K^T dS^T) of this step's dS tile, issued, not waited for."""
+        if const_expr(self.swap_dq):
+            acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, self.bm)), Float32)
+            wu.gemm(mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], zero_init=True, wg_wait=-1)
+        else:
+            acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.bm, self.d)), Float32)
+            wu.gemm(mma_dq, acc_dQ, tdQrdS[None, None, None, stage], tdQrKt, zero_init=True, wg_wait=-1)
+        return acc_dQ
 
     @cute.jit
     def put_dq(self, acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head: Int32, m_block: Int32, tidx: Int32, w: Walk,

@@ -38,6 +38,7 @@ class Sm90BwdParams(SdpaFeatureParams):
     num_stages: int = 2  # Q / dO pipeline depth
     dq_fragments: bool = False  # dQ tiles leave in fragment order by a 1D bulk reduce (else rows by tensor TMA)
     dq_red: bool = False  # dQ added from registers by red.global.add (no shared dQ tile, no writer warp)
+    dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
 
     @property
     def kv_shared(self) -> bool:
@@ -45,6 +46,12 @@ class Sm90BwdParams(SdpaFeatureParams):
         and dK / dV (and dQ) by head-dim columns, so P^T and dS^T pass through shared memory; this is what
         leaves room in registers for dK and dV at head dims above 128."""
         return self.tile_n == KEYS_PER_WG
+
+    @property
+    def dk_first_order(self) -> bool:
+        """The step's last GEMMs run dK then dQ, Q and dO released once dK is done (the next step's loads
+        overlap dQ); otherwise dQ then dK, dQ handed to the writer while dK runs."""
+        return self.dk_first or self.kv_shared
 
     @property
     def dq_accum_blocked(self) -> bool:
@@ -173,7 +180,8 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red)
+    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
+                 + "k" * (p.dk_first and not p.kv_shared))
     return "_".join(parts)
 
 
