@@ -67,7 +67,26 @@ BAR_DS = 1        # both MMA warpgroups stored their halves of dS
 BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgroups + writer warp)
 BAR_DQ_FULL = 3   # the MMA warpgroups wrote the dQ tile
 BAR_EPI = 4       # epilogue: K / V tiles free, then dK / dV staged
+BAR_ROWS_FULL = 5  # (and 6) the rows warp staged a step's LSE / dpsum rows in that half (`rows_warp`)
+BAR_ROWS_FREE = 7  # (and 8) the MMA warpgroups have read that half
 MMA_THREADS = 256
+
+
+@cute.jit
+def rows_barrier(first_id: cutlass.Constexpr[int], stage: Int32, arrive: cutlass.Constexpr[bool]):
+    """Sync on (or arrive at) the rows barrier of a staged half, between the MMA warpgroups and the rows warp;
+    the barrier ids stay constants (a computed id makes ptxas reserve every barrier of the CTA)."""
+    n = MMA_THREADS + 32
+    if stage == 0:
+        if const_expr(arrive):
+            cute.arch.barrier_arrive(barrier_id=first_id, number_of_threads=n)
+        else:
+            cute.arch.barrier(barrier_id=first_id, number_of_threads=n)
+    else:
+        if const_expr(arrive):
+            cute.arch.barrier_arrive(barrier_id=first_id + 1, number_of_threads=n)
+        else:
+            cute.arch.barrier(barrier_id=first_id + 1, number_of_threads=n)
 
 
 class Walk(NamedTuple):
@@ -119,6 +138,7 @@ class SdpaBwdSm90:
         self.red = p.dq_red
         self.shared_keys = p.kv_shared
         self.dk_first = p.dk_first_order
+        self.rows_warp = p.rows_warp
         self.num_threads = MMA_THREADS + 128
         self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
 
@@ -281,8 +301,8 @@ class SdpaBwdSm90:
     def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ,
               sK, sV, sdO, sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
               tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk: Walk):
-        """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), the
-        MMA warpgroups compute; all walk `walk`."""
+        """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), warp 2
+        stages the LSE / dpsum rows (`rows_warp`), the MMA warpgroups compute; all walk `walk`."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(24)
             if warp_idx == 0:
@@ -291,6 +311,9 @@ class SdpaBwdSm90:
             if const_expr(not self.red):
                 if warp_idx == 1:
                     self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, walk)
+            if const_expr(self.rows_warp):
+                if warp_idx == 2:
+                    self.load_rows_warp(mLSE, mdPsum, sRows, walk)
         else:
             cute.arch.setmaxregister_increase(240)
             self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
@@ -510,8 +533,9 @@ class SdpaBwdSm90:
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        if steps > 0:
-            self.stage_rows(rows, Int32(0), self.load_rows(rows, w, Int32(0)))
+        if const_expr(not self.rows_warp):
+            if steps > 0:
+                self.stage_rows(rows, Int32(0), self.load_rows(rows, w, Int32(0)))
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         pipe_kv.consumer_wait(kv_state)
         if const_expr(self.lengths):
@@ -524,7 +548,9 @@ class SdpaBwdSm90:
         for t in cutlass.range(steps, unroll=1):
             head, m_block = self.step_tile(t, w)
             q0 = m_block * bm
-            row_next = self.load_rows(rows, w, t + 1)  # the next step's LSE / dpsum row, staged below
+            row_next = Float32(0.0)
+            if const_expr(not self.rows_warp):
+                row_next = self.load_rows(rows, w, t + 1)  # the next step's LSE / dpsum row, staged below
             stage = t % 2
             if const_expr(self.lengths):
                 query_rows = seqlen_q - q0
@@ -543,6 +569,8 @@ class SdpaBwdSm90:
             wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
             warpgroup.wait_group(1)
             s_mn = acc_as_mn(acc_S)
+            if const_expr(self.rows_warp):
+                rows_barrier(BAR_ROWS_FULL, stage, False)
             if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
                 mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
@@ -558,6 +586,8 @@ class SdpaBwdSm90:
             for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
                     dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
+            if const_expr(self.rows_warp):
+                rows_barrier(BAR_ROWS_FREE, stage, True)
             if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
                 self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
@@ -580,14 +610,16 @@ class SdpaBwdSm90:
                 warpgroup.wait_group(1)  # dV and dK done; dQ may still run
                 pipe_do.consumer_release(q_state)
                 pipe_q.consumer_release(q_state)
-                self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
+                if const_expr(not self.rows_warp):
+                    self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
                 self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, True)
             else:
                 acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
                 wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
                 warpgroup.wait_group(1)  # dV and dQ done; dK may still run
                 pipe_do.consumer_release(q_state)
-                self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
+                if const_expr(not self.rows_warp):
+                    self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
                 self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, False)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
@@ -674,6 +706,29 @@ class SdpaBwdSm90:
         elif tidx < 2 * self.bm:
             v = self.row_value(r.mdPsum, qc, head, w)
         return v
+
+    @cute.jit
+    def load_rows_warp(self, mLSE, mdPsum, sRows, w: Walk):
+        """The rows warp: each step's LSE (log2 units, +inf past the sequence or for a row with no key) and
+        dpsum rows into that step's half of the staged rows, up to two steps ahead of the MMA warpgroups. Its
+        global loads are waited for here, never by an MMA thread (whose proxy fences would wait for them)."""
+        lane = cute.arch.lane_idx()
+        sLSE, sdPsum = sRows
+        for t in cutlass.range(w.steps + 2, unroll=1):
+            stage = t % 2
+            if t >= 2:  # the half of step t - 2 has been read
+                rows_barrier(BAR_ROWS_FREE, stage, False)
+            if t < w.steps:
+                head, m_block = self.step_tile(t, w)
+                for j in cutlass.range_constexpr((self.bm + 31) // 32):
+                    i = lane + 32 * j
+                    if i < self.bm:
+                        q = m_block * self.bm + i
+                        qc = cutlass.min(q, w.seqlen_q - 1)
+                        lse = self.row_value(mLSE, qc, head, w) * Float32(LOG2_E)
+                        sLSE[i, stage] = Float32.inf if (q >= w.seqlen_q or lse == -Float32.inf) else lse
+                        sdPsum[i, stage] = self.row_value(mdPsum, qc, head, w)
+                rows_barrier(BAR_ROWS_FULL, stage, True)
 
     @cute.jit
     def stage_rows(self, r: Rows, t: Int32, v: Float32):

@@ -39,6 +39,7 @@ class Sm90BwdParams(SdpaFeatureParams):
     dq_fragments: bool = False  # dQ tiles leave in fragment order by a 1D bulk reduce (else rows by tensor TMA)
     dq_red: bool = False  # dQ added from registers by red.global.add (no shared dQ tile, no writer warp)
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
+    rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
 
     @property
     def kv_shared(self) -> bool:
@@ -181,7 +182,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared))
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp)
     return "_".join(parts)
 
 
