@@ -14,7 +14,7 @@ import torch
 
 import frost
 from tests import oracle
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err
+from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err, runs_while_default_blocked
 
 pytestmark = pytest.mark.gpu
 
@@ -396,6 +396,25 @@ def test_thd_capture_replay_follows_new_lengths_without_sync_or_allocation(direc
         _check_thd_fwd(case, t)
     else:
         _check_thd_bwd(case, t, {n: t[n] for n in outs})
+
+
+def test_thd_non_default_stream_is_honored():
+    """The ragged-offsets kernel and cuDNN both launch on the context's stream: execute finishes while the
+    default stream is held."""
+    case = FwdCase(d=128, hq=4, hkv=4, thd_lens=[(500, 500), (0, 0), (300, 700)], causal=True)
+    g, decl, t = make_fwd(case)
+    plan_or_skip(g, ENGINE)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))  # makes the stream's handle
+    torch.cuda.synchronize()
+    t["o"].fill_(float("nan"))
+    torch.cuda.synchronize()
+    finished, still_blocked = runs_while_default_blocked(
+        lambda: g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side)), side)
+    assert finished, "execute did not finish while the default stream was held: it waited for the default stream"
+    assert still_blocked, "the default stream was not held during the check"
+    _check_thd_fwd(case, t)
 
 
 def _ragged_form(lens, *, h=4, d=128, s=320, seed=0):
