@@ -192,8 +192,8 @@ def test_packed_offsets_are_int64_once_an_element_offset_passes_int32():
     assert lower_cudnn_sdpa(big).derived.offset_dtype == "int64"
 
 
-def test_head_major_packed_stats_declines_naming_the_strides():
-    """A stride equal to the token total follows the bound total (the binder derives it); cuDNN fixes strides."""
+def head_major_stats_graph():
+    """A packed forward (B=2, T=256, H=4, d=64) whose Stats is declared head-major (H, T): strides (1, 256, 1)."""
     g = frost.Graph(io_data_type="bf16", target=B200)
     cq, ck = (g.tensor(name=n, dim=(3,), data_type="int32") for n in ("cu_q", "cu_kv"))
     q, k, v = (g.tensor(name=n, dim=(256, 4, 64)) for n in "qkv")
@@ -201,8 +201,13 @@ def test_head_major_packed_stats_declines_naming_the_strides():
                       max_seq_len_q=128, max_seq_len_kv=128)
     o.set_output(True)
     stats.set_output(True).set_stride((1, 256, 1))
+    return g.validate()
+
+
+def test_head_major_packed_stats_declines_naming_the_strides():
+    """A stride equal to the token total follows the bound total (the binder derives it); cuDNN fixes strides."""
     with pytest.raises(CudnnUnsupported) as ei:
-        lower_cudnn_sdpa(g.validate().facts)
+        lower_cudnn_sdpa(head_major_stats_graph().facts)
     assert "head-major" in ei.value.reason and "(1, 256, 1)" in ei.value.reason and "(4, 1, 1)" in ei.value.reason
 
 
@@ -293,14 +298,7 @@ def test_packed_and_ragged_graphs_route_to_cudnn_on_b200(unpended, cudnn_present
 
 
 def test_packed_graph_with_head_major_stats_declines_on_b200(unpended, cudnn_present):
-    g = frost.Graph(io_data_type="bf16", target=B200)
-    cq, ck = (g.tensor(name=n, dim=(3,), data_type="int32") for n in ("cu_q", "cu_kv"))
-    q, k, v = (g.tensor(name=n, dim=(256, 4, 64)) for n in "qkv")
-    o, stats = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=True, cu_seq_len_q=cq, cu_seq_len_kv=ck,
-                      max_seq_len_q=128, max_seq_len_kv=128)
-    o.set_output(True)
-    stats.set_output(True).set_stride((1, 256, 1))
-    g.validate()
+    g = head_major_stats_graph()
     assert g.available_engines() == []
     assert "head-major" in dict(g.declines())["SdpaFwdCudnn"]
 
