@@ -25,10 +25,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from frost.engines.common.ragged_offsets_params import RaggedOffsetsParams, offset_dtype_for, offset_role
-
-#: roles of the query and the key/value token groups of a packed graph (their ragged offsets follow cu_seq_len_q/kv)
-Q_GROUP = ("q", "o", "dO", "dQ", "stats")
-KV_GROUP = ("k", "v", "dK", "dV")
+from frost.ir.validate import Q_GROUP  # the query token group (its offsets follow cu_seq_len_q; the rest, _kv)
 
 
 class CudnnUnsupported(Exception):
@@ -60,7 +57,7 @@ class CudnnSdpaCall:
     outputs: tuple[CudnnTensor, ...]  # returned by the op, in its return order ((O, Stats) or (dQ, dK, dV))
     output_kwargs: tuple[str, ...] = ()  # roles passed as keywords that cuDNN writes (dBias, dSink_token)
     dropout: Optional[tuple[float, str, str]] = None  # (probability, seed role, offset role)
-    ragged: tuple[tuple[str, str], ...] = ()  # (tensor role, ragged offset role): set_ragged_offset after the op
+    ragged: tuple[tuple[str, str], ...] = ()  # (tensor role, ragged offset role): `set_ragged_offset` of each
     derived: Optional[RaggedOffsetsParams] = None  # packed graphs: the kernel that writes the derived roles
     batch: int = 0  # packed graphs: B, the derived lengths' extent (the declared cu_seq_len's B+1, less one)
 
@@ -117,7 +114,7 @@ def band_kwargs(facts) -> dict:
     return kw
 
 
-def _total_dependent_stride(facts, t) -> Optional[str]:
+def _total_dependent_stride(t) -> Optional[str]:
     """Why a packed tensor's layout cannot be a cuDNN declaration, or None.
 
     The binder lets a stride equal to the declared token total follow a bound tensor's smaller total (head-major
@@ -143,7 +140,7 @@ class _Packed:
     def declare(self, role: str) -> CudnnTensor:
         f = self.facts
         t = f.tensor(role)
-        why = _total_dependent_stride(f, t)
+        why = _total_dependent_stride(t)
         if why:
             raise CudnnUnsupported(why)
         group = "q" if role in Q_GROUP else "kv"
