@@ -10,9 +10,13 @@ is its host time):
   is `torch.autograd.grad` of an output built once, as the bench times it
 - torch op: the aten op under it (`_scaled_dot_product_cudnn_attention`), forward only, when it can be called
 - frost execute: `Graph.execute(pack, workspace, ExecutionContext())` with the engine planned by name ("cudnn")
+- frost executor / frost launch: `Graph.executor(ports)` called with the tensors in port order (every check of
+  execute), and its `launch` (devices and alignment only; for callers whose cache key pins the rest)
 - frost adapter: the adapter's execute on tensors the binder already checked (execute without the binder)
-- cudnn ordered / cudnn mapping: the built `cudnn.pygraph`'s own execute, the ordered form
-  (`tensor_uids=`, what frost calls) and the mapping form (`{tensor: buffer}`), with the same handle
+- cudnn raw: the backend's raw-pointer entry the adapter calls (`_execute_with_raw_ptrs`, pointers in the
+  backend's order), when the binding has it
+- cudnn ordered / cudnn mapping: the built `cudnn.pygraph`'s own execute, the ordered form (`tensor_uids=`) and
+  the mapping form (`{tensor: buffer}`), with the same handle
 
 Per call over back-to-back calls: wall clock until the GPU drained, and in parentheses until the last call returned
 (host time alone, while the launch queue has room), as `frost bench --probe` measures.
@@ -31,21 +35,36 @@ from host_time import per_call_us, tiny_graphs
 
 
 def _frost_rows(g, pack, calls):
-    """frost execute, frost adapter, cudnn ordered, cudnn mapping: (name, (wall, issue)) or (name, reason)."""
+    """frost execute / executor / launch / adapter, cudnn raw / ordered / mapping: (name, (wall, issue)) or
+    (name, reason)."""
+    from array import array
+
+    from frost.runtime.context import stream_handle
+
     ws = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
     ctx = frost.ExecutionContext()
     adapter = g.plan.adapter
     bound = g._binder.bind(pack, ws)
     g.execute(pack, ws, ctx)  # the current stream's handle exists after this
-    from frost.adapters.cudnn import handle_for
-    from frost.runtime.context import stream_handle
-
-    cg, h = adapter._graph, handle_for(adapter._device, stream_handle(None))
-    cws = ws if adapter._cudnn_ws else None
+    ports = tuple(pack)
+    run = g.executor(ports)
+    tensors = tuple(pack[p] for p in ports)
+    h, backend = adapter._handles[stream_handle(None)]
+    cg, cws = adapter._graph, (ws if adapter._cudnn_ws else None)
     ordered = tuple(bound[r] for r in adapter._roles)
     mapping = {tensor: bound[role] for role, tensor in adapter._pack_roles}
     rows = [("frost execute", lambda: g.execute(pack, ws, ctx)),
+            ("frost executor", lambda: run(tensors, ws, ctx)),
+            ("frost launch", lambda: run.launch(tensors, ws, ctx)),
             ("frost adapter", lambda: adapter.execute(bound, ws, None))]
+    raw = adapter._raw
+    if raw is not None and backend is not None:
+        rws = ws.data_ptr() if adapter._cudnn_ws else 0
+
+        def raw_call():
+            ptrs = array("Q", [bound[r].data_ptr() for r in raw.roles])
+            raw.execute(ptrs.buffer_info()[0], len(ptrs), rws, backend, raw.plan_index)
+        rows.append(("cudnn raw", raw_call))
     if adapter._uids is not None:
         rows.append(("cudnn ordered", lambda: cg.execute(ordered, cws, handle=h, tensor_uids=adapter._uids)))
     rows.append(("cudnn mapping", lambda: cg.execute(mapping, cws, handle=h)))
@@ -55,7 +74,9 @@ def _frost_rows(g, pack, calls):
             out.append((name, per_call_us(fn, calls)))
         except Exception as e:  # report, keep going
             out.append((name, f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:120]}"))
-    out.append(("(binding form frost uses)", "ordered" if adapter._uids is not None else "mapping"))
+    form = "raw pointers" if raw is not None and backend is not None else \
+        "ordered" if adapter._uids is not None else "mapping"
+    out.append(("(binding form frost uses)", form))
     return out
 
 

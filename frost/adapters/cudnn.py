@@ -9,13 +9,24 @@ pointers and launches: no allocation, no fill, no device-to-host read.
 
 Handles: one cuDNN handle per (device, stream), created and set to its stream once, then cached for
 the process (`cudnnSetStream` is never called per execute). Planning creates the handle of the
-current stream; the first execute on another stream creates that stream's handle (host work, once).
+current stream; the first execute on another stream creates that stream's handle (host work, once);
+each plan keeps the handles it launched with by stream (one dict lookup per execute).
+
+Packed (THD) graphs: cuDNN serves them in its ragged form (see `cudnn_lowering.py`). Its per-batch lengths
+and ragged offsets are derived from `cu_seq_len_q/kv` on the launch stream by frost's ragged-offsets kernel
+(`frost/engines/common/ragged_offsets.py`, compiled at plan time) into scratch carved after cuDNN's own
+workspace, then the cuDNN graph runs: no host read, no allocation, and a captured execute replays with new
+lengths. The graph is built for the declared batch B (cu_seq_len's (B+1,)), S = max_seq_len_q/kv and the
+declared token totals; a batch of fewer sequences passes empty ones.
 
 The cuDNN library's own engines only: nvidia-cudnn-frontend 1.32's `pygraph` also ranks Python engines of its
 own (CuTe DSL kernels it ships) into the plan list; they are deselected before the plans are built, so this
-engine runs what torch's cuDNN SDPA backend runs. Execute hands the bound tensors to `pygraph.execute` in the
-plan's operand order (`tensor_uids=`, cuDNN's cheapest binding path), falling back once, with a warning, to
-the mapping form if this binding refuses the ordered one.
+engine runs what torch's cuDNN SDPA backend runs. Execute hands the bound tensors' device pointers to the
+backend's raw-pointer entry where the binding has one (`RawLaunch`: the pointers in the backend's own operand
+order, one call), else to `pygraph.execute` in the plan's operand order (`tensor_uids=`), falling back once,
+with a warning, to the mapping form if this binding refuses the ordered one. The binder has checked every
+tensor against the declarations the cuDNN graph was built from, so the binding's own checks of the same facts
+are not repeated per call.
 
 nvidia-cudnn-frontend is an optional extra (`pip install 'frost[cudnn]'`) imported here lazily, so
 `import frost` and planning never need it; without it the engine declines naming the package.
@@ -23,13 +34,19 @@ nvidia-cudnn-frontend is an optional extra (`pip install 'frost[cudnn]'`) import
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
-from typing import Optional
+from array import array
+from typing import NamedTuple, Optional
 
 from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
 from frost.adapters.cudnn_lowering import CudnnSdpaCall, CudnnUnsupported, lower_cudnn_sdpa
+from frost.engines.common.ragged_offsets_params import scratch_buffers
 from frost.runtime.context import stream_handle
-from frost.runtime.workspace import align_up
+from frost.runtime.workspace import CarvedViews, align_up, layout_bytes
+
+#: frost's kernel that derives cuDNN's ragged lengths and offsets from cu_seq_len (packed graphs)
+RAGGED_TEMPLATE = "frost.engines.common.ragged_offsets"
 
 CUDNN_MISSING = "nvidia-cudnn-frontend is not installed (pip install 'frost[cudnn]')"
 FAKE_TARGET = ("plans only for the device it runs on (cuDNN picks its kernels from the live device); "
@@ -82,10 +99,26 @@ _BUG_TYPES = (TypeError, AttributeError, KeyError, IndexError, NameError, Assert
 # (device index, raw stream) -> cuDNN handle bound to that stream; process-wide, never per execute
 _HANDLES: dict = {}
 _HANDLES_LOCK = threading.Lock()
-# (CudnnSdpaCall, device index) -> (cudnn graph, ((role, cudnn tensor), ...), workspace bytes, operand uids or None):
-# one cuDNN build per specialization and device, shared by every frost plan of that graph (execute passes its own
-# handle)
+# (CudnnSdpaCall, device index) -> Built: one cuDNN build per specialization and device, shared by every frost plan
+# of that graph (execute passes its own handle)
 _BUILT: dict = {}
+
+
+class RawLaunch(NamedTuple):
+    """The backend's raw-pointer execute of a built plan (`_execute_with_raw_ptrs` of nvidia-cudnn-frontend 1.32's
+    lowered graph): the operands' device pointers in the backend's order (ascending uid), one call."""
+
+    execute: object  # (pointer array address, count, workspace pointer, backend handle, plan index) -> None
+    roles: tuple  # the role of each operand, in the backend's order
+    plan_index: int  # the backend's index of the plan built (-1: its selected one)
+
+
+class Built(NamedTuple):
+    graph: object
+    pack_roles: tuple  # ((role, cudnn tensor), ...) of every operand
+    workspace: int  # cuDNN's workspace bytes
+    uids: Optional[tuple]  # operand uids in `pack_roles` order for `execute(tensor_uids=)`, or None
+    raw: Optional[RawLaunch]
 
 
 def handle_for(device: int, stream: int):
@@ -113,6 +146,9 @@ def build_cudnn_graph(cudnn, call: CudnnSdpaCall, handle):
                       compute_data_type=cudnn.data_type.FLOAT, handle=handle)
     ts = {t.role: g.tensor(name=t.role, dim=list(t.dim), stride=list(t.stride), data_type=dt(t.dtype))
           for t in call.inputs}
+    for role, offset in call.ragged:  # the inputs' ragged offsets before the op reads them, the outputs' after
+        if role in ts:
+            ts[role].set_ragged_offset(ts[offset])
     kw = {}
     for key, value in call.scalar_kwargs:
         kw[key] = getattr(cudnn.diagonal_alignment, value) if key == "diagonal_alignment" else value
@@ -126,6 +162,10 @@ def build_cudnn_graph(cudnn, call: CudnnSdpaCall, handle):
         ts[spec.role] = t
     for role in call.output_kwargs:
         ts[role].set_output(True)
+    outputs = {spec.role for spec in call.outputs}
+    for role, offset in call.ragged:
+        if role in outputs:
+            ts[role].set_ragged_offset(ts[offset])
     return g, ts
 
 
@@ -164,6 +204,39 @@ def ordered_uids(g, ts: dict, roles: tuple):
         return tuple(int(ts[role].get_uid()) for role in roles)
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+def raw_launch(g, ts: dict, roles: tuple) -> Optional[RawLaunch]:
+    """`g`'s raw-pointer execute when this binding has one and its operands are exactly `roles`, else None.
+
+    It is the call 1.32's `pygraph.execute` makes for a backend plan once it has turned the caller's pack into
+    pointers; None (a binding without it, a Python-engine plan, operands bound by the graph itself) keeps
+    execute on the binding's public path."""
+    try:
+        lowered = g._lowered_graph
+        execute = lowered._execute_with_raw_ptrs
+        lowered._prepare_variant_pack_template()
+        order = [int(u) for u in lowered._get_variant_pack_uids_sorted()]
+        if g.selected_engine is not None or g._data_bindings:
+            return None
+        cfg = g._materialize_backend_plan(g._plan_index) if g._plans else None
+        index = -1 if cfg is None or cfg.cpp_index is None else int(cfg.cpp_index)
+        by_uid = {int(ts[role].get_uid()): role for role in roles}
+    except Exception:  # noqa: BLE001 - an optional entry of a private surface: any failure means "not here"
+        return None
+    if not callable(execute) or len(by_uid) != len(roles) or order != sorted(by_uid):
+        return None
+    return RawLaunch(execute, tuple(by_uid[u] for u in order), index)
+
+
+def _pointer_getter(roles: tuple, derived: dict):
+    """(bound, workspace address) -> the operands' device pointers: the bound tensors' `data_ptr()`, derived
+    operands at their plan-time offsets into the workspace."""
+    if not derived:
+        get = operator.itemgetter(*roles)
+        return lambda bound, ws: [t.data_ptr() for t in get(bound)]
+    slots = tuple((role, derived.get(role)) for role in roles)
+    return lambda bound, ws: [bound[role].data_ptr() if off is None else ws + off for role, off in slots]
 
 
 class _CudnnAdapter:
@@ -208,9 +281,40 @@ class _CudnnAdapter:
             except Exception as e:  # cuDNN's refusal (cudnnGraphNotSupportedError and kin) names the reason
                 raise self.decline(f"cuDNN declines this graph: {type(e).__name__}: {e}") from None
             roles = self.call.roles()
-            built = _BUILT[key] = (g, tuple((role, ts[role]) for role in roles), ws, ordered_uids(g, ts, roles))
-        self._graph, self._pack_roles, self._cudnn_ws, self._uids = built
+            built = _BUILT[key] = Built(g, tuple((role, ts[role]) for role in roles), ws, ordered_uids(g, ts, roles),
+                                        raw_launch(g, ts, roles))
+        self._graph, self._pack_roles, self._cudnn_ws, self._uids = built.graph, built.pack_roles, built.workspace, \
+            built.uids
         self._roles = tuple(role for role, _ in self._pack_roles)
+        self._handles = {}  # raw stream -> (cuDNN handle, its backend handle or None), kept by this plan
+        self._derive_scratch()
+        self._raw = built.raw
+        self._pointers = None if built.raw is None else _pointer_getter(built.raw.roles, self._derived_at)
+
+    def _derive_scratch(self) -> None:
+        """Packed graphs: where the derived lengths and offsets live, after cuDNN's own workspace."""
+        call = self.call
+        self._derived_at, self._derived_views, self._scratch_bytes = {}, None, 0
+        if call.derived is None:
+            return
+        start = align_up(self._cudnn_ws) if self._cudnn_ws else 0
+        lengths, offsets = buffers = scratch_buffers(call.derived, call.batch)
+        self._derived_views = CarvedViews(buffers, start)
+        self._scratch_bytes = layout_bytes(buffers)
+        roles = call.derived_roles()
+        row32, row = lengths.nbytes // 2, offsets.nbytes // offsets.shape[0]
+        at = start + align_up(lengths.nbytes)
+        self._derived_at = {roles[0]: start, roles[1]: start + row32,
+                            **{r: at + i * row for i, r in enumerate(roles[2:])}}
+
+    def kernel_specs(self) -> list:
+        """(template, params) of frost's own kernel: the ragged offsets of a packed graph (none otherwise)."""
+        derived = self.call.derived if hasattr(self, "call") else None
+        return [(RAGGED_TEMPLATE, derived)] if derived is not None else []
+
+    def compiled_kernels(self) -> list:
+        kernel = getattr(self, "_kernel", None)
+        return [kernel] if kernel is not None else []
 
     def compile(self) -> None:
         if not hasattr(self, "call"):
@@ -219,24 +323,58 @@ class _CudnnAdapter:
             raise self.decline(FAKE_TARGET)
         if not hasattr(self, "_graph"):
             self._build()
+        if self.call.derived is not None:
+            from frost.compiler.compile import compile_kernel
+
+            self._kernel = compile_kernel(RAGGED_TEMPLATE, self.call.derived, self.target)
         self.compiled = True
 
     def scratch_workspace_bytes(self) -> int:
-        return align_up(self._cudnn_ws) if getattr(self, "_cudnn_ws", 0) else 0
+        cudnn_ws = align_up(self._cudnn_ws) if getattr(self, "_cudnn_ws", 0) else 0
+        return cudnn_ws + getattr(self, "_scratch_bytes", 0)
+
+    def _handle_of(self, s: int) -> tuple:
+        """(cuDNN handle, backend handle or None) of raw stream `s`, kept by this plan after its first use."""
+        h = handle_for(self._device, s)
+        backend = getattr(h, "backend_handle", None)
+        entry = self._handles[s] = (h, backend if type(backend) is int else None)
+        return entry
 
     def execute(self, bound: dict, workspace, stream) -> None:
         s = stream_handle(stream)
-        h = _HANDLES.get((self._device, s))  # the plan's device, found at plan time
+        h = self._handles.get(s)  # the plan's device, found at plan time
         if h is None:
-            h = handle_for(self._device, s)
+            h = self._handle_of(s)
+        views = self._derived_views
+        if views is not None:  # packed: cuDNN's lengths and offsets from cu_seq_len, on this stream
+            v = views(workspace)
+            self._kernel(bound["cu_seq_len_q"], bound["cu_seq_len_kv"], v["ragged_lengths"], v["ragged_offsets"], s)
+        raw = self._raw
+        if raw is not None and h[1] is not None:
+            ws = workspace.data_ptr() if workspace is not None else 0
+            ptrs = array("Q", self._pointers(bound, ws))
+            raw.execute(ptrs.buffer_info()[0], len(ptrs), ws if self._cudnn_ws else 0, h[1], raw.plan_index)
+            return
+        if views is not None:
+            bound = {**bound, **self._derived_tensors(v)}
         ws = workspace if self._cudnn_ws else None
         if self._uids is not None:
             try:
-                self._graph.execute(tuple([bound[r] for r in self._roles]), ws, handle=h, tensor_uids=self._uids)
+                self._graph.execute(tuple([bound[r] for r in self._roles]), ws, handle=h[0], tensor_uids=self._uids)
                 return
             except (TypeError, ValueError) as e:
                 self._refuse_ordered(e)
-        self._graph.execute({t: bound[role] for role, t in self._pack_roles}, ws, handle=h)
+        self._graph.execute({t: bound[role] for role, t in self._pack_roles}, ws, handle=h[0])
+
+    def _derived_tensors(self, views: dict) -> dict:
+        """The derived operands as tensors shaped as cuDNN declares them (the binding's public paths take
+        tensors; the raw-pointer path takes their addresses)."""
+        b = self.call.batch
+        lengths, offsets = views["ragged_lengths"], views["ragged_offsets"]
+        roles = self.call.derived_roles()
+        out = {roles[0]: lengths[0, :b].view(b, 1, 1, 1), roles[1]: lengths[1, :b].view(b, 1, 1, 1)}
+        out.update({r: offsets[i, :b + 1].view(b + 1, 1, 1, 1) for i, r in enumerate(roles[2:])})
+        return out
 
     def _refuse_ordered(self, e: Exception) -> None:
         """This binding refused the ordered operands: this plan binds by mapping from now on (said once)."""

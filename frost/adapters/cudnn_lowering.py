@@ -7,17 +7,25 @@ get the declared dims, strides and data types of `outputs`.
 
 Every frost tensor keeps its declared dims and strides; the only reshapes are frost's shorter forms of
 one-value-per-batch or per-head tensors (`seq_len_q` (B,), `sink_token` (H,), dropout seeds (1,)), which
-cuDNN declares as 4-d views of the same memory.
+cuDNN declares as 4-d views of the same memory, and packed graphs, which cuDNN serves in its ragged form:
+
+- frost's packed form (Q/K/V/O (T, H, D), `cu_seq_len_q/kv` (B+1,)): each packed tensor is declared (B, H, S, D)
+  with its own H and D strides, its token stride as the S stride (and S times it as the batch stride, which the
+  ragged offset replaces), S the plan-time envelope `max_seq_len_q/kv` and B from the declared (B+1,) of
+  cu_seq_len. The lengths (B, 1, 1, 1) int32 and one ragged offset array (B+1, 1, 1, 1) per token stride a group
+  uses (`cu[b] * stride`, int32, or int64 when the declared total times the stride passes int32) are derived
+  from cu_seq_len on the execute stream (`derived`: frost's ragged-offsets kernel, into workspace scratch).
+  Stats (T, H, 1) is cuDNN's packed Stats: (B, H, S, 1) with a ragged offset of its own token stride.
+- cuDNN's ragged form declared directly (`facts.ragged`): the declared (B, H, S, D) tensors, offsets and lengths
+  are passed through as they are.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-#: why packed THD graphs are declined (see README, engines table)
-THD_REASON = ("does not serve packed THD: cuDNN takes per-batch seq_len tensors (and ragged element offsets), "
-              "which would have to be derived from cu_seq_len_q/kv by a kernel on the execute path; declare a "
-              "padded dense graph with use_padding_mask and seq_len_q/kv instead")
+from frost.engines.common.ragged_offsets_params import RaggedOffsetsParams, offset_dtype_for, offset_role
+from frost.ir.validate import Q_GROUP  # the query token group (its offsets follow cu_seq_len_q; the rest, _kv)
 
 
 class CudnnUnsupported(Exception):
@@ -49,6 +57,9 @@ class CudnnSdpaCall:
     outputs: tuple[CudnnTensor, ...]  # returned by the op, in its return order ((O, Stats) or (dQ, dK, dV))
     output_kwargs: tuple[str, ...] = ()  # roles passed as keywords that cuDNN writes (dBias, dSink_token)
     dropout: Optional[tuple[float, str, str]] = None  # (probability, seed role, offset role)
+    ragged: tuple[tuple[str, str], ...] = ()  # (tensor role, ragged offset role): `set_ragged_offset` of each
+    derived: Optional[RaggedOffsetsParams] = None  # packed graphs: the kernel that writes the derived roles
+    batch: int = 0  # packed graphs: B, the derived lengths' extent (the declared cu_seq_len's B+1, less one)
 
     def kwarg(self, name: str, default=None):
         for k, v in self.scalar_kwargs + self.tensor_kwargs:
@@ -57,8 +68,14 @@ class CudnnSdpaCall:
         return default
 
     def roles(self) -> tuple[str, ...]:
-        """Every role bound at execute, inputs then outputs."""
+        """Every role bound at execute, inputs then outputs (derived roles included: see `derived_roles`)."""
         return tuple(t.role for t in self.inputs) + tuple(t.role for t in self.outputs)
+
+    def derived_roles(self) -> tuple[str, ...]:
+        """The roles frost's ragged-offsets kernel writes into scratch (packed graphs), in its rows' order."""
+        if self.derived is None:
+            return ()
+        return ("seq_len_q", "seq_len_kv") + tuple(offset_role(i) for i in range(self.derived.num_offsets))
 
 
 def _as4(t, batch_or_heads_axis: int) -> CudnnTensor:
@@ -97,23 +114,108 @@ def band_kwargs(facts) -> dict:
     return kw
 
 
+def _total_dependent_stride(t) -> Optional[str]:
+    """Why a packed tensor's layout cannot be a cuDNN declaration, or None.
+
+    The binder lets a stride equal to the declared token total follow a bound tensor's smaller total (head-major
+    Stats (H, T)); cuDNN's graph fixes every stride when it is built, so such a layout is declined."""
+    total = t.dim[0]
+    if any(d > 1 and st == total for d, st in zip(t.dim[1:], t.stride[1:])):
+        what = "packed Stats declared head-major (H, T)" if t.name == "stats" else f"packed {t.label or t.name}"
+        return (f"does not serve {what}, strides {t.stride}: a stride equal to the token total follows the bound "
+                f"tensor's total, and cuDNN fixes strides when its graph is built; declare it token-major "
+                f"(T, H, {t.dim[2]}) with strides ({t.dim[1] * t.dim[2]}, {t.dim[2]}, 1)")
+    return None
+
+
+class _Packed:
+    """frost's packed form in cuDNN's ragged form: the (B, H, S, D) declarations and one offset array per
+    (token group, token stride)."""
+
+    def __init__(self, facts):
+        self.facts = facts
+        self.strides = {"q": [], "kv": []}
+        self.pairs = []
+
+    def declare(self, role: str) -> CudnnTensor:
+        f = self.facts
+        t = f.tensor(role)
+        why = _total_dependent_stride(t)
+        if why:
+            raise CudnnUnsupported(why)
+        group = "q" if role in Q_GROUP else "kv"
+        seq = f.seq_q if group == "q" else f.seq_kv
+        token, head, inner = t.stride
+        strides = self.strides[group]
+        if token not in strides:
+            strides.append(token)
+        self.pairs.append((role, group, strides.index(token)))
+        return CudnnTensor(role, (f.batch, t.dim[1], seq, t.dim[2]), (seq * token, head, token, inner), t.dtype)
+
+    def finish(self):
+        """(derived operand declarations, (tensor role, offset role) pairs, kernel params)."""
+        f = self.facts
+        sq, skv = tuple(self.strides["q"]), tuple(self.strides["kv"])
+        largest = max(max(f.total_q * s for s in sq), max(f.total_kv * s for s in skv))
+        params = RaggedOffsetsParams(offset_dtype=offset_dtype_for(largest), strides_q=sq, strides_kv=skv)
+        ones = (1, 1, 1, 1)
+        tensors = [CudnnTensor(r, (f.batch, 1, 1, 1), ones, "int32") for r in ("seq_len_q", "seq_len_kv")]
+        tensors += [CudnnTensor(offset_role(i), (f.batch + 1, 1, 1, 1), ones, params.offset_dtype)
+                    for i in range(params.num_offsets)]
+        pairs = tuple((role, offset_role(i if group == "q" else len(sq) + i)) for role, group, i in self.pairs)
+        return tensors, pairs, params
+
+
+def _ragged_declared(facts) -> dict:
+    """cuDNN's ragged form as declared: {role: CudnnTensor} of its tensors, their offsets and the lengths."""
+    out = {}
+    for t in facts.ragged.declared:
+        if t.name in ("seq_len_q", "seq_len_kv") or t.name.endswith("_ragged_offset"):
+            out[t.name] = _as4(t, 0)
+        else:
+            out[t.name] = CudnnTensor(t.name, t.dim, t.stride, t.dtype)
+    return out
+
+
 def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
     """The cuDNN graph calls that compute the SDPA node `facts` describe, or CudnnUnsupported."""
-    if facts.is_thd:
-        raise CudnnUnsupported(THD_REASON)
     for flag, what in ((facts.has_attn_mask, "attn_mask"), (facts.has_score_mod, "score_mod")):
         if flag:
             raise CudnnUnsupported(f"does not serve {what}")
     fwd = facts.direction == "fwd"
     positional = ("q", "k", "v") if fwd else ("q", "k", "v", "o", "dO", "stats")
-    inputs = [_declared(facts, r) for r in positional]
-    tensor_kwargs, output_kwargs = [], []
+    out_roles = (("o", "stats") if facts.has_stats else ("o",)) if fwd else ("dQ", "dK", "dV")
+    packed = _Packed(facts) if facts.is_thd and facts.ragged is None else None
+    ragged = _ragged_declared(facts) if facts.ragged is not None else None
+
+    def io(role: str) -> CudnnTensor:
+        if packed is not None:
+            return packed.declare(role)
+        if ragged is not None and role in ragged:
+            return ragged[role]
+        return _declared(facts, role)
+
+    inputs = [io(r) for r in positional]
+    outputs = [io(r) for r in out_roles]
+    tensor_kwargs, output_kwargs, pairs = [], [], ()
     scalars = {"attn_scale": float(facts.attn_scale)}  # pybind takes a Python float (an int reads as a tensor)
     if fwd:
         scalars["generate_stats"] = bool(facts.has_stats)
     elif facts.deterministic:
         scalars["use_deterministic_algorithm"] = True
     scalars.update(band_kwargs(facts))
+    derived = None
+    if facts.is_thd:  # lengths and offsets: derived from cu_seq_len (packed), or as declared (ragged)
+        scalars.update(use_padding_mask=True, max_total_seq_len_q=int(facts.total_q),
+                       max_total_seq_len_kv=int(facts.total_kv))
+        if packed is not None:
+            extra, pairs, derived = packed.finish()
+        else:
+            pairs = tuple((r, f"{r}_ragged_offset") for r in (*positional, *out_roles)
+                          if f"{r}_ragged_offset" in ragged)
+            extra = [ragged[r] for r in ("seq_len_q", "seq_len_kv")] + [ragged[o] for _, o in pairs]
+        inputs += extra
+        tensor_kwargs += [("seq_len_q", "seq_len_q"), ("seq_len_kv", "seq_len_kv")]
     if facts.has_padding:
         scalars["use_padding_mask"] = True
         for role in ("seq_len_q", "seq_len_kv"):
@@ -142,8 +244,8 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
             inputs.append(_as4(facts.tensor("dSink_token"), 1))
             tensor_kwargs.append(("dSink_token", "dSink_token"))
             output_kwargs.append("dSink_token")
-    out_roles = (("o", "stats") if facts.has_stats else ("o",)) if fwd else ("dQ", "dK", "dV")
     return CudnnSdpaCall(op="sdpa" if fwd else "sdpa_backward", io_dtype=facts.io_dtype, inputs=tuple(inputs),
                          positional=positional, tensor_kwargs=tuple(tensor_kwargs),
-                         scalar_kwargs=tuple(scalars.items()), outputs=tuple(_declared(facts, r) for r in out_roles),
-                         output_kwargs=tuple(output_kwargs), dropout=dropout)
+                         scalar_kwargs=tuple(scalars.items()), outputs=tuple(outputs),
+                         output_kwargs=tuple(output_kwargs), dropout=dropout, ragged=pairs, derived=derived,
+                         batch=facts.batch if derived is not None else 0)

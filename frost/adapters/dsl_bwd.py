@@ -9,14 +9,12 @@ chain. It imports no arch module.
 """
 from __future__ import annotations
 
-import weakref
-
 from frost.adapters.base import SdpaBwdDsl
 from frost.adapters.dsl import DslKernels, LaunchArgs, sdpa_feature_flags, viewed_args
 from frost.engines.sdpa_bwd.chain import chain_of
 from frost.engines.sdpa_bwd.scratch import scratch_layout
 from frost.runtime.context import stream_handle
-from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
+from frost.runtime.workspace import CarvedViews, ScratchBuffer, carve, layout_bytes
 
 
 def bwd_feature_flags(facts) -> dict:
@@ -25,7 +23,6 @@ def bwd_feature_flags(facts) -> dict:
 
 class DslBwdAdapter(DslKernels, SdpaBwdDsl):
     feature_flags = staticmethod(bwd_feature_flags)
-    _carved = None  # (weakref to the workspace, its address, scratch views) of a dense plan
 
     def kernel_specs(self) -> list:
         """(template module, params) of every kernel of the chain, in launch order."""
@@ -39,7 +36,7 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
         f = self.facts
         envelope = self._scratch(f.total_q, f.total_kv)
         self._scratch_bytes = layout_bytes(envelope)
-        self._dense_scratch = None if f.is_thd else envelope  # dense layouts are fully plan-time
+        self._dense_views = None if f.is_thd else CarvedViews(envelope)  # dense layouts are fully plan-time
         stages = chain_of(params)
         kernels = compile_many([(module, sp) for _, module, _, sp in stages], self.target)
         self.chain = [(kernel, LaunchArgs(names, f)) for (_, _, names, _), kernel in zip(stages, kernels)]
@@ -59,26 +56,11 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
         return self._scratch_bytes
 
     def _scratch_views(self, workspace, bound: dict) -> dict:
-        """Scratch views of the workspace; a dense plan re-carves only when the workspace changes.
-
-        The cache drops its views when the caller's workspace tensor dies, so it
-        never keeps workspace memory alive.
-        """
+        """Scratch views of the workspace; a dense plan re-carves only when the workspace changes."""
         # the binder has checked the workspace against the plan's size, which covers any bound totals
-        if self._dense_scratch is None:
+        if self._dense_views is None:
             return carve(workspace, self._scratch(bound["q"].shape[0], bound["k"].shape[0]), checked=True)
-        cached = self._carved
-        if cached is not None and cached[0]() is workspace and cached[1] == workspace.data_ptr():
-            return cached[2]
-        views = carve(workspace, self._dense_scratch, checked=True)
-        me = weakref.ref(self)
-
-        def forget(ref, me=me):
-            adapter = me()
-            if adapter is not None and (adapter._carved or (None,))[0] is ref:
-                adapter._carved = None
-        self._carved = (weakref.ref(workspace, forget), workspace.data_ptr(), views)
-        return views
+        return self._dense_views(workspace)
 
     def execute(self, bound: dict, workspace, stream) -> None:
         per_call = {"stream": stream_handle(stream), **self._scratch_views(workspace, bound)}

@@ -61,9 +61,10 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
 #: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
 REFERENCE_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the cuDNN engine: every arch cuDNN serves, ranked below every DSL engine (and above the reference oracle);
-#: cuDNN's own check_support judges head dims and the rest at plan time (packed THD declines in its lowering)
+#: cuDNN's own check_support judges head dims and the rest at plan time. Packed graphs go through cuDNN's ragged
+#: form (frost's and cuDNN's own declarations alike; see frost/adapters/cudnn_lowering.py)
 CUDNN_PRIORITY = 90
-CUDNN_FEATURES = KERNEL_FEATURES | {"bias", "dropout", "alibi"}
+CUDNN_FEATURES = KERNEL_FEATURES | {"bias", "dropout", "alibi", "ragged_offsets", "stats_per_batch"}
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 

@@ -1,6 +1,7 @@
 """Workspace carving: scratch views cut from the caller's workspace, never allocated by frost."""
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from frost.errors import WorkspaceError
@@ -53,19 +54,53 @@ def check_workspace(workspace, needed: int, device=None) -> None:
         raise WorkspaceError(f"workspace is on {workspace.device}, the plan's tensors are on {device}")
 
 
-def carve(workspace, buffers, *, checked: bool = False) -> dict:
-    """Views into `workspace` for each buffer, in order, each 256-byte aligned. No allocation.
+def carve(workspace, buffers, *, checked: bool = False, start: int = 0) -> dict:
+    """Views into `workspace` for each buffer, in order from byte `start` (256-byte aligned), each 256-byte
+    aligned. No allocation.
 
     `checked`: the caller has already validated the workspace against a size at least
-    `layout_bytes(buffers)` (the binder checks the plan's closed form on every execute).
+    `start + layout_bytes(buffers)` (the binder checks the plan's closed form on every execute).
     """
     import torch
 
     if not checked:
-        check_workspace(workspace, layout_bytes(buffers))
-    views, off = {}, 0
+        check_workspace(workspace, start + layout_bytes(buffers))
+    views, off = {}, start
     for b in buffers:
         dt = getattr(torch, b.dtype)
         views[b.name] = workspace[off:off + b.nbytes].view(dt).view(b.shape)
         off += align_up(b.nbytes)
     return views
+
+
+class CarvedViews:
+    """The views `carve` cuts for a plan-time layout, re-carved only when the caller's workspace changes.
+
+    It holds no view once the caller's workspace tensor is gone, so it never keeps workspace memory alive.
+    """
+
+    __slots__ = ("buffers", "start", "_cached", "__weakref__")
+
+    def __init__(self, buffers, start: int = 0):
+        self.buffers = tuple(buffers)
+        self.start = start
+        self._cached = None  # (weakref to the workspace, its address, the views)
+
+    @property
+    def held(self) -> bool:
+        return self._cached is not None
+
+    def __call__(self, workspace) -> dict:
+        """The views of `workspace` (already checked against the plan's size by the binder)."""
+        cached = self._cached
+        if cached is not None and cached[0]() is workspace and cached[1] == workspace.data_ptr():
+            return cached[2]
+        views = carve(workspace, self.buffers, checked=True, start=self.start)
+        me = weakref.ref(self)
+
+        def forget(ref, me=me):
+            owner = me()
+            if owner is not None and (owner._cached or (None,))[0] is ref:
+                owner._cached = None
+        self._cached = (weakref.ref(workspace, forget), workspace.data_ptr(), views)
+        return views

@@ -62,7 +62,48 @@ H200 = fake_target("H200")
 BSHD = (128 * 4 * 64, 64, 4 * 64, 1)
 
 
+def packed(direction, extra, **kw):
+    """frost's packed form: (T, H, D) tensors, cu_seq_len (B+1,), token-major Stats (T, H, 1)."""
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    cq, ck = (g.tensor(name=n, dim=(3,), data_type="int32") for n in ("cu_q", "cu_kv"))
+    q, k, v = (g.tensor(name=n, dim=(256, 4, 64)) for n in "qkv")
+    kw.update(cu_seq_len_q=cq, cu_seq_len_kv=ck, max_seq_len_q=128, max_seq_len_kv=128, attn_scale=0.125)
+    if direction == "fwd":
+        o, st = g.sdpa(q, k, v, generate_stats=True, **kw)
+        o.set_output(True)
+        st.set_output(True)
+    else:
+        o, do = (g.tensor(name=n, dim=(256, 4, 64)) for n in ("o", "dO"))
+        st = g.tensor(name="stats", dim=(256, 4, 1), data_type="fp32")
+        for t in g.sdpa_backward(q, k, v, o, do, st, **kw):
+            t.set_output(True)
+    return g.validate()
+
+
+def ragged(direction, extra, **kw):
+    """cuDNN's ragged form declared directly: (B, H, S, D) with bshd strides over packed tokens, offsets, lengths."""
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    off = g.tensor(name="off", dim=(3, 1, 1, 1), stride=(1, 1, 1, 1), data_type="int64")
+    off_st = g.tensor(name="off_st", dim=(3, 1, 1, 1), stride=(1, 1, 1, 1), data_type="int32")
+    lq, lk = (g.tensor(name=n, dim=(2, 1, 1, 1), stride=(1, 1, 1, 1), data_type="int32") for n in ("lq", "lk"))
+    q, k, v = (g.tensor(name=n, dim=(2, 4, 128, 64), stride=BSHD, ragged_offset=off) for n in "qkv")
+    kw.update(use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk, attn_scale=0.125)
+    st_stride = (128 * 4, 1, 4, 1)
+    if direction == "fwd":
+        o, st = g.sdpa(q, k, v, generate_stats=True, **kw)
+        o.set_output(True).set_stride(BSHD).set_ragged_offset(off)
+        st.set_output(True).set_stride(st_stride).set_ragged_offset(off_st)
+    else:
+        o, do = (g.tensor(name=n, dim=(2, 4, 128, 64), stride=BSHD, ragged_offset=off) for n in ("o", "dO"))
+        st = g.tensor(name="stats", dim=(2, 4, 128, 1), stride=st_stride, data_type="fp32", ragged_offset=off_st)
+        for t in g.sdpa_backward(q, k, v, o, do, st, **kw):
+            t.set_output(True).set_stride(BSHD).set_ragged_offset(off)
+    return g.validate()
+
+
 def graph(direction, extra, **kw):
+    if extra in ("packed", "ragged"):
+        return (packed if extra == "packed" else ragged)(direction, extra, **kw)
     g = frost.Graph(io_data_type="bf16", target=H200)
     q, k, v = (g.tensor(name=n, dim=(2, 4, 128, 64), stride=BSHD) for n in "qkv")
     kw.update(EXTRA[extra](g) if extra else {})
@@ -116,7 +157,10 @@ for name, (direction, extra, kw) in json.loads(sys.argv[2]).items():
         cg, ts, roles, lowered = lower(graph(direction, extra, **kw))
         node = cg._nodes[0]
         uids = ordered_uids(cg, ts, roles)
+        offsets = {role: int(ts[role].ragged_offset.uid) for role in roles
+                   if getattr(ts[role], "ragged_offset", None) is not None}
         results[name] = {"ok": True, "inputs": sorted(node.inputs), "outputs": sorted(node.outputs),
+                         "offsets": offsets, "roles": list(roles),
                          "params": {k: (v.name if hasattr(v, "name") else v) for k, v in node.params.items()},
                          "uids": list(uids) if uids is not None else None,
                          "role_uids": [int(ts[r].get_uid()) for r in roles],
@@ -147,6 +191,10 @@ CASES = {
     "bwd padding": ("bwd", "padding", {}),
     "bwd sinks dsink": ("bwd", "sink_dsink", {"use_causal_mask": True}),
     "bwd causal window": ("bwd", None, {"use_causal_mask": True, "sliding_window_length": 32}),
+    "fwd packed causal": ("fwd", "packed", {"use_causal_mask": True}),
+    "bwd packed causal": ("bwd", "packed", {"use_causal_mask": True}),
+    "fwd ragged form": ("fwd", "ragged", {}),
+    "bwd ragged form": ("bwd", "ragged", {"use_causal_mask": True}),
     # a graph cuDNN's own validation refuses: proves the C++ validate above is live
     "refused: bottom-right causal with bias": ("fwd", "bias", {"use_causal_mask_bottom_right": True}),
 }
@@ -213,3 +261,22 @@ def test_masks_reach_the_binding_in_its_preferred_keywords(lowered):
 def test_cudnns_own_validation_is_live(lowered):
     res = lowered["refused: bottom-right causal with bias"]
     assert not res["ok"] and "cudnnGraphNotSupportedError" in res["error"] and "Bottom right" in res["error"]
+
+
+@pytest.mark.parametrize("name", ["fwd packed causal", "bwd packed causal", "fwd ragged form", "bwd ragged form"])
+def test_packed_graphs_reach_the_binding_in_its_ragged_form(lowered, name):
+    """Every packed tensor carries a ragged offset the binding knows as an operand; the lengths are the padding
+    mask's; the packed totals are the op's envelopes."""
+    res = lowered[name]
+    assert res["ok"], res.get("error")
+    io = ("q", "k", "v", "o", "stats") if name.startswith("fwd") else \
+        ("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV")
+    assert set(res["offsets"]) == set(io)
+    role_uid = dict(zip(res["roles"], res["role_uids"]))
+    assert set(res["offsets"].values()) <= set(role_uid.values()) <= set(res["cpp_uids"])
+    assert {"SEQ_LEN_Q", "SEQ_LEN_KV"} <= {i.upper() for i in res["inputs"]}
+    p = res["params"]
+    assert p["use_padding_mask"] is True and p["max_total_seq_len_q"] == 256 and p["max_total_seq_len_kv"] == 256
+    if "packed" in name:  # one offset array per (token group, token stride): q/o/... share one, stats its own
+        assert res["offsets"]["q"] == res["offsets"]["o"] != res["offsets"]["stats"]
+        assert res["offsets"]["k"] == res["offsets"]["v"] != res["offsets"]["q"]

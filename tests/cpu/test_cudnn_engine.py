@@ -14,7 +14,7 @@ import pytest
 
 import frost
 import frost.adapters.cudnn as cudnn_adapter
-from frost.adapters.cudnn_lowering import THD_REASON, CudnnUnsupported, band_kwargs, lower_cudnn_sdpa
+from frost.adapters.cudnn_lowering import CudnnUnsupported, band_kwargs, lower_cudnn_sdpa
 from frost.errors import GraphError, NotSupportedError
 from frost.lowering import capabilities
 from frost.target import fake_target
@@ -152,11 +152,84 @@ def test_deterministic_backward_lowering():
     assert call.kwarg("use_deterministic_algorithm") is True
 
 
-def test_thd_lowering_declines_with_the_reason():
+def test_packed_forward_lowering_is_cudnns_ragged_form():
+    """(T, H, D) tensors become (B, H, S, D) with the token stride as S's; lengths and offsets are derived operands."""
+    f = declare(B200, thd=True, hq=4, hkv=2, s=128, skv=96, d=64).facts  # B=2, T_q=256, T_kv=192
+    call = lower_cudnn_sdpa(f)
+    decl = {t.role: t for t in call.inputs + call.outputs}
+    assert decl["q"].dim == (2, 4, 128, 64) and decl["q"].stride == (128 * 256, 64, 256, 1)
+    assert decl["k"].dim == (2, 2, 96, 64) and decl["k"].stride == (96 * 128, 64, 128, 1)
+    assert decl["o"].dim == (2, 4, 128, 64) and decl["o"].stride == (128 * 256, 64, 256, 1)
+    # cuDNN's packed Stats: (B, H, S, 1), token-major, its own offsets (token stride H)
+    assert decl["stats"].dim == (2, 4, 128, 1) and decl["stats"].stride == (128 * 4, 1, 4, 1)
+    assert call.derived.strides_q == (256, 4) and call.derived.strides_kv == (128,)
+    assert call.derived.offset_dtype == "int32" and call.batch == 2
+    assert call.derived_roles() == ("seq_len_q", "seq_len_kv", "ragged_offset_0", "ragged_offset_1",
+                                    "ragged_offset_2")
+    assert dict(call.ragged) == {"q": "ragged_offset_0", "o": "ragged_offset_0", "stats": "ragged_offset_1",
+                                 "k": "ragged_offset_2", "v": "ragged_offset_2"}
+    assert decl["seq_len_q"].dim == (2, 1, 1, 1) and decl["seq_len_q"].dtype == "int32"
+    assert decl["ragged_offset_2"].dim == (3, 1, 1, 1) and decl["ragged_offset_2"].dtype == "int32"
+    assert call.kwarg("use_padding_mask") is True and call.kwarg("seq_len_q") == "seq_len_q"
+    assert call.kwarg("max_total_seq_len_q") == 256 and call.kwarg("max_total_seq_len_kv") == 192
+    assert set(call.derived_roles()) <= set(call.roles())
+    assert "cu_seq_len_q" not in call.roles()  # the kernel reads it; cuDNN never does
+
+
+def test_packed_backward_lowering_shares_offsets_by_token_stride():
+    call = lower_cudnn_sdpa(declare(B200, thd=True, direction="bwd", hq=4, hkv=4).facts)
+    pairs = dict(call.ragged)
+    assert {r for r in pairs} == {"q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV"}
+    assert pairs["q"] == pairs["o"] == pairs["dO"] == pairs["dQ"] != pairs["stats"]
+    assert pairs["k"] == pairs["v"] == pairs["dK"] == pairs["dV"] != pairs["q"]
+    assert call.positional == ("q", "k", "v", "o", "dO", "stats") and call.kwarg("use_padding_mask") is True
+
+
+def test_packed_offsets_are_int64_once_an_element_offset_passes_int32():
+    small = declare(B200, thd=True, b=2, s=4096, hq=8, d=128).facts  # 8192 tokens * 1024 elements
+    assert lower_cudnn_sdpa(small).derived.offset_dtype == "int32"
+    big = declare(B200, thd=True, b=2, s=4096 * 256, hq=8, d=128).facts  # 2M tokens * 1024 elements > 2^31
+    assert lower_cudnn_sdpa(big).derived.offset_dtype == "int64"
+
+
+def head_major_stats_graph():
+    """A packed forward (B=2, T=256, H=4, d=64) whose Stats is declared head-major (H, T): strides (1, 256, 1)."""
+    g = frost.Graph(io_data_type="bf16", target=B200)
+    cq, ck = (g.tensor(name=n, dim=(3,), data_type="int32") for n in ("cu_q", "cu_kv"))
+    q, k, v = (g.tensor(name=n, dim=(256, 4, 64)) for n in "qkv")
+    o, stats = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=True, cu_seq_len_q=cq, cu_seq_len_kv=ck,
+                      max_seq_len_q=128, max_seq_len_kv=128)
+    o.set_output(True)
+    stats.set_output(True).set_stride((1, 256, 1))
+    return g.validate()
+
+
+def test_head_major_packed_stats_declines_naming_the_strides():
+    """A stride equal to the token total follows the bound total (the binder derives it); cuDNN fixes strides."""
     with pytest.raises(CudnnUnsupported) as ei:
-        lower_cudnn_sdpa(declare(B200, thd=True).facts)
-    assert ei.value.reason == THD_REASON
-    assert "cu_seq_len_q" in THD_REASON and "seq_len" in THD_REASON
+        lower_cudnn_sdpa(head_major_stats_graph().facts)
+    assert "head-major" in ei.value.reason and "(1, 256, 1)" in ei.value.reason and "(4, 1, 1)" in ei.value.reason
+
+
+def test_ragged_form_lowering_passes_its_declarations_through():
+    from tests.cpu.test_cudnn_vocabulary import B, _ragged
+
+    for direction in ("fwd", "bwd"):
+        for stats_ragged in (True, False):
+            g = _ragged(frost.Graph(io_data_type="bf16", target=B200), direction, stats_ragged=stats_ragged)
+            call = lower_cudnn_sdpa(g.validate().facts)
+            decl = {t.role: t for t in call.inputs + call.outputs}
+            assert call.derived is None and call.kwarg("use_padding_mask") is True
+            assert decl["q"].dim == tuple(g.node.q.dim) and decl["q"].stride == tuple(g.node.q.stride)
+            assert decl["stats"].dim == tuple(g.node.stats.dim)
+            pairs = dict(call.ragged)
+            assert pairs["q"] == "q_ragged_offset" and pairs["k"] == "k_ragged_offset"
+            assert ("stats" in pairs) == stats_ragged
+            assert decl["q_ragged_offset"].dtype == "int64" and decl["k_ragged_offset"].dtype == "int32"
+            assert decl["q_ragged_offset"].dim == (B + 1, 1, 1, 1)
+            assert decl["seq_len_q"].dim == (B, 1, 1, 1)
+            # every role the lowering binds is one the graph binds at execute
+            assert set(call.roles()) <= set(g._roles())
 
 
 # --- routing on the fake targets -------------------------------------------------------------------------------
@@ -214,10 +287,20 @@ def test_a_fake_target_routes_to_cudnn_but_cannot_build_its_plan(unpended, cudnn
     assert cudnn_adapter.FAKE_TARGET in str(ei.value)
 
 
-def test_thd_declines_on_b200_with_the_reason(unpended, cudnn_present):
-    g = declare(B200, thd=True)
+def test_packed_and_ragged_graphs_route_to_cudnn_on_b200(unpended, cudnn_present, no_compile):
+    from tests.cpu.test_cudnn_vocabulary import _ragged
+
+    for direction in ("fwd", "bwd"):
+        name = "SdpaFwdCudnn" if direction == "fwd" else "SdpaBwdCudnn"
+        assert declare(B200, thd=True, direction=direction, use_causal_mask=True).available_engines() == [name]
+        g = _ragged(frost.Graph(io_data_type="bf16", target=B200), direction).validate()
+        assert g.available_engines() == [name]
+
+
+def test_packed_graph_with_head_major_stats_declines_on_b200(unpended, cudnn_present):
+    g = head_major_stats_graph()
     assert g.available_engines() == []
-    assert dict(g.declines())["SdpaFwdCudnn"] == THD_REASON
+    assert "head-major" in dict(g.declines())["SdpaFwdCudnn"]
 
 
 def test_missing_binding_declines_naming_the_package(unpended, monkeypatch):
@@ -376,6 +459,10 @@ class _FakeTensor:
 
     def set_data_type(self, dt):
         self.kw["data_type"] = dt
+        return self
+
+    def set_ragged_offset(self, offset):
+        self.ragged = offset
         return self
 
 
@@ -597,3 +684,182 @@ def test_backward_replay_passes_dbias_dropout_and_determinism(unpended, fake_cud
         "dropout_offset"
     assert kw["use_deterministic_algorithm"] is True and kw["diagonal_alignment"] == "TOP_LEFT"
     assert kw["diagonal_band_right_bound"] == 3
+
+
+# --- the lean execute: the backend's raw-pointer entry, and packed graphs' derived operands --------------------
+
+class _RawLowered:
+    """1.32's lowered C++ graph as far as the raw-pointer execute needs it: the operand uids in ascending order,
+    and `_execute_with_raw_ptrs(pointer array address, count, workspace, backend handle, plan index)`."""
+
+    def __init__(self, graph):
+        self.graph, self.calls = graph, []
+
+    def _prepare_variant_pack_template(self):
+        pass
+
+    def _get_variant_pack_uids_sorted(self):
+        return sorted(self.graph.uids)
+
+    def _execute_with_raw_ptrs(self, address, n, workspace, handle, index):
+        import ctypes
+
+        self.calls.append((list((ctypes.c_uint64 * n).from_address(address)), workspace, handle, index))
+
+
+class _RawGraph(_FakeGraph):
+    """A pygraph whose backend plan takes raw pointers (1.32's `_lowered_graph`, `_plan_index`, ...)."""
+
+    selected_engine = None
+    _data_bindings = {}
+    _plan_index = 0
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.uids, self._plans = [], ["the plan built"]
+        self._lowered_graph = _RawLowered(self)
+
+    def _materialize_backend_plan(self, index):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(cpp_index=3)
+
+    def tensor(self, **kw):
+        t = super().tensor(**kw)
+        self.uids.append(t.uid)
+        return t
+
+    def _op(self, op, n, args, kw):
+        outs = super()._op(op, n, args, kw)
+        self.uids += [t.uid for t in outs]
+        return outs
+
+
+class _Ptr:
+    """A bound tensor as the raw path reads it: its device address."""
+
+    def __init__(self, address):
+        self.address = address
+
+    def data_ptr(self):
+        return self.address
+
+    def get_device(self):
+        return 0
+
+
+def _backend_handles(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(cudnn_adapter, "handle_for", lambda device, stream: SimpleNamespace(backend_handle=7000 + stream))
+
+
+def test_execute_hands_the_backend_raw_pointers_in_its_order(unpended, fake_cudnn, monkeypatch):
+    """One call of the backend's raw-pointer entry: the bound tensors' addresses in ascending-uid order, the
+    workspace address, the stream's backend handle and the plan built; no pack, no binding call on the way."""
+    monkeypatch.setattr(_FakeGraph, "made", [])
+    fake = cudnn_adapter._cudnn()
+    monkeypatch.setattr(fake, "pygraph", _RawGraph)
+    _backend_handles(monkeypatch)
+    g = bias_graph(fake_cudnn).validate()
+    g.build_plans()
+    adapter = g.plan.adapter
+    (cg,) = _FakeGraph.made
+    raw = adapter._raw
+    assert raw is not None and raw.plan_index == 3
+    tensors = dict(adapter._pack_roles)
+    assert [tensors[r].uid for r in raw.roles] == sorted(cg.uids)
+    roles = ("q", "k", "v", "bias", "o", "stats")
+    bound = {r: _Ptr(0x1000 * (i + 1)) for i, r in enumerate(roles)}
+    ws = _Ptr(0x90000)
+    adapter.execute(bound, ws, 12)
+    adapter.execute(bound, ws, 12)
+    assert cg.executed == []  # the binding's public execute is not called
+    ptrs, workspace, handle, index = cg._lowered_graph.calls[0]
+    assert ptrs == [bound[r].address for r in raw.roles] and workspace == 0x90000
+    assert handle == 7012 and index == 3 and len(cg._lowered_graph.calls) == 2
+    assert list(adapter._handles) == [12]  # the stream's handle is looked up once, then kept by the plan
+
+
+def test_a_binding_without_the_raw_entry_keeps_the_ordered_form(unpended, fake_cudnn, monkeypatch):
+    _backend_handles(monkeypatch)
+    g = bias_graph(fake_cudnn).validate()
+    g.build_plans()
+    assert g.plan.adapter._raw is None
+    g.plan.adapter.execute({r: _Bound(r) for r in ("q", "k", "v", "bias", "o", "stats")}, "ws", 0)
+    (cg,) = _FakeGraph.made
+    assert cg.executed[0][3] is not None  # tensor_uids=
+
+
+def _packed_plan(target, monkeypatch, direction="fwd"):
+    """A packed graph planned on the cuDNN engine; its ragged-offsets kernel is a recorder."""
+    import frost.compiler.compile as compile_mod
+
+    launches = []
+
+    class Kernel:
+        name = "frost_ragged_offsets_recorded"
+
+        def __call__(self, *args):
+            launches.append(args)
+
+    specs = []
+    monkeypatch.setattr(compile_mod, "compile_kernel", lambda t, p, target: specs.append((t, p)) or Kernel())
+    g = declare(target, thd=True, direction=direction, hq=4, hkv=2, s=128, skv=96)
+    g.build_plans(engine="cudnn")
+    return g, launches, specs
+
+
+def test_packed_execute_derives_lengths_and_offsets_then_launches_cudnn(unpended, fake_cudnn, monkeypatch):
+    """The ragged-offsets kernel writes into scratch after cuDNN's workspace; cuDNN reads those rows."""
+    import torch
+
+    from frost.runtime.workspace import align_up
+
+    fake = cudnn_adapter._cudnn()
+    monkeypatch.setattr(fake, "pygraph", _RawGraph)
+    _backend_handles(monkeypatch)
+    g, launches, specs = _packed_plan(fake_cudnn, monkeypatch)
+    adapter = g.plan.adapter
+    assert specs == [(cudnn_adapter.RAGGED_TEMPLATE, adapter.call.derived)]
+    assert adapter.kernel_specs() == specs and len(adapter.compiled_kernels()) == 1
+    start = align_up(1000)  # cuDNN's 1000 bytes first
+    assert g.get_workspace_size() == start + 2 * 256 + 3 * 256  # rows of 64 int32: 2 of lengths, 3 of offsets
+    ws = torch.zeros(g.get_workspace_size(), dtype=torch.uint8)
+    bound = {r: _Ptr(0x1000 * (i + 1)) for i, r in enumerate(("q", "k", "v", "o", "stats"))}
+    bound.update(cu_seq_len_q="cu_q", cu_seq_len_kv="cu_kv")
+    adapter.execute(bound, ws, 5)
+    ((cu_q, cu_kv, lengths, offsets, stream),) = launches
+    assert (cu_q, cu_kv, stream) == ("cu_q", "cu_kv", 5)
+    base = ws.data_ptr()
+    assert lengths.shape == (2, 64) and lengths.dtype == torch.int32 and lengths.data_ptr() == base + start
+    assert offsets.shape == (3, 64) and offsets.data_ptr() == base + start + 2 * 256
+    ptrs, workspace, handle, _ = g.plan.adapter._graph._lowered_graph.calls[0]
+    at = dict(zip(adapter._raw.roles, ptrs))
+    assert at["seq_len_q"] == lengths[0].data_ptr() and at["seq_len_kv"] == lengths[1].data_ptr()
+    assert [at[f"ragged_offset_{i}"] for i in range(3)] == [offsets[i].data_ptr() for i in range(3)]
+    assert at["q"] == 0x1000 and at["stats"] == 0x5000 and workspace == base and handle == 7005
+    adapter.execute(bound, ws, 5)
+    assert launches[1][2] is lengths  # the scratch views are carved once per workspace
+
+
+def test_packed_execute_on_the_ordered_form_binds_the_derived_rows(unpended, fake_cudnn, monkeypatch):
+    import torch
+
+    g, launches, _ = _packed_plan(fake_cudnn, monkeypatch, direction="bwd")
+    adapter = g.plan.adapter
+    assert adapter._raw is None
+    ws = torch.zeros(g.get_workspace_size(), dtype=torch.uint8)
+    bound = {r: _Bound(r) for r in ("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV")}
+    bound.update(cu_seq_len_q="cu_q", cu_seq_len_kv="cu_kv")
+    adapter.execute(bound, ws, 0)
+    (cg,) = _FakeGraph.made
+    pack, _, _, uids = cg.executed[0]
+    got = dict(zip(adapter._roles, pack))
+    lengths, offsets = launches[0][2], launches[0][3]
+    assert got["seq_len_q"].shape == (2, 1, 1, 1) and got["seq_len_q"].data_ptr() == lengths[0].data_ptr()
+    assert got["ragged_offset_1"].shape == (3, 1, 1, 1) and got["ragged_offset_1"].data_ptr() == offsets[1].data_ptr()
+    assert got["dQ"].role == "dQ" and len(uids) == len(pack)
+    # the replay attached every packed tensor's ragged offset (q group: rows 0 and 1 (Stats), kv group: row 2)
+    tensors = dict(adapter._pack_roles)
+    assert tensors["q"].ragged is tensors["ragged_offset_0"] and tensors["dK"].ragged is tensors["ragged_offset_2"]

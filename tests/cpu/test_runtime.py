@@ -193,10 +193,10 @@ def test_dense_scratch_views_are_reused_and_released_with_the_workspace():
     import gc
 
     from frost.adapters.dsl_bwd import DslBwdAdapter
-    from frost.runtime.workspace import ScratchBuffer
+    from frost.runtime.workspace import CarvedViews, ScratchBuffer
 
     a = DslBwdAdapter.__new__(DslBwdAdapter)
-    a._dense_scratch = [ScratchBuffer("acc", "float32", (4, 8)), ScratchBuffer("sem", "int32", (3,))]
+    a._dense_views = CarvedViews([ScratchBuffer("acc", "float32", (4, 8)), ScratchBuffer("sem", "int32", (3,))])
     ws = aligned_bytes(2048)
     first = a._scratch_views(ws, {})
     assert first["acc"].data_ptr() == ws.data_ptr() and first["sem"].data_ptr() == ws.data_ptr() + 256
@@ -206,7 +206,7 @@ def test_dense_scratch_views_are_reused_and_released_with_the_workspace():
     assert views is not first and views["acc"].data_ptr() == other.data_ptr()
     del views, first, other
     gc.collect()
-    assert a._carved is None
+    assert not a._dense_views.held
 
 
 def test_packed_tensors_below_their_envelope_bind_on_the_fast_path(monkeypatch):

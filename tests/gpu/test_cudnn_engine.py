@@ -1,6 +1,7 @@
 """The cuDNN engine through the public graph API on a GPU (engine="cudnn"): forward and backward against the
-float64 oracle, bias and dBias, dropout (statistics and forward/backward consistency under one seed), and the
-launch stream. Skips cleanly without CUDA or without a usable nvidia-cudnn-frontend (1.32 or later).
+float64 oracle, bias and dBias, dropout (statistics and forward/backward consistency under one seed), packed (THD)
+graphs (frost's packed form, empty sequences, capture and replay with new lengths; cuDNN's ragged form declared
+directly), the launch stream and the execute's host time. Skips cleanly without CUDA or without a usable nvidia-cudnn-frontend (1.32 or later).
 
 A graph is skipped only when cuDNN itself says it does not support it (cudnnGraphNotSupportedError); any other
 decline fails the test, so a call the binding refuses cannot pass as a skip."""
@@ -13,7 +14,7 @@ import torch
 
 import frost
 from tests import oracle
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err
+from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err, runs_while_default_blocked
 
 pytestmark = pytest.mark.gpu
 
@@ -293,13 +294,211 @@ def test_execute_allocates_nothing_and_never_syncs():
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
 
 
-def test_thd_declines_with_the_reason():
-    case = FwdCase(d=128, thd_lens=[(10, 10), (37, 37)], causal=True)
-    g, _, _ = make_fwd(case)
-    g.validate()
-    with pytest.raises(frost.NotSupportedError) as ei:
-        g.build_plans(engine=ENGINE)
-    assert "packed THD" in dict(ei.value.declines)["SdpaFwdCudnn"]
+# --- packed (THD) graphs: cuDNN's ragged form, lengths and offsets derived on the device ------------------------
+
+THD_CASES = [
+    FwdCase(d=128, hq=4, hkv=4, thd_lens=[(0, 0), (1, 1), (77, 77), (300, 300), (5, 130)], causal=True),
+    FwdCase(d=128, hq=8, hkv=2, thd_lens=[(100, 100), (0, 0), (257, 300)]),
+    FwdCase(d=64, hq=4, hkv=4, thd_lens=[(64, 200), (0, 0), (129, 129)], causal=True, bottom_right=True),
+    FwdCase(d=128, hq=4, hkv=4, thd_lens=[(33, 33), (200, 200), (0, 0)], causal=True, left=64),
+    FwdCase(d=128, hq=4, hkv=4, thd_lens=[(33, 33), (200, 200)], causal=True, sinks=True),
+]
+
+
+def _packed_lengths(t) -> dict:
+    return dict(cu_seq_len_q=t["cu_seq_len_q"].tolist(), cu_seq_len_kv=t["cu_seq_len_kv"].tolist())
+
+
+def _check_thd_fwd(case, t):
+    ro, rlse = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), sink=t.get("sink_token"),
+                                **_packed_lengths(t), **_band_kw(case))
+    n = int(t["cu_seq_len_q"][-1])  # tokens past the last sequence are not the engine's
+    o, lse = t["o"][:n], t["stats"][:n, :, 0]
+    assert not torch.isnan(o).any(), "some output rows were not written"
+    assert rel_err(o, ro[:n]) < 1e-2
+    fin = torch.isfinite(rlse[:n])
+    assert (lse[fin].double() - rlse[:n][fin]).abs().max().item() < 2e-2
+
+
+def _check_thd_bwd(case, t, got):
+    _, _, dq, dk, dv, dsink = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], scale=1 / math.sqrt(case.d),
+                                                     sink=t.get("sink_token"), **_packed_lengths(t),
+                                                     **_band_kw(case))
+    nq, nk = int(t["cu_seq_len_q"][-1]), int(t["cu_seq_len_kv"][-1])
+    refs = [("dQ", dq, nq), ("dK", dk, nk), ("dV", dv, nk)]
+    refs += [("dSink_token", dsink, None)] if "dSink_token" in got else []
+    for name, ref, n in refs:
+        x, r = (got[name][:n], ref[:n]) if n is not None else (got[name], ref)
+        assert not torch.isnan(x).any(), f"{name}: some elements were not written"
+        assert rel_err(x, r) < 2e-2, name
+
+
+@pytest.mark.parametrize("case", THD_CASES, ids=lambda c: c.id)
+def test_thd_fwd_matches_the_float64_oracle(case):
+    """Empty sequences included: the derived lengths are 0 and the offsets repeat."""
+    g, decl, t = make_fwd(case)
+    plan_or_skip(g, ENGINE)
+    assert g.engine_name == "SdpaFwdCudnn" and g.plan.adapter.call.derived is not None
+    t["o"].fill_(float("nan"))
+    t["stats"].fill_(float("nan"))
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    ws.fill_(255)  # poisoned scratch: the derived lengths and offsets are written on every execute
+    g.execute(pack(decl, t), ws, frost.ExecutionContext())
+    torch.cuda.synchronize()
+    _check_thd_fwd(case, t)
+
+
+@pytest.mark.parametrize("case", THD_CASES, ids=lambda c: c.id)
+def test_thd_bwd_matches_the_float64_oracle(case):
+    g, d, t = make_bwd(case)
+    plan_or_skip(g, ENGINE)
+    assert g.engine_name == "SdpaBwdCudnn"
+    _check_thd_bwd(case, t, _run(g, d, t))
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_thd_capture_replay_follows_new_lengths_without_sync_or_allocation(direction):
+    """An execute reads the lengths on the device only: no sync (debug mode "error"), no allocation, and a CUDA
+    graph captured once replays with new lengths written into the same cu_seq_len tensors."""
+    case = FwdCase(d=128, hq=4, hkv=2, thd_lens=[(100, 100), (300, 300), (17, 17), (0, 0)], causal=True)
+    g, d, t = make_fwd(case) if direction == "fwd" else make_bwd(case)
+    plan_or_skip(g, ENGINE)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    vp = pack(d, t)
+    s = torch.cuda.Stream()
+    ctx = frost.ExecutionContext(stream=s)
+    g.execute(vp, ws, ctx)  # this stream's cuDNN handle is made outside the capture
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        g.execute(vp, ws, ctx)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        g.execute(vp, ws, ctx)
+    cu = torch.tensor([0, 250, 251, 417, 417], dtype=torch.int32, device="cuda")
+    t["cu_seq_len_q"].copy_(cu)
+    t["cu_seq_len_kv"].copy_(cu)
+    outs = ("o", "stats") if direction == "fwd" else ("dQ", "dK", "dV")
+    if direction == "bwd":
+        fg, fdecl = t["_forward"]
+        fg.execute(pack(fdecl, t), None)  # O and Stats for the new lengths (reference, outside the graph)
+    for name in outs:
+        t[name].fill_(float("nan"))
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    if direction == "fwd":
+        _check_thd_fwd(case, t)
+    else:
+        _check_thd_bwd(case, t, {n: t[n] for n in outs})
+
+
+def test_thd_non_default_stream_is_honored():
+    """The ragged-offsets kernel and cuDNN both launch on the context's stream: execute finishes while the
+    default stream is held."""
+    case = FwdCase(d=128, hq=4, hkv=4, thd_lens=[(500, 500), (0, 0), (300, 700)], causal=True)
+    g, decl, t = make_fwd(case)
+    plan_or_skip(g, ENGINE)
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side))  # makes the stream's handle
+    torch.cuda.synchronize()
+    t["o"].fill_(float("nan"))
+    torch.cuda.synchronize()
+    finished, still_blocked = runs_while_default_blocked(
+        lambda: g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side)), side)
+    assert finished, "execute did not finish while the default stream was held: it waited for the default stream"
+    assert still_blocked, "the default stream was not held during the check"
+    _check_thd_fwd(case, t)
+
+
+def _ragged_form(lens, *, h=4, d=128, s=320, seed=0):
+    """cuDNN's ragged form declared directly on a GPU: (B, H, S, D) views with bshd strides over packed tokens
+    (storage for B*S tokens, the data in the first ones), int64 offsets for the tensors, int32 for Stats."""
+    torch.manual_seed(seed)
+    b = len(lens)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    dev, bf16 = "cuda", torch.bfloat16
+
+    def storage():
+        return torch.randn(b * s, h, d, device=dev, dtype=bf16)
+
+    def as4(x):
+        return x.as_strided((b, h, s, d), (s * h * d, d, h * d, 1))
+
+    t = {"q": storage(), "k": storage(), "v": storage(), "o": torch.full((b * s, h, d), float("nan"), device=dev,
+                                                                         dtype=bf16),
+         "dO": storage(), "stats": torch.full((b * s, h), float("nan"), device=dev)}
+    cu_t = torch.tensor(cu, device=dev, dtype=torch.int64)
+    t["off"] = (cu_t * h * d).view(b + 1, 1, 1, 1)
+    t["off_stats"] = (cu_t * h).to(torch.int32).view(b + 1, 1, 1, 1)
+    t["lens"] = torch.tensor(lens, device=dev, dtype=torch.int32).view(b, 1, 1, 1)
+    views = {r: as4(t[r]) for r in ("q", "k", "v", "o", "dO")}
+    views["stats"] = t["stats"].as_strided((b, h, s, 1), (s * h, 1, h, 1))
+    return t, views, cu
+
+
+def test_ragged_form_fwd_and_bwd_match_the_float64_oracle():
+    """A graph declared in cuDNN's ragged form runs with its declared offsets and lengths as they are."""
+    lens = [77, 0, 300, 5]
+    h, d = 4, 128
+    t, x, cu = _ragged_form(lens, h=h, d=d)
+    scale = 1 / math.sqrt(d)
+    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
+                    compute_data_type=torch.float32)
+    off, off_st = g.tensor_like(t["off"], name="off"), g.tensor_like(t["off_stats"], name="off_stats")
+    lq, lk = g.tensor_like(t["lens"], name="lq"), g.tensor_like(t["lens"], name="lk")
+    q, k, v = (g.tensor_like(x[r], name=r).set_ragged_offset(off) for r in ("q", "k", "v"))
+    common = dict(attn_scale=scale, use_causal_mask=True, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk)
+    o, stats = g.sdpa(q, k, v, generate_stats=True, **common)
+    o.set_output(True).set_dim(tuple(x["o"].shape)).set_stride(tuple(x["o"].stride())).set_ragged_offset(off)
+    stats.set_output(True).set_dim(tuple(x["stats"].shape)).set_stride(tuple(x["stats"].stride()))
+    stats.set_ragged_offset(off_st)
+    plan_or_skip(g, ENGINE)
+    assert g.engine_name == "SdpaFwdCudnn" and g.plan.adapter.call.derived is None
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    vp = {q: x["q"], k: x["k"], v: x["v"], o: x["o"], stats: x["stats"], off: t["off"], off_st: t["off_stats"],
+          lq: t["lens"], lk: t["lens"]}
+    g.execute(vp, ws, frost.ExecutionContext())
+    torch.cuda.synchronize()
+    n = cu[-1]
+    packed = {r: t[r][:n] for r in ("q", "k", "v", "dO")}
+    ro, rlse, dq, dk, dv, _ = oracle.attention_grads(packed["q"], packed["k"], packed["v"], packed["dO"], scale=scale,
+                                                     cu_seq_len_q=cu, cu_seq_len_kv=cu, causal=True)
+    assert not torch.isnan(t["o"][:n]).any() and rel_err(t["o"][:n], ro) < 1e-2
+    assert (t["stats"][:n].double() - rlse).abs().max().item() < 2e-2
+
+    bg = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
+                     compute_data_type=torch.float32)
+    boff, boff_st = bg.tensor_like(t["off"], name="off"), bg.tensor_like(t["off_stats"], name="off_stats")
+    blq, blk = bg.tensor_like(t["lens"], name="lq"), bg.tensor_like(t["lens"], name="lk")
+    bt = {r: bg.tensor_like(x[r], name=r).set_ragged_offset(boff) for r in ("q", "k", "v", "o", "dO")}
+    bt["stats"] = bg.tensor_like(x["stats"], name="stats").set_ragged_offset(boff_st)
+    grads = bg.sdpa_backward(bt["q"], bt["k"], bt["v"], bt["o"], bt["dO"], bt["stats"], attn_scale=scale,
+                             use_causal_mask=True, use_padding_mask=True, seq_len_q=blq, seq_len_kv=blk)
+    out = {r: torch.full_like(t["q"], float("nan")) for r in ("dQ", "dK", "dV")}
+    for grad, r in zip(grads, ("dQ", "dK", "dV")):
+        x[r] = out[r].as_strided(x["q"].shape, x["q"].stride())
+        grad.set_output(True).set_dim(tuple(x[r].shape)).set_stride(tuple(x[r].stride())).set_ragged_offset(boff)
+    plan_or_skip(bg, ENGINE)
+    assert bg.engine_name == "SdpaBwdCudnn"
+    bws = torch.empty(bg.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    bvp = {bt[r]: x[r] for r in bt}
+    bvp.update({grads[0]: x["dQ"], grads[1]: x["dK"], grads[2]: x["dV"], boff: t["off"], boff_st: t["off_stats"],
+                blq: t["lens"], blk: t["lens"]})
+    bg.execute(bvp, bws, frost.ExecutionContext())
+    torch.cuda.synchronize()
+    for name, ref in (("dQ", dq), ("dK", dk), ("dV", dv)):
+        got = out[name][:n]
+        assert not torch.isnan(got).any(), name
+        assert rel_err(got, ref) < 2e-2, name
 
 
 def test_cuda_graph_capture_and_replay_with_new_inputs():
@@ -324,3 +523,30 @@ def test_cuda_graph_capture_and_replay_with_new_inputs():
         torch.cuda.synchronize()
         ro, _ = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), causal=True)
         assert rel_err(t["o"], ro) < 1e-2
+
+
+# --- the lean execute ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [FwdCase(d=128, causal=True), FwdCase(d=64, hq=8, hkv=2, layout="bhsd"),
+                                  FwdCase(d=128, thd_lens=[(100, 100), (0, 0), (257, 300)], causal=True)],
+                         ids=lambda c: c.id)
+def test_the_raw_pointer_execute_matches_the_bindings_own_execute(case):
+    """Execute takes the backend's raw-pointer entry with this binding, and it writes what the binding's public
+    execute (`tensor_uids=`) writes, bit for bit."""
+    g, decl, t = make_fwd(case)
+    plan_or_skip(g, ENGINE)
+    adapter = g.plan.adapter
+    assert adapter._raw is not None, "the binding's raw-pointer execute was not found (execute takes its public path)"
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    outs = ("o", "stats")
+    got = {}
+    for raw in (adapter._raw, None):
+        adapter._raw = raw
+        for name in outs:
+            t[name].fill_(float("nan"))
+        g.execute(pack(decl, t), ws, frost.ExecutionContext())
+        torch.cuda.synchronize()
+        got[raw is not None] = [t[name].clone() for name in outs]
+    for a, b in zip(got[True], got[False]):
+        assert torch.equal(a.nan_to_num(123.0), b.nan_to_num(123.0))
+    assert not torch.isnan(got[True][0][: int(t["cu_seq_len_q"][-1])] if case.thd_lens else got[True][0]).any()

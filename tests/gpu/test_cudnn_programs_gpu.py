@@ -52,9 +52,27 @@ def test_dense_programs_run_on_a_dsl_engine():
         assert torch.isfinite(p["o_gpu"]).all()
 
 
-def test_the_ragged_program_is_declined_by_the_dsl_engines_naming_it():
-    with pytest.raises(SystemExit, match="ragged-offset form"):
-        _run(RAGGED_FWD)
+def test_the_ragged_program_runs_on_the_cudnn_engine_and_the_dsl_engines_decline_it():
+    """cuDNN's ragged form runs on frost's cuDNN engine as declared; without the binding it is declined, the DSL
+    engines naming the ragged-offset form."""
+    from frost.adapters.cudnn import cudnn_missing_reason
+    from tests.cpu.test_cudnn_programs import _attend, _ragged_rows, _sequences
+
+    if cudnn_missing_reason():
+        with pytest.raises(SystemExit, match="ragged-offset form"):
+            _run(RAGGED_FWD)
+        return
+    p = _run(RAGGED_FWD)
+    torch.cuda.synchronize()
+    g = p["graph"]
+    assert g.engine_name == "SdpaFwdCudnn"
+    assert "ragged-offset form" in dict(g.declines())["SdpaFwdDslSm80"]
+    for b, lq, rows_q, rows_kv in _sequences(p):
+        o, lse = _attend(rows_q(p["q_gpu"]).cpu(), rows_kv(p["k_gpu"]).cpu(), rows_kv(p["v_gpu"]).cpu(),
+                         p["attn_scale"], 0)
+        torch.testing.assert_close(rows_q(p["o_gpu"]).double().cpu(), o, atol=2e-2, rtol=2e-2)
+        stats = _ragged_rows(p["stats_gpu"], p["stats_ragged_offset_gpu"], p["h"], b, lq)[..., 0]
+        torch.testing.assert_close(stats.double().cpu(), lse, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("engine", ["sm90", "sm80"])
