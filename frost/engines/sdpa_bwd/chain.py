@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from frost.engines.params import SdpaFeatureParams
+from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.scratch import uses_turns
 
 PREPROCESS = "frost.engines.sdpa_bwd.preprocess"
@@ -45,12 +46,15 @@ class BwdHelperParams(SdpaFeatureParams):
     dq_accum_tile: int = 0
 
 
+#: the ragged-offset form's fields (the helpers view the bound tensors with them; they never divide offsets)
+_RAGGED_FIELDS = ("token_div_q", "token_div_kv", "offset_dtype_q", "stats_per_batch", "token_div_lse")
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
-                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
+                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile")
+    + _RAGGED_FIELDS,
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
+                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile") + _RAGGED_FIELDS,
 }
 
 
@@ -63,12 +67,15 @@ def stage_params(p, stage: str):
 
 
 def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
-    """The sequence-length arguments of a kernel: cu_seqlens (THD) or seqused (padding), q and / or kv side."""
+    """The sequence-length arguments of a kernel: cu_seqlens (THD) or seqused (padding), q and / or kv side;
+    the ragged-offset form's Stats offsets (`lse_offsets`) with the q side of a main kernel (both sides)."""
     out = []
     if p.is_thd:
         out += (["cu_seqlens_q"] if q else []) + (["cu_seqlens_kv"] if kv else [])
     if p.has_seqused:
         out += (["seqused_q"] if q else []) + (["seqused_kv"] if kv else [])
+    if q and kv and p.token_div_lse:
+        out.append("lse_offsets")
     return out
 
 
@@ -80,7 +87,7 @@ def preprocess_args(p) -> list[str]:
     args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ["stream"]
+    return args + ragged_totals(p) + ["stream"]
 
 
 def postprocess_args(p) -> list[str]:
@@ -88,7 +95,7 @@ def postprocess_args(p) -> list[str]:
     args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dq_accum"]
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ["softmax_scale", "stream"]
+    return args + ["softmax_scale"] + ragged_totals(p) + ["stream"]
 
 
 def bwd_chain(p, main_template: str, main_args: list[str]) -> list[tuple[str, str, list[str], object]]:
@@ -137,4 +144,4 @@ def helper_suffix(p: BwdHelperParams) -> str:
     return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
         ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"),
          (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
-         (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"))))
+         (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"))) + ragged_tags(p))

@@ -50,7 +50,9 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
         n_part = h * PARTIALS_PER_CTA * batch * max(cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
     if uses_turns(p):  # one per (batch, head, query tile of tile_m rows); THD: per head, the packed total's
         # tiles plus one per sequence (a sequence's tiles start where its first token's tile does)
-        tiles = total_q // p.tile_m + batch + 1 if p.is_thd else batch * cdiv(max_seqlen_q, p.tile_m)
+        # (the ragged-offset form places sequences anywhere: per (batch, head) the tiles of the longest one)
+        packed = p.is_thd and not p.ragged
+        tiles = total_q // p.tile_m + batch + 1 if packed else batch * cdiv(max_seqlen_q, p.tile_m)
         out.append(("dq_semaphore", "int32", (h * tiles,)))
     if p.has_dsinks:
         out.append(("dsink_partial", "float32", (n_part,)))
