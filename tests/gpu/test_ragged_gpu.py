@@ -92,6 +92,11 @@ def make(case: RaggedCase, direction="fwd", seed=0, deterministic=False, dev="cu
         t["dK"] = _bshd(_store(b * s, hkv, d, case.dtype, gen, nan), b, hkv, s, d)
         t["dV"] = _bshd(_store(b * s, hkv, d, case.dtype, gen, nan), b, hkv, s, d)
 
+    # tokens outside every sequence (gaps, the tail) hold NaN: no kernel may let them reach a result
+    for name, tok, lens in (("q", tok_q, lq), ("k", tok_kv, lk), ("v", tok_kv, lk), ("o", tok_q, lq),
+                            ("dO", tok_q, lq)):
+        if name in t:
+            _flat(t[name])[~_inside(t[name], tok, lens)] = float("nan")
     g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     offsets = ("off_q", "off_kv", "len_q", "len_kv") + (("off_st",) if case.stats == "ragged" else ())
     decl = {n: g.tensor_like(t[n], name=n) for n in offsets}
@@ -167,15 +172,22 @@ def check_fwd(case, t):
     assert rel_err(got, want) < 1e-2
 
 
-def written_outside_sequences(t, name, tok, lens):
-    """Whether any element of `name` outside every sequence lost its NaN poison."""
-    x = t[name]
+def _flat(x):
+    """Every token of a bshd-packed (B, H, S, D) tensor: (B * S, H, D)."""
     h, d = x.shape[1], x.shape[3]
-    flat = x.as_strided((x.shape[0] * x.shape[2], h, d), (h * d, d, 1), x.storage_offset())
-    inside = torch.zeros(flat.shape[0], dtype=torch.bool, device=x.device)
+    return x.as_strided((x.shape[0] * x.shape[2], h, d), (h * d, d, 1), x.storage_offset())
+
+
+def _inside(x, tok, lens):
+    inside = torch.zeros(x.shape[0] * x.shape[2], dtype=torch.bool, device=x.device)
     for start, n in zip(tok, lens):
         inside[start:start + n] = True
-    return not torch.isnan(flat[~inside]).all()
+    return inside
+
+
+def written_outside_sequences(t, name, tok, lens):
+    """Whether any element of `name` outside every sequence lost its NaN poison."""
+    return not torch.isnan(_flat(t[name])[~_inside(t[name], tok, lens)]).all()
 
 
 FWD_CASES = [
@@ -268,6 +280,12 @@ def _new_lengths(t, case, lens):
     t["off_kv"].copy_((torch.tensor(tok_kv) * case.hkv * case.d).view(-1, 1, 1, 1))
     t["off_st"].copy_((torch.tensor(tok_q) * case.hq).view(-1, 1, 1, 1))
     t.update(tok_q=tok_q, tok_kv=tok_kv, lq=lq, lk=lk)
+    gen = torch.Generator(device=t["q"].device).manual_seed(1)
+    for name, tok, lens in (("q", tok_q, lq), ("k", tok_kv, lk), ("v", tok_kv, lk), ("dO", tok_q, lq)):
+        if name in t:  # fresh inputs where the new sequences lie, NaN elsewhere
+            x = _flat(t[name])
+            x.copy_(torch.randn(x.shape, generator=gen, device=x.device))
+            x[~_inside(t[name], tok, lens)] = float("nan")
 
 
 NEW_LENS = ((7, 250), (250, 250), (0, 5), (33, 1), (199, 64))  # every length within S, a new placement
