@@ -64,8 +64,6 @@ def ragged_decline_reason(facts):
             shown = ", ".join(f"{role} (offsets uid {uids.get(role)}, token stride {strides[role]})" for role in roles)
             return (f"the ragged-offset form in the DSL kernels takes one offset tensor and one token stride per "
                     f"token group; {shown} differ")
-    if facts.has_dsink:
-        return "dSink_token with cuDNN's ragged-offset form is not served by the DSL backward"
     return None
 
 

@@ -345,7 +345,8 @@ RAGGED_MMA_BWD_COVER = {
         _mma_bwd(d=64, deterministic=True, **ragged(d=64, int64=True, stats="batch")),
     ],
     "sm_90a": [
-        _mma_bwd(d=96, hq=4, hk=2, has_window_left=True, has_sinks=True, **ragged(4, 2, 96, int64=True)),
+        _mma_bwd(d=96, hq=4, hk=2, has_window_left=True, has_sinks=True, has_dsinks=True,
+                 **ragged(4, 2, 96, int64=True)),
     ],
 }
 RAGGED_SM90_FWD_COVER = [
@@ -356,7 +357,8 @@ RAGGED_SM90_FWD_COVER = [
 ]
 RAGGED_SM90_BWD_COVER = [
     sm90_bwd_kwargs(hq=8, hk=2, has_window_right=True, **ragged(8, 2)),
-    sm90_bwd_kwargs(d=64, deterministic=True, **ragged(d=64, int64=True, stats="batch")),
+    sm90_bwd_kwargs(d=64, deterministic=True, has_sinks=True, has_dsinks=True,
+                    **ragged(d=64, int64=True, stats="batch")),
     sm90_bwd_kwargs(d=96, hq=4, hk=1, has_window_left=True, has_window_right=True, deterministic=True,
                     **ragged(4, 1, 96, int64=True)),
 ]

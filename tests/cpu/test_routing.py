@@ -537,16 +537,13 @@ def test_ragged_groups_with_several_offset_tensors_are_declined_naming_them():
     assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"
 
 
-def test_ragged_backward_with_dsink_is_declined_by_the_dsl_lines():
+def test_ragged_backward_with_dsink_plans_on_the_dsl_lines():
     from tests.cpu.test_cudnn_vocabulary import H, _ragged
 
     g = frost.Graph(target=H200)
     sink = g.tensor((1, H, 1, 1), None, "fp32", name="sink")
     dsink = g.tensor((1, H, 1, 1), None, "fp32", name="dsink")
     _ragged(g, "bwd", sink_token=sink, dSink_token=dsink)
-    declines = reasons(g.validate())
-    assert "dSink_token" in declines["SdpaBwdDslSm90"] and "dSink_token" in declines["SdpaBwdDslSm80"]
-    # without dSink the same graph plans on the wgmma backward
-    g = frost.Graph(target=H200)
-    _ragged(g, "bwd", sink_token=g.tensor((1, H, 1, 1), None, "fp32", name="sink"))
-    assert g.available_engines()[0] == "SdpaBwdDslSm90"
+    assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.has_dsinks and p.ragged

@@ -32,6 +32,7 @@ class RaggedCase:
     stats: str = "ragged"  # "ragged" | "batch"
     placement: str = "packed"  # "packed": prefix sums; "spread": batch b at token b * S; "reversed": last first
     totals: bool = False  # declare max_total_seq_len_q/kv (the packed totals)
+    sinks: bool = False  # a sink logit per query head (the backward also writes dSink)
     dtype: torch.dtype = torch.bfloat16
 
     @property
@@ -104,6 +105,12 @@ def make(case: RaggedCase, direction="fwd", seed=0, deterministic=False, dev="cu
         decl[n] = g.tensor_like(t[n], name=n).set_ragged_offset(decl[off])
     kw = dict(attn_scale=d ** -0.5, use_padding_mask=True, seq_len_q=decl["len_q"], seq_len_kv=decl["len_kv"],
               use_causal_mask=case.causal)
+    if case.sinks:
+        t["sink"] = torch.randn(1, hq, 1, 1, generator=gen, device=dev)
+        decl["sink"] = kw["sink_token"] = g.tensor_like(t["sink"], name="sink")
+        if direction == "bwd":
+            t["dsink"] = torch.full((1, hq, 1, 1), float("nan"), device=dev)
+            decl["dsink"] = kw["dSink_token"] = g.tensor_like(t["dsink"], name="dsink")
     if case.totals:
         kw.update(max_total_seq_len_q=max(tok_q), max_total_seq_len_kv=max(tok_kv))
     if direction == "fwd":
@@ -148,10 +155,11 @@ def _oracle(case, t, b, grads=False):
     q = rows(t["q"], t["tok_q"][b], n).transpose(0, 1)[None]
     k = rows(t["k"], t["tok_kv"][b], m).transpose(0, 1)[None]
     v = rows(t["v"], t["tok_kv"][b], m).transpose(0, 1)[None]
+    sink = t.get("sink")
     if not grads:
-        return oracle.attention(q, k, v, scale=case.d ** -0.5, causal=case.causal)
+        return oracle.attention(q, k, v, scale=case.d ** -0.5, causal=case.causal, sink=sink)
     do = rows(t["dO"], t["tok_q"][b], n).transpose(0, 1)[None]
-    return oracle.attention_grads(q, k, v, do, scale=case.d ** -0.5, causal=case.causal)
+    return oracle.attention_grads(q, k, v, do, scale=case.d ** -0.5, causal=case.causal, sink=sink)
 
 
 def check_fwd(case, t):
@@ -196,12 +204,13 @@ FWD_CASES = [
     RaggedCase(hq=8, hkv=2, causal=True, stats="batch", placement="spread"),
     RaggedCase(d=64, causal=True, placement="reversed", totals=True),
     RaggedCase(d=96, hq=6, hkv=3, stats="batch", placement="reversed", dtype=torch.float16),
+    RaggedCase(hq=8, hkv=2, sinks=True, stats="batch"),
 ]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: f"h{c.hq}x{c.hkv}-d{c.d}-{c.placement}-{c.stats}"
-                         + "-causal" * c.causal + "-i64" * c.int64 + "-tot" * c.totals)
+                         + "-causal" * c.causal + "-i64" * c.int64 + "-tot" * c.totals + "-sink" * c.sinks)
 def test_ragged_forward_matches_the_oracle(engine, case):
     g, pack, t = make(case)
     plan_or_skip(g, engine)
@@ -225,8 +234,11 @@ def _bwd_inputs(case, t):
 
 def check_bwd(case, t):
     got, want = {"dQ": [], "dK": [], "dV": []}, {"dQ": [], "dK": [], "dV": []}
+    dsink = 0.0
     for b, (n, m) in enumerate(zip(t["lq"], t["lk"])):
-        _, _, dq, dk, dv, _ = _oracle(case, t, b, grads=True)
+        _, _, dq, dk, dv, ds = _oracle(case, t, b, grads=True)
+        if ds is not None:
+            dsink = dsink + ds.reshape(-1)
         for name, ref, tok, length in (("dQ", dq, t["tok_q"][b], n), ("dK", dk, t["tok_kv"][b], m),
                                        ("dV", dv, t["tok_kv"][b], m)):
             if length:
@@ -236,6 +248,8 @@ def check_bwd(case, t):
         x, ref = torch.cat(got[name]), torch.cat(want[name])
         assert not torch.isnan(x).any(), name
         assert rel_err(x, ref) < 2e-2, name
+    if case.sinks:
+        assert rel_err(t["dsink"].reshape(-1), dsink) < 1e-2, "dSink"
 
 
 BWD_CASES = [
@@ -244,13 +258,15 @@ BWD_CASES = [
     RaggedCase(hq=8, hkv=2, causal=True, stats="batch", placement="spread"),
     RaggedCase(d=64, causal=True, placement="reversed"),
     RaggedCase(d=96, hq=6, hkv=3, stats="batch", placement="reversed", dtype=torch.float16),
+    RaggedCase(hq=8, hkv=2, causal=True, sinks=True, placement="spread"),
+    RaggedCase(d=64, sinks=True, stats="batch", placement="reversed", totals=True),
 ]
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["", "det"])
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: f"h{c.hq}x{c.hkv}-d{c.d}-{c.placement}-{c.stats}"
-                         + "-causal" * c.causal + "-i64" * c.int64 + "-tot" * c.totals)
+                         + "-causal" * c.causal + "-i64" * c.int64 + "-tot" * c.totals + "-sink" * c.sinks)
 def test_ragged_backward_matches_the_oracle(engine, case, deterministic):
     g, pack, t = make(case, "bwd", deterministic=deterministic)
     plan_or_skip(g, engine)

@@ -46,8 +46,9 @@ class BwdHelperParams(SdpaFeatureParams):
     dq_accum_tile: int = 0
 
 
-#: the ragged-offset form's fields (the helpers view the bound tensors with them; they never divide offsets)
-_RAGGED_FIELDS = ("token_div_q", "token_div_kv", "offset_dtype_q", "stats_per_batch", "token_div_lse")
+#: the ragged-offset form's fields (the helpers view the bound tensors with them and walk each sequence's rows)
+_RAGGED_FIELDS = ("token_div_q", "token_div_kv", "offset_dtype_q", "stats_per_batch", "token_div_lse",
+                  "offset_dtype_lse")
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
@@ -80,22 +81,31 @@ def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
 
 
 def preprocess_args(p) -> list[str]:
-    """o, do, lse, lengths (q side), sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?, stream."""
+    """o, do, lse, lengths (q side), lse_offsets? and sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?,
+    (ragged: max_seqlen_q, total_q, total_kv), stream."""
     args = ["o", "do", "lse"] + lengths_args(p, kv=False)
     if p.has_dsinks:
-        args.append("sinks")
+        args += ["lse_offsets"] * (p.token_div_lse > 0) + ["sinks"]
     args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ragged_totals(p) + ["stream"]
+    return args + ragged_helper_scalars(p) + ["stream"]
 
 
 def postprocess_args(p) -> list[str]:
-    """dq, dsinks?, dq_accum, dsink_partial?, softmax_scale, stream."""
+    """dq, dsinks?, dq_accum, dsink_partial?, (ragged: cu_seqlens_q, seqused_q), softmax_scale, (ragged:
+    max_seqlen_q, total_q, total_kv), stream."""
     args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dq_accum"]
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ["softmax_scale"] + ragged_totals(p) + ["stream"]
+    args += ["cu_seqlens_q", "seqused_q"] * p.ragged
+    return args + ["softmax_scale"] + ragged_helper_scalars(p) + ["stream"]
+
+
+def ragged_helper_scalars(p) -> list[str]:
+    """The ragged-offset form's helpers walk each sequence's rows (grid: the longest sequence's row blocks per
+    batch entry), and view the bound tensors with the token envelopes."""
+    return ["max_seqlen_q"] + ragged_totals(p) if p.ragged else []
 
 
 def bwd_chain(p, main_template: str, main_args: list[str]) -> list[tuple[str, str, list[str], object]]:

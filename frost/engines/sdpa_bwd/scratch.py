@@ -42,6 +42,8 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
     if p.is_thd:
         out = [("dpsum", "float32", (h, total_q)), ("dq_accum", "float32", (h, total_q, d))]
         n_part = h * PARTIALS_PER_CTA * max(cdiv(total_q, ROWS_PER_CTA), 1)
+        if p.ragged:  # the helpers walk each sequence's row blocks
+            n_part = h * PARTIALS_PER_CTA * batch * max(cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
     else:
         acc_rows = accumulator_rows(p, max_seqlen_q)
         copies = max(p.dq_splits, 1)
