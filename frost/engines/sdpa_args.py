@@ -40,7 +40,9 @@ cu_seqlens_q / cu_seqlens_kv then hold element offsets per batch, (B+1,) int32 o
 (`offset_dtype_q/kv`), which kernels divide by the group's token stride (`token_div_q/kv`);
 lengths come from seqused_q / seqused_kv. Stats are ragged too, (H, T) viewed the same way
 with their own offsets `lse_offsets` (after seqused, if has_lse; divisor `token_div_lse`), or
-per batch (`stats_per_batch`): (B, H, S, 1) read and written like a dense batch's.
+per batch (`stats_per_batch`): (B, H, S, 1) read and written like a dense batch's. Kernels
+write only the rows of the sequences (the backward's helpers walk each sequence's rows, so
+dQ outside every sequence is not written either).
 
 Mask semantics (shared by every engine and the reference):
     query row i, key column j, both local to their sequence;

@@ -8,7 +8,8 @@ stores only: any arch.
 
 The grid is the preprocess grid (64-row blocks x query heads x batch; THD: over
 the packed tokens), so every row of dQ is written, padding rows and tokens
-outside every sequence included (their accumulator rows are zero). A fragment-order
+outside every sequence included (their accumulator rows are zero); the ragged-offset form's
+grid is its preprocess's, and only the rows of the sequences are written. A fragment-order
 accumulator is read one tile per CTA instead: its 16-byte groups land in a shared
 memory tile by `accum.fragment_coord`, which then leaves in rows. With
 `dq_splits` the accumulator's copies are summed in copy order. dQ goes to

@@ -9,7 +9,9 @@ int32 turn semaphores when deterministic without split copies. Plain loads and s
 One CTA per (64-row block, query head, batch) — THD: per (64-token block, query
 head) over the packed tokens, so the grid follows the bound tensors' extents and
 no sequence boundary is needed except for dSink (rows outside every sequence
-contribute nothing). It also zeroes the dQ accumulator rows it owns (in every
+contribute nothing). cuDNN's ragged-offset form (sequences anywhere, in any order, with gaps) instead runs one
+CTA per (64-row block of the longest sequence, query head, batch entry) over that sequence's rows, from its
+first token. It also zeroes the dQ accumulator rows it owns (in every
 copy, with `dq_splits`) and, with deterministic turns, the dQ semaphores (grid-stride), so the main kernel starts
 from a clean workspace without a separate fill launch.
 
