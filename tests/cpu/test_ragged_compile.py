@@ -104,7 +104,7 @@ def test_launch_arguments_are_the_bound_tensors_and_one_dimensional_offset_views
     bound.update({r: torch.zeros(B, HKV, SKV, D) for r in ("k", "v")})
     bound["stats"] = torch.zeros(B, H, SQ, 1)
     bound.update({f"{r}_ragged_offset": torch.arange(B + 1).view(-1, 1, 1, 1) for r in ("q", "o", "k", "v", "stats")})
-    bound.update(seq_len_q=torch.ones(B, 1, 1, 1, dtype=torch.int32), seq_len_kv=torch.ones(B, 1, 1, 1, dtype=torch.int32))
+    bound.update({r: torch.ones(B, 1, 1, 1, dtype=torch.int32) for r in ("seq_len_q", "seq_len_kv")})
     per_call = {"stream": 0}
     for n, role, view in viewed_args(names, facts):
         per_call[n] = view(bound[role])

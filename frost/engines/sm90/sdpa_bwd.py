@@ -190,7 +190,8 @@ class SdpaBwdSm90:
         self.kernel(
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, acc, mLSE, mdPsum,
             a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
-            a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None, a.get("lse_offsets"),
+            a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
+            a.get("lse_offsets"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,

@@ -326,7 +326,8 @@ class SdpaFwdSm90:
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width, Int32(0), Int32(0))
+            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+            Int32(0), Int32(0))
         while valid:
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, pg.rows_extent(mQ, self.pack), mK.shape[0],
                                                            mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
@@ -381,7 +382,8 @@ class SdpaFwdSm90:
             valid = Boolean(False)
             if more:
                 m_block, head, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width, cur_b, cur_base)
+                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+                    cur_b, cur_base)
 
     # --- consumer warpgroups
     @cute.jit
@@ -426,8 +428,8 @@ class SdpaFwdSm90:
         return kv_state
 
     @cute.jit
-    def consumer(self, mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k,
-                 pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk,
+    def consumer(self, mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o, pipe_q,
+                 pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk,
                  tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
         tidx = cute.arch.thread_idx()[0] - 128
@@ -473,7 +475,8 @@ class SdpaFwdSm90:
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width, Int32(0), Int32(0))
+            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+            Int32(0), Int32(0))
         while valid:
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
                                                            mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv)
@@ -557,7 +560,8 @@ class SdpaFwdSm90:
             valid = Boolean(False)
             if more:
                 m_block, head, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width, cur_b, cur_base)
+                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+                    cur_b, cur_base)
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
