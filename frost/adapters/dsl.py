@@ -57,11 +57,13 @@ def ragged_decline_reason(facts):
     r = facts.ragged
     if r is None:
         return None
-    strides, uids = dict(r.token_strides), dict(r.offset_uids)
+    strides = dict(r.token_strides)
+    tensor_of = {role: i for i, roles in enumerate(r.shared_offsets) for role in roles}
     for group in RAGGED_GROUPS:
         roles = [role for role in group if role in strides]
-        if len({uids.get(role) for role in roles}) > 1 or len({strides[role] for role in roles}) > 1:
-            shown = ", ".join(f"{role} (offsets uid {uids.get(role)}, token stride {strides[role]})" for role in roles)
+        if len({tensor_of[role] for role in roles}) > 1 or len({strides[role] for role in roles}) > 1:
+            shown = ", ".join(f"{role} (offset tensor #{tensor_of[role]}, token stride {strides[role]})"
+                              for role in roles)
             return (f"the ragged-offset form in the DSL kernels takes one offset tensor and one token stride per "
                     f"token group; {shown} differ")
     return None

@@ -34,7 +34,7 @@ class RaggedFacts(BaseModel):
 
     token_strides: tuple[tuple[str, int], ...]  # (role, element-offset divisor)
     offset_dtypes: tuple[tuple[str, str], ...]  # (role, "int32" | "int64")
-    offset_uids: tuple[tuple[str, int], ...] = ()  # (role, uid of its offset tensor): which roles share one
+    shared_offsets: tuple[tuple[str, ...], ...] = ()  # the roles of each offset tensor (which roles share one)
     stats_per_batch: bool = False  # Stats declared (B, H, S, 1) without a ragged offset
 
 

@@ -84,6 +84,13 @@ def test_ragged_form_lowers_to_the_packed_facts(direction, totals):
     assert strides["q"] == H * D and strides["k"] == HKV * D and strides["stats"] == H
     assert dict(ragged.ragged.offset_dtypes)["q"] == "int64" and dict(ragged.ragged.offset_dtypes)["k"] == "int32"
     assert not ragged.ragged.stats_per_batch
+    # what a saved plan compares: equal for the same declarations in another graph (no tensor identities)
+    assert _ragged(frost.Graph(), direction, total_q=tq, total_kv=tkv).validate().facts == ragged
+    shared = {roles[0]: set(roles) for roles in ragged.ragged.shared_offsets}
+    if direction == "fwd":
+        assert shared == {"q": {"q", "o"}, "k": {"k", "v"}, "stats": {"stats"}}
+    else:
+        assert shared == {"q": {"q", "o", "dO", "dQ"}, "k": {"k", "v", "dK", "dV"}, "stats": {"stats"}}
 
 
 def test_ragged_stats_per_batch_is_a_fact():
