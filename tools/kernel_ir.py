@@ -57,6 +57,14 @@ def covering_specs() -> list:
             specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
     for group in cases.SM90_BWD_WIDE_COVER:  # the SM90 backward above d=128
         specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in group]
+    # cuDNN's ragged-offset form last, for the same reason
+    for arch, kws in cases.RAGGED_MMA_FWD_COVER.items():
+        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
+    for arch, kws in cases.RAGGED_MMA_BWD_COVER.items():
+        for kw in kws:
+            specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
+    specs += [(cases.SM90_FWD_TEMPLATE, Sm90FwdParams(**kw), "sm_90a") for kw in cases.RAGGED_SM90_FWD_COVER]
+    specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in cases.RAGGED_SM90_BWD_COVER]
     return specs
 
 

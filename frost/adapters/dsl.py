@@ -24,11 +24,49 @@ def kernel_window(facts) -> tuple:
 def sdpa_feature_flags(facts) -> dict:
     """The SdpaFeatureParams fields of every SDPA template, from the facts (sdpa_args.py)."""
     banded = facts.window_left is not None or facts.window_right is not None
-    return dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
-                num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
-                has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
-                has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
-                bottom_right=facts.bottom_right and banded)
+    flags = dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
+                 num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
+                 has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
+                 has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
+                 bottom_right=facts.bottom_right and banded)
+    return {**flags, **ragged_flags(facts)}
+
+
+def ragged_flags(facts) -> dict:
+    """cuDNN's ragged-offset form: lengths from seq_len_q/kv (seqused), each group's token stride (the divisor
+    of its element offsets) and offset dtype, and how Stats are laid out (ragged, or per batch)."""
+    r = facts.ragged
+    if r is None:
+        return {}
+    strides, dtypes = dict(r.token_strides), dict(r.offset_dtypes)
+    flags = dict(has_seqused=True, token_div_q=max(strides["q"], 1), token_div_kv=max(strides["k"], 1),
+                 offset_dtype_q=dtypes["q"], offset_dtype_kv=dtypes["k"])
+    if facts.has_stats and "stats" in strides:
+        flags.update(token_div_lse=max(strides["stats"], 1), offset_dtype_lse=dtypes["stats"])
+    elif facts.has_stats and r.stats_per_batch:
+        flags.update(stats_per_batch=True)
+    return flags
+
+
+#: the token groups of the ragged form: one offset tensor and one token stride each in the DSL kernels
+RAGGED_GROUPS = (("q", "o", "dO", "dQ"), ("k", "v", "dK", "dV"))
+
+
+def ragged_decline_reason(facts):
+    """Why the DSL kernels cannot serve this ragged-offset graph, or None (also None for other graphs)."""
+    r = facts.ragged
+    if r is None:
+        return None
+    strides = dict(r.token_strides)
+    tensor_of = {role: i for i, roles in enumerate(r.shared_offsets) for role in roles}
+    for group in RAGGED_GROUPS:
+        roles = [role for role in group if role in strides]
+        if len({tensor_of[role] for role in roles}) > 1 or len({strides[role] for role in roles}) > 1:
+            shown = ", ".join(f"{role} (offset tensor #{tensor_of[role]}, token stride {strides[role]})"
+                              for role in roles)
+            return (f"the ragged-offset form in the DSL kernels takes one offset tensor and one token stride per "
+                    f"token group; {shown} differ")
+    return None
 
 
 def fwd_feature_flags(facts) -> dict:
@@ -41,7 +79,7 @@ def check_dsl_and_knobs(adapter) -> None:
     Requested knobs are honored or the engine is ineligible; without requests the
     defaults must validate, and a failure there is a bug, raised at compile.
     """
-    reason = dsl_decline_reason()
+    reason = dsl_decline_reason() or ragged_decline_reason(adapter.facts)
     if reason:
         raise adapter.decline(reason)
     if adapter.knobs.requested():
@@ -104,13 +142,23 @@ TENSOR_ARGS = {
     "seqused_q": ("seq_len_q", lengths_view), "seqused_kv": ("seq_len_kv", lengths_view),
     "sinks": ("sink_token", sink_view), "dsinks": ("dSink_token", sink_view),
 }
+#: cuDNN's ragged-offset form: the offsets tensors of the groups and of Stats take the cu_seqlens slots, 1-D
+RAGGED_TENSOR_ARGS = {**TENSOR_ARGS, "cu_seqlens_q": ("q_ragged_offset", lengths_view),
+                      "cu_seqlens_kv": ("k_ragged_offset", lengths_view),
+                      "lse_offsets": ("stats_ragged_offset", lengths_view)}
+
+
+def tensor_args(facts) -> dict:
+    """The contract's tensor names -> (graph role, view) for these facts."""
+    return TENSOR_ARGS if facts is None or facts.ragged is None else RAGGED_TENSOR_ARGS
 
 
 def static_values(facts) -> dict:
     """The contract's scalar arguments, all plan-time values."""
     window_left, window_right = kernel_window(facts)
     return {"softmax_scale": facts.attn_scale, "window_left": window_left, "window_right": window_right,
-            "max_seqlen_q": facts.seq_q, "max_seqlen_kv": facts.seq_kv}
+            "max_seqlen_q": facts.seq_q, "max_seqlen_kv": facts.seq_kv, "total_q": facts.total_q,
+            "total_kv": facts.total_kv}
 
 
 def _tuple_getter(keys: tuple):
@@ -122,12 +170,13 @@ def _tuple_getter(keys: tuple):
     return lambda d: ()
 
 
-def viewed_args(names) -> tuple:
+def viewed_args(names, facts=None) -> tuple:
     """(name, role, view) of the contract names whose tensor the kernel takes through a view.
 
     The adapter makes these views once per execute and passes them with the per-call values.
     """
-    return tuple((n, *TENSOR_ARGS[n]) for n in dict.fromkeys(names) if n in TENSOR_ARGS and TENSOR_ARGS[n][1])
+    table = tensor_args(facts)
+    return tuple((n, *table[n]) for n in dict.fromkeys(names) if n in table and table[n][1])
 
 
 class LaunchArgs:
@@ -141,7 +190,8 @@ class LaunchArgs:
 
     def __init__(self, names, facts):
         static = static_values(facts)
-        self.items = tuple((0, TENSOR_ARGS[n][0]) if n in TENSOR_ARGS and TENSOR_ARGS[n][1] is None
+        table = tensor_args(facts)
+        self.items = tuple((0, table[n][0]) if n in table and table[n][1] is None
                            else (1, static[n]) if n in static else (2, n) for n in names)
         kinds = [k for k, _ in self.items]
         self._fast = None

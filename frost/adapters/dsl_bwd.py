@@ -36,11 +36,12 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
         f = self.facts
         envelope = self._scratch(f.total_q, f.total_kv)
         self._scratch_bytes = layout_bytes(envelope)
-        self._dense_views = None if f.is_thd else CarvedViews(envelope)  # dense layouts are fully plan-time
+        # dense layouts are fully plan-time, and so are the ragged form's (its bound tensors are as declared)
+        self._dense_views = None if f.is_thd and f.ragged is None else CarvedViews(envelope)
         stages = chain_of(params)
         kernels = compile_many([(module, sp) for _, module, _, sp in stages], self.target)
         self.chain = [(kernel, LaunchArgs(names, f)) for (_, _, names, _), kernel in zip(stages, kernels)]
-        self._views = viewed_args(n for _, _, names, _ in stages for n in names)
+        self._views = viewed_args((n for _, _, names, _ in stages for n in names), f)
         self.compiled = True
 
     def compiled_kernels(self) -> list:

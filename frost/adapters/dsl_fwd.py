@@ -23,7 +23,7 @@ class DslFwdAdapter(DslKernels, SdpaFwdDsl):
         self.kernel = compile_kernel(self.template, self.params, self.target)
         names = fwd_arg_names(self.params)  # tensors in their declared order: the kernel's entry views them
         self._args = LaunchArgs(names, self.facts)
-        self._views = viewed_args(names)
+        self._views = viewed_args(names, self.facts)
         self.compiled = True
 
     def compiled_kernels(self) -> list:

@@ -81,7 +81,9 @@ def _ragged_bwd(facts, bound) -> None:
     sinks = sink_view(bound["sink_token"]) if facts.has_sinks else None
     total_dsink = None
     for b, len_q, rows in _ragged_batches(facts, bound):
-        if len_q == 0:
+        if len_q == 0:  # keys no query sees: zero gradients, as the kernels write them
+            rows("dK").zero_()
+            rows("dV").zero_()
             continue
         dq, dk, dv, dsink = sdpa_bwd_reference(rows("q")[None], rows("k")[None], rows("v")[None], rows("dO")[None],
                                                softmax_scale=facts.attn_scale, compute_dtype=_compute_dtype(facts),

@@ -41,10 +41,26 @@ class SdpaFeatureParams(TemplateParams):
     has_window_left: bool = False
     has_window_right: bool = False
     bottom_right: bool = False
+    # cuDNN's ragged-offset form (`is_thd` with lengths from seqused): the io tensors are bound (B, H, S, D) and
+    # viewed (T, H, D); cu_seqlens_q / cu_seqlens_kv hold per-batch element offsets (int32 or int64), divided
+    # in-kernel by their group's token stride (the declared S stride). 0: frost's own token prefix sums.
+    token_div_q: int = 0
+    token_div_kv: int = 0
+    offset_dtype_q: Literal["int32", "int64"] = "int32"
+    offset_dtype_kv: Literal["int32", "int64"] = "int32"
+    # ragged Stats: their own offsets (`lse_offsets`) and token stride; 0 with `stats_per_batch` (B, H, S, 1)
+    token_div_lse: int = 0
+    offset_dtype_lse: Literal["int32", "int64"] = "int32"
+    stats_per_batch: bool = False
 
     @property
     def qhead_per_kvhead(self) -> int:
         return self.num_heads_q // self.num_heads_kv
+
+    @property
+    def ragged(self) -> bool:
+        """cuDNN's ragged-offset form (see `token_div_q`)."""
+        return self.token_div_q > 0
 
 
 def head_dim_span_reason(d_qk: int, d_v: int, multiple: int, maximum: int) -> str | None:
@@ -73,5 +89,13 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
     if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
         raise TemplateParamsError(f"{who}: num_heads_q={p.num_heads_q} must be a positive multiple of "
                                   f"num_heads_kv={p.num_heads_kv}")
-    if p.is_thd and p.has_seqused:
+    if p.is_thd and p.has_seqused and not p.ragged:
         raise TemplateParamsError(f"{who}: seqused is a dense-only padding mask; packed THD uses cu_seqlens")
+    if p.ragged and not (p.is_thd and p.has_seqused and p.token_div_kv > 0):
+        raise TemplateParamsError(f"{who}: the ragged-offset form is packed (is_thd) with lengths from seqused and "
+                                  f"a token stride per group (token_div_q={p.token_div_q}, "
+                                  f"token_div_kv={p.token_div_kv})")
+    if (p.token_div_lse or p.stats_per_batch) and not p.ragged:
+        raise TemplateParamsError(f"{who}: token_div_lse / stats_per_batch belong to the ragged-offset form")
+    if p.token_div_lse and p.stats_per_batch:
+        raise TemplateParamsError(f"{who}: Stats are ragged (token_div_lse) or per batch, not both")

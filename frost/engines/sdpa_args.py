@@ -30,7 +30,19 @@ flag is set, in this order):
     window_left                  if has_window_left   Int32 >= 0
     window_right                 if has_window_right  Int32 >= 0 (causal is window_right = 0)
     max_seqlen_q                 if is_thd        Int32 plan-time envelope, sizes the grid
+    total_q, total_kv            if ragged        Int32 plan-time token envelopes (T of the (T, H, D) views)
     stream                       CUstream (explicit; the adapter passes the context's stream)
+
+cuDNN's ragged-offset form (params `ragged`: `token_div_q` / `token_div_kv` > 0) is packed THD
+whose io tensors are bound as declared, (B, H, S, D) with bshd strides: the entry views each as
+(T, H, D) with its S and H strides, T = total_q / total_kv (max_total_seq_len or B * S).
+cu_seqlens_q / cu_seqlens_kv then hold element offsets per batch, (B+1,) int32 or int64
+(`offset_dtype_q/kv`), which kernels divide by the group's token stride (`token_div_q/kv`);
+lengths come from seqused_q / seqused_kv. Stats are ragged too, (H, T) viewed the same way
+with their own offsets `lse_offsets` (after seqused, if has_lse; divisor `token_div_lse`), or
+per batch (`stats_per_batch`): (B, H, S, 1) read and written like a dense batch's. Kernels
+write only the rows of the sequences (the backward's helpers walk each sequence's rows, so
+dQ outside every sequence is not written either).
 
 Mask semantics (shared by every engine and the reference):
     query row i, key column j, both local to their sequence;
@@ -69,9 +81,27 @@ def fwd_arg_names(p) -> list[str]:
     """The forward argument names of one flag set (any SdpaFeatureParams with has_lse), in order."""
     names = ["q", "k", "v", "o"] + ["lse"] * p.has_lse
     names += ["cu_seqlens_q", "cu_seqlens_kv"] * p.is_thd + ["seqused_q", "seqused_kv"] * p.has_seqused
+    names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0)
     names += ["sinks"] * p.has_sinks + ["softmax_scale"]
     names += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
-    return names + ["max_seqlen_q"] * p.is_thd + ["stream"]
+    return names + ["max_seqlen_q"] * p.is_thd + ragged_totals(p) + ["stream"]
+
+
+def ragged_tags(p) -> list[str]:
+    """Kernel-name tags of the ragged-offset form: each group's token divisor and 64-bit offsets, the Stats'."""
+    if not p.ragged:
+        return []
+    tags = [f"rg{p.token_div_q}x{p.token_div_kv}"]
+    tags += [f"o64{g}" for g, kind in (("q", p.offset_dtype_q), ("kv", p.offset_dtype_kv),
+                                        ("lse", p.offset_dtype_lse)) if kind == "int64"]
+    if p.token_div_lse:
+        tags.append(f"rglse{p.token_div_lse}")
+    return tags + ["lsepb"] * p.stats_per_batch
+
+
+def ragged_totals(p) -> list[str]:
+    """The token envelopes a ragged-offset kernel views its (B, H, S, D) tensors with (none otherwise)."""
+    return ["total_q", "total_kv"] if p.ragged else []
 
 
 def canonical_to_declared(name: str, t, is_thd: bool):

@@ -34,6 +34,7 @@ class RaggedFacts(BaseModel):
 
     token_strides: tuple[tuple[str, int], ...]  # (role, element-offset divisor)
     offset_dtypes: tuple[tuple[str, str], ...]  # (role, "int32" | "int64")
+    shared_offsets: tuple[tuple[str, ...], ...] = ()  # the roles of each offset tensor (which roles share one)
     stats_per_batch: bool = False  # Stats declared (B, H, S, 1) without a ragged offset
     # the ragged form as declared, for engines that take it as it is (cuDNN): the (B, H, S, D) tensors that have
     # a ragged offset, their offsets (role "<role>_ragged_offset") and the lengths (seq_len_q, seq_len_kv)

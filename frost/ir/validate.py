@@ -288,7 +288,7 @@ def _lower_ragged(node, geom: dict):
             raise GraphError(f"sdpa {a.name!r}: {key}={value} must be between 1 and B * S = {batch * seq}")
         envelopes[key] = batch * seq if value is None else value
     tq, tkv = envelopes["max_total_seq_len_q"], envelopes["max_total_seq_len_kv"]
-    strides, dtypes, lowered = [], [], {}
+    strides, dtypes, lowered, sharing = [], [], {}, {}
     declared = [_tensor_facts(r, getattr(a, r)) for r in ("seq_len_q", "seq_len_kv")]
     for role, t in io.items():
         off = t.ragged_offset
@@ -307,12 +307,14 @@ def _lower_ragged(node, geom: dict):
                              f"sequence are S-stride {t.stride[2]} apart)")
         strides.append((role, t.stride[2]))
         dtypes.append((role, off.data_type.short))
+        sharing.setdefault(id(off), []).append(role)
         lowered[role] = TensorFacts(name=role, label=_label(t, role), dim=dim, stride=stride, dtype=t.data_type.short)
         declared += [_tensor_facts(role, t), _tensor_facts(f"{role}_ragged_offset", off)]
     packed = dict(is_thd=True, total_q=tq, total_kv=tkv, seq_q=min(geom["seq_q"], tq),
                   seq_kv=min(geom["seq_kv"], tkv))
     stats = io.get("stats")
     info = RaggedFacts(token_strides=tuple(strides), offset_dtypes=tuple(dtypes),
+                       shared_offsets=tuple(tuple(roles) for roles in sharing.values()),
                        stats_per_batch=stats is not None and stats.ragged_offset is None, declared=tuple(declared))
     return packed, info, lowered
 

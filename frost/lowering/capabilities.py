@@ -28,6 +28,10 @@ KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_ri
                              "thd", "stats"})
 
 
+#: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, per-batch Stats too)
+DSL_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
+
+
 class CapabilityRow(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -58,7 +62,7 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
                           pending=pending_bwd, **bwd)]
 
 
-#: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
+#: the reference serves cuDNN's ragged-offset form too (it reads the offsets on the host)
 REFERENCE_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the cuDNN engine: every arch cuDNN serves, ranked below every DSL engine (and above the reference oracle);
 #: cuDNN's own check_support judges head dims and the rest at plan time. Packed graphs go through cuDNN's ragged
@@ -70,11 +74,11 @@ MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
-SM90_BWD_FEATURES = KERNEL_FEATURES | {"deterministic"}
+SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"}
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
-             dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS + ((192, 192),), features=KERNEL_FEATURES,
+             dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS + ((192, 192),), features=DSL_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
@@ -85,15 +89,15 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                                    "dq_fragments": (False, True), "dq_red": (False, True),
                                    "dk_first": (False, True), "rows_warp": (False, True)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=DSL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=DSL_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
-               dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS, features=KERNEL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS, features=DSL_FEATURES,
                pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",
                pending_bwd="the SM100 (tcgen05 + TMEM) kernels are not written yet")
     + [CapabilityRow(name=f"Sdpa{d.capitalize()}Cudnn", adapter=f"frost.adapters.cudnn:Sdpa{d.capitalize()}Cudnn",

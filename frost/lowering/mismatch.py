@@ -13,10 +13,8 @@ _ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
 
 #: why a declared cuDNN feature is missing, appended to the decline reason
 FEATURE_DETAILS = {
-    "ragged_offsets": "cuDNN's ragged-offset form: the DSL kernels read token prefix sums, int32 (B+1,), and do "
-                      "not yet divide element offsets by the token stride; declare Q/K/V/O as (tokens, heads, dim) "
-                      "with cu_seq_len_q/kv for them",
-    "stats_per_batch": "Stats (B, H, S, 1) per batch in a packed graph; give Stats a ragged offset",
+    "ragged_offsets": "cuDNN's ragged-offset form; the DSL engines serve it",
+    "stats_per_batch": "Stats (B, H, S, 1) per batch in a packed graph",
     "block_mask": "a block-sparse mask",
     "rng_dump": "dropout's RNG mask dump",
     "paged_attention": "paged K/V caches",

@@ -325,3 +325,53 @@ SM90_BWD_WIDE_COVER = [
      sm90_bwd_kwargs(d=256, has_seqused=True, has_window_right=True),
      sm90_bwd_kwargs(has_window_right=True, knobs=dict(tile_m=64, tile_n=64))],
 ]
+
+
+def ragged(hq=4, hk=4, d=128, int64=False, stats="ragged", **flags) -> dict:
+    """The feature flags of cuDNN's ragged-offset form for bshd-packed (B, H, S, D) tensors: each group's token
+    stride (H * D) divides its element offsets, int32 or int64 (`int64`: the q group's and Stats'); Stats ragged
+    (token stride H), per batch, or none (`stats` None)."""
+    kind = "int64" if int64 else "int32"
+    f = dict(is_thd=True, has_seqused=True, token_div_q=hq * d, token_div_kv=hk * d, offset_dtype_q=kind,
+             offset_dtype_kv="int32", **flags)
+    if stats == "ragged":
+        f.update(token_div_lse=hq, offset_dtype_lse=kind)
+    elif stats == "batch":
+        f.update(stats_per_batch=True)
+    return f
+
+
+# cuDNN's ragged-offset form, by arch: int32 and int64 offsets, ragged and per-batch Stats, GQA, masks and the
+# deterministic backward; apart from the sets above, so tools/kernel_ir.py keeps those kernels' file names
+RAGGED_MMA_FWD_COVER = {
+    "sm_80": [
+        _mma_fwd(d=128, hq=8, hk=2, has_window_right=True, has_lse=True, **ragged(8, 2)),
+        _mma_fwd(d=64, has_lse=True, **ragged(d=64, int64=True, stats="batch")),
+    ],
+    "sm_90a": [
+        _mma_fwd(d=72, hq=4, hk=1, has_sinks=True, **ragged(4, 1, 72, int64=True, stats=None)),
+    ],
+}
+RAGGED_MMA_BWD_COVER = {
+    "sm_80": [
+        _mma_bwd(d=128, hq=8, hk=2, has_window_right=True, **ragged(8, 2)),
+        _mma_bwd(d=64, deterministic=True, **ragged(d=64, int64=True, stats="batch")),
+    ],
+    "sm_90a": [
+        _mma_bwd(d=96, hq=4, hk=2, has_window_left=True, has_sinks=True, has_dsinks=True,
+                 **ragged(4, 2, 96, int64=True)),
+    ],
+}
+RAGGED_SM90_FWD_COVER = [
+    _sm90(hq=8, hk=2, has_window_right=True, **ragged(8, 2), knobs=dict(pack_gqa=True)),
+    _sm90(d=64, **ragged(d=64, int64=True, stats="batch")),
+    _sm90(hq=8, hk=2, has_window_right=True, **ragged(8, 2, int64=True, stats="batch"), knobs=dict(pack_gqa=True)),
+    _sm90(d=96, has_sinks=True, has_lse=False, **ragged(d=96, stats=None)),
+]
+RAGGED_SM90_BWD_COVER = [
+    sm90_bwd_kwargs(hq=8, hk=2, has_window_right=True, **ragged(8, 2)),
+    sm90_bwd_kwargs(d=64, deterministic=True, has_sinks=True, has_dsinks=True,
+                    **ragged(d=64, int64=True, stats="batch")),
+    sm90_bwd_kwargs(d=96, hq=4, hk=1, has_window_left=True, has_window_right=True, deterministic=True,
+                    **ragged(4, 1, 96, int64=True)),
+]

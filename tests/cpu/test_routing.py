@@ -498,3 +498,52 @@ def test_h200_backward_ranks_the_wgmma_chain_first_and_the_mma_sync_chain_serves
     assert "head dims" in reasons(g)["SdpaBwdDslSm90"]
     g = declare(H200, direction="bwd").create_execution_plans(engine="sm80")
     assert g.available_engines() == ["SdpaBwdDslSm80"]  # the mma.sync chain stays available by name
+
+
+# --- cuDNN's ragged-offset form --------------------------------------------------------------------------------
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("target, lines", [("H200", ["Sm90", "Sm80"]), ("A100", ["Sm80"]), ("RTX5090", ["Sm120"])])
+def test_ragged_graphs_plan_on_the_dsl_engines(direction, target, lines):
+    from tests.cpu.test_cudnn_vocabulary import B, D, H, HKV, SQ, _ragged
+
+    g = _ragged(frost.Graph(target=TARGETS[target]), direction)
+    kind = "Fwd" if direction == "fwd" else "Bwd"
+    assert g.available_engines() == [f"Sdpa{kind}Dsl{line}" for line in lines]
+    adapter = g._ranking.accepted[0][1]
+    p = adapter.template_params()  # what the winner compiles: the ragged fields from the facts
+    assert p.is_thd and p.has_seqused and p.ragged
+    assert (p.token_div_q, p.token_div_kv, p.token_div_lse) == (H * D, HKV * D, H)
+    assert (p.offset_dtype_q, p.offset_dtype_kv, p.offset_dtype_lse) == ("int64", "int32", "int32")
+    assert not p.stats_per_batch
+    # per-batch Stats (B, H, S, 1): no Stats offsets, read and written per batch
+    g = _ragged(frost.Graph(target=TARGETS[target]), direction, stats_ragged=False)
+    assert g.available_engines()[0] == f"Sdpa{kind}Dsl{lines[0]}"
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.stats_per_batch and p.token_div_lse == 0
+    assert adapter.facts.total_q == B * SQ  # the packed envelope the (B, H, S, D) tensors are viewed with
+
+
+def test_ragged_groups_with_several_offset_tensors_are_declined_naming_them():
+    from tests.cpu.test_cudnn_vocabulary import B, _ragged
+
+    g = _ragged(frost.Graph(target=H200))
+    other = g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT64, name="off_o")
+    g.node.o.set_ragged_offset(other)
+    declines = reasons(g.validate())
+    dsl = {n: why for n, why in declines.items() if "Dsl" in n and not why.startswith("serves compute")}
+    assert dsl and all("one offset tensor and one token stride per token group" in why and "o (offset tensor #" in why
+                       for why in dsl.values())
+    assert g.available_engines() == []  # the reference serves it, by name only on a GPU
+    assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"
+
+
+def test_ragged_backward_with_dsink_plans_on_the_dsl_lines():
+    from tests.cpu.test_cudnn_vocabulary import H, _ragged
+
+    g = frost.Graph(target=H200)
+    sink = g.tensor((1, H, 1, 1), None, "fp32", name="sink")
+    dsink = g.tensor((1, H, 1, 1), None, "fp32", name="dsink")
+    _ragged(g, "bwd", sink_token=sink, dSink_token=dsink)
+    assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.has_dsinks and p.ragged

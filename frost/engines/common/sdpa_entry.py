@@ -19,7 +19,10 @@ from frost.engines.sdpa_args import IO_ROLES, STATS_ROLE
 
 IO_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 _SCALARS = {"softmax_scale": Float32, "window_left": Int32, "window_right": Int32, "max_seqlen_q": Int32,
-            "max_seqlen_kv": Int32, "stream": cuda.CUstream}
+            "max_seqlen_kv": Int32, "total_q": Int32, "total_kv": Int32, "stream": cuda.CUstream}
+#: roles of the query token group (the kv group is the rest of IO_ROLES)
+Q_ROLES = frozenset(("q", "o", "do", "dq"))
+OFFSET_DTYPES = {"int32": Int32, "int64": cutlass.Int64}
 
 
 def select_modes(t: cute.Tensor, modes) -> cute.Tensor:
@@ -42,15 +45,36 @@ def canonical_args(names, args, is_thd: bool) -> dict:
     return {n: canonical(n, a, is_thd) for n, a in zip(names, args)}
 
 
-def make_entry(run, names: list[str], is_thd: bool):
+def ragged_view(name: str, t, named: dict, stats_per_batch: bool):
+    """cuDNN's ragged-offset form: a bound (B, H, S, D) io tensor as packed (T, H, D) with its S and H strides
+    (T: the plan's token envelope total_q / total_kv, a runtime Int32), ragged Stats (B, H, S, 1) as (H, T),
+    per-batch Stats as a dense batch's (B, H, S); everything else as frost's packed form takes it."""
+    if name in IO_ROLES:
+        total = named["total_q"] if name in Q_ROLES else named["total_kv"]
+        layout = cute.make_layout((total, t.shape[1], t.shape[3]), stride=(t.stride[2], t.stride[1], t.stride[3]))
+        return cute.make_tensor(t.iterator, layout)
+    if name == STATS_ROLE:
+        if stats_per_batch:
+            return select_modes(t, [0, 1, 2])
+        return cute.make_tensor(t.iterator, cute.make_layout((t.shape[1], named["total_q"]),
+                                                             stride=(t.stride[1], t.stride[2])))
+    return t
+
+
+def make_entry(run, names: list[str], is_thd: bool, ragged=None):
     """A @cute.jit host entry with one positional parameter per name; `run(args by name)` inside.
 
     The compile boundary exports and reloads plain positional functions, so the
     entry advertises exactly this flavor's signature; templates read their
-    arguments by contract name, never by position.
+    arguments by contract name, never by position. `ragged`: the params of a ragged-offset
+    kernel (`ragged_view`), else None.
     """
     def sdpa_entry(*args):
-        run(canonical_args(names, args, is_thd))
+        if ragged is not None:
+            named = dict(zip(names, args))
+            run({n: ragged_view(n, a, named, ragged.stats_per_batch) for n, a in named.items()})
+        else:
+            run(canonical_args(names, args, is_thd))
 
     sdpa_entry.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_SCALARS.get(n, cute.Tensor))
@@ -66,6 +90,9 @@ class FakeArgs:
         self.extra = extra
         self._made: dict = {}
         self.batch = cute.sym_int(symbol="batch")
+        self.ragged = getattr(p, "ragged", False)
+        if self.ragged:  # bound (B, H, S, D); scratch keeps the packed extents (total_q / total_kv)
+            self.seq_q, self.seq_kv = cute.sym_int(symbol="seqlen_q"), cute.sym_int(symbol="seqlen_kv")
         if p.is_thd:
             self.rows_q, self.rows_kv = cute.sym_int(symbol="total_q"), cute.sym_int(symbol="total_kv")
             self.batch1 = cute.sym_int(symbol="batch_plus_1")
@@ -74,7 +101,9 @@ class FakeArgs:
 
     def _io(self, rows, heads: int, dim: int):
         st = cute.sym_int64(divisibility=8)
-        if self.p.is_thd:
+        if self.ragged:
+            rows = self.seq_q if rows is self.rows_q else self.seq_kv
+        if self.p.is_thd and not self.ragged:
             shape, stride = (rows, heads, dim), (st, cute.sym_int64(divisibility=8), 1)
         else:
             shape = (self.batch, heads, rows, dim)
@@ -83,7 +112,10 @@ class FakeArgs:
 
     def _stats(self):
         hq = self.p.num_heads_q
-        shape = (self.rows_q, hq, 1) if self.p.is_thd else (self.batch, hq, self.rows_q, 1)
+        if self.ragged:
+            shape = (self.batch, hq, self.seq_q, 1)
+        else:
+            shape = (self.rows_q, hq, 1) if self.p.is_thd else (self.batch, hq, self.rows_q, 1)
         return cute.runtime.make_fake_tensor(Float32, shape, tuple(cute.sym_int64() for _ in shape),
                                              assumed_align=4)
 
@@ -101,8 +133,12 @@ class FakeArgs:
             return self._io(*io[name])
         if name == STATS_ROLE:
             return self._stats()
-        if name in ("cu_seqlens_q", "cu_seqlens_kv"):
-            return self.compact(Int32, (self.batch1,), align=4)
+        if name in ("cu_seqlens_q", "cu_seqlens_kv", "lse_offsets"):
+            if not self.ragged:
+                return self.compact(Int32, (self.batch1,), align=4)
+            kind = {"cu_seqlens_q": p.offset_dtype_q, "cu_seqlens_kv": p.offset_dtype_kv,
+                    "lse_offsets": p.offset_dtype_lse}[name]
+            return self.compact(OFFSET_DTYPES[kind], (self.batch1,), align=8 if kind == "int64" else 4)
         if name in ("seqused_q", "seqused_kv"):
             return self.compact(Int32, (self.batch,), align=4)
         if name in ("sinks", "dsinks"):

@@ -9,6 +9,16 @@ from cutlass import Int32
 
 
 @cute.jit
+def token_offset(offsets: cute.Tensor, batch: Int32, div: cutlass.Constexpr[int] = 0):
+    """The first token of batch entry `batch`: frost's token prefix sums as they are (`div` 0), or cuDNN's
+    element offsets (int32 or int64) divided by the group's token stride `div` (the ragged-offset form)."""
+    if cutlass.const_expr(div == 0):
+        return offsets[batch]
+    else:
+        return Int32(offsets[batch] // div)
+
+
+@cute.jit
 def seqlen_info(
     batch: Int32,
     static_seqlen_q: Int32,
@@ -17,25 +27,29 @@ def seqlen_info(
     cu_seqlens_k=None,
     seqused_q=None,
     seqused_k=None,
+    div_q: cutlass.Constexpr[int] = 0,
+    div_k: cutlass.Constexpr[int] = 0,
 ):
     """(offset_q, offset_k, seqlen_q, seqlen_k) of one batch entry.
 
     Dense: offsets 0, lengths the static extents, or seqused[b] when given.
-    THD: offsets cu_seqlens[b], lengths cu_seqlens[b + 1] - cu_seqlens[b]
-    (seqused, when given, overrides the length and keeps the offset).
+    THD: offsets cu_seqlens[b], lengths cu_seqlens[b + 1] - cu_seqlens[b].
+    Ragged (`div_q` / `div_k` > 0, cuDNN's element offsets): offsets cu_seqlens[b] // div, lengths seqused[b].
     """
     offset_q = Int32(0)
     seqlen_q = static_seqlen_q
     if cutlass.const_expr(cu_seqlens_q is not None):
-        offset_q = cu_seqlens_q[batch]
-        seqlen_q = cu_seqlens_q[batch + 1] - offset_q
+        offset_q = token_offset(cu_seqlens_q, batch, div_q)
+        if cutlass.const_expr(seqused_q is None):
+            seqlen_q = cu_seqlens_q[batch + 1] - offset_q
     if cutlass.const_expr(seqused_q is not None):
         seqlen_q = seqused_q[batch]
     offset_k = Int32(0)
     seqlen_k = static_seqlen_k
     if cutlass.const_expr(cu_seqlens_k is not None):
-        offset_k = cu_seqlens_k[batch]
-        seqlen_k = cu_seqlens_k[batch + 1] - offset_k
+        offset_k = token_offset(cu_seqlens_k, batch, div_k)
+        if cutlass.const_expr(seqused_k is None):
+            seqlen_k = cu_seqlens_k[batch + 1] - offset_k
     if cutlass.const_expr(seqused_k is not None):
         seqlen_k = seqused_k[batch]
     return offset_q, offset_k, seqlen_q, seqlen_k

@@ -73,18 +73,23 @@ def zigzag_tile(wave: Int32, cta: Int32, num_ctas: Int32) -> Int32:
 
 
 @cute.jit
-def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutlass.Constexpr[int]) -> Int32:
-    """m-blocks of packed sequence b (0 past the batch)."""
+def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutlass.Constexpr[int],
+              lengths: cutlass.Constexpr[bool] = False) -> Int32:
+    """m-blocks of packed sequence b (0 past the batch); `lengths`: the tensor holds each sequence's length
+    (seqused: cuDNN's ragged-offset form), not prefix sums."""
     n = Int32(0)
     if b < num_batch:
-        n = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
+        if const_expr(lengths):
+            n = (cu_seqlens[b] + (tile_m - 1)) // tile_m
+        else:
+            n = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
     return n
 
 
 @cute.jit
 def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
                   num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                  cursor_batch: Int32, cursor_base: Int32):
+                  cursor_batch: Int32, cursor_base: Int32, lengths: cutlass.Constexpr[bool] = False):
     """tile index -> (m_block, head, batch, is_valid, cursor_batch, cursor_base). Warp-collective.
 
     `cursor_batch` is the first batch of a 32-batch chunk and `cursor_base` the
@@ -96,7 +101,7 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
     batch = num_batch
     searching = Boolean(True)
     while searching:
-        n_m = _m_blocks(cu_seqlens, cursor_batch + lane, num_batch, tile_m)
+        n_m = _m_blocks(cu_seqlens, cursor_batch + lane, num_batch, tile_m, lengths)
         n_tiles = n_m * num_heads
         incl = n_tiles
         for i in cutlass.range_constexpr(5):
@@ -126,7 +131,7 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
 @cute.jit
 def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
                       num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                      cursor_rank: Int32, cursor_base: Int32):
+                      cursor_rank: Int32, cursor_base: Int32, lengths: cutlass.Constexpr[bool] = False):
     """Longest-first over a packed batch under a causal band. Warp-collective.
 
     Under a causal band a tile's work grows with its m-block index, whatever its
@@ -140,7 +145,7 @@ def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32
     top = Int32(0)
     c = Int32(0)
     while c < num_batch:
-        top = cutlass.max(top, _m_blocks(cu_seqlens, c + lane, num_batch, tile_m))
+        top = cutlass.max(top, _m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths))
         c = c + 32
     for i in cutlass.range_constexpr(5):
         top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=1 << i))
@@ -156,7 +161,7 @@ def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32
         c = Int32(0)
         while c < num_batch:
             count = count + cute.arch.popc(
-                cute.arch.vote_ballot_sync(_m_blocks(cu_seqlens, c + lane, num_batch, tile_m) > level))
+                cute.arch.vote_ballot_sync(_m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths) > level))
             c = c + 32
         n_tiles = count * num_heads
         if tile_idx < base + n_tiles:
@@ -165,7 +170,7 @@ def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32
             head = j - e * num_heads
             c = Int32(0)
             while c < num_batch:  # the e-th sequence that has a tile at this level
-                has = _m_blocks(cu_seqlens, c + lane, num_batch, tile_m) > level
+                has = _m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths) > level
                 bal = cute.arch.vote_ballot_sync(has)
                 k = cute.arch.popc(bal)
                 if e < k:

@@ -107,4 +107,4 @@ def scratch_fake(fakes: FakeArgs, name: str):
 
 def build_entry(p, names: list[str], run):
     """(jit entry, fakes) of one kernel of the chain; `run(args)` receives the arguments by contract name."""
-    return make_entry(run, names, p.is_thd), tuple(FakeArgs(p, extra=scratch_fake).all(names))
+    return make_entry(run, names, p.is_thd, p if p.ragged else None), tuple(FakeArgs(p, extra=scratch_fake).all(names))

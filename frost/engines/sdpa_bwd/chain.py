@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from frost.engines.params import SdpaFeatureParams
+from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.scratch import uses_turns
 
 PREPROCESS = "frost.engines.sdpa_bwd.preprocess"
@@ -45,12 +46,16 @@ class BwdHelperParams(SdpaFeatureParams):
     dq_accum_tile: int = 0
 
 
+#: the ragged-offset form's fields (the helpers view the bound tensors with them and walk each sequence's rows)
+_RAGGED_FIELDS = ("token_div_q", "token_div_kv", "offset_dtype_q", "stats_per_batch", "token_div_lse",
+                  "offset_dtype_lse")
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
-                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
+                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile")
+    + _RAGGED_FIELDS,
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
+                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile") + _RAGGED_FIELDS,
 }
 
 
@@ -63,32 +68,44 @@ def stage_params(p, stage: str):
 
 
 def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
-    """The sequence-length arguments of a kernel: cu_seqlens (THD) or seqused (padding), q and / or kv side."""
+    """The sequence-length arguments of a kernel: cu_seqlens (THD) or seqused (padding), q and / or kv side;
+    the ragged-offset form's Stats offsets (`lse_offsets`) with the q side of a main kernel (both sides)."""
     out = []
     if p.is_thd:
         out += (["cu_seqlens_q"] if q else []) + (["cu_seqlens_kv"] if kv else [])
     if p.has_seqused:
         out += (["seqused_q"] if q else []) + (["seqused_kv"] if kv else [])
+    if q and kv and p.token_div_lse:
+        out.append("lse_offsets")
     return out
 
 
 def preprocess_args(p) -> list[str]:
-    """o, do, lse, lengths (q side), sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?, stream."""
+    """o, do, lse, lengths (q side), lse_offsets? and sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?,
+    (ragged: max_seqlen_q, total_q, total_kv), stream."""
     args = ["o", "do", "lse"] + lengths_args(p, kv=False)
     if p.has_dsinks:
-        args.append("sinks")
+        args += ["lse_offsets"] * (p.token_div_lse > 0) + ["sinks"]
     args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ["stream"]
+    return args + ragged_helper_scalars(p) + ["stream"]
 
 
 def postprocess_args(p) -> list[str]:
-    """dq, dsinks?, dq_accum, dsink_partial?, softmax_scale, stream."""
+    """dq, dsinks?, dq_accum, dsink_partial?, (ragged: cu_seqlens_q, seqused_q), softmax_scale, (ragged:
+    max_seqlen_q, total_q, total_kv), stream."""
     args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dq_accum"]
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ["softmax_scale", "stream"]
+    args += ["cu_seqlens_q", "seqused_q"] * p.ragged
+    return args + ["softmax_scale"] + ragged_helper_scalars(p) + ["stream"]
+
+
+def ragged_helper_scalars(p) -> list[str]:
+    """The ragged-offset form's helpers walk each sequence's rows (grid: the longest sequence's row blocks per
+    batch entry), and view the bound tensors with the token envelopes."""
+    return ["max_seqlen_q"] + ragged_totals(p) if p.ragged else []
 
 
 def bwd_chain(p, main_template: str, main_args: list[str]) -> list[tuple[str, str, list[str], object]]:
@@ -137,4 +154,4 @@ def helper_suffix(p: BwdHelperParams) -> str:
     return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
         ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"),
          (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
-         (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"))))
+         (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"))) + ragged_tags(p))

@@ -8,7 +8,8 @@ stores only: any arch.
 
 The grid is the preprocess grid (64-row blocks x query heads x batch; THD: over
 the packed tokens), so every row of dQ is written, padding rows and tokens
-outside every sequence included (their accumulator rows are zero). A fragment-order
+outside every sequence included (their accumulator rows are zero); the ragged-offset form's
+grid is its preprocess's, and only the rows of the sequences are written. A fragment-order
 accumulator is read one tile per CTA instead: its 16-byte groups land in a shared
 memory tile by `accum.fragment_coord`, which then leaves in rows. With
 `dq_splits` the accumulator's copies are summed in copy order. dQ goes to
@@ -25,6 +26,7 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.lanes import lanes_allreduce_sum
+from frost.engines.common.seqlen import token_offset
 from frost.engines.sdpa_bwd.accum import (FRAGMENT_THREADS, acc_copies, build_entry, fragment_coord,
                                           fragment_offset)
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, postprocess_args
@@ -48,7 +50,10 @@ class SdpaBwdPostprocess:
     def launch(self, a: dict) -> None:
         """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         mdQ = a["dq"]
-        if cutlass.const_expr(self.p.is_thd):
+        if cutlass.const_expr(self.p.ragged):  # the preprocess grid: each sequence's row blocks per batch entry
+            total = a["max_seqlen_q"]
+            n_batch = a["seqused_q"].shape[0]
+        elif cutlass.const_expr(self.p.is_thd):
             total = mdQ.shape[0]
             n_batch = Int32(1)
         else:
@@ -57,13 +62,13 @@ class SdpaBwdPostprocess:
         rows = self.p.dq_accum_tile or ROWS_PER_CTA
         n_blocks = cutlass.max((total + rows - 1) // rows, 1)
         kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
-                            Float32(a["softmax_scale"])).launch(
+                            Float32(a["softmax_scale"]), a.get("cu_seqlens_q"), a.get("seqused_q")).launch(
             grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
 @cute.kernel
 def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart,
-                        scale: Float32):
+                        scale: Float32, mCuQ, mUsedQ):
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
     gx, gy, gz = cute.arch.grid_dim()
@@ -73,6 +78,12 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
     else:
         extent = mdQ.shape[1]
     copies = acc_copies(p, mAcc, gz, batch, head)
+    if cutlass.const_expr(p.ragged):
+        # cuDNN's ragged-offset form: the rows of sequence `batch` only, from its first token
+        base = token_offset(mCuQ, batch, p.token_div_q)
+        extent = mUsedQ[batch]
+        mdQ = cute.domain_offset((base, 0, 0), mdQ)
+        copies = [cute.domain_offset((base, 0), c) for c in copies]
     chunks_per_row = p.head_dim // VEC
     if cutlass.const_expr(p.dq_accum_tile > 0):
         _convert_fragment_tile(p, mdQ, copies[0], scale, tidx, bx, batch, head, extent)
@@ -88,6 +99,8 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
     if cutlass.const_expr(mdSinks is not None):
         if bx == 0 and batch == 0 and tidx < 32:
             n_part = (extent + ROWS_PER_CTA - 1) // ROWS_PER_CTA * gz * PARTIALS_PER_CTA  # the preprocess grid
+            if cutlass.const_expr(p.ragged):
+                n_part = gx * gz * PARTIALS_PER_CTA
             s = Float32(0.0)
             for i in cutlass.range((n_part - tidx + 31) // 32, unroll=1):
                 s += mPart[head * n_part + tidx + i * 32]

@@ -9,7 +9,9 @@ int32 turn semaphores when deterministic without split copies. Plain loads and s
 One CTA per (64-row block, query head, batch) — THD: per (64-token block, query
 head) over the packed tokens, so the grid follows the bound tensors' extents and
 no sequence boundary is needed except for dSink (rows outside every sequence
-contribute nothing). It also zeroes the dQ accumulator rows it owns (in every
+contribute nothing). cuDNN's ragged-offset form (sequences anywhere, in any order, with gaps) instead runs one
+CTA per (64-row block of the longest sequence, query head, batch entry) over that sequence's rows, from its
+first token. It also zeroes the dQ accumulator rows it owns (in every
 copy, with `dq_splits`) and, with deterministic turns, the dQ semaphores (grid-stride), so the main kernel starts
 from a clean workspace without a separate fill launch.
 
@@ -22,6 +24,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from frost.engines.common.lanes import lanes_allreduce_sum
+from frost.engines.common.seqlen import token_offset
 from frost.engines.sdpa_bwd.accum import acc_copies, build_entry
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, preprocess_args
 from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA
@@ -45,7 +48,10 @@ class SdpaBwdPreprocess:
     def launch(self, a: dict) -> None:
         """`a`: this kernel's arguments by contract name, tensors in canonical views."""
         mO = a["o"]
-        if cutlass.const_expr(self.p.is_thd):
+        if cutlass.const_expr(self.p.ragged):  # each sequence's row blocks, per batch entry
+            total = a["max_seqlen_q"]
+            n_batch = a["seqused_q"].shape[0]
+        elif cutlass.const_expr(self.p.is_thd):
             total = mO.shape[0]
             n_batch = Int32(1)
         else:
@@ -54,7 +60,7 @@ class SdpaBwdPreprocess:
         n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
         kernel(
             self.p, a["o"], a["do"], a["lse"], a.get("cu_seqlens_q"), a.get("seqused_q"), a.get("sinks"),
-            a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"),
+            a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"), a.get("lse_offsets"),
         ).launch(grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
@@ -71,6 +77,7 @@ def kernel(
     mAcc: cute.Tensor,
     mSem,
     mPart,
+    mLseOff,
 ):
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
@@ -81,9 +88,21 @@ def kernel(
         extent = mO.shape[0]
     else:
         extent = mO.shape[1]
+    ragged_acc = None  # the ragged form's accumulator rows of this sequence
+    if cutlass.const_expr(p.ragged):
+        # cuDNN's ragged-offset form: this CTA's rows are those of sequence `batch`, from its first token
+        base = token_offset(mCuQ, batch, p.token_div_q)
+        extent = mUsedQ[batch]
+        mO = cute.domain_offset((base, 0, 0), mO)
+        mdO = cute.domain_offset((base, 0, 0), mdO)
+        mdPsum = cute.domain_offset((0, base), mdPsum)
+        acc = cute.domain_offset((base, 0), mAcc[head, None, None])
+        ragged_acc = [cute.make_tensor(acc.iterator, cute.make_layout((extent, p.head_dim), stride=acc.stride))]
+        if cutlass.const_expr(mLseOff is not None):
+            mLSE = cute.domain_offset((0, token_offset(mLseOff, batch, p.token_div_lse)), mLSE)
     # rows that lie inside a sequence (only dSink needs them)
     seq_rows = extent
-    if cutlass.const_expr(mCuQ is not None):
+    if cutlass.const_expr(mCuQ is not None and not p.ragged):
         seq_rows = cutlass.min(mCuQ[mCuQ.shape[0] - 1], extent)
     if cutlass.const_expr(mUsedQ is not None):
         seq_rows = cutlass.min(mUsedQ[batch], extent)
@@ -118,7 +137,7 @@ def kernel(
                 mdPsum[batch, head, row] = acc
             if cutlass.const_expr(mPart is not None):
                 if row < seq_rows:
-                    if cutlass.const_expr(p.is_thd):
+                    if cutlass.const_expr(p.is_thd and not p.stats_per_batch):
                         lse = mLSE[head, row]
                     else:
                         lse = mLSE[batch, head, row]
@@ -127,7 +146,7 @@ def kernel(
 
     # zero this CTA's rows of the dQ accumulator (of every copy, with split copies), 16 bytes per store (a
     # blocked accumulator's padding rows too: the same memory as its row-major view of as many rows)
-    for acc_rows in acc_copies(p, mAcc, gz, batch, head, blocked=False):
+    for acc_rows in ragged_acc if p.ragged else acc_copies(p, mAcc, gz, batch, head, blocked=False):
         _zero_rows(acc_rows, bx * ROWS_PER_CTA, p.head_dim, tidx)
 
     if cutlass.const_expr(mSem is not None):

@@ -42,6 +42,8 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
     if p.is_thd:
         out = [("dpsum", "float32", (h, total_q)), ("dq_accum", "float32", (h, total_q, d))]
         n_part = h * PARTIALS_PER_CTA * max(cdiv(total_q, ROWS_PER_CTA), 1)
+        if p.ragged:  # the helpers walk each sequence's row blocks
+            n_part = h * PARTIALS_PER_CTA * batch * max(cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
     else:
         acc_rows = accumulator_rows(p, max_seqlen_q)
         copies = max(p.dq_splits, 1)
@@ -50,7 +52,9 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
         n_part = h * PARTIALS_PER_CTA * batch * max(cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
     if uses_turns(p):  # one per (batch, head, query tile of tile_m rows); THD: per head, the packed total's
         # tiles plus one per sequence (a sequence's tiles start where its first token's tile does)
-        tiles = total_q // p.tile_m + batch + 1 if p.is_thd else batch * cdiv(max_seqlen_q, p.tile_m)
+        # (the ragged-offset form places sequences anywhere: per (batch, head) the tiles of the longest one)
+        packed = p.is_thd and not p.ragged
+        tiles = total_q // p.tile_m + batch + 1 if packed else batch * cdiv(max_seqlen_q, p.tile_m)
         out.append(("dq_semaphore", "int32", (h * tiles,)))
     if p.has_dsinks:
         out.append(("dsink_partial", "float32", (n_part,)))

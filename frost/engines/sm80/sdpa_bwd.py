@@ -49,7 +49,7 @@ from frost.engines.common import mask as fmask
 from frost.engines.common import rows
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.sdpa_entry import IO_DTYPES
-from frost.engines.common.seqlen import seqlen_info
+from frost.engines.common.seqlen import seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32
 from frost.engines.sdpa_bwd import accum
@@ -159,7 +159,7 @@ class SdpaBwdSm80:
         kernel(
             self, a["q"], mK, a["v"], a["do"], a["lse"], a["dk"], a["dv"],
             a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"),
-            a["dpsum"], a["dq_accum"], a.get("dq_semaphore"),
+            a.get("lse_offsets"), a["dpsum"], a["dq_accum"], a.get("dq_semaphore"),
             scale, scale * LOG2_E, a.get("window_left"), a.get("window_right"),
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
             self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
@@ -218,6 +218,7 @@ class _Sequence(NamedTuple):
     window_right: Any
     num_n: Any  # key tiles of the walk (dense: every tile of the tensor, padding rows included)
     acc_batch: Any  # the dense accumulator's batch index: this CTA's own copy with `dq_splits`
+    offset_lse: Any  # the first LSE row of the sequence (ragged Stats: their own offsets; else offset_q)
 
 
 class _KeyTile(NamedTuple):
@@ -255,6 +256,7 @@ def kernel(
     mCuK,
     mUsedQ,
     mUsedK,
+    mLseOff,
     mdPsum: cute.Tensor,
     mAcc: cute.Tensor,
     mSem,
@@ -283,7 +285,8 @@ def kernel(
     grid_x, _, _ = cute.arch.grid_dim()
     c = _setup(cfg, tidx, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, g2s_qk, g2s_vdo, s2g_k, s2g_v,
                mma_sdp, mma_dkv, mma_dq, Storage)
-    s = _sequence(cfg, mQ, mK, mCuQ, mCuK, mUsedQ, mUsedK, batch, head_kv, bx, grid_x, window_left, window_right)
+    s = _sequence(cfg, mQ, mK, mCuQ, mCuK, mUsedQ, mUsedK, batch, head_kv, bx, grid_x, window_left, window_right,
+                  mLseOff)
     io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem)
 
     # key / value views of this (batch, kv head)
@@ -396,14 +399,18 @@ def _setup(cfg: cutlass.Constexpr, tidx: Int32, sQ_layout, sdO_layout, sK_layout
 
 @cute.jit
 def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mCuK, mUsedQ, mUsedK, batch: Int32,
-              head_kv: Int32, bx: Int32, grid_x: Int32, window_left, window_right) -> _Sequence:
+              head_kv: Int32, bx: Int32, grid_x: Int32, window_left, window_right, mLseOff=None) -> _Sequence:
     """This CTA's sequence record: offsets, lengths, the mask's diagonal, its key tiles and accumulator copy."""
     p = cfg.p
     if cutlass.const_expr(p.is_thd):
         static_q, static_k = mQ.shape[0], mK.shape[0]
     else:
         static_q, static_k = mQ.shape[1], mK.shape[1]
-    offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK)
+    offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK,
+                                                         p.token_div_q, p.token_div_kv)
+    offset_lse = offset_q
+    if cutlass.const_expr(mLseOff is not None):
+        offset_lse = token_offset(mLseOff, batch, p.token_div_lse)
     diag = fmask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
     num_n = (seqlen_k + cfg.bn - 1) // cfg.bn
     splits = p.dq_splits
@@ -415,7 +422,7 @@ def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mC
     if cutlass.const_expr(splits > 0):
         acc_batch = accum.copy_batch(bx, cute.arch.grid_dim()[2], batch)
     return _Sequence(batch, head_kv, offset_q, offset_k, seqlen_q, seqlen_k, static_q, static_k, diag, window_left,
-                     window_right, num_n, acc_batch)
+                     window_right, num_n, acc_batch, offset_lse)
 
 
 @cute.jit
@@ -640,7 +647,10 @@ def _load_rows_stats(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32,
     dps = Float32(0.0)
     if tidx < cfg.bm and row < s.seqlen_q:
         if cutlass.const_expr(cfg.p.is_thd):
-            lse = io.lse[head, s.offset_q + row]
+            if cutlass.const_expr(cfg.p.stats_per_batch):
+                lse = io.lse[s.batch, head, row]
+            else:
+                lse = io.lse[head, s.offset_lse + row]
             dps = io.dpsum[head, s.offset_q + row]
         else:
             lse = io.lse[s.batch, head, row]
@@ -707,7 +717,12 @@ def _late_release(cfg) -> bool:
 def _sem_ptr(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block: Int32):
     """The turn semaphore of one (batch, query head, query tile)."""
     p = cfg.p
-    if cutlass.const_expr(p.is_thd):
+    if cutlass.const_expr(p.ragged):
+        # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
+        n_batch = cute.arch.grid_dim()[2]
+        per_seq = io.sem.shape[0] // (n_batch * p.num_heads_q)
+        idx = (s.batch * p.num_heads_q + head) * per_seq + m_block
+    elif cutlass.const_expr(p.is_thd):
         n_batch = cute.arch.grid_dim()[2]
         per_head = io.acc.shape[1] // cfg.bm + n_batch + 1
         idx = head * per_head + (s.offset_q + s.batch * cfg.bm) // cfg.bm + m_block

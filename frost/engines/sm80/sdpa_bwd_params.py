@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Literal
 
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
+from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sdpa_bwd.scratch import uses_turns
 from frost.engines.sm80.sdpa_fwd_params import HEAD_DIMS, TUNED_HEAD_DIMS, tile_dim, tuned_head_dims
@@ -318,7 +319,7 @@ def main_args(p: Sm80BwdParams) -> list[str]:
         args.append("window_right")
     if p.is_thd:
         args.append("max_seqlen_kv")
-    return args + ["stream"]
+    return args + ragged_totals(p) + ["stream"]
 
 
 def name_suffix(p: Sm80BwdParams) -> str:
@@ -328,7 +329,7 @@ def name_suffix(p: Sm80BwdParams) -> str:
         det = f"detsp{p.dq_splits}"  # the turn knobs do not apply
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"] + name_tags(
         ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
-         (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det)))
+         (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det))) + ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
                  + ("qb" if p.dq_accum_blocked else "")
                  + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))

@@ -31,7 +31,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from frost.engines.common import acc_layout, mask, rows, seqlen, softmax
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
-from frost.engines.sdpa_args import fwd_arg_names
+from frost.engines.sdpa_args import fwd_arg_names, ragged_tags
 from frost.engines.sm80 import warp_mma
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
 
@@ -43,7 +43,7 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     flags = [name for on, name in (
         (p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
         (p.has_sinks, "sink"), (p.has_lse, "lse"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
-    ) if on]
+    ) if on] + ragged_tags(p)
     parts = ["frost_sdpa_fwd", p.family, p.dtype, d, f"h{p.num_heads_q}k{p.num_heads_kv}", *flags,
              f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}"]
     return "_".join(parts)
@@ -54,7 +54,8 @@ def build(params: Sm80FwdParams, arch: str):
     validate(params)
     names = fwd_arg_names(params)
     kernel = SdpaFwdSm80(params)
-    return make_entry(kernel.launch, names, params.is_thd), FakeArgs(params).all(names)
+    entry = make_entry(kernel.launch, names, params.is_thd, params if params.ragged else None)
+    return entry, FakeArgs(params).all(names)
 
 
 class SdpaFwdSm80:
@@ -129,7 +130,7 @@ class SdpaFwdSm80:
         g = a.get
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("cu_seqlens_q"), g("cu_seqlens_kv"), g("seqused_q"),
-            g("seqused_kv"), g("sinks"), scale_log2, g("window_left"), g("window_right"), num_batch,
+            g("seqused_kv"), g("sinks"), g("lse_offsets"), scale_log2, g("window_left"), g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
             grid=grid,
@@ -152,6 +153,7 @@ class SdpaFwdSm80:
         mSuQ,
         mSuK,
         mSinks,
+        mLseOff,
         scale_log2: Float32,
         window_left,
         window_right,
@@ -168,13 +170,13 @@ class SdpaFwdSm80:
     ):
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
-            self.cta(mQ, mK, mV, mO, mLSE, mCuQ, mCuK, mSuQ, mSuK, mSinks, scale_log2, window_left, window_right,
-                     sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+            self.cta(mQ, mK, mV, mO, mLSE, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, scale_log2, window_left,
+                     window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
                      SharedStorage, bx, head, batch)
 
     @cute.jit
-    def cta(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, mSuQ, mSuK, mSinks, scale_log2, window_left, window_right,
-            sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+    def cta(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, scale_log2, window_left,
+            window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
             SharedStorage: cutlass.Constexpr, bx, head, batch):
         """Pick this CTA's m-tile of its (head, batch entry) and run it."""
         p = self.p
@@ -183,7 +185,10 @@ class SdpaFwdSm80:
         else:
             static_sq, static_sk = mQ.shape[1], mK.shape[1]
         off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(
-            batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK)
+            batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK, p.token_div_q, p.token_div_kv)
+        off_lse = off_q  # ragged Stats start at their own offsets
+        if const_expr(mLseOff is not None):
+            off_lse = seqlen.token_offset(mLseOff, batch, p.token_div_lse)
         # last m-tiles first: under a causal band they carry the most work. Dense batches
         # visit every m-tile of the static length (rows past seqused_q are written as
         # padding); packed sequences only their own.
@@ -194,13 +199,13 @@ class SdpaFwdSm80:
         if m_block >= 0:
             self.tile(mQ, mK, mV, mO, mLSE, mSinks, scale_log2, window_left, window_right,
                       sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-                      SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq)
+                      SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse)
 
     @cute.jit
     def tile(self, mQ, mK, mV, mO, mLSE, mSinks, scale_log2, window_left, window_right,
              sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
              SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
-             static_sq):
+             static_sq, off_lse):
         p = self.p
         S = p.num_stages
         tidx, _, _ = cute.arch.thread_idx()
@@ -345,8 +350,8 @@ class SdpaFwdSm80:
         cute.copy(smem_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
 
         if const_expr(p.has_lse):
-            if const_expr(p.is_thd):
-                mLSE_s = cute.domain_offset((off_q,), mLSE[head, None])
+            if const_expr(p.is_thd and not p.stats_per_batch):
+                mLSE_s = cute.domain_offset((off_lse,), mLSE[head, None])
             else:
                 mLSE_s = mLSE[batch, head, None]
             if tOcO_mn[0, 0][1] == 0:  # the lane holding column 0 of its rows writes them

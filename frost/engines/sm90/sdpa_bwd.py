@@ -57,7 +57,7 @@ from frost.engines.common import mask
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.rows import row_copy, store_rows, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
-from frost.engines.common.seqlen import seqlen_info
+from frost.engines.common.seqlen import seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common import global_ops as gops
 from frost.engines.sm90 import wgmma_utils as wu
@@ -105,6 +105,7 @@ class Walk(NamedTuple):
     seqlen_k: Int32
     off_q: object  # first query / key token of the sequence (Int32), or None without lengths (dense rows)
     off_k: object
+    off_lse: object  # first LSE row of the sequence: ragged Stats' own offsets, else off_q
 
 
 class Rows(NamedTuple):
@@ -154,6 +155,8 @@ class SdpaBwdSm90:
         mQ, mK, mV, mdO, mdK, mdV = [select_modes(a[n], io) for n in ("q", "k", "v", "do", "dk", "dv")]
         mLSE = select_modes(a["lse"], [1, 0] if const_expr(thd) else [2, 1, 0])
         mdPsum = select_modes(a["dpsum"], [1, 0] if const_expr(thd) else [2, 1, 0])
+        if const_expr(p.stats_per_batch):  # the ragged form's per-batch Stats: read as a dense batch's
+            mLSE = select_modes(a["lse"], [2, 1, 0])
         mAcc = select_modes(a["dq_accum"], [1, 2, 0] if const_expr(thd) else [2, 3, 1, 0])
 
         K = cute.nvgpu.OperandMajorMode.K
@@ -216,6 +219,7 @@ class SdpaBwdSm90:
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, acc, mLSE, mdPsum,
             a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
             a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
+            a.get("lse_offsets"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
@@ -242,7 +246,7 @@ class SdpaBwdSm90:
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
                mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
-               mUsedQ, mUsedK, mdK_rows, mdV_rows, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
+               mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
                tma_atom_dv: cute.CopyAtom, tma_atom_dq, scale: Float32, wl, wr,
                q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
@@ -284,8 +288,11 @@ class SdpaBwdSm90:
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
         if const_expr(self.lengths):
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, mQ.shape[0], mK.shape[0], mCuQ, mCuK, mUsedQ,
-                                                           mUsedK)
-        walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k)
+                                                           mUsedK, self.p.token_div_q, self.p.token_div_kv)
+        off_lse = off_q
+        if const_expr(mLseOff is not None):
+            off_lse = token_offset(mLseOff, batch, self.p.token_div_lse)
+        walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k, off_lse)
         args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
                 sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
                 pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
@@ -325,15 +332,20 @@ class SdpaBwdSm90:
             return cute.domain_offset((offset, 0), mX[None, None, head])
         return mX[None, None, head, w.batch]
 
-    def row_value(self, mX, row, head, w: Walk):
-        """One value of a (seq, head[, batch]) row vector (LSE, dpsum) at a row of the CTA's sequence."""
+    def row_value(self, mX, row, head, w: Walk, lse: bool = False):
+        """One value of a (seq, head[, batch]) row vector (LSE, dpsum) at a row of the CTA's sequence (`lse`:
+        the ragged form's Stats, from their own offsets or per batch)."""
+        if lse and self.p.stats_per_batch:
+            return mX[row, head, w.batch]
+        if lse and self.p.token_div_lse:
+            return mX[w.off_lse + row, head]
         if self.p.is_thd:
             return mX[w.off_q + row, head]
         return mX[row, head, w.batch]
 
     @cute.jit
     def walk(self, n_block: Int32, head_kv: Int32, batch: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr, off_q,
-             off_k):
+             off_k, off_lse=None):
         """The CTA's `Walk`: the query tiles of its key tile's band, over every query head of its group."""
         p = self.p
         off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
@@ -343,7 +355,7 @@ class SdpaBwdSm90:
         m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
         n_m = cutlass.max(m_max - m_min, 0)
         return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k,
-                    off_q, off_k)
+                    off_q, off_k, off_lse)
 
     @cute.jit
     def step_tile(self, t: Int32, w: Walk):
@@ -427,7 +439,11 @@ class SdpaBwdSm90:
         has the same stride); packed, per head the tiles of the packed total plus one per sequence (a
         sequence's tiles start where its first token's tile does, shifted by one per sequence before it)."""
         bm = self.bm
-        if const_expr(self.p.is_thd):
+        if const_expr(self.p.ragged):
+            # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
+            per_seq = mSem.shape[0] // (cute.arch.grid_dim()[2] * self.p.num_heads_q)
+            idx = (w.batch * self.p.num_heads_q + head) * per_seq + m_block
+        elif const_expr(self.p.is_thd):
             per_head = mAcc.shape[0] // bm + cute.arch.grid_dim()[2] + 1
             idx = head * per_head + (w.off_q + w.batch * bm) // bm + m_block
         else:
@@ -701,7 +717,7 @@ class SdpaBwdSm90:
         qc = cutlass.min(q, seqlen_q - 1)
         v = Float32(0.0)
         if tidx < self.bm:
-            lse = self.row_value(r.mLSE, qc, head, w) * Float32(LOG2_E)
+            lse = self.row_value(r.mLSE, qc, head, w, lse=True) * Float32(LOG2_E)
             v = Float32.inf if (q >= seqlen_q or lse == -Float32.inf) else lse
         elif tidx < 2 * self.bm:
             v = self.row_value(r.mdPsum, qc, head, w)
@@ -766,7 +782,7 @@ class SdpaBwdSm90:
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         if const_expr(self.p.is_thd):
             # the sequence's first key read again here, not kept in registers over the steps (a d=64 spill)
-            off_k = mCuK[w.batch]
+            off_k = token_offset(mCuK, w.batch, self.p.token_div_kv)
             limit = w.seqlen_k - w.n_block * self.bn
             if tidx < 128:
                 self.store_tile(sK, mdK_rows, self.d, off_k, limit, tidx, w)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
+from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
 from frost.errors import TemplateParamsError
@@ -181,6 +182,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
+    parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
                  + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp)
     return "_".join(parts)
@@ -199,4 +201,4 @@ def main_args(p: Sm90BwdParams) -> list[str]:
     args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p) + ["dpsum", "dq_accum"]
     args += ["dq_semaphore"] * p.deterministic + ["softmax_scale"]
     args += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
-    return args + ["max_seqlen_kv"] * p.is_thd + ["stream"]
+    return args + ["max_seqlen_kv"] * p.is_thd + ragged_totals(p) + ["stream"]

@@ -31,9 +31,9 @@ from frost.engines.common import mask, rows
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
-from frost.engines.common.seqlen import seqlen_info
+from frost.engines.common.seqlen import seqlen_info, token_offset
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
-from frost.engines.sdpa_args import fwd_arg_names
+from frost.engines.sdpa_args import fwd_arg_names, ragged_tags
 from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
@@ -56,6 +56,7 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
                      + ("br" if p.bottom_right else ""))
     parts += [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "seqused"), (p.has_sinks, "sink"),
                                     (not p.has_lse, "nolse")) if flag]
+    parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
                  + f"sm{p.sm_count}")
@@ -129,7 +130,9 @@ class SdpaFwdSm90:
         # kernel views: (seq, d, head[, batch]) for Q/K/V/O, (seq, head[, batch]) for LSE
         if const_expr(thd):
             mQ, mK, mV, mO = [select_modes(t, [0, 2, 1]) for t in (a["q"], a["k"], a["v"], a["o"])]
-            mLSE = select_modes(a["lse"], [1, 0]) if const_expr(p.has_lse) else None
+            mLSE = None
+            if const_expr(p.has_lse):  # per-batch Stats of the ragged form are indexed as a dense batch's
+                mLSE = select_modes(a["lse"], [2, 1, 0] if const_expr(p.stats_per_batch) else [1, 0])
         else:
             mQ, mK, mV, mO = [select_modes(t, [1, 3, 2, 0]) for t in (a["q"], a["k"], a["v"], a["o"])]
             mLSE = select_modes(a["lse"], [2, 1, 0]) if const_expr(p.has_lse) else None
@@ -204,7 +207,7 @@ class SdpaFwdSm90:
 
         self.kernel(
             tma_q, tma_k, tma_v, tma_o, mLSE, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
-            a.get("seqused_kv"), a.get("sinks"),
+            a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -213,7 +216,7 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mCuQ, mCuK,
-               mUsedQ, mUsedK, mSinks, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
+               mUsedQ, mUsedK, mSinks, mLseOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, wl, wr, num_batch: Int32,
                num_m_blocks: Int32, total_tiles: Int32, section_width: Int32, q_bytes: cutlass.Constexpr,
                k_bytes: cutlass.Constexpr, v_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout,
@@ -251,7 +254,7 @@ class SdpaFwdSm90:
                               section_width)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consumer(mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, sQ, sK, sV, sO, tma_atom_o,
+            self.consumer(mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o,
                           pipe_q, pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles,
                           section_width, tiled_mma_qk, tiled_mma_pv, pg.rows_extent(mQ, self.pack), mK.shape[0])
 
@@ -259,10 +262,13 @@ class SdpaFwdSm90:
     @cute.jit
     def decode(self, tile_idx: Int32, mCuQ, num_batch: Int32, num_m_blocks: Int32, total_tiles: Int32,
                section_width: Int32, cursor_b: Int32, cursor_base: Int32):
+        """`mCuQ`: `sched_lengths` (prefix sums, or the ragged form's lengths)."""
         if const_expr(self.p.is_thd and self.reverse_m):
-            return ts.varlen_decode_lpt(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base)
+            return ts.varlen_decode_lpt(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base,
+                                        self.p.ragged)
         elif const_expr(self.p.is_thd):
-            return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base)
+            return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base,
+                                    self.p.ragged)
         elif const_expr(self.reverse_m):
             m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.tile_heads,
                                                               num_batch, section_width)
@@ -285,6 +291,10 @@ class SdpaFwdSm90:
     def n_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, off: Int32, wl, wr):
         """The shared mask's key-tile range of m_block (in query positions), empty past the sequence."""
         return mask.n_block_range(m_block, self.qt, self.tile_n, seqlen_q, seqlen_k, off, wl, wr)
+
+    def sched_lengths(self, mCuQ, mUsedQ):
+        """What the packed scheduler reads sequence lengths from: the prefix sums, or the ragged form's lengths."""
+        return mUsedQ if self.p.ragged else mCuQ
 
     def head_rows(self, mX, head, batch, offset):
         """The (seq, d) rows of one head of one batch (packed: shifted by the batch's first token)."""
@@ -316,10 +326,12 @@ class SdpaFwdSm90:
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, Int32(0), Int32(0))
+            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+            Int32(0), Int32(0))
         while valid:
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, pg.rows_extent(mQ, self.pack), mK.shape[0],
-                                                           mCuQ, mCuK, mUsedQ, mUsedK)
+                                                           mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
+                                                           self.p.token_div_kv)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             if n_max > n_min:
@@ -370,7 +382,8 @@ class SdpaFwdSm90:
             valid = Boolean(False)
             if more:
                 m_block, head, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, cur_b, cur_base)
+                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+                    cur_b, cur_base)
 
     # --- consumer warpgroups
     @cute.jit
@@ -415,8 +428,8 @@ class SdpaFwdSm90:
         return kv_state
 
     @cute.jit
-    def consumer(self, mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k,
-                 pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk,
+    def consumer(self, mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o, pipe_q,
+                 pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk,
                  tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
         tidx = cute.arch.thread_idx()[0] - 128
@@ -462,10 +475,14 @@ class SdpaFwdSm90:
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
         m_block, head, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, Int32(0), Int32(0))
+            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+            Int32(0), Int32(0))
         while valid:
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
-                                                           mCuQ, mCuK, mUsedQ, mUsedK)
+                                                           mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv)
+            off_lse = off_q  # ragged Stats start at their own offsets
+            if const_expr(mLseOff is not None):
+                off_lse = token_offset(mLseOff, batch, p.token_div_lse)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
@@ -531,7 +548,7 @@ class SdpaFwdSm90:
             sm.softmax_finalize(row_max, row_sum, scale_log2, row_scale, row_sum, sink, sink_per_row=self.pack)
             sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # row_sum now holds the LSE
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
-                          warp_in_wg, m_block, head, batch, seqlen_q, off_q, seqlen_q_static)
+                          warp_in_wg, m_block, head, batch, seqlen_q, off_q, seqlen_q_static, off_lse)
             if const_expr(not self.separate_o):
                 cute.arch.fence_view_async_shared()
                 pipe_q.consumer_release(q_state)
@@ -543,7 +560,8 @@ class SdpaFwdSm90:
             valid = Boolean(False)
             if more:
                 m_block, head, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, mCuQ, num_batch, num_m_blocks, total_tiles, section_width, cur_b, cur_base)
+                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+                    cur_b, cur_base)
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -574,7 +592,7 @@ class SdpaFwdSm90:
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg, warp_in_wg,
-                 m_block, head, batch, seqlen_q, off_q, seqlen_q_static):
+                 m_block, head, batch, seqlen_q, off_q, seqlen_q_static, off_lse):
         p = self.p
         row0 = m_block * self.tile_m
         rows_q = seqlen_q * self.rq  # tile rows inside the sequence (packed: rq per query position)
@@ -616,9 +634,12 @@ class SdpaFwdSm90:
             if tOcO_mn[0][1] == 0:
                 for r in cutlass.range_constexpr(cute.size(lse)):
                     row = row0 + tOcO_mn[r, 0][0]
-                    if const_expr(p.is_thd):
+                    if const_expr(p.stats_per_batch):
                         if row < rows_q:
-                            mLSE[off_q * self.rq + row, head] = lse[r]
+                            mLSE[row, head, batch] = lse[r]
+                    elif const_expr(p.is_thd):
+                        if row < rows_q:
+                            mLSE[off_lse * self.rq + row, head] = lse[r]
                     else:
                         if row < seqlen_q_static * self.rq:
                             mLSE[row, head, batch] = lse[r] if row < rows_q else -Float32.inf
@@ -640,4 +661,5 @@ class SdpaFwdSm90:
 def build(params: Sm90FwdParams, arch: str):
     """(jit entry taking declared-order tensors, fake arguments); every runtime extent is symbolic."""
     names = fwd_arg_names(params)
-    return make_entry(SdpaFwdSm90(params).launch, names, params.is_thd), FakeArgs(params).all(names)
+    return make_entry(SdpaFwdSm90(params).launch, names, params.is_thd,
+                      params if params.ragged else None), FakeArgs(params).all(names)
