@@ -494,6 +494,8 @@ def test_h200_backward_ranks_the_wgmma_chain_first_and_the_mma_sync_chain_serves
     g = declare(H200, direction="bwd", thd=True, use_causal_mask=True)
     assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
     g = declare(H200, direction="bwd", d=256)
+    assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]  # shared keys above d=128
+    g = declare(H200, direction="bwd", d=160)
     assert g.available_engines()[0] == "SdpaBwdDslSm80"
     assert "head dims" in reasons(g)["SdpaBwdDslSm90"]
     g = declare(H200, direction="bwd").create_execution_plans(engine="sm80")
