@@ -8,6 +8,8 @@ serve.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validate
@@ -32,15 +34,17 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
         assert r["entries"] == [r["name"]], r
         assert r["target"] == ["sm_90a"], r
         assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r
-        if r["name"].endswith("f"):  # dq_fragments
+        knobs = re.sub(r"^m\d+n\d+s\d", "", r["name"].rsplit("_", 1)[-1])  # the knob letters after the tiles
+        if "f" in knobs:  # dq_fragments
             assert r["bulk_reduce"] == 1 and r["sts_v4"] > 0 and r["tma_reduce"] == 0, r
-        elif r["name"].endswith("r"):  # dq_red: two columns per add, no shared dQ tile leaves
+        elif "r" in knobs:  # dq_red: two columns per add, no shared dQ tile leaves
             assert r["red_v2"] > 0 and r["red"] == 0 and r["tma_reduce"] == r["bulk_reduce"] == 0, r
         else:
             assert r["tma_reduce"] > 0 and r["bulk_reduce"] == 0, r
         assert r["local"] == 0, r
     assert len({r["name"] for r in results}) == len(results)
-    assert {r["name"][-1] for r in results} >= {"f", "r", "2", "1"}  # every dQ path covered
+    suffixes = {re.sub(r"^m\d+n\d+s\d", "", r["name"].rsplit("_", 1)[-1]) for r in results}
+    assert {"f", "r", "", "fw"} <= suffixes  # every dQ path covered, and the rows warp
 
 
 def test_validator_declines_what_the_template_lacks():
@@ -100,7 +104,8 @@ def test_fragment_order_is_a_bijection_of_the_tile(tile_m, d):
 def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
-    assert default_knobs(128, 128) == dict(tile_m=80, tile_n=128, num_stages=2, dq_fragments=False)
+    assert default_knobs(128, 128) == dict(tile_m=80, tile_n=128, num_stages=2, dq_fragments=False, rows_warp=False)
+    assert default_knobs(128, 128, banded=True)["rows_warp"] and not default_knobs(64, 64)["rows_warp"]
     assert default_knobs(128, 128, banded=True)["tile_m"] == 64 and default_knobs(128, 128, banded=True)["dq_fragments"]
     assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]
     assert not default_knobs(64, 64, packed=True)["dq_fragments"]

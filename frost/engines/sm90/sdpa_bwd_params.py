@@ -158,7 +158,8 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     128 query rows per step (1.12-1.20x faster than 64), d=96 64 rows; both store dQ in fragment order
     (`dq_fragments`: 1.00-1.05x). d=128 takes 80 rows without a right bound (dQ^T = K^T dS^T, 1.02-1.06x
     faster than 64 rows, which needs row stores: fragment stores make ptxas serialize its wgmmas) and 64
-    rows in fragment order under one (0.99-1.06x the 80-row kernel). Above d=128 the warpgroups share 64 keys
+    rows in fragment order under one (0.99-1.06x the 80-row kernel), its LSE / dpsum rows staged by the rows
+    warp. Above d=128 the warpgroups share 64 keys
     (`tile_n=64`): d=192x128 with two Q / dO stages and fragment tiles (0.81-0.85x FlashAttention-4 at 16k
     tokens; one stage 0.76-0.80x, register adds 0.46-0.53x), d=256 with one stage and fragment tiles
     (1.19-1.22x FA4; row tiles 1.13-1.15x; two stages with register adds 0.75-0.81x: the adds cost more than
@@ -174,6 +175,9 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
         tile_m = 128 if head_dim <= 64 else 64
     k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
     k.setdefault("dq_fragments", not packed and not k.get("dq_red") and k["tile_m"] % 64 == 0)
+    # the rows warp frees the MMA threads of the LSE / dpsum loads where their registers allow it (d=128 under a
+    # band: 0.95x vs 0.92x FA4 in run 9; at d=64 and in the 80-row kernel ptxas serializes the wgmmas)
+    k.setdefault("rows_warp", head_dim == 128 and k["tile_m"] == 64 and k["dq_fragments"])
     return k
 
 
