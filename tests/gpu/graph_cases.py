@@ -217,3 +217,30 @@ def runs_while_default_blocked(launch, side) -> tuple:
         finished = wait_for(done)
         still_blocked = blocked.still_blocked()
     return finished, still_blocked
+
+
+def assert_runs_on_side_stream(launch, side) -> None:
+    """`launch()` finishes on `side` while the default stream is held (it never waits on the default stream)."""
+    finished, still_blocked = runs_while_default_blocked(launch, side)
+    assert finished, "execute did not finish while the default stream was held: it waited for the default stream"
+    assert still_blocked, "the default stream was not held during the check"
+
+
+def capture_after_clean_execute(g, vp, ws, stream):
+    """Execute once on `stream` (warm-up outside any capture), check that a second execute neither synchronizes
+    (sync debug mode "error") nor allocates, then capture one execute in a CUDA graph on `stream`; returns it."""
+    ctx = frost.ExecutionContext(stream=stream)
+    g.execute(vp, ws, ctx)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        g.execute(vp, ws, ctx)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        g.execute(vp, ws, ctx)
+    return graph

@@ -14,7 +14,8 @@ import torch
 
 import frost
 from tests import oracle
-from tests.gpu.graph_cases import FwdCase, make_fwd, pack, rel_err, runs_while_default_blocked
+from tests.gpu.graph_cases import (FwdCase, assert_runs_on_side_stream, capture_after_clean_execute, make_fwd, pack,
+                                    rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -365,21 +366,7 @@ def test_thd_capture_replay_follows_new_lengths_without_sync_or_allocation(direc
     plan_or_skip(g, ENGINE)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     vp = pack(d, t)
-    s = torch.cuda.Stream()
-    ctx = frost.ExecutionContext(stream=s)
-    g.execute(vp, ws, ctx)  # this stream's cuDNN handle is made outside the capture
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        g.execute(vp, ws, ctx)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        g.execute(vp, ws, ctx)
+    graph = capture_after_clean_execute(g, vp, ws, torch.cuda.Stream())  # the stream's cuDNN handle is made before the capture
     cu = torch.tensor([0, 250, 251, 417, 417], dtype=torch.int32, device="cuda")
     t["cu_seq_len_q"].copy_(cu)
     t["cu_seq_len_kv"].copy_(cu)
@@ -410,10 +397,7 @@ def test_thd_non_default_stream_is_honored():
     torch.cuda.synchronize()
     t["o"].fill_(float("nan"))
     torch.cuda.synchronize()
-    finished, still_blocked = runs_while_default_blocked(
-        lambda: g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side)), side)
-    assert finished, "execute did not finish while the default stream was held: it waited for the default stream"
-    assert still_blocked, "the default stream was not held during the check"
+    assert_runs_on_side_stream(lambda: g.execute(pack(decl, t), ws, frost.ExecutionContext(stream=side)), side)
     _check_thd_fwd(case, t)
 
 

@@ -15,7 +15,7 @@ import torch
 
 import frost
 from tests import oracle
-from tests.gpu.graph_cases import plan_or_skip, rel_err
+from tests.gpu.graph_cases import capture_after_clean_execute, plan_or_skip, rel_err
 
 pytestmark = pytest.mark.gpu
 ENGINES = ["sm90", "sm80"]
@@ -315,19 +315,7 @@ def test_ragged_forward_capture_replay_follows_new_lengths_without_sync_or_alloc
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     s = torch.cuda.Stream()
     ctx = frost.ExecutionContext(stream=s)
-    g.execute(pack, ws, ctx)  # warm-up outside capture
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        g.execute(pack, ws, ctx)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        g.execute(pack, ws, ctx)
+    graph = capture_after_clean_execute(g, pack, ws, s)
     _new_lengths(t, case, NEW_LENS)
     t["o"].fill_(float("nan"))
     t["stats"].fill_(float("nan"))

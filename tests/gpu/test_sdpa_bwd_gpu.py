@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import frost
-from tests.gpu.graph_cases import FwdCase, extra_cols, make_fwd, pack, plan_or_skip, rel_err, wide_like
+from tests.gpu.graph_cases import (FwdCase, capture_after_clean_execute, extra_cols, make_fwd, pack, plan_or_skip,
+                                    rel_err, wide_like)
 
 pytestmark = pytest.mark.gpu
 
@@ -186,20 +187,7 @@ def test_bwd_thd_capture_replay_no_sync_no_alloc(engine):
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     vp = pack(d, t)
     s = torch.cuda.Stream()
-    ctx = frost.ExecutionContext(stream=s)
-    g.execute(vp, ws, ctx)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        g.execute(vp, ws, ctx)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        g.execute(vp, ws, ctx)
+    graph = capture_after_clean_execute(g, vp, ws, s)
     cu = torch.tensor([0, 250, 251, 417, 417], dtype=torch.int32, device="cuda")
     t["cu_seq_len_q"].copy_(cu)
     t["cu_seq_len_kv"].copy_(cu)
