@@ -20,8 +20,11 @@ FEATURE_DETAILS = {
     "block_mask": "a block-sparse mask",
     "rng_dump": "dropout's RNG mask dump",
     "paged_attention": "paged K/V caches",
-    "score_max": "frost writes Stats (the log-sum-exp), not the row maximum",
-    "score_sum_exp": "frost writes Stats (the log-sum-exp), not the sum of exponentials",
+    "score_max": "the row maximum of the scores",
+    "score_sum_exp": "the row sum of exponentials",
+    "split_kv_heads": "K and V with different head counts: the backward's CTA owns one kv head and sums dK and dV "
+                      "over that head's group of query heads in registers; a V group other than K's needs its dV "
+                      "summed over another set of CTAs (a second reduction path)",
     "implementation_composite": "frost's engines are implementation=AUTO",
     "implementation_unified": "frost's engines are implementation=AUTO",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",
