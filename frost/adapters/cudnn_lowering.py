@@ -5,7 +5,7 @@ record against `cudnn.pygraph`: one `graph.tensor(...)` per `CudnnTensor` in `in
 `op` with the positional roles, tensor keywords, scalar keywords and dropout, then the returned outputs
 get the declared dims, strides and data types of `outputs`.
 
-Every frost tensor keeps its declared dims and strides; the only reshapes are frost's shorter forms of
+Every frost tensor keeps its declared dims and strides (K and V their own head counts); the only reshapes are frost's shorter forms of
 one-value-per-batch or per-head tensors (`seq_len_q` (B,), `sink_token` (H,), dropout seeds (1,)), which
 cuDNN declares as 4-d views of the same memory.
 """
@@ -133,6 +133,11 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
             t = facts.tensor(role)
             inputs.append(CudnnTensor(role, (1, 1, 1, 1), (1, 1, 1, 1), t.dtype))
         dropout = (facts.dropout_probability, "dropout_seed", "dropout_offset")
+    for role, on in (("score_max", facts.has_score_max), ("score_sum_exp", facts.has_score_sum_exp)):
+        if on:  # declared as graph tensors the forward writes, as cuDNN's python API takes them
+            inputs.append(_declared(facts, role))
+            tensor_kwargs.append((role, role))
+            output_kwargs.append(role)
     if not fwd:
         if facts.has_dbias:
             inputs.append(_declared(facts, "dBias"))

@@ -34,7 +34,8 @@ class SdpaFeatureParams(TemplateParams):
     head_dim: int = 128
     head_dim_v: int = 128
     num_heads_q: int = 1
-    num_heads_kv: int = 1
+    num_heads_kv: int = 1  # K's heads (V's too unless num_heads_v is set)
+    num_heads_v: int = 0  # V's heads where they differ from K's (else 0: one kernel, one key)
     is_thd: bool = False
     has_seqused: bool = False
     has_sinks: bool = False
@@ -45,6 +46,15 @@ class SdpaFeatureParams(TemplateParams):
     @property
     def qhead_per_kvhead(self) -> int:
         return self.num_heads_q // self.num_heads_kv
+
+    @property
+    def heads_v(self) -> int:
+        """V's head count: num_heads_v, or K's when unset."""
+        return self.num_heads_v or self.num_heads_kv
+
+    @property
+    def qhead_per_vhead(self) -> int:
+        return self.num_heads_q // self.heads_v
 
 
 def head_dim_span_reason(d_qk: int, d_v: int, multiple: int, maximum: int) -> str | None:
@@ -73,5 +83,8 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
     if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
         raise TemplateParamsError(f"{who}: num_heads_q={p.num_heads_q} must be a positive multiple of "
                                   f"num_heads_kv={p.num_heads_kv}")
+    if p.num_heads_v and (p.num_heads_v == p.num_heads_kv or p.num_heads_q % p.num_heads_v != 0):
+        raise TemplateParamsError(f"{who}: num_heads_v={p.num_heads_v} must divide num_heads_q={p.num_heads_q} "
+                                  f"and differ from num_heads_kv={p.num_heads_kv} (0 when V has K's heads)")
     if p.is_thd and p.has_seqused:
         raise TemplateParamsError(f"{who}: seqused is a dense-only padding mask; packed THD uses cu_seqlens")

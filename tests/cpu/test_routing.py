@@ -20,7 +20,7 @@ FWD = ["SdpaFwdDslSm90", "SdpaFwdDslSm120", "SdpaFwdDslSm100", "SdpaFwdDslSm80",
 BWD = [n.replace("Fwd", "Bwd") for n in FWD]
 
 
-def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, s=128, skv=None, d=64, dv=None, strides=None,
+def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, hv=None, s=128, skv=None, d=64, dv=None, strides=None,
             thd=False, direction="fwd", graph=None, **kw) -> frost.Graph:
     """A validated graph declared from dims and strides only (no storage); `graph` may hold tensors `kw` names."""
     skv = skv or s
@@ -28,9 +28,9 @@ def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, s=128, skv=None, d=6
     g = graph if graph is not None else frost.Graph(io_data_type=dtype, target=target)
     strides = strides or {}
     if thd:
-        dims = {"q": (b * s, hq, d), "k": (b * skv, hkv, d), "v": (b * skv, hkv, dv)}
+        dims = {"q": (b * s, hq, d), "k": (b * skv, hkv, d), "v": (b * skv, hv or hkv, dv)}
     else:
-        dims = {"q": (b, hq, s, d), "k": (b, hkv, skv, d), "v": (b, hkv, skv, dv)}
+        dims = {"q": (b, hq, s, d), "k": (b, hkv, skv, d), "v": (b, hv or hkv, skv, dv)}
     q, k, v = (g.tensor(name=r, dim=dims[r], stride=strides.get(r)) for r in ("q", "k", "v"))
     if thd:
         kw.update(cu_seq_len_q=g.tensor(name="cu_q", dim=(b + 1,), data_type="int32"),
@@ -498,3 +498,72 @@ def test_h200_backward_ranks_the_wgmma_chain_first_and_the_mma_sync_chain_serves
     assert "head dims" in reasons(g)["SdpaBwdDslSm90"]
     g = declare(H200, direction="bwd").create_execution_plans(engine="sm80")
     assert g.available_engines() == ["SdpaBwdDslSm80"]  # the mma.sync chain stays available by name
+
+
+# --- K and V with their own head counts; score_max / score_sum_exp ------------------------------------------------
+
+def _row_stats(target=H200, *, thd=False, b=2, hq=4, s=128, **kw) -> frost.Graph:
+    """A forward declaring score_max and score_sum_exp (fp32, Stats' dims) beside Stats."""
+    g = frost.Graph(io_data_type="bf16", target=target)
+    dim = (b * s, hq, 1) if thd else (b, hq, s, 1)
+    m, e = (g.tensor(name=n, dim=dim, data_type="fp32") for n in ("score_max", "score_sum_exp"))
+    return declare(target, graph=g, thd=thd, b=b, hq=hq, s=s, score_max=m, score_sum_exp=e, **kw)
+
+
+@pytest.mark.parametrize("heads", [dict(hq=6, hkv=6, hv=1), dict(hq=8, hkv=2, hv=4), dict(hq=8, hkv=8, hv=2)])
+def test_split_kv_heads_forward_runs_on_the_dsl_lines_backward_declines_them(unpended, no_compile, heads):
+    g = declare(H200, **heads)
+    assert g.facts.num_heads_kv == heads["hkv"] and g.facts.heads_v == heads["hv"]
+    assert {"split_kv_heads", "gqa"} <= g.facts.features()
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    assert declare(A100, **heads).available_engines() == ["SdpaFwdDslSm80"]
+    assert declare(RTX5090, **heads).available_engines() == ["SdpaFwdDslSm120"]
+    assert declare(H200, thd=True, use_causal_mask=True, **heads).available_engines() == [
+        "SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    for target in (H200, A100):
+        g = declare(target, direction="bwd", **heads)
+        assert g.available_engines() == []
+        declined = reasons(g)
+        for name in ("SdpaBwdDslSm90", "SdpaBwdDslSm80"):
+            if name in declined and not declined[name].startswith("serves compute capability"):
+                assert declined[name].startswith("does not serve split_kv_heads"), declined[name]
+                assert "second reduction path" in declined[name]
+
+
+def test_split_kv_heads_on_the_cpu_and_cudnn_rows(unpended):
+    for direction in ("fwd", "bwd"):
+        g = declare(CPU, dtype="fp32", direction=direction, hq=6, hkv=6, hv=1)
+        assert g.available_engines() == [f"Sdpa{direction.capitalize()}Reference"]
+    assert "split_kv_heads" in capabilities.CUDNN_FEATURES  # cuDNN takes K's and V's dims as declared
+
+
+def test_equal_head_counts_keep_the_facts_and_params_of_before():
+    from frost.adapters.dsl import fwd_feature_flags
+
+    f = declare(CPU, dtype="fp32", hq=8, hkv=2).facts
+    assert (f.num_heads_kv, f.heads_v, f.split_kv_heads) == (2, 2, False)
+    assert "split_kv_heads" not in f.features()
+    assert fwd_feature_flags(f)["num_heads_v"] == 0  # one kernel, one key: the split compiles in only when declared
+    f = declare(CPU, dtype="fp32", hq=8, hkv=2, hv=4).facts
+    assert fwd_feature_flags(f)["num_heads_v"] == 4
+
+
+@pytest.mark.parametrize("thd", [False, True])
+def test_score_max_and_sum_exp_are_served_by_the_forwards(unpended, no_compile, thd):
+    g = _row_stats(H200, thd=thd, use_causal_mask=True)
+    assert {"score_max", "score_sum_exp"} <= g.facts.features()
+    assert g.facts.has_score_max and g.facts.has_score_sum_exp
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    assert _row_stats(A100, thd=thd).available_engines() == ["SdpaFwdDslSm80"]
+    assert _row_stats(RTX5090, thd=thd).available_engines() == ["SdpaFwdDslSm120"]
+    assert _row_stats(CPU, thd=thd).available_engines() == ["SdpaFwdReference"]
+    assert _row_stats(H200, thd=thd, hq=8, hkv=2, hv=4, generate_stats=False).available_engines() == [
+        "SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+
+
+def test_score_outputs_are_outputs_bound_like_stats(unpended):
+    g = _row_stats(H200)
+    roles = g._roles()
+    assert roles["score_max"].is_output and roles["score_sum_exp"].is_output
+    assert "score_max" in g.node.outputs() and "score_max" not in g.node.inputs()
+    assert g.facts.tensor("score_sum_exp").dim == (2, 4, 128, 1)

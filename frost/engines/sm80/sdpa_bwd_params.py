@@ -139,6 +139,8 @@ def validate(p: Sm80BwdParams) -> None:
         raise TemplateParamsError(f"Sm80BwdParams: {msg}")
 
     check_sdpa_features(p, HEAD_DIMS, "Sm80BwdParams")
+    if p.num_heads_v:
+        bad("K and V with different head counts: a CTA sums dK and dV over one kv head's query heads")
     if p.has_dsinks and not p.has_sinks:
         bad("dsinks needs sinks")
     if p.num_warps not in (4, 8, 16):
