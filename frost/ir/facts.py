@@ -118,6 +118,8 @@ class SdpaFacts(BaseModel):
             f.add("gqa")
         if self.split_kv_heads:
             f.add("split_kv_heads")
+            if max(self.num_heads_kv, self.heads_v) % min(self.num_heads_kv, self.heads_v):
+                f.add("unnested_kv_heads")  # neither count divides the other
         for flag, name in ((self.has_padding, "padding"), (self.has_sinks, "sinks"), (self.is_thd, "thd"),
                            (self.has_stats, "stats"), (self.deterministic, "deterministic"),
                            (self.has_dropout, "dropout"), (self.has_bias, "bias"), (self.has_dbias, "dbias"),

@@ -28,7 +28,10 @@ KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_ri
                              "thd", "stats"})
 #: K and V with different head counts (each dividing the query heads), and the forward's row max / sum-of-exp
 #: outputs: the forwards that index K's and V's heads apart and write the two halves of Stats
-FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "score_max", "score_sum_exp"})
+FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_max", "score_sum_exp"})
+#: the mma.sync backward serves K and V heads apart when one count divides the other (its CTA owns a head of the
+#: coarser tensor and writes the finer one's tile at the end of each of its groups)
+MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads"})
 
 
 class CapabilityRow(BaseModel):
@@ -51,10 +54,10 @@ class CapabilityRow(BaseModel):
 
 
 def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=None, bwd_knobs=None,
-             fwd_features=frozenset(), **kw) -> list[CapabilityRow]:
+             fwd_features=frozenset(), bwd_features=frozenset(), **kw) -> list[CapabilityRow]:
     """The forward and backward rows of one arch line; `bwd_knobs` are knob choices only the backward has,
-    `fwd_features` features only the forward serves."""
-    bwd = {**kw, "features": kw["features"] | {"deterministic"},
+    `fwd_features` / `bwd_features` features only one direction serves."""
+    bwd = {**kw, "features": kw["features"] | {"deterministic"} | bwd_features,
            "knob_choices": {**kw.get("knob_choices", {}), **(bwd_knobs or {})}}
     fwd = {**kw, "features": kw["features"] | fwd_features}
     return [CapabilityRow(name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd",
@@ -87,12 +90,12 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                      knob_choices={"tile_m": (64, 80, 128), "num_stages": (1, 2)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,

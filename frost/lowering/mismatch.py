@@ -22,9 +22,10 @@ FEATURE_DETAILS = {
     "paged_attention": "paged K/V caches",
     "score_max": "the row maximum of the scores",
     "score_sum_exp": "the row sum of exponentials",
-    "split_kv_heads": "K and V with different head counts: the backward's CTA owns one kv head and sums dK and dV "
-                      "over that head's group of query heads in registers; a V group other than K's needs its dV "
-                      "summed over another set of CTAs (a second reduction path)",
+    "split_kv_heads": "K and V with different head counts: the wgmma backward's CTA sums dK and dV over one kv "
+                      "head's query heads; the mma.sync backward serves them",
+    "unnested_kv_heads": "K and V head counts where neither divides the other: one V head's query heads would span "
+                         "several kv heads' CTAs, and its dV would need a second reduction path",
     "implementation_composite": "frost's engines are implementation=AUTO",
     "implementation_unified": "frost's engines are implementation=AUTO",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",

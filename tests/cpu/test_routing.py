@@ -511,23 +511,34 @@ def _row_stats(target=H200, *, thd=False, b=2, hq=4, s=128, **kw) -> frost.Graph
 
 
 @pytest.mark.parametrize("heads", [dict(hq=6, hkv=6, hv=1), dict(hq=8, hkv=2, hv=4), dict(hq=8, hkv=8, hv=2)])
-def test_split_kv_heads_forward_runs_on_the_dsl_lines_backward_declines_them(unpended, no_compile, heads):
+def test_split_kv_heads_run_on_the_dsl_forwards_and_the_mma_sync_backward(unpended, no_compile, heads):
     g = declare(H200, **heads)
     assert g.facts.num_heads_kv == heads["hkv"] and g.facts.heads_v == heads["hv"]
-    assert {"split_kv_heads", "gqa"} <= g.facts.features()
+    assert {"split_kv_heads", "gqa"} <= g.facts.features() and "unnested_kv_heads" not in g.facts.features()
     assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
     assert declare(A100, **heads).available_engines() == ["SdpaFwdDslSm80"]
     assert declare(RTX5090, **heads).available_engines() == ["SdpaFwdDslSm120"]
     assert declare(H200, thd=True, use_causal_mask=True, **heads).available_engines() == [
         "SdpaFwdDslSm90", "SdpaFwdDslSm80"]
-    for target in (H200, A100):
-        g = declare(target, direction="bwd", **heads)
-        assert g.available_engines() == []
-        declined = reasons(g)
-        for name in ("SdpaBwdDslSm90", "SdpaBwdDslSm80"):
-            if name in declined and not declined[name].startswith("serves compute capability"):
-                assert declined[name].startswith("does not serve split_kv_heads"), declined[name]
-                assert "second reduction path" in declined[name]
+    for thd in (False, True):
+        g = declare(H200, direction="bwd", thd=thd, use_causal_mask=True, **heads)
+        assert g.available_engines() == ["SdpaBwdDslSm80"]  # the wgmma backward declines, the mma.sync one serves
+        assert reasons(g)["SdpaBwdDslSm90"].startswith("does not serve split_kv_heads")
+        assert declare(A100, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm80"]
+        assert declare(RTX5090, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm120"]
+
+
+def test_unnested_kv_heads_run_forward_and_the_dsl_backwards_decline_them(unpended, no_compile):
+    heads = dict(hq=12, hkv=4, hv=6)  # K groups of 3 query heads, V groups of 2: neither divides the other
+    g = declare(H200, **heads)
+    assert {"split_kv_heads", "unnested_kv_heads"} <= g.facts.features()
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    g = declare(H200, direction="bwd", **heads)
+    assert g.available_engines() == []
+    declined = reasons(g)
+    assert "second reduction path" in declined["SdpaBwdDslSm80"]
+    assert declined["SdpaBwdDslSm80"].startswith("does not serve unnested_kv_heads")
+    assert declare(CPU, dtype="fp32", direction="bwd", **heads).available_engines() == ["SdpaBwdReference"]
 
 
 def test_split_kv_heads_on_the_cpu_and_cudnn_rows(unpended):
