@@ -29,6 +29,12 @@ the head dim in shared memory, so S, dP and the padded columns of dK, dV and dQ 
 exact or zero (S and dP stop at the last 16-column k-slice holding a head-dim column);
 dK / dV stores and the dQ additions skip those columns.
 
+K and V with different head counts, one dividing the other (`num_heads_v`): the grid holds a CTA per head of
+the coarser tensor (the fewer heads), which walks all its query heads; the finer tensor's tile (K or V) changes
+every `fine_group` query heads of the walk, and at each change its dK or dV tile goes out through its smem tile
+and the next head's K or V tile comes in (`_next_fine_head`), so each finer head's gradient is summed in one CTA
+too and no workspace or second reduction is needed.
+
 THD: lengths come from cu_seqlens in-kernel; the grid's x extent is
 ceil(max_seqlen_kv / tile_n) and each CTA strides over the key tiles of its
 sequence, so a longer sequence than declared is still fully served.

@@ -9,9 +9,10 @@ tensor-core work; across warpgroups, named barriers alternate GEMM issue
 (ping-pong) so one group's softmax hides under the other's GEMMs. Producers
 drop to few registers (setmaxnreg) and consumers take the rest.
 
-GQA packing (`pack_gqa`): tiles run over kv heads, and tile row m is query
-position m // r of head kv_head * r + m % r (r = Hq / Hkv), so one K/V stream
-feeds all r heads. Q, O and LSE are viewed with a ((r, S), ...) row mode
+GQA packing (`pack_gqa`): tiles run over groups of r query heads, and tile row m
+is query position m // r of head group * r + m % r (r = Hq / Hkv, or with K and
+V heads apart the largest group sharing both a K and a V head), so one K/V
+stream feeds all r heads. Q, O and LSE are viewed with a ((r, S), ...) row mode
 (`pack_gqa.pack_heads`); TMA moves Q and O with (r, rows / r) boxes; masks use
 the row's query position and sinks the row's head.
 
