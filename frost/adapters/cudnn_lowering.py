@@ -5,9 +5,9 @@ record against `cudnn.pygraph`: one `graph.tensor(...)` per `CudnnTensor` in `in
 `op` with the positional roles, tensor keywords, scalar keywords and dropout, then the returned outputs
 get the declared dims, strides and data types of `outputs`.
 
-Every frost tensor keeps its declared dims and strides (K and V their own head counts); the only reshapes are frost's shorter forms of
-one-value-per-batch or per-head tensors (`seq_len_q` (B,), `sink_token` (H,), dropout seeds (1,)), which
-cuDNN declares as 4-d views of the same memory.
+Every frost tensor keeps its declared dims and strides (K and V their own head counts); the only reshapes are
+frost's shorter forms of one-value-per-batch or per-head tensors (`seq_len_q` (B,), `sink_token` (H,), dropout
+seeds (1,)), which cuDNN declares as 4-d views of the same memory.
 """
 from __future__ import annotations
 

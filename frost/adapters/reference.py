@@ -63,20 +63,20 @@ def _band(facts) -> dict:
 _EMPTY_ROW = {"stats": float("-inf"), "score_max": float("-inf"), "score_sum_exp": 0.0}
 
 
-def _row_stats(facts, bound) -> dict:
-    """The bound row statistics (Stats, score_max, score_sum_exp) by role, in the order the reference returns
-    them after O."""
+def _row_outputs(facts, bound) -> list:
+    """(role, bound tensor or None) of Stats, score_max and score_sum_exp: the order in which the reference
+    returns them after O."""
     wanted = (facts.has_stats, facts.has_score_max, facts.has_score_sum_exp)
-    return {r: bound[r] for r, on in zip(ROW_STATS, wanted) if on}
+    return [(r, bound[r] if on else None) for r, on in zip(ROW_STATS, wanted)]
 
 
 def _ragged_fwd(facts, bound) -> None:
     sinks = sink_view(bound["sink_token"]) if facts.has_sinks else None
-    outs = _row_stats(facts, bound)
+    outs = _row_outputs(facts, bound)
     ragged = dict(facts.ragged.token_strides)
     for b, len_q, rows in _ragged_batches(facts, bound):
-        for role, t in outs.items():
-            if role not in ragged:  # declared per batch, (B, H, S, 1)
+        for role, t in outs:
+            if t is not None and role not in ragged:  # declared per batch, (B, H, S, 1)
                 t[b, :, len_q:, 0] = _EMPTY_ROW[role]
         if len_q == 0:
             continue
@@ -84,18 +84,13 @@ def _ragged_fwd(facts, bound) -> None:
                                        softmax_scale=facts.attn_scale, compute_dtype=_compute_dtype(facts),
                                        sinks=sinks, row_stats=True, **_band(facts))
         rows("o").copy_(o[0])
-        for (role, t), value in zip(_row_stats_items(outs), stats):
+        for (role, t), value in zip(outs, stats):
             if t is None:
                 continue
             if role in ragged:
                 rows(role)[..., 0].copy_(value[0].t())
             else:
                 t[b, :, :len_q, 0] = value[0]
-
-
-def _row_stats_items(outs: dict):
-    """(role, tensor) of every row statistic in the reference's order (lse, max, sum), None where not bound."""
-    return [(r, outs.get(r)) for r in ROW_STATS]
 
 
 def _ragged_bwd(facts, bound) -> None:
@@ -135,7 +130,7 @@ class SdpaFwdReference(SdpaFwdDsl):
                                            io_view(bound["v"], thd), softmax_scale=f.attn_scale,
                                            compute_dtype=_compute_dtype(f), row_stats=True, **_mask_kwargs(f, bound))
             io_view(bound["o"], thd).copy_(o)
-            for (_, t), value in zip(_row_stats_items(_row_stats(f, bound)), stats):
+            for (_, t), value in zip(_row_outputs(f, bound), stats):
                 if t is not None:
                     stats_view(t, thd).copy_(value)
 

@@ -82,7 +82,8 @@ SM90_BWD_FEATURES = KERNEL_FEATURES | {"deterministic"}
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
              dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS + ((192, 192),), features=KERNEL_FEATURES,
-             fwd_features=FWD_EXTRA_FEATURES, knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
+             fwd_features=FWD_EXTRA_FEATURES,
+             knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
                      cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"),

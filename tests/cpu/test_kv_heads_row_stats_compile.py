@@ -1,7 +1,7 @@
 """K and V with their own head counts, and the score_max / score_sum_exp outputs, in the DSL forwards (and split
 heads in the mma.sync backward's main kernel): the params validate, name their kernels apart, and the kernels
-compile for sm_80 (mma.sync) and sm_90a (mma.sync and wgmma) without a GPU. Graphs without the features compile to the same kernels as before (the kernel IR
-of the covering sets is unchanged; `tools/kernel_ir.py diff`)."""
+compile for sm_80 (mma.sync) and sm_90a (mma.sync and wgmma) without a GPU. Graphs without the features compile
+to the same kernels as before (the kernel IR of the covering sets is unchanged; `tools/kernel_ir.py diff`)."""
 from __future__ import annotations
 
 import pytest

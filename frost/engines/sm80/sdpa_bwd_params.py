@@ -11,8 +11,8 @@ into the fp32 accumulator (red.global; in deterministic mode key tiles take turn
 
 GQA needs no dK / dV workspace: the main kernel's CTA owns one kv head and
 walks its query heads itself (K and V heads apart: one head of the coarser of the
-two, writing the finer one's tiles group by group; `kv_grid_heads`, `walk_group`). One template serves two arch lines: ``sm80``
-(cc 8.x, and cc 9.0 below the wgmma kernel) and ``sm120`` (about 99 KB of
+two, writing the finer one's tiles group by group; `kv_grid_heads`, `walk_group`).
+One template serves two arch lines: ``sm80`` (cc 8.x, and cc 9.0 below the wgmma kernel) and ``sm120`` (about 99 KB of
 shared memory). No cutlass import here: planning reads this module.
 """
 from __future__ import annotations

@@ -174,9 +174,9 @@ class SdpaFwdSm80:
     ):
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
-            self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, scale_log2, window_left,
-                     window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-                     SharedStorage, bx, head, batch)
+            self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, scale_log2,
+                     window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O,
+                     tiled_mma, SharedStorage, bx, head, batch)
 
     @cute.jit
     def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, scale_log2, window_left,

@@ -426,8 +426,8 @@ class SdpaFwdSm90:
         return kv_state
 
     @cute.jit
-    def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k,
-                 pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk,
+    def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, sQ, sK, sV, sO, tma_atom_o, pipe_q,
+                 pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk,
                  tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
         tidx = cute.arch.thread_idx()[0] - 128
