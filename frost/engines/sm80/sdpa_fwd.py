@@ -361,17 +361,8 @@ class SdpaFwdSm80:
         thr_copy_O = smem_copy_O.get_slice(tidx)
         cute.copy(smem_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
 
-        if const_expr(p.has_lse):
-            if const_expr(p.is_thd):
-                mLSE_s = cute.domain_offset((off_q,), mLSE[head, None])
-            else:
-                mLSE_s = mLSE[batch, head, None]
-            if tOcO_mn[0, 0][1] == 0:  # the lane holding column 0 of its rows writes them
-                for r in cutlass.range_constexpr(num_rows):
-                    row = tOcO_mn[r, 0][0]
-                    if row < store_rows:
-                        mLSE_s[m_block * p.tile_m + row] = lse[r]
-        for mX, vals in zip(mScores, (s_max, s_sum)):
+        # LSE and its two halves, where declared
+        for mX, vals in zip((mLSE, *mScores), (lse if const_expr(p.has_lse) else None, s_max, s_sum)):
             if const_expr(vals is not None):
                 self.store_row_values(mX, vals, tOcO_mn, head, batch, off_q, m_block, store_rows)
 
@@ -381,8 +372,8 @@ class SdpaFwdSm80:
 
     @cute.jit
     def store_row_values(self, mX, vals, tOcO_mn, head, batch, off_q, m_block, store_rows):
-        """One fp32 value per query row (score_max, score_sum_exp) to its (B, H, S) / (H, T) canonical view, by
-        the lane holding column 0 of the rows, as LSE is written."""
+        """One fp32 value per query row (LSE, score_max, score_sum_exp) to its (B, H, S) / (H, T) canonical view:
+        the lane holding column 0 of its rows writes them."""
         p = self.p
         if const_expr(p.is_thd):
             mX_s = cute.domain_offset((off_q,), mX[head, None])
