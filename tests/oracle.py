@@ -7,10 +7,15 @@ comparison, gathers GQA heads by index and normalizes the softmax by hand, so
 a shared mistake between frost and this file is unlikely. Everything is plain
 differentiable torch, so torch.autograd gives the gradients.
 
-Inputs use frost's logical dims: dense (B, H, S, D), packed THD (T, H, D).
+Inputs use frost's logical dims: dense (B, H, S, D), packed THD (T, H, D); K and
+V may have different head counts, each dividing Q's.
 Outputs: o in the same form with v's head dim; lse dense (B, H, S), THD (T, H).
-Rows past a sequence's length get O = 0 and LSE = -inf; a row with no allowed
-key gets O = 0 and LSE = the sink logit (or -inf without a sink).
+With `row_stats=True` also cuDNN's score_max (the row max of the scaled, masked
+logits, the sink included) and score_sum_exp (the row sum of exp(logit - max),
+the sink's term included), shaped like lse.
+Rows past a sequence's length get O = 0, LSE = -inf, max = -inf, sum = 0; a row
+with no allowed key gets O = 0 and LSE = max = the sink logit, sum = 1 (or -inf,
+-inf, 0 without a sink).
 """
 from __future__ import annotations
 
@@ -45,12 +50,12 @@ def band(len_q: int, len_kv: int, *, causal: bool = False, causal_bottom_right: 
 
 
 def _one_sequence(q, k, v, *, scale: float, sink, allowed):
-    """q (H, n, D), k (Hkv, m, D), v (Hkv, m, Dv) -> o (H, n, Dv), lse (H, n)."""
-    hq, hkv = q.shape[0], k.shape[0]
-    kv_head = torch.arange(hq, device=q.device) // (hq // hkv)
+    """q (H, n, D), k (Hk, m, D), v (Hv, m, Dv) -> o (H, n, Dv), lse, max, sum_exp (each (H, n))."""
+    hq = q.shape[0]
+    heads = torch.arange(hq, device=q.device)
     allowed = allowed.to(q.device)
-    k = k.index_select(0, kv_head)
-    v = v.index_select(0, kv_head)
+    k = k.index_select(0, heads // (hq // k.shape[0]))  # query head h reads K head h // (Hq / Hk)
+    v = v.index_select(0, heads // (hq // v.shape[0]))  # and V head h // (Hq / Hv)
     logits = torch.matmul(q, k.transpose(1, 2)) * scale  # (H, n, m)
     logits = torch.where(allowed.unsqueeze(0), logits, torch.full_like(logits, NEG_INF))
     if logits.shape[-1] > 0:
@@ -59,6 +64,7 @@ def _one_sequence(q, k, v, *, scale: float, sink, allowed):
         top = torch.full(logits.shape[:2], NEG_INF, dtype=logits.dtype, device=logits.device)
     if sink is not None:
         top = torch.maximum(top, sink.view(hq, 1).expand_as(top))
+    row_max = top.detach()
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
     weights = torch.exp(logits - top.unsqueeze(-1))
     denom = weights.sum(dim=-1)
@@ -68,46 +74,53 @@ def _one_sequence(q, k, v, *, scale: float, sink, allowed):
     safe = torch.where(empty, torch.ones_like(denom), denom)
     o = torch.matmul(weights, v) / safe.unsqueeze(-1)
     lse = torch.where(empty, torch.full_like(denom, NEG_INF), top + torch.log(safe))
-    return o, lse
+    return o, lse, row_max, denom.detach()
+
+
+#: what a row outside every sequence holds in lse, max and sum_exp
+_PAD_ROW = (NEG_INF, NEG_INF, 0.0)
 
 
 def attention(q, k, v, *, scale: float, sink=None, seq_len_q: Optional[Sequence[int]] = None,
               seq_len_kv: Optional[Sequence[int]] = None, cu_seq_len_q: Optional[Sequence[int]] = None,
-              cu_seq_len_kv: Optional[Sequence[int]] = None, **mask):
-    """float64 attention. `mask` takes `band`'s keywords; lengths are host sequences."""
+              cu_seq_len_kv: Optional[Sequence[int]] = None, row_stats: bool = False, **mask):
+    """float64 attention -> (o, lse), or (o, lse, max, sum_exp) with `row_stats`. `mask` takes `band`'s
+    keywords; lengths are host sequences."""
     q, k, v = q.double(), k.double(), v.double()
     sink = sink.double().reshape(-1) if sink is not None else None
     if cu_seq_len_q is not None:
-        return _packed(q, k, v, scale=scale, sink=sink, cu_q=list(cu_seq_len_q), cu_kv=list(cu_seq_len_kv), **mask)
+        out = _packed(q, k, v, scale=scale, sink=sink, cu_q=list(cu_seq_len_q), cu_kv=list(cu_seq_len_kv), **mask)
+        return out if row_stats else out[:2]
     b, hq, sq, _ = q.shape
     skv, dv = k.shape[2], v.shape[3]
-    outs, lses = [], []
+    parts = [[], [], [], []]
     for i in range(b):
         n = int(seq_len_q[i]) if seq_len_q is not None else sq
         m = int(seq_len_kv[i]) if seq_len_kv is not None else skv
-        o_b, l_b = _one_sequence(q[i, :, :n], k[i, :, :m], v[i, :, :m], scale=scale, sink=sink,
-                                 allowed=band(n, m, **mask))
-        o_b = torch.cat([o_b, q.new_zeros(hq, sq - n, dv)], dim=1)
-        l_b = torch.cat([l_b, q.new_full((hq, sq - n), NEG_INF)], dim=1)
-        outs.append(o_b)
-        lses.append(l_b)
-    return torch.stack(outs), torch.stack(lses)
+        o_b, *rows = _one_sequence(q[i, :, :n], k[i, :, :m], v[i, :, :m], scale=scale, sink=sink,
+                                   allowed=band(n, m, **mask))
+        parts[0].append(torch.cat([o_b, q.new_zeros(hq, sq - n, dv)], dim=1))
+        for out, r, pad in zip(parts[1:], rows, _PAD_ROW):
+            out.append(torch.cat([r, q.new_full((hq, sq - n), pad)], dim=1))
+    out = tuple(torch.stack(p) for p in parts)
+    return out if row_stats else out[:2]
 
 
 def _packed(q, k, v, *, scale, sink, cu_q, cu_kv, **mask):
     tq, hq, _ = q.shape
     dv = v.shape[2]
-    outs, lses = [], []
+    parts = [[], [], [], []]
     for i in range(len(cu_q) - 1):
         q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_kv[i], cu_kv[i + 1]
-        o_b, l_b = _one_sequence(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
-                                 scale=scale, sink=sink, allowed=band(q1 - q0, k1 - k0, **mask))
-        outs.append(o_b.transpose(0, 1))
-        lses.append(l_b.transpose(0, 1))
+        res = _one_sequence(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
+                            scale=scale, sink=sink, allowed=band(q1 - q0, k1 - k0, **mask))
+        for out, r in zip(parts, res):
+            out.append(r.transpose(0, 1))
     tail = tq - cu_q[-1]
-    outs.append(q.new_zeros(tail, hq, dv))
-    lses.append(q.new_full((tail, hq), NEG_INF))
-    return torch.cat(outs), torch.cat(lses)
+    parts[0].append(q.new_zeros(tail, hq, dv))
+    for out, pad in zip(parts[1:], _PAD_ROW):
+        out.append(q.new_full((tail, hq), pad))
+    return tuple(torch.cat(p) for p in parts)
 
 
 def attention_grads(q, k, v, do, *, scale: float, sink=None, **kw):

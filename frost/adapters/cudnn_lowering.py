@@ -5,9 +5,10 @@ record against `cudnn.pygraph`: one `graph.tensor(...)` per `CudnnTensor` in `in
 `op` with the positional roles, tensor keywords, scalar keywords and dropout, then the returned outputs
 get the declared dims, strides and data types of `outputs`.
 
-Every frost tensor keeps its declared dims and strides; the only reshapes are frost's shorter forms of
-one-value-per-batch or per-head tensors (`seq_len_q` (B,), `sink_token` (H,), dropout seeds (1,)), which
-cuDNN declares as 4-d views of the same memory, and packed graphs, which cuDNN serves in its ragged form:
+Every frost tensor keeps its declared dims and strides (K and V their own head counts); the only reshapes are
+frost's shorter forms of one-value-per-batch or per-head tensors (`seq_len_q` (B,), `sink_token` (H,), dropout
+seeds (1,)), which cuDNN declares as 4-d views of the same memory, and packed graphs, which cuDNN serves in its
+ragged form:
 
 - frost's packed form (Q/K/V/O (T, H, D), `cu_seq_len_q/kv` (B+1,)): each packed tensor is declared (B, H, S, D)
   with its own H and D strides, its token stride as the S stride (and S times it as the batch stride, which the
@@ -18,6 +19,10 @@ cuDNN declares as 4-d views of the same memory, and packed graphs, which cuDNN s
   Stats (T, H, 1) is cuDNN's packed Stats: (B, H, S, 1) with a ragged offset of its own token stride.
 - cuDNN's ragged form declared directly (`facts.ragged`): the declared (B, H, S, D) tensors, offsets and lengths
   are passed through as they are.
+
+Packed graphs (either form) with K and V heads apart, or with score_max / score_sum_exp, are declined: neither is
+lowered to cuDNN's ragged form (the row outputs would need ragged offsets of their own, and K and V heads apart
+are unverified there); dense graphs serve both.
 """
 from __future__ import annotations
 
@@ -182,6 +187,11 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
     for flag, what in ((facts.has_attn_mask, "attn_mask"), (facts.has_score_mod, "score_mod")):
         if flag:
             raise CudnnUnsupported(f"does not serve {what}")
+    if facts.is_thd:
+        for on, what in ((facts.split_kv_heads, f"K and V heads apart (K {facts.num_heads_kv}, V {facts.heads_v})"),
+                         (facts.has_score_max or facts.has_score_sum_exp, "score_max / score_sum_exp")):
+            if on:
+                raise CudnnUnsupported(f"does not serve {what} in packed graphs (cuDNN's ragged form)")
     fwd = facts.direction == "fwd"
     positional = ("q", "k", "v") if fwd else ("q", "k", "v", "o", "dO", "stats")
     out_roles = (("o", "stats") if facts.has_stats else ("o",)) if fwd else ("dQ", "dK", "dV")
@@ -235,6 +245,11 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
             t = facts.tensor(role)
             inputs.append(CudnnTensor(role, (1, 1, 1, 1), (1, 1, 1, 1), t.dtype))
         dropout = (facts.dropout_probability, "dropout_seed", "dropout_offset")
+    for role, on in (("score_max", facts.has_score_max), ("score_sum_exp", facts.has_score_sum_exp)):
+        if on:  # declared as graph tensors the forward writes, as cuDNN's python API takes them
+            inputs.append(_declared(facts, role))
+            tensor_kwargs.append((role, role))
+            output_kwargs.append(role)
     if not fwd:
         if facts.has_dbias:
             inputs.append(_declared(facts, "dBias"))

@@ -25,7 +25,8 @@ def sdpa_feature_flags(facts) -> dict:
     """The SdpaFeatureParams fields of every SDPA template, from the facts (sdpa_args.py)."""
     banded = facts.window_left is not None or facts.window_right is not None
     flags = dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
-                 num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
+                 num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv,
+                 num_heads_v=facts.heads_v if facts.split_kv_heads else 0, is_thd=facts.is_thd,
                  has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
                  has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
                  bottom_right=facts.bottom_right and banded)
@@ -57,6 +58,12 @@ def ragged_decline_reason(facts):
     r = facts.ragged
     if r is None:
         return None
+    if facts.split_kv_heads:
+        return (f"K and V heads apart (K {facts.num_heads_kv}, V {facts.heads_v}) are not served in the "
+                f"ragged-offset form by the DSL kernels")
+    scores = [n for n, on in (("score_max", facts.has_score_max), ("score_sum_exp", facts.has_score_sum_exp)) if on]
+    if scores:
+        return f"{' / '.join(scores)} are not served in the ragged-offset form by the DSL kernels"
     strides = dict(r.token_strides)
     tensor_of = {role: i for i, roles in enumerate(r.shared_offsets) for role in roles}
     for group in RAGGED_GROUPS:
@@ -70,7 +77,8 @@ def ragged_decline_reason(facts):
 
 
 def fwd_feature_flags(facts) -> dict:
-    return dict(sdpa_feature_flags(facts), has_lse=facts.has_stats)
+    return dict(sdpa_feature_flags(facts), has_lse=facts.has_stats, has_score_max=facts.has_score_max,
+                has_score_sum_exp=facts.has_score_sum_exp)
 
 
 def check_dsl_and_knobs(adapter) -> None:
@@ -137,6 +145,7 @@ class DslKernels:
 # contract argument name (frost.engines.sdpa_args) -> (graph role, view the kernel wants or None)
 TENSOR_ARGS = {
     "q": ("q", None), "k": ("k", None), "v": ("v", None), "o": ("o", None), "lse": ("stats", None),
+    "score_max": ("score_max", None), "score_sum_exp": ("score_sum_exp", None),
     "do": ("dO", None), "dq": ("dQ", None), "dk": ("dK", None), "dv": ("dV", None),
     "cu_seqlens_q": ("cu_seq_len_q", None), "cu_seqlens_kv": ("cu_seq_len_kv", None),
     "seqused_q": ("seq_len_q", lengths_view), "seqused_kv": ("seq_len_kv", lengths_view),

@@ -13,7 +13,7 @@ from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
 from frost.adapters.reference_math import sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
 from frost.errors import BindingError
-from frost.ir.validate import Q_GROUP
+from frost.ir.validate import Q_GROUP, ROW_STATS
 from frost.runtime.context import on_stream
 
 
@@ -59,22 +59,38 @@ def _band(facts) -> dict:
     return kw
 
 
+#: what a row outside every sequence holds in each row statistic (a row with no key: LSE = max = -inf, sum 0)
+_EMPTY_ROW = {"stats": float("-inf"), "score_max": float("-inf"), "score_sum_exp": 0.0}
+
+
+def _row_outputs(facts, bound) -> list:
+    """(role, bound tensor or None) of Stats, score_max and score_sum_exp: the order in which the reference
+    returns them after O."""
+    wanted = (facts.has_stats, facts.has_score_max, facts.has_score_sum_exp)
+    return [(r, bound[r] if on else None) for r, on in zip(ROW_STATS, wanted)]
+
+
 def _ragged_fwd(facts, bound) -> None:
     sinks = sink_view(bound["sink_token"]) if facts.has_sinks else None
-    stats = bound.get("stats") if facts.has_stats else None
+    outs = _row_outputs(facts, bound)
+    ragged = dict(facts.ragged.token_strides)
     for b, len_q, rows in _ragged_batches(facts, bound):
-        if facts.ragged.stats_per_batch and stats is not None:
-            stats[b, :, len_q:, 0] = float("-inf")
+        for role, t in outs:
+            if t is not None and role not in ragged:  # declared per batch, (B, H, S, 1)
+                t[b, :, len_q:, 0] = _EMPTY_ROW[role]
         if len_q == 0:
             continue
-        o, lse = sdpa_fwd_reference(rows("q")[None], rows("k")[None], rows("v")[None], softmax_scale=facts.attn_scale,
-                                    compute_dtype=_compute_dtype(facts), sinks=sinks, **_band(facts))
+        o, *stats = sdpa_fwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
+                                       softmax_scale=facts.attn_scale, compute_dtype=_compute_dtype(facts),
+                                       sinks=sinks, row_stats=True, **_band(facts))
         rows("o").copy_(o[0])
-        if stats is not None:
-            if facts.ragged.stats_per_batch:
-                stats[b, :, :len_q, 0] = lse[0]
+        for (role, t), value in zip(outs, stats):
+            if t is None:
+                continue
+            if role in ragged:
+                rows(role)[..., 0].copy_(value[0].t())
             else:
-                rows("stats")[..., 0].copy_(lse[0].t())
+                t[b, :, :len_q, 0] = value[0]
 
 
 def _ragged_bwd(facts, bound) -> None:
@@ -112,12 +128,13 @@ class SdpaFwdReference(SdpaFwdDsl):
                 _ragged_fwd(f, bound)
             return
         with on_stream(stream, bound["q"].device):
-            o, lse = sdpa_fwd_reference(io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
-                                        softmax_scale=f.attn_scale, compute_dtype=_compute_dtype(f),
-                                        **_mask_kwargs(f, bound))
+            o, *stats = sdpa_fwd_reference(io_view(bound["q"], thd), io_view(bound["k"], thd),
+                                           io_view(bound["v"], thd), softmax_scale=f.attn_scale,
+                                           compute_dtype=_compute_dtype(f), row_stats=True, **_mask_kwargs(f, bound))
             io_view(bound["o"], thd).copy_(o)
-            if f.has_stats:
-                stats_view(bound["stats"], thd).copy_(lse)
+            for (_, t), value in zip(_row_outputs(f, bound), stats):
+                if t is not None:
+                    stats_view(t, thd).copy_(value)
 
 
 class SdpaBwdReference(SdpaBwdDsl):

@@ -53,11 +53,11 @@ def allowed_mask(len_q: int, len_kv: int, *, window_left=None, window_right=None
 
 
 def _attend(qb, kb, vb, *, scale, sink, mask):
-    """One sequence: qb (Sq, Hq, D), kb (Skv, Hkv, D) -> o (Sq, Hq, Dv), lse (Hq, Sq)."""
-    hq, hkv = qb.shape[1], kb.shape[1]
-    g = hq // hkv
-    kb = kb.repeat_interleave(g, dim=1)
-    vb = vb.repeat_interleave(g, dim=1)
+    """One sequence: qb (Sq, Hq, D), kb (Skv, Hk, D), vb (Skv, Hv, Dv) -> o (Sq, Hq, Dv), lse, row max, row
+    sum of exp(score - max) (each (Hq, Sq); an empty row without a sink: -inf, -inf, 0)."""
+    hq = qb.shape[1]
+    kb = kb.repeat_interleave(hq // kb.shape[1], dim=1)
+    vb = vb.repeat_interleave(hq // vb.shape[1], dim=1)
     s = torch.einsum("qhd,khd->hqk", qb, kb) * scale
     s = s.masked_fill(~mask.unsqueeze(0), float("-inf"))
     if sink is not None:
@@ -66,20 +66,25 @@ def _attend(qb, kb, vb, *, scale, sink, mask):
     lse = torch.logsumexp(s, dim=2)  # -inf where the row is empty
     p = torch.exp(s - lse.unsqueeze(2))
     p = torch.nan_to_num(p, nan=0.0)  # empty rows: exp(-inf - -inf)
+    top = s.amax(dim=2) if s.shape[2] else torch.full_like(lse, float("-inf"))
+    sum_exp = torch.nan_to_num(torch.exp(s - top.unsqueeze(2)), nan=0.0).sum(dim=2)
     if sink is not None:
         p = p[..., :-1]
     o = torch.einsum("hqk,khd->qhd", p, vb)
-    return o, lse
+    return o, lse, top, sum_exp
 
 
 def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_kv=None, seqused_q=None,
                        seqused_kv=None, sinks=None, window_left=None, window_right=None, bottom_right=False,
-                       compute_dtype=torch.float32):
-    """Forward on canonical views; returns (o, lse) in `compute_dtype`.
+                       compute_dtype=torch.float32, row_stats=False):
+    """Forward on canonical views; returns (o, lse) in `compute_dtype`, with `row_stats` (o, lse, score_max,
+    score_sum_exp): the row max of the scaled, masked scores (the sink included) and the row sum of
+    exp(score - max), so lse = score_max + log(score_sum_exp).
 
     Dense views: q (B, Sq, Hq, D) -> o (B, Sq, Hq, Dv), lse (B, Hq, Sq).
     THD views:   q (Tq, Hq, D)    -> o (Tq, Hq, Dv),    lse (Hq, Tq).
-    Rows past a sequence's length (padding) and empty rows get O = 0, LSE = -inf.
+    K and V may have different head counts, each dividing Hq.
+    Rows past a sequence's length (padding) and empty rows get O = 0, LSE = -inf (score_max -inf, sum 0).
     """
     thd = cu_seqlens_q is not None
     cd = compute_dtype
@@ -89,32 +94,34 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
     if thd:
         tq, hq = q.shape[0], q.shape[1]
         o = torch.zeros(tq, hq, dv, dtype=cd, device=q.device)
-        lse = torch.full((hq, tq), float("-inf"), dtype=cd, device=q.device)
+        shape = (hq, tq)
     else:
         bsz, sq, hq = q.shape[0], q.shape[1], q.shape[2]
         o = torch.zeros(bsz, sq, hq, dv, dtype=cd, device=q.device)
-        lse = torch.full((bsz, hq, sq), float("-inf"), dtype=cd, device=q.device)
+        shape = (bsz, hq, sq)
+    lse, top = (torch.full(shape, float("-inf"), dtype=cd, device=q.device) for _ in range(2))
+    sum_exp = torch.zeros(shape, dtype=cd, device=q.device)
     for qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
                                    window_left=window_left, window_right=window_right, bottom_right=bottom_right):
-        ob, lb = _attend(q[qs], k[ks], v[ks], scale=softmax_scale, sink=sink, mask=mask)
+        ob, *rows = _attend(q[qs], k[ks], v[ks], scale=softmax_scale, sink=sink, mask=mask)
         o[qs] = ob
-        if thd:
-            lse[:, qs[0]] = lb
-        else:
-            lse[qs[0], :, qs[1]] = lb
-    return o, lse
+        for out, rb in zip((lse, top, sum_exp), rows):
+            if thd:
+                out[:, qs[0]] = rb
+            else:
+                out[qs[0], :, qs[1]] = rb
+    return (o, lse, top, sum_exp) if row_stats else (o, lse)
 
 
 def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask):
     """Gradients of one sequence in closed form (no autograd: it works under any grad mode or dispatch state).
 
-    qb (Sq, Hq, D), kb/vb (Skv, Hkv, D/Dv), dob (Sq, Hq, Dv) -> dq, dk, dv (same shapes), dsink (Hq,) or None.
+    qb (Sq, Hq, D), kb/vb (Skv, Hk/Hv, D/Dv), dob (Sq, Hq, Dv) -> dq, dk, dv (same shapes), dsink (Hq,) or None.
     """
-    hq, hkv = qb.shape[1], kb.shape[1]
-    g = hq // hkv
-    kk = kb.repeat_interleave(g, dim=1)
-    vv = vb.repeat_interleave(g, dim=1)
-    o, lse = _attend(qb, kb, vb, scale=scale, sink=sink, mask=mask)  # o (Sq, Hq, Dv), lse (Hq, Sq)
+    hq, hk, hv = qb.shape[1], kb.shape[1], vb.shape[1]
+    kk = kb.repeat_interleave(hq // hk, dim=1)
+    vv = vb.repeat_interleave(hq // hv, dim=1)
+    o, lse = _attend(qb, kb, vb, scale=scale, sink=sink, mask=mask)[:2]  # o (Sq, Hq, Dv), lse (Hq, Sq)
     s = torch.einsum("qhd,khd->hqk", qb, kk) * scale
     p = torch.exp(s - lse.unsqueeze(2)).masked_fill(~mask.unsqueeze(0), 0.0)
     p = torch.nan_to_num(p, nan=0.0)  # empty rows: lse = -inf
@@ -124,11 +131,11 @@ def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask):
     ds = p * (dp - di.unsqueeze(2))
     dq = torch.einsum("hqk,khd->qhd", ds, kk) * scale
     dk = torch.einsum("hqk,qhd->khd", ds, qb) * scale
-    fold = lambda t: t.reshape(t.shape[0], hkv, g, t.shape[-1]).sum(2)  # noqa: E731  (GQA: sum each group)
+    fold = lambda t, h: t.reshape(t.shape[0], h, hq // h, t.shape[-1]).sum(2)  # noqa: E731  (GQA: sum each group)
     dsink = None
     if sink is not None:
         dsink = -(torch.nan_to_num(torch.exp(sink.view(hq, 1) - lse), nan=0.0) * di).sum(1)
-    return dq, fold(dk), fold(dv), dsink
+    return dq, fold(dk, hk), fold(dv, hv), dsink
 
 
 def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float64, cu_seqlens_q=None,

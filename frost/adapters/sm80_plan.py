@@ -39,7 +39,7 @@ def planned_dq_splits(p, sm_count: int, batch: int, seq_q: int, seq_kv: int) -> 
     if not p.deterministic or p.is_thd or sm_count <= 0:
         return 0
     copy_bytes = batch * p.num_heads_q * accumulator_rows(p, seq_q) * p.head_dim * 4
-    return choose_dq_splits(sm_count, batch, p.num_heads_kv, cdiv(seq_kv, p.tile_n), copy_bytes=copy_bytes)
+    return choose_dq_splits(sm_count, batch, p.kv_grid_heads, cdiv(seq_kv, p.tile_n), copy_bytes=copy_bytes)
 
 
 def planned_det_order(p, sm_count: int, seq_kv: int) -> str:

@@ -23,7 +23,7 @@ def _packed_tile_m(facts, target, p) -> int:
     from frost.engines.sm90.sdpa_fwd_params import validate
 
     rows = facts.seq_q * p.rows_per_query
-    tiles = facts.batch * facts.num_heads_kv * -(-rows // p.tile_m)
+    tiles = facts.batch * (facts.num_heads_q // p.pack_group) * -(-rows // p.tile_m)
     if p.tile_m == 64 or tiles >= target.sm_count:
         return p.tile_m
     small = p.model_copy(update={"tile_m": 64})

@@ -34,7 +34,8 @@ class SdpaFeatureParams(TemplateParams):
     head_dim: int = 128
     head_dim_v: int = 128
     num_heads_q: int = 1
-    num_heads_kv: int = 1
+    num_heads_kv: int = 1  # K's heads (V's too unless num_heads_v is set)
+    num_heads_v: int = 0  # V's heads where they differ from K's (else 0: one kernel, one key)
     is_thd: bool = False
     has_seqused: bool = False
     has_sinks: bool = False
@@ -56,6 +57,15 @@ class SdpaFeatureParams(TemplateParams):
     @property
     def qhead_per_kvhead(self) -> int:
         return self.num_heads_q // self.num_heads_kv
+
+    @property
+    def heads_v(self) -> int:
+        """V's head count: num_heads_v, or K's when unset."""
+        return self.num_heads_v or self.num_heads_kv
+
+    @property
+    def qhead_per_vhead(self) -> int:
+        return self.num_heads_q // self.heads_v
 
     @property
     def ragged(self) -> bool:
@@ -89,6 +99,9 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
     if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
         raise TemplateParamsError(f"{who}: num_heads_q={p.num_heads_q} must be a positive multiple of "
                                   f"num_heads_kv={p.num_heads_kv}")
+    if p.num_heads_v and (p.num_heads_v == p.num_heads_kv or p.num_heads_q % p.num_heads_v != 0):
+        raise TemplateParamsError(f"{who}: num_heads_v={p.num_heads_v} must divide num_heads_q={p.num_heads_q} "
+                                  f"and differ from num_heads_kv={p.num_heads_kv} (0 when V has K's heads)")
     if p.is_thd and p.has_seqused and not p.ragged:
         raise TemplateParamsError(f"{who}: seqused is a dense-only padding mask; packed THD uses cu_seqlens")
     if p.ragged and not (p.is_thd and p.has_seqused and p.token_div_kv > 0):
@@ -99,3 +112,8 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
         raise TemplateParamsError(f"{who}: token_div_lse / stats_per_batch belong to the ragged-offset form")
     if p.token_div_lse and p.stats_per_batch:
         raise TemplateParamsError(f"{who}: Stats are ragged (token_div_lse) or per batch, not both")
+    if p.ragged and p.num_heads_v:
+        raise TemplateParamsError(f"{who}: K and V heads apart (num_heads_v={p.num_heads_v}) are not served in the "
+                                  f"ragged-offset form")
+    if p.ragged and (getattr(p, "has_score_max", False) or getattr(p, "has_score_sum_exp", False)):
+        raise TemplateParamsError(f"{who}: score_max / score_sum_exp are not served in the ragged-offset form")

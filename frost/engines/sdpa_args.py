@@ -5,10 +5,10 @@ their declared order, so execute builds no view of them (padding lengths and
 sinks arrive as 1-D views):
 
 Dense graphs:
-    q  (B, Hq, Sq, Dqk)   k  (B, Hkv, Skv, Dqk)   v  (B, Hkv, Skv, Dv)
+    q  (B, Hq, Sq, Dqk)   k  (B, Hkv, Skv, Dqk)   v  (B, Hv, Skv, Dv)   (Hv = Hkv unless num_heads_v says)
     o  (B, Hq, Sq, Dv)    lse (B, Hq, Sq, 1) fp32   (gradients dq/dk/dv/do alike)
 Packed THD graphs:
-    q  (Tq, Hq, Dqk)      k  (Tkv, Hkv, Dqk)      v  (Tkv, Hkv, Dv)
+    q  (Tq, Hq, Dqk)      k  (Tkv, Hkv, Dqk)      v  (Tkv, Hv, Dv)
     o  (Tq, Hq, Dv)       lse (Tq, Hq, 1) fp32
     cu_seqlens_q / cu_seqlens_kv: int32 (B+1,) prefix sums on the device
 The jit entry (`frost.engines.common.sdpa_entry`) turns them, at trace time, into
@@ -23,6 +23,8 @@ Forward argument order (optional entries present only when their TemplateParams
 flag is set, in this order):
     q, k, v, o,
     lse                          if has_lse
+    score_max                    if has_score_max      (shaped and viewed like lse)
+    score_sum_exp                if has_score_sum_exp  (shaped and viewed like lse)
     cu_seqlens_q, cu_seqlens_kv  if is_thd
     seqused_q, seqused_kv        if has_seqused   (int32 (B,), padding masks, dense only)
     sinks                        if has_sinks     (fp32 (Hq,))
@@ -50,11 +52,16 @@ Mask semantics (shared by every engine and the reference):
     allowed(i, j) = j < seqlen_kv
                     and (not has_window_left  or j >= i + off - window_left)
                     and (not has_window_right or j <= i + off + window_right)
-Logits are softmax_scale * q.k. GQA: query head h reads kv head h // (Hq // Hkv).
+Logits are softmax_scale * q.k. GQA: query head h reads K head h // (Hq // Hkv) and
+V head h // (Hq // Hv).
 Sinks: one extra logit per query head, sinks[h] (already in scaled-logit units),
 enters the softmax denominator only. LSE (natural log) includes the sink.
-A row with no allowed key and no sink writes O = 0 and LSE = -inf. Dense rows past
-seqused_q are written the same way; THD kernels write only rows inside a sequence.
+score_max is the row max of the masked logits and the sink (natural units, scaled);
+score_sum_exp the row sum of exp(logit - score_max), the sink's term included, so
+LSE = score_max + log(score_sum_exp) (cuDNN's definitions).
+A row with no allowed key and no sink writes O = 0 and LSE = -inf (score_max = -inf,
+score_sum_exp = 0). Dense rows past seqused_q are written the same way; THD kernels
+write only rows inside a sequence.
 Padding rows (past seqused) and tokens outside every packed sequence may hold any bits,
 NaN and Inf included: kernels never let them reach a result.
 
@@ -75,11 +82,15 @@ padding rows of dK / dV get 0; THD tokens past cu_seqlens_kv[B] are not written.
 # roles whose tensors are (B, H, S, D) when dense, (T, H, D) when packed
 IO_ROLES = frozenset(("q", "k", "v", "o", "do", "dq", "dk", "dv"))
 STATS_ROLE = "lse"
+#: per-query-row fp32 tensors: lse and its two halves, each (B, H, S, 1) / (T, H, 1) as declared
+STATS_ROLES = frozenset((STATS_ROLE, "score_max", "score_sum_exp"))
 
 
 def fwd_arg_names(p) -> list[str]:
     """The forward argument names of one flag set (any SdpaFeatureParams with has_lse), in order."""
     names = ["q", "k", "v", "o"] + ["lse"] * p.has_lse
+    names += ["score_max"] * getattr(p, "has_score_max", False)
+    names += ["score_sum_exp"] * getattr(p, "has_score_sum_exp", False)
     names += ["cu_seqlens_q", "cu_seqlens_kv"] * p.is_thd + ["seqused_q", "seqused_kv"] * p.has_seqused
     names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0)
     names += ["sinks"] * p.has_sinks + ["softmax_scale"]
@@ -108,7 +119,7 @@ def canonical_to_declared(name: str, t, is_thd: bool):
     """The declared-order view of a canonical one (a torch view; non-tensors pass through)."""
     if name in IO_ROLES and not is_thd:
         return t.permute(0, 2, 1, 3)
-    if name == STATS_ROLE:
+    if name in STATS_ROLES:
         return (t.t() if is_thd else t).unsqueeze(-1)
     return t
 

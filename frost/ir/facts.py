@@ -50,7 +50,8 @@ class SdpaFacts(BaseModel):
     io_dtype: str
     batch: int
     num_heads_q: int
-    num_heads_kv: int
+    num_heads_kv: int  # K's heads (and V's unless num_heads_v says otherwise)
+    num_heads_v: int = 0  # V's heads; 0 or num_heads_kv: as K's (cuDNN lets each divide the query heads)
     head_dim_qk: int
     head_dim_v: int
     seq_q: int  # dense: declared; THD: max_seq_len_q envelope
@@ -66,6 +67,8 @@ class SdpaFacts(BaseModel):
     has_padding: bool = False
     has_sinks: bool = False
     has_stats: bool = False
+    has_score_max: bool = False  # the row max of the scaled, masked scores (cuDNN's score_max output)
+    has_score_sum_exp: bool = False  # the row sum of exp(score - max) (cuDNN's score_sum_exp output)
     deterministic: bool = False
     has_dsink: bool = False
     has_dbias: bool = False
@@ -88,6 +91,16 @@ class SdpaFacts(BaseModel):
     def gqa_group(self) -> int:
         return self.num_heads_q // self.num_heads_kv
 
+    @property
+    def heads_v(self) -> int:
+        """V's head count (K's unless declared otherwise)."""
+        return self.num_heads_v or self.num_heads_kv
+
+    @property
+    def split_kv_heads(self) -> bool:
+        """K and V declared with different head counts."""
+        return self.heads_v != self.num_heads_kv
+
     def tensor(self, name: str) -> Optional[TensorFacts]:
         for t in self.tensors:
             if t.name == name:
@@ -105,13 +118,18 @@ class SdpaFacts(BaseModel):
             f.add("window_left")
         if self.bottom_right and (self.window_left is not None or self.window_right is not None):
             f.add("bottom_right")
-        if self.num_heads_q != self.num_heads_kv:
+        if self.num_heads_q != self.num_heads_kv or self.num_heads_q != self.heads_v:
             f.add("gqa")
+        if self.split_kv_heads:
+            f.add("split_kv_heads")
+            if max(self.num_heads_kv, self.heads_v) % min(self.num_heads_kv, self.heads_v):
+                f.add("unnested_kv_heads")  # neither count divides the other
         for flag, name in ((self.has_padding, "padding"), (self.has_sinks, "sinks"), (self.is_thd, "thd"),
                            (self.has_stats, "stats"), (self.deterministic, "deterministic"),
                            (self.has_dropout, "dropout"), (self.has_bias, "bias"), (self.has_dbias, "dbias"),
                            (self.has_attn_mask, "attn_mask"), (self.has_alibi, "alibi"),
-                           (self.has_score_mod, "score_mod")):
+                           (self.has_score_mod, "score_mod"), (self.has_score_max, "score_max"),
+                           (self.has_score_sum_exp, "score_sum_exp")):
             if flag:
                 f.add(name)
         f.update(self.other_features)

@@ -180,6 +180,9 @@ class OpGraph:
                   score_mod=score_mod, implementation=implementation, score_max=score_max,
                   score_sum_exp=score_sum_exp, sink_token=sink_token, unfuse_fma=unfuse_fma, **frost_kw)
         attrs = self._attrs(name, kw)
+        for out in (attrs.score_max, attrs.score_sum_exp):  # written by the forward, like dSink_token by the backward
+            if out is not None:
+                out.set_output(True)
         thd = attrs.cu_seq_len_q is not None or attrs.cu_seq_len_kv is not None
         if thd and any(t.ragged_offset is not None for t in (q, k, v)):
             raise GraphError(f"sdpa {name!r}: declare frost's packed form (cu_seq_len_q/kv) or cuDNN's ragged "

@@ -57,6 +57,8 @@ class SdpaAttrs:
 TENSOR_ATTRS = ("seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv", "sink_token", "attn_mask", "bias",
                 "block_mask", "rng_dump", "paged_attention_k_table", "paged_attention_v_table", "score_max",
                 "score_sum_exp")
+#: tensor attributes the forward writes (cuDNN's row statistics beside Stats): outputs, not inputs
+OUTPUT_ATTRS = ("score_max", "score_sum_exp")
 #: attributes that must be True or False
 BOOL_ATTRS = ("use_alibi_mask", "use_padding_mask", "use_causal_mask", "use_causal_mask_bottom_right", "unfuse_fma")
 
@@ -77,6 +79,7 @@ class SdpaFwdNode:
         d = {"q": self.q, "k": self.k, "v": self.v, "o": self.o}
         if self.stats is not None:
             d["stats"] = self.stats
+        d.update(_output_attrs(self.attrs))
         return d
 
     def inputs(self) -> dict:
@@ -89,6 +92,7 @@ class SdpaFwdNode:
         d = {"o": self.o}
         if self.stats is not None:
             d["stats"] = self.stats
+        d.update(_output_attrs(self.attrs))
         return d
 
 
@@ -128,8 +132,12 @@ class SdpaBwdNode:
         return d
 
 
+def _output_attrs(a: SdpaAttrs) -> dict:
+    return {k: getattr(a, k) for k in OUTPUT_ATTRS if getattr(a, k) is not None}
+
+
 def _attr_tensors(a: SdpaAttrs) -> dict:
-    named = {k: getattr(a, k) for k in TENSOR_ATTRS}
+    named = {k: getattr(a, k) for k in TENSOR_ATTRS if k not in OUTPUT_ATTRS}
     seed, offset = dropout_tensors(a.dropout)
     named.update(dropout_seed=seed, dropout_offset=offset)
     return {k: t for k, t in named.items() if t is not None}

@@ -188,12 +188,14 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         tq = tkv = tv = 0
     if dk != dqk:
         raise GraphError(f"{_who(k, 'k')}: head dim {dk} differs from q's head dim {dqk}")
-    if hv != hkv:
-        raise GraphError(f"{_who(v, 'v')}: {hv} heads differ from k's {hkv}")
     if thd and tv != tkv:
         raise GraphError(f"{_who(v, 'v')}: packed total {tv} differs from k's {tkv}")
-    if hq < 1 or hkv < 1 or hq % hkv != 0:
-        raise GraphError(f"sdpa {a.name!r}: q has {hq} heads, k/v have {hkv}; GQA needs H_q to be a multiple of H_kv")
+    if hq < 1:
+        raise GraphError(f"{_who(q, 'q')}: needs at least one head, got {hq}")
+    for role, t, h in (("k", k, hkv), ("v", v, hv)):  # K and V each divide the query heads (GQA / MQA)
+        if h < 1 or hq % h != 0:
+            raise GraphError(f"{_who(t, role)}: {h} heads do not divide q's {hq}; GQA needs H_q to be a multiple "
+                             f"of H_{role} (K and V may differ)")
     if dqk < 1 or dv < 1:
         raise GraphError(f"sdpa {a.name!r}: head dims must be >= 1")
     if a.use_padding_mask != (a.seq_len_q is not None or a.seq_len_kv is not None):
@@ -217,8 +219,8 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         _check_bias(a.bias, "bias", batch, hq, sq, skv, q)
     probability = _check_dropout(a)
     left, right, bottom_right = resolve_band(a)
-    geom = dict(batch=batch, num_heads_q=hq, num_heads_kv=hkv, head_dim_qk=dqk, head_dim_v=dv, seq_q=sq,
-                seq_kv=skv, is_thd=thd, total_q=tq, total_kv=tkv)
+    geom = dict(batch=batch, num_heads_q=hq, num_heads_kv=hkv, num_heads_v=hv, head_dim_qk=dqk, head_dim_v=dv,
+                seq_q=sq, seq_kv=skv, is_thd=thd, total_q=tq, total_kv=tkv)
     mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
                 has_sinks=a.sink_token is not None,
                 attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
@@ -250,7 +252,6 @@ def _other_features(a: SdpaAttrs) -> tuple:
     """Declared cuDNN features beyond the named flags, as feature names (engines decline what they lack)."""
     f = [name for name, on in (("block_mask", a.block_mask is not None), ("rng_dump", a.rng_dump is not None),
                                ("paged_attention", a.paged_attention_k_table is not None),
-                               ("score_max", a.score_max is not None), ("score_sum_exp", a.score_sum_exp is not None),
                                ("unfuse_fma", a.unfuse_fma)) if on]
     if a.implementation != "AUTO":
         f.append(f"implementation_{a.implementation.lower()}")
@@ -259,7 +260,10 @@ def _other_features(a: SdpaAttrs) -> tuple:
     return tuple(f)
 
 
-Q_GROUP = ("q", "o", "dO", "dQ", "stats")
+#: per-query-row fp32 outputs of the forward: Stats (the log-sum-exp) and its two halves, the row max of the
+#: scaled, masked scores and the sum of exp(score - max) (cuDNN's score_max / score_sum_exp)
+ROW_STATS = ("stats", "score_max", "score_sum_exp")
+Q_GROUP = ("q", "o", "dO", "dQ") + ROW_STATS
 
 
 def _lower_ragged(node, geom: dict):
@@ -275,10 +279,10 @@ def _lower_ragged(node, geom: dict):
     if not a.use_padding_mask:
         raise GraphError(f"sdpa {a.name!r}: ragged offsets need use_padding_mask=True with seq_len_q and "
                          f"seq_len_kv (the sequence lengths), as in cuDNN")
-    missing = [r for r in io if r != "stats" and io[r].ragged_offset is None]
+    missing = [r for r in io if r not in ROW_STATS and io[r].ragged_offset is None]
     if missing:
         raise GraphError(f"sdpa {a.name!r}: {', '.join(_who(io[r], r) for r in missing)} declared no ragged offset; "
-                         f"in the ragged form every one of {', '.join(r for r in io if r != 'stats')} needs "
+                         f"in the ragged form every one of {', '.join(r for r in io if r not in ROW_STATS)} needs "
                          f"set_ragged_offset")
     batch = geom["batch"]
     envelopes = {}
@@ -312,10 +316,10 @@ def _lower_ragged(node, geom: dict):
         declared += [_tensor_facts(role, t), _tensor_facts(f"{role}_ragged_offset", off)]
     packed = dict(is_thd=True, total_q=tq, total_kv=tkv, seq_q=min(geom["seq_q"], tq),
                   seq_kv=min(geom["seq_kv"], tkv))
-    stats = io.get("stats")
     info = RaggedFacts(token_strides=tuple(strides), offset_dtypes=tuple(dtypes),
                        shared_offsets=tuple(tuple(roles) for roles in sharing.values()),
-                       stats_per_batch=stats is not None and stats.ragged_offset is None, declared=tuple(declared))
+                       stats_per_batch=any(r in io and io[r].ragged_offset is None for r in ROW_STATS),
+                       declared=tuple(declared))
     return packed, info, lowered
 
 
@@ -418,13 +422,25 @@ def validate_fwd(node: SdpaFwdNode, io_types=IO_TYPES) -> SdpaFacts:
     roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o}
     if node.generate_stats:
         roles["stats"] = node.stats
+    for role in ("score_max", "score_sum_exp"):
+        t = getattr(node.attrs, role)
+        if t is not None:
+            _check_like(t, role, expected_stats_dims(geom), (DataType.FLOAT,),
+                        "one fp32 value per query row, like Stats")
+            roles[role] = t
     roles.update(_extra_tensors(node))
-    return _facts(node, "fwd", geom, mask, roles, has_stats=node.generate_stats)
+    return _facts(node, "fwd", geom, mask, roles, has_stats=node.generate_stats,
+                  has_score_max=node.attrs.score_max is not None,
+                  has_score_sum_exp=node.attrs.score_sum_exp is not None)
 
 
 def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
     geom, mask = _validate_common(node, io_types, node.q, node.k, node.v)
     a = node.attrs
+    for role in ("score_max", "score_sum_exp"):
+        if getattr(a, role) is not None:
+            raise GraphError(f"sdpa_backward {a.name!r}: {role} is an output of the forward (sdpa), not an input "
+                             f"of the backward")
     out_dims = expected_out_dims(geom, geom["head_dim_v"])
     _check_like(node.o, "o", out_dims, io_types, "q's geometry with v's head dim")
     _check_like(node.dO, "dO", out_dims, io_types, "the shape of o")

@@ -26,6 +26,12 @@ FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 MMA_SYNC_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
                              "thd", "stats"})
+#: K and V with different head counts (each dividing the query heads), and the forward's row max / sum-of-exp
+#: outputs: the forwards that index K's and V's heads apart and write the two halves of Stats
+FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_max", "score_sum_exp"})
+#: the mma.sync backward serves K and V heads apart when one count divides the other (its CTA owns a head of the
+#: coarser tensor and writes the finer one's tile at the end of each of its groups)
+MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads"})
 
 
 #: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, per-batch Stats too)
@@ -52,23 +58,26 @@ class CapabilityRow(BaseModel):
 
 
 def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=None, bwd_knobs=None,
-             **kw) -> list[CapabilityRow]:
-    """The forward and backward rows of one arch line; `bwd_knobs` are knob choices only the backward has."""
-    bwd = {**kw, "features": kw["features"] | {"deterministic"},
+             fwd_features=frozenset(), bwd_features=frozenset(), **kw) -> list[CapabilityRow]:
+    """The forward and backward rows of one arch line; `bwd_knobs` are knob choices only the backward has,
+    `fwd_features` / `bwd_features` features only one direction serves."""
+    bwd = {**kw, "features": kw["features"] | {"deterministic"} | bwd_features,
            "knob_choices": {**kw.get("knob_choices", {}), **(bwd_knobs or {})}}
+    fwd = {**kw, "features": kw["features"] | fwd_features}
     return [CapabilityRow(name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd",
-                          pending=pending_fwd, **kw),
+                          pending=pending_fwd, **fwd),
             CapabilityRow(name=f"SdpaBwdDsl{name}", adapter=f"{module}:SdpaBwdDsl{cls}", direction="bwd",
                           pending=pending_bwd, **bwd)]
 
 
-#: the reference serves cuDNN's ragged-offset form too (it reads the offsets on the host)
-REFERENCE_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
+#: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
+REFERENCE_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the cuDNN engine: every arch cuDNN serves, ranked below every DSL engine (and above the reference oracle);
 #: cuDNN's own check_support judges head dims and the rest at plan time. Packed graphs go through cuDNN's ragged
 #: form (frost's and cuDNN's own declarations alike; see frost/adapters/cudnn_lowering.py)
 CUDNN_PRIORITY = 90
-CUDNN_FEATURES = KERNEL_FEATURES | {"bias", "dropout", "alibi", "ragged_offsets", "stats_per_batch"}
+CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "alibi", "ragged_offsets",
+                                                          "stats_per_batch"}
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
@@ -79,6 +88,7 @@ SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"}
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
              dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS + ((192, 192),), features=DSL_FEATURES,
+             fwd_features=FWD_EXTRA_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
@@ -90,10 +100,12 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                                    "dk_first": (False, True), "rows_warp": (False, True)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=DSL_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=DSL_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,

@@ -18,8 +18,12 @@ FEATURE_DETAILS = {
     "block_mask": "a block-sparse mask",
     "rng_dump": "dropout's RNG mask dump",
     "paged_attention": "paged K/V caches",
-    "score_max": "frost writes Stats (the log-sum-exp), not the row maximum",
-    "score_sum_exp": "frost writes Stats (the log-sum-exp), not the sum of exponentials",
+    "score_max": "the row maximum of the scores",
+    "score_sum_exp": "the row sum of exponentials",
+    "split_kv_heads": "K and V with different head counts: the wgmma backward's CTA sums dK and dV over one kv "
+                      "head's query heads; the mma.sync backward serves them",
+    "unnested_kv_heads": "K and V head counts where neither divides the other: one V head's query heads would span "
+                         "several kv heads' CTAs, and its dV would need a second reduction path",
     "implementation_composite": "frost's engines are implementation=AUTO",
     "implementation_unified": "frost's engines are implementation=AUTO",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",

@@ -8,7 +8,7 @@ from frost.ir.facts import IO_TENSOR_ROLES
 from frost.ir.tensor import Tensor
 
 # roles whose first dim is the packed token count in THD graphs, by token group
-THD_Q_ROLES = ("q", "o", "dO", "dQ", "stats")
+THD_Q_ROLES = ("q", "o", "dO", "dQ", "stats", "score_max", "score_sum_exp")
 THD_KV_ROLES = ("k", "v", "dK", "dV")
 
 

@@ -162,6 +162,11 @@ def _bwd(**kw):
     bwd(g, *qkv(g), **kw).validate()
 
 
+def _bwd_qkv(qkv_kw):
+    g = graph()
+    bwd(g, *qkv(g, **qkv_kw)).validate()
+
+
 def _bwd_missing_stats():
     g = graph()
     q, k, v = qkv(g)
@@ -181,6 +186,17 @@ def _scale(value):
     g.validate()
 
 
+def _row_out(name, dim, dtype="fp32"):
+    """A score_max / score_sum_exp declaration on the graph `with_tensor` makes."""
+    return lambda g: g.tensor(name=name, dim=dim, data_type=dtype)
+
+
+def _bwd_score_max():
+    g = graph()
+    q, k, v = qkv(g)
+    return bwd(g, q, k, v, score_max=g.tensor(name="m", dim=(B, H, S, 1), data_type="fp32")).validate()
+
+
 def _planless():
     g = graph()
     fwd(g, *qkv(g))
@@ -190,10 +206,21 @@ def _planless():
 CATALOG = [
     # geometry
     ("head-dims-differ", lambda: dense_fwd(dict(dk=32)), ["tensor 'k'", "head dim 32", "q's head dim 16"]),
-    ("gqa-heads-do-not-divide", lambda: dense_fwd(dict(hq=4, hkv=3)), ["q has 4 heads", "k/v have 3",
-                                                                         "multiple of H_kv"]),
-    ("no-query-heads", lambda: dense_fwd(dict(hq=0, hkv=2)), ["q has 0 heads", "k/v have 2"]),
-    ("v-heads-differ-from-k", lambda: dense_fwd(dict(hv=2)), ["tensor 'v'", "2 heads differ from k's 4"]),
+    ("gqa-heads-do-not-divide", lambda: dense_fwd(dict(hq=4, hkv=3, hv=4)), ["tensor 'k'", "3 heads do not divide",
+                                                                               "q's 4", "multiple of H_k"]),
+    ("v-heads-do-not-divide", lambda: dense_fwd(dict(hq=6, hkv=6, hv=4)), ["tensor 'v'", "4 heads do not divide",
+                                                                             "q's 6", "multiple of H_v"]),
+    ("no-query-heads", lambda: dense_fwd(dict(hq=0, hkv=2)), ["tensor 'q'", "at least one head, got 0"]),
+    ("v-heads-above-q", lambda: dense_fwd(dict(hv=8)), ["tensor 'v'", "8 heads do not divide", "q's 4"]),
+    ("bwd-v-heads-do-not-divide", lambda: _bwd_qkv(dict(hv=3)), ["tensor 'v'", "3 heads do not divide"]),
+    ("score-max-wrong-dims", lambda: with_tensor({"score_max": _row_out("score_max", (B, H, S))}),
+     ["tensor 'score_max'", "expected dim (2, 4, 8, 1)", "got (2, 4, 8)"]),
+    ("score-sum-exp-wrong-dtype",
+     lambda: with_tensor({"score_sum_exp": _row_out("score_sum_exp", (B, H, S, 1), "bf16")}),
+     ["tensor 'score_sum_exp'", "data_type must be fp32, got bf16"]),
+    ("score-max-wrong-heads", lambda: with_tensor({"score_max": _row_out("score_max", (B, 1, S, 1))}),
+     ["tensor 'score_max'", "expected dim (2, 4, 8, 1)", "got (2, 1, 8, 1)"]),
+    ("score-max-on-the-backward", _bwd_score_max, ["score_max is an output of the forward"]),
     ("v-seq-differs-from-k", lambda: dense_fwd(dict(skv_v=7)), ["tensor 'v'", "sequence length 7", "k's 8"]),
     ("batch-differs", lambda: dense_fwd(dict(bk=3)), ["batch sizes differ: q 2, k 3, v 3"]),
     ("dense-rank-3", _dense_rank3,

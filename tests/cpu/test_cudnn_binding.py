@@ -131,6 +131,8 @@ EXTRA = {
     "sink": lambda g: {"sink_token": g.tensor(name="sink", dim=(4,), data_type="fp32")},
     "sink_dsink": lambda g: {"sink_token": g.tensor(name="sink", dim=(4,), data_type="fp32"),
                              "dSink_token": g.tensor(name="dsink", dim=(4,), data_type="fp32")},
+    "row_stats": lambda g: {r: g.tensor(name=r, dim=(2, 4, 128, 1), data_type="fp32")
+                            for r in ("score_max", "score_sum_exp")},
 }
 
 
@@ -184,6 +186,8 @@ CASES = {
     "fwd padding causal": ("fwd", "padding", {"use_causal_mask": True}),
     "fwd sinks": ("fwd", "sink", {"use_causal_mask": True}),
     "fwd alibi": ("fwd", None, {"use_alibi_mask": True, "use_causal_mask": True}),
+    "fwd score_max score_sum_exp": ("fwd", "row_stats", {"generate_stats": False, "use_causal_mask": True}),
+    "fwd stats score_max score_sum_exp": ("fwd", "row_stats", {}),
     "bwd": ("bwd", None, {}),
     "bwd causal deterministic": ("bwd", None, {"use_causal_mask": True, "use_deterministic_algorithm": True}),
     "bwd bias dbias": ("bwd", "bias_dbias", {}),

@@ -75,6 +75,39 @@ def test_gqa_lowering_declares_kv_heads_as_they_are():
     assert dims["q"][1] == 8 and dims["k"][1] == 2 and dims["v"][1] == 2
 
 
+def test_split_kv_heads_and_row_stats_lowering():
+    """K and V keep their own head counts; score_max / score_sum_exp are declared tensors cuDNN writes."""
+    from tests.cpu.test_routing import _row_stats
+
+    call = lower_cudnn_sdpa(_row_stats(H200, hq=6, hkv=6, hv=1).facts)
+    dims = {t.role: t.dim for t in call.inputs}
+    assert dims["k"][1] == 6 and dims["v"][1] == 1
+    assert dims["score_max"] == dims["score_sum_exp"] == (2, 6, 128, 1)
+    assert ("score_max", "score_max") in call.tensor_kwargs and ("score_sum_exp", "score_sum_exp") in call.tensor_kwargs
+    assert set(call.output_kwargs) == {"score_max", "score_sum_exp"}
+    cb = lower_cudnn_sdpa(declare(H200, direction="bwd", hq=8, hkv=2, hv=4).facts)
+    dims = {t.role: t.dim for t in cb.inputs}
+    assert (dims["k"][1], dims["v"][1]) == (2, 4)
+    assert {t.role: t.dim for t in cb.outputs}["dV"][1] == 4
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_packed_split_kv_heads_are_declined_by_the_lowering(direction):
+    """cuDNN's ragged form is not lowered with K and V heads apart: packed graphs decline, dense ones serve."""
+    with pytest.raises(CudnnUnsupported, match=r"K and V heads apart \(K 2, V 4\) in packed graphs"):
+        lower_cudnn_sdpa(declare(H200, direction=direction, thd=True, hq=8, hkv=2, hv=4).facts)
+    lower_cudnn_sdpa(declare(H200, direction=direction, hq=8, hkv=2, hv=4).facts)
+    lower_cudnn_sdpa(declare(H200, direction=direction, thd=True, hq=8, hkv=2).facts)
+
+
+def test_packed_score_outputs_are_declined_by_the_lowering():
+    from tests.cpu.test_routing import _row_stats
+
+    with pytest.raises(CudnnUnsupported, match="score_max / score_sum_exp in packed graphs"):
+        lower_cudnn_sdpa(_row_stats(H200, thd=True).facts)
+    lower_cudnn_sdpa(_row_stats(H200).facts)
+
+
 @pytest.mark.parametrize("kw, want", [
     (dict(use_causal_mask=True), dict(diagonal_alignment="TOP_LEFT", diagonal_band_right_bound=0)),
     (dict(use_causal_mask_bottom_right=True, skv=256), dict(diagonal_alignment="BOTTOM_RIGHT",

@@ -165,9 +165,6 @@ DECLINED = {
                          "paged_attention_v_table": _side(g, (2, 1, 4, 1)), "paged_attention_max_seq_len_kv": 32,
                          "use_padding_mask": True, "seq_len_q": _side(g, (2, 1, 1, 1)),
                          "seq_len_kv": _side(g, (2, 1, 1, 1))}, "paged K/V caches"),
-    "score_max": (lambda g: {"score_max": _side(g, (2, 4, 32, 1), frost.data_type.FLOAT)}, "not the row maximum"),
-    "score_sum_exp": (lambda g: {"score_sum_exp": _side(g, (2, 4, 32, 1), frost.data_type.FLOAT)},
-                      "sum of exponentials"),
     "implementation": (lambda g: {"implementation": frost.attention_implementation.UNIFIED}, "AUTO"),
     "compute_data_type": (lambda g: {"compute_data_type": frost.data_type.HALF}, "computes in fp32"),
     "unfuse_fma": (lambda g: {"unfuse_fma": True}, "unfuse_fma"),
@@ -188,6 +185,35 @@ def test_a_lacking_features_non_off_value_is_declined_with_its_reason(key):
         with pytest.raises(NotSupportedError) as ei:
             g.build_plans()
         assert fragment in str(ei.value)
+
+
+def test_score_max_and_sum_exp_as_cudnn_declares_them():
+    """cuDNN's program: K and V with their own head counts, score_max / score_sum_exp declared as fp32 graph
+    tensors marked as outputs; the two halves of Stats (max + log(sum) = LSE) match the float64 oracle."""
+    from tests import oracle
+
+    g = frost.pygraph(io_data_type=frost.data_type.FLOAT)
+    b, hq, hk, hv, s, d = 2, 6, 6, 1, 16, 32
+    q = g.tensor((b, hq, s, d), (hq * s * d, s * d, d, 1))
+    k = g.tensor((b, hk, s, d), (hk * s * d, s * d, d, 1))
+    v = g.tensor((b, hv, s, d), (hv * s * d, s * d, d, 1))
+    mx, se = (g.tensor((b, hq, s, 1), (hq * s, s, 1, 1), frost.data_type.FLOAT) for _ in range(2))
+    mx.set_output(True)
+    se.set_output(True)
+    o, stats = g.sdpa(q, k, v, generate_stats=True, attn_scale=0.125, diagonal_band_right_bound=0, score_max=mx,
+                      score_sum_exp=se)
+    o.set_output(True)
+    stats.set_output(True).set_data_type(frost.data_type.FLOAT)
+    g.validate()
+    g.build_plans()
+    qt, kt, vt = (torch.randn(t.dim, dtype=torch.float32) for t in (q, k, v))
+    out = {t: torch.full(t.dim, float("nan")) for t in (o, stats, mx, se)}
+    g.execute({q: qt, k: kt, v: vt, **out}, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+    ref_o, ref_lse, ref_max, ref_sum = oracle.attention(qt, kt, vt, scale=0.125, causal=True, row_stats=True)
+    torch.testing.assert_close(out[o].double(), ref_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[mx][..., 0].double(), ref_max, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[se][..., 0].double(), ref_sum, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[stats][..., 0].double(), ref_lse, atol=1e-5, rtol=1e-5)
 
 
 REFUSED = [

@@ -20,7 +20,7 @@ FWD = ["SdpaFwdDslSm90", "SdpaFwdDslSm120", "SdpaFwdDslSm100", "SdpaFwdDslSm80",
 BWD = [n.replace("Fwd", "Bwd") for n in FWD]
 
 
-def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, s=128, skv=None, d=64, dv=None, strides=None,
+def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, hv=None, s=128, skv=None, d=64, dv=None, strides=None,
             thd=False, direction="fwd", graph=None, **kw) -> frost.Graph:
     """A validated graph declared from dims and strides only (no storage); `graph` may hold tensors `kw` names."""
     skv = skv or s
@@ -28,9 +28,9 @@ def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, s=128, skv=None, d=6
     g = graph if graph is not None else frost.Graph(io_data_type=dtype, target=target)
     strides = strides or {}
     if thd:
-        dims = {"q": (b * s, hq, d), "k": (b * skv, hkv, d), "v": (b * skv, hkv, dv)}
+        dims = {"q": (b * s, hq, d), "k": (b * skv, hkv, d), "v": (b * skv, hv or hkv, dv)}
     else:
-        dims = {"q": (b, hq, s, d), "k": (b, hkv, skv, d), "v": (b, hkv, skv, dv)}
+        dims = {"q": (b, hq, s, d), "k": (b, hkv, skv, d), "v": (b, hv or hkv, skv, dv)}
     q, k, v = (g.tensor(name=r, dim=dims[r], stride=strides.get(r)) for r in ("q", "k", "v"))
     if thd:
         kw.update(cu_seq_len_q=g.tensor(name="cu_q", dim=(b + 1,), data_type="int32"),
@@ -549,3 +549,164 @@ def test_ragged_backward_with_dsink_plans_on_the_dsl_lines():
     assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
     p = g._ranking.accepted[0][1].template_params()
     assert p.has_dsinks and p.ragged
+
+
+# --- K and V with their own head counts; score_max / score_sum_exp ------------------------------------------------
+
+def _row_stats(target=H200, *, thd=False, b=2, hq=4, s=128, **kw) -> frost.Graph:
+    """A forward declaring score_max and score_sum_exp (fp32, Stats' dims) beside Stats."""
+    g = frost.Graph(io_data_type="bf16", target=target)
+    dim = (b * s, hq, 1) if thd else (b, hq, s, 1)
+    m, e = (g.tensor(name=n, dim=dim, data_type="fp32") for n in ("score_max", "score_sum_exp"))
+    return declare(target, graph=g, thd=thd, b=b, hq=hq, s=s, score_max=m, score_sum_exp=e, **kw)
+
+
+@pytest.mark.parametrize("heads", [dict(hq=6, hkv=6, hv=1), dict(hq=8, hkv=2, hv=4), dict(hq=8, hkv=8, hv=2)])
+def test_split_kv_heads_run_on_the_dsl_forwards_and_the_mma_sync_backward(unpended, no_compile, heads):
+    g = declare(H200, **heads)
+    assert g.facts.num_heads_kv == heads["hkv"] and g.facts.heads_v == heads["hv"]
+    assert {"split_kv_heads", "gqa"} <= g.facts.features() and "unnested_kv_heads" not in g.facts.features()
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    assert declare(A100, **heads).available_engines() == ["SdpaFwdDslSm80"]
+    assert declare(RTX5090, **heads).available_engines() == ["SdpaFwdDslSm120"]
+    assert declare(H200, thd=True, use_causal_mask=True, **heads).available_engines() == [
+        "SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    for thd in (False, True):
+        g = declare(H200, direction="bwd", thd=thd, use_causal_mask=True, **heads)
+        assert g.available_engines() == ["SdpaBwdDslSm80"]  # the wgmma backward declines, the mma.sync one serves
+        assert reasons(g)["SdpaBwdDslSm90"].startswith("does not serve split_kv_heads")
+        assert declare(A100, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm80"]
+        assert declare(RTX5090, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm120"]
+
+
+def test_unnested_kv_heads_run_forward_and_the_dsl_backwards_decline_them(unpended, no_compile):
+    heads = dict(hq=12, hkv=4, hv=6)  # K groups of 3 query heads, V groups of 2: neither divides the other
+    g = declare(H200, **heads)
+    assert {"split_kv_heads", "unnested_kv_heads"} <= g.facts.features()
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    g = declare(H200, direction="bwd", **heads)
+    assert g.available_engines() == []
+    declined = reasons(g)
+    assert "second reduction path" in declined["SdpaBwdDslSm80"]
+    assert declined["SdpaBwdDslSm80"].startswith("does not serve unnested_kv_heads")
+    assert declare(CPU, dtype="fp32", direction="bwd", **heads).available_engines() == ["SdpaBwdReference"]
+
+
+def test_split_kv_heads_on_the_cpu_and_cudnn_rows(unpended):
+    for direction in ("fwd", "bwd"):
+        g = declare(CPU, dtype="fp32", direction=direction, hq=6, hkv=6, hv=1)
+        assert g.available_engines() == [f"Sdpa{direction.capitalize()}Reference"]
+    assert "split_kv_heads" in capabilities.CUDNN_FEATURES  # cuDNN takes K's and V's dims as declared
+
+
+def test_equal_head_counts_keep_the_facts_and_params_of_before():
+    from frost.adapters.dsl import fwd_feature_flags
+
+    f = declare(CPU, dtype="fp32", hq=8, hkv=2).facts
+    assert (f.num_heads_kv, f.heads_v, f.split_kv_heads) == (2, 2, False)
+    assert "split_kv_heads" not in f.features()
+    assert fwd_feature_flags(f)["num_heads_v"] == 0  # one kernel, one key: the split compiles in only when declared
+    f = declare(CPU, dtype="fp32", hq=8, hkv=2, hv=4).facts
+    assert fwd_feature_flags(f)["num_heads_v"] == 4
+
+
+@pytest.mark.parametrize("thd", [False, True])
+def test_score_max_and_sum_exp_are_served_by_the_forwards(unpended, no_compile, thd):
+    g = _row_stats(H200, thd=thd, use_causal_mask=True)
+    assert {"score_max", "score_sum_exp"} <= g.facts.features()
+    assert g.facts.has_score_max and g.facts.has_score_sum_exp
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    assert _row_stats(A100, thd=thd).available_engines() == ["SdpaFwdDslSm80"]
+    assert _row_stats(RTX5090, thd=thd).available_engines() == ["SdpaFwdDslSm120"]
+    assert _row_stats(CPU, thd=thd).available_engines() == ["SdpaFwdReference"]
+    assert _row_stats(H200, thd=thd, hq=8, hkv=2, hv=4, generate_stats=False).available_engines() == [
+        "SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+
+
+def test_score_outputs_are_outputs_bound_like_stats(unpended):
+    g = _row_stats(H200)
+    roles = g._roles()
+    assert roles["score_max"].is_output and roles["score_sum_exp"].is_output
+    assert "score_max" in g.node.outputs() and "score_max" not in g.node.inputs()
+    assert g.facts.tensor("score_sum_exp").dim == (2, 4, 128, 1)
+
+
+# --- split K/V heads and score_max / score_sum_exp beside cuDNN's ragged-offset form and the wgmma backward -------
+
+def _ragged_split(direction="fwd", hv=4, dv=64):
+    """cuDNN's ragged form (B=3, H=4, K heads 2, d=64) with V's own head count (its own offset array's token
+    stride too; the split heads are what the DSL engines name first)."""
+    from tests.cpu.test_cudnn_vocabulary import B, D, H, HKV, SKV, SQ
+
+    g = frost.Graph(target=H200)
+    bf16 = frost.DataType.BFLOAT16
+    off_q = g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32, name="off_q")
+    off_kv = g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32, name="off_kv")
+    off_v = g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32, name="off_v")
+    lq, lk = (g.tensor((B, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32, name=n) for n in ("lq", "lk"))
+    st_q = (SQ * H * D, D, H * D, 1)
+    q = g.tensor((B, H, SQ, D), st_q, bf16, name="q", ragged_offset=off_q)
+    k = g.tensor((B, HKV, SKV, D), (SKV * HKV * D, D, HKV * D, 1), bf16, name="k", ragged_offset=off_kv)
+    v = g.tensor((B, hv, SKV, dv), (SKV * hv * dv, dv, hv * dv, 1), bf16, name="v", ragged_offset=off_v)
+    common = dict(attn_scale=0.125, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk)
+    st_o = (SQ * H * dv, dv, H * dv, 1)
+    if direction == "fwd":
+        o, _ = g.sdpa(q, k, v, generate_stats=False, name="sdpa", **common)
+        o.set_output(True).set_dim((B, H, SQ, dv)).set_stride(st_o).set_ragged_offset(off_q)
+        return g
+    o = g.tensor((B, H, SQ, dv), st_o, bf16, name="o", ragged_offset=off_q)
+    do = g.tensor((B, H, SQ, dv), st_o, bf16, name="dO", ragged_offset=off_q)
+    stats = g.tensor((B, H, SQ, 1), (SQ * H, 1, H, 1), frost.DataType.FLOAT, name="stats")
+    for grad, src in zip(g.sdpa_backward(q, k, v, o, do, stats, name="sdpa_backward", **common), (q, k, v)):
+        grad.set_output(True).set_stride(src.stride).set_ragged_offset(src.ragged_offset)
+    return g
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_split_kv_heads_in_the_ragged_form_are_declined_by_the_dsl_engines(unpended, direction):
+    g = _ragged_split(direction).validate()
+    assert g.facts.split_kv_heads and g.facts.ragged is not None
+    declined = reasons(g)
+    kind = "Fwd" if direction == "fwd" else "Bwd"
+    lines = ["Sm90", "Sm80"] if direction == "fwd" else ["Sm80"]  # the wgmma backward declines split heads anyway
+    for line in lines:
+        assert "K and V heads apart (K 2, V 4) are not served in the ragged-offset form" in declined[
+            f"Sdpa{kind}Dsl{line}"]
+    assert g.available_engines() == []
+    assert g.build_plans(engine="reference").engine_name == f"Sdpa{kind}Reference"
+
+
+def test_score_outputs_in_the_ragged_form_are_declined_by_the_dsl_engines(unpended):
+    from tests.cpu.test_cudnn_vocabulary import B, H, SQ, _ragged
+
+    g = frost.Graph(target=H200)
+    mx, se = (g.tensor((B, H, SQ, 1), (H * SQ, SQ, 1, 1), frost.DataType.FLOAT, name=n)
+              for n in ("score_max", "score_sum_exp"))
+    _ragged(g, score_max=mx, score_sum_exp=se).validate()
+    assert g.facts.ragged.stats_per_batch  # Stats ragged, the two halves per batch
+    declined = reasons(g)
+    for line in ("Sm90", "Sm80"):
+        assert "score_max / score_sum_exp are not served in the ragged-offset form" in declined[f"SdpaFwdDsl{line}"]
+    assert g.available_engines() == []
+    assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"
+
+
+def test_ragged_params_refuse_split_heads_and_score_outputs():
+    from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
+    from frost.errors import TemplateParamsError
+
+    ragged = dict(num_heads_q=8, num_heads_kv=2, is_thd=True, has_seqused=True, token_div_q=8 * 128,
+                  token_div_kv=2 * 128, head_dim=128, head_dim_v=128)
+    validate(Sm80FwdParams(**ragged))
+    with pytest.raises(TemplateParamsError, match="num_heads_v=4"):
+        validate(Sm80FwdParams(**ragged, num_heads_v=4))
+    with pytest.raises(TemplateParamsError, match="score_max / score_sum_exp"):
+        validate(Sm80FwdParams(**ragged, has_score_max=True))
+
+
+@pytest.mark.parametrize("d, dv", [(192, 128), (256, 256)])
+def test_split_kv_heads_at_the_wgmma_backwards_new_head_dims_take_the_mma_sync_chain(unpended, no_compile, d, dv):
+    g = declare(H200, direction="bwd", d=d, dv=dv, hq=8, hkv=2, hv=4, use_causal_mask=True)
+    assert g.available_engines() == ["SdpaBwdDslSm80"]
+    assert reasons(g)["SdpaBwdDslSm90"].startswith("does not serve split_kv_heads")
+    assert declare(H200, direction="bwd", d=d, dv=dv, hq=8, hkv=2).available_engines()[0] == "SdpaBwdDslSm90"

@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from frost.engines.sdpa_args import IO_ROLES, STATS_ROLE
+from frost.engines.sdpa_args import IO_ROLES, STATS_ROLE, STATS_ROLES
 
 IO_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 _SCALARS = {"softmax_scale": Float32, "window_left": Int32, "window_right": Int32, "max_seqlen_q": Int32,
@@ -34,7 +34,7 @@ def canonical(name: str, t, is_thd: bool):
     """The canonical view of one declared-order argument (trace time only)."""
     if name in IO_ROLES and not is_thd:
         return select_modes(t, [0, 2, 1, 3])  # (B, H, S, D) -> (B, S, H, D)
-    if name == STATS_ROLE:
+    if name in STATS_ROLES:
         return select_modes(t, [1, 0] if is_thd else [0, 1, 2])  # drop the unit mode; THD: (H, T)
     return t
 
@@ -125,13 +125,13 @@ class FakeArgs:
 
     def _make(self, name: str):
         p = self.p
-        hq, hkv, d, dv = p.num_heads_q, p.num_heads_kv, p.head_dim, p.head_dim_v
+        hq, hkv, hv, d, dv = p.num_heads_q, p.num_heads_kv, p.heads_v, p.head_dim, p.head_dim_v
         io = {"q": (self.rows_q, hq, d), "dq": (self.rows_q, hq, d), "o": (self.rows_q, hq, dv),
               "do": (self.rows_q, hq, dv), "k": (self.rows_kv, hkv, d), "dk": (self.rows_kv, hkv, d),
-              "v": (self.rows_kv, hkv, dv), "dv": (self.rows_kv, hkv, dv)}
+              "v": (self.rows_kv, hv, dv), "dv": (self.rows_kv, hv, dv)}
         if name in io:
             return self._io(*io[name])
-        if name == STATS_ROLE:
+        if name in STATS_ROLES:
             return self._stats()
         if name in ("cu_seqlens_q", "cu_seqlens_kv", "lse_offsets"):
             if not self.ragged:

@@ -110,8 +110,14 @@ def softmax_finalize(
     sink=None,
     sink_per_row: cutlass.Constexpr[bool] = False,
     threads_per_row: cutlass.Constexpr[int] = 4,
+    score_max=None,
+    score_sum_exp=None,
 ):
     """Close the softmax: O's per-row factor into `row_scale`, natural-log LSE into `lse`.
+
+    `score_max` / `score_sum_exp` (register tensors, or None: not written) receive the two halves of the
+    LSE: the row max of the scaled logits (the sink included; natural units) and the row sum of
+    exp(logit - max) (the sink's term included), cuDNN's definitions; an empty row gets -inf and 0.
 
     `lse` may be `row_sum` itself (each row is read before it is written).
     `sink` (a logit in scaled units: one Float32 for every row, or with
@@ -134,5 +140,9 @@ def softmax_finalize(
             mx_scaled = m_new
         empty = total == 0.0 or total != total
         row_scale[r] = cute.arch.rcp_approx(1.0 if empty else total) * corr
+        if cutlass.const_expr(score_max is not None):
+            score_max[r] = mx_scaled * LN_2
+        if cutlass.const_expr(score_sum_exp is not None):
+            score_sum_exp[r] = total
         value = (mx_scaled + cute.math.log2(total, fastmath=True)) * LN_2
         lse[r] = -Float32.inf if empty else value

@@ -29,6 +29,12 @@ the head dim in shared memory, so S, dP and the padded columns of dK, dV and dQ 
 exact or zero (S and dP stop at the last 16-column k-slice holding a head-dim column);
 dK / dV stores and the dQ additions skip those columns.
 
+K and V with different head counts, one dividing the other (`num_heads_v`): the grid holds a CTA per head of
+the coarser tensor (the fewer heads), which walks all its query heads; the finer tensor's tile (K or V) changes
+every `fine_group` query heads of the walk, and at each change its dK or dV tile goes out through its smem tile
+and the next head's K or V tile comes in (`_next_fine_head`), so each finer head's gradient is summed in one CTA
+too and no workspace or second reduction is needed.
+
 THD: lengths come from cu_seqlens in-kernel; the grid's x extent is
 ceil(max_seqlen_kv / tile_n) and each CTA strides over the key tiles of its
 sequence, so a longer sequence than declared is still fully served.
@@ -84,7 +90,13 @@ class SdpaBwdSm80:
         self.k_slices_v = -(-p.head_dim_v // 16) if self.cols_v else 0
         self.threads = p.num_threads
         self.stages = p.num_stages
-        self.group = p.qhead_per_kvhead
+        self.group = p.walk_group  # query heads a CTA walks (Hq / Hkv unless K and V heads differ)
+        # K and V heads apart: the CTA owns a head of the coarser tensor; the finer one's tile changes every
+        # `fine_group` query heads of the walk (`fine_per_cta` of them per CTA)
+        self.split = bool(p.num_heads_v)
+        self.finer_v = p.heads_v > p.num_heads_kv
+        self.fine_group = p.qhead_per_vhead if self.finer_v else p.qhead_per_kvhead
+        self.fine_per_cta = self.group // self.fine_group
         self.fused = p.fused_prefetch
         self.vector_red = _arch_number(arch) >= 90
 
@@ -163,7 +175,7 @@ class SdpaBwdSm80:
             scale, scale * LOG2_E, a.get("window_left"), a.get("window_right"),
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
             self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
-        ).launch(grid=(grid_x, self.p.num_heads_kv, n_batch), block=(self.threads, 1, 1),
+        ).launch(grid=(grid_x, self.p.kv_grid_heads, n_batch), block=(self.threads, 1, 1),
                  smem=Storage.size_in_bytes(), stream=a["stream"])
 
 
@@ -231,6 +243,16 @@ class _KeyTile(NamedTuple):
     rot: Any
 
 
+class _Fine(NamedTuple):
+    """K and V heads apart: the finer of the two (the one with more heads), whose tile a CTA's walk replaces at
+    the end of each of its query-head groups. Made once per CTA."""
+
+    src: Any  # K or V (canonical)
+    grad: Any  # dK or dV
+    head0: Any  # its first head in this CTA
+    scale: Any  # the softmax scale (dK's factor)
+
+
 class _Io(NamedTuple):
     """The global tensors a walk step reads or adds into."""
 
@@ -289,11 +311,22 @@ def kernel(
                   mLseOff)
     io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem)
 
-    # key / value views of this (batch, kv head)
-    mK_cur = rows.widen(rows.head_rows(mK, head_kv, batch, s.offset_k, p.is_thd), cfg.d)
-    mV_cur = rows.widen(rows.head_rows(mV, head_kv, batch, s.offset_k, p.is_thd), cfg.dv)
-    mdK_cur = rows.widen(rows.head_rows(mdK, head_kv, batch, s.offset_k, p.is_thd), cfg.d)
-    mdV_cur = rows.widen(rows.head_rows(mdV, head_kv, batch, s.offset_k, p.is_thd), cfg.dv)
+    # key / value views of this (batch, kv head); K and V heads apart: the walk starts at the finer tensor's first
+    # head of this CTA and the epilogue writes its last
+    src_k, src_v, dst_k, dst_v = head_kv, head_kv, head_kv, head_kv
+    fine = None
+    if cutlass.const_expr(cfg.split):
+        first = head_kv * cfg.fine_per_cta
+        if cutlass.const_expr(cfg.finer_v):
+            src_v, dst_v = first, first + cfg.fine_per_cta - 1
+            fine = _Fine(mV, mdV, first, scale)
+        else:
+            src_k, dst_k = first, first + cfg.fine_per_cta - 1
+            fine = _Fine(mK, mdK, first, scale)
+    mK_cur = rows.widen(rows.head_rows(mK, src_k, batch, s.offset_k, p.is_thd), cfg.d)
+    mV_cur = rows.widen(rows.head_rows(mV, src_v, batch, s.offset_k, p.is_thd), cfg.dv)
+    mdK_cur = rows.widen(rows.head_rows(mdK, dst_k, batch, s.offset_k, p.is_thd), cfg.d)
+    mdV_cur = rows.widen(rows.head_rows(mdV, dst_v, batch, s.offset_k, p.is_thd), cfg.dv)
     out_rows = s.seqlen_k if cutlass.const_expr(p.is_thd) else s.static_k
 
     n_iters = (s.num_n - bx + grid_x - 1) // grid_x
@@ -306,10 +339,14 @@ def kernel(
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         if kt.n_steps > 0:
-            _walk(cfg, c, s, kt, io, acc_dK, acc_dV, mK_cur, mV_cur, scale_log2, tidx)
+            _walk(cfg, c, s, kt, io, acc_dK, acc_dV, mK_cur, mV_cur, scale_log2, tidx, fine)
         _write_dk_dv(cfg, c, acc_dK, acc_dV, scale, cute.local_tile(mdK_cur, (cfg.bn, cfg.d), (kt.n_block, 0)),
                      cute.local_tile(mdV_cur, (cfg.bn, cfg.dv), (kt.n_block, 0)), out_rows - kt.n_block * cfg.bn,
                      tidx)
+        if cutlass.const_expr(cfg.split):
+            if kt.n_steps == 0:  # no query tile in the band: the finer tensor's other heads get zeros too
+                for j in cutlass.range(cfg.fine_per_cta - 1, unroll=1):
+                    _store_fine(cfg, c, s, kt, fine, acc_dK, acc_dV, fine.head0 + j, tidx)
 
 
 @cute.jit
@@ -447,7 +484,7 @@ def _key_tile(cfg: cutlass.Constexpr, s: _Sequence, bx: Int32, it: Int32, grid_x
 
 @cute.jit
 def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK: cute.Tensor, acc_dV: cute.Tensor,
-          mK_cur: cute.Tensor, mV_cur: cute.Tensor, scale_log2: Float32, tidx: Int32):
+          mK_cur: cute.Tensor, mV_cur: cute.Tensor, scale_log2: Float32, tidx: Int32, fine=None):
     """Load the key tile and the walk's first query tile, run every step, and pass a late turn on."""
     bm, bn = cfg.bm, cfg.bn
     kv_limit = s.seqlen_k - kt.n_block * bn
@@ -466,6 +503,8 @@ def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
 
     for t in cutlass.range(kt.n_steps, unroll=1):
         _step(cfg, c, s, kt, io, acc_dK, acc_dV, scale_log2, tidx, t)
+        if cutlass.const_expr(fine is not None):
+            _next_fine_head(cfg, c, s, kt, fine, acc_dK, acc_dV, t, tidx)
     cute.arch.cp_async_wait_group(0)
     if cutlass.const_expr(_late_release(cfg)):
         cute.arch.barrier()
@@ -621,6 +660,70 @@ def _write_dk_dv(cfg: cutlass.Constexpr, c, acc_dK: cute.Tensor, acc_dV: cute.Te
     cute.arch.barrier()
     rows.store_rows(c.s2g_k, c.sK, gdK, c.cK, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_qk)
     rows.store_rows(c.s2g_v, c.sV, gdV, c.cV, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_v)
+    cute.arch.barrier()
+
+
+@cute.jit
+def _next_fine_head(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, acc_dK: cute.Tensor,
+                    acc_dV: cute.Tensor, t: Int32, tidx: Int32):
+    """K and V heads apart, after step t: where a finer head's query heads end (and the walk goes on), its dK or
+    dV tile goes out and the next head's K or V tile comes in (the walk takes the query heads in order)."""
+    span = kt.n_m * cfg.fine_group
+    if (t + 1) % span == 0 and t + 1 < kt.n_steps:
+        j = (t + 1) // span
+        _store_fine(cfg, c, s, kt, fine, acc_dK, acc_dV, fine.head0 + j - 1, tidx)
+        if cutlass.const_expr(cfg.finer_v):
+            acc_dV.fill(0.0)
+        else:
+            acc_dK.fill(0.0)
+        _load_fine(cfg, c, s, kt, fine, fine.head0 + j)
+
+
+@cute.jit
+def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, acc_dK: cute.Tensor,
+                acc_dV: cute.Tensor, head: Int32, tidx: Int32):
+    """The finer tensor's accumulated tile (dK scaled, or dV) to head `head`'s rows, staged through its own K or
+    V smem tile as the epilogue does (every thread is done with that tile first)."""
+    dt = cfg.dtype
+    batch = cute.arch.block_idx()[2]
+    out_rows = s.seqlen_k if cutlass.const_expr(cfg.p.is_thd) else s.static_k
+    rows_left = out_rows - kt.n_block * cfg.bn
+    cute.arch.barrier()
+    if cutlass.const_expr(cfg.finer_v):
+        rX = cute.make_fragment_like(acc_dV, dt)
+        rX.store(acc_dV.load().to(dt))
+        cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(c.sV))
+        cute.arch.barrier()
+        gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), cfg.dv),
+                             (cfg.bn, cfg.dv), (kt.n_block, 0))
+        rows.store_rows(c.s2g_v, c.sV, gX, c.cV, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_v)
+    else:
+        rX = cute.make_fragment_like(acc_dK, dt)
+        rX.store((acc_dK.load() * fine.scale).to(dt))
+        cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(c.sK))
+        cute.arch.barrier()
+        gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), cfg.d),
+                             (cfg.bn, cfg.d), (kt.n_block, 0))
+        rows.store_rows(c.s2g_k, c.sK, gX, c.cK, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_qk)
+    cute.arch.barrier()
+
+
+@cute.jit
+def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, head: Int32):
+    """Head `head`'s K or V tile of this key tile into its smem tile, waited for (with whatever else is in flight)
+    before the next step reads it."""
+    batch = cute.arch.block_idx()[2]
+    kv_limit = s.seqlen_k - kt.n_block * cfg.bn
+    if cutlass.const_expr(cfg.finer_v):
+        gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), cfg.dv),
+                             (cfg.bn, cfg.dv), (kt.n_block, 0))
+        _load_rows(c.g2s_vdo_thr, c.g2s_vdo, gX, c.sV, c.cV, kv_limit, cfg.cols_v)
+    else:
+        gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), cfg.d),
+                             (cfg.bn, cfg.d), (kt.n_block, 0))
+        _load_rows(c.g2s_qk_thr, c.g2s_qk, gX, c.sK, c.cK, kv_limit, cfg.cols_qk)
+    cute.arch.cp_async_commit_group()
+    cute.arch.cp_async_wait_group(0)
     cute.arch.barrier()
 
 

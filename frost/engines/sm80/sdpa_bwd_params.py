@@ -10,8 +10,9 @@ into the fp32 accumulator (red.global; in deterministic mode key tiles take turn
 `dq_splits`, a few CTAs per head each add into their own accumulator copy).
 
 GQA needs no dK / dV workspace: the main kernel's CTA owns one kv head and
-walks its query heads itself. One template serves two arch lines: ``sm80``
-(cc 8.x, and cc 9.0 below the wgmma kernel) and ``sm120`` (about 99 KB of
+walks its query heads itself (K and V heads apart: one head of the coarser of the
+two, writing the finer one's tiles group by group; `kv_grid_heads`, `walk_group`).
+One template serves two arch lines: ``sm80`` (cc 8.x, and cc 9.0 below the wgmma kernel) and ``sm120`` (about 99 KB of
 shared memory). No cutlass import here: planning reads this module.
 """
 from __future__ import annotations
@@ -79,6 +80,18 @@ class Sm80BwdParams(SdpaFeatureParams):
         return 32 * self.num_warps
 
     @property
+    def kv_grid_heads(self) -> int:
+        """The main kernel's CTAs per key tile along the heads: one per kv head, or with K and V heads apart, one
+        per head of the coarser of the two (the fewer heads), whose CTA walks that head's query heads and writes
+        the finer tensor's tile at the end of each of its groups."""
+        return min(self.num_heads_kv, self.heads_v)
+
+    @property
+    def walk_group(self) -> int:
+        """Query heads one CTA walks (Hq / Hkv unless K and V heads differ)."""
+        return self.num_heads_q // self.kv_grid_heads
+
+    @property
     def tile_head_dim(self) -> int:
         """The Q / K / dQ / dK tiles' head-dim extent: head_dim, or head_dim padded up to a 32-element granule
         (`sdpa_fwd_params.tile_dim`; loads zero-fill the columns past head_dim, stores and dQ adds skip them)."""
@@ -140,6 +153,9 @@ def validate(p: Sm80BwdParams) -> None:
         raise TemplateParamsError(f"Sm80BwdParams: {msg}")
 
     check_sdpa_features(p, HEAD_DIMS, "Sm80BwdParams")
+    if p.num_heads_v and max(p.num_heads_kv, p.num_heads_v) % min(p.num_heads_kv, p.num_heads_v) != 0:
+        bad(f"K and V head counts {p.num_heads_kv} and {p.num_heads_v} do not nest (neither divides the other): "
+            f"a V group's query heads would span several CTAs")
     if p.has_dsinks and not p.has_sinks:
         bad("dsinks needs sinks")
     if p.num_warps not in (4, 8, 16):
@@ -327,7 +343,8 @@ def name_suffix(p: Sm80BwdParams) -> str:
     det = {"diag": "det", "cyc": "detc"}[p.det_order] + ("l" if p.det_late_release else "")
     if p.dq_splits:
         det = f"detsp{p.dq_splits}"  # the turn knobs do not apply
-    parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"] + name_tags(
+    heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
+    parts = name_dims(p) + [heads] + name_tags(
         ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
          (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det))) + ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")

@@ -42,9 +42,11 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
     flags = [name for on, name in (
         (p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-        (p.has_sinks, "sink"), (p.has_lse, "lse"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
+        (p.has_sinks, "sink"), (p.has_lse, "lse"), (p.has_score_max, "smax"), (p.has_score_sum_exp, "ssum"),
+        (p.has_seqused, "seqused"), (p.is_thd, "thd"),
     ) if on] + ragged_tags(p)
-    parts = ["frost_sdpa_fwd", p.family, p.dtype, d, f"h{p.num_heads_q}k{p.num_heads_kv}", *flags,
+    heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
+    parts = ["frost_sdpa_fwd", p.family, p.dtype, d, heads, *flags,
              f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}"]
     return "_".join(parts)
 
@@ -67,6 +69,7 @@ class SdpaFwdSm80:
         self.dtype = IO_DTYPES[p.dtype]
         self.num_threads = 32 * p.num_warps
         self.qpk = p.num_heads_q // p.num_heads_kv
+        self.qpv = p.qhead_per_vhead  # V's group (K's unless num_heads_v is set)
         self.d, self.dv = p.tile_head_dim, p.tile_head_dim_v  # the tiles' head-dim extents
         # column limits of the copies: the head dim where the tile is wider, else 0 (no column checks)
         self.cols_qk = p.head_dim if self.d != p.head_dim else 0
@@ -129,8 +132,9 @@ class SdpaFwdSm80:
         scale_log2 = a["softmax_scale"] * softmax.LOG2_E
         g = a.get
         self.kernel(
-            a["q"], a["k"], a["v"], a["o"], g("lse"), g("cu_seqlens_q"), g("cu_seqlens_kv"), g("seqused_q"),
-            g("seqused_kv"), g("sinks"), g("lse_offsets"), scale_log2, g("window_left"), g("window_right"), num_batch,
+            a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
+            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), scale_log2,
+            g("window_left"), g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
             grid=grid,
@@ -148,6 +152,8 @@ class SdpaFwdSm80:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE,
+        mScoreMax,
+        mScoreSumExp,
         mCuQ,
         mCuK,
         mSuQ,
@@ -170,12 +176,12 @@ class SdpaFwdSm80:
     ):
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
-            self.cta(mQ, mK, mV, mO, mLSE, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, scale_log2, window_left,
-                     window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-                     SharedStorage, bx, head, batch)
+            self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff,
+                     scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK,
+                     copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
 
     @cute.jit
-    def cta(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, scale_log2, window_left,
+    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, scale_log2, window_left,
             window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
             SharedStorage: cutlass.Constexpr, bx, head, batch):
         """Pick this CTA's m-tile of its (head, batch entry) and run it."""
@@ -197,12 +203,12 @@ class SdpaFwdSm80:
         else:
             m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(mQ, mK, mV, mO, mLSE, mSinks, scale_log2, window_left, window_right,
+            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, scale_log2, window_left, window_right,
                       sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
                       SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse)
 
     @cute.jit
-    def tile(self, mQ, mK, mV, mO, mLSE, mSinks, scale_log2, window_left, window_right,
+    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, scale_log2, window_left, window_right,
              sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
              SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
              static_sq, off_lse):
@@ -210,12 +216,15 @@ class SdpaFwdSm80:
         S = p.num_stages
         tidx, _, _ = cute.arch.thread_idx()
         head_kv = head // self.qpk
+        head_v = head_kv
+        if const_expr(p.num_heads_v):
+            head_v = head // self.qpv
         # ---- per-sequence 2-D views (rows, d)
         d, dv = self.d, self.dv
         mQ_s = rows.widen(rows.head_rows(mQ, head, batch, off_q, p.is_thd), d)
         mO_s = rows.widen(rows.head_rows(mO, head, batch, off_q, p.is_thd), dv)
         mK_s = rows.widen(rows.head_rows(mK, head_kv, batch, off_k, p.is_thd), d)
-        mV_s = rows.widen(rows.head_rows(mV, head_kv, batch, off_k, p.is_thd), dv)
+        mV_s = rows.widen(rows.head_rows(mV, head_v, batch, off_k, p.is_thd), dv)
         gQ = cute.local_tile(mQ_s, (p.tile_m, d), (m_block, 0))
         gO = cute.local_tile(mO_s, (p.tile_m, dv), (m_block, 0))
         gK = cute.local_tile(mK_s, (p.tile_n, d), (None, 0))
@@ -331,13 +340,21 @@ class SdpaFwdSm80:
         sink = None
         if const_expr(p.has_sinks):
             sink = mSinks[head]
-        softmax.softmax_finalize(row_max, row_sum, scale_log2, row_scale, lse, sink)
+        # the two halves of the LSE (cuDNN's score_max / score_sum_exp), where declared
+        s_max = cute.make_rmem_tensor(num_rows, Float32) if const_expr(p.has_score_max) else None
+        s_sum = cute.make_rmem_tensor(num_rows, Float32) if const_expr(p.has_score_sum_exp) else None
+        softmax.softmax_finalize(row_max, row_sum, scale_log2, row_scale, lse, sink, score_max=s_max,
+                                 score_sum_exp=s_sum)
         tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, dv))))
         if const_expr(not p.is_thd):
             for r in cutlass.range_constexpr(num_rows):
                 if tOcO_mn[r, 0][0] >= q_rows:  # padding rows: O = 0, LSE = -inf
                     row_scale[r] = Float32(0.0)
                     lse[r] = -Float32.inf
+                    if const_expr(p.has_score_max):
+                        s_max[r] = -Float32.inf
+                    if const_expr(p.has_score_sum_exp):
+                        s_sum[r] = Float32(0.0)
         acc_O_mn = acc_layout.acc_as_mn(acc_O)
         softmax.rescale_rows(acc_O_mn, row_scale)
         rO = cute.make_fragment_like(acc_O, self.dtype)
@@ -349,20 +366,32 @@ class SdpaFwdSm80:
         thr_copy_O = smem_copy_O.get_slice(tidx)
         cute.copy(smem_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
 
-        if const_expr(p.has_lse):
-            if const_expr(p.is_thd and not p.stats_per_batch):
-                mLSE_s = cute.domain_offset((off_lse,), mLSE[head, None])
-            else:
-                mLSE_s = mLSE[batch, head, None]
-            if tOcO_mn[0, 0][1] == 0:  # the lane holding column 0 of its rows writes them
-                for r in cutlass.range_constexpr(num_rows):
-                    row = tOcO_mn[r, 0][0]
-                    if row < store_rows:
-                        mLSE_s[m_block * p.tile_m + row] = lse[r]
+        # LSE and its two halves, where declared (the halves only outside the ragged-offset form, which declines
+        # them: ragged Stats start at their own offsets, or are per batch)
+        for mX, vals, off_row in zip((mLSE, *mScores), (lse if const_expr(p.has_lse) else None, s_max, s_sum),
+                                     (off_lse, off_q, off_q)):
+            if const_expr(vals is not None):
+                self.store_row_values(mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows)
 
         cute.arch.barrier()
         rows.store_rows(copy_O, sO, gO, cute.make_identity_tensor((p.tile_m, dv)), store_rows, tidx,
                         cols=self.cols_v)
+
+    @cute.jit
+    def store_row_values(self, mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows):
+        """One fp32 value per query row (LSE, score_max, score_sum_exp) to its (B, H, S) / (H, T) canonical view,
+        the packed rows from `off_row` (ragged Stats' own offset for the LSE); per-batch ragged Stats as a dense
+        batch's. The lane holding column 0 of its rows writes them."""
+        p = self.p
+        if const_expr(p.is_thd and not p.stats_per_batch):
+            mX_s = cute.domain_offset((off_row,), mX[head, None])
+        else:
+            mX_s = mX[batch, head, None]
+        if tOcO_mn[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(vals)):
+                row = tOcO_mn[r, 0][0]
+                if row < store_rows:
+                    mX_s[m_block * p.tile_m + row] = vals[r]
 
     @cute.jit
     def next_stage(self, stage):

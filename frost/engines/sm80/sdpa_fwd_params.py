@@ -58,6 +58,8 @@ class Sm80FwdParams(SdpaFeatureParams):
 
     family: Literal["sm80", "sm120"] = "sm80"
     has_lse: bool = False
+    has_score_max: bool = False  # write the row max of the scaled scores (cuDNN's score_max)
+    has_score_sum_exp: bool = False  # write the row sum of exp(score - max) (cuDNN's score_sum_exp)
     # knobs
     tile_m: int = 128
     tile_n: int = 64

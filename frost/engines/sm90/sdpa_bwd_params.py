@@ -112,6 +112,8 @@ def validate(p: Sm90BwdParams) -> None:
         raise TemplateParamsError(f"Sm90BwdParams: {msg}")
 
     check_sdpa_features(p, HEAD_DIMS, "Sm90BwdParams")
+    if p.num_heads_v:
+        bad("K and V with different head counts: a CTA sums dK and dV over one kv head's query heads")
     if p.has_dsinks and not p.has_sinks:
         bad("dsinks needs sinks")
     if p.tile_n not in (64, 128):

@@ -9,9 +9,10 @@ tensor-core work; across warpgroups, named barriers alternate GEMM issue
 (ping-pong) so one group's softmax hides under the other's GEMMs. Producers
 drop to few registers (setmaxnreg) and consumers take the rest.
 
-GQA packing (`pack_gqa`): tiles run over kv heads, and tile row m is query
-position m // r of head kv_head * r + m % r (r = Hq / Hkv), so one K/V stream
-feeds all r heads. Q, O and LSE are viewed with a ((r, S), ...) row mode
+GQA packing (`pack_gqa`): tiles run over groups of r query heads, and tile row m
+is query position m // r of head group * r + m % r (r = Hq / Hkv, or with K and
+V heads apart the largest group sharing both a K and a V head), so one K/V
+stream feeds all r heads. Q, O and LSE are viewed with a ((r, S), ...) row mode
 (`pack_gqa.pack_heads`); TMA moves Q and O with (r, rows / r) boxes; masks use
 the row's query position and sinks the row's head.
 
@@ -48,14 +49,16 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     p = params
     dims = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
     parts = ["frost_sdpa_fwd_sm90", p.dtype, dims,
-             f"h{p.num_heads_q}" + (f"x{p.num_heads_kv}" if p.num_heads_kv != p.num_heads_q else "")]
+             f"h{p.num_heads_q}" + (f"x{p.num_heads_kv}" if p.num_heads_kv != p.num_heads_q else "")
+             + (f"v{p.num_heads_v}" if p.num_heads_v else "")]
     if p.has_window_right and not p.has_window_left:
         parts.append("causal" if not p.bottom_right else "causalbr")
     elif p.has_window_left or p.has_window_right:
         parts.append("band" + ("l" if p.has_window_left else "") + ("r" if p.has_window_right else "")
                      + ("br" if p.bottom_right else ""))
     parts += [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "seqused"), (p.has_sinks, "sink"),
-                                    (not p.has_lse, "nolse")) if flag]
+                                    (not p.has_lse, "nolse"), (p.has_score_max, "smax"),
+                                    (p.has_score_sum_exp, "ssum")) if flag]
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
@@ -110,11 +113,12 @@ class SdpaFwdSm90:
         self.num_threads = self.num_mma_threads + 128
         self.mma_regs, self.load_regs = {1: (256, 56), 2: (240, 24), 3: (160, 32)}[self.num_wg]
         self.ratio = p.num_heads_q // p.num_heads_kv
+        self.ratio_v = p.qhead_per_vhead  # V's group (K's unless num_heads_v is set)
         # GQA packing: a tile's rows are (query position, head of the group) pairs, m = s * rq + j
         self.pack = p.pack_gqa
         self.rq = p.rows_per_query
         self.qt = self.tile_m // self.rq  # query positions per M tile
-        self.tile_heads = p.num_heads_kv if self.pack else p.num_heads_q  # heads the scheduler iterates
+        self.tile_heads = p.num_heads_q // self.rq if self.pack else p.num_heads_q  # heads the scheduler iterates
         self.reverse_m = p.has_window_right
         self.pingpong = p.pingpong and self.num_wg >= 2
         self.separate_o = separate_o(p)
@@ -136,6 +140,7 @@ class SdpaFwdSm90:
         else:
             mQ, mK, mV, mO = [select_modes(t, [1, 3, 2, 0]) for t in (a["q"], a["k"], a["v"], a["o"])]
             mLSE = select_modes(a["lse"], [2, 1, 0]) if const_expr(p.has_lse) else None
+        mMax, mSumExp = self.row_view(a.get("score_max")), self.row_view(a.get("score_sum_exp"))
         seq_q = mQ.shape[0]
         if const_expr(self.pack):
             mQ, mO = pg.pack_heads(mQ, self.rq, 2), pg.pack_heads(mO, self.rq, 2)
@@ -206,8 +211,8 @@ class SdpaFwdSm90:
             sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
 
         self.kernel(
-            tma_q, tma_k, tma_v, tma_o, mLSE, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
-            a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
+            tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
+            a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -215,8 +220,8 @@ class SdpaFwdSm90:
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
-    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mCuQ, mCuK,
-               mUsedQ, mUsedK, mSinks, mLseOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
+               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, wl, wr, num_batch: Int32,
                num_m_blocks: Int32, total_tiles: Int32, section_width: Int32, q_bytes: cutlass.Constexpr,
                k_bytes: cutlass.Constexpr, v_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout,
@@ -254,8 +259,8 @@ class SdpaFwdSm90:
                               section_width)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consumer(mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o,
-                          pipe_q, pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles,
+            self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO,
+                          tma_atom_o, pipe_q, pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles,
                           section_width, tiled_mma_qk, tiled_mma_pv, pg.rows_extent(mQ, self.pack), mK.shape[0])
 
     # --- work decomposition shared by producer and consumers
@@ -336,9 +341,13 @@ class SdpaFwdSm90:
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             if n_max > n_min:
                 head_kv = head if const_expr(self.pack) else head // self.ratio
+                head_v = head_kv
+                if const_expr(self.p.num_heads_v):  # K and V heads apart (packed: `head` is a group of rq)
+                    head_kv = head // (self.ratio // self.rq) if const_expr(self.pack) else head // self.ratio
+                    head_v = head // (self.ratio_v // self.rq) if const_expr(self.pack) else head // self.ratio_v
                 gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
                 gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd), (None, 0))
-                gV = cute.local_tile(self.head_rows(mV, head_kv, batch, off_k), (self.tile_n, self.hdv), (None, 0))
+                gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_k), (self.tile_n, self.hdv), (None, 0))
                 tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
                                                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
                 tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
@@ -428,9 +437,9 @@ class SdpaFwdSm90:
         return kv_state
 
     @cute.jit
-    def consumer(self, mO, mLSE, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o, pipe_q,
-                 pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk,
-                 tiled_mma_pv, seqlen_q_static, seqlen_k_static):
+    def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o,
+                 pipe_q, pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width,
+                 tiled_mma_qk, tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -453,6 +462,9 @@ class SdpaFwdSm90:
         row_max = cute.make_rmem_tensor(n_rows, Float32)
         row_sum = cute.make_rmem_tensor(n_rows, Float32)
         row_scale = cute.make_rmem_tensor(n_rows, Float32)
+        # the two halves of the LSE (cuDNN's score_max / score_sum_exp), where declared
+        s_max = cute.make_rmem_tensor(n_rows, Float32) if const_expr(p.has_score_max) else None
+        s_sum = cute.make_rmem_tensor(n_rows, Float32) if const_expr(p.has_score_sum_exp) else None
 
         # epilogue pieces
         L = sO.layout
@@ -545,10 +557,15 @@ class SdpaFwdSm90:
                         sink[r] = mSinks[head * self.rq + (row0 + tScS_mn[r, 0][0]) % self.rq]
                 else:
                     sink = Float32(mSinks[head])
-            sm.softmax_finalize(row_max, row_sum, scale_log2, row_scale, row_sum, sink, sink_per_row=self.pack)
+            sm.softmax_finalize(row_max, row_sum, scale_log2, row_scale, row_sum, sink, sink_per_row=self.pack,
+                                score_max=s_max, score_sum_exp=s_sum)
             sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # row_sum now holds the LSE
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
                           warp_in_wg, m_block, head, batch, seqlen_q, off_q, seqlen_q_static, off_lse)
+            for mX, vals, pad in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0))):
+                if const_expr(vals is not None):
+                    self.store_row_values(mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_q,
+                                          seqlen_q_static)
             if const_expr(not self.separate_o):
                 cute.arch.fence_view_async_shared()
                 pipe_q.consumer_release(q_state)
@@ -643,6 +660,30 @@ class SdpaFwdSm90:
                     else:
                         if row < seqlen_q_static * self.rq:
                             mLSE[row, head, batch] = lse[r] if row < rows_q else -Float32.inf
+
+    def row_view(self, t):
+        """A declared (B, H, S, 1) / (T, H, 1) per-row output (score_max, score_sum_exp) in the kernel's view of
+        LSE: (seq, head[, batch]), the head mode packed like LSE's; None when not declared."""
+        if t is None:
+            return None
+        t = select_modes(t, [1, 0] if self.p.is_thd else [2, 1, 0])
+        return pg.pack_heads(t, self.rq, 1) if self.pack else t
+
+    @cute.jit
+    def store_row_values(self, mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_q, seqlen_q_static):
+        """One fp32 value per tile row to a `row_view`, as the epilogue writes LSE (dense rows past seqused_q
+        get `pad`)."""
+        row0 = m_block * self.tile_m
+        rows_q = seqlen_q * self.rq
+        if tOcO_mn[0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(vals)):
+                row = row0 + tOcO_mn[r, 0][0]
+                if const_expr(self.p.is_thd):
+                    if row < rows_q:
+                        mX[off_q * self.rq + row, head] = vals[r]
+                else:
+                    if row < seqlen_q_static * self.rq:
+                        mX[row, head, batch] = vals[r] if row < rows_q else pad
 
     @cute.jit
     def store_o_rows(self, sO_wg, mO, t: Int32, m_block, wg, head, rows_q, off_rows):

@@ -7,6 +7,8 @@ cheaply.
 from __future__ import annotations
 
 
+import math
+
 from frost.engines.params import SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
 
@@ -17,6 +19,8 @@ SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
 class Sm90FwdParams(SdpaFeatureParams):
     # features (plan-time facts)
     has_lse: bool = True
+    has_score_max: bool = False  # write the row max of the scaled scores (cuDNN's score_max)
+    has_score_sum_exp: bool = False  # write the row sum of exp(score - max) (cuDNN's score_sum_exp)
     # knobs (speed only)
     tile_m: int = 128
     tile_n: int = 128
@@ -25,7 +29,7 @@ class Sm90FwdParams(SdpaFeatureParams):
     pingpong: bool = True  # a no-op with one consumer warpgroup (tile_m=64)
     separate_o_smem: bool = True  # a preference: O reuses Q's tile when its own does not fit
     persistent: bool = True
-    pack_gqa: bool = False  # one M tile holds the r = Hq/Hkv query heads of a kv head (one K/V stream)
+    pack_gqa: bool = False  # one M tile holds the r query heads that share a K head and a V head (one stream)
     sm_count: int = 132
 
     @property
@@ -33,9 +37,15 @@ class Sm90FwdParams(SdpaFeatureParams):
         return self.tile_m // 64
 
     @property
+    def pack_group(self) -> int:
+        """r: the query heads that read one K head and one V head (Hq/Hkv when V has K's heads; else the
+        largest group dividing both Hq/Hkv and Hq/Hv)."""
+        return math.gcd(self.qhead_per_kvhead, self.qhead_per_vhead)
+
+    @property
     def rows_per_query(self) -> int:
         """Tile rows per query position: r when GQA heads are packed, else 1."""
-        return self.qhead_per_kvhead if self.pack_gqa else 1
+        return self.pack_group if self.pack_gqa else 1
 
 
 def _smem(p: Sm90FwdParams, separate_o: bool) -> int:
@@ -64,10 +74,13 @@ def pack_gqa_reason(p: Sm90FwdParams):
     O move by TMA with a two-mode (r, rows / r) box, so r must divide the 64 rows
     of one consumer warpgroup's O tile (and so the M tile).
     """
-    r = p.qhead_per_kvhead
-    if p.num_heads_q % p.num_heads_kv != 0:
+    if p.num_heads_q % p.num_heads_kv != 0 or p.num_heads_q % p.heads_v != 0:
         return None  # check_sdpa_features reports it
+    r = p.pack_group
     if r < 2:
+        if p.num_heads_v:
+            return (f"pack_gqa needs query heads that share both a K head and a V head (Hq/Hkv = "
+                    f"{p.qhead_per_kvhead}, Hq/Hv = {p.qhead_per_vhead})")
         return f"pack_gqa needs num_heads_q > num_heads_kv (got {p.num_heads_q}:{p.num_heads_kv})"
     if 64 % r != 0:
         return f"pack_gqa needs Hq/Hkv to divide 64 (a warpgroup's rows); Hq/Hkv = {r}"
