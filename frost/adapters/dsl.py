@@ -24,11 +24,24 @@ def kernel_window(facts) -> tuple:
 def sdpa_feature_flags(facts) -> dict:
     """The SdpaFeatureParams fields of every SDPA template, from the facts (sdpa_args.py)."""
     banded = facts.window_left is not None or facts.window_right is not None
+    bias = facts.tensor("bias") if facts.has_bias else None
     return dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
                 num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv, is_thd=facts.is_thd,
                 has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
                 has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
-                bottom_right=facts.bottom_right and banded)
+                bottom_right=facts.bottom_right and banded, has_bias=bias is not None,
+                bias_per_batch=bias is not None and bias.dim[0] > 1, bias_per_head=bias is not None and bias.dim[1] > 1,
+                has_alibi=facts.has_alibi)
+
+
+def dbias_accumulates(facts) -> bool:
+    """Whether dBias goes through the chain's fp32 accumulator: several (batch, head) pairs add into one of its
+    elements (it broadcasts over batch entries or heads the graph has more than one of), or it belongs to a
+    packed batch (whose elements outside every sequence no step writes). Otherwise the main kernel writes it."""
+    if not facts.has_dbias:
+        return False
+    b, h = facts.tensor("dBias").dim[:2]
+    return facts.is_thd or b < facts.batch or h < facts.num_heads_q
 
 
 def fwd_feature_flags(facts) -> dict:
@@ -103,6 +116,7 @@ TENSOR_ARGS = {
     "cu_seqlens_q": ("cu_seq_len_q", None), "cu_seqlens_kv": ("cu_seq_len_kv", None),
     "seqused_q": ("seq_len_q", lengths_view), "seqused_kv": ("seq_len_kv", lengths_view),
     "sinks": ("sink_token", sink_view), "dsinks": ("dSink_token", sink_view),
+    "bias": ("bias", None), "dbias": ("dBias", None),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 
 from frost.adapters.base import SdpaBwdDsl
-from frost.adapters.dsl import DslKernels, LaunchArgs, sdpa_feature_flags, viewed_args
+from frost.adapters.dsl import DslKernels, LaunchArgs, dbias_accumulates, sdpa_feature_flags, viewed_args
 from frost.engines.sdpa_bwd.chain import chain_of
 from frost.engines.sdpa_bwd.scratch import scratch_layout
 from frost.runtime.context import stream_handle
@@ -20,7 +20,8 @@ from frost.runtime.workspace import ScratchBuffer, carve, layout_bytes
 
 
 def bwd_feature_flags(facts) -> dict:
-    return dict(sdpa_feature_flags(facts), has_dsinks=facts.has_dsink, deterministic=facts.deterministic)
+    return dict(sdpa_feature_flags(facts), has_dsinks=facts.has_dsink, deterministic=facts.deterministic,
+                has_dbias=facts.has_dbias, dbias_accum=dbias_accumulates(facts))
 
 
 class DslBwdAdapter(DslKernels, SdpaBwdDsl):

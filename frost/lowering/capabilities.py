@@ -26,6 +26,10 @@ FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 MMA_SYNC_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
                              "thd", "stats"})
+#: cuDNN's score modifiers: an additive bias, its gradient, ALiBi
+SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
+#: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod)
+MMA_SYNC_FEATURES = KERNEL_FEATURES | SCORE_MOD_FEATURES
 
 
 class CapabilityRow(BaseModel):
@@ -59,7 +63,7 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
 
 
 #: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
-REFERENCE_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
+REFERENCE_FEATURES = KERNEL_FEATURES | SCORE_MOD_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the cuDNN engine: every arch cuDNN serves, ranked below every DSL engine (and above the reference oracle);
 #: cuDNN's own check_support judges head dims and the rest at plan time (packed THD declines in its lowering)
 CUDNN_PRIORITY = 90
@@ -81,11 +85,11 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                      head_dims=((64, 64), (96, 96), (128, 128)), features=SM90_BWD_FEATURES,
                      knob_choices={"tile_m": (64, 80, 128), "num_stages": (1, 2)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=KERNEL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,

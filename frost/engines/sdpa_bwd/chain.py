@@ -26,6 +26,9 @@ class BwdChainParams(Protocol):
     dq_accum_blocked: bool  # the dense dQ accumulator in 8x8 blocks (rows padded to 8); else plain rows
     dq_splits: int  # 0: one accumulator (turns when deterministic); n >= 1: n copies along its batch mode
     dq_accum_tile: int  # 0: rows (or 8x8 blocks); m > 0: tiles of m rows in wgmma fragment order (dense)
+    dbias_accum: bool  # dBias through the fp32 accumulator: zeroed by the preprocess, written by the dQ convert
+    dbias_accum_per_batch: bool  # that accumulator's batch / head modes are full (else of extent 1)
+    dbias_accum_per_head: bool
 
 
 class BwdHelperParams(SdpaFeatureParams):
@@ -43,14 +46,19 @@ class BwdHelperParams(SdpaFeatureParams):
     dq_accum_blocked: bool = False
     dq_splits: int = 0
     dq_accum_tile: int = 0
+    dbias_accum: bool = False
+    dbias_accum_per_batch: bool = False
+    dbias_accum_per_head: bool = False
 
 
+_DBIAS_FIELDS = ("dbias_accum", "dbias_accum_per_batch", "dbias_accum_per_head")
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
-                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
+                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile",
+                   *_DBIAS_FIELDS),
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile"),
+                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile", *_DBIAS_FIELDS),
 }
 
 
@@ -73,22 +81,24 @@ def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
 
 
 def preprocess_args(p) -> list[str]:
-    """o, do, lse, lengths (q side), sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?, stream."""
+    """o, do, lse, lengths (q side), sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?, dbias_accum?,
+    stream."""
     args = ["o", "do", "lse"] + lengths_args(p, kv=False)
     if p.has_dsinks:
         args.append("sinks")
     args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ["stream"]
+    return args + ["dbias_accum"] * p.dbias_accum + ["stream"]
 
 
 def postprocess_args(p) -> list[str]:
-    """dq, dsinks?, dq_accum, dsink_partial?, softmax_scale, stream."""
-    args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dq_accum"]
+    """dq, dsinks?, dbias? (from its accumulator), dq_accum, dsink_partial?, dbias_accum?, softmax_scale,
+    stream."""
+    args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dbias"] * p.dbias_accum + ["dq_accum"]
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ["softmax_scale", "stream"]
+    return args + ["dbias_accum"] * p.dbias_accum + ["softmax_scale", "stream"]
 
 
 def bwd_chain(p, main_template: str, main_args: list[str]) -> list[tuple[str, str, list[str], object]]:
@@ -134,7 +144,8 @@ def name_tags(flags) -> list[str]:
 
 def helper_suffix(p: BwdHelperParams) -> str:
     """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
+    dbias = "dbiasacc" + "b" * p.dbias_accum_per_batch + "h" * p.dbias_accum_per_head
     return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
-        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"),
-         (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
+        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.dbias_accum, dbias),
+         (p.deterministic, "det"), (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
          (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"))))
