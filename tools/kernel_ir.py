@@ -54,6 +54,12 @@ def covering_specs() -> list:
     for arch, kws in cases.SM80_BWD_HEAD_DIM_COVER.items():
         for kw in kws:
             specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
+    # the score-modifier sets after those
+    for arch, kws in cases.SM80_FWD_SCORE_MOD_COVER.items():
+        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
+    for arch, kws in cases.SM80_BWD_SCORE_MOD_COVER.items():
+        for kw in kws:
+            specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
     return specs
 
 

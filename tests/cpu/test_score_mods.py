@@ -309,3 +309,20 @@ def test_oracle_bias_is_cudnns_order():
     torch.testing.assert_close(o, base_o)
     torch.testing.assert_close(lse, base_lse + 3.0)
     assert math.isfinite(lse.max().item())
+
+
+def test_score_mod_covering_sets_cover_every_flag_family_and_arch():
+    from frost.testing.cases import SM80_BWD_SCORE_MOD_COVER, SM80_FWD_SCORE_MOD_COVER
+
+    for cover in (SM80_FWD_SCORE_MOD_COVER, SM80_BWD_SCORE_MOD_COVER):
+        assert set(cover) == {"sm_80", "sm_90a", "sm_120a"}
+        kws = [kw for arch in cover for kw in cover[arch]]
+        for flag in ("has_bias", "bias_per_batch", "bias_per_head", "has_alibi", "is_thd", "has_seqused"):
+            assert any(k.get(flag) for k in kws), flag
+        assert any(k.get("has_bias") and not (k.get("bias_per_batch") or k.get("bias_per_head")) for k in kws)
+        assert {k["family"] for k in kws} == {"sm80", "sm120"} and {k["dtype"] for k in kws} == {"bf16", "fp16"}
+        assert any(k.get("has_alibi") and k["num_heads_q"] & (k["num_heads_q"] - 1) for k in kws)  # not a power of 2
+    bwd = [kw for arch in SM80_BWD_SCORE_MOD_COVER for kw in SM80_BWD_SCORE_MOD_COVER[arch]]
+    assert any(k.get("has_dbias") and k.get("dbias_accum") for k in bwd)
+    assert any(k.get("has_dbias") and not k.get("dbias_accum") and k.get("deterministic") for k in bwd)
+    assert any(k.get("has_bias") and not k.get("has_dbias") for k in bwd)
