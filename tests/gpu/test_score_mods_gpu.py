@@ -21,6 +21,7 @@ from tests.gpu.graph_cases import plan_or_skip, rel_err
 pytestmark = pytest.mark.gpu
 
 ENGINE = "sm80"
+DEV = "cuda"
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class ScoreCase:
         return (nb if "b" in self.bias else 1, self.hq if "h" in self.bias else 1, sq, skv)
 
 
-def _bias(case: ScoreCase, dev="cuda") -> torch.Tensor:
+def _bias(case: ScoreCase, dev) -> torch.Tensor:
     dim = case.bias_dim
     if case.bias_layout == "transposed":
         x = torch.randn(dim[0], dim[1], dim[3], dim[2], device=dev, dtype=case.dtype).transpose(2, 3)
@@ -86,9 +87,10 @@ def _bias(case: ScoreCase, dev="cuda") -> torch.Tensor:
     return x
 
 
-def make_inputs(case: ScoreCase, seed: int = 0, dev="cuda") -> dict:
+def make_inputs(case: ScoreCase, seed: int = 0) -> dict:
     """Torch tensors by role (dense io tensors BSHD in memory, logical (B, H, S, D))."""
     torch.manual_seed(seed)
+    dev = DEV
     t = {}
     if case.thd:
         tq, tk = sum(a for a, _ in case.thd), sum(b for _, b in case.thd)
@@ -152,12 +154,12 @@ def run_fwd(case: ScoreCase, t: dict, engine: str = ENGINE):
     q, k, v = (g.tensor_like(t[r], name=r) for r in ("q", "k", "v"))
     kw, decl = _sdpa_keywords(case, g, t)
     o, stats = g.sdpa(q, k, v, generate_stats=True, **kw)
-    out = {"o": torch.full(t["q"].shape, float("nan"), device="cuda", dtype=case.dtype),
-           "stats": torch.full(t["q"].shape[:-1] + (1,), float("nan"), device="cuda", dtype=torch.float32)}
+    out = {"o": torch.full(t["q"].shape, float("nan"), device=DEV, dtype=case.dtype),
+           "stats": torch.full(t["q"].shape[:-1] + (1,), float("nan"), device=DEV, dtype=torch.float32)}
     o.set_output(True).set_dim(tuple(out["o"].shape)).set_stride(tuple(out["o"].stride()))
     stats.set_output(True).set_dim(tuple(out["stats"].shape)).set_stride(tuple(out["stats"].stride()))
     plan_or_skip(g, engine)
-    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=DEV)
     pack = {q: t["q"], k: t["k"], v: t["v"], o: out["o"], stats: out["stats"], **{decl[r]: t[r] for r in decl}}
     g.execute(pack, ws, frost.ExecutionContext())
     torch.cuda.synchronize()
@@ -182,7 +184,7 @@ def bwd_graph(case: ScoreCase, t: dict, engine: str = ENGINE):
         gh.set_output(True).set_dim(tuple(out[role].shape)).set_stride(tuple(out[role].stride()))
         decl[role] = gh
     plan_or_skip(g, engine)
-    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=DEV)
     ws.fill_(255)  # poisoned scratch: the chain initializes what it uses (the dBias accumulator too)
     pack = {h[r]: t[r] for r in h}
     pack.update({decl[r]: (out[r] if r in out else t[r]) for r in decl})
@@ -268,9 +270,26 @@ def test_bwd_matches_the_oracle(case):
     if "dBias" in got:
         db, ref = got["dBias"], want[6]
         assert not torch.isnan(db).any(), "dBias: some elements were not written"
-        zero = ref == 0  # masked, padding and outside-every-sequence positions
-        assert torch.all(db[zero] == 0), "dBias must be exactly 0 where no score exists"
+        assert torch.all(db[~scored(case, t).expand_as(db)] == 0), "dBias must be exactly 0 where no score exists"
         assert rel_err(db, ref) < 2e-2
+
+
+def scored(case: ScoreCase, t: dict) -> torch.Tensor:
+    """(B or 1, 1, S_q, S_kv) bool: the bias positions some sequence scores (inside it and its mask band); the
+    others (masked, padding, past a packed sequence) get dBias = 0 exactly."""
+    nb, _, sq, skv = case.bias_dim
+    mask = dict(causal=case.causal and not case.bottom_right, causal_bottom_right=case.causal and case.bottom_right,
+                sliding_window_length=case.left)
+    if case.thd:
+        lens = list(case.thd)
+    elif case.padding:
+        lens = list(zip(*case.padding))
+    else:
+        lens = [(case.sq, case.skv)] * case.b
+    out = torch.zeros(len(lens), 1, sq, skv, dtype=torch.bool)
+    for i, (n, m) in enumerate(lens):
+        out[i, 0, :n, :m] = oracle.band(n, m, **mask)
+    return (out if nb > 1 else out.any(0, keepdim=True)).to(DEV)
 
 
 def test_deterministic_full_dbias_is_bitwise_reproducible():
