@@ -31,6 +31,7 @@ def sdpa_feature_flags(facts) -> dict:
                 has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
                 bottom_right=facts.bottom_right and banded, has_bias=bias is not None,
                 bias_per_batch=bias is not None and bias.dim[0] > 1, bias_per_head=bias is not None and bias.dim[1] > 1,
+                bias_key_strided=bias is not None and bias.stride[3] != 1,  # as declared, also for S_kv = 1
                 has_alibi=facts.has_alibi)
 
 

@@ -46,6 +46,9 @@ class SdpaFeatureParams(TemplateParams):
     has_bias: bool = False
     bias_per_batch: bool = False
     bias_per_head: bool = False
+    # the bias's key dim has a non-unit stride (read through a runtime stride); else its unit stride compiles in,
+    # so a thread's loads of one row share one address register
+    bias_key_strided: bool = False
     has_alibi: bool = False
 
     @property
@@ -85,8 +88,9 @@ class SdpaBwdFeatureParams(SdpaFeatureParams):
 
 def score_mod_tags(p) -> tuple:
     """(flag, tag) pairs naming a kernel's score modifiers: bias, then b / h where it is full along batch /
-    heads, alibi, and (backward) dbias, or dbiasacc through the fp32 accumulator."""
-    tags = ((p.has_bias, "bias" + "b" * p.bias_per_batch + "h" * p.bias_per_head), (p.has_alibi, "alibi"))
+    heads and s for a strided key dim, alibi, and (backward) dbias, or dbiasacc through the fp32 accumulator."""
+    bias = "bias" + "b" * p.bias_per_batch + "h" * p.bias_per_head + "s" * p.bias_key_strided
+    tags = ((p.has_bias, bias), (p.has_alibi, "alibi"))
     if isinstance(p, SdpaBwdFeatureParams):
         tags += ((p.has_dbias, "dbiasacc" if p.dbias_accum else "dbias"),)
     return tags
@@ -120,8 +124,9 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
                                   f"num_heads_kv={p.num_heads_kv}")
     if p.is_thd and p.has_seqused:
         raise TemplateParamsError(f"{who}: seqused is a dense-only padding mask; packed THD uses cu_seqlens")
-    if (p.bias_per_batch or p.bias_per_head) and not p.has_bias:
-        raise TemplateParamsError(f"{who}: bias_per_batch / bias_per_head describe a bias; has_bias is False")
+    if (p.bias_per_batch or p.bias_per_head or p.bias_key_strided) and not p.has_bias:
+        raise TemplateParamsError(f"{who}: bias_per_batch / bias_per_head / bias_key_strided describe a bias; "
+                                  f"has_bias is False")
     if p.has_alibi and not p.has_window_right:
         raise TemplateParamsError(f"{who}: ALiBi needs a causal mask (has_window_right; cuDNN's rule)")
     if isinstance(p, SdpaBwdFeatureParams):

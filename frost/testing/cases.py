@@ -143,8 +143,8 @@ SM80_FWD_SCORE_MOD_COVER = {
     "sm_90a": [
         _mma_fwd(d=128, is_thd=True, has_bias=True, bias_per_head=True, has_alibi=True, has_window_right=True,
                  has_sinks=True, has_lse=True),
-        _mma_fwd(d=72, has_seqused=True, has_bias=True, bias_per_batch=True, has_window_right=True,
-                 bottom_right=True),
+        _mma_fwd(d=72, has_seqused=True, has_bias=True, bias_per_batch=True, bias_key_strided=True,
+                 has_window_right=True, bottom_right=True),
     ],
     "sm_120a": [
         _mma_fwd(family="sm120", d=128, has_bias=True, has_alibi=True, has_window_left=True, has_window_right=True,
@@ -157,7 +157,7 @@ SM80_BWD_SCORE_MOD_COVER = {
         _mma_bwd(d=128, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True,
                  has_window_right=True),
         _mma_bwd(dtype="fp16", d=64, hq=6, hk=2, has_alibi=True, has_window_right=True, has_bias=True,
-                 bias_per_head=True, has_dbias=True, dbias_accum=True),
+                 bias_per_head=True, bias_key_strided=True, has_dbias=True, dbias_accum=True),
     ],
     "sm_90a": [
         _mma_bwd(d=128, hq=4, hk=2, has_seqused=True, has_bias=True, bias_per_batch=True, bias_per_head=True,

@@ -237,6 +237,7 @@ def test_bwd_params_args_and_workspace_of_a_broadcast_dbias(unpended):
     p = a.validated_params()
     assert (p.has_bias, p.bias_per_batch, p.bias_per_head, p.has_dbias, p.dbias_accum) == (True, False, True,
                                                                                             True, True)
+    assert not p.bias_key_strided  # a compact bias: its unit key stride compiles in
     assert "bias" in main_args(p) and "dbias_accum" in main_args(p) and "dbias" not in main_args(p)
     stages = {stage: names for stage, _, names, _ in chain_of(p)}
     assert "dbias_accum" in stages["preprocess"] and {"dbias", "dbias_accum"} <= set(stages["postprocess"])
@@ -249,6 +250,19 @@ def test_bwd_params_args_and_workspace_of_a_broadcast_dbias(unpended):
     plain = stage_params(p.model_copy(update=dict(has_dbias=False, dbias_accum=False)), "preprocess")
     assert plain == stage_params(Sm80BwdParams(**{**p.model_dump(), "has_bias": False, "bias_per_head": False,
                                                   "has_dbias": False, "dbias_accum": False}), "preprocess")
+
+
+def test_a_strided_key_dim_compiles_a_runtime_stride(unpended):
+    from frost.adapters.sm80 import SdpaFwdDslSm80
+    from frost.knobs import Knobs
+
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    bias = g.tensor(name="bias", dim=(1, 4, 128, 128), stride=(4 * 128 * 128, 1, 4, 4 * 128))
+    from tests.cpu.test_routing import declare
+
+    f = declare(H200, graph=g, bias=bias).facts
+    p = SdpaFwdDslSm80(f, H200, Knobs()).validated_params()
+    assert p.bias_key_strided and [t for on, t in score_mod_tags(p) if on] == ["biashs"]
 
 
 def test_a_full_dbias_is_written_by_the_main_kernel(unpended):
@@ -317,7 +331,8 @@ def test_score_mod_covering_sets_cover_every_flag_family_and_arch():
     for cover in (SM80_FWD_SCORE_MOD_COVER, SM80_BWD_SCORE_MOD_COVER):
         assert set(cover) == {"sm_80", "sm_90a", "sm_120a"}
         kws = [kw for arch in cover for kw in cover[arch]]
-        for flag in ("has_bias", "bias_per_batch", "bias_per_head", "has_alibi", "is_thd", "has_seqused"):
+        for flag in ("has_bias", "bias_per_batch", "bias_per_head", "bias_key_strided", "has_alibi", "is_thd",
+                     "has_seqused"):
             assert any(k.get(flag) for k in kws), flag
         assert any(k.get("has_bias") and not (k.get("bias_per_batch") or k.get("bias_per_head")) for k in kws)
         assert {k["family"] for k in kws} == {"sm80", "sm120"} and {k["dtype"] for k in kws} == {"bf16", "fp16"}

@@ -90,11 +90,12 @@ class FakeArgs:
             self._bias_rows = (cute.sym_int(symbol="bias_rows_q"), cute.sym_int(symbol="bias_rows_kv"))
         return self._bias_rows
 
-    def _bias(self, per_batch: bool, per_head: bool):
-        """A (B or 1, Hq or 1, S_q, S_kv) io-dtype bias or dBias with four symbolic strides (any layout)."""
+    def _bias(self, per_batch: bool, per_head: bool, unit_key: bool = False):
+        """A (B or 1, Hq or 1, S_q, S_kv) io-dtype bias or dBias: symbolic strides (any layout), the key stride 1
+        with `unit_key`."""
         shape = (self.batch if per_batch else 1, self.p.num_heads_q if per_head else 1, *self.bias_rows())
-        return cute.runtime.make_fake_tensor(IO_DTYPES[self.p.dtype], shape,
-                                             tuple(cute.sym_int64() for _ in shape), assumed_align=2)
+        stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1 if unit_key else cute.sym_int64())
+        return cute.runtime.make_fake_tensor(IO_DTYPES[self.p.dtype], shape, stride, assumed_align=2)
 
     def _stats(self):
         hq = self.p.num_heads_q
@@ -123,7 +124,7 @@ class FakeArgs:
         if name in ("sinks", "dsinks"):
             return self.compact(Float32, (hq,), align=4)
         if name == "bias":
-            return self._bias(p.bias_per_batch, p.bias_per_head)
+            return self._bias(p.bias_per_batch, p.bias_per_head, unit_key=not p.bias_key_strided)
         if name == "dbias":  # the main kernel's (the bias's dims) or, from its accumulator, the dQ convert's
             if getattr(p, "dbias_accum", False):
                 return self._bias(p.dbias_accum_per_batch, p.dbias_accum_per_head)
