@@ -6,7 +6,9 @@ query tile of the mask band, in one flat pipelined loop:
 
     S  = Q.K^T           (masked only on tiles that cross the band or the end)
     P  = exp2(S * scale * log2e - LSE * log2e)
-    dP = dO.V^T,  dS = P * (dP - dpsum)
+         (with a bias or ALiBi: S = scale * Q.K^T + bias + ALiBi first, `score_mod`)
+    dP = dO.V^T,  dS = P * (dP - dpsum)  (= dBias: written to its tile, or red.global
+                                          into the fp32 dBias accumulator when summed)
     dV += P^T.dO,  dK += dS^T.Q          (registers, fp32, whole loop)
     dQ  = dS.K  -> red.global.add into the fp32 accumulator
 
@@ -21,7 +23,9 @@ key-tile order (`det_order`), taking turns through a semaphore; with `dq_splits`
 holds that many CTAs per (batch, kv head) instead, each walking its share of the key tiles and adding
 into its own accumulator copy, so no CTA waits for another. dK (times scale) and dV go out
 through shared memory to their declared strides; rows past the sequence but
-inside the tensor (padding) are written as zeros.
+inside the tensor (padding) are written as zeros. A dBias written directly gets
+zeros from each key tile in the query rows outside its band too, so every
+element of its columns is written once.
 
 Head dims between the tiles' 32-element granules (72, 80, 112, ...) run on tiles padded
 up to the next granule (`Sm80BwdParams.tile_head_dim`): loads zero-fill the columns past

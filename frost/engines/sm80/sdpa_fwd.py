@@ -10,6 +10,9 @@ are masked element by element.
 
 Arguments follow `frost.engines.sdpa_args` exactly (declared-order tensors
 viewed canonically by the shared entry, order, mask / sink / LSE semantics).
+With score modifiers (an additive bias, ALiBi: `frost.engines.common.score_mod`)
+each S tile is scaled and modified in registers before the mask, and the softmax
+runs with a scale of 1; without them none of that code is compiled.
 Every runtime extent and every non-unit stride is symbolic, so one artifact
 serves any batch, lengths and BSHD / BHSD / interleaved layouts.
 
