@@ -341,3 +341,15 @@ def test_score_mod_covering_sets_cover_every_flag_family_and_arch():
     assert any(k.get("has_dbias") and k.get("dbias_accum") for k in bwd)
     assert any(k.get("has_dbias") and not k.get("dbias_accum") and k.get("deterministic") for k in bwd)
     assert any(k.get("has_bias") and not k.get("has_dbias") for k in bwd)
+
+
+def test_dbias_in_another_dtype_is_a_graph_error():
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    q, k, v, o, do = (g.tensor(name=n, dim=(2, 4, 64, 64)) for n in ("q", "k", "v", "o", "dO"))
+    stats = g.tensor(name="stats", dim=(2, 4, 64, 1), data_type="fp32")
+    bias = g.tensor(name="bias", dim=(1, 4, 64, 64))
+    db = g.tensor(name="db", dim=(1, 4, 64, 64), data_type="fp32")
+    for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.125, bias=bias, dBias=db):
+        t.set_output(True)
+    with pytest.raises(GraphError, match=r"'db' \(dBias\): data_type must be bf16, got fp32"):
+        g.validate()
