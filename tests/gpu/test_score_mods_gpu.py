@@ -328,7 +328,10 @@ def test_dbias_execute_has_no_sync_no_allocation_and_reuses_its_workspace(bias):
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
-    assert rel_err(out["dBias"], first) < 1e-6  # atomics may reorder the sums, not grow them
+    if bias == "bh":
+        assert torch.equal(out["dBias"], first)  # written directly, once per element
+    else:  # atomics may reorder the sums (a last-bit flip after rounding); a dirty accumulator would double them
+        assert rel_err(out["dBias"], first) < 1e-2
 
 
 def test_bwd_cuda_graph_capture_and_replay_with_a_bias():
@@ -346,8 +349,9 @@ def test_bwd_cuda_graph_capture_and_replay_with_a_bias():
         x.fill_(float("nan"))
     cg.replay()
     torch.cuda.synchronize()
-    for n in want:
-        assert rel_err(out[n], want[n]) < 1e-5, n
+    for n in want:  # dQ and dBias add with atomics: the replay may round a sum differently, never double it
+        assert not torch.isnan(out[n]).any(), n
+        assert rel_err(out[n], want[n]) < 1e-2, n
 
 
 # --- the same graphs on cuDNN: its kernels define the semantics frost ports ------------------------------------
