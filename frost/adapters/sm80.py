@@ -29,6 +29,10 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
 
         knobs = dict(default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
                                    smem_budget=_smem_budget(target)))
+        if facts.has_bias and knobs["tile_n"] > 64:
+            # the bias's values join the S tile in registers: 128-key tiles (d=64's default) spilled 176 bytes a
+            # thread on sm_80 (ptxas), 64-key tiles none; not timed on a GPU yet
+            knobs["tile_n"] = 64
         knobs.update(requested)
         return knobs
 

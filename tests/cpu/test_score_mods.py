@@ -353,3 +353,15 @@ def test_dbias_in_another_dtype_is_a_graph_error():
         t.set_output(True)
     with pytest.raises(GraphError, match=r"'db' \(dBias\): data_type must be bf16, got fp32"):
         g.validate()
+
+
+def test_a_bias_plans_64_key_tiles_unless_asked_otherwise(unpended):
+    from frost.adapters.sm80 import SdpaFwdDslSm80
+    from frost.knobs import Knobs
+
+    for bias_dim, want in ((None, 128), ((1, 4, 128, 128), 64)):
+        f = _bias_graph(H200, bias_dim=bias_dim, use_causal_mask=True).facts
+        assert SdpaFwdDslSm80.plan_knobs(f, H200, {})["tile_n"] == want
+    f = _bias_graph(H200, use_causal_mask=True).facts
+    assert SdpaFwdDslSm80.plan_knobs(f, H200, {"tile_n": 128})["tile_n"] == 128
+    SdpaFwdDslSm80(f, H200, Knobs()).validated_params()
