@@ -26,10 +26,13 @@ FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 MMA_SYNC_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
                              "thd", "stats"})
-
-
+#: cuDNN's score modifiers: an additive bias, its gradient, ALiBi
+SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
 #: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, per-batch Stats too)
 DSL_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
+#: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod); not with
+#: the ragged-offset form (frost.adapters.dsl.ragged_decline_reason)
+MMA_SYNC_FEATURES = DSL_FEATURES | SCORE_MOD_FEATURES
 
 
 class CapabilityRow(BaseModel):
@@ -63,7 +66,7 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
 
 
 #: the reference serves cuDNN's ragged-offset form too (it reads the offsets on the host)
-REFERENCE_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
+REFERENCE_FEATURES = KERNEL_FEATURES | SCORE_MOD_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the cuDNN engine: every arch cuDNN serves, ranked below every DSL engine (and above the reference oracle);
 #: cuDNN's own check_support judges head dims and the rest at plan time. Packed graphs go through cuDNN's ragged
 #: form (frost's and cuDNN's own declarations alike; see frost/adapters/cudnn_lowering.py)
@@ -89,11 +92,11 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                                    "dq_fragments": (False, True), "dq_red": (False, True),
                                    "dk_first": (False, True), "rows_warp": (False, True)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=DSL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=DSL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
