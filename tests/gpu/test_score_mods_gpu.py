@@ -29,6 +29,7 @@ class ScoreCase:
     b: int = 2
     hq: int = 4
     hkv: int = 4
+    hv: Optional[int] = None  # V's heads where they differ from K's (split K/V heads)
     sq: int = 256
     skv: int = 256
     d: int = 128
@@ -45,17 +46,23 @@ class ScoreCase:
     sinks: bool = False
     dbias: bool = True  # the backward writes dBias (when there is a bias)
     deterministic: bool = False
+    row_stats: bool = False  # the forward also writes score_max / score_sum_exp
+
+    @property
+    def heads_v(self) -> int:
+        return self.hv or self.hkv
 
     @property
     def id(self) -> str:
-        bits = [f"d{self.d}", f"h{self.hq}-{self.hkv}", f"s{self.sq}x{self.skv}",
+        heads = f"h{self.hq}-{self.hkv}" + (f"-v{self.hv}" if self.hv else "")
+        bits = [f"d{self.d}", heads, f"s{self.sq}x{self.skv}",
                 "fp16" if self.dtype == torch.float16 else "bf16"]
         if self.bias is not None:
             bits.append(f"bias{self.bias or '1'}" + ("" if self.bias_layout == "compact" else f"-{self.bias_layout}"))
         for flag, name in ((self.neg_inf, "neginf"), (self.alibi, "alibi"), (self.causal, "causal"),
                            (self.bottom_right, "br"), (self.padding is not None, "pad"), (self.thd is not None, "thd"),
                            (self.sinks, "sinks"), (self.bias is not None and not self.dbias, "nodbias"),
-                           (self.deterministic, "det")):
+                           (self.deterministic, "det"), (self.row_stats, "rowstats")):
             if flag:
                 bits.append(name)
         if self.left:
@@ -94,14 +101,14 @@ def make_inputs(case: ScoreCase, seed: int = 0) -> dict:
     t = {}
     if case.thd:
         tq, tk = sum(a for a, _ in case.thd), sum(b for _, b in case.thd)
-        for role, n, h in (("q", tq, case.hq), ("k", tk, case.hkv), ("v", tk, case.hkv), ("dO", tq, case.hq)):
+        for role, n, h in (("q", tq, case.hq), ("k", tk, case.hkv), ("v", tk, case.heads_v), ("dO", tq, case.hq)):
             t[role] = torch.randn(n, h, case.d, device=dev, dtype=case.dtype)
         cu = lambda lens: torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], device=dev,  # noqa: E731
                                        dtype=torch.int32)
         t["cu_seq_len_q"] = cu([a for a, _ in case.thd])
         t["cu_seq_len_kv"] = cu([b for _, b in case.thd])
     else:
-        for role, h, s in (("q", case.hq, case.sq), ("k", case.hkv, case.skv), ("v", case.hkv, case.skv),
+        for role, h, s in (("q", case.hq, case.sq), ("k", case.hkv, case.skv), ("v", case.heads_v, case.skv),
                            ("dO", case.hq, case.sq)):
             t[role] = torch.randn(case.b, s, h, case.d, device=dev, dtype=case.dtype).permute(0, 2, 1, 3)
         if case.padding:
@@ -149,10 +156,17 @@ def oracle_kwargs(case: ScoreCase, t: dict) -> dict:
     return kw
 
 
-def run_fwd(case: ScoreCase, t: dict, engine: str = ENGINE):
+def run_fwd(case: ScoreCase, t: dict, engine: str = ENGINE, rows: Optional[dict] = None):
+    """(O, Stats without its unit dim); with `case.row_stats`, score_max / score_sum_exp (Stats' dims, fp32,
+    poisoned before) go into `rows` by role."""
     g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     q, k, v = (g.tensor_like(t[r], name=r) for r in ("q", "k", "v"))
     kw, decl = _sdpa_keywords(case, g, t)
+    if case.row_stats:
+        for role in ("score_max", "score_sum_exp"):
+            rows[role] = torch.full(t["q"].shape[:-1] + (1,), float("nan"), device=DEV, dtype=torch.float32)
+            kw[role] = decl[role] = g.tensor_like(rows[role], name=role)
+            t = dict(t, **{role: rows[role]})
     o, stats = g.sdpa(q, k, v, generate_stats=True, **kw)
     out = {"o": torch.full(t["q"].shape, float("nan"), device=DEV, dtype=case.dtype),
            "stats": torch.full(t["q"].shape[:-1] + (1,), float("nan"), device=DEV, dtype=torch.float32)}
@@ -218,19 +232,35 @@ FWD_CASES = [
     ScoreCase(bias=None, alibi=True, causal=True, bottom_right=True, sq=100, skv=300),
     ScoreCase(bias="h", alibi=True, causal=True, padding=((256, 100), (200, 256)), hq=12, hkv=4),
     ScoreCase(bias=None, alibi=True, causal=True, thd=((100, 100), (1, 1), (300, 300)), hq=5, hkv=1, d=64),
+    # beside K and V head counts apart and score_max / score_sum_exp (the max of the final logits, bias and
+    # ALiBi included)
+    ScoreCase(bias="h", alibi=True, causal=True, hq=8, hkv=2, hv=4, row_stats=True),
+    ScoreCase(bias="bh", causal=True, hq=6, hkv=6, hv=1, padding=((200, 37), (150, 256)), row_stats=True),
+    ScoreCase(bias="bh", neg_inf=True, hq=4, hkv=1, hv=2, d=64, row_stats=True),
+    ScoreCase(bias="h", thd=((100, 100), (1, 7), (300, 300)), causal=True, hq=8, hkv=4, hv=1, row_stats=True),
 ]
 
 
 @pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: c.id)
 def test_fwd_matches_the_oracle(case):
     t = make_inputs(case)
-    o, lse = run_fwd(case, t)
-    want_o, want_lse = oracle.attention(t["q"], t["k"], t["v"], **oracle_kwargs(case, t))
+    rows = {}
+    o, lse = run_fwd(case, t, rows=rows)
+    want = oracle.attention(t["q"], t["k"], t["v"], row_stats=True, **oracle_kwargs(case, t))
+    want_o, want_lse = want[:2]
     assert not torch.isnan(o).any(), "some output elements were not written"
     assert rel_err(o, want_o) < 1e-2
     fin = torch.isfinite(want_lse)
     assert torch.equal(torch.isfinite(lse), fin), "empty and padding rows must have LSE = -inf"
     assert (lse[fin].double() - want_lse[fin]).abs().max().item() < 2e-2
+    if case.row_stats:
+        got_max, got_sum = rows["score_max"][..., 0], rows["score_sum_exp"][..., 0]
+        assert not torch.isnan(got_max).any() and not torch.isnan(got_sum).any(), "row statistics not written"
+        fin = torch.isfinite(want[2])
+        assert torch.equal(torch.isfinite(got_max), fin), "score_max: -inf exactly where the oracle has it"
+        assert (got_max[fin].double() - want[2][fin]).abs().max().item() < 2e-2
+        assert rel_err(got_sum, want[3]) < 1e-2
+        assert torch.all(got_sum[~fin] == 0), "rows without a score: score_sum_exp = 0"
 
 
 BWD_CASES = [
@@ -254,6 +284,10 @@ BWD_CASES = [
     ScoreCase(bias=None, alibi=True, causal=True, hq=6, hkv=3, dtype=torch.float16),
     ScoreCase(bias="h", alibi=True, causal=True, padding=((256, 100), (200, 256)), hq=12, hkv=4, d=64),
     ScoreCase(bias=None, alibi=True, causal=True, thd=((100, 100), (1, 1), (300, 300)), hq=5, hkv=1, d=64),
+    # beside K and V head counts apart (nested): K finer, V finer, direct dBias and through the accumulator
+    ScoreCase(bias="bh", alibi=True, causal=True, hq=6, hkv=6, hv=1),
+    ScoreCase(bias="h", causal=True, hq=8, hkv=2, hv=4, d=64),
+    ScoreCase(bias="bh", thd=((100, 100), (1, 7), (300, 300)), causal=True, hq=8, hkv=4, hv=1),
 ]
 
 
