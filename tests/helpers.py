@@ -41,6 +41,9 @@ class Case:
     scale: Optional[float] = None
     omit_scale: bool = False  # leave attn_scale out of sdpa() (cuDNN's default: 1.0)
     mask: tuple = ()  # sdpa keywords as (name, value) pairs, e.g. (("use_causal_mask", True),)
+    bias: Optional[str] = None  # an additive bias full along these of "b" (batch) and "h" (heads): "bh", "h", ""
+    bias_layout: str = "compact"  # or "transposed": the bias's key dim strided, its query dim unit-strided
+    alibi: bool = False
     seed: int = 0
 
     @property
@@ -56,6 +59,13 @@ class Case:
         if self.omit_scale:
             return 1.0
         return self.scale if self.scale is not None else 1.0 / math.sqrt(self.d)
+
+    @property
+    def bias_dim(self) -> tuple:
+        """(B or 1, H or 1, S_q, S_kv); packed batches: the longest sequences."""
+        sq = max(self.lens_q) if self.thd else self.sq
+        skv = max(self.lens_kv) if self.thd else self.skv
+        return (self.batch if "b" in self.bias else 1, self.hq if "h" in self.bias else 1, max(sq, 1), max(skv, 1))
 
     @property
     def total_q(self) -> int:
@@ -104,6 +114,11 @@ def make_inputs(case: Case) -> dict:
     if case.sink:
         s = torch.randn(case.hq, generator=gen, dtype=torch.float32) * 2
         t["sink"] = s.view(1, case.hq, 1, 1) if case.sink_4d else s
+    if case.bias is not None:
+        b = torch.randn(case.bias_dim, generator=gen).to(case.dtype)
+        if case.bias_layout == "transposed":
+            b = b.transpose(2, 3).contiguous().transpose(2, 3)
+        t["bias"] = b
     return t
 
 
@@ -135,6 +150,12 @@ def sdpa_keywords(case: Case, g: frost.Graph, t: dict) -> tuple[dict, dict]:
         h = g.tensor_like(t["sink"], name="sink")
         kw["sink_token"] = h
         pack[h] = t["sink"]
+    if case.bias is not None:
+        h = g.tensor_like(t["bias"], name="bias")
+        kw["bias"] = h
+        pack[h] = t["bias"]
+    if case.alibi:
+        kw["use_alibi_mask"] = True
     return kw, pack
 
 
@@ -173,7 +194,7 @@ def run_fwd(case: Case, t: Optional[dict] = None, target=CPU, engine=None):
 
 
 def oracle_kwargs(case: Case, t: dict) -> dict:
-    kw = dict(scale=case.attn_scale, sink=t.get("sink"))
+    kw = dict(scale=case.attn_scale, sink=t.get("sink"), bias=t.get("bias"), alibi=case.alibi)
     mask = dict(case.mask)
     names = {"use_causal_mask": "causal", "use_causal_mask_bottom_right": "causal_bottom_right",
              "diagonal_alignment": "alignment", "diagonal_band_left_bound": "left_bound",
@@ -192,12 +213,15 @@ def oracle_fwd(case: Case, t: dict):
     return oracle.attention(t["q"], t["k"], t["v"], **oracle_kwargs(case, t))
 
 
-def oracle_bwd(case: Case, t: dict):
-    return oracle.attention_grads(t["q"], t["k"], t["v"], t["do"], **oracle_kwargs(case, t))
+def oracle_bwd(case: Case, t: dict, dbias: bool = False):
+    """float64 (o, lse, dq, dk, dv, dsink or None[, dbias with `dbias`])."""
+    return oracle.attention_grads(t["q"], t["k"], t["v"], t["do"], with_dbias=dbias, **oracle_kwargs(case, t))
 
 
-def run_bwd(case: Case, t: Optional[dict] = None, target=CPU, deterministic: bool = False, dsink: bool = True):
-    """Plan and execute the backward; returns (dq, dk, dv, dsink or None).
+def run_bwd(case: Case, t: Optional[dict] = None, target=CPU, deterministic: bool = False, dsink: bool = True,
+            dbias: bool = False, engine=None):
+    """Plan and execute the backward; returns (dq, dk, dv, dsink or None), and dbias with `dbias` (a case with
+    a bias; dBias declared like it).
 
     O and Stats come from the oracle (the reference backward recomputes them).
     """
@@ -218,17 +242,24 @@ def run_bwd(case: Case, t: Optional[dict] = None, target=CPU, deterministic: boo
         dsink_t = torch.full_like(t["sink"], float("nan"))
         dsink_h = g.tensor_like(dsink_t, name="dSink")
         kw["dSink_token"] = dsink_h
+    dbias_h = dbias_t = None
+    if dbias:
+        dbias_t = torch.full_like(t["bias"], float("nan"))
+        dbias_h = g.tensor_like(dbias_t, name="dBias")
+        kw["dBias"] = dbias_h
+        pack[dbias_h] = dbias_t
     dq, dk, dv = g.sdpa_backward(q, k, v, o, do, stats, use_deterministic_algorithm=deterministic, **kw)
     for h in (dq, dk, dv):
         h.set_output(True)
-    g.validate().build_plans()
+    g.validate().build_plans(engine=engine)
     outs = [empty_like_decl(h) for h in (dq, dk, dv)]
     pack.update({q: t["q"], k: t["k"], v: t["v"], o: o_in, do: t["do"], stats: lse_in,
                  dq: outs[0], dk: outs[1], dv: outs[2]})
     if dsink_h is not None:
         pack[dsink_h] = dsink_t
     g.execute(pack, None)
-    return outs[0], outs[1], outs[2], dsink_t
+    out = (outs[0], outs[1], outs[2], dsink_t)
+    return out + (dbias_t,) if dbias else out
 
 
 def assert_close(got, want, *, rtol=1e-5, atol=1e-5, what=""):

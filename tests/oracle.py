@@ -10,12 +10,17 @@ differentiable torch, so torch.autograd gives the gradients.
 Inputs use frost's logical dims: dense (B, H, S, D), packed THD (T, H, D); K and
 V may have different head counts, each dividing Q's.
 Outputs: o in the same form with v's head dim; lse dense (B, H, S), THD (T, H).
-With `row_stats=True` also cuDNN's score_max (the row max of the scaled, masked
-logits, the sink included) and score_sum_exp (the row sum of exp(logit - max),
-the sink's term included), shaped like lse.
+With `row_stats=True` also cuDNN's score_max (the row max of the final logits:
+scaled, modified and masked, the sink included) and score_sum_exp (the row sum
+of exp(logit - max), the sink's term included), shaped like lse.
 Rows past a sequence's length get O = 0, LSE = -inf, max = -inf, sum = 0; a row
 with no allowed key gets O = 0 and LSE = max = the sink logit, sum = 1 (or -inf,
 -inf, 0 without a sink).
+
+Score modifiers follow cuDNN's reference (test_mhas.py compute_ref): logits are
+scale * q.k + bias + ALiBi, masks after. `bias` is (B or 1, H or 1, S_q, S_kv),
+indexed with sequence-local positions (packed sequences too) and broadcast over
+its unit dims; ALiBi adds slope(h) * (j - i) with cuDNN's slopes (`alibi_slopes`).
 """
 from __future__ import annotations
 
@@ -49,14 +54,32 @@ def band(len_q: int, len_kv: int, *, causal: bool = False, causal_bottom_right: 
     return ok
 
 
-def _one_sequence(q, k, v, *, scale: float, sink, allowed):
-    """q (H, n, D), k (Hk, m, D), v (Hv, m, Dv) -> o (H, n, Dv), lse, max, sum_exp (each (H, n))."""
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """cuDNN's ALiBi slopes, float64 (num_heads,): with n the largest power of two <= H, heads h < n take
+    2^(-8 (h + 1) / n); the others take the odd powers 1, 3, 5, ... of 2^(-4 / n), in order."""
+    n = 1
+    while n * 2 <= num_heads:
+        n *= 2
+    slopes = [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+    slopes += [2.0 ** (-4.0 * (2 * e + 1) / n) for e in range(num_heads - n)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def _one_sequence(q, k, v, *, scale: float, sink, allowed, bias=None, alibi: bool = False):
+    """q (H, n, D), k (Hk, m, D), v (Hv, m, Dv) -> o (H, n, Dv), lse, max, sum_exp (each (H, n));
+    bias (H or 1, n, m)."""
     hq = q.shape[0]
     heads = torch.arange(hq, device=q.device)
     allowed = allowed.to(q.device)
     k = k.index_select(0, heads // (hq // k.shape[0]))  # query head h reads K head h // (Hq / Hk)
     v = v.index_select(0, heads // (hq // v.shape[0]))  # and V head h // (Hq / Hv)
     logits = torch.matmul(q, k.transpose(1, 2)) * scale  # (H, n, m)
+    if bias is not None:
+        logits = logits + bias
+    if alibi:
+        n, m = logits.shape[1], logits.shape[2]
+        dist = (torch.arange(m, device=q.device).view(1, m) - torch.arange(n, device=q.device).view(n, 1)).double()
+        logits = logits + alibi_slopes(hq).to(q.device).view(hq, 1, 1) * dist
     logits = torch.where(allowed.unsqueeze(0), logits, torch.full_like(logits, NEG_INF))
     if logits.shape[-1] > 0:
         top = logits.max(dim=-1).values
@@ -81,15 +104,25 @@ def _one_sequence(q, k, v, *, scale: float, sink, allowed):
 _PAD_ROW = (NEG_INF, NEG_INF, 0.0)
 
 
-def attention(q, k, v, *, scale: float, sink=None, seq_len_q: Optional[Sequence[int]] = None,
-              seq_len_kv: Optional[Sequence[int]] = None, cu_seq_len_q: Optional[Sequence[int]] = None,
-              cu_seq_len_kv: Optional[Sequence[int]] = None, row_stats: bool = False, **mask):
+def _bias_of(bias, i: int, n: int, m: int):
+    """Sequence i's (H or 1, n, m) block of a (B or 1, H or 1, S_q, S_kv) bias (sequence-local positions)."""
+    if bias is None:
+        return None
+    return bias[i if bias.shape[0] > 1 else 0, :, :n, :m]
+
+
+def attention(q, k, v, *, scale: float, sink=None, bias=None, alibi: bool = False,
+              seq_len_q: Optional[Sequence[int]] = None, seq_len_kv: Optional[Sequence[int]] = None,
+              cu_seq_len_q: Optional[Sequence[int]] = None, cu_seq_len_kv: Optional[Sequence[int]] = None,
+              row_stats: bool = False, **mask):
     """float64 attention -> (o, lse), or (o, lse, max, sum_exp) with `row_stats`. `mask` takes `band`'s
     keywords; lengths are host sequences."""
     q, k, v = q.double(), k.double(), v.double()
     sink = sink.double().reshape(-1) if sink is not None else None
+    bias = bias.double() if bias is not None else None
     if cu_seq_len_q is not None:
-        out = _packed(q, k, v, scale=scale, sink=sink, cu_q=list(cu_seq_len_q), cu_kv=list(cu_seq_len_kv), **mask)
+        out = _packed(q, k, v, scale=scale, sink=sink, bias=bias, alibi=alibi, cu_q=list(cu_seq_len_q),
+                      cu_kv=list(cu_seq_len_kv), **mask)
         return out if row_stats else out[:2]
     b, hq, sq, _ = q.shape
     skv, dv = k.shape[2], v.shape[3]
@@ -98,7 +131,7 @@ def attention(q, k, v, *, scale: float, sink=None, seq_len_q: Optional[Sequence[
         n = int(seq_len_q[i]) if seq_len_q is not None else sq
         m = int(seq_len_kv[i]) if seq_len_kv is not None else skv
         o_b, *rows = _one_sequence(q[i, :, :n], k[i, :, :m], v[i, :, :m], scale=scale, sink=sink,
-                                   allowed=band(n, m, **mask))
+                                   allowed=band(n, m, **mask), bias=_bias_of(bias, i, n, m), alibi=alibi)
         parts[0].append(torch.cat([o_b, q.new_zeros(hq, sq - n, dv)], dim=1))
         for out, r, pad in zip(parts[1:], rows, _PAD_ROW):
             out.append(torch.cat([r, q.new_full((hq, sq - n), pad)], dim=1))
@@ -106,14 +139,15 @@ def attention(q, k, v, *, scale: float, sink=None, seq_len_q: Optional[Sequence[
     return out if row_stats else out[:2]
 
 
-def _packed(q, k, v, *, scale, sink, cu_q, cu_kv, **mask):
+def _packed(q, k, v, *, scale, sink, bias, alibi, cu_q, cu_kv, **mask):
     tq, hq, _ = q.shape
     dv = v.shape[2]
     parts = [[], [], [], []]
     for i in range(len(cu_q) - 1):
         q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_kv[i], cu_kv[i + 1]
         res = _one_sequence(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
-                            scale=scale, sink=sink, allowed=band(q1 - q0, k1 - k0, **mask))
+                            scale=scale, sink=sink, allowed=band(q1 - q0, k1 - k0, **mask),
+                            bias=_bias_of(bias, i, q1 - q0, k1 - k0), alibi=alibi)
         for out, r in zip(parts, res):
             out.append(r.transpose(0, 1))
     tail = tq - cu_q[-1]
@@ -123,13 +157,16 @@ def _packed(q, k, v, *, scale, sink, cu_q, cu_kv, **mask):
     return tuple(torch.cat(p) for p in parts)
 
 
-def attention_grads(q, k, v, do, *, scale: float, sink=None, **kw):
-    """(o, lse, dq, dk, dv, dsink or None) in float64 by autograd through `attention`."""
+def attention_grads(q, k, v, do, *, scale: float, sink=None, bias=None, with_dbias: bool = False, **kw):
+    """(o, lse, dq, dk, dv, dsink or None) in float64 by autograd through `attention`; with `with_dbias`, a
+    seventh entry: the bias gradient in the bias's own (broadcast) shape (autograd sums the broadcast dims)."""
     leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     sink_leaf = sink.detach().double().requires_grad_(True) if sink is not None else None
-    o, lse = attention(*leaves, scale=scale, sink=sink_leaf, **kw)
-    wrt = leaves + ([sink_leaf] if sink_leaf is not None else [])
+    bias_leaf = bias.detach().double().requires_grad_(with_dbias) if bias is not None else None
+    o, lse = attention(*leaves, scale=scale, sink=sink_leaf, bias=bias_leaf, **kw)
+    wrt = leaves + ([sink_leaf] if sink_leaf is not None else []) + ([bias_leaf] if with_dbias else [])
     grads = torch.autograd.grad(o, wrt, grad_outputs=do.double(), allow_unused=True)
     grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, wrt)]
     dsink = grads[3] if sink_leaf is not None else None
-    return o.detach(), lse.detach(), grads[0], grads[1], grads[2], dsink
+    out = (o.detach(), lse.detach(), grads[0], grads[1], grads[2], dsink)
+    return out + (grads[-1],) if with_dbias else out

@@ -65,6 +65,12 @@ def covering_specs() -> list:
             specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
     specs += [(cases.SM90_FWD_TEMPLATE, Sm90FwdParams(**kw), "sm_90a") for kw in cases.RAGGED_SM90_FWD_COVER]
     specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in cases.RAGGED_SM90_BWD_COVER]
+    # the score-modifier sets after those
+    for arch, kws in cases.SM80_FWD_SCORE_MOD_COVER.items():
+        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
+    for arch, kws in cases.SM80_BWD_SCORE_MOD_COVER.items():
+        for kw in kws:
+            specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
     return specs
 
 

@@ -24,13 +24,27 @@ def kernel_window(facts) -> tuple:
 def sdpa_feature_flags(facts) -> dict:
     """The SdpaFeatureParams fields of every SDPA template, from the facts (sdpa_args.py)."""
     banded = facts.window_left is not None or facts.window_right is not None
+    bias = facts.tensor("bias") if facts.has_bias else None
     flags = dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
                  num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv,
                  num_heads_v=facts.heads_v if facts.split_kv_heads else 0, is_thd=facts.is_thd,
                  has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
                  has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
-                 bottom_right=facts.bottom_right and banded)
+                 bottom_right=facts.bottom_right and banded, has_bias=bias is not None,
+                 bias_per_batch=bias is not None and bias.dim[0] > 1, bias_per_head=bias is not None and bias.dim[1] > 1,
+                 bias_key_strided=bias is not None and bias.stride[3] != 1,  # as declared, also for S_kv = 1
+                 has_alibi=facts.has_alibi)
     return {**flags, **ragged_flags(facts)}
+
+
+def dbias_accumulates(facts) -> bool:
+    """Whether dBias goes through the chain's fp32 accumulator: several (batch, head) pairs add into one of its
+    elements (it broadcasts over batch entries or heads the graph has more than one of), or it belongs to a
+    packed batch (whose elements outside every sequence no step writes). Otherwise the main kernel writes it."""
+    if not facts.has_dbias:
+        return False
+    b, h = facts.tensor("dBias").dim[:2]
+    return facts.is_thd or b < facts.batch or h < facts.num_heads_q
 
 
 def ragged_flags(facts) -> dict:
@@ -64,6 +78,11 @@ def ragged_decline_reason(facts):
     scores = [n for n, on in (("score_max", facts.has_score_max), ("score_sum_exp", facts.has_score_sum_exp)) if on]
     if scores:
         return f"{' / '.join(scores)} are not served in the ragged-offset form by the DSL kernels"
+    mods = [name for name, on in (("bias", facts.has_bias), ("dBias", facts.has_dbias), ("ALiBi", facts.has_alibi))
+            if on]
+    if mods:
+        return (f"the DSL kernels serve the ragged-offset form without score modifiers; this graph has "
+                f"{', '.join(mods)} (frost's own packed form takes them)")
     strides = dict(r.token_strides)
     tensor_of = {role: i for i, roles in enumerate(r.shared_offsets) for role in roles}
     for group in RAGGED_GROUPS:
@@ -150,6 +169,7 @@ TENSOR_ARGS = {
     "cu_seqlens_q": ("cu_seq_len_q", None), "cu_seqlens_kv": ("cu_seq_len_kv", None),
     "seqused_q": ("seq_len_q", lengths_view), "seqused_kv": ("seq_len_kv", lengths_view),
     "sinks": ("sink_token", sink_view), "dsinks": ("dSink_token", sink_view),
+    "bias": ("bias", None), "dbias": ("dBias", None),
 }
 #: cuDNN's ragged-offset form: the offsets tensors of the groups and of Stats take the cu_seqlens slots, 1-D
 RAGGED_TENSOR_ARGS = {**TENSOR_ARGS, "cu_seqlens_q": ("q_ragged_offset", lengths_view),

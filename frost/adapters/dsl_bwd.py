@@ -10,7 +10,7 @@ chain. It imports no arch module.
 from __future__ import annotations
 
 from frost.adapters.base import SdpaBwdDsl
-from frost.adapters.dsl import DslKernels, LaunchArgs, sdpa_feature_flags, viewed_args
+from frost.adapters.dsl import DslKernels, LaunchArgs, dbias_accumulates, sdpa_feature_flags, viewed_args
 from frost.engines.sdpa_bwd.chain import chain_of
 from frost.engines.sdpa_bwd.scratch import scratch_layout
 from frost.runtime.context import stream_handle
@@ -18,7 +18,8 @@ from frost.runtime.workspace import CarvedViews, ScratchBuffer, carve, layout_by
 
 
 def bwd_feature_flags(facts) -> dict:
-    return dict(sdpa_feature_flags(facts), has_dsinks=facts.has_dsink, deterministic=facts.deterministic)
+    return dict(sdpa_feature_flags(facts), has_dsinks=facts.has_dsink, deterministic=facts.deterministic,
+                has_dbias=facts.has_dbias, dbias_accum=dbias_accumulates(facts))
 
 
 class DslBwdAdapter(DslKernels, SdpaBwdDsl):

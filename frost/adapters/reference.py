@@ -29,7 +29,12 @@ def _mask_kwargs(facts, bound) -> dict:
         kw.update(seqused_q=lengths_view(bound["seq_len_q"]), seqused_kv=lengths_view(bound["seq_len_kv"]))
     if facts.has_sinks:
         kw.update(sinks=sink_view(bound["sink_token"]))
+    kw.update(_score_mod_kwargs(facts, bound))
     return kw
+
+
+def _score_mod_kwargs(facts, bound) -> dict:
+    return dict(bias=bound["bias"] if facts.has_bias else None, alibi=facts.has_alibi)
 
 
 def _ragged_batches(facts, bound):
@@ -82,7 +87,8 @@ def _ragged_fwd(facts, bound) -> None:
             continue
         o, *stats = sdpa_fwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
                                        softmax_scale=facts.attn_scale, compute_dtype=_compute_dtype(facts),
-                                       sinks=sinks, row_stats=True, **_band(facts))
+                                       sinks=sinks, row_stats=True, **_band(facts),
+                                       **_batch_score_mods(facts, bound, b))
         rows("o").copy_(o[0])
         for (role, t), value in zip(outs, stats):
             if t is None:
@@ -93,28 +99,54 @@ def _ragged_fwd(facts, bound) -> None:
                 t[b, :, :len_q, 0] = value[0]
 
 
+def _batch_score_mods(facts, bound, b: int) -> dict:
+    """The score-modifier keywords of ragged batch b: its slice of the bias (batch-broadcast biases whole)."""
+    kw = _score_mod_kwargs(facts, bound)
+    if kw["bias"] is not None:
+        bias = kw["bias"]
+        kw["bias"] = bias[b:b + 1] if bias.shape[0] > 1 else bias
+    return kw
+
+
 def _ragged_bwd(facts, bound) -> None:
     sinks = sink_view(bound["sink_token"]) if facts.has_sinks else None
     total_dsink = None
+    dbias = _dbias_accumulator(facts, bound)
     for b, len_q, rows in _ragged_batches(facts, bound):
         if len_q == 0:  # keys no query sees: zero gradients, as the kernels write them
             rows("dK").zero_()
             rows("dV").zero_()
             continue
-        dq, dk, dv, dsink = sdpa_bwd_reference(rows("q")[None], rows("k")[None], rows("v")[None], rows("dO")[None],
-                                               softmax_scale=facts.attn_scale, compute_dtype=_compute_dtype(facts),
-                                               sinks=sinks, **_band(facts))
+        mods = _batch_score_mods(facts, bound, b)
+        dq, dk, dv, dsink, db = sdpa_bwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
+                                                   rows("dO")[None], softmax_scale=facts.attn_scale,
+                                                   compute_dtype=_compute_dtype(facts), sinks=sinks, **_band(facts),
+                                                   **mods, dbias=dbias is not None)
         rows("dQ").copy_(dq[0])
         rows("dK").copy_(dk[0])
         rows("dV").copy_(dv[0])
         if dsink is not None:
             total_dsink = dsink if total_dsink is None else total_dsink + dsink
+        if dbias is not None:
+            if dbias.shape[0] > 1:
+                dbias[b:b + 1] += db
+            else:
+                dbias += db
+    if dbias is not None:
+        bound["dBias"].copy_(dbias)
     if facts.has_dsink:
         out = sink_view(bound["dSink_token"])
         if total_dsink is not None:
             out.copy_(total_dsink)
         else:
             out.zero_()
+
+
+def _dbias_accumulator(facts, bound):
+    """A zeroed compute-dtype tensor of dBias's shape, or None without dBias."""
+    if not facts.has_dbias:
+        return None
+    return torch.zeros(tuple(bound["dBias"].shape), dtype=_compute_dtype(facts), device=bound["dBias"].device)
 
 
 class SdpaFwdReference(SdpaFwdDsl):
@@ -149,11 +181,14 @@ class SdpaBwdReference(SdpaBwdDsl):
             return
         with on_stream(stream, bound["q"].device):
             kw = _mask_kwargs(f, bound)
-            dq, dk, dv, dsink = sdpa_bwd_reference(
+            dq, dk, dv, dsink, dbias = sdpa_bwd_reference(
                 io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
-                io_view(bound["dO"], thd), softmax_scale=f.attn_scale, compute_dtype=_compute_dtype(f), **kw)
+                io_view(bound["dO"], thd), softmax_scale=f.attn_scale, compute_dtype=_compute_dtype(f),
+                dbias=f.has_dbias, **kw)
             io_view(bound["dQ"], thd).copy_(dq)
             io_view(bound["dK"], thd).copy_(dk)
             io_view(bound["dV"], thd).copy_(dv)
             if f.has_dsink:
                 sink_view(bound["dSink_token"]).copy_(dsink)
+            if f.has_dbias:
+                bound["dBias"].copy_(dbias)

@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from frost.engines.sdpa_args import alibi_slopes
+
 
 def _ranges(num_batches: int, s_q: int, s_kv: int, cu_q, cu_kv, used_q, used_kv):
     """Per batch: (q_start, q_len, kv_start, kv_len), host ints."""
@@ -23,8 +25,8 @@ def _ranges(num_batches: int, s_q: int, s_kv: int, cu_q, cu_kv, used_q, used_kv)
 
 
 def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, window_right, bottom_right):
-    """Per non-empty sequence: (query rows, key rows, mask), the rows as index tuples into the canonical views
-    (THD: token slices; dense: the batch entry's leading rows)."""
+    """Per non-empty sequence: (batch index, query rows, key rows, mask), the rows as index tuples into the
+    canonical views (THD: token slices; dense: the batch entry's leading rows)."""
     batches = len(cu_q) - 1 if thd else q.shape[0]
     s_q, s_kv = (0, 0) if thd else (q.shape[1], k.shape[1])
     for b, (q0, lq, k0, lk) in enumerate(_ranges(batches, s_q, s_kv, cu_q, cu_kv, used_q, used_kv)):
@@ -33,9 +35,31 @@ def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, wi
         mask = allowed_mask(lq, lk, window_left=window_left, window_right=window_right, bottom_right=bottom_right,
                             device=q.device)
         if thd:
-            yield (slice(q0, q0 + lq),), (slice(k0, k0 + lk),), mask
+            yield b, (slice(q0, q0 + lq),), (slice(k0, k0 + lk),), mask
         else:
-            yield (b, slice(0, lq)), (b, slice(0, lk)), mask
+            yield b, (b, slice(0, lq)), (b, slice(0, lk)), mask
+
+
+def _bias_block(bias, b: int, len_q: int, len_kv: int):
+    """Sequence b's (H or 1, len_q, len_kv) block of a declared (B or 1, H or 1, S_q, S_kv) bias: positions are
+    sequence-local, unit dims broadcast."""
+    if bias is None:
+        return None
+    return bias[b if bias.shape[0] > 1 else 0, :, :len_q, :len_kv]
+
+
+def score_mods(hq: int, len_q: int, len_kv: int, *, bias_block=None, alibi: bool = False, dtype=torch.float32,
+               device=None):
+    """The additive score terms of one sequence, (H or 1, len_q, len_kv) or None: the bias block plus ALiBi's
+    slope(h) * (j - i) (cuDNN's slopes, `sdpa_args.alibi_slopes`)."""
+    out = None if bias_block is None else bias_block.to(dtype)
+    if alibi:
+        i = torch.arange(len_q, device=device).view(len_q, 1)
+        j = torch.arange(len_kv, device=device).view(1, len_kv)
+        slopes = torch.tensor(alibi_slopes(hq), dtype=dtype, device=device).view(hq, 1, 1)
+        term = slopes * (j - i).to(dtype)
+        out = term if out is None else out + term
+    return out
 
 
 def allowed_mask(len_q: int, len_kv: int, *, window_left=None, window_right=None, bottom_right=False,
@@ -52,14 +76,22 @@ def allowed_mask(len_q: int, len_kv: int, *, window_left=None, window_right=None
     return ok
 
 
-def _attend(qb, kb, vb, *, scale, sink, mask):
+def _logits(qb, kk, *, scale, mods, mask):
+    """scale * q.k^T (Hq, Sq, Skv), plus the score terms `mods`, masked after."""
+    s = torch.einsum("qhd,khd->hqk", qb, kk) * scale
+    if mods is not None:
+        s = s + mods
+    return s.masked_fill(~mask.unsqueeze(0), float("-inf"))
+
+
+def _attend(qb, kb, vb, *, scale, sink, mask, mods=None):
     """One sequence: qb (Sq, Hq, D), kb (Skv, Hk, D), vb (Skv, Hv, Dv) -> o (Sq, Hq, Dv), lse, row max, row
-    sum of exp(score - max) (each (Hq, Sq); an empty row without a sink: -inf, -inf, 0)."""
+    sum of exp(score - max) (each (Hq, Sq); an empty row without a sink: -inf, -inf, 0); `mods` (`score_mods`)
+    join the scores before the max, so the row max is that of the final logits (cuDNN's score_max)."""
     hq = qb.shape[1]
     kb = kb.repeat_interleave(hq // kb.shape[1], dim=1)
     vb = vb.repeat_interleave(hq // vb.shape[1], dim=1)
-    s = torch.einsum("qhd,khd->hqk", qb, kb) * scale
-    s = s.masked_fill(~mask.unsqueeze(0), float("-inf"))
+    s = _logits(qb, kb, scale=scale, mods=mods, mask=mask)
     if sink is not None:
         col = sink.view(hq, 1, 1).to(s.dtype).expand(hq, s.shape[1], 1)
         s = torch.cat([s, col], dim=2)
@@ -76,15 +108,16 @@ def _attend(qb, kb, vb, *, scale, sink, mask):
 
 def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_kv=None, seqused_q=None,
                        seqused_kv=None, sinks=None, window_left=None, window_right=None, bottom_right=False,
-                       compute_dtype=torch.float32, row_stats=False):
+                       bias=None, alibi=False, compute_dtype=torch.float32, row_stats=False):
     """Forward on canonical views; returns (o, lse) in `compute_dtype`, with `row_stats` (o, lse, score_max,
-    score_sum_exp): the row max of the scaled, masked scores (the sink included) and the row sum of
+    score_sum_exp): the row max of the scaled, modified, masked scores (the sink included) and the row sum of
     exp(score - max), so lse = score_max + log(score_sum_exp).
 
     Dense views: q (B, Sq, Hq, D) -> o (B, Sq, Hq, Dv), lse (B, Hq, Sq).
     THD views:   q (Tq, Hq, D)    -> o (Tq, Hq, Dv),    lse (Hq, Tq).
     K and V may have different head counts, each dividing Hq.
     Rows past a sequence's length (padding) and empty rows get O = 0, LSE = -inf (score_max -inf, sum 0).
+    `bias`: the declared (B or 1, Hq or 1, S_q, S_kv) additive bias; `alibi`: cuDNN's ALiBi (sdpa_args.py).
     """
     thd = cu_seqlens_q is not None
     cd = compute_dtype
@@ -101,9 +134,11 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
         shape = (bsz, hq, sq)
     lse, top = (torch.full(shape, float("-inf"), dtype=cd, device=q.device) for _ in range(2))
     sum_exp = torch.zeros(shape, dtype=cd, device=q.device)
-    for qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
-                                   window_left=window_left, window_right=window_right, bottom_right=bottom_right):
-        ob, *rows = _attend(q[qs], k[ks], v[ks], scale=softmax_scale, sink=sink, mask=mask)
+    for b, qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
+                                      window_left=window_left, window_right=window_right, bottom_right=bottom_right):
+        mods = score_mods(hq, *mask.shape, bias_block=_bias_block(bias, b, *mask.shape), alibi=alibi, dtype=cd,
+                          device=q.device)
+        ob, *rows = _attend(q[qs], k[ks], v[ks], scale=softmax_scale, sink=sink, mask=mask, mods=mods)
         o[qs] = ob
         for out, rb in zip((lse, top, sum_exp), rows):
             if thd:
@@ -113,16 +148,18 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
     return (o, lse, top, sum_exp) if row_stats else (o, lse)
 
 
-def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask):
+def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask, mods=None):
     """Gradients of one sequence in closed form (no autograd: it works under any grad mode or dispatch state).
 
-    qb (Sq, Hq, D), kb/vb (Skv, Hk/Hv, D/Dv), dob (Sq, Hq, Dv) -> dq, dk, dv (same shapes), dsink (Hq,) or None.
+    qb (Sq, Hq, D), kb/vb (Skv, Hk/Hv, D/Dv), dob (Sq, Hq, Dv) -> dq, dk, dv (same shapes), dsink (Hq,) or None,
+    ds (Hq, Sq, Skv): the gradient of the logits after the scale (the bias gradient before any broadcast sum).
     """
     hq, hk, hv = qb.shape[1], kb.shape[1], vb.shape[1]
     kk = kb.repeat_interleave(hq // hk, dim=1)
     vv = vb.repeat_interleave(hq // hv, dim=1)
-    o, lse = _attend(qb, kb, vb, scale=scale, sink=sink, mask=mask)[:2]  # o (Sq, Hq, Dv), lse (Hq, Sq)
-    s = torch.einsum("qhd,khd->hqk", qb, kk) * scale
+    # o (Sq, Hq, Dv), lse (Hq, Sq)
+    o, lse = _attend(qb, kb, vb, scale=scale, sink=sink, mask=mask, mods=mods)[:2]
+    s = _logits(qb, kk, scale=scale, mods=mods, mask=mask)
     p = torch.exp(s - lse.unsqueeze(2)).masked_fill(~mask.unsqueeze(0), 0.0)
     p = torch.nan_to_num(p, nan=0.0)  # empty rows: lse = -inf
     dv = torch.einsum("hqk,qhd->khd", p, dob)
@@ -135,30 +172,40 @@ def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask):
     dsink = None
     if sink is not None:
         dsink = -(torch.nan_to_num(torch.exp(sink.view(hq, 1) - lse), nan=0.0) * di).sum(1)
-    return dq, fold(dk, hk), fold(dv, hv), dsink
+    return dq, fold(dk, hk), fold(dv, hv), dsink, ds
 
 
 def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float64, cu_seqlens_q=None,
                        cu_seqlens_kv=None, seqused_q=None, seqused_kv=None, sinks=None, window_left=None,
-                       window_right=None, bottom_right=False):
+                       window_right=None, bottom_right=False, bias=None, alibi=False, dbias=False):
     """Gradients of `sdpa_fwd_reference` in `compute_dtype`, in closed form per sequence.
 
-    Returns (dq, dk, dv, dsinks or None) on the canonical views' shapes; rows and keys outside every
-    sequence get zero gradients.
+    Returns (dq, dk, dv, dsinks or None, dbias or None) on the canonical views' shapes; rows and keys outside
+    every sequence get zero gradients. With `dbias`, the bias gradient has the declared bias's shape: dS (the
+    logits' gradient, before the scale) summed over the batch entries and heads the bias broadcasts over,
+    zero at masked and padding positions.
     """
     thd = cu_seqlens_q is not None
     cd = compute_dtype
     q, k, v, do = q.to(cd), k.to(cd), v.to(cd), do.to(cd)
     sink = sinks.to(cd) if sinks is not None else None
+    hq = q.shape[-2]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dsink = torch.zeros(q.shape[-2], dtype=cd, device=q.device) if sink is not None else None
-    for qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
-                                   window_left=window_left, window_right=window_right, bottom_right=bottom_right):
-        parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask)
+    dsink = torch.zeros(hq, dtype=cd, device=q.device) if sink is not None else None
+    dbias_out = torch.zeros(tuple(bias.shape), dtype=cd, device=q.device) if dbias else None
+    for b, qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
+                                      window_left=window_left, window_right=window_right, bottom_right=bottom_right):
+        lq, lk = mask.shape
+        mods = score_mods(hq, lq, lk, bias_block=_bias_block(bias, b, lq, lk), alibi=alibi, dtype=cd,
+                          device=q.device)
+        parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask, mods=mods)
         dq[qs], dk[ks], dv[ks] = parts[:3]
         if sink is not None:
             dsink += parts[3]
-    return dq, dk, dv, dsink
+        if dbias:
+            ds = parts[4] if dbias_out.shape[1] > 1 else parts[4].sum(0, keepdim=True)
+            dbias_out[b if dbias_out.shape[0] > 1 else 0, :, :lq, :lk] += ds
+    return dq, dk, dv, dsink, dbias_out
 
 
 def default_scale(head_dim: int) -> float:

@@ -6,6 +6,7 @@ the deterministic mode that suits the problem and the GPU (`frost.adapters.sm80_
 """
 from __future__ import annotations
 
+from frost.adapters.dsl import dbias_accumulates
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
 
@@ -28,6 +29,10 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
 
         knobs = dict(default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
                                    smem_budget=_smem_budget(target)))
+        if facts.has_bias and knobs["tile_n"] > 64:
+            # the bias's values join the S tile in registers: 128-key tiles (d=64's default) spilled 176 bytes a
+            # thread on sm_80 (ptxas), 64-key tiles none; not timed on a GPU yet
+            knobs["tile_n"] = 64
         knobs.update(requested)
         return knobs
 
@@ -41,6 +46,16 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
     family = "sm80"
     params_module = "frost.engines.sm80.sdpa_bwd_params"
     params_class = "Sm80BwdParams"
+
+    def check_support(self) -> None:
+        f = self.facts
+        if f.has_dbias and f.deterministic and dbias_accumulates(f):
+            dbias = f.tensor("dBias")
+            raise self.decline(f"does not serve a deterministic dBias {dbias.label} of dim {dbias.dim} summed over "
+                               f"{'a packed batch' if f.is_thd else 'broadcast batch entries or heads'}: it adds "
+                               f"into an fp32 accumulator with atomics, in no fixed order (a dBias of dim "
+                               f"({f.batch}, {f.num_heads_q}, S_q, S_kv) on a dense graph is written directly)")
+        super().check_support()
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:

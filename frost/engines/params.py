@@ -53,6 +53,15 @@ class SdpaFeatureParams(TemplateParams):
     token_div_lse: int = 0
     offset_dtype_lse: Literal["int32", "int64"] = "int32"
     stats_per_batch: bool = False
+    # score modifiers (sdpa_args.py): an additive bias, full along batch / heads where flagged (else one value
+    # broadcast over them), and ALiBi
+    has_bias: bool = False
+    bias_per_batch: bool = False
+    bias_per_head: bool = False
+    # the bias's key dim has a non-unit stride (read through a runtime stride); else its unit stride compiles in,
+    # so a thread's loads of one row share one address register
+    bias_key_strided: bool = False
+    has_alibi: bool = False
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -71,6 +80,46 @@ class SdpaFeatureParams(TemplateParams):
     def ragged(self) -> bool:
         """cuDNN's ragged-offset form (see `token_div_q`)."""
         return self.token_div_q > 0
+
+    @property
+    def has_score_mods(self) -> bool:
+        """Logits get more than the scale (a bias or ALiBi): kernels scale them before the softmax."""
+        return self.has_bias or self.has_alibi
+
+
+class SdpaBwdFeatureParams(SdpaFeatureParams):
+    """The feature fields every SDPA backward shares: the gradients beyond dQ / dK / dV and determinism.
+
+    `has_dbias`: the bias gradient (its dims are the bias's). `dbias_accum`: it goes through the fp32 workspace
+    accumulator of the chain (zeroed by the preprocess, converted by the dQ convert), because several (batch,
+    head) pairs add into one element (a broadcast bias) or a packed batch leaves elements outside every
+    sequence; otherwise the main kernel writes it directly.
+    """
+
+    has_dsinks: bool = False
+    deterministic: bool = False
+    has_dbias: bool = False
+    dbias_accum: bool = False
+
+    @property
+    def dbias_accum_per_batch(self) -> bool:
+        """The dBias accumulator is full along batch (B entries; else one); False without an accumulator."""
+        return self.dbias_accum and self.bias_per_batch
+
+    @property
+    def dbias_accum_per_head(self) -> bool:
+        """The dBias accumulator is full along heads (H_q; else one); False without an accumulator."""
+        return self.dbias_accum and self.bias_per_head
+
+
+def score_mod_tags(p) -> tuple:
+    """(flag, tag) pairs naming a kernel's score modifiers: bias, then b / h where it is full along batch /
+    heads and s for a strided key dim, alibi, and (backward) dbias, or dbiasacc through the fp32 accumulator."""
+    bias = "bias" + "b" * p.bias_per_batch + "h" * p.bias_per_head + "s" * p.bias_key_strided
+    tags = ((p.has_bias, bias), (p.has_alibi, "alibi"))
+    if isinstance(p, SdpaBwdFeatureParams):
+        tags += ((p.has_dbias, "dbiasacc" if p.dbias_accum else "dbias"),)
+    return tags
 
 
 def head_dim_span_reason(d_qk: int, d_v: int, multiple: int, maximum: int) -> str | None:
@@ -117,3 +166,26 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
                                   f"ragged-offset form")
     if p.ragged and (getattr(p, "has_score_max", False) or getattr(p, "has_score_sum_exp", False)):
         raise TemplateParamsError(f"{who}: score_max / score_sum_exp are not served in the ragged-offset form")
+    if (p.bias_per_batch or p.bias_per_head or p.bias_key_strided) and not p.has_bias:
+        raise TemplateParamsError(f"{who}: bias_per_batch / bias_per_head / bias_key_strided describe a bias; "
+                                  f"has_bias is False")
+    if p.ragged and p.has_score_mods:
+        raise TemplateParamsError(f"{who}: the ragged-offset form is served without score modifiers (bias, ALiBi)")
+    if p.has_alibi and not p.has_window_right:
+        raise TemplateParamsError(f"{who}: ALiBi needs a causal mask (has_window_right; cuDNN's rule)")
+    if isinstance(p, SdpaBwdFeatureParams):
+        if p.has_dsinks and not p.has_sinks:
+            raise TemplateParamsError(f"{who}: dsinks needs sinks")
+        if p.has_dbias and not p.has_bias:
+            raise TemplateParamsError(f"{who}: dbias needs a bias")
+        if p.dbias_accum and not p.has_dbias:
+            raise TemplateParamsError(f"{who}: dbias_accum without dbias")
+        if p.has_dbias and p.is_thd and not p.dbias_accum:
+            raise TemplateParamsError(f"{who}: a packed batch's dbias goes through the accumulator (dbias_accum)")
+
+
+def check_no_score_mods(p: SdpaFeatureParams, who: str, why: str) -> None:
+    """For templates without a bias, ALiBi or dBias: raise TemplateParamsError naming what is set."""
+    used = [n for n in ("has_bias", "has_alibi", "has_dbias") if getattr(p, n, False)]
+    if used:
+        raise TemplateParamsError(f"{who}: {', '.join(used)} set; {why}")

@@ -28,6 +28,7 @@ flag is set, in this order):
     cu_seqlens_q, cu_seqlens_kv  if is_thd
     seqused_q, seqused_kv        if has_seqused   (int32 (B,), padding masks, dense only)
     sinks                        if has_sinks     (fp32 (Hq,))
+    bias                         if has_bias      (io dtype (B or 1, Hq or 1, Sq, Skv), as declared)
     softmax_scale                Float32
     window_left                  if has_window_left   Int32 >= 0
     window_right                 if has_window_right  Int32 >= 0 (causal is window_right = 0)
@@ -54,6 +55,14 @@ Mask semantics (shared by every engine and the reference):
                     and (not has_window_right or j <= i + off + window_right)
 Logits are softmax_scale * q.k. GQA: query head h reads K head h // (Hq // Hkv) and
 V head h // (Hq // Hv).
+Score modifiers (cuDNN's order): logits are
+    softmax_scale * q.k + bias[b, h, i, j] + slope(h) * (j - i)
+then masked. The bias (flag `has_bias`) is taken as declared, any strides (the
+kernel reads it element by element), its batch and head modes of extent 1 when it
+broadcasts over them (`bias_per_batch` / `bias_per_head` say which are full);
+i, j are sequence-local (packed THD sequences index it like padded ones, S_q and
+S_kv being max_seq_len_q / kv). ALiBi (flag `has_alibi`) uses cuDNN's slopes
+(`alibi_slopes`) and needs a causal mask, as in cuDNN.
 Sinks: one extra logit per query head, sinks[h] (already in scaled-logit units),
 enters the softmax denominator only. LSE (natural log) includes the sink.
 score_max is the row max of the masked logits and the sink (natural units, scaled);
@@ -67,10 +76,13 @@ NaN and Inf included: kernels never let them reach a result.
 
 Backward argument order:
     q, k, v, o, do, lse, dq, dk, dv,
-    (cu_seqlens_q, cu_seqlens_kv | seqused_q, seqused_kv | sinks, dsinks)  as flagged,
+    (cu_seqlens_q, cu_seqlens_kv | seqused_q, seqused_kv | sinks, dsinks | bias, dbias)  as flagged,
     scratch views carved from the caller's workspace (listed by the template),
     softmax_scale, window_left?, window_right?, max_seqlen_q?, max_seqlen_kv?, stream
 dsinks (fp32 (Hq,)) = -sum over rows of exp(sinks[h] - lse) * rowsum(dO * O).
+dbias (flag `has_dbias`; the bias's dims, any strides) = dS = P * (dP - rowsum(dO * O)),
+the logits' gradient before the scale, summed over the batch entries and heads the
+bias broadcasts over; zero at masked and padding positions.
 A backward made of several kernels gives each kernel the ordered subsequence of
 this list that it reads; its params module names them per kernel (e.g.
 `frost.engines.sdpa_bwd.chain.bwd_chain`). dsinks is present only when dSink is
@@ -93,7 +105,7 @@ def fwd_arg_names(p) -> list[str]:
     names += ["score_sum_exp"] * getattr(p, "has_score_sum_exp", False)
     names += ["cu_seqlens_q", "cu_seqlens_kv"] * p.is_thd + ["seqused_q", "seqused_kv"] * p.has_seqused
     names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0)
-    names += ["sinks"] * p.has_sinks + ["softmax_scale"]
+    names += ["sinks"] * p.has_sinks + ["bias"] * p.has_bias + ["softmax_scale"]
     names += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
     return names + ["max_seqlen_q"] * p.is_thd + ragged_totals(p) + ["stream"]
 
@@ -113,6 +125,14 @@ def ragged_tags(p) -> list[str]:
 def ragged_totals(p) -> list[str]:
     """The token envelopes a ragged-offset kernel views its (B, H, S, D) tensors with (none otherwise)."""
     return ["total_q", "total_kv"] if p.ragged else []
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """cuDNN's ALiBi slopes, one per query head: with n the largest power of two <= num_heads, head h < n takes
+    2^(-8 (h + 1) / n) and head n + e takes 2^(-4 (2 e + 1) / n) (the odd powers of 2^(-4 / n))."""
+    n = 1 << (num_heads.bit_length() - 1)
+    return [2.0 ** (-8.0 * (h + 1) / n) if h < n else 2.0 ** (-4.0 * (2 * (h - n) + 1) / n)
+            for h in range(num_heads)]
 
 
 def canonical_to_declared(name: str, t, is_thd: bool):

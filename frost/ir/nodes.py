@@ -35,7 +35,7 @@ class SdpaAttrs:
     sink_token: Optional[Tensor] = None
     # (probability, seed tensor, offset tensor), as cuDNN declares it; served by the cuDNN engine
     dropout: Optional[tuple] = None
-    bias: Optional[Tensor] = None  # additive, (1|B, 1|H_q, S_q, S_kv); served by the cuDNN engine
+    bias: Optional[Tensor] = None  # additive, (1|B, 1|H_q, S_q, S_kv); the mma.sync, cuDNN and reference engines
     # declared for completeness; engines decline what they cannot serve
     attn_mask: Optional[Tensor] = None
     use_alibi_mask: bool = False

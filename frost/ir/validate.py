@@ -219,6 +219,9 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         _check_bias(a.bias, "bias", batch, hq, sq, skv, q)
     probability = _check_dropout(a)
     left, right, bottom_right = resolve_band(a)
+    if a.use_alibi_mask and right != 0:
+        raise GraphError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask (diagonal_band_right_bound=0 or "
+                         f"use_causal_mask), as in cuDNN; this graph's right bound is {right}")
     geom = dict(batch=batch, num_heads_q=hq, num_heads_kv=hkv, num_heads_v=hv, head_dim_qk=dqk, head_dim_v=dv,
                 seq_q=sq, seq_kv=skv, is_thd=thd, total_q=tq, total_kv=tkv)
     mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
@@ -338,7 +341,9 @@ def _facts(node, direction: str, geom: dict, mask: dict, roles: dict, **extra) -
 
 
 def _check_bias(t: Tensor, role: str, batch: int, hq: int, sq: int, skv: int, q: Tensor) -> None:
-    """An additive bias is (B or 1, H_q or 1, S_q, S_kv) in q's data type, any declared strides."""
+    """An additive bias is (B or 1, H_q or 1, S_q, S_kv) in q's data type, any declared strides (engines that
+    cannot address a layout decline it). Packed THD graphs index it with sequence-local positions, S_q and S_kv
+    being max_seq_len_q / max_seq_len_kv."""
     t.require_declared()
     want = f"(1 or {batch}, 1 or {hq}, {sq}, {skv})"
     d = tuple(t.dim)
@@ -347,8 +352,6 @@ def _check_bias(t: Tensor, role: str, batch: int, hq: int, sq: int, skv: int, q:
                          f"per query row and key), got {d}")
     if t.data_type != q.data_type:
         raise GraphError(f"{_who(t, role)}: data_type must be q's {q.data_type.short}, got {t.data_type.short}")
-    if d[-1] > 1 and t.stride[-1] != 1:
-        raise GraphError(f"{_who(t, role)}: the key dimension must have unit stride; strides {t.stride} for dim {d}")
 
 
 def _check_dropout(a: SdpaAttrs) -> float:
@@ -462,9 +465,6 @@ def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
         if a.bias is None:
             raise GraphError(f"tensor {node.dBias.name!r} (dBias): a bias gradient needs bias")
         _check_like(node.dBias, "dBias", tuple(a.bias.dim), (node.q.data_type,), "the shape of bias")
-        if node.dBias.dim[-1] > 1 and node.dBias.stride[-1] != 1:
-            raise GraphError(f"{_who(node.dBias, 'dBias')}: the key dimension must have unit stride; strides "
-                             f"{node.dBias.stride} for dim {node.dBias.dim}")
     roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "dO": node.dO, "stats": node.stats,
              "dQ": node.dQ, "dK": node.dK, "dV": node.dV}
     roles.update(_extra_tensors(node))

@@ -32,10 +32,13 @@ FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_ma
 #: the mma.sync backward serves K and V heads apart when one count divides the other (its CTA owns a head of the
 #: coarser tensor and writes the finer one's tile at the end of each of its groups)
 MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads"})
-
-
+#: cuDNN's score modifiers: an additive bias, its gradient, ALiBi
+SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
 #: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, per-batch Stats too)
 DSL_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
+#: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod); not with
+#: the ragged-offset form (frost.adapters.dsl.ragged_decline_reason)
+MMA_SYNC_FEATURES = DSL_FEATURES | SCORE_MOD_FEATURES
 
 
 class CapabilityRow(BaseModel):
@@ -71,7 +74,7 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
 
 
 #: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
-REFERENCE_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"ragged_offsets", "stats_per_batch"}
+REFERENCE_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | SCORE_MOD_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the cuDNN engine: every arch cuDNN serves, ranked below every DSL engine (and above the reference oracle);
 #: cuDNN's own check_support judges head dims and the rest at plan time. Packed graphs go through cuDNN's ragged
 #: form (frost's and cuDNN's own declarations alike; see frost/adapters/cudnn_lowering.py)
@@ -99,12 +102,12 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                                    "dq_fragments": (False, True), "dq_red": (False, True),
                                    "dk_first": (False, True), "rows_warp": (False, True)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=DSL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                fwd_features=FWD_EXTRA_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=DSL_FEATURES,
+               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                fwd_features=FWD_EXTRA_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)

@@ -132,6 +132,46 @@ SM80_BWD_HEAD_DIM_COVER = {
     ],
 }
 
+# the score modifiers (bias, dBias, ALiBi) on the mma.sync templates, apart from the sets above so that
+# tools/kernel_ir.py keeps those kernels' file names: every bias broadcast, both dBias paths (written directly,
+# through the fp32 accumulator), ALiBi with a non-power-of-two head count, packed and padded batches, each arch
+SM80_FWD_SCORE_MOD_COVER = {
+    "sm_80": [
+        _mma_fwd(d=128, has_bias=True, bias_per_batch=True, bias_per_head=True, has_lse=True),
+        _mma_fwd(dtype="fp16", d=64, hq=6, hk=2, has_alibi=True, has_window_right=True, has_lse=True),
+    ],
+    "sm_90a": [
+        _mma_fwd(d=128, is_thd=True, has_bias=True, bias_per_head=True, has_alibi=True, has_window_right=True,
+                 has_sinks=True, has_lse=True),
+        _mma_fwd(d=72, has_seqused=True, has_bias=True, bias_per_batch=True, bias_key_strided=True,
+                 has_window_right=True, bottom_right=True),
+    ],
+    "sm_120a": [
+        _mma_fwd(family="sm120", d=128, has_bias=True, has_alibi=True, has_window_left=True, has_window_right=True,
+                 has_lse=True),
+    ],
+}
+
+SM80_BWD_SCORE_MOD_COVER = {
+    "sm_80": [
+        _mma_bwd(d=128, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True,
+                 has_window_right=True),
+        _mma_bwd(dtype="fp16", d=64, hq=6, hk=2, has_alibi=True, has_window_right=True, has_bias=True,
+                 bias_per_head=True, bias_key_strided=True, has_dbias=True, dbias_accum=True),
+    ],
+    "sm_90a": [
+        _mma_bwd(d=128, hq=4, hk=2, has_seqused=True, has_bias=True, bias_per_batch=True, bias_per_head=True,
+                 has_dbias=True, deterministic=True, knobs=dict(dq_splits=2)),
+        _mma_bwd(d=64, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True, has_window_right=True,
+                 has_alibi=True),
+        _mma_bwd(d=96, has_bias=True, bias_per_head=True),
+    ],
+    "sm_120a": [
+        _mma_bwd(family="sm120", d=128, has_bias=True, bias_per_batch=True, has_dbias=True, dbias_accum=True,
+                 has_window_right=True),
+    ],
+}
+
 # the SM90 forward, in two groups (each compiles in its own process)
 SM90_FWD_COVER = [
     [

@@ -277,19 +277,21 @@ def test_b200_routes_every_graph_to_cudnn(unpended, cudnn_present, no_compile):
         assert dropout_graph(B200, direction=direction).available_engines() == [name]
 
 
-def test_h200_prefers_the_dsl_engines_and_uses_cudnn_for_bias_and_dropout(unpended, cudnn_present):
+def test_h200_prefers_the_dsl_engines_and_uses_cudnn_for_dropout(unpended, cudnn_present):
     assert declare(H200).available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80", "SdpaFwdCudnn"]
     assert declare(A100, direction="bwd").available_engines() == ["SdpaBwdDslSm80", "SdpaBwdCudnn"]
     assert declare(RTX5090).available_engines() == ["SdpaFwdDslSm120", "SdpaFwdCudnn"]
-    for g in (bias_graph(H200).validate(), dropout_graph(H200)):
-        assert g.available_engines() == ["SdpaFwdCudnn"]
-        declined = dict(g.declines())
-        feature = "bias" if g.facts.has_bias else "dropout"
-        assert declined["SdpaFwdDslSm90"] == f"does not serve {feature}"
-        assert declined["SdpaFwdDslSm80"] == f"does not serve {feature}"
-    g = bias_graph(H200, direction="bwd").validate()
-    assert g.available_engines() == ["SdpaBwdCudnn"]
-    assert dict(g.declines())["SdpaBwdDslSm80"] == "does not serve bias, dbias"
+    g = dropout_graph(H200)
+    assert g.available_engines() == ["SdpaFwdCudnn"]
+    declined = dict(g.declines())
+    assert declined["SdpaFwdDslSm90"] == "does not serve dropout"
+    assert declined["SdpaFwdDslSm80"] == "does not serve dropout"
+    # a bias (and its gradient) runs on the mma.sync engine, cuDNN next; the wgmma kernels decline it
+    for direction in ("fwd", "bwd"):
+        g = bias_graph(H200, direction=direction).validate()
+        d = "Fwd" if direction == "fwd" else "Bwd"
+        assert g.available_engines() == [f"Sdpa{d}DslSm80", f"Sdpa{d}Cudnn"]
+        assert dict(g.declines())[f"Sdpa{d}DslSm90"].startswith("does not serve bias")
 
 
 def test_cudnn_is_ranked_below_every_dsl_row():
@@ -586,7 +588,17 @@ def fake_cudnn(monkeypatch, cudnn_present):
     return H200.model_copy(update={"is_fake": False, "name": "NVIDIA H200 (record)"})
 
 
-def test_ranking_asks_cudnn_only_when_it_could_win(unpended, fake_cudnn):
+@pytest.fixture
+def bias_only_cudnn(unpended, monkeypatch):
+    """The DSL rows as if they read no bias: the tests below use a bias graph as one only the cuDNN engine serves
+    (they are about its mechanics; the mma.sync engine serves biases, tests/cpu/test_score_mods.py)."""
+    rows = tuple(r.model_copy(update={"features": r.features - capabilities.SCORE_MOD_FEATURES})
+                 if "Dsl" in r.name else r for r in capabilities.ROWS)
+    monkeypatch.setattr(capabilities, "ROWS", rows)
+    return rows
+
+
+def test_ranking_asks_cudnn_only_when_it_could_win(bias_only_cudnn, fake_cudnn):
     live = fake_cudnn
     g = declare(live)
     assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80", "SdpaFwdCudnn"]
@@ -600,7 +612,7 @@ def test_ranking_asks_cudnn_only_when_it_could_win(unpended, fake_cudnn):
     assert g.available_engines() == ["SdpaFwdCudnn"] and len(_FakeGraph.made) == 2
 
 
-def test_cudnn_refusal_is_a_decline_with_its_message(unpended, fake_cudnn):
+def test_cudnn_refusal_is_a_decline_with_its_message(bias_only_cudnn, fake_cudnn):
     _FakeGraph.refuse = "cudnnGraphNotSupportedError: no engine for head dim 72"
     g = bias_graph(fake_cudnn).validate()
     assert g.available_engines() == []
@@ -616,7 +628,7 @@ class _Bound:
         return 0
 
 
-def test_the_record_is_replayed_and_execute_binds_pointers_only(unpended, fake_cudnn):
+def test_the_record_is_replayed_and_execute_binds_pointers_only(bias_only_cudnn, fake_cudnn):
     g = bias_graph(fake_cudnn, use_causal_mask_bottom_right=True, sliding_window_length=16).validate()
     g.build_plans()
     assert g.engine_name == "SdpaFwdCudnn"
@@ -646,7 +658,7 @@ def test_the_record_is_replayed_and_execute_binds_pointers_only(unpended, fake_c
     assert tensors["stats"].output and tensors["stats"].kw["data_type"] == "FLOAT"
 
 
-def test_execute_falls_back_to_the_mapping_form_once(unpended, fake_cudnn):
+def test_execute_falls_back_to_the_mapping_form_once(bias_only_cudnn, fake_cudnn):
     _FakeGraph.ordered_error = TypeError("execute() got an unexpected keyword argument 'tensor_uids'")
     g = bias_graph(fake_cudnn).validate()
     g.build_plans()
@@ -663,7 +675,7 @@ def test_execute_falls_back_to_the_mapping_form_once(unpended, fake_cudnn):
             == {"q": "q", "k": "k", "v": "v", "bias": "bias"}
 
 
-def test_the_frontends_own_engines_are_deselected(unpended, fake_cudnn):
+def test_the_frontends_own_engines_are_deselected(bias_only_cudnn, fake_cudnn):
     """1.32's pygraph ranks its own CuTe DSL engines beside the library's: the cuDNN engine builds the library's."""
     _FakeGraph.ranked = [(20517, "sdpa_fwd_prefill_sm90[TILE_M=128]"), (7, "eng7_k2=3"),
                          (20511, "sdpa_fwd_prefill_sm100"), (3, "eng3")]
@@ -675,7 +687,7 @@ def test_the_frontends_own_engines_are_deselected(unpended, fake_cudnn):
                         "check_support", "build_plans"]
 
 
-def test_a_graph_only_the_frontends_own_engines_serve_is_declined(unpended, fake_cudnn):
+def test_a_graph_only_the_frontends_own_engines_serve_is_declined(bias_only_cudnn, fake_cudnn):
     _FakeGraph.ranked = [(20517, "sdpa_fwd_prefill_sm90")]
     g = bias_graph(fake_cudnn).validate()
     assert g.available_engines() == []
@@ -684,7 +696,7 @@ def test_a_graph_only_the_frontends_own_engines_serve_is_declined(unpended, fake
     assert "sdpa_fwd_prefill_sm90" in reason
 
 
-def test_a_binding_mismatch_is_an_error_not_a_decline(unpended, fake_cudnn, monkeypatch):
+def test_a_binding_mismatch_is_an_error_not_a_decline(bias_only_cudnn, fake_cudnn, monkeypatch):
     """A keyword the binding does not take must fail planning loudly (a decline would hide it as a skip)."""
     def sdpa(self, *args, **kw):
         raise TypeError("sdpa(): incompatible function arguments")
@@ -787,7 +799,7 @@ def _backend_handles(monkeypatch):
     monkeypatch.setattr(cudnn_adapter, "handle_for", lambda device, stream: SimpleNamespace(backend_handle=7000 + stream))
 
 
-def test_execute_hands_the_backend_raw_pointers_in_its_order(unpended, fake_cudnn, monkeypatch):
+def test_execute_hands_the_backend_raw_pointers_in_its_order(bias_only_cudnn, fake_cudnn, monkeypatch):
     """One call of the backend's raw-pointer entry: the bound tensors' addresses in ascending-uid order, the
     workspace address, the stream's backend handle and the plan built; no pack, no binding call on the way."""
     monkeypatch.setattr(_FakeGraph, "made", [])
@@ -814,7 +826,7 @@ def test_execute_hands_the_backend_raw_pointers_in_its_order(unpended, fake_cudn
     assert list(adapter._handles) == [12]  # the stream's handle is looked up once, then kept by the plan
 
 
-def test_a_binding_without_the_raw_entry_keeps_the_ordered_form(unpended, fake_cudnn, monkeypatch):
+def test_a_binding_without_the_raw_entry_keeps_the_ordered_form(bias_only_cudnn, fake_cudnn, monkeypatch):
     _backend_handles(monkeypatch)
     g = bias_graph(fake_cudnn).validate()
     g.build_plans()

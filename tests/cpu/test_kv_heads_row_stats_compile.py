@@ -1,7 +1,8 @@
 """K and V with their own head counts, and the score_max / score_sum_exp outputs, in the DSL forwards (and split
-heads in the mma.sync backward's main kernel): the params validate, name their kernels apart, and the kernels
-compile for sm_80 (mma.sync) and sm_90a (mma.sync and wgmma) without a GPU. Graphs without the features compile
-to the same kernels as before (the kernel IR of the covering sets is unchanged; `tools/kernel_ir.py diff`)."""
+heads in the mma.sync backward's main kernel), also beside a bias, dBias and ALiBi on the mma.sync line: the
+params validate, name their kernels apart, and the kernels compile for sm_80 (mma.sync) and sm_90a (mma.sync and
+wgmma) without a GPU. Graphs without the features compile to the same kernels as before (the kernel IR of the
+covering sets is unchanged; `tools/kernel_ir.py diff`)."""
 from __future__ import annotations
 
 import pytest
@@ -49,6 +50,13 @@ CASES = {
         (BWD_MAIN, B80, _b80(d=128, hq=8, hk=2, num_heads_v=4, is_thd=True, deterministic=True)),
         (BWD_MAIN, B80, _b80(d=72, hq=8, hk=4, num_heads_v=1, has_seqused=True, deterministic=True,
                              knobs=dict(dq_splits=2))),
+        # with the score modifiers: a bias and ALiBi beside split heads and both row statistics, and the
+        # backward's dBias written directly with K finer
+        (SM80_FWD_TEMPLATE, P80, _k80(d=64, hq=8, hk=2, num_heads_v=4, has_bias=True, bias_per_head=True,
+                                      has_alibi=True, has_window_right=True, has_lse=True, has_score_max=True,
+                                      has_score_sum_exp=True)),
+        (BWD_MAIN, B80, _b80(d=64, hq=6, hk=6, num_heads_v=1, has_bias=True, bias_per_head=True, has_dbias=True,
+                             has_alibi=True, has_window_right=True)),
     ],
     "sm_90a": [
         (SM90_FWD_TEMPLATE, P90, _k90(num_heads_q=6, num_heads_kv=6, num_heads_v=1, has_window_right=True)),
@@ -60,6 +68,9 @@ CASES = {
                                       has_lse=False, has_score_max=True)),
         (SM80_FWD_TEMPLATE, P80, _k80(d=96, hq=8, hk=2, num_heads_v=4, is_thd=True, has_score_sum_exp=True)),
         (BWD_MAIN, B80, _b80(d=128, hq=8, hk=1, num_heads_v=2, has_sinks=True, has_dsinks=True)),
+        # a broadcast dBias through the fp32 accumulator, V finer
+        (BWD_MAIN, B80, _b80(d=64, hq=8, hk=2, num_heads_v=4, has_bias=True, has_dbias=True, dbias_accum=True,
+                             has_window_right=True)),
     ],
 }
 

@@ -15,6 +15,7 @@ from frost.engines.sm80.sdpa_fwd_params import (SMEM_BUDGET, TUNED_HEAD_DIMS, Sm
 from frost.errors import TemplateParamsError
 from frost.testing.cases import SM80_FWD_COVER as COVER
 from frost.testing.cases import SM80_FWD_HEAD_DIM_COVER as HEAD_DIM_COVER
+from frost.testing.cases import SM80_FWD_SCORE_MOD_COVER as SCORE_MOD_COVER
 from frost.testing.cases import SM80_FWD_TEMPLATE as TEMPLATE
 from frost.testing.cases import params_kwargs
 from tests.compile_runner import check_head_dim_cover, compile_groups
@@ -28,7 +29,7 @@ PARAMS = "frost.engines.sm80.sdpa_fwd_params.Sm80FwdParams"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cover", [COVER, HEAD_DIM_COVER], ids=["tuned", "head_dims"])
+@pytest.mark.parametrize("cover", [COVER, HEAD_DIM_COVER, SCORE_MOD_COVER], ids=["tuned", "head_dims", "score_mods"])
 def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path, cover):
     from frost.engines.sm80.sdpa_fwd import kernel_name
 

@@ -110,6 +110,22 @@ class FakeArgs:
             stride = (st, cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
         return cute.runtime.make_fake_tensor(IO_DTYPES[self.p.dtype], shape, stride, assumed_align=16)
 
+    def bias_rows(self):
+        """(S_q, S_kv) of a bias-shaped tensor: the io tensors' own extents (dense), or two symbols (THD, whose
+        biases are max_seq_len_q x max_seq_len_kv)."""
+        if not self.p.is_thd:
+            return self.rows_q, self.rows_kv
+        if not hasattr(self, "_bias_rows"):
+            self._bias_rows = (cute.sym_int(symbol="bias_rows_q"), cute.sym_int(symbol="bias_rows_kv"))
+        return self._bias_rows
+
+    def _bias(self, per_batch: bool, per_head: bool, unit_key: bool = False):
+        """A (B or 1, Hq or 1, S_q, S_kv) io-dtype bias or dBias: symbolic strides (any layout), the key stride 1
+        with `unit_key`."""
+        shape = (self.batch if per_batch else 1, self.p.num_heads_q if per_head else 1, *self.bias_rows())
+        stride = (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1 if unit_key else cute.sym_int64())
+        return cute.runtime.make_fake_tensor(IO_DTYPES[self.p.dtype], shape, stride, assumed_align=2)
+
     def _stats(self):
         hq = self.p.num_heads_q
         if self.ragged:
@@ -143,6 +159,12 @@ class FakeArgs:
             return self.compact(Int32, (self.batch,), align=4)
         if name in ("sinks", "dsinks"):
             return self.compact(Float32, (hq,), align=4)
+        if name == "bias":
+            return self._bias(p.bias_per_batch, p.bias_per_head, unit_key=not p.bias_key_strided)
+        if name == "dbias":  # the main kernel's (the bias's dims) or, from its accumulator, the dQ convert's
+            if getattr(p, "dbias_accum", False):
+                return self._bias(p.dbias_accum_per_batch, p.dbias_accum_per_head)
+            return self._bias(p.bias_per_batch, p.bias_per_head)
         if name == "stream":
             return cute.runtime.make_fake_stream()
         if name in _SCALARS:

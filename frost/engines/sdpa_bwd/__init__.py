@@ -1,17 +1,19 @@
 """The backward skeleton every SDPA backward shares: a chain of three kernels on one stream.
 
-1. preprocess (`preprocess.py`): dpsum = rowsum(dO * O), zeroes the fp32 dQ accumulator (every copy) and
-   the turn semaphores, and writes the per-block partial sums of dSink.
+1. preprocess (`preprocess.py`): dpsum = rowsum(dO * O), zeroes the fp32 dQ accumulator (every copy), the
+   turn semaphores and the fp32 dBias accumulator (`dbias_accum`), and writes the per-block partial sums of
+   dSink.
 2. main (the arch's own template): dK and dV, and dQ partials added into the fp32 accumulator.
 3. dQ convert (`postprocess.py`): dQ = accumulator (copies summed in order) * scale in the io dtype,
-   and dSink from its partials.
+   dSink from its partials, and dBias from its accumulator.
 
 The helper kernels use plain loads and stores only, so any main kernel can sit between them. What
 a backward provides to join the chain:
 
 - a params class (a frozen `SdpaFeatureParams` subclass, the `BwdChainParams` protocol of
   `chain.py`): the feature flags, `family` (how its kernel names begin), `deterministic`,
-  `has_dsinks`, `tile_m` (query rows per semaphore), and the dQ accumulator layout:
+  `has_dsinks`, `dbias_accum` (with `dbias_accum_per_batch` / `_per_head`: a dBias the main kernel adds
+  into an fp32 accumulator), `tile_m` (query rows per semaphore), and the dQ accumulator layout:
   `dq_accum_blocked` (8x8 blocks, dense only, or plain rows), `dq_accum_tile` (m > 0: dense tiles
   of m rows in the SM90 wgmma fragment order, `accum.fragment_coord`; rows padded to whole tiles) and
   `dq_splits` (0: one accumulator; n >= 1: n copies stacked along its batch mode, each written by one

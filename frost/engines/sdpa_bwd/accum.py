@@ -102,6 +102,11 @@ def scratch_fake(fakes: FakeArgs, name: str):
         return fakes.compact(Int32, (cute.sym_int(symbol="n_semaphores"),))
     if name == "dsink_partial":
         return fakes.compact(Float32, (cute.sym_int(symbol="n_dsink_partials"),))
+    if name == "dbias_accum":  # scratch.dbias_accum_shape: dBias's dims, rows padded to 16 bytes
+        b = fakes.batch if p.dbias_accum_per_batch else 1
+        h = hq if p.dbias_accum_per_head else 1
+        rows, _ = fakes.bias_rows()
+        return fakes.compact(Float32, (b, h, rows, cute.sym_int(divisibility=4, symbol="dbias_accum_cols")))
     raise KeyError(f"no fake argument for {name!r}")
 
 

@@ -27,6 +27,9 @@ class BwdChainParams(Protocol):
     dq_accum_blocked: bool  # the dense dQ accumulator in 8x8 blocks (rows padded to 8); else plain rows
     dq_splits: int  # 0: one accumulator (turns when deterministic); n >= 1: n copies along its batch mode
     dq_accum_tile: int  # 0: rows (or 8x8 blocks); m > 0: tiles of m rows in wgmma fragment order (dense)
+    dbias_accum: bool  # dBias through the fp32 accumulator: zeroed by the preprocess, written by the dQ convert
+    dbias_accum_per_batch: bool  # that accumulator's batch / head modes are full (else of extent 1)
+    dbias_accum_per_head: bool
 
 
 class BwdHelperParams(SdpaFeatureParams):
@@ -44,18 +47,23 @@ class BwdHelperParams(SdpaFeatureParams):
     dq_accum_blocked: bool = False
     dq_splits: int = 0
     dq_accum_tile: int = 0
+    dbias_accum: bool = False
+    dbias_accum_per_batch: bool = False
+    dbias_accum_per_head: bool = False
 
 
 #: the ragged-offset form's fields (the helpers view the bound tensors with them and walk each sequence's rows)
 _RAGGED_FIELDS = ("token_div_q", "token_div_kv", "offset_dtype_q", "stats_per_batch", "token_div_lse",
                   "offset_dtype_lse")
+#: the dBias accumulator's fields (the preprocess zeroes it, the dQ convert writes dBias from it)
+_DBIAS_FIELDS = ("dbias_accum", "dbias_accum_per_batch", "dbias_accum_per_head")
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
-                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile")
-    + _RAGGED_FIELDS,
+                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile",
+                   *_DBIAS_FIELDS) + _RAGGED_FIELDS,
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile") + _RAGGED_FIELDS,
+                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile", *_DBIAS_FIELDS) + _RAGGED_FIELDS,
 }
 
 
@@ -82,23 +90,23 @@ def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
 
 def preprocess_args(p) -> list[str]:
     """o, do, lse, lengths (q side), lse_offsets? and sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?,
-    (ragged: max_seqlen_q, total_q, total_kv), stream."""
+    dbias_accum?, (ragged: max_seqlen_q, total_q, total_kv), stream."""
     args = ["o", "do", "lse"] + lengths_args(p, kv=False)
     if p.has_dsinks:
         args += ["lse_offsets"] * (p.token_div_lse > 0) + ["sinks"]
     args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
     if p.has_dsinks:
         args.append("dsink_partial")
-    return args + ragged_helper_scalars(p) + ["stream"]
+    return args + ["dbias_accum"] * p.dbias_accum + ragged_helper_scalars(p) + ["stream"]
 
 
 def postprocess_args(p) -> list[str]:
-    """dq, dsinks?, dq_accum, dsink_partial?, (ragged: cu_seqlens_q, seqused_q), softmax_scale, (ragged:
-    max_seqlen_q, total_q, total_kv), stream."""
-    args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dq_accum"]
+    """dq, dsinks?, dbias? (from its accumulator), dq_accum, dsink_partial?, dbias_accum?, (ragged: cu_seqlens_q,
+    seqused_q), softmax_scale, (ragged: max_seqlen_q, total_q, total_kv), stream."""
+    args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dbias"] * p.dbias_accum + ["dq_accum"]
     if p.has_dsinks:
         args.append("dsink_partial")
-    args += ["cu_seqlens_q", "seqused_q"] * p.ragged
+    args += ["dbias_accum"] * p.dbias_accum + ["cu_seqlens_q", "seqused_q"] * p.ragged
     return args + ["softmax_scale"] + ragged_helper_scalars(p) + ["stream"]
 
 
@@ -151,7 +159,8 @@ def name_tags(flags) -> list[str]:
 
 def helper_suffix(p: BwdHelperParams) -> str:
     """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
+    dbias = "dbiasacc" + "b" * p.dbias_accum_per_batch + "h" * p.dbias_accum_per_head
     return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
-        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"),
-         (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
+        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.dbias_accum, dbias),
+         (p.deterministic, "det"), (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
          (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"))) + ragged_tags(p))

@@ -14,7 +14,9 @@ accumulator is read one tile per CTA instead: its 16-byte groups land in a share
 memory tile by `accum.fragment_coord`, which then leaves in rows. With
 `dq_splits` the accumulator's copies are summed in copy order. dQ goes to
 its declared strides with 16-byte stores. The CTAs of row block 0, batch 0 also
-sum one head's dSink partials in a fixed order (deterministic in every mode).
+sum one head's dSink partials in a fixed order (deterministic in every mode). With
+`dbias_accum` the whole grid also converts the fp32 dBias accumulator into dBias
+(grid-stride over its rows, every element: zeros where nothing was added).
 
 Argument list: `chain.postprocess_args`.
 """
@@ -61,14 +63,14 @@ class SdpaBwdPostprocess:
             n_batch = mdQ.shape[0]
         rows = self.p.dq_accum_tile or ROWS_PER_CTA
         n_blocks = cutlass.max((total + rows - 1) // rows, 1)
-        kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"),
-                            Float32(a["softmax_scale"]), a.get("cu_seqlens_q"), a.get("seqused_q")).launch(
+        kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"), a.get("dbias"),
+               a.get("dbias_accum"), Float32(a["softmax_scale"]), a.get("cu_seqlens_q"), a.get("seqused_q")).launch(
             grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
 @cute.kernel
-def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart,
-                        scale: Float32, mCuQ, mUsedQ):
+def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart, mdBias, mDBiasAcc,
+           scale: Float32, mCuQ, mUsedQ):
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
     gx, gy, gz = cute.arch.grid_dim()
@@ -95,6 +97,9 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
         else:  # an odd number of 16-byte chunks per row (head dims 8 mod 16): the last pass is partial
             if idx < chunks:
                 _convert_chunk(p, mdQ, copies, scale, dt, bx, batch, head, extent, idx, chunks_per_row)
+
+    if cutlass.const_expr(mdBias is not None):
+        _convert_dbias(mdBias, mDBiasAcc, dt, (batch * gy + head) * gx + bx, gx * gy * gz, tidx)
 
     if cutlass.const_expr(mdSinks is not None):
         if bx == 0 and batch == 0 and tidx < 32:
@@ -156,6 +161,23 @@ def _convert_chunk(p: cutlass.Constexpr, mdQ: cute.Tensor, copies, scale: Float3
         for acc_rows in copies[1:]:  # split copies, summed in a fixed order
             vals = vals + cute.local_tile(acc_rows[row, None], (VEC,), (c,)).load()
         cute.local_tile(dq_row, (VEC,), (c,)).store((vals * scale).to(dt))
+
+
+@cute.jit
+def _convert_dbias(mdBias: cute.Tensor, mAcc: cute.Tensor, dt: cutlass.Constexpr, cta: Int32, n_cta: Int32,
+                   tidx: Int32):
+    """dBias (B or 1, H or 1, S_q, S_kv, any strides) from its fp32 accumulator (rows padded to 16 bytes): CTA
+    `cta` of `n_cta` takes every n_cta-th row, its threads consecutive columns."""
+    n_b, n_h, s_q, s_kv = mdBias.shape
+    for it in cutlass.range((n_b * n_h * s_q - cta + n_cta - 1) // n_cta, unroll=1):
+        r = cta + it * n_cta
+        i = r % s_q
+        bh = r // s_q
+        src = mAcc[bh // n_h, bh % n_h, i, None]
+        dst = mdBias[bh // n_h, bh % n_h, i, None]
+        for jt in cutlass.range((s_kv - tidx + THREADS - 1) // THREADS, unroll=1):
+            j = tidx + jt * THREADS
+            dst[j] = src[j].to(dt)
 
 
 def build(params: BwdHelperParams, arch: str):

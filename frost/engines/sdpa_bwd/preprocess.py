@@ -12,8 +12,9 @@ no sequence boundary is needed except for dSink (rows outside every sequence
 contribute nothing). cuDNN's ragged-offset form (sequences anywhere, in any order, with gaps) instead runs one
 CTA per (64-row block of the longest sequence, query head, batch entry) over that sequence's rows, from its
 first token. It also zeroes the dQ accumulator rows it owns (in every
-copy, with `dq_splits`) and, with deterministic turns, the dQ semaphores (grid-stride), so the main kernel starts
-from a clean workspace without a separate fill launch.
+copy, with `dq_splits`) and, with deterministic turns, the dQ semaphores (grid-stride), and the fp32 dBias
+accumulator (`dbias_accum`, grid-stride), so the main kernel starts from a clean workspace without a separate
+fill launch.
 
 Argument list: `chain.preprocess_args`.
 """
@@ -61,6 +62,7 @@ class SdpaBwdPreprocess:
         kernel(
             self.p, a["o"], a["do"], a["lse"], a.get("cu_seqlens_q"), a.get("seqused_q"), a.get("sinks"),
             a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"), a.get("lse_offsets"),
+            a.get("dbias_accum"),
         ).launch(grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
@@ -78,6 +80,7 @@ def kernel(
     mSem,
     mPart,
     mLseOff,
+    mDBiasAcc,
 ):
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
@@ -156,6 +159,10 @@ def kernel(
         for i in cutlass.range((n_sem - linear + n_threads_total - 1) // n_threads_total, unroll=1):
             mSem[linear + i * n_threads_total] = Int32(0)
 
+    if cutlass.const_expr(mDBiasAcc is not None):
+        _zero_grid_stride(cute.make_tensor(mDBiasAcc.iterator, cute.make_layout(cute.size(mDBiasAcc))),
+                          ((batch * gy + head) * gx + bx) * THREADS + tidx, gx * gy * gz * THREADS)
+
     if cutlass.const_expr(mPart is not None):
         total = lanes_allreduce_sum(dsink, 32)
         n_part = gx * gz * PARTIALS_PER_CTA
@@ -185,6 +192,16 @@ def _zero_rows(acc_rows: cute.Tensor, first_row: Int32, head_dim: cutlass.Conste
         if row < acc_extent:
             dst = cute.local_tile(acc_rows[row, None], (4,), (idx % chunks_per_row,))
             dst.store(zero.load())
+
+
+@cute.jit
+def _zero_grid_stride(flat: cute.Tensor, linear: Int32, n_threads: Int32):
+    """Zero a flat fp32 buffer whose length is a multiple of 4, 16 bytes per store, over the whole grid."""
+    zero = cute.make_rmem_tensor((4,), Float32)
+    zero.fill(0.0)
+    n_chunks = cute.size(flat) // 4
+    for i in cutlass.range((n_chunks - linear + n_threads - 1) // n_threads, unroll=1):
+        cute.local_tile(flat, (4,), (linear + i * n_threads,)).store(zero.load())
 
 
 def build(params: BwdHelperParams, arch: str):

@@ -1,4 +1,5 @@
-"""The backward's workspace: the fp32 dQ accumulator, dpsum, turn semaphores and dSink partials.
+"""The backward's workspace: the fp32 dQ accumulator, dpsum, turn semaphores, dSink partials and the fp32
+dBias accumulator.
 
 Every function reads a `BwdChainParams` (see `chain.py`), so the helper kernels, the main kernels and
 the adapter size and carve the same buffers. No cutlass import: planning reads this module.
@@ -58,7 +59,20 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
         out.append(("dq_semaphore", "int32", (h * tiles,)))
     if p.has_dsinks:
         out.append(("dsink_partial", "float32", (n_part,)))
+    if p.dbias_accum:
+        out.append(("dbias_accum", "float32", dbias_accum_shape(p, batch, max_seqlen_q, max_seqlen_kv)))
     return out
+
+
+#: the dBias accumulator's rows are padded to a multiple of this many fp32 (16 bytes)
+DBIAS_ROW_ALIGN = 4
+
+
+def dbias_accum_shape(p, batch: int, seq_q: int, seq_kv: int) -> tuple[int, int, int, int]:
+    """(B or 1, H_q or 1, S_q, S_kv padded to DBIAS_ROW_ALIGN): dBias's dims (declared S_q / S_kv, or THD's
+    max_seq_len_q / kv) in fp32, rows 16-byte aligned."""
+    return (batch if p.dbias_accum_per_batch else 1, p.num_heads_q if p.dbias_accum_per_head else 1, seq_q,
+            cdiv(seq_kv, DBIAS_ROW_ALIGN) * DBIAS_ROW_ALIGN)
 
 
 def scratch_bytes(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_q: int = 0, total_kv: int = 0) -> int:

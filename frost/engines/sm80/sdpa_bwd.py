@@ -6,7 +6,9 @@ query tile of the mask band, in one flat pipelined loop:
 
     S  = Q.K^T           (masked only on tiles that cross the band or the end)
     P  = exp2(S * scale * log2e - LSE * log2e)
-    dP = dO.V^T,  dS = P * (dP - dpsum)
+         (with a bias or ALiBi: S = scale * Q.K^T + bias + ALiBi first, `score_mod`)
+    dP = dO.V^T,  dS = P * (dP - dpsum)  (= dBias: written to its tile, or red.global
+                                          into the fp32 dBias accumulator when summed)
     dV += P^T.dO,  dK += dS^T.Q          (registers, fp32, whole loop)
     dQ  = dS.K  -> red.global.add into the fp32 accumulator
 
@@ -21,7 +23,9 @@ key-tile order (`det_order`), taking turns through a semaphore; with `dq_splits`
 holds that many CTAs per (batch, kv head) instead, each walking its share of the key tiles and adding
 into its own accumulator copy, so no CTA waits for another. dK (times scale) and dV go out
 through shared memory to their declared strides; rows past the sequence but
-inside the tensor (padding) are written as zeros.
+inside the tensor (padding) are written as zeros. A dBias written directly gets
+zeros from each key tile in the query rows outside its band too, so every
+element of its columns is written once.
 
 Head dims between the tiles' 32-element granules (72, 80, 112, ...) run on tiles padded
 up to the next granule (`Sm80BwdParams.tile_head_dim`): loads zero-fill the columns past
@@ -52,7 +56,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
 from frost.engines.common import mask as fmask
-from frost.engines.common import rows
+from frost.engines.common import rows, score_mod
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.seqlen import seqlen_info, token_offset
@@ -168,11 +172,13 @@ class SdpaBwdSm80:
                 grid_x = self.p.dq_splits  # one CTA per accumulator copy, walking its share of key tiles
         grid_x = cutlass.max(grid_x, 1)
         scale = Float32(a["softmax_scale"])
+        # P's exp2 factor: with score modifiers the logits arrive scaled (score_mod)
+        scale_log2 = Float32(LOG2_E) if cutlass.const_expr(self.p.has_score_mods) else scale * LOG2_E
         kernel(
             self, a["q"], mK, a["v"], a["do"], a["lse"], a["dk"], a["dv"],
             a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"),
-            a.get("lse_offsets"), a["dpsum"], a["dq_accum"], a.get("dq_semaphore"),
-            scale, scale * LOG2_E, a.get("window_left"), a.get("window_right"),
+            a.get("lse_offsets"), a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("bias"), a.get("dbias"),
+            a.get("dbias_accum"), scale, scale_log2, a.get("window_left"), a.get("window_right"),
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
             self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
         ).launch(grid=(grid_x, self.p.kv_grid_heads, n_batch), block=(self.threads, 1, 1),
@@ -262,6 +268,9 @@ class _Io(NamedTuple):
     dpsum: Any
     acc: Any
     sem: Any
+    bias: Any  # the declared bias (score_mod), or None
+    dbias: Any  # dBias written directly, or None
+    dbias_acc: Any  # the fp32 dBias accumulator (dbias_accum), or None
 
 
 @cute.kernel
@@ -282,6 +291,9 @@ def kernel(
     mdPsum: cute.Tensor,
     mAcc: cute.Tensor,
     mSem,
+    mBias,
+    mdBias,
+    mdBiasAcc,
     scale: Float32,
     scale_log2: Float32,
     window_left,
@@ -309,7 +321,7 @@ def kernel(
                mma_sdp, mma_dkv, mma_dq, Storage)
     s = _sequence(cfg, mQ, mK, mCuQ, mCuK, mUsedQ, mUsedK, batch, head_kv, bx, grid_x, window_left, window_right,
                   mLseOff)
-    io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem)
+    io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem, mBias, mdBias, mdBiasAcc)
 
     # key / value views of this (batch, kv head); K and V heads apart: the walk starts at the finer tensor's first
     # head of this CTA and the epilogue writes its last
@@ -339,7 +351,9 @@ def kernel(
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         if kt.n_steps > 0:
-            _walk(cfg, c, s, kt, io, acc_dK, acc_dV, mK_cur, mV_cur, scale_log2, tidx, fine)
+            _walk(cfg, c, s, kt, io, acc_dK, acc_dV, mK_cur, mV_cur, scale, scale_log2, tidx, fine)
+        if cutlass.const_expr(p.has_dbias and not p.dbias_accum):
+            _zero_dbias_outside_band(cfg, s, kt, io, tidx)
         _write_dk_dv(cfg, c, acc_dK, acc_dV, scale, cute.local_tile(mdK_cur, (cfg.bn, cfg.d), (kt.n_block, 0)),
                      cute.local_tile(mdV_cur, (cfg.bn, cfg.dv), (kt.n_block, 0)), out_rows - kt.n_block * cfg.bn,
                      tidx)
@@ -373,7 +387,7 @@ def _setup(cfg: cutlass.Constexpr, tidx: Int32, sQ_layout, sdO_layout, sK_layout
     sQt, sdOt, sKt, sPt, sdSt = [transpose_view(t) for t in (sQ, sdO, sK, sP, sdS)]
 
     # ---------------------------------------------------------------- MMA partitions
-    thr_sdp = mma_sdp.get_slice(tidx)
+    thr_sdp = c.thr_sdp = mma_sdp.get_slice(tidx)
     thr_dkv = mma_dkv.get_slice(tidx)
     thr_dq = c.thr_dq = mma_dq.get_slice(tidx)
     ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
@@ -484,7 +498,7 @@ def _key_tile(cfg: cutlass.Constexpr, s: _Sequence, bx: Int32, it: Int32, grid_x
 
 @cute.jit
 def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK: cute.Tensor, acc_dV: cute.Tensor,
-          mK_cur: cute.Tensor, mV_cur: cute.Tensor, scale_log2: Float32, tidx: Int32, fine=None):
+          mK_cur: cute.Tensor, mV_cur: cute.Tensor, scale: Float32, scale_log2: Float32, tidx: Int32, fine=None):
     """Load the key tile and the walk's first query tile, run every step, and pass a late turn on."""
     bm, bn = cfg.bm, cfg.bn
     kv_limit = s.seqlen_k - kt.n_block * bn
@@ -502,7 +516,7 @@ def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
         _stage_rows_stats(c.sLSE, c.sdPsum, lse0, dps0, tidx)
 
     for t in cutlass.range(kt.n_steps, unroll=1):
-        _step(cfg, c, s, kt, io, acc_dK, acc_dV, scale_log2, tidx, t)
+        _step(cfg, c, s, kt, io, acc_dK, acc_dV, scale, scale_log2, tidx, t)
         if cutlass.const_expr(fine is not None):
             _next_fine_head(cfg, c, s, kt, fine, acc_dK, acc_dV, t, tidx)
     cute.arch.cp_async_wait_group(0)
@@ -514,7 +528,7 @@ def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
 
 @cute.jit
 def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK: cute.Tensor, acc_dV: cute.Tensor,
-          scale_log2: Float32, tidx: Int32, t: Int32):
+          scale: Float32, scale_log2: Float32, tidx: Int32, t: Int32):
     """Step t of a walk: S, P, dP, dS of one query tile; dV and dK accumulate, dQ's partial is added."""
     bm = cfg.bm
     dt = cfg.dtype
@@ -556,6 +570,8 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     warp_mma.gemm_ss(c.mma_sdp, acc_S, c.tSrQ, c.tSrK, c.tSsQ[None, None, None, slot], c.tSsK, c.s2r_sdp_a,
                      c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b, cfg.k_slices_qk)
     acc_S_mn = acc_as_mn(acc_S)
+    if cutlass.const_expr(cfg.p.has_score_mods):
+        _score_mods(cfg, c, s, io, acc_S_mn, head, m_block, n_block, scale)
     if fmask.tile_needs_mask(m_block, n_block, bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left,
                              s.window_right):
         fmask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, m_block * bm, n_block * cfg.bn, s.seqlen_k, s.diag,
@@ -586,6 +602,11 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
         rP.store(acc_S.load().to(dt))
     rdS = cute.make_fragment_like(acc_dP, dt)
     rdS.store(acc_dP.load().to(dt))
+    if cutlass.const_expr(cfg.p.has_dbias):  # dBias = dS, before the scale
+        if cutlass.const_expr(cfg.p.dbias_accum):
+            _add_dbias(cfg, c, s, io, acc_as_mn(acc_dP), head, m_block, n_block)
+        else:
+            _store_dbias(cfg, c, s, io, acc_as_mn(rdS), head, m_block, n_block)
     if cutlass.const_expr(not cfg.fused):
         cute.copy(c.r2s_sdp, c.r2s_sdp.retile(rP), c.tPsP)
     cute.copy(c.r2s_sdp, c.r2s_sdp.retile(rdS), c.tdSsdS)
@@ -626,6 +647,97 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     if has_next:
         if tidx < bm:
             _stage_rows_stats(c.sLSE, c.sdPsum, lse_n, dps_n, tidx)
+
+
+@cute.jit
+def _score_mods(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, acc_S_mn: cute.Tensor, head: Int32,
+                m_block: Int32, n_block: Int32, scale: Float32):
+    """S -> scale * S + bias + ALiBi of query head `head`, in place (score_mod; masks come after)."""
+    p = cfg.p
+    tBgB = None
+    row_limit, col_limit = s.seqlen_q, s.seqlen_k
+    if cutlass.const_expr(p.has_bias):
+        mB = score_mod.bias_rows(io.bias, s.batch, head, p.bias_per_batch, p.bias_per_head)
+        tBgB = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mB, (cfg.bm, cfg.bn), (m_block, n_block))))
+        row_limit = cutlass.min(row_limit, mB.shape[0])
+        col_limit = cutlass.min(col_limit, mB.shape[1])
+    slope = None
+    if cutlass.const_expr(p.has_alibi):
+        slope = score_mod.alibi_slope(head, p.num_heads_q)
+    score_mod.add_score_mods(acc_S_mn, c.tScS_mn, c.t0ScS_mn, tBgB, scale, m_block * cfg.bm, n_block * cfg.bn,
+                             row_limit, col_limit, slope)
+
+
+@cute.jit
+def _store_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, rdS_mn: cute.Tensor, head: Int32,
+                 m_block: Int32, n_block: Int32):
+    """dS of one (query tile, key tile) into dBias as it is (dense, one (batch, head) per element): every
+    element inside dBias's extents, the zeros of masked and padding positions included."""
+    p = cfg.p
+    mdB = score_mod.bias_rows(io.dbias, s.batch, head, p.bias_per_batch, p.bias_per_head)
+    tdB = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mdB, (cfg.bm, cfg.bn), (m_block, n_block))))
+    rows_left = mdB.shape[0] - m_block * cfg.bm
+    col_room = mdB.shape[1] - n_block * cfg.bn - c.tScS_mn[0][1]
+    for r in cutlass.range_constexpr(cute.size(rdS_mn, mode=[0])):
+        if c.tScS_mn[r, 0][0] < rows_left:
+            for j in cutlass.range_constexpr(cute.size(rdS_mn, mode=[1])):
+                if c.t0ScS_mn[0, j][1] < col_room:
+                    tdB[r, j] = rdS_mn[r, j]
+
+
+@cute.jit
+def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Tensor, head: Int32, m_block: Int32,
+               n_block: Int32):
+    """red.global.add dS (fp32) of one (query tile, key tile) into the dBias accumulator (dbias_accum), the
+    positions inside the sequence only (the others add 0). Neighbouring columns go as one 8-byte reduction on
+    sm_90+: the accumulator's rows are 16-byte multiples, so a pair never leaves its row."""
+    p = cfg.p
+    mA = score_mod.bias_rows(io.dbias_acc, s.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
+    tA = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mA, (cfg.bm, cfg.bn), (m_block, n_block))))
+    rows_left = cutlass.min(s.seqlen_q, mA.shape[0]) - m_block * cfg.bm
+    col_room = cutlass.min(s.seqlen_k, mA.shape[1]) - n_block * cfg.bn - c.tScS_mn[0][1]
+    for r in cutlass.range_constexpr(cute.size(dS_mn, mode=[0])):
+        if c.tScS_mn[r, 0][0] < rows_left:
+            for j in cutlass.range_constexpr(0, cute.size(dS_mn, mode=[1]), 2):
+                if c.t0ScS_mn[0, j][1] < col_room:
+                    if cutlass.const_expr(cfg.vector_red):
+                        red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j], dS_mn[r, j + 1]])
+                    else:
+                        red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j]])
+                        red_add_f32(elem_ptr(tA, (r, j + 1)), [dS_mn[r, j + 1]])
+
+
+@cute.jit
+def _zero_dbias_outside_band(cfg: cutlass.Constexpr, s: _Sequence, kt: _KeyTile, io: _Io, tidx: Int32):
+    """Zeros into the dBias elements of this key tile's columns that no step of its walk writes: the query
+    rows above and below its band (padding rows included), for each query head of the GQA group. Consecutive
+    threads take consecutive columns."""
+    p = cfg.p
+    bm, bn = cfg.bm, cfg.bn
+    col0 = kt.n_block * bn
+    n_cols = s.static_k - col0
+    lo_rows = cutlass.min(kt.m_min * bm, s.static_q)  # rows [0, lo_rows) and [hi_row, static_q) get zeros
+    hi_row = cutlass.min((kt.m_min + kt.n_m) * bm, s.static_q)
+    total = (lo_rows + s.static_q - hi_row) * bn
+    for g in cutlass.range_constexpr(cfg.group):
+        mdB = score_mod.bias_rows(io.dbias, s.batch, s.head_kv * cfg.group + g, p.bias_per_batch, p.bias_per_head)
+        _zero_rows_of_cols(mdB, total, lo_rows, hi_row, col0, n_cols, bn, cfg.threads, tidx)
+
+
+@cute.jit
+def _zero_rows_of_cols(mX: cute.Tensor, total: Int32, lo_rows: Int32, hi_row: Int32, col0: Int32, n_cols: Int32,
+                       width: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], tidx: Int32):
+    """Zero columns [col0, col0 + min(width, n_cols)) of rows [0, lo_rows) and [hi_row, ...) of a (rows, cols)
+    tensor, `total` = rows * width elements in all, `threads` threads taking consecutive columns."""
+    zero = mX.element_type(0.0)
+    for it in cutlass.range((total - tidx + threads - 1) // threads, unroll=1):
+        k = tidx + it * threads
+        row = k // width
+        col = k % width
+        if row >= lo_rows:
+            row = row - lo_rows + hi_row
+        if col < n_cols:
+            mX[row, col0 + col] = zero
 
 
 @cute.jit

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import SdpaFeatureParams, check_sdpa_features
+from frost.engines.params import SdpaBwdFeatureParams, check_sdpa_features, score_mod_tags
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sdpa_bwd.scratch import uses_turns
@@ -33,7 +33,7 @@ SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
 MAIN_TEMPLATE = "frost.engines.sm80.sdpa_bwd"
 
 
-class Sm80BwdParams(SdpaFeatureParams):
+class Sm80BwdParams(SdpaBwdFeatureParams):
     """Plan-time description of one mma.sync backward chain (`frost.engines.sdpa_bwd.chain.BwdChainParams`).
 
     Feature flags mirror the optional arguments of `frost.engines.sdpa_args`;
@@ -43,8 +43,6 @@ class Sm80BwdParams(SdpaFeatureParams):
     """
 
     family: Literal["sm80", "sm120"] = "sm80"
-    has_dsinks: bool = False
-    deterministic: bool = False
     # knobs
     tile_m: int = 64  # query rows per main-loop step
     tile_n: int = 128  # key rows per CTA
@@ -156,8 +154,8 @@ def validate(p: Sm80BwdParams) -> None:
     if p.num_heads_v and max(p.num_heads_kv, p.num_heads_v) % min(p.num_heads_kv, p.num_heads_v) != 0:
         bad(f"K and V head counts {p.num_heads_kv} and {p.num_heads_v} do not nest (neither divides the other): "
             f"a V group's query heads would span several CTAs")
-    if p.has_dsinks and not p.has_sinks:
-        bad("dsinks needs sinks")
+    if p.dbias_accum and p.deterministic:
+        bad("a deterministic backward cannot sum dBias with fp32 atomic adds (dbias_accum)")
     if p.num_warps not in (4, 8, 16):
         bad(f"num_warps={p.num_warps} not in (4, 8, 16)")
     if p.num_stages not in (1, 2):
@@ -325,9 +323,11 @@ def split_tile_count(num_n, split, splits: int):
 
 
 def main_args(p: Sm80BwdParams) -> list[str]:
-    """q, k, v, do, lse, dk, dv, lengths, dpsum, dq_accum, dq_semaphore?, scale, windows, max_seqlen_kv?, stream."""
+    """q, k, v, do, lse, dk, dv, lengths, bias?, dbias? (written directly), dpsum, dq_accum, dq_semaphore?,
+    dbias_accum?, scale, windows, max_seqlen_kv?, stream."""
     args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p)
-    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
+    args += ["bias"] * p.has_bias + ["dbias"] * (p.has_dbias and not p.dbias_accum)
+    args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else []) + ["dbias_accum"] * p.dbias_accum
     args.append("softmax_scale")
     if p.has_window_left:
         args.append("window_left")
@@ -346,7 +346,7 @@ def name_suffix(p: Sm80BwdParams) -> str:
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
     parts = name_dims(p) + [heads] + name_tags(
         ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
-         (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, det))) + ragged_tags(p)
+         (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), *score_mod_tags(p), (p.deterministic, det))) + ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
                  + ("qb" if p.dq_accum_blocked else "")
                  + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))

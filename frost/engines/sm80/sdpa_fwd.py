@@ -10,6 +10,9 @@ are masked element by element.
 
 Arguments follow `frost.engines.sdpa_args` exactly (declared-order tensors
 viewed canonically by the shared entry, order, mask / sink / LSE semantics).
+With score modifiers (an additive bias, ALiBi: `frost.engines.common.score_mod`)
+each S tile is scaled and modified in registers before the mask, and the softmax
+runs with a scale of 1; without them none of that code is compiled.
 Every runtime extent and every non-unit stride is symbolic, so one artifact
 serves any batch, lengths and BSHD / BHSD / interleaved layouts.
 
@@ -29,8 +32,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, mask, rows, seqlen, softmax
+from frost.engines.common import acc_layout, mask, rows, score_mod, seqlen, softmax
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
+from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import fwd_arg_names, ragged_tags
 from frost.engines.sm80 import warp_mma
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
@@ -42,8 +46,8 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
     flags = [name for on, name in (
         (p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-        (p.has_sinks, "sink"), (p.has_lse, "lse"), (p.has_score_max, "smax"), (p.has_score_sum_exp, "ssum"),
-        (p.has_seqused, "seqused"), (p.is_thd, "thd"),
+        (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_lse, "lse"), (p.has_score_max, "smax"),
+        (p.has_score_sum_exp, "ssum"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
     ) if on] + ragged_tags(p)
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
     parts = ["frost_sdpa_fwd", p.family, p.dtype, d, heads, *flags,
@@ -129,12 +133,14 @@ class SdpaFwdSm80:
             m_blocks = (a["q"].shape[1] + (p.tile_m - 1)) // p.tile_m
         # an empty batch or zero lengths still launch a valid (idle) grid
         grid = (cutlass.max(m_blocks, 1), p.num_heads_q, cutlass.max(num_batch, 1))
-        scale_log2 = a["softmax_scale"] * softmax.LOG2_E
+        scale = a["softmax_scale"]
+        # the softmax's exp2 factor: with score modifiers the logits arrive scaled (score_mod)
+        scale_log2 = Float32(softmax.LOG2_E) if const_expr(p.has_score_mods) else scale * softmax.LOG2_E
         g = a.get
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
-            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), scale_log2,
-            g("window_left"), g("window_right"), num_batch,
+            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("bias"),
+            scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
             grid=grid,
@@ -160,6 +166,8 @@ class SdpaFwdSm80:
         mSuK,
         mSinks,
         mLseOff,
+        mBias,
+        softmax_scale,
         scale_log2: Float32,
         window_left,
         window_right,
@@ -177,13 +185,13 @@ class SdpaFwdSm80:
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
             self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff,
-                     scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK,
-                     copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
+                     mBias, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout,
+                     sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
 
     @cute.jit
-    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, scale_log2, window_left,
-            window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-            SharedStorage: cutlass.Constexpr, bx, head, batch):
+    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, mBias, softmax_scale,
+            scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V,
+            copy_O, tiled_mma, SharedStorage: cutlass.Constexpr, bx, head, batch):
         """Pick this CTA's m-tile of its (head, batch entry) and run it."""
         p = self.p
         if const_expr(p.is_thd):
@@ -203,13 +211,13 @@ class SdpaFwdSm80:
         else:
             m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, scale_log2, window_left, window_right,
-                      sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, softmax_scale, scale_log2, window_left,
+                      window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
                       SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse)
 
     @cute.jit
-    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, scale_log2, window_left, window_right,
-             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, softmax_scale, scale_log2, window_left,
+             window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
              SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
              static_sq, off_lse):
         p = self.p
@@ -285,6 +293,18 @@ class SdpaFwdSm80:
         a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
         b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
 
+        # ---- score modifiers: this tile's bias rows and ALiBi slope (score_mod)
+        mods = None
+        if const_expr(p.has_score_mods):
+            mods = SimpleNamespace(scale=softmax_scale, gB=None, slope=None, row_limit=seqlen_q, col_limit=seqlen_k)
+            if const_expr(p.has_bias):
+                mB = score_mod.bias_rows(mBias, batch, head, p.bias_per_batch, p.bias_per_head)
+                mods.gB = cute.local_tile(mB, (p.tile_m, p.tile_n), (m_block, None))
+                mods.row_limit = cutlass.min(seqlen_q, mB.shape[0])
+                mods.col_limit = cutlass.min(seqlen_k, mB.shape[1])
+            if const_expr(p.has_alibi):
+                mods.slope = score_mod.alibi_slope(head, p.num_heads_q)
+
         ctx = SimpleNamespace(
             tiled_mma=tiled_mma, thr_mma=thr_mma, copy_QK=copy_QK, copy_V=copy_V,
             tKgK=tKgK, tKsK=tKsK, tKcK=tKcK, tVgV=tVgV, tVsV=tVsV, tVcV=tVcV,
@@ -294,7 +314,7 @@ class SdpaFwdSm80:
             acc_O=acc_O, row_max=row_max, row_sum=row_sum, row_scale=row_scale,
             tScS_mn=tScS_mn, t0ScS_mn=t0ScS_mn, scale_log2=scale_log2,
             m_block=m_block, n_min=n_min, n_max=n_max, seqlen_k=seqlen_k, offset=offset,
-            window_left=window_left, window_right=window_right,
+            window_left=window_left, window_right=window_right, mods=mods,
         )
 
         # ---- prologue: cp.async groups [Q + K(b0)], then [V(b_s-1)], [K(b_s)] for s < S
@@ -457,10 +477,20 @@ class SdpaFwdSm80:
         cute.arch.cp_async_commit_group()
 
         acc_S_mn = acc_layout.acc_as_mn(acc_S)
+        if const_expr(p.has_score_mods):
+            tBgB = None
+            if const_expr(p.has_bias):
+                tBgB = acc_layout.acc_as_mn(c.thr_mma.partition_C(c.mods.gB[None, None, n_block]))
+            # unmasked tiles lie inside the key length (a packed sequence may outgrow its bias: check)
+            score_mod.add_score_mods(acc_S_mn, c.tScS_mn, c.t0ScS_mn, tBgB, c.mods.scale, c.m_block * p.tile_m,
+                                     n_block * p.tile_n, c.mods.row_limit, c.mods.col_limit, c.mods.slope,
+                                     check_cols=masked or p.is_thd)
         if const_expr(masked):
             mask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.m_block * p.tile_m, n_block * p.tile_n,
                             c.seqlen_k, c.offset, c.window_left, c.window_right, True)
-        softmax.online_softmax(acc_S_mn, c.row_max, c.row_sum, c.row_scale, c.scale_log2, check_inf=masked)
+        # a bias may hold -inf: every tile then checks for rows with no finite score yet
+        softmax.online_softmax(acc_S_mn, c.row_max, c.row_sum, c.row_scale, c.scale_log2,
+                               check_inf=masked or p.has_bias)
         softmax.rescale_rows(acc_layout.acc_as_mn(c.acc_O), c.row_scale)
 
         rP = cute.make_fragment_like(acc_S, self.dtype)

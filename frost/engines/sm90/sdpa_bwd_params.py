@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import SdpaFeatureParams, check_sdpa_features
+from frost.engines.params import SdpaBwdFeatureParams, check_no_score_mods, check_sdpa_features
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
@@ -23,7 +23,7 @@ HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (192, 
 KEYS_PER_WG = 64
 
 
-class Sm90BwdParams(SdpaFeatureParams):
+class Sm90BwdParams(SdpaBwdFeatureParams):
     """Plan-time description of one wgmma backward main kernel.
 
     Features follow `frost.engines.sdpa_args` (sinks and dSink through the shared
@@ -31,8 +31,6 @@ class Sm90BwdParams(SdpaFeatureParams):
     """
 
     family: Literal["sm90"] = "sm90"
-    has_dsinks: bool = False
-    deterministic: bool = False
     # knobs
     tile_m: int = 64  # query rows per step (64, 80: dQ split over head-dim halves; 128: over query halves)
     tile_n: int = 128  # key rows per CTA: 128 (a warpgroup per 64 keys) or 64 (warpgroups split head dims)
@@ -114,8 +112,7 @@ def validate(p: Sm90BwdParams) -> None:
     check_sdpa_features(p, HEAD_DIMS, "Sm90BwdParams")
     if p.num_heads_v:
         bad("K and V with different head counts: a CTA sums dK and dV over one kv head's query heads")
-    if p.has_dsinks and not p.has_sinks:
-        bad("dsinks needs sinks")
+    check_no_score_mods(p, "Sm90BwdParams", "the wgmma backward reads no bias and writes no dBias")
     if p.tile_n not in (64, 128):
         bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys) or 64 (both share the keys)")
     if p.tile_m not in (64, 80, 128):

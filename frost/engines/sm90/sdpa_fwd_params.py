@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from frost.engines.params import SdpaFeatureParams, check_sdpa_features
+from frost.engines.params import SdpaFeatureParams, check_no_score_mods, check_sdpa_features
 from frost.errors import TemplateParamsError
 
 SUPPORTED_HEAD_DIM_PAIRS = {(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)}
@@ -93,6 +93,7 @@ def validate(p: Sm90FwdParams) -> None:
         raise TemplateParamsError(f"Sm90FwdParams: {msg}")
 
     check_sdpa_features(p, SUPPORTED_HEAD_DIM_PAIRS, "Sm90FwdParams")
+    check_no_score_mods(p, "Sm90FwdParams", "the wgmma forward reads no bias and computes no ALiBi")
     if p.bottom_right and not (p.has_window_left or p.has_window_right):
         bad("bottom_right only has meaning with a window (causal is window_right=0)")
     if p.tile_m not in (64, 128, 192):

@@ -1,0 +1,86 @@
+"""Score modifiers of the frost contract (see `frost.engines.sdpa_args`): the additive bias and ALiBi.
+
+For query row i and key column j, local to their sequences (cuDNN's order, masks after):
+    logit(i, j) = softmax_scale * q_i.k_j + bias[b, h, i, j] + slope(h) * (j - i)
+A kernel with score modifiers scales its S = Q.K^T tile here and hands the softmax
+(or the backward's P) a scale of 1 (log2(e) in the exp2 domain). The bias is read
+from global memory element by element through its declared strides (any layout),
+one predicated load per score; rows and columns outside the sequence (or the
+bias) read 0, and the mask then decides. ALiBi's slopes are computed in the
+kernel (`alibi_slope`, cuDNN's formula; `sdpa_args.alibi_slopes` is its host twin).
+"""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+
+@cute.jit
+def alibi_slope(head: Int32, num_heads: cutlass.Constexpr[int]) -> Float32:
+    """cuDNN's ALiBi slope of query head `head` of `num_heads`: with n the largest power of two <= num_heads,
+    2^(-8 (h + 1) / n) for h < n, else 2^(-4 (2 (h - n) + 1) / n)."""
+    n = 1 << (num_heads.bit_length() - 1)
+    exponent = Float32(head + 1) * Float32(-8.0 / n)
+    if cutlass.const_expr(n != num_heads):
+        if head >= n:
+            exponent = Float32(2 * (head - n) + 1) * Float32(-4.0 / n)
+    return cute.math.exp2(exponent)
+
+
+@cute.jit
+def bias_rows(mBias: cute.Tensor, batch: Int32, head: Int32, per_batch: cutlass.Constexpr[bool],
+              per_head: cutlass.Constexpr[bool]) -> cute.Tensor:
+    """The (S_q, S_kv) view of one (batch entry, query head) of a declared (B or 1, H or 1, S_q, S_kv) bias or
+    dBias: index 0 along a mode it broadcasts over."""
+    b = Int32(0)
+    h = Int32(0)
+    if cutlass.const_expr(per_batch):
+        b = batch
+    if cutlass.const_expr(per_head):
+        h = head
+    return mBias[b, h, None, None]
+
+
+@cute.jit
+def add_score_mods(
+    acc_mn: cute.Tensor,
+    tScS_mn: cute.Tensor,
+    t0ScS_mn: cute.Tensor,
+    tBgB_mn,
+    scale: Float32,
+    row_base: Int32,
+    col_base: Int32,
+    row_limit: Int32,
+    col_limit: Int32,
+    slope,
+    check_cols: cutlass.Constexpr[bool] = True,
+):
+    """acc = acc * scale + bias + slope * (j - i), in place, on a (rows, cols) score view.
+
+    tScS_mn / t0ScS_mn: this thread's and thread 0's (row, col) tile coordinates (the thread's columns are
+    thread 0's plus a uniform offset, so the column checks compare constants). `tBgB_mn`: the bias tile
+    partitioned like the scores (None: no bias); rows >= row_limit and, with `check_cols`, columns >= col_limit
+    (sequence-local) read 0 instead. `slope`: ALiBi's slope of this head (None: no ALiBi).
+    """
+    thr_col = col_base + tScS_mn[0][1]
+    col_room = col_limit - thr_col
+    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        i = row_base + tScS_mn[r, 0][0]
+        row_ok = i < row_limit
+        alibi_row = Float32(0.0)
+        if cutlass.const_expr(slope is not None):
+            alibi_row = Float32(thr_col - i) * slope
+        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+            cc = t0ScS_mn[0, c][1]
+            v = acc_mn[r, c] * scale
+            if cutlass.const_expr(tBgB_mn is not None):
+                b = Float32(0.0)
+                if cutlass.const_expr(check_cols):
+                    if row_ok and cc < col_room:
+                        b = Float32(tBgB_mn[r, c])
+                else:
+                    if row_ok:
+                        b = Float32(tBgB_mn[r, c])
+                v = v + b
+            if cutlass.const_expr(slope is not None):
+                v = v + (alibi_row + slope * Float32(cc))
+            acc_mn[r, c] = v
