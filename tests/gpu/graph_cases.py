@@ -226,20 +226,26 @@ def assert_runs_on_side_stream(launch, side) -> None:
     assert still_blocked, "the default stream was not held during the check"
 
 
+def assert_executes_clean(g, vp, ws, ctx, times: int = 3) -> None:
+    """`times` executes neither synchronize (sync debug mode "error") nor allocate."""
+    before = torch.cuda.memory_allocated()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(times):
+            g.execute(vp, ws, ctx)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
 def capture_after_clean_execute(g, vp, ws, stream):
     """Execute once on `stream` (warm-up outside any capture), check that a second execute neither synchronizes
     (sync debug mode "error") nor allocates, then capture one execute in a CUDA graph on `stream`; returns it."""
     ctx = frost.ExecutionContext(stream=stream)
     g.execute(vp, ws, ctx)
     torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        g.execute(vp, ws, ctx)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
+    assert_executes_clean(g, vp, ws, ctx, times=1)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         g.execute(vp, ws, ctx)

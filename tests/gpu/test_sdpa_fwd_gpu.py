@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import frost
-from tests.gpu.graph_cases import (FwdCase, assert_runs_on_side_stream, extra_cols, make_fwd, pack, plan_or_skip,
-                                    rel_err)
+from tests.gpu.graph_cases import (FwdCase, assert_executes_clean, assert_runs_on_side_stream, extra_cols, make_fwd,
+                                    pack, plan_or_skip, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -150,12 +150,4 @@ def test_execute_has_no_sync_and_no_allocation(engine):
     ctx = frost.ExecutionContext(stream=torch.cuda.current_stream())
     g.execute(vp, ws, ctx)
     torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            g.execute(vp, ws, ctx)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
+    assert_executes_clean(g, vp, ws, ctx)
