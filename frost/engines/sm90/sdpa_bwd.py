@@ -710,18 +710,28 @@ class SdpaBwdSm90:
     def load_rows(self, r: Rows, w: Walk, t: Int32) -> Float32:
         """Threads [0, tile_m) read step t's LSE (log2 units; +inf past the sequence or for a row with no key,
         so P = 0), threads [tile_m, 2 tile_m) its dpsum; a step past the last reads the last step's rows."""
-        tidx, seqlen_q = r.tidx, w.seqlen_q
+        tidx = r.tidx
         head, m_block = self.step_tile(cutlass.min(t, w.steps - 1), w)
         i = tidx % self.bm
-        q = m_block * self.bm + i
-        qc = cutlass.min(q, seqlen_q - 1)
         v = Float32(0.0)
         if tidx < self.bm:
-            lse = self.row_value(r.mLSE, qc, head, w, lse=True) * Float32(LOG2_E)
-            v = Float32.inf if (q >= seqlen_q or lse == -Float32.inf) else lse
+            v = self.staged_lse(r.mLSE, i, head, m_block, w)
         elif tidx < 2 * self.bm:
-            v = self.row_value(r.mdPsum, qc, head, w)
+            v = self.staged_dpsum(r.mdPsum, i, head, m_block, w)
         return v
+
+    @cute.jit
+    def staged_lse(self, mLSE, i, head: Int32, m_block: Int32, w: Walk) -> Float32:
+        """Row i of a query tile's LSE as the steps read it: log2 units, +inf past the sequence or for a row
+        with no key (so P = 0)."""
+        q = m_block * self.bm + i
+        lse = self.row_value(mLSE, cutlass.min(q, w.seqlen_q - 1), head, w, lse=True) * Float32(LOG2_E)
+        return Float32.inf if (q >= w.seqlen_q or lse == -Float32.inf) else lse
+
+    @cute.jit
+    def staged_dpsum(self, mdPsum, i, head: Int32, m_block: Int32, w: Walk) -> Float32:
+        """Row i of a query tile's dpsum (rows past the sequence read its last row; P = 0 there)."""
+        return self.row_value(mdPsum, cutlass.min(m_block * self.bm + i, w.seqlen_q - 1), head, w)
 
     @cute.jit
     def load_rows_warp(self, mLSE, mdPsum, sRows, w: Walk):
@@ -739,11 +749,8 @@ class SdpaBwdSm90:
                 for j in cutlass.range_constexpr((self.bm + 31) // 32):
                     i = lane + 32 * j
                     if i < self.bm:
-                        q = m_block * self.bm + i
-                        qc = cutlass.min(q, w.seqlen_q - 1)
-                        lse = self.row_value(mLSE, qc, head, w) * Float32(LOG2_E)
-                        sLSE[i, stage] = Float32.inf if (q >= w.seqlen_q or lse == -Float32.inf) else lse
-                        sdPsum[i, stage] = self.row_value(mdPsum, qc, head, w)
+                        sLSE[i, stage] = self.staged_lse(mLSE, i, head, m_block, w)
+                        sdPsum[i, stage] = self.staged_dpsum(mdPsum, i, head, m_block, w)
                 rows_barrier(BAR_ROWS_FULL, stage, True)
 
     @cute.jit
