@@ -166,14 +166,12 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     """
     if head_dim > 128:  # shared keys; d=256 fits its dQ tile beside one Q / dO stage
         k = {**dict(tile_m=64, tile_n=64, num_stages=1 if head_dim > 192 else 2, dq_red=False), **requested}
-        k.setdefault("dq_fragments", not packed and not k["dq_red"] and k["tile_m"] % 64 == 0)
-        return k
-    if head_dim == 128:
-        tile_m = 64 if banded and not packed else 80
     else:
-        tile_m = 128 if head_dim <= 64 else 64
-    k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
+        tile_m = (64 if banded and not packed else 80) if head_dim == 128 else 128 if head_dim <= 64 else 64
+        k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
     k.setdefault("dq_fragments", not packed and not k.get("dq_red") and k["tile_m"] % 64 == 0)
+    if head_dim > 128:
+        return k
     # the rows warp frees the MMA threads of the LSE / dpsum loads where their registers allow it (d=128 under a
     # band: 0.95x vs 0.92x FA4 in run 9; at d=64 and in the 80-row kernel ptxas serializes the wgmmas)
     k.setdefault("rows_warp", head_dim == 128 and k["tile_m"] == 64 and k["dq_fragments"])
