@@ -10,7 +10,8 @@ pointers and launches: no allocation, no fill, no device-to-host read.
 Handles: one cuDNN handle per (device, stream), created and set to its stream once, then cached for
 the process (`cudnnSetStream` is never called per execute). Planning creates the handle of the
 current stream; the first execute on another stream creates that stream's handle (host work, once);
-each plan keeps the handles it launched with by stream (one dict lookup per execute).
+each plan keeps the handles it launched with by stream, with the path that stream's executes take (one dict
+lookup per execute).
 
 Packed (THD) graphs: cuDNN serves them in its ragged form (see `cudnn_lowering.py`). Its per-batch lengths
 and ragged offsets are derived from `cu_seq_len_q/kv` on the launch stream by frost's ragged-offsets kernel
