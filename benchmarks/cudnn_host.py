@@ -58,7 +58,7 @@ def _frost_rows(g, pack, calls):
             ("frost launch", lambda: run.launch(tensors, ws, ctx)),
             ("frost adapter", lambda: adapter.execute(bound, ws, None))]
     raw = adapter._raw
-    if raw is not None and backend is not None:
+    if backend is not None:  # the adapter launches through the raw-pointer entry on this stream
         rws = ws.data_ptr() if adapter._cudnn_ws else 0
 
         def raw_call():
@@ -74,8 +74,7 @@ def _frost_rows(g, pack, calls):
             out.append((name, per_call_us(fn, calls)))
         except Exception as e:  # report, keep going
             out.append((name, f"failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:120]}"))
-    form = "raw pointers" if raw is not None and backend is not None else \
-        "ordered" if adapter._uids is not None else "mapping"
+    form = "raw pointers" if backend is not None else "ordered" if adapter._uids is not None else "mapping"
     out.append(("(binding form frost uses)", form))
     return out
 

@@ -10,7 +10,8 @@ pointers and launches: no allocation, no fill, no device-to-host read.
 Handles: one cuDNN handle per (device, stream), created and set to its stream once, then cached for
 the process (`cudnnSetStream` is never called per execute). Planning creates the handle of the
 current stream; the first execute on another stream creates that stream's handle (host work, once);
-each plan keeps the handles it launched with by stream (one dict lookup per execute).
+each plan keeps the handles it launched with by stream, with the path that stream's executes take (one dict
+lookup per execute).
 
 Packed (THD) graphs: cuDNN serves them in its ragged form (see `cudnn_lowering.py`). Its per-batch lengths
 and ragged offsets are derived from `cu_seq_len_q/kv` on the launch stream by frost's ragged-offsets kernel
@@ -43,7 +44,7 @@ from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
 from frost.adapters.cudnn_lowering import CudnnSdpaCall, CudnnUnsupported, lower_cudnn_sdpa
 from frost.engines.common.ragged_offsets_params import scratch_buffers
 from frost.runtime.context import stream_handle
-from frost.runtime.workspace import CarvedViews, align_up, layout_bytes
+from frost.runtime.workspace import CarvedViews, align_up, layout_bytes, layout_offsets
 
 #: frost's kernel that derives cuDNN's ragged lengths and offsets from cu_seq_len (packed graphs)
 RAGGED_TEMPLATE = "frost.engines.common.ragged_offsets"
@@ -239,6 +240,14 @@ def _pointer_getter(roles: tuple, derived: dict):
     return lambda bound, ws: [bound[role].data_ptr() if off is None else ws + off for role, off in slots]
 
 
+def derived_rows(call: CudnnSdpaCall) -> list:
+    """(role, scratch buffer, row, length) of each operand the ragged-offsets kernel writes (packed graphs): the
+    lengths' rows (B entries), then the offset arrays' (B+1), as `scratch_buffers` lays them out."""
+    b, roles = call.batch, call.derived_roles()
+    return ([(r, "ragged_lengths", i, b) for i, r in enumerate(roles[:2])]
+            + [(r, "ragged_offsets", i, b + 1) for i, r in enumerate(roles[2:])])
+
+
 class _CudnnAdapter:
     """What the cuDNN forward and backward share (mixed in before the contract class)."""
 
@@ -292,20 +301,22 @@ class _CudnnAdapter:
         self._pointers = None if built.raw is None else _pointer_getter(built.raw.roles, self._derived_at)
 
     def _derive_scratch(self) -> None:
-        """Packed graphs: where the derived lengths and offsets live, after cuDNN's own workspace."""
+        """Packed graphs: where the derived lengths and offsets live, after cuDNN's own workspace: their byte
+        offsets (the raw path's pointers) and their views as cuDNN declares them (the public paths' tensors,
+        carved with the kernel's outputs once per workspace)."""
         call = self.call
         self._derived_at, self._derived_views, self._scratch_bytes = {}, None, 0
         if call.derived is None:
             return
-        start = align_up(self._cudnn_ws) if self._cudnn_ws else 0
-        lengths, offsets = buffers = scratch_buffers(call.derived, call.batch)
-        self._derived_views = CarvedViews(buffers, start)
+        start = align_up(self._cudnn_ws)
+        buffers = scratch_buffers(call.derived, call.batch)
+        at = layout_offsets(buffers, start)
+        row_bytes = {b.name: b.nbytes // b.shape[0] for b in buffers}
+        rows = derived_rows(call)
+        self._derived_at = {role: at[name] + i * row_bytes[name] for role, name, i, _ in rows}
+        self._derived_views = CarvedViews(buffers, start, derive=lambda v: {
+            role: v[name][i, :n].view(n, 1, 1, 1) for role, name, i, n in rows})
         self._scratch_bytes = layout_bytes(buffers)
-        roles = call.derived_roles()
-        row32, row = lengths.nbytes // 2, offsets.nbytes // offsets.shape[0]
-        at = start + align_up(lengths.nbytes)
-        self._derived_at = {roles[0]: start, roles[1]: start + row32,
-                            **{r: at + i * row for i, r in enumerate(roles[2:])}}
 
     def kernel_specs(self) -> list:
         """(template, params) of frost's own kernel: the ragged offsets of a packed graph (none otherwise)."""
@@ -330,14 +341,14 @@ class _CudnnAdapter:
         self.compiled = True
 
     def scratch_workspace_bytes(self) -> int:
-        cudnn_ws = align_up(self._cudnn_ws) if getattr(self, "_cudnn_ws", 0) else 0
-        return cudnn_ws + getattr(self, "_scratch_bytes", 0)
+        return align_up(getattr(self, "_cudnn_ws", 0)) + getattr(self, "_scratch_bytes", 0)
 
     def _handle_of(self, s: int) -> tuple:
-        """(cuDNN handle, backend handle or None) of raw stream `s`, kept by this plan after its first use."""
+        """(cuDNN handle, backend handle when this plan launches through the raw-pointer entry, else None) of raw
+        stream `s`, kept by this plan after its first use: which path a stream's executes take is decided here."""
         h = handle_for(self._device, s)
         backend = getattr(h, "backend_handle", None)
-        entry = self._handles[s] = (h, backend if type(backend) is int else None)
+        entry = self._handles[s] = (h, backend if self._raw is not None and type(backend) is int else None)
         return entry
 
     def execute(self, bound: dict, workspace, stream) -> None:
@@ -349,14 +360,14 @@ class _CudnnAdapter:
         if views is not None:  # packed: cuDNN's lengths and offsets from cu_seq_len, on this stream
             v = views(workspace)
             self._kernel(bound["cu_seq_len_q"], bound["cu_seq_len_kv"], v["ragged_lengths"], v["ragged_offsets"], s)
-        raw = self._raw
-        if raw is not None and h[1] is not None:
+        if h[1] is not None:
+            raw = self._raw
             ws = workspace.data_ptr() if workspace is not None else 0
             ptrs = array("Q", self._pointers(bound, ws))
             raw.execute(ptrs.buffer_info()[0], len(ptrs), ws if self._cudnn_ws else 0, h[1], raw.plan_index)
             return
         if views is not None:
-            bound = {**bound, **self._derived_tensors(v)}
+            bound = {**bound, **v}  # the derived operands, carved as cuDNN declares them
         ws = workspace if self._cudnn_ws else None
         if self._uids is not None:
             try:
@@ -365,16 +376,6 @@ class _CudnnAdapter:
             except (TypeError, ValueError) as e:
                 self._refuse_ordered(e)
         self._graph.execute({t: bound[role] for role, t in self._pack_roles}, ws, handle=h[0])
-
-    def _derived_tensors(self, views: dict) -> dict:
-        """The derived operands as tensors shaped as cuDNN declares them (the binding's public paths take
-        tensors; the raw-pointer path takes their addresses)."""
-        b = self.call.batch
-        lengths, offsets = views["ragged_lengths"], views["ragged_offsets"]
-        roles = self.call.derived_roles()
-        out = {roles[0]: lengths[0, :b].view(b, 1, 1, 1), roles[1]: lengths[1, :b].view(b, 1, 1, 1)}
-        out.update({r: offsets[i, :b + 1].view(b + 1, 1, 1, 1) for i, r in enumerate(roles[2:])})
-        return out
 
     def _refuse_ordered(self, e: Exception) -> None:
         """This binding refused the ordered operands: this plan binds by mapping from now on (said once)."""

@@ -64,13 +64,19 @@ class CudnnSdpaCall:
     dropout: Optional[tuple[float, str, str]] = None  # (probability, seed role, offset role)
     ragged: tuple[tuple[str, str], ...] = ()  # (tensor role, ragged offset role): `set_ragged_offset` of each
     derived: Optional[RaggedOffsetsParams] = None  # packed graphs: the kernel that writes the derived roles
-    batch: int = 0  # packed graphs: B, the derived lengths' extent (the declared cu_seq_len's B+1, less one)
 
     def kwarg(self, name: str, default=None):
         for k, v in self.scalar_kwargs + self.tensor_kwargs:
             if k == name:
                 return v
         return default
+
+    @property
+    def batch(self) -> int:
+        """Packed graphs: B, the derived lengths' extent (the declared cu_seq_len's B+1, less one); 0 otherwise."""
+        if self.derived is None:
+            return 0
+        return next(t.dim[0] for t in self.inputs if t.role == "seq_len_q")
 
     def roles(self) -> tuple[str, ...]:
         """Every role bound at execute, inputs then outputs (derived roles included: see `derived_roles`)."""
@@ -262,5 +268,4 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
     return CudnnSdpaCall(op="sdpa" if fwd else "sdpa_backward", io_dtype=facts.io_dtype, inputs=tuple(inputs),
                          positional=positional, tensor_kwargs=tuple(tensor_kwargs),
                          scalar_kwargs=tuple(scalars.items()), outputs=tuple(outputs),
-                         output_kwargs=tuple(output_kwargs), dropout=dropout, ragged=pairs, derived=derived,
-                         batch=facts.batch if derived is not None else 0)
+                         output_kwargs=tuple(output_kwargs), dropout=dropout, ragged=pairs, derived=derived)

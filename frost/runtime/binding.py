@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 from frost.errors import BindingError
 from frost.ir.facts import IO_TENSOR_ROLES
@@ -79,7 +80,21 @@ def _stride_picker(dims: tuple):
 _CUDA_DEVICES: dict = {}
 
 
-def matches_spec(t, spec: tuple, device: int, first) -> bool:
+class TensorSpec(NamedTuple):
+    """What the binder's fast path compares one bound tensor with, computed at plan time."""
+
+    role: str
+    decl: object  # the declared tensor (frost.ir.tensor.Tensor)
+    dtype: object  # its torch dtype
+    dims: tuple
+    packed: bool  # a packed token dim, bound up to its envelope dims[0]
+    strides: tuple  # as declared
+    pick: object  # strides -> the non-unit dims' strides
+    picked: tuple  # pick(strides)
+    misalign: int  # address bits that must be clear (the vector width less one)
+
+
+def matches_spec(t, spec: TensorSpec, device: int, first) -> bool:
     """The fast path's test of one tensor against a `Binder` spec: dtype, dims (a packed token dim up to its
     envelope), declared strides (the non-unit dims'), device index (off the GPU: the device `first`) and
     alignment. False for anything else, which `check_tensor` then judges."""
@@ -127,21 +142,21 @@ class Binder:
             dims, strides = tuple(decl.dim), tuple(decl.stride)
             pick = _stride_picker(dims)  # a unit dim's stride is free: compare the others only
             packed = is_thd and (role in THD_Q_ROLES or role in THD_KV_ROLES)  # token dim up to dims[0]
-            self.specs.append((role, decl, decl.data_type.to_torch(), dims, packed, strides, pick, pick(strides),
-                               vec - 1))
+            self.specs.append(TensorSpec(role, decl, decl.data_type.to_torch(), dims, packed, strides, pick,
+                                         pick(strides), vec - 1))
 
     def bind(self, variant_pack: dict, workspace) -> dict:
         get = variant_pack.get
         device, first = self._first_device(variant_pack)
         bound = {}
         for spec in self.specs:
-            role, decl = spec[0], spec[1]
+            role, decl = spec.role, spec.decl
             t = get(decl)
             if matches_spec(t, spec, device, first):
                 bound[role] = t
                 continue
             bound[role] = check_tensor(role, decl, lookup(variant_pack, decl), device=first, is_thd=self.is_thd,
-                                       vector_bytes=spec[8] + 1)
+                                       vector_bytes=spec.misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
         need = self.workspace_size
@@ -157,7 +172,7 @@ class Binder:
         The fast path compares indices on the GPU; the device object (one per index, made once) serves
         the detailed checks and the CPU path.
         """
-        decl = self.specs[0][1]
+        decl = self.specs[0].decl
         t = variant_pack.get(decl)
         if t is None:
             t = lookup(variant_pack, decl)

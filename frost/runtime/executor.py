@@ -51,7 +51,7 @@ class Executor:
         binder = g._binder
         order = []
         for spec in binder.specs:
-            role, decl = spec[0], spec[1]
+            role, decl = spec.role, spec.decl
             i = _port_index(self._ports, decl)
             if i < 0:
                 raise GraphError(f"graph {g.name!r}: executor ports {self._port_names()} miss tensor {decl.name!r} "
@@ -59,12 +59,12 @@ class Executor:
             order.append((i, spec))
         if len(order) != len(self._ports) or len({i for i, _ in order}) != len(order):
             raise GraphError(f"graph {g.name!r}: executor ports {self._port_names()} must name each bound tensor "
-                             f"once ({', '.join(s[1].name for s in binder.specs)})")
+                             f"once ({', '.join(s.decl.name for s in binder.specs)})")
         order.sort(key=lambda x: x[0])
         specs = tuple(s for _, s in order)
         self._specs = specs
-        self._roles = tuple(s[0] for s in specs)
-        self._misalign = tuple(s[8] for s in specs)
+        self._roles = tuple(s.role for s in specs)
+        self._misalign = tuple(s.misalign for s in specs)
         self._lead = next(i for i, s in enumerate(specs) if s is binder.specs[0])  # whose device all share
         self._binder = binder
         self._execute = g.plan.adapter.execute

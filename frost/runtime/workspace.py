@@ -33,6 +33,15 @@ def layout_bytes(buffers) -> int:
     return sum(align_up(b.nbytes) for b in buffers)
 
 
+def layout_offsets(buffers, start: int = 0) -> dict:
+    """{buffer name: its byte offset} of a scratch layout carved from byte `start` (what `carve` cuts)."""
+    at, off = {}, start
+    for b in buffers:
+        at[b.name] = off
+        off += align_up(b.nbytes)
+    return at
+
+
 def check_workspace(workspace, needed: int, device=None) -> None:
     if needed == 0:
         return
@@ -65,25 +74,26 @@ def carve(workspace, buffers, *, checked: bool = False, start: int = 0) -> dict:
 
     if not checked:
         check_workspace(workspace, start + layout_bytes(buffers))
-    views, off = {}, start
+    at, views = layout_offsets(buffers, start), {}
     for b in buffers:
-        dt = getattr(torch, b.dtype)
-        views[b.name] = workspace[off:off + b.nbytes].view(dt).view(b.shape)
-        off += align_up(b.nbytes)
+        off = at[b.name]
+        views[b.name] = workspace[off:off + b.nbytes].view(getattr(torch, b.dtype)).view(b.shape)
     return views
 
 
 class CarvedViews:
     """The views `carve` cuts for a plan-time layout, re-carved only when the caller's workspace changes.
 
+    `derive` (optional): views -> {name: tensor} of further views of them, made with the carve and kept beside it.
     It holds no view once the caller's workspace tensor is gone, so it never keeps workspace memory alive.
     """
 
-    __slots__ = ("buffers", "start", "_cached", "__weakref__")
+    __slots__ = ("buffers", "start", "derive", "_cached", "__weakref__")
 
-    def __init__(self, buffers, start: int = 0):
+    def __init__(self, buffers, start: int = 0, derive=None):
         self.buffers = tuple(buffers)
         self.start = start
+        self.derive = derive
         self._cached = None  # (weakref to the workspace, its address, the views)
 
     @property
@@ -96,6 +106,8 @@ class CarvedViews:
         if cached is not None and cached[0]() is workspace and cached[1] == workspace.data_ptr():
             return cached[2]
         views = carve(workspace, self.buffers, checked=True, start=self.start)
+        if self.derive is not None:
+            views.update(self.derive(views))
         me = weakref.ref(self)
 
         def forget(ref, me=me):

@@ -10,7 +10,7 @@ from typing import Literal
 
 from frost.engines.params import TemplateParams
 from frost.errors import TemplateParamsError
-from frost.runtime.workspace import ALIGN, ScratchBuffer
+from frost.runtime.workspace import ALIGN, ScratchBuffer, align_up
 
 #: the largest element offset an int32 offset array holds; past it the offsets are int64
 INT32_MAX = 2**31 - 1
@@ -48,9 +48,8 @@ def scratch_buffers(p: RaggedOffsetsParams, batch: int) -> list[ScratchBuffer]:
 
 
 def row_elems(n: int, itemsize: int) -> int:
-    """`n` elements padded to whole 256-byte rows."""
-    per = ALIGN // itemsize
-    return max((n + per - 1) // per, 1) * per
+    """`n` elements padded to whole 256-byte rows (one row at least)."""
+    return max(align_up(n * itemsize), ALIGN) // itemsize
 
 
 def offset_role(index: int) -> str:
