@@ -653,19 +653,19 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
 def _score_mods(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, acc_S_mn: cute.Tensor, head: Int32,
                 m_block: Int32, n_block: Int32, scale: Float32):
     """S -> scale * S + bias + ALiBi of query head `head`, in place (score_mod; masks come after)."""
-    p = cfg.p
+    mB, row_limit, col_limit, slope = score_mod.sequence_mods(cfg.p, io.bias, s.batch, head, s.seqlen_q, s.seqlen_k)
     tBgB = None
-    row_limit, col_limit = s.seqlen_q, s.seqlen_k
-    if cutlass.const_expr(p.has_bias):
-        mB = score_mod.bias_rows(io.bias, s.batch, head, p.bias_per_batch, p.bias_per_head)
-        tBgB = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mB, (cfg.bm, cfg.bn), (m_block, n_block))))
-        row_limit = cutlass.min(row_limit, mB.shape[0])
-        col_limit = cutlass.min(col_limit, mB.shape[1])
-    slope = None
-    if cutlass.const_expr(p.has_alibi):
-        slope = score_mod.alibi_slope(head, p.num_heads_q)
+    if cutlass.const_expr(cfg.p.has_bias):
+        tBgB = _score_tile(cfg, c, mB, m_block, n_block)
     score_mod.add_score_mods(acc_S_mn, c.tScS_mn, c.t0ScS_mn, tBgB, scale, m_block * cfg.bm, n_block * cfg.bn,
                              row_limit, col_limit, slope)
+
+
+@cute.jit
+def _score_tile(cfg: cutlass.Constexpr, c, mX: cute.Tensor, m_block: Int32, n_block: Int32) -> cute.Tensor:
+    """The (query tile, key tile) of an (S_q, S_kv) tensor (bias, dBias, its accumulator) partitioned like this
+    thread's scores, as a (rows, cols) view."""
+    return acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mX, (cfg.bm, cfg.bn), (m_block, n_block))))
 
 
 @cute.jit
@@ -675,7 +675,7 @@ def _store_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, rdS_mn: cute.
     element inside dBias's extents, the zeros of masked and padding positions included."""
     p = cfg.p
     mdB = score_mod.bias_rows(io.dbias, s.batch, head, p.bias_per_batch, p.bias_per_head)
-    tdB = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mdB, (cfg.bm, cfg.bn), (m_block, n_block))))
+    tdB = _score_tile(cfg, c, mdB, m_block, n_block)
     rows_left = mdB.shape[0] - m_block * cfg.bm
     col_room = mdB.shape[1] - n_block * cfg.bn - c.tScS_mn[0][1]
     for r in cutlass.range_constexpr(cute.size(rdS_mn, mode=[0])):
@@ -693,7 +693,7 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
     sm_90+: the accumulator's rows are 16-byte multiples, so a pair never leaves its row."""
     p = cfg.p
     mA = score_mod.bias_rows(io.dbias_acc, s.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
-    tA = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mA, (cfg.bm, cfg.bn), (m_block, n_block))))
+    tA = _score_tile(cfg, c, mA, m_block, n_block)
     rows_left = cutlass.min(s.seqlen_q, mA.shape[0]) - m_block * cfg.bm
     col_room = cutlass.min(s.seqlen_k, mA.shape[1]) - n_block * cfg.bn - c.tScS_mn[0][1]
     for r in cutlass.range_constexpr(cute.size(dS_mn, mode=[0])):
