@@ -800,24 +800,27 @@ def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fi
     batch = cute.arch.block_idx()[2]
     out_rows = s.seqlen_k if cutlass.const_expr(cfg.p.is_thd) else s.static_k
     rows_left = out_rows - kt.n_block * cfg.bn
+    sX, cX, s2g, d, cols = _fine_tile(cfg, c)
     cute.arch.barrier()
+    rX = cute.make_fragment_like(acc_dV if cutlass.const_expr(cfg.finer_v) else acc_dK, dt)
     if cutlass.const_expr(cfg.finer_v):
-        rX = cute.make_fragment_like(acc_dV, dt)
         rX.store(acc_dV.load().to(dt))
-        cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(c.sV))
-        cute.arch.barrier()
-        gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), cfg.dv),
-                             (cfg.bn, cfg.dv), (kt.n_block, 0))
-        rows.store_rows(c.s2g_v, c.sV, gX, c.cV, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_v)
     else:
-        rX = cute.make_fragment_like(acc_dK, dt)
         rX.store((acc_dK.load() * fine.scale).to(dt))
-        cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(c.sK))
-        cute.arch.barrier()
-        gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), cfg.d),
-                             (cfg.bn, cfg.d), (kt.n_block, 0))
-        rows.store_rows(c.s2g_k, c.sK, gX, c.cK, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_qk)
+    cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(sX))
     cute.arch.barrier()
+    gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d),
+                         (kt.n_block, 0))
+    rows.store_rows(s2g, sX, gX, cX, rows_left, tidx, regs_like_dst=True, cols=cols)
+    cute.arch.barrier()
+
+
+def _fine_tile(cfg, c) -> tuple:
+    """The finer tensor's (K's or V's) smem tile, its coordinates, its smem -> global copy, the tile's head-dim
+    extent and its column limit (`cols_qk` / `cols_v`)."""
+    if cfg.finer_v:
+        return c.sV, c.cV, c.s2g_v, cfg.dv, cfg.cols_v
+    return c.sK, c.cK, c.s2g_k, cfg.d, cfg.cols_qk
 
 
 @cute.jit
@@ -826,14 +829,11 @@ def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fin
     before the next step reads it."""
     batch = cute.arch.block_idx()[2]
     kv_limit = s.seqlen_k - kt.n_block * cfg.bn
-    if cutlass.const_expr(cfg.finer_v):
-        gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), cfg.dv),
-                             (cfg.bn, cfg.dv), (kt.n_block, 0))
-        _load_rows(c.g2s_vdo_thr, c.g2s_vdo, gX, c.sV, c.cV, kv_limit, cfg.cols_v)
-    else:
-        gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), cfg.d),
-                             (cfg.bn, cfg.d), (kt.n_block, 0))
-        _load_rows(c.g2s_qk_thr, c.g2s_qk, gX, c.sK, c.cK, kv_limit, cfg.cols_qk)
+    sX, cX, _, d, cols = _fine_tile(cfg, c)
+    g2s_thr, g2s = (c.g2s_vdo_thr, c.g2s_vdo) if cutlass.const_expr(cfg.finer_v) else (c.g2s_qk_thr, c.g2s_qk)
+    gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d),
+                         (kt.n_block, 0))
+    _load_rows(g2s_thr, g2s, gX, sX, cX, kv_limit, cols)
     cute.arch.cp_async_commit_group()
     cute.arch.cp_async_wait_group(0)
     cute.arch.barrier()
