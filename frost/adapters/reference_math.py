@@ -40,12 +40,18 @@ def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, wi
             yield b, (b, slice(0, lq)), (b, slice(0, lk)), mask
 
 
+def batch_entry(t, b: int):
+    """Batch entry b of a (B or 1, ...) tensor that may broadcast over its batch mode (a bias, dBias), that
+    mode kept: t[b:b + 1], or t itself where B is 1. A view."""
+    return t[b:b + 1] if t.shape[0] > 1 else t
+
+
 def _bias_block(bias, b: int, len_q: int, len_kv: int):
-    """Sequence b's (H or 1, len_q, len_kv) block of a declared (B or 1, H or 1, S_q, S_kv) bias: positions are
-    sequence-local, unit dims broadcast."""
+    """Sequence b's (H or 1, len_q, len_kv) block (a view) of a declared (B or 1, H or 1, S_q, S_kv) bias or
+    dBias: positions are sequence-local, unit dims broadcast."""
     if bias is None:
         return None
-    return bias[b if bias.shape[0] > 1 else 0, :, :len_q, :len_kv]
+    return batch_entry(bias, b)[0, :, :len_q, :len_kv]
 
 
 def score_mods(hq: int, len_q: int, len_kv: int, *, bias_block=None, alibi: bool = False, dtype=torch.float32,
@@ -204,7 +210,7 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
             dsink += parts[3]
         if dbias:
             ds = parts[4] if dbias_out.shape[1] > 1 else parts[4].sum(0, keepdim=True)
-            dbias_out[b if dbias_out.shape[0] > 1 else 0, :, :lq, :lk] += ds
+            _bias_block(dbias_out, b, lq, lk).add_(ds)
     return dq, dk, dv, dsink, dbias_out
 
 
