@@ -262,6 +262,30 @@ def run_bwd(case: Case, t: Optional[dict] = None, target=CPU, deterministic: boo
     return out + (dbias_t,) if dbias else out
 
 
+def assert_fwd_matches_oracle(name: str, case: Case, t: Optional[dict] = None):
+    """Run the case's forward (on `make_inputs(case)` unless given `t`) and compare O and Stats (absent when the
+    case declares none) with the oracle."""
+    t = make_inputs(case) if t is None else t
+    o, stats = run_fwd(case, t)
+    want_o, want_lse = oracle_fwd(case, t)
+    assert_close(o, want_o, rtol=1e-6, atol=1e-6, what=f"{name} O")
+    if case.stats:
+        assert_close(stats, want_lse, rtol=1e-6, atol=1e-6, what=f"{name} Stats")
+    else:
+        assert stats is None
+
+
+def assert_bwd_matches_oracle(name: str, case: Case, dbias: bool = False, t: Optional[dict] = None):
+    """Run the case's backward (on `make_inputs(case)` unless given `t`) and compare dQ, dK and dV with the
+    oracle's; returns (inputs, `run_bwd`'s outputs, `oracle_bwd`'s) for the checks of the optional gradients."""
+    t = make_inputs(case) if t is None else t
+    got = run_bwd(case, t, dbias=dbias)
+    want = oracle_bwd(case, t, dbias=dbias)
+    for g, w, what in zip(got[:3], want[2:5], ("dQ", "dK", "dV")):
+        assert_close(g, w, rtol=1e-5, atol=1e-6, what=f"{name} {what}")
+    return t, got, want
+
+
 def assert_close(got, want, *, rtol=1e-5, atol=1e-5, what=""):
     """Compare in float64; infinities must match exactly, and no NaN (poison) may remain."""
     got64 = got.double()

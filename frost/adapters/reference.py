@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
-from frost.adapters.reference_math import sdpa_bwd_reference, sdpa_fwd_reference
+from frost.adapters.reference_math import batch_entry, sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
 from frost.errors import BindingError
 from frost.ir.validate import Q_GROUP, ROW_STATS
@@ -103,8 +103,7 @@ def _batch_score_mods(facts, bound, b: int) -> dict:
     """The score-modifier keywords of ragged batch b: its slice of the bias (batch-broadcast biases whole)."""
     kw = _score_mod_kwargs(facts, bound)
     if kw["bias"] is not None:
-        bias = kw["bias"]
-        kw["bias"] = bias[b:b + 1] if bias.shape[0] > 1 else bias
+        kw["bias"] = batch_entry(kw["bias"], b)
     return kw
 
 
@@ -128,10 +127,7 @@ def _ragged_bwd(facts, bound) -> None:
         if dsink is not None:
             total_dsink = dsink if total_dsink is None else total_dsink + dsink
         if dbias is not None:
-            if dbias.shape[0] > 1:
-                dbias[b:b + 1] += db
-            else:
-                dbias += db
+            batch_entry(dbias, b).add_(db)
     if dbias is not None:
         bound["dBias"].copy_(dbias)
     if facts.has_dsink:

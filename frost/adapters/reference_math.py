@@ -24,9 +24,11 @@ def _ranges(num_batches: int, s_q: int, s_kv: int, cu_q, cu_kv, used_q, used_kv)
     return [(0, int(uq[b]), 0, int(uk[b])) for b in range(num_batches)]
 
 
-def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, window_right, bottom_right):
-    """Per non-empty sequence: (batch index, query rows, key rows, mask), the rows as index tuples into the
-    canonical views (THD: token slices; dense: the batch entry's leading rows)."""
+def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, window_right, bottom_right,
+               bias=None, alibi=False):
+    """Per non-empty sequence: (batch index, query rows, key rows, mask, score terms), the rows as index tuples
+    into the canonical views (THD: token slices; dense: the batch entry's leading rows), the score terms
+    `score_mods`' (in q's dtype; None without a bias or ALiBi)."""
     batches = len(cu_q) - 1 if thd else q.shape[0]
     s_q, s_kv = (0, 0) if thd else (q.shape[1], k.shape[1])
     for b, (q0, lq, k0, lk) in enumerate(_ranges(batches, s_q, s_kv, cu_q, cu_kv, used_q, used_kv)):
@@ -34,18 +36,26 @@ def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, wi
             continue
         mask = allowed_mask(lq, lk, window_left=window_left, window_right=window_right, bottom_right=bottom_right,
                             device=q.device)
+        mods = score_mods(q.shape[-2], lq, lk, bias_block=_bias_block(bias, b, lq, lk), alibi=alibi, dtype=q.dtype,
+                          device=q.device)
         if thd:
-            yield b, (slice(q0, q0 + lq),), (slice(k0, k0 + lk),), mask
+            yield b, (slice(q0, q0 + lq),), (slice(k0, k0 + lk),), mask, mods
         else:
-            yield b, (b, slice(0, lq)), (b, slice(0, lk)), mask
+            yield b, (b, slice(0, lq)), (b, slice(0, lk)), mask, mods
+
+
+def batch_entry(t, b: int):
+    """Batch entry b of a (B or 1, ...) tensor that may broadcast over its batch mode (a bias, dBias), that
+    mode kept: t[b:b + 1], or t itself where B is 1. A view."""
+    return t[b:b + 1] if t.shape[0] > 1 else t
 
 
 def _bias_block(bias, b: int, len_q: int, len_kv: int):
-    """Sequence b's (H or 1, len_q, len_kv) block of a declared (B or 1, H or 1, S_q, S_kv) bias: positions are
-    sequence-local, unit dims broadcast."""
+    """Sequence b's (H or 1, len_q, len_kv) block (a view) of a declared (B or 1, H or 1, S_q, S_kv) bias or
+    dBias: positions are sequence-local, unit dims broadcast."""
     if bias is None:
         return None
-    return bias[b if bias.shape[0] > 1 else 0, :, :len_q, :len_kv]
+    return batch_entry(bias, b)[0, :, :len_q, :len_kv]
 
 
 def score_mods(hq: int, len_q: int, len_kv: int, *, bias_block=None, alibi: bool = False, dtype=torch.float32,
@@ -134,10 +144,9 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
         shape = (bsz, hq, sq)
     lse, top = (torch.full(shape, float("-inf"), dtype=cd, device=q.device) for _ in range(2))
     sum_exp = torch.zeros(shape, dtype=cd, device=q.device)
-    for b, qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
-                                      window_left=window_left, window_right=window_right, bottom_right=bottom_right):
-        mods = score_mods(hq, *mask.shape, bias_block=_bias_block(bias, b, *mask.shape), alibi=alibi, dtype=cd,
-                          device=q.device)
+    for _, qs, ks, mask, mods in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
+                                            window_left=window_left, window_right=window_right,
+                                            bottom_right=bottom_right, bias=bias, alibi=alibi):
         ob, *rows = _attend(q[qs], k[ks], v[ks], scale=softmax_scale, sink=sink, mask=mask, mods=mods)
         o[qs] = ob
         for out, rb in zip((lse, top, sum_exp), rows):
@@ -193,18 +202,17 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dsink = torch.zeros(hq, dtype=cd, device=q.device) if sink is not None else None
     dbias_out = torch.zeros(tuple(bias.shape), dtype=cd, device=q.device) if dbias else None
-    for b, qs, ks, mask in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
-                                      window_left=window_left, window_right=window_right, bottom_right=bottom_right):
+    for b, qs, ks, mask, mods in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
+                                            window_left=window_left, window_right=window_right,
+                                            bottom_right=bottom_right, bias=bias, alibi=alibi):
         lq, lk = mask.shape
-        mods = score_mods(hq, lq, lk, bias_block=_bias_block(bias, b, lq, lk), alibi=alibi, dtype=cd,
-                          device=q.device)
         parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask, mods=mods)
         dq[qs], dk[ks], dv[ks] = parts[:3]
         if sink is not None:
             dsink += parts[3]
         if dbias:
             ds = parts[4] if dbias_out.shape[1] > 1 else parts[4].sum(0, keepdim=True)
-            dbias_out[b if dbias_out.shape[0] > 1 else 0, :, :lq, :lk] += ds
+            _bias_block(dbias_out, b, lq, lk).add_(ds)
     return dq, dk, dv, dsink, dbias_out
 
 

@@ -8,7 +8,8 @@ import torch
 
 from frost.target import CPU
 from tests import oracle
-from tests.helpers import Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, rel_err, run_bwd, run_fwd
+from tests.helpers import (Case, assert_bwd_matches_oracle, assert_close, assert_fwd_matches_oracle, make_inputs,
+                           oracle_bwd, oracle_fwd, rel_err, run_bwd, run_fwd)
 
 CAUSAL = (("use_causal_mask", True),)
 CAUSAL_BR = (("use_causal_mask_bottom_right", True),)
@@ -53,27 +54,15 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_forward_matches_oracle(name):
-    case = CASES[name]
-    t = make_inputs(case)
-    o, stats = run_fwd(case, t)
-    want_o, want_lse = oracle_fwd(case, t)
-    assert_close(o, want_o, rtol=1e-6, atol=1e-6, what=f"{name} O")
-    if case.stats:
-        assert_close(stats, want_lse, rtol=1e-6, atol=1e-6, what=f"{name} Stats")
-    else:
-        assert stats is None
+    assert_fwd_matches_oracle(name, CASES[name])
 
 
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.stats])
 def test_backward_matches_autograd(name):
     case = CASES[name]
-    t = make_inputs(case)
-    dq, dk, dv, dsink = run_bwd(case, t)
-    _, _, want_dq, want_dk, want_dv, want_dsink = oracle_bwd(case, t)
-    for got, want, what in ((dq, want_dq, "dQ"), (dk, want_dk, "dK"), (dv, want_dv, "dV")):
-        assert_close(got, want, rtol=1e-5, atol=1e-6, what=f"{name} {what}")
+    _, (_, _, _, dsink), want = assert_bwd_matches_oracle(name, case)
     if case.sink:
-        assert_close(dsink, want_dsink, rtol=1e-5, atol=1e-6, what=f"{name} dSink")
+        assert_close(dsink, want[5], rtol=1e-5, atol=1e-6, what=f"{name} dSink")
     else:
         assert dsink is None
 

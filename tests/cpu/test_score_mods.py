@@ -24,7 +24,8 @@ from frost.engines.sm90.sdpa_fwd_params import validate as validate_sm90_fwd
 from frost.errors import GraphError, TemplateParamsError
 from frost.target import fake_target
 from tests import oracle
-from tests.helpers import Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, run_bwd, run_fwd
+from tests.helpers import (Case, assert_bwd_matches_oracle, assert_close, assert_fwd_matches_oracle, make_inputs,
+                           oracle_fwd, run_bwd)
 
 A100, H200, RTX5090 = (fake_target(n) for n in ("A100", "H200", "RTX5090"))
 CAUSAL = (("use_causal_mask", True),)
@@ -54,23 +55,14 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_forward_matches_oracle(name):
-    case = CASES[name]
-    t = make_inputs(case)
-    o, stats = run_fwd(case, t)
-    want_o, want_lse = oracle_fwd(case, t)
-    assert_close(o, want_o, rtol=1e-6, atol=1e-6, what=f"{name} O")
-    assert_close(stats, want_lse, rtol=1e-6, atol=1e-6, what=f"{name} Stats")
+    assert_fwd_matches_oracle(name, CASES[name])
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_backward_matches_autograd_with_dbias(name):
     case = CASES[name]
-    t = make_inputs(case)
     dbias = case.bias is not None
-    got = run_bwd(case, t, dbias=dbias)
-    want = oracle_bwd(case, t, dbias=dbias)
-    for g, w, what in zip(got[:3], want[2:5], ("dQ", "dK", "dV")):
-        assert_close(g, w, rtol=1e-5, atol=1e-6, what=f"{name} {what}")
+    t, got, want = assert_bwd_matches_oracle(name, case, dbias=dbias)
     if dbias:
         assert got[4].shape == t["bias"].shape and got[4].stride() == t["bias"].stride()
         assert_close(got[4], want[6], rtol=1e-5, atol=1e-6, what=f"{name} dBias")

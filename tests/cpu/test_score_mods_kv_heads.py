@@ -16,7 +16,7 @@ from frost.engines.sm80.sdpa_fwd_params import validate as validate_fwd
 from frost.target import fake_target
 from frost.testing.cases import _mma_bwd, _mma_fwd
 from tests import oracle
-from tests.helpers import Case, assert_close, make_inputs, oracle_kwargs, run_bwd, run_fwd
+from tests.helpers import (Case, assert_bwd_matches_oracle, assert_close, assert_fwd_matches_oracle, make_inputs)
 
 A100, H200, RTX5090 = (fake_target(n) for n in ("A100", "H200", "RTX5090"))
 MMA_SYNC = {"A100": (A100, "Sm80"), "H200": (H200, "Sm80"), "RTX5090": (RTX5090, "Sm120")}
@@ -95,22 +95,15 @@ SPLIT_CASES = {
 @pytest.mark.parametrize("name", list(SPLIT_CASES))
 def test_split_heads_with_score_mods_forward_matches_oracle(name):
     case, hv = SPLIT_CASES[name]
-    t = _split_inputs(case, hv)
-    o, stats = run_fwd(case, t)
-    want_o, want_lse = oracle.attention(t["q"], t["k"], t["v"], **oracle_kwargs(case, t))
-    assert_close(o, want_o, rtol=1e-6, atol=1e-6, what=f"{name} O")
-    assert_close(stats, want_lse, rtol=1e-6, atol=1e-6, what=f"{name} Stats")
+    assert_fwd_matches_oracle(name, case, _split_inputs(case, hv))
 
 
 @pytest.mark.parametrize("name", list(SPLIT_CASES))
 def test_split_heads_with_score_mods_backward_matches_autograd(name):
     case, hv = SPLIT_CASES[name]
-    t = _split_inputs(case, hv)
-    got = run_bwd(case, t, dbias=True)
-    want = oracle.attention_grads(t["q"], t["k"], t["v"], t["do"], with_dbias=True, **oracle_kwargs(case, t))
+    _, got, want = assert_bwd_matches_oracle(name, case, dbias=True, t=_split_inputs(case, hv))
     for g, w, what in zip(got[:3], want[2:5], ("dQ", "dK", "dV")):
         assert g.shape == w.shape, what
-        assert_close(g, w, rtol=1e-5, atol=1e-6, what=f"{name} {what}")
     assert_close(got[4], want[6], rtol=1e-5, atol=1e-6, what=f"{name} dBias")
 
 

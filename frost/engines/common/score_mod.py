@@ -41,6 +41,24 @@ def bias_rows(mBias: cute.Tensor, batch: Int32, head: Int32, per_batch: cutlass.
 
 
 @cute.jit
+def sequence_mods(p: cutlass.Constexpr, mBias, batch: Int32, head: Int32, seqlen_q: Int32, seqlen_k: Int32):
+    """The score-modifier inputs of one (batch entry, query head) of params `p` (its `has_bias`, `has_alibi`,
+    `bias_per_batch`, `bias_per_head`, `num_heads_q`): (its (S_q, S_kv) bias view or None, the row and column
+    limits `add_score_mods` reads the bias below (the sequence's, cut to the bias's extents), ALiBi's slope or
+    None)."""
+    mB = None
+    row_limit, col_limit = seqlen_q, seqlen_k
+    if cutlass.const_expr(p.has_bias):
+        mB = bias_rows(mBias, batch, head, p.bias_per_batch, p.bias_per_head)
+        row_limit = cutlass.min(seqlen_q, mB.shape[0])
+        col_limit = cutlass.min(seqlen_k, mB.shape[1])
+    slope = None
+    if cutlass.const_expr(p.has_alibi):
+        slope = alibi_slope(head, p.num_heads_q)
+    return mB, row_limit, col_limit, slope
+
+
+@cute.jit
 def add_score_mods(
     acc_mn: cute.Tensor,
     tScS_mn: cute.Tensor,

@@ -653,19 +653,19 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
 def _score_mods(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, acc_S_mn: cute.Tensor, head: Int32,
                 m_block: Int32, n_block: Int32, scale: Float32):
     """S -> scale * S + bias + ALiBi of query head `head`, in place (score_mod; masks come after)."""
-    p = cfg.p
+    mB, row_limit, col_limit, slope = score_mod.sequence_mods(cfg.p, io.bias, s.batch, head, s.seqlen_q, s.seqlen_k)
     tBgB = None
-    row_limit, col_limit = s.seqlen_q, s.seqlen_k
-    if cutlass.const_expr(p.has_bias):
-        mB = score_mod.bias_rows(io.bias, s.batch, head, p.bias_per_batch, p.bias_per_head)
-        tBgB = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mB, (cfg.bm, cfg.bn), (m_block, n_block))))
-        row_limit = cutlass.min(row_limit, mB.shape[0])
-        col_limit = cutlass.min(col_limit, mB.shape[1])
-    slope = None
-    if cutlass.const_expr(p.has_alibi):
-        slope = score_mod.alibi_slope(head, p.num_heads_q)
+    if cutlass.const_expr(cfg.p.has_bias):
+        tBgB = _score_tile(cfg, c, mB, m_block, n_block)
     score_mod.add_score_mods(acc_S_mn, c.tScS_mn, c.t0ScS_mn, tBgB, scale, m_block * cfg.bm, n_block * cfg.bn,
                              row_limit, col_limit, slope)
+
+
+@cute.jit
+def _score_tile(cfg: cutlass.Constexpr, c, mX: cute.Tensor, m_block: Int32, n_block: Int32) -> cute.Tensor:
+    """The (query tile, key tile) of an (S_q, S_kv) tensor (bias, dBias, its accumulator) partitioned like this
+    thread's scores, as a (rows, cols) view."""
+    return acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mX, (cfg.bm, cfg.bn), (m_block, n_block))))
 
 
 @cute.jit
@@ -675,7 +675,7 @@ def _store_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, rdS_mn: cute.
     element inside dBias's extents, the zeros of masked and padding positions included."""
     p = cfg.p
     mdB = score_mod.bias_rows(io.dbias, s.batch, head, p.bias_per_batch, p.bias_per_head)
-    tdB = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mdB, (cfg.bm, cfg.bn), (m_block, n_block))))
+    tdB = _score_tile(cfg, c, mdB, m_block, n_block)
     rows_left = mdB.shape[0] - m_block * cfg.bm
     col_room = mdB.shape[1] - n_block * cfg.bn - c.tScS_mn[0][1]
     for r in cutlass.range_constexpr(cute.size(rdS_mn, mode=[0])):
@@ -693,7 +693,7 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
     sm_90+: the accumulator's rows are 16-byte multiples, so a pair never leaves its row."""
     p = cfg.p
     mA = score_mod.bias_rows(io.dbias_acc, s.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
-    tA = acc_as_mn(c.thr_sdp.partition_C(cute.local_tile(mA, (cfg.bm, cfg.bn), (m_block, n_block))))
+    tA = _score_tile(cfg, c, mA, m_block, n_block)
     rows_left = cutlass.min(s.seqlen_q, mA.shape[0]) - m_block * cfg.bm
     col_room = cutlass.min(s.seqlen_k, mA.shape[1]) - n_block * cfg.bn - c.tScS_mn[0][1]
     for r in cutlass.range_constexpr(cute.size(dS_mn, mode=[0])):
@@ -800,24 +800,27 @@ def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fi
     batch = cute.arch.block_idx()[2]
     out_rows = s.seqlen_k if cutlass.const_expr(cfg.p.is_thd) else s.static_k
     rows_left = out_rows - kt.n_block * cfg.bn
+    sX, cX, s2g, d, cols = _fine_tile(cfg, c)
     cute.arch.barrier()
+    rX = cute.make_fragment_like(acc_dV if cutlass.const_expr(cfg.finer_v) else acc_dK, dt)
     if cutlass.const_expr(cfg.finer_v):
-        rX = cute.make_fragment_like(acc_dV, dt)
         rX.store(acc_dV.load().to(dt))
-        cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(c.sV))
-        cute.arch.barrier()
-        gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), cfg.dv),
-                             (cfg.bn, cfg.dv), (kt.n_block, 0))
-        rows.store_rows(c.s2g_v, c.sV, gX, c.cV, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_v)
     else:
-        rX = cute.make_fragment_like(acc_dK, dt)
         rX.store((acc_dK.load() * fine.scale).to(dt))
-        cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(c.sK))
-        cute.arch.barrier()
-        gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), cfg.d),
-                             (cfg.bn, cfg.d), (kt.n_block, 0))
-        rows.store_rows(c.s2g_k, c.sK, gX, c.cK, rows_left, tidx, regs_like_dst=True, cols=cfg.cols_qk)
+    cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(sX))
     cute.arch.barrier()
+    gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d),
+                         (kt.n_block, 0))
+    rows.store_rows(s2g, sX, gX, cX, rows_left, tidx, regs_like_dst=True, cols=cols)
+    cute.arch.barrier()
+
+
+def _fine_tile(cfg, c) -> tuple:
+    """The finer tensor's (K's or V's) smem tile, its coordinates, its smem -> global copy, the tile's head-dim
+    extent and its column limit (`cols_qk` / `cols_v`)."""
+    if cfg.finer_v:
+        return c.sV, c.cV, c.s2g_v, cfg.dv, cfg.cols_v
+    return c.sK, c.cK, c.s2g_k, cfg.d, cfg.cols_qk
 
 
 @cute.jit
@@ -826,14 +829,11 @@ def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fin
     before the next step reads it."""
     batch = cute.arch.block_idx()[2]
     kv_limit = s.seqlen_k - kt.n_block * cfg.bn
-    if cutlass.const_expr(cfg.finer_v):
-        gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), cfg.dv),
-                             (cfg.bn, cfg.dv), (kt.n_block, 0))
-        _load_rows(c.g2s_vdo_thr, c.g2s_vdo, gX, c.sV, c.cV, kv_limit, cfg.cols_v)
-    else:
-        gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), cfg.d),
-                             (cfg.bn, cfg.d), (kt.n_block, 0))
-        _load_rows(c.g2s_qk_thr, c.g2s_qk, gX, c.sK, c.cK, kv_limit, cfg.cols_qk)
+    sX, cX, _, d, cols = _fine_tile(cfg, c)
+    g2s_thr, g2s = (c.g2s_vdo_thr, c.g2s_vdo) if cutlass.const_expr(cfg.finer_v) else (c.g2s_qk_thr, c.g2s_qk)
+    gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d),
+                         (kt.n_block, 0))
+    _load_rows(g2s_thr, g2s, gX, sX, cX, kv_limit, cols)
     cute.arch.cp_async_commit_group()
     cute.arch.cp_async_wait_group(0)
     cute.arch.barrier()

@@ -23,7 +23,7 @@ from frost.engines.params import SdpaBwdFeatureParams, check_sdpa_features, scor
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sdpa_bwd.scratch import uses_turns
-from frost.engines.sm80.sdpa_fwd_params import HEAD_DIMS, TUNED_HEAD_DIMS, tile_dim, tuned_head_dims
+from frost.engines.sm80.sdpa_fwd_params import HEAD_DIMS, TUNED_HEAD_DIMS, TileHeadDims, tile_dim, tuned_head_dims
 from frost.errors import TemplateParamsError
 
 #: Largest dynamic shared memory one block of each family may ask for (bytes).
@@ -33,7 +33,7 @@ SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
 MAIN_TEMPLATE = "frost.engines.sm80.sdpa_bwd"
 
 
-class Sm80BwdParams(SdpaBwdFeatureParams):
+class Sm80BwdParams(TileHeadDims, SdpaBwdFeatureParams):
     """Plan-time description of one mma.sync backward chain (`frost.engines.sdpa_bwd.chain.BwdChainParams`).
 
     Feature flags mirror the optional arguments of `frost.engines.sdpa_args`;
@@ -88,17 +88,6 @@ class Sm80BwdParams(SdpaBwdFeatureParams):
     def walk_group(self) -> int:
         """Query heads one CTA walks (Hq / Hkv unless K and V heads differ)."""
         return self.num_heads_q // self.kv_grid_heads
-
-    @property
-    def tile_head_dim(self) -> int:
-        """The Q / K / dQ / dK tiles' head-dim extent: head_dim, or head_dim padded up to a 32-element granule
-        (`sdpa_fwd_params.tile_dim`; loads zero-fill the columns past head_dim, stores and dQ adds skip them)."""
-        return tile_dim(self.head_dim)
-
-    @property
-    def tile_head_dim_v(self) -> int:
-        """The V / dO / dV tiles' head-dim extent (`tile_dim`)."""
-        return tile_dim(self.head_dim_v)
 
     @property
     def dq_accum_blocked(self) -> bool:

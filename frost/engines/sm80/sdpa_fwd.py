@@ -296,14 +296,11 @@ class SdpaFwdSm80:
         # ---- score modifiers: this tile's bias rows and ALiBi slope (score_mod)
         mods = None
         if const_expr(p.has_score_mods):
-            mods = SimpleNamespace(scale=softmax_scale, gB=None, slope=None, row_limit=seqlen_q, col_limit=seqlen_k)
+            mB, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
+            mods = SimpleNamespace(scale=softmax_scale, gB=None, slope=slope, row_limit=row_limit,
+                                   col_limit=col_limit)
             if const_expr(p.has_bias):
-                mB = score_mod.bias_rows(mBias, batch, head, p.bias_per_batch, p.bias_per_head)
                 mods.gB = cute.local_tile(mB, (p.tile_m, p.tile_n), (m_block, None))
-                mods.row_limit = cutlass.min(seqlen_q, mB.shape[0])
-                mods.col_limit = cutlass.min(seqlen_k, mB.shape[1])
-            if const_expr(p.has_alibi):
-                mods.slope = score_mod.alibi_slope(head, p.num_heads_q)
 
         ctx = SimpleNamespace(
             tiled_mma=tiled_mma, thr_mma=thr_mma, copy_QK=copy_QK, copy_V=copy_V,

@@ -49,7 +49,22 @@ SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
 _ELEM_BYTES = {"bf16": 2, "fp16": 2}
 
 
-class Sm80FwdParams(SdpaFeatureParams):
+class TileHeadDims:
+    """The tiles' head-dim extents of an mma.sync template (forward and backward alike)."""
+
+    @property
+    def tile_head_dim(self) -> int:
+        """The Q / K (and dQ / dK) tiles' head-dim extent (`tile_dim`): head_dim, or head_dim padded up to a
+        granule (loads zero-fill the columns past head_dim, stores and dQ adds skip them)."""
+        return tile_dim(self.head_dim)
+
+    @property
+    def tile_head_dim_v(self) -> int:
+        """The V / O (and dO / dV) tiles' head-dim extent (`tile_dim`)."""
+        return tile_dim(self.head_dim_v)
+
+
+class Sm80FwdParams(TileHeadDims, SdpaFeatureParams):
     """Plan-time description of one mma.sync forward kernel.
 
     Feature flags mirror the optional arguments of `frost.engines.sdpa_args`;
@@ -69,16 +84,6 @@ class Sm80FwdParams(SdpaFeatureParams):
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
-
-    @property
-    def tile_head_dim(self) -> int:
-        """The Q / K tiles' head-dim extent (`tile_dim`): head_dim, or head_dim padded up to a granule."""
-        return tile_dim(self.head_dim)
-
-    @property
-    def tile_head_dim_v(self) -> int:
-        """The V / O tiles' head-dim extent (`tile_dim`)."""
-        return tile_dim(self.head_dim_v)
 
 
 def smem_bytes(p: Sm80FwdParams) -> int:
