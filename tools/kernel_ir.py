@@ -5,10 +5,9 @@
     python tools/kernel_ir.py diff /tmp/ir-before /tmp/ir-after
 
 `dump` compiles every kernel of the covering sets in frost/testing/cases.py (the SM80 and SM120
-forwards, the backward chains, the SM90 forward and backward, then the mma.sync head-dim sets and the
-SM90 backward above d=128) through
-frost's compile boundary,
-with the disk cache off, and writes each one's MLIR (host entry and device code)
+forwards, the backward chains, the SM90 forward and backward, then the mma.sync head-dim sets, the
+SM90 backward above d=128, cuDNN's ragged-offset form and the score modifiers) through frost's
+compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code)
 with source locations stripped, one file per kernel. `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
 defined by the same op on the same operands, only independent ops moved, and the lines
@@ -38,40 +37,36 @@ def covering_specs() -> list:
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
     from frost.testing import cases
 
+    fwd80, bwd80 = (cases.SM80_FWD_TEMPLATE, Sm80FwdParams), (None, Sm80BwdParams)  # None: the whole chain
+    fwd90, bwd90 = (cases.SM90_FWD_TEMPLATE, Sm90FwdParams), (cases.SM90_BWD_TEMPLATE, Sm90BwdParams)
+    # (template, params class, cover) in file-name order; a cover is {arch: [kwargs]} or, for sm_90a, a list of
+    # kwargs or of groups of them. The SM90 backward entries are its main kernel (its helpers are the
+    # skeleton's, covered by the chains). Each set added later comes after the earlier ones, so their kernels
+    # keep their file names: the mma.sync head-dim sets, the SM90 backward above d=128, cuDNN's ragged-offset
+    # form, then the score-modifier sets.
+    entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
+               (*bwd90, cases.SM90_BWD_COVER),
+               (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
+               (*bwd90, cases.SM90_BWD_WIDE_COVER),
+               (*fwd80, cases.RAGGED_MMA_FWD_COVER), (*bwd80, cases.RAGGED_MMA_BWD_COVER),
+               (*fwd90, cases.RAGGED_SM90_FWD_COVER), (*bwd90, cases.RAGGED_SM90_BWD_COVER),
+               (*fwd80, cases.SM80_FWD_SCORE_MOD_COVER), (*bwd80, cases.SM80_BWD_SCORE_MOD_COVER)]
     specs = []
-    for arch, kws in cases.SM80_FWD_COVER.items():
-        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
-    for arch, kws in cases.SM80_BWD_COVER.items():
-        for kw in kws:
-            p = Sm80BwdParams(**kw)
-            specs += [(template, sp, arch) for _, template, _, sp in chain_of(p)]
-    for group in cases.SM90_FWD_COVER:
-        specs += [(cases.SM90_FWD_TEMPLATE, Sm90FwdParams(**kw), "sm_90a") for kw in group]
-    for group in cases.SM90_BWD_COVER:  # the main kernel; its helpers are the skeleton's, covered above
-        specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in group]
-    # the mma.sync head-dim sets last, so the kernels above keep their file names
-    for arch, kws in cases.SM80_FWD_HEAD_DIM_COVER.items():
-        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
-    for arch, kws in cases.SM80_BWD_HEAD_DIM_COVER.items():
-        for kw in kws:
-            specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
-    for group in cases.SM90_BWD_WIDE_COVER:  # the SM90 backward above d=128
-        specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in group]
-    # cuDNN's ragged-offset form last, for the same reason
-    for arch, kws in cases.RAGGED_MMA_FWD_COVER.items():
-        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
-    for arch, kws in cases.RAGGED_MMA_BWD_COVER.items():
-        for kw in kws:
-            specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
-    specs += [(cases.SM90_FWD_TEMPLATE, Sm90FwdParams(**kw), "sm_90a") for kw in cases.RAGGED_SM90_FWD_COVER]
-    specs += [(cases.SM90_BWD_TEMPLATE, Sm90BwdParams(**kw), "sm_90a") for kw in cases.RAGGED_SM90_BWD_COVER]
-    # the score-modifier sets after those
-    for arch, kws in cases.SM80_FWD_SCORE_MOD_COVER.items():
-        specs += [(cases.SM80_FWD_TEMPLATE, Sm80FwdParams(**kw), arch) for kw in kws]
-    for arch, kws in cases.SM80_BWD_SCORE_MOD_COVER.items():
-        for kw in kws:
-            specs += [(template, sp, arch) for _, template, _, sp in chain_of(Sm80BwdParams(**kw))]
+    for template, params_cls, cover in entries:
+        for arch, kw in _cover_items(cover):
+            p = params_cls(**kw)
+            if template is None:
+                specs += [(t, sp, arch) for _, t, _, sp in chain_of(p)]
+            else:
+                specs.append((template, p, arch))
     return specs
+
+
+def _cover_items(cover) -> list:
+    """(arch, kwargs) of a covering set: {arch: [kwargs]}, or sm_90a's kwargs, flat or in groups."""
+    if isinstance(cover, dict):
+        return [(arch, kw) for arch, kws in cover.items() for kw in kws]
+    return [("sm_90a", kw) for item in cover for kw in ([item] if isinstance(item, dict) else item)]
 
 
 def strip_locations(mlir: str) -> str:

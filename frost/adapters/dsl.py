@@ -179,7 +179,7 @@ RAGGED_TENSOR_ARGS = {**TENSOR_ARGS, "cu_seqlens_q": ("q_ragged_offset", lengths
 
 def tensor_args(facts) -> dict:
     """The contract's tensor names -> (graph role, view) for these facts."""
-    return TENSOR_ARGS if facts is None or facts.ragged is None else RAGGED_TENSOR_ARGS
+    return TENSOR_ARGS if facts.ragged is None else RAGGED_TENSOR_ARGS
 
 
 def static_values(facts) -> dict:
@@ -199,7 +199,7 @@ def _tuple_getter(keys: tuple):
     return lambda d: ()
 
 
-def viewed_args(names, facts=None) -> tuple:
+def viewed_args(names, facts) -> tuple:
     """(name, role, view) of the contract names whose tensor the kernel takes through a view.
 
     The adapter makes these views once per execute and passes them with the per-call values.

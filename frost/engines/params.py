@@ -5,18 +5,35 @@ packed totals) are never fields: they compile as symbolic ints.
 """
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from frost.errors import TemplateParamsError
 
 
-class HeadDimSpan(NamedTuple):
-    """Every head dim that is a multiple of `multiple` from `multiple` up to `maximum`, d_qk and d_v each."""
+class HeadDimSpan(BaseModel):
+    """Every head dim that is a multiple of `multiple`, from `multiple` up to `maximum`: d_qk and d_v each,
+    independently (cuDNN's rule for its SDPA head dims). The mma.sync templates state theirs in their params
+    module, the capability rows theirs (`frost.lowering.capabilities`); tests/cpu/test_routing.py checks that the
+    two agree."""
+
+    model_config = ConfigDict(frozen=True)
 
     multiple: int
     maximum: int
+
+    def describe(self) -> str:
+        return f"every multiple of {self.multiple} up to {self.maximum} (d_qk and d_v independently)"
+
+    def outside(self, d_qk: int, d_v: int) -> tuple[str, int, str] | None:
+        """(name, head dim, what is wrong) of the first of d_qk, d_v outside the span, or None."""
+        for name, d in (("d_qk", d_qk), ("d_v", d_v)):
+            if d < self.multiple or d % self.multiple != 0:
+                return name, d, f"is not a multiple of {self.multiple}"
+            if d > self.maximum:
+                return name, d, f"is above {self.maximum}"
+        return None
 
 
 class TemplateParams(BaseModel):
@@ -122,26 +139,16 @@ def score_mod_tags(p) -> tuple:
     return tags
 
 
-def head_dim_span_reason(d_qk: int, d_v: int, multiple: int, maximum: int) -> str | None:
-    """Why (d_qk, d_v) lies outside "every multiple of `multiple` up to `maximum`, each independently", or None."""
-    for name, d in (("d_qk", d_qk), ("d_v", d_v)):
-        if d < multiple or d % multiple != 0:
-            return f"{name}={d} is not a multiple of {multiple}"
-        if d > maximum:
-            return f"{name}={d} is above {maximum}"
-    return None
-
-
 def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
     """The checks every SDPA template's validator starts with; raises TemplateParamsError.
 
-    `head_dims`: the (d_qk, d_v) pairs the template implements, or a (multiple, maximum) span of
-    `head_dim_span_reason` (every multiple up to the maximum, d_qk and d_v independently).
+    `head_dims`: the (d_qk, d_v) pairs the template implements, or a `HeadDimSpan`.
     """
     if isinstance(head_dims, HeadDimSpan):
-        why = head_dim_span_reason(p.head_dim, p.head_dim_v, head_dims.multiple, head_dims.maximum)
-        if why:
-            raise TemplateParamsError(f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}): {why}")
+        outside = head_dims.outside(p.head_dim, p.head_dim_v)
+        if outside:
+            name, d, why = outside
+            raise TemplateParamsError(f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}): {name}={d} {why}")
     elif (p.head_dim, p.head_dim_v) not in head_dims:
         raise TemplateParamsError(f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in "
                                   f"{sorted(head_dims)}")

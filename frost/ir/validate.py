@@ -6,7 +6,7 @@ import operator
 
 from frost.errors import GraphError
 from frost.ir.facts import RaggedFacts, SdpaFacts, TensorFacts
-from frost.ir.nodes import SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
+from frost.ir.nodes import OUTPUT_ATTRS, SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
 from frost.ir.tensor import Tensor, _overlaps
 from frost.types import DataType
 
@@ -265,7 +265,7 @@ def _other_features(a: SdpaAttrs) -> tuple:
 
 #: per-query-row fp32 outputs of the forward: Stats (the log-sum-exp) and its two halves, the row max of the
 #: scaled, masked scores and the sum of exp(score - max) (cuDNN's score_max / score_sum_exp)
-ROW_STATS = ("stats", "score_max", "score_sum_exp")
+ROW_STATS = ("stats",) + OUTPUT_ATTRS
 Q_GROUP = ("q", "o", "dO", "dQ") + ROW_STATS
 
 
@@ -425,7 +425,7 @@ def validate_fwd(node: SdpaFwdNode, io_types=IO_TYPES) -> SdpaFacts:
     roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o}
     if node.generate_stats:
         roles["stats"] = node.stats
-    for role in ("score_max", "score_sum_exp"):
+    for role in OUTPUT_ATTRS:
         t = getattr(node.attrs, role)
         if t is not None:
             _check_like(t, role, expected_stats_dims(geom), (DataType.FLOAT,),
@@ -440,7 +440,7 @@ def validate_fwd(node: SdpaFwdNode, io_types=IO_TYPES) -> SdpaFacts:
 def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
     geom, mask = _validate_common(node, io_types, node.q, node.k, node.v)
     a = node.attrs
-    for role in ("score_max", "score_sum_exp"):
+    for role in OUTPUT_ATTRS:
         if getattr(a, role) is not None:
             raise GraphError(f"sdpa_backward {a.name!r}: {role} is an output of the forward (sdpa), not an input "
                              f"of the backward")

@@ -5,20 +5,7 @@ from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
-
-class HeadDimSpan(BaseModel):
-    """Every head dim that is a multiple of `multiple`, from `multiple` up to `maximum`: d_qk and d_v each,
-    independently (cuDNN's rule for its SDPA head dims). The templates state theirs in their params modules
-    (`frost.engines.params.HeadDimSpan`); tests/cpu/test_routing.py checks that the two agree."""
-
-    model_config = ConfigDict(frozen=True)
-
-    multiple: int
-    maximum: int
-
-    def describe(self) -> str:
-        return f"every multiple of {self.multiple} up to {self.maximum} (d_qk and d_v independently)"
-
+from frost.engines.params import HeadDimSpan
 
 #: the head dims the wgmma forward is written for (and the pending SM100 line states)
 FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))

@@ -77,12 +77,8 @@ def _head_dims_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
     if dims is None:
         return None
     if isinstance(dims, HeadDimSpan):
-        for name, x in (("d_qk", d), ("d_v", dv)):
-            if x % dims.multiple != 0:
-                return f"serves head dims {dims.describe()}; {graph} ({name} is not a multiple of {dims.multiple})"
-            if x > dims.maximum:
-                return f"serves head dims {dims.describe()}; {graph} ({name} is above {dims.maximum})"
-        return None
+        outside = dims.outside(d, dv)
+        return outside and f"serves head dims {dims.describe()}; {graph} ({outside[0]} {outside[2]})"
     if (d, dv) not in dims:
         listed = ", ".join(f"{a}" if a == b else f"{a}x{b}" for a, b in dims)
         return f"serves head dims {listed}; {graph}"

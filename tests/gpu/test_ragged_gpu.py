@@ -39,6 +39,10 @@ class RaggedCase:
     def s(self):
         return max(max(a, b) for a, b in self.lens) + 3  # the declared S of both groups
 
+    def id(self) -> str:
+        return (f"h{self.hq}x{self.hkv}-d{self.d}-{self.placement}-{self.stats}" + "-causal" * self.causal
+                + "-i64" * self.int64 + "-tot" * self.totals + "-sink" * self.sinks)
+
 
 def _starts(lens, placement, s):
     """Token offsets (B+1 entries, the last one past every sequence) of one group."""
@@ -209,8 +213,7 @@ FWD_CASES = [
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: f"h{c.hq}x{c.hkv}-d{c.d}-{c.placement}-{c.stats}"
-                         + "-causal" * c.causal + "-i64" * c.int64 + "-tot" * c.totals + "-sink" * c.sinks)
+@pytest.mark.parametrize("case", FWD_CASES, ids=RaggedCase.id)
 def test_ragged_forward_matches_the_oracle(engine, case):
     g, pack, t = make(case)
     plan_or_skip(g, engine)
@@ -265,8 +268,7 @@ BWD_CASES = [
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["", "det"])
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: f"h{c.hq}x{c.hkv}-d{c.d}-{c.placement}-{c.stats}"
-                         + "-causal" * c.causal + "-i64" * c.int64 + "-tot" * c.totals + "-sink" * c.sinks)
+@pytest.mark.parametrize("case", BWD_CASES, ids=RaggedCase.id)
 def test_ragged_backward_matches_the_oracle(engine, case, deterministic):
     g, pack, t = make(case, "bwd", deterministic=deterministic)
     plan_or_skip(g, engine)

@@ -648,18 +648,8 @@ class SdpaFwdSm90:
             self.store_o_rows(sO_wg, mO, tidx % 128, m_block, wg, head, rows_q, off_q * self.rq)
 
         if const_expr(p.has_lse):
-            if tOcO_mn[0][1] == 0:
-                for r in cutlass.range_constexpr(cute.size(lse)):
-                    row = row0 + tOcO_mn[r, 0][0]
-                    if const_expr(p.stats_per_batch):
-                        if row < rows_q:
-                            mLSE[row, head, batch] = lse[r]
-                    elif const_expr(p.is_thd):
-                        if row < rows_q:
-                            mLSE[off_lse * self.rq + row, head] = lse[r]
-                    else:
-                        if row < seqlen_q_static * self.rq:
-                            mLSE[row, head, batch] = lse[r] if row < rows_q else -Float32.inf
+            self.store_row_values(mLSE, lse, -Float32.inf, tOcO_mn, m_block, head, batch, seqlen_q, off_lse,
+                                  seqlen_q_static, p.stats_per_batch)
 
     def row_view(self, t):
         """A declared (B, H, S, 1) / (T, H, 1) per-row output (score_max, score_sum_exp) in the kernel's view of
@@ -670,17 +660,23 @@ class SdpaFwdSm90:
         return pg.pack_heads(t, self.rq, 1) if self.pack else t
 
     @cute.jit
-    def store_row_values(self, mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_q, seqlen_q_static):
-        """One fp32 value per tile row to a `row_view`, as the epilogue writes LSE (dense rows past seqused_q
-        get `pad`)."""
+    def store_row_values(self, mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_rows, seqlen_q_static,
+                         per_batch: cutlass.Constexpr[bool] = False):
+        """One fp32 value per tile row (LSE, score_max, score_sum_exp) to its (seq, head[, batch]) view: packed
+        rows from `off_rows` (the sequence's first token) on, only those inside the sequence, as are `per_batch`
+        ones (the ragged form's per-batch Stats, indexed like a dense batch's); dense rows past seqused_q get
+        `pad`."""
         row0 = m_block * self.tile_m
-        rows_q = seqlen_q * self.rq
+        rows_q = seqlen_q * self.rq  # tile rows inside the sequence (packed: rq per query position)
         if tOcO_mn[0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(vals)):
                 row = row0 + tOcO_mn[r, 0][0]
-                if const_expr(self.p.is_thd):
+                if const_expr(per_batch):
                     if row < rows_q:
-                        mX[off_q * self.rq + row, head] = vals[r]
+                        mX[row, head, batch] = vals[r]
+                elif const_expr(self.p.is_thd):
+                    if row < rows_q:
+                        mX[off_rows * self.rq + row, head] = vals[r]
                 else:
                     if row < seqlen_q_static * self.rq:
                         mX[row, head, batch] = vals[r] if row < rows_q else pad
