@@ -359,13 +359,9 @@ class SdpaBwdSm90:
 
     @cute.jit
     def step_tile(self, t: Int32, w: Walk):
-        """Step t of the flat loop -> (query head, query tile): heads of the group outer, tiles inner. With
-        `rotate` key tile n starts at its n-th query tile, so CTAs that run together add into different dQ rows."""
+        """Step t of the flat loop -> (query head, query tile): heads of the group outer, tiles inner."""
         head = w.head_kv * self.group + t // w.n_m
-        tile = t % w.n_m
-        if const_expr(self.p.rotate):
-            tile = (tile + w.n_block) % w.n_m
-        return head, w.m_min + tile
+        return head, w.m_min + t % w.n_m
 
     # --- producer warp: K / V once, then Q and dO per step
     @cute.jit

@@ -39,7 +39,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dq_red: bool = False  # dQ added from registers by red.global.add (no shared dQ tile, no writer warp)
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
-    rotate: bool = False  # each key tile starts its query walk at its own tile (non-deterministic only)
 
     @property
     def kv_shared(self) -> bool:
@@ -135,8 +134,6 @@ def validate(p: Sm90BwdParams) -> None:
             "of the transposed tile make ptxas serialize the wgmmas)")
     if p.dq_fragments and (p.tile_m * p.head_dim) % 1024:
         bad(f"dq_fragments needs tile_m * head_dim ({p.tile_m * p.head_dim}) to be a multiple of 1024")
-    if p.rotate and p.deterministic:
-        bad("rotate staggers the key tiles' walks; deterministic plans add dQ in key-tile order")
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} must be 1 or 2")
     if p.dq_swap and p.head_dim != 2 * 64:
@@ -188,7 +185,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "o" * p.rotate)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp)
     return "_".join(parts)
 
 
