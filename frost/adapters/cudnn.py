@@ -360,8 +360,8 @@ class _CudnnAdapter:
         if views is not None:  # packed: cuDNN's lengths and offsets from cu_seq_len, on this stream
             v = views(workspace)
             self._kernel(bound["cu_seq_len_q"], bound["cu_seq_len_kv"], v["ragged_lengths"], v["ragged_offsets"], s)
-        if h[1] is not None:
-            raw = self._raw
+        raw = self._raw
+        if h[1] is not None and raw is not None:
             ws = workspace.data_ptr() if workspace is not None else 0
             ptrs = array("Q", self._pointers(bound, ws))
             raw.execute(ptrs.buffer_info()[0], len(ptrs), ws if self._cudnn_ws else 0, h[1], raw.plan_index)
