@@ -42,9 +42,11 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
         else:
             assert r["tma_reduce"] > 0 and r["bulk_reduce"] == 0, r
         assert r["local"] == 0, r
+        # programmatic dependent launch: the writer / rows warp (one wait) and the MMA warpgroups (another)
+        assert r["pdl_wait"] == (2 if knobs.endswith("p") else 0), r
     assert len({r["name"] for r in results}) == len(results)
     suffixes = {re.sub(r"^m\d+n\d+s\d", "", r["name"].rsplit("_", 1)[-1]) for r in results}
-    assert {"f", "r", "", "fw"} <= suffixes  # every dQ path covered, and the rows warp
+    assert {"fp", "rp", "p", "fwp"} <= suffixes  # every dQ path covered, the rows warp, and the dependent launch
 
 
 def test_validator_declines_what_the_template_lacks():
@@ -129,8 +131,9 @@ def test_the_dq_convert_of_a_fragment_tile_compiles_with_16_byte_accesses(tmp_pa
     spec = ("frost.engines.sdpa_bwd.postprocess", "frost.engines.sdpa_bwd.chain.BwdHelperParams", sp.model_dump(),
             None)
     [[r]] = compile_groups([("sm_90a", [spec])], tmp_path, timeout=600)
-    assert r["name"].endswith("_qf128"), r
+    assert r["name"].endswith("_qf128_pdl"), r
     assert r["local"] == 0 and r["ldg_v4"] > 0 and r["stg_v4"] > 0, r
+    assert r["pdl_wait"] == 1, r  # launched as the main kernel's dependent: it waits for the dQ partials
 
 
 @pytest.mark.parametrize("kw", [dict(d=64), dict(d=128), dict(d=128, has_window_right=True), dict(is_thd=True)],

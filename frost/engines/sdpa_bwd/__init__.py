@@ -7,7 +7,10 @@
 3. dQ convert (`postprocess.py`): dQ = accumulator (copies summed in order) * scale in the io dtype,
    dSink from its partials, and dBias from its accumulator.
 
-The helper kernels use plain loads and stores only, so any main kernel can sit between them. What
+The helper kernels use plain loads and stores only, so any main kernel can sit between them. A main
+kernel whose params carry `pdl=True` (the SM90 backward) is launched as a programmatic dependent of the
+preprocess and waits for it (`griddepcontrol.wait`) before its first read of the preprocess's output; the
+dQ convert of such a chain is launched the same way after it. What
 a backward provides to join the chain:
 
 - a params class (a frozen `SdpaFeatureParams` subclass, the `BwdChainParams` protocol of

@@ -47,6 +47,8 @@ class BwdHelperParams(SdpaFeatureParams):
     dq_accum_blocked: bool = False
     dq_splits: int = 0
     dq_accum_tile: int = 0
+    pdl: bool = False  # the main kernel is launched as a programmatic dependent of the preprocess, the dQ convert
+    # of the main kernel (cc 9.0 and up)
     dbias_accum: bool = False
     dbias_accum_per_batch: bool = False
     dbias_accum_per_head: bool = False
@@ -61,9 +63,9 @@ _DBIAS_FIELDS = ("dbias_accum", "dbias_accum_per_batch", "dbias_accum_per_head")
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
                    "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile",
-                   *_DBIAS_FIELDS) + _RAGGED_FIELDS,
+                   *_DBIAS_FIELDS, "pdl") + _RAGGED_FIELDS,
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile", *_DBIAS_FIELDS) + _RAGGED_FIELDS,
+                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile", *_DBIAS_FIELDS, "pdl") + _RAGGED_FIELDS,
 }
 
 
@@ -72,7 +74,13 @@ def stage_params(p, stage: str):
     fields = HELPER_FIELDS.get(stage)
     if fields is None:
         return p
-    return BwdHelperParams(**{f: getattr(p, f) for f in fields})
+    return BwdHelperParams(**{f: getattr(p, f) for f in fields if f != "pdl"}, pdl=chain_pdl(p))
+
+
+def chain_pdl(p) -> bool:
+    """Does the chain launch with programmatic dependent launch? Main kernels that wait for the preprocess
+    themselves say so with a `pdl` knob (the SM90 backward); the others run strictly after it."""
+    return bool(getattr(p, "pdl", False))
 
 
 def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
@@ -163,4 +171,4 @@ def helper_suffix(p: BwdHelperParams) -> str:
     return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
         ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.dbias_accum, dbias),
          (p.deterministic, "det"), (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
-         (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"))) + ragged_tags(p))
+         (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"), (p.pdl, "pdl"))) + ragged_tags(p))

@@ -65,12 +65,15 @@ class SdpaBwdPostprocess:
         n_blocks = cutlass.max((total + rows - 1) // rows, 1)
         kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"), a.get("dbias"),
                a.get("dbias_accum"), Float32(a["softmax_scale"]), a.get("cu_seqlens_q"), a.get("seqused_q")).launch(
-            grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
+            grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"],
+            use_pdl=self.p.pdl)
 
 
 @cute.kernel
 def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart, mdBias, mDBiasAcc,
            scale: Float32, mCuQ, mUsedQ):
+    if cutlass.const_expr(p.pdl):  # launched while the main kernel runs: its dQ partials are complete after this
+        cute.arch.griddepcontrol_wait()
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
     gx, gy, gz = cute.arch.grid_dim()

@@ -82,6 +82,8 @@ def kernel(
     mLseOff,
     mDBiasAcc,
 ):
+    if cutlass.const_expr(p.pdl):  # the main kernel may start: it waits for this grid before reading its output
+        cute.arch.griddepcontrol_launch_dependents()
     tidx, _, _ = cute.arch.thread_idx()
     bx, head, batch = cute.arch.block_idx()
     gx, gy, gz = cute.arch.grid_dim()

@@ -225,7 +225,7 @@ class SdpaBwdSm90:
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
         ).launch(grid=[n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
-                 stream=a["stream"], min_blocks_per_mp=1)
+                 stream=a["stream"], min_blocks_per_mp=1, use_pdl=p.pdl)
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout):
         """The kernel's shared memory struct; P^T's tiles (`sP`) only when the warpgroups share the keys, the
@@ -311,7 +311,13 @@ class SdpaBwdSm90:
         """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), warp 2
         stages the LSE / dpsum rows (`rows_warp`), the MMA warpgroups compute; all walk `walk`."""
         if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(24)
+            cute.arch.setmaxregister_decrease(24)  # warpgroup-wide: before any warp waits below
+            if const_expr(self.p.pdl):
+                # launched as a programmatic dependent, the preprocess may still run: every role but the loads
+                # (Q, dO, K, V, which it only reads) waits for it before touching dpsum, the dQ accumulator or
+                # the turns
+                if warp_idx != 0:
+                    cute.arch.griddepcontrol_wait()
             if warp_idx == 0:
                 self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
                           pipe_q, pipe_do, pipe_kv, walk)
@@ -323,6 +329,8 @@ class SdpaBwdSm90:
                     self.load_rows_warp(mLSE, mdPsum, sRows, walk)
         else:
             cute.arch.setmaxregister_increase(240)
+            if const_expr(self.p.pdl):
+                cute.arch.griddepcontrol_wait()
             self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
                      sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
 

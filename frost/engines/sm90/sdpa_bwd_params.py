@@ -39,6 +39,7 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dq_red: bool = False  # dQ added from registers by red.global.add (no shared dQ tile, no writer warp)
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
+    pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
 
     @property
     def kv_shared(self) -> bool:
@@ -185,7 +186,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "p" * p.pdl)
     return "_".join(parts)
 
 
