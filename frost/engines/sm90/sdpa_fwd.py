@@ -16,6 +16,11 @@ stream feeds all r heads. Q, O and LSE are viewed with a ((r, S), ...) row mode
 (`pack_gqa.pack_heads`); TMA moves Q and O with (r, rows / r) boxes; masks use
 the row's query position and sinks the row's head.
 
+Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
+(`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
+zero-fill the columns past a head dim (zeros add nothing to Q K^T or P V), TMA
+stores clip them and the row-predicated O store of packed sequences skips them.
+
 Arguments follow `frost.engines.sdpa_args` exactly; see `build` for the fakes.
 """
 from __future__ import annotations
