@@ -40,27 +40,29 @@ def run_compile_script(script: str, args: list, cwd, timeout: int = 600) -> list
 
 _SPECS_SCRIPT = textwrap.dedent("""
     import importlib, json, sys
-    from tests.compile_runner import ptx_facts
+    from tests.compile_runner import ptx_facts, ptxas_facts
     from frost.compiler.compile import compile_kernel
-    arch = sys.argv[1]
+    arch, ptxas = sys.argv[1], sys.argv[3] == "1"
     out = []
     for template, params_class, kw, tag in json.loads(sys.argv[2]):
         module, name = params_class.rsplit(".", 1)
         params = getattr(importlib.import_module(module), name)(**kw)
-        out.append(dict(ptx_facts(compile_kernel(template, params, arch)), tag=tag))
+        ck = compile_kernel(template, params, arch)
+        out.append(dict(ptx_facts(ck), **(ptxas_facts(ck.ptx, arch) if ptxas else {}), tag=tag))
     print("RESULT " + json.dumps(out))
 """)
 
 
-def compile_groups(groups: list, cwd, timeout: int = 900) -> list:
+def compile_groups(groups: list, cwd, timeout: int = 900, ptxas: bool = False) -> list:
     """Compile groups of specs, each in its own fresh interpreter, two at a time.
 
     `groups` is a list of (arch, specs), a spec being (template module, dotted params class, params
-    kwargs, tag); returns, per group, each spec's `ptx_facts` plus its tag.
+    kwargs, tag); returns, per group, each spec's `ptx_facts` plus its tag (and, with `ptxas`, its
+    `ptxas_facts`).
     """
     def one(group):
         arch, specs = group
-        return run_compile_script(_SPECS_SCRIPT, [arch, json.dumps(specs)], cwd, timeout)
+        return run_compile_script(_SPECS_SCRIPT, [arch, json.dumps(specs), "1" if ptxas else "0"], cwd, timeout)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return list(pool.map(one, groups))
@@ -86,6 +88,26 @@ def ptx_facts(ck) -> dict:
            "local": ptx.count("ld.local") + ptx.count("st.local")}
     out.update({k: ptx.count(pattern) for k, pattern in PTX_COUNTS.items()})
     return out
+
+
+def ptxas_facts(ptx: str, arch: str) -> dict:
+    """What `ptxas -v` says of a PTX module: registers per thread and spill bytes (stores + loads), or
+    `ptxas: None` where no ptxas is on the PATH."""
+    import shutil
+    import tempfile
+
+    if shutil.which("ptxas") is None:
+        return {"ptxas": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        r = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+                           capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    text = r.stdout + r.stderr
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", text))
+    return {"ptxas": text, "registers": max(int(n) for n in re.findall(r"Used (\d+) registers", text)),
+            "spill_bytes": spills}
 
 
 def check_head_dim_cover(cover: dict, head_dim_cover: dict, tuned) -> list:

@@ -7,10 +7,13 @@ from pydantic import BaseModel, ConfigDict
 
 from frost.engines.params import HeadDimSpan
 
-#: the head dims the wgmma forward is written for (and the pending SM100 line states)
+#: the head dims the pending SM100 line states
 FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 #: the mma.sync kernels pad a head dim up to their tiles' 32-element granule inside the kernel
 MMA_SYNC_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
+#: the wgmma forward pads a head dim up to a 16-element wgmma K step inside the kernel; d_qk goes up to 512
+#: (`frost.engines.sm90.sdpa_fwd_params.HEAD_DIMS`)
+SM90_FWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=512, maximum_v=256)
 KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
                              "thd", "stats"})
 #: K and V with different head counts (each dividing the query heads), and the forward's row max / sum-of-exp
@@ -77,7 +80,7 @@ SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"}
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
-             dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS + ((192, 192),), features=DSL_FEATURES,
+             dtypes=("bf16", "fp16"), head_dims=SM90_FWD_HEAD_DIMS, features=DSL_FEATURES,
              fwd_features=FWD_EXTRA_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]

@@ -264,6 +264,22 @@ SM90_FWD_CASES = [
     Sm90Case(hq=5, hkv=5, b=3, wr=0, sq=700, skv=700, knobs=dict(persistent=False)),
 ]
 
+# head dims between 16-element steps (tiles padded past them), d_qk and d_v apart, and d_qk above 256
+SM90_FWD_HEAD_DIM_CASES = [
+    Sm90Case(d=72, sq=300, skv=300),
+    Sm90Case(d=80, wr=0, sq=300, skv=500),
+    Sm90Case(d=112, wr=0, br=True, sq=200, skv=520),
+    Sm90Case(d=72, dv=40, hq=8, hkv=2, thd=((129, 129), (1, 1), (300, 77)), wr=0),
+    Sm90Case(d=72, hq=8, hkv=2, thd=((129, 129), (1, 1), (300, 77)), wr=0, knobs=dict(pack_gqa=True)),
+    Sm90Case(d=104, thd=((200, 200), (1, 1), (77, 300))),
+    Sm90Case(d=192, dv=64, seqused=((250, 0), (300, 17)), sinks=True),
+    Sm90Case(d=64, dv=256, wr=0),  # O's tile larger than Q's, which it reuses
+    Sm90Case(d=320, dv=128, wr=0),
+    Sm90Case(d=512, dv=256, sq=300, skv=400),
+    Sm90Case(d=512, dv=256, thd=((129, 300), (64, 64), (1, 1)), wr=0),
+]
+
+
 
 def sm90_params(c: Sm90Case, sm_count: int):
     """The Sm90FwdParams a case compiles from, with the default knobs for a GPU of `sm_count` SMs."""
@@ -414,4 +430,23 @@ RAGGED_SM90_BWD_COVER = [
                     **ragged(d=64, int64=True, stats="batch")),
     sm90_bwd_kwargs(d=96, hq=4, hk=1, has_window_left=True, has_window_right=True, deterministic=True,
                     **ragged(4, 1, 96, int64=True)),
+]
+
+# the SM90 forward at head dims padded up to 16-element tiles (d_qk and d_v apart), above d_qk=256, and in the
+# row-predicated O store of packed sequences (pack-GQA and the ragged form too), in two groups
+SM90_FWD_HEAD_DIM_COVER = [
+    [
+        _sm90(d=80),
+        _sm90(d=112, has_window_right=True),
+        _sm90(d=72, dv=40, hq=8, hk=2, is_thd=True, has_window_right=True, knobs=dict(pack_gqa=True)),
+        _sm90(d=192, dv=64, has_seqused=True, has_sinks=True),
+        _sm90(d=8, dv=24, has_window_left=True, has_window_right=True),
+    ],
+    [
+        _sm90(d=64, dv=256, has_window_right=True, bottom_right=True),
+        _sm90(d=320, dv=128, has_window_right=True),
+        _sm90(d=512, dv=256),
+        _sm90(d=512, dv=256, hq=8, hk=2, is_thd=True, has_window_right=True, knobs=dict(pack_gqa=True)),
+        _sm90(d=104, hq=8, hk=2, has_window_right=True, **ragged(8, 2, 104), knobs=dict(pack_gqa=True)),
+    ],
 ]

@@ -217,26 +217,31 @@ def test_dtype(unpended):
     assert declare(H200, dtype=torch.float16).available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
 
 
+BOTH = ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+
+
 @pytest.mark.parametrize("d, dv, engines", [
-    (64, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (96, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
-    (128, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (192, 128, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
-    (256, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]), (192, None, ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
-    # every multiple of 8 up to 256, d_qk and d_v independently: the mma.sync line alone
-    (80, None, ["SdpaFwdDslSm80"]), (128, 64, ["SdpaFwdDslSm80"]), (32, None, ["SdpaFwdDslSm80"]),
-    (8, None, ["SdpaFwdDslSm80"]), (72, None, ["SdpaFwdDslSm80"]), (192, 64, ["SdpaFwdDslSm80"]),
-    (40, 200, ["SdpaFwdDslSm80"]),
-    (100, None, []), (264, None, []), (128, 12, [])])
+    (64, None, BOTH), (96, None, BOTH), (128, None, BOTH), (192, 128, BOTH), (256, None, BOTH), (192, None, BOTH),
+    # every multiple of 8 up to 256, d_qk and d_v independently: both lines (the wgmma one on padded tiles)
+    (80, None, BOTH), (128, 64, BOTH), (32, None, BOTH), (8, None, BOTH), (72, None, BOTH), (192, 64, BOTH),
+    (40, 200, BOTH), (112, None, BOTH),
+    # d_qk above 256 (up to 512, d_v up to 256): the wgmma forward alone
+    (320, 128, ["SdpaFwdDslSm90"]), (512, 256, ["SdpaFwdDslSm90"]), (264, 8, ["SdpaFwdDslSm90"]),
+    (100, None, []), (264, None, []), (128, 12, []), (520, 128, [])])
 def test_head_dims(unpended, d, dv, engines):
     g = declare(H200, d=d, dv=dv)
     assert g.available_engines() == engines
     mma_sync = "serves head dims every multiple of 8 up to 256 (d_qk and d_v independently)"
-    wgmma = "serves head dims 64, 96, 128, 192x128, 256, 192"
+    wgmma = "serves head dims every multiple of 8 up to 512 for d_qk and up to 256 for d_v (independently)"
     graph = f"this graph has d_qk={d}, d_v={dv or d}"
     if "SdpaFwdDslSm80" not in engines:
-        why = {100: "d_qk is not a multiple of 8", 264: "d_qk is above 256", 12: "d_v is not a multiple of 8"}
-        assert reasons(g)["SdpaFwdDslSm80"] == f"{mma_sync}; {graph} ({why[dv or d]})"
+        why = {100: "d_qk is not a multiple of 8", 12: "d_v is not a multiple of 8"}.get(dv or d)
+        why = why or ("d_qk is above 256" if d > 256 else "d_v is above 256")
+        assert reasons(g)["SdpaFwdDslSm80"] == f"{mma_sync}; {graph} ({why})"
     if "SdpaFwdDslSm90" not in engines:
-        assert reasons(g)["SdpaFwdDslSm90"] == f"{wgmma}; {graph}"
+        why = {(100, None): "d_qk is not a multiple of 8", (128, 12): "d_v is not a multiple of 8",
+               (520, 128): "d_qk is above 512", (264, None): "d_v is above 256"}[d, dv]
+        assert reasons(g)["SdpaFwdDslSm90"] == f"{wgmma}; {graph} ({why})"
 
 
 @pytest.mark.parametrize("tname", ["A100", "H200", "RTX5090"])
@@ -245,7 +250,8 @@ def test_head_dims(unpended, d, dv, engines):
                                    (40, 40), (8, 8), (256, 64), (64, 256), (136, 128)])
 def test_head_dims_outside_the_wgmma_set_plan_on_the_mma_sync_lines(unpended, no_compile, tname, direction, d, dv):
     """cuDNN's head dims (multiples of 8 up to 256) plan on the mma.sync engine of each target, with valid
-    params, dense and packed; the wgmma engines decline them naming their own head dims."""
+    params, dense and packed, and on H200 on the wgmma forward first (its tiles padded to 16-element steps);
+    the wgmma backward declines them naming its own head dims."""
     from frost.knobs import Knobs
 
     target = TARGETS[tname]
@@ -253,16 +259,54 @@ def test_head_dims_outside_the_wgmma_set_plan_on_the_mma_sync_lines(unpended, no
         g = declare(target, d=d, dv=dv, direction=direction, thd=thd, use_causal_mask=True)
         line = "Sm120" if tname == "RTX5090" else "Sm80"
         name = f"Sdpa{direction.capitalize()}Dsl{line}"
-        assert g.available_engines() == [name], reasons(g)
-        if tname == "H200":
-            why = reasons(g)[f"Sdpa{direction.capitalize()}DslSm90"]
+        names = [name]
+        if tname == "H200" and direction == "fwd":
+            names = ["SdpaFwdDslSm90", name]
+        elif tname == "H200":
+            why = reasons(g)["SdpaBwdDslSm90"]
             assert why.startswith("serves head dims 64, 96, 128") and f"d_qk={d}, d_v={dv}" in why
-        row = next(r for r in capabilities.rows_for(direction) if r.name == name)
-        adapter = importlib.import_module(row.adapter.split(":")[0])
-        adapter_cls = getattr(adapter, row.adapter.split(":")[1])
-        params = adapter_cls(g.facts, target, Knobs()).validated_params()
-        assert (params.head_dim, params.head_dim_v) == (d, dv)
-        assert params.tile_head_dim == -(-d // 32) * 32 and params.tile_head_dim_v == -(-dv // 32) * 32
+        assert g.available_engines() == names, reasons(g)
+        for engine in names:
+            row = next(r for r in capabilities.rows_for(direction) if r.name == engine)
+            adapter = importlib.import_module(row.adapter.split(":")[0])
+            adapter_cls = getattr(adapter, row.adapter.split(":")[1])
+            params = adapter_cls(g.facts, target, Knobs()).validated_params()
+            step = 16 if engine == "SdpaFwdDslSm90" else 32
+            assert (params.head_dim, params.head_dim_v) == (d, dv)
+            assert params.tile_head_dim == -(-d // step) * step and params.tile_head_dim_v == -(-dv // step) * step
+
+
+@pytest.mark.parametrize("d, dv", [(80, 80), (112, 112), (72, 40), (320, 128), (512, 256)])
+def test_h200_forward_plans_the_wgmma_engine_at_padded_and_wide_head_dims(unpended, no_compile, d, dv):
+    """On a cc 9.0 target the wgmma forward ranks first at these dims and plans with its default knobs."""
+    from frost.adapters.sm90 import SdpaFwdDslSm90
+    from frost.engines.sm90.sdpa_fwd_params import default_knobs
+    from frost.knobs import Knobs
+
+    g = declare(H200, d=d, dv=dv, use_causal_mask=True)
+    assert g.available_engines()[0] == "SdpaFwdDslSm90"
+    params = SdpaFwdDslSm90(g.facts, H200, Knobs()).validated_params()
+    knobs = default_knobs(d, dv, sm_count=H200.sm_count)
+    assert {k: getattr(params, k) for k in knobs} == knobs
+
+
+def test_sm90_forward_row_and_validator_agree_on_every_head_dim():
+    """The wgmma forward's row states its template's span: every pair it accepts has default knobs that
+    validate; every pair it declines the validator rejects, naming the dim."""
+    from frost.engines.sm90 import sdpa_fwd_params as fwd
+    from frost.errors import TemplateParamsError
+
+    span = capabilities.SM90_FWD_HEAD_DIMS
+    assert span == fwd.HEAD_DIMS
+    for d in range(4, 530, 4):
+        for dv in (8, 12, 40, 64, 72, 200, 256, 264):
+            if span.outside(d, dv) is None:
+                fwd.validate(fwd.Sm90FwdParams(head_dim=d, head_dim_v=dv, **fwd.default_knobs(d, dv)))
+            else:
+                with pytest.raises(TemplateParamsError):
+                    fwd.default_knobs(d, dv)
+                with pytest.raises(TemplateParamsError, match=r"d_(qk|v)=\d+ is (not a multiple of 8|above)"):
+                    fwd.validate(fwd.Sm90FwdParams(head_dim=d, head_dim_v=dv))
 
 
 def test_mma_sync_rows_and_validators_agree_on_every_head_dim():

@@ -12,6 +12,7 @@ import pytest
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, smem_bytes, validate
 from frost.errors import TemplateParamsError
 from frost.testing.cases import SM90_FWD_COVER as COVER
+from frost.testing.cases import SM90_FWD_HEAD_DIM_COVER as HEAD_DIM_COVER
 from frost.testing.cases import SM90_FWD_TEMPLATE as TEMPLATE
 from tests.compile_runner import compile_groups
 
@@ -31,11 +32,59 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
     assert len({r["name"] for r in results}) == len(results)
 
 
+@pytest.mark.slow
+def test_padded_and_wide_head_dims_compile_without_spills(tmp_path):
+    """Head dims between 16-element steps (tiles padded, O stores column-limited), d_qk above 256 and d_v above
+    d_qk: wgmma and TMA as at the tuned dims, and ptxas spills nothing with the default knobs."""
+    groups = [("sm_90a", [(TEMPLATE, PARAMS, kw, None) for kw in part]) for part in HEAD_DIM_COVER]
+    results = [r for part in compile_groups(groups, tmp_path, timeout=600, ptxas=True) for r in part]
+    for kw, r in zip([kw for part in HEAD_DIM_COVER for kw in part], results):
+        dims = f"d{kw['head_dim']}" + (f"v{kw['head_dim_v']}" if kw["head_dim_v"] != kw["head_dim"] else "")
+        assert r["name"].startswith(f"frost_sdpa_fwd_sm90_bf16_{dims}_"), r["name"]
+        assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r["name"]
+        assert r["local"] == 0, r["name"]
+        if r["ptxas"] is not None:
+            assert r["spill_bytes"] == 0, r["ptxas"]
+
+
 def test_defaults_validate_for_every_head_dim():
-    for d, dv in [(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)]:
-        p = Sm90FwdParams(head_dim=d, head_dim_v=dv, **default_knobs(d, dv))
-        validate(p)
-        assert smem_bytes(p) <= 227 * 1024
+    for d in range(8, 513, 8):
+        for dv in range(8, 257, 8):
+            p = Sm90FwdParams(head_dim=d, head_dim_v=dv, **default_knobs(d, dv))
+            validate(p)
+            assert smem_bytes(p) <= 227 * 1024
+
+
+def test_tiles_pad_head_dims_to_wgmma_k_steps():
+    p = Sm90FwdParams(head_dim=72, head_dim_v=40)
+    assert (p.tile_head_dim, p.tile_head_dim_v) == (80, 48)
+    assert (Sm90FwdParams(head_dim=512, head_dim_v=256).tile_head_dim, Sm90FwdParams().tile_head_dim) == (512, 128)
+    # the shared-memory estimate counts the padded tiles
+    assert smem_bytes(p) == smem_bytes(Sm90FwdParams(head_dim=80, head_dim_v=48))
+
+
+@pytest.mark.parametrize("d, dv, knobs", [
+    (80, 80, dict(tile_m=128, tile_n=128, num_stages=2)), (112, 112, dict(tile_m=128, tile_n=128, num_stages=2)),
+    (72, 40, dict(tile_m=128, tile_n=128, num_stages=2)), (64, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
+    (320, 128, dict(tile_m=64, tile_n=64, num_stages=2)), (512, 256, dict(tile_m=64, tile_n=64, num_stages=1)),
+    # the tuned pairs keep their measured rows
+    (64, 64, dict(tile_m=192, tile_n=128, num_stages=2)), (192, 192, dict(tile_m=128, tile_n=112, num_stages=2)),
+    (256, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
+])
+def test_default_knobs_by_tile_head_dims(d, dv, knobs):
+    k = default_knobs(d, dv)
+    assert {n: k[n] for n in knobs} == knobs
+
+
+@pytest.mark.parametrize("d, dv, message", [
+    (84, 84, "d_qk=84 is not a multiple of 8"), (128, 60, "d_v=60 is not a multiple of 8"),
+    (520, 128, "d_qk=520 is above 512"), (512, 264, "d_v=264 is above 256"), (0, 64, "d_qk=0 is not a multiple"),
+])
+def test_validator_names_the_head_dim_outside_the_span(d, dv, message):
+    with pytest.raises(TemplateParamsError, match=message):
+        validate(Sm90FwdParams(head_dim=d, head_dim_v=dv))
+    with pytest.raises(TemplateParamsError, match=f"{message}.*; no default knobs"):
+        default_knobs(d, dv)
 
 
 def test_o_tile_falls_back_to_q_tile_when_it_does_not_fit():
@@ -48,8 +97,10 @@ def test_o_tile_falls_back_to_q_tile_when_it_does_not_fit():
 
 
 @pytest.mark.parametrize("bad", [
-    dict(head_dim=80),
-    dict(head_dim=128, head_dim_v=64),
+    dict(head_dim=84),
+    dict(head_dim=520, head_dim_v=128),
+    dict(head_dim=512, head_dim_v=512),
+    dict(head_dim=512, head_dim_v=256, tile_m=128),  # Q, K and V tiles past the shared memory
     dict(num_heads_q=6, num_heads_kv=4),
     dict(is_thd=True, has_seqused=True),
     dict(bottom_right=True),

@@ -11,12 +11,14 @@ import pytest
 import torch
 
 from frost.engines.sdpa_args import CanonicalCall
-from frost.testing.cases import SM90_FWD_CASES as CASES
+from frost.testing.cases import SM90_FWD_CASES, SM90_FWD_HEAD_DIM_CASES
 from frost.testing.cases import SM90_FWD_TEMPLATE as TEMPLATE
 from frost.testing.cases import Sm90Case as K
 from frost.testing.cases import sm90_params
 
 pytestmark = pytest.mark.gpu
+
+CASES = SM90_FWD_CASES + SM90_FWD_HEAD_DIM_CASES
 
 
 def _hopper():
@@ -198,6 +200,7 @@ NAN_THD = [
     K(thd=((513, 513), (1, 7), (0, 3), (64, 64)), sinks=True),
     K(d=64, thd=((300, 300), (1, 1), (190, 190))),
     K(hq=8, hkv=2, thd=((129, 129), (77, 300), (1, 5)), wr=0),
+    K(d=104, thd=((200, 200), (1, 1), (77, 300))),  # a padded tile's row-predicated, column-limited O store
 ]
 
 
@@ -263,3 +266,25 @@ def test_nan_in_seqused_padding_does_not_leak(kernels, case):
 @pytest.mark.parametrize("case", NAN_THD, ids=lambda c: c.id)
 def test_nan_after_last_packed_sequence_does_not_leak(kernels, case):
     check_nan_after_last_packed_sequence(kernels[case.id], case)
+
+
+# ---------------------------------------------------------------- padded head dims
+# Tiles are padded past a head dim that is not a multiple of 16: every column past d_v of an O row (here slack
+# memory before the next row, head or token) must stay as it was.
+PADDED_O = [c for c in SM90_FWD_HEAD_DIM_CASES if (c.dv or c.d) % 16 != 0]
+
+
+@pytest.mark.parametrize("case", PADDED_O, ids=lambda c: c.id)
+def test_padded_head_dims_never_write_past_d_v(kernels, case):
+    from frost.adapters.reference_math import sdpa_fwd_reference
+
+    args, (q, k, v), ref_kw, o, lse = make_args(case, seed=5)
+    dv = o.shape[-1]
+    wide = torch.full((*o.shape[:-1], dv + 8), float("nan"), dtype=o.dtype, device=o.device)
+    args[3] = wide[..., :dv]
+    kernels[case.id](*args)
+    torch.cuda.synchronize()
+    ref_o, _ = sdpa_fwd_reference(q, k, v, **ref_kw)
+    assert torch.isfinite(args[3]).all(), f"{int((~torch.isfinite(args[3])).sum())} O elements not finite"
+    assert _rel(args[3], ref_o) < 1e-2, f"rel err {_rel(args[3], ref_o):.3e}"
+    assert torch.isnan(wide[..., dv:]).all(), "a store reached a column past d_v"

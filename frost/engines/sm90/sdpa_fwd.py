@@ -16,6 +16,11 @@ stream feeds all r heads. Q, O and LSE are viewed with a ((r, S), ...) row mode
 (`pack_gqa.pack_heads`); TMA moves Q and O with (r, rows / r) boxes; masks use
 the row's query position and sinks the row's head.
 
+Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
+(`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
+zero-fill the columns past a head dim (zeros add nothing to Q K^T or P V), TMA
+stores clip them and the row-predicated O store of packed sequences skips them.
+
 Arguments follow `frost.engines.sdpa_args` exactly; see `build` for the fakes.
 """
 from __future__ import annotations
@@ -106,7 +111,9 @@ class SdpaFwdSm90:
         p = self.p = params
         self.dtype = IO_DTYPES[p.dtype]
         self.tile_m, self.tile_n = p.tile_m, p.tile_n
-        self.hd, self.hdv = p.head_dim, p.head_dim_v
+        # tiles span the head dims padded to whole wgmma K steps; the tensors keep theirs (see HEAD_DIM_GRANULE)
+        self.hd, self.hdv = p.tile_head_dim, p.tile_head_dim_v
+        self.cols_o = p.head_dim_v if self.hdv != p.head_dim_v else 0  # O's columns, where the tile is wider
         self.stages = p.num_stages
         self.num_wg = p.tile_m // 64
         self.num_mma_threads = 128 * self.num_wg
@@ -199,13 +206,16 @@ class SdpaFwdSm90:
 
         stages = self.stages
         o_elems = cute.cosize(sO_layout) if const_expr(self.separate_o) else 0
+        # O reusing Q's tile: the tile is as large as the larger of the two (d_v above d_qk)
+        q_elems = cute.cosize(sQ_layout) if const_expr(self.separate_o) else max(cute.cosize(sQ_layout),
+                                                                                 cute.cosize(sO_layout))
 
         @cute.struct
         class SharedStorage:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, q_elems], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
@@ -685,14 +695,15 @@ class SdpaFwdSm90:
     def store_o_rows(self, sO_wg, mO, t: Int32, m_block, wg, head, rows_q, off_rows):
         """Packed sequences: 16-byte row-predicated stores so no row of a neighbour is touched.
 
-        `rows_q` rows of the sequence are valid; `off_rows` is its first row in mO's row mode.
+        `rows_q` rows of the sequence are valid; `off_rows` is its first row in mO's row mode. A tile wider
+        than d_v stores only the columns left of it (`cols_o`).
         """
         tiled, threads = self.row_copy()
         if t < threads:
-            gO = cute.local_tile(cute.domain_offset((off_rows, 0, 0), mO)[None, None, head], (64, self.hdv),
-                                 (m_block * self.num_wg + wg, 0))
+            mO_h = rows.widen(cute.domain_offset((off_rows, 0, 0), mO)[None, None, head], self.hdv)
+            gO = cute.local_tile(mO_h, (64, self.hdv), (m_block * self.num_wg + wg, 0))
             rows.store_rows(tiled, sO_wg, gO, cute.make_identity_tensor((64, self.hdv)),
-                            rows_q - (m_block * self.tile_m + wg * 64), t)
+                            rows_q - (m_block * self.tile_m + wg * 64), t, cols=self.cols_o)
 
 
 def build(params: Sm90FwdParams, arch: str):

@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import math
 
-from frost.engines.params import SdpaFeatureParams, check_no_score_mods, check_sdpa_features
+from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_no_score_mods, check_sdpa_features
 from frost.errors import TemplateParamsError
 
-SUPPORTED_HEAD_DIM_PAIRS = {(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)}
+#: Head dims the template implements: d_qk and d_v each a multiple of 8, independently, d_qk up to 512 and
+#: d_v up to 256 (the span cuDNN's own SM90 engines serve).
+HEAD_DIMS = HeadDimSpan(multiple=8, maximum=512, maximum_v=256)
+#: Tiles span a head dim in whole wgmma K steps of this many elements. A head dim between steps (72, 104, ...)
+#: is padded up inside the kernel: TMA loads zero-fill the columns past it (zeros add nothing to Q K^T or
+#: P V), TMA stores clip them and the row-predicated stores skip them, so the declared tensors are read and
+#: written as they are.
+HEAD_DIM_GRANULE = 16
 SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
+
+
+def tile_dim(d: int) -> int:
+    """The head-dim extent of the tiles for head dim `d`: `d` rounded up to a whole granule."""
+    return -(-d // HEAD_DIM_GRANULE) * HEAD_DIM_GRANULE
 
 
 class Sm90FwdParams(SdpaFeatureParams):
@@ -33,6 +45,16 @@ class Sm90FwdParams(SdpaFeatureParams):
     sm_count: int = 132
 
     @property
+    def tile_head_dim(self) -> int:
+        """The Q / K tiles' head-dim extent (`tile_dim`)."""
+        return tile_dim(self.head_dim)
+
+    @property
+    def tile_head_dim_v(self) -> int:
+        """The V / O tiles' head-dim extent (`tile_dim`)."""
+        return tile_dim(self.head_dim_v)
+
+    @property
     def num_mma_wg(self) -> int:
         return self.tile_m // 64
 
@@ -50,10 +72,11 @@ class Sm90FwdParams(SdpaFeatureParams):
 
 def _smem(p: Sm90FwdParams, separate_o: bool) -> int:
     e = 2
-    q = p.tile_m * p.head_dim * e
-    k = p.num_stages * p.tile_n * p.head_dim * e
-    v = p.num_stages * p.tile_n * p.head_dim_v * e
-    o = p.tile_m * p.head_dim_v * e if separate_o else max(0, p.tile_m * p.head_dim_v * e - q)
+    d, dv = p.tile_head_dim, p.tile_head_dim_v
+    q = p.tile_m * d * e
+    k = p.num_stages * p.tile_n * d * e
+    v = p.num_stages * p.tile_n * dv * e
+    o = p.tile_m * dv * e if separate_o else max(0, p.tile_m * dv * e - q)
     return q + k + v + o + 1024  # barriers, padded to the 1 KiB alignment of the tiles
 
 
@@ -92,7 +115,7 @@ def validate(p: Sm90FwdParams) -> None:
     def bad(msg: str):
         raise TemplateParamsError(f"Sm90FwdParams: {msg}")
 
-    check_sdpa_features(p, SUPPORTED_HEAD_DIM_PAIRS, "Sm90FwdParams")
+    check_sdpa_features(p, HEAD_DIMS, "Sm90FwdParams")
     check_no_score_mods(p, "Sm90FwdParams", "the wgmma forward reads no bias and computes no ALiBi")
     if p.bottom_right and not (p.has_window_left or p.has_window_right):
         bad("bottom_right only has meaning with a window (causal is window_right=0)")
@@ -124,18 +147,32 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
     sweeps, early O rescale, L2-sized head sections) were removed; their measurements are
     in benchmarks/results/2026-11-30-h200-run3/README.md. d=96 and 192 follow d=128 /
     FlashAttention-3's shapes and are not tuned.
+
+    Other pairs take the row of the wider of their tile head dims (so a d_v above d_qk gets the registers
+    and shared memory its O tile needs). Above 256 (d_qk only) one consumer warpgroup over 64-key blocks,
+    two stages where they fit, else one (not tuned).
     """
     dv = head_dim if head_dim_v is None else head_dim_v
+    try:
+        check_sdpa_features(Sm90FwdParams(head_dim=head_dim, head_dim_v=dv), HEAD_DIMS, "Sm90FwdParams")
+    except TemplateParamsError as e:
+        raise TemplateParamsError(f"{e}; no default knobs") from None
+    wide = max(tile_dim(head_dim), tile_dim(dv))
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
              separate_o_smem=True, persistent=True, sm_count=sm_count)
-    if head_dim <= 64:
+    if wide <= 64:
         k.update(tile_m=192, tile_n=128)
-    elif head_dim <= 96:
+    elif wide <= 96:
         k.update(tile_m=128, tile_n=128)
-    elif head_dim <= 128:
+    elif wide <= 128:
         k.update(tile_n=128)
-    elif head_dim <= 192:
+    elif wide <= 192:
         k.update(tile_n=112 if dv > 128 else 128, separate_o_smem=False)
-    else:
+    elif wide <= 256:
         k.update(tile_n=80, separate_o_smem=False, pingpong=False)
+    else:
+        k.update(tile_m=64, tile_n=64, pingpong=False)
+        p = Sm90FwdParams(head_dim=head_dim, head_dim_v=dv, **k)
+        if smem_bytes(p) > SMEM_BUDGET_BYTES:
+            k.update(num_stages=1)
     return k
