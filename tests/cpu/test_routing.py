@@ -253,8 +253,11 @@ def test_head_dims_outside_the_wgmma_set_plan_on_the_mma_sync_lines(unpended, no
         g = declare(target, d=d, dv=dv, direction=direction, thd=thd, use_causal_mask=True)
         line = "Sm120" if tname == "RTX5090" else "Sm80"
         name = f"Sdpa{direction.capitalize()}Dsl{line}"
-        assert g.available_engines() == [name], reasons(g)
-        if tname == "H200":
+        if tname == "H200" and direction == "bwd":  # the wgmma backward serves them too, ranked first
+            assert g.available_engines() == ["SdpaBwdDslSm90", name], reasons(g)
+        else:
+            assert g.available_engines() == [name], reasons(g)
+        if tname == "H200" and direction == "fwd":
             why = reasons(g)[f"Sdpa{direction.capitalize()}DslSm90"]
             assert why.startswith("serves head dims 64, 96, 128") and f"d_qk={d}, d_v={dv}" in why
         row = next(r for r in capabilities.rows_for(direction) if r.name == name)
@@ -497,7 +500,8 @@ def test_h200_backward_ranks_the_wgmma_chain_first_and_the_mma_sync_chain_serves
     g = declare(H200, direction="bwd", d=256)
     assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]  # shared keys above d=128
     g = declare(H200, direction="bwd", d=160)
-    assert g.available_engines()[0] == "SdpaBwdDslSm80"
+    assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]  # every multiple of 8 up to 256
+    g = declare(H200, direction="bwd", d=100)
     assert "head dims" in reasons(g)["SdpaBwdDslSm90"]
     g = declare(H200, direction="bwd").create_execution_plans(engine="sm80")
     assert g.available_engines() == ["SdpaBwdDslSm80"]  # the mma.sync chain stays available by name
@@ -703,6 +707,45 @@ def test_ragged_params_refuse_split_heads_and_score_outputs():
         validate(Sm80FwdParams(**ragged, num_heads_v=4))
     with pytest.raises(TemplateParamsError, match="score_max / score_sum_exp"):
         validate(Sm80FwdParams(**ragged, has_score_max=True))
+
+
+@pytest.mark.parametrize("d, dv", [(80, 80), (112, 112), (72, 40), (128, 64), (64, 128), (192, 64), (160, 160),
+                                   (8, 8), (256, 64)])
+@pytest.mark.parametrize("thd", [False, True])
+def test_h200_backward_plans_the_wgmma_chain_at_every_head_dim(unpended, no_compile, d, dv, thd):
+    """cc 9.0: the wgmma backward takes every multiple of 8 up to 256, with valid params whose tiles span the
+    head dims rounded up to its wgmma granule (16, 32 where two warpgroups split the columns)."""
+    from frost.adapters.sm90 import SdpaBwdDslSm90
+    from frost.knobs import Knobs
+
+    g = declare(H200, direction="bwd", d=d, dv=dv, thd=thd, use_causal_mask=True)
+    assert g.available_engines()[0] == "SdpaBwdDslSm90", reasons(g)
+    params = SdpaBwdDslSm90(g.facts, H200, Knobs()).validated_params()
+    assert (params.head_dim, params.head_dim_v) == (d, dv)
+    assert params.tile_head_dim >= d and params.tile_head_dim % 16 == 0
+    assert params.tile_head_dim_v >= dv and params.tile_head_dim_v % 16 == 0
+    assert params.dq_fragments == (not thd and not params.padded)
+
+
+def test_sm90_backward_row_and_validator_agree_on_every_head_dim():
+    """The wgmma backward's row states its template's span: every pair it accepts has default knobs that validate
+    (dense and packed, with and without a right bound); every pair it declines the validator rejects."""
+    from frost.engines.sm90 import sdpa_bwd_params as bwd
+    from frost.errors import TemplateParamsError
+
+    span = capabilities.SM90_BWD_HEAD_DIMS
+    assert span == bwd.HEAD_DIMS
+    for d in range(4, 272, 4):
+        for dv in range(4, 272, 4):
+            served = span.outside(d, dv) is None
+            for banded, packed in ((False, False), (True, False), (True, True)):
+                p = bwd.Sm90BwdParams(head_dim=d, head_dim_v=dv, has_window_right=banded, is_thd=packed,
+                                      **bwd.default_knobs(d, dv, banded=banded, packed=packed))
+                if served:
+                    bwd.validate(p)
+                else:
+                    with pytest.raises(TemplateParamsError, match="head dims"):
+                        bwd.validate(p)
 
 
 @pytest.mark.parametrize("d, dv", [(192, 128), (256, 256)])
