@@ -29,6 +29,11 @@ and dpsum are read per query column straight from global memory (LSE from its
 declared strides), issued before the GEMMs they wait behind. dK (times scale) and
 dV leave through the K / V tiles by TMA stores to their declared strides.
 
+Head dims between the wgmma tiles' steps (80, 112, 72x40, ...) run on tiles padded past them
+(`tile_head_dim`): the TMA loads zero-fill the columns past the head dim (zeros add nothing to any
+GEMM), the TMA stores of dK / dV and the TMA reduce-add of dQ clip them, and the packed dK / dV row
+stores and the dQ register adds skip them.
+
 Lengths (packed THD through cu_seqlens, padding through seqused) are read per CTA
 on the device (`seqlen_info`). TMA zero-fills only outside a tensor, so the rows
 of a sequence's last query tile and last key tile that lie past its length (the
