@@ -162,20 +162,21 @@ def test_helpers_take_a_padded_accumulator_as_its_own_extent(kw):
     ((80, 80), {}, dict(tile_m=64), (96, 80)), ((112, 112), {}, dict(tile_m=80), (128, 112)),
     ((112, 112), dict(banded=True), dict(tile_m=64), (128, 112)), ((72, 40), {}, dict(tile_m=64), (96, 48)),
     ((40, 40), {}, dict(tile_m=128), (48, 48)), ((8, 8), {}, dict(tile_m=128), (16, 16)),
+    ((8, 8), dict(packed=True), dict(tile_m=64), (32, 16)),
     ((128, 64), {}, dict(tile_m=80), (128, 64)), ((64, 128), {}, dict(tile_m=64), (64, 128)),
     ((192, 64), {}, dict(tile_n=64, num_stages=2), (192, 64)), ((160, 160), {}, dict(tile_n=64, num_stages=2), (160, 160)),
     ((200, 200), {}, dict(tile_n=64, num_stages=1), (224, 224)), ((256, 64), {}, dict(tile_n=64, num_stages=2), (256, 64)),
 ])
 def test_default_knobs_of_the_other_head_dims_follow_their_tiles(d, dv, knobs, tiles):
     """Every other head dim takes the knobs of its tiles' width (up to 64: 128 rows, 96: 64 rows, 128: as d=128
-    where d_qk allows the 80-row kernel, above: shared keys, two stages where they fit); dQ leaves in fragment
-    order only from unpadded tiles."""
+    where d_qk allows the 80-row kernel, above: shared keys, two stages where they fit; packed tiles of 16 columns
+    take 64 rows); dQ leaves in fragment order only from unpadded tiles."""
     from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
     (d, dv), kw = d, dv
     k = default_knobs(d, dv, **kw)
     assert {n: k[n] for n in knobs} == knobs
-    p = Sm90BwdParams(**_p(d=d, dv=dv, has_window_right=kw.get("banded", False)))
+    p = Sm90BwdParams(**_p(d=d, dv=dv, has_window_right=kw.get("banded", False), is_thd=kw.get("packed", False)))
     assert (p.tile_head_dim, p.tile_head_dim_v) == tiles
     assert p.dq_fragments == (tiles == (d, dv) and p.tile_m % 64 == 0)
     validate(p)

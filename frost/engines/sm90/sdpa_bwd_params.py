@@ -203,9 +203,11 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
         k = {**dict(tile_m=64, tile_n=64, num_stages=2, dq_red=False), **requested}
         if "num_stages" not in requested and smem_bytes(_probe(head_dim, dv, k)) > SMEM_BUDGET_BYTES:
             k["num_stages"] = 1
-    else:  # tiles up to 64 wide take 128 rows, up to 96 64 rows, up to 128 as d=128 (80 rows need d_qk > 96)
+    else:  # tiles up to 64 wide take 128 rows, up to 96 64 rows, up to 128 as d=128 (80 rows need d_qk > 96);
+        # packed tiles of 16 columns 64 rows (with 128 their row stores spill)
         wide_qk = 96 < head_dim <= 128
-        tile_m = 128 if widest <= 64 else 80 if widest > 96 and wide_qk and (packed or not banded) else 64
+        tile_m = (128 if widest <= 64 and not (packed and widest <= WGMMA_K) else
+                  80 if widest > 96 and wide_qk and (packed or not banded) else 64)
         k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
     k.setdefault("dq_fragments", not packed and not k.get("dq_red") and k["tile_m"] % 64 == 0
                  and not _probe(head_dim, dv, k).padded)
