@@ -164,8 +164,10 @@ def test_helpers_take_a_padded_accumulator_as_its_own_extent(kw):
     ((40, 40), {}, dict(tile_m=128), (48, 48)), ((8, 8), {}, dict(tile_m=128), (16, 16)),
     ((8, 8), dict(packed=True), dict(tile_m=64), (32, 16)),
     ((128, 64), {}, dict(tile_m=80), (128, 64)), ((64, 128), {}, dict(tile_m=64), (64, 128)),
-    ((192, 64), {}, dict(tile_n=64, num_stages=2), (192, 64)), ((160, 160), {}, dict(tile_n=64, num_stages=2), (160, 160)),
-    ((200, 200), {}, dict(tile_n=64, num_stages=1), (224, 224)), ((256, 64), {}, dict(tile_n=64, num_stages=2), (256, 64)),
+    ((192, 64), {}, dict(tile_n=64, num_stages=2), (192, 64)),
+    ((160, 160), {}, dict(tile_n=64, num_stages=2), (160, 160)),
+    ((200, 200), {}, dict(tile_n=64, num_stages=1), (224, 224)),
+    ((256, 64), {}, dict(tile_n=64, num_stages=2), (256, 64)),
 ])
 def test_default_knobs_of_the_other_head_dims_follow_their_tiles(d, dv, knobs, tiles):
     """Every other head dim takes the knobs of its tiles' width (up to 64: 128 rows, 96: 64 rows, 128: as d=128
