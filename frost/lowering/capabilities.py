@@ -77,6 +77,8 @@ MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
 SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"}
+#: the wgmma backward pads a head dim up to its tiles' wgmma granule inside the kernel (`tile_head_dim`)
+SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
@@ -86,7 +88,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
                      cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"),
-                     head_dims=((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)),
+                     head_dims=SM90_BWD_HEAD_DIMS,
                      features=SM90_BWD_FEATURES,
                      knob_choices={"tile_m": (64, 80, 128), "tile_n": (64, 128), "num_stages": (1, 2),
                                    "dq_fragments": (False, True), "dq_red": (False, True),

@@ -381,6 +381,19 @@ SM90_BWD_WIDE_COVER = [
      sm90_bwd_kwargs(d=256, has_seqused=True, has_window_right=True),
      sm90_bwd_kwargs(has_window_right=True, knobs=dict(tile_m=64, tile_n=64))],
 ]
+# the SM90 backward at the other head dims (multiples of 8 up to 256): tiles padded past the head dim (80 on 96
+# columns, 112 on 128 with 80 and 64 rows, 72x40 on 96x48, 40 on 48 with 128 rows, packed 8 on 32x16 with 64 rows,
+# 200 on 224 with shared keys and register adds) and pairs on whole tiles (128x64 on 80 rows; 192x64 and 64x256 with
+# fragment tiles; 160 packed), packed THD and padding lengths, sinks, fp16 and deterministic turns
+SM90_BWD_HEAD_DIM_COVER = [
+    [sm90_bwd_kwargs(d=80), sm90_bwd_kwargs(d=112), sm90_bwd_kwargs(d=112, hq=8, hk=2, has_window_right=True),
+     sm90_bwd_kwargs(d=72, dv=40, dtype="fp16", has_window_left=True), sm90_bwd_kwargs(d=40, deterministic=True),
+     sm90_bwd_kwargs(d=8, is_thd=True, has_window_right=True)],
+    [sm90_bwd_kwargs(d=128, dv=64), sm90_bwd_kwargs(d=192, dv=64, has_window_right=True),
+     sm90_bwd_kwargs(d=160, is_thd=True, deterministic=True),
+     sm90_bwd_kwargs(d=80, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+     sm90_bwd_kwargs(d=200, has_seqused=True, knobs=dict(dq_red=True)), sm90_bwd_kwargs(d=64, dv=256)],
+]
 
 
 def ragged(hq=4, hk=4, d=128, int64=False, stats="ragged", **flags) -> dict:

@@ -248,10 +248,10 @@ def test_head_dims(unpended, d, dv, engines):
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("d, dv", [(32, 32), (48, 48), (72, 72), (80, 80), (112, 112), (160, 160), (192, 64),
                                    (40, 40), (8, 8), (256, 64), (64, 256), (136, 128)])
-def test_head_dims_outside_the_wgmma_set_plan_on_the_mma_sync_lines(unpended, no_compile, tname, direction, d, dv):
+def test_every_multiple_of_8_head_dim_plans_on_the_dsl_lines(unpended, no_compile, tname, direction, d, dv):
     """cuDNN's head dims (multiples of 8 up to 256) plan on the mma.sync engine of each target, with valid
-    params, dense and packed, and on H200 on the wgmma forward first (its tiles padded to 16-element steps);
-    the wgmma backward declines them naming its own head dims."""
+    params, dense and packed, and on H200 on the wgmma forward and backward first (their tiles padded to
+    16-element steps)."""
     from frost.knobs import Knobs
 
     target = TARGETS[tname]
@@ -260,20 +260,20 @@ def test_head_dims_outside_the_wgmma_set_plan_on_the_mma_sync_lines(unpended, no
         line = "Sm120" if tname == "RTX5090" else "Sm80"
         name = f"Sdpa{direction.capitalize()}Dsl{line}"
         names = [name]
-        if tname == "H200" and direction == "fwd":
-            names = ["SdpaFwdDslSm90", name]
-        elif tname == "H200":
-            why = reasons(g)["SdpaBwdDslSm90"]
-            assert why.startswith("serves head dims 64, 96, 128") and f"d_qk={d}, d_v={dv}" in why
+        if tname == "H200":  # the wgmma engines serve them too, ranked first
+            names = [f"Sdpa{direction.capitalize()}DslSm90", name]
         assert g.available_engines() == names, reasons(g)
         for engine in names:
             row = next(r for r in capabilities.rows_for(direction) if r.name == engine)
             adapter = importlib.import_module(row.adapter.split(":")[0])
             adapter_cls = getattr(adapter, row.adapter.split(":")[1])
             params = adapter_cls(g.facts, target, Knobs()).validated_params()
-            step = 16 if engine == "SdpaFwdDslSm90" else 32
             assert (params.head_dim, params.head_dim_v) == (d, dv)
-            assert params.tile_head_dim == -(-d // step) * step and params.tile_head_dim_v == -(-dv // step) * step
+            if engine.endswith("Sm90"):  # the wgmma tiles pad to 16-element steps (32 where warpgroups split them)
+                assert params.tile_head_dim >= d and params.tile_head_dim_v >= dv
+                assert params.tile_head_dim % 16 == 0 and params.tile_head_dim_v % 16 == 0
+            else:
+                assert params.tile_head_dim == -(-d // 32) * 32 and params.tile_head_dim_v == -(-dv // 32) * 32
 
 
 @pytest.mark.parametrize("d, dv", [(80, 80), (112, 112), (72, 40), (320, 128), (512, 256)])
@@ -541,7 +541,8 @@ def test_h200_backward_ranks_the_wgmma_chain_first_and_the_mma_sync_chain_serves
     g = declare(H200, direction="bwd", d=256)
     assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]  # shared keys above d=128
     g = declare(H200, direction="bwd", d=160)
-    assert g.available_engines()[0] == "SdpaBwdDslSm80"
+    assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]  # every multiple of 8 up to 256
+    g = declare(H200, direction="bwd", d=100)
     assert "head dims" in reasons(g)["SdpaBwdDslSm90"]
     g = declare(H200, direction="bwd").create_execution_plans(engine="sm80")
     assert g.available_engines() == ["SdpaBwdDslSm80"]  # the mma.sync chain stays available by name
@@ -747,6 +748,45 @@ def test_ragged_params_refuse_split_heads_and_score_outputs():
         validate(Sm80FwdParams(**ragged, num_heads_v=4))
     with pytest.raises(TemplateParamsError, match="score_max / score_sum_exp"):
         validate(Sm80FwdParams(**ragged, has_score_max=True))
+
+
+@pytest.mark.parametrize("d, dv", [(80, 80), (112, 112), (72, 40), (128, 64), (64, 128), (192, 64), (160, 160),
+                                   (8, 8), (256, 64)])
+@pytest.mark.parametrize("thd", [False, True])
+def test_h200_backward_plans_the_wgmma_chain_at_every_head_dim(unpended, no_compile, d, dv, thd):
+    """cc 9.0: the wgmma backward takes every multiple of 8 up to 256, with valid params whose tiles span the
+    head dims rounded up to its wgmma granule (16, 32 where two warpgroups split the columns)."""
+    from frost.adapters.sm90 import SdpaBwdDslSm90
+    from frost.knobs import Knobs
+
+    g = declare(H200, direction="bwd", d=d, dv=dv, thd=thd, use_causal_mask=True)
+    assert g.available_engines()[0] == "SdpaBwdDslSm90", reasons(g)
+    params = SdpaBwdDslSm90(g.facts, H200, Knobs()).validated_params()
+    assert (params.head_dim, params.head_dim_v) == (d, dv)
+    assert params.tile_head_dim >= d and params.tile_head_dim % 16 == 0
+    assert params.tile_head_dim_v >= dv and params.tile_head_dim_v % 16 == 0
+    assert params.dq_fragments == (not thd and not params.padded)
+
+
+def test_sm90_backward_row_and_validator_agree_on_every_head_dim():
+    """The wgmma backward's row states its template's span: every pair it accepts has default knobs that validate
+    (dense and packed, with and without a right bound); every pair it declines the validator rejects."""
+    from frost.engines.sm90 import sdpa_bwd_params as bwd
+    from frost.errors import TemplateParamsError
+
+    span = capabilities.SM90_BWD_HEAD_DIMS
+    assert span == bwd.HEAD_DIMS
+    for d in range(4, 272, 4):
+        for dv in range(4, 272, 4):
+            served = span.outside(d, dv) is None
+            for banded, packed in ((False, False), (True, False), (True, True)):
+                p = bwd.Sm90BwdParams(head_dim=d, head_dim_v=dv, has_window_right=banded, is_thd=packed,
+                                      **bwd.default_knobs(d, dv, banded=banded, packed=packed))
+                if served:
+                    bwd.validate(p)
+                else:
+                    with pytest.raises(TemplateParamsError, match="head dims"):
+                        bwd.validate(p)
 
 
 @pytest.mark.parametrize("d, dv", [(192, 128), (256, 256)])

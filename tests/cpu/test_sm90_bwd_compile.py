@@ -8,6 +8,7 @@ serve.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -15,8 +16,8 @@ import pytest
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validate
 from frost.errors import TemplateParamsError
 from frost.engines.sdpa_bwd.chain import chain_of
-from frost.testing.cases import SM90_BWD_COVER, SM90_BWD_WIDE_COVER, sm90_bwd_kwargs
-from tests.compile_runner import compile_groups
+from frost.testing.cases import SM90_BWD_COVER, SM90_BWD_HEAD_DIM_COVER, SM90_BWD_WIDE_COVER, sm90_bwd_kwargs
+from tests.compile_runner import compile_groups, run_compile_script
 
 
 _p = sm90_bwd_kwargs
@@ -51,8 +52,13 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
 
 def test_validator_declines_what_the_template_lacks():
     for flags, word in ((dict(has_dsinks=True), "dsinks needs sinks"),
-                        (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim=128"),
-                        (dict(head_dim=160, head_dim_v=160), "head dims"), (dict(tile_m=128), "registers"),
+                        (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim from 104 to 128"),
+                        (dict(tile_m=64, head_dim=80, head_dim_v=80, dq_fragments=True), r"pad to tiles of \(96, 80\)"),
+                        (dict(tile_m=128, head_dim=112, head_dim_v=112), r"tiles of \(112, 112\) needs 240"),
+                        (dict(head_dim=100, head_dim_v=100), "d_qk=100 is not a multiple of 8"),
+                        (dict(head_dim=264, head_dim_v=264), "d_qk=264 is above 256"),
+                        (dict(head_dim=128, head_dim_v=12), "d_v=12 is not a multiple of 8"),
+                        (dict(tile_m=128), "registers"),
                         (dict(tile_n=64), "tile_m=64"), (dict(tile_n=32, tile_m=64), "tile_n"),
                         (dict(tile_m=80, dq_fragments=True), "serialize"),
                         (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
@@ -61,7 +67,7 @@ def test_validator_declines_what_the_template_lacks():
                         (dict(tile_m=64, dq_fragments=True, is_thd=True), "THD")):
         with pytest.raises(TemplateParamsError, match=word):
             validate(Sm90BwdParams(**{**_p(), **flags}))
-    for part in COVER:
+    for part in COVER + SM90_BWD_HEAD_DIM_COVER:
         for kw in part:
             validate(Sm90BwdParams(**kw))
 
@@ -153,3 +159,83 @@ def test_helpers_take_a_padded_accumulator_as_its_own_extent(kw):
         acc, io = fakes[names.index("dq_accum")], fakes[names.index(rows_of)]
         acc_rows, io_rows = (acc.shape[1], io.shape[0]) if p.is_thd else (acc.shape[2], io.shape[2])
         assert (str(acc_rows) != str(io_rows)) == (p.dq_accum_tile > 0), (stage, acc.shape, io.shape)
+
+
+@pytest.mark.parametrize("d, dv, knobs, tiles", [
+    ((80, 80), {}, dict(tile_m=64), (96, 80)), ((112, 112), {}, dict(tile_m=80), (128, 112)),
+    ((112, 112), dict(banded=True), dict(tile_m=64), (128, 112)), ((72, 40), {}, dict(tile_m=64), (96, 48)),
+    ((40, 40), {}, dict(tile_m=128), (48, 48)), ((8, 8), {}, dict(tile_m=128), (16, 16)),
+    ((8, 8), dict(packed=True), dict(tile_m=64), (32, 16)),
+    ((128, 64), {}, dict(tile_m=80), (128, 64)), ((64, 128), {}, dict(tile_m=64), (64, 128)),
+    ((192, 64), {}, dict(tile_n=64, num_stages=2), (192, 64)),
+    ((160, 160), {}, dict(tile_n=64, num_stages=2), (160, 160)),
+    ((200, 200), {}, dict(tile_n=64, num_stages=1), (224, 224)),
+    ((256, 64), {}, dict(tile_n=64, num_stages=2), (256, 64)),
+])
+def test_default_knobs_of_the_other_head_dims_follow_their_tiles(d, dv, knobs, tiles):
+    """Every other head dim takes the knobs of its tiles' width (up to 64: 128 rows, 96: 64 rows, 128: as d=128
+    where d_qk allows the 80-row kernel, above: shared keys, two stages where they fit; packed tiles of 16 columns
+    take 64 rows); dQ leaves in fragment order only from unpadded tiles."""
+    from frost.engines.sm90.sdpa_bwd_params import default_knobs
+
+    (d, dv), kw = d, dv
+    k = default_knobs(d, dv, **kw)
+    assert {n: k[n] for n in knobs} == knobs
+    p = Sm90BwdParams(**_p(d=d, dv=dv, has_window_right=kw.get("banded", False), is_thd=kw.get("packed", False)))
+    assert (p.tile_head_dim, p.tile_head_dim_v) == tiles
+    assert p.dq_fragments == (tiles == (d, dv) and p.tile_m % 64 == 0)
+    validate(p)
+
+
+_PTXAS_SCRIPT = """
+import json, os, re, shutil, subprocess, sys, tempfile
+from tests.compile_runner import ptx_facts
+from frost.compiler.compile import compile_kernel
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams
+out = []
+for kw in json.loads(sys.argv[1]):
+    ck = compile_kernel("frost.engines.sm90.sdpa_bwd", Sm90BwdParams(**kw), "sm_90a")
+    facts = ptx_facts(ck)
+    if shutil.which("ptxas"):
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "k.ptx")
+        open(path, "w").write(ck.ptx)
+        r = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+        log = r.stdout + r.stderr
+        facts["ptxas"] = dict(rc=r.returncode, spills=[int(n) for n in re.findall(r"(\\d+) bytes spill", log)],
+                              serialized="serialized" in log, log=log[-2000:])
+    out.append(facts)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_the_other_head_dims_compile_with_padded_tiles(tmp_path):
+    """Head dims between the tuned ones (padded tiles, unequal pairs, fragment tiles of whole tiles), dense and
+    packed: wgmma, TMA loads (zero-filling the tiles' columns past the head dim) and stores, the dQ path of the
+    knobs, no local memory, and (where ptxas is installed) no spills and no serialized wgmmas."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(part):
+        return run_compile_script(_PTXAS_SCRIPT, [json.dumps(part)], tmp_path, timeout=900)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = [r for part in pool.map(one, SM90_BWD_HEAD_DIM_COVER) for r in part]
+    kws = [kw for part in SM90_BWD_HEAD_DIM_COVER for kw in part]
+    assert {(kw["head_dim"], kw["head_dim_v"]) for kw in kws} >= {(80, 80), (112, 112), (72, 40), (128, 64),
+                                                                  (192, 64), (160, 160)}
+    for kw, r in zip(kws, results):
+        p = Sm90BwdParams(**kw)
+        assert r["name"].startswith("frost_sdpa_bwd_main_sm90_") and r["entries"] == [r["name"]], r
+        assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r
+        if p.dq_fragments:
+            assert r["bulk_reduce"] == 1 and r["tma_reduce"] == 0, r
+        elif p.dq_red:
+            assert r["red_v2"] > 0 and r["red"] == 0 and r["tma_reduce"] == r["bulk_reduce"] == 0, r
+        else:
+            assert r["tma_reduce"] > 0 and r["bulk_reduce"] == 0, r
+        assert r["local"] == 0, r
+        if "ptxas" in r:
+            assert r["ptxas"]["rc"] == 0 and not any(r["ptxas"]["spills"]), (r["name"], r["ptxas"])
+            assert not r["ptxas"]["serialized"], (r["name"], r["ptxas"]["log"])
+    assert any(Sm90BwdParams(**kw).padded for kw in kws) and any(Sm90BwdParams(**kw).dq_fragments for kw in kws)

@@ -14,8 +14,8 @@ pytestmark = pytest.mark.gpu
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams  # noqa: E402
 from frost.testing.cases import sm90_bwd_kwargs  # noqa: E402
 from frost.testing.bwd_chain import compile_chains, workspace_views  # noqa: E402
-from tests.gpu.test_sm80_bwd_kernel import (Case, make_inputs, oracle, rel, run_graph_replay,  # noqa: E402
-                                            run_nan_padding)
+from tests.gpu.test_sm80_bwd_kernel import (Case, extra_cols, make_inputs, oracle, rel,  # noqa: E402
+                                            run_graph_replay, run_nan_padding)
 
 
 def _p(**kw) -> Sm90BwdParams:
@@ -104,6 +104,33 @@ WIDE_CASES = [
          used=[(256, 256), (100, 180), (0, 0)]),
 ]
 
+# The other head dims (multiples of 8 up to 256): tiles padded past the head dim (80 on 96 columns, 112 on 128 with 80
+# and 64 rows, 72x40 on 96x48, 40 on 48 with 128 rows, 200 on 224 with register adds), pairs on whole tiles (128x64,
+# 192x64, 160), dense and packed, causal and not; `wide` rows hold NaN past the head dim, which must stay unread and
+# unwritten.
+HEAD_DIM_CASES = [
+    Case("hd_d80_causal_gqa_wide", _p(d=80, hq=8, hk=2, has_window_right=True), sq=300, skv=333, wr=0, wide=True),
+    Case("hd_d112_m80_plain", _p(d=112), sq=300, skv=517),
+    Case("hd_d112_m64_causal_br", _p(d=112, has_window_right=True, bottom_right=True), sq=200, skv=450, wr=0),
+    Case("hd_d72v40_fp16_wide", _p(d=72, dv=40, dtype="fp16"), sq=190, skv=250, wide=True),
+    Case("hd_d40_m128_det_causal", _p(d=40, has_window_right=True, deterministic=True), sq=500, skv=500, wr=0,
+         runs=3),
+    Case("hd_d128v64_causal", _p(d=128, dv=64, hq=4, hk=1, has_window_right=True), sq=333, skv=333, wr=0),
+    Case("hd_d192v64_plain", _p(d=192, dv=64), sq=300, skv=300),
+    Case("hd_d160_det_causal_gqa", _p(d=160, hq=4, hk=2, has_window_right=True, deterministic=True), sq=400,
+         skv=400, wr=0, runs=3),
+    Case("hd_d200_red_band_wide", _p(d=200, has_window_left=True, has_window_right=True, knobs=dict(dq_red=True)),
+         sq=257, skv=300, wl=60, wr=5, wide=True),
+    Case("hd_thd_d80_causal_gqa_sinks", _p(d=80, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True,
+                                           has_dsinks=True),
+         thd_lens=[(0, 0), (1, 1), (37, 37), (300, 450), (129, 129), (5, 200)], wr=0),
+    Case("hd_thd_d72v40_det_wide", _p(d=72, dv=40, hq=2, hk=2, is_thd=True, deterministic=True),
+         thd_lens=[(200, 200), (1, 7), (0, 3), (64, 64)], runs=3, wide=True),
+    Case("hd_thd_d192v64_causal", _p(d=192, dv=64, is_thd=True, has_window_right=True),
+         thd_lens=[(70, 300), (200, 90), (1, 1)], wr=0),
+    Case("hd_thd_d112_plain", _p(d=112, is_thd=True), thd_lens=[(77, 77), (1, 1), (200, 150), (0, 0), (129, 64)]),
+]
+
 #: new lengths for the replay of each case (the same totals; keys within the captured max_seqlen_kv)
 REPLAY = {"thd_d128_causal_gqa_sinks": [(5, 5), (300, 449), (129, 129), (0, 0), (37, 138), (1, 96)],
           "thd_d64_det": [(0, 0), (64, 300), (513, 286), (1, 1)]}
@@ -124,6 +151,13 @@ def wide_chains():
 
 
 @pytest.fixture(scope="module")
+def head_dim_chains():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return dict(zip([c.name for c in HEAD_DIM_CASES], compile_chains([c.p for c in HEAD_DIM_CASES])))
+
+
+@pytest.fixture(scope="module")
 def length_chains():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -137,12 +171,13 @@ def valid_rows(case, name, x):
     return x
 
 
-ALL_CASES = CASES + LENGTH_CASES + WIDE_CASES
+ALL_CASES = CASES + LENGTH_CASES + WIDE_CASES + HEAD_DIM_CASES
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=[c.name for c in ALL_CASES])
 def test_sm90_bwd_chain(case, request):
-    fixture = "length_chains" if case in LENGTH_CASES else "wide_chains" if case in WIDE_CASES else "chains"
+    fixture = ("length_chains" if case in LENGTH_CASES else "wide_chains" if case in WIDE_CASES
+               else "head_dim_chains" if case in HEAD_DIM_CASES else "chains")
     chains = request.getfixturevalue(fixture)
     p = case.p
     t, scalars, sinks, scale = make_inputs(case)
@@ -162,6 +197,8 @@ def test_sm90_bwd_chain(case, request):
                 assert not torch.isnan(got_n).any(), f"{case.name}: {n} has {int(torch.isnan(got_n).sum())} NaN"
                 e = rel(got_n, valid_rows(case, n, refs[n]))
                 assert e < 2e-2, f"{case.name}: {n} rel err {e:.2e}"
+                if case.wide and n != "dsinks":  # the NaN columns past the head dim: never written
+                    assert torch.isnan(extra_cols(t[n])).all(), f"{case.name}: {n} written past its head dim"
             got = [t[n].clone() for n in outs]
             if first is None:
                 first = got

@@ -29,6 +29,11 @@ and dpsum are read per query column straight from global memory (LSE from its
 declared strides), issued before the GEMMs they wait behind. dK (times scale) and
 dV leave through the K / V tiles by TMA stores to their declared strides.
 
+Head dims between the wgmma tiles' steps (80, 112, 72x40, ...) run on tiles padded past them
+(`tile_head_dim`): the TMA loads zero-fill the columns past the head dim (zeros add nothing to any
+GEMM), the TMA stores of dK / dV and the TMA reduce-add of dQ clip them, and the packed dK / dV row
+stores and the dQ register adds skip them.
+
 Lengths (packed THD through cu_seqlens, padding through seqused) are read per CTA
 on the device (`seqlen_info`). TMA zero-fills only outside a tensor, so the rows
 of a sequence's last query tile and last key tile that lie past its length (the
@@ -55,7 +60,7 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from frost.engines.common import mask
 from frost.engines.common.acc_layout import acc_as_mn
-from frost.engines.common.rows import row_copy, store_rows, zero_rows
+from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
 from frost.engines.common.seqlen import seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
@@ -130,7 +135,7 @@ class SdpaBwdSm90:
         self.p = p
         self.dtype = IO_DTYPES[p.dtype]
         self.bm, self.bn = p.tile_m, p.tile_n
-        self.d, self.dv = p.head_dim, p.head_dim_v
+        self.d, self.dv = p.tile_head_dim, p.tile_head_dim_v  # the tiles' head dims (padded: see HEAD_DIMS)
         self.stages = p.num_stages
         self.group = p.qhead_per_kvhead
         self.split_m = p.dq_split_m
@@ -179,12 +184,13 @@ class SdpaBwdSm90:
 
         # K is also dQ's B operand (head-dim major), split in halves over the warpgroups when tile_m = 64
         k_major = d if const_expr(self.split_m) else d // 2
-        # Q and dO are also dK's / dV's B operands (head-dim major), split in halves when the warpgroups share keys
+        # Q and dO are also dK's / dV's B operands (head-dim major), split in halves when the warpgroups share keys,
+        # and so are the K / V tiles dK and dV leave through (a half of 80 columns must not cut a swizzle atom)
         q_major, do_major = (d // 2, dv // 2) if const_expr(self.shared_keys) else (d, dv)
         sQ_layout = cute.tile_to_shape(wu.smem_atom(dt, q_major), (bm, d, st), order=(0, 1, 2))
         sdO_layout = cute.tile_to_shape(wu.smem_atom(dt, do_major), (bm, dv, st), order=(0, 1, 2))
         sK_layout = cute.tile_to_shape(wu.smem_atom(dt, k_major), (bn, d), order=(0, 1))
-        sV_layout = cute.tile_to_shape(wu.smem_atom(dt, dv), (bn, dv), order=(0, 1))
+        sV_layout = cute.tile_to_shape(wu.smem_atom(dt, do_major), (bn, dv), order=(0, 1))
         sdS_layout = cute.tile_to_shape(wu.smem_atom(dt, bn), (bm, bn, 2), order=(0, 1, 2))
         sdQ_layout = cute.tile_to_shape(wu.smem_atom(Float32, k_major), (bm, d), order=(0, 1))
 
@@ -706,7 +712,10 @@ class SdpaBwdSm90:
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS)
         for i in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
             r, c = tdQcdQ[2 * i]
-            if q0 + r < w.seqlen_q:
+            inside = q0 + r < w.seqlen_q
+            if const_expr(self.p.padded):  # the tile's columns past the head dim are not the accumulator's
+                inside = inside and c < self.p.head_dim
+            if inside:
                 gops.red_add_f32(gops.elem_ptr(gAcc, (q0 + r, c)), (acc_dQ[2 * i], acc_dQ[2 * i + 1]))
         if const_expr(self.p.deterministic):
             cute.arch.fence_acq_rel_gpu()
@@ -800,9 +809,9 @@ class SdpaBwdSm90:
             off_k = token_offset(mCuK, w.batch, self.p.token_div_kv)
             limit = w.seqlen_k - w.n_block * self.bn
             if tidx < 128:
-                self.store_tile(sK, mdK_rows, self.d, off_k, limit, tidx, w)
+                self.store_tile(sK, mdK_rows, self.d, self.p.head_dim, off_k, limit, tidx, w)
             else:
-                self.store_tile(sV, mdV_rows, self.dv, off_k, limit, tidx - 128, w)
+                self.store_tile(sV, mdV_rows, self.dv, self.p.head_dim_v, off_k, limit, tidx - 128, w)
         elif tidx < 32:
             gdK = cute.local_tile(mdK[None, None, w.head_kv, w.batch], (self.bn, self.d), (w.n_block, 0))
             gdV = cute.local_tile(mdV[None, None, w.head_kv, w.batch], (self.bn, self.dv), (w.n_block, 0))
@@ -816,14 +825,16 @@ class SdpaBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def store_tile(self, sX: cute.Tensor, mX: cute.Tensor, width: cutlass.Constexpr[int], off_k: Int32, limit: Int32,
-                   t: Int32, w: Walk):
+    def store_tile(self, sX: cute.Tensor, mX: cute.Tensor, width: cutlass.Constexpr[int], cols: cutlass.Constexpr[int],
+                   off_k: Int32, limit: Int32, t: Int32, w: Walk):
         """The rows < limit of a staged (tile_n, width) dK / dV tile to the sequence's rows (from its first key
-        `off_k`), by one warpgroup."""
+        `off_k`), by one warpgroup; a tile padded past the head dim (`cols`) stores only its first cols columns."""
         tiled, threads = row_copy(self.dtype, width, 128)
         if t < threads:
-            g = cute.local_tile(self.seq_rows(mX, w.head_kv, w, off_k), (self.bn, width), (w.n_block, 0))
-            store_rows(tiled, sX, g, cute.make_identity_tensor((self.bn, width)), limit, t)
+            rows = widen(self.seq_rows(mX, w.head_kv, w, off_k), width)
+            g = cute.local_tile(rows, (self.bn, width), (w.n_block, 0))
+            store_rows(tiled, sX, g, cute.make_identity_tensor((self.bn, width)), limit, t,
+                       cols=cols if const_expr(cols < width) else 0)
 
 
 def build(params: Sm90BwdParams, arch: str):

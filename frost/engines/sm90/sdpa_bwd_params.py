@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import SdpaBwdFeatureParams, check_no_score_mods, check_sdpa_features
+from frost.engines.params import HeadDimSpan, SdpaBwdFeatureParams, check_no_score_mods, check_sdpa_features
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
 from frost.errors import TemplateParamsError
 
-#: (head_dim, head_dim_v) pairs the template implements.
-HEAD_DIMS: tuple[tuple[int, int], ...] = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+#: the head dims the template implements: d_qk and d_v each a multiple of 8 up to 256 (cuDNN's rule). Its tiles span
+#: a head dim rounded up (`tile_head_dim`): TMA loads zero-fill the columns past it, TMA stores and reduce-adds
+#: clip them, and the other stores and adds skip them, so the declared tensors are read and written as they are.
+HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
+#: head-dim columns of one wgmma K step (bf16 / fp16)
+WGMMA_K = 16
 #: key rows of one wgmma M tile: with tile_n = 128 each MMA warpgroup owns 64 keys; with tile_n = 64 both share them
 KEYS_PER_WG = 64
 
@@ -40,6 +44,26 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
     pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
+
+    @property
+    def tile_head_dim(self) -> int:
+        """The Q / K (and dQ / dK) tiles' head-dim extent: head_dim rounded up to a wgmma K step, to two where a
+        GEMM splits its columns over the two warpgroups (dQ with tile_m = 64, dK with shared keys), and 128
+        where dQ^T puts it on the M axis of two 64-row warpgroups (tile_m = 80)."""
+        if self.dq_swap:
+            return 2 * 64
+        return _round_up(self.head_dim, WGMMA_K * (1 if self.dq_split_m else 2))
+
+    @property
+    def tile_head_dim_v(self) -> int:
+        """The V / dO (and dV) tiles' head-dim extent: head_dim_v rounded up to a wgmma K step, to two where the
+        warpgroups split dV's columns (shared keys)."""
+        return _round_up(self.head_dim_v, WGMMA_K * (2 if self.kv_shared else 1))
+
+    @property
+    def padded(self) -> bool:
+        """A tile is wider than its head dim: the stores and adds that are not TMA skip the columns past it."""
+        return (self.tile_head_dim, self.tile_head_dim_v) != (self.head_dim, self.head_dim_v)
 
     @property
     def kv_shared(self) -> bool:
@@ -80,16 +104,20 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
         return self.tile_m == 128
 
 
+def _round_up(d: int, granule: int) -> int:
+    return -(-d // granule) * granule
+
+
 def smem_bytes(p: Sm90BwdParams) -> int:
     """Shared memory of the main kernel: staged Q and dO, K, V, double-buffered dS (and P^T when the
     warpgroups share the keys), the fp32 dQ tile unless dQ leaves from registers."""
-    e = 2
-    q = p.num_stages * p.tile_m * p.head_dim * e
-    do = p.num_stages * p.tile_m * p.head_dim_v * e
-    k = p.tile_n * p.head_dim * e
-    v = p.tile_n * p.head_dim_v * e
+    e, d, dv = 2, p.tile_head_dim, p.tile_head_dim_v
+    q = p.num_stages * p.tile_m * d * e
+    do = p.num_stages * p.tile_m * dv * e
+    k = p.tile_n * d * e
+    v = p.tile_n * dv * e
     ds = 2 * p.tile_m * p.tile_n * e * (2 if p.kv_shared else 1)
-    dq = 0 if p.dq_red else p.tile_m * p.head_dim * 4
+    dq = 0 if p.dq_red else p.tile_m * d * 4
     rows = 2 * 2 * p.tile_m * 4  # staged LSE and dpsum
     return q + do + k + v + ds + dq + rows + 1024
 
@@ -97,10 +125,11 @@ def smem_bytes(p: Sm90BwdParams) -> int:
 def accumulator_registers(p: Sm90BwdParams) -> int:
     """fp32 accumulator registers per MMA thread at the step's peak (dK, dV, S, dP; dQ is born after S dies,
     and with shared keys after P^T and dS^T have left for shared memory)."""
+    d, dv = p.tile_head_dim, p.tile_head_dim_v
     if p.kv_shared:  # per warpgroup: dK / dV of 64 keys x half the head dims, S^T / dP^T of half the queries
-        dkv = KEYS_PER_WG * (p.head_dim + p.head_dim_v) // 2 // 128
-        return dkv + max(2 * KEYS_PER_WG * p.tile_m // 2 // 128, p.tile_m * p.head_dim // 2 // 128)
-    dkv = KEYS_PER_WG * (p.head_dim + p.head_dim_v) // 128
+        dkv = KEYS_PER_WG * (d + dv) // 2 // 128
+        return dkv + max(2 * KEYS_PER_WG * p.tile_m // 2 // 128, p.tile_m * d // 2 // 128)
+    dkv = KEYS_PER_WG * (d + dv) // 128
     sdp = 2 * KEYS_PER_WG * p.tile_m // 128
     return dkv + sdp
 
@@ -125,25 +154,25 @@ def validate(p: Sm90BwdParams) -> None:
         bad("dq_red and dq_fragments are two ways out for dQ: pick one")
     if p.dq_red and p.dq_swap:
         bad(f"dq_red adds neighbouring dQ columns from registers: tile_m={p.tile_m} transposes dQ")
-    if p.kv_shared and ((p.head_dim // 2) % 16 or (p.head_dim_v // 2) % 16):
-        bad(f"tile_n=64 splits dK / dV columns over two warpgroups: head dims ({p.head_dim}, {p.head_dim_v}) / 2 "
-            "must be multiples of 16")
     if p.dq_fragments and p.is_thd:
         bad("dq_fragments stores dense query tiles: packed THD batches add rows")
     if p.dq_fragments and p.dq_swap:
         bad(f"dq_fragments needs tile_m a multiple of 64 (tile_m={p.tile_m} transposes dQ, and fragment stores "
             "of the transposed tile make ptxas serialize the wgmmas)")
+    if p.dq_fragments and p.padded:
+        bad(f"dq_fragments stores whole tiles of head_dim columns: head dims ({p.head_dim}, {p.head_dim_v}) pad to "
+            f"tiles of ({p.tile_head_dim}, {p.tile_head_dim_v}), whose dQ leaves as rows (a clipping TMA reduce-add)")
     if p.dq_fragments and (p.tile_m * p.head_dim) % 1024:
         bad(f"dq_fragments needs tile_m * head_dim ({p.tile_m * p.head_dim}) to be a multiple of 1024")
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} must be 1 or 2")
-    if p.dq_swap and p.head_dim != 2 * 64:
-        bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups: needs head_dim=128")
-    if not p.dq_split_m and (p.head_dim // 2) % 16:
-        bad(f"tile_m=64 splits dQ's {p.head_dim} columns over two warpgroups: head_dim/2 must be a multiple of 16")
+    if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
+        bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
+            f"head_dim from 104 to 128 (head_dim={p.head_dim})")
     regs = accumulator_registers(p)
     if regs > 208:
-        bad(f"tile_m={p.tile_m} with d={p.head_dim} needs {regs} accumulator registers per thread (max 208)")
+        bad(f"tile_m={p.tile_m} with head dims ({p.head_dim}, {p.head_dim_v}) on tiles of ({p.tile_head_dim}, "
+            f"{p.tile_head_dim_v}) needs {regs} accumulator registers per thread (max 208)")
     need = smem_bytes(p)
     if need > SMEM_BUDGET_BYTES:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
@@ -164,19 +193,36 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     tokens; one stage 0.76-0.80x, register adds 0.46-0.53x), d=256 with one stage and fragment tiles
     (1.19-1.22x FA4; row tiles 1.13-1.15x; two stages with register adds 0.75-0.81x: the adds cost more than
     the second stage gains) (benchmarks/results/2026-12-01-h200-run9).
+
+    Other head dims take the knobs of their tiles' widest head dim (`tile_head_dim`, rounded to a wgmma K step:
+    up to 64, 96, 128, or above with shared keys, two stages where they fit), unmeasured; padded tiles add dQ
+    as rows (`dq_fragments` needs whole tiles).
     """
-    if head_dim > 128:  # shared keys; d=256 fits its dQ tile beside one Q / dO stage
-        k = {**dict(tile_m=64, tile_n=64, num_stages=1 if head_dim > 192 else 2, dq_red=False), **requested}
-    else:
-        tile_m = (64 if banded and not packed else 80) if head_dim == 128 else 128 if head_dim <= 64 else 64
+    dv = head_dim_v or head_dim
+    widest = max(_round_up(head_dim, WGMMA_K), _round_up(dv, WGMMA_K))
+    if widest > 128:  # shared keys; two Q / dO stages where they fit beside the dQ tile (d=256: one)
+        k = {**dict(tile_m=64, tile_n=64, num_stages=2, dq_red=False), **requested}
+        if "num_stages" not in requested and smem_bytes(_probe(head_dim, dv, k)) > SMEM_BUDGET_BYTES:
+            k["num_stages"] = 1
+    else:  # tiles up to 64 wide take 128 rows, up to 96 64 rows, up to 128 as d=128 (80 rows need d_qk > 96);
+        # packed tiles of 16 columns 64 rows (with 128 their row stores spill)
+        wide_qk = 96 < head_dim <= 128
+        tile_m = (128 if widest <= 64 and not (packed and widest <= WGMMA_K) else
+                  80 if widest > 96 and wide_qk and (packed or not banded) else 64)
         k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
-    k.setdefault("dq_fragments", not packed and not k.get("dq_red") and k["tile_m"] % 64 == 0)
-    if head_dim > 128:
+    k.setdefault("dq_fragments", not packed and not k.get("dq_red") and k["tile_m"] % 64 == 0
+                 and not _probe(head_dim, dv, k).padded)
+    if widest > 128:
         return k
     # the rows warp frees the MMA threads of the LSE / dpsum loads where their registers allow it (d=128 under a
     # band: 0.95x vs 0.92x FA4 in run 9; at d=64 and in the 80-row kernel ptxas serializes the wgmmas)
     k.setdefault("rows_warp", head_dim == 128 and k["tile_m"] == 64 and k["dq_fragments"])
     return k
+
+
+def _probe(head_dim: int, head_dim_v: int, knobs: dict) -> Sm90BwdParams:
+    """Params with these head dims and knobs (no features): what the knobs' tiles and paths come to."""
+    return Sm90BwdParams(head_dim=head_dim, head_dim_v=head_dim_v, **knobs)
 
 
 def name_suffix(p: Sm90BwdParams) -> str:
