@@ -463,7 +463,7 @@ SM90_FWD_SCORE_MOD_COVER = [
     [
         _sm90(hq=8, hk=2, is_thd=True, has_bias=True, bias_per_head=True, has_window_right=True),
         _sm90(d=64, hq=8, hk=2, has_bias=True, bias_per_batch=True, has_alibi=True, has_window_left=True,
-              has_window_right=True, bottom_right=True),
+              has_window_right=True, bottom_right=True, knobs=dict(tile_m=128)),  # the planner's tile with them
         _sm90(d=256, has_bias=True, bias_per_head=True, has_window_right=True, has_score_max=True),
     ],
 ]

@@ -240,6 +240,18 @@ def test_the_wgmma_forward_plans_alibi_graphs(unpended, no_compile):
     assert p.has_alibi and not p.has_bias and not p.pack_gqa and p.has_window_right
 
 
+def test_score_mods_plan_two_consumer_warpgroups_on_the_wgmma_forward(unpended, no_compile):
+    """d=64's default 192-row tile (three consumer warpgroups of 160 registers) would spill with the modifiers'
+    loads: the planner takes 128 rows unless asked."""
+    from tests.cpu.test_routing import declare
+
+    assert _sm90_fwd_params(declare(H200, d=64)).tile_m == 192
+    assert _sm90_fwd_params(_bias_graph(H200, d=64, bias_dim=(1, 4, 128, 128))).tile_m == 128
+    alibi = _bias_graph(H200, d=64, bias_dim=None, use_alibi_mask=True, use_causal_mask=True)
+    assert _sm90_fwd_params(alibi).tile_m == 128
+    assert _sm90_fwd_params(alibi, knobs=dict(tile_m=192)).tile_m == 192
+
+
 def test_forced_gqa_packing_with_score_mods_declines_with_the_reason(unpended, no_compile):
     g = _bias_graph(H200, hq=8, hkv=2, bias_dim=(1, 8, 128, 128)).create_execution_plans(
         knobs=frost.Knobs(pack_gqa=True))

@@ -99,6 +99,7 @@ class _Mainloop(NamedTuple):
     wg: Any
     softmax_scale: Any = None  # with score modifiers: the logit scale they apply (the softmax's is then 1)
     thr_qk: Any = None  # with score modifiers: this thread's slice of the QK^T MMA (the bias's partition)
+    mBias: Any = None  # with a bias: the declared (B or 1, H or 1, S_q, S_kv) tensor
 
 
 class _TileBand(NamedTuple):
@@ -114,10 +115,13 @@ class _TileBand(NamedTuple):
 
 
 class _TileMods(NamedTuple):
-    """One work tile's score modifiers (`score_mod.sequence_mods`): its (tile_m, tile_n, key blocks) bias tiles
-    (None without a bias), the row and column limits the bias is read below, ALiBi's slope (None without)."""
+    """One work tile's score modifiers (`score_mod.sequence_mods`): where its bias tiles are (batch entry, query
+    head, m block: each key block's tile is addressed from the kernel argument, which keeps no 64-bit pointer live
+    across the mainloop), the row and column limits the bias is read below, ALiBi's slope (None without)."""
 
-    gB: Any
+    batch: Any
+    head: Any
+    m_block: Any
     row_limit: Any
     col_limit: Any
     slope: Any
@@ -297,7 +301,8 @@ class SdpaFwdSm90:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO,
                           tma_atom_o, pipe_q, pipe_k, pipe_v, (scale_log2, softmax_scale, mBias), wl, wr, num_batch,
-                          num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv, pg.rows_extent(mQ, self.pack), mK.shape[0])
+                          num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv,
+                          pg.rows_extent(mQ, self.pack), mK.shape[0])
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
@@ -479,12 +484,15 @@ class SdpaFwdSm90:
                  check_cols: cutlass.Constexpr[bool]):
         """Scale key block n_block's scores and add the bias and ALiBi (`score_mod.add_score_mods`); a packed
         sequence may outgrow its bias, so its columns are always checked."""
+        p = self.p
         tBgB = None
-        if const_expr(self.p.has_bias):
-            tBgB = acc_as_mn(c.thr_qk.partition_C(m.gB[None, None, n_block]))
+        if const_expr(p.has_bias):
+            mB = score_mod.bias_rows(c.mBias, m.batch, m.head, p.bias_per_batch, p.bias_per_head)
+            tBgB = acc_as_mn(c.thr_qk.partition_C(cute.local_tile(mB, (self.tile_m, self.tile_n),
+                                                                  (m.m_block, n_block))))
         score_mod.add_score_mods(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, tBgB, c.softmax_scale, row0,
                                  n_block * self.tile_n, m.row_limit, m.col_limit, m.slope,
-                                 check_cols=check_cols or self.p.is_thd)
+                                 check_cols=check_cols or p.is_thd)
 
     @cute.jit
     def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o,
@@ -529,7 +537,7 @@ class SdpaFwdSm90:
         loop = _Mainloop(tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale, tScS_mn, t0ScS_mn, pipe_k,
                          pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg)
         if const_expr(p.has_score_mods):
-            loop = loop._replace(softmax_scale=softmax_scale, thr_qk=thr_qk)
+            loop = loop._replace(softmax_scale=softmax_scale, thr_qk=thr_qk, mBias=mBias)
 
         if const_expr(self.pingpong):
             if wg == 0:
@@ -555,11 +563,8 @@ class SdpaFwdSm90:
             has_work = n_max > n_min
             mods = None
             if const_expr(p.has_score_mods):
-                mB, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
-                gB = None
-                if const_expr(p.has_bias):
-                    gB = cute.local_tile(mB, (self.tile_m, self.tile_n), (m_block, None))
-                mods = _TileMods(gB, row_limit, col_limit, slope)
+                _, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
+                mods = _TileMods(batch, head, m_block, row_limit, col_limit, slope)
             if has_work:
                 pipe_q.consumer_wait(q_state)
                 # first block: all masks (it may hold the end of the keys)
