@@ -2,7 +2,7 @@
 
 Each adapter's `plan_knobs(facts, target, requested)` is its planning policy: the measured defaults for the
 head dims (and, forward, the target's SM count), the requested knobs honored, then (forward) GQA head
-packing and its tile height chosen for the declared shape.
+packing and its tile height chosen for the declared shape, and two consumer warpgroups with score modifiers.
 """
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ class SdpaFwdDslSm90(DslFwdAdapter):
         knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count)
         knobs.update(requested)
         flags = fwd_feature_flags(facts)
+        if (flags["has_bias"] or flags["has_alibi"]) and "tile_m" not in requested and knobs["tile_m"] == 192:
+            # three consumer warpgroups have 160 registers each: the score modifiers' loads spill there
+            knobs["tile_m"] = 128
         if "pack_gqa" not in requested:
             # GQA packs the heads of a kv head into one M tile wherever the template can;
             # elsewhere (and when a user asks pack_gqa=False) each query head has its own tiles

@@ -29,6 +29,9 @@ DSL_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod); not with
 #: the ragged-offset form (frost.adapters.dsl.ragged_decline_reason)
 MMA_SYNC_FEATURES = DSL_FEATURES | SCORE_MOD_FEATURES
+#: the wgmma forward reads the bias and computes ALiBi in registers too (no GQA packing with them, not with the
+#: ragged-offset form); its backward does not yet
+SM90_FWD_SCORE_MOD_FEATURES = frozenset({"bias", "alibi"})
 
 
 class CapabilityRow(BaseModel):
@@ -83,7 +86,7 @@ SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
              dtypes=("bf16", "fp16"), head_dims=SM90_FWD_HEAD_DIMS, features=DSL_FEATURES,
-             fwd_features=FWD_EXTRA_FEATURES,
+             fwd_features=FWD_EXTRA_FEATURES | SM90_FWD_SCORE_MOD_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",

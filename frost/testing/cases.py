@@ -463,3 +463,20 @@ SM90_FWD_HEAD_DIM_COVER = [
         _sm90(d=104, hq=8, hk=2, has_window_right=True, **ragged(8, 2, 104), knobs=dict(pack_gqa=True)),
     ],
 ]
+
+# the SM90 forward with score modifiers (unpacked: a tile reads one query head's bias and ALiBi slope): a bias
+# full along batch and heads, broadcast (1, 1, S_q, S_kv) with a strided key dim under padding, ALiBi with GQA
+# and sinks, a bias in a packed batch with GQA, both beside a band, and d=256's registers, in two groups
+SM90_FWD_SCORE_MOD_COVER = [
+    [
+        _sm90(has_bias=True, bias_per_batch=True, bias_per_head=True),
+        _sm90(has_bias=True, bias_key_strided=True, has_window_right=True, has_seqused=True),
+        _sm90(hq=8, hk=2, has_alibi=True, has_window_right=True, has_sinks=True),
+    ],
+    [
+        _sm90(hq=8, hk=2, is_thd=True, has_bias=True, bias_per_head=True, has_window_right=True),
+        _sm90(d=64, hq=8, hk=2, has_bias=True, bias_per_batch=True, has_alibi=True, has_window_left=True,
+              has_window_right=True, bottom_right=True, knobs=dict(tile_m=128)),  # the planner's tile with them
+        _sm90(d=256, has_bias=True, bias_per_head=True, has_window_right=True, has_score_max=True),
+    ],
+]

@@ -357,8 +357,7 @@ def test_bias_and_attn_mask_decline_listing_both(unpended):
     o, _ = g.sdpa(q, k, v, bias=bias, attn_mask=amask)
     o.set_output(True)
     declined = reasons(g.validate())
-    assert declined["SdpaFwdDslSm90"] == ("does not serve attn_mask, bias (an additive score bias: the wgmma kernels "
-                                          "read none yet; the mma.sync engine does)")
+    assert declined["SdpaFwdDslSm90"] == "does not serve attn_mask"  # the wgmma forward reads the bias too
     assert declined["SdpaFwdDslSm80"] == "does not serve attn_mask"  # the mma.sync kernels read the bias
 
 

@@ -1,6 +1,6 @@
 """Score modifiers (the additive bias, its gradient dBias, ALiBi) without a GPU: the reference engine against the
-float64 oracle, their declarations, the routing that puts them on the mma.sync engine, and the template records
-(params, argument lists, workspace) the planner builds for them."""
+float64 oracle, their declarations, the routing that puts them on the mma.sync engine (and, forward on cc 9.0, on
+the wgmma engine), and the template records (params, argument lists, workspace) the planner builds for them."""
 from __future__ import annotations
 
 import math
@@ -161,40 +161,110 @@ def _bias_graph(target, *, direction="fwd", bias_dim=(1, 4, 128, 128), dbias=Tru
 MMA_SYNC = {"A100": (A100, "Sm80"), "H200": (H200, "Sm80"), "RTX5090": (RTX5090, "Sm120")}
 
 
+def _line(tname: str, direction: str) -> str:
+    """The engine line a score-modified graph plans on: the mma.sync one, but the wgmma forward on cc 9.0."""
+    return "Sm90" if tname == "H200" and direction == "fwd" else MMA_SYNC[tname][1]
+
+
 @pytest.mark.parametrize("tname", list(MMA_SYNC))
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("bias_dim", [(1, 4, 128, 128), (2, 4, 128, 128), (2, 1, 128, 128), (1, 1, 128, 128)])
 def test_bias_graphs_plan_on_the_mma_sync_engine(unpended, no_compile, tname, direction, bias_dim):
-    target, line = MMA_SYNC[tname]
+    target = MMA_SYNC[tname][0]
     g = _bias_graph(target, direction=direction, bias_dim=bias_dim, use_causal_mask=True)
     d = "Fwd" if direction == "fwd" else "Bwd"
-    assert g.available_engines()[0] == f"Sdpa{d}Dsl{line}"
+    assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname, direction)}"
+    if direction == "fwd" and tname == "H200":
+        assert "SdpaFwdDslSm80" in g.available_engines()  # the mma.sync forward serves it on cc 9.0 too
 
 
 @pytest.mark.parametrize("tname", list(MMA_SYNC))
 def test_alibi_graphs_plan_on_the_mma_sync_engine(unpended, no_compile, tname):
-    target, line = MMA_SYNC[tname]
+    target = MMA_SYNC[tname][0]
     for direction in ("fwd", "bwd"):
         g = _bias_graph(target, direction=direction, bias_dim=None, use_alibi_mask=True, use_causal_mask=True,
                         hq=8, hkv=2)
-        assert g.available_engines()[0] == f"Sdpa{'Fwd' if direction == 'fwd' else 'Bwd'}Dsl{line}"
+        d = "Fwd" if direction == "fwd" else "Bwd"
+        assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname, direction)}"
 
 
-def test_the_wgmma_engines_decline_naming_the_feature(unpended, no_compile):
+def test_the_wgmma_backward_declines_naming_the_feature(unpended, no_compile):
     from tests.cpu.test_routing import declare
 
-    fwd = dict(_bias_graph(H200).declines())["SdpaFwdDslSm90"]
-    assert fwd.startswith("does not serve bias (an additive score bias: the wgmma kernels read none yet")
     bwd = dict(_bias_graph(H200, direction="bwd").declines())["SdpaBwdDslSm90"]
-    assert bwd.startswith("does not serve bias, dbias (")
-    alibi = dict(declare(H200, use_alibi_mask=True, use_causal_mask=True).declines())["SdpaFwdDslSm90"]
-    assert alibi.startswith("does not serve alibi (ALiBi: the wgmma kernels compute none yet")
+    assert bwd.startswith("does not serve bias, dbias (an additive score bias: the wgmma backward reads none yet")
+    alibi = dict(declare(H200, direction="bwd", use_alibi_mask=True, use_causal_mask=True).declines())
+    assert alibi["SdpaBwdDslSm90"].startswith("does not serve alibi (ALiBi: the wgmma backward computes none yet")
+    assert "SdpaFwdDslSm90" not in dict(_bias_graph(H200).declines())
 
 
-def test_packed_thd_bias_plans_on_the_mma_sync_engine(unpended, no_compile):
-    for direction in ("fwd", "bwd"):
+def _sm90_fwd_params(g, knobs=None):
+    from frost.adapters.sm90 import SdpaFwdDslSm90
+    from frost.knobs import Knobs
+
+    return SdpaFwdDslSm90(g.facts, H200, Knobs(**(knobs or {}))).validated_params()
+
+
+@pytest.mark.parametrize("bias_dim, flags", [
+    ((2, 8, 128, 128), dict(bias_per_batch=True, bias_per_head=True, bias_key_strided=False)),
+    ((1, 1, 128, 128), dict(bias_per_batch=False, bias_per_head=False, bias_key_strided=False)),
+    ((1, 8, 128, 128), dict(bias_per_batch=False, bias_per_head=True, bias_key_strided=False)),
+])
+def test_the_wgmma_forward_plans_bias_graphs_unpacked(unpended, no_compile, bias_dim, flags):
+    """cc 9.0 plans the wgmma forward for a bias (GQA included: its tiles read one query head's bias, so the planner
+    does not pack the heads of a kv head)."""
+    g = _bias_graph(H200, bias_dim=bias_dim, hq=8, hkv=2, use_causal_mask=True)
+    assert g.available_engines()[0] == "SdpaFwdDslSm90"
+    p = _sm90_fwd_params(g)
+    assert p.has_bias and not p.has_alibi and not p.pack_gqa
+    assert {n: getattr(p, n) for n in flags} == flags
+    assert "bias" in fwd_arg_names(p)
+
+
+def test_the_wgmma_forward_plans_a_strided_broadcast_bias(unpended, no_compile):
+    """A (1, 1, S_q, S_kv) bias whose key dim is strided (stored transposed) is read as declared."""
+    from tests.cpu.test_routing import declare
+
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    bias = g.tensor(name="bias", dim=(1, 1, 128, 128), stride=(128 * 128, 128 * 128, 1, 128))
+    g = declare(H200, graph=g, bias=bias)
+    assert g.available_engines()[0] == "SdpaFwdDslSm90"
+    p = _sm90_fwd_params(g)
+    assert p.has_bias and p.bias_key_strided and not (p.bias_per_batch or p.bias_per_head)
+
+
+def test_the_wgmma_forward_plans_alibi_graphs(unpended, no_compile):
+    g = _bias_graph(H200, bias_dim=None, use_alibi_mask=True, use_causal_mask=True, hq=8, hkv=2)
+    assert g.available_engines()[0] == "SdpaFwdDslSm90"
+    p = _sm90_fwd_params(g)
+    assert p.has_alibi and not p.has_bias and not p.pack_gqa and p.has_window_right
+
+
+def test_score_mods_plan_two_consumer_warpgroups_on_the_wgmma_forward(unpended, no_compile):
+    """d=64's default 192-row tile (three consumer warpgroups of 160 registers) would spill with the modifiers'
+    loads: the planner takes 128 rows unless asked."""
+    from tests.cpu.test_routing import declare
+
+    assert _sm90_fwd_params(declare(H200, d=64)).tile_m == 192
+    assert _sm90_fwd_params(_bias_graph(H200, d=64, bias_dim=(1, 4, 128, 128))).tile_m == 128
+    alibi = _bias_graph(H200, d=64, bias_dim=None, use_alibi_mask=True, use_causal_mask=True)
+    assert _sm90_fwd_params(alibi).tile_m == 128
+    assert _sm90_fwd_params(alibi, knobs=dict(tile_m=192)).tile_m == 192
+
+
+def test_forced_gqa_packing_with_score_mods_declines_with_the_reason(unpended, no_compile):
+    g = _bias_graph(H200, hq=8, hkv=2, bias_dim=(1, 8, 128, 128)).create_execution_plans(
+        knobs=frost.Knobs(pack_gqa=True))
+    reason = dict(g.declines())["SdpaFwdDslSm90"]
+    assert "pack_gqa is not served with score modifiers (bias, ALiBi)" in reason, reason
+
+
+def test_packed_thd_bias_plans_on_the_wgmma_forward_and_the_mma_sync_backward(unpended, no_compile):
+    for direction, line in (("fwd", "Sm90"), ("bwd", "Sm80")):
         g = _bias_graph(H200, direction=direction, thd=True, use_causal_mask=True)
-        assert g.available_engines()[0] == f"Sdpa{'Fwd' if direction == 'fwd' else 'Bwd'}DslSm80"
+        assert g.available_engines()[0] == f"Sdpa{'Fwd' if direction == 'fwd' else 'Bwd'}Dsl{line}"
+    p = _sm90_fwd_params(_bias_graph(H200, thd=True, use_causal_mask=True))
+    assert p.is_thd and p.has_bias and p.bias_per_head
 
 
 def test_deterministic_dbias_summed_over_broadcast_dims_declines_with_the_reason(unpended, no_compile):
@@ -340,9 +410,22 @@ def test_validators_reject_inconsistent_score_mods():
                                deterministic=True))
 
 
-def test_sm90_validators_reject_score_mods():
-    with pytest.raises(TemplateParamsError, match="Sm90FwdParams: has_bias set; the wgmma forward reads no bias"):
-        validate_sm90_fwd(Sm90FwdParams(head_dim=128, head_dim_v=128, has_bias=True))
+def test_sm90_validators_take_or_decline_score_mods_with_reasons():
+    validate_sm90_fwd(Sm90FwdParams(has_bias=True, bias_per_batch=True, bias_per_head=True, num_heads_q=8,
+                                    num_heads_kv=2))
+    validate_sm90_fwd(Sm90FwdParams(has_alibi=True, has_window_right=True, is_thd=True, has_bias=True))
+    with pytest.raises(TemplateParamsError, match="pack_gqa is not served with score modifiers"):
+        validate_sm90_fwd(Sm90FwdParams(has_bias=True, num_heads_q=8, num_heads_kv=2, pack_gqa=True))
+    with pytest.raises(TemplateParamsError, match="pack_gqa is not served with score modifiers"):
+        validate_sm90_fwd(Sm90FwdParams(has_alibi=True, has_window_right=True, num_heads_q=8, num_heads_kv=2,
+                                        pack_gqa=True))
+    with pytest.raises(TemplateParamsError, match="Sm90FwdParams: ALiBi needs a causal mask"):
+        validate_sm90_fwd(Sm90FwdParams(has_alibi=True))
+    with pytest.raises(TemplateParamsError, match="Sm90FwdParams: the ragged-offset form is served without score"):
+        validate_sm90_fwd(Sm90FwdParams(has_bias=True, is_thd=True, has_seqused=True, token_div_q=512,
+                                        token_div_kv=512))
+    with pytest.raises(TemplateParamsError, match="Sm90FwdParams: bias_per_batch / bias_per_head"):
+        validate_sm90_fwd(Sm90FwdParams(bias_per_head=True))
     with pytest.raises(TemplateParamsError, match="Sm90BwdParams: has_bias, has_dbias set"):
         validate_sm90_bwd(Sm90BwdParams(head_dim=128, head_dim_v=128, has_bias=True, has_dbias=True))
 

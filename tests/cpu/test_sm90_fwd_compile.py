@@ -13,6 +13,7 @@ from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, sme
 from frost.errors import TemplateParamsError
 from frost.testing.cases import SM90_FWD_COVER as COVER
 from frost.testing.cases import SM90_FWD_HEAD_DIM_COVER as HEAD_DIM_COVER
+from frost.testing.cases import SM90_FWD_SCORE_MOD_COVER as SCORE_MOD_COVER
 from frost.testing.cases import SM90_FWD_TEMPLATE as TEMPLATE
 from tests.compile_runner import compile_groups
 
@@ -45,6 +46,25 @@ def test_padded_and_wide_head_dims_compile_without_spills(tmp_path):
         assert r["local"] == 0, r["name"]
         if r["ptxas"] is not None:
             assert r["spill_bytes"] == 0, r["ptxas"]
+
+
+@pytest.mark.slow
+def test_score_modifiers_compile_without_spills(tmp_path):
+    """A bias (full, broadcast with a strided key dim, packed, with GQA) and ALiBi: wgmma and TMA as without them,
+    the modifier tags in the name, and ptxas spills nothing."""
+    from frost.engines.params import score_mod_tags
+
+    groups = [("sm_90a", [(TEMPLATE, PARAMS, kw, None) for kw in part]) for part in SCORE_MOD_COVER]
+    results = [r for part in compile_groups(groups, tmp_path, timeout=600, ptxas=True) for r in part]
+    for kw, r in zip([kw for part in SCORE_MOD_COVER for kw in part], results):
+        tags = [tag for on, tag in score_mod_tags(Sm90FwdParams(**kw)) if on]
+        assert tags and all(f"_{tag}_" in r["name"] for tag in tags), r["name"]
+        assert r["entries"] == [r["name"]] and r["target"] == ["sm_90a"], r
+        assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r["name"]
+        assert r["local"] == 0, r["name"]
+        if r["ptxas"] is not None:
+            assert r["spill_bytes"] == 0, r["ptxas"]
+    assert len({r["name"] for r in results}) == len(results)
 
 
 def test_defaults_validate_for_every_head_dim():
@@ -125,12 +145,13 @@ def test_kernel_name_encodes_every_param():
                          ("is_thd", True), ("has_seqused", True), ("has_lse", False), ("has_sinks", True),
                          ("has_window_left", True), ("has_window_right", True), ("tile_n", 64),
                          ("num_stages", 3), ("pingpong", False), ("separate_o_smem", False),
-                         ("persistent", False), ("sm_count", 114), ("pack_gqa", True)]:
+                         ("persistent", False), ("sm_count", 114), ("pack_gqa", True), ("has_bias", True),
+                         ("has_alibi", True)]:
         upd = {field: value}
         if field == "head_dim":
             upd["head_dim_v"] = 64
         if field == "num_heads_kv":
             upd["num_heads_q"] = 4
         names.add(kernel_name(base.model_copy(update=upd), "sm_90a"))
-    assert len(names) == 18
+    assert len(names) == 20
     assert all(n.startswith("frost_sdpa_fwd_sm90_") for n in names)

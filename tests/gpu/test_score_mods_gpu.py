@@ -1,9 +1,10 @@
-"""Score modifiers on the mma.sync engine through the public graph API: the additive bias, dBias and ALiBi against
-the float64 oracle (tests/oracle.py), the execute contract for the chain's dBias accumulator, and agreement with
-the cuDNN engine on the same graphs where cuDNN serves them.
+"""Score modifiers on the mma.sync engine and the wgmma forward through the public graph API: the additive bias,
+dBias and ALiBi against the float64 oracle (tests/oracle.py), the execute contract for the chain's dBias
+accumulator, and agreement with the cuDNN engine on the same graphs where cuDNN serves them.
 
-On an H200 the mma.sync line (`engine="sm80"`) serves cc 9.0 below the wgmma engine, which declines these
-features; on cc 8.x it is the native line. The bias is declared (B or 1, H or 1, S_q, S_kv) with its own strides.
+On an H200 the mma.sync line (`engine="sm80"`) serves cc 9.0 below the wgmma engines (the wgmma forward,
+`engine="sm90"`, serves the bias and ALiBi too; its backward declines them); on cc 8.x it is the native line.
+The bias is declared (B or 1, H or 1, S_q, S_kv) with its own strides.
 """
 from __future__ import annotations
 
@@ -243,9 +244,36 @@ FWD_CASES = [
 
 @pytest.mark.parametrize("case", FWD_CASES, ids=lambda c: c.id)
 def test_fwd_matches_the_oracle(case):
+    check_fwd(case)
+
+
+#: the wgmma forward (cc 9.0): bias full or broadcast (a strided key dim, padded rows), -inf entries, padding,
+#: packed sequences, GQA (served unpacked), ALiBi (a head count not a power of two, bottom-right), causal and not
+SM90_FWD_CASES = [
+    ScoreCase(bias="bh"),
+    ScoreCase(bias="h", causal=True, hq=8, hkv=2),
+    ScoreCase(bias="", bias_layout="transposed", sq=200, skv=333),
+    ScoreCase(bias="bh", padding=((200, 37), (150, 256)), causal=True),
+    ScoreCase(bias="b", bias_layout="padded", neg_inf=True, sinks=True, d=64, sq=300, skv=300),
+    ScoreCase(bias="h", left=64, causal=True, sq=300, skv=300, d=96),
+    ScoreCase(bias="bh", thd=((100, 100), (1, 7), (0, 3), (300, 300)), causal=True, hq=8, hkv=2),
+    ScoreCase(bias="h", thd=((77, 130), (256, 256)), d=64, dtype=torch.float16),
+    ScoreCase(bias=None, alibi=True, causal=True, hq=8, hkv=2),
+    ScoreCase(bias=None, alibi=True, causal=True, bottom_right=True, hq=6, hkv=2, sq=100, skv=300),
+    ScoreCase(bias=None, alibi=True, causal=True, thd=((100, 100), (1, 1), (300, 300)), hq=5, hkv=1, d=64),
+    ScoreCase(bias="h", alibi=True, causal=True, hq=8, hkv=2, d=256, row_stats=True),
+]
+
+
+@pytest.mark.parametrize("case", SM90_FWD_CASES, ids=lambda c: c.id)
+def test_sm90_fwd_matches_the_oracle(case):
+    check_fwd(case, engine="sm90")
+
+
+def check_fwd(case: ScoreCase, engine: str = ENGINE):
     t = make_inputs(case)
     rows = {}
-    o, lse = run_fwd(case, t, rows=rows)
+    o, lse = run_fwd(case, t, engine=engine, rows=rows)
     want = oracle.attention(t["q"], t["k"], t["v"], row_stats=True, **oracle_kwargs(case, t))
     want_o, want_lse = want[:2]
     assert not torch.isnan(o).any(), "some output elements were not written"
@@ -394,13 +422,22 @@ CUDNN_CASES = [
 
 @pytest.mark.parametrize("direction,case", CUDNN_CASES, ids=lambda x: x if isinstance(x, str) else x.id)
 def test_the_mma_sync_engine_agrees_with_cudnn(direction, case):
+    check_cudnn(direction, case, ENGINE)
+
+
+@pytest.mark.parametrize("case", [c for d, c in CUDNN_CASES if d == "fwd"], ids=lambda c: c.id)
+def test_the_wgmma_forward_agrees_with_cudnn(case):
+    check_cudnn("fwd", case, "sm90")
+
+
+def check_cudnn(direction: str, case: ScoreCase, engine: str):
     t = make_inputs(case)
     if direction == "fwd":
-        ours, theirs = run_fwd(case, t), run_fwd(case, t, engine="cudnn")
+        ours, theirs = run_fwd(case, t, engine=engine), run_fwd(case, t, engine="cudnn")
         assert rel_err(ours[0], theirs[0]) < 1e-2
         fin = torch.isfinite(theirs[1])
         assert (ours[1][fin] - theirs[1][fin]).abs().max().item() < 2e-2
     else:
-        ours, theirs = run_bwd(case, t), run_bwd(case, t, engine="cudnn")
+        ours, theirs = run_bwd(case, t, engine=engine), run_bwd(case, t, engine="cudnn")
         for n in theirs:
             assert rel_err(ours[n], theirs[n]) < 3e-2, n

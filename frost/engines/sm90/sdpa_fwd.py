@@ -16,6 +16,12 @@ stream feeds all r heads. Q, O and LSE are viewed with a ((r, S), ...) row mode
 (`pack_gqa.pack_heads`); TMA moves Q and O with (r, rows / r) boxes; masks use
 the row's query position and sinks the row's head.
 
+Score modifiers (an additive bias, ALiBi: `frost.engines.common.score_mod`): each
+S tile is scaled and modified in registers after its QK^T and before the mask, and
+the softmax runs with a scale of 1; tile rows are query positions (no GQA packing
+with them: a packed tile's rows would span several heads' biases and slopes).
+Without them none of that code is compiled.
+
 Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
 (`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
 zero-fill the columns past a head dim (zeros add nothing to Q K^T or P V), TMA
@@ -33,12 +39,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from frost.engines.common import mask, rows
+from frost.engines.common import mask, rows, score_mod
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.seqlen import seqlen_info, token_offset
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
+from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import fwd_arg_names, ragged_tags
 from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
@@ -63,7 +70,7 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
                      + ("br" if p.bottom_right else ""))
     parts += [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "seqused"), (p.has_sinks, "sink"),
                                     (not p.has_lse, "nolse"), (p.has_score_max, "smax"),
-                                    (p.has_score_sum_exp, "ssum")) if flag]
+                                    (p.has_score_sum_exp, "ssum"), *score_mod_tags(p)) if flag]
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
@@ -90,6 +97,9 @@ class _Mainloop(NamedTuple):
     tiled_mma_pv: Any
     scale_log2: Any
     wg: Any
+    softmax_scale: Any = None  # with score modifiers: the logit scale they apply (the softmax's is then 1)
+    thr_qk: Any = None  # with score modifiers: this thread's slice of the QK^T MMA (the bias's partition)
+    mBias: Any = None  # with a bias: the declared (B or 1, H or 1, S_q, S_kv) tensor
 
 
 class _TileBand(NamedTuple):
@@ -101,6 +111,20 @@ class _TileBand(NamedTuple):
     off: Any
     wl: Any
     wr: Any
+    mods: Any = None  # _TileMods with score modifiers
+
+
+class _TileMods(NamedTuple):
+    """One work tile's score modifiers (`score_mod.sequence_mods`): where its bias tiles are (batch entry, query
+    head, m block: each key block's tile is addressed from the kernel argument, which keeps no 64-bit pointer live
+    across the mainloop), the row and column limits the bias is read below, ALiBi's slope (None without)."""
+
+    batch: Any
+    head: Any
+    m_block: Any
+    row_limit: Any
+    col_limit: Any
+    slope: Any
 
 
 class SdpaFwdSm90:
@@ -200,7 +224,12 @@ class SdpaFwdSm90:
             section_width = self.tile_heads * num_batch
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
 
-        scale_log2 = Float32(a["softmax_scale"]) * Float32(sm.LOG2_E)
+        softmax_scale = None
+        if const_expr(p.has_score_mods):  # the logits arrive scaled (score_mod): the softmax's exp2 factor is log2(e)
+            softmax_scale = Float32(a["softmax_scale"])
+            scale_log2 = Float32(sm.LOG2_E)
+        else:
+            scale_log2 = Float32(a["softmax_scale"]) * Float32(sm.LOG2_E)
         wl = Int32(a["window_left"]) if const_expr(p.has_window_left) else None
         wr = Int32(a["window_right"]) if const_expr(p.has_window_right) else None
 
@@ -222,8 +251,8 @@ class SdpaFwdSm90:
 
         self.kernel(
             tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
-            a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
-            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, wl, wr,
+            a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"), a.get("bias"),
+            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
         ).launch(grid=[grid, 1, 1], block=[self.num_threads, 1, 1], stream=a["stream"], min_blocks_per_mp=1)
@@ -231,8 +260,9 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
-               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
-               tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, wl, wr, num_batch: Int32,
+               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mBias, tma_atom_q: cute.CopyAtom,
+               tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
+               wl, wr, num_batch: Int32,
                num_m_blocks: Int32, total_tiles: Int32, section_width: Int32, q_bytes: cutlass.Constexpr,
                k_bytes: cutlass.Constexpr, v_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
@@ -270,8 +300,9 @@ class SdpaFwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO,
-                          tma_atom_o, pipe_q, pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles,
-                          section_width, tiled_mma_qk, tiled_mma_pv, pg.rows_extent(mQ, self.pack), mK.shape[0])
+                          tma_atom_o, pipe_q, pipe_k, pipe_v, (scale_log2, softmax_scale, mBias), wl, wr, num_batch,
+                          num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv,
+                          pg.rows_extent(mQ, self.pack), mK.shape[0])
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
@@ -436,6 +467,8 @@ class SdpaFwdSm90:
         self.sched_arrive(c.wg)
         warpgroup.wait_group(1)
         c.pipe_k.consumer_release(kv_state)
+        if const_expr(self.p.has_score_mods):  # every block but the last lies inside the key length
+            self.add_mods(c, t.row0, t.mods, acc_S, n_block, False)
         if const_expr(masked):
             mask.apply_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.seqlen_k,
                             t.off, t.wl, t.wr, mask_seqlen=False, rows_per_query=self.rq)
@@ -447,10 +480,26 @@ class SdpaFwdSm90:
         return kv_state
 
     @cute.jit
+    def add_mods(self, c: _Mainloop, row0: Int32, m: _TileMods, acc_S, n_block: Int32,
+                 check_cols: cutlass.Constexpr[bool]):
+        """Scale key block n_block's scores and add the bias and ALiBi (`score_mod.add_score_mods`); a packed
+        sequence may outgrow its bias, so its columns are always checked."""
+        p = self.p
+        tBgB = None
+        if const_expr(p.has_bias):
+            mB = score_mod.bias_rows(c.mBias, m.batch, m.head, p.bias_per_batch, p.bias_per_head)
+            tBgB = acc_as_mn(c.thr_qk.partition_C(cute.local_tile(mB, (self.tile_m, self.tile_n),
+                                                                  (m.m_block, n_block))))
+        score_mod.add_score_mods(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, tBgB, c.softmax_scale, row0,
+                                 n_block * self.tile_n, m.row_limit, m.col_limit, m.slope,
+                                 check_cols=check_cols or p.is_thd)
+
+    @cute.jit
     def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o,
-                 pipe_q, pipe_k, pipe_v, scale_log2, wl, wr, num_batch, num_m_blocks, total_tiles, section_width,
+                 pipe_q, pipe_k, pipe_v, scales, wl, wr, num_batch, num_m_blocks, total_tiles, section_width,
                  tiled_mma_qk, tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
+        scale_log2, softmax_scale, mBias = scales  # softmax_scale, mBias: None without score modifiers
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
         warp_in_wg = cute.arch.make_warp_uniform((tidx // 32) % 4)
@@ -487,6 +536,8 @@ class SdpaFwdSm90:
 
         loop = _Mainloop(tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale, tScS_mn, t0ScS_mn, pipe_k,
                          pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg)
+        if const_expr(p.has_score_mods):
+            loop = loop._replace(softmax_scale=softmax_scale, thr_qk=thr_qk, mBias=mBias)
 
         if const_expr(self.pingpong):
             if wg == 0:
@@ -510,6 +561,10 @@ class SdpaFwdSm90:
             row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
             q0 = m_block * self.qt  # first query position
             has_work = n_max > n_min
+            mods = None
+            if const_expr(p.has_score_mods):
+                _, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
+                mods = _TileMods(batch, head, m_block, row_limit, col_limit, slope)
             if has_work:
                 pipe_q.consumer_wait(q_state)
                 # first block: all masks (it may hold the end of the keys)
@@ -520,6 +575,8 @@ class SdpaFwdSm90:
                 wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True,
                         wg_wait=0)
                 pipe_k.consumer_release(kv_state)
+                if const_expr(p.has_score_mods):  # the last key block: it may hold the end of the keys
+                    self.add_mods(loop, row0, mods, acc_S, n_last, True)
                 mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off,
                                 wl_c, wr_c,
                                 mask_seqlen=True, rows_per_query=self.rq)
@@ -528,7 +585,7 @@ class SdpaFwdSm90:
                 acc_O.fill(0.0)
                 if const_expr(p.is_thd or p.has_seqused):
                     self.zero_v_tail(sV, pipe_v, kv_state, seqlen_k - n_last * self.tile_n, tidx % 128, wg)
-                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c)
+                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods)
                 hi = n_last
                 if const_expr(p.has_window_right):
                     r_lo = cutlass.max(n_min, cutlass.min(hi, (q0 + off + wr_c) // self.tile_n))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_no_score_mods, check_sdpa_features
+from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_sdpa_features
 from frost.errors import TemplateParamsError
 
 #: Head dims the template implements: d_qk and d_v each a multiple of 8, independently, d_qk up to 512 and
@@ -95,10 +95,13 @@ def pack_gqa_reason(p: Sm90FwdParams):
 
     A packed row is m = s * r + j (query position s, head j of the group). Q and
     O move by TMA with a two-mode (r, rows / r) box, so r must divide the 64 rows
-    of one consumer warpgroup's O tile (and so the M tile).
+    of one consumer warpgroup's O tile (and so the M tile). Score modifiers take
+    one head per tile (its bias rows, its ALiBi slope), so they are served unpacked.
     """
     if p.num_heads_q % p.num_heads_kv != 0 or p.num_heads_q % p.heads_v != 0:
         return None  # check_sdpa_features reports it
+    if p.has_score_mods:
+        return "pack_gqa is not served with score modifiers (bias, ALiBi): a tile reads one query head's bias and slope"
     r = p.pack_group
     if r < 2:
         if p.num_heads_v:
@@ -116,7 +119,6 @@ def validate(p: Sm90FwdParams) -> None:
         raise TemplateParamsError(f"Sm90FwdParams: {msg}")
 
     check_sdpa_features(p, HEAD_DIMS, "Sm90FwdParams")
-    check_no_score_mods(p, "Sm90FwdParams", "the wgmma forward reads no bias and computes no ALiBi")
     if p.bottom_right and not (p.has_window_left or p.has_window_right):
         bad("bottom_right only has meaning with a window (causal is window_right=0)")
     if p.tile_m not in (64, 128, 192):
