@@ -91,7 +91,24 @@ def _cudnn():
     return cudnn
 
 
-_DTYPES = {"bf16": "BFLOAT16", "fp16": "HALF", "fp32": "FLOAT", "int32": "INT32", "int64": "INT64"}
+#: keywords of cuDNN's sdpa that older bindings lack, and what they need
+NEWER_KEYWORDS = {"block_mask": "cuDNN 9.14's unified SDPA node and a frontend that declares it"}
+
+
+def binding_takes(op: str, keyword: str) -> bool:
+    """Whether the installed binding's `pygraph.<op>` takes `keyword` (True where its signature cannot be read:
+    cuDNN's own support check then answers)."""
+    import inspect
+
+    try:
+        params = inspect.signature(getattr(_cudnn().pygraph, op)).parameters
+    except (TypeError, ValueError, AttributeError):
+        return True
+    return keyword in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+_DTYPES = {"bf16": "BFLOAT16", "fp16": "HALF", "fp32": "FLOAT", "int32": "INT32", "int64": "INT64",
+           "uint8": "UINT8"}
 #: first engine id of nvidia-cudnn-frontend's Python engines (`cudnn.engines.engine_ids.PYTHON_ENGINE_ID_BASE`)
 PYTHON_ENGINE_ID_BASE = 20_000
 #: exception types a binding mismatch raises (a frost bug, never a decline): they propagate out of planning
@@ -263,6 +280,9 @@ class _CudnnAdapter:
             self.call = lower_cudnn_sdpa(self.facts)
         except CudnnUnsupported as e:
             raise self.decline(e.reason) from None
+        for key, _ in self.call.tensor_kwargs:
+            if key in NEWER_KEYWORDS and not binding_takes(self.call.op, key):
+                raise self.decline(f"this nvidia-cudnn-frontend's {self.call.op} takes no {key} ({NEWER_KEYWORDS[key]})")
         if quick or self.target.is_fake or self.target.is_cpu:
             return  # a record cannot be asked: cuDNN is asked on the device itself (compile declines on a record)
         self._build()

@@ -20,6 +20,9 @@ ragged form:
 - cuDNN's ragged form declared directly (`facts.ragged`): the declared (B, H, S, D) tensors, offsets and lengths
   are passed through as they are.
 
+cuDNN's block_mask (uint8, as declared) goes to dense graphs' `sdpa` as it is; packed graphs with one decline (its
+tiles in cuDNN's ragged form are unverified).
+
 Packed graphs (either form) with K and V heads apart, or with score_max / score_sum_exp, are declined: neither is
 lowered to cuDNN's ragged form (the row outputs would need ragged offsets of their own, and K and V heads apart
 are unverified there); dense graphs serve both.
@@ -195,7 +198,8 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
             raise CudnnUnsupported(f"does not serve {what}")
     if facts.is_thd:
         for on, what in ((facts.split_kv_heads, f"K and V heads apart (K {facts.num_heads_kv}, V {facts.heads_v})"),
-                         (facts.has_score_max or facts.has_score_sum_exp, "score_max / score_sum_exp")):
+                         (facts.has_score_max or facts.has_score_sum_exp, "score_max / score_sum_exp"),
+                         (facts.has_block_mask, "block_mask")):
             if on:
                 raise CudnnUnsupported(f"does not serve {what} in packed graphs (cuDNN's ragged form)")
     fwd = facts.direction == "fwd"
@@ -245,6 +249,9 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
     if facts.has_bias:
         inputs.append(_declared(facts, "bias"))
         tensor_kwargs.append(("bias", "bias"))
+    if facts.has_block_mask:  # cuDNN 9.14's unified SDPA node; cuDNN's support check judges older libraries
+        inputs.append(_declared(facts, "block_mask"))
+        tensor_kwargs.append(("block_mask", "block_mask"))
     dropout = None
     if facts.has_dropout:
         for role in ("dropout_seed", "dropout_offset"):

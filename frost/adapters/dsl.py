@@ -96,8 +96,11 @@ def ragged_decline_reason(facts):
 
 
 def fwd_feature_flags(facts) -> dict:
-    return dict(sdpa_feature_flags(facts), has_lse=facts.has_stats, has_score_max=facts.has_score_max,
-                has_score_sum_exp=facts.has_score_sum_exp)
+    flags = dict(sdpa_feature_flags(facts), has_lse=facts.has_stats, has_score_max=facts.has_score_max,
+                 has_score_sum_exp=facts.has_score_sum_exp)
+    if facts.has_block_mask:  # only the forwards whose rows serve block_mask have the flag
+        flags["has_block_mask"] = True
+    return flags
 
 
 def check_dsl_and_knobs(adapter) -> None:
@@ -169,7 +172,7 @@ TENSOR_ARGS = {
     "cu_seqlens_q": ("cu_seq_len_q", None), "cu_seqlens_kv": ("cu_seq_len_kv", None),
     "seqused_q": ("seq_len_q", lengths_view), "seqused_kv": ("seq_len_kv", lengths_view),
     "sinks": ("sink_token", sink_view), "dsinks": ("dSink_token", sink_view),
-    "bias": ("bias", None), "dbias": ("dBias", None),
+    "bias": ("bias", None), "dbias": ("dBias", None), "block_mask": ("block_mask", None),
 }
 #: cuDNN's ragged-offset form: the offsets tensors of the groups and of Stats take the cu_seqlens slots, 1-D
 RAGGED_TENSOR_ARGS = {**TENSOR_ARGS, "cu_seqlens_q": ("q_ragged_offset", lengths_view),

@@ -30,6 +30,8 @@ def _mask_kwargs(facts, bound) -> dict:
     if facts.has_sinks:
         kw.update(sinks=sink_view(bound["sink_token"]))
     kw.update(_score_mod_kwargs(facts, bound))
+    if facts.has_block_mask:
+        kw.update(block_mask=bound["block_mask"])
     return kw
 
 
@@ -88,7 +90,7 @@ def _ragged_fwd(facts, bound) -> None:
         o, *stats = sdpa_fwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
                                        softmax_scale=facts.attn_scale, compute_dtype=_compute_dtype(facts),
                                        sinks=sinks, row_stats=True, **_band(facts),
-                                       **_batch_score_mods(facts, bound, b))
+                                       **_batch_score_mods(facts, bound, b), **_batch_block_mask(facts, bound, b))
         rows("o").copy_(o[0])
         for (role, t), value in zip(outs, stats):
             if t is None:
@@ -97,6 +99,11 @@ def _ragged_fwd(facts, bound) -> None:
                 rows(role)[..., 0].copy_(value[0].t())
             else:
                 t[b, :, :len_q, 0] = value[0]
+
+
+def _batch_block_mask(facts, bound, b: int) -> dict:
+    """The block_mask keyword of ragged batch b: its (1, H, ...) entry (sequence-local tiles), or nothing."""
+    return dict(block_mask=bound["block_mask"][b:b + 1]) if facts.has_block_mask else {}
 
 
 def _batch_score_mods(facts, bound, b: int) -> dict:

@@ -25,10 +25,11 @@ def _ranges(num_batches: int, s_q: int, s_kv: int, cu_q, cu_kv, used_q, used_kv)
 
 
 def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, window_right, bottom_right,
-               bias=None, alibi=False):
+               bias=None, alibi=False, block_mask=None):
     """Per non-empty sequence: (batch index, query rows, key rows, mask, score terms), the rows as index tuples
-    into the canonical views (THD: token slices; dense: the batch entry's leading rows), the score terms
-    `score_mods`' (in q's dtype; None without a bias or ALiBi)."""
+    into the canonical views (THD: token slices; dense: the batch entry's leading rows), the mask (len_q, len_kv),
+    or (H, len_q, len_kv) with a block mask, the score terms `score_mods`' (in q's dtype; None without a bias or
+    ALiBi)."""
     batches = len(cu_q) - 1 if thd else q.shape[0]
     s_q, s_kv = (0, 0) if thd else (q.shape[1], k.shape[1])
     for b, (q0, lq, k0, lk) in enumerate(_ranges(batches, s_q, s_kv, cu_q, cu_kv, used_q, used_kv)):
@@ -36,6 +37,8 @@ def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, wi
             continue
         mask = allowed_mask(lq, lk, window_left=window_left, window_right=window_right, bottom_right=bottom_right,
                             device=q.device)
+        if block_mask is not None:
+            mask = mask & block_mask_allowed(block_mask[b], lq, lk)
         mods = score_mods(q.shape[-2], lq, lk, bias_block=_bias_block(bias, b, lq, lk), alibi=alibi, dtype=q.dtype,
                           device=q.device)
         if thd:
@@ -72,6 +75,27 @@ def score_mods(hq: int, len_q: int, len_kv: int, *, bias_block=None, alibi: bool
     return out
 
 
+#: query rows and keys per block_mask tile, key tiles per byte (cuDNN's block_mask)
+BLOCK_MASK_TILE, BLOCK_MASK_BITS = 128, 8
+
+
+def block_mask_allowed(block_mask, len_q: int, len_kv: int) -> torch.Tensor:
+    """Boolean (H, len_q, len_kv) of one batch entry's cuDNN block_mask, uint8 (H, q tiles, key-tile bytes): bit j
+    (LSB first) of byte [h, i, k] lets query rows 128 i .. 128 i + 127 see keys 128 (8 k + j) .. + 127. Positions
+    are sequence-local (a packed sequence's tiles count from its first token)."""
+    dev = block_mask.device
+    qt = torch.arange(len_q, device=dev) // BLOCK_MASK_TILE
+    kt = torch.arange(len_kv, device=dev) // BLOCK_MASK_TILE
+    rows = block_mask[:, qt].to(torch.int32)  # (H, len_q, bytes)
+    byte = rows[:, :, kt // BLOCK_MASK_BITS]  # (H, len_q, len_kv)
+    return ((byte >> (kt % BLOCK_MASK_BITS).to(torch.int32)) & 1).bool()
+
+
+def _by_head(mask):
+    """A (len_q, len_kv) or (H, len_q, len_kv) mask as (1 or H, len_q, len_kv)."""
+    return mask if mask.dim() == 3 else mask.unsqueeze(0)
+
+
 def allowed_mask(len_q: int, len_kv: int, *, window_left=None, window_right=None, bottom_right=False,
                  device=None) -> torch.Tensor:
     """Boolean (len_q, len_kv) mask of the contract in sdpa_args.py."""
@@ -91,7 +115,7 @@ def _logits(qb, kk, *, scale, mods, mask):
     s = torch.einsum("qhd,khd->hqk", qb, kk) * scale
     if mods is not None:
         s = s + mods
-    return s.masked_fill(~mask.unsqueeze(0), float("-inf"))
+    return s.masked_fill(~_by_head(mask), float("-inf"))
 
 
 def _attend(qb, kb, vb, *, scale, sink, mask, mods=None):
@@ -118,7 +142,7 @@ def _attend(qb, kb, vb, *, scale, sink, mask, mods=None):
 
 def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_kv=None, seqused_q=None,
                        seqused_kv=None, sinks=None, window_left=None, window_right=None, bottom_right=False,
-                       bias=None, alibi=False, compute_dtype=torch.float32, row_stats=False):
+                       bias=None, alibi=False, block_mask=None, compute_dtype=torch.float32, row_stats=False):
     """Forward on canonical views; returns (o, lse) in `compute_dtype`, with `row_stats` (o, lse, score_max,
     score_sum_exp): the row max of the scaled, modified, masked scores (the sink included) and the row sum of
     exp(score - max), so lse = score_max + log(score_sum_exp).
@@ -128,6 +152,8 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
     K and V may have different head counts, each dividing Hq.
     Rows past a sequence's length (padding) and empty rows get O = 0, LSE = -inf (score_max -inf, sum 0).
     `bias`: the declared (B or 1, Hq or 1, S_q, S_kv) additive bias; `alibi`: cuDNN's ALiBi (sdpa_args.py).
+    `block_mask`: cuDNN's uint8 (B, Hq, ceil(S_q/128), ceil(ceil(S_kv/128)/8)) tile bits (`block_mask_allowed`);
+    its cleared tiles join the mask, so a row left with no key is an empty row.
     """
     thd = cu_seqlens_q is not None
     cd = compute_dtype
@@ -146,7 +172,8 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
     sum_exp = torch.zeros(shape, dtype=cd, device=q.device)
     for _, qs, ks, mask, mods in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
                                             window_left=window_left, window_right=window_right,
-                                            bottom_right=bottom_right, bias=bias, alibi=alibi):
+                                            bottom_right=bottom_right, bias=bias, alibi=alibi,
+                                            block_mask=block_mask):
         ob, *rows = _attend(q[qs], k[ks], v[ks], scale=softmax_scale, sink=sink, mask=mask, mods=mods)
         o[qs] = ob
         for out, rb in zip((lse, top, sum_exp), rows):
@@ -169,7 +196,7 @@ def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask, mods=None):
     # o (Sq, Hq, Dv), lse (Hq, Sq)
     o, lse = _attend(qb, kb, vb, scale=scale, sink=sink, mask=mask, mods=mods)[:2]
     s = _logits(qb, kk, scale=scale, mods=mods, mask=mask)
-    p = torch.exp(s - lse.unsqueeze(2)).masked_fill(~mask.unsqueeze(0), 0.0)
+    p = torch.exp(s - lse.unsqueeze(2)).masked_fill(~_by_head(mask), 0.0)
     p = torch.nan_to_num(p, nan=0.0)  # empty rows: lse = -inf
     dv = torch.einsum("hqk,qhd->khd", p, dob)
     dp = torch.einsum("qhd,khd->hqk", dob, vv)
@@ -205,7 +232,7 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
     for b, qs, ks, mask, mods in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
                                             window_left=window_left, window_right=window_right,
                                             bottom_right=bottom_right, bias=bias, alibi=alibi):
-        lq, lk = mask.shape
+        lq, lk = mask.shape[-2:]
         parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask, mods=mods)
         dq[qs], dk[ks], dv[ks] = parts[:3]
         if sink is not None:

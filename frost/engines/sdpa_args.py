@@ -29,6 +29,7 @@ flag is set, in this order):
     seqused_q, seqused_kv        if has_seqused   (int32 (B,), padding masks, dense only)
     sinks                        if has_sinks     (fp32 (Hq,))
     bias                         if has_bias      (io dtype (B or 1, Hq or 1, Sq, Skv), as declared)
+    block_mask                   if has_block_mask (uint8 (B, Hq, ceil(Sq/128), ceil(ceil(Skv/128)/8)), as declared)
     softmax_scale                Float32
     window_left                  if has_window_left   Int32 >= 0
     window_right                 if has_window_right  Int32 >= 0 (causal is window_right = 0)
@@ -63,6 +64,11 @@ broadcasts over them (`bias_per_batch` / `bias_per_head` say which are full);
 i, j are sequence-local (packed THD sequences index it like padded ones, S_q and
 S_kv being max_seq_len_q / kv). ALiBi (flag `has_alibi`) uses cuDNN's slopes
 (`alibi_slopes`) and needs a causal mask, as in cuDNN.
+Block mask (flag `has_block_mask`, forward only, cuDNN's block_mask): bit j (LSB first)
+of byte [b, h, i // 128, k] says whether query rows 128 i' .. 128 i' + 127 (i' = i // 128)
+may see keys 128 (8 k + j) .. + 127; a cleared bit masks those pairs like the band does
+(sequence-local positions; S_q, S_kv of packed graphs: max_seq_len_q / kv). A row left with
+no key is an empty row.
 Sinks: one extra logit per query head, sinks[h] (already in scaled-logit units),
 enters the softmax denominator only. LSE (natural log) includes the sink.
 score_max is the row max of the masked logits and the sink (natural units, scaled);
@@ -105,7 +111,8 @@ def fwd_arg_names(p) -> list[str]:
     names += ["score_sum_exp"] * getattr(p, "has_score_sum_exp", False)
     names += ["cu_seqlens_q", "cu_seqlens_kv"] * p.is_thd + ["seqused_q", "seqused_kv"] * p.has_seqused
     names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0)
-    names += ["sinks"] * p.has_sinks + ["bias"] * p.has_bias + ["softmax_scale"]
+    names += ["sinks"] * p.has_sinks + ["bias"] * p.has_bias
+    names += ["block_mask"] * getattr(p, "has_block_mask", False) + ["softmax_scale"]
     names += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
     return names + ["max_seqlen_q"] * p.is_thd + ragged_totals(p) + ["stream"]
 

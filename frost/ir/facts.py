@@ -79,7 +79,10 @@ class SdpaFacts(BaseModel):
     has_attn_mask: bool = False
     has_alibi: bool = False
     has_score_mod: bool = False
-    other_features: tuple[str, ...] = ()  # further declared cuDNN features (block_mask, paged_attention, ...)
+    # cuDNN's block_mask: uint8 (B, H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8)), bit j of byte [b, h, i, k] lets
+    # query tile i (128 rows) see key tile 8k + j (128 keys); a cleared bit masks that tile pair
+    has_block_mask: bool = False
+    other_features: tuple[str, ...] = ()  # further declared cuDNN features (rng_dump, paged_attention, ...)
     ragged: Optional[RaggedFacts] = None  # declared in cuDNN's ragged-offset form (else frost's packed form)
     tensors: tuple[TensorFacts, ...] = ()
 
@@ -129,7 +132,7 @@ class SdpaFacts(BaseModel):
                            (self.has_dropout, "dropout"), (self.has_bias, "bias"), (self.has_dbias, "dbias"),
                            (self.has_attn_mask, "attn_mask"), (self.has_alibi, "alibi"),
                            (self.has_score_mod, "score_mod"), (self.has_score_max, "score_max"),
-                           (self.has_score_sum_exp, "score_sum_exp")):
+                           (self.has_score_sum_exp, "score_sum_exp"), (self.has_block_mask, "block_mask")):
             if flag:
                 f.add(name)
         f.update(self.other_features)

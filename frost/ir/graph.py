@@ -220,6 +220,10 @@ class OpGraph:
         `dBias` (declared like `bias`, which it needs) receives the gradient of the additive bias.
         """
         name = name or "sdpa_backward"
+        if frost_kw.get("block_mask") is not None:
+            raise GraphError(f"sdpa_backward {name!r}: block_mask is a forward keyword; cuDNN's sdpa_backward has "
+                             f"no block mask")
+        frost_kw.pop("block_mask", None)
         self._one_node()
         self._check_owned(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dSink_token=dSink_token, dBias=dBias)
         for role, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dO", dO), ("stats", stats)):

@@ -217,6 +217,8 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         raise GraphError(f"sdpa {a.name!r}: attn_scale must be finite, got {a.attn_scale}")
     if a.bias is not None:
         _check_bias(a.bias, "bias", batch, hq, sq, skv, q)
+    if a.block_mask is not None:
+        _check_block_mask(a.block_mask, batch, hq, sq, skv)
     probability = _check_dropout(a)
     left, right, bottom_right = resolve_band(a)
     if a.use_alibi_mask and right != 0:
@@ -228,7 +230,7 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
                 has_sinks=a.sink_token is not None,
                 attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
                 has_dropout=a.dropout is not None, dropout_probability=probability,
-                has_bias=a.bias is not None, has_attn_mask=a.attn_mask is not None,
+                has_bias=a.bias is not None, has_block_mask=a.block_mask is not None, has_attn_mask=a.attn_mask is not None,
                 has_alibi=bool(a.use_alibi_mask), has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
                 other_features=_other_features(a))
     return geom, mask
@@ -253,7 +255,7 @@ def _check_paged(a: SdpaAttrs, ragged: bool) -> None:
 
 def _other_features(a: SdpaAttrs) -> tuple:
     """Declared cuDNN features beyond the named flags, as feature names (engines decline what they lack)."""
-    f = [name for name, on in (("block_mask", a.block_mask is not None), ("rng_dump", a.rng_dump is not None),
+    f = [name for name, on in (("rng_dump", a.rng_dump is not None),
                                ("paged_attention", a.paged_attention_k_table is not None),
                                ("unfuse_fma", a.unfuse_fma)) if on]
     if a.implementation != "AUTO":
@@ -354,6 +356,30 @@ def _check_bias(t: Tensor, role: str, batch: int, hq: int, sq: int, skv: int, q:
         raise GraphError(f"{_who(t, role)}: data_type must be q's {q.data_type.short}, got {t.data_type.short}")
 
 
+#: the query rows and keys of one block_mask tile; each byte holds the bits of this many key tiles
+BLOCK_MASK_TILE = 128
+BLOCK_MASK_BITS = 8
+
+
+def block_mask_dims(batch: int, hq: int, sq: int, skv: int) -> tuple:
+    """cuDNN's block_mask dims: (B, H_q, ceil(S_q / 128), ceil(ceil(S_kv / 128) / 8))."""
+    key_tiles = -(-skv // BLOCK_MASK_TILE)
+    return batch, hq, -(-sq // BLOCK_MASK_TILE), -(-key_tiles // BLOCK_MASK_BITS)
+
+
+def _check_block_mask(t: Tensor, batch: int, hq: int, sq: int, skv: int) -> None:
+    """cuDNN's block_mask: uint8, one bit per (128-row query tile, 128-key tile), 8 key tiles a byte (LSB first),
+    dims (B, H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8)), any declared strides. Packed THD graphs index it with
+    sequence-local tiles, S_q and S_kv being max_seq_len_q / max_seq_len_kv."""
+    t.require_declared()
+    want = block_mask_dims(batch, hq, sq, skv)
+    if tuple(t.dim) != want:
+        raise GraphError(f"{_who(t, 'block_mask')}: expected dim {want} (B, H_q, ceil(S_q/128), "
+                         f"ceil(ceil(S_kv/128)/8) with S_q={sq}, S_kv={skv}: one bit per 128x128 tile), "
+                         f"got {tuple(t.dim)}")
+    _expect_dtype(t, "block_mask", (DataType.UINT8,))
+
+
 def _check_dropout(a: SdpaAttrs) -> float:
     """dropout=(probability, seed, offset): a float in [0, 1) and two one-element int32/int64 tensors."""
     if a.dropout is None:
@@ -384,7 +410,7 @@ def _extra_tensors(node) -> dict:
     a = node.attrs
     seed, offset = dropout_tensors(a.dropout)
     named = {"seq_len_q": a.seq_len_q, "seq_len_kv": a.seq_len_kv, "sink_token": a.sink_token, "bias": a.bias,
-             "dropout_seed": seed, "dropout_offset": offset}
+             "block_mask": a.block_mask, "dropout_seed": seed, "dropout_offset": offset}
     if node.kind == "sdpa_bwd":
         named.update(dSink_token=node.dSink_token, dBias=node.dBias)
     return {r: t for r, t in named.items() if t is not None}

@@ -19,6 +19,8 @@ KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_ri
 #: K and V with different head counts (each dividing the query heads), and the forward's row max / sum-of-exp
 #: outputs: the forwards that index K's and V's heads apart and write the two halves of Stats
 FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_max", "score_sum_exp"})
+#: cuDNN's block_mask (forward only: cuDNN's backward has none): the mma.sync forward tests its bits per key tile
+BLOCK_MASK_FEATURES = frozenset({"block_mask"})
 #: the mma.sync backward serves K and V heads apart when one count divides the other (its CTA owns a head of the
 #: coarser tensor and writes the finer one's tile at the end of each of its groups)
 MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads"})
@@ -99,12 +101,12 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                                    "pdl": (False, True)})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
@@ -113,11 +115,12 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                pending_bwd="the SM100 (tcgen05 + TMEM) kernels are not written yet")
     + [CapabilityRow(name=f"Sdpa{d.capitalize()}Cudnn", adapter=f"frost.adapters.cudnn:Sdpa{d.capitalize()}Cudnn",
                      direction=d, cc_min=(8, 0), cc_max=(12, 9), priority=CUDNN_PRIORITY, dtypes=("bf16", "fp16"),
-                     head_dims=None, features=CUDNN_FEATURES | ({"deterministic", "dbias"} if d == "bwd" else set()))
+                     head_dims=None,
+                     features=CUDNN_FEATURES | ({"deterministic", "dbias"} if d == "bwd" else BLOCK_MASK_FEATURES))
        for d in ("fwd", "bwd")]
     + [CapabilityRow(name="SdpaFwdReference", adapter="frost.adapters.reference:SdpaFwdReference",
                      direction="fwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
-                     dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=REFERENCE_FEATURES,
+                     dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=REFERENCE_FEATURES | BLOCK_MASK_FEATURES,
                      vector_bytes=1, explicit_only_on_gpu=True, serves_cpu=True),
        CapabilityRow(name="SdpaBwdReference", adapter="frost.adapters.reference:SdpaBwdReference",
                      direction="bwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,

@@ -480,3 +480,26 @@ SM90_FWD_SCORE_MOD_COVER = [
         _sm90(d=256, has_bias=True, bias_per_head=True, has_window_right=True, has_score_max=True),
     ],
 ]
+
+# cuDNN's block_mask in the mma.sync forward: one bit per tile (tiles inside 128x128 blocks, dense, packed and in
+# cuDNN's ragged-offset form, with the band, sinks, a bias and padding), and bit by bit where a tile straddles
+# blocks (tile_n 96)
+SM80_FWD_BLOCK_MASK_COVER = {
+    "sm_80": [
+        _mma_fwd(d=128, has_block_mask=True, has_lse=True),
+        _mma_fwd(dtype="fp16", d=64, hq=8, hk=2, is_thd=True, has_block_mask=True, has_window_right=True,
+                 has_lse=True),
+        _mma_fwd(d=128, hq=8, hk=2, has_block_mask=True, has_window_right=True, has_lse=True, **ragged(8, 2)),
+    ],
+    "sm_90a": [
+        _mma_fwd(d=128, has_block_mask=True, has_seqused=True, has_sinks=True, has_window_right=True,
+                 bottom_right=True, has_lse=True, has_score_max=True),
+        _mma_fwd(d=64, hq=4, hk=1, has_block_mask=True, has_bias=True, bias_per_head=True, has_window_left=True,
+                 has_lse=True),
+        _mma_fwd(d=64, has_block_mask=True, has_window_right=True, has_lse=True,
+                 knobs=dict(tile_n=96, num_stages=1)),
+    ],
+    "sm_120a": [
+        _mma_fwd(family="sm120", d=128, is_thd=True, has_block_mask=True, has_lse=True),
+    ],
+}

@@ -159,7 +159,6 @@ def _side(g, dim=(2, 4, 32, 64), dtype=frost.data_type.INT32):
 
 
 DECLINED = {
-    "block_mask": (lambda g: {"block_mask": _side(g, (2, 4, 1, 1), frost.data_type.UINT8)}, "block_mask"),
     "rng_dump": (lambda g: {"rng_dump": _side(g, (2, 4, 32, 32), frost.data_type.FLOAT)}, "rng_dump"),
     "paged": (lambda g: {"paged_attention_k_table": _side(g, (2, 1, 4, 1)),
                          "paged_attention_v_table": _side(g, (2, 1, 4, 1)), "paged_attention_max_seq_len_kv": 32,

@@ -8,6 +8,9 @@ For query row i and key column j, local to their sequences:
 Causal is window_right = 0. `window_left` / `window_right` are runtime Int32
 values or None (compiled out).
 
+cuDNN's block_mask (`block_mask_visible`, `apply_block_mask`) adds one bit per
+(128-row query tile, 128-key tile), sequence-local; a cleared bit masks the pair.
+
 Three pieces per kernel: which key tiles an m-tile must visit at all
 (`n_block_range`), which of those need no per-element mask
 (`n_block_unmasked_range`, `tile_needs_mask`), and the per-element mask of a
@@ -209,3 +212,47 @@ def apply_mask_keys_by_rows(
                 acc_mn[r, c] = -Float32.inf if (cc < lo or cc > hi) else acc_mn[r, c]
             else:
                 acc_mn[r, c] = -Float32.inf if cc < lo else acc_mn[r, c]
+
+
+#: query rows and keys of one tile of cuDNN's block_mask; key tiles per byte (bit j, LSB first: key tile 8 k + j)
+BLOCK_MASK_TILE = 128
+BLOCK_MASK_BITS = 8
+
+
+@cute.jit
+def block_mask_visible(mBM: cute.Tensor, q_tile: Int32, k_tile: Int32):
+    """cuDNN's block_mask bit of (query tile, key tile), each of 128 sequence-local positions: whether those
+    queries may see those keys. `mBM`: one (batch entry, head)'s (q tiles, key-tile bytes) uint8 view."""
+    byte = Int32(mBM[q_tile, k_tile // BLOCK_MASK_BITS])
+    return ((byte >> (k_tile % BLOCK_MASK_BITS)) & 1) != 0
+
+
+@cute.jit
+def apply_block_mask(
+    acc_mn: cute.Tensor,
+    tScS_mn: cute.Tensor,
+    t0ScS_mn: cute.Tensor,
+    mBM: cute.Tensor,
+    row_base: Int32,
+    col_base: Int32,
+    rows_per_query: cutlass.Constexpr[int] = 1,
+):
+    """Set the scores of a (rows, cols) view whose block_mask bit is clear to -inf, element by element (for
+    tiles that straddle 128-position blocks; a tile inside one block takes its one bit, `block_mask_visible`).
+
+    Coordinates as in `apply_mask` (sequence-local row_base / col_base, thread 0's constant columns plus a
+    uniform offset). Rows and columns past the block mask's extent (never written, or masked by the key
+    length) read its last row / byte.
+    """
+    q_last = mBM.shape[0] - 1
+    byte_last = mBM.shape[1] - 1
+    thr_col = col_base + tScS_mn[0][1]
+    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        i = row_base + tScS_mn[r, 0][0]
+        if cutlass.const_expr(rows_per_query > 1):
+            i = i // rows_per_query
+        q_tile = cutlass.min(i // BLOCK_MASK_TILE, q_last)
+        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+            k_tile = (thr_col + t0ScS_mn[0, c][1]) // BLOCK_MASK_TILE
+            k_tile = cutlass.min(k_tile, byte_last * BLOCK_MASK_BITS + BLOCK_MASK_BITS - 1)
+            acc_mn[r, c] = acc_mn[r, c] if block_mask_visible(mBM, q_tile, k_tile) else -Float32.inf

@@ -161,6 +161,10 @@ class FakeArgs:
             return self.compact(Float32, (hq,), align=4)
         if name == "bias":
             return self._bias(p.bias_per_batch, p.bias_per_head, unit_key=not p.bias_key_strided)
+        if name == "block_mask":  # uint8 (B, Hq, q tiles, key-tile bytes), any declared strides
+            return cute.runtime.make_fake_tensor(
+                cutlass.Uint8, (self.batch, p.num_heads_q, cute.sym_int(), cute.sym_int()),
+                tuple(cute.sym_int64() for _ in range(4)), assumed_align=1)
         if name == "dbias":  # the main kernel's (the bias's dims) or, from its accumulator, the dQ convert's
             if getattr(p, "dbias_accum", False):
                 return self._bias(p.dbias_accum_per_batch, p.dbias_accum_per_head)

@@ -46,7 +46,7 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
     flags = [name for on, name in (
         (p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-        (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_lse, "lse"), (p.has_score_max, "smax"),
+        (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_block_mask, "bmask"), (p.has_lse, "lse"), (p.has_score_max, "smax"),
         (p.has_score_sum_exp, "ssum"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
     ) if on] + ragged_tags(p)
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
@@ -80,6 +80,8 @@ class SdpaFwdSm80:
         self.cols_v = p.head_dim_v if self.dv != p.head_dim_v else 0
         # S = Q.K^T stops at the last 16-wide k-slice holding a head-dim column (0: every slice)
         self.k_slices_qk = -(-p.head_dim // 16) if self.cols_qk else 0
+        # every (m-tile, key tile) lies inside one 128x128 block of the block mask: one bit per tile
+        self.block_mask_tiles = 128 % p.tile_m == 0 and 128 % p.tile_n == 0
 
     # ------------------------------------------------------------------ host
     def _smem_layout(self, rows: int, d: int, stages: int | None):
@@ -140,7 +142,7 @@ class SdpaFwdSm80:
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
             g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("bias"),
-            scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
+            g("block_mask"), scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
             grid=grid,
@@ -167,6 +169,7 @@ class SdpaFwdSm80:
         mSinks,
         mLseOff,
         mBias,
+        mBlockMask,
         softmax_scale,
         scale_log2: Float32,
         window_left,
@@ -185,12 +188,12 @@ class SdpaFwdSm80:
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
             self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff,
-                     mBias, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout,
-                     sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
+                     mBias, mBlockMask, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
+                     sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
 
     @cute.jit
-    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, mBias, softmax_scale,
-            scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V,
+    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, mBias, mBlockMask,
+            softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V,
             copy_O, tiled_mma, SharedStorage: cutlass.Constexpr, bx, head, batch):
         """Pick this CTA's m-tile of its (head, batch entry) and run it."""
         p = self.p
@@ -211,12 +214,12 @@ class SdpaFwdSm80:
         else:
             m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, softmax_scale, scale_log2, window_left,
+            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
                       window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
                       SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse)
 
     @cute.jit
-    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, softmax_scale, scale_log2, window_left,
+    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
              window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
              SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
              static_sq, off_lse):
@@ -313,6 +316,8 @@ class SdpaFwdSm80:
             m_block=m_block, n_min=n_min, n_max=n_max, seqlen_k=seqlen_k, offset=offset,
             window_left=window_left, window_right=window_right, mods=mods,
         )
+        if const_expr(p.has_block_mask):  # this (batch entry, head)'s (q tiles, key-tile bytes) bits
+            ctx.block_mask = mBlockMask[batch, head, None, None]
 
         # ---- prologue: cp.async groups [Q + K(b0)], then [V(b_s-1)], [K(b_s)] for s < S
         q_rows = seqlen_q - m_block * p.tile_m  # rows of this tile inside the sequence
@@ -459,12 +464,21 @@ class SdpaFwdSm80:
                                self.cols_v)
         cute.arch.cp_async_commit_group()
 
-        acc_S = cute.make_rmem_tensor(c.thr_mma.partition_shape_C((p.tile_m, p.tile_n)), Float32)
-        acc_S.fill(0.0)
-        warp_mma.gemm_ss(c.tiled_mma, acc_S, c.tSrQ, c.tSrK, c.tSsQ, c.tSsK[None, None, None, stage],
-                         c.smem_copy_Q, c.smem_copy_K, c.thr_copy_Q, c.thr_copy_K, self.k_slices_qk)
+        if const_expr(p.has_block_mask and self.block_mask_tiles):
+            # the tile lies in one 128x128 block: with its bit clear it adds nothing (its loads keep their order)
+            if mask.block_mask_visible(c.block_mask, c.m_block * p.tile_m // mask.BLOCK_MASK_TILE,
+                                       n_block * p.tile_n // mask.BLOCK_MASK_TILE):
+                self.scores(c, n_block, stage, masked)
+            else:
+                self.next_k(c, n_block, stage)
+        else:
+            self.scores(c, n_block, stage, masked)
 
-        # V(n_block) has landed and every thread is done reading K from `stage`
+    @cute.jit
+    def next_k(self, c: SimpleNamespace, n_block, stage):
+        """Once V(n_block) has landed and every thread is done reading K from `stage`: K(n_block - S) into it."""
+        p = self.p
+        S = p.num_stages
         cute.arch.cp_async_wait_group(2 * S - 2)
         cute.arch.barrier()
         n_k = n_block - S
@@ -473,6 +487,22 @@ class SdpaFwdSm80:
                            self.cols_qk)
         cute.arch.cp_async_commit_group()
 
+    @cute.jit
+    def scores(self, c: SimpleNamespace, n_block, stage, masked: cutlass.Constexpr):
+        """A visible key tile once K(n_block) is in `stage`: S = Q.K^T, the next K load, then the rest (`attend`)."""
+        p = self.p
+        acc_S = cute.make_rmem_tensor(c.thr_mma.partition_shape_C((p.tile_m, p.tile_n)), Float32)
+        acc_S.fill(0.0)
+        warp_mma.gemm_ss(c.tiled_mma, acc_S, c.tSrQ, c.tSrK, c.tSsQ, c.tSsK[None, None, None, stage],
+                         c.smem_copy_Q, c.smem_copy_K, c.thr_copy_Q, c.thr_copy_K, self.k_slices_qk)
+        # V(n_block) has landed and every thread is done reading K from `stage`
+        self.next_k(c, n_block, stage)
+        self.attend(c, acc_S, n_block, stage, masked)
+
+    @cute.jit
+    def attend(self, c: SimpleNamespace, acc_S, n_block, stage, masked: cutlass.Constexpr):
+        """The rest of a step once S = Q.K^T is in `acc_S`: score modifiers, mask, online softmax, O += P.V."""
+        p = self.p
         acc_S_mn = acc_layout.acc_as_mn(acc_S)
         if const_expr(p.has_score_mods):
             tBgB = None
@@ -485,9 +515,14 @@ class SdpaFwdSm80:
         if const_expr(masked):
             mask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.m_block * p.tile_m, n_block * p.tile_n,
                             c.seqlen_k, c.offset, c.window_left, c.window_right, True)
-        # a bias may hold -inf: every tile then checks for rows with no finite score yet
+        element_bits = p.has_block_mask and not self.block_mask_tiles
+        if const_expr(element_bits):  # tiles straddle 128x128 blocks: bit by bit
+            mask.apply_block_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.block_mask, c.m_block * p.tile_m,
+                                  n_block * p.tile_n)
+        # a bias may hold -inf (and a block mask clear a row's part of a tile): every tile then checks for rows
+        # with no finite score yet
         softmax.online_softmax(acc_S_mn, c.row_max, c.row_sum, c.row_scale, c.scale_log2,
-                               check_inf=masked or p.has_bias)
+                               check_inf=masked or p.has_bias or element_bits)
         softmax.rescale_rows(acc_layout.acc_as_mn(c.acc_O), c.row_scale)
 
         rP = cute.make_fragment_like(acc_S, self.dtype)

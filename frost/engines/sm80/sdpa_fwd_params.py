@@ -75,6 +75,7 @@ class Sm80FwdParams(TileHeadDims, SdpaFeatureParams):
     has_lse: bool = False
     has_score_max: bool = False  # write the row max of the scaled scores (cuDNN's score_max)
     has_score_sum_exp: bool = False  # write the row sum of exp(score - max) (cuDNN's score_sum_exp)
+    has_block_mask: bool = False  # cuDNN's block_mask: one bit per (128 queries, 128 keys) tile pair
     # knobs
     tile_m: int = 128
     tile_n: int = 64
