@@ -52,17 +52,19 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
 
 def test_validator_declines_what_the_template_lacks():
     for flags, word in ((dict(has_dsinks=True), "dsinks needs sinks"),
-                        (dict(tile_m=80, head_dim=64, head_dim_v=64), "head_dim from 104 to 128"),
+                        (dict(tile_m=80, head_dim=64, head_dim_v=64, dq_fragments=False), "head_dim from 104 to 128"),
                         (dict(tile_m=64, head_dim=80, head_dim_v=80, dq_fragments=True), r"pad to tiles of \(96, 80\)"),
-                        (dict(tile_m=128, head_dim=112, head_dim_v=112), r"tiles of \(112, 112\) needs 240"),
+                        (dict(tile_m=128, head_dim=112, head_dim_v=112, dq_fragments=False),
+                         r"tiles of \(112, 112\) needs 240"),
                         (dict(head_dim=100, head_dim_v=100), "d_qk=100 is not a multiple of 8"),
                         (dict(head_dim=264, head_dim_v=264), "d_qk=264 is above 256"),
                         (dict(head_dim=128, head_dim_v=12), "d_v=12 is not a multiple of 8"),
                         (dict(tile_m=128), "registers"),
-                        (dict(tile_n=64), "tile_m=64"), (dict(tile_n=32, tile_m=64), "tile_n"),
+                        (dict(tile_n=64, tile_m=80, dq_fragments=False), "tile_m=64"),
+                        (dict(tile_n=32, tile_m=64), "tile_n"),
                         (dict(tile_m=80, dq_fragments=True), "serialize"),
                         (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
-                        (dict(tile_m=80, dq_red=True), "transposes"),
+                        (dict(tile_m=80, dq_red=True, dq_fragments=False), "transposes"),
                         (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),
                         (dict(tile_m=64, dq_fragments=True, is_thd=True), "THD")):
         with pytest.raises(TemplateParamsError, match=word):
@@ -112,7 +114,9 @@ def test_fragment_order_is_a_bijection_of_the_tile(tile_m, d):
 def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
-    assert default_knobs(128, 128) == dict(tile_m=80, tile_n=128, num_stages=2, dq_fragments=False, rows_warp=False)
+    assert default_knobs(128, 128) == dict(tile_m=64, tile_n=128, num_stages=2, dq_fragments=True, rows_warp=True)
+    assert default_knobs(128, 128, packed=True) == dict(tile_m=80, tile_n=128, num_stages=2, dq_fragments=False,
+                                                        rows_warp=False)
     assert default_knobs(128, 128, banded=True)["rows_warp"] and not default_knobs(64, 64)["rows_warp"]
     assert default_knobs(128, 128, banded=True)["tile_m"] == 64 and default_knobs(128, 128, banded=True)["dq_fragments"]
     assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]
@@ -166,7 +170,7 @@ def test_helpers_take_a_padded_accumulator_as_its_own_extent(kw):
     ((112, 112), dict(banded=True), dict(tile_m=64), (128, 112)), ((72, 40), {}, dict(tile_m=64), (96, 48)),
     ((40, 40), {}, dict(tile_m=128), (48, 48)), ((8, 8), {}, dict(tile_m=128), (16, 16)),
     ((8, 8), dict(packed=True), dict(tile_m=64), (32, 16)),
-    ((128, 64), {}, dict(tile_m=80), (128, 64)), ((64, 128), {}, dict(tile_m=64), (64, 128)),
+    ((128, 64), {}, dict(tile_m=64), (128, 64)), ((64, 128), {}, dict(tile_m=64), (64, 128)),
     ((192, 64), {}, dict(tile_n=64, num_stages=2), (192, 64)),
     ((160, 160), {}, dict(tile_n=64, num_stages=2), (160, 160)),
     ((200, 200), {}, dict(tile_n=64, num_stages=1), (224, 224)),

@@ -185,10 +185,10 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
 
     Measured on the H200 (bf16, 16k tokens; benchmarks/results/2026-12-01-h200-run7 and -run8): d=64 takes
     128 query rows per step (1.12-1.20x faster than 64), d=96 64 rows; both store dQ in fragment order
-    (`dq_fragments`: 1.00-1.05x). d=128 takes 80 rows without a right bound (dQ^T = K^T dS^T, 1.02-1.06x
-    faster than 64 rows, which needs row stores: fragment stores make ptxas serialize its wgmmas) and 64
-    rows in fragment order under one (0.99-1.06x the 80-row kernel), its LSE / dpsum rows staged by the rows
-    warp. Above d=128 the warpgroups share 64 keys
+    (`dq_fragments`: 1.00-1.05x). d=128 takes 64 rows in fragment order, its LSE / dpsum rows staged by the
+    rows warp: under a band 0.99-1.06x the 80-row kernel (run 9), without one 1.02x (run 10: 0.934 / 0.969x
+    FlashAttention-4 at 16k / 4k against 0.916 / 0.951x); packed batches (row stores only) take 80 rows
+    without a band (dQ^T = K^T dS^T: fragment stores of that tile make ptxas serialize its wgmmas). Above d=128 the warpgroups share 64 keys
     (`tile_n=64`): d=192x128 with two Q / dO stages and fragment tiles (0.81-0.85x FlashAttention-4 at 16k
     tokens; one stage 0.76-0.80x, register adds 0.46-0.53x), d=256 with one stage and fragment tiles
     (1.19-1.22x FA4; row tiles 1.13-1.15x; two stages with register adds 0.75-0.81x: the adds cost more than
@@ -206,9 +206,11 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
             k["num_stages"] = 1
     else:  # tiles up to 64 wide take 128 rows, up to 96 64 rows, up to 128 as d=128 (80 rows need d_qk > 96);
         # packed tiles of 16 columns 64 rows (with 128 their row stores spill)
+        # d_qk=128 takes 64 rows (fragment dQ, rows warp) band or not; d_qk in (96, 128) (padded: row dQ) and
+        # packed batches take 80 without a band
         wide_qk = 96 < head_dim <= 128
         tile_m = (128 if widest <= 64 and not (packed and widest <= WGMMA_K) else
-                  80 if widest > 96 and wide_qk and (packed or not banded) else 64)
+                  80 if widest > 96 and wide_qk and (packed or (not banded and head_dim != 128)) else 64)
         k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
     k.setdefault("dq_fragments", not packed and not k.get("dq_red") and k["tile_m"] % 64 == 0
                  and not _probe(head_dim, dv, k).padded)
