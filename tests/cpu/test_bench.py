@@ -605,3 +605,52 @@ def test_runner_times_frost_cudnn_beside_the_cudnn_peer(monkeypatch, tmp_path):
     text = report.render_report(rows)
     assert "cudnn/cuDNN" in text and "fwd host time per call: frost:cudnn" in text
     assert any(line.startswith("bwd: ") and "within 3%" in line for line in text.splitlines())
+
+
+@pytest.mark.parametrize("peer_wrong", [True, False])
+def test_a_lone_peer_that_frost_disagrees_with_meets_the_float32_math(peer_wrong):
+    """With one peer, frost failing its check asks the float32 math: a wrong peer is noted and frost is checked
+    against the math instead; a right peer leaves frost's failure standing."""
+    import torch
+
+    from frost.bench import frost_runner
+    from frost.bench.impl import Implementation
+    from frost.bench.runner import Progress, Runner, RunOptions
+    from frost.bench.timing import TimingOptions
+
+    real_prepare = frost_runner.FrostEngine.prepare
+
+    def skewed(prep):
+        outputs = prep.outputs
+
+        def wrong(i):
+            return tuple(t * 1.5 for t in outputs(i))
+        prep.outputs = wrong
+        return prep
+
+    class Peer(Implementation):
+        key, label = "fa4", "FA4 (stand-in)"
+
+        def prepare(self, inputs):
+            prep = real_prepare(frost_runner.FrostEngine("SdpaFwdReference"), inputs)
+            return skewed(prep) if peer_wrong else prep
+
+    def frost_prepare(self, inputs):
+        prep = real_prepare(self, inputs)
+        return prep if peer_wrong else skewed(prep)
+
+    import unittest.mock as mock
+    with mock.patch.object(frost_runner, "list_engines", lambda w: ["SdpaFwdReference"]), \
+            mock.patch.object(frost_runner.FrostEngine, "prepare", frost_prepare):
+        w = Workload("fwd", "bf16", 64, 64, 2, 2, False, batch=1, seqlen_q=32, seqlen_kv=32)
+        opts = RunOptions(impls=["fa4", "frost"], timing=TimingOptions(warmup=1, reps=2, mode="loop"), device="cpu")
+        [row] = Runner(opts, [Peer()], Progress(0, enabled=False)).run([w])
+    fm, pm = row.measurements["frost:reference"], row.measurements["fa4"]
+    assert torch.isfinite(torch.tensor(fm.rel_err))
+    if peer_wrong:
+        assert fm.status == OK and fm.rel_err < 1e-2, fm
+        assert "checked against fp32-math: fa4, the only peer, disagrees" in fm.note
+        assert "disagrees with the fp32 math" in pm.note and row.reference == "fp32-math (fa4 disputed)"
+    else:
+        assert fm.status == CHECK_FAILED and "vs fa4" in fm.reason, fm
+        assert "disagrees" not in (pm.note or "") and row.reference == "fa4"
