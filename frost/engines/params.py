@@ -12,6 +12,11 @@ from pydantic import BaseModel, ConfigDict
 from frost.errors import TemplateParamsError
 
 
+def round_up(d: int, granule: int) -> int:
+    """`d` rounded up to a whole number of `granule`s (a kernel tile's head-dim extent)."""
+    return -(-d // granule) * granule
+
+
 class HeadDimSpan(BaseModel):
     """Every head dim that is a multiple of `multiple`, from `multiple` up to `maximum` (d_v up to `maximum_v`
     where it differs): d_qk and d_v each, independently (cuDNN's rule for its SDPA head dims). The templates

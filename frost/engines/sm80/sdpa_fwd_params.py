@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_sdpa_features
+from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_sdpa_features, round_up
 from frost.errors import TemplateParamsError
 
 #: Head dims the mma.sync templates (forward and backward) implement: d_qk and d_v each a multiple of 8
@@ -30,7 +30,7 @@ HEAD_DIM_GRANULE = 32
 
 def tile_dim(d: int) -> int:
     """The head-dim extent of a kernel's tiles for head dim `d`: `d` rounded up to a whole granule."""
-    return -(-d // HEAD_DIM_GRANULE) * HEAD_DIM_GRANULE
+    return round_up(d, HEAD_DIM_GRANULE)
 
 
 def tuned_head_dims(head_dim: int, head_dim_v: int) -> tuple[int, int]:

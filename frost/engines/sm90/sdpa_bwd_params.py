@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import HeadDimSpan, SdpaBwdFeatureParams, check_no_score_mods, check_sdpa_features
+from frost.engines.params import HeadDimSpan, SdpaBwdFeatureParams, check_no_score_mods, check_sdpa_features, round_up
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
+from frost.engines.sm90.sdpa_fwd_params import HEAD_DIM_GRANULE as WGMMA_K  # one wgmma K step, as the forward's
 from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
 from frost.errors import TemplateParamsError
 
@@ -21,8 +22,6 @@ from frost.errors import TemplateParamsError
 #: a head dim rounded up (`tile_head_dim`): TMA loads zero-fill the columns past it, TMA stores and reduce-adds
 #: clip them, and the other stores and adds skip them, so the declared tensors are read and written as they are.
 HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
-#: head-dim columns of one wgmma K step (bf16 / fp16)
-WGMMA_K = 16
 #: key rows of one wgmma M tile: with tile_n = 128 each MMA warpgroup owns 64 keys; with tile_n = 64 both share them
 KEYS_PER_WG = 64
 
@@ -52,13 +51,13 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
         where dQ^T puts it on the M axis of two 64-row warpgroups (tile_m = 80)."""
         if self.dq_swap:
             return 2 * 64
-        return _round_up(self.head_dim, WGMMA_K * (1 if self.dq_split_m else 2))
+        return round_up(self.head_dim, WGMMA_K * (1 if self.dq_split_m else 2))
 
     @property
     def tile_head_dim_v(self) -> int:
         """The V / dO (and dV) tiles' head-dim extent: head_dim_v rounded up to a wgmma K step, to two where the
         warpgroups split dV's columns (shared keys)."""
-        return _round_up(self.head_dim_v, WGMMA_K * (2 if self.kv_shared else 1))
+        return round_up(self.head_dim_v, WGMMA_K * (2 if self.kv_shared else 1))
 
     @property
     def padded(self) -> bool:
@@ -102,10 +101,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     def dq_split_m(self) -> bool:
         """The dQ GEMM splits query rows over the warpgroups (tile_m = 128), else head-dim columns."""
         return self.tile_m == 128
-
-
-def _round_up(d: int, granule: int) -> int:
-    return -(-d // granule) * granule
 
 
 def smem_bytes(p: Sm90BwdParams) -> int:
@@ -199,7 +194,7 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     as rows (`dq_fragments` needs whole tiles).
     """
     dv = head_dim_v or head_dim
-    widest = max(_round_up(head_dim, WGMMA_K), _round_up(dv, WGMMA_K))
+    widest = max(round_up(head_dim, WGMMA_K), round_up(dv, WGMMA_K))
     if widest > 128:  # shared keys; two Q / dO stages where they fit beside the dQ tile (d=256: one)
         k = {**dict(tile_m=64, tile_n=64, num_stages=2, dq_red=False), **requested}
         if "num_stages" not in requested and smem_bytes(_probe(head_dim, dv, k)) > SMEM_BUDGET_BYTES:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_sdpa_features
+from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_sdpa_features, round_up
 from frost.errors import TemplateParamsError
 
 #: Head dims the template implements: d_qk and d_v each a multiple of 8, independently, d_qk up to 512 and
@@ -25,7 +25,7 @@ SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
 
 def tile_dim(d: int) -> int:
     """The head-dim extent of the tiles for head dim `d`: `d` rounded up to a whole granule."""
-    return -(-d // HEAD_DIM_GRANULE) * HEAD_DIM_GRANULE
+    return round_up(d, HEAD_DIM_GRANULE)
 
 
 class Sm90FwdParams(SdpaFeatureParams):
