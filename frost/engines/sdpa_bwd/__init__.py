@@ -16,7 +16,8 @@ a backward provides to join the chain:
 - a params class (a frozen `SdpaFeatureParams` subclass, the `BwdChainParams` protocol of
   `chain.py`): the feature flags, `family` (how its kernel names begin), `deterministic`,
   `has_dsinks`, `dbias_accum` (with `dbias_accum_per_batch` / `_per_head`: a dBias the main kernel adds
-  into an fp32 accumulator), `tile_m` (query rows per semaphore), and the dQ accumulator layout:
+  into an fp32 accumulator), `tile_m` (query rows per semaphore), `pdl` (its main kernel waits for the
+  preprocess itself, so the chain launches as programmatic dependents), and the dQ accumulator layout:
   `dq_accum_blocked` (8x8 blocks, dense only, or plain rows), `dq_accum_tile` (m > 0: dense tiles
   of m rows in the SM90 wgmma fragment order, `accum.fragment_coord`; rows padded to whole tiles) and
   `dq_splits` (0: one accumulator; n >= 1: n copies stacked along its batch mode, each written by one

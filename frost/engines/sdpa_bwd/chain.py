@@ -30,6 +30,7 @@ class BwdChainParams(Protocol):
     dbias_accum: bool  # dBias through the fp32 accumulator: zeroed by the preprocess, written by the dQ convert
     dbias_accum_per_batch: bool  # that accumulator's batch / head modes are full (else of extent 1)
     dbias_accum_per_head: bool
+    pdl: bool  # the main kernel waits for the preprocess itself: the chain launches as programmatic dependents
 
 
 class BwdHelperParams(SdpaFeatureParams):
@@ -74,13 +75,7 @@ def stage_params(p, stage: str):
     fields = HELPER_FIELDS.get(stage)
     if fields is None:
         return p
-    return BwdHelperParams(**{f: getattr(p, f) for f in fields if f != "pdl"}, pdl=chain_pdl(p))
-
-
-def chain_pdl(p) -> bool:
-    """Does the chain launch with programmatic dependent launch? Main kernels that wait for the preprocess
-    themselves say so with a `pdl` knob (the SM90 backward); the others run strictly after it."""
-    return bool(getattr(p, "pdl", False))
+    return BwdHelperParams(**{f: getattr(p, f) for f in fields})
 
 
 def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:

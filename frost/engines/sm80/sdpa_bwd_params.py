@@ -101,6 +101,11 @@ class Sm80BwdParams(TileHeadDims, SdpaBwdFeatureParams):
         """The mma.sync chain adds rows (or 8x8 blocks), never wgmma fragment tiles."""
         return 0
 
+    @property
+    def pdl(self) -> bool:
+        """The mma.sync chain's kernels run strictly one after another (no programmatic dependent launch)."""
+        return False
+
 
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
