@@ -364,11 +364,11 @@ class _CudnnAdapter:
         return align_up(getattr(self, "_cudnn_ws", 0)) + getattr(self, "_scratch_bytes", 0)
 
     def _handle_of(self, s: int) -> tuple:
-        """(cuDNN handle, backend handle when this plan launches through the raw-pointer entry, else None) of raw
-        stream `s`, kept by this plan after its first use: which path a stream's executes take is decided here."""
+        """(cuDNN handle, its backend handle or None) of raw stream `s`, kept by this plan after its first use.
+        An execute takes the raw-pointer entry while the plan holds one and the stream has a backend handle."""
         h = handle_for(self._device, s)
         backend = getattr(h, "backend_handle", None)
-        entry = self._handles[s] = (h, backend if self._raw is not None and type(backend) is int else None)
+        entry = self._handles[s] = (h, backend if type(backend) is int else None)
         return entry
 
     def execute(self, bound: dict, workspace, stream) -> None:
