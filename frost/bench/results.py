@@ -36,6 +36,10 @@ class Measurement:
     def timed(self) -> bool:
         return self.status in (OK, CHECK_FAILED) and (self.ms is not None or self.host_us is not None)
 
+    def add_note(self, text: str) -> None:
+        """Append `text` to the note ("; " between notes)."""
+        self.note = f"{self.note}; {text}" if self.note else text
+
 
 @dataclass
 class Row:

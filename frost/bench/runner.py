@@ -157,7 +157,7 @@ class Runner:
                         m.info.update({"min_ms": t.min_ms, "inner": t.inner, "reps": len(t.samples_ms),
                                        "timing": t.mode, "buffer_sets": len(prep.calls)})
                         if t.note:
-                            m.note = (m.note + "; " if m.note else "") + t.note
+                            m.add_note(t.note)
             except Exception as e:
                 return self._failed(impl.key, e, "run", caught), None
             finally:
@@ -203,16 +203,15 @@ class Runner:
             try:
                 self._math = self._math_reference(inputs)
             except Exception as e:
-                m.note = (m.note + "; " if m.note else "") + f"no second opinion: {short_reason(e, 120)}"
+                m.add_note(f"no second opinion: {short_reason(e, 120)}")
                 return False
         err = checks.compare(outs, self._math[1])
         peer_err = checks.compare(ref[1], self._math[1])
         if not (err <= tol) or peer_err <= tol:
             return False
+        m.add_note(f"checked against fp32-math: {ref[0]}, the only peer, disagrees with it (rel err {peer_err:.1e}) "
+                   f"and with frost ({m.rel_err:.1e})")
         m.rel_err = err
-        m.note = (m.note + "; " if m.note else "") + (
-            f"checked against fp32-math: {ref[0]}, the only peer, disagrees with it (rel err {peer_err:.1e}) and with "
-            f"frost ({checks.compare(outs, ref[1]):.1e})")
         self.disputed = (ref[0], peer_err)
         return True
 
@@ -271,7 +270,6 @@ class Runner:
         key, outs, notes = checks.choose_reference(peer_outs, REFERENCE_ORDER, self._tol(w))
         # a lone peer is the reference unconfirmed: where frost disagrees with it, the float32 math decides
         self._sole_peer = key if key is not None and len(peer_outs) == 1 else None
-        self._math, self.disputed = None, None
         for k, note in notes.items():
             row.measurements[k].note = note
         ref = (key, outs) if key is not None else None  # None: frost is checked against the float32 math
@@ -285,10 +283,9 @@ class Runner:
         row.reference = ref[0] if ref else row.reference
         if self.disputed:
             peer, err = self.disputed
-            pm = row.measurements[peer]
-            pm.note = (pm.note + "; " if pm.note else "") + f"disagrees with the fp32 math (rel err {err:.1e})"
+            row.measurements[peer].add_note(f"disagrees with the fp32 math (rel err {err:.1e})")
             row.reference = f"fp32-math ({peer} disputed)"
-        self._math = None
+        self._math, self.disputed = None, None  # per row (and the math's tensors freed)
         del inputs, ref
         if is_cuda(dev):
             torch.cuda.empty_cache()
