@@ -224,12 +224,10 @@ class SdpaFwdSm90:
             section_width = self.tile_heads * num_batch
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
 
-        softmax_scale = None
-        if const_expr(p.has_score_mods):  # the logits arrive scaled (score_mod): the softmax's exp2 factor is log2(e)
-            softmax_scale = Float32(a["softmax_scale"])
-            scale_log2 = Float32(sm.LOG2_E)
-        else:
-            scale_log2 = Float32(a["softmax_scale"]) * Float32(sm.LOG2_E)
+        # with score modifiers the logits arrive scaled (score_mod) and the softmax's exp2 factor is log2(e)
+        scale = Float32(a["softmax_scale"])
+        softmax_scale = scale if const_expr(p.has_score_mods) else None
+        scale_log2 = Float32(sm.LOG2_E) if const_expr(p.has_score_mods) else scale * Float32(sm.LOG2_E)
         wl = Int32(a["window_left"]) if const_expr(p.has_window_left) else None
         wr = Int32(a["window_right"]) if const_expr(p.has_window_right) else None
 
