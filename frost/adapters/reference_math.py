@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from frost.engines.sdpa_args import alibi_slopes
+from frost.engines.sdpa_args import BLOCK_MASK_BITS, BLOCK_MASK_TILE, alibi_slopes
 
 
 def _ranges(num_batches: int, s_q: int, s_kv: int, cu_q, cu_kv, used_q, used_kv):
@@ -73,10 +73,6 @@ def score_mods(hq: int, len_q: int, len_kv: int, *, bias_block=None, alibi: bool
         term = slopes * (j - i).to(dtype)
         out = term if out is None else out + term
     return out
-
-
-#: query rows and keys per block_mask tile, key tiles per byte (cuDNN's block_mask)
-BLOCK_MASK_TILE, BLOCK_MASK_BITS = 128, 8
 
 
 def block_mask_allowed(block_mask, len_q: int, len_kv: int) -> torch.Tensor:

@@ -100,6 +100,9 @@ padding rows of dK / dV get 0; THD tokens past cu_seqlens_kv[B] are not written.
 # roles whose tensors are (B, H, S, D) when dense, (T, H, D) when packed
 IO_ROLES = frozenset(("q", "k", "v", "o", "do", "dq", "dk", "dv"))
 STATS_ROLE = "lse"
+#: cuDNN's block_mask: query rows and keys of one tile, key tiles per byte (the kernels' and the reference math's
+#: reading of it; the graph layer checks the dims with its own copy, frost.ir.validate.block_mask_dims)
+BLOCK_MASK_TILE, BLOCK_MASK_BITS = 128, 8
 #: per-query-row fp32 tensors: lse and its two halves, each (B, H, S, 1) / (T, H, 1) as declared
 STATS_ROLES = frozenset((STATS_ROLE, "score_max", "score_sum_exp"))
 

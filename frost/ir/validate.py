@@ -356,7 +356,8 @@ def _check_bias(t: Tensor, role: str, batch: int, hq: int, sq: int, skv: int, q:
         raise GraphError(f"{_who(t, role)}: data_type must be q's {q.data_type.short}, got {t.data_type.short}")
 
 
-#: the query rows and keys of one block_mask tile; each byte holds the bits of this many key tiles
+#: the query rows and keys of one block_mask tile; each byte holds the bits of this many key tiles (the graph layer
+#: imports nothing below it: frost.engines.sdpa_args states the same for the kernels)
 BLOCK_MASK_TILE = 128
 BLOCK_MASK_BITS = 8
 

@@ -21,6 +21,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from frost.engines.sdpa_args import BLOCK_MASK_BITS, BLOCK_MASK_TILE
+
 
 @cute.jit
 def diag_offset(seqlen_q: Int32, seqlen_k: Int32, bottom_right: cutlass.Constexpr[bool]) -> Int32:
@@ -214,9 +216,6 @@ def apply_mask_keys_by_rows(
                 acc_mn[r, c] = -Float32.inf if cc < lo else acc_mn[r, c]
 
 
-#: query rows and keys of one tile of cuDNN's block_mask; key tiles per byte (bit j, LSB first: key tile 8 k + j)
-BLOCK_MASK_TILE = 128
-BLOCK_MASK_BITS = 8
 
 
 @cute.jit

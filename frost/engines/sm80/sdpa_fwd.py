@@ -35,7 +35,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from frost.engines.common import acc_layout, mask, rows, score_mod, seqlen, softmax
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.params import score_mod_tags
-from frost.engines.sdpa_args import fwd_arg_names, ragged_tags
+from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm80 import warp_mma
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
 
@@ -81,7 +81,7 @@ class SdpaFwdSm80:
         # S = Q.K^T stops at the last 16-wide k-slice holding a head-dim column (0: every slice)
         self.k_slices_qk = -(-p.head_dim // 16) if self.cols_qk else 0
         # every (m-tile, key tile) lies inside one 128x128 block of the block mask: one bit per tile
-        self.block_mask_tiles = 128 % p.tile_m == 0 and 128 % p.tile_n == 0
+        self.block_mask_tiles = BLOCK_MASK_TILE % p.tile_m == 0 and BLOCK_MASK_TILE % p.tile_n == 0
 
     # ------------------------------------------------------------------ host
     def _smem_layout(self, rows: int, d: int, stages: int | None):
@@ -466,8 +466,8 @@ class SdpaFwdSm80:
 
         if const_expr(p.has_block_mask and self.block_mask_tiles):
             # the tile lies in one 128x128 block: with its bit clear it adds nothing (its loads keep their order)
-            if mask.block_mask_visible(c.block_mask, c.m_block * p.tile_m // mask.BLOCK_MASK_TILE,
-                                       n_block * p.tile_n // mask.BLOCK_MASK_TILE):
+            if mask.block_mask_visible(c.block_mask, c.m_block * p.tile_m // BLOCK_MASK_TILE,
+                                       n_block * p.tile_n // BLOCK_MASK_TILE):
                 self.scores(c, n_block, stage, masked)
             else:
                 self.next_k(c, n_block, stage)
