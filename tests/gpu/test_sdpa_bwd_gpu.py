@@ -78,6 +78,13 @@ def make_bwd(case: FwdCase, *, deterministic=False, seed=0, dsink=True, dev="cud
     return g, d, t
 
 
+def _reference(case: FwdCase):
+    """The reference engine's gradients of `case` (the same seeded inputs as `make_bwd(case)`'s)."""
+    rg, rd, rt = make_bwd(case)
+    rg.validate().build_plans(engine="reference")
+    return _run(rg, rd, rt)
+
+
 def _run(g, d, t, stream=None):
     for name in _GRADS + (("dSink_token",) if "dSink_token" in t else ()):
         t[name].fill_(float("nan"))
@@ -93,10 +100,8 @@ def _run(g, d, t, stream=None):
 def test_bwd_matches_reference(engine, case):
     g, d, t = make_bwd(case)
     plan_or_skip(g, engine)
-    rg, rd, rt = make_bwd(case)
-    rg.validate().build_plans(engine="reference")
     got = _run(g, d, t)
-    want = _run(rg, rd, rt)
+    want = _reference(case)
     if case.layout == "wide":
         for name in _GRADS:
             assert torch.isnan(extra_cols(t[name])).all(), f"{name} written past its head dim"
@@ -131,10 +136,8 @@ SCALE_CASES = [
 def test_bwd_padded_head_dims_at_scale_match_the_reference(case):
     g, d, t = make_bwd(case)
     plan_or_skip(g, "sm90")
-    rg, rd, rt = make_bwd(case)
-    rg.validate().build_plans(engine="reference")
     got = _run(g, d, t)
-    want = _run(rg, rd, rt)
+    want = _reference(case)
     errs = {name: rel_err(x, want[name]) for name, x in got.items()}
     assert all(e < 2e-2 for e in errs.values()), (g.plan.adapter.params.tile_m, errs)
 
@@ -161,9 +164,7 @@ def test_deterministic_mode_is_bitwise_reproducible(engine, case, splits, order)
     if splits != (p.dq_splits > 0) or (order is not None and det_order != order):
         pytest.skip(f"this GPU's plan picked dq_splits={p.dq_splits}, det_order={det_order!r}, not the mode "
                     "this case covers")
-    rg, rd, rt = make_bwd(case)
-    rg.validate().build_plans(engine="reference")
-    want = _run(rg, rd, rt)
+    want = _reference(case)
     first = _run(g, d, t)
     for name, x in first.items():
         assert rel_err(x, want[name]) < 2e-2, name
@@ -182,9 +183,7 @@ def test_bwd_nan_in_padded_rows_stays_out(engine):
                    sinks=True)
     g, d, t = make_bwd(case)
     plan_or_skip(g, engine)
-    rg, rd, rt = make_bwd(case)
-    rg.validate().build_plans(engine="reference")
-    want = _run(rg, rd, rt)
+    want = _reference(case)
     lq = t["seq_len_q"].view(-1).tolist()
     lk = t["seq_len_kv"].view(-1).tolist()
     for b in range(case.b):  # (B, H, S, D) views of the declared tensors
