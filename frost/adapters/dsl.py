@@ -7,6 +7,7 @@ import operator
 
 from frost.adapters.views import lengths_view, sink_view
 from frost.engines.dsl import dsl_decline_reason
+from frost.engines.sdpa_args import OWN_OFFSET_ROLES
 from frost.errors import TemplateParamsError
 
 
@@ -49,13 +50,14 @@ def dbias_accumulates(facts) -> bool:
 
 def ragged_flags(facts) -> dict:
     """cuDNN's ragged-offset form: lengths from seq_len_q/kv (seqused), each group's token stride (the divisor
-    of its element offsets) and offset dtype, and how Stats are laid out (ragged, or per batch)."""
+    of its element offsets) and offset dtype, the io tensors whose offsets are their own (`own_offsets`), and
+    how Stats are laid out (ragged, or per batch)."""
     r = facts.ragged
     if r is None:
         return {}
     strides, dtypes = dict(r.token_strides), dict(r.offset_dtypes)
     flags = dict(has_seqused=True, token_div_q=max(strides["q"], 1), token_div_kv=max(strides["k"], 1),
-                 offset_dtype_q=dtypes["q"], offset_dtype_kv=dtypes["k"])
+                 offset_dtype_q=dtypes["q"], offset_dtype_kv=dtypes["k"], own_offsets=own_offsets(r))
     if facts.has_stats and "stats" in strides:
         flags.update(token_div_lse=max(strides["stats"], 1), offset_dtype_lse=dtypes["stats"])
     elif facts.has_stats and r.stats_per_batch:
@@ -63,35 +65,33 @@ def ragged_flags(facts) -> dict:
     return flags
 
 
-#: the token groups of the ragged form: one offset tensor and one token stride each in the DSL kernels
-RAGGED_GROUPS = (("q", "o", "dO", "dQ"), ("k", "v", "dK", "dV"))
+#: contract role -> (graph role, its token group's leader): the io tensors that may read their own offsets
+OWN_OFFSET_GRAPH_ROLES = {"o": ("o", "q"), "v": ("v", "k"), "do": ("dO", "q"), "dq": ("dQ", "q"),
+                          "dk": ("dK", "k"), "dv": ("dV", "k")}
+
+
+def own_offsets(r) -> tuple:
+    """(role, token divisor, dtype) of each io tensor whose offsets are not its group leader's (another offset
+    tensor, or the same one over another token stride), in `OWN_OFFSET_ROLES` order."""
+    strides, dtypes = dict(r.token_strides), dict(r.offset_dtypes)
+    tensor_of = {role: i for i, roles in enumerate(r.shared_offsets) for role in roles}
+    out = []
+    for role in OWN_OFFSET_ROLES:
+        graph_role, leader = OWN_OFFSET_GRAPH_ROLES[role]
+        if graph_role not in strides:
+            continue
+        if tensor_of[graph_role] != tensor_of[leader] or strides[graph_role] != strides[leader]:
+            out.append((role, max(strides[graph_role], 1), dtypes[graph_role]))
+    return tuple(out)
 
 
 def ragged_decline_reason(facts):
     """Why the DSL kernels cannot serve this ragged-offset graph, or None (also None for other graphs)."""
-    r = facts.ragged
-    if r is None:
+    if facts.ragged is None:
         return None
-    if facts.split_kv_heads:
-        return (f"K and V heads apart (K {facts.num_heads_kv}, V {facts.heads_v}) are not served in the "
-                f"ragged-offset form by the DSL kernels")
     scores = [n for n, on in (("score_max", facts.has_score_max), ("score_sum_exp", facts.has_score_sum_exp)) if on]
     if scores:
         return f"{' / '.join(scores)} are not served in the ragged-offset form by the DSL kernels"
-    mods = [name for name, on in (("bias", facts.has_bias), ("dBias", facts.has_dbias), ("ALiBi", facts.has_alibi))
-            if on]
-    if mods:
-        return (f"the DSL kernels serve the ragged-offset form without score modifiers; this graph has "
-                f"{', '.join(mods)} (frost's own packed form takes them)")
-    strides = dict(r.token_strides)
-    tensor_of = {role: i for i, roles in enumerate(r.shared_offsets) for role in roles}
-    for group in RAGGED_GROUPS:
-        roles = [role for role in group if role in strides]
-        if len({tensor_of[role] for role in roles}) > 1 or len({strides[role] for role in roles}) > 1:
-            shown = ", ".join(f"{role} (offset tensor #{tensor_of[role]}, token stride {strides[role]})"
-                              for role in roles)
-            return (f"the ragged-offset form in the DSL kernels takes one offset tensor and one token stride per "
-                    f"token group; {shown} differ")
     return None
 
 
@@ -177,7 +177,9 @@ TENSOR_ARGS = {
 #: cuDNN's ragged-offset form: the offsets tensors of the groups and of Stats take the cu_seqlens slots, 1-D
 RAGGED_TENSOR_ARGS = {**TENSOR_ARGS, "cu_seqlens_q": ("q_ragged_offset", lengths_view),
                       "cu_seqlens_kv": ("k_ragged_offset", lengths_view),
-                      "lse_offsets": ("stats_ragged_offset", lengths_view)}
+                      "lse_offsets": ("stats_ragged_offset", lengths_view),
+                      **{f"{role}_offsets": (f"{graph_role}_ragged_offset", lengths_view)
+                         for role, (graph_role, _) in OWN_OFFSET_GRAPH_ROLES.items()}}
 
 
 def tensor_args(facts) -> dict:

@@ -83,6 +83,11 @@ class SdpaFeatureParams(TemplateParams):
     token_div_lse: int = 0
     offset_dtype_lse: Literal["int32", "int64"] = "int32"
     stats_per_batch: bool = False
+    # ragged io tensors whose offsets are not their group leader's (q's for the query group, k's for the key
+    # group): another offset tensor, or the same one over another token stride (cuDNN gives every tensor its
+    # own). (role, token divisor, offset dtype) in `sdpa_args.OWN_OFFSET_ROLES` order; the kernels read each
+    # from `<role>_offsets`
+    own_offsets: tuple[tuple[str, int, Literal["int32", "int64"]], ...] = ()
     # score modifiers (sdpa_args.py): an additive bias, full along batch / heads where flagged (else one value
     # broadcast over them), and ALiBi
     has_bias: bool = False
@@ -110,6 +115,10 @@ class SdpaFeatureParams(TemplateParams):
     def ragged(self) -> bool:
         """cuDNN's ragged-offset form (see `token_div_q`)."""
         return self.token_div_q > 0
+
+    def own_div(self, role: str) -> int:
+        """The token divisor of `role`'s own ragged offsets, or 0 where it takes its group leader's."""
+        return next((div for r, div, _ in self.own_offsets if r == role), 0)
 
     @property
     def has_score_mods(self) -> bool:
@@ -181,16 +190,13 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
         raise TemplateParamsError(f"{who}: token_div_lse / stats_per_batch belong to the ragged-offset form")
     if p.token_div_lse and p.stats_per_batch:
         raise TemplateParamsError(f"{who}: Stats are ragged (token_div_lse) or per batch, not both")
-    if p.ragged and p.num_heads_v:
-        raise TemplateParamsError(f"{who}: K and V heads apart (num_heads_v={p.num_heads_v}) are not served in the "
-                                  f"ragged-offset form")
+    if p.own_offsets:
+        _check_own_offsets(p, who)
     if p.ragged and (getattr(p, "has_score_max", False) or getattr(p, "has_score_sum_exp", False)):
         raise TemplateParamsError(f"{who}: score_max / score_sum_exp are not served in the ragged-offset form")
     if (p.bias_per_batch or p.bias_per_head or p.bias_key_strided) and not p.has_bias:
         raise TemplateParamsError(f"{who}: bias_per_batch / bias_per_head / bias_key_strided describe a bias; "
                                   f"has_bias is False")
-    if p.ragged and p.has_score_mods:
-        raise TemplateParamsError(f"{who}: the ragged-offset form is served without score modifiers (bias, ALiBi)")
     if p.has_alibi and not p.has_window_right:
         raise TemplateParamsError(f"{who}: ALiBi needs a causal mask (has_window_right; cuDNN's rule)")
     if isinstance(p, SdpaBwdFeatureParams):
@@ -209,3 +215,18 @@ def check_no_score_mods(p: SdpaFeatureParams, who: str, why: str) -> None:
     used = [n for n in ("has_bias", "has_alibi", "has_dbias") if getattr(p, n, False)]
     if used:
         raise TemplateParamsError(f"{who}: {', '.join(used)} set; {why}")
+
+
+def _check_own_offsets(p: SdpaFeatureParams, who: str) -> None:
+    """Own ragged offsets belong to the ragged-offset form: known roles, once each, in order, divisors > 0."""
+    from frost.engines.sdpa_args import OWN_OFFSET_ROLES
+
+    if not p.ragged:
+        raise TemplateParamsError(f"{who}: own_offsets belong to the ragged-offset form")
+    roles = [r for r, _, _ in p.own_offsets]
+    if any(r not in OWN_OFFSET_ROLES for r in roles) or roles != sorted(set(roles), key=OWN_OFFSET_ROLES.index):
+        raise TemplateParamsError(f"{who}: own_offsets roles {roles} must be distinct, from {OWN_OFFSET_ROLES}, "
+                                  f"in that order")
+    bad = [r for r, div, _ in p.own_offsets if div < 1]
+    if bad:
+        raise TemplateParamsError(f"{who}: own_offsets of {bad} need a token divisor >= 1")

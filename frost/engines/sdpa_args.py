@@ -42,7 +42,10 @@ whose io tensors are bound as declared, (B, H, S, D) with bshd strides: the entr
 (T, H, D) with its S and H strides, T = total_q / total_kv (max_total_seq_len or B * S).
 cu_seqlens_q / cu_seqlens_kv then hold element offsets per batch, (B+1,) int32 or int64
 (`offset_dtype_q/kv`), which kernels divide by the group's token stride (`token_div_q/kv`);
-lengths come from seqused_q / seqused_kv. Stats are ragged too, (H, T) viewed the same way
+lengths come from seqused_q / seqused_kv. Those are q's and k's offsets; every other io tensor
+whose offsets are another tensor, or whose token stride differs (cuDNN gives each tensor its
+own), reads `<role>_offsets` (params `own_offsets`: role, divisor, dtype), passed after
+lse_offsets in OWN_OFFSET_ROLES order (the forward: o_offsets, v_offsets). Stats are ragged too, (H, T) viewed the same way
 with their own offsets `lse_offsets` (after seqused, if has_lse; divisor `token_div_lse`), or
 per batch (`stats_per_batch`): (B, H, S, 1) read and written like a dense batch's. Kernels
 write only the rows of the sequences (the backward's helpers walk each sequence's rows, so
@@ -99,6 +102,9 @@ padding rows of dK / dV get 0; THD tokens past cu_seqlens_kv[B] are not written.
 
 # roles whose tensors are (B, H, S, D) when dense, (T, H, D) when packed
 IO_ROLES = frozenset(("q", "k", "v", "o", "do", "dq", "dk", "dv"))
+#: ragged io tensors that may read their own offsets (`<role>_offsets`, params `own_offsets`); q and k lead their
+#: token groups through cu_seqlens_q / cu_seqlens_kv
+OWN_OFFSET_ROLES = ("o", "v", "do", "dq", "dk", "dv")
 STATS_ROLE = "lse"
 #: cuDNN's block_mask: query rows and keys of one tile, key tiles per byte (the kernels' and the reference math's
 #: reading of it; the graph layer checks the dims with its own copy, frost.ir.validate.block_mask_dims)
@@ -113,7 +119,7 @@ def fwd_arg_names(p) -> list[str]:
     names += ["score_max"] * getattr(p, "has_score_max", False)
     names += ["score_sum_exp"] * getattr(p, "has_score_sum_exp", False)
     names += ["cu_seqlens_q", "cu_seqlens_kv"] * p.is_thd + ["seqused_q", "seqused_kv"] * p.has_seqused
-    names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0)
+    names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0) + own_offset_args(p, ("v", "o"))
     names += ["sinks"] * p.has_sinks + ["bias"] * p.has_bias
     names += ["block_mask"] * getattr(p, "has_block_mask", False) + ["softmax_scale"]
     names += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
@@ -129,7 +135,13 @@ def ragged_tags(p) -> list[str]:
                                         ("lse", p.offset_dtype_lse)) if kind == "int64"]
     if p.token_div_lse:
         tags.append(f"rglse{p.token_div_lse}")
+    tags += [f"rg{r}{div}" + "o64" * (kind == "int64") for r, div, kind in getattr(p, "own_offsets", ())]
     return tags + ["lsepb"] * p.stats_per_batch
+
+
+def own_offset_args(p, roles) -> list[str]:
+    """The `<role>_offsets` arguments of the `roles` a kernel reads that carry their own ragged offsets."""
+    return [f"{r}_offsets" for r, _, _ in getattr(p, "own_offsets", ()) if r in roles]
 
 
 def ragged_totals(p) -> list[str]:

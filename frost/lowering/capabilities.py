@@ -26,13 +26,14 @@ BLOCK_MASK_FEATURES = frozenset({"block_mask"})
 MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads"})
 #: cuDNN's score modifiers: an additive bias, its gradient, ALiBi
 SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
-#: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, per-batch Stats too)
+#: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, every io tensor from
+#: its own offsets, per-batch Stats too); not with score_max / score_sum_exp (frost.adapters.dsl
+#: .ragged_decline_reason)
 DSL_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
-#: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod); not with
-#: the ragged-offset form (frost.adapters.dsl.ragged_decline_reason)
+#: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod)
 MMA_SYNC_FEATURES = DSL_FEATURES | SCORE_MOD_FEATURES
-#: the wgmma forward reads the bias and computes ALiBi in registers too (no GQA packing with them, not with the
-#: ragged-offset form); its backward does not yet
+#: the wgmma forward reads the bias and computes ALiBi in registers too (no GQA packing with them); its backward
+#: does not yet
 SM90_FWD_SCORE_MOD_FEATURES = frozenset({"bias", "alibi"})
 
 

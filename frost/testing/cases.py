@@ -503,3 +503,40 @@ SM80_FWD_BLOCK_MASK_COVER = {
         _mma_fwd(family="sm120", d=128, is_thd=True, has_block_mask=True, has_lse=True),
     ],
 }
+
+
+def ragged_own(hq, hk, hv, d, dv, bwd=False, **flags) -> dict:
+    """cuDNN's ragged-offset form as its own tests declare it: q, k, v and o each with an offset tensor of its own
+    (dO taking o's, dQ q's, dK k's, dV v's), so O, V (and dO, dV) read their own offsets over their own token
+    strides; K and V head counts may differ (`hv` != `hk`), Stats per batch."""
+    own = (("o", hq * dv, "int64"), ("v", hv * dv, "int32"))
+    if bwd:
+        own += (("do", hq * dv, "int64"), ("dv", hv * dv, "int32"))
+    return dict(ragged(hq, hk, d, int64=True, stats="batch", **flags), own_offsets=own,
+                **({"num_heads_v": hv} if hv != hk else {}))
+
+
+# cuDNN's ragged-offset form with an offset tensor per tensor: d_qk != d_v, K and V head counts apart, a bias
+# (dBias through the accumulator) and ALiBi, by template
+RAGGED_OWN_MMA_FWD_COVER = {
+    "sm_90a": [
+        _mma_fwd(d=128, dv=64, hq=6, hk=3, has_lse=True, **ragged_own(6, 3, 1, 128, 64)),
+        _mma_fwd(d=56, dv=96, hq=6, hk=2, has_lse=True, has_bias=True, bias_per_head=True, has_alibi=True,
+                 has_window_right=True, **ragged_own(6, 2, 2, 56, 96)),
+    ],
+}
+RAGGED_OWN_MMA_BWD_COVER = {
+    "sm_90a": [
+        _mma_bwd(d=64, dv=128, hq=6, hk=2, has_bias=True, bias_per_head=True, has_dbias=True, dbias_accum=True,
+                 has_window_right=True, **ragged_own(6, 2, 2, 64, 128, bwd=True)),
+        _mma_bwd(d=128, hq=6, hk=6, deterministic=True, **ragged_own(6, 6, 1, 128, 128, bwd=True)),
+    ],
+}
+RAGGED_OWN_SM90_FWD_COVER = [
+    _sm90(d=128, dv=64, hq=6, hk=3, **ragged_own(6, 3, 1, 128, 64)),
+    _sm90(d=56, dv=96, hq=6, hk=2, has_bias=True, bias_per_batch=True, has_alibi=True, has_window_right=True,
+          **ragged_own(6, 2, 2, 56, 96)),
+]
+RAGGED_OWN_SM90_BWD_COVER = [
+    sm90_bwd_kwargs(d=64, dv=128, hq=6, hk=2, has_window_right=True, **ragged_own(6, 2, 2, 64, 128, bwd=True)),
+]

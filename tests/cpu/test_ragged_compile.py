@@ -145,3 +145,34 @@ def test_ragged_specializations_compile_for_sm80_and_sm90a(tmp_path):
             assert r["wgmma_mma_async"] > 0 and r["tma"] > 0, r
         assert r["local"] == 0, r
     assert any("o64q" in r["name"] for r in results) and any("o64" not in r["name"] for r in results)
+
+
+def test_tensors_with_offsets_of_their_own_read_them_by_name():
+    """cuDNN's tests give q, k, v and o an offset tensor each: the forwards take O's and V's own offsets after the
+    Stats offsets, the backward's main kernel V's and the gradients' own, its preprocess O's and dO's."""
+    fwd = Sm80FwdParams(**cases.RAGGED_OWN_MMA_FWD_COVER["sm_90a"][0])
+    names = fwd_arg_names(fwd)
+    assert names[names.index("seqused_kv") + 1:names.index("softmax_scale")] == ["o_offsets", "v_offsets"]
+    assert fwd.own_div("o") == 6 * 64 and fwd.own_div("v") == 64 and fwd.own_div("dq") == 0
+    bwd = Sm80BwdParams(**cases.RAGGED_OWN_MMA_BWD_COVER["sm_90a"][0])
+    stages = {stage: (names, sp) for stage, _, names, sp in chain_of(bwd)}
+    assert [n for n in stages["main"][0] if n.endswith("_offsets")] == ["v_offsets", "do_offsets", "dv_offsets"]
+    assert [n for n in stages["preprocess"][0] if n.endswith("_offsets")] == ["o_offsets", "do_offsets"]
+    assert not any(n.endswith("_offsets") and n != "lse_offsets" for n in stages["postprocess"][0])
+    assert [r for r, _, _ in stages["preprocess"][1].own_offsets] == ["o", "do"]  # its key keeps its own only
+
+
+@pytest.mark.slow
+def test_ragged_specializations_with_offsets_of_their_own_compile_for_sm90a(tmp_path):
+    fwd80 = f"{Sm80FwdParams.__module__}.Sm80FwdParams"
+    fwd90 = f"{Sm90FwdParams.__module__}.Sm90FwdParams"
+    specs = ([(cases.SM80_FWD_TEMPLATE, fwd80, kw, "mma") for kw in cases.RAGGED_OWN_MMA_FWD_COVER["sm_90a"]]
+             + _chain_specs(cases.RAGGED_OWN_MMA_BWD_COVER["sm_90a"], Sm80BwdParams)
+             + [(cases.SM90_FWD_TEMPLATE, fwd90, kw, "wgmma") for kw in cases.RAGGED_OWN_SM90_FWD_COVER]
+             + _chain_specs(cases.RAGGED_OWN_SM90_BWD_COVER, Sm90BwdParams))
+    results = [r for part in compile_groups([("sm_90a", specs[:5]), ("sm_90a", specs[5:])], tmp_path)
+               for r in part]
+    assert len(results) == 2 + 6 + 2 + 3
+    for r in results:
+        assert "_rg" in r["name"] and r["local"] == 0, r
+    assert sum("_rgv" in r["name"] for r in results) >= 5 and any("_rgdo" in r["name"] for r in results)

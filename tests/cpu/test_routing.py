@@ -570,18 +570,24 @@ def test_ragged_graphs_plan_on_the_dsl_engines(direction, target, lines):
     assert adapter.facts.total_q == B * SQ  # the packed envelope the (B, H, S, D) tensors are viewed with
 
 
-def test_ragged_groups_with_several_offset_tensors_are_declined_naming_them():
-    from tests.cpu.test_cudnn_vocabulary import B, _ragged
+def test_ragged_tensors_with_offsets_of_their_own_plan_on_the_dsl_engines():
+    """cuDNN's tests give every tensor its own offset tensor: the DSL kernels read each one's own (`own_offsets`)
+    where it is not its group leader's (q's, k's) tensor over the same token stride."""
+    from tests.cpu.test_cudnn_vocabulary import B, D, H, _ragged
 
     g = _ragged(frost.Graph(target=H200))
     other = g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT64, name="off_o")
     g.node.o.set_ragged_offset(other)
-    declines = reasons(g.validate())
-    dsl = {n: why for n, why in declines.items() if "Dsl" in n and not why.startswith("serves compute")}
-    assert dsl and all("one offset tensor and one token stride per token group" in why and "o (offset tensor #" in why
-                       for why in dsl.values())
-    assert g.available_engines() == []  # the reference serves it, by name only on a GPU
-    assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.own_offsets == (("o", H * D, "int64"),)
+    g = _ragged(frost.Graph(target=H200), "bwd")
+    other = g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT64, name="off_o")
+    for role in ("o", "dO"):
+        getattr(g.node, role).set_ragged_offset(other)
+    assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.own_offsets == (("o", H * D, "int64"), ("do", H * D, "int64"))  # the preprocess reads both
 
 
 def test_ragged_backward_with_dsink_plans_on_the_dsl_lines():
@@ -708,17 +714,15 @@ def _ragged_split(direction="fwd", hv=4, dv=64):
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_split_kv_heads_in_the_ragged_form_are_declined_by_the_dsl_engines(unpended, direction):
+def test_split_kv_heads_in_the_ragged_form_plan_on_the_dsl_engines(unpended, direction):
     g = _ragged_split(direction).validate()
     assert g.facts.split_kv_heads and g.facts.ragged is not None
-    declined = reasons(g)
     kind = "Fwd" if direction == "fwd" else "Bwd"
-    lines = ["Sm90", "Sm80"] if direction == "fwd" else ["Sm80"]  # the wgmma backward declines split heads anyway
-    for line in lines:
-        assert "K and V heads apart (K 2, V 4) are not served in the ragged-offset form" in declined[
-            f"Sdpa{kind}Dsl{line}"]
-    assert g.available_engines() == []
-    assert g.build_plans(engine="reference").engine_name == f"Sdpa{kind}Reference"
+    lines = ["Sm90", "Sm80"] if direction == "fwd" else ["Sm80"]  # the wgmma backward declines split heads
+    assert g.available_engines() == [f"Sdpa{kind}Dsl{line}" for line in lines]
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.num_heads_v == 4 and p.ragged
+    assert dict((r, div) for r, div, _ in p.own_offsets)["v"] == 4 * p.head_dim_v  # V's own token stride
 
 
 def test_score_outputs_in_the_ragged_form_are_declined_by_the_dsl_engines(unpended):
@@ -736,15 +740,21 @@ def test_score_outputs_in_the_ragged_form_are_declined_by_the_dsl_engines(unpend
     assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"
 
 
-def test_ragged_params_refuse_split_heads_and_score_outputs():
+def test_ragged_params_refuse_score_outputs_and_stray_own_offsets():
     from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
     from frost.errors import TemplateParamsError
 
     ragged = dict(num_heads_q=8, num_heads_kv=2, is_thd=True, has_seqused=True, token_div_q=8 * 128,
                   token_div_kv=2 * 128, head_dim=128, head_dim_v=128)
     validate(Sm80FwdParams(**ragged))
-    with pytest.raises(TemplateParamsError, match="num_heads_v=4"):
-        validate(Sm80FwdParams(**ragged, num_heads_v=4))
+    validate(Sm80FwdParams(**ragged, num_heads_v=4, own_offsets=(("v", 4 * 128, "int32"),)))
+    with pytest.raises(TemplateParamsError, match="belong to the ragged-offset form"):
+        validate(Sm80FwdParams(**{**ragged, "token_div_q": 0, "has_seqused": False},
+                               own_offsets=(("v", 512, "int32"),)))
+    with pytest.raises(TemplateParamsError, match="in that order"):
+        validate(Sm80FwdParams(**ragged, own_offsets=(("v", 512, "int32"), ("o", 1024, "int32"))))
+    with pytest.raises(TemplateParamsError, match="divisor"):
+        validate(Sm80FwdParams(**ragged, own_offsets=(("o", 0, "int32"),)))
     with pytest.raises(TemplateParamsError, match="score_max / score_sum_exp"):
         validate(Sm80FwdParams(**ragged, has_score_max=True))
 

@@ -281,9 +281,9 @@ def test_deterministic_dbias_summed_over_broadcast_dims_declines_with_the_reason
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("mods", ["bias", "alibi"])
-def test_ragged_graphs_with_score_mods_are_declined_by_the_dsl_engines(direction, mods):
-    """The DSL kernels serve cuDNN's ragged-offset form and the score modifiers, not both at once: every DSL line
-    declines naming the modifiers (the cuDNN engine and the reference serve the graph)."""
+def test_ragged_graphs_with_score_mods_plan_on_the_dsl_engines(direction, mods):
+    """cuDNN's ragged-offset form with a bias (dBias) or ALiBi: the mma.sync lines serve it on every arch (first
+    on cc 8.x and 12.x; on cc 9.0 the wgmma forward ranks above them, and its backward declines the modifiers)."""
     from tests.cpu.test_cudnn_vocabulary import BF16, H, SKV, SQ, _ragged
     from tests.cpu.test_routing import reasons
 
@@ -297,27 +297,12 @@ def test_ragged_graphs_with_score_mods_are_declined_by_the_dsl_engines(direction
             if direction == "bwd":
                 kw["dBias"] = g.tensor(dim, stride, BF16, name="dbias")
         g = _ragged(g, direction, **kw).validate()
-        why = reasons(g)[f"Sdpa{kind}Dsl{line}"]
-        want = {"bias": "bias, dBias" if direction == "bwd" else "bias", "alibi": "ALiBi"}[mods]
-        assert "ragged-offset form without score modifiers; this graph has " + want in why, why
-        assert not any("Dsl" in n for n in g.available_engines())
-        assert g.build_plans(engine="reference").engine_name == f"Sdpa{kind}Reference"
-
-
-def test_ragged_params_with_score_mods_are_rejected():
-    from frost.engines.sm80.sdpa_fwd_params import validate as validate_fwd
-    from frost.testing.cases import _mma_bwd
-
-    ragged = dict(is_thd=True, has_seqused=True, token_div_q=256, token_div_kv=128, has_window_right=True)
-    fwd = dict(head_dim=64, head_dim_v=64, **ragged)
-    validate_fwd(Sm80FwdParams(**fwd))
-    for mods in (dict(has_bias=True), dict(has_alibi=True)):
-        with pytest.raises(TemplateParamsError, match="ragged-offset form is served without score modifiers"):
-            validate_fwd(Sm80FwdParams(**fwd, **mods))
-    bwd = {**_mma_bwd(d=64), **ragged}
-    validate_bwd(Sm80BwdParams(**bwd))
-    with pytest.raises(TemplateParamsError, match="ragged-offset form is served without score modifiers"):
-        validate_bwd(Sm80BwdParams(**bwd, has_bias=True, has_dbias=True, dbias_accum=True))
+        engines = g.available_engines()
+        assert f"Sdpa{kind}Dsl{line}" in engines, reasons(g)
+        p = next(a for row, a in g._ranking.accepted if row.name == f"Sdpa{kind}Dsl{line}").template_params()
+        assert p.ragged and (p.has_bias if mods == "bias" else p.has_alibi)
+        if line == "Sm80" and target.cc == (9, 0):
+            assert engines[0] == ("SdpaFwdDslSm90" if direction == "fwd" else "SdpaBwdDslSm80")
 
 
 # --- the records planning builds ------------------------------------------------------------------------------
@@ -421,9 +406,7 @@ def test_sm90_validators_take_or_decline_score_mods_with_reasons():
                                         pack_gqa=True))
     with pytest.raises(TemplateParamsError, match="Sm90FwdParams: ALiBi needs a causal mask"):
         validate_sm90_fwd(Sm90FwdParams(has_alibi=True))
-    with pytest.raises(TemplateParamsError, match="Sm90FwdParams: the ragged-offset form is served without score"):
-        validate_sm90_fwd(Sm90FwdParams(has_bias=True, is_thd=True, has_seqused=True, token_div_q=512,
-                                        token_div_kv=512))
+    validate_sm90_fwd(Sm90FwdParams(has_bias=True, is_thd=True, has_seqused=True, token_div_q=512, token_div_kv=512))
     with pytest.raises(TemplateParamsError, match="Sm90FwdParams: bias_per_batch / bias_per_head"):
         validate_sm90_fwd(Sm90FwdParams(bias_per_head=True))
     with pytest.raises(TemplateParamsError, match="Sm90BwdParams: has_bias, has_dbias set"):

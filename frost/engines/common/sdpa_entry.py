@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from frost.engines.sdpa_args import IO_ROLES, STATS_ROLE, STATS_ROLES
+from frost.engines.sdpa_args import IO_ROLES, OWN_OFFSET_ROLES, STATS_ROLE, STATS_ROLES
 
 IO_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 _SCALARS = {"softmax_scale": Float32, "window_left": Int32, "window_right": Int32, "max_seqlen_q": Int32,
@@ -154,6 +154,9 @@ class FakeArgs:
                 return self.compact(Int32, (self.batch1,), align=4)
             kind = {"cu_seqlens_q": p.offset_dtype_q, "cu_seqlens_kv": p.offset_dtype_kv,
                     "lse_offsets": p.offset_dtype_lse}[name]
+            return self.compact(OFFSET_DTYPES[kind], (self.batch1,), align=8 if kind == "int64" else 4)
+        if name.endswith("_offsets") and name[:-len("_offsets")] in OWN_OFFSET_ROLES:
+            kind = dict((r, k) for r, _, k in p.own_offsets)[name[:-len("_offsets")]]
             return self.compact(OFFSET_DTYPES[kind], (self.batch1,), align=8 if kind == "int64" else 4)
         if name in ("seqused_q", "seqused_kv"):
             return self.compact(Int32, (self.batch,), align=4)

@@ -53,3 +53,21 @@ def seqlen_info(
     if cutlass.const_expr(seqused_k is not None):
         seqlen_k = seqused_k[batch]
     return offset_q, offset_k, seqlen_q, seqlen_k
+
+
+def own_token_offset(p, role: str, offsets, batch: Int32, shared):
+    """The first token of batch entry `batch` in io tensor `role`: from its own ragged offsets (`offsets`, params
+    `own_offsets`) where it has them, else its group leader's (`shared`)."""
+    if offsets is None:
+        return shared
+    return token_offset(offsets, batch, p.own_div(role))
+
+
+def own_rows(p, role: str, mX, offsets, batch: Int32, leader):
+    """A packed (T, ...) view of io tensor `role`, shifted so that its group leader's first token of batch entry
+    `batch` (`leader`) is its own: code that indexes every tensor of the group from the leader's offset then
+    reads this one from its own ragged offsets. Unchanged where it takes the leader's."""
+    if offsets is None:
+        return mX
+    shift = own_token_offset(p, role, offsets, batch, leader) - leader
+    return cute.domain_offset((shift,) + (0,) * (cute.rank(mX) - 1), mX)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from frost.engines.params import SdpaFeatureParams
-from frost.engines.sdpa_args import ragged_tags, ragged_totals
+from frost.engines.sdpa_args import own_offset_args, ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.scratch import uses_turns
 
 PREPROCESS = "frost.engines.sdpa_bwd.preprocess"
@@ -70,17 +70,25 @@ HELPER_FIELDS = {
 }
 
 
+#: the io tensors each helper reads or writes (its share of the ragged form's own offsets)
+HELPER_IO = {"preprocess": ("o", "do"), "postprocess": ("dq",)}
+#: the io tensors of a main kernel that may carry their own ragged offsets (q and k lead the groups)
+MAIN_IO = ("v", "do", "dk", "dv")
+
+
 def stage_params(p, stage: str):
     """The params one kernel of the chain compiles with: the main kernel's own, or a helper's projection."""
     fields = HELPER_FIELDS.get(stage)
     if fields is None:
         return p
-    return BwdHelperParams(**{f: getattr(p, f) for f in fields})
+    own = tuple(o for o in p.own_offsets if o[0] in HELPER_IO[stage])
+    return BwdHelperParams(**{f: getattr(p, f) for f in fields}, own_offsets=own)
 
 
 def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
     """The sequence-length arguments of a kernel: cu_seqlens (THD) or seqused (padding), q and / or kv side;
-    the ragged-offset form's Stats offsets (`lse_offsets`) with the q side of a main kernel (both sides)."""
+    the ragged-offset form's Stats offsets (`lse_offsets`) and own io offsets (`MAIN_IO`) with a main kernel's
+    (both sides)."""
     out = []
     if p.is_thd:
         out += (["cu_seqlens_q"] if q else []) + (["cu_seqlens_kv"] if kv else [])
@@ -88,13 +96,15 @@ def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
         out += (["seqused_q"] if q else []) + (["seqused_kv"] if kv else [])
     if q and kv and p.token_div_lse:
         out.append("lse_offsets")
+    if q and kv:
+        out += own_offset_args(p, MAIN_IO)
     return out
 
 
 def preprocess_args(p) -> list[str]:
-    """o, do, lse, lengths (q side), lse_offsets? and sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?,
+    """o, do, lse, lengths (q side), o_offsets? / do_offsets?, lse_offsets? and sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?,
     dbias_accum?, (ragged: max_seqlen_q, total_q, total_kv), stream."""
-    args = ["o", "do", "lse"] + lengths_args(p, kv=False)
+    args = ["o", "do", "lse"] + lengths_args(p, kv=False) + own_offset_args(p, HELPER_IO["preprocess"])
     if p.has_dsinks:
         args += ["lse_offsets"] * (p.token_div_lse > 0) + ["sinks"]
     args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else [])
@@ -105,11 +115,12 @@ def preprocess_args(p) -> list[str]:
 
 def postprocess_args(p) -> list[str]:
     """dq, dsinks?, dbias? (from its accumulator), dq_accum, dsink_partial?, dbias_accum?, (ragged: cu_seqlens_q,
-    seqused_q), softmax_scale, (ragged: max_seqlen_q, total_q, total_kv), stream."""
+    seqused_q, dq_offsets?), softmax_scale, (ragged: max_seqlen_q, total_q, total_kv), stream."""
     args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dbias"] * p.dbias_accum + ["dq_accum"]
     if p.has_dsinks:
         args.append("dsink_partial")
     args += ["dbias_accum"] * p.dbias_accum + ["cu_seqlens_q", "seqused_q"] * p.ragged
+    args += own_offset_args(p, HELPER_IO["postprocess"])
     return args + ["softmax_scale"] + ragged_helper_scalars(p) + ["stream"]
 
 

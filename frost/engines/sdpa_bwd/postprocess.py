@@ -28,7 +28,7 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.lanes import lanes_allreduce_sum
-from frost.engines.common.seqlen import token_offset
+from frost.engines.common.seqlen import own_token_offset, token_offset
 from frost.engines.sdpa_bwd.accum import (FRAGMENT_THREADS, acc_copies, build_entry, fragment_coord,
                                           fragment_offset)
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, postprocess_args
@@ -64,14 +64,15 @@ class SdpaBwdPostprocess:
         rows = self.p.dq_accum_tile or ROWS_PER_CTA
         n_blocks = cutlass.max((total + rows - 1) // rows, 1)
         kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"), a.get("dbias"),
-               a.get("dbias_accum"), Float32(a["softmax_scale"]), a.get("cu_seqlens_q"), a.get("seqused_q")).launch(
+               a.get("dbias_accum"), Float32(a["softmax_scale"]), a.get("cu_seqlens_q"), a.get("seqused_q"),
+               a.get("dq_offsets")).launch(
             grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"],
             use_pdl=self.p.pdl)
 
 
 @cute.kernel
 def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart, mdBias, mDBiasAcc,
-           scale: Float32, mCuQ, mUsedQ):
+           scale: Float32, mCuQ, mUsedQ, mdQOff):
     if cutlass.const_expr(p.pdl):  # launched while the main kernel runs: its dQ partials are complete after this
         cute.arch.griddepcontrol_wait()
     tidx, _, _ = cute.arch.thread_idx()
@@ -87,7 +88,7 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
         # cuDNN's ragged-offset form: the rows of sequence `batch` only, from its first token
         base = token_offset(mCuQ, batch, p.token_div_q)
         extent = mUsedQ[batch]
-        mdQ = cute.domain_offset((base, 0, 0), mdQ)
+        mdQ = cute.domain_offset((own_token_offset(p, "dq", mdQOff, batch, base), 0, 0), mdQ)
         copies = [cute.domain_offset((base, 0), c) for c in copies]
     chunks_per_row = p.head_dim // VEC
     if cutlass.const_expr(p.dq_accum_tile > 0):

@@ -25,7 +25,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from frost.engines.common.lanes import lanes_allreduce_sum
-from frost.engines.common.seqlen import token_offset
+from frost.engines.common.seqlen import own_token_offset, token_offset
 from frost.engines.sdpa_bwd.accum import acc_copies, build_entry
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, preprocess_args
 from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA
@@ -62,7 +62,7 @@ class SdpaBwdPreprocess:
         kernel(
             self.p, a["o"], a["do"], a["lse"], a.get("cu_seqlens_q"), a.get("seqused_q"), a.get("sinks"),
             a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"), a.get("lse_offsets"),
-            a.get("dbias_accum"),
+            a.get("dbias_accum"), a.get("o_offsets"), a.get("do_offsets"),
         ).launch(grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
@@ -81,6 +81,8 @@ def kernel(
     mPart,
     mLseOff,
     mDBiasAcc,
+    mOOff,
+    mdOOff,
 ):
     if cutlass.const_expr(p.pdl):  # the main kernel may start: it waits for this grid before reading its output
         cute.arch.griddepcontrol_launch_dependents()
@@ -98,8 +100,8 @@ def kernel(
         # cuDNN's ragged-offset form: this CTA's rows are those of sequence `batch`, from its first token
         base = token_offset(mCuQ, batch, p.token_div_q)
         extent = mUsedQ[batch]
-        mO = cute.domain_offset((base, 0, 0), mO)
-        mdO = cute.domain_offset((base, 0, 0), mdO)
+        mO = cute.domain_offset((own_token_offset(p, "o", mOOff, batch, base), 0, 0), mO)
+        mdO = cute.domain_offset((own_token_offset(p, "do", mdOOff, batch, base), 0, 0), mdO)
         mdPsum = cute.domain_offset((0, base), mdPsum)
         acc = cute.domain_offset((base, 0), mAcc[head, None, None])
         ragged_acc = [cute.make_tensor(acc.iterator, cute.make_layout((extent, p.head_dim), stride=acc.stride))]

@@ -59,7 +59,7 @@ from frost.engines.common import mask as fmask
 from frost.engines.common import rows, score_mod
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.sdpa_entry import IO_DTYPES
-from frost.engines.common.seqlen import seqlen_info, token_offset
+from frost.engines.common.seqlen import own_rows, seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32
 from frost.engines.sdpa_bwd import accum
@@ -177,7 +177,8 @@ class SdpaBwdSm80:
         kernel(
             self, a["q"], mK, a["v"], a["do"], a["lse"], a["dk"], a["dv"],
             a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"),
-            a.get("lse_offsets"), a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("bias"), a.get("dbias"),
+            a.get("lse_offsets"), (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
+            a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("bias"), a.get("dbias"),
             a.get("dbias_accum"), scale, scale_log2, a.get("window_left"), a.get("window_right"),
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
             self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
@@ -288,6 +289,7 @@ def kernel(
     mUsedQ,
     mUsedK,
     mLseOff,
+    mOwnOff,
     mdPsum: cute.Tensor,
     mAcc: cute.Tensor,
     mSem,
@@ -321,6 +323,9 @@ def kernel(
                mma_sdp, mma_dkv, mma_dq, Storage)
     s = _sequence(cfg, mQ, mK, mCuQ, mCuK, mUsedQ, mUsedK, batch, head_kv, bx, grid_x, window_left, window_right,
                   mLseOff)
+    # the ragged form's io tensors with offsets of their own, rebased onto their group leader's (q's, k's)
+    mV, mdO, mdK, mdV = (own_rows(p, role, mX, off, batch, s.offset_q if role == "do" else s.offset_k)
+                         for role, mX, off in zip(("v", "do", "dk", "dv"), (mV, mdO, mdK, mdV), mOwnOff))
     io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem, mBias, mdBias, mdBiasAcc)
 
     # key / value views of this (batch, kv head); K and V heads apart: the walk starts at the finer tensor's first

@@ -141,7 +141,7 @@ class SdpaFwdSm80:
         g = a.get
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
-            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("bias"),
+            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"), g("v_offsets"), g("bias"),
             g("block_mask"), scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
@@ -168,6 +168,8 @@ class SdpaFwdSm80:
         mSuK,
         mSinks,
         mLseOff,
+        mOOff,
+        mVOff,
         mBias,
         mBlockMask,
         softmax_scale,
@@ -188,11 +190,11 @@ class SdpaFwdSm80:
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
             self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff,
-                     mBias, mBlockMask, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
+                     (mOOff, mVOff), mBias, mBlockMask, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
                      sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
 
     @cute.jit
-    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, mBias, mBlockMask,
+    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, mOwnOff, mBias, mBlockMask,
             softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V,
             copy_O, tiled_mma, SharedStorage: cutlass.Constexpr, bx, head, batch):
         """Pick this CTA's m-tile of its (head, batch entry) and run it."""
@@ -206,6 +208,9 @@ class SdpaFwdSm80:
         off_lse = off_q  # ragged Stats start at their own offsets
         if const_expr(mLseOff is not None):
             off_lse = seqlen.token_offset(mLseOff, batch, p.token_div_lse)
+        # ragged io tensors with offsets of their own (cuDNN's form gives each tensor its own)
+        off_o = seqlen.own_token_offset(p, "o", mOwnOff[0], batch, off_q)
+        off_v = seqlen.own_token_offset(p, "v", mOwnOff[1], batch, off_k)
         # last m-tiles first: under a causal band they carry the most work. Dense batches
         # visit every m-tile of the static length (rows past seqused_q are written as
         # padding); packed sequences only their own.
@@ -216,13 +221,14 @@ class SdpaFwdSm80:
         if m_block >= 0:
             self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
                       window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-                      SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse)
+                      SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse,
+                      off_o, off_v)
 
     @cute.jit
     def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
              window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
              SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
-             static_sq, off_lse):
+             static_sq, off_lse, off_o, off_v):
         p = self.p
         S = p.num_stages
         tidx, _, _ = cute.arch.thread_idx()
@@ -233,9 +239,9 @@ class SdpaFwdSm80:
         # ---- per-sequence 2-D views (rows, d)
         d, dv = self.d, self.dv
         mQ_s = rows.widen(rows.head_rows(mQ, head, batch, off_q, p.is_thd), d)
-        mO_s = rows.widen(rows.head_rows(mO, head, batch, off_q, p.is_thd), dv)
+        mO_s = rows.widen(rows.head_rows(mO, head, batch, off_o, p.is_thd), dv)
         mK_s = rows.widen(rows.head_rows(mK, head_kv, batch, off_k, p.is_thd), d)
-        mV_s = rows.widen(rows.head_rows(mV, head_v, batch, off_k, p.is_thd), dv)
+        mV_s = rows.widen(rows.head_rows(mV, head_v, batch, off_v, p.is_thd), dv)
         gQ = cute.local_tile(mQ_s, (p.tile_m, d), (m_block, 0))
         gO = cute.local_tile(mO_s, (p.tile_m, dv), (m_block, 0))
         gK = cute.local_tile(mK_s, (p.tile_n, d), (None, 0))

@@ -62,7 +62,7 @@ from frost.engines.common import mask
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
-from frost.engines.common.seqlen import seqlen_info, token_offset
+from frost.engines.common.seqlen import own_rows, own_token_offset, seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common import global_ops as gops
 from frost.engines.sm90 import wgmma_utils as wu
@@ -225,7 +225,7 @@ class SdpaBwdSm90:
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, acc, mLSE, mdPsum,
             a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
             a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
-            a.get("lse_offsets"),
+            a.get("lse_offsets"), (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
@@ -252,7 +252,7 @@ class SdpaBwdSm90:
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
                mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
-               mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
+               mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
                tma_atom_dv: cute.CopyAtom, tma_atom_dq, scale: Float32, wl, wr,
                q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
@@ -298,8 +298,13 @@ class SdpaBwdSm90:
         off_lse = off_q
         if const_expr(mLseOff is not None):
             off_lse = token_offset(mLseOff, batch, self.p.token_div_lse)
+        # the ragged form's V and dO with offsets of their own, rebased onto their group leader's (k's, q's);
+        # dK's and dV's are read at the epilogue
+        mV = own_rows(self.p, "v", mV, mOwnOff[0], batch, off_k)
+        mdO = own_rows(self.p, "do", mdO, mOwnOff[1], batch, off_q)
+        key_offsets = (mCuK, mOwnOff[2], mOwnOff[3])
         walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k, off_lse)
-        args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
+        args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
                 sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
                 pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
         if const_expr(self.p.is_thd):
@@ -311,7 +316,7 @@ class SdpaBwdSm90:
             self.roles(warp_idx, *args)
 
     @cute.jit
-    def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ,
+    def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ,
               sK, sV, sdO, sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
               tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk: Walk):
         """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), warp 2
@@ -337,7 +342,7 @@ class SdpaBwdSm90:
             cute.arch.setmaxregister_increase(240)
             if const_expr(self.p.pdl):
                 cute.arch.griddepcontrol_wait()
-            self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
+            self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
                      sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
 
     def seq_rows(self, mX, head, w: Walk, offset):
@@ -500,7 +505,7 @@ class SdpaBwdSm90:
 
     # --- MMA warpgroups
     @cute.jit
-    def mma(self, mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, mCuK, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sP,
+    def mma(self, mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sP,
             sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, w: Walk):
         bm, bn = self.bm, self.bn
         n_block, steps, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.steps, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
@@ -654,7 +659,7 @@ class SdpaBwdSm90:
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
             q_state.advance()
-        self.epilogue(acc_dK, acc_dV, mdK, mdV, mCuK, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
+        self.epilogue(acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
                       mma_dv, scale, tidx, w)
 
     @cute.jit
@@ -786,7 +791,7 @@ class SdpaBwdSm90:
         zero_rows(tiled, threads, sX, limit, tidx)
 
     @cute.jit
-    def epilogue(self, acc_dK, acc_dV, mdK, mdV, mCuK, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
+    def epilogue(self, acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
                  mma_dv, scale, tidx, w: Walk):
         """dK * scale and dV through the (now free) K / V tiles, then one TMA store each (packed: row-predicated
         stores, dK by one warpgroup and dV by the other, so no row of the next sequence is touched)."""
@@ -806,12 +811,15 @@ class SdpaBwdSm90:
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         if const_expr(self.p.is_thd):
             # the sequence's first key read again here, not kept in registers over the steps (a d=64 spill)
+            mCuK, mdKOff, mdVOff = key_offsets
             off_k = token_offset(mCuK, w.batch, self.p.token_div_kv)
             limit = w.seqlen_k - w.n_block * self.bn
             if tidx < 128:
-                self.store_tile(sK, mdK_rows, self.d, self.p.head_dim, off_k, limit, tidx, w)
+                off_dk = own_token_offset(self.p, "dk", mdKOff, w.batch, off_k)
+                self.store_tile(sK, mdK_rows, self.d, self.p.head_dim, off_dk, limit, tidx, w)
             else:
-                self.store_tile(sV, mdV_rows, self.dv, self.p.head_dim_v, off_k, limit, tidx - 128, w)
+                off_dv = own_token_offset(self.p, "dv", mdVOff, w.batch, off_k)
+                self.store_tile(sV, mdV_rows, self.dv, self.p.head_dim_v, off_dv, limit, tidx - 128, w)
         elif tidx < 32:
             gdK = cute.local_tile(mdK[None, None, w.head_kv, w.batch], (self.bn, self.d), (w.n_block, 0))
             gdV = cute.local_tile(mdV[None, None, w.head_kv, w.batch], (self.bn, self.dv), (w.n_block, 0))

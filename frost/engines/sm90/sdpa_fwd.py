@@ -43,7 +43,7 @@ from frost.engines.common import mask, rows, score_mod
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
-from frost.engines.common.seqlen import seqlen_info, token_offset
+from frost.engines.common.seqlen import own_token_offset, seqlen_info, token_offset
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import fwd_arg_names, ragged_tags
@@ -249,7 +249,8 @@ class SdpaFwdSm90:
 
         self.kernel(
             tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
-            a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"), a.get("bias"),
+            a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
+            a.get("o_offsets"), a.get("v_offsets"), a.get("bias"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -258,7 +259,7 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
-               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mBias, tma_atom_q: cute.CopyAtom,
+               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mBias, tma_atom_q: cute.CopyAtom,
                tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
                wl, wr, num_batch: Int32,
                num_m_blocks: Int32, total_tiles: Int32, section_width: Int32, q_bytes: cutlass.Constexpr,
@@ -292,12 +293,13 @@ class SdpaFwdSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
-                self.producer(mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, sQ, sK, sV, tma_atom_q, tma_atom_k,
+                self.producer(mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, mVOff, sQ, sK, sV, tma_atom_q, tma_atom_k,
                               tma_atom_v, pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles,
                               section_width)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO,
+            self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, (mLseOff, mOOff), sQ, sK,
+                          sV, sO,
                           tma_atom_o, pipe_q, pipe_k, pipe_v, (scale_log2, softmax_scale, mBias), wl, wr, num_batch,
                           num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv,
                           pg.rows_extent(mQ, self.pack), mK.shape[0])
@@ -363,7 +365,7 @@ class SdpaFwdSm90:
 
     # --- producer warp
     @cute.jit
-    def producer(self, mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
+    def producer(self, mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, mVOff, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
                  pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles, section_width):
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -376,6 +378,7 @@ class SdpaFwdSm90:
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, pg.rows_extent(mQ, self.pack), mK.shape[0],
                                                            mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
                                                            self.p.token_div_kv)
+            off_v = own_token_offset(self.p, "v", mVOff, batch, off_k)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             if n_max > n_min:
@@ -386,7 +389,7 @@ class SdpaFwdSm90:
                     head_v = head // (self.ratio_v // self.rq) if const_expr(self.pack) else head // self.ratio_v
                 gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
                 gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd), (None, 0))
-                gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_k), (self.tile_n, self.hdv), (None, 0))
+                gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv), (None, 0))
                 tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
                                                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
                 tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
@@ -493,11 +496,12 @@ class SdpaFwdSm90:
                                  check_cols=check_cols or p.is_thd)
 
     @cute.jit
-    def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, sQ, sK, sV, sO, tma_atom_o,
+    def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, row_offsets, sQ, sK, sV, sO, tma_atom_o,
                  pipe_q, pipe_k, pipe_v, scales, wl, wr, num_batch, num_m_blocks, total_tiles, section_width,
                  tiled_mma_qk, tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
         scale_log2, softmax_scale, mBias = scales  # softmax_scale, mBias: None without score modifiers
+        mLseOff, mOOff = row_offsets  # the ragged form's Stats offsets and O's own offsets, where given
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
         warp_in_wg = cute.arch.make_warp_uniform((tidx // 32) % 4)
@@ -554,6 +558,7 @@ class SdpaFwdSm90:
             off_lse = off_q  # ragged Stats start at their own offsets
             if const_expr(mLseOff is not None):
                 off_lse = token_offset(mLseOff, batch, p.token_div_lse)
+            off_o = own_token_offset(p, "o", mOOff, batch, off_q)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
@@ -626,7 +631,7 @@ class SdpaFwdSm90:
                                 score_max=s_max, score_sum_exp=s_sum)
             sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # row_sum now holds the LSE
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
-                          warp_in_wg, m_block, head, batch, seqlen_q, off_q, seqlen_q_static, off_lse)
+                          warp_in_wg, m_block, head, batch, seqlen_q, off_o, seqlen_q_static, off_lse)
             for mX, vals, pad in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0))):
                 if const_expr(vals is not None):
                     self.store_row_values(mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_q,
@@ -674,7 +679,7 @@ class SdpaFwdSm90:
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg, warp_in_wg,
-                 m_block, head, batch, seqlen_q, off_q, seqlen_q_static, off_lse):
+                 m_block, head, batch, seqlen_q, off_o, seqlen_q_static, off_lse):
         p = self.p
         row0 = m_block * self.tile_m
         rows_q = seqlen_q * self.rq  # tile rows inside the sequence (packed: rq per query position)
@@ -710,7 +715,7 @@ class SdpaFwdSm90:
                 if const_expr(not self.separate_o):
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
-            self.store_o_rows(sO_wg, mO, tidx % 128, m_block, wg, head, rows_q, off_q * self.rq)
+            self.store_o_rows(sO_wg, mO, tidx % 128, m_block, wg, head, rows_q, off_o * self.rq)
 
         if const_expr(p.has_lse):
             self.store_row_values(mLSE, lse, -Float32.inf, tOcO_mn, m_block, head, batch, seqlen_q, off_lse,
