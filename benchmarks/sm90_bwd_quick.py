@@ -6,6 +6,13 @@ convert); FA4 times `torch.autograd.grad` of its output (its own three kernels).
 backward can be timed side by side, and the mma.sync chain with `--sm80`:
 
     python benchmarks/sm90_bwd_quick.py --d 64,128 --s 4096,16384 --causal 0,1 --variants '[{}, {"tile_m": 128}]'
+
+A variant may also set `deterministic` (a feature, not a knob), e.g. the deterministic orders side by side:
+
+    python benchmarks/sm90_bwd_quick.py --causal 0 --variants \
+        '[{}, {"deterministic": true}, {"deterministic": true, "det_order": "rotated"}]'
+
+A variant the params reject for a problem (a rotated order under causal) is left out of that problem.
 """
 from __future__ import annotations
 
@@ -43,10 +50,12 @@ def main(argv=None):
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--hkv", default="", help="kv heads (GQA); default = query heads")
     ap.add_argument("--dv", default="", help="V's head dim (e.g. 128 with --d 192); default = d")
-    ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for the wgmma backward")
+    ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for the wgmma backward "
+                    "(and `deterministic`)")
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync chain")
     a = ap.parse_args(argv)
-    from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs
+    from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs, validate
+    from frost.errors import TemplateParamsError
     from frost.target import discover_target
 
     target = discover_target()
@@ -64,10 +73,17 @@ def main(argv=None):
         hk = int(a.hkv) if a.hkv else h
         for c in cs:
             for vi, var in enumerate(variants):
+                knobs = {k: v for k, v in var.items() if k != "deterministic"}
+                p = Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=dv_of(d), num_heads_q=h, num_heads_kv=hk,
+                                  has_window_right=c, deterministic=bool(var.get("deterministic", False)),
+                                  **default_knobs(d, dv_of(d), banded=c, sm_count=target.sm_count, **knobs))
+                try:
+                    validate(p)
+                except TemplateParamsError as e:
+                    print(f"# d={d} causal={int(c)} v{vi} left out: {e}", flush=True)
+                    continue
                 keys.append((d, c, f"v{vi}"))
-                params.append(Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=dv_of(d), num_heads_q=h,
-                                            num_heads_kv=hk, has_window_right=c,
-                                            **default_knobs(d, dv_of(d), banded=c, **var)))
+                params.append(p)
             if a.sm80:
                 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
                 from frost.engines.sm80.sdpa_bwd_params import default_knobs as k80

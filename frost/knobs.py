@@ -17,6 +17,9 @@ class Knobs(BaseModel):
     # mma.sync deterministic dense backward: fp32 dQ accumulator copies (0: per-tile turns, one accumulator of
     # workspace). Unset, the plan picks the count that keeps the SMs busy within 1 GiB of extra workspace.
     dq_splits: Optional[int] = None
+    # SM90 wgmma deterministic backward without a band: "stair" (walks from the same query tile) or "rotated"
+    # (each key tile's walk from its own query tile; turns by step)
+    det_order: Optional[str] = None
 
     def requested(self) -> dict:
         return {k: v for k, v in self.model_dump().items() if v is not None}

@@ -72,4 +72,4 @@ class SdpaBwdDslSm90(DslBwdAdapter):
         from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
         return default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
-                             packed=facts.is_thd, **requested)
+                             packed=facts.is_thd, sm_count=target.sm_count, **requested)

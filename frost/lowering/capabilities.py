@@ -49,7 +49,7 @@ class CapabilityRow(BaseModel):
     dtypes: tuple[str, ...]
     head_dims: Optional[Union[tuple[tuple[int, int], ...], HeadDimSpan]]  # None: any
     features: frozenset[str]
-    knob_choices: dict[str, tuple[Union[bool, int], ...]] = {}
+    knob_choices: dict[str, tuple[Union[bool, int, str], ...]] = {}
     vector_bytes: int = 16  # non-unit strides must be multiples of this many bytes
     pending: Optional[str] = None  # a kernel that is not available yet, and why
     explicit_only_on_gpu: bool = False  # the reference: never chosen silently on a GPU
@@ -99,7 +99,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                      knob_choices={"tile_m": (64, 80, 128), "tile_n": (64, 128), "num_stages": (1, 2),
                                    "dq_fragments": (False, True), "dq_red": (False, True),
                                    "dk_first": (False, True), "rows_warp": (False, True),
-                                   "pdl": (False, True)})]
+                                   "pdl": (False, True), "det_order": ("stair", "rotated")})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,

@@ -547,6 +547,20 @@ def test_h200_backward_ranks_the_wgmma_chain_first_and_the_mma_sync_chain_serves
     assert g.available_engines() == ["SdpaBwdDslSm80"]  # the mma.sync chain stays available by name
 
 
+def test_a_requested_rotated_order_plans_with_the_targets_sm_count(unpended, no_compile):
+    """det_order is a knob of the wgmma backward: honored where it applies (deterministic, no band), with the
+    target's SM count; a band declines the engine (requested knobs are honored or the engine is ineligible)."""
+    from frost.adapters.sm90 import SdpaBwdDslSm90
+    from frost.knobs import Knobs
+
+    g = declare(H200, direction="bwd", d=128, use_deterministic_algorithm=True)
+    p = SdpaBwdDslSm90(g.facts, H200, Knobs(det_order="rotated")).validated_params()
+    assert p.det_order == "rotated" and p.sm_count == H200.sm_count
+    g = declare(H200, direction="bwd", use_deterministic_algorithm=True, use_causal_mask=True)
+    g.create_execution_plans(knobs=Knobs(det_order="rotated"))
+    assert "SdpaBwdDslSm90" not in g.available_engines() and "window" in reasons(g)["SdpaBwdDslSm90"]
+
+
 # --- cuDNN's ragged-offset form --------------------------------------------------------------------------------
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("target, lines", [("H200", ["Sm90", "Sm80"]), ("A100", ["Sm80"]), ("RTX5090", ["Sm120"])])

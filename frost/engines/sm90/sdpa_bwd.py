@@ -2,8 +2,10 @@
 
 One CTA per (key tile, kv head, batch), 384 threads in three warpgroups. K and V
 of the tile stay in shared memory. The CTA walks every query head of its GQA
-group and every query tile of the mask band in one flat loop; each MMA
-warpgroup owns 64 of the tile's 128 keys and computes, per step:
+group and every query tile of the mask band in one flat loop (deterministic
+without a band, `det_order="rotated"`: each head's tiles from the key tile's own
+query tile, wrapping around); each MMA warpgroup owns 64 of the tile's 128 keys
+and computes, per step:
 
     S^T  = K Q^T, dP^T = V dO^T        (wgmma, both operands in shared memory)
     P^T  = exp2(S^T * scale_log2 - LSE_log2)       (registers, masked where the band or the keys end)
@@ -66,7 +68,7 @@ from frost.engines.common.seqlen import own_rows, own_token_offset, seqlen_info,
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common import global_ops as gops
 from frost.engines.sm90 import wgmma_utils as wu
-from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, name_suffix, validate
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, name_suffix, rotated_turn, rotates, validate
 
 BAR_DS = 1        # both MMA warpgroups stored their halves of dS
 BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgroups + writer warp)
@@ -111,6 +113,9 @@ class Walk(NamedTuple):
     off_q: object  # first query / key token of the sequence (Int32), or None without lengths (dense rows)
     off_k: object
     off_lse: object  # first LSE row of the sequence: ragged Stats' own offsets, else off_q
+    n_k: object = None  # rotated order (`det_order`): the sequence's key tiles (Int32), else None
+    rot: object = None  # rotated order: the walk's first query tile (0 where the sequence's key tiles do not
+    # all fit on the SMs: the stair order), else None
 
 
 class Rows(NamedTuple):
@@ -145,6 +150,7 @@ class SdpaBwdSm90:
         self.shared_keys = p.kv_shared
         self.dk_first = p.dk_first_order
         self.rows_warp = p.rows_warp
+        self.rotated = p.rotated
         self.num_threads = MMA_THREADS + 128
         self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
 
@@ -373,14 +379,34 @@ class SdpaBwdSm90:
         wr_c = cutlass.min(Int32(wr), cap) if const_expr(p.has_window_right) else None
         m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
         n_m = cutlass.max(m_max - m_min, 0)
+        n_k, rot = None, None
+        if const_expr(self.rotated):
+            n_k, rot = self.rotation(n_block, n_m, seqlen_k)
         return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k,
-                    off_q, off_k, off_lse)
+                    off_q, off_k, off_lse, n_k, rot)
+
+    @cute.jit
+    def rotation(self, n_block: Int32, n_m: Int32, seqlen_k: Int32):
+        """The rotated order's (key tiles, first query tile of the walk): key tile n starts at query tile
+        n mod M, so the walks' first adds land on different tiles; 0 (the stair order) when the sequence's key
+        tiles outnumber the SMs (`rotates`: a rotated turn waits on later-launched key tiles)."""
+        n_k = (seqlen_k + self.bn - 1) // self.bn
+        rot = Int32(0)
+        if rotates(n_k, self.p.sm_count):
+            rot = n_block % cutlass.max(n_m, 1)
+        return n_k, rot
 
     @cute.jit
     def step_tile(self, t: Int32, w: Walk):
-        """Step t of the flat loop -> (query head, query tile): heads of the group outer, tiles inner."""
+        """Step t of the flat loop -> (query head, query tile): heads of the group outer, tiles inner (rotated
+        order: each head's tiles from the walk's first, `Walk.rot`, wrapping around). Every role walks this."""
         head = w.head_kv * self.group + t // w.n_m
-        return head, w.m_min + t % w.n_m
+        i = t % w.n_m
+        if const_expr(self.rotated):
+            i = i + w.rot
+            if i >= w.n_m:
+                i = i - w.n_m
+        return head, w.m_min + i
 
     # --- producer warp: K / V once, then Q and dO per step
     @cute.jit
@@ -477,7 +503,8 @@ class SdpaBwdSm90:
         Under a right-bounded band (causal) the order runs from the highest key tile down: that tile reaches
         the query tile first (walks start at the diagonal) and is launched first (`key_tile`), so a tile only
         ever waits on tiles already running. Otherwise it runs upward from the band's first key tile; every
-        walk starts at the same query tile, so the additions settle into a staircase after the first.
+        walk starts at the same query tile, so the additions settle into a staircase after the first. The
+        rotated order (`det_order`, no band) starts each walk at its own query tile instead.
         """
         p = self.p
         bm, bn = self.bm, self.bn
@@ -493,6 +520,17 @@ class SdpaBwdSm90:
             if const_expr(p.has_window_left):
                 n_lo = cutlass.max(m_block * bm + off - wl, 0) // bn
             turn = n_block - n_lo
+            if const_expr(self.rotated):
+                turn = self.rotated_turn(turn, m_block, w)
+        return turn
+
+    @cute.jit
+    def rotated_turn(self, stair: Int32, m_block: Int32, w: Walk):
+        """The rotated order's turn (`rotated_turn`: adds into a query tile by the step that reaches it, then by
+        key tile), or the stair turn where the walks do not rotate (`rotation`)."""
+        turn = stair
+        if rotates(w.n_k, self.p.sm_count):
+            turn = rotated_turn(w.n_block, m_block, w.n_k, w.n_m, cutlass.min)
         return turn
 
     @cute.jit

@@ -43,6 +43,10 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
     pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
+    # deterministic turns without a band: "stair" (every walk from the first query tile, turns by key tile) or
+    # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
+    det_order: Literal["stair", "rotated"] = "stair"
+    sm_count: int = 132  # the target's SMs: a rotated order needs a sequence's key tiles co-resident (`rotates`)
 
     @property
     def tile_head_dim(self) -> int:
@@ -96,6 +100,11 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     def dq_swap(self) -> bool:
         """tile_m is not a whole number of 64-row wgmma tiles: dQ^T = K^T dS^T puts the head dim on M."""
         return self.tile_m % 64 != 0
+
+    @property
+    def rotated(self) -> bool:
+        """The rotated deterministic order (`rotated_turn`) is compiled in."""
+        return self.det_order == "rotated"
 
     @property
     def dq_split_m(self) -> bool:
@@ -164,6 +173,10 @@ def validate(p: Sm90BwdParams) -> None:
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
         bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
             f"head_dim from 104 to 128 (head_dim={p.head_dim})")
+    if p.rotated and not p.deterministic:
+        bad("det_order='rotated' orders deterministic turns: needs deterministic=True")
+    if p.rotated and (p.has_window_left or p.has_window_right):
+        bad("det_order='rotated' rotates whole walks over every query tile: needs no window (not causal)")
     regs = accumulator_registers(p)
     if regs > 208:
         bad(f"tile_m={p.tile_m} with head dims ({p.head_dim}, {p.head_dim_v}) on tiles of ({p.tile_head_dim}, "
@@ -174,7 +187,7 @@ def validate(p: Sm90BwdParams) -> None:
 
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = False, packed: bool = False,
-                  **requested) -> dict:
+                  sm_count: int = 132, **requested) -> dict:
     """Good knobs per head dim (`banded`: a right bound, e.g. causal; `packed`: THD); `requested` knobs are
     honored (the validator judges them).
 
@@ -191,8 +204,11 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
 
     Other head dims take the knobs of their tiles' widest head dim (`tile_head_dim`, rounded to a wgmma K step:
     up to 64, 96, 128, or above with shared keys, two stages where they fit), unmeasured; padded tiles add dQ
-    as rows (`dq_fragments` needs whole tiles).
+    as rows (`dq_fragments` needs whole tiles). A requested rotated order (`det_order`) takes the target's
+    `sm_count`.
     """
+    if requested.get("det_order") == "rotated":
+        requested = {"sm_count": sm_count, **requested}
     dv = head_dim_v or head_dim
     widest = max(round_up(head_dim, WGMMA_K), round_up(dv, WGMMA_K))
     if widest > 128:  # shared keys; two Q / dO stages where they fit beside the dQ tile (d=256: one)
@@ -228,9 +244,34 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
     parts += ragged_tags(p)
+    parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
                  + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "p" * p.pdl)
     return "_".join(parts)
+
+
+def rotates(key_tiles: int, sm_count: int) -> bool:
+    """A sequence's walks rotate when its key tiles fit on the SMs at once: a rotated turn waits on higher key
+    tiles, launched after it, so all of them must be resident (one CTA per SM); else the stair order."""
+    return key_tiles <= sm_count
+
+
+def rotated_turn(n, m, key_tiles, query_tiles, minimum=min):
+    """Key tile n's turn on query tile m in the rotated order: n visits m at step s = (m - n) mod M, and the
+    adds into m run by (s, n). Closed form (N key tiles, M query tiles, N = q M + r): the key tiles with a
+    smaller step are those whose residue mod M lies in the M-cyclic window (m - s, m], q each plus one per
+    residue below r (`_residues_below`), then the n // M tiles of n's own residue below it. Plain integer
+    arithmetic on non-negative operands (the kernel passes `cutlass.min` as `minimum`)."""
+    q, r = key_tiles // query_tiles, key_tiles % query_tiles
+    s = (m + query_tiles - n % query_tiles) % query_tiles
+    end = m + 1 + query_tiles  # shifted by M: the window's start stays non-negative
+    window = _residues_below(end, query_tiles, r, minimum) - _residues_below(end - s, query_tiles, r, minimum)
+    return q * s + window + n // query_tiles
+
+
+def _residues_below(x, query_tiles, r, minimum=min):
+    """How many integers in [0, x) have a residue mod M below r (x >= 0)."""
+    return (x // query_tiles) * r + minimum(x % query_tiles, r)
 
 
 # ---------------------------------------------------------------------------------------------
