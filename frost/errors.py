@@ -37,6 +37,15 @@ class NotSupportedError(FrostError, NotImplementedError):
         super().__init__("\n".join(lines))
 
 
+class GraphNotSupportedError(GraphError, NotSupportedError):
+    """A declaration cuDNN's validate() also refuses as not supported (its GRAPH_NOT_SUPPORTED, e.g. ALiBi without a
+    causal band): a GraphError that cuDNN code catches as cudnnGraphNotSupportedError."""
+
+    def __init__(self, message: str):
+        self.declines = []
+        Exception.__init__(self, message)
+
+
 class TemplateParamsError(FrostError, ValueError):
     """A kernel template's validator rejected its parameters (a capability row lied)."""
 
@@ -57,5 +66,6 @@ class PlanDuringCaptureError(FrostError, RuntimeError):
     """A torch-face call needed a new plan while its stream was capturing a CUDA graph (warm up first)."""
 
 
-#: cuDNN's name for "no engine can serve this graph" (raised by check_support / build_plans)
+#: cuDNN's name for "no engine can serve this graph" (raised by validate, check_support and build_plans; cuDNN's
+#: own validate-time refusals are GraphNotSupportedError, a kind of it)
 cudnnGraphNotSupportedError = NotSupportedError

@@ -52,6 +52,14 @@ class Graph(OpGraph):
         self._ranking = None
         self.plan = None
 
+    def validate(self) -> "Graph":
+        """The declaration's checks (GraphError), then, as cuDNN's validate() does, whether any engine serves the
+        graph on its target: NotSupportedError (cuDNN's cudnnGraphNotSupportedError) lists every engine's reason
+        when none does. The reference engine, never chosen silently on a GPU, still builds by name after it."""
+        super().validate()
+        self.check_support()
+        return self
+
     # planning -----------------------------------------------------------------------------
     @property
     def target(self):

@@ -179,7 +179,7 @@ def planned_fwd(case: Case, t: Optional[dict] = None, target=CPU, engine=None):
     """The forward planned, with outputs allocated in its variant pack: (graph, pack, o handle, stats handle)."""
     t = make_inputs(case) if t is None else t
     g, pack, o, stats = fwd_graph(case, t, target)
-    g.validate().build_plans(engine=engine)
+    g.build_operation_graph().build_plans(engine=engine)
     pack[o] = empty_like_decl(o)
     if stats is not None:
         pack[stats] = empty_like_decl(stats)
@@ -251,7 +251,7 @@ def run_bwd(case: Case, t: Optional[dict] = None, target=CPU, deterministic: boo
     dq, dk, dv = g.sdpa_backward(q, k, v, o, do, stats, use_deterministic_algorithm=deterministic, **kw)
     for h in (dq, dk, dv):
         h.set_output(True)
-    g.validate().build_plans(engine=engine)
+    g.build_operation_graph().build_plans(engine=engine)
     outs = [empty_like_decl(h) for h in (dq, dk, dv)]
     pack.update({q: t["q"], k: t["k"], v: t["v"], o: o_in, do: t["do"], stats: lse_in,
                  dq: outs[0], dk: outs[1], dv: outs[2]})

@@ -50,7 +50,8 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
 
     def _scratch(self, total_q: int, total_kv: int) -> list[ScratchBuffer]:
         f = self.facts
-        layout = scratch_layout(self.params, f.batch, f.seq_q, f.seq_kv, total_q, total_kv)
+        bias_rows = tuple(f.tensor("bias").dim[2:]) if f.has_bias else None  # the dBias accumulator's dims
+        layout = scratch_layout(self.params, f.batch, f.seq_q, f.seq_kv, total_q, total_kv, bias_rows)
         return [ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in layout]
 
     def scratch_workspace_bytes(self) -> int:

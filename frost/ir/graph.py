@@ -268,7 +268,7 @@ class OpGraph:
 
     def build_operation_graph(self) -> "OpGraph":
         if self.facts is None:
-            self.validate()
+            OpGraph.validate(self)  # the declaration only: planning ranks the engines itself
         return self
 
     def _roles(self) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import operator
 
-from frost.errors import GraphError
+from frost.errors import GraphError, GraphNotSupportedError
 from frost.ir.facts import RaggedFacts, SdpaFacts, TensorFacts
 from frost.ir.nodes import OUTPUT_ATTRS, SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
 from frost.ir.tensor import Tensor, _overlaps
@@ -222,8 +222,8 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
     probability = _check_dropout(a)
     left, right, bottom_right = resolve_band(a)
     if a.use_alibi_mask and right != 0:
-        raise GraphError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask (diagonal_band_right_bound=0 or "
-                         f"use_causal_mask), as in cuDNN; this graph's right bound is {right}")
+        raise GraphNotSupportedError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask (diagonal_band_right_bound=0 "
+                                     f"or use_causal_mask), as in cuDNN; this graph's right bound is {right}")
     geom = dict(batch=batch, num_heads_q=hq, num_heads_kv=hkv, num_heads_v=hv, head_dim_qk=dqk, head_dim_v=dv,
                 seq_q=sq, seq_kv=skv, is_thd=thd, total_q=tq, total_kv=tkv)
     mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
@@ -293,8 +293,8 @@ def _lower_ragged(node, geom: dict):
     envelopes = {}
     for key, seq in (("max_total_seq_len_q", geom["seq_q"]), ("max_total_seq_len_kv", geom["seq_kv"])):
         value = getattr(a, key)
-        if value is not None and not (1 <= value <= batch * seq):
-            raise GraphError(f"sdpa {a.name!r}: {key}={value} must be between 1 and B * S = {batch * seq}")
+        if value is not None and value < 1:
+            raise GraphError(f"sdpa {a.name!r}: {key}={value} must be at least 1 (the token envelope)")
         envelopes[key] = batch * seq if value is None else value
     tq, tkv = envelopes["max_total_seq_len_q"], envelopes["max_total_seq_len_kv"]
     strides, dtypes, lowered, sharing = [], [], {}, {}

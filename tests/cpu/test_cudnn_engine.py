@@ -234,7 +234,7 @@ def head_major_stats_graph():
                       max_seq_len_q=128, max_seq_len_kv=128)
     o.set_output(True)
     stats.set_output(True).set_stride((1, 256, 1))
-    return g.validate()
+    return g.build_operation_graph()
 
 
 def test_head_major_packed_stats_declines_naming_the_strides():
@@ -250,7 +250,7 @@ def test_ragged_form_lowering_passes_its_declarations_through():
     for direction in ("fwd", "bwd"):
         for stats_ragged in (True, False):
             g = _ragged(frost.Graph(io_data_type="bf16", target=B200), direction, stats_ragged=stats_ragged)
-            call = lower_cudnn_sdpa(g.validate().facts)
+            call = lower_cudnn_sdpa(g.build_operation_graph().facts)
             decl = {t.role: t for t in call.inputs + call.outputs}
             assert call.derived is None and call.kwarg("use_padding_mask") is True
             assert decl["q"].dim == tuple(g.node.q.dim) and decl["q"].stride == tuple(g.node.q.stride)
@@ -350,7 +350,7 @@ def test_missing_binding_declines_naming_the_package(unpended, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_cudnn)
     assert cudnn_adapter.cudnn_missing_reason() == cudnn_adapter.CUDNN_MISSING
-    g = bias_graph(B200).validate()
+    g = bias_graph(B200).build_operation_graph()
     with pytest.raises(NotSupportedError) as ei:
         g.build_plans()
     assert dict(ei.value.declines)["SdpaFwdCudnn"] == "nvidia-cudnn-frontend is not installed (pip install " \
@@ -615,7 +615,7 @@ def test_ranking_asks_cudnn_only_when_it_could_win(bias_only_cudnn, fake_cudnn):
 
 def test_cudnn_refusal_is_a_decline_with_its_message(bias_only_cudnn, fake_cudnn):
     _FakeGraph.refuse = "cudnnGraphNotSupportedError: no engine for head dim 72"
-    g = bias_graph(fake_cudnn).validate()
+    g = bias_graph(fake_cudnn).build_operation_graph()
     assert g.available_engines() == []
     reason = dict(g.declines())["SdpaFwdCudnn"]
     assert reason == "cuDNN declines this graph: RuntimeError: cudnnGraphNotSupportedError: no engine for head dim 72"
@@ -690,7 +690,7 @@ def test_the_frontends_own_engines_are_deselected(bias_only_cudnn, fake_cudnn):
 
 def test_a_graph_only_the_frontends_own_engines_serve_is_declined(bias_only_cudnn, fake_cudnn):
     _FakeGraph.ranked = [(20517, "sdpa_fwd_prefill_sm90")]
-    g = bias_graph(fake_cudnn).validate()
+    g = bias_graph(fake_cudnn).build_operation_graph()
     assert g.available_engines() == []
     reason = dict(g.declines())["SdpaFwdCudnn"]
     assert reason.startswith("cuDNN declines this graph: LibraryHasNoPlan: the cuDNN library has no engine")
@@ -703,7 +703,7 @@ def test_a_binding_mismatch_is_an_error_not_a_decline(bias_only_cudnn, fake_cudn
         raise TypeError("sdpa(): incompatible function arguments")
 
     monkeypatch.setattr(_FakeGraph, "sdpa", sdpa)
-    g = bias_graph(fake_cudnn).validate()
+    g = bias_graph(fake_cudnn).build_operation_graph()
     with pytest.raises(TypeError, match="incompatible function arguments"):
         g.available_engines()
 

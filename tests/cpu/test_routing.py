@@ -49,7 +49,7 @@ def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, hv=None, s=128, skv=
         stats = g.tensor(name="stats", dim=sdim, data_type="fp32")
         for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.125, **kw):
             t.set_output(True)
-    return g.validate()
+    return g.build_operation_graph()
 
 
 def reasons(g: frost.Graph) -> dict:
@@ -356,7 +356,7 @@ def test_bias_and_attn_mask_decline_listing_both(unpended):
     amask = g.tensor(name="mask", dim=(1, 1, 64, 64), data_type="bool")
     o, _ = g.sdpa(q, k, v, bias=bias, attn_mask=amask)
     o.set_output(True)
-    declined = reasons(g.validate())
+    declined = reasons(g.build_operation_graph())
     assert declined["SdpaFwdDslSm90"] == "does not serve attn_mask"  # the wgmma forward reads the bias too
     assert declined["SdpaFwdDslSm80"] == "does not serve attn_mask"  # the mma.sync kernels read the bias
 
@@ -745,7 +745,7 @@ def test_score_outputs_in_the_ragged_form_are_declined_by_the_dsl_engines(unpend
     g = frost.Graph(target=H200)
     mx, se = (g.tensor((B, H, SQ, 1), (H * SQ, SQ, 1, 1), frost.DataType.FLOAT, name=n)
               for n in ("score_max", "score_sum_exp"))
-    _ragged(g, score_max=mx, score_sum_exp=se).validate()
+    _ragged(g, score_max=mx, score_sum_exp=se).build_operation_graph()
     assert g.facts.ragged.stats_per_batch  # Stats ragged, the two halves per batch
     declined = reasons(g)
     for line in ("Sm90", "Sm80"):
@@ -818,3 +818,24 @@ def test_split_kv_heads_at_the_wgmma_backwards_new_head_dims_take_the_mma_sync_c
     assert g.available_engines() == ["SdpaBwdDslSm80"]
     assert reasons(g)["SdpaBwdDslSm90"].startswith("does not serve split_kv_heads")
     assert declare(H200, direction="bwd", d=d, dv=dv, hq=8, hkv=2).available_engines()[0] == "SdpaBwdDslSm90"
+
+
+def test_validate_reports_a_graph_no_engine_serves_as_cudnn_does():
+    """cuDNN's validate() refuses graphs it cannot serve (cudnnGraphNotSupportedError), and cuDNN programs skip on
+    it: frost's validate() ranks its engines and raises NotSupportedError (the same class) listing their reasons;
+    a declaration error stays a GraphError, and cuDNN's own validate-time refusals are both."""
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    q, k, v = (g.tensor(name=n, dim=(1, 2, 64, 520)) for n in "qkv")
+    o, _ = g.sdpa(q, k, v, generate_stats=False)
+    o.set_output(True)
+    with pytest.raises(frost.cudnnGraphNotSupportedError) as ei:
+        g.validate()
+    assert "d_qk is above 512" in str(ei.value) and ei.value.declines
+    assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"  # by name, after the refusal
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    q, k, v = (g.tensor(name=n, dim=(1, 2, 64, 64)) for n in "qkv")
+    o, _ = g.sdpa(q, k, v, generate_stats=False, use_alibi_mask=True, diagonal_band_right_bound=4)
+    o.set_output(True)
+    with pytest.raises(frost.cudnnGraphNotSupportedError, match="use_alibi_mask needs a causal mask") as ei:
+        g.validate()
+    assert isinstance(ei.value, frost.GraphError)

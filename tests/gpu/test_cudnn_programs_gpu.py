@@ -103,8 +103,8 @@ def test_the_handles_stream_is_honored(engine):
 
 
 def test_a_bias_program_matches_the_real_cudnn_frontend(monkeypatch):
-    """The same program text through frost and through nvidia-cudnn-frontend itself: frost's mma.sync engine (first
-    for a bias) agrees to bf16 rounding; its cuDNN engine, with the DSL rows made blind to biases, runs the same
+    """The same program text through frost and through nvidia-cudnn-frontend itself: frost's wgmma forward (first
+    for a bias on cc 9.0) agrees to bf16 rounding; its cuDNN engine, with the DSL rows made blind to biases, runs the same
     library: one answer."""
     from frost.adapters.cudnn import cudnn_missing_reason
     from frost.lowering import capabilities
@@ -121,7 +121,7 @@ def test_a_bias_program_matches_the_real_cudnn_frontend(monkeypatch):
             assert ((a - b).norm() / b.norm()).item() < tol, name
 
     mine = _run(BIAS_FWD)
-    assert mine["graph"].engine_name == "SdpaFwdDslSm80"
+    assert mine["graph"].engine_name == "SdpaFwdDslSm90"
     agree(mine, 2e-2)
     rows = tuple(r.model_copy(update={"features": r.features - capabilities.SCORE_MOD_FEATURES})
                  if "Dsl" in r.name else r for r in capabilities.ROWS)

@@ -32,12 +32,14 @@ def accumulator_rows(p, seqlen_q: int) -> int:
 
 
 def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
-                   total_q: int = 0, total_kv: int = 0) -> list[tuple[str, str, tuple[int, ...]]]:
+                   total_q: int = 0, total_kv: int = 0, bias_rows=None) -> list[tuple[str, str, tuple[int, ...]]]:
     """The workspace buffers of the chain, in carving order: (name, torch dtype name, shape).
 
     Dense: `max_seqlen_q` is the declared Sq. THD: `total_q` is the packed query
     total (the plan-time envelope to size the workspace, the bound tensor's
-    extent to carve views). Every buffer is contiguous, row-major.
+    extent to carve views). `bias_rows`: the bias's declared (S_q, S_kv), which the
+    dBias accumulator takes (default: max_seqlen_q, max_seqlen_kv; cuDNN's ragged
+    form may declare a token envelope below S). Every buffer is contiguous, row-major.
     """
     h, d = p.num_heads_q, p.head_dim
     if p.is_thd:
@@ -60,7 +62,8 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
     if p.has_dsinks:
         out.append(("dsink_partial", "float32", (n_part,)))
     if p.dbias_accum:
-        out.append(("dbias_accum", "float32", dbias_accum_shape(p, batch, max_seqlen_q, max_seqlen_kv)))
+        out.append(("dbias_accum", "float32", dbias_accum_shape(p, batch, *(bias_rows or (max_seqlen_q,
+                                                                                          max_seqlen_kv)))))
     return out
 
 
@@ -75,7 +78,8 @@ def dbias_accum_shape(p, batch: int, seq_q: int, seq_kv: int) -> tuple[int, int,
             cdiv(seq_kv, DBIAS_ROW_ALIGN) * DBIAS_ROW_ALIGN)
 
 
-def scratch_bytes(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_q: int = 0, total_kv: int = 0) -> int:
+def scratch_bytes(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_q: int = 0, total_kv: int = 0,
+                  bias_rows=None) -> int:
     """Workspace bytes of `scratch_layout`, each buffer 256-byte aligned (the adapter's own closed form)."""
-    return layout_bytes(ScratchBuffer(n, dt, tuple(shape))
-                        for n, dt, shape in scratch_layout(p, batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv))
+    return layout_bytes(ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in
+                        scratch_layout(p, batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv, bias_rows))
