@@ -71,5 +71,9 @@ class SdpaBwdDslSm90(DslBwdAdapter):
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
         from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
+        if facts.deterministic and facts.window_left is None and facts.window_right is None:
+            # deterministic without a band: the rotated turn order (1-6% over free order on the H200 against
+            # 3-16% for the stair, benchmarks/results/2026-12-01-h200-run11)
+            requested = {"det_order": "rotated", **requested}
         return default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
                              packed=facts.is_thd, sm_count=target.sm_count, **requested)
