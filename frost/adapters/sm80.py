@@ -11,6 +11,16 @@ from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
 
 
+#: the workspace a deterministic dBias may take (a copy per (batch entry, query head), summed in order after)
+DETERMINISTIC_DBIAS_BYTES = 4 << 30
+
+
+def deterministic_dbias_bytes(facts) -> int:
+    """Bytes of a deterministic dBias accumulator: fp32 (B, H_q, S_q, S_kv) at the bias's declared S."""
+    s_q, s_kv = facts.tensor("bias").dim[2:]
+    return 4 * facts.batch * facts.num_heads_q * s_q * (-(-s_kv // 4) * 4)
+
+
 def _smem_budget(target):
     return target.smem_per_block_optin or None
 
@@ -50,11 +60,12 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
     def check_support(self) -> None:
         f = self.facts
         if f.has_dbias and f.deterministic and dbias_accumulates(f):
-            dbias = f.tensor("dBias")
-            raise self.decline(f"does not serve a deterministic dBias {dbias.label} of dim {dbias.dim} summed over "
-                               f"{'a packed batch' if f.is_thd else 'broadcast batch entries or heads'}: it adds "
-                               f"into an fp32 accumulator with atomics, in no fixed order (a dBias of dim "
-                               f"({f.batch}, {f.num_heads_q}, S_q, S_kv) on a dense graph is written directly)")
+            need = deterministic_dbias_bytes(f)
+            if need > DETERMINISTIC_DBIAS_BYTES:
+                dbias = f.tensor("dBias")
+                raise self.decline(f"does not serve a deterministic dBias {dbias.label} of dim {dbias.dim} this large: "
+                                   f"it keeps an fp32 copy per (batch entry, query head), {need / 2**30:.1f} GiB of "
+                                   f"workspace, above {DETERMINISTIC_DBIAS_BYTES / 2**30:.0f} GiB")
         super().check_support()
 
     @classmethod

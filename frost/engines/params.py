@@ -142,13 +142,25 @@ class SdpaBwdFeatureParams(SdpaFeatureParams):
 
     @property
     def dbias_accum_per_batch(self) -> bool:
-        """The dBias accumulator is full along batch (B entries; else one); False without an accumulator."""
-        return self.dbias_accum and self.bias_per_batch
+        """The dBias accumulator is full along batch (B entries; else one); False without an accumulator.
+        Deterministic: full along both, one copy per (batch entry, query head), each element written once by a
+        plain store; the dQ convert sums the copies a broadcast dBias spans in a fixed order."""
+        return self.dbias_accum and (self.bias_per_batch or self.deterministic)
 
     @property
     def dbias_accum_per_head(self) -> bool:
         """The dBias accumulator is full along heads (H_q; else one); False without an accumulator."""
-        return self.dbias_accum and self.bias_per_head
+        return self.dbias_accum and (self.bias_per_head or self.deterministic)
+
+    @property
+    def dbias_sum_batch(self) -> bool:
+        """The dQ convert sums the accumulator's batch copies into a dBias that broadcasts over batch."""
+        return self.dbias_accum_per_batch and not self.bias_per_batch
+
+    @property
+    def dbias_sum_heads(self) -> bool:
+        """The dQ convert sums the accumulator's head copies into a dBias that broadcasts over heads."""
+        return self.dbias_accum_per_head and not self.bias_per_head
 
 
 def score_mod_tags(p) -> tuple:
@@ -157,7 +169,8 @@ def score_mod_tags(p) -> tuple:
     bias = "bias" + "b" * p.bias_per_batch + "h" * p.bias_per_head + "s" * p.bias_key_strided
     tags = ((p.has_bias, bias), (p.has_alibi, "alibi"))
     if isinstance(p, SdpaBwdFeatureParams):
-        tags += ((p.has_dbias, "dbiasacc" if p.dbias_accum else "dbias"),)
+        acc = "dbiasacc" + "st" * (p.dbias_accum and p.deterministic)  # stored copies, summed in order
+        tags += ((p.has_dbias, acc if p.dbias_accum else "dbias"),)
     return tags
 
 

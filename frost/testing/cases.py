@@ -540,3 +540,13 @@ RAGGED_OWN_SM90_FWD_COVER = [
 RAGGED_OWN_SM90_BWD_COVER = [
     sm90_bwd_kwargs(d=64, dv=128, hq=6, hk=2, has_window_right=True, **ragged_own(6, 2, 2, 64, 128, bwd=True)),
 ]
+
+# the deterministic dBias of a bias broadcast over batch entries or heads: an fp32 copy per (batch entry, query
+# head), stored once per element, summed by the dQ convert in a fixed order (dense and packed)
+DET_DBIAS_MMA_BWD_COVER = {
+    "sm_90a": [
+        _mma_bwd(d=64, hq=4, hk=2, has_bias=True, bias_per_head=True, has_dbias=True, dbias_accum=True,
+                 deterministic=True, has_window_right=True),
+        _mma_bwd(d=128, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True, deterministic=True),
+    ],
+}

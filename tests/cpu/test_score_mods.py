@@ -267,16 +267,30 @@ def test_packed_thd_bias_plans_on_the_wgmma_forward_and_the_mma_sync_backward(un
     assert p.is_thd and p.has_bias and p.bias_per_head
 
 
-def test_deterministic_dbias_summed_over_broadcast_dims_declines_with_the_reason(unpended, no_compile):
+def test_deterministic_dbias_summed_over_broadcast_dims_keeps_a_copy_per_batch_and_head(unpended, no_compile):
+    """A deterministic dBias that several (batch, head) pairs add into: an fp32 copy per pair, each element stored
+    once, summed by the dQ convert in a fixed order; declined, naming the size, above the workspace cap."""
+    from frost.adapters.sm80 import DETERMINISTIC_DBIAS_BYTES
+    from frost.engines.sdpa_bwd.chain import chain_of
+    from frost.engines.sdpa_bwd.scratch import scratch_layout
+
     g = _bias_graph(H200, direction="bwd", use_deterministic_algorithm=True)
-    reason = dict(g.declines())["SdpaBwdDslSm80"]
-    assert reason.startswith("does not serve a deterministic dBias 'dbias' (dBias) of dim (1, 4, 128, 128) summed "
-                             "over broadcast batch entries or heads")
+    assert g.available_engines()[0] == "SdpaBwdDslSm80"
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.dbias_accum and p.deterministic and (p.dbias_sum_batch, p.dbias_sum_heads) == (True, False)
+    layout = dict((n, shape) for n, _, shape in scratch_layout(p, 2, 128, 128))
+    assert layout["dbias_accum"] == (2, 4, 128, 128)  # full along batch: the dBias (1, 4, S, S) sums 2 copies
+    post = {stage: sp for stage, _, _, sp in chain_of(p)}["postprocess"]
+    assert post.dbias_sum_batch and "dbiasaccbhsumb" in __import__(
+        "frost.engines.sdpa_bwd.chain", fromlist=["helper_suffix"]).helper_suffix(post)
     full = _bias_graph(H200, direction="bwd", bias_dim=(2, 4, 128, 128), use_deterministic_algorithm=True)
     assert full.available_engines()[0] == "SdpaBwdDslSm80"
     no_grad = _bias_graph(H200, direction="bwd", dbias=False, use_deterministic_algorithm=True)
     assert no_grad.available_engines()[0] == "SdpaBwdDslSm80"
-
+    assert DETERMINISTIC_DBIAS_BYTES == 4 << 30
+    big = _bias_graph(H200, direction="bwd", b=300, s=1024, bias_dim=(1, 4, 1024, 1024), use_deterministic_algorithm=True)
+    why = dict(big.declines())["SdpaBwdDslSm80"]
+    assert "deterministic dBias" in why and "GiB of workspace" in why
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
@@ -387,8 +401,9 @@ def test_validators_reject_inconsistent_score_mods():
         validate_bwd(Sm80BwdParams(**base, bias_per_head=True))
     with pytest.raises(TemplateParamsError, match="ALiBi needs a causal mask"):
         validate_bwd(Sm80BwdParams(**base, has_alibi=True))
-    with pytest.raises(TemplateParamsError, match="deterministic backward cannot sum dBias"):
-        validate_bwd(Sm80BwdParams(**base, has_bias=True, has_dbias=True, dbias_accum=True, deterministic=True))
+    det = Sm80BwdParams(**base, has_bias=True, has_dbias=True, dbias_accum=True, deterministic=True)
+    validate_bwd(det)  # a copy per (batch entry, head), summed in order by the dQ convert
+    assert det.dbias_accum_per_batch and det.dbias_accum_per_head and det.dbias_sum_batch and det.dbias_sum_heads
     with pytest.raises(TemplateParamsError, match="packed batch's dbias goes through the accumulator"):
         validate_bwd(Sm80BwdParams(**base, is_thd=True, has_bias=True, has_dbias=True))
     validate_bwd(Sm80BwdParams(**base, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True,

@@ -19,6 +19,7 @@ from frost.engines.sdpa_bwd.chain import chain_of as bwd_chain
 from frost.errors import TemplateParamsError
 from frost.testing.cases import SM80_BWD_COVER as COVER
 from frost.testing.cases import SM80_BWD_HEAD_DIM_COVER as HEAD_DIM_COVER
+from frost.testing.cases import DET_DBIAS_MMA_BWD_COVER as DET_DBIAS_COVER
 from frost.testing.cases import SM80_BWD_SCORE_MOD_COVER as SCORE_MOD_COVER
 from frost.testing.cases import params_kwargs
 from tests.compile_runner import check_head_dim_cover, compile_groups
@@ -36,7 +37,8 @@ PARAMS = {"main": "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams",
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cover", [COVER, HEAD_DIM_COVER, SCORE_MOD_COVER], ids=["tuned", "head_dims", "score_mods"])
+@pytest.mark.parametrize("cover", [COVER, HEAD_DIM_COVER, SCORE_MOD_COVER, DET_DBIAS_COVER],
+                         ids=["tuned", "head_dims", "score_mods", "det_dbias"])
 def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path, cover):
     import importlib
 

@@ -308,6 +308,10 @@ BWD_CASES = [
     ScoreCase(bias="h", thd=((77, 130), (256, 256)), d=64, dtype=torch.float16),
     ScoreCase(bias="h", dbias=False, causal=True),  # a bias without its gradient
     ScoreCase(bias="bh", deterministic=True, causal=True, hq=8, hkv=2),
+    # deterministic dBias summed over broadcast dims: a copy per (batch entry, head), summed in order
+    ScoreCase(bias="h", deterministic=True, causal=True, hq=8, hkv=2),
+    ScoreCase(bias="", deterministic=True, sq=200, skv=333, d=64),
+    ScoreCase(bias="bh", deterministic=True, thd=((100, 100), (1, 7), (300, 300)), causal=True),
     ScoreCase(bias=None, alibi=True, causal=True),
     ScoreCase(bias=None, alibi=True, causal=True, hq=6, hkv=3, dtype=torch.float16),
     ScoreCase(bias="h", alibi=True, causal=True, padding=((256, 100), (200, 256)), hq=12, hkv=4, d=64),
@@ -323,6 +327,10 @@ BWD_CASES = [
 def test_bwd_matches_the_oracle(case):
     t = make_inputs(case)
     got = run_bwd(case, t)
+    if case.deterministic:  # bitwise the same on a second run
+        again = run_bwd(case, t)
+        for name in got:
+            assert torch.equal(got[name].nan_to_num(), again[name].nan_to_num()), f"{name} differs between runs"
     want = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], with_dbias=True, **oracle_kwargs(case, t)) \
         if case.bias is not None else oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], **oracle_kwargs(case, t))
     for name, ref in zip(("dQ", "dK", "dV"), want[2:5]):

@@ -169,8 +169,9 @@ class FakeArgs:
                 cutlass.Uint8, (self.batch, p.num_heads_q, cute.sym_int(), cute.sym_int()),
                 tuple(cute.sym_int64() for _ in range(4)), assumed_align=1)
         if name == "dbias":  # the main kernel's (the bias's dims) or, from its accumulator, the dQ convert's
-            if getattr(p, "dbias_accum", False):
-                return self._bias(p.dbias_accum_per_batch, p.dbias_accum_per_head)
+            if getattr(p, "dbias_accum", False):  # the accumulator's dims less the copies it sums
+                return self._bias(p.dbias_accum_per_batch and not p.dbias_sum_batch,
+                                  p.dbias_accum_per_head and not p.dbias_sum_heads)
             return self._bias(p.bias_per_batch, p.bias_per_head)
         if name == "stream":
             return cute.runtime.make_fake_stream()

@@ -30,6 +30,8 @@ class BwdChainParams(Protocol):
     dbias_accum: bool  # dBias through the fp32 accumulator: zeroed by the preprocess, written by the dQ convert
     dbias_accum_per_batch: bool  # that accumulator's batch / head modes are full (else of extent 1)
     dbias_accum_per_head: bool
+    dbias_sum_batch: bool  # the dQ convert sums the accumulator's batch / head copies (a deterministic dBias)
+    dbias_sum_heads: bool
     pdl: bool  # the main kernel waits for the preprocess itself: the chain launches as programmatic dependents
 
 
@@ -53,6 +55,8 @@ class BwdHelperParams(SdpaFeatureParams):
     dbias_accum: bool = False
     dbias_accum_per_batch: bool = False
     dbias_accum_per_head: bool = False
+    dbias_sum_batch: bool = False  # the accumulator's copies along batch / heads sum into one dBias element
+    dbias_sum_heads: bool = False
 
 
 #: the ragged-offset form's fields (the helpers view the bound tensors with them and walk each sequence's rows)
@@ -60,13 +64,16 @@ _RAGGED_FIELDS = ("token_div_q", "token_div_kv", "offset_dtype_q", "stats_per_ba
                   "offset_dtype_lse")
 #: the dBias accumulator's fields (the preprocess zeroes it, the dQ convert writes dBias from it)
 _DBIAS_FIELDS = ("dbias_accum", "dbias_accum_per_batch", "dbias_accum_per_head")
+#: the dQ convert also sums the copies of a deterministic dBias accumulator
+_DBIAS_SUM_FIELDS = ("dbias_sum_batch", "dbias_sum_heads")
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
     "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
                    "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile",
                    *_DBIAS_FIELDS, "pdl") + _RAGGED_FIELDS,
     "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile", *_DBIAS_FIELDS, "pdl") + _RAGGED_FIELDS,
+                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile", *_DBIAS_FIELDS, *_DBIAS_SUM_FIELDS,
+                    "pdl") + _RAGGED_FIELDS,
 }
 
 
@@ -173,7 +180,8 @@ def name_tags(flags) -> list[str]:
 
 def helper_suffix(p: BwdHelperParams) -> str:
     """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
-    dbias = "dbiasacc" + "b" * p.dbias_accum_per_batch + "h" * p.dbias_accum_per_head
+    dbias = ("dbiasacc" + "b" * p.dbias_accum_per_batch + "h" * p.dbias_accum_per_head
+             + "sum" * (p.dbias_sum_batch or p.dbias_sum_heads) + "b" * p.dbias_sum_batch + "h" * p.dbias_sum_heads)
     return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
         ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.dbias_accum, dbias),
          (p.deterministic, "det"), (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),

@@ -103,7 +103,10 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
                 _convert_chunk(p, mdQ, copies, scale, dt, bx, batch, head, extent, idx, chunks_per_row)
 
     if cutlass.const_expr(mdBias is not None):
-        _convert_dbias(mdBias, mDBiasAcc, dt, (batch * gy + head) * gx + bx, gx * gy * gz, tidx)
+        if cutlass.const_expr(p.dbias_sum_batch or p.dbias_sum_heads):
+            _sum_dbias_copies(p, mdBias, mDBiasAcc, dt, (batch * gy + head) * gx + bx, gx * gy * gz, tidx)
+        else:
+            _convert_dbias(mdBias, mDBiasAcc, dt, (batch * gy + head) * gx + bx, gx * gy * gz, tidx)
 
     if cutlass.const_expr(mdSinks is not None):
         if bx == 0 and batch == 0 and tidx < 32:
@@ -182,6 +185,30 @@ def _convert_dbias(mdBias: cute.Tensor, mAcc: cute.Tensor, dt: cutlass.Constexpr
         for jt in cutlass.range((s_kv - tidx + THREADS - 1) // THREADS, unroll=1):
             j = tidx + jt * THREADS
             dst[j] = src[j].to(dt)
+
+
+@cute.jit
+def _sum_dbias_copies(p: cutlass.Constexpr, mdBias: cute.Tensor, mAcc: cute.Tensor, dt: cutlass.Constexpr,
+                      cta: Int32, n_cta: Int32, tidx: Int32):
+    """A deterministic dBias from its accumulator's copies (one per batch entry and query head): each element
+    the sum, batch entries outer and heads inner in increasing order, of the copies it broadcasts over; rows
+    dealt out as `_convert_dbias` deals them."""
+    n_b, n_h, s_q, s_kv = mdBias.shape
+    copies_b = mAcc.shape[0] if cutlass.const_expr(p.dbias_sum_batch) else 1
+    copies_h = mAcc.shape[1] if cutlass.const_expr(p.dbias_sum_heads) else 1
+    for it in cutlass.range((n_b * n_h * s_q - cta + n_cta - 1) // n_cta, unroll=1):
+        r = cta + it * n_cta
+        i = r % s_q
+        bh = r // s_q
+        b0, h0 = bh // n_h, bh % n_h
+        dst = mdBias[b0, h0, i, None]
+        for jt in cutlass.range((s_kv - tidx + THREADS - 1) // THREADS, unroll=1):
+            j = tidx + jt * THREADS
+            acc = Float32(0.0)
+            for cb in cutlass.range(copies_b, unroll=1):
+                for ch in cutlass.range(copies_h, unroll=1):
+                    acc += mAcc[b0 + cb, h0 + ch, i, j]
+            dst[j] = acc.to(dt)
 
 
 def build(params: BwdHelperParams, arch: str):

@@ -695,7 +695,9 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
                n_block: Int32):
     """red.global.add dS (fp32) of one (query tile, key tile) into the dBias accumulator (dbias_accum), the
     positions inside the sequence only (the others add 0). Neighbouring columns go as one 8-byte reduction on
-    sm_90+: the accumulator's rows are 16-byte multiples, so a pair never leaves its row."""
+    sm_90+: the accumulator's rows are 16-byte multiples, so a pair never leaves its row. Deterministic: the
+    accumulator holds a copy per (batch entry, query head), so this is the one write of each element: a plain
+    store (the dQ convert sums the copies in a fixed order)."""
     p = cfg.p
     mA = score_mod.bias_rows(io.dbias_acc, s.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
     tA = _score_tile(cfg, c, mA, m_block, n_block)
@@ -705,7 +707,10 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
         if c.tScS_mn[r, 0][0] < rows_left:
             for j in cutlass.range_constexpr(0, cute.size(dS_mn, mode=[1]), 2):
                 if c.t0ScS_mn[0, j][1] < col_room:
-                    if cutlass.const_expr(cfg.vector_red):
+                    if cutlass.const_expr(p.deterministic):
+                        tA[r, j] = dS_mn[r, j]
+                        tA[r, j + 1] = dS_mn[r, j + 1]
+                    elif cutlass.const_expr(cfg.vector_red):
                         red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j], dS_mn[r, j + 1]])
                     else:
                         red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j]])

@@ -148,8 +148,6 @@ def validate(p: Sm80BwdParams) -> None:
     if p.num_heads_v and max(p.num_heads_kv, p.num_heads_v) % min(p.num_heads_kv, p.num_heads_v) != 0:
         bad(f"K and V head counts {p.num_heads_kv} and {p.num_heads_v} do not nest (neither divides the other): "
             f"a V group's query heads would span several CTAs")
-    if p.dbias_accum and p.deterministic:
-        bad("a deterministic backward cannot sum dBias with fp32 atomic adds (dbias_accum)")
     if p.num_warps not in (4, 8, 16):
         bad(f"num_warps={p.num_warps} not in (4, 8, 16)")
     if p.num_stages not in (1, 2):
