@@ -3,9 +3,9 @@
 Importing frost is cheap: cutlass and kernel modules load lazily.
 """
 from frost import cache
-from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, NotSupportedError,
-                          PlanDuringCaptureError, PlanFileError, PlanFileWarning, TemplateParamsError,
-                          UnsupportedArgumentError, WorkspaceError, cudnnGraphNotSupportedError)
+from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, GraphNotSupportedError,
+                          NotSupportedError, PlanDuringCaptureError, PlanFileError, PlanFileWarning,
+                          TemplateParamsError, UnsupportedArgumentError, WorkspaceError, cudnnGraphNotSupportedError)
 from frost.graph import Graph, pygraph
 from frost.ir.tensor import Tensor
 from frost.knobs import Knobs
@@ -35,7 +35,8 @@ def backend_version_string() -> str:
 
 
 __all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knobs", "FrostError", "GraphError",
-           "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "TemplateParamsError",
+           "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "GraphNotSupportedError",
+           "TemplateParamsError",
            "PlanFileError", "PlanFileWarning", "UnsupportedArgumentError", "PlanDuringCaptureError", "cache",
            "precompile", "save_plan", "load_plan", "__version__",
            # the cuDNN frontend's names: `import frost as cudnn` runs cuDNN's SDPA graph programs
