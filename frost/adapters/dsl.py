@@ -60,14 +60,16 @@ def ragged_flags(facts) -> dict:
                  offset_dtype_q=dtypes["q"], offset_dtype_kv=dtypes["k"], own_offsets=own_offsets(r))
     if facts.has_stats and "stats" in strides:
         flags.update(token_div_lse=max(strides["stats"], 1), offset_dtype_lse=dtypes["stats"])
-    elif facts.has_stats and r.stats_per_batch:
+    elif r.stats_per_batch and (facts.has_stats or facts.has_score_max or facts.has_score_sum_exp):
         flags.update(stats_per_batch=True)
     return flags
 
 
-#: contract role -> (graph role, its token group's leader): the io tensors that may read their own offsets
+#: contract role -> (graph role, its token group's leader): the io tensors that may read their own offsets, and
+#: the row outputs that always do when ragged (no leader)
 OWN_OFFSET_GRAPH_ROLES = {"o": ("o", "q"), "v": ("v", "k"), "do": ("dO", "q"), "dq": ("dQ", "q"),
-                          "dk": ("dK", "k"), "dv": ("dV", "k")}
+                          "dk": ("dK", "k"), "dv": ("dV", "k"), "score_max": ("score_max", None),
+                          "score_sum_exp": ("score_sum_exp", None)}
 
 
 def own_offsets(r) -> tuple:
@@ -80,18 +82,24 @@ def own_offsets(r) -> tuple:
         graph_role, leader = OWN_OFFSET_GRAPH_ROLES[role]
         if graph_role not in strides:
             continue
-        if tensor_of[graph_role] != tensor_of[leader] or strides[graph_role] != strides[leader]:
+        if leader is None or tensor_of[graph_role] != tensor_of[leader] or strides[graph_role] != strides[leader]:
             out.append((role, max(strides[graph_role], 1), dtypes[graph_role]))
     return tuple(out)
 
 
 def ragged_decline_reason(facts):
     """Why the DSL kernels cannot serve this ragged-offset graph, or None (also None for other graphs)."""
-    if facts.ragged is None:
+    r = facts.ragged
+    if r is None:
         return None
-    scores = [n for n, on in (("score_max", facts.has_score_max), ("score_sum_exp", facts.has_score_sum_exp)) if on]
-    if scores:
-        return f"{' / '.join(scores)} are not served in the ragged-offset form by the DSL kernels"
+    strides = dict(r.token_strides)
+    rows = [n for n, on in (("stats", facts.has_stats), ("score_max", facts.has_score_max),
+                            ("score_sum_exp", facts.has_score_sum_exp)) if on]
+    ragged_rows = [n for n in rows if n in strides]
+    if ragged_rows and len(ragged_rows) < len(rows):
+        per_batch = [n for n in rows if n not in strides]
+        return (f"the DSL kernels take the ragged form's row outputs all ragged or all per batch; "
+                f"{', '.join(ragged_rows)} ragged, {', '.join(per_batch)} per batch")
     return None
 
 

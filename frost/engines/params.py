@@ -205,8 +205,10 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
         raise TemplateParamsError(f"{who}: Stats are ragged (token_div_lse) or per batch, not both")
     if p.own_offsets:
         _check_own_offsets(p, who)
-    if p.ragged and (getattr(p, "has_score_max", False) or getattr(p, "has_score_sum_exp", False)):
-        raise TemplateParamsError(f"{who}: score_max / score_sum_exp are not served in the ragged-offset form")
+    for role in ("score_max", "score_sum_exp"):
+        if p.ragged and getattr(p, f"has_{role}", False) and not (p.stats_per_batch or p.own_div(role)):
+            raise TemplateParamsError(f"{who}: a ragged {role} reads its own offsets (own_offsets) or is per batch "
+                                      f"(stats_per_batch)")
     if (p.bias_per_batch or p.bias_per_head or p.bias_key_strided) and not p.has_bias:
         raise TemplateParamsError(f"{who}: bias_per_batch / bias_per_head / bias_key_strided describe a bias; "
                                   f"has_bias is False")

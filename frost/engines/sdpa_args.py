@@ -45,9 +45,11 @@ cu_seqlens_q / cu_seqlens_kv then hold element offsets per batch, (B+1,) int32 o
 lengths come from seqused_q / seqused_kv. Those are q's and k's offsets; every other io tensor
 whose offsets are another tensor, or whose token stride differs (cuDNN gives each tensor its
 own), reads `<role>_offsets` (params `own_offsets`: role, divisor, dtype), passed after
-lse_offsets in OWN_OFFSET_ROLES order (the forward: o_offsets, v_offsets). Stats are ragged too, (H, T) viewed the same way
+lse_offsets in OWN_OFFSET_ROLES order (the forward: o_offsets, v_offsets, then score_max_offsets
+and score_sum_exp_offsets, which ragged score_max / score_sum_exp always read, like Stats' lse_offsets). Stats are ragged too, (H, T) viewed the same way
 with their own offsets `lse_offsets` (after seqused, if has_lse; divisor `token_div_lse`), or
-per batch (`stats_per_batch`): (B, H, S, 1) read and written like a dense batch's. Kernels
+per batch (`stats_per_batch`): (B, H, S, 1) read and written like a dense batch's; score_max and
+score_sum_exp the same way (their own offsets, or per batch with Stats). Kernels
 write only the rows of the sequences (the backward's helpers walk each sequence's rows, so
 dQ outside every sequence is not written either).
 
@@ -104,7 +106,9 @@ padding rows of dK / dV get 0; THD tokens past cu_seqlens_kv[B] are not written.
 IO_ROLES = frozenset(("q", "k", "v", "o", "do", "dq", "dk", "dv"))
 #: ragged io tensors that may read their own offsets (`<role>_offsets`, params `own_offsets`); q and k lead their
 #: token groups through cu_seqlens_q / cu_seqlens_kv
-OWN_OFFSET_ROLES = ("o", "v", "do", "dq", "dk", "dv")
+OWN_OFFSET_ROLES = ("o", "v", "do", "dq", "dk", "dv", "score_max", "score_sum_exp")
+#: the forward's io tensors and row outputs that may read their own offsets
+FWD_OWN_OFFSET_ROLES = ("o", "v", "score_max", "score_sum_exp")
 STATS_ROLE = "lse"
 #: cuDNN's block_mask: query rows and keys of one tile, key tiles per byte (the kernels' and the reference math's
 #: reading of it; the graph layer checks the dims with its own copy, frost.ir.validate.block_mask_dims)
@@ -119,7 +123,7 @@ def fwd_arg_names(p) -> list[str]:
     names += ["score_max"] * getattr(p, "has_score_max", False)
     names += ["score_sum_exp"] * getattr(p, "has_score_sum_exp", False)
     names += ["cu_seqlens_q", "cu_seqlens_kv"] * p.is_thd + ["seqused_q", "seqused_kv"] * p.has_seqused
-    names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0) + own_offset_args(p, ("v", "o"))
+    names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0) + own_offset_args(p, FWD_OWN_OFFSET_ROLES)
     names += ["sinks"] * p.has_sinks + ["bias"] * p.has_bias
     names += ["block_mask"] * getattr(p, "has_block_mask", False) + ["softmax_scale"]
     names += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right

@@ -26,8 +26,8 @@ BLOCK_MASK_FEATURES = frozenset({"block_mask"})
 MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads"})
 #: cuDNN's score modifiers: an additive bias, its gradient, ALiBi
 SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
-#: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, every io tensor from
-#: its own offsets, per-batch Stats too); not with score_max / score_sum_exp (frost.adapters.dsl
+#: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, every io tensor and row
+#: output from its own offsets, per-batch Stats too; row outputs all ragged or all per batch: frost.adapters.dsl
 #: .ragged_decline_reason)
 DSL_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod)

@@ -505,15 +505,19 @@ SM80_FWD_BLOCK_MASK_COVER = {
 }
 
 
-def ragged_own(hq, hk, hv, d, dv, bwd=False, **flags) -> dict:
+def ragged_own(hq, hk, hv, d, dv, bwd=False, scores="", **flags) -> dict:
     """cuDNN's ragged-offset form as its own tests declare it: q, k, v and o each with an offset tensor of its own
     (dO taking o's, dQ q's, dK k's, dV v's), so O, V (and dO, dV) read their own offsets over their own token
-    strides; K and V head counts may differ (`hv` != `hk`), Stats per batch."""
+    strides; K and V head counts may differ (`hv` != `hk`), Stats per batch. `scores`: score_max and
+    score_sum_exp too, "ragged" (each its own offsets, Stats ragged as well) or "batch" (per batch)."""
     own = (("o", hq * dv, "int64"), ("v", hv * dv, "int32"))
     if bwd:
         own += (("do", hq * dv, "int64"), ("dv", hv * dv, "int32"))
-    return dict(ragged(hq, hk, d, int64=True, stats="batch", **flags), own_offsets=own,
-                **({"num_heads_v": hv} if hv != hk else {}))
+    if scores == "ragged":
+        own += (("score_max", hq, "int64"), ("score_sum_exp", hq, "int32"))
+    extra = dict(has_score_max=True, has_score_sum_exp=True) if scores else {}
+    return dict(ragged(hq, hk, d, int64=True, stats="ragged" if scores == "ragged" else "batch", **flags),
+                own_offsets=own, **extra, **({"num_heads_v": hv} if hv != hk else {}))
 
 
 # cuDNN's ragged-offset form with an offset tensor per tensor: d_qk != d_v, K and V head counts apart, a bias
@@ -523,6 +527,7 @@ RAGGED_OWN_MMA_FWD_COVER = {
         _mma_fwd(d=128, dv=64, hq=6, hk=3, has_lse=True, **ragged_own(6, 3, 1, 128, 64)),
         _mma_fwd(d=56, dv=96, hq=6, hk=2, has_lse=True, has_bias=True, bias_per_head=True, has_alibi=True,
                  has_window_right=True, **ragged_own(6, 2, 2, 56, 96)),
+        _mma_fwd(d=64, hq=4, hk=4, has_lse=True, has_window_right=True, **ragged_own(4, 4, 4, 64, 64, scores="ragged")),
     ],
 }
 RAGGED_OWN_MMA_BWD_COVER = {
@@ -536,6 +541,8 @@ RAGGED_OWN_SM90_FWD_COVER = [
     _sm90(d=128, dv=64, hq=6, hk=3, **ragged_own(6, 3, 1, 128, 64)),
     _sm90(d=56, dv=96, hq=6, hk=2, has_bias=True, bias_per_batch=True, has_alibi=True, has_window_right=True,
           **ragged_own(6, 2, 2, 56, 96)),
+    _sm90(d=128, hq=8, hk=2, has_window_right=True, **ragged_own(8, 2, 2, 128, 128, scores="ragged")),
+    _sm90(d=64, hq=4, hk=4, **ragged_own(4, 4, 4, 64, 64, scores="batch")),
 ]
 RAGGED_OWN_SM90_BWD_COVER = [
     sm90_bwd_kwargs(d=64, dv=128, hq=6, hk=2, has_window_right=True, **ragged_own(6, 2, 2, 64, 128, bwd=True)),

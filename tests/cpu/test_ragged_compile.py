@@ -170,9 +170,10 @@ def test_ragged_specializations_with_offsets_of_their_own_compile_for_sm90a(tmp_
              + _chain_specs(cases.RAGGED_OWN_MMA_BWD_COVER["sm_90a"], Sm80BwdParams)
              + [(cases.SM90_FWD_TEMPLATE, fwd90, kw, "wgmma") for kw in cases.RAGGED_OWN_SM90_FWD_COVER]
              + _chain_specs(cases.RAGGED_OWN_SM90_BWD_COVER, Sm90BwdParams))
-    results = [r for part in compile_groups([("sm_90a", specs[:5]), ("sm_90a", specs[5:])], tmp_path)
+    results = [r for part in compile_groups([("sm_90a", specs[:6]), ("sm_90a", specs[6:])], tmp_path)
                for r in part]
-    assert len(results) == 2 + 6 + 2 + 3
+    assert len(results) == 3 + 6 + 4 + 3
     for r in results:
         assert "_rg" in r["name"] and r["local"] == 0, r
     assert sum("_rgv" in r["name"] for r in results) >= 5 and any("_rgdo" in r["name"] for r in results)
+    assert sum("_rgscore_max" in r["name"] for r in results) == 2  # ragged score_max from its own offsets

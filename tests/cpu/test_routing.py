@@ -739,18 +739,34 @@ def test_split_kv_heads_in_the_ragged_form_plan_on_the_dsl_engines(unpended, dir
     assert dict((r, div) for r, div, _ in p.own_offsets)["v"] == 4 * p.head_dim_v  # V's own token stride
 
 
-def test_score_outputs_in_the_ragged_form_are_declined_by_the_dsl_engines(unpended):
+def test_score_outputs_in_the_ragged_form_plan_on_the_dsl_engines(unpended):
+    """score_max / score_sum_exp in cuDNN's ragged form: all per batch with Stats, or all ragged (each reads its
+    own offsets, as Stats reads lse_offsets); mixing the two is declined, naming them."""
     from tests.cpu.test_cudnn_vocabulary import B, H, SQ, _ragged
 
-    g = frost.Graph(target=H200)
-    mx, se = (g.tensor((B, H, SQ, 1), (H * SQ, SQ, 1, 1), frost.DataType.FLOAT, name=n)
-              for n in ("score_max", "score_sum_exp"))
-    _ragged(g, score_max=mx, score_sum_exp=se).build_operation_graph()
-    assert g.facts.ragged.stats_per_batch  # Stats ragged, the two halves per batch
+    def graph(ragged_scores: bool, stats_ragged: bool):
+        g = frost.Graph(target=H200)
+        mx, se = (g.tensor((B, H, SQ, 1), (H * SQ, 1, H, 1), frost.DataType.FLOAT, name=n)
+                  for n in ("score_max", "score_sum_exp"))
+        if ragged_scores:
+            for t in (mx, se):
+                t.set_ragged_offset(g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT64,
+                                             name=f"off_{t.name}"))
+        return _ragged(g, score_max=mx, score_sum_exp=se, stats_ragged=stats_ragged).build_operation_graph()
+
+    g = graph(False, False)
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.stats_per_batch and p.has_score_max and not any(r.startswith("score") for r, _, _ in p.own_offsets)
+    g = graph(True, True)
+    assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    p = g._ranking.accepted[0][1].template_params()
+    assert p.token_div_lse == H and dict((r, d) for r, d, _ in p.own_offsets)["score_sum_exp"] == H
+    g = graph(False, True)  # Stats ragged, the two halves per batch
     declined = reasons(g)
     for line in ("Sm90", "Sm80"):
-        assert "score_max / score_sum_exp are not served in the ragged-offset form" in declined[f"SdpaFwdDsl{line}"]
-    assert g.available_engines() == []
+        assert "all ragged or all per batch; stats ragged, score_max, score_sum_exp per batch" in declined[
+            f"SdpaFwdDsl{line}"]
     assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"
 
 
@@ -769,8 +785,9 @@ def test_ragged_params_refuse_score_outputs_and_stray_own_offsets():
         validate(Sm80FwdParams(**ragged, own_offsets=(("v", 512, "int32"), ("o", 1024, "int32"))))
     with pytest.raises(TemplateParamsError, match="divisor"):
         validate(Sm80FwdParams(**ragged, own_offsets=(("o", 0, "int32"),)))
-    with pytest.raises(TemplateParamsError, match="score_max / score_sum_exp"):
+    with pytest.raises(TemplateParamsError, match="a ragged score_max reads its own offsets"):
         validate(Sm80FwdParams(**ragged, has_score_max=True))
+    validate(Sm80FwdParams(**ragged, has_score_max=True, own_offsets=(("score_max", 8, "int32"),)))
 
 
 @pytest.mark.parametrize("d, dv", [(80, 80), (112, 112), (72, 40), (128, 64), (64, 128), (192, 64), (160, 160),

@@ -33,11 +33,13 @@ class CudnnRagged:
     alibi: bool = False
     totals: int = 0  # declare max_total_seq_len_q/kv as cuDNN's tests do: the totals rounded up to this (0: none)
     pad: int = 3  # the declared S past the longest sequence
+    rows: str = ""  # the forward's score_max / score_sum_exp: "ragged" (each its own offsets, Stats too) or "batch"
     dtype: torch.dtype = torch.bfloat16
 
     def id(self) -> str:
         return (f"h{self.hq}x{self.hk}x{self.hv}-d{self.dqk}x{self.dv}" + "-causal" * self.causal
-                + (f"-bias{self.bias}" if self.bias else "") + "-alibi" * self.alibi + f"-tot{self.totals}" * bool(self.totals))
+                + (f"-bias{self.bias}" if self.bias else "") + "-alibi" * self.alibi + f"-tot{self.totals}" * bool(self.totals)
+                + (f"-rows{self.rows}" if self.rows else ""))
 
     @property
     def s(self) -> tuple:
@@ -76,7 +78,14 @@ def make(case: CudnnRagged, direction: str = "fwd", seed: int = 0):
         t[f"off_{role}"] = (torch.tensor(prefix, device="cuda") * per_token).to(kind).view(-1, 1, 1, 1)
     t["len_q"] = torch.tensor(lq, dtype=torch.int32, device="cuda").view(b, 1, 1, 1)
     t["len_kv"] = torch.tensor(lk, dtype=torch.int32, device="cuda").view(b, 1, 1, 1)
-    t["stats"] = torch.full((b, case.hq, sq, 1), float("nan"), device="cuda")
+    row_roles = ("stats", "score_max", "score_sum_exp") if case.rows and direction == "fwd" else ("stats",)
+    for role in row_roles:
+        if case.rows == "ragged":  # (B, H, S, 1) over packed rows: token stride H, offsets prefix * H
+            t[role] = torch.full((b * sq * case.hq,), float("nan"), device="cuda").as_strided(
+                (b, case.hq, sq, 1), (sq * case.hq, 1, case.hq, 1))
+            t[f"off_{role}"] = (torch.tensor(cq, device="cuda") * case.hq).view(-1, 1, 1, 1)
+        else:
+            t[role] = torch.full((b, case.hq, sq, 1), float("nan"), device="cuda")
     if case.bias:
         shape = (1, case.hq, sq, skv) if case.bias == "h" else (b, 1, sq, skv)
         t["bias"] = torch.randn(shape, generator=gen, device="cuda").to(case.dtype)
@@ -94,10 +103,15 @@ def make(case: CudnnRagged, direction: str = "fwd", seed: int = 0):
                   max_total_seq_len_kv=-(-tk // case.totals) * case.totals)
     if direction == "fwd":
         t["o"] = _storage(b, sq, case.hq, case.dv, case.dtype, gen, tq, fill=float("nan"))
+        for role in row_roles[1:]:
+            decl[role] = kw[role] = g.tensor_like(t[role], name=role)
         o, stats = g.sdpa(decl["q"], decl["k"], decl["v"], generate_stats=True, **kw)
         o.set_output(True).set_dim(list(t["o"].shape)).set_stride(t["o"].stride()).set_ragged_offset(decl["off_o"])
         stats.set_output(True).set_stride(t["stats"].stride())
         decl.update(o=o, stats=stats)
+        if case.rows == "ragged":
+            for role in row_roles:
+                decl[role].set_ragged_offset(decl[f"off_{role}"])
     else:
         t["o"] = _storage(b, sq, case.hq, case.dv, case.dtype, gen, tq, fill=0.0)
         t["dO"] = _storage(b, sq, case.hq, case.dv, case.dtype, gen, tq)
@@ -122,7 +136,7 @@ def _oracle(case, t, prefix, grads=False):
     kw = dict(scale=case.dqk ** -0.5, bias=t.get("bias"), alibi=case.alibi, cu_seq_len_q=cq, cu_seq_len_kv=ck,
               causal=case.causal)
     if not grads:
-        return oracle.attention(q, k, v, **kw)
+        return oracle.attention(q, k, v, row_stats=True, **kw)
     return oracle.attention_grads(q, k, v, _packed(t["dO"], cq[-1]), with_dbias=bool(case.bias), **kw)
 
 
@@ -149,6 +163,8 @@ CASES = [
     # cuDNN's own failing draw: S_q 1024 > S_kv 512, a token envelope below S (its totals rounded up to 64)
     CudnnRagged(lens=((700, 300), (250, 77)), hq=6, hk=1, hv=1, dqk=56, dv=96, causal=True, bias="h", totals=64,
                 pad=400),
+    CudnnRagged(hq=8, hk=2, hv=2, causal=True, rows="ragged"),  # score_max / score_sum_exp from their own offsets
+    CudnnRagged(dqk=64, dv=64, hq=4, hk=4, hv=4, rows="batch"),  # per batch with Stats
 ]
 
 
@@ -160,25 +176,38 @@ def test_cudnn_ragged_forward_runs_on_the_dsl_engines(engine, case):
     g.build_plans(engine=engine)
     assert "Dsl" in g.engine_name
     _run(g, pack)
-    o_ref, lse_ref = _oracle(case, t, prefix)
+    o_ref, lse_ref, max_ref, sum_ref = _oracle(case, t, prefix)
     tq = prefix[0][-1]
     got = _packed(t["o"], tq)
     assert not torch.isnan(got).any(), "O rows of the sequences left unwritten"
     assert torch.isnan(_packed(t["o"], t["o"].shape[0] * t["o"].shape[2])[tq:]).all(), "O written past them"
     assert rel_err(got, o_ref) < 1e-2
-    for i in range(len(prefix[0]) - 1):
-        n = prefix[0][i + 1] - prefix[0][i]
-        got_lse = t["stats"][i, :, :n, 0].double()
-        want = lse_ref[prefix[0][i]:prefix[0][i + 1]].transpose(0, 1)
-        finite = torch.isfinite(want)
-        assert torch.equal(torch.isfinite(got_lse), finite)
-        if finite.any():
-            assert (got_lse[finite] - want[finite]).abs().max().item() < 2e-3
+    for role, ref in (("stats", lse_ref), ("score_max", max_ref), ("score_sum_exp", sum_ref)):
+        if role not in t:
+            continue
+        for i in range(len(prefix[0]) - 1):
+            got = _row_outputs(case, t, role, prefix, i).double()
+            want = ref[prefix[0][i]:prefix[0][i + 1]].transpose(0, 1)
+            finite = torch.isfinite(want)
+            assert torch.equal(torch.isfinite(got), finite), role
+            if finite.any():
+                assert (got[finite] - want[finite]).abs().max().item() < 2e-3 * max(1.0, want[finite].abs().max()), role
+
+
+def _row_outputs(case, t, role, prefix, i):
+    """(H, len_q) values of batch entry i of a row output (Stats, score_max, score_sum_exp), ragged or per batch."""
+    n = prefix[0][i + 1] - prefix[0][i]
+    x = t[role]
+    if case.rows != "ragged":
+        return x[i, :, :n, 0]
+    return x.as_strided((case.hq, n), (1, case.hq), x.storage_offset() + prefix[0][i] * case.hq)
 
 
 @pytest.mark.parametrize("engine", ["sm90", "sm80"])
 @pytest.mark.parametrize("case", CASES, ids=CudnnRagged.id)
 def test_cudnn_ragged_backward_runs_on_the_dsl_engines(engine, case):
+    if case.rows:
+        pytest.skip("score_max / score_sum_exp are forward outputs; the backward cases without them cover it")
     g, pack, t, prefix = make(case, "bwd")
     g.validate()
     if engine == "sm90" and (case.bias or case.alibi or case.hk != case.hv):

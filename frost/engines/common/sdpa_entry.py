@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from frost.engines.sdpa_args import IO_ROLES, OWN_OFFSET_ROLES, STATS_ROLE, STATS_ROLES
+from frost.engines.sdpa_args import IO_ROLES, OWN_OFFSET_ROLES, STATS_ROLES
 
 IO_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 _SCALARS = {"softmax_scale": Float32, "window_left": Int32, "window_right": Int32, "max_seqlen_q": Int32,
@@ -47,13 +47,14 @@ def canonical_args(names, args, is_thd: bool) -> dict:
 
 def ragged_view(name: str, t, named: dict, stats_per_batch: bool):
     """cuDNN's ragged-offset form: a bound (B, H, S, D) io tensor as packed (T, H, D) with its S and H strides
-    (T: the plan's token envelope total_q / total_kv, a runtime Int32), ragged Stats (B, H, S, 1) as (H, T),
-    per-batch Stats as a dense batch's (B, H, S); everything else as frost's packed form takes it."""
+    (T: the plan's token envelope total_q / total_kv, a runtime Int32), ragged Stats, score_max and score_sum_exp
+    (B, H, S, 1) as (H, T), per-batch ones as a dense batch's (B, H, S); everything else as frost's packed form
+    takes it."""
     if name in IO_ROLES:
         total = named["total_q"] if name in Q_ROLES else named["total_kv"]
         layout = cute.make_layout((total, t.shape[1], t.shape[3]), stride=(t.stride[2], t.stride[1], t.stride[3]))
         return cute.make_tensor(t.iterator, layout)
-    if name == STATS_ROLE:
+    if name in STATS_ROLES:
         if stats_per_batch:
             return select_modes(t, [0, 1, 2])
         return cute.make_tensor(t.iterator, cute.make_layout((t.shape[1], named["total_q"]),

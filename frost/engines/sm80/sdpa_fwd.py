@@ -141,7 +141,8 @@ class SdpaFwdSm80:
         g = a.get
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
-            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"), g("v_offsets"), g("bias"),
+            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"), g("v_offsets"),
+            (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
             g("block_mask"), scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
@@ -170,6 +171,7 @@ class SdpaFwdSm80:
         mLseOff,
         mOOff,
         mVOff,
+        mScoreOffs,
         mBias,
         mBlockMask,
         softmax_scale,
@@ -190,7 +192,7 @@ class SdpaFwdSm80:
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
             self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff,
-                     (mOOff, mVOff), mBias, mBlockMask, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
+                     (mOOff, mVOff, mScoreOffs), mBias, mBlockMask, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
                      sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
 
     @cute.jit
@@ -211,6 +213,8 @@ class SdpaFwdSm80:
         # ragged io tensors with offsets of their own (cuDNN's form gives each tensor its own)
         off_o = seqlen.own_token_offset(p, "o", mOwnOff[0], batch, off_q)
         off_v = seqlen.own_token_offset(p, "v", mOwnOff[1], batch, off_k)
+        off_scores = tuple(seqlen.own_token_offset(p, role, off, batch, off_q)
+                           for role, off in zip(("score_max", "score_sum_exp"), mOwnOff[2]))
         # last m-tiles first: under a causal band they carry the most work. Dense batches
         # visit every m-tile of the static length (rows past seqused_q are written as
         # padding); packed sequences only their own.
@@ -222,13 +226,13 @@ class SdpaFwdSm80:
             self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
                       window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
                       SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse,
-                      off_o, off_v)
+                      off_o, off_v, off_scores)
 
     @cute.jit
     def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
              window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
              SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
-             static_sq, off_lse, off_o, off_v):
+             static_sq, off_lse, off_o, off_v, off_scores):
         p = self.p
         S = p.num_stages
         tidx, _, _ = cute.arch.thread_idx()
@@ -394,10 +398,9 @@ class SdpaFwdSm80:
         thr_copy_O = smem_copy_O.get_slice(tidx)
         cute.copy(smem_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
 
-        # LSE and its two halves, where declared (the halves only outside the ragged-offset form, which declines
-        # them: ragged Stats start at their own offsets, or are per batch)
+        # LSE and its two halves, where declared (ragged ones start at their own offsets, or are per batch)
         for mX, vals, off_row in zip((mLSE, *mScores), (lse if const_expr(p.has_lse) else None, s_max, s_sum),
-                                     (off_lse, off_q, off_q)):
+                                     (off_lse, *off_scores)):
             if const_expr(vals is not None):
                 self.store_row_values(mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows)
 

@@ -250,7 +250,8 @@ class SdpaFwdSm90:
         self.kernel(
             tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
             a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
-            a.get("o_offsets"), a.get("v_offsets"), a.get("bias"),
+            a.get("o_offsets"), a.get("v_offsets"), (a.get("score_max_offsets"), a.get("score_sum_exp_offsets")),
+            a.get("bias"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -259,7 +260,8 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
-               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mBias, tma_atom_q: cute.CopyAtom,
+               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias,
+               tma_atom_q: cute.CopyAtom,
                tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
                wl, wr, num_batch: Int32,
                num_m_blocks: Int32, total_tiles: Int32, section_width: Int32, q_bytes: cutlass.Constexpr,
@@ -298,7 +300,8 @@ class SdpaFwdSm90:
                               section_width)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, (mLseOff, mOOff), sQ, sK,
+            self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, (mLseOff, mOOff, mScoreOffs),
+                          sQ, sK,
                           sV, sO,
                           tma_atom_o, pipe_q, pipe_k, pipe_v, (scale_log2, softmax_scale, mBias), wl, wr, num_batch,
                           num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv,
@@ -501,7 +504,8 @@ class SdpaFwdSm90:
                  tiled_mma_qk, tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
         scale_log2, softmax_scale, mBias = scales  # softmax_scale, mBias: None without score modifiers
-        mLseOff, mOOff = row_offsets  # the ragged form's Stats offsets and O's own offsets, where given
+        # the ragged form's Stats offsets, O's own offsets and score_max's / score_sum_exp's, where given
+        mLseOff, mOOff, mScoreOffs = row_offsets
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
         warp_in_wg = cute.arch.make_warp_uniform((tidx // 32) % 4)
@@ -559,6 +563,8 @@ class SdpaFwdSm90:
             if const_expr(mLseOff is not None):
                 off_lse = token_offset(mLseOff, batch, p.token_div_lse)
             off_o = own_token_offset(p, "o", mOOff, batch, off_q)
+            off_scores = tuple(own_token_offset(p, role, off, batch, off_q)
+                               for role, off in zip(("score_max", "score_sum_exp"), mScoreOffs))
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
@@ -632,10 +638,10 @@ class SdpaFwdSm90:
             sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # row_sum now holds the LSE
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
                           warp_in_wg, m_block, head, batch, seqlen_q, off_o, seqlen_q_static, off_lse)
-            for mX, vals, pad in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0))):
+            for mX, vals, pad, off_rows in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0)), off_scores):
                 if const_expr(vals is not None):
-                    self.store_row_values(mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_q,
-                                          seqlen_q_static)
+                    self.store_row_values(mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_rows,
+                                          seqlen_q_static, p.stats_per_batch)
             if const_expr(not self.separate_o):
                 cute.arch.fence_view_async_shared()
                 pipe_q.consumer_release(q_state)
@@ -726,7 +732,7 @@ class SdpaFwdSm90:
         LSE: (seq, head[, batch]), the head mode packed like LSE's; None when not declared."""
         if t is None:
             return None
-        t = select_modes(t, [1, 0] if self.p.is_thd else [2, 1, 0])
+        t = select_modes(t, [1, 0] if self.p.is_thd and not self.p.stats_per_batch else [2, 1, 0])
         return pg.pack_heads(t, self.rq, 1) if self.pack else t
 
     @cute.jit
