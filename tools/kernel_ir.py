@@ -8,9 +8,10 @@
 forwards, the backward chains, the SM90 forward and backward, then the mma.sync head-dim sets, the
 SM90 backward above d=128, cuDNN's ragged-offset form, the score modifiers, the SM90 forward's
 padded and wide head dims, the SM90 backward's other head dims, the SM90 forward's score modifiers, the
-mma.sync forward's block masks, cuDNN's ragged-offset form with an offset tensor per tensor and the
-deterministic dBias) through frost's compile boundary, with the disk cache off, and writes each one's MLIR
-(host entry and device code) with source locations stripped, one file per kernel. `--jobs` spreads the compiles
+mma.sync forward's block masks, cuDNN's ragged-offset form with an offset tensor per tensor, the
+deterministic dBias and the SM90 backward's packed fragment-order dQ) through frost's compile boundary, with
+the disk cache off, and writes each one's MLIR (host entry and device code) with source locations stripped, one
+file per kernel. `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
 defined by the same op on the same operands, only independent ops moved, and the lines
 that define nothing, such as stores, barriers and region ends, keep their order); or
@@ -47,7 +48,7 @@ def covering_specs() -> list:
     # keep their file names: the mma.sync head-dim sets, the SM90 backward above d=128, cuDNN's ragged-offset
     # form, the score-modifier sets, the SM90 forward's padded and wide head dims, the SM90 backward's other
     # head dims, the SM90 forward's score modifiers, the block masks, cuDNN's ragged form with an offset tensor
-    # per tensor, then the deterministic dBias.
+    # per tensor, the deterministic dBias, then the SM90 backward's packed fragment-order dQ.
     entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
                (*bwd90, cases.SM90_BWD_COVER),
                (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
@@ -59,7 +60,7 @@ def covering_specs() -> list:
                (*fwd90, cases.SM90_FWD_SCORE_MOD_COVER), (*fwd80, cases.SM80_FWD_BLOCK_MASK_COVER),
                (*fwd80, cases.RAGGED_OWN_MMA_FWD_COVER), (*bwd80, cases.RAGGED_OWN_MMA_BWD_COVER),
                (*fwd90, cases.RAGGED_OWN_SM90_FWD_COVER), (*bwd90, cases.RAGGED_OWN_SM90_BWD_COVER),
-               (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER)]
+               (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER), (*bwd90, cases.SM90_BWD_PACKED_FRAGMENT_COVER)]
     specs = []
     for template, params_cls, cover in entries:
         for arch, kw in _cover_items(cover):

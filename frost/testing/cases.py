@@ -557,3 +557,10 @@ DET_DBIAS_MMA_BWD_COVER = {
         _mma_bwd(d=128, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True, deterministic=True),
     ],
 }
+
+# the SM90 backward's packed batches with fragment-order dQ tiles (each sequence's own tiles, `dq_fragments` on THD)
+SM90_BWD_PACKED_FRAGMENT_COVER = [
+    sm90_bwd_kwargs(d=64, is_thd=True, knobs=dict(dq_fragments=True)),
+    sm90_bwd_kwargs(hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True, has_sinks=True,
+                    has_dsinks=True, knobs=dict(tile_m=64, dq_fragments=True)),
+]

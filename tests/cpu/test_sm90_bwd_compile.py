@@ -66,7 +66,8 @@ def test_validator_declines_what_the_template_lacks():
                         (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
                         (dict(tile_m=80, dq_red=True, dq_fragments=False), "transposes"),
                         (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),
-                        (dict(tile_m=64, dq_fragments=True, is_thd=True), "THD")):
+                        (dict(tile_m=64, dq_fragments=True, is_thd=True, has_seqused=True, token_div_q=512,
+                              token_div_kv=512), "ragged-offset form")):
         with pytest.raises(TemplateParamsError, match=word):
             validate(Sm90BwdParams(**{**_p(), **flags}))
     for part in COVER + SM90_BWD_HEAD_DIM_COVER:
@@ -243,3 +244,51 @@ def test_the_other_head_dims_compile_with_padded_tiles(tmp_path):
             assert r["ptxas"]["rc"] == 0 and not any(r["ptxas"]["spills"]), (r["name"], r["ptxas"])
             assert not r["ptxas"]["serialized"], (r["name"], r["ptxas"]["log"])
     assert any(Sm90BwdParams(**kw).padded for kw in kws) and any(Sm90BwdParams(**kw).dq_fragments for kw in kws)
+
+
+def test_packed_fragment_tiles_give_each_sequence_its_own_tiles():
+    """Packed batches with fragment-order dQ tiles (`dq_fragments` on THD): sequence b's tiles start at the tile of
+    its first token plus b, so no two sequences share a tile and all fit in (T // tile + B + 1) tiles per head;
+    the dQ convert walks (sequence, tile) from the prefix sums."""
+    import random
+
+    from frost.engines.sdpa_bwd.accum import packed_acc_tile
+    from frost.engines.sdpa_bwd.chain import chain_of, packed_fragments
+    from frost.engines.sdpa_bwd.scratch import packed_acc_rows, scratch_layout
+    from frost.testing.cases import SM90_BWD_PACKED_FRAGMENT_COVER
+
+    rng = random.Random(7)
+    for tile in (64, 128):
+        for _ in range(200):
+            lens = [rng.choice([0, 1, 5, 63, 64, 65, 127, 128, 129, 300, 513]) for _ in range(rng.randint(1, 9))]
+            starts = [sum(lens[:b]) for b in range(len(lens))]
+            total = sum(lens)
+            used = []
+            for b, (s, n) in enumerate(zip(starts, lens)):
+                first = packed_acc_tile(s, b, tile)
+                used += [first + m for m in range(-(-n // tile))]
+            assert len(used) == len(set(used)), (tile, lens)
+            assert max(used, default=0) < total // tile + len(lens) + 1, (tile, lens)
+    p = Sm90BwdParams(**SM90_BWD_PACKED_FRAGMENT_COVER[0])
+    validate(p)
+    assert packed_fragments(p) and p.dq_accum_tile == p.tile_m == 128
+    layout = {n: shape for n, _, shape in scratch_layout(p, 3, 500, 500, total_q=1000, total_kv=1000)}
+    assert layout["dq_accum"] == (p.num_heads_q, packed_acc_rows(p, 1000, 3), p.head_dim) == (4, (7 + 4) * 128, 64)
+    post = {stage: names for stage, _, names, _ in chain_of(p)}["postprocess"]
+    assert "cu_seqlens_q" in post and "max_seqlen_q" in post
+
+
+@pytest.mark.slow
+def test_packed_fragment_tiles_compile_for_sm90a(tmp_path):
+    from frost.engines.sdpa_bwd.chain import chain_of
+    from frost.testing.cases import SM90_BWD_PACKED_FRAGMENT_COVER
+
+    helper = "frost.engines.sdpa_bwd.chain.BwdHelperParams"
+    specs = [(t, PARAMS if stage == "main" else helper, sp.model_dump(), stage)
+             for kw in SM90_BWD_PACKED_FRAGMENT_COVER for stage, t, _, sp in chain_of(Sm90BwdParams(**kw))]
+    results = [r for part in compile_groups([("sm_90a", specs)], tmp_path, timeout=900) for r in part]
+    assert len(results) == 6
+    for r in results:
+        assert r["local"] == 0, r
+        if r["tag"] == "main":
+            assert r["bulk_reduce"] == 1 and r["tma_reduce"] == 0, r  # one bulk reduce of a flat tile

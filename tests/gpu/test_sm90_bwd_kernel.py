@@ -71,6 +71,13 @@ LENGTH_CASES = [
          thd_lens=[(70, 300), (200, 90), (1, 1)], wl=50, wr=10),
     Case("thd_d128_m64_s1_fp16", _p(dtype="fp16", is_thd=True, knobs=dict(tile_m=64, num_stages=1)),
          thd_lens=[(77, 77), (1, 1), (200, 150), (0, 0), (129, 64)]),
+    # packed batches with fragment-order dQ tiles (each sequence's own tiles; the knob, not yet the default)
+    Case("thd_d64_frag", _p(d=64, hq=2, hk=2, is_thd=True, knobs=dict(dq_fragments=True)),
+         thd_lens=[(513, 513), (1, 7), (0, 3), (130, 64), (128, 128)]),
+    Case("thd_d128_m64_frag_det_causal_sinks", _p(hq=4, hk=2, is_thd=True, has_window_right=True, deterministic=True,
+                                                  has_sinks=True, has_dsinks=True,
+                                                  knobs=dict(tile_m=64, dq_fragments=True)),
+         thd_lens=[(200, 200), (1, 1), (0, 5), (65, 70), (64, 300)], wr=0, runs=3),
     Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
          used=[(256, 256), (100, 180), (1, 1), (0, 0)]),
     Case("pad_d96_sinks_det", _p(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),

@@ -3,7 +3,8 @@
 The accumulator's layout is stated by its params (`chain.BwdChainParams`): dense rows, 8x8 blocks
 (`dq_accum_blocked`) or tiles in wgmma fragment order (`dq_accum_tile`, `fragment_offset`), one copy or
 `dq_splits` copies stacked copy-major along its batch mode; THD keeps one (heads, packed tokens,
-head_dim) accumulator.
+head_dim) accumulator, or, in fragment-order tiles, one whose sequences each start a tile of their own
+(`packed_acc_tile`, `scratch.packed_acc_rows`).
 """
 from __future__ import annotations
 
@@ -76,6 +77,13 @@ def dense_acc_rows(p, mAcc: cute.Tensor, acc_batch, head, blocked: bool = True, 
     return blocked_rows(acc, p.head_dim, cols) if blocked and p.dq_accum_blocked else acc
 
 
+def packed_acc_tile(first_token, sequence, tile: int):
+    """The first fragment-order tile of packed sequence `sequence` (first token `first_token`) in its head's
+    accumulator (`scratch.packed_acc_rows`): the tile of its first token, shifted by one per sequence before it,
+    so its tiles never overlap its predecessor's last one."""
+    return first_token // tile + sequence
+
+
 def acc_copies(p, mAcc: cute.Tensor, n_batch, batch, head, blocked: bool = True) -> list:
     """The (rows, head_dim) dQ accumulator views of one (batch, head), one per copy in copy order: THD's
     packed rows, or each dense copy (`dense_acc_rows`); the helper kernels zero and sum them."""
@@ -91,6 +99,8 @@ def scratch_fake(fakes: FakeArgs, name: str):
     if name == "dpsum":
         return fakes.compact(Float32, (hq, fakes.rows_q) if p.is_thd else (fakes.batch, hq, fakes.rows_q))
     if name == "dq_accum":
+        if p.is_thd and p.dq_accum_tile:  # whole tiles per sequence (scratch.packed_acc_rows)
+            return fakes.compact(Float32, (hq, cute.sym_int(divisibility=8, symbol="acc_rows_q"), d))
         if p.is_thd:
             return fakes.compact(Float32, (hq, fakes.rows_q, d))
         padded = p.dq_accum_blocked or p.dq_accum_tile > 0

@@ -122,13 +122,20 @@ def preprocess_args(p) -> list[str]:
 
 def postprocess_args(p) -> list[str]:
     """dq, dsinks?, dbias? (from its accumulator), dq_accum, dsink_partial?, dbias_accum?, (ragged: cu_seqlens_q,
-    seqused_q, dq_offsets?), softmax_scale, (ragged: max_seqlen_q, total_q, total_kv), stream."""
+    seqused_q, dq_offsets?), (packed fragment tiles: cu_seqlens_q), softmax_scale, (ragged: max_seqlen_q, total_q,
+    total_kv), (packed fragment tiles: max_seqlen_q), stream."""
     args = ["dq"] + (["dsinks"] if p.has_dsinks else []) + ["dbias"] * p.dbias_accum + ["dq_accum"]
     if p.has_dsinks:
         args.append("dsink_partial")
     args += ["dbias_accum"] * p.dbias_accum + ["cu_seqlens_q", "seqused_q"] * p.ragged
-    args += own_offset_args(p, HELPER_IO["postprocess"])
-    return args + ["softmax_scale"] + ragged_helper_scalars(p) + ["stream"]
+    args += own_offset_args(p, HELPER_IO["postprocess"]) + ["cu_seqlens_q"] * packed_fragments(p)
+    return args + ["softmax_scale"] + ragged_helper_scalars(p) + ["max_seqlen_q"] * packed_fragments(p) + ["stream"]
+
+
+def packed_fragments(p) -> bool:
+    """A packed (frost's form) dQ accumulator of fragment-order tiles: the dQ convert walks each sequence's
+    tiles (grid: the longest sequence's tiles per sequence), from its prefix sums."""
+    return p.is_thd and p.dq_accum_tile > 0 and not p.ragged
 
 
 def ragged_helper_scalars(p) -> list[str]:

@@ -30,8 +30,8 @@ from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.lanes import lanes_allreduce_sum
 from frost.engines.common.seqlen import own_token_offset, token_offset
 from frost.engines.sdpa_bwd.accum import (FRAGMENT_THREADS, acc_copies, build_entry, fragment_coord,
-                                          fragment_offset)
-from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, postprocess_args
+                                          fragment_offset, packed_acc_tile)
+from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, packed_fragments, postprocess_args
 from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA
 
 THREADS = 128
@@ -55,6 +55,9 @@ class SdpaBwdPostprocess:
         if cutlass.const_expr(self.p.ragged):  # the preprocess grid: each sequence's row blocks per batch entry
             total = a["max_seqlen_q"]
             n_batch = a["seqused_q"].shape[0]
+        elif cutlass.const_expr(packed_fragments(self.p)):  # each sequence's fragment-order tiles
+            total = a["max_seqlen_q"]
+            n_batch = a["cu_seqlens_q"].shape[0] - 1
         elif cutlass.const_expr(self.p.is_thd):
             total = mdQ.shape[0]
             n_batch = Int32(1)
@@ -83,7 +86,17 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
         extent = mdQ.shape[0]
     else:
         extent = mdQ.shape[1]
+    packed_rows = extent  # the preprocess grid's rows (dSink's partials)
     copies = acc_copies(p, mAcc, gz, batch, head)
+    convert_tile = True
+    if cutlass.const_expr(packed_fragments(p)):
+        # frost's packed form in fragment-order tiles: sequence `batch`'s tile bx, from its own tiles
+        start = mCuQ[batch]
+        extent = mCuQ[batch + 1] - start
+        mdQ = cute.domain_offset((start, 0, 0), mdQ)
+        copies = [cute.domain_offset((packed_acc_tile(start, batch, p.dq_accum_tile) * p.dq_accum_tile, 0), c)
+                  for c in copies]
+        convert_tile = bx * p.dq_accum_tile < extent
     if cutlass.const_expr(p.ragged):
         # cuDNN's ragged-offset form: the rows of sequence `batch` only, from its first token
         base = token_offset(mCuQ, batch, p.token_div_q)
@@ -92,7 +105,8 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
         copies = [cute.domain_offset((base, 0), c) for c in copies]
     chunks_per_row = p.head_dim // VEC
     if cutlass.const_expr(p.dq_accum_tile > 0):
-        _convert_fragment_tile(p, mdQ, copies[0], scale, tidx, bx, batch, head, extent)
+        if convert_tile:
+            _convert_fragment_tile(p, mdQ, copies[0], scale, tidx, bx, batch, head, extent)
     chunks = 0 if p.dq_accum_tile else ROWS_PER_CTA * chunks_per_row
     for i in cutlass.range_constexpr((chunks + THREADS - 1) // THREADS):
         idx = i * THREADS + tidx
@@ -113,6 +127,8 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
             n_part = (extent + ROWS_PER_CTA - 1) // ROWS_PER_CTA * gz * PARTIALS_PER_CTA  # the preprocess grid
             if cutlass.const_expr(p.ragged):
                 n_part = gx * gz * PARTIALS_PER_CTA
+            if cutlass.const_expr(packed_fragments(p)):
+                n_part = (packed_rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA * PARTIALS_PER_CTA
             s = Float32(0.0)
             for i in cutlass.range((n_part - tidx + 31) // 32, unroll=1):
                 s += mPart[head * n_part + tidx + i * 32]
@@ -149,7 +165,10 @@ def _convert_fragment_tile(p: cutlass.Constexpr, mdQ: cute.Tensor, acc_rows: cut
         c = idx % chunks_per_row
         row = m_block * tile + r
         if row < extent:
-            dq_row = mdQ[batch, row, head, None]
+            if cutlass.const_expr(p.is_thd):
+                dq_row = mdQ[row, head, None]
+            else:
+                dq_row = mdQ[batch, row, head, None]
             cute.local_tile(dq_row, (VEC,), (c,)).store(cute.local_tile(s_tile[r, None], (VEC,), (c,)).load())
 
 

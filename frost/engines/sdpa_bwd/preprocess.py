@@ -153,8 +153,15 @@ def kernel(
 
     # zero this CTA's rows of the dQ accumulator (of every copy, with split copies), 16 bytes per store (a
     # blocked accumulator's padding rows too: the same memory as its row-major view of as many rows)
-    for acc_rows in ragged_acc if p.ragged else acc_copies(p, mAcc, gz, batch, head, blocked=False):
-        _zero_rows(acc_rows, bx * ROWS_PER_CTA, p.head_dim, tidx)
+    if cutlass.const_expr(p.is_thd and p.dq_accum_tile > 0 and not p.ragged):
+        # whole fragment-order tiles per sequence: more rows than packed tokens, so the grid strides over them
+        acc_rows = mAcc[head, None, None]
+        stride = gx * ROWS_PER_CTA
+        for k in cutlass.range((acc_rows.shape[0] - bx * ROWS_PER_CTA + stride - 1) // stride, unroll=1):
+            _zero_rows(acc_rows, bx * ROWS_PER_CTA + k * stride, p.head_dim, tidx)
+    else:
+        for acc_rows in ragged_acc if p.ragged else acc_copies(p, mAcc, gz, batch, head, blocked=False):
+            _zero_rows(acc_rows, bx * ROWS_PER_CTA, p.head_dim, tidx)
 
     if cutlass.const_expr(mSem is not None):
         n_threads_total = gx * gy * gz * THREADS

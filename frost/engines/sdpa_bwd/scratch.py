@@ -31,6 +31,15 @@ def accumulator_rows(p, seqlen_q: int) -> int:
     return cdiv(seqlen_q, 8) * 8 if p.dq_accum_blocked else seqlen_q
 
 
+def packed_acc_rows(p, total_q: int, batch: int) -> int:
+    """Rows per head of a packed dQ accumulator: the packed tokens, or, in fragment-order tiles
+    (`dq_accum_tile`), whole tiles with each sequence's starting where its first token's tile does, shifted
+    by one tile per sequence before it (`packed_acc_tile`), so no two sequences share one."""
+    if p.dq_accum_tile and not getattr(p, "ragged", False):
+        return (total_q // p.dq_accum_tile + batch + 1) * p.dq_accum_tile
+    return total_q
+
+
 def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
                    total_q: int = 0, total_kv: int = 0, bias_rows=None) -> list[tuple[str, str, tuple[int, ...]]]:
     """The workspace buffers of the chain, in carving order: (name, torch dtype name, shape).
@@ -43,7 +52,7 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
     """
     h, d = p.num_heads_q, p.head_dim
     if p.is_thd:
-        out = [("dpsum", "float32", (h, total_q)), ("dq_accum", "float32", (h, total_q, d))]
+        out = [("dpsum", "float32", (h, total_q)), ("dq_accum", "float32", (h, packed_acc_rows(p, total_q, batch), d))]
         n_part = h * PARTIALS_PER_CTA * max(cdiv(total_q, ROWS_PER_CTA), 1)
         if p.ragged:  # the helpers walk each sequence's row blocks
             n_part = h * PARTIALS_PER_CTA * batch * max(cdiv(max_seqlen_q, ROWS_PER_CTA), 1)

@@ -67,6 +67,7 @@ from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
 from frost.engines.common.seqlen import own_rows, own_token_offset, seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common import global_ops as gops
+from frost.engines.sdpa_bwd.accum import packed_acc_tile
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, name_suffix, rotated_turn, rotates, validate
 
@@ -464,8 +465,8 @@ class SdpaBwdSm90:
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
             if const_expr(self.frag):  # the tile's rows are one contiguous run of the accumulator
                 if lane == 0:
-                    gops.bulk_reduce_add_f32(gops.elem_ptr(mAcc, (m_block * self.bm, 0, head, w.batch)),
-                                             sdQ.iterator, self.bm * self.d * 4)
+                    gops.bulk_reduce_add_f32(self.fragment_tile(mAcc, head, m_block, w), sdQ.iterator,
+                                             self.bm * self.d * 4)
             else:
                 cute.copy(tma_atom_dq, tDsdQ, tDgAcc)
             cute.arch.cp_async_bulk_commit_group()
@@ -475,6 +476,14 @@ class SdpaBwdSm90:
                     cute.arch.fence_acq_rel_gpu()
                     gops.red_release_add_i32(sem, Int32(1))
         cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    def fragment_tile(self, mAcc, head, m_block, w: Walk):
+        """Where query tile m_block's fragment-order dQ tile starts: dense, the tile of its rows; packed, its
+        sequence's own tiles (`accum.packed_acc_tile`)."""
+        if const_expr(self.p.is_thd):
+            tile = packed_acc_tile(w.off_q, w.batch, self.bm) + m_block
+            return gops.elem_ptr(mAcc, (tile * self.bm, 0, head))
+        return gops.elem_ptr(mAcc, (m_block * self.bm, 0, head, w.batch))
 
     @cute.jit
     def semaphore(self, mSem, mAcc, head: Int32, m_block: Int32, w: Walk):
@@ -490,6 +499,8 @@ class SdpaBwdSm90:
             idx = (w.batch * self.p.num_heads_q + head) * per_seq + m_block
         elif const_expr(self.p.is_thd):
             per_head = mAcc.shape[0] // bm + cute.arch.grid_dim()[2] + 1
+            if const_expr(self.frag):  # the accumulator's own tiles are laid out as the turns are
+                per_head = mAcc.shape[0] // bm
             idx = head * per_head + (w.off_q + w.batch * bm) // bm + m_block
         else:
             rows_q = mAcc.shape[0] if const_expr(self.p.has_seqused) else w.seqlen_q  # equal without padding

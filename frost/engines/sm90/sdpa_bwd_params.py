@@ -158,8 +158,8 @@ def validate(p: Sm90BwdParams) -> None:
         bad("dq_red and dq_fragments are two ways out for dQ: pick one")
     if p.dq_red and p.dq_swap:
         bad(f"dq_red adds neighbouring dQ columns from registers: tile_m={p.tile_m} transposes dQ")
-    if p.dq_fragments and p.is_thd:
-        bad("dq_fragments stores dense query tiles: packed THD batches add rows")
+    if p.dq_fragments and p.ragged:
+        bad("dq_fragments stores whole query tiles: the ragged-offset form (sequences anywhere) adds rows")
     if p.dq_fragments and p.dq_swap:
         bad(f"dq_fragments needs tile_m a multiple of 64 (tile_m={p.tile_m} transposes dQ, and fragment stores "
             "of the transposed tile make ptxas serialize the wgmmas)")
