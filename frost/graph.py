@@ -45,6 +45,7 @@ class Graph(OpGraph):
         self.kernel_cache = kernel_cache  # cuDNN's kernel cache object; frost keeps its own persistent cache
         self._target = _target_for(target, sm_version, sm_count)
         self._ranking = None
+        self._ranked_for = None  # the (engine, knobs) of the ranking
         self.plan = None
 
     def _invalidate(self) -> None:
@@ -57,6 +58,7 @@ class Graph(OpGraph):
         graph on its target: NotSupportedError (cuDNN's cudnnGraphNotSupportedError) lists every engine's reason
         when none does. The reference engine, never chosen silently on a GPU, still builds by name after it."""
         super().validate()
+        self._ranking = None  # the facts are new: rank them (create_execution_plans then reuses the ranking)
         self.check_support()
         return self
 
@@ -85,7 +87,9 @@ class Graph(OpGraph):
             except (TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
                 raise GraphError(f"bad knobs {knobs!r}; known knobs: {sorted(Knobs.model_fields)} "
                                  f"(ints and bools): {e}") from None
-        self._ranking = rank(self.facts, self.target, self._knobs, engine)
+        if self._ranking is None or self._ranked_for != (engine, self._knobs):  # validate() may have ranked
+            self._ranking = rank(self.facts, self.target, self._knobs, engine)
+            self._ranked_for = (engine, self._knobs)
         return self
 
     def check_support(self) -> "Graph":

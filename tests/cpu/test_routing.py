@@ -871,3 +871,18 @@ def test_deterministic_wgmma_backward_takes_the_rotated_order_without_a_band(unp
     g = declare(H200, direction="bwd", d=128)
     g.create_execution_plans()
     assert g._ranking.accepted[0][1].template_params().det_order == "stair"  # no turns at all
+
+
+def test_cudnns_call_sequence_ranks_the_engines_once(unpended, monkeypatch):
+    """validate() ranks (as cuDNN's reports unsupported graphs there); create_execution_plans and check_support
+    after it reuse that ranking unless an engine or knobs are asked for."""
+    import frost.lowering.lower as lower
+
+    calls = []
+    real = lower.rank
+    monkeypatch.setattr(lower, "rank", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = declare(H200)
+    g.validate().build_operation_graph().create_execution_plans([frost.heur_mode.A]).check_support()
+    assert len(calls) == 1
+    g.create_execution_plans(engine="sm80")
+    assert len(calls) == 2 and g.available_engines() == ["SdpaFwdDslSm80"]
