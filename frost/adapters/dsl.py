@@ -7,7 +7,7 @@ import operator
 
 from frost.adapters.views import lengths_view, sink_view
 from frost.engines.dsl import dsl_decline_reason
-from frost.engines.sdpa_args import OWN_OFFSET_ROLES
+from frost.engines.sdpa_args import OWN_OFFSET_ROLES, Q_ROLES, STATS_ROLES
 from frost.errors import TemplateParamsError
 
 
@@ -65,11 +65,12 @@ def ragged_flags(facts) -> dict:
     return flags
 
 
-#: contract role -> (graph role, its token group's leader): the io tensors that may read their own offsets, and
-#: the row outputs that always do when ragged (no leader)
-OWN_OFFSET_GRAPH_ROLES = {"o": ("o", "q"), "v": ("v", "k"), "do": ("dO", "q"), "dq": ("dQ", "q"),
-                          "dk": ("dK", "k"), "dv": ("dV", "k"), "score_max": ("score_max", None),
-                          "score_sum_exp": ("score_sum_exp", None)}
+def own_offset_leader(role: str):
+    """The graph role whose offsets contract role `role` takes unless it has its own: its token group's leader
+    (q's, k's); None for the row outputs, whose ragged offsets are always their own."""
+    if role in STATS_ROLES:
+        return None
+    return "q" if role in Q_ROLES else "k"
 
 
 def own_offsets(r) -> tuple:
@@ -79,7 +80,7 @@ def own_offsets(r) -> tuple:
     tensor_of = {role: i for i, roles in enumerate(r.shared_offsets) for role in roles}
     out = []
     for role in OWN_OFFSET_ROLES:
-        graph_role, leader = OWN_OFFSET_GRAPH_ROLES[role]
+        graph_role, leader = TENSOR_ARGS[role][0], own_offset_leader(role)
         if graph_role not in strides:
             continue
         if leader is None or tensor_of[graph_role] != tensor_of[leader] or strides[graph_role] != strides[leader]:
@@ -186,8 +187,8 @@ TENSOR_ARGS = {
 RAGGED_TENSOR_ARGS = {**TENSOR_ARGS, "cu_seqlens_q": ("q_ragged_offset", lengths_view),
                       "cu_seqlens_kv": ("k_ragged_offset", lengths_view),
                       "lse_offsets": ("stats_ragged_offset", lengths_view),
-                      **{f"{role}_offsets": (f"{graph_role}_ragged_offset", lengths_view)
-                         for role, (graph_role, _) in OWN_OFFSET_GRAPH_ROLES.items()}}
+                      **{f"{role}_offsets": (f"{TENSOR_ARGS[role][0]}_ragged_offset", lengths_view)
+                         for role in OWN_OFFSET_ROLES}}
 
 
 def tensor_args(facts) -> dict:

@@ -104,6 +104,8 @@ padding rows of dK / dV get 0; THD tokens past cu_seqlens_kv[B] are not written.
 
 # roles whose tensors are (B, H, S, D) when dense, (T, H, D) when packed
 IO_ROLES = frozenset(("q", "k", "v", "o", "do", "dq", "dk", "dv"))
+#: roles of the query token group (the kv group is the rest of IO_ROLES)
+Q_ROLES = frozenset(("q", "o", "do", "dq"))
 #: ragged io tensors that may read their own offsets (`<role>_offsets`, params `own_offsets`); q and k lead their
 #: token groups through cu_seqlens_q / cu_seqlens_kv
 OWN_OFFSET_ROLES = ("o", "v", "do", "dq", "dk", "dv", "score_max", "score_sum_exp")

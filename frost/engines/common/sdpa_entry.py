@@ -15,13 +15,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from frost.engines.sdpa_args import IO_ROLES, OWN_OFFSET_ROLES, STATS_ROLES
+from frost.engines.sdpa_args import IO_ROLES, OWN_OFFSET_ROLES, Q_ROLES, STATS_ROLES
 
 IO_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 _SCALARS = {"softmax_scale": Float32, "window_left": Int32, "window_right": Int32, "max_seqlen_q": Int32,
             "max_seqlen_kv": Int32, "total_q": Int32, "total_kv": Int32, "stream": cuda.CUstream}
-#: roles of the query token group (the kv group is the rest of IO_ROLES)
-Q_ROLES = frozenset(("q", "o", "do", "dq"))
 OFFSET_DTYPES = {"int32": Int32, "int64": cutlass.Int64}
 
 
