@@ -6,19 +6,16 @@ the deterministic mode that suits the problem and the GPU (`frost.adapters.sm80_
 """
 from __future__ import annotations
 
+import math
+
 from frost.adapters.dsl import dbias_accumulates
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
+from frost.engines.sdpa_bwd.scratch import dbias_accum_shape
 
 
 #: the workspace a deterministic dBias may take (a copy per (batch entry, query head), summed in order after)
 DETERMINISTIC_DBIAS_BYTES = 4 << 30
-
-
-def deterministic_dbias_bytes(facts) -> int:
-    """Bytes of a deterministic dBias accumulator: fp32 (B, H_q, S_q, S_kv) at the bias's declared S."""
-    s_q, s_kv = facts.tensor("bias").dim[2:]
-    return 4 * facts.batch * facts.num_heads_q * s_q * (-(-s_kv // 4) * 4)
 
 
 def _smem_budget(target):
@@ -60,7 +57,7 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
     def check_support(self) -> None:
         f = self.facts
         if f.has_dbias and f.deterministic and dbias_accumulates(f):
-            need = deterministic_dbias_bytes(f)
+            need = 4 * math.prod(dbias_accum_shape(self.template_params(), f.batch, *f.tensor("bias").dim[2:]))
             if need > DETERMINISTIC_DBIAS_BYTES:
                 dbias = f.tensor("dBias")
                 raise self.decline(f"does not serve a deterministic dBias {dbias.label} of dim {dbias.dim} this large: "
