@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from frost.engines.sdpa_args import OWN_OFFSET_ROLES
 from frost.errors import TemplateParamsError
 
 
@@ -234,8 +235,6 @@ def check_no_score_mods(p: SdpaFeatureParams, who: str, why: str) -> None:
 
 def _check_own_offsets(p: SdpaFeatureParams, who: str) -> None:
     """Own ragged offsets belong to the ragged-offset form: known roles, once each, in order, divisors > 0."""
-    from frost.engines.sdpa_args import OWN_OFFSET_ROLES
-
     if not p.ragged:
         raise TemplateParamsError(f"{who}: own_offsets belong to the ragged-offset form")
     roles = [r for r, _, _ in p.own_offsets]
