@@ -31,12 +31,18 @@ def accumulator_rows(p, seqlen_q: int) -> int:
     return cdiv(seqlen_q, 8) * 8 if p.dq_accum_blocked else seqlen_q
 
 
+def packed_tiles(total_q: int, batch: int, tile: int) -> int:
+    """Query tiles per head when each packed sequence's tiles start where its first token's tile does, shifted by
+    one per sequence before it (`accum.packed_acc_tile`), so no two sequences share one: the packed turn counters'
+    layout, and a packed fragment-order accumulator's."""
+    return total_q // tile + batch + 1
+
+
 def packed_acc_rows(p, total_q: int, batch: int) -> int:
     """Rows per head of a packed dQ accumulator: the packed tokens, or, in fragment-order tiles
-    (`dq_accum_tile`), whole tiles with each sequence's starting where its first token's tile does, shifted
-    by one tile per sequence before it (`packed_acc_tile`), so no two sequences share one."""
+    (`dq_accum_tile`), whole tiles laid out as `packed_tiles`."""
     if p.dq_accum_tile and not getattr(p, "ragged", False):
-        return (total_q // p.dq_accum_tile + batch + 1) * p.dq_accum_tile
+        return packed_tiles(total_q, batch, p.dq_accum_tile) * p.dq_accum_tile
     return total_q
 
 
@@ -66,7 +72,7 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
         # tiles plus one per sequence (a sequence's tiles start where its first token's tile does)
         # (the ragged-offset form places sequences anywhere: per (batch, head) the tiles of the longest one)
         packed = p.is_thd and not p.ragged
-        tiles = total_q // p.tile_m + batch + 1 if packed else batch * cdiv(max_seqlen_q, p.tile_m)
+        tiles = packed_tiles(total_q, batch, p.tile_m) if packed else batch * cdiv(max_seqlen_q, p.tile_m)
         out.append(("dq_semaphore", "int32", (h * tiles,)))
     if p.has_dsinks:
         out.append(("dsink_partial", "float32", (n_part,)))
