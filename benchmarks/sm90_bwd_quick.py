@@ -13,6 +13,7 @@ A variant may also set `deterministic` (a feature, not a knob), e.g. the determi
         '[{}, {"deterministic": true}, {"deterministic": true, "det_order": "rotated"}]'
 
 A variant the params reject for a problem (a rotated order under causal) is left out of that problem.
+`--thd fixed,random` times frost bench's packed length mixes (FA4 through its varlen entry) instead of --s.
 """
 from __future__ import annotations
 
@@ -43,6 +44,57 @@ def chain_for(params_list, target):
     return out
 
 
+class _Problem:
+    """One timed problem: dense B x S (16384 tokens) or a packed length mix; bf16 tensors on the GPU, FLOPs
+    summed per sequence by design.md's convention."""
+
+    def __init__(self, lens, dense_b, h, hk, d, dv, causal):
+        torch.manual_seed(0)
+        self.lens, self.scale, self.causal = lens, 1.0 / math.sqrt(d), causal
+        self.h, self.d, self.dv = h, d, dv
+        if dense_b:
+            b, s = dense_b, lens[0]
+            lead = (b, s)
+            self.label, self.cu, self.max_len = f"s={s:5d}", None, s
+        else:
+            lead = (sum(lens),)
+            cu = [0]
+            for n in lens:
+                cu.append(cu[-1] + n)
+            self.cu = torch.tensor(cu, dtype=torch.int32, device="cuda")
+            self.max_len = max(lens)
+            self.label = f"thd[{len(lens)}]"
+        self.q = torch.randn(*lead, h, d, dtype=torch.bfloat16, device="cuda")
+        self.k = torch.randn(*lead, hk, d, dtype=torch.bfloat16, device="cuda")
+        self.v = torch.randn(*lead, hk, dv, dtype=torch.bfloat16, device="cuda")
+        self.do = torch.randn(*lead, h, dv, dtype=torch.bfloat16, device="cuda")
+
+    def flops(self, causal):
+        return sum(sdpa_flops(heads=self.h, d_qk=self.d, d_v=self.dv, causal=causal, direction="bwd", batch=1,
+                              seqlen_q=n) for n in self.lens)
+
+
+def _problem(shape, h, hk, d, dv, causal):
+    kind, val = shape
+    if kind == "bshd":
+        return _Problem([val] * (16384 // val), 16384 // val, h, hk, d, dv, causal)
+    from frost.bench.workloads import DEFAULT_THD_LENGTHS, random_mix
+    lens = DEFAULT_THD_LENGTHS if val == "fixed" else random_mix(16384, 8192, 0)
+    return _Problem(list(lens), 0, h, hk, d, dv, causal)
+
+
+def _first(x):
+    return x[0] if isinstance(x, (tuple, list)) else x
+
+
+def fa4_call(fa4, fa4_varlen, pr, q, k, v, **kw):
+    """FA4's forward on the problem (dense or varlen), with its autograd backward behind it."""
+    if pr.cu is None:
+        return fa4(q, k, v, softmax_scale=pr.scale, causal=pr.causal, **kw)
+    return fa4_varlen(q, k, v, cu_seqlens_q=pr.cu, cu_seqlens_k=pr.cu, max_seqlen_q=pr.max_len,
+                      max_seqlen_k=pr.max_len, softmax_scale=pr.scale, causal=pr.causal, **kw)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", default="128")
@@ -53,6 +105,8 @@ def main(argv=None):
     ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for the wgmma backward "
                     "(and `deterministic`)")
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync chain")
+    ap.add_argument("--thd", default="", help="packed batches instead of dense: fixed, random or both "
+                    "(frost bench's length mixes over 16384 tokens); --s is then ignored")
     a = ap.parse_args(argv)
     from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs, validate
     from frost.errors import TemplateParamsError
@@ -75,7 +129,7 @@ def main(argv=None):
             for vi, var in enumerate(variants):
                 knobs = {k: v for k, v in var.items() if k != "deterministic"}
                 p = Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=dv_of(d), num_heads_q=h, num_heads_kv=hk,
-                                  has_window_right=c, deterministic=bool(var.get("deterministic", False)),
+                                  has_window_right=c, is_thd=bool(a.thd), deterministic=bool(var.get("deterministic", False)),
                                   **default_knobs(d, dv_of(d), banded=c, sm_count=target.sm_count, **knobs))
                 try:
                     validate(p)
@@ -89,58 +143,55 @@ def main(argv=None):
                 from frost.engines.sm80.sdpa_bwd_params import default_knobs as k80
                 keys.append((d, c, "sm80"))
                 params.append(Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=dv_of(d),
-                                            num_heads_q=h, num_heads_kv=hk, has_window_right=c,
+                                            num_heads_q=h, num_heads_kv=hk, has_window_right=c, is_thd=bool(a.thd),
                                             **k80("sm80", d, dv_of(d))))
     t0 = time.perf_counter()
     makers = dict(zip(keys, chain_for(params, target)))
     print(f"# compiled {len(params)} chains in {time.perf_counter() - t0:.1f}s", flush=True)
     try:
         from flash_attn.cute import flash_attn_func as fa4
+        from flash_attn.cute import flash_attn_varlen_func as fa4_varlen
     except Exception as e:  # pragma: no cover
-        fa4 = None
+        fa4 = fa4_varlen = None
         print(f"# FA4 unavailable: {e}")
+    shapes = ([("thd", m) for m in a.thd.split(",")] if a.thd else [("bshd", s) for s in ss])
     for d in ds:
         h = 2048 // d
         hk = int(a.hkv) if a.hkv else h
-        for s in ss:
-            b = 16384 // s
+        for shape in shapes:
             for c in cs:
-                torch.manual_seed(0)
-                q = torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
-                k = torch.randn(b, s, hk, d, dtype=torch.bfloat16, device="cuda")
-                v = torch.randn(b, s, hk, dv_of(d), dtype=torch.bfloat16, device="cuda")
-                do = torch.randn(b, s, h, dv_of(d), dtype=torch.bfloat16, device="cuda")
-                scale = 1.0 / math.sqrt(d)
-                flops = sdpa_flops(heads=h, d_qk=d, d_v=dv_of(d), causal=c, direction="bwd", batch=b, seqlen_q=s)
+                pr = _problem(shape, h, hk, d, dv_of(d), c)
                 res, grads = {}, {}
                 if fa4 is not None:
-                    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
-                    out = fa4(qr, kr, vr, softmax_scale=scale, causal=c)
-                    out = out[0] if isinstance(out, (tuple, list)) else out
+                    qr, kr, vr = (x.clone().requires_grad_() for x in (pr.q, pr.k, pr.v))
+                    out = _first(fa4_call(fa4, fa4_varlen, pr, qr, kr, vr))
 
-                    def f_fa4(out=out, qr=qr, kr=kr, vr=vr, do=do):
+                    def f_fa4(out=out, qr=qr, kr=kr, vr=vr, do=pr.do):
                         return torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
                     grads["fa4"] = f_fa4()
                     res["fa4"] = timed(f_fa4)
-                if fa4 is not None:  # O and LSE from FA4's forward
-                    o, lse = fa4(q, k, v, softmax_scale=scale, causal=c, return_lse=True)[:2]
+                    o, lse = fa4_call(fa4, fa4_varlen, pr, pr.q, pr.k, pr.v, return_lse=True)[:2]
                     lse = lse.contiguous()
-                else:
+                else:  # O and LSE from the float reference
                     from frost.adapters.reference_math import sdpa_fwd_reference
-                    o, lse = sdpa_fwd_reference(q, k, v, softmax_scale=scale, window_right=0 if c else None)
-                    o = o.to(q.dtype)
+                    o, lse = sdpa_fwd_reference(pr.q, pr.k, pr.v, softmax_scale=pr.scale, cu_seqlens_q=pr.cu,
+                                                cu_seqlens_kv=pr.cu, window_right=0 if c else None)
+                    o = o.to(pr.q.dtype)
                 for key in [kk for kk in keys if kk[0] == d and kk[1] == c]:
-                    t = dict(q=q, k=k, v=v, o=o, do=do, lse=lse, dq=torch.empty_like(q), dk=torch.empty_like(k),
-                             dv=torch.empty_like(v))
-                    sc = dict(softmax_scale=scale, **({"window_right": 0} if c else {}))
+                    t = dict(q=pr.q, k=pr.k, v=pr.v, o=o, do=pr.do, lse=lse, dq=torch.empty_like(pr.q),
+                             dk=torch.empty_like(pr.k), dv=torch.empty_like(pr.v))
+                    sc = dict(softmax_scale=pr.scale, **({"window_right": 0} if c else {}))
+                    if pr.cu is not None:
+                        t.update(cu_seqlens_q=pr.cu, cu_seqlens_kv=pr.cu)
+                        sc.update(max_seqlen_q=pr.max_len, max_seqlen_kv=pr.max_len)
                     run = makers[key](t, sc)
                     run()
                     torch.cuda.synchronize()
                     grads[key[2]] = (t["dq"].clone(), t["dk"].clone(), t["dv"].clone())
                     res[key[2]] = timed(run)
-                line = [f"d={d:3d} s={s:5d} h={h}/{hk} {'causal' if c else 'nc    '}"]
+                line = [f"d={d:3d} {pr.label} h={h}/{hk} {'causal' if c else 'nc    '}"]
                 for name, ms in res.items():
-                    line.append(f"{name} {ms:7.3f}ms {flops / ms / 1e9:6.1f}TF")
+                    line.append(f"{name} {ms:7.3f}ms {pr.flops(c) / ms / 1e9:6.1f}TF")
                 if "fa4" in res:
                     for name, ms in res.items():
                         if name != "fa4":
@@ -149,7 +200,7 @@ def main(argv=None):
                             line.append(f"{name} x{res['fa4'] / ms:.3f}fa4 err vs fa4 "
                                         + "/".join(f"{e:.1e}" for e in errs))
                 print(" | ".join(line), flush=True)
-                del q, k, v, do, o, lse, grads
+                del pr, o, lse, grads
                 torch.cuda.empty_cache()
     return 0
 
