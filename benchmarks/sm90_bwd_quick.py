@@ -13,7 +13,8 @@ A variant may also set `deterministic` (a feature, not a knob), e.g. the determi
         '[{}, {"deterministic": true}, {"deterministic": true, "det_order": "rotated"}]'
 
 A variant the params reject for a problem (a rotated order under causal) is left out of that problem.
-`--thd fixed,random` times frost bench's packed length mixes (FA4 through its varlen entry) instead of --s.
+`--thd fixed,random` times frost bench's packed length mixes (FA4 through its varlen entry) instead of --s;
+`uniform:S` packs 16384 / S sequences of S tokens (a dense batch's shape).
 """
 from __future__ import annotations
 
@@ -79,7 +80,11 @@ def _problem(shape, h, hk, d, dv, causal):
     if kind == "bshd":
         return _Problem([val] * (16384 // val), 16384 // val, h, hk, d, dv, causal)
     from frost.bench.workloads import DEFAULT_THD_LENGTHS, random_mix
-    lens = DEFAULT_THD_LENGTHS if val == "fixed" else random_mix(16384, 8192, 0)
+    if val.startswith("uniform"):  # uniform:S, 16384 / S sequences of S (a dense batch's shape, packed)
+        n = int(val.split(":")[1])
+        lens = (n,) * (16384 // n)
+    else:
+        lens = DEFAULT_THD_LENGTHS if val == "fixed" else random_mix(16384, 8192, 0)
     return _Problem(list(lens), 0, h, hk, d, dv, causal)
 
 

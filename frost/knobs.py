@@ -14,6 +14,9 @@ class Knobs(BaseModel):
     num_stages: Optional[int] = None
     num_warps: Optional[int] = None
     pack_gqa: Optional[bool] = None  # SM90 forward: one M tile holds the query heads of a kv head (GQA)
+    # SM90 forward: O's columns in this many slices, each its own work tile recomputing S (a d_v above 256 needs
+    # at least ceil(d_v / 256); unset, the plan takes the fewest)
+    v_slices: Optional[int] = None
     # mma.sync deterministic dense backward: fp32 dQ accumulator copies (0: per-tile turns, one accumulator of
     # workspace). Unset, the plan picks the count that keeps the SMs busy within 1 GiB of extra workspace.
     dq_splits: Optional[int] = None

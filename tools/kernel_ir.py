@@ -48,7 +48,8 @@ def covering_specs() -> list:
     # keep their file names: the mma.sync head-dim sets, the SM90 backward above d=128, cuDNN's ragged-offset
     # form, the score-modifier sets, the SM90 forward's padded and wide head dims, the SM90 backward's other
     # head dims, the SM90 forward's score modifiers, the block masks, cuDNN's ragged form with an offset tensor
-    # per tensor, the deterministic dBias, then the SM90 backward's packed fragment-order dQ.
+    # per tensor, the deterministic dBias, the SM90 backward's packed fragment-order dQ, then the SM90 forward's
+    # column slices of O (d_v above 256).
     entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
                (*bwd90, cases.SM90_BWD_COVER),
                (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
@@ -60,7 +61,8 @@ def covering_specs() -> list:
                (*fwd90, cases.SM90_FWD_SCORE_MOD_COVER), (*fwd80, cases.SM80_FWD_BLOCK_MASK_COVER),
                (*fwd80, cases.RAGGED_OWN_MMA_FWD_COVER), (*bwd80, cases.RAGGED_OWN_MMA_BWD_COVER),
                (*fwd90, cases.RAGGED_OWN_SM90_FWD_COVER), (*bwd90, cases.RAGGED_OWN_SM90_BWD_COVER),
-               (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER), (*bwd90, cases.SM90_BWD_PACKED_FRAGMENT_COVER)]
+               (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER), (*bwd90, cases.SM90_BWD_PACKED_FRAGMENT_COVER),
+               (*fwd90, cases.SM90_FWD_WIDE_V_COVER)]
     specs = []
     for template, params_cls, cover in entries:
         for arch, kw in _cover_items(cover):

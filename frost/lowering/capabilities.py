@@ -11,9 +11,9 @@ from frost.engines.params import HeadDimSpan
 FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 #: the mma.sync kernels pad a head dim up to their tiles' 32-element granule inside the kernel
 MMA_SYNC_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
-#: the wgmma forward pads a head dim up to a 16-element wgmma K step inside the kernel; d_qk goes up to 512
-#: (`frost.engines.sm90.sdpa_fwd_params.HEAD_DIMS`)
-SM90_FWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=512, maximum_v=256)
+#: the wgmma forward pads a head dim up to a 16-element wgmma K step inside the kernel; d_qk and d_v go up to
+#: 1024, a d_v above 256 in column slices of O (`frost.engines.sm90.sdpa_fwd_params.HEAD_DIMS`)
+SM90_FWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=1024)
 KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
                              "thd", "stats"})
 #: K and V with different head counts (each dividing the query heads), and the forward's row max / sum-of-exp
@@ -91,7 +91,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
              dtypes=("bf16", "fp16"), head_dims=SM90_FWD_HEAD_DIMS, features=DSL_FEATURES,
              fwd_features=FWD_EXTRA_FEATURES | SM90_FWD_SCORE_MOD_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
-                           "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True)})[:1]
+                           "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
                      cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"),
                      head_dims=SM90_BWD_HEAD_DIMS,

@@ -277,6 +277,12 @@ SM90_FWD_HEAD_DIM_CASES = [
     Sm90Case(d=320, dv=128, wr=0),
     Sm90Case(d=512, dv=256, sq=300, skv=400),
     Sm90Case(d=512, dv=256, thd=((129, 300), (64, 64), (1, 1)), wr=0),
+    # d_v above 256 in column slices of O, and d_qk up to 1024
+    Sm90Case(d=520, dv=520, wr=0, sq=300, skv=300),
+    Sm90Case(d=64, dv=264, hq=4, hkv=2, thd=((129, 129), (1, 1), (300, 77)), wr=0, sinks=True),
+    Sm90Case(d=128, dv=520, hq=8, hkv=2, sq=200, skv=333),
+    Sm90Case(d=200, dv=264, seqused=((250, 0), (300, 17)), sq=300, skv=300),
+    Sm90Case(d=1024, dv=1024, thd=((129, 300), (64, 64), (1, 1))),
 ]
 
 
@@ -563,4 +569,17 @@ SM90_BWD_PACKED_FRAGMENT_COVER = [
     sm90_bwd_kwargs(d=64, is_thd=True, knobs=dict(dq_fragments=True)),
     sm90_bwd_kwargs(hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True, has_sinks=True,
                     has_dsinks=True, knobs=dict(tile_m=64, dq_fragments=True)),
+]
+
+# the SM90 forward past d_v 256 and d_qk 512: O in column slices (`v_slices`), each its own work tile; dense,
+# packed (the row-predicated O store's per-slice column limit), GQA (unpacked), cuDNN's ragged form with every row
+# output (written by the first slice alone), score modifiers, and d_qk 1024 on 32-key blocks
+SM90_FWD_WIDE_V_COVER = [
+    _sm90(d=520, dv=520, has_window_right=True),
+    _sm90(d=64, dv=264, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True),
+    _sm90(d=128, dv=520, hq=8, hk=2),
+    _sm90(d=56, dv=520, hq=6, hk=2, has_window_left=True, has_window_right=True,
+          **ragged_own(6, 2, 2, 56, 520, scores="ragged")),
+    _sm90(d=200, dv=264, has_bias=True, bias_per_head=True, has_alibi=True, has_window_right=True, has_seqused=True),
+    _sm90(d=1024, dv=1024, is_thd=True),
 ]

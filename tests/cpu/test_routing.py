@@ -225,14 +225,16 @@ BOTH = ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
     # every multiple of 8 up to 256, d_qk and d_v independently: both lines (the wgmma one on padded tiles)
     (80, None, BOTH), (128, 64, BOTH), (32, None, BOTH), (8, None, BOTH), (72, None, BOTH), (192, 64, BOTH),
     (40, 200, BOTH), (112, None, BOTH),
-    # d_qk above 256 (up to 512, d_v up to 256): the wgmma forward alone
+    # either above 256 (up to 1024; d_v above 256 in column slices of O): the wgmma forward alone
     (320, 128, ["SdpaFwdDslSm90"]), (512, 256, ["SdpaFwdDslSm90"]), (264, 8, ["SdpaFwdDslSm90"]),
-    (100, None, []), (264, None, []), (128, 12, []), (520, 128, [])])
+    (520, 128, ["SdpaFwdDslSm90"]), (264, None, ["SdpaFwdDslSm90"]), (64, 520, ["SdpaFwdDslSm90"]),
+    (1024, None, ["SdpaFwdDslSm90"]),
+    (100, None, []), (128, 12, []), (1032, 128, []), (128, 1040, [])])
 def test_head_dims(unpended, d, dv, engines):
     g = declare(H200, d=d, dv=dv)
     assert g.available_engines() == engines
     mma_sync = "serves head dims every multiple of 8 up to 256 (d_qk and d_v independently)"
-    wgmma = "serves head dims every multiple of 8 up to 512 for d_qk and up to 256 for d_v (independently)"
+    wgmma = "serves head dims every multiple of 8 up to 1024 (d_qk and d_v independently)"
     graph = f"this graph has d_qk={d}, d_v={dv or d}"
     if "SdpaFwdDslSm80" not in engines:
         why = {100: "d_qk is not a multiple of 8", 12: "d_v is not a multiple of 8"}.get(dv or d)
@@ -240,7 +242,7 @@ def test_head_dims(unpended, d, dv, engines):
         assert reasons(g)["SdpaFwdDslSm80"] == f"{mma_sync}; {graph} ({why})"
     if "SdpaFwdDslSm90" not in engines:
         why = {(100, None): "d_qk is not a multiple of 8", (128, 12): "d_v is not a multiple of 8",
-               (520, 128): "d_qk is above 512", (264, None): "d_v is above 256"}[d, dv]
+               (1032, 128): "d_qk is above 1024", (128, 1040): "d_v is above 1024"}[d, dv]
         assert reasons(g)["SdpaFwdDslSm90"] == f"{wgmma}; {graph} ({why})"
 
 
@@ -842,12 +844,12 @@ def test_validate_reports_a_graph_no_engine_serves_as_cudnn_does():
     it: frost's validate() ranks its engines and raises NotSupportedError (the same class) listing their reasons;
     a declaration error stays a GraphError, and cuDNN's own validate-time refusals are both."""
     g = frost.Graph(io_data_type="bf16", target=H200)
-    q, k, v = (g.tensor(name=n, dim=(1, 2, 64, 520)) for n in "qkv")
+    q, k, v = (g.tensor(name=n, dim=(1, 2, 64, 1032)) for n in "qkv")
     o, _ = g.sdpa(q, k, v, generate_stats=False)
     o.set_output(True)
     with pytest.raises(frost.cudnnGraphNotSupportedError) as ei:
         g.validate()
-    assert "d_qk is above 512" in str(ei.value) and ei.value.declines
+    assert "d_qk is above 1024" in str(ei.value) and ei.value.declines
     assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"  # by name, after the refusal
     g = frost.Graph(io_data_type="bf16", target=H200)
     q, k, v = (g.tensor(name=n, dim=(1, 2, 64, 64)) for n in "qkv")

@@ -14,6 +14,7 @@ from frost.errors import TemplateParamsError
 from frost.testing.cases import SM90_FWD_COVER as COVER
 from frost.testing.cases import SM90_FWD_HEAD_DIM_COVER as HEAD_DIM_COVER
 from frost.testing.cases import SM90_FWD_SCORE_MOD_COVER as SCORE_MOD_COVER
+from frost.testing.cases import SM90_FWD_WIDE_V_COVER as WIDE_V_COVER
 from frost.testing.cases import SM90_FWD_TEMPLATE as TEMPLATE
 from tests.compile_runner import compile_groups
 
@@ -49,6 +50,22 @@ def test_padded_and_wide_head_dims_compile_without_spills(tmp_path):
 
 
 @pytest.mark.slow
+def test_column_slices_of_o_compile_without_spills(tmp_path):
+    """d_v above 256 (O in column slices, `vs` in the name) and d_qk up to 1024: wgmma and TMA as at the tuned
+    dims, and ptxas spills nothing with the default knobs (the planner's: no GQA packing with slices)."""
+    groups = [("sm_90a", [(TEMPLATE, PARAMS, kw, None) for kw in WIDE_V_COVER[i::2]]) for i in range(2)]
+    results = [r for part in compile_groups(groups, tmp_path, timeout=600, ptxas=True) for r in part]
+    for kw, r in zip(WIDE_V_COVER[0::2] + WIDE_V_COVER[1::2], results):
+        slices = Sm90FwdParams(**kw).v_slices
+        assert (f"vs{slices}sm" in r["name"]) == (slices > 1), r["name"]
+        assert r["wgmma_mma_async"] > 0 and r["tma"] > 0 and r["setmaxnreg"] == 2, r["name"]
+        assert r["local"] == 0, r["name"]
+        if r["ptxas"] is not None:
+            assert r["spill_bytes"] == 0, r["ptxas"]
+    assert any(Sm90FwdParams(**kw).head_dim == 1024 for kw in WIDE_V_COVER)
+
+
+@pytest.mark.slow
 def test_score_modifiers_compile_without_spills(tmp_path):
     """A bias (full, broadcast with a strided key dim, packed, with GQA) and ALiBi: wgmma and TMA as without them,
     the modifier tags in the name, and ptxas spills nothing."""
@@ -68,11 +85,24 @@ def test_score_modifiers_compile_without_spills(tmp_path):
 
 
 def test_defaults_validate_for_every_head_dim():
-    for d in range(8, 513, 8):
-        for dv in range(8, 257, 8):
+    for d in range(8, 1025, 8):
+        for dv in range(8, 1025, 8 if d <= 256 else 56):
             p = Sm90FwdParams(head_dim=d, head_dim_v=dv, **default_knobs(d, dv))
             validate(p)
             assert smem_bytes(p) <= 227 * 1024
+            assert p.v_slices == -(-dv // 256), (d, dv, p.v_slices)
+
+
+@pytest.mark.parametrize("dv, slices, tile, first_slices", [
+    (256, 1, 256, 1), (264, 2, 144, 2), (520, 3, 176, 3), (512, 2, 256, 2), (1024, 4, 256, 4), (776, 4, 208, 4)])
+def test_d_v_above_256_runs_in_column_slices_of_o(dv, slices, tile, first_slices):
+    """A wgmma PV GEMM covers at most 256 columns: a wider d_v takes the fewest slices whose padded tiles do."""
+    from frost.engines.sm90.sdpa_fwd_params import min_v_slices
+
+    assert min_v_slices(dv) == first_slices
+    p = Sm90FwdParams(head_dim=64, head_dim_v=dv, **default_knobs(64, dv))
+    assert (p.v_slices, p.tile_head_dim_v) == (slices, tile)
+    assert (p.v_slices - 1) * p.tile_head_dim_v < dv <= p.v_slices * p.tile_head_dim_v
 
 
 def test_tiles_pad_head_dims_to_wgmma_k_steps():
@@ -87,6 +117,9 @@ def test_tiles_pad_head_dims_to_wgmma_k_steps():
     (80, 80, dict(tile_m=128, tile_n=128, num_stages=2)), (112, 112, dict(tile_m=128, tile_n=128, num_stages=2)),
     (72, 40, dict(tile_m=128, tile_n=128, num_stages=2)), (64, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
     (320, 128, dict(tile_m=64, tile_n=64, num_stages=2)), (512, 256, dict(tile_m=64, tile_n=64, num_stages=1)),
+    (520, 520, dict(tile_m=64, tile_n=64, num_stages=1, v_slices=3)),
+    (1024, 1024, dict(tile_m=64, tile_n=32, num_stages=1, v_slices=4)),
+    (64, 264, dict(tile_m=128, tile_n=96, num_stages=2, v_slices=2)), (64, 520, dict(tile_n=96, v_slices=3)),
     # the tuned pairs keep their measured rows
     (64, 64, dict(tile_m=192, tile_n=128, num_stages=2)), (192, 192, dict(tile_m=128, tile_n=112, num_stages=2)),
     (256, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
@@ -98,7 +131,8 @@ def test_default_knobs_by_tile_head_dims(d, dv, knobs):
 
 @pytest.mark.parametrize("d, dv, message", [
     (84, 84, "d_qk=84 is not a multiple of 8"), (128, 60, "d_v=60 is not a multiple of 8"),
-    (520, 128, "d_qk=520 is above 512"), (512, 264, "d_v=264 is above 256"), (0, 64, "d_qk=0 is not a multiple"),
+    (1032, 128, "d_qk=1032 is above 1024"), (512, 1040, "d_v=1040 is above 1024"),
+    (0, 64, "d_qk=0 is not a multiple"),
 ])
 def test_validator_names_the_head_dim_outside_the_span(d, dv, message):
     with pytest.raises(TemplateParamsError, match=message):
@@ -118,8 +152,11 @@ def test_o_tile_falls_back_to_q_tile_when_it_does_not_fit():
 
 @pytest.mark.parametrize("bad", [
     dict(head_dim=84),
-    dict(head_dim=520, head_dim_v=128),
-    dict(head_dim=512, head_dim_v=512),
+    dict(head_dim=520, head_dim_v=128),  # the default 128x128 tiles past the shared memory
+    dict(head_dim=64, head_dim_v=264),  # one 272-column O tile: past a wgmma's N
+    dict(head_dim=64, head_dim_v=64, v_slices=0),
+    dict(head_dim=64, head_dim_v=64, v_slices=8),  # the last slice (past 7 * 16 columns) would be empty
+    dict(head_dim=64, head_dim_v=520, v_slices=3, num_heads_q=4, num_heads_kv=2, pack_gqa=True),
     dict(head_dim=512, head_dim_v=256, tile_m=128),  # Q, K and V tiles past the shared memory
     dict(num_heads_q=6, num_heads_kv=4),
     dict(is_thd=True, has_seqused=True),

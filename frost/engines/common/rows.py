@@ -1,9 +1,9 @@
 """Row-wise tile movement shared by the kernels: per-head (rows, dim) views of canonical tensors, and
 row-predicated gmem <-> smem copies (rows past a sequence's end are skipped, or zeroed in smem).
 
-Column limits (`cols`, a plan-time head dim) serve tiles wider than the head dim (the mma.sync kernels pad
-a head dim such as 72 up to a 96-wide tile): the chunks of the columns past it are zero-filled in smem
-instead of loaded, and never stored. `cols=0` means the tile is the head dim, and no column is checked.
+Column limits (`cols`, a plan-time head dim, or an Int32 for a column slice of O) serve tiles wider than
+the head dim (the mma.sync kernels pad a head dim such as 72 up to a 96-wide tile): the chunks of the
+columns past it are zero-filled in smem instead of loaded, and never stored. `cols=0` means the tile is the head dim, and no column is checked.
 """
 import math
 
@@ -60,9 +60,9 @@ def widen(mX: cute.Tensor, cols: cutlass.Constexpr[int]):
 
 @cute.jit
 def _copy_chunks(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, crd: cute.Tensor,
-                 cols: cutlass.Constexpr[int], zero_fill: cutlass.Constexpr[bool]):
-    """One row's (CPY, chunks) of a partitioned tile: the chunks left of `cols` copied, the others zeroed in
-    smem when `zero_fill` (loads) or skipped (stores)."""
+                 cols, zero_fill: cutlass.Constexpr[bool]):
+    """One row's (CPY, chunks) of a partitioned tile: the chunks left of `cols` (a constant, or a tile's own
+    Int32) copied, the others zeroed in smem when `zero_fill` (loads) or skipped (stores)."""
     for k in cutlass.range_constexpr(cute.size(dst.shape[1])):
         if crd[0, k][1] < cols:
             cute.copy(tiled_copy, src[None, k], dst[None, k])
@@ -84,10 +84,10 @@ def copy_cols(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tX
 
 @cute.jit
 def copy_row(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, crd: cute.Tensor,
-             cols: cutlass.Constexpr[int] = 0, zero_fill: cutlass.Constexpr[bool] = True):
-    """Copy one row's (CPY, chunks); with `cols`, only the chunks left of it (the others zeroed when
-    `zero_fill`)."""
-    if cutlass.const_expr(cols == 0):
+             cols=0, zero_fill: cutlass.Constexpr[bool] = True):
+    """Copy one row's (CPY, chunks); with `cols` (the constant 0: every column), only the chunks left of it
+    (the others zeroed when `zero_fill`)."""
+    if cutlass.const_expr(isinstance(cols, int) and cols == 0):
         cute.copy(tiled_copy, src, dst)
     else:
         _copy_chunks(tiled_copy, src, dst, crd, cols, zero_fill)
@@ -95,8 +95,9 @@ def copy_row(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, crd
 
 @cute.jit
 def store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, limit: Int32,
-               tidx: Int32, regs_like_dst: cutlass.Constexpr[bool] = False, cols: cutlass.Constexpr[int] = 0):
-    """smem tile -> registers -> global rows < limit, one copy-atom width per store (columns < `cols`).
+               tidx: Int32, regs_like_dst: cutlass.Constexpr[bool] = False, cols=0):
+    """smem tile -> registers -> global rows < limit, one copy-atom width per store (columns < `cols`, a
+    constant or an Int32; 0: all).
 
     The register fragment takes the smem partition's layout, or the global one's with `regs_like_dst`
     (what the backward's dK / dV epilogue was tuned with).

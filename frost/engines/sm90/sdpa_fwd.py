@@ -74,7 +74,7 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
-                 + f"sm{p.sm_count}")
+                 + (f"vs{p.v_slices}" if p.v_slices > 1 else "") + f"sm{p.sm_count}")
     return "_".join(parts)
 
 
@@ -149,7 +149,9 @@ class SdpaFwdSm90:
         self.pack = p.pack_gqa
         self.rq = p.rows_per_query
         self.qt = self.tile_m // self.rq  # query positions per M tile
-        self.tile_heads = p.num_heads_q // self.rq if self.pack else p.num_heads_q  # heads the scheduler iterates
+        # (head, O column slice) pairs the scheduler iterates; a slice recomputes S for its own columns of O
+        self.vs = p.v_slices
+        self.tile_heads = (p.num_heads_q // self.rq if self.pack else p.num_heads_q) * self.vs
         self.reverse_m = p.has_window_right
         self.pingpong = p.pingpong and self.num_wg >= 2
         self.separate_o = separate_o(p)
@@ -326,6 +328,12 @@ class SdpaFwdSm90:
             m_block, head, batch, valid = ts.dense_decode(tile_idx, num_m_blocks, self.tile_heads, total_tiles)
             return m_block, head, batch, valid, cursor_b, cursor_base
 
+    def split_head(self, hv):
+        """(head, O column slice) of a scheduled head index; the slice is the constant 0 without slices."""
+        if const_expr(self.vs == 1):
+            return hv, 0
+        return hv // self.vs, hv % self.vs
+
     @cute.jit
     def band(self, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
         """(diagonal offset, clamped window_left, clamped window_right) of one batch."""
@@ -374,10 +382,11 @@ class SdpaFwdSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
-        m_block, head, batch, valid, cur_b, cur_base = self.decode(
+        m_block, hv, batch, valid, cur_b, cur_base = self.decode(
             tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
             Int32(0), Int32(0))
         while valid:
+            head, vsl = self.split_head(hv)
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, pg.rows_extent(mQ, self.pack), mK.shape[0],
                                                            mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
                                                            self.p.token_div_kv)
@@ -392,7 +401,7 @@ class SdpaFwdSm90:
                     head_v = head // (self.ratio_v // self.rq) if const_expr(self.pack) else head // self.ratio_v
                 gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
                 gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd), (None, 0))
-                gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv), (None, 0))
+                gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv), (None, vsl))
                 tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
                                                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
                 tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
@@ -435,7 +444,7 @@ class SdpaFwdSm90:
             tile_idx, wave, more = self.next_tile(tile_idx, wave, total_tiles)
             valid = Boolean(False)
             if more:
-                m_block, head, batch, valid, cur_b, cur_base = self.decode(
+                m_block, hv, batch, valid, cur_b, cur_base = self.decode(
                     tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
                     cur_b, cur_base)
 
@@ -553,10 +562,11 @@ class SdpaFwdSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
-        m_block, head, batch, valid, cur_b, cur_base = self.decode(
+        m_block, hv, batch, valid, cur_b, cur_base = self.decode(
             tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
             Int32(0), Int32(0))
         while valid:
+            head, vsl = self.split_head(hv)
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
                                                            mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv)
             off_lse = off_q  # ragged Stats start at their own offsets
@@ -637,11 +647,13 @@ class SdpaFwdSm90:
                                 score_max=s_max, score_sum_exp=s_sum)
             sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # row_sum now holds the LSE
             self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
-                          warp_in_wg, m_block, head, batch, seqlen_q, off_o, seqlen_q_static, off_lse)
-            for mX, vals, pad, off_rows in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0)), off_scores):
-                if const_expr(vals is not None):
-                    self.store_row_values(mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_rows,
-                                          seqlen_q_static, p.stats_per_batch)
+                          warp_in_wg, m_block, head, vsl, batch, seqlen_q, off_o, seqlen_q_static, off_lse)
+            if vsl == 0:  # every slice holds the same row values: the first writes them
+                for mX, vals, pad, off_rows in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0)),
+                                                   off_scores):
+                    if const_expr(vals is not None):
+                        self.store_row_values(mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_rows,
+                                              seqlen_q_static, p.stats_per_batch)
             if const_expr(not self.separate_o):
                 cute.arch.fence_view_async_shared()
                 pipe_q.consumer_release(q_state)
@@ -652,7 +664,7 @@ class SdpaFwdSm90:
             tile_idx, wave, more = self.next_tile(tile_idx, wave, total_tiles)
             valid = Boolean(False)
             if more:
-                m_block, head, batch, valid, cur_b, cur_base = self.decode(
+                m_block, hv, batch, valid, cur_b, cur_base = self.decode(
                     tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
                     cur_b, cur_base)
         if const_expr(not p.is_thd):
@@ -685,7 +697,7 @@ class SdpaFwdSm90:
 
     @cute.jit
     def epilogue(self, acc_O, lse, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg, warp_in_wg,
-                 m_block, head, batch, seqlen_q, off_o, seqlen_q_static, off_lse):
+                 m_block, head, vsl, batch, seqlen_q, off_o, seqlen_q_static, off_lse):
         p = self.p
         row0 = m_block * self.tile_m
         rows_q = seqlen_q * self.rq  # tile rows inside the sequence (packed: rq per query position)
@@ -713,7 +725,7 @@ class SdpaFwdSm90:
         sO_wg = sO[None, None, wg]
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
-                gO = cute.local_tile(mO[None, None, head, batch], (64, self.hdv), (m_block * self.num_wg + wg, 0))
+                gO = cute.local_tile(mO[None, None, head, batch], (64, self.hdv), (m_block * self.num_wg + wg, vsl))
                 tOsO, tOgO = cpasync.tma_partition(tma_atom_o, 0, cute.make_layout(1),
                                                    cute.group_modes(sO_wg, 0, 2), cute.group_modes(gO, 0, 2))
                 cute.copy(tma_atom_o, tOsO, tOgO)
@@ -721,11 +733,12 @@ class SdpaFwdSm90:
                 if const_expr(not self.separate_o):
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
-            self.store_o_rows(sO_wg, mO, tidx % 128, m_block, wg, head, rows_q, off_o * self.rq)
+            self.store_o_rows(sO_wg, mO, tidx % 128, m_block, wg, head, vsl, rows_q, off_o * self.rq)
 
         if const_expr(p.has_lse):
-            self.store_row_values(mLSE, lse, -Float32.inf, tOcO_mn, m_block, head, batch, seqlen_q, off_lse,
-                                  seqlen_q_static, p.stats_per_batch)
+            if vsl == 0:  # every slice holds the same LSE: the first writes it
+                self.store_row_values(mLSE, lse, -Float32.inf, tOcO_mn, m_block, head, batch, seqlen_q, off_lse,
+                                      seqlen_q_static, p.stats_per_batch)
 
     def row_view(self, t):
         """A declared (B, H, S, 1) / (T, H, 1) per-row output (score_max, score_sum_exp) in the kernel's view of
@@ -758,18 +771,22 @@ class SdpaFwdSm90:
                         mX[row, head, batch] = vals[r] if row < rows_q else pad
 
     @cute.jit
-    def store_o_rows(self, sO_wg, mO, t: Int32, m_block, wg, head, rows_q, off_rows):
+    def store_o_rows(self, sO_wg, mO, t: Int32, m_block, wg, head, vsl, rows_q, off_rows):
         """Packed sequences: 16-byte row-predicated stores so no row of a neighbour is touched.
 
         `rows_q` rows of the sequence are valid; `off_rows` is its first row in mO's row mode. A tile wider
-        than d_v stores only the columns left of it (`cols_o`).
+        than d_v stores only the columns left of it (`cols_o`); O's column slice `vsl` starts vsl * hdv columns
+        in and stores the columns of d_v left of it (the last slice may pass d_v).
         """
         tiled, threads = self.row_copy()
         if t < threads:
-            mO_h = rows.widen(cute.domain_offset((off_rows, 0, 0), mO)[None, None, head], self.hdv)
-            gO = cute.local_tile(mO_h, (64, self.hdv), (m_block * self.num_wg + wg, 0))
+            cols = self.cols_o
+            if const_expr(self.vs > 1):
+                cols = cutlass.min(Int32(self.p.head_dim_v) - vsl * self.hdv, Int32(self.hdv))
+            mO_h = rows.widen(cute.domain_offset((off_rows, 0, 0), mO)[None, None, head], self.hdv * self.vs)
+            gO = cute.local_tile(mO_h, (64, self.hdv), (m_block * self.num_wg + wg, vsl))
             rows.store_rows(tiled, sO_wg, gO, cute.make_identity_tensor((64, self.hdv)),
-                            rows_q - (m_block * self.tile_m + wg * 64), t, cols=self.cols_o)
+                            rows_q - (m_block * self.tile_m + wg * 64), t, cols=cols)
 
 
 def build(params: Sm90FwdParams, arch: str):

@@ -12,9 +12,11 @@ import math
 from frost.engines.params import HeadDimSpan, SdpaFeatureParams, check_sdpa_features, round_up
 from frost.errors import TemplateParamsError
 
-#: Head dims the template implements: d_qk and d_v each a multiple of 8, independently, d_qk up to 512 and
-#: d_v up to 256 (the span cuDNN's own SM90 engines serve).
-HEAD_DIMS = HeadDimSpan(multiple=8, maximum=512, maximum_v=256)
+#: Head dims the template implements: d_qk and d_v each a multiple of 8, independently, up to 1024 (cuDNN's
+#: frontend bounds neither on Hopper from 9.10 on). A d_v above 256 runs in column slices of O (`v_slices`).
+HEAD_DIMS = HeadDimSpan(multiple=8, maximum=1024)
+#: The widest O / V tile one wgmma PV GEMM covers (its N extent).
+MAX_TILE_DIM_V = 256
 #: Tiles span a head dim in whole wgmma K steps of this many elements. A head dim between steps (72, 104, ...)
 #: is padded up inside the kernel: TMA loads zero-fill the columns past it (zeros add nothing to Q K^T or
 #: P V), TMA stores clip them and the row-predicated stores skip them, so the declared tensors are read and
@@ -42,6 +44,8 @@ class Sm90FwdParams(SdpaFeatureParams):
     separate_o_smem: bool = True  # a preference: O reuses Q's tile when its own does not fit
     persistent: bool = True
     pack_gqa: bool = False  # one M tile holds the r query heads that share a K head and a V head (one stream)
+    # O's columns in this many slices, each its own work tile (which recomputes S): how a d_v above 256 runs
+    v_slices: int = 1
     sm_count: int = 132
 
     @property
@@ -51,8 +55,8 @@ class Sm90FwdParams(SdpaFeatureParams):
 
     @property
     def tile_head_dim_v(self) -> int:
-        """The V / O tiles' head-dim extent (`tile_dim`)."""
-        return tile_dim(self.head_dim_v)
+        """The V / O tiles' head-dim extent (`tile_dim`): one slice's, with `v_slices`."""
+        return tile_dim(-(-self.head_dim_v // self.v_slices))
 
     @property
     def num_mma_wg(self) -> int:
@@ -102,6 +106,9 @@ def pack_gqa_reason(p: Sm90FwdParams):
         return None  # check_sdpa_features reports it
     if p.has_score_mods:
         return "pack_gqa is not served with score modifiers (bias, ALiBi): a tile reads one query head's bias and slope"
+    if p.v_slices > 1:
+        return ("pack_gqa is not combined with column slices of O (v_slices, a d_v above 256): ptxas spills the "
+                "packed rows' addressing beside the slice's")
     r = p.pack_group
     if r < 2:
         if p.num_heads_v:
@@ -131,6 +138,13 @@ def validate(p: Sm90FwdParams) -> None:
         bad("only the intra-warpgroup-overlap mainloop is implemented")
     if p.sm_count < 1:
         bad(f"sm_count={p.sm_count} must be positive")
+    if p.v_slices < 1:
+        bad(f"v_slices={p.v_slices} must be positive")
+    if p.tile_head_dim_v > MAX_TILE_DIM_V:
+        bad(f"d_v={p.head_dim_v} in {p.v_slices} slice(s) makes {p.tile_head_dim_v}-column O tiles, above "
+            f"{MAX_TILE_DIM_V}: v_slices must be at least {min_v_slices(p.head_dim_v)}")
+    if p.v_slices > 1 and (p.v_slices - 1) * p.tile_head_dim_v >= p.head_dim_v:
+        bad(f"v_slices={p.v_slices} leaves the last slice of d_v={p.head_dim_v} empty")
     if p.pack_gqa:
         reason = pack_gqa_reason(p)
         if reason:
@@ -138,6 +152,14 @@ def validate(p: Sm90FwdParams) -> None:
     need = smem_bytes(p)
     if need > SMEM_BUDGET_BYTES:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
+
+
+def min_v_slices(head_dim_v: int) -> int:
+    """The fewest column slices of O whose tiles a wgmma PV GEMM covers (d_v up to 256: one)."""
+    n = 1
+    while tile_dim(-(-head_dim_v // n)) > MAX_TILE_DIM_V:
+        n += 1
+    return n
 
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int = 132) -> dict:
@@ -151,17 +173,19 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
     FlashAttention-3's shapes and are not tuned.
 
     Other pairs take the row of the wider of their tile head dims (so a d_v above d_qk gets the registers
-    and shared memory its O tile needs). Above 256 (d_qk only) one consumer warpgroup over 64-key blocks,
-    two stages where they fit, else one (not tuned).
+    and shared memory its O tile needs). A d_v above 256 runs in the fewest column slices of O that fit
+    (`min_v_slices`); the row then follows the slice's width. Above 256 (d_qk) one consumer warpgroup over
+    64-key blocks, two stages where they fit, else one, then 32-key blocks (not tuned).
     """
     dv = head_dim if head_dim_v is None else head_dim_v
     try:
         check_sdpa_features(Sm90FwdParams(head_dim=head_dim, head_dim_v=dv), HEAD_DIMS, "Sm90FwdParams")
     except TemplateParamsError as e:
         raise TemplateParamsError(f"{e}; no default knobs") from None
-    wide = max(tile_dim(head_dim), tile_dim(dv))
+    slices = min_v_slices(dv)
+    wide = max(tile_dim(head_dim), tile_dim(-(-dv // slices)))
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
-             separate_o_smem=True, persistent=True, sm_count=sm_count)
+             separate_o_smem=True, persistent=True, sm_count=sm_count, v_slices=slices)
     if wide <= 64:
         k.update(tile_m=192, tile_n=128)
     elif wide <= 96:
@@ -169,12 +193,14 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
     elif wide <= 128:
         k.update(tile_n=128)
     elif wide <= 192:
-        k.update(tile_n=112 if dv > 128 else 128, separate_o_smem=False)
+        # sliced O (d_v above 256) on 96-key blocks: at 112 ptxas spills cuDNN's ragged form's offsets
+        k.update(tile_n=96 if slices > 1 else 112 if dv > 128 else 128, separate_o_smem=False)
     elif wide <= 256:
         k.update(tile_n=80, separate_o_smem=False, pingpong=False)
     else:
         k.update(tile_m=64, tile_n=64, pingpong=False)
-        p = Sm90FwdParams(head_dim=head_dim, head_dim_v=dv, **k)
-        if smem_bytes(p) > SMEM_BUDGET_BYTES:
-            k.update(num_stages=1)
+        for stages, tile_n in ((2, 64), (1, 64), (1, 32)):
+            k.update(num_stages=stages, tile_n=tile_n)
+            if smem_bytes(Sm90FwdParams(head_dim=head_dim, head_dim_v=dv, **k)) <= SMEM_BUDGET_BYTES:
+                break
     return k
