@@ -110,6 +110,7 @@ def main(argv=None):
     ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for the wgmma backward "
                     "(and `deterministic`)")
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync chain")
+    ap.add_argument("--reps", type=int, default=15, help="timed samples per implementation (median reported)")
     ap.add_argument("--thd", default="", help="packed batches instead of dense: fixed, random or both "
                     "(frost bench's length mixes over 16384 tokens); --s is then ignored")
     a = ap.parse_args(argv)
@@ -135,7 +136,8 @@ def main(argv=None):
                 knobs = {k: v for k, v in var.items() if k != "deterministic"}
                 p = Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=dv_of(d), num_heads_q=h, num_heads_kv=hk,
                                   has_window_right=c, is_thd=bool(a.thd), deterministic=bool(var.get("deterministic", False)),
-                                  **default_knobs(d, dv_of(d), banded=c, sm_count=target.sm_count, **knobs))
+                                  **default_knobs(d, dv_of(d), banded=c, packed=bool(a.thd),
+                                                  sm_count=target.sm_count, **knobs))
                 try:
                     validate(p)
                 except TemplateParamsError as e:
@@ -174,7 +176,7 @@ def main(argv=None):
                     def f_fa4(out=out, qr=qr, kr=kr, vr=vr, do=pr.do):
                         return torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
                     grads["fa4"] = f_fa4()
-                    res["fa4"] = timed(f_fa4)
+                    res["fa4"] = timed(f_fa4, reps=a.reps)
                     o, lse = fa4_call(fa4, fa4_varlen, pr, pr.q, pr.k, pr.v, return_lse=True)[:2]
                     lse = lse.contiguous()
                 else:  # O and LSE from the float reference
@@ -193,7 +195,7 @@ def main(argv=None):
                     run()
                     torch.cuda.synchronize()
                     grads[key[2]] = (t["dq"].clone(), t["dk"].clone(), t["dv"].clone())
-                    res[key[2]] = timed(run)
+                    res[key[2]] = timed(run, reps=a.reps)
                 line = [f"d={d:3d} {pr.label} h={h}/{hk} {'causal' if c else 'nc    '}"]
                 for name, ms in res.items():
                     line.append(f"{name} {ms:7.3f}ms {pr.flops(c) / ms / 1e9:6.1f}TF")

@@ -47,6 +47,10 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
     det_order: Literal["stair", "rotated"] = "stair"
     sm_count: int = 132  # the target's SMs: a rotated order needs a sequence's key tiles co-resident (`rotates`)
+    # packed batches: launch key tiles level by level (key tile 0 of every sequence and head, then 1, ...) instead
+    # of sequence by sequence; under a right bound a key tile's walk shrinks with its index, so this runs the
+    # longest walks first whatever the sequences' lengths
+    level_order: bool = False
 
     @property
     def tile_head_dim(self) -> int:
@@ -173,6 +177,10 @@ def validate(p: Sm90BwdParams) -> None:
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
         bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
             f"head_dim from 104 to 128 (head_dim={p.head_dim})")
+    if p.level_order and not p.is_thd:
+        bad("level_order launches a packed batch's key tiles level by level: needs is_thd")
+    if p.level_order and p.deterministic:
+        bad("level_order changes the launch order the deterministic turns wait on: needs deterministic=False")
     if p.rotated and not p.deterministic:
         bad("det_order='rotated' orders deterministic turns: needs deterministic=True")
     if p.rotated and (p.has_window_left or p.has_window_right):
@@ -246,7 +254,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "p" * p.pdl)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "p" * p.pdl + "l" * p.level_order)
     return "_".join(parts)
 
 
