@@ -76,4 +76,5 @@ class SdpaBwdDslSm90(DslBwdAdapter):
             # 3-16% for the stair, benchmarks/results/2026-12-01-h200-run11)
             requested = {"det_order": "rotated", **requested}
         return default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
-                             packed=facts.is_thd, sm_count=target.sm_count, **requested)
+                             packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
+                             **requested)

@@ -350,7 +350,7 @@ def sm90_bwd_kwargs(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flag
     from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
     k = default_knobs(d, dv or d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")),
-                      **(knobs or {}))
+                      ragged=bool(flags.get("token_div_q")), **(knobs or {}))
     return dict(dtype=dtype, head_dim=d, head_dim_v=dv or d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 

@@ -121,7 +121,11 @@ def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     assert default_knobs(128, 128, banded=True)["rows_warp"] and not default_knobs(64, 64)["rows_warp"]
     assert default_knobs(128, 128, banded=True)["tile_m"] == 64 and default_knobs(128, 128, banded=True)["dq_fragments"]
     assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]
-    assert not default_knobs(64, 64, packed=True)["dq_fragments"]
+    # packed tiles up to 64 wide add dQ in fragment order as well (each sequence's own tiles), but not in cuDNN's
+    # ragged form (sequences anywhere) nor where a tile is not whole (16-wide tiles of 8 columns)
+    assert default_knobs(64, 64, packed=True)["dq_fragments"] and default_knobs(32, 48, packed=True)["dq_fragments"]
+    assert not default_knobs(64, 64, packed=True, ragged=True)["dq_fragments"]
+    assert not default_knobs(8, 8, packed=True)["dq_fragments"] and not default_knobs(96, 96, packed=True)["dq_fragments"]
     assert not default_knobs(64, 64, tile_m=80)["dq_fragments"]  # a requested knob keeps the plan valid
     assert default_knobs(256, 256) == dict(tile_m=64, tile_n=64, num_stages=1, dq_red=False, dq_fragments=True)
     assert default_knobs(192, 128)["num_stages"] == 2

@@ -78,12 +78,6 @@ LENGTH_CASES = [
                                                   has_sinks=True, has_dsinks=True,
                                                   knobs=dict(tile_m=64, dq_fragments=True)),
          thd_lens=[(200, 200), (1, 1), (0, 5), (65, 70), (64, 300)], wr=0, runs=3),
-    # packed key tiles launched level by level (sequences fastest), fragment dQ and rows
-    Case("thd_d64_level_causal", _p(d=64, hq=4, hk=2, is_thd=True, has_window_right=True,
-                                    knobs=dict(level_order=True)),
-         thd_lens=[(513, 513), (1, 7), (0, 3), (130, 64), (300, 400)], wr=0),
-    Case("thd_d128_level_frag", _p(is_thd=True, knobs=dict(tile_m=64, dq_fragments=True, level_order=True)),
-         thd_lens=[(200, 200), (1, 1), (0, 5), (65, 70), (64, 300)]),
     Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
          used=[(256, 256), (100, 180), (1, 1), (0, 0)]),
     Case("pad_d96_sinks_det", _p(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),

@@ -228,9 +228,6 @@ class SdpaBwdSm90:
         else:
             n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
             n_batch = mQ.shape[3]
-        grid = [n_blocks, p.num_heads_kv, n_batch]
-        if const_expr(p.level_order):  # x: sequences, z: key tiles (the hardware launches x fastest)
-            grid = [n_batch, p.num_heads_kv, n_blocks]
         self.kernel(
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, acc, mLSE, mdPsum,
             a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
@@ -240,7 +237,7 @@ class SdpaBwdSm90:
             scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1],
+        ).launch(grid=[n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
                  stream=a["stream"], min_blocks_per_mp=1, use_pdl=p.pdl)
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout):
@@ -300,8 +297,6 @@ class SdpaBwdSm90:
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2))
 
         bx, head_kv, batch = cute.arch.block_idx()
-        if const_expr(self.p.level_order):  # sequences vary fastest, key tiles slowest
-            batch, head_kv, bx = cute.arch.block_idx()
         n_block = self.key_tile(bx)
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
         if const_expr(self.lengths):

@@ -47,10 +47,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
     det_order: Literal["stair", "rotated"] = "stair"
     sm_count: int = 132  # the target's SMs: a rotated order needs a sequence's key tiles co-resident (`rotates`)
-    # packed batches: launch key tiles level by level (key tile 0 of every sequence and head, then 1, ...) instead
-    # of sequence by sequence; under a right bound a key tile's walk shrinks with its index, so this runs the
-    # longest walks first whatever the sequences' lengths
-    level_order: bool = False
 
     @property
     def tile_head_dim(self) -> int:
@@ -177,10 +173,6 @@ def validate(p: Sm90BwdParams) -> None:
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
         bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
             f"head_dim from 104 to 128 (head_dim={p.head_dim})")
-    if p.level_order and not p.is_thd:
-        bad("level_order launches a packed batch's key tiles level by level: needs is_thd")
-    if p.level_order and p.deterministic:
-        bad("level_order changes the launch order the deterministic turns wait on: needs deterministic=False")
     if p.rotated and not p.deterministic:
         bad("det_order='rotated' orders deterministic turns: needs deterministic=True")
     if p.rotated and (p.has_window_left or p.has_window_right):
@@ -195,9 +187,9 @@ def validate(p: Sm90BwdParams) -> None:
 
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = False, packed: bool = False,
-                  sm_count: int = 132, **requested) -> dict:
-    """Good knobs per head dim (`banded`: a right bound, e.g. causal; `packed`: THD); `requested` knobs are
-    honored (the validator judges them).
+                  sm_count: int = 132, ragged: bool = False, **requested) -> dict:
+    """Good knobs per head dim (`banded`: a right bound, e.g. causal; `packed`: THD; `ragged`: cuDNN's
+    ragged-offset form of it); `requested` knobs are honored (the validator judges them).
 
     Measured on the H200 (bf16, 16k tokens; benchmarks/results/2026-12-01-h200-run7 and -run8): d=64 takes
     128 query rows per step (1.12-1.20x faster than 64), d=96 64 rows; both store dQ in fragment order
@@ -231,7 +223,11 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
         tile_m = (128 if widest <= 64 and not (packed and widest <= WGMMA_K) else
                   80 if widest > 96 and wide_qk and (packed or (not banded and head_dim != 128)) else 64)
         k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
-    k.setdefault("dq_fragments", not packed and not k.get("dq_red") and k["tile_m"] % 64 == 0
+    # packed tiles up to 64 wide add dQ in fragment order too, each sequence from its own tiles (run 12: 0.92-0.96x
+    # FlashAttention-4 against 0.88-0.91x with rows); wider packed tiles keep rows (80-row tiles; 64-row fragment
+    # tiles were within 2% of them without a band and 1-9% slower under one)
+    k.setdefault("dq_fragments", (not packed or (widest <= 64 and not ragged)) and not k.get("dq_red")
+                 and k["tile_m"] % 64 == 0 and (k["tile_m"] * head_dim) % 1024 == 0
                  and not _probe(head_dim, dv, k).padded)
     if widest > 128:
         return k
@@ -254,7 +250,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "p" * p.pdl + "l" * p.level_order)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "p" * p.pdl)
     return "_".join(parts)
 
 
