@@ -90,6 +90,8 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
     copies = acc_copies(p, mAcc, gz, batch, head)
     convert_tile = True
     if cutlass.const_expr(packed_fragments(p)):
+        if batch == gz - 1:  # tokens after the last sequence belong to none: their dQ is 0
+            _zero_tail_rows(p, mdQ, mCuQ[gz], packed_rows, dt, tidx, bx, gx, head)
         # frost's packed form in fragment-order tiles: sequence `batch`'s tile bx, from its own tiles
         start = mCuQ[batch]
         extent = mCuQ[batch + 1] - start
@@ -135,6 +137,23 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
             s = lanes_allreduce_sum(s, 32)
             if tidx == 0:
                 mdSinks[head] = s
+
+
+@cute.jit
+def _zero_tail_rows(p: cutlass.Constexpr, mdQ: cute.Tensor, first: Int32, total: Int32, dt, tidx: Int32, bx: Int32,
+                    gx: Int32, head: Int32):
+    """Zero dQ rows [first, total) of `head` (tokens after the last packed sequence), tiles of dq_accum_tile rows
+    dealt to the last sequence's CTAs bx, bx + gx, ...: the fragment-order convert writes only the sequences'
+    own rows, where the row convert writes every row."""
+    tile, d = p.dq_accum_tile, p.head_dim
+    span = tile * gx
+    for k in cutlass.range((total - first - bx * tile + span - 1) // span, unroll=1):
+        row0 = first + bx * tile + k * span
+        for i in cutlass.range_constexpr((tile * d + THREADS - 1) // THREADS):
+            idx = i * THREADS + tidx
+            r = idx // d
+            if idx < tile * d and row0 + r < total:
+                mdQ[row0 + r, head, idx - r * d] = dt(0.0)
 
 
 @cute.jit
