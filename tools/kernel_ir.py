@@ -9,8 +9,8 @@ forwards, the backward chains, the SM90 forward and backward, then the mma.sync 
 SM90 backward above d=128, cuDNN's ragged-offset form, the score modifiers, the SM90 forward's
 padded and wide head dims, the SM90 backward's other head dims, the SM90 forward's score modifiers, the
 mma.sync forward's block masks, cuDNN's ragged-offset form with an offset tensor per tensor, the
-deterministic dBias and the SM90 backward's packed fragment-order dQ) through frost's compile boundary, with
-the disk cache off, and writes each one's MLIR (host entry and device code) with source locations stripped, one
+deterministic dBias, the SM90 backward's packed fragment-order dQ and the SM90 forward's column slices of O)
+through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code) with source locations stripped, one
 file per kernel. `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
 defined by the same op on the same operands, only independent ops moved, and the lines
@@ -103,7 +103,9 @@ def dump_part(out: Path, part: int, parts: int) -> int:
             continue
         name, jit_fn, fake_args, symbol_for = boundary._build(template, params, arch)
         compiled, _, _ = boundary._compile(name, jit_fn, fake_args, symbol_for, arch, engine=True)
-        (out / f"{i:02d}_{name}.mlir").write_text(strip_locations(compiled.__mlir__ or ""))
+        if not compiled.__mlir__:  # the DSL keeps it only under CUTE_DSL_KEEP=ir: an empty dump proves nothing
+            raise SystemExit(f"{name}: the compile kept no MLIR")
+        (out / f"{i:02d}_{name}.mlir").write_text(strip_locations(compiled.__mlir__))
     return len(specs)
 
 
@@ -160,6 +162,8 @@ def diff(a: Path, b: Path) -> int:
         pa, pb = a / name, b / name
         if not (pa.exists() and pb.exists()):
             verdict = "only in " + (str(a) if pa.exists() else str(b))
+        elif not (pa.stat().st_size and pb.stat().st_size):  # two empty dumps are not evidence of anything
+            verdict = "empty"
         else:
             verdict = classify(pa.read_text(), pb.read_text())
         worst = max(worst, {"identical": 0, "reordered": 1}.get(verdict, 2))

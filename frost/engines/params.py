@@ -19,34 +19,26 @@ def round_up(d: int, granule: int) -> int:
 
 
 class HeadDimSpan(BaseModel):
-    """Every head dim that is a multiple of `multiple`, from `multiple` up to `maximum` (d_v up to `maximum_v`
-    where it differs): d_qk and d_v each, independently (cuDNN's rule for its SDPA head dims). The templates
-    state theirs in their params module, the capability rows theirs (`frost.lowering.capabilities`);
-    tests/cpu/test_routing.py checks that the two agree."""
+    """Every head dim that is a multiple of `multiple`, from `multiple` up to `maximum`: d_qk and d_v each,
+    independently (cuDNN's rule for its SDPA head dims). The templates state theirs in their params module,
+    the capability rows theirs (`frost.lowering.capabilities`); tests/cpu/test_routing.py checks that the two
+    agree."""
 
     model_config = ConfigDict(frozen=True)
 
     multiple: int
     maximum: int
-    maximum_v: int = 0  # d_v's maximum where it is below d_qk's (0: `maximum`)
-
-    @property
-    def max_v(self) -> int:
-        return self.maximum_v or self.maximum
 
     def describe(self) -> str:
-        if self.max_v == self.maximum:
-            return f"every multiple of {self.multiple} up to {self.maximum} (d_qk and d_v independently)"
-        return (f"every multiple of {self.multiple} up to {self.maximum} for d_qk and up to {self.max_v} for d_v "
-                f"(independently)")
+        return f"every multiple of {self.multiple} up to {self.maximum} (d_qk and d_v independently)"
 
     def outside(self, d_qk: int, d_v: int) -> tuple[str, int, str] | None:
         """(name, head dim, what is wrong) of the first of d_qk, d_v outside the span, or None."""
-        for name, d, top in (("d_qk", d_qk, self.maximum), ("d_v", d_v, self.max_v)):
+        for name, d in (("d_qk", d_qk), ("d_v", d_v)):
             if d < self.multiple or d % self.multiple != 0:
                 return name, d, f"is not a multiple of {self.multiple}"
-            if d > top:
-                return name, d, f"is above {top}"
+            if d > self.maximum:
+                return name, d, f"is above {self.maximum}"
         return None
 
 

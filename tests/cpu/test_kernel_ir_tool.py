@@ -53,3 +53,15 @@ def test_a_changed_dataflow_is_not_a_reorder():
     a = "%1 = arith.addf %0, %0 : f32\nmemref.store %1, %m[%c0]\nnvvm.barrier0"
     b = "%1 = arith.addf %0, %0 : f32\nnvvm.barrier0\nmemref.store %1, %m[%c0]"
     assert kernel_ir.classify(a, b) == "different"
+
+
+def test_empty_dumps_are_not_identical(tmp_path, capsys):
+    """A compile that kept no MLIR writes an empty file: two of them prove nothing, so diff does not call them
+    identical."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "k.mlir").write_text("")
+    (b / "k.mlir").write_text("")
+    assert kernel_ir.diff(a, b) == 2
+    assert "empty" in capsys.readouterr().out

@@ -216,8 +216,6 @@ def apply_mask_keys_by_rows(
                 acc_mn[r, c] = -Float32.inf if cc < lo else acc_mn[r, c]
 
 
-
-
 @cute.jit
 def block_mask_visible(mBM: cute.Tensor, q_tile: Int32, k_tile: Int32):
     """cuDNN's block_mask bit of (query tile, key tile), each of 128 sequence-local positions: whether those

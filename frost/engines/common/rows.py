@@ -3,7 +3,8 @@ row-predicated gmem <-> smem copies (rows past a sequence's end are skipped, or 
 
 Column limits (`cols`, a plan-time head dim, or an Int32 for a column slice of O) serve tiles wider than
 the head dim (the mma.sync kernels pad a head dim such as 72 up to a 96-wide tile): the chunks of the
-columns past it are zero-filled in smem instead of loaded, and never stored. `cols=0` means the tile is the head dim, and no column is checked.
+columns past it are zero-filled in smem instead of loaded, and never stored. `cols=0` means the tile is
+the head dim, and no column is checked.
 """
 import math
 

@@ -138,6 +138,10 @@ class FakeArgs:
         order = tuple(range(len(shape) - 1, -1, -1))
         return cute.runtime.make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=align)
 
+    def _offsets(self, kind: str):
+        """A ragged form's (B+1,) element offsets of dtype `kind` (int32 / int64)."""
+        return self.compact(OFFSET_DTYPES[kind], (self.batch1,), align=8 if kind == "int64" else 4)
+
     def _make(self, name: str):
         p = self.p
         hq, hkv, hv, d, dv = p.num_heads_q, p.num_heads_kv, p.heads_v, p.head_dim, p.head_dim_v
@@ -150,13 +154,11 @@ class FakeArgs:
             return self._stats()
         if name in ("cu_seqlens_q", "cu_seqlens_kv", "lse_offsets"):
             if not self.ragged:
-                return self.compact(Int32, (self.batch1,), align=4)
-            kind = {"cu_seqlens_q": p.offset_dtype_q, "cu_seqlens_kv": p.offset_dtype_kv,
-                    "lse_offsets": p.offset_dtype_lse}[name]
-            return self.compact(OFFSET_DTYPES[kind], (self.batch1,), align=8 if kind == "int64" else 4)
+                return self._offsets("int32")
+            return self._offsets({"cu_seqlens_q": p.offset_dtype_q, "cu_seqlens_kv": p.offset_dtype_kv,
+                                  "lse_offsets": p.offset_dtype_lse}[name])
         if name.endswith("_offsets") and name[:-len("_offsets")] in OWN_OFFSET_ROLES:
-            kind = dict((r, k) for r, _, k in p.own_offsets)[name[:-len("_offsets")]]
-            return self.compact(OFFSET_DTYPES[kind], (self.batch1,), align=8 if kind == "int64" else 4)
+            return self._offsets(dict((r, k) for r, _, k in p.own_offsets)[name[:-len("_offsets")]])
         if name in ("seqused_q", "seqused_kv"):
             return self.compact(Int32, (self.batch,), align=4)
         if name in ("sinks", "dsinks"):

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from frost.engines.params import SdpaFeatureParams
 from frost.engines.sdpa_args import own_offset_args, ragged_tags, ragged_totals
-from frost.engines.sdpa_bwd.scratch import uses_turns
+from frost.engines.sdpa_bwd.scratch import packed_fragments, uses_turns
 
 PREPROCESS = "frost.engines.sdpa_bwd.preprocess"
 POSTPROCESS = "frost.engines.sdpa_bwd.postprocess"
@@ -130,12 +130,6 @@ def postprocess_args(p) -> list[str]:
     args += ["dbias_accum"] * p.dbias_accum + ["cu_seqlens_q", "seqused_q"] * p.ragged
     args += own_offset_args(p, HELPER_IO["postprocess"]) + ["cu_seqlens_q"] * packed_fragments(p)
     return args + ["softmax_scale"] + ragged_helper_scalars(p) + ["max_seqlen_q"] * packed_fragments(p) + ["stream"]
-
-
-def packed_fragments(p) -> bool:
-    """A packed (frost's form) dQ accumulator of fragment-order tiles: the dQ convert walks each sequence's
-    tiles (grid: the longest sequence's tiles per sequence), from its prefix sums."""
-    return p.is_thd and p.dq_accum_tile > 0 and not p.ragged
 
 
 def ragged_helper_scalars(p) -> list[str]:

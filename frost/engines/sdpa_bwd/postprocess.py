@@ -31,8 +31,8 @@ from frost.engines.common.lanes import lanes_allreduce_sum
 from frost.engines.common.seqlen import own_token_offset, token_offset
 from frost.engines.sdpa_bwd.accum import (FRAGMENT_THREADS, acc_copies, build_entry, fragment_coord,
                                           fragment_offset, packed_acc_tile)
-from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, packed_fragments, postprocess_args
-from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA
+from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, postprocess_args
+from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA, packed_fragments
 
 THREADS = 128
 VEC = 8

@@ -28,7 +28,7 @@ from frost.engines.common.lanes import lanes_allreduce_sum
 from frost.engines.common.seqlen import own_token_offset, token_offset
 from frost.engines.sdpa_bwd.accum import acc_copies, build_entry
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, preprocess_args
-from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA
+from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA, packed_fragments
 
 THREADS = 128
 LANES_PER_ROW = 4  # lanes sharing one row; a pass covers THREADS // 4 rows
@@ -153,7 +153,7 @@ def kernel(
 
     # zero this CTA's rows of the dQ accumulator (of every copy, with split copies), 16 bytes per store (a
     # blocked accumulator's padding rows too: the same memory as its row-major view of as many rows)
-    if cutlass.const_expr(p.is_thd and p.dq_accum_tile > 0 and not p.ragged):
+    if cutlass.const_expr(packed_fragments(p)):
         # whole fragment-order tiles per sequence: more rows than packed tokens, so the grid strides over them
         acc_rows = mAcc[head, None, None]
         stride = gx * ROWS_PER_CTA

@@ -38,10 +38,16 @@ def packed_tiles(total_q: int, batch: int, tile: int) -> int:
     return total_q // tile + batch + 1
 
 
+def packed_fragments(p) -> bool:
+    """A packed (frost's form) dQ accumulator of fragment-order tiles, laid out as `packed_tiles`: the
+    preprocess zeroes all its rows, the dQ convert walks each sequence's tiles from its prefix sums."""
+    return p.is_thd and p.dq_accum_tile > 0 and not p.ragged
+
+
 def packed_acc_rows(p, total_q: int, batch: int) -> int:
     """Rows per head of a packed dQ accumulator: the packed tokens, or, in fragment-order tiles
     (`dq_accum_tile`), whole tiles laid out as `packed_tiles`."""
-    if p.dq_accum_tile and not getattr(p, "ragged", False):
+    if packed_fragments(p):
         return packed_tiles(total_q, batch, p.dq_accum_tile) * p.dq_accum_tile
     return total_q
 

@@ -303,10 +303,8 @@ class SdpaFwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, (mLseOff, mOOff, mScoreOffs),
-                          sQ, sK,
-                          sV, sO,
-                          tma_atom_o, pipe_q, pipe_k, pipe_v, (scale_log2, softmax_scale, mBias), wl, wr, num_batch,
-                          num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv,
+                          sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k, pipe_v, (scale_log2, softmax_scale, mBias), wl,
+                          wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv,
                           pg.rows_extent(mQ, self.pack), mK.shape[0])
 
     # --- work decomposition shared by producer and consumers

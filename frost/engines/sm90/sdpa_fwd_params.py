@@ -30,6 +30,11 @@ def tile_dim(d: int) -> int:
     return round_up(d, HEAD_DIM_GRANULE)
 
 
+def slice_dim(head_dim_v: int, slices: int) -> int:
+    """The V / O tiles' extent when O's `slices` column slices split d_v evenly (`v_slices`)."""
+    return tile_dim(-(-head_dim_v // slices))
+
+
 class Sm90FwdParams(SdpaFeatureParams):
     # features (plan-time facts)
     has_lse: bool = True
@@ -56,7 +61,7 @@ class Sm90FwdParams(SdpaFeatureParams):
     @property
     def tile_head_dim_v(self) -> int:
         """The V / O tiles' head-dim extent (`tile_dim`): one slice's, with `v_slices`."""
-        return tile_dim(-(-self.head_dim_v // self.v_slices))
+        return slice_dim(self.head_dim_v, self.v_slices)
 
     @property
     def num_mma_wg(self) -> int:
@@ -157,7 +162,7 @@ def validate(p: Sm90FwdParams) -> None:
 def min_v_slices(head_dim_v: int) -> int:
     """The fewest column slices of O whose tiles a wgmma PV GEMM covers (d_v up to 256: one)."""
     n = 1
-    while tile_dim(-(-head_dim_v // n)) > MAX_TILE_DIM_V:
+    while slice_dim(head_dim_v, n) > MAX_TILE_DIM_V:
         n += 1
     return n
 
@@ -183,7 +188,7 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
     except TemplateParamsError as e:
         raise TemplateParamsError(f"{e}; no default knobs") from None
     slices = min_v_slices(dv)
-    wide = max(tile_dim(head_dim), tile_dim(-(-dv // slices)))
+    wide = max(tile_dim(head_dim), slice_dim(dv, slices))
     k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
              separate_o_smem=True, persistent=True, sm_count=sm_count, v_slices=slices)
     if wide <= 64:
