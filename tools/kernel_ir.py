@@ -9,7 +9,8 @@ forwards, the backward chains, the SM90 forward and backward, then the mma.sync 
 SM90 backward above d=128, cuDNN's ragged-offset form, the score modifiers, the SM90 forward's
 padded and wide head dims, the SM90 backward's other head dims, the SM90 forward's score modifiers, the
 mma.sync forward's block masks, cuDNN's ragged-offset form with an offset tensor per tensor, the
-deterministic dBias, the SM90 backward's packed fragment-order dQ and the SM90 forward's column slices of O)
+deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's column slices of O and
+the mma.sync backward's K and V head counts that do not nest)
 through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code) with source locations stripped, one
 file per kernel. `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
@@ -48,8 +49,8 @@ def covering_specs() -> list:
     # keep their file names: the mma.sync head-dim sets, the SM90 backward above d=128, cuDNN's ragged-offset
     # form, the score-modifier sets, the SM90 forward's padded and wide head dims, the SM90 backward's other
     # head dims, the SM90 forward's score modifiers, the block masks, cuDNN's ragged form with an offset tensor
-    # per tensor, the deterministic dBias, the SM90 backward's packed fragment-order dQ, then the SM90 forward's
-    # column slices of O (d_v above 256).
+    # per tensor, the deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's
+    # column slices of O (d_v above 256), then K and V head counts that do not nest in the mma.sync backward.
     entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
                (*bwd90, cases.SM90_BWD_COVER),
                (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
@@ -62,7 +63,7 @@ def covering_specs() -> list:
                (*fwd80, cases.RAGGED_OWN_MMA_FWD_COVER), (*bwd80, cases.RAGGED_OWN_MMA_BWD_COVER),
                (*fwd90, cases.RAGGED_OWN_SM90_FWD_COVER), (*bwd90, cases.RAGGED_OWN_SM90_BWD_COVER),
                (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER), (*bwd90, cases.SM90_BWD_PACKED_FRAGMENT_COVER),
-               (*fwd90, cases.SM90_FWD_WIDE_V_COVER)]
+               (*fwd90, cases.SM90_FWD_WIDE_V_COVER), (*bwd80, cases.SM80_BWD_UNNESTED_COVER)]
     specs = []
     for template, params_cls, cover in entries:
         for arch, kw in _cover_items(cover):

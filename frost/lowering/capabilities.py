@@ -21,9 +21,9 @@ KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_ri
 FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_max", "score_sum_exp"})
 #: cuDNN's block_mask (forward only: cuDNN's backward has none): the mma.sync forward tests its bits per key tile
 BLOCK_MASK_FEATURES = frozenset({"block_mask"})
-#: the mma.sync backward serves K and V heads apart when one count divides the other (its CTA owns a head of the
-#: coarser tensor and writes the finer one's tile at the end of each of its groups)
-MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads"})
+#: the mma.sync backward serves K and V heads apart, nested or not: its CTA walks the smallest run of query heads
+#: made of whole K groups and whole V groups, and writes a K or V head's tile where that head's group ends
+MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads"})
 #: cuDNN's score modifiers: an additive bias, its gradient, ALiBi
 SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
 #: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, every io tensor and row

@@ -22,8 +22,8 @@ FEATURE_DETAILS = {
     "score_sum_exp": "the row sum of exponentials",
     "split_kv_heads": "K and V with different head counts: the wgmma backward's CTA sums dK and dV over one kv "
                       "head's query heads; the mma.sync backward serves them",
-    "unnested_kv_heads": "K and V head counts where neither divides the other: one V head's query heads would span "
-                         "several kv heads' CTAs, and its dV would need a second reduction path",
+    "unnested_kv_heads": "K and V head counts where neither divides the other: the wgmma backward's CTA sums dK "
+                         "and dV over one kv head's query heads; the mma.sync backward serves them",
     "implementation_composite": "frost's engines are implementation=AUTO",
     "implementation_unified": "frost's engines are implementation=AUTO",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",

@@ -564,6 +564,15 @@ DET_DBIAS_MMA_BWD_COVER = {
     ],
 }
 
+# K and V head counts that do not nest in the mma.sync backward: both tiles change within a walk (K groups of 3 query
+# heads, V groups of 2), dense with a band and padding, packed and deterministic
+SM80_BWD_UNNESTED_COVER = {
+    "sm_90a": [
+        _mma_bwd(d=64, hq=12, hk=4, num_heads_v=6, has_window_right=True, has_seqused=True),
+        _mma_bwd(d=128, hq=6, hk=2, num_heads_v=3, is_thd=True, deterministic=True),
+    ],
+}
+
 # the SM90 backward's packed batches with fragment-order dQ tiles (each sequence's own tiles, `dq_fragments` on THD)
 SM90_BWD_PACKED_FRAGMENT_COVER = [
     sm90_bwd_kwargs(d=64, is_thd=True, knobs=dict(dq_fragments=True)),

@@ -1,5 +1,5 @@
 """K and V with their own head counts, and the score_max / score_sum_exp outputs, in the DSL forwards (and split
-heads in the mma.sync backward's main kernel), also beside a bias, dBias and ALiBi on the mma.sync line: the
+heads, nested or not, in the mma.sync backward's main kernel), also beside a bias, dBias and ALiBi on the mma.sync line: the
 params validate, name their kernels apart, and the kernels compile for sm_80 (mma.sync) and sm_90a (mma.sync and
 wgmma) without a GPU. Graphs without the features compile to the same kernels as before (the kernel IR of the
 covering sets is unchanged; `tools/kernel_ir.py diff`)."""
@@ -50,6 +50,9 @@ CASES = {
         (BWD_MAIN, B80, _b80(d=128, hq=8, hk=2, num_heads_v=4, is_thd=True, deterministic=True)),
         (BWD_MAIN, B80, _b80(d=72, hq=8, hk=4, num_heads_v=1, has_seqused=True, deterministic=True,
                              knobs=dict(dq_splits=2))),
+        # counts that do not nest: K's and V's tiles both change within a walk (K groups of 3, V groups of 2)
+        (BWD_MAIN, B80, _b80(d=64, hq=12, hk=4, num_heads_v=6, has_window_right=True, has_seqused=True)),
+        (BWD_MAIN, B80, _b80(d=128, hq=6, hk=2, num_heads_v=3, is_thd=True, deterministic=True)),
         # with the score modifiers: a bias and ALiBi beside split heads and both row statistics, and the
         # backward's dBias written directly with K finer
         (SM80_FWD_TEMPLATE, P80, _k80(d=64, hq=8, hk=2, num_heads_v=4, has_bias=True, bias_per_head=True,
@@ -122,8 +125,9 @@ def test_pack_gqa_packs_the_heads_sharing_k_and_v():
     assert "share both a K head and a V head" in pack_gqa_reason(mqa_v)
 
 
-def test_backward_templates_take_nested_head_counts_only():
-    """The mma.sync backward's CTA owns a head of the coarser tensor: K and V counts must nest. The wgmma
+def test_backward_walks_whole_k_and_v_groups():
+    """The mma.sync backward's CTA walks the smallest run of query heads made of whole K groups and whole V groups
+    (the coarser tensor's group where the counts nest, their least common multiple where they do not). The wgmma
     backward refuses split heads."""
     from frost.engines.sm80.sdpa_bwd import kernel_name
     from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
@@ -138,7 +142,10 @@ def test_backward_templates_take_nested_head_counts_only():
     assert (q.kv_grid_heads, q.walk_group) == (1, 6)
     base = Sm80BwdParams(**_b80(d=64, hq=8, hk=2))
     assert (base.kv_grid_heads, base.walk_group) == (2, 4)  # equal counts: one CTA per kv head, as before
-    with pytest.raises(TemplateParamsError, match="do not nest"):
-        validate_bwd(Sm80BwdParams(**_b80(d=64, hq=12, hk=4, num_heads_v=6)))
+    unnested = Sm80BwdParams(**_b80(d=64, hq=12, hk=4, num_heads_v=6))  # K groups of 3, V groups of 2
+    validate_bwd(unnested)
+    assert (unnested.kv_grid_heads, unnested.walk_group) == (2, 6) and "_h12k4v6_" in kernel_name(unnested, "sm_80")
+    assert (Sm80BwdParams(**_b80(d=64, hq=6, hk=2, num_heads_v=3)).kv_grid_heads,) == (1,)
+    assert Sm80BwdParams(**_b80(d=64, hq=24, hk=6, num_heads_v=4)).walk_group == 12  # groups of 4 and 6
     with pytest.raises(TemplateParamsError, match="different head counts"):
         validate_bwd90(Sm90BwdParams(head_dim=64, head_dim_v=64, num_heads_q=8, num_heads_kv=2, num_heads_v=4))

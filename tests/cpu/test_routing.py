@@ -646,16 +646,19 @@ def test_split_kv_heads_run_on_the_dsl_forwards_and_the_mma_sync_backward(unpend
         assert declare(RTX5090, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm120"]
 
 
-def test_unnested_kv_heads_run_forward_and_the_dsl_backwards_decline_them(unpended, no_compile):
-    heads = dict(hq=12, hkv=4, hv=6)  # K groups of 3 query heads, V groups of 2: neither divides the other
+@pytest.mark.parametrize("heads", [dict(hq=12, hkv=4, hv=6), dict(hq=6, hkv=2, hv=3)])
+def test_unnested_kv_heads_run_on_the_dsl_forwards_and_the_mma_sync_backward(unpended, no_compile, heads):
+    """K groups of 3 query heads and V groups of 2: neither count divides the other. The mma.sync backward walks
+    both groups whole (6 query heads per CTA); the wgmma backward declines split heads."""
     g = declare(H200, **heads)
     assert {"split_kv_heads", "unnested_kv_heads"} <= g.facts.features()
     assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
-    g = declare(H200, direction="bwd", **heads)
-    assert g.available_engines() == []
-    declined = reasons(g)
-    assert "second reduction path" in declined["SdpaBwdDslSm80"]
-    assert declined["SdpaBwdDslSm80"].startswith("does not serve unnested_kv_heads")
+    for thd in (False, True):
+        g = declare(H200, direction="bwd", thd=thd, use_causal_mask=True, **heads)
+        assert g.available_engines() == ["SdpaBwdDslSm80"]
+        assert reasons(g)["SdpaBwdDslSm90"].startswith("does not serve split_kv_heads")
+        assert declare(A100, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm80"]
+        assert declare(RTX5090, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm120"]
     assert declare(CPU, dtype="fp32", direction="bwd", **heads).available_engines() == ["SdpaBwdReference"]
 
 

@@ -4,8 +4,8 @@ against the float64 oracle (tests/oracle.py).
 Forward: every engine that plans the graph (sm90, sm80, cudnn) writes O, Stats, score_max and score_sum_exp over
 poisoned (NaN) outputs, dense and packed (THD), causal and not, with declared strides (BHSD, token-major, THD
 head-major), fully masked rows (bottom-right causal with S_q > S_kv: max -inf, sum 0) and padding rows.
-Backward with split heads: the mma.sync chain (`sm80`) serves nested counts (its CTA owns a head of the coarser of
-K and V and writes the finer one's tiles group by group) and must match the oracle's gradients, deterministic
+Backward with split heads: the mma.sync chain (`sm80`) serves them, nested or not (its CTA walks whole K groups
+and whole V groups and writes each head's tile where its group ends) and must match the oracle's gradients, deterministic
 mode and padded head dims included; the wgmma chain (`sm90`) declines naming split_kv_heads; cuDNN and the
 reference by name match too when they plan.
 """
@@ -227,6 +227,11 @@ BWD = [
     Problem(6, 6, 1, d=72, thd_lens=((0, 40), (129, 64), (7, 300)), row_stats=False),
     Problem(8, 4, 1, d=128, padding=((200, 256), (37, 5)), causal=True, row_stats=False),
     Problem(8, 2, 4, causal=True, bottom_right=True, sq=100, skv=300, row_stats=False),
+    # counts that do not nest: K groups of 3 query heads, V groups of 2, walked 6 at a time (both tiles change)
+    Problem(12, 4, 6, row_stats=False),
+    Problem(6, 2, 3, d=64, causal=True, sinks=True, row_stats=False),
+    Problem(6, 2, 3, d=96, thd_lens=((1, 1), (300, 300), (77, 129)), causal=True, row_stats=False),
+    Problem(12, 4, 6, d=72, padding=((200, 256), (37, 5)), row_stats=False),
 ]
 
 
@@ -257,7 +262,7 @@ def test_bwd_split_heads_matches_the_oracle_or_is_declined_by_name(engine, p, de
         g.build_plans(engine=engine)
     except frost.NotSupportedError as e:
         reason = dict(e.declines)
-        assert engine != "sm80", reason  # the mma.sync chain serves nested head counts
+        assert engine != "sm80", reason  # the mma.sync chain serves split head counts, nested or not
         if engine == "sm90":  # the wgmma chain declines split heads, naming the feature (or first its head dims)
             assert any("split_kv_heads" in r or "serves head dims" in r for r in reason.values()), reason
         pytest.skip(f"{engine} declines: {reason}")

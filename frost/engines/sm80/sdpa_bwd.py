@@ -33,11 +33,13 @@ the head dim in shared memory, so S, dP and the padded columns of dK, dV and dQ 
 exact or zero (S and dP stop at the last 16-column k-slice holding a head-dim column);
 dK / dV stores and the dQ additions skip those columns.
 
-K and V with different head counts, one dividing the other (`num_heads_v`): the grid holds a CTA per head of
-the coarser tensor (the fewer heads), which walks all its query heads; the finer tensor's tile (K or V) changes
-every `fine_group` query heads of the walk, and at each change its dK or dV tile goes out through its smem tile
-and the next head's K or V tile comes in (`_next_fine_head`), so each finer head's gradient is summed in one CTA
-too and no workspace or second reduction is needed.
+K and V with different head counts (`num_heads_v`): the grid holds a CTA per walk of `walk_group` query heads,
+the smallest run made of whole K groups and whole V groups (the coarser tensor's group where one count divides the
+other; their least common multiple where neither does, e.g. 6 query heads over K 2 and V 3: one walk of all 6).
+A tensor whose group is shorter than the walk changes its tile within it: at the end of each of its groups its dK
+or dV tile goes out through its smem tile and the next head's K or V tile comes in (`_next_fine_head`; both K and
+V change where the counts do not nest), so each head's gradient is summed in one CTA and no workspace or second
+reduction is needed.
 
 THD: lengths come from cu_seqlens in-kernel; the grid's x extent is
 ceil(max_seqlen_kv / tile_n) and each CTA strides over the key tiles of its
@@ -95,12 +97,11 @@ class SdpaBwdSm80:
         self.threads = p.num_threads
         self.stages = p.num_stages
         self.group = p.walk_group  # query heads a CTA walks (Hq / Hkv unless K and V heads differ)
-        # K and V heads apart: the CTA owns a head of the coarser tensor; the finer one's tile changes every
-        # `fine_group` query heads of the walk (`fine_per_cta` of them per CTA)
+        # K and V heads apart: K's tile changes every `group_k` query heads of the walk, V's every `group_v`
+        # (`per_cta_k` / `per_cta_v` heads of each per CTA; 1: the tile stays for the whole walk)
         self.split = bool(p.num_heads_v)
-        self.finer_v = p.heads_v > p.num_heads_kv
-        self.fine_group = p.qhead_per_vhead if self.finer_v else p.qhead_per_kvhead
-        self.fine_per_cta = self.group // self.fine_group
+        self.group_k, self.group_v = p.qhead_per_kvhead, p.qhead_per_vhead
+        self.per_cta_k, self.per_cta_v = self.group // self.group_k, self.group // self.group_v
         self.fused = p.fused_prefetch
         self.vector_red = _arch_number(arch) >= 90
 
@@ -251,7 +252,7 @@ class _KeyTile(NamedTuple):
 
 
 class _Fine(NamedTuple):
-    """K and V heads apart: the finer of the two (the one with more heads), whose tile a CTA's walk replaces at
+    """K and V heads apart: K or V where its group is shorter than the walk, whose tile a CTA's walk replaces at
     the end of each of its query-head groups. Made once per CTA."""
 
     src: Any  # K or V (canonical)
@@ -328,18 +329,17 @@ def kernel(
                          for role, mX, off in zip(("v", "do", "dk", "dv"), (mV, mdO, mdK, mdV), mOwnOff))
     io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem, mBias, mdBias, mdBiasAcc)
 
-    # key / value views of this (batch, kv head); K and V heads apart: the walk starts at the finer tensor's first
-    # head of this CTA and the epilogue writes its last
+    # key / value views of this (batch, kv head); K and V heads apart: the walk starts at the first K and V heads
+    # of this CTA, and the epilogue writes the last of each where its tile changes within the walk
     src_k, src_v, dst_k, dst_v = head_kv, head_kv, head_kv, head_kv
-    fine = None
+    fine_k, fine_v = None, None
     if cutlass.const_expr(cfg.split):
-        first = head_kv * cfg.fine_per_cta
-        if cutlass.const_expr(cfg.finer_v):
-            src_v, dst_v = first, first + cfg.fine_per_cta - 1
-            fine = _Fine(mV, mdV, first, scale)
-        else:
-            src_k, dst_k = first, first + cfg.fine_per_cta - 1
-            fine = _Fine(mK, mdK, first, scale)
+        if cutlass.const_expr(cfg.per_cta_k > 1):
+            src_k, dst_k = head_kv * cfg.per_cta_k, head_kv * cfg.per_cta_k + cfg.per_cta_k - 1
+            fine_k = _Fine(mK, mdK, src_k, scale)
+        if cutlass.const_expr(cfg.per_cta_v > 1):
+            src_v, dst_v = head_kv * cfg.per_cta_v, head_kv * cfg.per_cta_v + cfg.per_cta_v - 1
+            fine_v = _Fine(mV, mdV, src_v, scale)
     mK_cur = rows.widen(rows.head_rows(mK, src_k, batch, s.offset_k, p.is_thd), cfg.d)
     mV_cur = rows.widen(rows.head_rows(mV, src_v, batch, s.offset_k, p.is_thd), cfg.dv)
     mdK_cur = rows.widen(rows.head_rows(mdK, dst_k, batch, s.offset_k, p.is_thd), cfg.d)
@@ -356,16 +356,20 @@ def kernel(
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         if kt.n_steps > 0:
-            _walk(cfg, c, s, kt, io, acc_dK, acc_dV, mK_cur, mV_cur, scale, scale_log2, tidx, fine)
+            _walk(cfg, c, s, kt, io, acc_dK, acc_dV, mK_cur, mV_cur, scale, scale_log2, tidx, fine_k, fine_v)
         if cutlass.const_expr(p.has_dbias and not p.dbias_accum):
             _zero_dbias_outside_band(cfg, s, kt, io, tidx)
         _write_dk_dv(cfg, c, acc_dK, acc_dV, scale, cute.local_tile(mdK_cur, (cfg.bn, cfg.d), (kt.n_block, 0)),
                      cute.local_tile(mdV_cur, (cfg.bn, cfg.dv), (kt.n_block, 0)), out_rows - kt.n_block * cfg.bn,
                      tidx)
         if cutlass.const_expr(cfg.split):
-            if kt.n_steps == 0:  # no query tile in the band: the finer tensor's other heads get zeros too
-                for j in cutlass.range(cfg.fine_per_cta - 1, unroll=1):
-                    _store_fine(cfg, c, s, kt, fine, acc_dK, acc_dV, fine.head0 + j, tidx)
+            if kt.n_steps == 0:  # no query tile in the band: the changing tensors' other heads get zeros too
+                if cutlass.const_expr(fine_k is not None):
+                    for j in cutlass.range(cfg.per_cta_k - 1, unroll=1):
+                        _store_fine(cfg, c, s, kt, fine_k, False, acc_dK, acc_dV, fine_k.head0 + j, tidx)
+                if cutlass.const_expr(fine_v is not None):
+                    for j in cutlass.range(cfg.per_cta_v - 1, unroll=1):
+                        _store_fine(cfg, c, s, kt, fine_v, True, acc_dK, acc_dV, fine_v.head0 + j, tidx)
 
 
 @cute.jit
@@ -503,7 +507,8 @@ def _key_tile(cfg: cutlass.Constexpr, s: _Sequence, bx: Int32, it: Int32, grid_x
 
 @cute.jit
 def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK: cute.Tensor, acc_dV: cute.Tensor,
-          mK_cur: cute.Tensor, mV_cur: cute.Tensor, scale: Float32, scale_log2: Float32, tidx: Int32, fine=None):
+          mK_cur: cute.Tensor, mV_cur: cute.Tensor, scale: Float32, scale_log2: Float32, tidx: Int32, fine_k=None,
+          fine_v=None):
     """Load the key tile and the walk's first query tile, run every step, and pass a late turn on."""
     bm, bn = cfg.bm, cfg.bn
     kv_limit = s.seqlen_k - kt.n_block * bn
@@ -522,8 +527,10 @@ def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
 
     for t in cutlass.range(kt.n_steps, unroll=1):
         _step(cfg, c, s, kt, io, acc_dK, acc_dV, scale, scale_log2, tidx, t)
-        if cutlass.const_expr(fine is not None):
-            _next_fine_head(cfg, c, s, kt, fine, acc_dK, acc_dV, t, tidx)
+        if cutlass.const_expr(fine_k is not None):
+            _next_fine_head(cfg, c, s, kt, fine_k, False, acc_dK, acc_dV, t, tidx)
+        if cutlass.const_expr(fine_v is not None):
+            _next_fine_head(cfg, c, s, kt, fine_v, True, acc_dK, acc_dV, t, tidx)
     cute.arch.cp_async_wait_group(0)
     if cutlass.const_expr(_late_release(cfg)):
         cute.arch.barrier()
@@ -786,34 +793,35 @@ def _write_dk_dv(cfg: cutlass.Constexpr, c, acc_dK: cute.Tensor, acc_dV: cute.Te
 
 
 @cute.jit
-def _next_fine_head(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, acc_dK: cute.Tensor,
-                    acc_dV: cute.Tensor, t: Int32, tidx: Int32):
-    """K and V heads apart, after step t: where a finer head's query heads end (and the walk goes on), its dK or
-    dV tile goes out and the next head's K or V tile comes in (the walk takes the query heads in order)."""
-    span = kt.n_m * cfg.fine_group
+def _next_fine_head(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, is_v: cutlass.Constexpr[bool],
+                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, t: Int32, tidx: Int32):
+    """K and V heads apart, after step t: where the query heads of one of this tensor's heads (V's if `is_v`, else
+    K's) end and the walk goes on, its dK or dV tile goes out and the next head's K or V tile comes in (the walk
+    takes the query heads in order)."""
+    span = kt.n_m * (cfg.group_v if cutlass.const_expr(is_v) else cfg.group_k)
     if (t + 1) % span == 0 and t + 1 < kt.n_steps:
         j = (t + 1) // span
-        _store_fine(cfg, c, s, kt, fine, acc_dK, acc_dV, fine.head0 + j - 1, tidx)
-        if cutlass.const_expr(cfg.finer_v):
+        _store_fine(cfg, c, s, kt, fine, is_v, acc_dK, acc_dV, fine.head0 + j - 1, tidx)
+        if cutlass.const_expr(is_v):
             acc_dV.fill(0.0)
         else:
             acc_dK.fill(0.0)
-        _load_fine(cfg, c, s, kt, fine, fine.head0 + j)
+        _load_fine(cfg, c, s, kt, fine, is_v, fine.head0 + j)
 
 
 @cute.jit
-def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, acc_dK: cute.Tensor,
-                acc_dV: cute.Tensor, head: Int32, tidx: Int32):
-    """The finer tensor's accumulated tile (dK scaled, or dV) to head `head`'s rows, staged through its own K or
-    V smem tile as the epilogue does (every thread is done with that tile first)."""
+def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, is_v: cutlass.Constexpr[bool],
+                acc_dK: cute.Tensor, acc_dV: cute.Tensor, head: Int32, tidx: Int32):
+    """The accumulated dV (`is_v`) or dK (scaled) tile to head `head`'s rows, staged through its own V or K smem
+    tile as the epilogue does (every thread is done with that tile first)."""
     dt = cfg.dtype
     batch = cute.arch.block_idx()[2]
     out_rows = s.seqlen_k if cutlass.const_expr(cfg.p.is_thd) else s.static_k
     rows_left = out_rows - kt.n_block * cfg.bn
-    sX, cX, s2g, d, cols = _fine_tile(cfg, c)
+    sX, cX, s2g, d, cols = _fine_tile(cfg, c, is_v)
     cute.arch.barrier()
-    rX = cute.make_fragment_like(acc_dV if cutlass.const_expr(cfg.finer_v) else acc_dK, dt)
-    if cutlass.const_expr(cfg.finer_v):
+    rX = cute.make_fragment_like(acc_dV if cutlass.const_expr(is_v) else acc_dK, dt)
+    if cutlass.const_expr(is_v):
         rX.store(acc_dV.load().to(dt))
     else:
         rX.store((acc_dK.load() * fine.scale).to(dt))
@@ -825,22 +833,23 @@ def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fi
     cute.arch.barrier()
 
 
-def _fine_tile(cfg, c) -> tuple:
-    """The finer tensor's (K's or V's) smem tile, its coordinates, its smem -> global copy, the tile's head-dim
-    extent and its column limit (`cols_qk` / `cols_v`)."""
-    if cfg.finer_v:
+def _fine_tile(cfg, c, is_v: bool) -> tuple:
+    """V's (`is_v`) or K's smem tile, its coordinates, its smem -> global copy, the tile's head-dim extent and its
+    column limit (`cols_v` / `cols_qk`)."""
+    if is_v:
         return c.sV, c.cV, c.s2g_v, cfg.dv, cfg.cols_v
     return c.sK, c.cK, c.s2g_k, cfg.d, cfg.cols_qk
 
 
 @cute.jit
-def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, head: Int32):
-    """Head `head`'s K or V tile of this key tile into its smem tile, waited for (with whatever else is in flight)
-    before the next step reads it."""
+def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, is_v: cutlass.Constexpr[bool],
+               head: Int32):
+    """Head `head`'s V (`is_v`) or K tile of this key tile into its smem tile, waited for (with whatever else is in
+    flight) before the next step reads it."""
     batch = cute.arch.block_idx()[2]
     kv_limit = s.seqlen_k - kt.n_block * cfg.bn
-    sX, cX, _, d, cols = _fine_tile(cfg, c)
-    g2s_thr, g2s = (c.g2s_vdo_thr, c.g2s_vdo) if cutlass.const_expr(cfg.finer_v) else (c.g2s_qk_thr, c.g2s_qk)
+    sX, cX, _, d, cols = _fine_tile(cfg, c, is_v)
+    g2s_thr, g2s = (c.g2s_vdo_thr, c.g2s_vdo) if cutlass.const_expr(is_v) else (c.g2s_qk_thr, c.g2s_qk)
     gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d),
                          (kt.n_block, 0))
     _load_rows(g2s_thr, g2s, gX, sX, cX, kv_limit, cols)

@@ -10,13 +10,15 @@ into the fp32 accumulator (red.global; in deterministic mode key tiles take turn
 `dq_splits`, a few CTAs per head each add into their own accumulator copy).
 
 GQA needs no dK / dV workspace: the main kernel's CTA owns one kv head and
-walks its query heads itself (K and V heads apart: one head of the coarser of the
-two, writing the finer one's tiles group by group; `kv_grid_heads`, `walk_group`).
+walks its query heads itself (K and V heads apart: the smallest run of query heads
+that whole K groups and whole V groups both tile, writing each K or V head's tile
+when its group ends; `kv_grid_heads`, `walk_group`).
 One template serves two arch lines: ``sm80`` (cc 8.x, and cc 9.0 below the wgmma kernel) and ``sm120`` (about 99 KB of
 shared memory). No cutlass import here: planning reads this module.
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from frost.engines.params import SdpaBwdFeatureParams, check_sdpa_features, score_mod_tags
@@ -78,16 +80,18 @@ class Sm80BwdParams(TileHeadDims, SdpaBwdFeatureParams):
         return 32 * self.num_warps
 
     @property
-    def kv_grid_heads(self) -> int:
-        """The main kernel's CTAs per key tile along the heads: one per kv head, or with K and V heads apart, one
-        per head of the coarser of the two (the fewer heads), whose CTA walks that head's query heads and writes
-        the finer tensor's tile at the end of each of its groups."""
-        return min(self.num_heads_kv, self.heads_v)
+    def walk_group(self) -> int:
+        """Query heads one CTA walks: a kv head's (Hq / Hkv); with K and V heads apart, the least common multiple
+        of K's and V's groups, the smallest run of query heads made of whole K groups and whole V groups (the
+        coarser tensor's group where one count divides the other; 6 query heads over K 2 and V 3: all 6)."""
+        return math.lcm(self.qhead_per_kvhead, self.qhead_per_vhead)
 
     @property
-    def walk_group(self) -> int:
-        """Query heads one CTA walks (Hq / Hkv unless K and V heads differ)."""
-        return self.num_heads_q // self.kv_grid_heads
+    def kv_grid_heads(self) -> int:
+        """The main kernel's CTAs per key tile along the heads: one per walk of `walk_group` query heads. The walk
+        sums each K head's dK and each V head's dV over that head's whole group, and writes a K or V tile where its
+        group ends, so no gradient is split over CTAs."""
+        return self.num_heads_q // self.walk_group
 
     @property
     def dq_accum_blocked(self) -> bool:
@@ -145,9 +149,6 @@ def validate(p: Sm80BwdParams) -> None:
         raise TemplateParamsError(f"Sm80BwdParams: {msg}")
 
     check_sdpa_features(p, HEAD_DIMS, "Sm80BwdParams")
-    if p.num_heads_v and max(p.num_heads_kv, p.num_heads_v) % min(p.num_heads_kv, p.num_heads_v) != 0:
-        bad(f"K and V head counts {p.num_heads_kv} and {p.num_heads_v} do not nest (neither divides the other): "
-            f"a V group's query heads would span several CTAs")
     if p.num_warps not in (4, 8, 16):
         bad(f"num_warps={p.num_warps} not in (4, 8, 16)")
     if p.num_stages not in (1, 2):
