@@ -50,7 +50,8 @@ def covering_specs() -> list:
     # form, the score-modifier sets, the SM90 forward's padded and wide head dims, the SM90 backward's other
     # head dims, the SM90 forward's score modifiers, the block masks, cuDNN's ragged form with an offset tensor
     # per tensor, the deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's
-    # column slices of O (d_v above 256), then K and V head counts that do not nest in the mma.sync backward.
+    # column slices of O (d_v above 256), K and V head counts that do not nest in the mma.sync backward, then the
+    # SM90 forward's block_mask.
     entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
                (*bwd90, cases.SM90_BWD_COVER),
                (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
@@ -63,7 +64,8 @@ def covering_specs() -> list:
                (*fwd80, cases.RAGGED_OWN_MMA_FWD_COVER), (*bwd80, cases.RAGGED_OWN_MMA_BWD_COVER),
                (*fwd90, cases.RAGGED_OWN_SM90_FWD_COVER), (*bwd90, cases.RAGGED_OWN_SM90_BWD_COVER),
                (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER), (*bwd90, cases.SM90_BWD_PACKED_FRAGMENT_COVER),
-               (*fwd90, cases.SM90_FWD_WIDE_V_COVER), (*bwd80, cases.SM80_BWD_UNNESTED_COVER)]
+               (*fwd90, cases.SM90_FWD_WIDE_V_COVER), (*bwd80, cases.SM80_BWD_UNNESTED_COVER),
+               (*fwd90, cases.SM90_FWD_BLOCK_MASK_COVER)]
     specs = []
     for template, params_cls, cover in entries:
         for arch, kw in _cover_items(cover):

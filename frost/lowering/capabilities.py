@@ -19,7 +19,8 @@ KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_ri
 #: K and V with different head counts (each dividing the query heads), and the forward's row max / sum-of-exp
 #: outputs: the forwards that index K's and V's heads apart and write the two halves of Stats
 FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_max", "score_sum_exp"})
-#: cuDNN's block_mask (forward only: cuDNN's backward has none): the mma.sync forward tests its bits per key tile
+#: cuDNN's block_mask (forward only: cuDNN's backward has none): the mma.sync forward tests its bits per key tile,
+#: the wgmma forward bit by bit in each key block's scores
 BLOCK_MASK_FEATURES = frozenset({"block_mask"})
 #: the mma.sync backward serves K and V heads apart, nested or not: its CTA walks the smallest run of query heads
 #: made of whole K groups and whole V groups, and writes a K or V head's tile where that head's group ends
@@ -89,7 +90,7 @@ SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
              dtypes=("bf16", "fp16"), head_dims=SM90_FWD_HEAD_DIMS, features=DSL_FEATURES,
-             fwd_features=FWD_EXTRA_FEATURES | SM90_FWD_SCORE_MOD_FEATURES,
+             fwd_features=FWD_EXTRA_FEATURES | SM90_FWD_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",

@@ -15,7 +15,7 @@ _ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
 FEATURE_DETAILS = {
     "ragged_offsets": "cuDNN's ragged-offset form; the DSL engines serve it",
     "stats_per_batch": "Stats (B, H, S, 1) per batch in a packed graph",
-    "block_mask": "cuDNN's block-sparse mask: the wgmma forward reads none yet; the mma.sync forward does",
+    "block_mask": "cuDNN's block-sparse mask (forward only, as in cuDNN)",
     "rng_dump": "dropout's RNG mask dump",
     "paged_attention": "paged K/V caches",
     "score_max": "the row maximum of the scores",

@@ -564,6 +564,15 @@ DET_DBIAS_MMA_BWD_COVER = {
     ],
 }
 
+# cuDNN's block_mask in the wgmma forward: bit by bit per key block (dense with the band, sinks and a bias; packed with
+# a window, on the 128 rows the planner takes with it; 96-key blocks straddling 128-key tiles)
+SM90_FWD_BLOCK_MASK_COVER = [
+    _sm90(d=128, has_block_mask=True, has_window_right=True, has_sinks=True, has_bias=True, bias_per_head=True),
+    _sm90(d=64, hq=8, hk=2, is_thd=True, has_block_mask=True, has_window_left=True, has_window_right=True,
+          knobs=dict(tile_m=128)),
+    _sm90(d=96, has_block_mask=True, has_seqused=True, has_score_max=True, knobs=dict(tile_n=96)),
+]
+
 # K and V head counts that do not nest in the mma.sync backward: both tiles change within a walk (K groups of 3 query
 # heads, V groups of 2), dense with a band and padding, packed and deterministic
 SM80_BWD_UNNESTED_COVER = {

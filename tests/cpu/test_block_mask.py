@@ -1,6 +1,6 @@
 """cuDNN's block_mask without a GPU: its declaration, the reference engine against the float64 oracle (the bits
 expanded independently into cuDNN's additive where(mask, 0, -inf) over 128x128 tiles), the routing that puts it
-on the mma.sync forward (cc 9.0 included), the records the planner builds for it, and the kernel's compile."""
+on the DSL forwards (the wgmma forward on cc 9.0, unpacked), the records the planner builds for it, and the kernel's compile."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,9 +12,10 @@ from frost.adapters.cudnn_lowering import CudnnUnsupported, lower_cudnn_sdpa
 from frost.adapters.dsl import fwd_feature_flags
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
-from frost.errors import GraphError
+from frost.errors import GraphError, TemplateParamsError
 from frost.target import fake_target
-from frost.testing.cases import SM80_FWD_BLOCK_MASK_COVER, SM80_FWD_TEMPLATE
+from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
+from frost.testing.cases import SM80_FWD_BLOCK_MASK_COVER, SM80_FWD_TEMPLATE, SM90_FWD_BLOCK_MASK_COVER, SM90_FWD_TEMPLATE
 from tests import oracle
 from tests.compile_runner import compile_groups
 from tests.helpers import assert_close, empty_like_decl, prefix
@@ -248,20 +249,37 @@ def _bm_graph(target, thd=False, **kw):
     from tests.cpu.test_routing import declare
 
     g = frost.Graph(io_data_type="bf16", target=target)
-    bm = g.tensor(name="bm", dim=(2, 4, 2, 1), data_type="uint8")
+    bm = g.tensor(name="bm", dim=(2, kw.get("hq", 4), 2, 1), data_type="uint8")
     return declare(target, graph=g, thd=thd, s=256, block_mask=bm, **kw)
 
 
-@pytest.mark.parametrize("tname, line", [("A100", "Sm80"), ("H200", "Sm80"), ("RTX5090", "Sm120")])
+@pytest.mark.parametrize("tname, line", [("A100", "Sm80"), ("H200", "Sm90"), ("RTX5090", "Sm120")])
 @pytest.mark.parametrize("thd", [False, True])
-def test_block_mask_graphs_plan_on_the_mma_sync_forward(unpended, no_compile, tname, line, thd):
+def test_block_mask_graphs_plan_on_a_dsl_forward(unpended, no_compile, tname, line, thd):
     g = _bm_graph(fake_target(tname), thd=thd, use_causal_mask=True)
     assert g.available_engines()[0] == f"SdpaFwdDsl{line}"
 
 
-def test_the_wgmma_forward_declines_naming_block_mask(unpended, no_compile):
-    reason = dict(_bm_graph(H200).declines())["SdpaFwdDslSm90"]
-    assert reason.startswith("does not serve block_mask (cuDNN's block-sparse mask: the wgmma forward reads none")
+@pytest.mark.parametrize("knobs", [{}, {"pack_gqa": True}])
+def test_the_wgmma_forward_serves_it_unpacked(unpended, no_compile, knobs):
+    """A packed GQA tile would span several heads' bits: the planner leaves block-masked graphs unpacked, and a
+    requested pack_gqa is refused naming why."""
+    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, pack_gqa_reason
+
+    g = _bm_graph(H200, hq=8, hkv=2)
+    assert "SdpaFwdDslSm90" in g.available_engines()
+    flags = fwd_feature_flags(g.facts)
+    assert "block_mask" in pack_gqa_reason(Sm90FwdParams(**flags, pack_gqa=True))
+    from frost.adapters.sm90 import SdpaFwdDslSm90
+
+    planned = SdpaFwdDslSm90.plan_knobs(g.facts, H200, knobs)
+    if knobs:
+        with pytest.raises(TemplateParamsError, match="block_mask"):
+            from frost.engines.sm90.sdpa_fwd_params import validate
+
+            validate(Sm90FwdParams(**flags, **planned))
+    else:
+        assert not planned["pack_gqa"] and planned["tile_m"] == 128
 
 
 def test_the_planned_params_and_arguments_carry_the_flag():
@@ -276,6 +294,11 @@ def test_the_planned_params_and_arguments_carry_the_flag():
 
     assert "_bmask_" in kernel_name(p, "sm_90a")
     assert "bmask" not in kernel_name(Sm80FwdParams(**{**flags, "has_block_mask": False}), "sm_90a")
+    from frost.engines.sm90.sdpa_fwd import kernel_name as name90
+    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
+
+    assert "_bmask_" in name90(Sm90FwdParams(**flags), "sm_90a")
+    assert "bmask" not in name90(Sm90FwdParams(**{**flags, "has_block_mask": False}), "sm_90a")
 
 
 def test_the_cudnn_engine_takes_it_dense_and_declines_it_packed():
@@ -290,6 +313,7 @@ def test_the_cudnn_engine_takes_it_dense_and_declines_it_packed():
 # --- the kernel compiles ---------------------------------------------------------------------------------------
 
 PARAMS = "frost.engines.sm80.sdpa_fwd_params.Sm80FwdParams"
+PARAMS90 = "frost.engines.sm90.sdpa_fwd_params.Sm90FwdParams"
 
 
 @pytest.mark.slow
@@ -303,3 +327,14 @@ def test_the_block_mask_forward_compiles_without_local_memory(tmp_path):
             name = kernel_name(Sm80FwdParams(**kw), arch)
             assert "_bmask_" in name and out["name"] == name and out["entries"] == [name]
             assert out["mma_sync"] > 0 and out["wgmma"] == 0 and out["local"] == 0, out
+
+
+@pytest.mark.slow
+def test_the_wgmma_block_mask_forward_compiles_without_local_memory(tmp_path):
+    from frost.engines.sm90.sdpa_fwd import kernel_name
+
+    groups = [("sm_90a", [(SM90_FWD_TEMPLATE, PARAMS90, kw, None) for kw in SM90_FWD_BLOCK_MASK_COVER])]
+    for kw, out in zip(SM90_FWD_BLOCK_MASK_COVER, compile_groups(groups, tmp_path)[0]):
+        name = kernel_name(Sm90FwdParams(**kw), "sm_90a")
+        assert "_bmask_" in name and out["name"] == name and out["entries"] == [name]
+        assert out["wgmma_mma_async"] > 0 and out["tma"] > 0 and out["local"] == 0, out

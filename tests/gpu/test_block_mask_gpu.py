@@ -1,5 +1,5 @@
-"""cuDNN's block_mask on the GPU: the mma.sync forward (`engine="sm80"`; on cc 9.0 it is also what the planner
-picks) against the float64 oracle, the bits expanded independently into cuDNN's additive where(mask, 0, -inf)
+"""cuDNN's block_mask on the GPU: the mma.sync forward (`engine="sm80"`) and the wgmma forward (`engine="sm90"`,
+what the planner picks on cc 9.0) against the float64 oracle, the bits expanded independently into cuDNN's additive where(mask, 0, -inf)
 over 128x128 tiles (cudnn-frontend's fp16_ref.py), dense, causal, padded and packed, with random masks that leave
 rows with no visible key; then against the cuDNN engine where it serves block_mask (dense graphs)."""
 from __future__ import annotations
@@ -189,12 +189,19 @@ def tile_n_96(monkeypatch):
     monkeypatch.setattr(capabilities, "ROWS", rows)
 
 
+def _needs(engine: str):
+    if engine == "sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma forward is a cc 9.0 engine")
+
+
+@pytest.mark.parametrize("engine", ["sm80", "sm90"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_the_mma_sync_forward_matches_the_oracle(case, request):
-    if ("tile_n", 96) in case.knobs:
+def test_the_dsl_forwards_match_the_oracle(case, engine, request):
+    _needs(engine)
+    if ("tile_n", 96) in case.knobs and engine == "sm80":
         request.getfixturevalue("tile_n_96")
     t = make_inputs(case)
-    o, lse, _ = run(case, t)
+    o, lse, _ = run(case, t, engine)
     want_o, want_lse = want(case, t)
     assert not torch.isnan(o).any(), "some output elements were not written"
     assert rel_err(o, want_o) < 1e-2
@@ -206,22 +213,24 @@ def test_the_mma_sync_forward_matches_the_oracle(case, request):
         assert (~fin).any(), "the case leaves rows with no visible key"
 
 
-def test_cc_90_plans_the_mma_sync_forward_for_a_block_mask():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma forward's decline is a cc 9.0 matter")
-    case = MaskCase(causal=True)
+def test_cc_90_plans_the_wgmma_forward_for_a_block_mask_unpacked():
+    _needs("sm90")
+    case = MaskCase(causal=True, hq=8, hkv=2)
     t = make_inputs(case)
     g = graph(case, t)[0].validate()
     g.build_plans()
-    assert g.engine_name == "SdpaFwdDslSm80"
-    assert "block_mask" in dict(g.declines())["SdpaFwdDslSm90"]
+    assert g.engine_name == "SdpaFwdDslSm90"
+    params = g.plan.adapter.template_params()
+    assert params.has_block_mask and not params.pack_gqa
 
 
-def test_a_block_mask_execute_neither_syncs_nor_allocates():
+@pytest.mark.parametrize("engine", ["sm80", "sm90"])
+def test_a_block_mask_execute_neither_syncs_nor_allocates(engine):
+    _needs(engine)
     case = MaskCase(causal=True)
     t = make_inputs(case)
     g, vp, o, stats = graph(case, t)
-    plan_or_skip(g, "sm80")
+    plan_or_skip(g, engine)
     vp[o] = torch.empty(o.dim, device=DEV, dtype=case.dtype).as_strided(o.dim, o.stride)
     vp[stats] = torch.empty(stats.dim, device=DEV).as_strided(stats.dim, stats.stride)
     ws = torch.empty(max(g.get_workspace_size(), 1), dtype=torch.uint8, device=DEV)
@@ -232,10 +241,12 @@ def test_a_block_mask_execute_neither_syncs_nor_allocates():
 CUDNN_CASES = [MaskCase(d=64), MaskCase(causal=True, d=128, sq=300, skv=1100, density=0.3)]
 
 
+@pytest.mark.parametrize("engine", ["sm80", "sm90"])
 @pytest.mark.parametrize("case", CUDNN_CASES, ids=lambda c: c.id)
-def test_the_mma_sync_forward_agrees_with_cudnn(case):
+def test_the_dsl_forwards_agree_with_cudnn(case, engine):
+    _needs(engine)
     t = make_inputs(case)
-    ours = run(case, t)
+    ours = run(case, t, engine)
     theirs = run(case, t, engine="cudnn")
     assert rel_err(ours[0], theirs[0]) < 1e-2
     fin = torch.isfinite(theirs[1])

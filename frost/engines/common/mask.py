@@ -238,18 +238,24 @@ def apply_block_mask(
     tiles that straddle 128-position blocks; a tile inside one block takes its one bit, `block_mask_visible`).
 
     Coordinates as in `apply_mask` (sequence-local row_base / col_base, thread 0's constant columns plus a
-    uniform offset). Rows and columns past the block mask's extent (never written, or masked by the key
-    length) read its last row / byte.
+    uniform offset). Each row reads the two bytes holding the bits from the view's first key tile on (nine
+    tiles or more after the shift: any view up to 1024 keys wide), once, and every score tests its bit of that
+    word. Rows past the block mask's extent read its last row, bytes past it its last byte (those positions are
+    never written, or are masked by the key length).
     """
     q_last = mBM.shape[0] - 1
     byte_last = mBM.shape[1] - 1
     thr_col = col_base + tScS_mn[0][1]
+    kt0 = col_base // BLOCK_MASK_TILE  # the view's first key tile
+    lo = cutlass.min(kt0 // BLOCK_MASK_BITS, byte_last)
+    hi = cutlass.min(lo + 1, byte_last)
+    shift = kt0 % BLOCK_MASK_BITS
     for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
         i = row_base + tScS_mn[r, 0][0]
         if cutlass.const_expr(rows_per_query > 1):
             i = i // rows_per_query
         q_tile = cutlass.min(i // BLOCK_MASK_TILE, q_last)
+        word = (Int32(mBM[q_tile, lo]) | (Int32(mBM[q_tile, hi]) << BLOCK_MASK_BITS)) >> shift
         for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-            k_tile = (thr_col + t0ScS_mn[0, c][1]) // BLOCK_MASK_TILE
-            k_tile = cutlass.min(k_tile, byte_last * BLOCK_MASK_BITS + BLOCK_MASK_BITS - 1)
-            acc_mn[r, c] = acc_mn[r, c] if block_mask_visible(mBM, q_tile, k_tile) else -Float32.inf
+            j = (thr_col + t0ScS_mn[0, c][1]) // BLOCK_MASK_TILE - kt0
+            acc_mn[r, c] = acc_mn[r, c] if ((word >> j) & 1) != 0 else -Float32.inf

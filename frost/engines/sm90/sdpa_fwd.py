@@ -22,6 +22,11 @@ the softmax runs with a scale of 1; tile rows are query positions (no GQA packin
 with them: a packed tile's rows would span several heads' biases and slopes).
 Without them none of that code is compiled.
 
+cuDNN's block_mask (`has_block_mask`): every key block's scores are masked bit by bit after the band
+(`mask.apply_block_mask`: a tile may straddle 128x128 blocks at tile_n other than 128), and the softmax treats a
+row with no visible key yet as the band does; its tiles are still loaded and multiplied (no block skipping yet).
+Tile rows are query positions (no GQA packing with it: a packed tile would span several heads' bits).
+
 Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
 (`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
 zero-fill the columns past a head dim (zeros add nothing to Q K^T or P V), TMA
@@ -70,7 +75,8 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
                      + ("br" if p.bottom_right else ""))
     parts += [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "seqused"), (p.has_sinks, "sink"),
                                     (not p.has_lse, "nolse"), (p.has_score_max, "smax"),
-                                    (p.has_score_sum_exp, "ssum"), *score_mod_tags(p)) if flag]
+                                    (p.has_score_sum_exp, "ssum"), *score_mod_tags(p),
+                                    (p.has_block_mask, "bmask")) if flag]
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
@@ -100,6 +106,7 @@ class _Mainloop(NamedTuple):
     softmax_scale: Any = None  # with score modifiers: the logit scale they apply (the softmax's is then 1)
     thr_qk: Any = None  # with score modifiers: this thread's slice of the QK^T MMA (the bias's partition)
     mBias: Any = None  # with a bias: the declared (B or 1, H or 1, S_q, S_kv) tensor
+    mBlockMask: Any = None  # with block_mask: the declared uint8 (B, Hq, q tiles, key-tile bytes) tensor
 
 
 class _TileBand(NamedTuple):
@@ -112,6 +119,7 @@ class _TileBand(NamedTuple):
     wl: Any
     wr: Any
     mods: Any = None  # _TileMods with score modifiers
+    bm_at: Any = None  # with block_mask: the tile's (batch entry, query head)
 
 
 class _TileMods(NamedTuple):
@@ -253,7 +261,7 @@ class SdpaFwdSm90:
             tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
             a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
             a.get("o_offsets"), a.get("v_offsets"), (a.get("score_max_offsets"), a.get("score_sum_exp_offsets")),
-            a.get("bias"),
+            a.get("bias"), a.get("block_mask"),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -262,7 +270,7 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
-               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias,
+               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask,
                tma_atom_q: cute.CopyAtom,
                tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
                wl, wr, num_batch: Int32,
@@ -303,7 +311,8 @@ class SdpaFwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, (mLseOff, mOOff, mScoreOffs),
-                          sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k, pipe_v, (scale_log2, softmax_scale, mBias), wl,
+                          sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k, pipe_v,
+                          (scale_log2, softmax_scale, mBias, mBlockMask), wl,
                           wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv,
                           pg.rows_extent(mQ, self.pack), mK.shape[0])
 
@@ -483,12 +492,22 @@ class SdpaFwdSm90:
         if const_expr(masked):
             mask.apply_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.seqlen_k,
                             t.off, t.wl, t.wr, mask_seqlen=False, rows_per_query=self.rq)
+        if const_expr(self.p.has_block_mask):
+            self.block_mask(c, t.bm_at, t.row0, acc_S, n_block)
         sm.online_softmax(acc_as_mn(acc_S), c.row_max, c.row_sum, c.row_scale, c.scale_log2, is_first=False)
         warpgroup.wait_group(0)
         c.pipe_v.consumer_release(v_state)
         wu.convert_to_16bit(wu.acc_view_as_a(acc_S), c.tOrP)
         sm.rescale_rows(acc_as_mn(acc_O), c.row_scale)
         return kv_state
+
+    @cute.jit
+    def block_mask(self, c: _Mainloop, at, row0: Int32, acc_S, n_block: Int32):
+        """Key block n_block's scores whose block_mask bit is clear to -inf; `at`: the tile's (batch entry, query
+        head), whose bits are addressed from the kernel argument per block."""
+        batch, head = at
+        mask.apply_block_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, c.mBlockMask[batch, head, None, None], row0,
+                              n_block * self.tile_n)
 
     @cute.jit
     def add_mods(self, c: _Mainloop, row0: Int32, m: _TileMods, acc_S, n_block: Int32,
@@ -510,7 +529,8 @@ class SdpaFwdSm90:
                  pipe_q, pipe_k, pipe_v, scales, wl, wr, num_batch, num_m_blocks, total_tiles, section_width,
                  tiled_mma_qk, tiled_mma_pv, seqlen_q_static, seqlen_k_static):
         p = self.p
-        scale_log2, softmax_scale, mBias = scales  # softmax_scale, mBias: None without score modifiers
+        # softmax_scale, mBias: None without score modifiers; mBlockMask: None without block_mask
+        scale_log2, softmax_scale, mBias, mBlockMask = scales
         # the ragged form's Stats offsets, O's own offsets and score_max's / score_sum_exp's, where given
         mLseOff, mOOff, mScoreOffs = row_offsets
         tidx = cute.arch.thread_idx()[0] - 128
@@ -551,6 +571,8 @@ class SdpaFwdSm90:
                          pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg)
         if const_expr(p.has_score_mods):
             loop = loop._replace(softmax_scale=softmax_scale, thr_qk=thr_qk, mBias=mBias)
+        if const_expr(p.has_block_mask):
+            loop = loop._replace(mBlockMask=mBlockMask)
 
         if const_expr(self.pingpong):
             if wg == 0:
@@ -597,12 +619,14 @@ class SdpaFwdSm90:
                 mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off,
                                 wl_c, wr_c,
                                 mask_seqlen=True, rows_per_query=self.rq)
+                if const_expr(p.has_block_mask):
+                    self.block_mask(loop, (batch, head), row0, acc_S, n_last)
                 sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=True)
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
                 acc_O.fill(0.0)
                 if const_expr(p.is_thd or p.has_seqused):
                     self.zero_v_tail(sV, pipe_v, kv_state, seqlen_k - n_last * self.tile_n, tidx % 128, wg)
-                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods)
+                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods, (batch, head))
                 hi = n_last
                 if const_expr(p.has_window_right):
                     r_lo = cutlass.max(n_min, cutlass.min(hi, (q0 + off + wr_c) // self.tile_n))

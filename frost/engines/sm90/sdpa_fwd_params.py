@@ -40,6 +40,7 @@ class Sm90FwdParams(SdpaFeatureParams):
     has_lse: bool = True
     has_score_max: bool = False  # write the row max of the scaled scores (cuDNN's score_max)
     has_score_sum_exp: bool = False  # write the row sum of exp(score - max) (cuDNN's score_sum_exp)
+    has_block_mask: bool = False  # cuDNN's block_mask: one bit per (128 queries, 128 keys) tile pair
     # knobs (speed only)
     tile_m: int = 128
     tile_n: int = 128
@@ -111,6 +112,8 @@ def pack_gqa_reason(p: Sm90FwdParams):
         return None  # check_sdpa_features reports it
     if p.has_score_mods:
         return "pack_gqa is not served with score modifiers (bias, ALiBi): a tile reads one query head's bias and slope"
+    if p.has_block_mask:
+        return "pack_gqa is not served with block_mask: a tile reads one query head's bits"
     if p.v_slices > 1:
         return ("pack_gqa is not combined with column slices of O (v_slices, a d_v above 256): ptxas spills the "
                 "packed rows' addressing beside the slice's")
