@@ -75,34 +75,26 @@ BAR_DS = 1        # both MMA warpgroups stored their halves of dS
 BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgroups + writer warp)
 BAR_DQ_FULL = 3   # the MMA warpgroups wrote the dQ tile
 BAR_EPI = 4       # epilogue: K / V tiles free, then dK / dV staged
-BAR_ROWS_FULL = 5  # (to 5 + rows_stages - 1) the rows warp staged a step's LSE / dpsum rows in that stage (`rows_warp`)
-# (then rows_stages more) the MMA warpgroups have read that stage: `bar_rows_free`
+BAR_ROWS_FULL = 5  # (and 6) the rows warp staged a step's LSE / dpsum rows in that half (`rows_warp`)
+BAR_ROWS_FREE = 7  # (and 8) the MMA warpgroups have read that half
 MMA_THREADS = 256
 
 
 @cute.jit
-def rows_barrier(first_id: cutlass.Constexpr[int], stage: Int32, arrive: cutlass.Constexpr[bool],
-                 stages: cutlass.Constexpr[int] = 2):
-    """Sync on (or arrive at) the rows barrier of a staged step (`stages` of them), between the MMA warpgroups and
-    the rows warp; the barrier ids stay constants (a computed id makes ptxas reserve every barrier of the CTA)."""
+def rows_barrier(first_id: cutlass.Constexpr[int], stage: Int32, arrive: cutlass.Constexpr[bool]):
+    """Sync on (or arrive at) the rows barrier of a staged half, between the MMA warpgroups and the rows warp;
+    the barrier ids stay constants (a computed id makes ptxas reserve every barrier of the CTA)."""
     n = MMA_THREADS + 32
-    if const_expr(stages == 2):
-        if stage == 0:
-            _bar(first_id, n, arrive)
+    if stage == 0:
+        if const_expr(arrive):
+            cute.arch.barrier_arrive(barrier_id=first_id, number_of_threads=n)
         else:
-            _bar(first_id + 1, n, arrive)
+            cute.arch.barrier(barrier_id=first_id, number_of_threads=n)
     else:
-        for s in cutlass.range_constexpr(stages):
-            if stage == s:
-                _bar(first_id + s, n, arrive)
-
-
-@cute.jit
-def _bar(bar_id: cutlass.Constexpr[int], n: cutlass.Constexpr[int], arrive: cutlass.Constexpr[bool]):
-    if const_expr(arrive):
-        cute.arch.barrier_arrive(barrier_id=bar_id, number_of_threads=n)
-    else:
-        cute.arch.barrier(barrier_id=bar_id, number_of_threads=n)
+        if const_expr(arrive):
+            cute.arch.barrier_arrive(barrier_id=first_id + 1, number_of_threads=n)
+        else:
+            cute.arch.barrier(barrier_id=first_id + 1, number_of_threads=n)
 
 
 class Walk(NamedTuple):
@@ -159,8 +151,6 @@ class SdpaBwdSm90:
         self.shared_keys = p.kv_shared
         self.dk_first = p.dk_first_order
         self.rows_warp = p.rows_warp
-        self.rows_stages = p.rows_stages if p.rows_warp else 2  # staged LSE / dpsum steps
-        self.bar_rows_free = BAR_ROWS_FULL + self.rows_stages
         self.rotated = p.rotated
         self.num_threads = MMA_THREADS + 128
         self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
@@ -261,8 +251,8 @@ class SdpaBwdSm90:
                              ("sdS", sdS_layout)) + ((("sP", sdS_layout),) if self.shared_keys else ()):
             fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
         fields["sdQ"] = align[mem[Float32, 4 if self.red else cute.cosize(sdQ_layout)], 1024]
-        fields["sLSE"] = align[mem[Float32, self.rows_stages * bm], 128]
-        fields["sdPsum"] = align[mem[Float32, self.rows_stages * bm], 128]
+        fields["sLSE"] = align[mem[Float32, 2 * bm], 128]
+        fields["sdPsum"] = align[mem[Float32, 2 * bm], 128]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ------------------------------------------------------------------ device side
@@ -303,7 +293,7 @@ class SdpaBwdSm90:
             sdQ = storage.sdQ.get_tensor(cute.make_layout(self.bm * self.d))
         else:
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        rows2 = cute.make_layout((self.bm, self.rows_stages))
+        rows2 = cute.make_layout((self.bm, 2))
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2))
 
         bx, head_kv, batch = cute.arch.block_idx()
@@ -646,7 +636,6 @@ class SdpaBwdSm90:
             if const_expr(not self.rows_warp):
                 row_next = self.load_rows(rows, w, t + 1)  # the next step's LSE / dpsum row, staged below
             stage = t % 2
-            rstage = t % self.rows_stages if const_expr(self.rows_warp) else stage  # the staged rows' stage
             if const_expr(self.lengths):
                 query_rows = seqlen_q - q0
                 if query_rows < bm:  # the sequence's last query tile: rows past it may hold any bits
@@ -665,12 +654,12 @@ class SdpaBwdSm90:
             warpgroup.wait_group(1)
             s_mn = acc_as_mn(acc_S)
             if const_expr(self.rows_warp):
-                rows_barrier(BAR_ROWS_FULL, rstage, False, self.rows_stages)
+                rows_barrier(BAR_ROWS_FULL, stage, False)
             if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
                 mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
-                    s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], rstage],
+                    s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
                                                  fastmath=True)
             if const_expr(self.shared_keys):
                 self.stage_tile(acc_S, r2s_ds, tRsP[None, None, None, stage])
@@ -680,9 +669,9 @@ class SdpaBwdSm90:
             dp_mn = acc_as_mn(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
-                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], rstage])
+                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
             if const_expr(self.rows_warp):
-                rows_barrier(self.bar_rows_free, rstage, True, self.rows_stages)
+                rows_barrier(BAR_ROWS_FREE, stage, True)
             if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
                 self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
@@ -818,15 +807,14 @@ class SdpaBwdSm90:
     @cute.jit
     def load_rows_warp(self, mLSE, mdPsum, sRows, w: Walk):
         """The rows warp: each step's LSE (log2 units, +inf past the sequence or for a row with no key) and
-        dpsum rows into that step's stage of the staged rows, up to `rows_stages` steps ahead of the MMA warpgroups.
-        Its global loads are waited for here, never by an MMA thread (whose proxy fences would wait for them)."""
+        dpsum rows into that step's half of the staged rows, up to two steps ahead of the MMA warpgroups. Its
+        global loads are waited for here, never by an MMA thread (whose proxy fences would wait for them)."""
         lane = cute.arch.lane_idx()
         sLSE, sdPsum = sRows
-        n_st = self.rows_stages
-        for t in cutlass.range(w.steps + n_st, unroll=1):
-            stage = t % n_st
-            if t >= n_st:  # the stage of step t - rows_stages has been read
-                rows_barrier(self.bar_rows_free, stage, False, n_st)
+        for t in cutlass.range(w.steps + 2, unroll=1):
+            stage = t % 2
+            if t >= 2:  # the half of step t - 2 has been read
+                rows_barrier(BAR_ROWS_FREE, stage, False)
             if t < w.steps:
                 head, m_block = self.step_tile(t, w)
                 for j in cutlass.range_constexpr((self.bm + 31) // 32):
@@ -834,7 +822,7 @@ class SdpaBwdSm90:
                     if i < self.bm:
                         sLSE[i, stage] = self.staged_lse(mLSE, i, head, m_block, w)
                         sdPsum[i, stage] = self.staged_dpsum(mdPsum, i, head, m_block, w)
-                rows_barrier(BAR_ROWS_FULL, stage, True, n_st)
+                rows_barrier(BAR_ROWS_FULL, stage, True)
 
     @cute.jit
     def stage_rows(self, r: Rows, t: Int32, v: Float32):

@@ -42,7 +42,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dq_red: bool = False  # dQ added from registers by red.global.add (no shared dQ tile, no writer warp)
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
-    rows_stages: int = 2  # with rows_warp: how many steps' rows it stages ahead (named barriers 5 .. 4 + 2 * stages)
     pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
     # deterministic turns without a band: "stair" (every walk from the first query tile, turns by key tile) or
     # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
@@ -123,7 +122,7 @@ def smem_bytes(p: Sm90BwdParams) -> int:
     v = p.tile_n * dv * e
     ds = 2 * p.tile_m * p.tile_n * e * (2 if p.kv_shared else 1)
     dq = 0 if p.dq_red else p.tile_m * d * 4
-    rows = 2 * p.rows_stages * p.tile_m * 4  # staged LSE and dpsum
+    rows = 2 * 2 * p.tile_m * 4  # staged LSE and dpsum
     return q + do + k + v + ds + dq + rows + 1024
 
 
@@ -169,8 +168,6 @@ def validate(p: Sm90BwdParams) -> None:
             f"tiles of ({p.tile_head_dim}, {p.tile_head_dim_v}), whose dQ leaves as rows (a clipping TMA reduce-add)")
     if p.dq_fragments and (p.tile_m * p.head_dim) % 1024:
         bad(f"dq_fragments needs tile_m * head_dim ({p.tile_m * p.head_dim}) to be a multiple of 1024")
-    if p.rows_stages not in (2, 3, 4) or (p.rows_stages != 2 and not p.rows_warp):
-        bad(f"rows_stages={p.rows_stages} must be 2, 3 or 4, and above 2 only with rows_warp")
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} must be 1 or 2")
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
@@ -253,8 +250,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp
-                 + (f"{p.rows_stages}" if p.rows_stages != 2 else "") + "p" * p.pdl)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "p" * p.pdl)
     return "_".join(parts)
 
 
