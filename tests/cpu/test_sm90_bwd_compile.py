@@ -115,9 +115,10 @@ def test_fragment_order_is_a_bijection_of_the_tile(tile_m, d):
 def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
-    assert default_knobs(128, 128) == dict(tile_m=64, tile_n=128, num_stages=2, dq_fragments=True, rows_warp=True)
+    assert default_knobs(128, 128) == dict(tile_m=64, tile_n=128, num_stages=2, dq_fragments=True, rows_warp=True,
+                                           rows_mbar=True)
     assert default_knobs(128, 128, packed=True) == dict(tile_m=80, tile_n=128, num_stages=2, dq_fragments=False,
-                                                        rows_warp=False)
+                                                        rows_warp=False, rows_mbar=False)
     assert default_knobs(128, 128, banded=True)["rows_warp"] and not default_knobs(64, 64)["rows_warp"]
     assert default_knobs(128, 128, banded=True)["tile_m"] == 64 and default_knobs(128, 128, banded=True)["dq_fragments"]
     assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]

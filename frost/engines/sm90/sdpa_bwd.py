@@ -151,6 +151,7 @@ class SdpaBwdSm90:
         self.shared_keys = p.kv_shared
         self.dk_first = p.dk_first_order
         self.rows_warp = p.rows_warp
+        self.rows_mbar = p.rows_mbar  # the staged rows change hands through mbarriers (else named barriers)
         self.rotated = p.rotated
         self.num_threads = MMA_THREADS + 128
         self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
@@ -253,6 +254,8 @@ class SdpaBwdSm90:
         fields["sdQ"] = align[mem[Float32, 4 if self.red else cute.cosize(sdQ_layout)], 1024]
         fields["sLSE"] = align[mem[Float32, 2 * bm], 128]
         fields["sdPsum"] = align[mem[Float32, 2 * bm], 128]
+        if self.rows_mbar:
+            fields["mbar_rows"] = mem[cutlass.Int64, 4]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ------------------------------------------------------------------ device side
@@ -278,6 +281,12 @@ class SdpaBwdSm90:
         pipe_q, pipe_do, pipe_kv = wu.tma_pipelines(
             MMA_THREADS, (storage.mbar_q.data_ptr(), self.stages, q_bytes),
             (storage.mbar_do.data_ptr(), self.stages, do_bytes), (storage.mbar_kv.data_ptr(), 1, kv_bytes))
+        pipe_rows = None
+        if const_expr(self.rows_mbar):  # the rows warp's 32 lanes fill a stage, the 256 MMA threads free it
+            pipe_rows = pipeline.PipelineAsync.create(
+                num_stages=2, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, MMA_THREADS),
+                barrier_storage=storage.mbar_rows.data_ptr(), defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -294,7 +303,7 @@ class SdpaBwdSm90:
         else:
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         rows2 = cute.make_layout((self.bm, 2))
-        sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2))
+        sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2), pipe_rows)
 
         bx, head_kv, batch = cute.arch.block_idx()
         n_block = self.key_tile(bx)
@@ -613,6 +622,10 @@ class SdpaBwdSm90:
         t0ScS_mn = acc_as_mn(mma_sdp.get_slice(0).partition_C(cS))
         n_cols = cute.size(tScS_mn, mode=[1])
         rows = Rows(mLSE, mdPsum, sRows[0], sRows[1], tidx)
+        pipe_rows = sRows[2]  # with rows_mbar: the staged rows' mbarrier pipeline
+        r_state = None
+        if const_expr(self.rows_mbar):
+            r_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
         scale_log2 = scale * Float32(LOG2_E)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -653,7 +666,9 @@ class SdpaBwdSm90:
             wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
             warpgroup.wait_group(1)
             s_mn = acc_as_mn(acc_S)
-            if const_expr(self.rows_warp):
+            if const_expr(self.rows_mbar):  # this warpgroup waits for the rows alone, not for the other one
+                pipe_rows.consumer_wait(r_state, pipe_rows.consumer_try_wait(r_state))
+            elif const_expr(self.rows_warp):
                 rows_barrier(BAR_ROWS_FULL, stage, False)
             if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
                 mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
@@ -670,7 +685,10 @@ class SdpaBwdSm90:
             for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
                     dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
-            if const_expr(self.rows_warp):
+            if const_expr(self.rows_mbar):
+                pipe_rows.consumer_release(r_state)
+                r_state.advance()
+            elif const_expr(self.rows_warp):
                 rows_barrier(BAR_ROWS_FREE, stage, True)
             if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
                 self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
@@ -808,21 +826,36 @@ class SdpaBwdSm90:
     def load_rows_warp(self, mLSE, mdPsum, sRows, w: Walk):
         """The rows warp: each step's LSE (log2 units, +inf past the sequence or for a row with no key) and
         dpsum rows into that step's half of the staged rows, up to two steps ahead of the MMA warpgroups. Its
-        global loads are waited for here, never by an MMA thread (whose proxy fences would wait for them)."""
+        global loads are waited for here, never by an MMA thread (whose proxy fences would wait for them). The
+        halves change hands through named barriers of all 288 threads, or with `rows_mbar` through an mbarrier
+        pipeline (full: the 32 lanes; free: the 256 MMA threads), on which each warpgroup waits on its own."""
         lane = cute.arch.lane_idx()
-        sLSE, sdPsum = sRows
-        for t in cutlass.range(w.steps + 2, unroll=1):
-            stage = t % 2
-            if t >= 2:  # the half of step t - 2 has been read
-                rows_barrier(BAR_ROWS_FREE, stage, False)
-            if t < w.steps:
+        sLSE, sdPsum, pipe_rows = sRows
+        if const_expr(self.rows_mbar):
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
+            for t in cutlass.range(w.steps, unroll=1):
+                pipe_rows.producer_acquire(state)
                 head, m_block = self.step_tile(t, w)
                 for j in cutlass.range_constexpr((self.bm + 31) // 32):
                     i = lane + 32 * j
                     if i < self.bm:
-                        sLSE[i, stage] = self.staged_lse(mLSE, i, head, m_block, w)
-                        sdPsum[i, stage] = self.staged_dpsum(mdPsum, i, head, m_block, w)
-                rows_barrier(BAR_ROWS_FULL, stage, True)
+                        sLSE[i, state.index] = self.staged_lse(mLSE, i, head, m_block, w)
+                        sdPsum[i, state.index] = self.staged_dpsum(mdPsum, i, head, m_block, w)
+                pipe_rows.producer_commit(state)
+                state.advance()
+        else:
+            for t in cutlass.range(w.steps + 2, unroll=1):
+                stage = t % 2
+                if t >= 2:  # the half of step t - 2 has been read
+                    rows_barrier(BAR_ROWS_FREE, stage, False)
+                if t < w.steps:
+                    head, m_block = self.step_tile(t, w)
+                    for j in cutlass.range_constexpr((self.bm + 31) // 32):
+                        i = lane + 32 * j
+                        if i < self.bm:
+                            sLSE[i, stage] = self.staged_lse(mLSE, i, head, m_block, w)
+                            sdPsum[i, stage] = self.staged_dpsum(mdPsum, i, head, m_block, w)
+                    rows_barrier(BAR_ROWS_FULL, stage, True)
 
     @cute.jit
     def stage_rows(self, r: Rows, t: Int32, v: Float32):

@@ -42,6 +42,7 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dq_red: bool = False  # dQ added from registers by red.global.add (no shared dQ tile, no writer warp)
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
+    rows_mbar: bool = False  # with rows_warp: the rows change hands through mbarriers, each warpgroup on its own
     pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
     # deterministic turns without a band: "stair" (every walk from the first query tile, turns by key tile) or
     # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
@@ -168,6 +169,8 @@ def validate(p: Sm90BwdParams) -> None:
             f"tiles of ({p.tile_head_dim}, {p.tile_head_dim_v}), whose dQ leaves as rows (a clipping TMA reduce-add)")
     if p.dq_fragments and (p.tile_m * p.head_dim) % 1024:
         bad(f"dq_fragments needs tile_m * head_dim ({p.tile_m * p.head_dim}) to be a multiple of 1024")
+    if p.rows_mbar and not p.rows_warp:
+        bad("rows_mbar hands the rows warp's stages over through mbarriers: needs rows_warp")
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} must be 1 or 2")
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
@@ -234,6 +237,8 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     # the rows warp frees the MMA threads of the LSE / dpsum loads where their registers allow it (d=128 under a
     # band: 0.95x vs 0.92x FA4 in run 9; at d=64 and in the 80-row kernel ptxas serializes the wgmmas)
     k.setdefault("rows_warp", head_dim == 128 and k["tile_m"] == 64 and k["dq_fragments"])
+    # the rows warp hands its stages over through mbarriers: a warpgroup waits for the rows, not for the other one
+    k.setdefault("rows_mbar", k["rows_warp"])
     return k
 
 
@@ -250,7 +255,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "p" * p.pdl)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "p" * p.pdl)
     return "_".join(parts)
 
 
