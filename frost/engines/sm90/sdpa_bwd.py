@@ -28,8 +28,11 @@ Q and dO into a staged mbarrier pipeline (K and V once), warp 1 adds each step's
 fp32 dQ tile into the row-layout dQ accumulator with one TMA reduce-add
 (`cp.reduce.async.bulk.tensor`), out of bounds rows skipped by the hardware. LSE
 and dpsum are read per query column straight from global memory (LSE from its
-declared strides), issued before the GEMMs they wait behind. dK (times scale) and
-dV leave through the K / V tiles by TMA stores to their declared strides.
+declared strides), issued before the GEMMs they wait behind, or (`rows_warp`) staged
+in shared memory two steps ahead by warp 2, whose stages change hands through named
+barriers of the whole CTA or (`rows_mbar`, the default with it) an mbarrier pipeline
+on which each MMA warpgroup waits on its own. dK (times scale) and dV leave through
+the K / V tiles by TMA stores to their declared strides.
 
 Head dims between the wgmma tiles' steps (80, 112, 72x40, ...) run on tiles padded past them
 (`tile_head_dim`): the TMA loads zero-fill the columns past the head dim (zeros add nothing to any

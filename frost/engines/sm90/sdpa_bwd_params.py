@@ -238,6 +238,7 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     # band: 0.95x vs 0.92x FA4 in run 9; at d=64 and in the 80-row kernel ptxas serializes the wgmmas)
     k.setdefault("rows_warp", head_dim == 128 and k["tile_m"] == 64 and k["dq_fragments"])
     # the rows warp hands its stages over through mbarriers: a warpgroup waits for the rows, not for the other one
+    # (run 13, d=128 dense: 16k +4.0% full / +1.7% causal, 4k +6.4% full / -1.1% causal over named barriers)
     k.setdefault("rows_mbar", k["rows_warp"])
     return k
 
