@@ -564,6 +564,13 @@ DET_DBIAS_MMA_BWD_COVER = {
     ],
 }
 
+# the SM90 backward's rows warp with its stages handed over through named barriers of the whole CTA (the
+# default hands them over through mbarriers, `rows_mbar`)
+SM90_BWD_ROWS_BARRIER_COVER = [
+    sm90_bwd_kwargs(has_window_right=True, knobs=dict(rows_mbar=False)),
+    sm90_bwd_kwargs(hq=8, hk=2, deterministic=True, knobs=dict(rows_mbar=False)),
+]
+
 # cuDNN's block_mask in the wgmma forward: bit by bit per key block (dense with the band, sinks and a bias; packed with
 # a window, on the 128 rows the planner takes with it; 96-key blocks straddling 128-key tiles)
 SM90_FWD_BLOCK_MASK_COVER = [

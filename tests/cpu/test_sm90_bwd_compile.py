@@ -16,12 +16,13 @@ import pytest
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validate
 from frost.errors import TemplateParamsError
 from frost.engines.sdpa_bwd.chain import chain_of
-from frost.testing.cases import SM90_BWD_COVER, SM90_BWD_HEAD_DIM_COVER, SM90_BWD_WIDE_COVER, sm90_bwd_kwargs
+from frost.testing.cases import (SM90_BWD_COVER, SM90_BWD_HEAD_DIM_COVER, SM90_BWD_ROWS_BARRIER_COVER,
+                                 SM90_BWD_WIDE_COVER, sm90_bwd_kwargs)
 from tests.compile_runner import compile_groups, run_compile_script
 
 
 _p = sm90_bwd_kwargs
-COVER = SM90_BWD_COVER + SM90_BWD_WIDE_COVER
+COVER = SM90_BWD_COVER + SM90_BWD_WIDE_COVER + [SM90_BWD_ROWS_BARRIER_COVER]
 TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 PARAMS = "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams"
 
@@ -47,7 +48,8 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
         assert r["pdl_wait"] == (2 if knobs.endswith("p") else 0), r
     assert len({r["name"] for r in results}) == len(results)
     suffixes = {re.sub(r"^m\d+n\d+s\d", "", r["name"].rsplit("_", 1)[-1]) for r in results}
-    assert {"fp", "rp", "p", "fwp"} <= suffixes  # every dQ path covered, the rows warp, and the dependent launch
+    # every dQ path covered, the rows warp (on mbarriers and on named barriers), and the dependent launch
+    assert {"fp", "rp", "p", "fwbp", "fwp"} <= suffixes
 
 
 def test_validator_declines_what_the_template_lacks():
