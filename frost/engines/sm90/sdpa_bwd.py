@@ -838,12 +838,7 @@ class SdpaBwdSm90:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
             for t in cutlass.range(w.steps, unroll=1):
                 pipe_rows.producer_acquire(state)
-                head, m_block = self.step_tile(t, w)
-                for j in cutlass.range_constexpr((self.bm + 31) // 32):
-                    i = lane + 32 * j
-                    if i < self.bm:
-                        sLSE[i, state.index] = self.staged_lse(mLSE, i, head, m_block, w)
-                        sdPsum[i, state.index] = self.staged_dpsum(mdPsum, i, head, m_block, w)
+                self.stage_step_rows(mLSE, mdPsum, sLSE, sdPsum, lane, t, state.index, w)
                 pipe_rows.producer_commit(state)
                 state.advance()
         else:
@@ -852,13 +847,18 @@ class SdpaBwdSm90:
                 if t >= 2:  # the half of step t - 2 has been read
                     rows_barrier(BAR_ROWS_FREE, stage, False)
                 if t < w.steps:
-                    head, m_block = self.step_tile(t, w)
-                    for j in cutlass.range_constexpr((self.bm + 31) // 32):
-                        i = lane + 32 * j
-                        if i < self.bm:
-                            sLSE[i, stage] = self.staged_lse(mLSE, i, head, m_block, w)
-                            sdPsum[i, stage] = self.staged_dpsum(mdPsum, i, head, m_block, w)
+                    self.stage_step_rows(mLSE, mdPsum, sLSE, sdPsum, lane, t, stage, w)
                     rows_barrier(BAR_ROWS_FULL, stage, True)
+
+    @cute.jit
+    def stage_step_rows(self, mLSE, mdPsum, sLSE, sdPsum, lane: Int32, t: Int32, stage: Int32, w: Walk):
+        """The rows warp's share of one step: step t's LSE and dpsum rows into `stage` of the staged rows."""
+        head, m_block = self.step_tile(t, w)
+        for j in cutlass.range_constexpr((self.bm + 31) // 32):
+            i = lane + 32 * j
+            if i < self.bm:
+                sLSE[i, stage] = self.staged_lse(mLSE, i, head, m_block, w)
+                sdPsum[i, stage] = self.staged_dpsum(mdPsum, i, head, m_block, w)
 
     @cute.jit
     def stage_rows(self, r: Rows, t: Int32, v: Float32):
