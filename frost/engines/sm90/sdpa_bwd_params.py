@@ -238,7 +238,10 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     # band: 0.95x vs 0.92x FA4 in run 9; at d=64 and in the 80-row kernel ptxas serializes the wgmmas)
     k.setdefault("rows_warp", head_dim == 128 and k["tile_m"] == 64 and k["dq_fragments"])
     # the rows warp hands its stages over through mbarriers: a warpgroup waits for the rows, not for the other one
-    # (run 13, d=128 dense: 16k +4.0% full / +1.7% causal, 4k +6.4% full / -1.1% causal over named barriers)
+    # (run 13, d=128 dense: 16k +4.0% full / +1.7% causal, 4k +6.4% full / -1.1% causal over named barriers).
+    # With mbarriers the rows warp also compiles clean (no spill, no serialized wgmma) for d=64's 128-row tiles,
+    # d=96's 64-row tiles and the packed 80-row kernel, where named barriers serialized or spilled: not measured
+    # there yet, so those keep their MMA-thread loads
     k.setdefault("rows_mbar", k["rows_warp"])
     return k
 
