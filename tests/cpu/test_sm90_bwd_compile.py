@@ -69,7 +69,8 @@ def test_validator_declines_what_the_template_lacks():
                         (dict(tile_m=80, dq_red=True, dq_fragments=False), "transposes"),
                         (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),
                         (dict(tile_m=64, dq_fragments=True, is_thd=True, has_seqused=True, token_div_q=512,
-                              token_div_kv=512), "ragged-offset form")):
+                              token_div_kv=512), "ragged-offset form"),
+                        (dict(tile_m=64, rows_warp=False, rows_mbar=True), "needs rows_warp")):
         with pytest.raises(TemplateParamsError, match=word):
             validate(Sm90BwdParams(**{**_p(), **flags}))
     for part in COVER + SM90_BWD_HEAD_DIM_COVER:
