@@ -10,11 +10,13 @@ import torch
 import frost
 from frost.adapters.cudnn_lowering import CudnnUnsupported, lower_cudnn_sdpa
 from frost.adapters.dsl import fwd_feature_flags
+from frost.adapters.sm90 import SdpaFwdDslSm90
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
 from frost.errors import GraphError, TemplateParamsError
 from frost.target import fake_target
-from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
+from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, pack_gqa_reason
+from frost.engines.sm90.sdpa_fwd_params import validate as validate90
 from frost.testing.cases import SM80_FWD_BLOCK_MASK_COVER, SM80_FWD_TEMPLATE, SM90_FWD_BLOCK_MASK_COVER, SM90_FWD_TEMPLATE
 from tests import oracle
 from tests.compile_runner import compile_groups
@@ -264,20 +266,14 @@ def test_block_mask_graphs_plan_on_a_dsl_forward(unpended, no_compile, tname, li
 def test_the_wgmma_forward_serves_it_unpacked(unpended, no_compile, knobs):
     """A packed GQA tile would span several heads' bits: the planner leaves block-masked graphs unpacked, and a
     requested pack_gqa is refused naming why."""
-    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, pack_gqa_reason
-
     g = _bm_graph(H200, hq=8, hkv=2)
     assert "SdpaFwdDslSm90" in g.available_engines()
     flags = fwd_feature_flags(g.facts)
     assert "block_mask" in pack_gqa_reason(Sm90FwdParams(**flags, pack_gqa=True))
-    from frost.adapters.sm90 import SdpaFwdDslSm90
-
     planned = SdpaFwdDslSm90.plan_knobs(g.facts, H200, knobs)
     if knobs:
         with pytest.raises(TemplateParamsError, match="block_mask"):
-            from frost.engines.sm90.sdpa_fwd_params import validate
-
-            validate(Sm90FwdParams(**flags, **planned))
+            validate90(Sm90FwdParams(**flags, **planned))
     else:
         assert not planned["pack_gqa"] and planned["tile_m"] == 128
 
@@ -295,7 +291,6 @@ def test_the_planned_params_and_arguments_carry_the_flag():
     assert "_bmask_" in kernel_name(p, "sm_90a")
     assert "bmask" not in kernel_name(Sm80FwdParams(**{**flags, "has_block_mask": False}), "sm_90a")
     from frost.engines.sm90.sdpa_fwd import kernel_name as name90
-    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
 
     assert "_bmask_" in name90(Sm90FwdParams(**flags), "sm_90a")
     assert "bmask" not in name90(Sm90FwdParams(**{**flags, "has_block_mask": False}), "sm_90a")

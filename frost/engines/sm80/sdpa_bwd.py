@@ -98,8 +98,8 @@ class SdpaBwdSm80:
         self.stages = p.num_stages
         self.group = p.walk_group  # query heads a CTA walks (Hq / Hkv unless K and V heads differ)
         # K and V heads apart: K's tile changes every `group_k` query heads of the walk, V's every `group_v`
-        # (`per_cta_k` / `per_cta_v` heads of each per CTA; 1: the tile stays for the whole walk)
-        self.split = bool(p.num_heads_v)
+        # (`per_cta_k` / `per_cta_v` heads of each per CTA; 1: the tile stays for the whole walk, as it always
+        # does with equal counts)
         self.group_k, self.group_v = p.qhead_per_kvhead, p.qhead_per_vhead
         self.per_cta_k, self.per_cta_v = self.group // self.group_k, self.group // self.group_v
         self.fused = p.fused_prefetch
@@ -333,13 +333,12 @@ def kernel(
     # of this CTA, and the epilogue writes the last of each where its tile changes within the walk
     src_k, src_v, dst_k, dst_v = head_kv, head_kv, head_kv, head_kv
     fine_k, fine_v = None, None
-    if cutlass.const_expr(cfg.split):
-        if cutlass.const_expr(cfg.per_cta_k > 1):
-            src_k, dst_k = head_kv * cfg.per_cta_k, head_kv * cfg.per_cta_k + cfg.per_cta_k - 1
-            fine_k = _Fine(mK, mdK, src_k, scale)
-        if cutlass.const_expr(cfg.per_cta_v > 1):
-            src_v, dst_v = head_kv * cfg.per_cta_v, head_kv * cfg.per_cta_v + cfg.per_cta_v - 1
-            fine_v = _Fine(mV, mdV, src_v, scale)
+    if cutlass.const_expr(cfg.per_cta_k > 1):
+        src_k, dst_k = head_kv * cfg.per_cta_k, head_kv * cfg.per_cta_k + cfg.per_cta_k - 1
+        fine_k = _Fine(mK, mdK, src_k, scale)
+    if cutlass.const_expr(cfg.per_cta_v > 1):
+        src_v, dst_v = head_kv * cfg.per_cta_v, head_kv * cfg.per_cta_v + cfg.per_cta_v - 1
+        fine_v = _Fine(mV, mdV, src_v, scale)
     mK_cur = rows.widen(rows.head_rows(mK, src_k, batch, s.offset_k, p.is_thd), cfg.d)
     mV_cur = rows.widen(rows.head_rows(mV, src_v, batch, s.offset_k, p.is_thd), cfg.dv)
     mdK_cur = rows.widen(rows.head_rows(mdK, dst_k, batch, s.offset_k, p.is_thd), cfg.d)
@@ -362,7 +361,7 @@ def kernel(
         _write_dk_dv(cfg, c, acc_dK, acc_dV, scale, cute.local_tile(mdK_cur, (cfg.bn, cfg.d), (kt.n_block, 0)),
                      cute.local_tile(mdV_cur, (cfg.bn, cfg.dv), (kt.n_block, 0)), out_rows - kt.n_block * cfg.bn,
                      tidx)
-        if cutlass.const_expr(cfg.split):
+        if cutlass.const_expr(fine_k is not None or fine_v is not None):
             if kt.n_steps == 0:  # no query tile in the band: the changing tensors' other heads get zeros too
                 if cutlass.const_expr(fine_k is not None):
                     for j in cutlass.range(cfg.per_cta_k - 1, unroll=1):

@@ -72,7 +72,8 @@ from frost.engines.common.softmax import LOG2_E
 from frost.engines.common import global_ops as gops
 from frost.engines.sdpa_bwd.accum import packed_acc_tile
 from frost.engines.sm90 import wgmma_utils as wu
-from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, name_suffix, rotated_turn, rotates, validate
+from frost.engines.sm90.sdpa_bwd_params import (ROWS_STAGES, Sm90BwdParams, main_args, name_suffix, rotated_turn,
+                                               rotates, validate)
 
 BAR_DS = 1        # both MMA warpgroups stored their halves of dS
 BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgroups + writer warp)
@@ -255,10 +256,10 @@ class SdpaBwdSm90:
                              ("sdS", sdS_layout)) + ((("sP", sdS_layout),) if self.shared_keys else ()):
             fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
         fields["sdQ"] = align[mem[Float32, 4 if self.red else cute.cosize(sdQ_layout)], 1024]
-        fields["sLSE"] = align[mem[Float32, 2 * bm], 128]
-        fields["sdPsum"] = align[mem[Float32, 2 * bm], 128]
+        fields["sLSE"] = align[mem[Float32, ROWS_STAGES * bm], 128]
+        fields["sdPsum"] = align[mem[Float32, ROWS_STAGES * bm], 128]
         if self.rows_mbar:
-            fields["mbar_rows"] = mem[cutlass.Int64, 4]
+            fields["mbar_rows"] = mem[cutlass.Int64, 2 * ROWS_STAGES]  # full and free per stage
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ------------------------------------------------------------------ device side
@@ -287,7 +288,7 @@ class SdpaBwdSm90:
         pipe_rows = None
         if const_expr(self.rows_mbar):  # the rows warp's 32 lanes fill a stage, the 256 MMA threads free it
             pipe_rows = pipeline.PipelineAsync.create(
-                num_stages=2, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                num_stages=ROWS_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, MMA_THREADS),
                 barrier_storage=storage.mbar_rows.data_ptr(), defer_sync=True)
         cute.arch.mbarrier_init_fence()
@@ -305,7 +306,7 @@ class SdpaBwdSm90:
             sdQ = storage.sdQ.get_tensor(cute.make_layout(self.bm * self.d))
         else:
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        rows2 = cute.make_layout((self.bm, 2))
+        rows2 = cute.make_layout((self.bm, ROWS_STAGES))
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2), pipe_rows)
 
         bx, head_kv, batch = cute.arch.block_idx()
@@ -513,7 +514,7 @@ class SdpaBwdSm90:
             per_head = mAcc.shape[0] // bm + cute.arch.grid_dim()[2] + 1
             if const_expr(self.frag):  # the accumulator's own tiles are laid out as the turns are
                 per_head = mAcc.shape[0] // bm
-            idx = head * per_head + (w.off_q + w.batch * bm) // bm + m_block
+            idx = head * per_head + packed_acc_tile(w.off_q, w.batch, bm) + m_block
         else:
             rows_q = mAcc.shape[0] if const_expr(self.p.has_seqused) else w.seqlen_q  # equal without padding
             idx = (w.batch * self.p.num_heads_q + head) * ((rows_q + bm - 1) // bm) + m_block
@@ -628,7 +629,7 @@ class SdpaBwdSm90:
         pipe_rows = sRows[2]  # with rows_mbar: the staged rows' mbarrier pipeline
         r_state = None
         if const_expr(self.rows_mbar):
-            r_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
+            r_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, ROWS_STAGES)
         scale_log2 = scale * Float32(LOG2_E)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -835,16 +836,16 @@ class SdpaBwdSm90:
         lane = cute.arch.lane_idx()
         sLSE, sdPsum, pipe_rows = sRows
         if const_expr(self.rows_mbar):
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, ROWS_STAGES)
             for t in cutlass.range(w.steps, unroll=1):
                 pipe_rows.producer_acquire(state)
                 self.stage_step_rows(mLSE, mdPsum, sLSE, sdPsum, lane, t, state.index, w)
                 pipe_rows.producer_commit(state)
                 state.advance()
         else:
-            for t in cutlass.range(w.steps + 2, unroll=1):
-                stage = t % 2
-                if t >= 2:  # the half of step t - 2 has been read
+            for t in cutlass.range(w.steps + ROWS_STAGES, unroll=1):
+                stage = t % ROWS_STAGES
+                if t >= ROWS_STAGES:  # the half of step t - 2 has been read
                     rows_barrier(BAR_ROWS_FREE, stage, False)
                 if t < w.steps:
                     self.stage_step_rows(mLSE, mdPsum, sLSE, sdPsum, lane, t, stage, w)
@@ -865,9 +866,9 @@ class SdpaBwdSm90:
         """Store `load_rows`' value in step t's half of the staged LSE / dpsum rows."""
         i = r.tidx % self.bm
         if r.tidx < self.bm:
-            r.sLSE[i, t % 2] = v
+            r.sLSE[i, t % ROWS_STAGES] = v
         elif r.tidx < 2 * self.bm:
-            r.sdPsum[i, t % 2] = v
+            r.sdPsum[i, t % ROWS_STAGES] = v
 
     @cute.jit
     def zero_tail(self, sX: cute.Tensor, limit: Int32, tidx: Int32):

@@ -24,6 +24,8 @@ from frost.errors import TemplateParamsError
 HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 #: key rows of one wgmma M tile: with tile_n = 128 each MMA warpgroup owns 64 keys; with tile_n = 64 both share them
 KEYS_PER_WG = 64
+#: the steps of LSE / dpsum rows staged ahead in shared memory (by the rows warp, `rows_warp`, or the MMA threads)
+ROWS_STAGES = 2
 
 
 class Sm90BwdParams(SdpaBwdFeatureParams):
@@ -123,7 +125,7 @@ def smem_bytes(p: Sm90BwdParams) -> int:
     v = p.tile_n * dv * e
     ds = 2 * p.tile_m * p.tile_n * e * (2 if p.kv_shared else 1)
     dq = 0 if p.dq_red else p.tile_m * d * 4
-    rows = 2 * 2 * p.tile_m * 4  # staged LSE and dpsum
+    rows = 2 * ROWS_STAGES * p.tile_m * 4  # staged LSE and dpsum
     return q + do + k + v + ds + dq + rows + 1024
 
 
