@@ -236,14 +236,16 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
                  and not _probe(head_dim, dv, k).padded)
     if widest > 128:
         return k
-    # the rows warp frees the MMA threads of the LSE / dpsum loads where their registers allow it (d=128 under a
-    # band: 0.95x vs 0.92x FA4 in run 9; at d=64 and in the 80-row kernel ptxas serializes the wgmmas)
-    k.setdefault("rows_warp", head_dim == 128 and k["tile_m"] == 64 and k["dq_fragments"])
-    # the rows warp hands its stages over through mbarriers: a warpgroup waits for the rows, not for the other one
-    # (run 13, d=128 dense: 16k +4.0% full / +1.7% causal, 4k +6.4% full / -1.1% causal over named barriers).
-    # With mbarriers the rows warp also compiles clean (no spill, no serialized wgmma) for d=64's 128-row tiles,
-    # d=96's 64-row tiles and the packed 80-row kernel, where named barriers serialized or spilled: not measured
-    # there yet, so those keep their MMA-thread loads
+    # the rows warp frees the MMA threads of the LSE / dpsum loads, handing its stages over through mbarriers (a
+    # warpgroup waits for the rows, not for the other one). Measured against MMA-thread loads, ratio to
+    # FlashAttention-4 in the same process: d=128 dense 0.956-0.984x (run 13; named barriers 0.920-0.995x),
+    # d=64 dense 0.959-0.971x against 0.935-0.967x, d=96 0.955-0.973x against 0.915-0.932x, packed d=128
+    # 0.947-1.028x against 0.928-0.948x, packed d=96 0.894-0.926x against 0.839-0.909x, packed d=64 0.867-0.984x
+    # against 0.902-0.952x (run 14; its only loss the 18-sequence mix without a band). The dense
+    # 80-row kernel keeps the MMA-thread loads (with the rows warp ptxas serializes its wgmmas); other head dims
+    # are unmeasured and keep them too
+    k.setdefault("rows_warp", head_dim == dv and head_dim in (64, 96, 128)
+                 and (packed or (k["dq_fragments"] and k["tile_m"] != 80)))
     k.setdefault("rows_mbar", k["rows_warp"])
     return k
 
