@@ -33,9 +33,9 @@ SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
 DSL_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod)
 MMA_SYNC_FEATURES = DSL_FEATURES | SCORE_MOD_FEATURES
-#: the wgmma forward reads the bias and computes ALiBi in registers too (no GQA packing with them); its backward
-#: does not yet
-SM90_FWD_SCORE_MOD_FEATURES = frozenset({"bias", "alibi"})
+#: the wgmma forward and backward read the bias and compute ALiBi in registers too (the forward packs no GQA heads
+#: with them); the backward writes no dBias (the mma.sync backward, ranked after it on cc 9.0, does)
+WGMMA_SCORE_MOD_FEATURES = frozenset({"bias", "alibi"})
 
 
 class CapabilityRow(BaseModel):
@@ -83,14 +83,14 @@ MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
-SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"}
+SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"} | WGMMA_SCORE_MOD_FEATURES
 #: the wgmma backward pads a head dim up to its tiles' wgmma granule inside the kernel (`tile_head_dim`)
 SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
              dtypes=("bf16", "fp16"), head_dims=SM90_FWD_HEAD_DIMS, features=DSL_FEATURES,
-             fwd_features=FWD_EXTRA_FEATURES | SM90_FWD_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES,
+             fwd_features=FWD_EXTRA_FEATURES | WGMMA_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",

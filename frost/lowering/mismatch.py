@@ -27,9 +27,9 @@ FEATURE_DETAILS = {
     "implementation_composite": "frost's engines are implementation=AUTO",
     "implementation_unified": "frost's engines are implementation=AUTO",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",
-    "bias": "an additive score bias: the wgmma backward reads none yet; the mma.sync engine does",
+    "bias": "an additive score bias: the mma.sync engines and the wgmma forward and backward read it",
     "dbias": "the bias gradient: the wgmma backward writes none yet; the mma.sync engine does",
-    "alibi": "ALiBi: the wgmma backward computes none yet; the mma.sync engine does",
+    "alibi": "ALiBi: the mma.sync engines and the wgmma forward and backward compute it",
 }
 
 

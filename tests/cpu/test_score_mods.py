@@ -161,9 +161,10 @@ def _bias_graph(target, *, direction="fwd", bias_dim=(1, 4, 128, 128), dbias=Tru
 MMA_SYNC = {"A100": (A100, "Sm80"), "H200": (H200, "Sm80"), "RTX5090": (RTX5090, "Sm120")}
 
 
-def _line(tname: str, direction: str) -> str:
-    """The engine line a score-modified graph plans on: the mma.sync one, but the wgmma forward on cc 9.0."""
-    return "Sm90" if tname == "H200" and direction == "fwd" else MMA_SYNC[tname][1]
+def _line(tname: str, direction: str, dbias: bool = True) -> str:
+    """The engine line a score-modified graph plans on: the mma.sync one, but the wgmma engines on cc 9.0 (the
+    backward only without dBias)."""
+    return "Sm90" if tname == "H200" and (direction == "fwd" or not dbias) else MMA_SYNC[tname][1]
 
 
 @pytest.mark.parametrize("tname", list(MMA_SYNC))
@@ -179,22 +180,24 @@ def test_bias_graphs_plan_on_the_mma_sync_engine(unpended, no_compile, tname, di
 
 
 @pytest.mark.parametrize("tname", list(MMA_SYNC))
-def test_alibi_graphs_plan_on_the_mma_sync_engine(unpended, no_compile, tname):
+def test_alibi_graphs_plan_on_the_dsl_engines(unpended, no_compile, tname):
     target = MMA_SYNC[tname][0]
     for direction in ("fwd", "bwd"):
         g = _bias_graph(target, direction=direction, bias_dim=None, use_alibi_mask=True, use_causal_mask=True,
                         hq=8, hkv=2)
         d = "Fwd" if direction == "fwd" else "Bwd"
-        assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname, direction)}"
+        assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname, direction, dbias=False)}"
 
 
-def test_the_wgmma_backward_declines_naming_the_feature(unpended, no_compile):
+def test_the_wgmma_backward_serves_bias_and_alibi_and_declines_dbias_by_name(unpended, no_compile):
     from tests.cpu.test_routing import declare
 
     bwd = dict(_bias_graph(H200, direction="bwd").declines())["SdpaBwdDslSm90"]
-    assert bwd.startswith("does not serve bias, dbias (an additive score bias: the wgmma backward reads none yet")
-    alibi = dict(declare(H200, direction="bwd", use_alibi_mask=True, use_causal_mask=True).declines())
-    assert alibi["SdpaBwdDslSm90"].startswith("does not serve alibi (ALiBi: the wgmma backward computes none yet")
+    assert bwd.startswith("does not serve dbias (the bias gradient: the wgmma backward writes none yet")
+    g = _bias_graph(H200, direction="bwd", dbias=False).validate()
+    assert g.available_engines()[0] == "SdpaBwdDslSm90"
+    g = declare(H200, direction="bwd", use_alibi_mask=True, use_causal_mask=True).validate()
+    assert g.available_engines()[0] == "SdpaBwdDslSm90"
     assert "SdpaFwdDslSm90" not in dict(_bias_graph(H200).declines())
 
 
@@ -286,7 +289,7 @@ def test_deterministic_dbias_summed_over_broadcast_dims_keeps_a_copy_per_batch_a
     full = _bias_graph(H200, direction="bwd", bias_dim=(2, 4, 128, 128), use_deterministic_algorithm=True)
     assert full.available_engines()[0] == "SdpaBwdDslSm80"
     no_grad = _bias_graph(H200, direction="bwd", dbias=False, use_deterministic_algorithm=True)
-    assert no_grad.available_engines()[0] == "SdpaBwdDslSm80"
+    assert no_grad.available_engines()[0] == "SdpaBwdDslSm90"  # no dBias: the wgmma backward reads the bias
     assert DETERMINISTIC_DBIAS_BYTES == 4 << 30
     big = _bias_graph(H200, direction="bwd", b=300, s=1024, bias_dim=(1, 4, 1024, 1024), use_deterministic_algorithm=True)
     why = dict(big.declines())["SdpaBwdDslSm80"]
@@ -297,7 +300,8 @@ def test_deterministic_dbias_summed_over_broadcast_dims_keeps_a_copy_per_batch_a
 @pytest.mark.parametrize("mods", ["bias", "alibi"])
 def test_ragged_graphs_with_score_mods_plan_on_the_dsl_engines(direction, mods):
     """cuDNN's ragged-offset form with a bias (dBias) or ALiBi: the mma.sync lines serve it on every arch (first
-    on cc 8.x and 12.x; on cc 9.0 the wgmma forward ranks above them, and its backward declines the modifiers)."""
+    on cc 8.x and 12.x; on cc 9.0 the wgmma forward ranks above them, and so does its backward where there is no
+    dBias)."""
     from tests.cpu.test_cudnn_vocabulary import BF16, H, SKV, SQ, _ragged
     from tests.cpu.test_routing import reasons
 
@@ -316,7 +320,8 @@ def test_ragged_graphs_with_score_mods_plan_on_the_dsl_engines(direction, mods):
         p = next(a for row, a in g._ranking.accepted if row.name == f"Sdpa{kind}Dsl{line}").template_params()
         assert p.ragged and (p.has_bias if mods == "bias" else p.has_alibi)
         if line == "Sm80" and target.cc == (9, 0):
-            assert engines[0] == ("SdpaFwdDslSm90" if direction == "fwd" else "SdpaBwdDslSm80")
+            wgmma = direction == "fwd" or mods == "alibi"  # the wgmma backward writes no dBias
+            assert engines[0] == (f"Sdpa{kind}DslSm90" if wgmma else "SdpaBwdDslSm80")
 
 
 # --- the records planning builds ------------------------------------------------------------------------------
@@ -424,7 +429,9 @@ def test_sm90_validators_take_or_decline_score_mods_with_reasons():
     validate_sm90_fwd(Sm90FwdParams(has_bias=True, is_thd=True, has_seqused=True, token_div_q=512, token_div_kv=512))
     with pytest.raises(TemplateParamsError, match="Sm90FwdParams: bias_per_batch / bias_per_head"):
         validate_sm90_fwd(Sm90FwdParams(bias_per_head=True))
-    with pytest.raises(TemplateParamsError, match="Sm90BwdParams: has_bias, has_dbias set"):
+    validate_sm90_bwd(Sm90BwdParams(head_dim=128, head_dim_v=128, has_bias=True, bias_per_head=True, has_alibi=True,
+                                    has_window_right=True, is_thd=True))
+    with pytest.raises(TemplateParamsError, match="Sm90BwdParams: has_dbias set; the wgmma backward reads a bias"):
         validate_sm90_bwd(Sm90BwdParams(head_dim=128, head_dim_v=128, has_bias=True, has_dbias=True))
 
 

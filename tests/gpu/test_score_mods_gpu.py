@@ -2,8 +2,9 @@
 dBias and ALiBi against the float64 oracle (tests/oracle.py), the execute contract for the chain's dBias
 accumulator, and agreement with the cuDNN engine on the same graphs where cuDNN serves them.
 
-On an H200 the mma.sync line (`engine="sm80"`) serves cc 9.0 below the wgmma engines (the wgmma forward,
-`engine="sm90"`, serves the bias and ALiBi too; its backward declines them); on cc 8.x it is the native line.
+On an H200 the mma.sync line (`engine="sm80"`) serves cc 9.0 below the wgmma engines (the wgmma forward and
+backward, `engine="sm90"`, serve the bias and ALiBi too; the wgmma backward declines dBias); on cc 8.x it is the
+native line.
 The bias is declared (B or 1, H or 1, S_q, S_kv) with its own strides.
 """
 from __future__ import annotations
@@ -181,8 +182,9 @@ def run_fwd(case: ScoreCase, t: dict, engine: str = ENGINE, rows: Optional[dict]
     return out["o"], out["stats"][..., 0]
 
 
-def bwd_graph(case: ScoreCase, t: dict, engine: str = ENGINE):
-    """The backward over the oracle's O and Stats: (graph, variant pack, outputs by role, workspace)."""
+def bwd_graph(case: ScoreCase, t: dict, engine: str = ENGINE, strict: bool = False):
+    """The backward over the oracle's O and Stats: (graph, variant pack, outputs by role, workspace); `strict`:
+    the engine must plan it (a decline fails the test instead of skipping it)."""
     o_ref, lse_ref = oracle.attention(t["q"], t["k"], t["v"], **oracle_kwargs(case, t))
     t = dict(t, o=o_ref.to(case.dtype), stats=lse_ref.float().unsqueeze(-1))
     g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
@@ -198,7 +200,11 @@ def bwd_graph(case: ScoreCase, t: dict, engine: str = ENGINE):
         out[role] = torch.full_like(t[src], float("nan"))
         gh.set_output(True).set_dim(tuple(out[role].shape)).set_stride(tuple(out[role].stride()))
         decl[role] = gh
-    plan_or_skip(g, engine)
+    if strict:
+        g.validate()
+        g.build_plans(engine=engine)
+    else:
+        plan_or_skip(g, engine)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device=DEV)
     ws.fill_(255)  # poisoned scratch: the chain initializes what it uses (the dBias accumulator too)
     pack = {h[r]: t[r] for r in h}
@@ -206,8 +212,8 @@ def bwd_graph(case: ScoreCase, t: dict, engine: str = ENGINE):
     return g, pack, out, ws
 
 
-def run_bwd(case: ScoreCase, t: dict, engine: str = ENGINE) -> dict:
-    g, pack, out, ws = bwd_graph(case, t, engine)
+def run_bwd(case: ScoreCase, t: dict, engine: str = ENGINE, strict: bool = False) -> dict:
+    g, pack, out, ws = bwd_graph(case, t, engine, strict)
     g.execute(pack, ws, frost.ExecutionContext())
     torch.cuda.synchronize()
     return out
@@ -342,6 +348,41 @@ def test_bwd_matches_the_oracle(case):
         assert not torch.isnan(db).any(), "dBias: some elements were not written"
         assert torch.all(db[~scored(case, t).expand_as(db)] == 0), "dBias must be exactly 0 where no score exists"
         assert rel_err(db, ref) < 2e-2
+
+
+#: the wgmma backward (cc 9.0): a bias without its gradient (full or broadcast, transposed or padded rows, -inf
+#: entries), ALiBi (a head count not a power of two, bottom-right), both; dense, padded and packed, GQA, sinks,
+#: deterministic turns, d = 64 (128-row steps), 96, 128 (64 and packed 80 rows) and 256 (shared keys)
+SM90_BWD_CASES = [
+    ScoreCase(bias="bh", dbias=False),
+    ScoreCase(bias="h", dbias=False, causal=True, hq=8, hkv=2),
+    ScoreCase(bias="", dbias=False, bias_layout="transposed", sq=200, skv=333, d=64),
+    ScoreCase(bias="b", dbias=False, bias_layout="padded", neg_inf=True, d=96, sq=300, skv=300),
+    ScoreCase(bias="bh", dbias=False, padding=((200, 37), (150, 256)), causal=True),
+    ScoreCase(bias="h", dbias=False, sinks=True, causal=True, left=64, sq=300, skv=300),
+    ScoreCase(bias="bh", dbias=False, thd=((100, 100), (1, 7), (0, 3), (300, 300)), causal=True, hq=8, hkv=2),
+    ScoreCase(bias="h", dbias=False, thd=((77, 130), (256, 256)), d=64, dtype=torch.float16),
+    ScoreCase(bias="h", dbias=False, deterministic=True, causal=True, hq=8, hkv=2),
+    ScoreCase(bias=None, alibi=True, causal=True, hq=8, hkv=2),
+    ScoreCase(bias=None, alibi=True, causal=True, bottom_right=True, hq=6, hkv=2, sq=100, skv=300),
+    ScoreCase(bias=None, alibi=True, causal=True, thd=((100, 100), (1, 1), (300, 300)), hq=5, hkv=1, d=64),
+    ScoreCase(bias="h", dbias=False, alibi=True, causal=True, hq=8, hkv=2, d=256),
+]
+
+
+@pytest.mark.parametrize("case", SM90_BWD_CASES, ids=lambda c: c.id)
+def test_sm90_bwd_matches_the_oracle(case):
+    t = make_inputs(case)
+    got = run_bwd(case, t, engine="sm90", strict=True)
+    if case.deterministic:  # bitwise the same on a second run
+        again = run_bwd(case, t, engine="sm90", strict=True)
+        for name in got:
+            assert torch.equal(got[name].nan_to_num(), again[name].nan_to_num()), f"{name} differs between runs"
+    want = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], **oracle_kwargs(case, t))
+    for name, ref in zip(("dQ", "dK", "dV"), want[2:5]):
+        x = got[name]
+        assert not torch.isnan(x).any(), f"{name}: some elements were not written"
+        assert rel_err(x, ref) < 2e-2, name
 
 
 def scored(case: ScoreCase, t: dict) -> torch.Tensor:

@@ -34,6 +34,12 @@ barriers of the whole CTA or (`rows_mbar`, the default with it) an mbarrier pipe
 on which each MMA warpgroup waits on its own. dK (times scale) and dV leave through
 the K / V tiles by TMA stores to their declared strides.
 
+Score modifiers (an additive bias, ALiBi: `frost.engines.common.score_mod`): each step's
+S^T is scaled and modified in registers before the mask, read through the bias's
+transposed view (rows are keys), ALiBi with its slope negated (slope (j - i) with the
+roles of rows and columns swapped); P then takes an exp2 factor of log2(e). dS, dQ, dK and
+dV are as without them. dBias is not written here (the mma.sync backward writes it).
+
 Head dims between the wgmma tiles' steps (80, 112, 72x40, ...) run on tiles padded past them
 (`tile_head_dim`): the TMA loads zero-fill the columns past the head dim (zeros add nothing to any
 GEMM), the TMA stores of dK / dV and the TMA reduce-add of dQ clip them, and the packed dK / dV row
@@ -63,7 +69,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from frost.engines.common import mask
+from frost.engines.common import mask, score_mod
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
@@ -239,7 +245,7 @@ class SdpaBwdSm90:
             a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
             a.get("lse_offsets"), (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
-            scale, a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
+            scale, a.get("bias"), a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
         ).launch(grid=[n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
@@ -268,7 +274,7 @@ class SdpaBwdSm90:
                mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
                mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
-               tma_atom_dv: cute.CopyAtom, tma_atom_dq, scale: Float32, wl, wr,
+               tma_atom_dv: cute.CopyAtom, tma_atom_dq, scale: Float32, mBias, wl, wr,
                q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
@@ -326,7 +332,7 @@ class SdpaBwdSm90:
         walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k, off_lse)
         args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
                 sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
-                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
+                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, (scale, mBias), walk)
         if const_expr(self.p.is_thd):
             # a key tile past its sequence's keys owns no dK / dV rows and visits no query tile: every warp
             # of the CTA leaves at once, so none waits on another
@@ -338,7 +344,7 @@ class SdpaBwdSm90:
     @cute.jit
     def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ,
               sK, sV, sdO, sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
-              tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk: Walk):
+              tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales, walk: Walk):
         """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), warp 2
         stages the LSE / dpsum rows (`rows_warp`), the MMA warpgroups compute; all walk `walk`."""
         if warp_idx < 4:
@@ -363,7 +369,8 @@ class SdpaBwdSm90:
             if const_expr(self.p.pdl):
                 cute.arch.griddepcontrol_wait()
             self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
-                     sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, walk)
+                     sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales,
+                     walk)
 
     def seq_rows(self, mX, head, w: Walk, offset):
         """The (seq, dim) rows of one head of the CTA's batch entry (packed: from the sequence's first token)."""
@@ -568,8 +575,9 @@ class SdpaBwdSm90:
     # --- MMA warpgroups
     @cute.jit
     def mma(self, mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sP,
-            sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scale, w: Walk):
+            sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales, w: Walk):
         bm, bn = self.bm, self.bn
+        scale, mBias = scales  # mBias: the declared bias, or None
         n_block, steps, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.steps, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -630,7 +638,8 @@ class SdpaBwdSm90:
         r_state = None
         if const_expr(self.rows_mbar):
             r_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, ROWS_STAGES)
-        scale_log2 = scale * Float32(LOG2_E)
+        # P's exp2 factor: with score modifiers S^T arrives scaled (`score_mods`)
+        scale_log2 = Float32(LOG2_E) if const_expr(self.p.has_score_mods) else scale * Float32(LOG2_E)
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -674,6 +683,8 @@ class SdpaBwdSm90:
                 pipe_rows.consumer_wait(r_state, pipe_rows.consumer_try_wait(r_state))
             elif const_expr(self.rows_warp):
                 rows_barrier(BAR_ROWS_FULL, stage, False)
+            if const_expr(self.p.has_score_mods):
+                self.score_mods(s_mn, tScS_mn, t0ScS_mn, thr_sdp, mBias, scale, head, m_block, w)
             if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
                 mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
@@ -732,6 +743,23 @@ class SdpaBwdSm90:
             q_state.advance()
         self.epilogue(acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
                       mma_dv, scale, tidx, w)
+
+    @cute.jit
+    def score_mods(self, s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mBias, scale: Float32,
+                   head: Int32, m_block: Int32, w: Walk):
+        """S^T -> scale * S^T + bias^T + ALiBi of query head `head`, in place, before the mask
+        (`score_mod.add_score_mods` on the transposed view: rows are keys, columns queries, so the bias is read
+        through its transposed layout and ALiBi's slope(j - i) takes the negated slope)."""
+        mB, q_limit, k_limit, slope = score_mod.sequence_mods(self.p, mBias, w.batch, head, w.seqlen_q, w.seqlen_k)
+        tBgB = None
+        if const_expr(self.p.has_bias):
+            mBt = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 0]))  # (keys, queries)
+            tBgB = acc_as_mn(thr_sdp.partition_C(cute.local_tile(mBt, (self.bn, self.bm), (w.n_block, m_block))))
+        neg_slope = None
+        if const_expr(self.p.has_alibi):
+            neg_slope = -slope
+        score_mod.add_score_mods(s_mn, tScS_mn, t0ScS_mn, tBgB, scale, w.n_block * self.bn, m_block * self.bm,
+                                 k_limit, q_limit, neg_slope)
 
     @cute.jit
     def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frost.engines.params import HeadDimSpan, SdpaBwdFeatureParams, check_no_score_mods, check_sdpa_features, round_up
+from frost.engines.params import HeadDimSpan, SdpaBwdFeatureParams, check_sdpa_features, round_up, score_mod_tags
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sm90.sdpa_fwd_params import HEAD_DIM_GRANULE as WGMMA_K  # one wgmma K step, as the forward's
@@ -149,7 +149,8 @@ def validate(p: Sm90BwdParams) -> None:
     check_sdpa_features(p, HEAD_DIMS, "Sm90BwdParams")
     if p.num_heads_v:
         bad("K and V with different head counts: a CTA sums dK and dV over one kv head's query heads")
-    check_no_score_mods(p, "Sm90BwdParams", "the wgmma backward reads no bias and writes no dBias")
+    if p.has_dbias:
+        bad("has_dbias set; the wgmma backward reads a bias but writes no dBias (the mma.sync backward writes it)")
     if p.tile_n not in (64, 128):
         bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys) or 64 (both share the keys)")
     if p.tile_m not in (64, 80, 128):
@@ -259,7 +260,8 @@ def name_suffix(p: Sm90BwdParams) -> str:
     """The self-describing part of the main kernel's name."""
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-                        (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det")))
+                        (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"))
+                       + score_mod_tags(p))
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
@@ -298,10 +300,10 @@ MAIN_TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 
 
 def main_args(p: Sm90BwdParams) -> list[str]:
-    """q, k, v, do, lse, dk, dv, lengths (cu_seqlens or seqused), dpsum, dq_accum, dq_semaphore?, softmax_scale,
+    """q, k, v, do, lse, dk, dv, lengths (cu_seqlens or seqused), bias?, dpsum, dq_accum, dq_semaphore?, softmax_scale,
     window_left?, window_right?, max_seqlen_kv?, stream. Sinks need nothing here: LSE holds them, and the shared
     helpers compute dSink."""
-    args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p) + ["dpsum", "dq_accum"]
+    args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p) + ["bias"] * p.has_bias + ["dpsum", "dq_accum"]
     args += ["dq_semaphore"] * p.deterministic + ["softmax_scale"]
     args += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
     return args + ["max_seqlen_kv"] * p.is_thd + ragged_totals(p) + ["stream"]
