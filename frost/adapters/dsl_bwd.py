@@ -9,12 +9,18 @@ chain. It imports no arch module.
 """
 from __future__ import annotations
 
+import math
+
 from frost.adapters.base import SdpaBwdDsl
 from frost.adapters.dsl import DslKernels, LaunchArgs, dbias_accumulates, sdpa_feature_flags, viewed_args
 from frost.engines.sdpa_bwd.chain import chain_of
-from frost.engines.sdpa_bwd.scratch import scratch_layout
+from frost.engines.sdpa_bwd.scratch import dbias_accum_shape, scratch_layout
 from frost.runtime.context import stream_handle
 from frost.runtime.workspace import CarvedViews, ScratchBuffer, carve, layout_bytes
+
+
+#: the workspace a deterministic dBias may take (a copy per (batch entry, query head), summed in order after)
+DETERMINISTIC_DBIAS_BYTES = 4 << 30
 
 
 def bwd_feature_flags(facts) -> dict:
@@ -24,6 +30,17 @@ def bwd_feature_flags(facts) -> dict:
 
 class DslBwdAdapter(DslKernels, SdpaBwdDsl):
     feature_flags = staticmethod(bwd_feature_flags)
+
+    def check_support(self) -> None:
+        f = self.facts
+        if f.has_dbias and f.deterministic and dbias_accumulates(f):
+            need = 4 * math.prod(dbias_accum_shape(self.template_params(), f.batch, *f.tensor("bias").dim[2:]))
+            if need > DETERMINISTIC_DBIAS_BYTES:
+                dbias = f.tensor("dBias")
+                raise self.decline(f"does not serve a deterministic dBias {dbias.label} of dim {dbias.dim} this large: "
+                                   f"it keeps an fp32 copy per (batch entry, query head), {need / 2**30:.1f} GiB of "
+                                   f"workspace, above {DETERMINISTIC_DBIAS_BYTES / 2**30:.0f} GiB")
+        super().check_support()
 
     def kernel_specs(self) -> list:
         """(template module, params) of every kernel of the chain, in launch order."""

@@ -6,16 +6,8 @@ the deterministic mode that suits the problem and the GPU (`frost.adapters.sm80_
 """
 from __future__ import annotations
 
-import math
-
-from frost.adapters.dsl import dbias_accumulates
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
-from frost.engines.sdpa_bwd.scratch import dbias_accum_shape
-
-
-#: the workspace a deterministic dBias may take (a copy per (batch entry, query head), summed in order after)
-DETERMINISTIC_DBIAS_BYTES = 4 << 30
 
 
 def _smem_budget(target):
@@ -53,17 +45,6 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
     family = "sm80"
     params_module = "frost.engines.sm80.sdpa_bwd_params"
     params_class = "Sm80BwdParams"
-
-    def check_support(self) -> None:
-        f = self.facts
-        if f.has_dbias and f.deterministic and dbias_accumulates(f):
-            need = 4 * math.prod(dbias_accum_shape(self.template_params(), f.batch, *f.tensor("bias").dim[2:]))
-            if need > DETERMINISTIC_DBIAS_BYTES:
-                dbias = f.tensor("dBias")
-                raise self.decline(f"does not serve a deterministic dBias {dbias.label} of dim {dbias.dim} this large: "
-                                   f"it keeps an fp32 copy per (batch entry, query head), {need / 2**30:.1f} GiB of "
-                                   f"workspace, above {DETERMINISTIC_DBIAS_BYTES / 2**30:.0f} GiB")
-        super().check_support()
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:

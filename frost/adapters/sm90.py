@@ -80,8 +80,10 @@ class SdpaBwdDslSm90(DslBwdAdapter):
         knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
                               packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
                               **requested)
-        if (facts.has_bias or facts.has_alibi) and knobs["tile_m"] == 80 and "tile_m" not in requested:
-            # the score modifiers' registers spill the 80-row kernel: 64 rows, the rest as the planner picks them
+        spills = knobs["tile_m"] == 80 or (knobs["tile_m"] == 128 and facts.is_thd and facts.has_dbias)
+        if (facts.has_bias or facts.has_alibi) and spills and "tile_m" not in requested:
+            # the score modifiers' registers spill the 80-row kernel, and the packed 128-row one with dBias's
+            # adds: 64 rows, the rest as the planner picks them
             knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
                                   packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
                                   **{**requested, "tile_m": 64})

@@ -33,8 +33,8 @@ SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
 DSL_FEATURES = KERNEL_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the mma.sync kernels read the bias and compute ALiBi in registers (frost.engines.common.score_mod)
 MMA_SYNC_FEATURES = DSL_FEATURES | SCORE_MOD_FEATURES
-#: the wgmma forward and backward read the bias and compute ALiBi in registers too (the forward packs no GQA heads
-#: with them); the backward writes no dBias (the mma.sync backward, ranked after it on cc 9.0, does)
+#: the wgmma forward reads the bias and computes ALiBi in registers too (no GQA packing with them); the wgmma
+#: backward serves them and dBias (SCORE_MOD_FEATURES)
 WGMMA_SCORE_MOD_FEATURES = frozenset({"bias", "alibi"})
 
 
@@ -83,7 +83,7 @@ MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
-SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"} | WGMMA_SCORE_MOD_FEATURES
+SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"} | SCORE_MOD_FEATURES
 #: the wgmma backward pads a head dim up to its tiles' wgmma granule inside the kernel (`tile_head_dim`)
 SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 

@@ -28,7 +28,7 @@ FEATURE_DETAILS = {
     "implementation_unified": "frost's engines are implementation=AUTO",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",
     "bias": "an additive score bias: the mma.sync engines and the wgmma forward and backward read it",
-    "dbias": "the bias gradient: the wgmma backward writes none yet; the mma.sync engine does",
+    "dbias": "the bias gradient: the mma.sync and wgmma backwards write it",
     "alibi": "ALiBi: the mma.sync engines and the wgmma forward and backward compute it",
 }
 

@@ -286,13 +286,11 @@ def test_h200_prefers_the_dsl_engines_and_uses_cudnn_for_dropout(unpended, cudnn
     declined = dict(g.declines())
     assert declined["SdpaFwdDslSm90"] == "does not serve dropout"
     assert declined["SdpaFwdDslSm80"] == "does not serve dropout"
-    # a bias runs on the wgmma forward, the mma.sync one next, cuDNN last; its gradient on the mma.sync backward,
-    # cuDNN next (the wgmma backward reads a bias but declines dBias)
+    # a bias runs on the wgmma forward, the mma.sync one next, cuDNN last; its gradient likewise
     g = bias_graph(H200, direction="fwd").validate()
     assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80", "SdpaFwdCudnn"]
     g = bias_graph(H200, direction="bwd").validate()
-    assert g.available_engines() == ["SdpaBwdDslSm80", "SdpaBwdCudnn"]
-    assert dict(g.declines())["SdpaBwdDslSm90"].startswith("does not serve dbias")
+    assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80", "SdpaBwdCudnn"]
 
 
 def test_cudnn_is_ranked_below_every_dsl_row():

@@ -126,7 +126,7 @@ def test_alibi_with_a_causal_mask_is_accepted(kw):
 
 
 def test_bias_and_dbias_take_any_strides():
-    """The mma.sync kernels read the bias element by element: a strided key dim is a layout, not an error."""
+    """The DSL kernels read the bias element by element: a strided key dim is a layout, not an error."""
     g = frost.Graph(io_data_type="bf16", target=H200)
     q, k, v, o, do = (g.tensor(name=n, dim=(2, 4, 64, 64)) for n in ("q", "k", "v", "o", "dO"))
     stats = g.tensor(name="stats", dim=(2, 4, 64, 1), data_type="fp32")
@@ -135,7 +135,7 @@ def test_bias_and_dbias_take_any_strides():
     for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.125, bias=bias, dBias=db):
         t.set_output(True)
     g.validate()
-    assert g.available_engines()[0] == "SdpaBwdDslSm80"
+    assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
 
 
 def test_dbias_strides_may_not_overlap():
@@ -161,10 +161,9 @@ def _bias_graph(target, *, direction="fwd", bias_dim=(1, 4, 128, 128), dbias=Tru
 MMA_SYNC = {"A100": (A100, "Sm80"), "H200": (H200, "Sm80"), "RTX5090": (RTX5090, "Sm120")}
 
 
-def _line(tname: str, direction: str, dbias: bool = True) -> str:
-    """The engine line a score-modified graph plans on: the mma.sync one, but the wgmma engines on cc 9.0 (the
-    backward only without dBias)."""
-    return "Sm90" if tname == "H200" and (direction == "fwd" or not dbias) else MMA_SYNC[tname][1]
+def _line(tname: str) -> str:
+    """The engine line a score-modified graph plans on: the mma.sync one, but the wgmma engines on cc 9.0."""
+    return "Sm90" if tname == "H200" else MMA_SYNC[tname][1]
 
 
 @pytest.mark.parametrize("tname", list(MMA_SYNC))
@@ -174,7 +173,7 @@ def test_bias_graphs_plan_on_the_mma_sync_engine(unpended, no_compile, tname, di
     target = MMA_SYNC[tname][0]
     g = _bias_graph(target, direction=direction, bias_dim=bias_dim, use_causal_mask=True)
     d = "Fwd" if direction == "fwd" else "Bwd"
-    assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname, direction)}"
+    assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname)}"
     if direction == "fwd" and tname == "H200":
         assert "SdpaFwdDslSm80" in g.available_engines()  # the mma.sync forward serves it on cc 9.0 too
 
@@ -186,14 +185,14 @@ def test_alibi_graphs_plan_on_the_dsl_engines(unpended, no_compile, tname):
         g = _bias_graph(target, direction=direction, bias_dim=None, use_alibi_mask=True, use_causal_mask=True,
                         hq=8, hkv=2)
         d = "Fwd" if direction == "fwd" else "Bwd"
-        assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname, direction, dbias=False)}"
+        assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname)}"
 
 
-def test_the_wgmma_backward_serves_bias_and_alibi_and_declines_dbias_by_name(unpended, no_compile):
+def test_the_wgmma_backward_serves_bias_dbias_and_alibi(unpended, no_compile):
     from tests.cpu.test_routing import declare
 
-    bwd = dict(_bias_graph(H200, direction="bwd").declines())["SdpaBwdDslSm90"]
-    assert bwd.startswith("does not serve dbias (the bias gradient: the wgmma backward writes none yet")
+    g = _bias_graph(H200, direction="bwd").validate()
+    assert g.available_engines()[0] == "SdpaBwdDslSm90"
     g = _bias_graph(H200, direction="bwd", dbias=False).validate()
     assert g.available_engines()[0] == "SdpaBwdDslSm90"
     g = declare(H200, direction="bwd", use_alibi_mask=True, use_causal_mask=True).validate()
@@ -262,10 +261,12 @@ def test_forced_gqa_packing_with_score_mods_declines_with_the_reason(unpended, n
     assert "pack_gqa is not served with score modifiers (bias, ALiBi)" in reason, reason
 
 
-def test_packed_thd_bias_plans_on_the_wgmma_forward_and_the_mma_sync_backward(unpended, no_compile):
-    for direction, line in (("fwd", "Sm90"), ("bwd", "Sm80")):
+def test_packed_thd_bias_plans_on_the_wgmma_engines(unpended, no_compile):
+    for direction in ("fwd", "bwd"):
         g = _bias_graph(H200, direction=direction, thd=True, use_causal_mask=True)
-        assert g.available_engines()[0] == f"Sdpa{'Fwd' if direction == 'fwd' else 'Bwd'}Dsl{line}"
+        assert g.available_engines()[0] == f"Sdpa{'Fwd' if direction == 'fwd' else 'Bwd'}DslSm90"
+        if direction == "bwd":  # packed: dBias through the accumulator
+            assert g._ranking.accepted[0][1].template_params().dbias_accum
     p = _sm90_fwd_params(_bias_graph(H200, thd=True, use_causal_mask=True))
     assert p.is_thd and p.has_bias and p.bias_per_head
 
@@ -273,12 +274,12 @@ def test_packed_thd_bias_plans_on_the_wgmma_forward_and_the_mma_sync_backward(un
 def test_deterministic_dbias_summed_over_broadcast_dims_keeps_a_copy_per_batch_and_head(unpended, no_compile):
     """A deterministic dBias that several (batch, head) pairs add into: an fp32 copy per pair, each element stored
     once, summed by the dQ convert in a fixed order; declined, naming the size, above the workspace cap."""
-    from frost.adapters.sm80 import DETERMINISTIC_DBIAS_BYTES
+    from frost.adapters.dsl_bwd import DETERMINISTIC_DBIAS_BYTES
     from frost.engines.sdpa_bwd.chain import chain_of
     from frost.engines.sdpa_bwd.scratch import scratch_layout
 
     g = _bias_graph(H200, direction="bwd", use_deterministic_algorithm=True)
-    assert g.available_engines()[0] == "SdpaBwdDslSm80"
+    assert g.available_engines()[:2] == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
     p = g._ranking.accepted[0][1].template_params()
     assert p.dbias_accum and p.deterministic and (p.dbias_sum_batch, p.dbias_sum_heads) == (True, False)
     layout = dict((n, shape) for n, _, shape in scratch_layout(p, 2, 128, 128))
@@ -287,21 +288,22 @@ def test_deterministic_dbias_summed_over_broadcast_dims_keeps_a_copy_per_batch_a
     assert post.dbias_sum_batch and "dbiasaccbhsumb" in __import__(
         "frost.engines.sdpa_bwd.chain", fromlist=["helper_suffix"]).helper_suffix(post)
     full = _bias_graph(H200, direction="bwd", bias_dim=(2, 4, 128, 128), use_deterministic_algorithm=True)
-    assert full.available_engines()[0] == "SdpaBwdDslSm80"
+    assert full.available_engines()[0] == "SdpaBwdDslSm90"
+    assert not full._ranking.accepted[0][1].template_params().dbias_accum  # full: written directly, once
     no_grad = _bias_graph(H200, direction="bwd", dbias=False, use_deterministic_algorithm=True)
-    assert no_grad.available_engines()[0] == "SdpaBwdDslSm90"  # no dBias: the wgmma backward reads the bias
+    assert no_grad.available_engines()[0] == "SdpaBwdDslSm90"
     assert DETERMINISTIC_DBIAS_BYTES == 4 << 30
     big = _bias_graph(H200, direction="bwd", b=300, s=1024, bias_dim=(1, 4, 1024, 1024), use_deterministic_algorithm=True)
-    why = dict(big.declines())["SdpaBwdDslSm80"]
-    assert "deterministic dBias" in why and "GiB of workspace" in why
+    for engine in ("SdpaBwdDslSm90", "SdpaBwdDslSm80"):  # both DSL backwards keep the copies
+        why = dict(big.declines())[engine]
+        assert "deterministic dBias" in why and "GiB of workspace" in why
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("mods", ["bias", "alibi"])
 def test_ragged_graphs_with_score_mods_plan_on_the_dsl_engines(direction, mods):
     """cuDNN's ragged-offset form with a bias (dBias) or ALiBi: the mma.sync lines serve it on every arch (first
-    on cc 8.x and 12.x; on cc 9.0 the wgmma forward ranks above them, and so does its backward where there is no
-    dBias)."""
+    on cc 8.x and 12.x; on cc 9.0 the wgmma engines rank above them)."""
     from tests.cpu.test_cudnn_vocabulary import BF16, H, SKV, SQ, _ragged
     from tests.cpu.test_routing import reasons
 
@@ -320,8 +322,7 @@ def test_ragged_graphs_with_score_mods_plan_on_the_dsl_engines(direction, mods):
         p = next(a for row, a in g._ranking.accepted if row.name == f"Sdpa{kind}Dsl{line}").template_params()
         assert p.ragged and (p.has_bias if mods == "bias" else p.has_alibi)
         if line == "Sm80" and target.cc == (9, 0):
-            wgmma = direction == "fwd" or mods == "alibi"  # the wgmma backward writes no dBias
-            assert engines[0] == (f"Sdpa{kind}DslSm90" if wgmma else "SdpaBwdDslSm80")
+            assert engines[0] == f"Sdpa{kind}DslSm90"
 
 
 # --- the records planning builds ------------------------------------------------------------------------------
@@ -430,9 +431,9 @@ def test_sm90_validators_take_or_decline_score_mods_with_reasons():
     with pytest.raises(TemplateParamsError, match="Sm90FwdParams: bias_per_batch / bias_per_head"):
         validate_sm90_fwd(Sm90FwdParams(bias_per_head=True))
     validate_sm90_bwd(Sm90BwdParams(head_dim=128, head_dim_v=128, has_bias=True, bias_per_head=True, has_alibi=True,
-                                    has_window_right=True, is_thd=True))
-    with pytest.raises(TemplateParamsError, match="Sm90BwdParams: has_dbias set; the wgmma backward reads a bias"):
-        validate_sm90_bwd(Sm90BwdParams(head_dim=128, head_dim_v=128, has_bias=True, has_dbias=True))
+                                    has_window_right=True, is_thd=True, has_dbias=True, dbias_accum=True))
+    with pytest.raises(TemplateParamsError, match="packed batch's dbias goes through the accumulator"):
+        validate_sm90_bwd(Sm90BwdParams(head_dim=128, head_dim_v=128, has_bias=True, has_dbias=True, is_thd=True))
 
 
 def test_oracle_bias_is_cudnns_order():

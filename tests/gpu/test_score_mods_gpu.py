@@ -3,8 +3,8 @@ dBias and ALiBi against the float64 oracle (tests/oracle.py), the execute contra
 accumulator, and agreement with the cuDNN engine on the same graphs where cuDNN serves them.
 
 On an H200 the mma.sync line (`engine="sm80"`) serves cc 9.0 below the wgmma engines (the wgmma forward and
-backward, `engine="sm90"`, serve the bias and ALiBi too; the wgmma backward declines dBias); on cc 8.x it is the
-native line.
+backward, `engine="sm90"`, serve the bias, dBias and ALiBi too, the backward but for K and V head counts apart); on
+cc 8.x it is the native line.
 The bias is declared (B or 1, H or 1, S_q, S_kv) with its own strides.
 """
 from __future__ import annotations
@@ -331,10 +331,23 @@ BWD_CASES = [
 
 @pytest.mark.parametrize("case", BWD_CASES, ids=lambda c: c.id)
 def test_bwd_matches_the_oracle(case):
+    check_bwd(case)
+
+
+#: the wgmma backward serves every dBias case of the mma.sync backward's list but K and V head counts apart
+SM90_DBIAS_CASES = [c for c in BWD_CASES if c.hv is None and c.bias is not None and c.dbias]
+
+
+@pytest.mark.parametrize("case", SM90_DBIAS_CASES, ids=lambda c: c.id)
+def test_sm90_bwd_with_dbias_matches_the_oracle(case):
+    check_bwd(case, engine="sm90", strict=True)
+
+
+def check_bwd(case: ScoreCase, engine: str = ENGINE, strict: bool = False):
     t = make_inputs(case)
-    got = run_bwd(case, t)
+    got = run_bwd(case, t, engine=engine, strict=strict)
     if case.deterministic:  # bitwise the same on a second run
-        again = run_bwd(case, t)
+        again = run_bwd(case, t, engine=engine, strict=strict)
         for name in got:
             assert torch.equal(got[name].nan_to_num(), again[name].nan_to_num()), f"{name} differs between runs"
     want = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], with_dbias=True, **oracle_kwargs(case, t)) \
@@ -350,8 +363,8 @@ def test_bwd_matches_the_oracle(case):
         assert rel_err(db, ref) < 2e-2
 
 
-#: the wgmma backward (cc 9.0): a bias without its gradient (full or broadcast, transposed or padded rows, -inf
-#: entries), ALiBi (a head count not a power of two, bottom-right), both; dense, padded and packed, GQA, sinks,
+#: the wgmma backward (cc 9.0), besides the dBias cases above: a bias without its gradient (full or broadcast,
+#: transposed or padded rows, -inf entries), ALiBi (a head count not a power of two, bottom-right), both; dense, padded and packed, GQA, sinks,
 #: deterministic turns, d = 64 (128-row steps), 96, 128 (64 and packed 80 rows) and 256 (shared keys)
 SM90_BWD_CASES = [
     ScoreCase(bias="bh", dbias=False),
@@ -372,17 +385,7 @@ SM90_BWD_CASES = [
 
 @pytest.mark.parametrize("case", SM90_BWD_CASES, ids=lambda c: c.id)
 def test_sm90_bwd_matches_the_oracle(case):
-    t = make_inputs(case)
-    got = run_bwd(case, t, engine="sm90", strict=True)
-    if case.deterministic:  # bitwise the same on a second run
-        again = run_bwd(case, t, engine="sm90", strict=True)
-        for name in got:
-            assert torch.equal(got[name].nan_to_num(), again[name].nan_to_num()), f"{name} differs between runs"
-    want = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], **oracle_kwargs(case, t))
-    for name, ref in zip(("dQ", "dK", "dV"), want[2:5]):
-        x = got[name]
-        assert not torch.isnan(x).any(), f"{name}: some elements were not written"
-        assert rel_err(x, ref) < 2e-2, name
+    check_bwd(case, engine="sm90", strict=True)
 
 
 def scored(case: ScoreCase, t: dict) -> torch.Tensor:

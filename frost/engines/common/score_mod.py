@@ -102,3 +102,38 @@ def add_score_mods(
             if cutlass.const_expr(slope is not None):
                 v = v + (alibi_row + slope * Float32(cc))
             acc_mn[r, c] = v
+
+
+@cute.jit
+def zero_dbias_outside_band(p: cutlass.Constexpr, mdBias: cute.Tensor, batch: Int32, head0: Int32,
+                            group: cutlass.Constexpr[int], m_min: Int32, n_m: Int32, bm: cutlass.Constexpr[int],
+                            n_block: Int32, bn: cutlass.Constexpr[int], static_q, static_k,
+                            threads: cutlass.Constexpr[int], tidx: Int32):
+    """Zeros into the dBias elements of key tile n_block's columns that no step of its walk writes (a dBias
+    written directly): the query rows above and below its band (query tiles m_min .. m_min + n_m - 1 of bm rows;
+    padding rows included), for each of the `group` query heads from head0 on. `static_q` / `static_k`: the
+    bound extents. Consecutive threads take consecutive columns."""
+    col0 = n_block * bn
+    n_cols = static_k - col0
+    lo_rows = cutlass.min(m_min * bm, static_q)  # rows [0, lo_rows) and [hi_row, static_q) get zeros
+    hi_row = cutlass.min((m_min + n_m) * bm, static_q)
+    total = (lo_rows + static_q - hi_row) * bn
+    for g in cutlass.range_constexpr(group):
+        mdB = bias_rows(mdBias, batch, head0 + g, p.bias_per_batch, p.bias_per_head)
+        zero_rows_of_cols(mdB, total, lo_rows, hi_row, col0, n_cols, bn, threads, tidx)
+
+
+@cute.jit
+def zero_rows_of_cols(mX: cute.Tensor, total: Int32, lo_rows: Int32, hi_row: Int32, col0: Int32, n_cols: Int32,
+                      width: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], tidx: Int32):
+    """Zero columns [col0, col0 + min(width, n_cols)) of rows [0, lo_rows) and [hi_row, ...) of a (rows, cols)
+    tensor, `total` = rows * width elements in all, `threads` threads taking consecutive columns."""
+    zero = mX.element_type(0.0)
+    for it in cutlass.range((total - tidx + threads - 1) // threads, unroll=1):
+        k = tidx + it * threads
+        row = k // width
+        col = k % width
+        if row >= lo_rows:
+            row = row - lo_rows + hi_row
+        if col < n_cols:
+            mX[row, col0 + col] = zero

@@ -725,35 +725,10 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
 
 @cute.jit
 def _zero_dbias_outside_band(cfg: cutlass.Constexpr, s: _Sequence, kt: _KeyTile, io: _Io, tidx: Int32):
-    """Zeros into the dBias elements of this key tile's columns that no step of its walk writes: the query
-    rows above and below its band (padding rows included), for each query head of the GQA group. Consecutive
-    threads take consecutive columns."""
-    p = cfg.p
-    bm, bn = cfg.bm, cfg.bn
-    col0 = kt.n_block * bn
-    n_cols = s.static_k - col0
-    lo_rows = cutlass.min(kt.m_min * bm, s.static_q)  # rows [0, lo_rows) and [hi_row, static_q) get zeros
-    hi_row = cutlass.min((kt.m_min + kt.n_m) * bm, s.static_q)
-    total = (lo_rows + s.static_q - hi_row) * bn
-    for g in cutlass.range_constexpr(cfg.group):
-        mdB = score_mod.bias_rows(io.dbias, s.batch, s.head_kv * cfg.group + g, p.bias_per_batch, p.bias_per_head)
-        _zero_rows_of_cols(mdB, total, lo_rows, hi_row, col0, n_cols, bn, cfg.threads, tidx)
-
-
-@cute.jit
-def _zero_rows_of_cols(mX: cute.Tensor, total: Int32, lo_rows: Int32, hi_row: Int32, col0: Int32, n_cols: Int32,
-                       width: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], tidx: Int32):
-    """Zero columns [col0, col0 + min(width, n_cols)) of rows [0, lo_rows) and [hi_row, ...) of a (rows, cols)
-    tensor, `total` = rows * width elements in all, `threads` threads taking consecutive columns."""
-    zero = mX.element_type(0.0)
-    for it in cutlass.range((total - tidx + threads - 1) // threads, unroll=1):
-        k = tidx + it * threads
-        row = k // width
-        col = k % width
-        if row >= lo_rows:
-            row = row - lo_rows + hi_row
-        if col < n_cols:
-            mX[row, col0 + col] = zero
+    """Zeros into the dBias elements of this key tile's columns that no step of its walk writes
+    (`score_mod.zero_dbias_outside_band`)."""
+    score_mod.zero_dbias_outside_band(cfg.p, io.dbias, s.batch, s.head_kv * cfg.group, cfg.group, kt.m_min, kt.n_m,
+                                      cfg.bm, kt.n_block, cfg.bn, s.static_q, s.static_k, cfg.threads, tidx)
 
 
 @cute.jit

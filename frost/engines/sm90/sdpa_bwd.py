@@ -245,7 +245,8 @@ class SdpaBwdSm90:
             a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
             a.get("lse_offsets"), (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
-            scale, a.get("bias"), a.get("window_left"), a.get("window_right"), q_bytes, do_bytes, kv_bytes,
+            (scale, a.get("bias"), a.get("dbias"), a.get("dbias_accum")), a.get("window_left"), a.get("window_right"),
+            q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
         ).launch(grid=[n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
@@ -274,7 +275,7 @@ class SdpaBwdSm90:
                mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
                mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
-               tma_atom_dv: cute.CopyAtom, tma_atom_dq, scale: Float32, mBias, wl, wr,
+               tma_atom_dv: cute.CopyAtom, tma_atom_dq, scales, wl, wr,
                q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
@@ -332,7 +333,7 @@ class SdpaBwdSm90:
         walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k, off_lse)
         args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
                 sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
-                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, (scale, mBias), walk)
+                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales, walk)
         if const_expr(self.p.is_thd):
             # a key tile past its sequence's keys owns no dK / dV rows and visits no query tile: every warp
             # of the CTA leaves at once, so none waits on another
@@ -577,7 +578,8 @@ class SdpaBwdSm90:
     def mma(self, mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sP,
             sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales, w: Walk):
         bm, bn = self.bm, self.bn
-        scale, mBias = scales  # mBias: the declared bias, or None
+        # the softmax scale; the declared bias, dBias (written directly) and dBias accumulator, or None
+        scale, mBias, mdBias, mdBiasAcc = scales
         n_block, steps, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.steps, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -705,20 +707,25 @@ class SdpaBwdSm90:
                 r_state.advance()
             elif const_expr(self.rows_warp):
                 rows_barrier(BAR_ROWS_FREE, stage, True)
+            if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
+                self.add_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w)
+            rdS16 = None  # dS^T in 16 bits, laid out as the accumulator
             if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
-                self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
+                rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
                 wu.gemm(mma_dv, acc_dV, tdVrP[None, None, None, stage], tdVrdOt[None, None, None, q_state.index],
                         wg_wait=-1)
             else:
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
+                rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
                 # dV += P^T dO while dS goes to shared memory
                 wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
-                cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
-                          tRsdS[None, None, None, stage])
+                cute.copy(r2s_ds, r2s_ds.retile(rdS16), tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+            if const_expr(self.p.has_dbias and not self.p.dbias_accum):  # dBias = dS^T (16 bits), as it is
+                self.store_dbias(acc_as_mn(rdS16), tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
             tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
             if const_expr(self.dk_first):
                 # dK before dQ, so Q and dO are released while dQ still runs: the next step's loads overlap it
@@ -741,6 +748,10 @@ class SdpaBwdSm90:
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
             q_state.advance()
+        if const_expr(self.p.has_dbias and not self.p.dbias_accum):
+            score_mod.zero_dbias_outside_band(self.p, mdBias, w.batch, w.head_kv * self.group, self.group, w.m_min,
+                                              w.n_m, bm, n_block, bn, mdBias.shape[2], mdBias.shape[3], MMA_THREADS,
+                                              tidx)
         self.epilogue(acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
                       mma_dv, scale, tidx, w)
 
@@ -753,13 +764,54 @@ class SdpaBwdSm90:
         mB, q_limit, k_limit, slope = score_mod.sequence_mods(self.p, mBias, w.batch, head, w.seqlen_q, w.seqlen_k)
         tBgB = None
         if const_expr(self.p.has_bias):
-            mBt = cute.make_tensor(mB.iterator, cute.select(mB.layout, mode=[1, 0]))  # (keys, queries)
-            tBgB = acc_as_mn(thr_sdp.partition_C(cute.local_tile(mBt, (self.bn, self.bm), (w.n_block, m_block))))
+            tBgB = self.score_tile(thr_sdp, mB, m_block, w)
         neg_slope = None
         if const_expr(self.p.has_alibi):
             neg_slope = -slope
         score_mod.add_score_mods(s_mn, tScS_mn, t0ScS_mn, tBgB, scale, w.n_block * self.bn, m_block * self.bm,
                                  k_limit, q_limit, neg_slope)
+
+    def score_tile(self, thr_sdp, mX: cute.Tensor, m_block: Int32, w: Walk) -> cute.Tensor:
+        """This thread's elements of a (S_q, S_kv) score-shaped tensor (bias, dBias) at the step's tile, through
+        its transposed view, laid out as the S^T accumulator's (rows, cols) view."""
+        mXt = cute.make_tensor(mX.iterator, cute.select(mX.layout, mode=[1, 0]))  # (keys, queries)
+        return acc_as_mn(thr_sdp.partition_C(cute.local_tile(mXt, (self.bn, self.bm), (w.n_block, m_block))))
+
+    @cute.jit
+    def store_dbias(self, rdS_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mdBias,
+                    head: Int32, m_block: Int32, w: Walk):
+        """dS^T (16 bits) of one step into dBias as it is (one (batch, head) per element): every element inside
+        dBias's extents, the zeros of masked and padding positions included."""
+        p = self.p
+        mdB = score_mod.bias_rows(mdBias, w.batch, head, p.bias_per_batch, p.bias_per_head)
+        tdB = self.score_tile(thr_sdp, mdB, m_block, w)
+        keys_left = mdB.shape[1] - w.n_block * self.bn
+        q_room = mdB.shape[0] - m_block * self.bm - tScS_mn[0][1]
+        for r in cutlass.range_constexpr(cute.size(rdS_mn, mode=[0])):
+            if tScS_mn[r, 0][0] < keys_left:
+                for c in cutlass.range_constexpr(cute.size(rdS_mn, mode=[1])):
+                    if t0ScS_mn[0, c][1] < q_room:
+                        tdB[r, c] = rdS_mn[r, c]
+
+    @cute.jit
+    def add_dbias(self, dS_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mdBiasAcc,
+                  head: Int32, m_block: Int32, w: Walk):
+        """red.global.add dS^T (fp32) of one step into the dBias accumulator (`dbias_accum`), the positions inside
+        the sequence only. Deterministic: the accumulator holds a copy per (batch entry, query head), so this is
+        each element's one write: a plain store (the dQ convert sums the copies in a fixed order)."""
+        p = self.p
+        mA = score_mod.bias_rows(mdBiasAcc, w.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
+        tA = self.score_tile(thr_sdp, mA, m_block, w)
+        keys_left = cutlass.min(w.seqlen_k, mA.shape[1]) - w.n_block * self.bn
+        q_room = cutlass.min(w.seqlen_q, mA.shape[0]) - m_block * self.bm - tScS_mn[0][1]
+        for r in cutlass.range_constexpr(cute.size(dS_mn, mode=[0])):
+            if tScS_mn[r, 0][0] < keys_left:
+                for c in cutlass.range_constexpr(cute.size(dS_mn, mode=[1])):
+                    if t0ScS_mn[0, c][1] < q_room:
+                        if const_expr(p.deterministic):
+                            tA[r, c] = dS_mn[r, c]
+                        else:
+                            gops.red_add_f32(gops.elem_ptr(tA, (r, c)), [dS_mn[r, c]])
 
     @cute.jit
     def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage):
@@ -792,11 +844,13 @@ class SdpaBwdSm90:
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
 
     @cute.jit
-    def stage_tile(self, acc: cute.Tensor, r2s: cute.TiledCopy, dst: cute.Tensor):
-        """A 16-bit copy of this thread's part of an S^T-shaped tile (P^T, dS^T) into its shared tile."""
+    def stage_tile(self, acc: cute.Tensor, r2s: cute.TiledCopy, dst: cute.Tensor) -> cute.Tensor:
+        """A 16-bit copy of this thread's part of an S^T-shaped tile (P^T, dS^T) into its shared tile; returns
+        the 16-bit registers."""
         r16 = cute.make_rmem_tensor_like(acc, self.dtype)
         wu.convert_to_16bit(acc, r16)
         cute.copy(r2s, r2s.retile(r16), dst)
+        return r16
 
     @cute.jit
     def add_dq(self, acc_dQ: cute.Tensor, tdQcdQ: cute.Tensor, mAcc: cute.Tensor, mSem, head: Int32,

@@ -149,8 +149,6 @@ def validate(p: Sm90BwdParams) -> None:
     check_sdpa_features(p, HEAD_DIMS, "Sm90BwdParams")
     if p.num_heads_v:
         bad("K and V with different head counts: a CTA sums dK and dV over one kv head's query heads")
-    if p.has_dbias:
-        bad("has_dbias set; the wgmma backward reads a bias but writes no dBias (the mma.sync backward writes it)")
     if p.tile_n not in (64, 128):
         bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys) or 64 (both share the keys)")
     if p.tile_m not in (64, 80, 128):
@@ -300,10 +298,12 @@ MAIN_TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 
 
 def main_args(p: Sm90BwdParams) -> list[str]:
-    """q, k, v, do, lse, dk, dv, lengths (cu_seqlens or seqused), bias?, dpsum, dq_accum, dq_semaphore?, softmax_scale,
+    """q, k, v, do, lse, dk, dv, lengths (cu_seqlens or seqused), bias?, dbias? (written directly), dpsum, dq_accum,
+    dq_semaphore?, dbias_accum?, softmax_scale,
     window_left?, window_right?, max_seqlen_kv?, stream. Sinks need nothing here: LSE holds them, and the shared
     helpers compute dSink."""
-    args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p) + ["bias"] * p.has_bias + ["dpsum", "dq_accum"]
-    args += ["dq_semaphore"] * p.deterministic + ["softmax_scale"]
+    args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p) + ["bias"] * p.has_bias
+    args += ["dbias"] * (p.has_dbias and not p.dbias_accum) + ["dpsum", "dq_accum"]
+    args += ["dq_semaphore"] * p.deterministic + ["dbias_accum"] * p.dbias_accum + ["softmax_scale"]
     args += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
     return args + ["max_seqlen_kv"] * p.is_thd + ragged_totals(p) + ["stream"]
