@@ -20,7 +20,7 @@ KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_ri
 #: outputs: the forwards that index K's and V's heads apart and write the two halves of Stats
 FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_max", "score_sum_exp"})
 #: cuDNN's block_mask (forward only: cuDNN's backward has none): the mma.sync forward tests its bits per key tile,
-#: the wgmma forward bit by bit in each key block's scores
+#: the wgmma forward skips the key blocks whose bits are all clear and masks bit by bit the ones that straddle
 BLOCK_MASK_FEATURES = frozenset({"block_mask"})
 #: the mma.sync backward serves K and V heads apart, nested or not: its CTA walks the smallest run of query heads
 #: made of whole K groups and whole V groups, and writes a K or V head's tile where that head's group ends

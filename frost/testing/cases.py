@@ -571,13 +571,39 @@ SM90_BWD_ROWS_BARRIER_COVER = [
     sm90_bwd_kwargs(hq=8, hk=2, deterministic=True, knobs=dict(rows_mbar=False)),
 ]
 
-# cuDNN's block_mask in the wgmma forward: bit by bit per key block (dense with the band, sinks and a bias; packed with
-# a window, on the 128 rows the planner takes with it; 96-key blocks straddling 128-key tiles)
+# cuDNN's block_mask in the wgmma forward: cleared key blocks skipped, visited ones masked bit by bit (dense with the
+# band, sinks and a bias; packed with a window, on the 128 rows the planner takes with it; 96-key blocks straddling
+# 128-key tiles)
 SM90_FWD_BLOCK_MASK_COVER = [
     _sm90(d=128, has_block_mask=True, has_window_right=True, has_sinks=True, has_bias=True, bias_per_head=True),
     _sm90(d=64, hq=8, hk=2, is_thd=True, has_block_mask=True, has_window_left=True, has_window_right=True,
           knobs=dict(tile_m=128)),
     _sm90(d=96, has_block_mask=True, has_seqused=True, has_score_max=True, knobs=dict(tile_n=96)),
+]
+
+# the wgmma forward's block skipping where registers are tight: the producer warp's walk over the bits (24 registers)
+# beside the packed scheduler (causal THD at the planner's knobs, unpacked GQA), rows spanning two 128-query blocks
+# (tile_m 192), 80-key blocks straddling 128-key tiles (d=256), one consumer warpgroup over 64-key blocks in column
+# slices of O (d above 256)
+SM90_FWD_BLOCK_SKIP_COVER = [
+    _sm90(d=128, hq=8, hk=2, is_thd=True, has_block_mask=True, has_window_right=True),
+    _sm90(d=128, has_block_mask=True, has_window_right=True),
+    _sm90(d=64, has_block_mask=True, has_window_right=True, knobs=dict(tile_m=192)),
+    _sm90(d=256, is_thd=True, has_block_mask=True, has_sinks=True),
+    _sm90(d=512, has_block_mask=True, has_window_right=True, has_seqused=True),
+]
+
+# the SM90 backward's score modifiers: a bias read through its transposed view and ALiBi with the slope negated,
+# dBias written directly (the band's outside zeroed) or through the fp32 accumulator (broadcast, packed, and a copy
+# per (batch entry, head) when deterministic); 64-row packed tiles as the planner takes them with modifiers
+SM90_BWD_SCORE_MOD_COVER = [
+    sm90_bwd_kwargs(hq=8, hk=2, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True,
+                    has_window_right=True),
+    sm90_bwd_kwargs(has_bias=True, bias_per_head=True, has_dbias=True, dbias_accum=True, deterministic=True),
+    sm90_bwd_kwargs(d=64, hq=8, hk=2, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True,
+                    has_window_right=True, knobs=dict(tile_m=64)),
+    sm90_bwd_kwargs(hq=8, hk=2, has_alibi=True, has_window_right=True, has_sinks=True),
+    sm90_bwd_kwargs(d=256, has_bias=True, bias_key_strided=True, has_dbias=True),
 ]
 
 # K and V head counts that do not nest in the mma.sync backward: both tiles change within a walk (K groups of 3 query

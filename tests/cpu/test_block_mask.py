@@ -17,7 +17,8 @@ from frost.errors import GraphError, TemplateParamsError
 from frost.target import fake_target
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, pack_gqa_reason
 from frost.engines.sm90.sdpa_fwd_params import validate as validate90
-from frost.testing.cases import SM80_FWD_BLOCK_MASK_COVER, SM80_FWD_TEMPLATE, SM90_FWD_BLOCK_MASK_COVER, SM90_FWD_TEMPLATE
+from frost.testing.cases import (SM80_FWD_BLOCK_MASK_COVER, SM80_FWD_TEMPLATE, SM90_FWD_BLOCK_MASK_COVER,
+                                 SM90_FWD_BLOCK_SKIP_COVER, SM90_FWD_TEMPLATE)
 from tests import oracle
 from tests.compile_runner import compile_groups
 from tests.helpers import assert_close, empty_like_decl, prefix
@@ -325,11 +326,17 @@ def test_the_block_mask_forward_compiles_without_local_memory(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_wgmma_block_mask_forward_compiles_without_local_memory(tmp_path):
+def test_the_wgmma_block_mask_forward_compiles_without_spills(tmp_path):
+    """The wgmma forward with block skipping (its covering set and the configurations where registers are tight:
+    the producer warp walks the bits on 24 registers): wgmma and TMA, and ptxas spills nothing."""
     from frost.engines.sm90.sdpa_fwd import kernel_name
 
-    groups = [("sm_90a", [(SM90_FWD_TEMPLATE, PARAMS90, kw, None) for kw in SM90_FWD_BLOCK_MASK_COVER])]
-    for kw, out in zip(SM90_FWD_BLOCK_MASK_COVER, compile_groups(groups, tmp_path)[0]):
+    cover = SM90_FWD_BLOCK_MASK_COVER + SM90_FWD_BLOCK_SKIP_COVER
+    groups = [("sm_90a", [(SM90_FWD_TEMPLATE, PARAMS90, kw, None) for kw in cover[i::2]]) for i in range(2)]
+    results = [r for part in compile_groups(groups, tmp_path, ptxas=True) for r in part]
+    for kw, out in zip(cover[0::2] + cover[1::2], results):
         name = kernel_name(Sm90FwdParams(**kw), "sm_90a")
         assert "_bmask_" in name and out["name"] == name and out["entries"] == [name]
         assert out["wgmma_mma_async"] > 0 and out["tma"] > 0 and out["local"] == 0, out
+        if out["ptxas"] is not None:
+            assert out["spill_bytes"] == 0, (name, out["ptxas"])

@@ -17,12 +17,12 @@ from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validat
 from frost.errors import TemplateParamsError
 from frost.engines.sdpa_bwd.chain import chain_of
 from frost.testing.cases import (SM90_BWD_COVER, SM90_BWD_HEAD_DIM_COVER, SM90_BWD_ROWS_BARRIER_COVER,
-                                 SM90_BWD_WIDE_COVER, sm90_bwd_kwargs)
+                                 SM90_BWD_SCORE_MOD_COVER, SM90_BWD_WIDE_COVER, sm90_bwd_kwargs)
 from tests.compile_runner import compile_groups, run_compile_script
 
 
 _p = sm90_bwd_kwargs
-COVER = SM90_BWD_COVER + SM90_BWD_WIDE_COVER + [SM90_BWD_ROWS_BARRIER_COVER]
+COVER = SM90_BWD_COVER + SM90_BWD_WIDE_COVER + [SM90_BWD_ROWS_BARRIER_COVER, SM90_BWD_SCORE_MOD_COVER]
 TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 PARAMS = "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams"
 

@@ -1,7 +1,10 @@
 """cuDNN's block_mask on the GPU: the mma.sync forward (`engine="sm80"`) and the wgmma forward (`engine="sm90"`,
 what the planner picks on cc 9.0) against the float64 oracle, the bits expanded independently into cuDNN's additive where(mask, 0, -inf)
 over 128x128 tiles (cudnn-frontend's fp16_ref.py), dense, causal, padded and packed, with random masks that leave
-rows with no visible key; then against the cuDNN engine where it serves block_mask (dense graphs)."""
+rows with no visible key; then against the cuDNN engine where it serves block_mask (dense graphs). The wgmma forward
+skips the key blocks whose bits are all clear for a work tile's rows: masks shaped for it (whole cleared key-block
+columns, block-diagonal ones, work tiles with nothing visible) against the oracle, and poisoned cleared blocks that
+a skipped block never reads."""
 from __future__ import annotations
 
 import math
@@ -39,13 +42,15 @@ class MaskCase:
     sinks: bool = False
     knobs: tuple = ()  # (name, value) knob requests (tile_n=96: tiles straddling 128-key blocks, bit by bit)
     seed: int = 0
+    pattern: str = "random"  # the bits' shape before `empty`: "random", "stripes" or "local" (`block_mask_of`)
 
     @property
     def id(self) -> str:
         bits = [f"d{self.d}", f"h{self.hq}-{self.hkv}", f"s{self.sq}x{self.skv}",
                 "fp16" if self.dtype == torch.float16 else "bf16", f"p{self.density}"]
         for on, name in ((self.causal, "causal"), (self.bottom_right, "br"), (self.padding is not None, "pad"),
-                         (self.thd is not None, "thd"), (self.sinks, "sinks"), (not self.empty, "noempty")):
+                         (self.thd is not None, "thd"), (self.sinks, "sinks"), (not self.empty, "noempty"),
+                         (self.pattern != "random", self.pattern)):
             if on:
                 bits.append(name)
         if self.left:
@@ -70,6 +75,16 @@ def block_mask_of(case: MaskCase) -> torch.Tensor:
     dims = (case.batch, case.hq, -(-sq // 128), -(-(-(-skv // 128)) // 8))
     gen = torch.Generator().manual_seed(case.seed + 1)
     bits = (torch.rand(*dims[:3], dims[3] * 8, generator=gen) < case.density).to(torch.uint8)
+    if case.pattern == "stripes":  # key blocks 1, 4, 7, ... cleared for every query block, 0, 3, 6, ... all set
+        bits[..., 1::3] = 0
+        bits[..., 0::3] = 1
+    elif case.pattern == "local":  # query block i sees key blocks i and 0 alone (a local window and a global block)
+        bits.zero_()
+        qi = torch.arange(dims[2])
+        bits[:, :, qi, qi.clamp(max=dims[3] * 8 - 1)] = 1
+        bits[..., 0] = 1
+    else:
+        assert case.pattern == "random", case.pattern
     bm = (bits.view(*dims, 8) << torch.arange(8, dtype=torch.uint8)).sum(-1).to(torch.uint8)
     for b, h, i in case.empty:
         bm[b, h, i] = 0
@@ -194,6 +209,17 @@ def _needs(engine: str):
         pytest.skip("the wgmma forward is a cc 9.0 engine")
 
 
+def check_against_oracle(case: MaskCase, o, lse, want_o, want_lse):
+    assert not torch.isnan(o).any(), "some output elements were not written (or read NaN)"
+    assert rel_err(o, want_o) < 1e-2
+    fin = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), fin), "rows with no visible key (and padding rows) have LSE = -inf"
+    assert (lse[fin].double() - want_lse[fin]).abs().max().item() < 2e-2
+    assert torch.all(o[~fin] == 0), "rows with no visible key write O = 0"
+    if case.empty and not case.sinks:
+        assert (~fin).any(), "the case leaves rows with no visible key"
+
+
 @pytest.mark.parametrize("engine", ["sm80", "sm90"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_the_dsl_forwards_match_the_oracle(case, engine, request):
@@ -202,15 +228,7 @@ def test_the_dsl_forwards_match_the_oracle(case, engine, request):
         request.getfixturevalue("tile_n_96")
     t = make_inputs(case)
     o, lse, _ = run(case, t, engine)
-    want_o, want_lse = want(case, t)
-    assert not torch.isnan(o).any(), "some output elements were not written"
-    assert rel_err(o, want_o) < 1e-2
-    fin = torch.isfinite(want_lse)
-    assert torch.equal(torch.isfinite(lse), fin), "rows with no visible key (and padding rows) have LSE = -inf"
-    assert (lse[fin].double() - want_lse[fin]).abs().max().item() < 2e-2
-    assert torch.all(o[~fin] == 0), "rows with no visible key write O = 0"
-    if case.empty and not case.sinks:
-        assert (~fin).any(), "the case leaves rows with no visible key"
+    check_against_oracle(case, o, lse, *want(case, t))
 
 
 def test_cc_90_plans_the_wgmma_forward_for_a_block_mask_unpacked():
@@ -252,3 +270,91 @@ def test_the_dsl_forwards_agree_with_cudnn(case, engine):
     fin = torch.isfinite(theirs[1])
     assert torch.equal(torch.isfinite(ours[1]), fin)
     assert (ours[1][fin] - theirs[1][fin]).abs().max().item() < 2e-2
+
+
+#: masks shaped for the wgmma forward's block skipping: whole key-block columns cleared ("stripes"), block-diagonal
+#: bits ("local": most blocks skipped), work tiles (128 query rows) whose every block is cleared (`empty`: rows with no
+#: key, the sink's LSE with sinks), with the band (causal, bottom-right, a window), padding, packed sequences, key
+#: tiles straddling 128-key blocks (tile_n 96, and 80 at d=256), tiles inside one (tile_n 64, 32), rows spanning two
+#: 128-query blocks (tile_m 192) and one consumer warpgroup (tile_m 64)
+SKIP_CASES = [
+    MaskCase(pattern="stripes", empty=((0, 1, 1), (1, 2, 0), (1, 2, 3))),
+    MaskCase(pattern="stripes", causal=True, d=64, hq=8, hkv=2, sq=700, skv=1500, empty=((1, 7, 5),)),
+    MaskCase(pattern="local", causal=True, sq=1024, skv=1024, empty=((1, 3, 5),)),
+    MaskCase(pattern="local", causal=True, bottom_right=True, sq=300, skv=1100, dtype=torch.float16),
+    MaskCase(pattern="local", sq=640, skv=2000, density=0.0, empty=((0, 0, 2),)),
+    MaskCase(pattern="stripes", causal=True, left=300, sq=900, skv=900, d=96),
+    MaskCase(pattern="stripes", padding=((400, 130), (77, 512)), causal=True, empty=((0, 2, 1),)),
+    MaskCase(pattern="stripes", sinks=True, empty=((0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3))),  # a head with no key
+    MaskCase(pattern="stripes", thd=((130, 300), (1, 7), (0, 3), (520, 700)), causal=True, hq=8, hkv=2,
+             empty=((3, 5, 2), (0, 1, 0))),
+    MaskCase(pattern="local", thd=((256, 900), (129, 1000), (300, 129)), d=64, dtype=torch.float16, empty=((2, 0, 1),)),
+    MaskCase(pattern="stripes", d=64, skv=1100, knobs=(("tile_n", 96),)),
+    MaskCase(pattern="local", d=64, causal=True, sq=700, skv=700, knobs=(("tile_n", 96),)),
+    MaskCase(pattern="stripes", d=256, causal=True, sq=640, skv=900),  # 80-key tiles (d=256's default)
+    MaskCase(pattern="stripes", d=64, knobs=(("tile_n", 64),)),
+    MaskCase(pattern="local", d=64, causal=True, sq=900, skv=900, knobs=(("tile_m", 192),), empty=((1, 2, 3),)),
+    MaskCase(pattern="stripes", d=64, knobs=(("tile_m", 64), ("tile_n", 32))),
+    MaskCase(pattern="stripes", d=320, hq=2, hkv=2, sq=384, skv=1000, causal=True),  # one warpgroup, 64-key tiles
+]
+
+
+@pytest.mark.parametrize("case", SKIP_CASES, ids=lambda c: c.id)
+def test_the_wgmma_forward_skips_cleared_blocks(case):
+    """Block skipping against the oracle: producer and consumers walk the same key blocks (a disagreement hangs or
+    mixes up K/V stages), a work tile's first visited block is its peeled one, one that visits none writes empty
+    rows (O = 0, LSE -inf or the sink's), and visited blocks straddling a cleared one still mask it bit by bit."""
+    _needs("sm90")
+    t = make_inputs(case)
+    o, lse, g = run(case, t, "sm90")
+    assert g.engine_name == "SdpaFwdDslSm90"
+    params = g.plan.adapter.template_params()
+    assert params.has_block_mask and not params.pack_gqa
+    assert all(getattr(params, k) == v for k, v in case.knobs), params
+    check_against_oracle(case, o, lse, *want(case, t))
+
+
+def poison_cleared_key_blocks(case: MaskCase, t: dict) -> dict:
+    """A copy of the inputs whose K and V rows are NaN in every key block that no query block of any (batch entry,
+    head) may see (sequence-local blocks: each packed sequence's own)."""
+    bits = (t["block_mask"].cpu().long().unsqueeze(-1) >> torch.arange(8)) & 1  # (B, H, q tiles, bytes, 8)
+    seen = bits.flatten(-2).flatten(0, 2).any(dim=0)  # per key block
+    cleared = [j for j in range(seen.numel()) if not seen[j]]
+    assert cleared, "the case clears no key block everywhere"
+    out = dict(t)
+    for role in ("k", "v"):
+        x = t[role].clone()  # the same strides
+        for j in cleared:
+            if case.thd is None:
+                x[:, :, 128 * j:128 * (j + 1)] = float("nan")
+            else:
+                cu = t["cu_kv"].tolist()
+                for i in range(len(cu) - 1):
+                    lo, hi = cu[i] + 128 * j, min(cu[i] + 128 * (j + 1), cu[i + 1])
+                    if lo < hi:
+                        x[lo:hi] = float("nan")
+        out[role] = x
+    return out
+
+
+#: 128-key tiles (the planner's at these head dims): each key tile is one 128-key block
+POISON_CASES = [
+    MaskCase(pattern="stripes", skv=1100),
+    MaskCase(pattern="stripes", causal=True, d=64, hq=8, hkv=2, sq=700, skv=1500, empty=((1, 7, 5),)),
+    MaskCase(pattern="stripes", thd=((130, 300), (1, 7), (0, 3), (520, 700)), causal=True, hq=8, hkv=2,
+             empty=((3, 5, 2),)),
+    MaskCase(pattern="stripes", padding=((400, 300), (77, 512)), sinks=True),
+]
+
+
+@pytest.mark.parametrize("case", POISON_CASES, ids=lambda c: c.id)
+def test_cleared_key_blocks_are_never_read(case):
+    """Skipping, observed: NaN in the K and V rows of the key blocks no query block may see stays out of O and LSE
+    (their bits alone would mask the scores, but a loaded and multiplied V block makes P.V = 0 * NaN = NaN). The
+    oracle takes the clean inputs."""
+    _needs("sm90")
+    t = make_inputs(case)
+    want_o, want_lse = want(case, t)
+    o, lse, g = run(case, poison_cleared_key_blocks(case, t), "sm90")
+    assert g.plan.adapter.template_params().tile_n == 128
+    check_against_oracle(case, o, lse, want_o, want_lse)

@@ -22,10 +22,16 @@ the softmax runs with a scale of 1; tile rows are query positions (no GQA packin
 with them: a packed tile's rows would span several heads' biases and slopes).
 Without them none of that code is compiled.
 
-cuDNN's block_mask (`has_block_mask`): every key block's scores are masked bit by bit after the band
-(`mask.apply_block_mask`: a tile may straddle 128x128 blocks at tile_n other than 128), and the softmax treats a
-row with no visible key yet as the band does; its tiles are still loaded and multiplied (no block skipping yet).
-Tile rows are query positions (no GQA packing with it: a packed tile would span several heads' bits).
+cuDNN's block_mask (`has_block_mask`): a work tile skips the key blocks whose bits are all clear for its rows,
+neither loaded nor multiplied. The producer warp and the consumers ask the same question of the same bits in
+global memory (`mask.block_mask_tile_visible`: a byte or two per key block, from 32-bit row offsets made once per
+work tile, `mask.block_mask_rows`), so they walk the same blocks and advance their pipeline states together; the
+consumers' peeled first block is the first one visited (`mask.block_mask_last_visible`), and a work tile that
+visits none writes its rows as empty (O = 0, LSE -inf or the sink's), as one with an empty band does. A visited
+block inside one 128x128 block (tile_m and tile_n dividing 128) was visited because its bit is set: it needs no
+mask. One that straddles blocks (tile_n not dividing 128, tile_m 192) is masked bit by bit after the band
+(`mask.apply_block_mask`), and the softmax treats a row with no visible key yet as the band does. Tile rows are
+query positions (no GQA packing with it: a packed tile would span several heads' bits).
 
 Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
 (`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
@@ -51,7 +57,7 @@ from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.seqlen import own_token_offset, seqlen_info, token_offset
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
 from frost.engines.params import score_mod_tags
-from frost.engines.sdpa_args import fwd_arg_names, ragged_tags
+from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
@@ -119,7 +125,8 @@ class _TileBand(NamedTuple):
     wl: Any
     wr: Any
     mods: Any = None  # _TileMods with score modifiers
-    bm_at: Any = None  # with block_mask: the tile's (batch entry, query head)
+    bm_at: Any = None  # with block_mask: the tile's (batch entry, query head, seqlen_q)
+    bm_rows: Any = None  # with block_mask: where its bits start (`SdpaFwdSm90.bm_rows`)
 
 
 class _TileMods(NamedTuple):
@@ -305,9 +312,9 @@ class SdpaFwdSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
-                self.producer(mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, mVOff, sQ, sK, sV, tma_atom_q, tma_atom_k,
-                              tma_atom_v, pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles,
-                              section_width)
+                self.producer(mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, mVOff, mBlockMask, sQ, sK, sV, tma_atom_q,
+                              tma_atom_k, tma_atom_v, pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks,
+                              total_tiles, section_width)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, (mLseOff, mOOff, mScoreOffs),
@@ -356,6 +363,26 @@ class SdpaFwdSm90:
         """The shared mask's key-tile range of m_block (in query positions), empty past the sequence."""
         return mask.n_block_range(m_block, self.qt, self.tile_n, seqlen_q, seqlen_k, off, wl, wr)
 
+    @cute.jit
+    def bm_rows(self, mBlockMask, at, row0: Int32):
+        """Where a work tile's block_mask bits start (`mask.block_mask_rows`: the byte rows of its query blocks),
+        made once per tile; `at`: the tile's (batch entry, query head, seqlen_q), row0: its first row (a query
+        position: no GQA packing with block_mask)."""
+        batch, head, seqlen_q = at
+        return mask.block_mask_rows(mBlockMask, batch, head, row0, self.tile_m, seqlen_q)
+
+    @cute.jit
+    def tile_visible(self, rows, n_block: Int32, seqlen_k: Int32):
+        """Does key block n_block hold a key the work tile's rows may see by the block_mask bits (`rows`:
+        `bm_rows`)? Producer and consumers ask the same question of the same bits, so they visit the same blocks."""
+        return mask.block_mask_tile_visible(rows, n_block, self.tile_m, self.tile_n, seqlen_k)
+
+    @cute.jit
+    def last_visible(self, rows, n_min: Int32, n_max: Int32, seqlen_k: Int32):
+        """The first key block a work tile visits (blocks run from the top down): the last of [n_min, n_max) that
+        `tile_visible` keeps, n_min - 1 when the block_mask clears them all."""
+        return mask.block_mask_last_visible(rows, n_min, n_max, self.tile_m, self.tile_n, seqlen_k)
+
     def sched_lengths(self, mCuQ, mUsedQ):
         """What the packed scheduler reads sequence lengths from: the prefix sums, or the ragged form's lengths."""
         return mUsedQ if self.p.ragged else mCuQ
@@ -383,8 +410,10 @@ class SdpaFwdSm90:
 
     # --- producer warp
     @cute.jit
-    def producer(self, mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, mVOff, sQ, sK, sV, tma_atom_q, tma_atom_k, tma_atom_v,
-                 pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles, section_width):
+    def producer(self, mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, mVOff, mBlockMask, sQ, sK, sV, tma_atom_q, tma_atom_k,
+                 tma_atom_v, pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles, section_width):
+        """Warp 0: per work tile Q, then K and V of the key blocks the consumers visit, in their order (K of a
+        block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
@@ -400,7 +429,13 @@ class SdpaFwdSm90:
             off_v = own_token_offset(self.p, "v", mVOff, batch, off_k)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
-            if n_max > n_min:
+            has_work = n_max > n_min
+            bm_rows, n_top = None, None
+            if const_expr(self.p.has_block_mask):  # the consumers' first block: the top visible one
+                bm_rows = self.bm_rows(mBlockMask, (batch, head, seqlen_q), m_block * self.tile_m)
+                n_top = self.last_visible(bm_rows, n_min, n_max, seqlen_k)
+                has_work = n_top >= n_min
+            if has_work:
                 head_kv = head if const_expr(self.pack) else head // self.ratio
                 head_v = head_kv
                 if const_expr(self.p.num_heads_v):  # K and V heads apart (packed: `head` is a group of rq)
@@ -416,6 +451,8 @@ class SdpaFwdSm90:
                 tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1),
                                                    cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
                 n_last = n_max - 1
+                if const_expr(self.p.has_block_mask):
+                    n_last = n_top
                 pipe_k.producer_acquire(kv_state)
                 cute.copy(tma_atom_k, tKgK[None, n_last], tKsK[None, kv_state.index],
                           tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
@@ -423,18 +460,25 @@ class SdpaFwdSm90:
                 cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
                 rest = n_max - 1 - n_min
+                if const_expr(self.p.has_block_mask):
+                    rest = n_top - n_min
                 n_prev = n_last
+                kv = (tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v)
+                # kv_state advances in place and is never rebound in this loop (so the DSL carries the loop's
+                # values in the order it always did: without block_mask the IR is unchanged)
                 for i in cutlass.range(rest, unroll=1):
                     n_cur = n_last - 1 - i
-                    prev_state = kv_state.clone()
-                    kv_state.advance()
-                    pipe_k.producer_acquire(kv_state)
-                    cute.copy(tma_atom_k, tKgK[None, n_cur], tKsK[None, kv_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                    pipe_v.producer_acquire(prev_state)
-                    cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, prev_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
-                    n_prev = n_cur
+                    if const_expr(self.p.has_block_mask):
+                        if self.tile_visible(bm_rows, n_cur, seqlen_k):  # else the consumers skip it too
+                            prev_state = kv_state.clone()
+                            kv_state.advance()
+                            self.load_kv(kv, n_cur, n_prev, kv_state, prev_state)
+                            n_prev = n_cur
+                    else:
+                        prev_state = kv_state.clone()
+                        kv_state.advance()
+                        self.load_kv(kv, n_cur, n_prev, kv_state, prev_state)
+                        n_prev = n_cur
                 pipe_v.producer_acquire(kv_state)
                 cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, kv_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
@@ -454,6 +498,18 @@ class SdpaFwdSm90:
                 m_block, hv, batch, valid, cur_b, cur_base = self.decode(
                     tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
                     cur_b, cur_base)
+
+    @cute.jit
+    def load_kv(self, kv, n_cur: Int32, n_prev: Int32, kv_state, prev_state):
+        """K of block n_cur into kv_state's stage, then V of the block visited before it (n_prev) into its stage,
+        prev_state's; `kv`: (TMA atoms of K and V, their partitions (gmem, smem), their pipelines)."""
+        tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v = kv
+        pipe_k.producer_acquire(kv_state)
+        cute.copy(tma_atom_k, tKgK[None, n_cur], tKsK[None, kv_state.index],
+                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+        pipe_v.producer_acquire(prev_state)
+        cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, prev_state.index],
+                  tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
 
     # --- consumer warpgroups
     @cute.jit
@@ -493,7 +549,7 @@ class SdpaFwdSm90:
             mask.apply_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.seqlen_k,
                             t.off, t.wl, t.wr, mask_seqlen=False, rows_per_query=self.rq)
         if const_expr(self.p.has_block_mask):
-            self.block_mask(c, t.bm_at, t.row0, acc_S, n_block)
+            self.block_mask(c, t.bm_at, t.bm_rows, t.row0, acc_S, n_block)
         sm.online_softmax(acc_as_mn(acc_S), c.row_max, c.row_sum, c.row_scale, c.scale_log2, is_first=False)
         warpgroup.wait_group(0)
         c.pipe_v.consumer_release(v_state)
@@ -502,12 +558,34 @@ class SdpaFwdSm90:
         return kv_state
 
     @cute.jit
-    def block_mask(self, c: _Mainloop, at, row0: Int32, acc_S, n_block: Int32):
-        """Key block n_block's scores whose block_mask bit is clear to -inf; `at`: the tile's (batch entry, query
-        head), whose bits are addressed from the kernel argument per block."""
-        batch, head = at
-        mask.apply_block_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, c.mBlockMask[batch, head, None, None], row0,
-                              n_block * self.tile_n)
+    def visit_block(self, c: _Mainloop, t: _TileBand, acc_O, n_block: Int32, kv_state,
+                    masked: cutlass.Constexpr[bool]):
+        """`one_block` for a key block after the first: with block_mask only where `tile_visible` keeps it (the
+        producer loaded exactly those), a skipped block advancing no pipeline state."""
+        if const_expr(self.p.has_block_mask):
+            if self.tile_visible(t.bm_rows, n_block, t.seqlen_k):
+                kv_state = self.one_block(c, t, acc_O, n_block, kv_state, masked=masked)
+        else:
+            kv_state = self.one_block(c, t, acc_O, n_block, kv_state, masked=masked)
+        return kv_state
+
+    @cute.jit
+    def block_mask(self, c: _Mainloop, at, rows, row0: Int32, acc_S, n_block: Int32):
+        """Key block n_block's scores whose block_mask bit is clear to -inf, for a visited block; `at`: the tile's
+        (batch entry, query head, seqlen_q), whose bits are addressed from the kernel argument per block, `rows`:
+        its `bm_rows`. A block inside one 128x128 block (tile_m and tile_n dividing 128) was visited because its
+        bit is set: it needs nothing, unless `tile_visible` could not read the bits (`mask.block_mask_unread`)."""
+        batch, head, _ = at
+        one_query_block = BLOCK_MASK_TILE % self.tile_m == 0
+        one_key_block = BLOCK_MASK_TILE % self.tile_n == 0
+        mBM = c.mBlockMask[batch, head, None, None]
+        if const_expr(one_query_block and one_key_block):
+            if mask.block_mask_unread(rows):
+                mask.apply_block_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, mBM, row0, n_block * self.tile_n,
+                                      one_query_block=True, one_key_block=True)
+        else:
+            mask.apply_block_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, mBM, row0, n_block * self.tile_n,
+                                  one_query_block=one_query_block)
 
     @cute.jit
     def add_mods(self, c: _Mainloop, row0: Int32, m: _TileMods, acc_S, n_block: Int32,
@@ -600,14 +678,22 @@ class SdpaFwdSm90:
             row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
             q0 = m_block * self.qt  # first query position
             has_work = n_max > n_min
+            bm_at, bm_rows, n_top = None, None, None
+            if const_expr(p.has_block_mask):  # the first block visited: the top one the bits keep (as the producer)
+                bm_at = (batch, head, seqlen_q)
+                bm_rows = self.bm_rows(mBlockMask, bm_at, row0)
+                n_top = self.last_visible(bm_rows, n_min, n_max, seqlen_k)
+                has_work = n_top >= n_min
             mods = None
             if const_expr(p.has_score_mods):
                 _, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
                 mods = _TileMods(batch, head, m_block, row_limit, col_limit, slope)
             if has_work:
                 pipe_q.consumer_wait(q_state)
-                # first block: all masks (it may hold the end of the keys)
+                # first block (with block_mask the first visited): all masks (it may hold the end of the keys)
                 n_last = n_max - 1
+                if const_expr(p.has_block_mask):
+                    n_last = n_top
                 pipe_k.consumer_wait(kv_state, pipe_k.consumer_try_wait(kv_state))
                 acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)),
                                               Float32)
@@ -620,28 +706,28 @@ class SdpaFwdSm90:
                                 wl_c, wr_c,
                                 mask_seqlen=True, rows_per_query=self.rq)
                 if const_expr(p.has_block_mask):
-                    self.block_mask(loop, (batch, head), row0, acc_S, n_last)
+                    self.block_mask(loop, bm_at, bm_rows, row0, acc_S, n_last)
                 sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=True)
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
                 acc_O.fill(0.0)
                 if const_expr(p.is_thd or p.has_seqused):
                     self.zero_v_tail(sV, pipe_v, kv_state, seqlen_k - n_last * self.tile_n, tidx % 128, wg)
-                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods, (batch, head))
+                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods, bm_at, bm_rows)
                 hi = n_last
                 if const_expr(p.has_window_right):
                     r_lo = cutlass.max(n_min, cutlass.min(hi, (q0 + off + wr_c) // self.tile_n))
                     for i in cutlass.range(hi - r_lo, unroll=1):
-                        kv_state = self.one_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=True)
+                        kv_state = self.visit_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=True)
                     hi = r_lo
                 l_hi = n_min
                 if const_expr(p.has_window_left):
                     l_hi = cutlass.max(n_min, cutlass.min(
                         hi, (q0 + self.qt + off - wl_c + (self.tile_n - 1)) // self.tile_n))
                 for i in cutlass.range(hi - l_hi, unroll=1):
-                    kv_state = self.one_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=False)
+                    kv_state = self.visit_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=False)
                 if const_expr(p.has_window_left):
                     for i in cutlass.range(l_hi - n_min, unroll=1):
-                        kv_state = self.one_block(loop, band, acc_O, l_hi - 1 - i, kv_state, masked=True)
+                        kv_state = self.visit_block(loop, band, acc_O, l_hi - 1 - i, kv_state, masked=True)
                 if const_expr(self.separate_o):
                     pipe_q.consumer_release(q_state)
                 # last PV
