@@ -1,0 +1,116 @@
+"""Time the backward with cuDNN's score modifiers on every engine that plans it, in one process.
+
+    python3 benchmarks/score_mods_bwd.py --d 128 --s 4096,16384 --causal 0,1 --bias bh,h,none --alibi 0,1
+
+Each row is one graph (bf16, BSHD, 16k tokens, hidden 2048 / D heads): a bias of the given broadcast ("bh" full,
+"h" per head, "b" per batch entry, "1" shared, "none" without) with its dBias (`--dbias 0` leaves it out), and
+ALiBi where asked (it needs a causal mask, as in cuDNN). It is planned through the graph API on each engine by name
+(`--engines`, default: the wgmma backward, the mma.sync backward and the cuDNN engine); an engine that declines
+prints its reason. The last column times the same problem without modifiers on the wgmma backward, so the
+modifiers' cost reads as a ratio. TFLOP/s count the backward as 2.5x the forward's matmul FLOPs (design.md); the
+modifiers' own work is not counted. Needs a CUDA GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+
+import frost
+from frost.bench.flops import sdpa_flops, tflops
+from quick_problem import timed
+
+ENGINES = ("sm90", "sm80", "cudnn")
+
+
+def graph(b, s, h, d, causal, bias, dbias, alibi, t):
+    """The backward graph over the given tensors; returns (graph, variant pack, workspace)."""
+    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
+                    compute_data_type=torch.float32)
+    h_ = {r: g.tensor_like(t[r], name=r) for r in ("q", "k", "v", "o", "dO", "stats")}
+    kw = dict(attn_scale=1.0 / math.sqrt(d))
+    if causal:
+        kw["use_causal_mask"] = True
+    if alibi:
+        kw["use_alibi_mask"] = True
+    decl = {}
+    if bias != "none":
+        decl["bias"] = kw["bias"] = g.tensor_like(t["bias"], name="bias")
+        if dbias:
+            decl["dBias"] = kw["dBias"] = g.tensor_like(t["dBias"], name="dBias")
+    grads = g.sdpa_backward(h_["q"], h_["k"], h_["v"], h_["o"], h_["dO"], h_["stats"], **kw)
+    for role, gh in zip(("dQ", "dK", "dV"), grads):
+        gh.set_output(True).set_dim(tuple(t[role].shape)).set_stride(tuple(t[role].stride()))
+        decl[role] = gh
+    return g, {**{h_[r]: t[r] for r in h_}, **{decl[r]: t[r] for r in decl}}
+
+
+def inputs(b, s, h, d, bias):
+    """(B, H, S, D) views of BSHD tensors, Stats (B, H, S, 1), and the bias / dBias of the given broadcast."""
+    torch.manual_seed(0)
+    t = {r: torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+         for r in ("q", "k", "v", "o", "dO")}
+    t["stats"] = torch.randn(b, h, s, 1, dtype=torch.float32, device="cuda").abs() + math.log(s)
+    for r in ("dQ", "dK", "dV"):
+        t[r] = torch.empty_like(t[r[1].lower()])
+    if bias != "none":
+        dims = (b if "b" in bias else 1, h if "h" in bias else 1, s, s)
+        t["bias"] = torch.randn(dims, dtype=torch.bfloat16, device="cuda")
+        t["dBias"] = torch.empty_like(t["bias"])
+    return t
+
+
+def run(engine, b, s, h, d, causal, bias, dbias, alibi, t):
+    """Median ms of one execute on `engine`, or the engine's decline."""
+    g, pack = graph(b, s, h, d, causal, bias, dbias, alibi, t)
+    g.validate()
+    try:
+        g.build_plans(engine=engine)
+    except frost.NotSupportedError as e:
+        return f"declined: {e.declines}"
+    ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+    ctx = frost.ExecutionContext()
+    return timed(lambda: g.execute(pack, ws, ctx))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--d", default="128")
+    ap.add_argument("--s", default="4096,16384")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--bias", default="bh,h")
+    ap.add_argument("--dbias", type=int, default=1)
+    ap.add_argument("--alibi", default="0")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    engines = a.engines.split(",")
+    print("| d | s | causal | bias | dBias | alibi | " + " | ".join(engines) + " | sm90 plain |")
+    print("|" + "---|" * (7 + len(engines)))
+    for d in map(int, a.d.split(",")):
+        for s in map(int, a.s.split(",")):
+            b, h = max(1, 16384 // s), 2048 // d
+            for causal in map(int, a.causal.split(",")):
+                flops = sdpa_flops(heads=h, d_qk=d, causal=bool(causal), direction="bwd", batch=b, seqlen_q=s)
+                for bias in a.bias.split(","):
+                    for alibi in map(int, a.alibi.split(",")):
+                        if alibi and not causal:
+                            continue  # cuDNN's rule: ALiBi needs a causal mask
+                        t = inputs(b, s, h, d, bias)
+                        cells = []
+                        for e in engines + ["sm90"]:
+                            plain = len(cells) == len(engines)
+                            ms = run(e, b, s, h, d, causal, "none" if plain else bias, a.dbias and not plain,
+                                     0 if plain else alibi, t)
+                            cells.append(ms if isinstance(ms, str) else f"{ms:.3f} ms {tflops(flops, ms):.0f} TF")
+                        print(f"| {d} | {s} | {causal} | {bias} | {a.dbias if bias != 'none' else '-'} | {alibi} | "
+                              + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
