@@ -38,7 +38,11 @@ Score modifiers (an additive bias, ALiBi: `frost.engines.common.score_mod`): eac
 S^T is scaled and modified in registers before the mask, read through the bias's
 transposed view (rows are keys), ALiBi with its slope negated (slope (j - i) with the
 roles of rows and columns swapped); P then takes an exp2 factor of log2(e). dS, dQ, dK and
-dV are as without them. dBias is not written here (the mma.sync backward writes it).
+dV are as without them. dBias is dS^T before the scale: a full (B, H) dBias takes each step's
+16-bit dS^T as it is, and the MMA threads zero its rows outside the key tile's band
+(`score_mod.zero_dbias_outside_band`); a broadcast or packed one adds fp32 dS^T into the
+accumulator the chain zeroes and converts (a deterministic one stores a copy per (batch entry,
+head) once, summed in order by the dQ convert).
 
 Head dims between the wgmma tiles' steps (80, 112, 72x40, ...) run on tiles padded past them
 (`tile_head_dim`): the TMA loads zero-fill the columns past the head dim (zeros add nothing to any
@@ -275,7 +279,7 @@ class SdpaBwdSm90:
                mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
                mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
-               tma_atom_dv: cute.CopyAtom, tma_atom_dq, scales, wl, wr,
+               tma_atom_dv: cute.CopyAtom, tma_atom_dq, score_args, wl, wr,
                q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
@@ -333,7 +337,7 @@ class SdpaBwdSm90:
         walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k, off_lse)
         args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
                 sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
-                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales, walk)
+                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, walk)
         if const_expr(self.p.is_thd):
             # a key tile past its sequence's keys owns no dK / dV rows and visits no query tile: every warp
             # of the CTA leaves at once, so none waits on another
@@ -345,7 +349,7 @@ class SdpaBwdSm90:
     @cute.jit
     def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ,
               sK, sV, sdO, sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
-              tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales, walk: Walk):
+              tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, walk: Walk):
         """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), warp 2
         stages the LSE / dpsum rows (`rows_warp`), the MMA warpgroups compute; all walk `walk`."""
         if warp_idx < 4:
@@ -370,7 +374,7 @@ class SdpaBwdSm90:
             if const_expr(self.p.pdl):
                 cute.arch.griddepcontrol_wait()
             self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
-                     sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales,
+                     sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args,
                      walk)
 
     def seq_rows(self, mX, head, w: Walk, offset):
@@ -576,10 +580,10 @@ class SdpaBwdSm90:
     # --- MMA warpgroups
     @cute.jit
     def mma(self, mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sP,
-            sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, scales, w: Walk):
+            sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, w: Walk):
         bm, bn = self.bm, self.bn
         # the softmax scale; the declared bias, dBias (written directly) and dBias accumulator, or None
-        scale, mBias, mdBias, mdBiasAcc = scales
+        scale, mBias, mdBias, mdBiasAcc = score_args
         n_block, steps, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.steps, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -709,7 +713,7 @@ class SdpaBwdSm90:
                 rows_barrier(BAR_ROWS_FREE, stage, True)
             if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
                 self.add_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w)
-            rdS16 = None  # dS^T in 16 bits, laid out as the accumulator
+            rdS16 = None  # dS^T in 16 bits, laid out as the accumulator (for a dBias written as it is)
             if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
                 rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
@@ -718,13 +722,15 @@ class SdpaBwdSm90:
                         wg_wait=-1)
             else:
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
-                rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
                 # dV += P^T dO while dS goes to shared memory
                 wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
-                cute.copy(r2s_ds, r2s_ds.retile(rdS16), tRsdS[None, None, None, stage])
+                cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
+                          tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
             if const_expr(self.p.has_dbias and not self.p.dbias_accum):  # dBias = dS^T (16 bits), as it is
+                if const_expr(not self.shared_keys):
+                    rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
                 self.store_dbias(acc_as_mn(rdS16), tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
             tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
             if const_expr(self.dk_first):
