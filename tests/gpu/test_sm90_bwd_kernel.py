@@ -18,6 +18,10 @@ from tests.gpu.test_sm80_bwd_kernel import (Case, extra_cols, make_inputs, oracl
                                             run_graph_replay, run_nan_padding)
 
 
+#: 80-row steps storing dQ in fragment order: dQ^T in two halves, the rows warp on mbarriers
+_HALVES = dict(tile_m=80, dq_fragments=True, dq_halves=True, rows_warp=True, rows_mbar=True)
+
+
 def _p(**kw) -> Sm90BwdParams:
     return Sm90BwdParams(**sm90_bwd_kwargs(**kw))
 
@@ -46,6 +50,12 @@ CASES = [
          sq=257, skv=257, wl=40, wr=17),
     Case("d128_m80_fp16_causal_mqa", _p(dtype="fp16", hq=4, hk=1, has_window_right=True, knobs=dict(tile_m=80)),
          sq=190, skv=250, wr=0),
+    # 80-row steps with dQ in fragment order, dQ^T in two halves (`dq_halves`), the rows warp on mbarriers
+    Case("d128_m80_halves_plain_gqa", _p(hq=8, hk=2, knobs=_HALVES), b=2, sq=333, skv=517),
+    Case("d128_m80_halves_causal_br", _p(has_window_right=True, bottom_right=True, knobs=_HALVES), sq=700, skv=650,
+         wr=0),
+    Case("det_d128_m80_halves_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True, knobs=_HALVES),
+         b=2, sq=1000, skv=1000, wr=0, runs=3),
     # deterministic: the key tiles add into each query tile in a fixed order; three runs bitwise equal
     Case("det_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True), b=2, sq=1000, skv=1000,
          wr=0, runs=3),
@@ -78,6 +88,8 @@ LENGTH_CASES = [
                                                   has_sinks=True, has_dsinks=True,
                                                   knobs=dict(tile_m=64, dq_fragments=True)),
          thd_lens=[(200, 200), (1, 1), (0, 5), (65, 70), (64, 300)], wr=0, runs=3),
+    Case("thd_d128_m80_halves_causal", _p(hq=4, hk=2, is_thd=True, has_window_right=True, knobs=_HALVES),
+         thd_lens=[(200, 200), (1, 1), (0, 5), (81, 70), (64, 300), (160, 160)], wr=0),
     Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
          used=[(256, 256), (100, 180), (1, 1), (0, 0)]),
     Case("pad_d96_sinks_det", _p(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),

@@ -198,7 +198,9 @@ class SdpaBwdSm90:
             mma_dk = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d), RMEM)
             mma_dv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, dv), RMEM)
         if const_expr(self.swap_dq):  # dQ^T = K^T dS^T: head-dim rows over the warpgroups, any tile_m
-            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, K, Float32, (2, 1, 1), (64, bm))
+            # (`dq_halves`: GEMMs of half the query rows)
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, K, Float32, (2, 1, 1),
+                                                       (64, bm // 2 if const_expr(p.dq_halves) else bm))
         elif const_expr(self.split_m):
             mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d))
         else:
@@ -601,7 +603,11 @@ class SdpaBwdSm90:
         tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(wu.transpose_view(sQ)))
         if const_expr(self.swap_dq):
             tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(wu.transpose_view(sK)))
-            tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
+            if const_expr(self.p.dq_halves):  # the two halves of dS^T's query rows (whole 8-row swizzle atoms)
+                tdQrdS = [wg_dq.make_fragment_B(wg_dq.partition_B(cute.local_tile(sdS, (bm // 2, bn, 2), (h, 0, 0))))
+                          for h in range(2)]
+            else:
+                tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
         else:
             tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
             tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wu.transpose_view(sK)))
@@ -632,6 +638,10 @@ class SdpaBwdSm90:
             half = self.bm * self.d // 2
             tdQsdQ = cute.make_tensor(sdQ.iterator + (tidx // 128) * half + (tidx % 128) * 4,
                                       cute.make_layout(((2, 2, n_dq // 4), 1, 1), stride=((1, 2, 512), 0, 0)))
+            if const_expr(self.p.dq_halves):  # half h holds 16-byte groups [5h, 5h + 5) of the tile's order
+                tdQsdQ = [cute.make_tensor(tdQsdQ.iterator + h * (n_dq // 8) * 512,
+                                           cute.make_layout(((2, 2, n_dq // 8), 1, 1), stride=((1, 2, 512), 0, 0)))
+                          for h in range(2)]
         else:
             tdQsdQ = mma_dq.get_slice(tidx).partition_C(wu.transpose_view(sdQ) if const_expr(self.swap_dq) else sdQ)
         # per-column (query) coordinates of this thread's S^T values
@@ -743,6 +753,21 @@ class SdpaBwdSm90:
                 if const_expr(not self.rows_warp):
                     self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
                 self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, True)
+            elif const_expr(self.p.dq_halves):
+                acc_dQ = self.dq_half_gemm(mma_dq, tdQrdS[0], tdQrKt, stage)
+                wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
+                warpgroup.wait_group(1)  # dV and dQ's first half done; dK may still run
+                pipe_do.consumer_release(q_state)
+                if const_expr(not self.rows_warp):
+                    self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
+                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+                cute.autovec_copy(acc_dQ, tdQsdQ[0])
+                acc_dQ = self.dq_half_gemm(mma_dq, tdQrdS[1], tdQrKt, stage)  # the first half's registers again
+                warpgroup.wait_group(0)
+                cute.autovec_copy(acc_dQ, tdQsdQ[1])
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
+                pipe_q.consumer_release(q_state)
             else:
                 acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
                 wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
@@ -818,6 +843,13 @@ class SdpaBwdSm90:
                             tA[r, c] = dS_mn[r, c]
                         else:
                             gops.red_add_f32(gops.elem_ptr(tA, (r, c)), [dS_mn[r, c]])
+
+    @cute.jit
+    def dq_half_gemm(self, mma_dq, tdQrdS_h, tdQrKt, stage):
+        """dQ^T of half the step's query rows (`dq_halves`), issued, not waited for."""
+        acc = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, self.bm // 2)), Float32)
+        wu.gemm(mma_dq, acc, tdQrKt, tdQrdS_h[None, None, None, stage], zero_init=True, wg_wait=-1)
+        return acc
 
     @cute.jit
     def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage):
