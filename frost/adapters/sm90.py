@@ -77,14 +77,6 @@ class SdpaBwdDslSm90(DslBwdAdapter):
             # deterministic without a band: the rotated turn order (1-6% over free order on the H200 against
             # 3-16% for the stair, benchmarks/results/2026-12-01-h200-run11)
             requested = {"det_order": "rotated", **requested}
-        knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
-                              packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
-                              **requested)
-        spills = knobs["tile_m"] == 80 or (knobs["tile_m"] == 128 and facts.is_thd and facts.has_dbias)
-        if (facts.has_bias or facts.has_alibi) and spills and "tile_m" not in requested:
-            # the score modifiers' registers spill the 80-row kernel, and the packed 128-row one with dBias's
-            # adds: 64 rows, the rest as the planner picks them
-            knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
-                                  packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
-                                  **{**requested, "tile_m": 64})
-        return knobs
+        return default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
+                             packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
+                             score_mods=facts.has_bias or facts.has_alibi, dbias=facts.has_dbias, **requested)

@@ -218,13 +218,6 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
             raise TemplateParamsError(f"{who}: a packed batch's dbias goes through the accumulator (dbias_accum)")
 
 
-def check_no_score_mods(p: SdpaFeatureParams, who: str, why: str) -> None:
-    """For templates without a bias, ALiBi or dBias: raise TemplateParamsError naming what is set."""
-    used = [n for n in ("has_bias", "has_alibi", "has_dbias") if getattr(p, n, False)]
-    if used:
-        raise TemplateParamsError(f"{who}: {', '.join(used)} set; {why}")
-
-
 def _check_own_offsets(p: SdpaFeatureParams, who: str) -> None:
     """Own ragged offsets belong to the ragged-offset form: known roles, once each, in order, divisors > 0."""
     if not p.ragged:

@@ -350,7 +350,9 @@ def sm90_bwd_kwargs(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flag
     from frost.engines.sm90.sdpa_bwd_params import default_knobs
 
     k = default_knobs(d, dv or d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")),
-                      ragged=bool(flags.get("token_div_q")), **(knobs or {}))
+                      ragged=bool(flags.get("token_div_q")),
+                      score_mods=bool(flags.get("has_bias") or flags.get("has_alibi")),
+                      dbias=bool(flags.get("has_dbias")), **(knobs or {}))
     return dict(dtype=dtype, head_dim=d, head_dim_v=dv or d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 
@@ -601,7 +603,7 @@ SM90_BWD_SCORE_MOD_COVER = [
                     has_window_right=True),
     sm90_bwd_kwargs(has_bias=True, bias_per_head=True, has_dbias=True, dbias_accum=True, deterministic=True),
     sm90_bwd_kwargs(d=64, hq=8, hk=2, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True,
-                    has_window_right=True, knobs=dict(tile_m=64)),
+                    has_window_right=True),
     sm90_bwd_kwargs(hq=8, hk=2, has_alibi=True, has_window_right=True, has_sinks=True),
     sm90_bwd_kwargs(d=256, has_bias=True, bias_key_strided=True, has_dbias=True),
 ]
@@ -609,10 +611,10 @@ SM90_BWD_SCORE_MOD_COVER = [
 # the SM90 backward's 80-row steps with dQ in fragment order, dQ^T in two halves (`dq_halves`), the rows warp on
 # mbarriers, where they compile without spills: dense, no band (with a band, deterministic or packed ptxas spills
 # 8-24 bytes)
-_HALVES = dict(tile_m=80, dq_fragments=True, dq_halves=True, rows_warp=True, rows_mbar=True)
+SM90_BWD_HALVES_KNOBS = dict(tile_m=80, dq_fragments=True, dq_halves=True, rows_warp=True, rows_mbar=True)
 SM90_BWD_DQ_HALVES_COVER = [
-    sm90_bwd_kwargs(knobs=_HALVES),
-    sm90_bwd_kwargs(dtype="fp16", knobs=_HALVES),
+    sm90_bwd_kwargs(knobs=SM90_BWD_HALVES_KNOBS),
+    sm90_bwd_kwargs(dtype="fp16", knobs=SM90_BWD_HALVES_KNOBS),
 ]
 
 # K and V head counts that do not nest in the mma.sync backward: both tiles change within a walk (K groups of 3 query

@@ -258,6 +258,10 @@ def apply_block_mask(
     lo = cutlass.min(kt0 // BLOCK_MASK_BITS, byte_last)
     hi = cutlass.min(lo + 1, byte_last)
     shift = kt0 % BLOCK_MASK_BITS
+
+    def word_of(q_tile):
+        """Query block q_tile's bits from the view's first key tile on."""
+        return (Int32(mBM[q_tile, lo]) | (Int32(mBM[q_tile, hi]) << BLOCK_MASK_BITS)) >> shift
     if cutlass.const_expr(one_query_block and one_key_block):  # one 128x128 block: one bit for the view
         q_tile = cutlass.min(row_base // BLOCK_MASK_TILE, q_last)
         keep = ((Int32(mBM[q_tile, lo]) >> shift) & 1) != 0
@@ -267,16 +271,14 @@ def apply_block_mask(
     else:
         shared = None
         if cutlass.const_expr(one_query_block):
-            q_tile = cutlass.min(row_base // BLOCK_MASK_TILE, q_last)
-            shared = (Int32(mBM[q_tile, lo]) | (Int32(mBM[q_tile, hi]) << BLOCK_MASK_BITS)) >> shift
+            shared = word_of(cutlass.min(row_base // BLOCK_MASK_TILE, q_last))
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             word = shared
             if cutlass.const_expr(not one_query_block):
                 i = row_base + tScS_mn[r, 0][0]
                 if cutlass.const_expr(rows_per_query > 1):
                     i = i // rows_per_query
-                q_tile = cutlass.min(i // BLOCK_MASK_TILE, q_last)
-                word = (Int32(mBM[q_tile, lo]) | (Int32(mBM[q_tile, hi]) << BLOCK_MASK_BITS)) >> shift
+                word = word_of(cutlass.min(i // BLOCK_MASK_TILE, q_last))
             for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
                 j = (thr_col + t0ScS_mn[0, c][1]) // BLOCK_MASK_TILE - kt0
                 acc_mn[r, c] = acc_mn[r, c] if ((word >> j) & 1) != 0 else -Float32.inf
@@ -369,7 +371,7 @@ def block_mask_tile_visible(rows, n_block: Int32, tile_m: cutlass.Constexpr[int]
         if cutlass.const_expr(two_rows):
             word = word | read(off_hi, lo) | (read(off_hi, hi) << BLOCK_MASK_BITS)
         visible = ((word >> shift) & ((Int32(2) << (kt1 - kt0)) - 1)) != 0
-    return visible or off_lo < 0  # rows past 32-bit offsets skip nothing
+    return visible or block_mask_unread(rows)  # rows past 32-bit offsets skip nothing
 
 
 def block_mask_unread(rows):

@@ -722,7 +722,7 @@ class SdpaBwdSm90:
             elif const_expr(self.rows_warp):
                 rows_barrier(BAR_ROWS_FREE, stage, True)
             if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
-                self.add_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w)
+                self.write_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w, True)
             rdS16 = None  # dS^T in 16 bits, laid out as the accumulator (for a dBias written as it is)
             if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
                 rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
@@ -741,7 +741,7 @@ class SdpaBwdSm90:
             if const_expr(self.p.has_dbias and not self.p.dbias_accum):  # dBias = dS^T (16 bits), as it is
                 if const_expr(not self.shared_keys):
                     rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
-                self.store_dbias(acc_as_mn(rdS16), tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
+                self.write_dbias(acc_as_mn(rdS16), tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w, False)
             tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
             if const_expr(self.dk_first):
                 # dK before dQ, so Q and dO are released while dQ still runs: the next step's loads overlap it
@@ -754,19 +754,18 @@ class SdpaBwdSm90:
                     self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
                 self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, True)
             elif const_expr(self.p.dq_halves):
-                acc_dQ = self.dq_half_gemm(mma_dq, tdQrdS[0], tdQrKt, stage)
+                acc_dQ = self.dq_gemm(mma_dq, tdQrdS[0], tdQrKt, stage, self.bm // 2)
                 wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
                 warpgroup.wait_group(1)  # dV and dQ's first half done; dK may still run
                 pipe_do.consumer_release(q_state)
                 if const_expr(not self.rows_warp):
                     self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
-                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+                self.claim_dq_tile()
                 cute.autovec_copy(acc_dQ, tdQsdQ[0])
-                acc_dQ = self.dq_half_gemm(mma_dq, tdQrdS[1], tdQrKt, stage)  # the first half's registers again
+                acc_dQ = self.dq_gemm(mma_dq, tdQrdS[1], tdQrKt, stage, self.bm // 2)  # the first half's registers
                 warpgroup.wait_group(0)
                 cute.autovec_copy(acc_dQ, tdQsdQ[1])
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
+                self.hand_dq_tile()
                 pipe_q.consumer_release(q_state)
             else:
                 acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
@@ -809,53 +808,38 @@ class SdpaBwdSm90:
         return acc_as_mn(thr_sdp.partition_C(cute.local_tile(mXt, (self.bn, self.bm), (w.n_block, m_block))))
 
     @cute.jit
-    def store_dbias(self, rdS_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mdBias,
-                    head: Int32, m_block: Int32, w: Walk):
-        """dS^T (16 bits) of one step into dBias as it is (one (batch, head) per element): every element inside
-        dBias's extents, the zeros of masked and padding positions included."""
+    def write_dbias(self, vals_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mX,
+                    head: Int32, m_block: Int32, w: Walk, add: cutlass.Constexpr[bool]):
+        """dS^T of one step (before the scale) into dBias: as it is (16 bits, one (batch, head) per element),
+        every element inside dBias's extents, the zeros of masked and padding positions included; or (`add`)
+        red.global.add'ed in fp32 into the accumulator (`dbias_accum`), the positions inside the sequence only.
+        Deterministic, the accumulator holds a copy per (batch entry, query head), so each element's one write is
+        a plain store (the dQ convert sums the copies in a fixed order)."""
         p = self.p
-        mdB = score_mod.bias_rows(mdBias, w.batch, head, p.bias_per_batch, p.bias_per_head)
-        tdB = self.score_tile(thr_sdp, mdB, m_block, w)
-        keys_left = mdB.shape[1] - w.n_block * self.bn
-        q_room = mdB.shape[0] - m_block * self.bm - tScS_mn[0][1]
-        for r in cutlass.range_constexpr(cute.size(rdS_mn, mode=[0])):
+        per_batch = p.dbias_accum_per_batch if const_expr(add) else p.bias_per_batch
+        per_head = p.dbias_accum_per_head if const_expr(add) else p.bias_per_head
+        mB = score_mod.bias_rows(mX, w.batch, head, per_batch, per_head)
+        tB = self.score_tile(thr_sdp, mB, m_block, w)
+        k_limit, q_limit = mB.shape[1], mB.shape[0]
+        if const_expr(add):
+            k_limit, q_limit = cutlass.min(w.seqlen_k, k_limit), cutlass.min(w.seqlen_q, q_limit)
+        keys_left = k_limit - w.n_block * self.bn
+        q_room = q_limit - m_block * self.bm - tScS_mn[0][1]
+        for r in cutlass.range_constexpr(cute.size(vals_mn, mode=[0])):
             if tScS_mn[r, 0][0] < keys_left:
-                for c in cutlass.range_constexpr(cute.size(rdS_mn, mode=[1])):
+                for c in cutlass.range_constexpr(cute.size(vals_mn, mode=[1])):
                     if t0ScS_mn[0, c][1] < q_room:
-                        tdB[r, c] = rdS_mn[r, c]
-
-    @cute.jit
-    def add_dbias(self, dS_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mdBiasAcc,
-                  head: Int32, m_block: Int32, w: Walk):
-        """red.global.add dS^T (fp32) of one step into the dBias accumulator (`dbias_accum`), the positions inside
-        the sequence only. Deterministic: the accumulator holds a copy per (batch entry, query head), so this is
-        each element's one write: a plain store (the dQ convert sums the copies in a fixed order)."""
-        p = self.p
-        mA = score_mod.bias_rows(mdBiasAcc, w.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
-        tA = self.score_tile(thr_sdp, mA, m_block, w)
-        keys_left = cutlass.min(w.seqlen_k, mA.shape[1]) - w.n_block * self.bn
-        q_room = cutlass.min(w.seqlen_q, mA.shape[0]) - m_block * self.bm - tScS_mn[0][1]
-        for r in cutlass.range_constexpr(cute.size(dS_mn, mode=[0])):
-            if tScS_mn[r, 0][0] < keys_left:
-                for c in cutlass.range_constexpr(cute.size(dS_mn, mode=[1])):
-                    if t0ScS_mn[0, c][1] < q_room:
-                        if const_expr(p.deterministic):
-                            tA[r, c] = dS_mn[r, c]
+                        if const_expr(add and not p.deterministic):
+                            gops.red_add_f32(gops.elem_ptr(tB, (r, c)), [vals_mn[r, c]])
                         else:
-                            gops.red_add_f32(gops.elem_ptr(tA, (r, c)), [dS_mn[r, c]])
+                            tB[r, c] = vals_mn[r, c]
 
     @cute.jit
-    def dq_half_gemm(self, mma_dq, tdQrdS_h, tdQrKt, stage):
-        """dQ^T of half the step's query rows (`dq_halves`), issued, not waited for."""
-        acc = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, self.bm // 2)), Float32)
-        wu.gemm(mma_dq, acc, tdQrKt, tdQrdS_h[None, None, None, stage], zero_init=True, wg_wait=-1)
-        return acc
-
-    @cute.jit
-    def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage):
-        """dQ = dS K (or dQ^T = K^T dS^T) of this step's dS tile, issued, not waited for."""
+    def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage, rows: cutlass.Constexpr[int] = 0):
+        """dQ = dS K (or dQ^T = K^T dS^T) of this step's dS tile, issued, not waited for; `rows`: dQ^T of that
+        many query rows (`dq_halves`: tdQrdS one half's), else all of the step's."""
         if const_expr(self.swap_dq):
-            acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, self.bm)), Float32)
+            acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, rows or self.bm)), Float32)
             wu.gemm(mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], zero_init=True, wg_wait=-1)
         else:
             acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.bm, self.d)), Float32)
@@ -874,12 +858,22 @@ class SdpaBwdSm90:
                 warpgroup.wait_group(0)
             self.add_dq(acc_dQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w)
         else:
-            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+            self.claim_dq_tile()
             if const_expr(wait):
                 warpgroup.wait_group(0)
             cute.autovec_copy(acc_dQ, tdQsdQ)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
+            self.hand_dq_tile()
+
+    @cute.jit
+    def claim_dq_tile(self):
+        """Wait until the dQ writer's previous add has read the shared dQ tile."""
+        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
+
+    @cute.jit
+    def hand_dq_tile(self):
+        """Hand the written shared dQ tile to the dQ writer (its stores made visible to the bulk add)."""
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
 
     @cute.jit
     def stage_tile(self, acc: cute.Tensor, r2s: cute.TiledCopy, dst: cute.Tensor) -> cute.Tensor:
