@@ -5,13 +5,16 @@ For query row i and key column j, local to their sequences (cuDNN's order, masks
 A kernel with score modifiers scales its S = Q.K^T tile here and hands the softmax
 (or the backward's P) a scale of 1 (log2(e) in the exp2 domain). The bias is read
 from global memory element by element through its declared strides (any layout),
-one predicated load per score; rows and columns outside the sequence (or the
-bias) read 0, and the mask then decides. ALiBi's slopes are computed in the
+one predicated load per score, all of a tile's loads issued before any is used
+(`fetch_bias`); rows and columns outside the sequence (or the bias) read 0, and
+the mask then decides. ALiBi's slopes are computed in the
 kernel (`alibi_slope`, cuDNN's formula; `sdpa_args.alibi_slopes` is its host twin).
 """
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+
+from frost.engines.common import global_ops as gops
 
 
 @cute.jit
@@ -59,6 +62,44 @@ def sequence_mods(p: cutlass.Constexpr, mBias, batch: Int32, head: Int32, seqlen
 
 
 @cute.jit
+def fetch_bias(
+    tBgB_mn: cute.Tensor,
+    tScS_mn: cute.Tensor,
+    t0ScS_mn: cute.Tensor,
+    row_base: Int32,
+    col_base: Int32,
+    row_limit: Int32,
+    col_limit: Int32,
+    check_cols: cutlass.Constexpr[bool] = True,
+    first_row: cutlass.Constexpr[int] = 0,
+    num_rows: cutlass.Constexpr[int] = 0,
+) -> cute.Tensor:
+    """This thread's bias elements of one tile in fp32 registers: a (num_rows, cols) fragment of the score view's
+    rows first_row.. (num_rows 0: to the last), 0.0 at rows >= row_limit and, with `check_cols`, columns >=
+    col_limit. The loads are predicated, not branched, so they issue back to back and their latency is paid
+    once per fragment; an engine may call this before it waits for the scores so the latency hides behind the
+    GEMM."""
+    rows = cute.size(tBgB_mn, mode=[0]) - first_row if cutlass.const_expr(num_rows == 0) else num_rows
+    cols = cute.size(tBgB_mn, mode=[1])
+    rB = cute.make_rmem_tensor((rows, cols), Float32)
+    bf16 = cutlass.const_expr(tBgB_mn.element_type == cutlass.BFloat16)
+    col_room = col_limit - col_base - tScS_mn[0][1]
+    for r in cutlass.range_constexpr(rows):
+        row_ok = row_base + tScS_mn[first_row + r, 0][0] < row_limit
+        for c in cutlass.range_constexpr(cols):
+            ok = row_ok
+            if cutlass.const_expr(check_cols):
+                ok = row_ok & (t0ScS_mn[0, c][1] < col_room)
+            rB[r, c] = gops.ld_16bit_as_f32_if(gops.elem_ptr(tBgB_mn, (first_row + r, c)), ok, bf16)
+    return rB
+
+
+# bias elements fetched at once when the caller has not prefetched the tile: enough loads in flight to pay the
+# latency a few times per tile, few enough registers that the tile's other live values stay in registers
+FETCH_CHUNK = 16
+
+
+@cute.jit
 def add_score_mods(
     acc_mn: cute.Tensor,
     tScS_mn: cute.Tensor,
@@ -71,37 +112,40 @@ def add_score_mods(
     col_limit: Int32,
     slope,
     check_cols: cutlass.Constexpr[bool] = True,
+    rB=None,
 ):
     """acc = acc * scale + bias + slope * (j - i), in place, on a (rows, cols) score view.
 
     tScS_mn / t0ScS_mn: this thread's and thread 0's (row, col) tile coordinates (the thread's columns are
     thread 0's plus a uniform offset, so the column checks compare constants). `tBgB_mn`: the bias tile
-    partitioned like the scores (None: no bias); rows >= row_limit and, with `check_cols`, columns >= col_limit
-    (sequence-local) read 0 instead. `slope`: ALiBi's slope of this head (None: no ALiBi).
+    partitioned like the scores (None: no bias), read through `fetch_bias` (rows >= row_limit and, with
+    `check_cols`, columns >= col_limit, sequence-local, read 0); `rB`: that fragment already fetched.
+    `slope`: ALiBi's slope of this head (None: no ALiBi). Without `rB` the bias is fetched FETCH_CHUNK
+    elements at a time.
     """
+    rows = cute.size(acc_mn, mode=[0])
+    cols = cute.size(acc_mn, mode=[1])
+    step = rows
+    if cutlass.const_expr(tBgB_mn is not None and rB is None):
+        step = max(1, min(rows, FETCH_CHUNK // cols))
     thr_col = col_base + tScS_mn[0][1]
-    col_room = col_limit - thr_col
-    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-        i = row_base + tScS_mn[r, 0][0]
-        row_ok = i < row_limit
-        alibi_row = Float32(0.0)
-        if cutlass.const_expr(slope is not None):
-            alibi_row = Float32(thr_col - i) * slope
-        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-            cc = t0ScS_mn[0, c][1]
-            v = acc_mn[r, c] * scale
-            if cutlass.const_expr(tBgB_mn is not None):
-                b = Float32(0.0)
-                if cutlass.const_expr(check_cols):
-                    if row_ok and cc < col_room:
-                        b = Float32(tBgB_mn[r, c])
-                else:
-                    if row_ok:
-                        b = Float32(tBgB_mn[r, c])
-                v = v + b
+    for r0 in cutlass.range_constexpr(0, rows, step):
+        rC = rB
+        if cutlass.const_expr(tBgB_mn is not None and rB is None):
+            rC = fetch_bias(tBgB_mn, tScS_mn, t0ScS_mn, row_base, col_base, row_limit, col_limit, check_cols, r0,
+                            min(step, rows - r0))
+        for r in cutlass.range_constexpr(r0, min(r0 + step, rows)):
+            i = row_base + tScS_mn[r, 0][0]
+            alibi_row = Float32(0.0)
             if cutlass.const_expr(slope is not None):
-                v = v + (alibi_row + slope * Float32(cc))
-            acc_mn[r, c] = v
+                alibi_row = Float32(thr_col - i) * slope
+            for c in cutlass.range_constexpr(cols):
+                v = acc_mn[r, c] * scale
+                if cutlass.const_expr(rC is not None):
+                    v = v + (rC[r - r0, c] if cutlass.const_expr(rB is None) else rC[r, c])
+                if cutlass.const_expr(slope is not None):
+                    v = v + (alibi_row + slope * Float32(t0ScS_mn[0, c][1]))
+                acc_mn[r, c] = v
 
 
 @cute.jit

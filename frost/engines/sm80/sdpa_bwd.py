@@ -63,7 +63,8 @@ from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.seqlen import own_rows, seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
-from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32
+from frost.engines.common.global_ops import (elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32, st_16bit_if,
+                                            st_f32_if)
 from frost.engines.sdpa_bwd import accum
 from frost.engines.sdpa_bwd.scratch import uses_turns
 from frost.engines.sm80 import warp_mma
@@ -690,10 +691,9 @@ def _store_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, rdS_mn: cute.
     rows_left = mdB.shape[0] - m_block * cfg.bm
     col_room = mdB.shape[1] - n_block * cfg.bn - c.tScS_mn[0][1]
     for r in cutlass.range_constexpr(cute.size(rdS_mn, mode=[0])):
-        if c.tScS_mn[r, 0][0] < rows_left:
-            for j in cutlass.range_constexpr(cute.size(rdS_mn, mode=[1])):
-                if c.t0ScS_mn[0, j][1] < col_room:
-                    tdB[r, j] = rdS_mn[r, j]
+        row_ok = c.tScS_mn[r, 0][0] < rows_left
+        for j in cutlass.range_constexpr(cute.size(rdS_mn, mode=[1])):  # predicated stores, no branch each
+            st_16bit_if(elem_ptr(tdB, (r, j)), rdS_mn[r, j], row_ok & (c.t0ScS_mn[0, j][1] < col_room))
 
 
 @cute.jit
@@ -710,17 +710,17 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
     rows_left = cutlass.min(s.seqlen_q, mA.shape[0]) - m_block * cfg.bm
     col_room = cutlass.min(s.seqlen_k, mA.shape[1]) - n_block * cfg.bn - c.tScS_mn[0][1]
     for r in cutlass.range_constexpr(cute.size(dS_mn, mode=[0])):
-        if c.tScS_mn[r, 0][0] < rows_left:
-            for j in cutlass.range_constexpr(0, cute.size(dS_mn, mode=[1]), 2):
-                if c.t0ScS_mn[0, j][1] < col_room:
-                    if cutlass.const_expr(p.deterministic):
-                        tA[r, j] = dS_mn[r, j]
-                        tA[r, j + 1] = dS_mn[r, j + 1]
-                    elif cutlass.const_expr(cfg.vector_red):
-                        red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j], dS_mn[r, j + 1]])
-                    else:
-                        red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j]])
-                        red_add_f32(elem_ptr(tA, (r, j + 1)), [dS_mn[r, j + 1]])
+        row_ok = c.tScS_mn[r, 0][0] < rows_left
+        for j in cutlass.range_constexpr(0, cute.size(dS_mn, mode=[1]), 2):  # predicated, no branch each
+            ok = row_ok & (c.t0ScS_mn[0, j][1] < col_room)
+            if cutlass.const_expr(p.deterministic):
+                st_f32_if(elem_ptr(tA, (r, j)), dS_mn[r, j], ok)
+                st_f32_if(elem_ptr(tA, (r, j + 1)), dS_mn[r, j + 1], ok)
+            elif cutlass.const_expr(cfg.vector_red):
+                red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j], dS_mn[r, j + 1]], ok)
+            else:
+                red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j]], ok)
+                red_add_f32(elem_ptr(tA, (r, j + 1)), [dS_mn[r, j + 1]], ok)
 
 
 @cute.jit

@@ -693,6 +693,9 @@ class SdpaBwdSm90:
             pipe_do.consumer_wait(q_state, pipe_do.consumer_try_wait(q_state))
             acc_dP = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
             wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
+            rB = None  # the step's bias tile, its loads in flight while S^T and dP^T run
+            if const_expr(self.p.has_bias):
+                rB = self.fetch_bias(tScS_mn, t0ScS_mn, thr_sdp, mBias, head, m_block, w)
             warpgroup.wait_group(1)
             s_mn = acc_as_mn(acc_S)
             if const_expr(self.rows_mbar):  # this warpgroup waits for the rows alone, not for the other one
@@ -700,7 +703,7 @@ class SdpaBwdSm90:
             elif const_expr(self.rows_warp):
                 rows_barrier(BAR_ROWS_FULL, stage, False)
             if const_expr(self.p.has_score_mods):
-                self.score_mods(s_mn, tScS_mn, t0ScS_mn, thr_sdp, mBias, scale, head, m_block, w)
+                self.score_mods(s_mn, tScS_mn, t0ScS_mn, rB, scale, head, m_block, w)
             if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
                 mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
@@ -786,20 +789,25 @@ class SdpaBwdSm90:
                       mma_dv, scale, tidx, w)
 
     @cute.jit
-    def score_mods(self, s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mBias, scale: Float32,
+    def fetch_bias(self, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mBias, head: Int32, m_block: Int32,
+                   w: Walk) -> cute.Tensor:
+        """Issue the loads of the step's bias^T tile (`score_mod.fetch_bias` through the transposed view: rows are
+        keys, columns queries) into fp32 registers; called before the scores are waited for."""
+        mB, q_limit, k_limit, _ = score_mod.sequence_mods(self.p, mBias, w.batch, head, w.seqlen_q, w.seqlen_k)
+        return score_mod.fetch_bias(self.score_tile(thr_sdp, mB, m_block, w), tScS_mn, t0ScS_mn,
+                                    w.n_block * self.bn, m_block * self.bm, k_limit, q_limit)
+
+    @cute.jit
+    def score_mods(self, s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, rB, scale: Float32,
                    head: Int32, m_block: Int32, w: Walk):
         """S^T -> scale * S^T + bias^T + ALiBi of query head `head`, in place, before the mask
-        (`score_mod.add_score_mods` on the transposed view: rows are keys, columns queries, so the bias is read
-        through its transposed layout and ALiBi's slope(j - i) takes the negated slope)."""
-        mB, q_limit, k_limit, slope = score_mod.sequence_mods(self.p, mBias, w.batch, head, w.seqlen_q, w.seqlen_k)
-        tBgB = None
-        if const_expr(self.p.has_bias):
-            tBgB = self.score_tile(thr_sdp, mB, m_block, w)
+        (`score_mod.add_score_mods` on the transposed view, `rB` the fetched bias^T tile or None; ALiBi's
+        slope(j - i) takes the negated slope)."""
         neg_slope = None
         if const_expr(self.p.has_alibi):
-            neg_slope = -slope
-        score_mod.add_score_mods(s_mn, tScS_mn, t0ScS_mn, tBgB, scale, w.n_block * self.bn, m_block * self.bm,
-                                 k_limit, q_limit, neg_slope)
+            neg_slope = -score_mod.alibi_slope(head, self.p.num_heads_q)
+        score_mod.add_score_mods(s_mn, tScS_mn, t0ScS_mn, None, scale, w.n_block * self.bn, m_block * self.bm,
+                                 w.seqlen_k, w.seqlen_q, neg_slope, rB=rB)
 
     def score_tile(self, thr_sdp, mX: cute.Tensor, m_block: Int32, w: Walk) -> cute.Tensor:
         """This thread's elements of a (S_q, S_kv) score-shaped tensor (bias, dBias) at the step's tile, through
@@ -826,13 +834,16 @@ class SdpaBwdSm90:
         keys_left = k_limit - w.n_block * self.bn
         q_room = q_limit - m_block * self.bm - tScS_mn[0][1]
         for r in cutlass.range_constexpr(cute.size(vals_mn, mode=[0])):
-            if tScS_mn[r, 0][0] < keys_left:
-                for c in cutlass.range_constexpr(cute.size(vals_mn, mode=[1])):
-                    if t0ScS_mn[0, c][1] < q_room:
-                        if const_expr(add and not p.deterministic):
-                            gops.red_add_f32(gops.elem_ptr(tB, (r, c)), [vals_mn[r, c]])
-                        else:
-                            tB[r, c] = vals_mn[r, c]
+            key_ok = tScS_mn[r, 0][0] < keys_left
+            for c in cutlass.range_constexpr(cute.size(vals_mn, mode=[1])):
+                ok = key_ok & (t0ScS_mn[0, c][1] < q_room)  # predicated stores: no branch per element
+                ptr = gops.elem_ptr(tB, (r, c))
+                if const_expr(add and not p.deterministic):
+                    gops.red_add_f32(ptr, [vals_mn[r, c]], ok)
+                elif const_expr(add):
+                    gops.st_f32_if(ptr, vals_mn[r, c], ok)
+                else:
+                    gops.st_16bit_if(ptr, vals_mn[r, c], ok)
 
     @cute.jit
     def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage, rows: cutlass.Constexpr[int] = 0):

@@ -1,12 +1,13 @@
-"""Time the backward with cuDNN's score modifiers on every engine that plans it, in one process.
+"""Time the forward or backward with cuDNN's score modifiers on every engine that plans it, in one process.
 
-    python3 benchmarks/score_mods_bwd.py --d 128 --s 4096,16384 --causal 0,1 --bias bh,h,none --alibi 0,1
+    python3 benchmarks/score_mods.py --direction fwd,bwd --d 128 --s 4096,16384 --causal 0,1 --bias bh,h --alibi 0,1
 
 Each row is one graph (bf16, BSHD, 16k tokens, hidden 2048 / D heads): a bias of the given broadcast ("bh" full,
-"h" per head, "b" per batch entry, "1" shared, "none" without) with its dBias (`--dbias 0` leaves it out), and
+"h" per head, "b" per batch entry, "1" shared, "none" without), in the backward with its dBias (`--dbias 0` leaves
+it out), and
 ALiBi where asked (it needs a causal mask, as in cuDNN). It is planned through the graph API on each engine by name
 (`--engines`, default: the wgmma backward, the mma.sync backward and the cuDNN engine); an engine that declines
-prints its reason. The last column times the same problem without modifiers on the wgmma backward, so the
+prints its reason. The last column times the same problem without modifiers on the wgmma engine, so the
 modifiers' cost reads as a ratio. TFLOP/s count the backward as 2.5x the forward's matmul FLOPs (design.md); the
 modifiers' own work is not counted. Needs a CUDA GPU.
 """
@@ -25,11 +26,12 @@ from quick_problem import timed
 ENGINES = ("sm90", "sm80", "cudnn")
 
 
-def graph(b, s, h, d, causal, bias, dbias, alibi, t):
-    """The backward graph over the given tensors; returns (graph, variant pack, workspace)."""
+def graph(direction, b, s, h, d, causal, bias, dbias, alibi, t):
+    """The forward or backward graph over the given tensors; returns (graph, variant pack)."""
     g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
                     compute_data_type=torch.float32)
-    h_ = {r: g.tensor_like(t[r], name=r) for r in ("q", "k", "v", "o", "dO", "stats")}
+    roles = ("q", "k", "v") if direction == "fwd" else ("q", "k", "v", "o", "dO", "stats")
+    h_ = {r: g.tensor_like(t[r], name=r) for r in roles}
     kw = dict(attn_scale=1.0 / math.sqrt(d))
     if causal:
         kw["use_causal_mask"] = True
@@ -38,10 +40,15 @@ def graph(b, s, h, d, causal, bias, dbias, alibi, t):
     decl = {}
     if bias != "none":
         decl["bias"] = kw["bias"] = g.tensor_like(t["bias"], name="bias")
-        if dbias:
+        if dbias and direction == "bwd":
             decl["dBias"] = kw["dBias"] = g.tensor_like(t["dBias"], name="dBias")
-    grads = g.sdpa_backward(h_["q"], h_["k"], h_["v"], h_["o"], h_["dO"], h_["stats"], **kw)
-    for role, gh in zip(("dQ", "dK", "dV"), grads):
+    if direction == "fwd":
+        o, stats = g.sdpa(h_["q"], h_["k"], h_["v"], generate_stats=True, **kw)
+        outs = zip(("o", "stats"), (o, stats))
+    else:
+        outs = zip(("dQ", "dK", "dV"), g.sdpa_backward(h_["q"], h_["k"], h_["v"], h_["o"], h_["dO"], h_["stats"],
+                                                        **kw))
+    for role, gh in outs:
         gh.set_output(True).set_dim(tuple(t[role].shape)).set_stride(tuple(t[role].stride()))
         decl[role] = gh
     return g, {**{h_[r]: t[r] for r in h_}, **{decl[r]: t[r] for r in decl}}
@@ -62,9 +69,9 @@ def inputs(b, s, h, d, bias):
     return t
 
 
-def run(engine, b, s, h, d, causal, bias, dbias, alibi, t):
+def run(direction, engine, b, s, h, d, causal, bias, dbias, alibi, t):
     """Median ms of one execute on `engine`, or the engine's decline."""
-    g, pack = graph(b, s, h, d, causal, bias, dbias, alibi, t)
+    g, pack = graph(direction, b, s, h, d, causal, bias, dbias, alibi, t)
     g.validate()
     try:
         g.build_plans(engine=engine)
@@ -77,6 +84,7 @@ def run(engine, b, s, h, d, causal, bias, dbias, alibi, t):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--direction", default="bwd", help="fwd, bwd or both (fwd,bwd)")
     ap.add_argument("--d", default="128")
     ap.add_argument("--s", default="4096,16384")
     ap.add_argument("--causal", default="0,1")
@@ -89,13 +97,13 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     engines = a.engines.split(",")
-    print("| d | s | causal | bias | dBias | alibi | " + " | ".join(engines) + " | sm90 plain |")
-    print("|" + "---|" * (7 + len(engines)))
-    for d in map(int, a.d.split(",")):
+    print("| dir | d | s | causal | bias | dBias | alibi | " + " | ".join(engines) + " | sm90 plain |")
+    print("|" + "---|" * (8 + len(engines)))
+    for direction, d in ((x, int(y)) for x in a.direction.split(",") for y in a.d.split(",")):
         for s in map(int, a.s.split(",")):
             b, h = max(1, 16384 // s), 2048 // d
             for causal in map(int, a.causal.split(",")):
-                flops = sdpa_flops(heads=h, d_qk=d, causal=bool(causal), direction="bwd", batch=b, seqlen_q=s)
+                flops = sdpa_flops(heads=h, d_qk=d, causal=bool(causal), direction=direction, batch=b, seqlen_q=s)
                 for bias in a.bias.split(","):
                     for alibi in map(int, a.alibi.split(",")):
                         if alibi and not causal:
@@ -104,10 +112,11 @@ def main(argv=None) -> int:
                         cells = []
                         for e in engines + ["sm90"]:
                             plain = len(cells) == len(engines)
-                            ms = run(e, b, s, h, d, causal, "none" if plain else bias, a.dbias and not plain,
-                                     0 if plain else alibi, t)
+                            ms = run(direction, e, b, s, h, d, causal, "none" if plain else bias,
+                                     a.dbias and not plain, 0 if plain else alibi, t)
                             cells.append(ms if isinstance(ms, str) else f"{ms:.3f} ms {tflops(flops, ms):.0f} TF")
-                        print(f"| {d} | {s} | {causal} | {bias} | {a.dbias if bias != 'none' else '-'} | {alibi} | "
+                        has_db = a.dbias if bias != "none" and direction == "bwd" else "-"
+                        print(f"| {direction} | {d} | {s} | {causal} | {bias} | {has_db} | {alibi} | "
                               + " | ".join(cells) + " |", flush=True)
     return 0
 
