@@ -11,8 +11,8 @@ padded and wide head dims, the SM90 backward's other head dims, the SM90 forward
 mma.sync forward's block masks, cuDNN's ragged-offset form with an offset tensor per tensor, the
 deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's column slices of O, the
 mma.sync backward's K and V head counts that do not nest, the SM90 forward's block_mask, the SM90
-backward's rows warp on named barriers, the SM90 forward's block skipping, the SM90 backward's score
-modifiers and its 80-row steps with dQ^T in halves)
+backward's rows warp on named barriers, the SM90 forward's block skipping and the SM90 backward's score
+modifiers)
 through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code) with source locations stripped, one
 file per kernel. `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
@@ -54,7 +54,7 @@ def covering_specs() -> list:
     # per tensor, the deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's
     # column slices of O (d_v above 256), K and V head counts that do not nest in the mma.sync backward, then the
     # SM90 forward's block_mask, then the SM90 backward's rows warp on named barriers, then the SM90 forward's
-    # block skipping and the SM90 backward's score modifiers, then its 80-row steps with dQ^T in halves.
+    # block skipping and the SM90 backward's score modifiers.
     entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
                (*bwd90, cases.SM90_BWD_COVER),
                (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
@@ -69,8 +69,7 @@ def covering_specs() -> list:
                (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER), (*bwd90, cases.SM90_BWD_PACKED_FRAGMENT_COVER),
                (*fwd90, cases.SM90_FWD_WIDE_V_COVER), (*bwd80, cases.SM80_BWD_UNNESTED_COVER),
                (*fwd90, cases.SM90_FWD_BLOCK_MASK_COVER), (*bwd90, cases.SM90_BWD_ROWS_BARRIER_COVER),
-               (*fwd90, cases.SM90_FWD_BLOCK_SKIP_COVER), (*bwd90, cases.SM90_BWD_SCORE_MOD_COVER),
-               (*bwd90, cases.SM90_BWD_DQ_HALVES_COVER)]
+               (*fwd90, cases.SM90_FWD_BLOCK_SKIP_COVER), (*bwd90, cases.SM90_BWD_SCORE_MOD_COVER)]
     specs = []
     for template, params_cls, cover in entries:
         for arch, kw in _cover_items(cover):

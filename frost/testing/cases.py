@@ -608,15 +608,6 @@ SM90_BWD_SCORE_MOD_COVER = [
     sm90_bwd_kwargs(d=256, has_bias=True, bias_key_strided=True, has_dbias=True),
 ]
 
-# the SM90 backward's 80-row steps with dQ in fragment order, dQ^T in two halves (`dq_halves`), the rows warp on
-# mbarriers, where they compile without spills: dense, no band (with a band, deterministic or packed ptxas spills
-# 8-24 bytes)
-SM90_BWD_HALVES_KNOBS = dict(tile_m=80, dq_fragments=True, dq_halves=True, rows_warp=True, rows_mbar=True)
-SM90_BWD_DQ_HALVES_COVER = [
-    sm90_bwd_kwargs(knobs=SM90_BWD_HALVES_KNOBS),
-    sm90_bwd_kwargs(dtype="fp16", knobs=SM90_BWD_HALVES_KNOBS),
-]
-
 # K and V head counts that do not nest in the mma.sync backward: both tiles change within a walk (K groups of 3 query
 # heads, V groups of 2), dense with a band and padding, packed and deterministic
 SM80_BWD_UNNESTED_COVER = {

@@ -16,15 +16,13 @@ import pytest
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validate
 from frost.errors import TemplateParamsError
 from frost.engines.sdpa_bwd.chain import chain_of
-from frost.testing.cases import (SM90_BWD_COVER, SM90_BWD_DQ_HALVES_COVER, SM90_BWD_HEAD_DIM_COVER,
-                                 SM90_BWD_ROWS_BARRIER_COVER, SM90_BWD_SCORE_MOD_COVER, SM90_BWD_WIDE_COVER,
-                                 sm90_bwd_kwargs)
+from frost.testing.cases import (SM90_BWD_COVER, SM90_BWD_HEAD_DIM_COVER, SM90_BWD_ROWS_BARRIER_COVER,
+                                 SM90_BWD_SCORE_MOD_COVER, SM90_BWD_WIDE_COVER, sm90_bwd_kwargs)
 from tests.compile_runner import compile_groups, run_compile_script
 
 
 _p = sm90_bwd_kwargs
-COVER = SM90_BWD_COVER + SM90_BWD_WIDE_COVER + [SM90_BWD_ROWS_BARRIER_COVER, SM90_BWD_SCORE_MOD_COVER,
-                                               SM90_BWD_DQ_HALVES_COVER]
+COVER = SM90_BWD_COVER + SM90_BWD_WIDE_COVER + [SM90_BWD_ROWS_BARRIER_COVER, SM90_BWD_SCORE_MOD_COVER]
 TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 PARAMS = "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams"
 
@@ -66,9 +64,7 @@ def test_validator_declines_what_the_template_lacks():
                         (dict(tile_m=128), "registers"),
                         (dict(tile_n=64, tile_m=80, dq_fragments=False), "tile_m=64"),
                         (dict(tile_n=32, tile_m=64), "tile_n"),
-                        (dict(tile_m=80, dq_fragments=True), "needs dq_halves"),
-                        (dict(tile_m=64, dq_fragments=True, dq_halves=True), "needs tile_m=80"),
-                        (dict(tile_m=80, dq_fragments=True, dq_halves=True, dk_first=True), "not dk_first"),
+                        (dict(tile_m=80, dq_fragments=True), "serialize"),
                         (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
                         (dict(tile_m=80, dq_red=True, dq_fragments=False), "transposes"),
                         (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),

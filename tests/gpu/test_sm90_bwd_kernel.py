@@ -12,7 +12,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams  # noqa: E402
-from frost.testing.cases import SM90_BWD_HALVES_KNOBS, sm90_bwd_kwargs  # noqa: E402
+from frost.testing.cases import sm90_bwd_kwargs  # noqa: E402
 from frost.testing.bwd_chain import compile_chains, workspace_views  # noqa: E402
 from tests.gpu.test_sm80_bwd_kernel import (Case, extra_cols, make_inputs, oracle, rel,  # noqa: E402
                                             run_graph_replay, run_nan_padding)
@@ -46,12 +46,6 @@ CASES = [
          sq=257, skv=257, wl=40, wr=17),
     Case("d128_m80_fp16_causal_mqa", _p(dtype="fp16", hq=4, hk=1, has_window_right=True, knobs=dict(tile_m=80)),
          sq=190, skv=250, wr=0),
-    # 80-row steps with dQ in fragment order, dQ^T in two halves (`dq_halves`), the rows warp on mbarriers
-    Case("d128_m80_halves_plain_gqa", _p(hq=8, hk=2, knobs=SM90_BWD_HALVES_KNOBS), b=2, sq=333, skv=517),
-    Case("d128_m80_halves_causal_br", _p(has_window_right=True, bottom_right=True, knobs=SM90_BWD_HALVES_KNOBS),
-         sq=700, skv=650, wr=0),
-    Case("det_d128_m80_halves_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
-                                              knobs=SM90_BWD_HALVES_KNOBS), b=2, sq=1000, skv=1000, wr=0, runs=3),
     # deterministic: the key tiles add into each query tile in a fixed order; three runs bitwise equal
     Case("det_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True), b=2, sq=1000, skv=1000,
          wr=0, runs=3),
@@ -84,9 +78,6 @@ LENGTH_CASES = [
                                                   has_sinks=True, has_dsinks=True,
                                                   knobs=dict(tile_m=64, dq_fragments=True)),
          thd_lens=[(200, 200), (1, 1), (0, 5), (65, 70), (64, 300)], wr=0, runs=3),
-    Case("thd_d128_m80_halves_causal", _p(hq=4, hk=2, is_thd=True, has_window_right=True,
-                                          knobs=SM90_BWD_HALVES_KNOBS),
-         thd_lens=[(200, 200), (1, 1), (0, 5), (81, 70), (64, 300), (160, 160)], wr=0),
     Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
          used=[(256, 256), (100, 180), (1, 1), (0, 0)]),
     Case("pad_d96_sinks_det", _p(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),

@@ -198,9 +198,7 @@ class SdpaBwdSm90:
             mma_dk = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d), RMEM)
             mma_dv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, dv), RMEM)
         if const_expr(self.swap_dq):  # dQ^T = K^T dS^T: head-dim rows over the warpgroups, any tile_m
-            # (`dq_halves`: GEMMs of half the query rows)
-            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, K, Float32, (2, 1, 1),
-                                                       (64, bm // 2 if const_expr(p.dq_halves) else bm))
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, K, Float32, (2, 1, 1), (64, bm))
         elif const_expr(self.split_m):
             mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, d))
         else:
@@ -603,11 +601,7 @@ class SdpaBwdSm90:
         tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(wu.transpose_view(sQ)))
         if const_expr(self.swap_dq):
             tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(wu.transpose_view(sK)))
-            if const_expr(self.p.dq_halves):  # the two halves of dS^T's query rows (whole 8-row swizzle atoms)
-                tdQrdS = [wg_dq.make_fragment_B(wg_dq.partition_B(cute.local_tile(sdS, (bm // 2, bn, 2), (h, 0, 0))))
-                          for h in range(2)]
-            else:
-                tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
+            tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
         else:
             tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
             tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wu.transpose_view(sK)))
@@ -638,10 +632,6 @@ class SdpaBwdSm90:
             half = self.bm * self.d // 2
             tdQsdQ = cute.make_tensor(sdQ.iterator + (tidx // 128) * half + (tidx % 128) * 4,
                                       cute.make_layout(((2, 2, n_dq // 4), 1, 1), stride=((1, 2, 512), 0, 0)))
-            if const_expr(self.p.dq_halves):  # half h holds 16-byte groups [5h, 5h + 5) of the tile's order
-                tdQsdQ = [cute.make_tensor(tdQsdQ.iterator + h * (n_dq // 8) * 512,
-                                           cute.make_layout(((2, 2, n_dq // 8), 1, 1), stride=((1, 2, 512), 0, 0)))
-                          for h in range(2)]
         else:
             tdQsdQ = mma_dq.get_slice(tidx).partition_C(wu.transpose_view(sdQ) if const_expr(self.swap_dq) else sdQ)
         # per-column (query) coordinates of this thread's S^T values
@@ -756,20 +746,6 @@ class SdpaBwdSm90:
                 if const_expr(not self.rows_warp):
                     self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
                 self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, True)
-            elif const_expr(self.p.dq_halves):
-                acc_dQ = self.dq_gemm(mma_dq, tdQrdS[0], tdQrKt, stage, self.bm // 2)
-                wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
-                warpgroup.wait_group(1)  # dV and dQ's first half done; dK may still run
-                pipe_do.consumer_release(q_state)
-                if const_expr(not self.rows_warp):
-                    self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
-                self.claim_dq_tile()
-                cute.autovec_copy(acc_dQ, tdQsdQ[0])
-                acc_dQ = self.dq_gemm(mma_dq, tdQrdS[1], tdQrKt, stage, self.bm // 2)  # the first half's registers
-                warpgroup.wait_group(0)
-                cute.autovec_copy(acc_dQ, tdQsdQ[1])
-                self.hand_dq_tile()
-                pipe_q.consumer_release(q_state)
             else:
                 acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
                 wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
@@ -846,11 +822,10 @@ class SdpaBwdSm90:
                     gops.st_16bit_if(ptr, vals_mn[r, c], ok)
 
     @cute.jit
-    def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage, rows: cutlass.Constexpr[int] = 0):
-        """dQ = dS K (or dQ^T = K^T dS^T) of this step's dS tile, issued, not waited for; `rows`: dQ^T of that
-        many query rows (`dq_halves`: tdQrdS one half's), else all of the step's."""
+    def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage):
+        """dQ = dS K (or dQ^T = K^T dS^T) of this step's dS tile, issued, not waited for."""
         if const_expr(self.swap_dq):
-            acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, rows or self.bm)), Float32)
+            acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.d, self.bm)), Float32)
             wu.gemm(mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, stage], zero_init=True, wg_wait=-1)
         else:
             acc_dQ = cute.make_rmem_tensor(mma_dq.partition_shape_C((self.bm, self.d)), Float32)
@@ -869,22 +844,12 @@ class SdpaBwdSm90:
                 warpgroup.wait_group(0)
             self.add_dq(acc_dQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w)
         else:
-            self.claim_dq_tile()
+            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
             if const_expr(wait):
                 warpgroup.wait_group(0)
             cute.autovec_copy(acc_dQ, tdQsdQ)
-            self.hand_dq_tile()
-
-    @cute.jit
-    def claim_dq_tile(self):
-        """Wait until the dQ writer's previous add has read the shared dQ tile."""
-        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
-
-    @cute.jit
-    def hand_dq_tile(self):
-        """Hand the written shared dQ tile to the dQ writer (its stores made visible to the bulk add)."""
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
 
     @cute.jit
     def stage_tile(self, acc: cute.Tensor, r2s: cute.TiledCopy, dst: cute.Tensor) -> cute.Tensor:

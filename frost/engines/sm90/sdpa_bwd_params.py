@@ -45,9 +45,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
     rows_mbar: bool = False  # with rows_warp: the rows change hands through mbarriers, each warpgroup on its own
-    # dQ^T (tile_m = 80) in two GEMMs of half the query rows each, the first stored while the second runs: 20
-    # accumulator registers fewer, which lets 80-row steps store dQ in fragment order
-    dq_halves: bool = False
     pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
     # deterministic turns without a band: "stair" (every walk from the first query tile, turns by key tile) or
     # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
@@ -165,13 +162,9 @@ def validate(p: Sm90BwdParams) -> None:
         bad(f"dq_red adds neighbouring dQ columns from registers: tile_m={p.tile_m} transposes dQ")
     if p.dq_fragments and p.ragged:
         bad("dq_fragments stores whole query tiles: the ragged-offset form (sequences anywhere) adds rows")
-    if p.dq_fragments and p.dq_swap and not p.dq_halves:
-        bad(f"dq_fragments with tile_m={p.tile_m} (dQ transposed) needs dq_halves: fragment stores of the whole "
-            "transposed tile make ptxas serialize the wgmmas")
-    if p.dq_halves and not (p.dq_swap and p.dq_fragments and not p.dk_first):
-        bad(f"dq_halves splits the transposed dQ tile of 80-row steps stored in fragment order: needs tile_m=80, "
-            f"dq_fragments and not dk_first (tile_m={p.tile_m}, dq_fragments={p.dq_fragments}, "
-            f"dk_first={p.dk_first})")
+    if p.dq_fragments and p.dq_swap:
+        bad(f"dq_fragments needs tile_m a multiple of 64 (tile_m={p.tile_m} transposes dQ, and fragment stores "
+            "of the transposed tile make ptxas serialize the wgmmas)")
     if p.dq_fragments and p.padded:
         bad(f"dq_fragments stores whole tiles of head_dim columns: head dims ({p.head_dim}, {p.head_dim_v}) pad to "
             f"tiles of ({p.tile_head_dim}, {p.tile_head_dim_v}), whose dQ leaves as rows (a clipping TMA reduce-add)")
@@ -274,7 +267,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "h" * p.dq_halves + "p" * p.pdl)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "p" * p.pdl)
     return "_".join(parts)
 
 
