@@ -54,12 +54,18 @@ def st_16bit_if(ptr: cute.Pointer, v, ok, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def st_f32_if(ptr: cute.Pointer, v, ok, *, loc=None, ip=None) -> None:
-    """Store one fp32 value where `ok` holds (predicated, no branch)."""
-    llvm.inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(), Float32(v).ir_value(loc=loc, ip=ip),
-                           _flag(ok, loc, ip)],
-                    "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.f32 [$0], $1; }", "l,f,r",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+def st_f32_if(ptr: cute.Pointer, vals, ok, *, loc=None, ip=None) -> None:
+    """Store 1, 2 or 4 neighbouring fp32 values (one vector store, aligned to its size) where `ok` holds
+    (predicated, no branch)."""
+    n = len(vals)
+    regs = ", ".join(f"${i + 1}" for i in range(n))
+    op = {1: f"st.global.f32 [$0], {regs};", 2: f"st.global.v2.f32 [$0], {{{regs}}};",
+          4: f"st.global.v4.f32 [$0], {{{regs}}};"}[n]
+    args = ([ptr.toint(loc=loc, ip=ip).ir_value()] + [Float32(v).ir_value(loc=loc, ip=ip) for v in vals]
+            + [_flag(ok, loc, ip)])
+    llvm.inline_asm(None, args, f"{{ .reg .pred p; setp.ne.b32 p, ${n + 1}, 0; @p {op} }}",
+                    "l," + ",".join(["f"] * n) + ",r", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @dsl_user_op

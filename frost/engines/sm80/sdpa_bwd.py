@@ -714,8 +714,8 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
         for j in cutlass.range_constexpr(0, cute.size(dS_mn, mode=[1]), 2):  # predicated, no branch each
             ok = row_ok & (c.t0ScS_mn[0, j][1] < col_room)
             if cutlass.const_expr(p.deterministic):
-                st_f32_if(elem_ptr(tA, (r, j)), dS_mn[r, j], ok)
-                st_f32_if(elem_ptr(tA, (r, j + 1)), dS_mn[r, j + 1], ok)
+                st_f32_if(elem_ptr(tA, (r, j)), [dS_mn[r, j]], ok)
+                st_f32_if(elem_ptr(tA, (r, j + 1)), [dS_mn[r, j + 1]], ok)
             elif cutlass.const_expr(cfg.vector_red):
                 red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j], dS_mn[r, j + 1]], ok)
             else:
