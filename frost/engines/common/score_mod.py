@@ -120,21 +120,26 @@ def add_score_mods(
     thread 0's plus a uniform offset, so the column checks compare constants). `tBgB_mn`: the bias tile
     partitioned like the scores (None: no bias), read through `fetch_bias` (rows >= row_limit and, with
     `check_cols`, columns >= col_limit, sequence-local, read 0); `rB`: that fragment already fetched.
-    `slope`: ALiBi's slope of this head (None: no ALiBi). Without `rB` the bias is fetched FETCH_CHUNK
-    elements at a time.
+    `slope`: ALiBi's slope of this head (None: no ALiBi). `rB` may hold the first rows only (its own row
+    count); the rows it lacks are fetched from `tBgB_mn` FETCH_CHUNK elements at a time.
     """
     rows = cute.size(acc_mn, mode=[0])
     cols = cute.size(acc_mn, mode=[1])
-    step = rows
-    if cutlass.const_expr(tBgB_mn is not None and rB is None):
-        step = max(1, min(rows, FETCH_CHUNK // cols))
+    pre = 0 if cutlass.const_expr(rB is None) else cute.size(rB, mode=[0])  # rows already fetched
+    step = max(1, min(rows, FETCH_CHUNK // cols))
+    chunks = [(0, pre)] if cutlass.const_expr(pre > 0) else []
+    if cutlass.const_expr(tBgB_mn is None and pre == 0):
+        chunks = [(0, rows)]
+    elif cutlass.const_expr(tBgB_mn is not None):
+        chunks += [(r0, min(step, rows - r0)) for r0 in range(pre, rows, step)]
     thr_col = col_base + tScS_mn[0][1]
-    for r0 in cutlass.range_constexpr(0, rows, step):
-        rC = rB
-        if cutlass.const_expr(tBgB_mn is not None and rB is None):
-            rC = fetch_bias(tBgB_mn, tScS_mn, t0ScS_mn, row_base, col_base, row_limit, col_limit, check_cols, r0,
-                            min(step, rows - r0))
-        for r in cutlass.range_constexpr(r0, min(r0 + step, rows)):
+    for r0, n in chunks:
+        rC = None
+        if cutlass.const_expr(pre > 0 and r0 == 0):
+            rC = rB
+        elif cutlass.const_expr(tBgB_mn is not None):
+            rC = fetch_bias(tBgB_mn, tScS_mn, t0ScS_mn, row_base, col_base, row_limit, col_limit, check_cols, r0, n)
+        for r in cutlass.range_constexpr(r0, r0 + n):
             i = row_base + tScS_mn[r, 0][0]
             alibi_row = Float32(0.0)
             if cutlass.const_expr(slope is not None):
@@ -142,7 +147,7 @@ def add_score_mods(
             for c in cutlass.range_constexpr(cols):
                 v = acc_mn[r, c] * scale
                 if cutlass.const_expr(rC is not None):
-                    v = v + (rC[r - r0, c] if cutlass.const_expr(rB is None) else rC[r, c])
+                    v = v + rC[r - r0, c]
                 if cutlass.const_expr(slope is not None):
                     v = v + (alibi_row + slope * Float32(t0ScS_mn[0, c][1]))
                 acc_mn[r, c] = v

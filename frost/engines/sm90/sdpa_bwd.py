@@ -734,17 +734,16 @@ class SdpaBwdSm90:
                           tRsdS[None, None, None, stage])
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-            if const_expr(self.dbias_from_smem):  # dBias += dS (the shared 16-bit tile), row by row
-                self.add_dbias_tile(sdS[None, None, stage], mdBiasAcc, head, m_block, tidx, w)
-            if const_expr(self.p.has_dbias and not self.p.dbias_accum):  # dBias = dS^T (16 bits), as it is
-                if const_expr(not self.shared_keys):
-                    rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
-                self.write_dbias(acc_as_mn(rdS16), tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w, False)
+            if const_expr(self.p.has_dbias and not self.p.dbias_accum and not self.shared_keys):
+                rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
             tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
             if const_expr(self.dk_first):
                 # dK before dQ, so Q and dO are released while dQ still runs: the next step's loads overlap it
                 wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
                 acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
+                # the step's dBias while dK and dQ run
+                self.write_step_dbias(sdS[None, None, stage], rdS16, tScS_mn, t0ScS_mn, thr_sdp, score_args, head,
+                                      m_block, tidx, w)
                 warpgroup.wait_group(1)  # dV and dK done; dQ may still run
                 pipe_do.consumer_release(q_state)
                 pipe_q.consumer_release(q_state)
@@ -754,6 +753,9 @@ class SdpaBwdSm90:
             else:
                 acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
                 wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
+                # the step's dBias while dQ and dK run
+                self.write_step_dbias(sdS[None, None, stage], rdS16, tScS_mn, t0ScS_mn, thr_sdp, score_args, head,
+                                      m_block, tidx, w)
                 warpgroup.wait_group(1)  # dV and dQ done; dK may still run
                 pipe_do.consumer_release(q_state)
                 if const_expr(not self.rows_warp):
@@ -825,6 +827,17 @@ class SdpaBwdSm90:
                     gops.st_f32_if(ptr, [vals_mn[r, c]], ok)
                 else:
                     gops.st_16bit_if(ptr, vals_mn[r, c], ok)
+
+    @cute.jit
+    def write_step_dbias(self, sdS, rdS16, tScS_mn, t0ScS_mn, thr_sdp, score_args, head: Int32, m_block: Int32,
+                         tidx: Int32, w: Walk):
+        """The step's dBias once its dS tile is in shared memory: added from that tile (`add_dbias_tile`), or
+        written as it is from the 16-bit registers `rdS16` (`write_dbias`)."""
+        _, _, mdBias, mdBiasAcc = score_args
+        if const_expr(self.dbias_from_smem):
+            self.add_dbias_tile(sdS, mdBiasAcc, head, m_block, tidx, w)
+        if const_expr(self.p.has_dbias and not self.p.dbias_accum):
+            self.write_dbias(acc_as_mn(rdS16), tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w, False)
 
     @cute.jit
     def add_dbias_tile(self, sdS: cute.Tensor, mX: cute.Tensor, head: Int32, m_block: Int32, tidx: Int32, w: Walk):

@@ -541,10 +541,14 @@ class SdpaFwdSm90:
         wu.gemm(c.tiled_mma_pv, acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index], zero_init=False,
                 wg_wait=-1)
         self.sched_arrive(c.wg)
+        rB = None  # the bias's first row of the block, its loads in flight while QK^T runs (dense: packed
+        if const_expr(self.p.has_bias and not self.p.is_thd):  # plans' checks spill)
+            rB = score_mod.fetch_bias(self.bias_tile(c, t.mods, n_block), c.tScS_mn, c.t0ScS_mn, t.row0,
+                                      n_block * self.tile_n, t.mods.row_limit, t.mods.col_limit, False, 0, 1)
         warpgroup.wait_group(1)
         c.pipe_k.consumer_release(kv_state)
         if const_expr(self.p.has_score_mods):  # every block but the last lies inside the key length
-            self.add_mods(c, t.row0, t.mods, acc_S, n_block, False)
+            self.add_mods(c, t.row0, t.mods, acc_S, n_block, False, rB)
         if const_expr(masked):
             mask.apply_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.seqlen_k,
                             t.off, t.wl, t.wr, mask_seqlen=False, rows_per_query=self.rq)
@@ -589,18 +593,22 @@ class SdpaFwdSm90:
 
     @cute.jit
     def add_mods(self, c: _Mainloop, row0: Int32, m: _TileMods, acc_S, n_block: Int32,
-                 check_cols: cutlass.Constexpr[bool]):
-        """Scale key block n_block's scores and add the bias and ALiBi (`score_mod.add_score_mods`); a packed
-        sequence may outgrow its bias, so its columns are always checked."""
+                 check_cols: cutlass.Constexpr[bool], rB=None):
+        """Scale key block n_block's scores and add the bias and ALiBi (`score_mod.add_score_mods`; `rB`: its
+        first rows already fetched); a packed sequence may outgrow its bias, so its columns are always checked."""
         p = self.p
         tBgB = None
         if const_expr(p.has_bias):
-            mB = score_mod.bias_rows(c.mBias, m.batch, m.head, p.bias_per_batch, p.bias_per_head)
-            tBgB = acc_as_mn(c.thr_qk.partition_C(cute.local_tile(mB, (self.tile_m, self.tile_n),
-                                                                  (m.m_block, n_block))))
+            tBgB = self.bias_tile(c, m, n_block)
         score_mod.add_score_mods(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, tBgB, c.softmax_scale, row0,
                                  n_block * self.tile_n, m.row_limit, m.col_limit, m.slope,
-                                 check_cols=check_cols or p.is_thd)
+                                 check_cols=check_cols or p.is_thd, rB=rB)
+
+    def bias_tile(self, c: _Mainloop, m: _TileMods, n_block: Int32) -> cute.Tensor:
+        """This thread's bias elements of key block n_block, as the scores' (rows, cols) view."""
+        p = self.p
+        mB = score_mod.bias_rows(c.mBias, m.batch, m.head, p.bias_per_batch, p.bias_per_head)
+        return acc_as_mn(c.thr_qk.partition_C(cute.local_tile(mB, (self.tile_m, self.tile_n), (m.m_block, n_block))))
 
     @cute.jit
     def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, row_offsets, sQ, sK, sV, sO, tma_atom_o,
