@@ -169,9 +169,6 @@ class SdpaBwdSm90:
         self.rotated = p.rotated
         self.num_threads = MMA_THREADS + 128
         self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
-        # a dBias through the fp32 accumulator is added from the shared dS tile, 16 bytes per load and per add,
-        # where the tile's rows split evenly over the MMA threads' 16-byte row copies
-        self.dbias_from_smem = p.dbias_accum and self.bm % (MMA_THREADS // (self.bn // 8)) == 0
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -717,8 +714,8 @@ class SdpaBwdSm90:
                 r_state.advance()
             elif const_expr(self.rows_warp):
                 rows_barrier(BAR_ROWS_FREE, stage, True)
-            if const_expr(self.p.dbias_accum and not self.dbias_from_smem):  # dBias = dS^T (fp32, before the
-                self.write_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w, True)  # scale)
+            if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
+                self.write_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w, True)
             rdS16 = None  # dS^T in 16 bits, laid out as the accumulator (for a dBias written as it is)
             if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
                 rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
@@ -742,8 +739,7 @@ class SdpaBwdSm90:
                 wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
                 acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
                 # the step's dBias while dK and dQ run
-                self.write_step_dbias(sdS[None, None, stage], rdS16, tScS_mn, t0ScS_mn, thr_sdp, score_args, head,
-                                      m_block, tidx, w)
+                self.write_step_dbias(rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
                 warpgroup.wait_group(1)  # dV and dK done; dQ may still run
                 pipe_do.consumer_release(q_state)
                 pipe_q.consumer_release(q_state)
@@ -754,8 +750,7 @@ class SdpaBwdSm90:
                 acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
                 wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
                 # the step's dBias while dQ and dK run
-                self.write_step_dbias(sdS[None, None, stage], rdS16, tScS_mn, t0ScS_mn, thr_sdp, score_args, head,
-                                      m_block, tidx, w)
+                self.write_step_dbias(rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
                 warpgroup.wait_group(1)  # dV and dQ done; dK may still run
                 pipe_do.consumer_release(q_state)
                 if const_expr(not self.rows_warp):
@@ -829,46 +824,11 @@ class SdpaBwdSm90:
                     gops.st_16bit_if(ptr, vals_mn[r, c], ok)
 
     @cute.jit
-    def write_step_dbias(self, sdS, rdS16, tScS_mn, t0ScS_mn, thr_sdp, score_args, head: Int32, m_block: Int32,
-                         tidx: Int32, w: Walk):
-        """The step's dBias once its dS tile is in shared memory: added from that tile (`add_dbias_tile`), or
-        written as it is from the 16-bit registers `rdS16` (`write_dbias`)."""
-        _, _, mdBias, mdBiasAcc = score_args
-        if const_expr(self.dbias_from_smem):
-            self.add_dbias_tile(sdS, mdBiasAcc, head, m_block, tidx, w)
+    def write_step_dbias(self, rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head: Int32, m_block: Int32, w: Walk):
+        """A dBias written as it is: the step's dS^T from its 16-bit registers `rdS16` (`write_dbias`), issued
+        once the step's dQ and dK GEMMs are (a dBias through the accumulator is added where dS^T is made)."""
         if const_expr(self.p.has_dbias and not self.p.dbias_accum):
             self.write_dbias(acc_as_mn(rdS16), tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w, False)
-
-    @cute.jit
-    def add_dbias_tile(self, sdS: cute.Tensor, mX: cute.Tensor, head: Int32, m_block: Int32, tidx: Int32, w: Walk):
-        """The step's dS tile (shared, 16 bits, both warpgroups' halves stored) into the fp32 dBias accumulator:
-        each thread reads 8 neighbouring keys of a query row in one 16-byte load and adds them with two
-        red.global.add.v4 (deterministic: two plain 16-byte stores into the copy of this (batch entry, head)),
-        the query rows inside the sequence only; a group of 4 keys that starts inside it adds the dS zeros of
-        the masked keys after it (the accumulator's rows are 16-byte multiples). Coalesced and 4x fewer
-        reductions than adding the S^T registers one by one, whose neighbours are a key row apart."""
-        p = self.p
-        mB = score_mod.bias_rows(mX, w.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
-        q_room = cutlass.min(w.seqlen_q, mB.shape[0]) - m_block * self.bm
-        k_room = cutlass.min(w.seqlen_k, mB.shape[1]) - w.n_block * self.bn
-        rows_copy, _ = row_copy(self.dtype, self.bn, MMA_THREADS)  # bn / 8 threads per row: all 256 threads
-        thr = rows_copy.get_slice(tidx)
-        tS = thr.partition_S(sdS)
-        tC = thr.partition_S(cute.make_identity_tensor((self.bm, self.bn)))
-        gB = cute.local_tile(mB, (self.bm, self.bn), (m_block, w.n_block))
-        r16 = cute.make_rmem_tensor_like(tS)
-        cute.copy(rows_copy, tS, r16)
-        for m in cutlass.range_constexpr(cute.size(tS, mode=[1])):
-            for n in cutlass.range_constexpr(cute.size(tS, mode=[2])):
-                q, k = tC[0, m, n]
-                for g in cutlass.range_constexpr(2):
-                    vals = [Float32(r16[4 * g + i, m, n]) for i in range(4)]
-                    ok = (q < q_room) & (k + 4 * g < k_room)
-                    ptr = gops.elem_ptr(gB, (q, k + 4 * g))
-                    if const_expr(p.deterministic):
-                        gops.st_f32_if(ptr, vals, ok)
-                    else:
-                        gops.red_add_f32(ptr, vals, ok)
 
     @cute.jit
     def dq_gemm(self, mma_dq, tdQrdS, tdQrKt, stage):
