@@ -5,8 +5,10 @@ For query row i and key column j, local to their sequences (cuDNN's order, masks
 A kernel with score modifiers scales its S = Q.K^T tile here and hands the softmax
 (or the backward's P) a scale of 1 (log2(e) in the exp2 domain). The bias is read
 from global memory element by element through its declared strides (any layout),
-one predicated load per score, all of a tile's loads issued before any is used
-(`fetch_bias`); rows and columns outside the sequence (or the bias) read 0, and
+one predicated load per score, issued together a few rows at a time (up to
+FETCH_CHUNK elements, at least a row) before any is used (`fetch_bias`; the wgmma
+backward fetches its whole tile before it waits for the scores); dBias leaves the
+same way (`write_score_tile`). Rows and columns outside the sequence (or the bias) read 0, and
 the mask then decides. ALiBi's slopes are computed in the
 kernel (`alibi_slope`, cuDNN's formula; `sdpa_args.alibi_slopes` is its host twin).
 """
@@ -151,6 +153,43 @@ def add_score_mods(
                 if cutlass.const_expr(slope is not None):
                     v = v + (alibi_row + slope * Float32(t0ScS_mn[0, c][1]))
                 acc_mn[r, c] = v
+
+
+@cute.jit
+def write_score_tile(
+    vals_mn: cute.Tensor,
+    tX_mn: cute.Tensor,
+    tScS_mn: cute.Tensor,
+    t0ScS_mn: cute.Tensor,
+    rows_left: Int32,
+    col_room: Int32,
+    add: cutlass.Constexpr[bool],
+    pairs: cutlass.Constexpr[bool] = False,
+    vector_red: cutlass.Constexpr[bool] = False,
+):
+    """One score-shaped (rows, cols) fragment (dS, or the wgmma backward's dS^T) into its tile `tX_mn` of dBias or
+    of its fp32 accumulator, partitioned alike: the elements whose row is below `rows_left` (tScS_mn's rows) and
+    whose column is below `col_room` (thread 0's columns, t0ScS_mn, against the thread's room) are stored (16 bits
+    or fp32, as the tensor is) or, with `add`, red.global.add'ed in fp32. `pairs`: neighbouring columns share
+    the first one's check (a pair never leaves a row of 16-byte multiples), added in one 8-byte reduction with
+    `vector_red` (sm_90+). Predicated stores and reductions: no branch per element."""
+    fp32 = cutlass.const_expr(tX_mn.element_type == Float32)
+    step = 2 if cutlass.const_expr(pairs) else 1
+    for r in cutlass.range_constexpr(cute.size(vals_mn, mode=[0])):
+        row_ok = tScS_mn[r, 0][0] < rows_left
+        for c in cutlass.range_constexpr(0, cute.size(vals_mn, mode=[1]), step):
+            ok = row_ok & (t0ScS_mn[0, c][1] < col_room)
+            if cutlass.const_expr(add and vector_red):
+                gops.red_add_f32(gops.elem_ptr(tX_mn, (r, c)), [vals_mn[r, c], vals_mn[r, c + 1]], ok)
+            else:
+                for k in cutlass.range_constexpr(step):
+                    ptr = gops.elem_ptr(tX_mn, (r, c + k))
+                    if cutlass.const_expr(add):
+                        gops.red_add_f32(ptr, [vals_mn[r, c + k]], ok)
+                    elif cutlass.const_expr(fp32):
+                        gops.st_f32_if(ptr, [vals_mn[r, c + k]], ok)
+                    else:
+                        gops.st_16bit_if(ptr, vals_mn[r, c + k], ok)
 
 
 @cute.jit

@@ -63,8 +63,7 @@ from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.seqlen import own_rows, seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
-from frost.engines.common.global_ops import (elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32, st_16bit_if,
-                                            st_f32_if)
+from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32
 from frost.engines.sdpa_bwd import accum
 from frost.engines.sdpa_bwd.scratch import uses_turns
 from frost.engines.sm80 import warp_mma
@@ -687,13 +686,9 @@ def _store_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, rdS_mn: cute.
     element inside dBias's extents, the zeros of masked and padding positions included."""
     p = cfg.p
     mdB = score_mod.bias_rows(io.dbias, s.batch, head, p.bias_per_batch, p.bias_per_head)
-    tdB = _score_tile(cfg, c, mdB, m_block, n_block)
-    rows_left = mdB.shape[0] - m_block * cfg.bm
-    col_room = mdB.shape[1] - n_block * cfg.bn - c.tScS_mn[0][1]
-    for r in cutlass.range_constexpr(cute.size(rdS_mn, mode=[0])):
-        row_ok = c.tScS_mn[r, 0][0] < rows_left
-        for j in cutlass.range_constexpr(cute.size(rdS_mn, mode=[1])):  # predicated stores, no branch each
-            st_16bit_if(elem_ptr(tdB, (r, j)), rdS_mn[r, j], row_ok & (c.t0ScS_mn[0, j][1] < col_room))
+    score_mod.write_score_tile(rdS_mn, _score_tile(cfg, c, mdB, m_block, n_block), c.tScS_mn, c.t0ScS_mn,
+                               mdB.shape[0] - m_block * cfg.bm, mdB.shape[1] - n_block * cfg.bn - c.tScS_mn[0][1],
+                               add=False)
 
 
 @cute.jit
@@ -706,21 +701,10 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
     store (the dQ convert sums the copies in a fixed order)."""
     p = cfg.p
     mA = score_mod.bias_rows(io.dbias_acc, s.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
-    tA = _score_tile(cfg, c, mA, m_block, n_block)
-    rows_left = cutlass.min(s.seqlen_q, mA.shape[0]) - m_block * cfg.bm
-    col_room = cutlass.min(s.seqlen_k, mA.shape[1]) - n_block * cfg.bn - c.tScS_mn[0][1]
-    for r in cutlass.range_constexpr(cute.size(dS_mn, mode=[0])):
-        row_ok = c.tScS_mn[r, 0][0] < rows_left
-        for j in cutlass.range_constexpr(0, cute.size(dS_mn, mode=[1]), 2):  # predicated, no branch each
-            ok = row_ok & (c.t0ScS_mn[0, j][1] < col_room)
-            if cutlass.const_expr(p.deterministic):
-                st_f32_if(elem_ptr(tA, (r, j)), [dS_mn[r, j]], ok)
-                st_f32_if(elem_ptr(tA, (r, j + 1)), [dS_mn[r, j + 1]], ok)
-            elif cutlass.const_expr(cfg.vector_red):
-                red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j], dS_mn[r, j + 1]], ok)
-            else:
-                red_add_f32(elem_ptr(tA, (r, j)), [dS_mn[r, j]], ok)
-                red_add_f32(elem_ptr(tA, (r, j + 1)), [dS_mn[r, j + 1]], ok)
+    score_mod.write_score_tile(dS_mn, _score_tile(cfg, c, mA, m_block, n_block), c.tScS_mn, c.t0ScS_mn,
+                               cutlass.min(s.seqlen_q, mA.shape[0]) - m_block * cfg.bm,
+                               cutlass.min(s.seqlen_k, mA.shape[1]) - n_block * cfg.bn - c.tScS_mn[0][1],
+                               add=not p.deterministic, pairs=True, vector_red=cfg.vector_red)
 
 
 @cute.jit

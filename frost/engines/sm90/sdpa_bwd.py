@@ -805,23 +805,12 @@ class SdpaBwdSm90:
         per_batch = p.dbias_accum_per_batch if const_expr(add) else p.bias_per_batch
         per_head = p.dbias_accum_per_head if const_expr(add) else p.bias_per_head
         mB = score_mod.bias_rows(mX, w.batch, head, per_batch, per_head)
-        tB = self.score_tile(thr_sdp, mB, m_block, w)
         k_limit, q_limit = mB.shape[1], mB.shape[0]
         if const_expr(add):
             k_limit, q_limit = cutlass.min(w.seqlen_k, k_limit), cutlass.min(w.seqlen_q, q_limit)
-        keys_left = k_limit - w.n_block * self.bn
-        q_room = q_limit - m_block * self.bm - tScS_mn[0][1]
-        for r in cutlass.range_constexpr(cute.size(vals_mn, mode=[0])):
-            key_ok = tScS_mn[r, 0][0] < keys_left
-            for c in cutlass.range_constexpr(cute.size(vals_mn, mode=[1])):
-                ok = key_ok & (t0ScS_mn[0, c][1] < q_room)  # predicated stores: no branch per element
-                ptr = gops.elem_ptr(tB, (r, c))
-                if const_expr(add and not p.deterministic):
-                    gops.red_add_f32(ptr, [vals_mn[r, c]], ok)
-                elif const_expr(add):
-                    gops.st_f32_if(ptr, [vals_mn[r, c]], ok)
-                else:
-                    gops.st_16bit_if(ptr, vals_mn[r, c], ok)
+        score_mod.write_score_tile(vals_mn, self.score_tile(thr_sdp, mB, m_block, w), tScS_mn, t0ScS_mn,
+                                   k_limit - w.n_block * self.bn, q_limit - m_block * self.bm - tScS_mn[0][1],
+                                   add=add and not p.deterministic)
 
     @cute.jit
     def write_step_dbias(self, rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head: Int32, m_block: Int32, w: Walk):

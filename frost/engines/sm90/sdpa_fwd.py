@@ -541,14 +541,16 @@ class SdpaFwdSm90:
         wu.gemm(c.tiled_mma_pv, acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index], zero_init=False,
                 wg_wait=-1)
         self.sched_arrive(c.wg)
-        rB = None  # the bias's first row of the block, its loads in flight while QK^T runs (dense: packed
+        tBgB, rB = None, None  # the bias tile; its first row, loads in flight while QK^T runs (dense: packed
+        if const_expr(self.p.has_bias):
+            tBgB = self.bias_tile(c, t.mods, n_block)
         if const_expr(self.p.has_bias and not self.p.is_thd):  # plans' checks spill)
-            rB = score_mod.fetch_bias(self.bias_tile(c, t.mods, n_block), c.tScS_mn, c.t0ScS_mn, t.row0,
-                                      n_block * self.tile_n, t.mods.row_limit, t.mods.col_limit, False, 0, 1)
+            rB = score_mod.fetch_bias(tBgB, c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.mods.row_limit,
+                                      t.mods.col_limit, False, 0, 1)
         warpgroup.wait_group(1)
         c.pipe_k.consumer_release(kv_state)
         if const_expr(self.p.has_score_mods):  # every block but the last lies inside the key length
-            self.add_mods(c, t.row0, t.mods, acc_S, n_block, False, rB)
+            self.add_mods(c, t.row0, t.mods, acc_S, n_block, False, rB, tBgB)
         if const_expr(masked):
             mask.apply_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.seqlen_k,
                             t.off, t.wl, t.wr, mask_seqlen=False, rows_per_query=self.rq)
@@ -593,12 +595,12 @@ class SdpaFwdSm90:
 
     @cute.jit
     def add_mods(self, c: _Mainloop, row0: Int32, m: _TileMods, acc_S, n_block: Int32,
-                 check_cols: cutlass.Constexpr[bool], rB=None):
+                 check_cols: cutlass.Constexpr[bool], rB=None, tBgB=None):
         """Scale key block n_block's scores and add the bias and ALiBi (`score_mod.add_score_mods`; `rB`: its
-        first rows already fetched); a packed sequence may outgrow its bias, so its columns are always checked."""
+        first rows already fetched from `tBgB`, the block's `bias_tile`, made here when not given); a packed
+        sequence may outgrow its bias, so its columns are always checked."""
         p = self.p
-        tBgB = None
-        if const_expr(p.has_bias):
+        if const_expr(p.has_bias and tBgB is None):
             tBgB = self.bias_tile(c, m, n_block)
         score_mod.add_score_mods(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, tBgB, c.softmax_scale, row0,
                                  n_block * self.tile_n, m.row_limit, m.col_limit, m.slope,
