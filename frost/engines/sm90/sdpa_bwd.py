@@ -42,7 +42,8 @@ dV are as without them. dBias is dS^T before the scale: a full (B, H) dBias take
 16-bit dS^T as it is, and the MMA threads zero its rows outside the key tile's band
 (`score_mod.zero_dbias_outside_band`); a broadcast or packed one adds fp32 dS^T into the
 accumulator the chain zeroes and converts (a deterministic one stores a copy per (batch entry,
-head) once, summed in order by the dQ convert).
+head) once, summed in order by the dQ convert). Where the batch entries share that accumulator the grid puts batch
+on its fastest axis (`batch_fastest`), so their adds into an element meet in L2.
 
 Head dims between the wgmma tiles' steps (80, 112, 72x40, ...) run on tiles padded past them
 (`tile_head_dim`): the TMA loads zero-fill the columns past the head dim (zeros add nothing to any
@@ -253,7 +254,8 @@ class SdpaBwdSm90:
             q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
-        ).launch(grid=[n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
+        ).launch(grid=[n_batch, n_blocks, p.num_heads_kv] if const_expr(p.batch_fastest) else
+                 [n_blocks, p.num_heads_kv, n_batch], block=[self.num_threads, 1, 1],
                  stream=a["stream"], min_blocks_per_mp=1, use_pdl=p.pdl)
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout):
@@ -320,7 +322,10 @@ class SdpaBwdSm90:
         rows2 = cute.make_layout((self.bm, ROWS_STAGES))
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2), pipe_rows)
 
-        bx, head_kv, batch = cute.arch.block_idx()
+        if const_expr(self.p.batch_fastest):
+            batch, bx, head_kv = cute.arch.block_idx()
+        else:
+            bx, head_kv, batch = cute.arch.block_idx()
         n_block = self.key_tile(bx)
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
         if const_expr(self.lengths):
