@@ -22,8 +22,6 @@ def _p(**kw) -> Sm90BwdParams:
     return Sm90BwdParams(**sm90_bwd_kwargs(**kw))
 
 
-M80_FRAG = dict(tile_m=80, dq_fragments=True, rows_warp=True, rows_mbar=True, late_p=True)
-
 CASES = [
     Case("d128_plain", _p(), sq=300, skv=300),
     Case("d128_gqa_big", _p(hq=8, hk=2), b=2, sq=1024, skv=1024),
@@ -48,13 +46,6 @@ CASES = [
          sq=257, skv=257, wl=40, wr=17),
     Case("d128_m80_fp16_causal_mqa", _p(dtype="fp16", hq=4, hk=1, has_window_right=True, knobs=dict(tile_m=80)),
          sq=190, skv=250, wr=0),
-    # 80-row steps with the transposed dQ^T tile leaving in fragment order, the rows warp, P^T made after dS^T
-    Case("d128_m80_frag_gqa", _p(hq=8, hk=2, knobs=M80_FRAG), b=2, sq=333, skv=517),
-    Case("d128_m80_frag_one_row", _p(knobs=M80_FRAG), b=3, sq=1, skv=77),
-    Case("det_d128_m80_frag", _p(deterministic=True, knobs=M80_FRAG), b=2, sq=700, skv=900, runs=3),
-    Case("d128_m80_frag_causal", _p(has_window_right=True, knobs=M80_FRAG), sq=700, skv=650, wr=0),
-    Case("d128_late_p_causal_gqa", _p(hq=4, hk=2, has_window_right=True, knobs=dict(late_p=True)), sq=700, skv=650,
-         wr=0),
     # deterministic: the key tiles add into each query tile in a fixed order; three runs bitwise equal
     Case("det_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True), b=2, sq=1000, skv=1000,
          wr=0, runs=3),

@@ -171,7 +171,6 @@ class SdpaBwdSm90:
         self.rows_warp = p.rows_warp
         self.rows_mbar = p.rows_mbar  # the staged rows change hands through mbarriers (else named barriers)
         self.rotated = p.rotated
-        self.late_p = p.late_p  # P^T converted to 16 bits after dS^T (S^T's fp32 values die with dP^T's)
         self.num_threads = MMA_THREADS + 128
         self.lengths = p.is_thd or p.has_seqused  # per-sequence lengths (and packed offsets) from the device
 
@@ -713,15 +712,13 @@ class SdpaBwdSm90:
                                                  fastmath=True)
             if const_expr(self.shared_keys):
                 self.stage_tile(acc_S, r2s_ds, tRsP[None, None, None, stage])
-            elif const_expr(not self.late_p):
+            else:
                 wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
             warpgroup.wait_group(0)
             dp_mn = acc_as_mn(acc_dP)
             for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
                 for c in cutlass.range_constexpr(n_cols):
                     dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
-            if const_expr(self.late_p and not self.shared_keys):
-                wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
             if const_expr(self.rows_mbar):
                 pipe_rows.consumer_release(r_state)
                 r_state.advance()

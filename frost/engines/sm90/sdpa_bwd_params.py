@@ -45,7 +45,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
     rows_mbar: bool = False  # with rows_warp: the rows change hands through mbarriers, each warpgroup on its own
-    late_p: bool = False  # P^T's 16-bit copy made after dS^T, not before dP^T is waited for (fewer live registers)
     pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
     # deterministic turns without a band: "stair" (every walk from the first query tile, turns by key tile) or
     # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
@@ -170,6 +169,9 @@ def validate(p: Sm90BwdParams) -> None:
         bad(f"dq_red adds neighbouring dQ columns from registers: tile_m={p.tile_m} transposes dQ")
     if p.dq_fragments and p.ragged:
         bad("dq_fragments stores whole query tiles: the ragged-offset form (sequences anywhere) adds rows")
+    if p.dq_fragments and p.dq_swap:
+        bad(f"dq_fragments needs tile_m a multiple of 64 (tile_m={p.tile_m} transposes dQ, and fragment stores "
+            "of the transposed tile make ptxas serialize the wgmmas)")
     if p.dq_fragments and p.padded:
         bad(f"dq_fragments stores whole tiles of head_dim columns: head dims ({p.head_dim}, {p.head_dim_v}) pad to "
             f"tiles of ({p.tile_head_dim}, {p.tile_head_dim_v}), whose dQ leaves as rows (a clipping TMA reduce-add)")
@@ -272,8 +274,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "l" * p.late_p
-                 + "p" * p.pdl)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "p" * p.pdl)
     return "_".join(parts)
 
 
