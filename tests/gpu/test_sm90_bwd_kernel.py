@@ -50,12 +50,6 @@ CASES = [
     Case("det_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True), b=2, sq=1000, skv=1000,
          wr=0, runs=3),
     Case("det_d128_plain", _p(deterministic=True), b=2, sq=700, skv=900, runs=3),
-    # the kv heads on the grid's fastest axis (`heads_fastest`): the turns' key tiles launch across the heads
-    Case("det_d128_causal_gqa_heads_fastest", _p(hq=8, hk=4, has_window_right=True, deterministic=True,
-                                                 knobs=dict(heads_fastest=True)), b=2, sq=1000, skv=1000, wr=0, runs=3),
-    Case("det_d64_window_br_heads_fastest", _p(d=64, hq=4, hk=4, has_window_left=True, has_window_right=True,
-                                               bottom_right=True, deterministic=True, knobs=dict(heads_fastest=True)),
-         sq=513, skv=600, wl=64, wr=0, runs=3),
     Case("det_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
                                      bottom_right=True, deterministic=True), sq=513, skv=600, wl=64, wr=0, runs=3),
     Case("det_d128_m64_left", _p(has_window_left=True, deterministic=True, knobs=dict(tile_m=64)), sq=500, skv=400,
@@ -246,8 +240,6 @@ MANY_RUNS = [
     Case("many_large_gqa", _p(hq=16, hk=4, deterministic=True), b=2, sq=4096, skv=4096, runs=20),
     Case("many_large_causal", _p(hq=16, hk=16, has_window_right=True, deterministic=True), b=1, sq=8192,
          skv=8192, wr=0, runs=20),
-    Case("many_large_causal_heads_fastest", _p(hq=16, hk=16, has_window_right=True, deterministic=True,
-                                               knobs=dict(heads_fastest=True)), b=1, sq=8192, skv=8192, wr=0, runs=20),
     Case("many_large_thd_causal_gqa", _p(hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True),
          thd_lens=[(4000, 4000), (1500, 1500), (2600, 2600)], wr=0, runs=20),
 ]

@@ -93,10 +93,9 @@ BAR_EPI = 4       # epilogue: K / V tiles free, then dK / dV staged
 BAR_ROWS_FULL = 5  # (and 6) the rows warp staged a step's LSE / dpsum rows in that half (`rows_warp`)
 BAR_ROWS_FREE = 7  # (and 8) the MMA warpgroups have read that half
 MMA_THREADS = 256
-# what each grid axis (x, y, z) walks (`Sm90BwdParams.grid_order`): key tiles fastest, then kv heads, then batch
-# entries; the batch entries first where they share a dBias accumulator; the kv heads first for deterministic turns
-# under a band (`heads_fastest`)
-GRID_AXES = {"key": ("key", "head", "batch"), "batch": ("batch", "key", "head"), "head": ("head", "key", "batch")}
+# what each grid axis (x, y, z) walks: key tiles fastest, then kv heads, then batch entries; the batch entries first
+# where they share a dBias accumulator (`Sm90BwdParams.batch_fastest`)
+GRID_AXES = {False: ("key", "head", "batch"), True: ("batch", "key", "head")}
 
 
 @cute.jit
@@ -259,12 +258,12 @@ class SdpaBwdSm90:
             q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
-        ).launch(grid=[extent[a] for a in GRID_AXES[p.grid_order]], block=[self.num_threads, 1, 1],
+        ).launch(grid=[extent[a] for a in GRID_AXES[p.batch_fastest]], block=[self.num_threads, 1, 1],
                  stream=a["stream"], min_blocks_per_mp=1, use_pdl=p.pdl)
 
     def grid_axis(self, name: str) -> int:
         """The grid axis (0, 1, 2) that walks `name`: "key" tiles, kv "head"s or "batch" entries (`GRID_AXES`)."""
-        return GRID_AXES[self.p.grid_order].index(name)
+        return GRID_AXES[self.p.batch_fastest].index(name)
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout):
         """The kernel's shared memory struct; P^T's tiles (`sP`) only when the warpgroups share the keys, the

@@ -45,10 +45,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     dk_first: bool = False  # issue dK before dQ and release Q / dO before dQ is done (always with tile_n=64)
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
     rows_mbar: bool = False  # with rows_warp: the rows change hands through mbarriers, each warpgroup on its own
-    # deterministic under a right bound (else no effect): the grid runs the kv heads fastest, so the longest walks
-    # (the low key tiles, launched last for the turns) of every head come last together, a full last wave, instead of
-    # one head's longest walks alone at the end
-    heads_fastest: bool = False
     pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
     # deterministic turns without a band: "stair" (every walk from the first query tile, turns by key tile) or
     # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
@@ -94,13 +90,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
         a dBias shared by the batch entries (one fp32 accumulator copy) then takes their adds to the same elements
         at about the same time, in L2, instead of a batch's pass later, after its lines have left L2."""
         return self.dbias_accum and not self.dbias_accum_per_batch
-
-    @property
-    def grid_order(self) -> str:
-        """The grid's fastest axis (`sdpa_bwd.GRID_AXES`): "batch" (`batch_fastest`), "head" (`heads_fastest`,
-        deterministic under a band) or "key" tiles."""
-        heads = self.heads_fastest and self.deterministic and self.has_window_right
-        return "batch" if self.batch_fastest else "head" if heads else "key"
 
     @property
     def dq_accum_blocked(self) -> bool:
@@ -285,9 +274,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar
-                 + "h" * (p.grid_order == "head")
-                 + "p" * p.pdl)
+                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "p" * p.pdl)
     return "_".join(parts)
 
 
