@@ -155,6 +155,20 @@ class SdpaBwdFeatureParams(SdpaFeatureParams):
         """The dQ convert sums the accumulator's head copies into a dBias that broadcasts over heads."""
         return self.dbias_accum_per_head and not self.bias_per_head
 
+    @property
+    def batch_fastest(self) -> bool:
+        """The main kernel's grid runs the batch entries of a (key tile, kv head) side by side (batch on the
+        fastest grid axis): a dBias shared by the batch entries (one fp32 accumulator copy) then takes their adds
+        to the same elements at about the same time, in L2, instead of a batch's pass later, after its lines have
+        left L2."""
+        return self.dbias_accum and not self.dbias_accum_per_batch
+
+    @property
+    def grid_order(self) -> str:
+        """The main kernel's grid order (`frost.engines.common.grid_order`): "batch" entries fastest
+        (`batch_fastest`), else "key" tiles."""
+        return "batch" if self.batch_fastest else "key"
+
 
 def score_mod_tags(p) -> tuple:
     """(flag, tag) pairs naming a kernel's score modifiers: bias, then b / h where it is full along batch /

@@ -490,14 +490,16 @@ def test_a_bias_plans_64_key_tiles_unless_asked_otherwise(unpended):
     SdpaFwdDslSm80(f, H200, Knobs()).validated_params()
 
 
+@pytest.mark.parametrize("params", [Sm90BwdParams, Sm80BwdParams])
 @pytest.mark.parametrize("per_batch,deterministic,want", [(False, False, True), (True, False, False),
                                                           (False, True, False)])
-def test_a_dbias_shared_by_the_batch_runs_its_batch_entries_side_by_side(per_batch, deterministic, want):
-    """The wgmma backward puts batch on the grid's fastest axis exactly where the batch entries add into one fp32
-    dBias copy (so their adds meet in L2); a per-batch dBias, or a deterministic one (a stored copy per batch entry),
-    keeps the key-tile-fastest grid."""
-    p = Sm90BwdParams(head_dim=128, head_dim_v=128, num_heads_q=4, num_heads_kv=4, has_bias=True,
-                      bias_per_batch=per_batch, bias_per_head=True, has_dbias=True, dbias_accum=not per_batch,
-                      deterministic=deterministic)
+def test_a_dbias_shared_by_the_batch_runs_its_batch_entries_side_by_side(params, per_batch, deterministic, want):
+    """Both backward main kernels put batch on the grid's fastest axis exactly where the batch entries add into one
+    fp32 dBias copy (so their adds meet in L2); a per-batch dBias, or a deterministic one (a stored copy per batch
+    entry), keeps the key-tile-fastest grid."""
+    p = params(head_dim=128, head_dim_v=128, num_heads_q=4, num_heads_kv=4, has_bias=True,
+               bias_per_batch=per_batch, bias_per_head=True, has_dbias=True, dbias_accum=not per_batch,
+               deterministic=deterministic)
     assert p.batch_fastest is want
-    assert not Sm90BwdParams(head_dim=128, head_dim_v=128, num_heads_q=4, num_heads_kv=4).batch_fastest
+    assert p.grid_order == ("batch" if want else "key")
+    assert params(head_dim=128, head_dim_v=128, num_heads_q=4, num_heads_kv=4).grid_order == "key"

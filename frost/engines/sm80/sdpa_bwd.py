@@ -41,6 +41,9 @@ or dV tile goes out through its smem tile and the next head's K or V tile comes 
 V change where the counts do not nest), so each head's gradient is summed in one CTA and no workspace or second
 reduction is needed.
 
+Where the batch entries share one fp32 dBias accumulator the grid runs batch fastest (`grid_order`,
+`frost.engines.common.grid_order`), so their adds into an element meet in L2.
+
 THD: lengths come from cu_seqlens in-kernel; the grid's x extent is
 ceil(max_seqlen_kv / tile_n) and each CTA strides over the key tiles of its
 sequence, so a longer sequence than declared is still fully served.
@@ -60,6 +63,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from frost.engines.common import mask as fmask
 from frost.engines.common import rows, score_mod
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
+from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.seqlen import own_rows, seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
@@ -183,7 +187,7 @@ class SdpaBwdSm80:
             a.get("dbias_accum"), scale, scale_log2, a.get("window_left"), a.get("window_right"),
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
             self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
-        ).launch(grid=(grid_x, self.p.kv_grid_heads, n_batch), block=(self.threads, 1, 1),
+        ).launch(grid=grid_shape(self.p.grid_order, grid_x, self.p.kv_grid_heads, n_batch), block=(self.threads, 1, 1),
                  smem=Storage.size_in_bytes(), stream=a["stream"])
 
 
@@ -318,8 +322,8 @@ def kernel(
     """Setup, then per key tile of this CTA: the walk over its band's query tiles, and the dK / dV epilogue."""
     p = cfg.p
     tidx, _, _ = cute.arch.thread_idx()
-    bx, head_kv, batch = cute.arch.block_idx()
-    grid_x, _, _ = cute.arch.grid_dim()
+    bx, head_kv, batch = (block_coord(p.grid_order, a) for a in ("key", "head", "batch"))
+    grid_x = grid_extent(p.grid_order, "key")
     c = _setup(cfg, tidx, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, g2s_qk, g2s_vdo, s2g_k, s2g_v,
                mma_sdp, mma_dkv, mma_dq, Storage)
     s = _sequence(cfg, mQ, mK, mCuQ, mCuK, mUsedQ, mUsedK, batch, head_kv, bx, grid_x, window_left, window_right,
@@ -479,7 +483,7 @@ def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mC
             num_n = cutlass.max((static_k + cfg.bn - 1) // cfg.bn, 1)  # the grid holds one CTA per split
     acc_batch = batch  # the accumulator copy this CTA adds into (its own, with split copies)
     if cutlass.const_expr(splits > 0):
-        acc_batch = accum.copy_batch(bx, cute.arch.grid_dim()[2], batch)
+        acc_batch = accum.copy_batch(bx, grid_extent(cfg.p.grid_order, "batch"), batch)
     return _Sequence(batch, head_kv, offset_q, offset_k, seqlen_q, seqlen_k, static_q, static_k, diag, window_left,
                      window_right, num_n, acc_batch, offset_lse)
 
@@ -773,7 +777,7 @@ def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fi
     """The accumulated dV (`is_v`) or dK (scaled) tile to head `head`'s rows, staged through its own V or K smem
     tile as the epilogue does (every thread is done with that tile first)."""
     dt = cfg.dtype
-    batch = cute.arch.block_idx()[2]
+    batch = block_coord(cfg.p.grid_order, "batch")
     out_rows = s.seqlen_k if cutlass.const_expr(cfg.p.is_thd) else s.static_k
     rows_left = out_rows - kt.n_block * cfg.bn
     sX, cX, s2g, d, cols = _fine_tile(cfg, c, is_v)
@@ -804,7 +808,7 @@ def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fin
                head: Int32):
     """Head `head`'s V (`is_v`) or K tile of this key tile into its smem tile, waited for (with whatever else is in
     flight) before the next step reads it."""
-    batch = cute.arch.block_idx()[2]
+    batch = block_coord(cfg.p.grid_order, "batch")
     kv_limit = s.seqlen_k - kt.n_block * cfg.bn
     sX, cX, _, d, cols = _fine_tile(cfg, c, is_v)
     g2s_thr, g2s = (c.g2s_vdo_thr, c.g2s_vdo) if cutlass.const_expr(is_v) else (c.g2s_qk_thr, c.g2s_qk)
@@ -820,7 +824,7 @@ def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fin
 def _load_q(cfg: cutlass.Constexpr, s: _Sequence, thr_copy, tiled_copy, mX: cute.Tensor, head: Int32,
             m_block: Int32, sX: cute.Tensor, cX: cute.Tensor, limit_cols: cutlass.Constexpr[int]):
     """cp.async one query tile of q or do (rows past the sequence, and columns >= `limit_cols`, zero-filled)."""
-    batch = cute.arch.block_idx()[2]
+    batch = block_coord(cfg.p.grid_order, "batch")
     cols = cute.size(sX, mode=[1])
     mX_cur = rows.widen(rows.head_rows(mX, head, batch, s.offset_q, cfg.p.is_thd), cols)
     gX = cute.local_tile(mX_cur, (cfg.bm, cols), (m_block, 0))
@@ -911,11 +915,11 @@ def _sem_ptr(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block
     p = cfg.p
     if cutlass.const_expr(p.ragged):
         # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
-        n_batch = cute.arch.grid_dim()[2]
+        n_batch = grid_extent(p.grid_order, "batch")
         per_seq = io.sem.shape[0] // (n_batch * p.num_heads_q)
         idx = (s.batch * p.num_heads_q + head) * per_seq + m_block
     elif cutlass.const_expr(p.is_thd):
-        n_batch = cute.arch.grid_dim()[2]
+        n_batch = grid_extent(p.grid_order, "batch")
         per_head = io.acc.shape[1] // cfg.bm + n_batch + 1
         idx = head * per_head + (s.offset_q + s.batch * cfg.bm) // cfg.bm + m_block
     else:

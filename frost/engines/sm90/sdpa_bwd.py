@@ -76,6 +76,7 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from frost.engines.common import mask, score_mod
 from frost.engines.common.acc_layout import acc_as_mn
+from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
 from frost.engines.common.seqlen import own_rows, own_token_offset, seqlen_info, token_offset
@@ -93,9 +94,6 @@ BAR_EPI = 4       # epilogue: K / V tiles free, then dK / dV staged
 BAR_ROWS_FULL = 5  # (and 6) the rows warp staged a step's LSE / dpsum rows in that half (`rows_warp`)
 BAR_ROWS_FREE = 7  # (and 8) the MMA warpgroups have read that half
 MMA_THREADS = 256
-# what each grid axis (x, y, z) walks: key tiles fastest, then kv heads, then batch entries; the batch entries first
-# where they share a dBias accumulator (`Sm90BwdParams.batch_fastest`)
-GRID_AXES = {False: ("key", "head", "batch"), True: ("batch", "key", "head")}
 
 
 @cute.jit
@@ -247,7 +245,6 @@ class SdpaBwdSm90:
         else:
             n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
             n_batch = mQ.shape[3]
-        extent = {"key": n_blocks, "head": p.num_heads_kv, "batch": n_batch}
         self.kernel(
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, acc, mLSE, mdPsum,
             a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
@@ -258,12 +255,8 @@ class SdpaBwdSm90:
             q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
-        ).launch(grid=[extent[a] for a in GRID_AXES[p.batch_fastest]], block=[self.num_threads, 1, 1],
+        ).launch(grid=grid_shape(p.grid_order, n_blocks, p.num_heads_kv, n_batch), block=[self.num_threads, 1, 1],
                  stream=a["stream"], min_blocks_per_mp=1, use_pdl=p.pdl)
-
-    def grid_axis(self, name: str) -> int:
-        """The grid axis (0, 1, 2) that walks `name`: "key" tiles, kv "head"s or "batch" entries (`GRID_AXES`)."""
-        return GRID_AXES[self.p.batch_fastest].index(name)
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout):
         """The kernel's shared memory struct; P^T's tiles (`sP`) only when the warpgroups share the keys, the
@@ -329,8 +322,7 @@ class SdpaBwdSm90:
         rows2 = cute.make_layout((self.bm, ROWS_STAGES))
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2), pipe_rows)
 
-        blk = cute.arch.block_idx()
-        bx, head_kv, batch = (blk[self.grid_axis(a)] for a in ("key", "head", "batch"))
+        bx, head_kv, batch = (block_coord(self.p.grid_order, a) for a in ("key", "head", "batch"))
         n_block = self.key_tile(bx)
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
         if const_expr(self.lengths):
@@ -530,10 +522,10 @@ class SdpaBwdSm90:
         bm = self.bm
         if const_expr(self.p.ragged):
             # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
-            per_seq = mSem.shape[0] // (cute.arch.grid_dim()[self.grid_axis("batch")] * self.p.num_heads_q)
+            per_seq = mSem.shape[0] // (grid_extent(self.p.grid_order, "batch") * self.p.num_heads_q)
             idx = (w.batch * self.p.num_heads_q + head) * per_seq + m_block
         elif const_expr(self.p.is_thd):
-            per_head = mAcc.shape[0] // bm + cute.arch.grid_dim()[self.grid_axis("batch")] + 1
+            per_head = mAcc.shape[0] // bm + grid_extent(self.p.grid_order, "batch") + 1
             if const_expr(self.frag):  # the accumulator's own tiles are laid out as the turns are
                 per_head = mAcc.shape[0] // bm
             idx = head * per_head + packed_acc_tile(w.off_q, w.batch, bm) + m_block
@@ -584,7 +576,7 @@ class SdpaBwdSm90:
         """The key tile of CTA bx: deterministic plans under a right-bounded band launch the last tile first."""
         n_block = bx
         if const_expr(self.p.deterministic and self.p.has_window_right):
-            n_block = cute.arch.grid_dim()[self.grid_axis("key")] - 1 - bx
+            n_block = grid_extent(self.p.grid_order, "key") - 1 - bx
         return n_block
 
     # --- MMA warpgroups

@@ -85,13 +85,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
         return self.dk_first or self.kv_shared
 
     @property
-    def batch_fastest(self) -> bool:
-        """The grid runs the batch entries of a (key tile, kv head) side by side (batch on the fastest grid axis):
-        a dBias shared by the batch entries (one fp32 accumulator copy) then takes their adds to the same elements
-        at about the same time, in L2, instead of a batch's pass later, after its lines have left L2."""
-        return self.dbias_accum and not self.dbias_accum_per_batch
-
-    @property
     def dq_accum_blocked(self) -> bool:
         """The chain's accumulator contract: plain rows (the TMA reduce-add adds whole row tiles)."""
         return False
