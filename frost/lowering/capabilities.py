@@ -100,8 +100,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                      knob_choices={"tile_m": (64, 80, 128), "tile_n": (64, 128), "num_stages": (1, 2),
                                    "dq_fragments": (False, True), "dq_red": (False, True),
                                    "dk_first": (False, True), "rows_warp": (False, True), "rows_mbar": (False, True),
-                                   "pdl": (False, True), "det_order": ("stair", "rotated"),
-                                   "rotate_walks": (False, True)})]
+                                   "pdl": (False, True), "det_order": ("stair", "rotated")})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,

@@ -46,9 +46,6 @@ CASES = [
          sq=257, skv=257, wl=40, wr=17),
     Case("d128_m80_fp16_causal_mqa", _p(dtype="fp16", hq=4, hk=1, has_window_right=True, knobs=dict(tile_m=80)),
          sq=190, skv=250, wr=0),
-    # each key tile's walk from its own query tile (`rotate_walks`): dense, GQA, a ragged last tile
-    Case("d128_rotate_walks_gqa", _p(hq=8, hk=2, knobs=dict(rotate_walks=True)), b=2, sq=1000, skv=900),
-    Case("d64_rotate_walks_one_tile", _p(d=64, knobs=dict(rotate_walks=True)), sq=100, skv=700),
     # deterministic: the key tiles add into each query tile in a fixed order; three runs bitwise equal
     Case("det_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True), b=2, sq=1000, skv=1000,
          wr=0, runs=3),

@@ -420,9 +420,7 @@ class SdpaBwdSm90:
         tiles outnumber the SMs (`rotates`: a rotated turn waits on later-launched key tiles)."""
         n_k = (seqlen_k + self.bn - 1) // self.bn
         rot = Int32(0)
-        if const_expr(not self.p.deterministic):  # free adds wait on no one
-            rot = n_block % cutlass.max(n_m, 1)
-        elif rotates(n_k, self.p.sm_count):
+        if rotates(n_k, self.p.sm_count):
             rot = n_block % cutlass.max(n_m, 1)
         return n_k, rot
 

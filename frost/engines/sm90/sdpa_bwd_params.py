@@ -50,9 +50,6 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
     det_order: Literal["stair", "rotated"] = "stair"
     sm_count: int = 132  # the target's SMs: a rotated order needs a sequence's key tiles co-resident (`rotates`)
-    # without a band: key tile n's walk starts at query tile n mod M (as the rotated turns do), so a head's key
-    # tiles add into different dQ tiles at a time instead of all into the same one
-    rotate_walks: bool = False
 
     @property
     def tile_head_dim(self) -> int:
@@ -109,9 +106,8 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
 
     @property
     def rotated(self) -> bool:
-        """Walks start at the key tile's own query tile (`rotate_walks`), deterministic turns by the rotated order
-        (`rotated_turn`)."""
-        return self.det_order == "rotated" or self.rotate_walks
+        """The rotated deterministic order (`rotated_turn`) is compiled in."""
+        return self.det_order == "rotated"
 
     @property
     def dq_split_m(self) -> bool:
@@ -181,11 +177,10 @@ def validate(p: Sm90BwdParams) -> None:
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
         bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
             f"head_dim from 104 to 128 (head_dim={p.head_dim})")
-    if p.det_order == "rotated" and not p.deterministic:
+    if p.rotated and not p.deterministic:
         bad("det_order='rotated' orders deterministic turns: needs deterministic=True")
     if p.rotated and (p.has_window_left or p.has_window_right):
-        bad("det_order='rotated' and rotate_walks rotate whole walks over every query tile: need no window (not "
-            "causal)")
+        bad("det_order='rotated' rotates whole walks over every query tile: needs no window (not causal)")
     regs = accumulator_registers(p)
     if regs > 208:
         bad(f"tile_m={p.tile_m} with head dims ({p.head_dim}, {p.head_dim_v}) on tiles of ({p.tile_head_dim}, "
@@ -270,7 +265,7 @@ def name_suffix(p: Sm90BwdParams) -> str:
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"))
                        + score_mod_tags(p))
     parts += ragged_tags(p)
-    parts += [f"rot{p.sm_count}"] * (p.rotated and p.deterministic) + ["rw"] * (p.rotated and not p.deterministic)
+    parts += [f"rot{p.sm_count}"] * p.rotated
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
                  + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "p" * p.pdl)
     return "_".join(parts)
