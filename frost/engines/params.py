@@ -5,6 +5,7 @@ packed totals) are never fields: they compile as symbolic ints.
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -154,6 +155,21 @@ class SdpaBwdFeatureParams(SdpaFeatureParams):
     def dbias_sum_heads(self) -> bool:
         """The dQ convert sums the accumulator's head copies into a dBias that broadcasts over heads."""
         return self.dbias_accum_per_head and not self.bias_per_head
+
+    @property
+    def walk_group(self) -> int:
+        """Query heads one CTA of a backward main kernel walks: a kv head's (Hq / Hkv); with K and V heads apart,
+        the least common multiple of K's and V's groups, the smallest run of query heads made of whole K groups
+        and whole V groups (the coarser tensor's group where one count divides the other; 6 query heads over K 2
+        and V 3: all 6)."""
+        return math.lcm(self.qhead_per_kvhead, self.qhead_per_vhead)
+
+    @property
+    def kv_grid_heads(self) -> int:
+        """A backward main kernel's CTAs per key tile along the heads: one per walk of `walk_group` query heads.
+        The walk sums each K head's dK and each V head's dV over that head's whole group, and writes a K or V tile
+        where its group ends, so no gradient is split over CTAs."""
+        return self.num_heads_q // self.walk_group
 
     @property
     def batch_fastest(self) -> bool:

@@ -22,8 +22,9 @@ FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_ma
 #: cuDNN's block_mask (forward only: cuDNN's backward has none): the mma.sync forward tests its bits per key tile,
 #: the wgmma forward skips the key blocks whose bits are all clear and masks bit by bit the ones that straddle
 BLOCK_MASK_FEATURES = frozenset({"block_mask"})
-#: the mma.sync backward serves K and V heads apart, nested or not: its CTA walks the smallest run of query heads
-#: made of whole K groups and whole V groups, and writes a K or V head's tile where that head's group ends
+#: both backwards serve K and V heads apart, nested or not: a CTA walks the smallest run of query heads made of
+#: whole K groups and whole V groups, and writes a K or V head's tile where that head's group ends (the wgmma
+#: backward then loads the next head's tile by TMA, `frost.engines.sm90.sdpa_bwd.swap_fine`)
 MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads"})
 #: cuDNN's score modifiers: an additive bias, its gradient, ALiBi
 SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
@@ -83,7 +84,7 @@ MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
-SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"} | SCORE_MOD_FEATURES
+SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"} | SCORE_MOD_FEATURES | MMA_SYNC_BWD_FEATURES
 #: the wgmma backward pads a head dim up to its tiles' wgmma granule inside the kernel (`tile_head_dim`)
 SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 

@@ -20,10 +20,9 @@ FEATURE_DETAILS = {
     "paged_attention": "paged K/V caches",
     "score_max": "the row maximum of the scores",
     "score_sum_exp": "the row sum of exponentials",
-    "split_kv_heads": "K and V with different head counts: the wgmma backward's CTA sums dK and dV over one kv "
-                      "head's query heads; the mma.sync backward serves them",
-    "unnested_kv_heads": "K and V head counts where neither divides the other: the wgmma backward's CTA sums dK "
-                         "and dV over one kv head's query heads; the mma.sync backward serves them",
+    "split_kv_heads": "K and V with different head counts: the forwards and both backwards serve them",
+    "unnested_kv_heads": "K and V head counts where neither divides the other: the forwards and both backwards "
+                         "serve them",
     "implementation_composite": "frost's engines are implementation=AUTO",
     "implementation_unified": "frost's engines are implementation=AUTO",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",

@@ -1,5 +1,5 @@
 """K and V with their own head counts, and the score_max / score_sum_exp outputs, in the DSL forwards (and split
-heads, nested or not, in the mma.sync backward's main kernel), also beside a bias, dBias and ALiBi on the mma.sync line: the
+heads, nested or not, in both backwards' main kernels), also beside a bias, dBias and ALiBi on the mma.sync line: the
 params validate, name their kernels apart, and the kernels compile for sm_80 (mma.sync) and sm_90a (mma.sync and
 wgmma) without a GPU. Graphs without the features compile to the same kernels as before (the kernel IR of the
 covering sets is unchanged; `tools/kernel_ir.py diff`)."""
@@ -21,6 +21,8 @@ P80 = "frost.engines.sm80.sdpa_fwd_params.Sm80FwdParams"
 B80 = "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams"
 BWD_MAIN = "frost.engines.sm80.sdpa_bwd"
 P90 = "frost.engines.sm90.sdpa_fwd_params.Sm90FwdParams"
+B90 = "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams"
+BWD90_MAIN = "frost.engines.sm90.sdpa_bwd"
 
 
 def _k80(**kw) -> dict:
@@ -31,6 +33,14 @@ def _b80(**kw) -> dict:
     from frost.engines.sm80.sdpa_bwd_params import default_knobs
 
     return params_kwargs(default_knobs, **kw)
+
+
+def _b90(d=128, dv=None, hq=4, hk=4, **kw) -> dict:
+    from frost.engines.sm90.sdpa_bwd_params import default_knobs
+
+    dv = dv or d
+    return dict(head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **kw,
+                **default_knobs(d, dv, banded=kw.get("has_window_right", False)))
 
 
 def _k90(d=128, **kw) -> dict:
@@ -74,6 +84,13 @@ CASES = {
         # a broadcast dBias through the fp32 accumulator, V finer
         (BWD_MAIN, B80, _b80(d=64, hq=8, hk=2, num_heads_v=4, has_bias=True, has_dbias=True, dbias_accum=True,
                              has_window_right=True)),
+        # the wgmma backward's main kernel: K finer, V finer (deterministic, causal), counts that do not nest
+        # (padded, deterministic), shared keys (d=192x128)
+        (BWD90_MAIN, B90, _b90(hq=6, hk=6, num_heads_v=1)),
+        (BWD90_MAIN, B90, _b90(hq=8, hk=2, num_heads_v=4, has_window_right=True, deterministic=True)),
+        (BWD90_MAIN, B90, _b90(hq=12, hk=4, num_heads_v=6, has_window_right=True, has_seqused=True,
+                               deterministic=True)),
+        (BWD90_MAIN, B90, _b90(d=192, dv=128, hq=6, hk=6, num_heads_v=1)),
     ],
 }
 
@@ -81,13 +98,17 @@ CASES = {
 @pytest.mark.slow
 def test_split_heads_and_row_stats_compile(tmp_path):
     groups = [(arch, [(t, pc, kw, None) for t, pc, kw in specs]) for arch, specs in CASES.items()]
-    for (arch, specs), outs in zip(CASES.items(), compile_groups(groups, tmp_path)):
+    for (arch, specs), outs in zip(CASES.items(), compile_groups(groups, tmp_path, ptxas=True)):
         for (template, _, kw), out in zip(specs, outs):
             assert out["entries"] == [out["name"]] and out["target"] == [arch], out
             if template == SM90_FWD_TEMPLATE:
                 assert out["wgmma_mma_async"] > 0 and out["tma"] > 0, out
             elif template == BWD_MAIN:
                 assert out["mma_sync"] > 0 and out["red"] + out["red_v2"] > 0, out
+            elif template == BWD90_MAIN:
+                assert out["wgmma_mma_async"] > 0 and out["tma"] > 0, out
+                # the tile reload inside the walk keeps the step's wgmmas in flight and nothing on the stack
+                assert out["spill_bytes"] == 0 and "serialized" not in out["ptxas"], out["ptxas"]
             else:
                 assert out["mma_sync"] > 0 and out["wgmma"] == 0, out
             assert out["local"] == 0, out
@@ -128,7 +149,7 @@ def test_pack_gqa_packs_the_heads_sharing_k_and_v():
 def test_backward_walks_whole_k_and_v_groups():
     """The mma.sync backward's CTA walks the smallest run of query heads made of whole K groups and whole V groups
     (the coarser tensor's group where the counts nest, their least common multiple where they do not). The wgmma
-    backward refuses split heads."""
+    backward walks the same runs, loading a K or V head's tile by TMA where the previous one's group ends."""
     from frost.engines.sm80.sdpa_bwd import kernel_name
     from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
     from frost.engines.sm80.sdpa_bwd_params import validate as validate_bwd
@@ -147,5 +168,7 @@ def test_backward_walks_whole_k_and_v_groups():
     assert (unnested.kv_grid_heads, unnested.walk_group) == (2, 6) and "_h12k4v6_" in kernel_name(unnested, "sm_80")
     assert (Sm80BwdParams(**_b80(d=64, hq=6, hk=2, num_heads_v=3)).kv_grid_heads,) == (1,)
     assert Sm80BwdParams(**_b80(d=64, hq=24, hk=6, num_heads_v=4)).walk_group == 12  # groups of 4 and 6
-    with pytest.raises(TemplateParamsError, match="different head counts"):
-        validate_bwd90(Sm90BwdParams(head_dim=64, head_dim_v=64, num_heads_q=8, num_heads_kv=2, num_heads_v=4))
+    for hk, hv, walk in ((2, 4, 4), (8, 1, 8), (1, 4, 8)):  # the wgmma backward walks the same runs
+        w = Sm90BwdParams(head_dim=64, head_dim_v=64, num_heads_q=8, num_heads_kv=hk, num_heads_v=hv)
+        validate_bwd90(w)
+        assert (w.walk_group, w.kv_grid_heads) == (walk, 8 // walk)

@@ -629,7 +629,7 @@ def _row_stats(target=H200, *, thd=False, b=2, hq=4, s=128, **kw) -> frost.Graph
 
 
 @pytest.mark.parametrize("heads", [dict(hq=6, hkv=6, hv=1), dict(hq=8, hkv=2, hv=4), dict(hq=8, hkv=8, hv=2)])
-def test_split_kv_heads_run_on_the_dsl_forwards_and_the_mma_sync_backward(unpended, no_compile, heads):
+def test_split_kv_heads_run_on_the_dsl_forwards_and_both_backwards(unpended, no_compile, heads):
     g = declare(H200, **heads)
     assert g.facts.num_heads_kv == heads["hkv"] and g.facts.heads_v == heads["hv"]
     assert {"split_kv_heads", "gqa"} <= g.facts.features() and "unnested_kv_heads" not in g.facts.features()
@@ -640,23 +640,21 @@ def test_split_kv_heads_run_on_the_dsl_forwards_and_the_mma_sync_backward(unpend
         "SdpaFwdDslSm90", "SdpaFwdDslSm80"]
     for thd in (False, True):
         g = declare(H200, direction="bwd", thd=thd, use_causal_mask=True, **heads)
-        assert g.available_engines() == ["SdpaBwdDslSm80"]  # the wgmma backward declines, the mma.sync one serves
-        assert reasons(g)["SdpaBwdDslSm90"].startswith("does not serve split_kv_heads")
+        assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]  # the wgmma backward first on cc 9.0
         assert declare(A100, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm80"]
         assert declare(RTX5090, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm120"]
 
 
 @pytest.mark.parametrize("heads", [dict(hq=12, hkv=4, hv=6), dict(hq=6, hkv=2, hv=3)])
-def test_unnested_kv_heads_run_on_the_dsl_forwards_and_the_mma_sync_backward(unpended, no_compile, heads):
-    """K groups of 3 query heads and V groups of 2: neither count divides the other. The mma.sync backward walks
-    both groups whole (6 query heads per CTA); the wgmma backward declines split heads."""
+def test_unnested_kv_heads_run_on_the_dsl_forwards_and_both_backwards(unpended, no_compile, heads):
+    """K groups of 3 query heads and V groups of 2: neither count divides the other. Both backwards walk both
+    groups whole (6 query heads per CTA)."""
     g = declare(H200, **heads)
     assert {"split_kv_heads", "unnested_kv_heads"} <= g.facts.features()
     assert g.available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
     for thd in (False, True):
         g = declare(H200, direction="bwd", thd=thd, use_causal_mask=True, **heads)
-        assert g.available_engines() == ["SdpaBwdDslSm80"]
-        assert reasons(g)["SdpaBwdDslSm90"].startswith("does not serve split_kv_heads")
+        assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
         assert declare(A100, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm80"]
         assert declare(RTX5090, direction="bwd", thd=thd, **heads).available_engines() == ["SdpaBwdDslSm120"]
     assert declare(CPU, dtype="fp32", direction="bwd", **heads).available_engines() == ["SdpaBwdReference"]
@@ -737,8 +735,7 @@ def test_split_kv_heads_in_the_ragged_form_plan_on_the_dsl_engines(unpended, dir
     g = _ragged_split(direction).validate()
     assert g.facts.split_kv_heads and g.facts.ragged is not None
     kind = "Fwd" if direction == "fwd" else "Bwd"
-    lines = ["Sm90", "Sm80"] if direction == "fwd" else ["Sm80"]  # the wgmma backward declines split heads
-    assert g.available_engines() == [f"Sdpa{kind}Dsl{line}" for line in lines]
+    assert g.available_engines() == [f"Sdpa{kind}Dsl{line}" for line in ("Sm90", "Sm80")]
     p = g._ranking.accepted[0][1].template_params()
     assert p.num_heads_v == 4 and p.ragged
     assert dict((r, div) for r, div, _ in p.own_offsets)["v"] == 4 * p.head_dim_v  # V's own token stride
@@ -835,11 +832,11 @@ def test_sm90_backward_row_and_validator_agree_on_every_head_dim():
 
 
 @pytest.mark.parametrize("d, dv", [(192, 128), (256, 256)])
-def test_split_kv_heads_at_the_wgmma_backwards_new_head_dims_take_the_mma_sync_chain(unpended, no_compile, d, dv):
+def test_split_kv_heads_at_the_wgmma_backwards_wide_head_dims_plan_on_it(unpended, no_compile, d, dv):
+    """Above d=128 (the warpgroups share 64 keys) the wgmma backward walks split heads too."""
     g = declare(H200, direction="bwd", d=d, dv=dv, hq=8, hkv=2, hv=4, use_causal_mask=True)
-    assert g.available_engines() == ["SdpaBwdDslSm80"]
-    assert reasons(g)["SdpaBwdDslSm90"].startswith("does not serve split_kv_heads")
-    assert declare(H200, direction="bwd", d=d, dv=dv, hq=8, hkv=2).available_engines()[0] == "SdpaBwdDslSm90"
+    assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]
+    assert g._ranking.accepted[0][1].template_params().walk_group == 4
 
 
 def test_validate_reports_a_graph_no_engine_serves_as_cudnn_does():

@@ -18,7 +18,6 @@ shared memory). No cutlass import here: planning reads this module.
 """
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from frost.engines.params import SdpaBwdFeatureParams, check_sdpa_features, score_mod_tags
@@ -78,20 +77,6 @@ class Sm80BwdParams(TileHeadDims, SdpaBwdFeatureParams):
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
-
-    @property
-    def walk_group(self) -> int:
-        """Query heads one CTA walks: a kv head's (Hq / Hkv); with K and V heads apart, the least common multiple
-        of K's and V's groups, the smallest run of query heads made of whole K groups and whole V groups (the
-        coarser tensor's group where one count divides the other; 6 query heads over K 2 and V 3: all 6)."""
-        return math.lcm(self.qhead_per_kvhead, self.qhead_per_vhead)
-
-    @property
-    def kv_grid_heads(self) -> int:
-        """The main kernel's CTAs per key tile along the heads: one per walk of `walk_group` query heads. The walk
-        sums each K head's dK and each V head's dV over that head's whole group, and writes a K or V tile where its
-        group ends, so no gradient is split over CTAs."""
-        return self.num_heads_q // self.walk_group
 
     @property
     def dq_accum_blocked(self) -> bool:

@@ -66,6 +66,7 @@ nothing here (LSE holds them; the shared helpers compute dSink). Argument list:
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import cutlass
@@ -145,6 +146,17 @@ class Rows(NamedTuple):
     tidx: Int32
 
 
+class Fine(NamedTuple):
+    """What reloads a K or V tile within the walk (K and V heads apart, `swap_fine`): the sources, their TMA atoms,
+    the mbarrier the reload completes on."""
+
+    mK: cute.Tensor
+    mV: cute.Tensor
+    tma_atom_k: cute.CopyAtom
+    tma_atom_v: cute.CopyAtom
+    mbar: object
+
+
 def kernel_name(params: Sm90BwdParams, arch: str) -> str:
     return f"frost_sdpa_bwd_main_{name_suffix(params)}"
 
@@ -159,7 +171,10 @@ class SdpaBwdSm90:
         self.bm, self.bn = p.tile_m, p.tile_n
         self.d, self.dv = p.tile_head_dim, p.tile_head_dim_v  # the tiles' head dims (padded: see HEAD_DIMS)
         self.stages = p.num_stages
-        self.group = p.qhead_per_kvhead
+        self.group = p.walk_group  # query heads a CTA walks (Hq / Hkv unless K and V heads differ)
+        # K's / V's tile changes within the walk (K and V heads apart: its group is shorter than the walk)
+        self.fine_k = p.qhead_per_kvhead < p.walk_group
+        self.fine_v = p.qhead_per_vhead < p.walk_group
         self.split_m = p.dq_split_m
         self.swap_dq = p.dq_swap
         self.frag = p.dq_fragments
@@ -255,7 +270,7 @@ class SdpaBwdSm90:
             q_bytes, do_bytes, kv_bytes,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
             mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
-        ).launch(grid=grid_shape(p.grid_order, n_blocks, p.num_heads_kv, n_batch), block=[self.num_threads, 1, 1],
+        ).launch(grid=grid_shape(p.grid_order, n_blocks, p.kv_grid_heads, n_batch), block=[self.num_threads, 1, 1],
                  stream=a["stream"], min_blocks_per_mp=1, use_pdl=p.pdl)
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout):
@@ -273,6 +288,8 @@ class SdpaBwdSm90:
         fields["sdPsum"] = align[mem[Float32, ROWS_STAGES * bm], 128]
         if self.rows_mbar:
             fields["mbar_rows"] = mem[cutlass.Int64, 2 * ROWS_STAGES]  # full and free per stage
+        if self.fine_k or self.fine_v:
+            fields["mbar_fine"] = mem[cutlass.Int64, 1]  # a K or V tile reloaded within the walk (`swap_fine`)
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ------------------------------------------------------------------ device side
@@ -304,6 +321,12 @@ class SdpaBwdSm90:
                 num_stages=ROWS_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, MMA_THREADS),
                 barrier_storage=storage.mbar_rows.data_ptr(), defer_sync=True)
+        mbar_fine = None
+        if const_expr(self.fine_k or self.fine_v):
+            mbar_fine = storage.mbar_fine.data_ptr()
+            if warp_idx == 0:
+                if cute.arch.lane_idx() == 0:
+                    cute.arch.mbarrier_init(mbar_fine, 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -337,9 +360,12 @@ class SdpaBwdSm90:
         mdO = own_rows(self.p, "do", mdO, mOwnOff[1], batch, off_q)
         key_offsets = (mCuK, mOwnOff[2], mOwnOff[3])
         walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k, off_lse)
+        fine = None  # what a K or V tile reloaded within the walk needs (`swap_fine`)
+        if const_expr(self.fine_k or self.fine_v):
+            fine = Fine(mK, mV, tma_atom_k, tma_atom_v, mbar_fine)
         args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
                 sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
-                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, walk)
+                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, fine, walk)
         if const_expr(self.p.is_thd):
             # a key tile past its sequence's keys owns no dK / dV rows and visits no query tile: every warp
             # of the CTA leaves at once, so none waits on another
@@ -351,7 +377,7 @@ class SdpaBwdSm90:
     @cute.jit
     def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ,
               sK, sV, sdO, sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
-              tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, walk: Walk):
+              tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, fine, walk: Walk):
         """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), warp 2
         stages the LSE / dpsum rows (`rows_warp`), the MMA warpgroups compute; all walk `walk`."""
         if warp_idx < 4:
@@ -377,7 +403,7 @@ class SdpaBwdSm90:
                 cute.arch.griddepcontrol_wait()
             self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
                      sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args,
-                     walk)
+                     fine, walk)
 
     def seq_rows(self, mX, head, w: Walk, offset):
         """The (seq, dim) rows of one head of the CTA's batch entry (packed: from the sequence's first token)."""
@@ -436,14 +462,21 @@ class SdpaBwdSm90:
                 i = i - w.n_m
         return head, w.m_min + i
 
+    def kv_head(self, w: Walk, offset, is_v: bool):
+        """K's (V's with `is_v`) head of the walk's query head `offset` (from its first): the CTA's kv head where K
+        and V heads match."""
+        if const_expr(not (self.fine_k or self.fine_v)):
+            return w.head_kv
+        return (w.head_kv * self.group + offset) // (self.p.qhead_per_vhead if is_v else self.p.qhead_per_kvhead)
+
     # --- producer warp: K / V once, then Q and dO per step
     @cute.jit
     def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
              pipe_q, pipe_do, pipe_kv, w: Walk):
-        n_block, head_kv = w.n_block, w.head_kv
+        n_block = w.n_block
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        gK = cute.local_tile(self.seq_rows(mK, head_kv, w, w.off_k), (self.bn, self.d), (n_block, 0))
-        gV = cute.local_tile(self.seq_rows(mV, head_kv, w, w.off_k), (self.bn, self.dv), (n_block, 0))
+        gK = cute.local_tile(self.seq_rows(mK, self.kv_head(w, 0, False), w, w.off_k), (self.bn, self.d), (n_block, 0))
+        gV = cute.local_tile(self.seq_rows(mV, self.kv_head(w, 0, True), w, w.off_k), (self.bn, self.dv), (n_block, 0))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
@@ -582,7 +615,8 @@ class SdpaBwdSm90:
     # --- MMA warpgroups
     @cute.jit
     def mma(self, mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sP,
-            sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, w: Walk):
+            sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, fine,
+            w: Walk):
         bm, bn = self.bm, self.bn
         # the softmax scale; the declared bias, dBias (written directly) and dBias accumulator, or None
         scale, mBias, mdBias, mdBiasAcc = score_args
@@ -663,6 +697,7 @@ class SdpaBwdSm90:
                 self.zero_tail(sV, key_rows, tidx)
                 cute.arch.fence_view_async_shared()  # generic-proxy stores before the wgmma (async proxy) reads
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+        fine_phase = Int32(0)  # the fine-tile reloads' mbarrier phase (`swap_fine`)
         for t in cutlass.range(steps, unroll=1):
             head, m_block = self.step_tile(t, w)
             q0 = m_block * bm
@@ -761,6 +796,10 @@ class SdpaBwdSm90:
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
             q_state.advance()
+            if const_expr(self.fine_k or self.fine_v):
+                grads = (acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv,
+                         mma_dk, mma_dv, scale)
+                fine_phase = self.next_fine(t, w, fine, grads, fine_phase, tidx)
         if const_expr(self.p.has_dbias and not self.p.dbias_accum):
             score_mod.zero_dbias_outside_band(self.p, mdBias, w.batch, w.head_kv * self.group, self.group, w.m_min,
                                               w.n_m, bm, n_block, bn, mdBias.shape[2], mdBias.shape[3], MMA_THREADS,
@@ -969,20 +1008,43 @@ class SdpaBwdSm90:
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
                  mma_dv, scale, tidx, w: Walk):
-        """dK * scale and dV through the (now free) K / V tiles, then one TMA store each (packed: row-predicated
-        stores, dK by one warpgroup and dV by the other, so no row of the next sequence is touched)."""
-        for i in cutlass.range_constexpr(cute.size(acc_dK)):
-            acc_dK[i] = acc_dK[i] * scale
-        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
-        wu.convert_to_16bit(acc_dK, rdK)
-        wu.convert_to_16bit(acc_dV, rdV)
+        """dK * scale and dV of the walk's last K / V heads out (`write_grads`). A tile that changes within the
+        walk whose walk has no step also writes its zeros to every earlier head of the walk (no step stored them)."""
+        last_k, last_v = self.kv_head(w, self.group - 1, False), self.kv_head(w, self.group - 1, True)
+        first_k, first_v = None, None  # one head each, unless the tile changes within the walk
+        if const_expr(self.fine_k):
+            first_k = last_k
+            if w.steps == 0:
+                first_k = self.kv_head(w, 0, False)
+        if const_expr(self.fine_v):
+            first_v = last_v
+            if w.steps == 0:
+                first_v = self.kv_head(w, 0, True)
+        grads = ((False, acc_dK, last_k, None) if first_k is None else (False, acc_dK, first_k, last_k),
+                 (True, acc_dV, last_v, None) if first_v is None else (True, acc_dV, first_v, last_v))
+        self.write_grads(grads, mdK, mdV, key_offsets,
+                         mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx, w)
+
+    @cute.jit
+    def write_grads(self, grads, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
+                    mma_dv, scale, tidx, w: Walk):
+        """`grads`: (is_v, accumulator, first head, last head) of dK (times scale) and / or dV, staged through their
+        (now free) K / V tiles, then one TMA store per head (packed: row-predicated stores by one warpgroup each, so
+        no row of the next sequence is touched). The tiles are free again on return only for the storing warp (TMA)
+        or after a barrier (row stores)."""
+        staged = []
+        for is_v, acc, _, _ in grads:
+            if const_expr(not is_v):
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    acc[i] = acc[i] * scale
+            r16 = cute.make_rmem_tensor_like(acc, self.dtype)
+            wu.convert_to_16bit(acc, r16)
+            staged.append(r16)
         st = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        r2s_k = cute.make_tiled_copy_C(st, mma_dk)
-        r2s_v = cute.make_tiled_copy_C(st, mma_dv)
-        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)  # every dQ GEMM has read sK
-        cute.copy(r2s_k, r2s_k.retile(rdK), r2s_k.get_slice(tidx).partition_D(sK))
-        cute.copy(r2s_v, r2s_v.retile(rdV), r2s_v.get_slice(tidx).partition_D(sV))
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)  # every GEMM has read sK / sV
+        for (is_v, _, _, _), r16 in zip(grads, staged):
+            r2s = cute.make_tiled_copy_C(st, mma_dv if const_expr(is_v) else mma_dk)
+            cute.copy(r2s, r2s.retile(r16), r2s.get_slice(tidx).partition_D(sV if const_expr(is_v) else sK))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         if const_expr(self.p.is_thd):
@@ -990,32 +1052,111 @@ class SdpaBwdSm90:
             mCuK, mdKOff, mdVOff = key_offsets
             off_k = token_offset(mCuK, w.batch, self.p.token_div_kv)
             limit = w.seqlen_k - w.n_block * self.bn
-            if tidx < 128:
-                off_dk = own_token_offset(self.p, "dk", mdKOff, w.batch, off_k)
-                self.store_tile(sK, mdK_rows, self.d, self.p.head_dim, off_dk, limit, tidx, w)
-            else:
-                off_dv = own_token_offset(self.p, "dv", mdVOff, w.batch, off_k)
-                self.store_tile(sV, mdV_rows, self.dv, self.p.head_dim_v, off_dv, limit, tidx - 128, w)
+            rows = (sK, sV, mdK_rows, mdV_rows, mdKOff, mdVOff, off_k, limit)
+            if tidx < 128:  # each tile by its own warpgroup
+                self.store_rows(grads[0], rows, tidx, w)
+            elif const_expr(len(grads) > 1):
+                self.store_rows(grads[1], rows, tidx - 128, w)
         elif tidx < 32:
-            gdK = cute.local_tile(mdK[None, None, w.head_kv, w.batch], (self.bn, self.d), (w.n_block, 0))
-            gdV = cute.local_tile(mdV[None, None, w.head_kv, w.batch], (self.bn, self.dv), (w.n_block, 0))
-            tKsK, tKgK = cpasync.tma_partition(tma_atom_dk, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                               cute.group_modes(gdK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_atom_dv, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                               cute.group_modes(gdV, 0, 2))
-            cute.copy(tma_atom_dk, tKsK, tKgK)
-            cute.copy(tma_atom_dv, tVsV, tVgV)
+            for is_v, _, lo, hi in grads:
+                store = partial(self.tma_store_tile, sV if const_expr(is_v) else sK, mdV if const_expr(is_v) else mdK,
+                                tma_atom_dv if const_expr(is_v) else tma_atom_dk, self.dv if const_expr(is_v) else self.d)
+                self.each_head(store, lo, hi, w)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
+    def store_rows(self, grad, rows, t: Int32, w: Walk):
+        """One staged dK / dV tile (`grad` as in `write_grads`) by one warpgroup's row-predicated stores (`t` its
+        thread), to each of its heads."""
+        is_v, _, lo, hi = grad
+        sK, sV, mdK_rows, mdV_rows, mdKOff, mdVOff, off_k, limit = rows
+        if const_expr(is_v):
+            off = own_token_offset(self.p, "dv", mdVOff, w.batch, off_k)
+            self.each_head(partial(self.store_tile, sV, mdV_rows, self.dv, self.p.head_dim_v, off, limit, t), lo, hi,
+                           w)
+        else:
+            off = own_token_offset(self.p, "dk", mdKOff, w.batch, off_k)
+            self.each_head(partial(self.store_tile, sK, mdK_rows, self.d, self.p.head_dim, off, limit, t), lo, hi, w)
+
+    @cute.jit
+    def each_head(self, store, lo, hi, w: Walk):
+        """store(head, w) for the heads lo..hi (`hi` None: lo alone)."""
+        if const_expr(hi is None):
+            store(lo, w)
+        else:
+            for h in cutlass.range(lo, hi + 1, unroll=1):
+                store(h, w)
+
+    @cute.jit
+    def tma_store_tile(self, sX: cute.Tensor, mX: cute.Tensor, atom: cute.CopyAtom, width: cutlass.Constexpr[int],
+                       head: Int32, w: Walk):
+        """One TMA store of a staged (tile_n, width) dK / dV tile to head `head` (not committed)."""
+        gX = cute.local_tile(mX[None, None, head, w.batch], (self.bn, width), (w.n_block, 0))
+        tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                           cute.group_modes(gX, 0, 2))
+        cute.copy(atom, tXsX, tXgX)
+
+    @cute.jit
+    def next_fine(self, t: Int32, w: Walk, fine: Fine, grads, phase: Int32, tidx: Int32) -> Int32:
+        """After step t: where the next step starts a K (or V) head inside the walk (K and V heads apart), that
+        tensor's gradient goes out and the next head's tile comes in (`swap_fine`). Returns the reloads' phase."""
+        nxt = t + 1
+        if nxt < w.steps:
+            if nxt % w.n_m == 0:
+                j = nxt // w.n_m  # the next step's query head, from the walk's first
+                if const_expr(self.fine_k):
+                    if j % self.p.qhead_per_kvhead == 0:
+                        self.swap_fine(False, j, fine, grads, phase, tidx, w)
+                        phase = phase ^ 1
+                if const_expr(self.fine_v):
+                    if j % self.p.qhead_per_vhead == 0:
+                        self.swap_fine(True, j, fine, grads, phase, tidx, w)
+                        phase = phase ^ 1
+        return phase
+
+    @cute.jit
+    def swap_fine(self, is_v: cutlass.Constexpr[bool], j: Int32, fine: Fine, grads, phase: Int32, tidx: Int32,
+                  w: Walk):
+        """The K (V) head of query head j - 1 is done: its dK (dV) leaves through its tile (`write_grads`; every GEMM
+        of the step has completed, each warpgroup waited for its own), the accumulator restarts at zero, and one
+        TMA load brings query head j's K (V) tile in, on the fine mbarrier, before the next step's GEMMs."""
+        acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale = grads
+        acc = acc_dV if const_expr(is_v) else acc_dK
+        old = self.kv_head(w, j - 1, is_v)
+        self.write_grads(((is_v, acc, old, None),), mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk,
+                         tma_atom_dv, mma_dk, mma_dv, scale, tidx, w)
+        acc.fill(0.0)
+        cute.arch.fence_view_async_shared()  # row stores (generic proxy) read the tile before TMA rewrites it
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
+        sX = sV if const_expr(is_v) else sK
+        width = self.dv if const_expr(is_v) else self.d
+        if tidx < 32:
+            mX = fine.mV if const_expr(is_v) else fine.mK
+            atom = fine.tma_atom_v if const_expr(is_v) else fine.tma_atom_k
+            gX = cute.local_tile(self.seq_rows(mX, self.kv_head(w, j, is_v), w, w.off_k), (self.bn, width),
+                                 (w.n_block, 0))
+            tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                               cute.group_modes(gX, 0, 2))
+            if tidx == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(fine.mbar, self.bn * width * self.dtype.width // 8)
+            cute.copy(atom, tXgX, tXsX, tma_bar_ptr=fine.mbar)
+        cute.arch.mbarrier_wait(fine.mbar, phase)
+        if const_expr(self.lengths):
+            key_rows = w.seqlen_k - w.n_block * self.bn
+            if key_rows < self.bn:  # the sequence's last key tile: rows past it may hold any bits
+                self.zero_tail(sX, key_rows, tidx)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+
+    @cute.jit
     def store_tile(self, sX: cute.Tensor, mX: cute.Tensor, width: cutlass.Constexpr[int], cols: cutlass.Constexpr[int],
-                   off_k: Int32, limit: Int32, t: Int32, w: Walk):
+                   off_k: Int32, limit: Int32, t: Int32, head: Int32, w: Walk):
         """The rows < limit of a staged (tile_n, width) dK / dV tile to the sequence's rows (from its first key
         `off_k`), by one warpgroup; a tile padded past the head dim (`cols`) stores only its first cols columns."""
         tiled, threads = row_copy(self.dtype, width, 128)
         if t < threads:
-            rows = widen(self.seq_rows(mX, w.head_kv, w, off_k), width)
+            rows = widen(self.seq_rows(mX, head, w, off_k), width)
             g = cute.local_tile(rows, (self.bn, width), (w.n_block, 0))
             store_rows(tiled, sX, g, cute.make_identity_tensor((self.bn, width)), limit, t,
                        cols=cols if const_expr(cols < width) else 0)

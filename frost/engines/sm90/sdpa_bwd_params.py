@@ -147,8 +147,6 @@ def validate(p: Sm90BwdParams) -> None:
         raise TemplateParamsError(f"Sm90BwdParams: {msg}")
 
     check_sdpa_features(p, HEAD_DIMS, "Sm90BwdParams")
-    if p.num_heads_v:
-        bad("K and V with different head counts: a CTA sums dK and dV over one kv head's query heads")
     if p.tile_n not in (64, 128):
         bad(f"tile_n={p.tile_n} must be 128 (two MMA warpgroups of 64 keys) or 64 (both share the keys)")
     if p.tile_m not in (64, 80, 128):
