@@ -168,7 +168,9 @@ def test_backward_walks_whole_k_and_v_groups():
     assert (unnested.kv_grid_heads, unnested.walk_group) == (2, 6) and "_h12k4v6_" in kernel_name(unnested, "sm_80")
     assert (Sm80BwdParams(**_b80(d=64, hq=6, hk=2, num_heads_v=3)).kv_grid_heads,) == (1,)
     assert Sm80BwdParams(**_b80(d=64, hq=24, hk=6, num_heads_v=4)).walk_group == 12  # groups of 4 and 6
+    from frost.engines.sm90.sdpa_bwd import kernel_name as name90
     for hk, hv, walk in ((2, 4, 4), (8, 1, 8), (1, 4, 8)):  # the wgmma backward walks the same runs
         w = Sm90BwdParams(head_dim=64, head_dim_v=64, num_heads_q=8, num_heads_kv=hk, num_heads_v=hv)
         validate_bwd90(w)
         assert (w.walk_group, w.kv_grid_heads) == (walk, 8 // walk)
+        assert f"_h8k{hk}v{hv}_" in name90(w, "sm_90a")  # apart from the kernel with V on K's heads

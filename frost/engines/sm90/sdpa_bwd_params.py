@@ -258,7 +258,7 @@ def _probe(head_dim: int, head_dim_v: int, knobs: dict) -> Sm90BwdParams:
 
 def name_suffix(p: Sm90BwdParams) -> str:
     """The self-describing part of the main kernel's name."""
-    parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}"]
+    parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")]
     parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
                         (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"))
                        + score_mod_tags(p))
