@@ -14,6 +14,7 @@ modifiers' own work is not counted. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 
@@ -69,12 +70,12 @@ def inputs(b, s, h, d, bias):
     return t
 
 
-def run(direction, engine, b, s, h, d, causal, bias, dbias, alibi, t):
-    """Median ms of one execute on `engine`, or the engine's decline."""
+def run(direction, engine, b, s, h, d, causal, bias, dbias, alibi, t, knobs=None):
+    """Median ms of one execute on `engine` (with `knobs` requested, if given), or the engine's decline."""
     g, pack = graph(direction, b, s, h, d, causal, bias, dbias, alibi, t)
     g.validate()
     try:
-        g.build_plans(engine=engine)
+        g.build_plans(engine=engine, knobs=knobs)
     except frost.NotSupportedError as e:
         return f"declined: {e.declines}"
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
@@ -92,13 +93,18 @@ def main(argv=None) -> int:
     ap.add_argument("--dbias", type=int, default=1)
     ap.add_argument("--alibi", default="0")
     ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--sm90-variants", default="[]", help="JSON list of knob sets: one more wgmma column each "
+                    "(e.g. '[{\"tile_m\": 64}]')")
     a = ap.parse_args(argv)
+    variants = json.loads(a.sm90_variants)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     engines = a.engines.split(",")
-    print("| dir | d | s | causal | bias | dBias | alibi | " + " | ".join(engines) + " | sm90 plain |")
-    print("|" + "---|" * (8 + len(engines)))
+    columns = [(e, None) for e in engines] + [("sm90", v) for v in variants]
+    print("| dir | d | s | causal | bias | dBias | alibi | " + " | ".join(engines)
+          + "".join(f" | sm90 {json.dumps(v)}" for v in variants) + " | sm90 plain |")
+    print("|" + "---|" * (8 + len(columns)))
     for direction, d in ((x, int(y)) for x in a.direction.split(",") for y in a.d.split(",")):
         for s in map(int, a.s.split(",")):
             b, h = max(1, 16384 // s), 2048 // d
@@ -110,10 +116,10 @@ def main(argv=None) -> int:
                             continue  # cuDNN's rule: ALiBi needs a causal mask
                         t = inputs(b, s, h, d, bias)
                         cells = []
-                        for e in engines + ["sm90"]:
-                            plain = len(cells) == len(engines)
+                        for e, knobs in columns + [("sm90", None)]:
+                            plain = len(cells) == len(columns)
                             ms = run(direction, e, b, s, h, d, causal, "none" if plain else bias,
-                                     a.dbias and not plain, 0 if plain else alibi, t)
+                                     a.dbias and not plain, 0 if plain else alibi, t, knobs)
                             cells.append(ms if isinstance(ms, str) else f"{ms:.3f} ms {tflops(flops, ms):.0f} TF")
                         has_db = a.dbias if bias != "none" and direction == "bwd" else "-"
                         print(f"| {direction} | {d} | {s} | {causal} | {bias} | {has_db} | {alibi} | "

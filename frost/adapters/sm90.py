@@ -79,4 +79,5 @@ class SdpaBwdDslSm90(DslBwdAdapter):
             requested = {"det_order": "rotated", **requested}
         return default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
                              packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
-                             score_mods=facts.has_bias or facts.has_alibi, dbias=facts.has_dbias, **requested)
+                             score_mods=facts.has_bias or facts.has_alibi, dbias=facts.has_dbias,
+                             bias=facts.has_bias, **requested)

@@ -352,7 +352,7 @@ def sm90_bwd_kwargs(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flag
     k = default_knobs(d, dv or d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")),
                       ragged=bool(flags.get("token_div_q")),
                       score_mods=bool(flags.get("has_bias") or flags.get("has_alibi")),
-                      dbias=bool(flags.get("has_dbias")), **(knobs or {}))
+                      dbias=bool(flags.get("has_dbias")), bias=bool(flags.get("has_bias")), **(knobs or {}))
     return dict(dtype=dtype, head_dim=d, head_dim_v=dv or d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 

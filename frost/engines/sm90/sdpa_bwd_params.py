@@ -190,10 +190,10 @@ def validate(p: Sm90BwdParams) -> None:
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = False, packed: bool = False,
                   sm_count: int = 132, ragged: bool = False, score_mods: bool = False, dbias: bool = False,
-                  **requested) -> dict:
+                  bias: bool = False, **requested) -> dict:
     """Good knobs per head dim (`banded`: a right bound, e.g. causal; `packed`: THD; `ragged`: cuDNN's
-    ragged-offset form of it; `score_mods`: a bias or ALiBi, `dbias`: with dBias); `requested` knobs are
-    honored (the validator judges them).
+    ragged-offset form of it; `score_mods`: a bias or ALiBi, `bias`: a bias, `dbias`: with dBias); `requested`
+    knobs are honored (the validator judges them).
 
     Measured on the H200 (bf16, 16k tokens; benchmarks/results/2026-12-01-h200-run7 and -run8): d=64 takes
     128 query rows per step (1.12-1.20x faster than 64), d=96 64 rows; both store dQ in fragment order
@@ -226,8 +226,10 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
         wide_qk = 96 < head_dim <= 128
         tile_m = (128 if widest <= 64 and not (packed and widest <= WGMMA_K) else
                   80 if widest > 96 and wide_qk and (packed or (not banded and head_dim != 128)) else 64)
-        if score_mods and (tile_m == 80 or (tile_m == 128 and packed and dbias)):
-            tile_m = 64  # the modifiers' registers spill the 80-row kernel, and dBias's adds the packed 128-row one
+        if (score_mods and tile_m == 80) or (tile_m == 128 and (bias or (packed and dbias))):
+            # the modifiers' registers spill the 80-row kernel; a bias's loads (212-476 bytes, with dBias or not)
+            # and dBias's adds (packed) the 128-row one
+            tile_m = 64
         k = {**dict(tile_m=tile_m, tile_n=128, num_stages=2), **requested}
     # packed tiles up to 64 wide add dQ in fragment order too, each sequence from its own tiles (run 12: 0.92-0.96x
     # FlashAttention-4 against 0.88-0.91x with rows); wider packed tiles keep rows (80-row tiles; 64-row fragment
