@@ -45,6 +45,13 @@ accumulator the chain zeroes and converts (a deterministic one stores a copy per
 head) once, summed in order by the dQ convert). Where the batch entries share that accumulator the grid puts batch
 on its fastest axis (`batch_fastest`), so their adds into an element meet in L2.
 
+K and V with different head counts (`num_heads_v`): the grid's head axis holds one CTA per walk of `walk_group`
+query heads, the smallest run made of whole K groups and whole V groups. A tensor whose group is shorter than the
+walk changes its tile within it: after the last step of each of its groups (every GEMM of the step completed), its
+dK or dV leaves through its tile (`write_grads`, as the epilogue's does), the accumulator restarts at zero, and one
+TMA load on an mbarrier of its own brings the next head's K or V tile (`swap_fine`), waited for before the next
+step; a walk with no step writes zeros to every such head.
+
 Head dims between the wgmma tiles' steps (80, 112, 72x40, ...) run on tiles padded past them
 (`tile_head_dim`): the TMA loads zero-fill the columns past the head dim (zeros add nothing to any
 GEMM), the TMA stores of dK / dV and the TMA reduce-add of dQ clip them, and the packed dK / dV row
@@ -118,7 +125,7 @@ class Walk(NamedTuple):
     """One CTA's work, made once: its key tile and heads, the query tiles it visits and the mask band."""
 
     n_block: Int32
-    head_kv: Int32
+    head_kv: Int32  # the CTA's walk of query heads (its kv head where K and V heads match)
     batch: Int32
     m_min: Int32  # first query tile of the band
     n_m: Int32  # query tiles per query head
