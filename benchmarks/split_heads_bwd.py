@@ -69,8 +69,7 @@ def main(argv=None):
         for s in (int(x) for x in a.s.split(",")):
             b = max(1, 16384 // s)
             for causal in (bool(int(x)) for x in a.causal.split(",")):
-                flops = b * sdpa_flops(heads=hq, d_qk=a.d, d_v=a.d, causal=causal, direction="bwd", batch=1,
-                                       seqlen_q=s)
+                flops = sdpa_flops(heads=hq, d_qk=a.d, d_v=a.d, causal=causal, direction="bwd", batch=b, seqlen_q=s)
                 cells = []
                 for engine in engines + ["SdpaBwdDslSm90"]:
                     kv = (hk, hk) if len(cells) == len(engines) else (hk, hv)

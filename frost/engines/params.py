@@ -172,6 +172,16 @@ class SdpaBwdFeatureParams(SdpaFeatureParams):
         return self.num_heads_q // self.walk_group
 
     @property
+    def walk_heads_k(self) -> int:
+        """K heads one walk covers: 1 where K's tile stays for the whole walk, more where it changes within it."""
+        return self.walk_group // self.qhead_per_kvhead
+
+    @property
+    def walk_heads_v(self) -> int:
+        """V heads one walk covers (`walk_heads_k`)."""
+        return self.walk_group // self.qhead_per_vhead
+
+    @property
     def batch_fastest(self) -> bool:
         """The main kernel's grid runs the batch entries of a (key tile, kv head) side by side (batch on the
         fastest grid axis): a dBias shared by the batch entries (one fp32 accumulator copy) then takes their adds

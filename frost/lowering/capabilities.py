@@ -16,16 +16,16 @@ MMA_SYNC_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 SM90_FWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=1024)
 KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
                              "thd", "stats"})
-#: K and V with different head counts (each dividing the query heads), and the forward's row max / sum-of-exp
-#: outputs: the forwards that index K's and V's heads apart and write the two halves of Stats
-FWD_EXTRA_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads", "score_max", "score_sum_exp"})
+#: K and V with different head counts (each dividing the query heads), nested or not: every DSL engine serves them
+#: (the backwards' CTAs walk the smallest run of query heads made of whole K groups and whole V groups, and write a K
+#: or V head's tile where that head's group ends; the wgmma backward then loads the next head's tile by TMA,
+#: `frost.engines.sm90.sdpa_bwd.swap_fine`)
+SPLIT_HEAD_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads"})
+#: the forwards' extras: split heads and the row max / sum-of-exp outputs (the two halves of Stats)
+FWD_EXTRA_FEATURES = SPLIT_HEAD_FEATURES | {"score_max", "score_sum_exp"}
 #: cuDNN's block_mask (forward only: cuDNN's backward has none): the mma.sync forward tests its bits per key tile,
 #: the wgmma forward skips the key blocks whose bits are all clear and masks bit by bit the ones that straddle
 BLOCK_MASK_FEATURES = frozenset({"block_mask"})
-#: both backwards serve K and V heads apart, nested or not: a CTA walks the smallest run of query heads made of
-#: whole K groups and whole V groups, and writes a K or V head's tile where that head's group ends (the wgmma
-#: backward then loads the next head's tile by TMA, `frost.engines.sm90.sdpa_bwd.swap_fine`)
-MMA_SYNC_BWD_FEATURES = frozenset({"split_kv_heads", "unnested_kv_heads"})
 #: cuDNN's score modifiers: an additive bias, its gradient, ALiBi
 SCORE_MOD_FEATURES = frozenset({"bias", "dbias", "alibi"})
 #: the DSL kernels also serve cuDNN's ragged-offset form (element offsets divided in-kernel, every io tensor and row
@@ -84,7 +84,7 @@ MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
-SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"} | SCORE_MOD_FEATURES | MMA_SYNC_BWD_FEATURES
+SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"} | SCORE_MOD_FEATURES | SPLIT_HEAD_FEATURES
 #: the wgmma backward pads a head dim up to its tiles' wgmma granule inside the kernel (`tile_head_dim`)
 SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 
@@ -104,12 +104,12 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                                    "pdl": (False, True), "det_order": ("stair", "rotated")})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=SPLIT_HEAD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=MMA_SYNC_BWD_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=SPLIT_HEAD_FEATURES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,

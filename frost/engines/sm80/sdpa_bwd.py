@@ -105,7 +105,7 @@ class SdpaBwdSm80:
         # (`per_cta_k` / `per_cta_v` heads of each per CTA; 1: the tile stays for the whole walk, as it always
         # does with equal counts)
         self.group_k, self.group_v = p.qhead_per_kvhead, p.qhead_per_vhead
-        self.per_cta_k, self.per_cta_v = self.group // self.group_k, self.group // self.group_v
+        self.per_cta_k, self.per_cta_v = p.walk_heads_k, p.walk_heads_v
         self.fused = p.fused_prefetch
         self.vector_red = _arch_number(arch) >= 90
 

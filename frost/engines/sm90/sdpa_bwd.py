@@ -153,6 +153,26 @@ class Rows(NamedTuple):
     tidx: Int32
 
 
+class GradOut(NamedTuple):
+    """Where dK and dV go (`write_grads`): the accumulators, the destinations (TMA tensors, and the packed rows with
+    their offsets), the K / V tiles they are staged through, the GEMMs whose fragments they are, dK's scale."""
+
+    acc_dK: cute.Tensor
+    acc_dV: cute.Tensor
+    mdK: cute.Tensor
+    mdV: cute.Tensor
+    key_offsets: tuple
+    mdK_rows: object
+    mdV_rows: object
+    sK: cute.Tensor
+    sV: cute.Tensor
+    tma_atom_dk: cute.CopyAtom
+    tma_atom_dv: cute.CopyAtom
+    mma_dk: cute.TiledMma
+    mma_dv: cute.TiledMma
+    scale: Float32
+
+
 class Fine(NamedTuple):
     """What reloads a K or V tile within the walk (K and V heads apart, `swap_fine`): the sources, their TMA atoms,
     the mbarrier the reload completes on."""
@@ -180,8 +200,7 @@ class SdpaBwdSm90:
         self.stages = p.num_stages
         self.group = p.walk_group  # query heads a CTA walks (Hq / Hkv unless K and V heads differ)
         # K's / V's tile changes within the walk (K and V heads apart: its group is shorter than the walk)
-        self.fine_k = p.qhead_per_kvhead < p.walk_group
-        self.fine_v = p.qhead_per_vhead < p.walk_group
+        self.fine_k, self.fine_v = p.walk_heads_k > 1, p.walk_heads_v > 1
         self.split_m = p.dq_split_m
         self.swap_dq = p.dq_swap
         self.frag = p.dq_fragments
@@ -480,17 +499,11 @@ class SdpaBwdSm90:
     @cute.jit
     def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
              pipe_q, pipe_do, pipe_kv, w: Walk):
-        n_block = w.n_block
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        gK = cute.local_tile(self.seq_rows(mK, self.kv_head(w, 0, False), w, w.off_k), (self.bn, self.d), (n_block, 0))
-        gV = cute.local_tile(self.seq_rows(mV, self.kv_head(w, 0, True), w, w.off_k), (self.bn, self.dv), (n_block, 0))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
         pipe_kv.producer_acquire(kv_state)
-        cute.copy(tma_atom_k, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-        cute.copy(tma_atom_v, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        bar = pipe_kv.producer_get_barrier(kv_state)
+        self.load_kv_tile(tma_atom_k, mK, sK, self.d, self.kv_head(w, 0, False), w, bar)
+        self.load_kv_tile(tma_atom_v, mV, sV, self.dv, self.kv_head(w, 0, True), w, bar)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for t in cutlass.range(w.steps, unroll=1):
             head, m_block = self.step_tile(t, w)
@@ -506,6 +519,15 @@ class SdpaBwdSm90:
             cute.copy(tma_atom_do, tOgdO, tOsdO[None, state.index],
                       tma_bar_ptr=pipe_do.producer_get_barrier(state))
             state.advance()
+
+    @cute.jit
+    def load_kv_tile(self, atom: cute.CopyAtom, mX: cute.Tensor, sX: cute.Tensor, width: cutlass.Constexpr[int],
+                     head: Int32, w: Walk, bar):
+        """One TMA load of the CTA's (tile_n, width) K or V tile of head `head` into sX, completing on `bar`."""
+        gX = cute.local_tile(self.seq_rows(mX, head, w, w.off_k), (self.bn, width), (w.n_block, 0))
+        tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                           cute.group_modes(gX, 0, 2))
+        cute.copy(atom, tXgX, tXsX, tma_bar_ptr=bar)
 
     # --- dQ writer warp: one TMA reduce-add of each step's fp32 dQ tile
     @cute.jit
@@ -705,6 +727,8 @@ class SdpaBwdSm90:
                 cute.arch.fence_view_async_shared()  # generic-proxy stores before the wgmma (async proxy) reads
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
         fine_phase = Int32(0)  # the fine-tile reloads' mbarrier phase (`swap_fine`)
+        out = GradOut(acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv,
+                      mma_dk, mma_dv, scale)
         for t in cutlass.range(steps, unroll=1):
             head, m_block = self.step_tile(t, w)
             q0 = m_block * bm
@@ -804,15 +828,12 @@ class SdpaBwdSm90:
                 pipe_q.consumer_release(q_state)
             q_state.advance()
             if const_expr(self.fine_k or self.fine_v):
-                grads = (acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv,
-                         mma_dk, mma_dv, scale)
-                fine_phase = self.next_fine(t, w, fine, grads, fine_phase, tidx)
+                fine_phase = self.next_fine(t, w, fine, out, fine_phase, tidx)
         if const_expr(self.p.has_dbias and not self.p.dbias_accum):
             score_mod.zero_dbias_outside_band(self.p, mdBias, w.batch, w.head_kv * self.group, self.group, w.m_min,
                                               w.n_m, bm, n_block, bn, mdBias.shape[2], mdBias.shape[3], MMA_THREADS,
                                               tidx)
-        self.epilogue(acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
-                      mma_dv, scale, tidx, w)
+        self.epilogue(out, tidx, w)
 
     @cute.jit
     def fetch_bias(self, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mBias, head: Int32, m_block: Int32,
@@ -1013,8 +1034,7 @@ class SdpaBwdSm90:
         zero_rows(tiled, threads, sX, limit, tidx)
 
     @cute.jit
-    def epilogue(self, acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
-                 mma_dv, scale, tidx, w: Walk):
+    def epilogue(self, out: GradOut, tidx: Int32, w: Walk):
         """dK * scale and dV of the walk's last K / V heads out (`write_grads`). A tile that changes within the
         walk whose walk has no step also writes its zeros to every earlier head of the walk (no step stored them)."""
         last_k, last_v = self.kv_head(w, self.group - 1, False), self.kv_head(w, self.group - 1, True)
@@ -1027,64 +1047,64 @@ class SdpaBwdSm90:
             first_v = last_v
             if w.steps == 0:
                 first_v = self.kv_head(w, 0, True)
-        grads = ((False, acc_dK, last_k, None) if first_k is None else (False, acc_dK, first_k, last_k),
-                 (True, acc_dV, last_v, None) if first_v is None else (True, acc_dV, first_v, last_v))
-        self.write_grads(grads, mdK, mdV, key_offsets,
-                         mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale, tidx, w)
+        grads = ((False, last_k, None) if first_k is None else (False, first_k, last_k),
+                 (True, last_v, None) if first_v is None else (True, first_v, last_v))
+        self.write_grads(grads, out, tidx, w)
 
     @cute.jit
-    def write_grads(self, grads, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk,
-                    mma_dv, scale, tidx, w: Walk):
-        """`grads`: (is_v, accumulator, first head, last head) of dK (times scale) and / or dV, staged through their
-        (now free) K / V tiles, then one TMA store per head (packed: row-predicated stores by one warpgroup each, so
-        no row of the next sequence is touched). The tiles are free again on return only for the storing warp (TMA)
-        or after a barrier (row stores)."""
+    def write_grads(self, grads, out: GradOut, tidx: Int32, w: Walk):
+        """`grads`: (is_v, first head, last head) of dK (times scale) and / or dV, staged through their (now free)
+        K / V tiles, then one TMA store per head (packed: row-predicated stores by one warpgroup each, so no row of
+        the next sequence is touched). The tiles are free again on return only for the storing warp (TMA) or after
+        a barrier (row stores)."""
         staged = []
-        for is_v, acc, _, _ in grads:
+        for is_v, _, _ in grads:
+            acc = out.acc_dV if const_expr(is_v) else out.acc_dK
             if const_expr(not is_v):
                 for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] * scale
+                    acc[i] = acc[i] * out.scale
             r16 = cute.make_rmem_tensor_like(acc, self.dtype)
             wu.convert_to_16bit(acc, r16)
             staged.append(r16)
         st = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)  # every GEMM has read sK / sV
-        for (is_v, _, _, _), r16 in zip(grads, staged):
-            r2s = cute.make_tiled_copy_C(st, mma_dv if const_expr(is_v) else mma_dk)
-            cute.copy(r2s, r2s.retile(r16), r2s.get_slice(tidx).partition_D(sV if const_expr(is_v) else sK))
+        for (is_v, _, _), r16 in zip(grads, staged):
+            r2s = cute.make_tiled_copy_C(st, out.mma_dv if const_expr(is_v) else out.mma_dk)
+            cute.copy(r2s, r2s.retile(r16), r2s.get_slice(tidx).partition_D(out.sV if const_expr(is_v) else out.sK))
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         if const_expr(self.p.is_thd):
             # the sequence's first key read again here, not kept in registers over the steps (a d=64 spill)
-            mCuK, mdKOff, mdVOff = key_offsets
-            off_k = token_offset(mCuK, w.batch, self.p.token_div_kv)
+            off_k = token_offset(out.key_offsets[0], w.batch, self.p.token_div_kv)
             limit = w.seqlen_k - w.n_block * self.bn
-            rows = (sK, sV, mdK_rows, mdV_rows, mdKOff, mdVOff, off_k, limit)
             if tidx < 128:  # each tile by its own warpgroup
-                self.store_rows(grads[0], rows, tidx, w)
+                self.store_rows(grads[0], out, off_k, limit, tidx, w)
             elif const_expr(len(grads) > 1):
-                self.store_rows(grads[1], rows, tidx - 128, w)
+                self.store_rows(grads[1], out, off_k, limit, tidx - 128, w)
         elif tidx < 32:
-            for is_v, _, lo, hi in grads:
-                store = partial(self.tma_store_tile, sV if const_expr(is_v) else sK, mdV if const_expr(is_v) else mdK,
-                                tma_atom_dv if const_expr(is_v) else tma_atom_dk, self.dv if const_expr(is_v) else self.d)
+            for is_v, lo, hi in grads:
+                store = partial(self.tma_store_tile, out.sV if const_expr(is_v) else out.sK,
+                                out.mdV if const_expr(is_v) else out.mdK,
+                                out.tma_atom_dv if const_expr(is_v) else out.tma_atom_dk,
+                                self.dv if const_expr(is_v) else self.d)
                 self.each_head(store, lo, hi, w)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def store_rows(self, grad, rows, t: Int32, w: Walk):
+    def store_rows(self, grad, out: GradOut, off_k: Int32, limit: Int32, t: Int32, w: Walk):
         """One staged dK / dV tile (`grad` as in `write_grads`) by one warpgroup's row-predicated stores (`t` its
         thread), to each of its heads."""
-        is_v, _, lo, hi = grad
-        sK, sV, mdK_rows, mdV_rows, mdKOff, mdVOff, off_k, limit = rows
+        is_v, lo, hi = grad
+        _, mdKOff, mdVOff = out.key_offsets
         if const_expr(is_v):
             off = own_token_offset(self.p, "dv", mdVOff, w.batch, off_k)
-            self.each_head(partial(self.store_tile, sV, mdV_rows, self.dv, self.p.head_dim_v, off, limit, t), lo, hi,
-                           w)
+            self.each_head(partial(self.store_tile, out.sV, out.mdV_rows, self.dv, self.p.head_dim_v, off, limit, t),
+                           lo, hi, w)
         else:
             off = own_token_offset(self.p, "dk", mdKOff, w.batch, off_k)
-            self.each_head(partial(self.store_tile, sK, mdK_rows, self.d, self.p.head_dim, off, limit, t), lo, hi, w)
+            self.each_head(partial(self.store_tile, out.sK, out.mdK_rows, self.d, self.p.head_dim, off, limit, t),
+                           lo, hi, w)
 
     @cute.jit
     def each_head(self, store, lo, hi, w: Walk):
@@ -1105,7 +1125,7 @@ class SdpaBwdSm90:
         cute.copy(atom, tXsX, tXgX)
 
     @cute.jit
-    def next_fine(self, t: Int32, w: Walk, fine: Fine, grads, phase: Int32, tidx: Int32) -> Int32:
+    def next_fine(self, t: Int32, w: Walk, fine: Fine, out: GradOut, phase: Int32, tidx: Int32) -> Int32:
         """After step t: where the next step starts a K (or V) head inside the walk (K and V heads apart), that
         tensor's gradient goes out and the next head's tile comes in (`swap_fine`). Returns the reloads' phase."""
         nxt = t + 1
@@ -1114,40 +1134,32 @@ class SdpaBwdSm90:
                 j = nxt // w.n_m  # the next step's query head, from the walk's first
                 if const_expr(self.fine_k):
                     if j % self.p.qhead_per_kvhead == 0:
-                        self.swap_fine(False, j, fine, grads, phase, tidx, w)
+                        self.swap_fine(False, j, fine, out, phase, tidx, w)
                         phase = phase ^ 1
                 if const_expr(self.fine_v):
                     if j % self.p.qhead_per_vhead == 0:
-                        self.swap_fine(True, j, fine, grads, phase, tidx, w)
+                        self.swap_fine(True, j, fine, out, phase, tidx, w)
                         phase = phase ^ 1
         return phase
 
     @cute.jit
-    def swap_fine(self, is_v: cutlass.Constexpr[bool], j: Int32, fine: Fine, grads, phase: Int32, tidx: Int32,
-                  w: Walk):
+    def swap_fine(self, is_v: cutlass.Constexpr[bool], j: Int32, fine: Fine, out: GradOut, phase: Int32,
+                  tidx: Int32, w: Walk):
         """The K (V) head of query head j - 1 is done: its dK (dV) leaves through its tile (`write_grads`; every GEMM
         of the step has completed, each warpgroup waited for its own), the accumulator restarts at zero, and one
         TMA load brings query head j's K (V) tile in, on the fine mbarrier, before the next step's GEMMs."""
-        acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv, mma_dk, mma_dv, scale = grads
-        acc = acc_dV if const_expr(is_v) else acc_dK
-        old = self.kv_head(w, j - 1, is_v)
-        self.write_grads(((is_v, acc, old, None),), mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk,
-                         tma_atom_dv, mma_dk, mma_dv, scale, tidx, w)
-        acc.fill(0.0)
+        self.write_grads(((is_v, self.kv_head(w, j - 1, is_v), None),), out, tidx, w)
+        (out.acc_dV if const_expr(is_v) else out.acc_dK).fill(0.0)
         cute.arch.fence_view_async_shared()  # row stores (generic proxy) read the tile before TMA rewrites it
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
-        sX = sV if const_expr(is_v) else sK
+        sX = out.sV if const_expr(is_v) else out.sK
         width = self.dv if const_expr(is_v) else self.d
         if tidx < 32:
-            mX = fine.mV if const_expr(is_v) else fine.mK
-            atom = fine.tma_atom_v if const_expr(is_v) else fine.tma_atom_k
-            gX = cute.local_tile(self.seq_rows(mX, self.kv_head(w, j, is_v), w, w.off_k), (self.bn, width),
-                                 (w.n_block, 0))
-            tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                               cute.group_modes(gX, 0, 2))
             if tidx == 0:
                 cute.arch.mbarrier_arrive_and_expect_tx(fine.mbar, self.bn * width * self.dtype.width // 8)
-            cute.copy(atom, tXgX, tXsX, tma_bar_ptr=fine.mbar)
+            self.load_kv_tile(fine.tma_atom_v if const_expr(is_v) else fine.tma_atom_k,
+                              fine.mV if const_expr(is_v) else fine.mK, sX, width, self.kv_head(w, j, is_v), w,
+                              fine.mbar)
         cute.arch.mbarrier_wait(fine.mbar, phase)
         if const_expr(self.lengths):
             key_rows = w.seqlen_k - w.n_block * self.bn
