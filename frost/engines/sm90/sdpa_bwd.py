@@ -747,10 +747,12 @@ class SdpaBwdSm90:
                     cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
             pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
             acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
-            wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
+            wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
+                    k_blocks=self.p.s_k_blocks)
             pipe_do.consumer_wait(q_state, pipe_do.consumer_try_wait(q_state))
             acc_dP = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
-            wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1)
+            wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
+                    k_blocks=self.p.dp_k_blocks)
             rB = None  # the step's bias tile, its loads in flight while S^T and dP^T run
             if const_expr(self.p.has_bias):
                 rB = self.fetch_bias(tScS_mn, t0ScS_mn, thr_sdp, mBias, head, m_block, w)

@@ -15,7 +15,7 @@ from frost.engines.params import HeadDimSpan, SdpaBwdFeatureParams, check_sdpa_f
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sm90.sdpa_fwd_params import HEAD_DIM_GRANULE as WGMMA_K  # one wgmma K step, as the forward's
-from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
+from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES, k_blocks
 from frost.errors import TemplateParamsError
 
 #: the head dims the template implements: d_qk and d_v each a multiple of 8 up to 256 (cuDNN's rule). Its tiles span
@@ -65,6 +65,16 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
         """The V / dO (and dV) tiles' head-dim extent: head_dim_v rounded up to a wgmma K step, to two where the
         warpgroups split dV's columns (shared keys)."""
         return round_up(self.head_dim_v, WGMMA_K * (2 if self.kv_shared else 1))
+
+    @property
+    def s_k_blocks(self) -> int:
+        """The wgmma k steps of S^T = K Q^T: those d_qk covers (`k_blocks`; a wider tile's columns are zeros)."""
+        return k_blocks(self.head_dim)
+
+    @property
+    def dp_k_blocks(self) -> int:
+        """The wgmma k steps of dP^T = V dO^T: those d_v covers."""
+        return k_blocks(self.head_dim_v)
 
     @property
     def padded(self) -> bool:

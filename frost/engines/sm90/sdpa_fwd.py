@@ -60,7 +60,7 @@ from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
-from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
+from frost.engines.sm90.sdpa_fwd_params import HEAD_DIM_GRANULE, Sm90FwdParams, separate_o, validate
 
 BAR_SCHED = 1      # 1..3: ping-pong turn of consumer warpgroup w
 BAR_EPI = 4        # 4..6: epilogue of consumer warpgroup w
@@ -86,7 +86,8 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
-                 + (f"vs{p.v_slices}" if p.v_slices > 1 else "") + f"sm{p.sm_count}")
+                 + (f"vs{p.v_slices}" if p.v_slices > 1 else "")
+                 + (f"g{p.tile_granule}" if p.tile_granule != HEAD_DIM_GRANULE else "") + f"sm{p.sm_count}")
     return "_".join(parts)
 
 
@@ -536,7 +537,8 @@ class SdpaFwdSm90:
         c.pipe_k.consumer_wait(kv_state, c.pipe_k.consumer_try_wait(kv_state))
         self.sched_sync(c.wg)
         acc_S = cute.make_rmem_tensor(c.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        wu.gemm(c.tiled_mma_qk, acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1)
+        wu.gemm(c.tiled_mma_qk, acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1,
+                k_blocks=self.p.qk_k_blocks)
         c.pipe_v.consumer_wait(v_state, c.pipe_v.consumer_try_wait(v_state))
         wu.gemm(c.tiled_mma_pv, acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index], zero_init=False,
                 wg_wait=-1)
@@ -708,7 +710,7 @@ class SdpaFwdSm90:
                 acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)),
                                               Float32)
                 wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True,
-                        wg_wait=0)
+                        wg_wait=0, k_blocks=p.qk_k_blocks)
                 pipe_k.consumer_release(kv_state)
                 if const_expr(p.has_score_mods):  # the last key block: it may hold the end of the keys
                     self.add_mods(loop, row0, mods, acc_S, n_last, True)

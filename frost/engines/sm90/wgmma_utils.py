@@ -39,12 +39,14 @@ def tma_pipelines(consumer_threads: int, *specs):
 
 @cute.jit
 def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-         zero_init: cutlass.Constexpr[bool] = False, wg_wait: cutlass.Constexpr[int] = 0):
-    """acc (+)= A @ B over all k blocks as one wgmma commit group; wait for `wg_wait` groups (-1: none)."""
+         zero_init: cutlass.Constexpr[bool] = False, wg_wait: cutlass.Constexpr[int] = 0,
+         k_blocks: cutlass.Constexpr[int] = 0):
+    """acc (+)= A @ B over the first `k_blocks` k blocks (0: all) as one wgmma commit group; wait for `wg_wait`
+    groups (-1: none). Blocks past `k_blocks` must hold zeros in A or B (a tile's padded head-dim columns)."""
     warpgroup.fence()
     atom = cute.make_mma_atom(tiled_mma.op)
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+    for k in cutlass.range_constexpr(k_blocks or cute.size(tCrA.shape[2])):
         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
