@@ -169,13 +169,19 @@ def main(argv=None):
             for c in cs:
                 pr = _problem(shape, h, hk, d, dv_of(d), c)
                 res, grads = {}, {}
-                if fa4 is not None:
+                peer = fa4 is not None
+                if peer:
                     qr, kr, vr = (x.clone().requires_grad_() for x in (pr.q, pr.k, pr.v))
                     out = _first(fa4_call(fa4, fa4_varlen, pr, qr, kr, vr))
 
                     def f_fa4(out=out, qr=qr, kr=kr, vr=vr, do=pr.do):
                         return torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
-                    grads["fa4"] = f_fa4()
+                    try:
+                        grads["fa4"] = f_fa4()
+                    except Exception as e:  # FA4 does not build every shape (its D=112 80-row backward)
+                        print(f"# FA4 failed at d={d} causal={c}: {type(e).__name__}: {str(e).splitlines()[-1]}")
+                        peer = False
+                if peer:
                     res["fa4"] = timed(f_fa4, reps=a.reps)
                     o, lse = fa4_call(fa4, fa4_varlen, pr, pr.q, pr.k, pr.v, return_lse=True)[:2]
                     lse = lse.contiguous()

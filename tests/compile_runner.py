@@ -93,7 +93,6 @@ def ptx_facts(ck) -> dict:
            "target": re.findall(r"\.target\s+(\w+)", ptx), "seconds": ck.compile_seconds,
            "local": ptx.count("ld.local") + ptx.count("st.local")}
     out.update({k: ptx.count(pattern) for k, pattern in PTX_COUNTS.items()})
-    out["wgmma_n"] = sorted({int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx)})
     return out
 
 

@@ -283,13 +283,6 @@ SM90_FWD_HEAD_DIM_CASES = [
     Sm90Case(d=128, dv=520, hq=8, hkv=2, sq=200, skv=333),
     Sm90Case(d=200, dv=264, seqused=((250, 0), (300, 17)), sq=300, skv=300),
     Sm90Case(d=1024, dv=1024, thd=((129, 300), (64, 64), (1, 1))),
-    # tiles rounded to wider swizzle granules (`tile_granule`): d_qk's zero columns skipped in Q K^T, d_v's padded
-    Sm90Case(d=112, wr=0, br=True, sq=200, skv=520, knobs=dict(tile_granule=64)),
-    Sm90Case(d=80, wr=0, sq=300, skv=500, knobs=dict(tile_granule=32)),
-    Sm90Case(d=80, sq=300, skv=300, sinks=True, knobs=dict(tile_granule=64)),
-    Sm90Case(d=72, dv=40, hq=8, hkv=2, thd=((129, 129), (1, 1), (300, 77)), wr=0,
-             knobs=dict(pack_gqa=True, tile_granule=64)),
-    Sm90Case(d=104, dv=112, thd=((200, 200), (1, 1), (77, 300)), knobs=dict(tile_granule=32)),
 ]
 
 
@@ -476,8 +469,6 @@ SM90_FWD_HEAD_DIM_COVER = [
         _sm90(d=512, dv=256),
         _sm90(d=512, dv=256, hq=8, hk=2, is_thd=True, has_window_right=True, knobs=dict(pack_gqa=True)),
         _sm90(d=104, hq=8, hk=2, has_window_right=True, **ragged(8, 2, 104), knobs=dict(pack_gqa=True)),
-        _sm90(d=112, has_window_right=True, knobs=dict(tile_granule=64)),
-        _sm90(d=80, is_thd=True, knobs=dict(tile_granule=32)),
     ],
 ]
 

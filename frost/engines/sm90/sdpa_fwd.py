@@ -60,7 +60,7 @@ from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
-from frost.engines.sm90.sdpa_fwd_params import HEAD_DIM_GRANULE, Sm90FwdParams, separate_o, validate
+from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
 
 BAR_SCHED = 1      # 1..3: ping-pong turn of consumer warpgroup w
 BAR_EPI = 4        # 4..6: epilogue of consumer warpgroup w
@@ -86,8 +86,7 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
-                 + (f"vs{p.v_slices}" if p.v_slices > 1 else "")
-                 + (f"g{p.tile_granule}" if p.tile_granule != HEAD_DIM_GRANULE else "") + f"sm{p.sm_count}")
+                 + (f"vs{p.v_slices}" if p.v_slices > 1 else "") + f"sm{p.sm_count}")
     return "_".join(parts)
 
 

@@ -22,15 +22,12 @@ MAX_TILE_DIM_V = 256
 #: P V), TMA stores clip them and the row-predicated stores skip them, so the declared tensors are read and
 #: written as they are.
 HEAD_DIM_GRANULE = 16
-#: The granules a forward's tiles may round to (`Sm90FwdParams.tile_granule`): a tile's row of 16, 32 or 64
-#: elements per swizzle atom (32-, 64- or 128-byte swizzle).
-TILE_GRANULES = (16, 32, 64)
 SMEM_BUDGET_BYTES = 227 * 1024  # sm_90 opt-in shared memory per block
 
 
-def tile_dim(d: int, granule: int = HEAD_DIM_GRANULE) -> int:
+def tile_dim(d: int) -> int:
     """The head-dim extent of the tiles for head dim `d`: `d` rounded up to a whole granule."""
-    return round_up(d, granule)
+    return round_up(d, HEAD_DIM_GRANULE)
 
 
 def k_blocks(d: int) -> int:
@@ -62,21 +59,15 @@ class Sm90FwdParams(SdpaFeatureParams):
     # O's columns in this many slices, each its own work tile (which recomputes S): how a d_v above 256 runs
     v_slices: int = 1
     sm_count: int = 132
-    # tiles span the head dims rounded up to this many elements (`TILE_GRANULES`). The smem swizzle follows the
-    # tile's row: 112 columns (224 bytes) get a 32-byte swizzle, 128 a 128-byte one. Wider tiles cost padded
-    # P V columns; Q K^T issues only the k steps d_qk covers (`qk_k_blocks`), so its padding costs nothing.
-    tile_granule: int = HEAD_DIM_GRANULE
 
     @property
     def tile_head_dim(self) -> int:
         """The Q / K tiles' head-dim extent (`tile_dim`)."""
-        return tile_dim(self.head_dim, self.tile_granule)
+        return tile_dim(self.head_dim)
 
     @property
     def tile_head_dim_v(self) -> int:
         """The V / O tiles' head-dim extent (`tile_dim`): one slice's, with `v_slices`."""
-        if self.v_slices == 1:
-            return tile_dim(self.head_dim_v, self.tile_granule)
         return slice_dim(self.head_dim_v, self.v_slices)
 
     @property
@@ -168,11 +159,6 @@ def validate(p: Sm90FwdParams) -> None:
         bad(f"sm_count={p.sm_count} must be positive")
     if p.v_slices < 1:
         bad(f"v_slices={p.v_slices} must be positive")
-    if p.tile_granule not in TILE_GRANULES:
-        bad(f"tile_granule={p.tile_granule} must be one of {TILE_GRANULES}")
-    if p.tile_granule != HEAD_DIM_GRANULE and p.v_slices > 1:
-        bad(f"tile_granule={p.tile_granule} rounds whole head dims: column slices of O (v_slices={p.v_slices}) "
-            f"take {HEAD_DIM_GRANULE}")
     if p.tile_head_dim_v > MAX_TILE_DIM_V:
         bad(f"d_v={p.head_dim_v} in {p.v_slices} slice(s) makes {p.tile_head_dim_v}-column O tiles, above "
             f"{MAX_TILE_DIM_V}: v_slices must be at least {min_v_slices(p.head_dim_v)}")
