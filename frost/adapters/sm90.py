@@ -44,14 +44,10 @@ class SdpaFwdDslSm90(DslFwdAdapter):
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
         from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, pack_gqa_reason
 
-        knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count)
-        knobs.update(requested)
         flags = fwd_feature_flags(facts)
-        if (flags["has_bias"] or flags["has_alibi"] or flags.get("has_block_mask")) and "tile_m" not in requested \
-                and knobs["tile_m"] == 192:
-            # three consumer warpgroups have 160 registers each: the score modifiers' loads and the block mask's
-            # bit words spill there
-            knobs["tile_m"] = 128
+        knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count,
+                              score_mods=flags["has_bias"] or flags["has_alibi"] or flags.get("has_block_mask", False))
+        knobs.update(requested)
         if "pack_gqa" not in requested:
             # GQA packs the heads of a kv head into one M tile wherever the template can;
             # elsewhere (and when a user asks pack_gqa=False) each query head has its own tiles

@@ -41,7 +41,7 @@ def _mma_bwd(**kw) -> dict:
 
 def _sm90(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
     dv = dv or d
-    k = _sm90_knobs(d, dv)
+    k = _sm90_knobs(d, dv, score_mods=any(flags.get(f) for f in ("has_bias", "has_alibi", "has_block_mask")))
     k.update(knobs or {})
     return dict(dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
@@ -396,7 +396,8 @@ SM90_BWD_WIDE_COVER = [
 SM90_BWD_HEAD_DIM_COVER = [
     [sm90_bwd_kwargs(d=80), sm90_bwd_kwargs(d=112), sm90_bwd_kwargs(d=112, hq=8, hk=2, has_window_right=True),
      sm90_bwd_kwargs(d=72, dv=40, dtype="fp16", has_window_left=True), sm90_bwd_kwargs(d=40, deterministic=True),
-     sm90_bwd_kwargs(d=8, is_thd=True, has_window_right=True)],
+     sm90_bwd_kwargs(d=8, is_thd=True, has_window_right=True),
+     sm90_bwd_kwargs(d=88, hq=8, hk=2, has_window_right=True, deterministic=True)],
     [sm90_bwd_kwargs(d=128, dv=64), sm90_bwd_kwargs(d=192, dv=64, has_window_right=True),
      sm90_bwd_kwargs(d=160, is_thd=True, deterministic=True),
      sm90_bwd_kwargs(d=80, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),

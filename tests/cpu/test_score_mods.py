@@ -252,6 +252,10 @@ def test_score_mods_plan_two_consumer_warpgroups_on_the_wgmma_forward(unpended, 
     alibi = _bias_graph(H200, d=64, bias_dim=None, use_alibi_mask=True, use_causal_mask=True)
     assert _sm90_fwd_params(alibi).tile_m == 128
     assert _sm90_fwd_params(alibi, knobs=dict(tile_m=192)).tile_m == 192
+    # d=80's 192 x 112 default too: the modifiers take the 128 x 128 tiles
+    mods80 = _sm90_fwd_params(_bias_graph(H200, d=80, bias_dim=(1, 4, 128, 128)))
+    assert (mods80.tile_m, mods80.tile_n) == (128, 128)
+    assert _sm90_fwd_params(declare(H200, d=80)).tile_m == 192
 
 
 def test_forced_gqa_packing_with_score_mods_declines_with_the_reason(unpended, no_compile):

@@ -227,6 +227,12 @@ print("RESULT " + json.dumps(out))
 """
 
 
+#: what ptxas may spill in a 64-row kernel on padded tiles with the rows warp (d_qk 72 to 88): one 8-byte value
+#: stored and reloaded per step inside the rows warp, which runs on the producer warpgroup's 24 registers (stores +
+#: loads); the MMA warpgroups spill nothing (measured 1.04-1.06x faster than without the rows warp at d=80, run 18)
+ROWS_WARP_SPILL_BYTES = 16
+
+
 def test_the_other_head_dims_compile_with_padded_tiles(tmp_path):
     """Head dims between the tuned ones (padded tiles, unequal pairs, fragment tiles of whole tiles), dense and
     packed: wgmma, TMA loads (zero-filling the tiles' columns past the head dim) and stores, the dQ path of the
@@ -253,9 +259,11 @@ def test_the_other_head_dims_compile_with_padded_tiles(tmp_path):
             assert r["tma_reduce"] > 0 and r["bulk_reduce"] == 0, r
         assert r["local"] == 0, r
         if "ptxas" in r:
-            assert r["ptxas"]["rc"] == 0 and not any(r["ptxas"]["spills"]), (r["name"], r["ptxas"])
+            allowed = ROWS_WARP_SPILL_BYTES if p.rows_warp and p.padded and p.tile_m == 64 else 0
+            assert r["ptxas"]["rc"] == 0 and sum(r["ptxas"]["spills"]) <= allowed, (r["name"], r["ptxas"])
             assert not r["ptxas"]["serialized"], (r["name"], r["ptxas"]["log"])
     assert any(Sm90BwdParams(**kw).padded for kw in kws) and any(Sm90BwdParams(**kw).dq_fragments for kw in kws)
+    assert any(Sm90BwdParams(**kw).rows_warp and Sm90BwdParams(**kw).padded for kw in kws)
 
 
 def test_packed_fragment_tiles_give_each_sequence_its_own_tiles():

@@ -115,19 +115,28 @@ def test_tiles_pad_head_dims_to_wgmma_k_steps():
 
 
 @pytest.mark.parametrize("d, dv, knobs", [
-    (80, 80, dict(tile_m=128, tile_n=128, num_stages=2)), (112, 112, dict(tile_m=128, tile_n=128, num_stages=2)),
-    (72, 40, dict(tile_m=128, tile_n=128, num_stages=2)), (64, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
+    (80, 80, dict(tile_m=192, tile_n=112, num_stages=2)), (112, 112, dict(tile_m=192, tile_n=80, num_stages=2)),
+    (72, 40, dict(tile_m=192, tile_n=112, num_stages=2)), (64, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
+    (104, 64, dict(tile_m=192, tile_n=80)), (120, 120, dict(tile_m=128, tile_n=128)),
     (320, 128, dict(tile_m=64, tile_n=64, num_stages=2)), (512, 256, dict(tile_m=64, tile_n=64, num_stages=1)),
     (520, 520, dict(tile_m=64, tile_n=64, num_stages=1, v_slices=3)),
     (1024, 1024, dict(tile_m=64, tile_n=32, num_stages=1, v_slices=4)),
     (64, 264, dict(tile_m=128, tile_n=96, num_stages=2, v_slices=2)), (64, 520, dict(tile_n=96, v_slices=3)),
     # the tuned pairs keep their measured rows
     (64, 64, dict(tile_m=192, tile_n=128, num_stages=2)), (192, 192, dict(tile_m=128, tile_n=112, num_stages=2)),
+    (96, 96, dict(tile_m=192, tile_n=112, num_stages=2)), (128, 128, dict(tile_m=128, tile_n=128, num_stages=2)),
     (256, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
 ])
 def test_default_knobs_by_tile_head_dims(d, dv, knobs):
     k = default_knobs(d, dv)
     assert {n: k[n] for n in knobs} == knobs
+
+
+@pytest.mark.parametrize("d", [64, 80, 96, 112])
+def test_score_modifiers_keep_two_consumer_warpgroups(d):
+    """A bias, ALiBi or a block mask spills three warpgroups' 160 registers: their tiles are 128 x 128."""
+    assert default_knobs(d, d)["tile_m"] == 192
+    assert {n: default_knobs(d, d, score_mods=True)[n] for n in ("tile_m", "tile_n")} == dict(tile_m=128, tile_n=128)
 
 
 @pytest.mark.parametrize("d, dv, message", [

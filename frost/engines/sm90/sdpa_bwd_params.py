@@ -254,11 +254,15 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     # FlashAttention-4 in the same process: d=128 dense 0.956-0.984x (run 13; named barriers 0.920-0.995x),
     # d=64 dense 0.959-0.971x against 0.935-0.967x, d=96 0.955-0.973x against 0.915-0.932x, packed d=128
     # 0.947-1.028x against 0.928-0.948x, packed d=96 0.894-0.926x against 0.839-0.909x, packed d=64 0.867-0.984x
-    # against 0.902-0.952x (run 14; its only loss the 18-sequence mix without a band). The dense
-    # 80-row kernel keeps the MMA-thread loads (with the rows warp ptxas serializes its wgmmas); other head dims
-    # are unmeasured and keep them too
-    k.setdefault("rows_warp", head_dim == dv and head_dim in (64, 96, 128)
-                 and (packed or (k["dq_fragments"] and k["tile_m"] != 80)))
+    # against 0.902-0.952x (run 14; its only loss the 18-sequence mix without a band). The dense d=128
+    # 80-row kernel keeps the MMA-thread loads (with the rows warp ptxas serializes its wgmmas). Dense d_qk from 72
+    # to 88 (padded tiles, row dQ) takes the rows warp too: d=80 1.04-1.06x (its rows warp spills one 8-byte value
+    # per step in its 24 registers), and the 80-row kernel at d_qk 104 / 112 (clean; d=112 1.04x without a band;
+    # at d=120 ptxas serializes) (run 18); d=112 under a band (64 rows) gained nothing. Other head dims are
+    # unmeasured and keep the MMA-thread loads
+    measured = (head_dim in (64, 96, 128) and (packed or (k["dq_fragments"] and k["tile_m"] != 80))
+                or not packed and (64 < head_dim < 96 or 96 < head_dim <= 112 and k["tile_m"] == 80))
+    k.setdefault("rows_warp", head_dim == dv and measured)
     k.setdefault("rows_mbar", k["rows_warp"])
     return k
 

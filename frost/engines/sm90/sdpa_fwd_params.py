@@ -181,12 +181,16 @@ def min_v_slices(head_dim_v: int) -> int:
     return n
 
 
-def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int = 132) -> dict:
+def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int = 132,
+                  score_mods: bool = False) -> dict:
     """The best measured configuration per head dim on the H200 (bf16, 16k tokens, hidden 2048).
 
     Measured against alternatives: persistent beats one-CTA-per-tile by 5-7% unbanded
     and by 3-5% banded (with the zigzag longest-first order); 128x128 beats
-    tile_n 144/160/176 for d=128. The knobs that lost (head-fastest order, rotated K/V
+    tile_n 144/160/176 for d=128; three consumer warpgroups (192 rows) beat two from d=72 to d=112: 192x112
+    tiles up to 96 wide (d=80 1.08x / 1.12x full / causal, d=96 1.10x / 1.09x), 192x80 up to 112 (d=112 1.03x)
+    (benchmarks/results/2026-12-02-h200-run18). `score_mods` (a bias, ALiBi or a block mask) keeps two
+    (128x128): their loads and bit words spill three warpgroups' 160 registers. The knobs that lost (head-fastest order, rotated K/V
     sweeps, early O rescale, L2-sized head sections) were removed; their measurements are
     in benchmarks/results/2026-11-30-h200-run3/README.md. d=96 and 192 follow d=128 /
     FlashAttention-3's shapes and are not tuned.
@@ -208,7 +212,9 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
     if wide <= 64:
         k.update(tile_m=192, tile_n=128)
     elif wide <= 96:
-        k.update(tile_m=128, tile_n=128)
+        k.update(tile_m=192, tile_n=112)
+    elif wide <= 112:
+        k.update(tile_m=192, tile_n=80)
     elif wide <= 128:
         k.update(tile_n=128)
     elif wide <= 192:
@@ -222,4 +228,6 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
             k.update(num_stages=stages, tile_n=tile_n)
             if smem_bytes(Sm90FwdParams(head_dim=head_dim, head_dim_v=dv, **k)) <= SMEM_BUDGET_BYTES:
                 break
+    if score_mods and k["tile_m"] == 192:
+        k.update(tile_m=128, tile_n=128)
     return k
