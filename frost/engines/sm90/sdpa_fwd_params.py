@@ -187,13 +187,14 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
 
     Measured against alternatives: persistent beats one-CTA-per-tile by 5-7% unbanded
     and by 3-5% banded (with the zigzag longest-first order); 128x128 beats
-    tile_n 144/160/176 for d=128; three consumer warpgroups (192 rows) beat two from d=72 to d=112: 192x112
-    tiles up to 96 wide (d=80 1.08x / 1.12x full / causal, d=96 1.10x / 1.09x), 192x80 up to 112 (d=112 1.03x)
-    (benchmarks/results/2026-12-02-h200-run18). `score_mods` (a bias, ALiBi or a block mask) keeps two
-    (128x128): their loads and bit words spill three warpgroups' 160 registers. The knobs that lost (head-fastest order, rotated K/V
-    sweeps, early O rescale, L2-sized head sections) were removed; their measurements are
-    in benchmarks/results/2026-11-30-h200-run3/README.md. d=96 and 192 follow d=128 /
-    FlashAttention-3's shapes and are not tuned.
+    tile_n 144/160/176 for d=128. Three consumer warpgroups (192 rows, a warpgroup's softmax hidden behind two
+    others' GEMMs) beat two from d=72 to d=112: 192x112 for tiles up to 96 wide (d=80 1.08x / 1.12x full / causal,
+    d=96 1.10x / 1.09x), 192x80 up to 112 (d=112 1.03x); at d=128 192x80 was 0.97x / 1.02x
+    (benchmarks/results/2026-12-02-h200-run18). `score_mods` (a bias, ALiBi or a block mask) keeps two (128x128):
+    their loads and bit words spill three warpgroups' 160 registers. The knobs that lost (head-fastest order,
+    rotated K/V sweeps, early O rescale, L2-sized head sections) were removed; their measurements are
+    in benchmarks/results/2026-11-30-h200-run3/README.md, and a wider smem swizzle for padded tiles (`tile_granule`)
+    in run 18. d=192 follows FlashAttention-3's shapes and is not tuned.
 
     Other pairs take the row of the wider of their tile head dims (so a d_v above d_qk gets the registers
     and shared memory its O tile needs). A d_v above 256 runs in the fewest column slices of O that fit
