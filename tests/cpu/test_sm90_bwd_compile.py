@@ -122,11 +122,16 @@ def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
                                            rows_mbar=True)
     assert default_knobs(128, 128, packed=True) == dict(tile_m=80, tile_n=128, num_stages=2, dq_fragments=False,
                                                         rows_warp=True, rows_mbar=True)
-    # the rows warp where it was measured (d = 64, 96, 128; the dense 80-row kernel and other head dims without it)
+    # the rows warp where it was measured: d = 64, 96, 128; dense padded 64-row tiles (d_qk 72-88) and the 80-row
+    # kernel at d_qk 104 / 112 (run 18); not the d=128 80-row kernel (serialized), d=120's, d=112 under a band, packed
+    # padded tiles or d_qk != d_v
     assert all(default_knobs(d, d, banded=b, packed=pk)["rows_warp"] for d in (64, 96, 128) for b in (False, True)
                for pk in (False, True))
-    assert not default_knobs(128, 128, tile_m=80)["rows_warp"] and not default_knobs(112, 112)["rows_warp"]
-    assert not default_knobs(72, 72)["rows_warp"] and not default_knobs(128, 64)["rows_warp"]
+    assert all(default_knobs(d, d, banded=b)["rows_warp"] for d in (72, 80, 88) for b in (False, True))
+    assert default_knobs(112, 112)["rows_warp"] and default_knobs(104, 104)["rows_warp"]
+    assert not default_knobs(128, 128, tile_m=80)["rows_warp"] and not default_knobs(120, 120)["rows_warp"]
+    assert not default_knobs(112, 112, banded=True)["rows_warp"] and not default_knobs(80, 80, packed=True)["rows_warp"]
+    assert not default_knobs(128, 64)["rows_warp"] and not default_knobs(80, 64)["rows_warp"]
     assert default_knobs(128, 128, banded=True)["tile_m"] == 64 and default_knobs(128, 128, banded=True)["dq_fragments"]
     assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]
     # packed tiles up to 64 wide add dQ in fragment order as well (each sequence's own tiles), but not in cuDNN's
