@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="total tokens per batch; B = tokens / S (default: %(default)s)")
     s.add_argument("--hidden", type=parse_size, default=2048,
                    help="hidden size; Hq = hidden / Dv (default: %(default)s)")
+    s.add_argument("--heads", type=int, default=0,
+                   help="query heads of every row instead of hidden / Dv (a head-dim sweep at one head count, "
+                        "e.g. --head-dim 80,96,112,128 --heads 16)")
     s.add_argument("--causal", type=_causal, help="both, yes or no")
     s.add_argument("--deterministic", type=_deterministic,
                    help="backward rows: no (default), yes, or both (each row then its deterministic twin, "
@@ -160,7 +163,10 @@ def spec_from_args(a) -> SweepSpec:
             "causal": a.causal, "deterministic": a.deterministic, "gqa": a.gqa, "layouts": a.layout,
             "thd_mixes": a.thd_mix, "probe": a.probe}
     base.update({k: v for k, v in over.items() if v is not None})
-    spec = SweepSpec(**base, tokens=a.tokens, hidden=a.hidden, thd_max_len=a.thd_max_len, seed=a.seed)
+    if a.heads < 0:
+        raise SystemExit(f"frost bench: --heads {a.heads} must be positive")
+    spec = SweepSpec(**base, tokens=a.tokens, hidden=a.hidden, heads_q=a.heads, thd_max_len=a.thd_max_len,
+                     seed=a.seed)
     if a.thd_lengths:
         spec.thd_lengths = tuple(a.thd_lengths)
     return spec
@@ -183,6 +189,7 @@ def settings_dict(a, spec: SweepSpec, timing: TimingOptions) -> dict:
         "sweep": {"directions": spec.directions, "dtypes": spec.dtypes,
                   "head_dims": [f"{q}x{v}" if q != v else str(q) for q, v in spec.head_dims],
                   "seqlens": spec.seqlens, "tokens": spec.tokens, "hidden": spec.hidden,
+                  "heads": spec.heads_q,
                   "causal": spec.causal, "deterministic": spec.deterministic, "gqa": spec.gqa,
                   "layouts": spec.layouts, "thd_mixes": spec.thd_mixes,
                   "thd_lengths": list(spec.thd_lengths), "thd_max_len": spec.thd_max_len, "seed": spec.seed,

@@ -196,6 +196,7 @@ class SweepSpec:
     seqlens: list = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
     tokens: int = 16384
     hidden: int = 2048
+    heads_q: int = 0  # query heads of every row (0: hidden / Dv), so a head-dim sweep keeps its head count
     causal: list = field(default_factory=lambda: [False, True])
     deterministic: list = field(default_factory=lambda: [False])   # bwd modes; fwd rows ignore it
     gqa: list = field(default_factory=lambda: [1])
@@ -208,11 +209,15 @@ class SweepSpec:
     skipped: list = field(default_factory=list)   # combinations expand() left out, with the reason
 
     def heads(self, d_v: int, ratio: int) -> tuple[int, int]:
-        if self.hidden % d_v:
-            raise ValueError(f"hidden {self.hidden} is not a multiple of head dim {d_v}")
-        hq = self.hidden // d_v
+        if self.heads_q:
+            hq, source = self.heads_q, "--heads"
+        elif self.hidden % d_v:
+            raise ValueError(f"hidden {self.hidden} is not a multiple of head dim {d_v} (fix the head count with "
+                             "--heads)")
+        else:
+            hq, source = self.hidden // d_v, f"hidden {self.hidden} / D {d_v}"
         if ratio < 1 or hq % ratio:
-            raise ValueError(f"GQA ratio {ratio} does not divide Hq={hq} (hidden {self.hidden} / D {d_v})")
+            raise ValueError(f"GQA ratio {ratio} does not divide Hq={hq} ({source})")
         return hq, hq // ratio
 
     def thd_mix(self, name: str) -> tuple[int, ...]:

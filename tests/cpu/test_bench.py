@@ -71,6 +71,22 @@ def test_impossible_gqa_is_left_out_not_fatal():
         _spec(["--head-dim", "256", "--gqa", "16"]).expand()
 
 
+def test_heads_fix_the_head_count_of_a_head_dim_sweep():
+    """`--heads` keeps every head dim of a sweep at one head count; without it hidden 2048 leaves 80, 96 and 112
+    out, naming the flag."""
+    dims = ["--head-dim", "80,96,112,128", "--layout", "bshd", "--seqlen", "16k", "--direction", "fwd"]
+    spec = _spec(dims + ["--heads", "16", "--gqa", "1,4"])
+    ws = spec.expand()
+    assert sorted({w.d_qk for w in ws}) == [80, 96, 112, 128] and not spec.skipped
+    assert {(w.heads_q, w.heads_kv) for w in ws} == {(16, 16), (16, 4)}
+    plain = _spec(dims)
+    assert {w.d_qk for w in plain.expand()} == {128}
+    assert any("80" in s and "--heads" in s for s in plain.skipped)
+    odd = _spec(dims + ["--heads", "16", "--gqa", "3"])
+    with pytest.raises(ValueError, match=r"GQA ratio 3 does not divide Hq=16 \(--heads\)"):
+        odd.expand()
+
+
 def test_deterministic_flag_doubles_backward_rows_only():
     base = ["--preset", "quick", "--layout", "bshd", "--seqlen", "4k", "--no-probe"]
     plain = _spec(base).expand()
