@@ -162,11 +162,19 @@ def classify(before: str, after: str) -> str:
     return "reordered" if _dataflow(before) == _dataflow(after) else "different"
 
 
+def by_kernel(d: Path) -> dict:
+    """A dump's files by kernel name: the covering-set index in front (`NN_`) dropped, so a kernel added or removed
+    before another does not make every later one look new; a name dumped twice keeps its index."""
+    files = sorted(d.glob("*.mlir"))
+    names = [re.sub(r"^\d+_", "", f.name) for f in files]
+    return {(f.name if names.count(n) > 1 else n): f for n, f in zip(names, files)}
+
+
 def diff(a: Path, b: Path) -> int:
-    names = sorted({p.name for p in a.glob("*.mlir")} | {p.name for p in b.glob("*.mlir")})
+    fa, fb = by_kernel(a), by_kernel(b)
     worst = 0
-    for name in names:
-        pa, pb = a / name, b / name
+    for name in sorted(fa.keys() | fb.keys()):
+        pa, pb = fa.get(name, a / name), fb.get(name, b / name)
         if not (pa.exists() and pb.exists()):
             verdict = "only in " + (str(a) if pa.exists() else str(b))
         elif not (pa.stat().st_size and pb.stat().st_size):  # two empty dumps are not evidence of anything

@@ -41,6 +41,22 @@ def test_diff_reports_the_worst(tmp_path):
     assert kernel_ir.diff(a, b) == 2
 
 
+def test_diff_matches_kernels_by_name_not_index(tmp_path, capsys):
+    """A kernel added to the covering set shifts the index of every later one: diff pairs them by name."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "00_first.mlir").write_text(A)
+    (a / "01_second.mlir").write_text(A)
+    (b / "00_first.mlir").write_text(A)
+    (b / "01_new.mlir").write_text(C)
+    (b / "02_second.mlir").write_text(B)
+    assert kernel_ir.diff(a, b) == 2
+    out = capsys.readouterr().out
+    assert "reordered  second.mlir" in out and "identical  first.mlir" in out and "only in" in out
+    assert out.count("only in") == 1
+
+
 def test_a_changed_dataflow_is_not_a_reorder():
     # a butterfly sum whose shuffle offsets swap: the same op lines, another summation order
     first = """%1 = nvvm.shfl.sync bfly %0, %c1 : f32
