@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: the GPU test suite, plan/host time, a benchmark, an ncu profile; their files land in $OUT.
+# One device call: the GPU test suite, plan/host time, a benchmark, an ncu profile; their files land in $OUT
+# (more than 7 of them: packed into $OUT/device-run.tar.gz, as the device tool returns at most 8 files).
 #   bash benchmarks/device_run.sh [tests] [plan] [host] [sweeps] [bench PRESET] [--bench-args "..."]
 #                                 [ncu "ARGS"] [ncubwd "ARGS"] [-k EXPR] [--budget SECONDS] [--commit SHA]
 #                                 [torchface] [gpt STEPS] [cudnn]
@@ -116,4 +117,11 @@ if [ -n "$preset" ]; then
   env ${commit:+FROST_COMMIT=$commit} timeout $((budget + 60)) python3 -m frost.bench --preset "$preset" --probe \
     --time-budget "$budget" --results-dir "$OUT" --name "h200_${preset}" $bench_args 2> "$OUT/bench-progress.log" \
     | tail -40
+fi
+# the device tool brings back at most 8 files: past 7, everything goes into one archive (untar it under the run's
+# results folder; nothing is left behind)
+n_out=$(find "$OUT" -maxdepth 1 -type f | wc -l)
+if [ "$n_out" -gt 7 ]; then
+  tar -C "$OUT" -czf /tmp/device-run.tar.gz . && find "$OUT" -mindepth 1 -delete && mv /tmp/device-run.tar.gz "$OUT/"
+  echo "# $n_out files packed into device-run.tar.gz"
 fi
