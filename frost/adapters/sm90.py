@@ -42,11 +42,11 @@ class SdpaFwdDslSm90(DslFwdAdapter):
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
-        from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, pack_gqa_reason
+        from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, pack_gqa_reason, score_mods_of
 
         flags = fwd_feature_flags(facts)
         knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count,
-                              score_mods=flags["has_bias"] or flags["has_alibi"] or flags.get("has_block_mask", False))
+                              score_mods=score_mods_of(flags))
         knobs.update(requested)
         if "pack_gqa" not in requested:
             # GQA packs the heads of a kv head into one M tile wherever the template can;
@@ -75,5 +75,4 @@ class SdpaBwdDslSm90(DslBwdAdapter):
             requested = {"det_order": "rotated", **requested}
         return default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
                              packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
-                             score_mods=facts.has_bias or facts.has_alibi, dbias=facts.has_dbias,
-                             bias=facts.has_bias, **requested)
+                             bias=facts.has_bias, alibi=facts.has_alibi, dbias=facts.has_dbias, **requested)

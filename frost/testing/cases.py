@@ -14,6 +14,7 @@ from typing import Optional
 from frost.engines.sm80 import sdpa_bwd_params as _bwd80
 from frost.engines.sm80 import sdpa_fwd_params as _fwd80
 from frost.engines.sm90.sdpa_fwd_params import default_knobs as _sm90_knobs
+from frost.engines.sm90.sdpa_fwd_params import score_mods_of
 
 SM80_FWD_TEMPLATE = "frost.engines.sm80.sdpa_fwd"
 SM90_FWD_TEMPLATE = "frost.engines.sm90.sdpa_fwd"
@@ -41,7 +42,7 @@ def _mma_bwd(**kw) -> dict:
 
 def _sm90(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
     dv = dv or d
-    k = _sm90_knobs(d, dv, score_mods=any(flags.get(f) for f in ("has_bias", "has_alibi", "has_block_mask")))
+    k = _sm90_knobs(d, dv, score_mods=score_mods_of(flags))
     k.update(knobs or {})
     return dict(dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
@@ -351,8 +352,8 @@ def sm90_bwd_kwargs(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flag
 
     k = default_knobs(d, dv or d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")),
                       ragged=bool(flags.get("token_div_q")),
-                      score_mods=bool(flags.get("has_bias") or flags.get("has_alibi")),
-                      dbias=bool(flags.get("has_dbias")), bias=bool(flags.get("has_bias")), **(knobs or {}))
+                      bias=bool(flags.get("has_bias")), alibi=bool(flags.get("has_alibi")),
+                      dbias=bool(flags.get("has_dbias")), **(knobs or {}))
     return dict(dtype=dtype, head_dim=d, head_dim_v=dv or d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 

@@ -15,7 +15,7 @@ from frost.engines.params import HeadDimSpan, SdpaBwdFeatureParams, check_sdpa_f
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sm90.sdpa_fwd_params import HEAD_DIM_GRANULE as WGMMA_K  # one wgmma K step, as the forward's
-from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES, k_blocks
+from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
 from frost.errors import TemplateParamsError
 
 #: the head dims the template implements: d_qk and d_v each a multiple of 8 up to 256 (cuDNN's rule). Its tiles span
@@ -68,13 +68,13 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
 
     @property
     def s_k_blocks(self) -> int:
-        """The wgmma k steps of S^T = K Q^T: those d_qk covers (`k_blocks`; a wider tile's columns are zeros)."""
-        return k_blocks(self.head_dim)
+        """The wgmma k steps of S^T = K Q^T: those d_qk covers (a tile rounded to two steps holds zeros past it)."""
+        return -(-self.head_dim // WGMMA_K)
 
     @property
     def dp_k_blocks(self) -> int:
         """The wgmma k steps of dP^T = V dO^T: those d_v covers."""
-        return k_blocks(self.head_dim_v)
+        return -(-self.head_dim_v // WGMMA_K)
 
     @property
     def padded(self) -> bool:
@@ -199,11 +199,11 @@ def validate(p: Sm90BwdParams) -> None:
 
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = False, packed: bool = False,
-                  sm_count: int = 132, ragged: bool = False, score_mods: bool = False, dbias: bool = False,
-                  bias: bool = False, **requested) -> dict:
+                  sm_count: int = 132, ragged: bool = False, bias: bool = False, alibi: bool = False,
+                  dbias: bool = False, **requested) -> dict:
     """Good knobs per head dim (`banded`: a right bound, e.g. causal; `packed`: THD; `ragged`: cuDNN's
-    ragged-offset form of it; `score_mods`: a bias or ALiBi, `bias`: a bias, `dbias`: with dBias); `requested`
-    knobs are honored (the validator judges them).
+    ragged-offset form of it; `bias`, `alibi`: the score modifiers, `dbias`: with dBias); `requested` knobs are
+    honored (the validator judges them).
 
     Measured on the H200 (bf16, 16k tokens; benchmarks/results/2026-12-01-h200-run7 and -run8): d=64 takes
     128 query rows per step (1.12-1.20x faster than 64), d=96 64 rows; both store dQ in fragment order
@@ -236,7 +236,7 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
         wide_qk = 96 < head_dim <= 128
         tile_m = (128 if widest <= 64 and not (packed and widest <= WGMMA_K) else
                   80 if widest > 96 and wide_qk and (packed or (not banded and head_dim != 128)) else 64)
-        if (score_mods and tile_m == 80) or (tile_m == 128 and (bias or (packed and dbias))):
+        if ((bias or alibi) and tile_m == 80) or (tile_m == 128 and (bias or (packed and dbias))):
             # the modifiers' registers spill the 80-row kernel; a bias's loads (212-476 bytes, with dBias or not)
             # and dBias's adds (packed) the 128-row one
             tile_m = 64

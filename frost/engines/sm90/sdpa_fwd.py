@@ -536,8 +536,7 @@ class SdpaFwdSm90:
         c.pipe_k.consumer_wait(kv_state, c.pipe_k.consumer_try_wait(kv_state))
         self.sched_sync(c.wg)
         acc_S = cute.make_rmem_tensor(c.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        wu.gemm(c.tiled_mma_qk, acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1,
-                k_blocks=self.p.qk_k_blocks)
+        wu.gemm(c.tiled_mma_qk, acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1)
         c.pipe_v.consumer_wait(v_state, c.pipe_v.consumer_try_wait(v_state))
         wu.gemm(c.tiled_mma_pv, acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index], zero_init=False,
                 wg_wait=-1)
@@ -709,7 +708,7 @@ class SdpaFwdSm90:
                 acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)),
                                               Float32)
                 wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True,
-                        wg_wait=0, k_blocks=p.qk_k_blocks)
+                        wg_wait=0)
                 pipe_k.consumer_release(kv_state)
                 if const_expr(p.has_score_mods):  # the last key block: it may hold the end of the keys
                     self.add_mods(loop, row0, mods, acc_S, n_last, True)

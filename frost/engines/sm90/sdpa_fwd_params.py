@@ -30,12 +30,6 @@ def tile_dim(d: int) -> int:
     return round_up(d, HEAD_DIM_GRANULE)
 
 
-def k_blocks(d: int) -> int:
-    """The wgmma k steps a GEMM over a head dim of `d` needs: a wider tile's columns past `d` hold zeros, so the
-    steps past these are skipped."""
-    return -(-d // HEAD_DIM_GRANULE)
-
-
 def slice_dim(head_dim_v: int, slices: int) -> int:
     """The V / O tiles' extent when O's `slices` column slices split d_v evenly (`v_slices`)."""
     return tile_dim(-(-head_dim_v // slices))
@@ -69,11 +63,6 @@ class Sm90FwdParams(SdpaFeatureParams):
     def tile_head_dim_v(self) -> int:
         """The V / O tiles' head-dim extent (`tile_dim`): one slice's, with `v_slices`."""
         return slice_dim(self.head_dim_v, self.v_slices)
-
-    @property
-    def qk_k_blocks(self) -> int:
-        """The wgmma k steps of Q K^T: those d_qk covers (`k_blocks`)."""
-        return k_blocks(self.head_dim)
 
     @property
     def num_mma_wg(self) -> int:
@@ -179,6 +168,12 @@ def min_v_slices(head_dim_v: int) -> int:
     while slice_dim(head_dim_v, n) > MAX_TILE_DIM_V:
         n += 1
     return n
+
+
+def score_mods_of(flags: dict) -> bool:
+    """The features whose loads keep the forward on two consumer warpgroups (`default_knobs`' `score_mods`): a
+    bias, ALiBi or a block mask, from feature flags as `Sm90FwdParams` takes them."""
+    return any(flags.get(f) for f in ("has_bias", "has_alibi", "has_block_mask"))
 
 
 def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int = 132,
