@@ -78,6 +78,12 @@ LENGTH_CASES = [
                                                   has_sinks=True, has_dsinks=True,
                                                   knobs=dict(tile_m=64, dq_fragments=True)),
          thd_lens=[(200, 200), (1, 1), (0, 5), (65, 70), (64, 300)], wr=0, runs=3),
+    # GQA: the longest sequences launch first (`ranked_batch`): 45 sequences with tied and empty lengths put
+    # entries past the first 32 in play; 70 keep their index order (more than RANKED_BATCH_MAX)
+    Case("thd_d64_ranked_45_det_gqa", _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True),
+         thd_lens=[((i * 7) % 20 * 13, (i * 7) % 20 * 13) for i in range(45)], runs=3),
+    Case("thd_d128_causal_70_seqs_gqa", _p(hq=4, hk=2, is_thd=True, has_window_right=True),
+         thd_lens=[((i * 11) % 30 + 1, (i * 11) % 30 + 1) for i in range(70)], wr=0),
     Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
          used=[(256, 256), (100, 180), (1, 1), (0, 0)]),
     Case("pad_d96_sinks_det", _p(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),

@@ -14,6 +14,10 @@ Under a band, tiles instead run longest-first over the whole batch
 a persistent CTA takes its tiles in a zigzag over waves (`zigzag_tile`): one
 CTA's long tile of one wave pairs with a short one of the next, which keeps a
 static assignment within a few percent of balanced.
+
+A backward grid of (key tile, head, batch entry) launches its batch entries longest
+first (`ranked_batch`): a CTA walks its sequence's query tiles, so a long sequence
+launched last would leave the other SMs idle at the end.
 """
 from __future__ import annotations
 
@@ -189,3 +193,52 @@ def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32
             if rank >= top:
                 searching = Boolean(False)
     return m_block, head, batch, batch < num_batch, rank, base
+
+
+#: batch entries `ranked_batch` orders by length in-kernel (two per lane); a longer batch keeps its own order
+RANKED_BATCH_MAX = 64
+
+
+@cute.jit
+def _seq_len(b: Int32, num_batch: Int32, cu_seqlens, seqused) -> Int32:
+    """Query length of batch entry b (seqused, else prefix-sum differences); -1 past the batch."""
+    n = Int32(-1)
+    if b < num_batch:
+        if const_expr(seqused is not None):
+            n = seqused[b]
+        else:
+            n = cu_seqlens[b + 1] - cu_seqlens[b]
+    return n
+
+
+@cute.jit
+def ranked_batch(rank: Int32, num_batch: Int32, cu_seqlens, seqused) -> Int32:
+    """The batch entry launched `rank`-th when entries run longest query length first, ties by index.
+
+    Warp-collective (each warp of a CTA finds the same entry). Each lane holds the lengths of entries lane and
+    lane + 32, counts the entries ahead of each (longer, or as long with a lower index), and the warp votes for
+    the one with `rank` entries ahead of it. Read from the device on every launch, so replays with new lengths
+    take their own order; batches of more than RANKED_BATCH_MAX entries launch in index order.
+    """
+    batch = rank
+    if num_batch <= RANKED_BATCH_MAX:
+        lane = cute.arch.lane_idx()
+        low = _seq_len(lane, num_batch, cu_seqlens, seqused)  # entry lane
+        high = _seq_len(lane + 32, num_batch, cu_seqlens, seqused)  # entry lane + 32
+        ahead_low = Int32(0)
+        ahead_high = Int32(0)
+        for j in cutlass.range(num_batch, unroll=1):
+            other = cute.arch.shuffle_sync(low, offset=j % 32)
+            if j >= 32:
+                other = cute.arch.shuffle_sync(high, offset=j % 32)
+            if other > low or (other == low and j < lane):
+                ahead_low = ahead_low + 1
+            if other > high or (other == high and j < lane + 32):
+                ahead_high = ahead_high + 1
+        hit_low = cute.arch.vote_ballot_sync(ahead_low == rank)
+        hit_high = cute.arch.vote_ballot_sync(ahead_high == rank)
+        if hit_low != 0:
+            batch = cute.arch.popc((hit_low & (-hit_low)) - 1)
+        if hit_high != 0:
+            batch = 32 + cute.arch.popc((hit_high & (-hit_high)) - 1)
+    return batch

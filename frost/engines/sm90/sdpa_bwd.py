@@ -89,6 +89,7 @@ from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
 from frost.engines.common.seqlen import own_rows, own_token_offset, seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
+from frost.engines.common.tile_scheduler import ranked_batch
 from frost.engines.common import global_ops as gops
 from frost.engines.sdpa_bwd.accum import packed_acc_tile
 from frost.engines.sm90 import wgmma_utils as wu
@@ -372,6 +373,9 @@ class SdpaBwdSm90:
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2), pipe_rows)
 
         bx, head_kv, batch = (block_coord(self.p.grid_order, a) for a in ("key", "head", "batch"))
+        if const_expr(self.lengths and self.group > 1 and self.p.grid_order == "key"):
+            # a CTA walking a group of query heads runs `group` times longer: the longest sequences launch first
+            batch = ranked_batch(batch, grid_extent(self.p.grid_order, "batch"), mCuQ, mUsedQ)
         n_block = self.key_tile(bx)
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
         if const_expr(self.lengths):
