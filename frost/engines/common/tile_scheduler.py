@@ -15,9 +15,10 @@ a persistent CTA takes its tiles in a zigzag over waves (`zigzag_tile`): one
 CTA's long tile of one wave pairs with a short one of the next, which keeps a
 static assignment within a few percent of balanced.
 
-A backward grid of (key tile, head, batch entry) launches its batch entries longest
-first (`ranked_batch`): a CTA walks its sequence's query tiles, so a long sequence
-launched last would leave the other SMs idle at the end.
+A backward grid of (key tile, kv head, batch entry) whose CTAs each walk a group of
+query heads launches its batch entries longest first (`ranked_batch`): a CTA walks
+its sequence's query tiles, so a long sequence launched last leaves the other SMs
+idle at the end.
 """
 from __future__ import annotations
 

@@ -67,7 +67,10 @@ adds zeros into the next sequence's accumulator rows. Packed: the grid holds
 ceil(max_seqlen_kv / 128) key tiles per sequence (the plan's envelope: a longer
 sequence is not fully served), a CTA whose key tile starts past its sequence
 exits at once (all its warps: nothing waits on it), and dK / dV leave by
-row-predicated stores so no row of the next sequence is touched. Sinks need
+row-predicated stores so no row of the next sequence is touched. With GQA (a CTA
+walks every query head of its group, so its walk is that many times longer) the grid's
+batch coordinate is a rank, the longest sequences first (`ranked_batch`); without GQA
+the index order measured level or faster (run 19). Sinks need
 nothing here (LSE holds them; the shared helpers compute dSink). Argument list:
 `main_args`.
 """
