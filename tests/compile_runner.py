@@ -82,7 +82,7 @@ PTX_COUNTS = {
     "ex2": "ex2.approx", "red_v2": "red.global.add.v2.f32", "red": "red.global.add.f32", "sem": "ld.acquire.gpu",
     "tma_reduce": "cp.reduce.async.bulk.tensor", "bulk_reduce": "cp.reduce.async.bulk.global.shared::cta",
     "sts_v4": "st.shared.v4", "ldg_v4": "ld.global.v4", "stg_v4": "st.global.v4",
-    "pdl_wait": "griddepcontrol.wait",
+    "pdl_wait": "griddepcontrol.wait", "ballot": "vote.sync.ballot",
 }
 
 
