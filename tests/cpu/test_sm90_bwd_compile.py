@@ -32,11 +32,8 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
     groups = [("sm_90a", [(TEMPLATE, PARAMS, kw, None) for kw in part]) for part in COVER]
     results = [r for part in compile_groups(groups, tmp_path, timeout=600) for r in part]
     for kw, r in zip([kw for part in COVER for kw in part], results, strict=True):
-        # GQA with device lengths (frost's packed form, padding) launches the longest sequences first: each
-        # warp's two votes of `ranked_batch`; every other kernel keeps the grid's order
-        p = Sm90BwdParams(**kw)
-        ranked = p.walk_group > 1 and (p.is_thd or p.has_seqused) and not p.ragged and p.grid_order == "key"
-        assert r["ballot"] == (2 if ranked else 0), r
+        # a longest-first launch (`ranked_launch`) holds each warp's two votes of `ranked_batch`; the rest none
+        assert r["ballot"] == (2 if Sm90BwdParams(**kw).ranked_launch else 0), r
         assert r["name"].startswith("frost_sdpa_bwd_main_sm90_"), r
         assert r["entries"] == [r["name"]], r
         assert r["target"] == ["sm_90a"], r

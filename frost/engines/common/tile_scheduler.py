@@ -201,18 +201,6 @@ RANKED_BATCH_MAX = 64
 
 
 @cute.jit
-def _seq_len(b: Int32, num_batch: Int32, cu_seqlens, seqused) -> Int32:
-    """Query length of batch entry b (seqused, else prefix-sum differences); -1 past the batch."""
-    n = Int32(-1)
-    if b < num_batch:
-        if const_expr(seqused is not None):
-            n = seqused[b]
-        else:
-            n = cu_seqlens[b + 1] - cu_seqlens[b]
-    return n
-
-
-@cute.jit
 def ranked_batch(rank: Int32, num_batch: Int32, cu_seqlens, seqused) -> Int32:
     """The batch entry launched `rank`-th when entries run longest query length first, ties by index.
 
@@ -224,8 +212,10 @@ def ranked_batch(rank: Int32, num_batch: Int32, cu_seqlens, seqused) -> Int32:
     batch = rank
     if num_batch <= RANKED_BATCH_MAX:
         lane = cute.arch.lane_idx()
-        low = _seq_len(lane, num_batch, cu_seqlens, seqused)  # entry lane
-        high = _seq_len(lane + 32, num_batch, cu_seqlens, seqused)  # entry lane + 32
+        # query lengths as `seqlen_info` reads them (0 past the batch: such a lane counts every entry ahead of it)
+        lens, from_seqused = (seqused, True) if const_expr(seqused is not None) else (cu_seqlens, False)
+        low = _m_blocks(lens, lane, num_batch, 1, from_seqused)  # entry lane
+        high = _m_blocks(lens, lane + 32, num_batch, 1, from_seqused)  # entry lane + 32
         ahead_low = Int32(0)
         ahead_high = Int32(0)
         for j in cutlass.range(num_batch, unroll=1):

@@ -67,11 +67,8 @@ adds zeros into the next sequence's accumulator rows. Packed: the grid holds
 ceil(max_seqlen_kv / 128) key tiles per sequence (the plan's envelope: a longer
 sequence is not fully served), a CTA whose key tile starts past its sequence
 exits at once (all its warps: nothing waits on it), and dK / dV leave by
-row-predicated stores so no row of the next sequence is touched. With GQA (a CTA
-walks every query head of its group, so its walk is that many times longer) the grid's
-batch coordinate is a rank, the longest sequences first (`ranked_batch`; frost's packed
-form and padding masks, not yet cuDNN's ragged-offset form); without GQA the index order
-measured level or faster (run 19). Sinks need
+row-predicated stores so no row of the next sequence is touched. With GQA the grid's
+batch coordinate is a rank, the longest sequences first (`ranked_launch`). Sinks need
 nothing here (LSE holds them; the shared helpers compute dSink). Argument list:
 `main_args`.
 """
@@ -377,9 +374,7 @@ class SdpaBwdSm90:
         sRows = (storage.sLSE.get_tensor(rows2), storage.sdPsum.get_tensor(rows2), pipe_rows)
 
         bx, head_kv, batch = (block_coord(self.p.grid_order, a) for a in ("key", "head", "batch"))
-        if const_expr(self.lengths and self.group > 1 and not self.p.ragged and self.p.grid_order == "key"):
-            # a CTA walking a group of query heads runs `group` times longer: the longest sequences launch first
-            # (cuDNN's ragged-offset form keeps index order until a GPU run has checked it there)
+        if const_expr(self.p.ranked_launch):  # the longest sequences first
             batch = ranked_batch(batch, grid_extent(self.p.grid_order, "batch"), mCuQ, mUsedQ)
         n_block = self.key_tile(bx)
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None

@@ -124,6 +124,16 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
         """The dQ GEMM splits query rows over the warpgroups (tile_m = 128), else head-dim columns."""
         return self.tile_m == 128
 
+    @property
+    def ranked_launch(self) -> bool:
+        """The grid launches its batch entries longest first (`tile_scheduler.ranked_batch`): where a CTA walks a
+        group of query heads (GQA: its walk that many times longer) over lengths from the device, frost's packed
+        form or padding masks. Without GQA the index order measured level or faster, cuDNN's ragged-offset form
+        keeps it until a GPU run checks the ranking there, and a dBias shared by the batch entries keeps its
+        batch-fastest grid (benchmarks/results/2026-12-03-h200-run19)."""
+        return (self.walk_group > 1 and (self.is_thd or self.has_seqused) and not self.ragged
+                and self.grid_order == "key")
+
 
 def smem_bytes(p: Sm90BwdParams) -> int:
     """Shared memory of the main kernel: staged Q and dO, K, V, double-buffered dS (and P^T when the
