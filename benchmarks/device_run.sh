@@ -48,13 +48,13 @@ while [ $# -gt 0 ]; do
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/misc.log" 2>&1
 if [ "$run_tests" = 1 ]; then
-  timeout 330 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -n 12 -rfE ${kexpr:+-k "$kexpr"} \
+  timeout 330 python3 -m pytest -q -m gpu test/gpu -p no:cacheprovider -n 12 -rfE ${kexpr:+-k "$kexpr"} \
     > "$OUT/gpu-tests.log" 2>&1
   tail -4 "$OUT/gpu-tests.log"
 fi
 if [ "$run_cudnn" = 1 ]; then
-  timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_cudnn_engine.py tests/gpu/test_cudnn_programs_gpu.py \
-    "tests/gpu/test_sdpa_fwd_gpu.py::test_non_default_stream_is_honored[cudnn]" -p no:cacheprovider -n 8 -rfEs \
+  timeout 300 python3 -m pytest -q -m gpu test/gpu/test_cudnn_engine.py test/gpu/test_cudnn_programs_gpu.py \
+    "test/gpu/test_sdpa_fwd_gpu.py::test_non_default_stream_is_honored[cudnn]" -p no:cacheprovider -n 8 -rfEs \
     > "$OUT/cudnn-tests.log" 2>&1
   grep -E "^(SKIPPED|FAILED|ERROR)" "$OUT/cudnn-tests.log" | cut -c1-300 | head -30
   tail -2 "$OUT/cudnn-tests.log"
@@ -62,7 +62,7 @@ if [ "$run_cudnn" = 1 ]; then
   cat "$OUT/cudnn-host.md"
 fi
 if [ "$run_torchface" = 1 ]; then
-  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_torch_face.py -p no:cacheprovider -rfE \
+  timeout 240 python3 -m pytest -q -m gpu test/gpu/test_torch_face.py -p no:cacheprovider -rfE \
     > "$OUT/torch-face-tests.log" 2>&1
   tail -4 "$OUT/torch-face-tests.log"
   timeout 180 python3 benchmarks/torch_face.py --json "$OUT/torch-face-bench.json" > "$OUT/torch-face-bench.log" 2>&1
@@ -76,7 +76,7 @@ if [ -n "$gpt_steps" ]; then
   done
 fi
 if [ "$run_plan" = 1 ]; then
-  timeout 90 python3 -m pytest -q -s -m gpu tests/gpu/test_cache_gpu.py -p no:cacheprovider >> "$OUT/misc.log" 2>&1
+  timeout 90 python3 -m pytest -q -s -m gpu test/gpu/test_cache_gpu.py -p no:cacheprovider >> "$OUT/misc.log" 2>&1
   timeout 90 python3 benchmarks/plan_time.py --repeats 3 >> "$OUT/misc.log" 2>&1
 fi
 if [ "$run_host" = 1 ]; then

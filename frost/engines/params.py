@@ -22,7 +22,7 @@ def round_up(d: int, granule: int) -> int:
 class HeadDimSpan(BaseModel):
     """Every head dim that is a multiple of `multiple`, from `multiple` up to `maximum`: d_qk and d_v each,
     independently (cuDNN's rule for its SDPA head dims). The templates state theirs in their params module,
-    the capability rows theirs (`frost.lowering.capabilities`); tests/cpu/test_routing.py checks that the two
+    the capability rows theirs (`frost.lowering.capabilities`); test/cpu/test_routing.py checks that the two
     agree."""
 
     model_config = ConfigDict(frozen=True)
