@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import os
 import sys
 
@@ -270,7 +271,13 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     return 0
 
 
+_log = logging.getLogger(__name__)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from frost.cli import console_logging
+
+    console_logging()
     parser = build_parser()
     a = parser.parse_args(argv)
     try:
@@ -279,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     for why in spec.skipped:
-        print(f"frost bench: left out: {why}", file=sys.stderr)
+        _log.warning("frost bench: left out: %s", why)
     timing = timing_from_args(a)
     if a.dry_run:
         return dry_run(a, spec, workloads)
@@ -287,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
-        print("frost bench: no CUDA device here (use --dry-run to list the sweep)", file=sys.stderr)
+        _log.error("frost bench: no CUDA device here (use --dry-run to list the sweep)")
         return 1
 
     from frost.bench import envinfo, plot, report
@@ -313,9 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                       max_buffers=a.max_buffers, probe_calls=probe_calls_from_args(a), seed=a.seed,
                       time_budget_s=a.time_budget, device=a.device)
     progress = Progress(len(workloads), enabled=not a.quiet)
-    print(f"frost bench on {env.get('gpu')} (driver {env.get('driver')}, torch {env.get('torch')}, "
-          f"cuDNN {env.get('cudnn')}, flash-attn-4 {env.get('flash_attn_4')}, frost {env.get('frost_commit')})",
-          file=sys.stderr)
+    _log.info("frost bench on %s (driver %s, torch %s, cuDNN %s, flash-attn-4 %s, frost %s)", env.get("gpu"),
+              env.get("driver"), env.get("torch"), env.get("cudnn"), env.get("flash_attn_4"), env.get("frost_commit"))
     rows = Runner(opts, all_peers(), progress, on_row=save).run(workloads)
     save(rows)
 
@@ -326,12 +332,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         why = plot.matplotlib_missing()
         if why:
-            print(f"frost bench: {why}; skipped {p}", file=sys.stderr)
+            _log.warning("frost bench: %s; skipped %s", why, p)
             continue
         if plot.write_png(p, rows, a.title):
             written.append(p)
     if written:
-        print("wrote: " + ", ".join(written), file=sys.stderr)
+        _log.info("wrote: %s", ", ".join(written))
     if a.strict and any(m.status in (FAILED, CHECK_FAILED) for r in rows for m in r.frost()):
         return 3
     return 0
