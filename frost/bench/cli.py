@@ -187,6 +187,7 @@ def probe_calls_from_args(a) -> int:
 def settings_dict(a, spec: SweepSpec, timing: TimingOptions) -> dict:
     return {
         "preset": a.preset,
+        "device": a.device,
         "sweep": {"directions": spec.directions, "dtypes": spec.dtypes,
                   "head_dims": [f"{q}x{v}" if q != v else str(q) for q, v in spec.head_dims],
                   "seqlens": spec.seqlens, "tokens": spec.tokens, "hidden": spec.hidden,
@@ -219,6 +220,15 @@ def output_paths(a, gpu_name: str | None) -> dict:
     return {"json": paths["json"], "png": paths["png"], "md": None, **{f"dir_{k}": v for k, v in extra.items()}}
 
 
+def no_cuda_device() -> str | None:
+    """Why no CUDA device is here ("no CUDA device here"), or None when one is (asks torch; starts no context)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return "no torch"
+    return None if torch.cuda.is_available() else "no CUDA device here"
+
+
 def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     """Print the sweep and the implementations that would run; touches no GPU."""
     from frost.bench.frost_runner import frost_unavailable
@@ -232,10 +242,13 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     if det:
         print(f"deterministic backward: {len(det)} rows ('bwd det'): frost with use_deterministic_algorithm=True, "
               f"FA4 with deterministic=True where its API has it, cuDNN and FA2 n/a", file=out)
+    no_gpu = no_cuda_device() if a.device == "cuda" else None
+    if no_gpu:
+        print(f"{no_gpu}: nothing here can be timed on a GPU (--device cpu runs the harness's self-test)", file=out)
     print("implementations:", file=out)
     for p in all_peers():
         if p.key in a.impl:
-            why = p.unavailable()
+            why = p.unavailable() or no_gpu
             print(f"  {p.key:6s} {p.label}: {'available' if not why else 'missing: ' + why}", file=out)
     if "frost" in a.impl:
         from frost.bench.frost_runner import cudnn_engine_unavailable
@@ -247,11 +260,12 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
             filt.append("only " + ",".join(a.frost_engines))
         if a.exclude_engines:
             filt.append("excluding " + ",".join(a.exclude_engines))
-        state = "graph API available" if not why else "missing: " + why
+        state = ("graph API available" if not why else "missing: " + why) + (
+            f"; {no_gpu}: only the reference engine would serve" if no_gpu else "")
         print(f"  frost  every engine that accepts each graph, resolved on the GPU ({state}"
               f"{'; ' + '; '.join(filt) if filt else ''})", file=out)
         if engine_selected("SdpaFwdCudnn", a.frost_engines, a.exclude_engines):
-            why = cudnn_engine_unavailable()
+            why = cudnn_engine_unavailable() or no_gpu
             print(f"  frost:cudnn  frost's cuDNN engine, beside cuDNN through torch (cudnn/cuDNN column): "
                   f"{'available' if not why else 'missing: ' + why}", file=out)
     header = f"{'#':>3}  {'dir':7}  {'dtype':5}  {'D':>7}  {'shape':34}  {'heads':>5}  {'mask':6}  {'GFLOP':>9}  {'set MiB':>7}"
@@ -325,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = Runner(opts, all_peers(), progress, on_row=save).run(workloads)
     save(rows)
 
-    print(report.render_report(rows))
+    print(report.render_report(rows, device=a.device))
     written = [p for p in json_paths] + ([md_path] if md_path else [])
     for p in (paths["png"], paths.get("dir_png")):
         if not p:
@@ -334,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         if why:
             _log.warning("frost bench: %s; skipped %s", why, p)
             continue
-        if plot.write_png(p, rows, a.title):
+        if plot.write_png(p, rows, a.title, env=env):
             written.append(p)
     if written:
         _log.info("wrote: %s", ", ".join(written))

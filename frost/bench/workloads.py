@@ -18,6 +18,8 @@ DTYPES = ("bf16", "fp16")
 DIRECTIONS = ("fwd", "bwd")
 LAYOUTS = ("bshd", "thd")
 DEFAULT_THD_LENGTHS = (4096, 2048, 1024, 3000, 517, 5000, 768, 1)
+#: the token count the dense rows hold by default and the fixed packed mix is defined at
+DEFAULT_TOKENS = 16384
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2}
 
 
@@ -194,7 +196,7 @@ class SweepSpec:
     dtypes: list = field(default_factory=lambda: ["bf16"])
     head_dims: list = field(default_factory=lambda: [(64, 64), (128, 128), (256, 256)])
     seqlens: list = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
-    tokens: int = 16384
+    tokens: int = DEFAULT_TOKENS
     hidden: int = 2048
     heads_q: int = 0  # query heads of every row (0: hidden / Dv), so a head-dim sweep keeps its head count
     causal: list = field(default_factory=lambda: [False, True])
@@ -221,7 +223,12 @@ class SweepSpec:
         return hq, hq // ratio
 
     def thd_mix(self, name: str) -> tuple[int, ...]:
+        """The packed mix's lengths. The fixed default mix is defined at DEFAULT_TOKENS: other `tokens` scale
+        each length (at least 1), so `--tokens` sizes packed rows as it sizes dense ones; lengths given with
+        --thd-lengths are used as given."""
         if name == "fixed":
+            if tuple(self.thd_lengths) == DEFAULT_THD_LENGTHS and self.tokens != DEFAULT_TOKENS:
+                return tuple(max(1, round(n * self.tokens / DEFAULT_TOKENS)) for n in DEFAULT_THD_LENGTHS)
             return tuple(self.thd_lengths)
         if name == "random":
             return random_mix(self.tokens, self.thd_max_len, self.seed)
@@ -249,7 +256,13 @@ class SweepSpec:
                         for causal in self.causal:
                             if "bshd" in self.layouts:
                                 for s in self.seqlens:
-                                    b = max(1, self.tokens // s)
+                                    if s > self.tokens:
+                                        why = (f"sequence length {s} is longer than --tokens {self.tokens} (a row "
+                                               f"holds --tokens tokens)")
+                                        if why not in self.skipped:
+                                            self.skipped.append(why)
+                                        continue
+                                    b = self.tokens // s
                                     add(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
                                                  layout="bshd", batch=b, seqlen_q=s, seqlen_kv=s))
                             if "thd" in self.layouts:
