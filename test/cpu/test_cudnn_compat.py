@@ -1,0 +1,228 @@
+"""cuDNN programs written as NVIDIA's own SDPA tests write them (test_mhas_v2.py and its sdpa/fp16.py), with
+`import frost as cudnn`: configs whose boolean fields default to None, `implementation=` from the config, version
+gates on `backend_version_string()`, packed (T, H, D) buffers bound to (B, H, S, D) ragged declarations, and
+dropout with its mask dump. Each runs on the CPU reference engine (or is lowered for the cuDNN engine) and is
+checked against float64 math or against the same graph written with False / AUTO.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pytest
+import torch
+
+import frost as cudnn
+from frost.adapters.cudnn_lowering import lower_cudnn_sdpa
+from frost.errors import BindingError, GraphError, NotSupportedError
+from frost.target import fake_target
+
+
+def _version(text: str) -> tuple:
+    return tuple(int(p) for p in text.split("."))
+
+
+@dataclass
+class Cfg:
+    """The shape of test_mhas_v2's config: boolean fields left at None unless a test sets them."""
+
+    b: int = 2
+    h: int = 2
+    s_q: int = 24
+    s_kv: int = 24
+    d: int = 32
+    is_alibi: Optional[bool] = None
+    is_padding: Optional[bool] = None
+    is_causal: Optional[bool] = None
+    is_causal_br: Optional[bool] = None
+    is_determin: Optional[bool] = None
+    with_unfuse_fma: Optional[bool] = None
+    implementation: object = field(default_factory=lambda: cudnn.attention_implementation.AUTO)
+
+
+def _fwd_graph(cfg: Cfg):
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT)
+    dims = (cfg.b, cfg.h, cfg.s_q, cfg.d)
+    strides = (cfg.s_q * cfg.h * cfg.d, cfg.d, cfg.h * cfg.d, 1)
+    q = g.tensor(uid=1, dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT)
+    k = g.tensor(uid=2, dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT)
+    v = g.tensor(uid=3, dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT)
+    o, stats = g.sdpa(name="sdpa_forward", q=q, k=k, v=v, generate_stats=True, attn_scale=0.125,
+                      use_alibi_mask=cfg.is_alibi, use_padding_mask=cfg.is_padding, use_causal_mask=cfg.is_causal,
+                      use_causal_mask_bottom_right=cfg.is_causal_br, implementation=cfg.implementation,
+                      unfuse_fma=cfg.with_unfuse_fma)
+    o.set_uid(4).set_output(True).set_dim(dims).set_stride(strides)
+    stats.set_uid(5).set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    return g, (q, k, v, o, stats)
+
+
+def _run(g, tensors, seed=0):
+    q, k, v, o, stats = tensors
+    gen = torch.Generator().manual_seed(seed)
+    pack = {t.get_uid(): torch.randn(t.get_dim(), generator=gen).as_strided(t.get_dim(), t.get_stride())
+            for t in (q, k, v)}
+    pack[o.get_uid()] = torch.full(o.get_dim(), float("nan")).as_strided(o.get_dim(), o.get_stride())
+    pack[stats.get_uid()] = torch.full(stats.get_dim(), float("nan"))
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8), cudnn.create_handle())
+    return pack
+
+
+# 1. None for a boolean keyword --------------------------------------------------------------------------------
+def test_a_config_of_none_flags_is_the_graph_of_false_flags():
+    """cuDNN's binding takes its `bool` keywords through pybind11, which reads None as False."""
+    g_none, t_none = _fwd_graph(Cfg())
+    g_false, t_false = _fwd_graph(Cfg(is_alibi=False, is_padding=False, is_causal=False, is_causal_br=False,
+                                      with_unfuse_fma=False))
+    assert g_none.validate().facts == g_false.validate().facts
+    out_none, out_false = _run(g_none, t_none), _run(g_false, t_false)
+    for uid in (4, 5):
+        assert torch.equal(out_none[uid], out_false[uid])
+    assert not out_none[4].isnan().any()
+
+
+def test_none_flags_in_the_backward_and_true_still_counts():
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT)
+    dims = (1, 2, 16, 32)
+    q, k, v, o, do = (g.tensor(dim=dims, stride=(1024, 512, 32, 1)) for _ in range(5))
+    st = g.tensor(dim=(1, 2, 16, 1), stride=(32, 16, 1, 1), data_type=cudnn.data_type.FLOAT)
+    cfg = Cfg(is_causal=True)
+    for grad in g.sdpa_backward(q=q, k=k, v=v, o=o, dO=do, stats=st, attn_scale=0.125, use_alibi_mask=cfg.is_alibi,
+                                use_padding_mask=cfg.is_padding, use_causal_mask=cfg.is_causal,
+                                use_deterministic_algorithm=cfg.is_determin):
+        grad.set_output(True)
+    f = g.validate().facts
+    assert f.window_right == 0 and not f.deterministic and not f.has_alibi and not f.has_padding
+
+
+@pytest.mark.parametrize("value", [0, 1, 0.0, "False", [], (True,)])
+@pytest.mark.parametrize("key", ["use_alibi_mask", "use_padding_mask", "use_causal_mask",
+                                 "use_causal_mask_bottom_right", "unfuse_fma"])
+def test_what_is_not_true_false_or_none_still_raises(key, value):
+    """Numbers usually mean a positional argument in the wrong slot: frost refuses them (pybind11 would take their
+    truth value; docs/porting.md says so)."""
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF)
+    q, k, v = (g.tensor((1, 2, 8, 64)) for _ in range(3))
+    with pytest.raises(GraphError, match=f"{key} must be True or False"):
+        g.sdpa(q, k, v, generate_stats=False, **{key: value})
+
+
+def test_deterministic_none_reads_false_and_an_int_raises():
+    for value, ok in ((None, True), (1, False)):
+        g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF)
+        ts = [g.tensor((1, 2, 8, 64)) for _ in range(5)] + [g.tensor((1, 2, 8, 1), data_type=cudnn.data_type.FLOAT)]
+        if ok:
+            g.sdpa_backward(*ts, use_deterministic_algorithm=value)
+            assert g.node.use_deterministic_algorithm is False
+        else:
+            with pytest.raises(GraphError, match="use_deterministic_algorithm must be True or False"):
+                g.sdpa_backward(*ts, use_deterministic_algorithm=value)
+
+
+def test_numpy_bools_read_as_their_value():
+    np = pytest.importorskip("numpy")
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF)
+    q, k, v = (g.tensor((1, 2, 8, 64)) for _ in range(3))
+    g.sdpa(q, k, v, generate_stats=False, use_causal_mask=np.bool_(True))
+    assert g.node.attrs.use_causal_mask is True
+
+
+# 2. the version frost reports, implementation= ---------------------------------------------------------------
+def test_version_gates_of_served_features_pass():
+    """test_mhas_v2 waives UNIFIED below 9.13.1 and row-output combinations below 9.20.0; sdpa/fp16.py expects
+    -inf Stats in padded rows from 9.14.0 (frost writes -inf)."""
+    v = _version(cudnn.backend_version_string())
+    assert v >= (9, 20, 0) and cudnn.backend_version() == v[0] * 10000 + v[1] * 100 + v[2]
+    assert v >= (9, 13, 1) and v >= (9, 14, 0) and v >= (9, 10, 0)
+
+
+@pytest.mark.parametrize("impl", ["COMPOSITE", "UNIFIED"])
+def test_implementation_is_a_hint_that_changes_nothing(impl):
+    cfg = Cfg(is_causal=True, implementation=getattr(cudnn.attention_implementation, impl))
+    g, ts = _fwd_graph(cfg)
+    g_auto, ts_auto = _fwd_graph(Cfg(is_causal=True))
+    assert g.validate().facts == g_auto.validate().facts
+    out, ref = _run(g, ts), _run(g_auto, ts_auto)
+    assert torch.equal(out[4], ref[4]) and torch.equal(out[5], ref[5])
+
+
+def test_an_unknown_implementation_raises():
+    with pytest.raises(GraphError, match="implementation"):
+        _fwd_graph(Cfg(implementation="FASTEST"))
+
+
+def test_padded_rows_of_stats_are_minus_infinity():
+    """From 9.14.0 (the version frost reports is later) cuDNN's tests expect Stats = -inf past seq_len_q."""
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT)
+    b, h, s, d = 2, 2, 16, 32
+    q, k, v = (g.tensor((b, h, s, d)) for _ in range(3))
+    lq, lk = (g.tensor((b, 1, 1, 1), (1, 1, 1, 1), cudnn.data_type.INT32) for _ in range(2))
+    o, st = g.sdpa(q, k, v, generate_stats=True, attn_scale=0.1, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk)
+    o.set_output(True)
+    st.set_output(True)
+    g.build_plans()
+    out = {o: torch.full(o.dim, float("nan")), st: torch.full(st.dim, float("nan"))}
+    lens = torch.tensor([5, 16], dtype=torch.int32).view(2, 1, 1, 1)
+    g.execute({q: torch.randn(q.dim), k: torch.randn(k.dim), v: torch.randn(v.dim), lq: lens, lk: lens, **out},
+              torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+    assert torch.isneginf(out[st][0, :, 5:]).all() and torch.isfinite(out[st][0, :, :5]).all()
+    assert torch.isfinite(out[st][1]).all()
+
+
+# 5. dropout with rng_dump ------------------------------------------------------------------------------------
+def _dropout_graph(target=None, dump=True, dump_dims=None):
+    """sdpa/fp16.py's dropout declaration: int64 seed and offset (1, 1, 1, 1), an fp32 (B, H, S_q, S_kv) dump."""
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, target=target)
+    b, h, s, d = 2, 4, 32, 64
+    q, k, v = (g.tensor(dim=(b, h, s, d), stride=(s * h * d, d, h * d, 1)) for _ in range(3))
+    seed = g.tensor(uid=30, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT64)
+    offset = g.tensor(uid=31, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT64)
+    dd = dump_dims or (b, h, s, s)
+    rng_dump = g.tensor(uid=32, dim=dd, stride=(dd[1] * dd[2] * dd[3], dd[2] * dd[3], dd[3], 1),
+                        data_type=cudnn.data_type.FLOAT) if dump else None
+    o, stats = g.sdpa(q=q, k=k, v=v, generate_stats=True, attn_scale=0.125, dropout=(0.1, seed, offset),
+                      rng_dump=rng_dump, use_causal_mask=None, implementation=cudnn.attention_implementation.AUTO)
+    o.set_output(True)
+    stats.set_output(True).set_data_type(cudnn.data_type.FLOAT)
+    return g, rng_dump
+
+
+def test_rng_dump_is_lowered_for_the_cudnn_engine_as_an_output(cudnn_present):
+    g, rng_dump = _dropout_graph(target=fake_target("H200"))
+    g.build_operation_graph()
+    assert rng_dump.is_output
+    assert g.available_engines() == ["SdpaFwdCudnn"]
+    call = lower_cudnn_sdpa(g.facts)
+    assert ("rng_dump", "rng_dump") in call.tensor_kwargs and "rng_dump" in call.output_kwargs
+    assert call.dropout == (pytest.approx(0.1), "dropout_seed", "dropout_offset")
+    spec = next(t for t in call.inputs if t.role == "rng_dump")
+    assert spec.dim == (2, 4, 32, 32) and spec.dtype == "fp32"
+
+
+def test_every_other_engine_declines_naming_rng_dump():
+    g, _ = _dropout_graph(target=fake_target("H200"))
+    g.build_operation_graph()
+    reasons = dict(g.declines())
+    for engine in ("SdpaFwdDslSm90", "SdpaFwdDslSm80", "SdpaFwdReference"):
+        assert "rng_dump" in reasons[engine] and "cuDNN engine" in reasons[engine]
+    cpu, _ = _dropout_graph()
+    with pytest.raises(NotSupportedError, match="rng_dump"):
+        cpu.build_plans()
+
+
+def test_rng_dump_without_dropout_or_of_the_wrong_shape_raises():
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF)
+    q, k, v = (g.tensor((2, 4, 32, 64)) for _ in range(3))
+    dump = g.tensor((2, 4, 32, 32), data_type=cudnn.data_type.FLOAT)
+    o, _ = g.sdpa(q, k, v, generate_stats=False, rng_dump=dump)
+    o.set_output(True)
+    with pytest.raises(GraphError, match="needs dropout"):
+        g.validate()
+    g2, _ = _dropout_graph(dump_dims=(2, 4, 32, 16))
+    with pytest.raises(GraphError, match="rng_dump"):
+        g2.validate()
