@@ -119,7 +119,7 @@ class Graph(OpGraph):
         accepted engine under either, as every accepted engine computes the same attention.
         """
         from frost.lowering.lower import build_plan
-        from frost.runtime.binding import Binder
+        from frost.runtime.binding import Binder, ragged_specs
         from frost.types import build_plan_policy, enum_name
 
         if policy is not None:
@@ -131,7 +131,8 @@ class Graph(OpGraph):
         self.plan = build_plan(self.facts, self.target, self._knobs, ranking=self._ranking)
         self._binder = Binder(self._roles(), vector_bytes=getattr(self.plan.adapter, "vector_bytes", 1),
                               is_thd=self.facts.is_thd and self.facts.ragged is None, wants_cuda=not self.target.is_cpu,
-                              engine=self.plan.engine_name, workspace_size=self.plan.workspace_size)
+                              engine=self.plan.engine_name, workspace_size=self.plan.workspace_size,
+                              ragged=ragged_specs(self.facts, self.node))
         return self
 
     def save_plan(self, path):

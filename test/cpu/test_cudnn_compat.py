@@ -226,3 +226,199 @@ def test_rng_dump_without_dropout_or_of_the_wrong_shape_raises():
     g2, _ = _dropout_graph(dump_dims=(2, 4, 32, 16))
     with pytest.raises(GraphError, match="rng_dump"):
         g2.validate()
+
+
+# 3. packed (T, H, D) buffers bound to (B, H, S, D) ragged declarations ----------------------------------------
+def _prefix(lens: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=lens.dtype), lens.flatten().cumsum(0)]).view(-1, 1, 1, 1)
+
+
+def _ragged_case(seed=0, lens_q=(5, 0, 11), lens_kv=(7, 3, 13), s_q=40, s_kv=48, h=2, d=16):
+    """sdpa/fp16.py's allocation: packed buffers of max(64, sum rounded up to 64) tokens, lengths (B, 1, 1, 1)
+    int32, int64 element offsets prefix(len) * H * D per tensor (Stats: * H)."""
+    gen = torch.Generator().manual_seed(seed)
+    lq = torch.tensor(lens_q, dtype=torch.int32).view(-1, 1, 1, 1)
+    lkv = torch.tensor(lens_kv, dtype=torch.int32).view(-1, 1, 1, 1)
+    t_q = max(64, (sum(lens_q) + 63) // 64 * 64)
+    t_kv = max(64, (sum(lens_kv) + 63) // 64 * 64)
+    bufs = {"q": torch.randn(t_q, h, d, generator=gen), "k": torch.randn(t_kv, h, d, generator=gen),
+            "v": torch.randn(t_kv, h, d, generator=gen), "o": torch.full((t_q, h, d), float("nan")),
+            "stats": torch.full((t_q, h, 1), float("nan")), "dO": torch.randn(t_q, h, d, generator=gen),
+            "dQ": torch.full((t_q, h, d), float("nan")), "dK": torch.full((t_kv, h, d), float("nan")),
+            "dV": torch.full((t_kv, h, d), float("nan"))}
+    offs = {"q": (_prefix(lq) * h * d).long(), "kv": (_prefix(lkv) * h * d).long(), "stats": (_prefix(lq) * h).long()}
+    return dict(lq=lq, lkv=lkv, t_q=t_q, t_kv=t_kv, bufs=bufs, offs=offs, b=len(lens_q), h=h, d=d, s_q=s_q,
+                s_kv=s_kv)
+
+
+def _declare_ragged(g, c, roles):
+    """(B, H, S, D) bshd declarations with a ragged offset each, as cuDNN's tests declare them."""
+    b, h, d = c["b"], c["h"], c["d"]
+    ts = {}
+    offsets = {key: g.tensor(dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT64)
+               for key in ("q", "kv", "stats")}
+    for r in roles:
+        s = c["s_q"] if r in ("q", "o", "dO") else c["s_kv"]
+        ts[r] = g.tensor(dim=(b, h, s, d), stride=(s * h * d, d, h * d, 1), data_type=cudnn.data_type.FLOAT)
+        ts[r].set_ragged_offset(offsets["q" if r in ("q", "o", "dO") else "kv"])
+    lens = {n: g.tensor(dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT32)
+            for n in ("seq_len_q", "seq_len_kv")}
+    return ts, offsets, lens
+
+
+def _oracle(c, causal=True):
+    """float64 attention per sequence, (T, H, D) in and out, with each sequence's rows and LSE."""
+    q, k, v = (c["bufs"][r].double() for r in "qkv")
+    oq, okv = _prefix(c["lq"]).flatten().tolist(), _prefix(c["lkv"]).flatten().tolist()
+    rows = []
+    for b in range(c["b"]):
+        qs, ks, vs = q[oq[b]:oq[b + 1]], k[okv[b]:okv[b + 1]], v[okv[b]:okv[b + 1]]
+        s = torch.einsum("qhd,khd->hqk", qs, ks) * 0.125
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        o = torch.einsum("hqk,khd->qhd", torch.softmax(s, -1).nan_to_num(0.0), vs)
+        rows.append((oq[b], oq[b + 1], o, lse))
+    return rows
+
+
+def _ragged_fwd_graph(c, max_total=False):
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT)
+    ts, offs, lens = _declare_ragged(g, c, ("q", "k", "v"))
+    extra = dict(max_total_seq_len_q=c["t_q"], max_total_seq_len_kv=c["t_kv"]) if max_total else {}
+    o, stats = g.sdpa(name="sdpa_forward", q=ts["q"], k=ts["k"], v=ts["v"], generate_stats=True, attn_scale=0.125,
+                      use_alibi_mask=None, use_padding_mask=True, seq_len_q=lens["seq_len_q"],
+                      seq_len_kv=lens["seq_len_kv"], diagonal_band_right_bound=0, dropout=None, rng_dump=None,
+                      implementation=cudnn.attention_implementation.UNIFIED, **extra)
+    b, h, s, d = ts["q"].get_dim()
+    o.set_output(True).set_dim((b, h, s, d)).set_stride((s * h * d, d, h * d, 1)).set_ragged_offset(offs["q"])
+    stats.set_output(True).set_data_type(cudnn.data_type.FLOAT).set_dim((b, h, s, 1)).set_stride((s * h, 1, h, 1))
+    stats.set_ragged_offset(offs["stats"])
+    ts.update(o=o, stats=stats)
+    return g, ts, offs, lens
+
+
+def _pack(c, ts, offs, lens):
+    pack = {ts[r]: c["bufs"][r] for r in ts}
+    pack.update({offs[key]: c["offs"][key] for key in offs})
+    pack.update({lens["seq_len_q"]: c["lq"], lens["seq_len_kv"]: c["lkv"]})
+    return pack
+
+
+def test_packed_buffers_bind_to_ragged_declarations_forward():
+    c = _ragged_case()
+    g, ts, offs, lens = _ragged_fwd_graph(c)
+    g.validate()
+    g.build_plans()
+    bufs = c["bufs"]
+    o_ptr = bufs["o"].data_ptr()
+    g.execute(_pack(c, ts, offs, lens), torch.empty(g.get_workspace_size(), dtype=torch.uint8), cudnn.create_handle())
+    assert bufs["o"].data_ptr() == o_ptr  # written in place: the buffers themselves were bound
+    used = sum(c["lq"].flatten().tolist())
+    for start, end, o, lse in _oracle(c):
+        torch.testing.assert_close(bufs["o"][start:end].double(), o, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(bufs["stats"][start:end, :, 0].double(), lse.t(), atol=1e-5, rtol=1e-5)
+    assert bufs["o"][used:].isnan().all()  # tokens past the sequences are left as they were
+
+
+def test_packed_buffers_bind_to_ragged_declarations_backward():
+    """sdpa/fp16.py's backward: max_total_seq_len_q/kv declared, dQ, dK, dV packed like q, k, v."""
+    c = _ragged_case(seed=1)
+    fwd, ts, offs, lens = _ragged_fwd_graph(c)
+    fwd.build_plans()
+    fwd.execute(_pack(c, ts, offs, lens), torch.empty(fwd.get_workspace_size(), dtype=torch.uint8))
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT)
+    ts, offs, lens = _declare_ragged(g, c, ("q", "k", "v", "o", "dO"))
+    b, h, s, d = ts["q"].get_dim()
+    stats = g.tensor(dim=(b, h, s, 1), stride=(s * h, 1, h, 1), data_type=cudnn.data_type.FLOAT)
+    stats.set_ragged_offset(offs["stats"])
+    grads = g.sdpa_backward(name="sdpa_backward", q=ts["q"], k=ts["k"], v=ts["v"], o=ts["o"], dO=ts["dO"],
+                            stats=stats, attn_scale=0.125, use_alibi_mask=None, use_padding_mask=True,
+                            seq_len_q=lens["seq_len_q"], seq_len_kv=lens["seq_len_kv"],
+                            max_total_seq_len_q=c["t_q"], max_total_seq_len_kv=c["t_kv"],
+                            diagonal_band_right_bound=0, dropout=None, use_deterministic_algorithm=None)
+    for name, grad, like in zip(("dQ", "dK", "dV"), grads, ("q", "k", "v")):
+        grad.set_output(True).set_ragged_offset(offs["q" if like == "q" else "kv"])
+        ts[name] = grad
+    ts["stats"] = stats
+    g.validate()
+    g.build_plans()
+    g.execute(_pack(c, ts, offs, lens), torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+    # float64 autograd per sequence
+    q, k, v = (c["bufs"][r].double().requires_grad_() for r in "qkv")
+    oq, okv = _prefix(c["lq"]).flatten().tolist(), _prefix(c["lkv"]).flatten().tolist()
+    total = 0
+    for i in range(b):
+        qs, ks, vs = q[oq[i]:oq[i + 1]], k[okv[i]:okv[i + 1]], v[okv[i]:okv[i + 1]]
+        sc = torch.einsum("qhd,khd->hqk", qs, ks) * 0.125
+        sc = sc.masked_fill(torch.ones(sc.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
+        o = torch.einsum("hqk,khd->qhd", torch.softmax(sc, -1).nan_to_num(0.0), vs)
+        total = total + (o * c["bufs"]["dO"][oq[i]:oq[i + 1]].double()).sum()
+    total.backward()
+    for name, ref, end in (("dQ", q.grad, oq[-1]), ("dK", k.grad, okv[-1]), ("dV", v.grad, okv[-1])):
+        torch.testing.assert_close(c["bufs"][name][:end].double(), ref[:end], atol=1e-5, rtol=1e-5)
+
+
+def _bind_fails(c, role, buf, fragment, max_total=True):
+    g, ts, offs, lens = _ragged_fwd_graph(c, max_total=max_total)
+    g.build_plans()
+    pack = _pack(c, ts, offs, lens)
+    pack[ts[role]] = buf
+    with pytest.raises(BindingError, match=fragment):
+        g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+
+
+def test_what_a_packed_buffer_must_be():
+    c = _ragged_case(seed=2)
+    t_q, h, d = c["t_q"], c["h"], c["d"]
+    _bind_fails(c, "q", torch.randn(t_q, h, d, dtype=torch.float64), "declared torch.float32")
+    _bind_fails(c, "q", torch.randn(t_q - 1, h, d), "holds 63 tokens")  # max_total_seq_len_q declared 64
+    _bind_fails(c, "q", torch.randn(t_q, d, h).transpose(1, 2), "tokens of another layout")  # (T, H, D) strides off
+    _bind_fails(c, "q", torch.randn(t_q, h, 2 * d)[..., :d], "tokens of another layout")
+    _bind_fails(c, "q", torch.randn(2 * t_q * h * d)[::2], "contiguous buffer")
+    # without max_total_seq_len the tokens a buffer needs are the device offsets' business; the reference reads
+    # them and names a sequence past the bound memory
+    _bind_fails(c, "k", torch.randn(10, h, d), "lie past the bound memory", max_total=False)
+
+
+def test_any_buffer_holding_the_tokens_binds_without_a_copy():
+    """A flat buffer, or a (T, H, D) slice of a larger allocation: the view handed on is its own memory."""
+    from frost.runtime.binding import RaggedSpec, bind_ragged
+
+    c = _ragged_case(seed=3)
+    g, ts, offs, lens = _ragged_fwd_graph(c)
+    spec = RaggedSpec(tuple(ts["q"].get_dim()), tuple(ts["q"].get_stride()), 64)
+    flat = torch.randn(64 * c["h"] * c["d"])
+    view = bind_ragged("q", ts["q"], flat, spec, device=flat.device, vector_bytes=16)
+    assert view.data_ptr() == flat.data_ptr() and view.shape == (3, 2, 40, 16) and view.stride() == (0, 16, 32, 1)
+    part = torch.randn(100, c["h"], c["d"])[20:60]
+    view = bind_ragged("q", ts["q"], part, RaggedSpec(spec.dims, spec.strides, 1), device=part.device,
+                       vector_bytes=16)
+    assert view.data_ptr() == part.data_ptr() and view.shape[2] == 40
+    # the reference engine reads through such views: a flat q and an offset o slice serve the forward
+    g.build_plans()
+    pack = _pack(c, ts, offs, lens)
+    pack[ts["q"]] = c["bufs"]["q"].reshape(-1).clone()
+    g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+    for start, end, o, _ in _oracle(c):
+        torch.testing.assert_close(c["bufs"]["o"][start:end].double(), o, atol=1e-5, rtol=1e-5)
+
+
+def test_declared_shapes_still_bind_as_before():
+    """Binding the declared (B, H, S, D) itself (as_strided views over the packed memory) is unchanged."""
+    c = _ragged_case(seed=4, s_q=16, s_kv=16, lens_q=(5, 3, 7), lens_kv=(6, 2, 8))
+    g, ts, offs, lens = _ragged_fwd_graph(c)
+    g.build_plans()
+    pack = _pack(c, ts, offs, lens)
+    for r in ("q", "k", "v", "o", "stats"):
+        buf = c["bufs"][r]
+        dims, strides = ts[r].get_dim(), ts[r].get_stride()
+        big = torch.full((max(dims[0] * strides[0], buf.numel()),), float("nan"))
+        big[:buf.numel()] = buf.reshape(-1)
+        pack[ts[r]] = big.as_strided(dims, strides)
+    g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+    o = pack[ts["o"]]
+    for start, end, want, _ in _oracle(c):
+        got = o.as_strided((end - start, c["h"], c["d"]), (c["h"] * c["d"], c["d"], 1), start * c["h"] * c["d"])
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
