@@ -125,7 +125,7 @@ def bind_ragged(role: str, decl: Tensor, t, spec: RaggedSpec, *, device, vector_
 
     Checks dtype, device, alignment, the layout of its tokens and that it holds `spec.tokens` tokens; returns a
     view of its memory as (B, H, S', D) with the declared strides (a zero batch stride: the offsets place the
-    batches), S' the declared S or the tokens it holds if fewer. A view, never a copy; nothing is read."""
+    batches), S' the tokens it holds. A view, never a copy; nothing is read."""
     import torch
 
     if t is None:
@@ -144,9 +144,25 @@ def bind_ragged(role: str, decl: Tensor, t, spec: RaggedSpec, *, device, vector_
     if tokens < spec.tokens:
         raise BindingError(f"{_who(role, decl)}: the bound {tuple(t.shape)} buffer holds {tokens} tokens of the "
                            f"declared layout; the ragged form needs {spec.tokens} (max_total_seq_len)")
-    b, h, s, d = spec.dims
+    b, h, _, d = spec.dims
     _, hs, ts, ds = spec.strides
-    return t.as_strided((b, h, min(s, tokens), d), (0, hs, ts, ds), t.storage_offset())
+    return t.as_strided((b, h, tokens, d), (0, hs, ts, ds), t.storage_offset())
+
+
+#: the bound dict's entry {"q": tokens, "kv": tokens}: the fewest tokens a packed buffer bound to a ragged
+#: declaration holds in each token group (present only when one was bound so); kernels take the smaller of it and
+#: the plan's envelope as T, so no load reaches past the memory bound
+RAGGED_TOKENS = "ragged_tokens"
+
+
+def ragged_tokens(bound: dict, roles) -> dict:
+    """The RAGGED_TOKENS entry for the `roles` bound through `bind_ragged` (their views' S is the tokens held)."""
+    out = {}
+    for role in roles:
+        group = "q" if role in THD_Q_ROLES else "kv"
+        n = bound[role].shape[2]
+        out[group] = min(out.get(group, n), n)
+    return out
 
 
 def _stride_picker(dims: tuple):
@@ -228,6 +244,7 @@ class Binder:
         get = variant_pack.get
         device, first = self._first_device(variant_pack)
         bound = {}
+        by_pointer = []
         for spec in self.specs:
             role, decl = spec.role, spec.decl
             t = get(decl)
@@ -238,11 +255,14 @@ class Binder:
             rspec = self.ragged.get(role)
             if rspec is not None and getattr(t, "shape", None) != spec.dims:
                 bound[role] = bind_ragged(role, decl, t, rspec, device=first, vector_bytes=spec.misalign + 1)
+                by_pointer.append(role)
                 continue
             bound[role] = check_tensor(role, decl, t, device=first, is_thd=self.is_thd,
                                        vector_bytes=spec.misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
+        if by_pointer:
+            bound[RAGGED_TOKENS] = ragged_tokens(bound, by_pointer)
         need = self.workspace_size
         if need:
             from frost.runtime.workspace import check_workspace

@@ -391,11 +391,11 @@ def test_any_buffer_holding_the_tokens_binds_without_a_copy():
     spec = RaggedSpec(tuple(ts["q"].get_dim()), tuple(ts["q"].get_stride()), 64)
     flat = torch.randn(64 * c["h"] * c["d"])
     view = bind_ragged("q", ts["q"], flat, spec, device=flat.device, vector_bytes=16)
-    assert view.data_ptr() == flat.data_ptr() and view.shape == (3, 2, 40, 16) and view.stride() == (0, 16, 32, 1)
+    assert view.data_ptr() == flat.data_ptr() and view.shape == (3, 2, 64, 16) and view.stride() == (0, 16, 32, 1)
     part = torch.randn(100, c["h"], c["d"])[20:60]
     view = bind_ragged("q", ts["q"], part, RaggedSpec(spec.dims, spec.strides, 1), device=part.device,
                        vector_bytes=16)
-    assert view.data_ptr() == part.data_ptr() and view.shape[2] == 40
+    assert view.data_ptr() == part.data_ptr() and view.shape[2] == 40  # the tokens the slice holds
     # the reference engine reads through such views: a flat q and an offset o slice serve the forward
     g.build_plans()
     pack = _pack(c, ts, offs, lens)
@@ -422,3 +422,23 @@ def test_declared_shapes_still_bind_as_before():
     for start, end, want, _ in _oracle(c):
         got = o.as_strided((end - start, c["h"], c["d"]), (c["h"] * c["d"], c["d"], 1), start * c["h"] * c["d"])
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_kernels_take_the_tokens_a_packed_buffer_holds_as_their_envelope():
+    """Without max_total_seq_len the plan's envelope is B * S (120 query tokens here) but the buffers hold 64:
+    the DSL kernels' (T, H, D) views (and their TMA boxes) take T = 64, so no load reaches past the memory."""
+    from frost.adapters.dsl import ragged_totals
+    from frost.runtime.binding import RAGGED_TOKENS
+
+    c = _ragged_case(seed=5)
+    g, ts, offs, lens = _ragged_fwd_graph(c)
+    g.build_plans()
+    pack = _pack(c, ts, offs, lens)
+    pack[ts["v"]] = torch.randn(80, c["h"], c["d"])
+    bound = g._binder.bind(pack, torch.empty(0, dtype=torch.uint8))
+    assert bound[RAGGED_TOKENS] == {"q": 64, "kv": 64}
+    assert (g.facts.total_q, g.facts.total_kv) == (120, 144)
+    assert ragged_totals(g.facts, bound) == {"total_q": 64, "total_kv": 64}
+    assert bound["v"].shape == (3, 2, 80, 16) and bound["v"].data_ptr() == pack[ts["v"]].data_ptr()
+    declared = {r: t for r, t in bound.items() if r != RAGGED_TOKENS}
+    assert ragged_totals(g.facts, declared) == {"total_q": 120, "total_kv": 144}
