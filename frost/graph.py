@@ -228,12 +228,14 @@ def _target_for(target, sm_version, sm_count):
     if target is not None and sm_version is not None:
         raise GraphError("Graph(): pass target= or sm_version=, not both")
     if sm_version is not None:
-        if isinstance(sm_version, bool) or not isinstance(sm_version, int) or sm_version < 10:
+        if isinstance(sm_version, bool) or not isinstance(sm_version, int) or sm_version < 0:
             raise GraphError(f"Graph(): sm_version must be an int such as 80, 90, 100 or 120, got {sm_version!r}")
         from frost.target import FAKE_TARGETS, discover_target
 
         cc = divmod(sm_version, 10)
-        found = discover_target()
+        found = discover_target()  # this device's own number is taken as it is (0 on a machine without a GPU)
+        if found.cc != cc and sm_version < 10:
+            raise GraphError(f"Graph(): sm_version must be an int such as 80, 90, 100 or 120, got {sm_version!r}")
         if found.cc != cc:
             matches = [t for t in FAKE_TARGETS.values() if t.cc == cc]
             if not matches:

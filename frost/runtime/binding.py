@@ -149,6 +149,22 @@ def bind_ragged(role: str, decl: Tensor, t, spec: RaggedSpec, *, device, vector_
     return t.as_strided((b, h, tokens, d), (0, hs, ts, ds), t.storage_offset())
 
 
+def unit_dims_view(decl: Tensor, t):
+    """`t` as the declared dims when the two differ only in dims of extent 1 (cuDNN binds by pointer: a (B + 1,)
+    offsets tensor for a declared (B + 1, 1, 1, 1), a (B, H, S) Stats for (B, H, S, 1)): the same elements at the
+    same addresses, the non-unit dims' strides as declared. A view of its memory, or None where they differ
+    otherwise."""
+    shape = getattr(t, "shape", None)
+    if shape is None or tuple(shape) == tuple(decl.dim):
+        return None
+    dims, strides = tuple(decl.dim), tuple(decl.stride)
+    want = [(d, s) for d, s in zip(dims, strides) if d != 1]
+    got = [(d, s) for d, s in zip(shape, t.stride()) if d != 1]
+    if want != got:
+        return None
+    return t.as_strided(dims, strides, t.storage_offset())
+
+
 #: the bound dict's entry {"q": tokens, "kv": tokens}: the fewest tokens a packed buffer bound to a ragged
 #: declaration holds in each token group (present only when one was bound so); kernels take the smaller of it and
 #: the plan's envelope as T, so no load reaches past the memory bound
@@ -257,6 +273,9 @@ class Binder:
                 bound[role] = bind_ragged(role, decl, t, rspec, device=first, vector_bytes=spec.misalign + 1)
                 by_pointer.append(role)
                 continue
+            view = None if spec.packed else unit_dims_view(decl, t)
+            if view is not None:
+                t = view
             bound[role] = check_tensor(role, decl, t, device=first, is_thd=self.is_thd,
                                        vector_bytes=spec.misalign + 1)
         if self.is_thd:

@@ -442,3 +442,29 @@ def test_kernels_take_the_tokens_a_packed_buffer_holds_as_their_envelope():
     assert bound["v"].shape == (3, 2, 80, 16) and bound["v"].data_ptr() == pack[ts["v"]].data_ptr()
     declared = {r: t for r, t in bound.items() if r != RAGGED_TOKENS}
     assert ragged_totals(g.facts, declared) == {"total_q": 120, "total_kv": 144}
+
+
+def test_unit_dims_do_not_address_memory():
+    """cuDNN binds by pointer: sdpa/fp16.py binds its (B + 1,) prefix sums to (B + 1, 1, 1, 1) offsets and a
+    (B,) length tensor where (B, 1, 1, 1) is declared; the same elements at the same addresses bind."""
+    c = _ragged_case(seed=6)
+    g, ts, offs, lens = _ragged_fwd_graph(c)
+    g.build_plans()
+    pack = _pack(c, ts, offs, lens)
+    pack.update({offs[key]: c["offs"][key].flatten() for key in offs})
+    pack[lens["seq_len_q"]] = c["lq"].flatten()
+    g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+    for start, end, o, _ in _oracle(c):
+        torch.testing.assert_close(c["bufs"]["o"][start:end].double(), o, atol=1e-5, rtol=1e-5)
+    pack[offs["q"]] = torch.stack([c["offs"]["q"].flatten()] * 2, 1)  # (B + 1, 2): other elements
+    with pytest.raises(BindingError, match="declared dim"):
+        g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+
+
+def test_sm_version_of_this_machine_plans_here():
+    """cuDNN programs pass the device's own capability as sm_version; on a machine without a GPU that is 0."""
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, sm_version=0)
+    assert g.target.is_cpu
+    for bad in (5, -1):
+        with pytest.raises(GraphError, match="sm_version"):
+            cudnn.pygraph(sm_version=bad)
