@@ -258,6 +258,10 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
             t = facts.tensor(role)
             inputs.append(CudnnTensor(role, (1, 1, 1, 1), (1, 1, 1, 1), t.dtype))
         dropout = (facts.dropout_probability, "dropout_seed", "dropout_offset")
+        if facts.tensor("rng_dump") is not None:  # the mask cuDNN draws, dumped where declared (an output)
+            inputs.append(_declared(facts, "rng_dump"))
+            tensor_kwargs.append(("rng_dump", "rng_dump"))
+            output_kwargs.append("rng_dump")
     for role, on in (("score_max", facts.has_score_max), ("score_sum_exp", facts.has_score_sum_exp)):
         if on:  # declared as graph tensors the forward writes, as cuDNN's python API takes them
             inputs.append(_declared(facts, role))

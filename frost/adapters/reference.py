@@ -42,6 +42,7 @@ def _score_mod_kwargs(facts, bound) -> dict:
 def _ragged_batches(facts, bound):
     """cuDNN's ragged form, per batch: (b, rows(role) -> that batch's (len, H, D) view of a ragged tensor)."""
     strides = dict(facts.ragged.token_strides)
+    declared = {t.name: t for t in facts.ragged.declared}
     offsets = {role: bound[f"{role}_ragged_offset"].reshape(-1).tolist() for role in strides}
     lens_q = lengths_view(bound["seq_len_q"]).tolist()
     lens_kv = lengths_view(bound["seq_len_kv"]).tolist()
@@ -53,12 +54,23 @@ def _ragged_batches(facts, bound):
             if start % stride_s:
                 raise BindingError(f"{role} ragged offset {start} of batch {b} is not a multiple of the token "
                                    f"stride {stride_s}: frost's packed form needs whole-token offsets")
-            if length > t.shape[2]:
-                raise BindingError(f"batch {b}: sequence length {length} of {role} exceeds its declared S "
-                                   f"{t.shape[2]}")
-            return t.as_strided((length, t.shape[1], t.shape[3]), (t.stride(2), t.stride(1), t.stride(3)),
-                                t.storage_offset() + start)
+            _, heads, seq, dim = declared[role].dim
+            if length > seq:
+                raise BindingError(f"batch {b}: sequence length {length} of {role} exceeds its declared S {seq}")
+            return _tokens(role, b, t, start, length, (heads, dim), (t.stride(2), t.stride(1), t.stride(3)))
         yield b, int(lens_q[b]), rows
+
+
+def _tokens(role: str, b: int, t, start: int, length: int, hd: tuple, strides: tuple):
+    """Batch b's (length, H, D) tokens of a ragged tensor, from the element offset `start` of its memory (the
+    binder's view of a packed buffer has the declared strides); a sequence past the bound memory raises."""
+    size = (length, *hd)
+    if length:
+        last = t.storage_offset() + start + sum((n - 1) * st for n, st in zip(size, strides))
+        if last >= t.untyped_storage().nbytes() // t.element_size():
+            raise BindingError(f"batch {b}: {role}'s {length} tokens from element offset {start} lie past the bound "
+                               f"memory")
+    return t.as_strided(size, strides, t.storage_offset() + start)
 
 
 def _band(facts) -> dict:

@@ -220,6 +220,7 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
     if a.block_mask is not None:
         _check_block_mask(a.block_mask, batch, hq, sq, skv)
     probability = _check_dropout(a)
+    _check_rng_dump(a, batch, hq, sq, skv)
     left, right, bottom_right = resolve_band(a)
     if a.use_alibi_mask and right != 0:
         raise GraphNotSupportedError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask (diagonal_band_right_bound=0 "
@@ -258,8 +259,6 @@ def _other_features(a: SdpaAttrs) -> tuple:
     f = [name for name, on in (("rng_dump", a.rng_dump is not None),
                                ("paged_attention", a.paged_attention_k_table is not None),
                                ("unfuse_fma", a.unfuse_fma)) if on]
-    if a.implementation != "AUTO":
-        f.append(f"implementation_{a.implementation.lower()}")
     if a.compute_data_type not in (None, DataType.NOT_SET.short, DataType.FLOAT.short):
         f.append(f"compute_{a.compute_data_type}")
     return tuple(f)
@@ -406,12 +405,30 @@ def _check_dropout(a: SdpaAttrs) -> float:
     return prob
 
 
+def _check_rng_dump(a: SdpaAttrs, batch: int, hq: int, sq: int, skv: int) -> None:
+    """rng_dump: cuDNN's debug output of the dropout mask, fp32 (B, H_q, S_q, S_kv) (S the envelopes in packed
+    graphs). cuDNN's binding sets it only beside a (probability, seed, offset) dropout and drops it silently
+    otherwise; frost raises there, since the tensor would never be written."""
+    t = a.rng_dump
+    if t is None:
+        return
+    if a.dropout is None:
+        raise GraphError(f"sdpa {a.name!r}: rng_dump dumps the dropout mask and needs dropout=(probability, seed, "
+                         f"offset); cuDNN ignores it without one, frost refuses to leave it unwritten")
+    t.require_declared()
+    _expect_dtype(t, "rng_dump", (DataType.FLOAT,))
+    want = (batch, hq, sq, skv)
+    if tuple(t.dim) != want:
+        raise GraphError(f"{_who(t, 'rng_dump')}: expected dim {want} (B, H_q, S_q, S_kv: one mask value per "
+                         f"score), got {tuple(t.dim)}")
+
+
 def _extra_tensors(node) -> dict:
     """The feature tensors an engine binds besides Q/K/V/O (facts carry their declarations too)."""
     a = node.attrs
     seed, offset = dropout_tensors(a.dropout)
     named = {"seq_len_q": a.seq_len_q, "seq_len_kv": a.seq_len_kv, "sink_token": a.sink_token, "bias": a.bias,
-             "block_mask": a.block_mask, "dropout_seed": seed, "dropout_offset": offset}
+             "block_mask": a.block_mask, "dropout_seed": seed, "dropout_offset": offset, "rng_dump": a.rng_dump}
     if node.kind == "sdpa_bwd":
         named.update(dSink_token=node.dSink_token, dBias=node.dBias)
     return {r: t for r, t in named.items() if t is not None}

@@ -77,7 +77,7 @@ REFERENCE_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | SCORE_MOD_FEATURES |
 #: cuDNN's own check_support judges head dims and the rest at plan time. Packed graphs go through cuDNN's ragged
 #: form (frost's and cuDNN's own declarations alike; see frost/adapters/cudnn_lowering.py)
 CUDNN_PRIORITY = 90
-CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "alibi", "ragged_offsets",
+CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng_dump", "alibi", "ragged_offsets",
                                                           "stats_per_batch"}
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}

@@ -126,6 +126,9 @@ EXTRA = {
                              "dBias": g.tensor(name="db", dim=(1, 4, 128, 128))},
     "dropout": lambda g: {"dropout": (0.2, g.tensor(name="seed", dim=(1,), data_type="int64"),
                                       g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64"))},
+    "dropout_dump": lambda g: {"dropout": (0.1, g.tensor(name="seed", dim=(1, 1, 1, 1), data_type="int64"),
+                                           g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64")),
+                               "rng_dump": g.tensor(name="rng_dump", dim=(2, 4, 128, 128), data_type="fp32")},
     "padding": lambda g: {"use_padding_mask": True, "seq_len_q": g.tensor(name="lq", dim=(2,), data_type="int32"),
                           "seq_len_kv": g.tensor(name="lkv", dim=(2, 1, 1, 1), data_type="int32")},
     "sink": lambda g: {"sink_token": g.tensor(name="sink", dim=(4,), data_type="fp32")},
@@ -183,6 +186,7 @@ CASES = {
     "fwd bias": ("fwd", "bias", {}),
     "fwd bias causal": ("fwd", "bias", {"use_causal_mask": True}),
     "fwd dropout": ("fwd", "dropout", {}),
+    "fwd dropout rng_dump": ("fwd", "dropout_dump", {"use_causal_mask": True}),
     "fwd padding causal": ("fwd", "padding", {"use_causal_mask": True}),
     "fwd sinks": ("fwd", "sink", {"use_causal_mask": True}),
     "fwd alibi": ("fwd", None, {"use_alibi_mask": True, "use_causal_mask": True}),
@@ -192,6 +196,7 @@ CASES = {
     "bwd causal deterministic": ("bwd", None, {"use_causal_mask": True, "use_deterministic_algorithm": True}),
     "bwd bias dbias": ("bwd", "bias_dbias", {}),
     "bwd dropout": ("bwd", "dropout", {}),
+    "bwd dropout rng_dump": ("bwd", "dropout_dump", {}),
     "bwd padding": ("bwd", "padding", {}),
     "bwd sinks dsink": ("bwd", "sink_dsink", {"use_causal_mask": True}),
     "bwd causal window": ("bwd", None, {"use_causal_mask": True, "sliding_window_length": 32}),
@@ -260,6 +265,16 @@ def test_masks_reach_the_binding_in_its_preferred_keywords(lowered):
     assert {"dropout_1", "dropout_2"} <= set(lowered["bwd dropout"]["inputs"])
     assert "dBias" in lowered["bwd bias dbias"]["outputs"] and "dSink_token" in lowered["bwd sinks dsink"]["outputs"]
     assert lowered["bwd causal deterministic"]["params"]["use_deterministic_algorithm"] is True
+
+
+@pytest.mark.parametrize("name", ["fwd dropout rng_dump", "bwd dropout rng_dump"])
+def test_the_dropout_mask_dump_reaches_the_binding_as_an_output(lowered, name):
+    """rng_dump goes to cuDNN beside the (probability, seed, offset) dropout, as the op's output the engine binds."""
+    res = lowered[name]
+    assert res["ok"], res.get("error")
+    assert "rng_dump" in res["roles"] and {"dropout_1", "dropout_2"} <= set(res["inputs"])
+    assert any(o.lower() == "rng_dump" for o in res["outputs"]), res["outputs"]
+    assert res["params"]["dropout_0"] == 0.1
 
 
 def test_cudnns_own_validation_is_live(lowered):

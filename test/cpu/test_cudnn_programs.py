@@ -325,7 +325,7 @@ def test_cudnn_names_are_frost_names():
     assert frost.pygraph.__mro__[1] is frost.Graph
     assert frost.cudnnGraphNotSupportedError is frost.NotSupportedError
     assert frost.data_type is frost.DataType and frost.tensor is frost.Tensor
-    assert frost.backend_version() == 91300 and frost.backend_version_string() == "9.13.0"
+    assert frost.backend_version() == 92000 and frost.backend_version_string() == "9.20.0"
     assert [m.name for m in frost.heur_mode] == ["A", "B", "FALLBACK", "OPENSOURCE"]
     assert [m.name for m in frost.build_plan_policy] == ["HEURISTICS_CHOICE", "ALL"]
     assert [m.name for m in frost.diagonal_alignment] == ["TOP_LEFT", "BOTTOM_RIGHT"]
