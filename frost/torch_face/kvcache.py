@@ -127,6 +127,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             num_splits: int = 0, return_softmax_lse: bool = False, learnable_sink=None):
     """FlashAttention's `flash_attn_with_kvcache` (see the module docstring); k_cache / v_cache are updated in
     place when k / v are given."""
+    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
+        with torch.cuda.device(q.device):  # the append and the attention launch on q's device's current stream
+            return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                           cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                           window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                                           return_softmax_lse, learnable_sink)
     _unserved(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, softcap, alibi_slopes)
     paged, capacity = _check(q, k_cache, v_cache, k, v, block_table, cache_seqlens)
     b, s_q, _, d = q.shape
@@ -168,9 +174,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         tensors += [table4, table4]
     if sinks is not None:
         tensors.append(sinks)
-    if dev.type == "cuda":
-        with torch.cuda.device(dev):
-            plan.run(tuple(tensors), dev)
-    else:
-        plan.run(tuple(tensors), dev)
+    plan.run(tuple(tensors), dev)
     return (out, lse) if return_softmax_lse else out
