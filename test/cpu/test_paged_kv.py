@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import frost
-from frost.errors import GraphError, NotSupportedError
+from frost.errors import GraphError
 from frost.target import fake_target
 from test import oracle
 
@@ -230,18 +230,21 @@ def test_paged_caches_need_the_padding_mask_and_dense_queries():
 
 # the engines' verdicts -----------------------------------------------------------------------------------------
 def test_dsl_engines_decline_naming_the_feature_and_the_reference_serves_it_on_the_cpu():
+    from frost.lowering.lower import rank
+
     g = _declare()
     g.validate()
     g.build_plans()
     assert g.engine_name == "SdpaFwdReference"
-    for target in ("H200", "A100"):
-        g = _declare(target=fake_target(target))
-        with pytest.raises(NotSupportedError) as ei:
-            g.validate()
-            g.build_plans()
-        text = str(ei.value)
-        assert ENGINE_SAYS in text and "paged_attention" in text
-        assert "SdpaFwdDslSm90" in text or "SdpaFwdDslSm80" in text
+    for target, dsl in (("H200", ("SdpaFwdDslSm90", "SdpaFwdDslSm80")), ("A100", ("SdpaFwdDslSm80",))):
+        facts = _declare().validate().facts  # facts judge nothing: rank them for the fake device
+        ranking = rank(facts, fake_target(target))
+        declines = dict(ranking.declines)
+        for name in dsl:
+            assert "does not serve paged_attention" in declines[name] and ENGINE_SAYS in declines[name]
+        accepted = [row.name for row, _ in ranking.accepted]
+        assert accepted in ([], ["SdpaFwdCudnn"])  # the cuDNN engine where its binding loads, else nothing
+        assert "paged" not in declines.get("SdpaFwdCudnn", "")  # never for the paged cache itself
 
 
 def test_a_block_size_no_engine_serves_is_named_with_the_sizes_served():
@@ -266,3 +269,17 @@ def test_cudnn_rows_serve_paged_forwards():
     fwd = {r.name: r for r in rows_for("fwd")}
     assert "paged_attention" in fwd["SdpaFwdCudnn"].features and "paged_attention" in fwd["SdpaFwdReference"].features
     assert all("paged_attention" not in r.features for n, r in fwd.items() if "Dsl" in n)
+
+
+def test_paged_caches_take_dense_queries_not_the_packed_form():
+    g = frost.Graph(io_data_type="fp16")
+    q, k, v = (g.tensor(dim=(64, 4, 64)) for _ in range(3))
+    cu = g.tensor(dim=(3,), data_type="int32")
+    t = g.tensor(dim=(2, 1, 2, 1), data_type="int32")
+    lens = g.tensor(dim=(2,), data_type="int32")
+    o, _ = g.sdpa(q, k, v, cu_seq_len_q=cu, cu_seq_len_kv=cu, max_seq_len_q=32, max_seq_len_kv=32,
+                  use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=t,
+                  paged_attention_v_table=t)
+    o.set_output(True)
+    with pytest.raises(GraphError, match="not frost's packed form"):
+        g.validate()
