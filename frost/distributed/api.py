@@ -83,7 +83,7 @@ def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", cau
     if packed:
         cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
         shards = Shards.from_local([b - a for a, b in zip(cu[:-1], cu[1:])], world)
-        tq, tk, tv = q, k, v
+        tq, tk, tv = q.contiguous(), k.contiguous(), v.contiguous()
     else:
         b, _, s_local, _ = q.shape
         shards = Shards((s_local * world,) * b, world)
