@@ -80,6 +80,11 @@ def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", cau
     left, right = _window(causal, window, scheme)
     causal = causal or right == 0  # a band that ends at the diagonal is causal
     packed = cu_seqlens is not None
+    want = 3 if packed else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != want or t.dtype != q.dtype:
+            raise ValueError(f"context parallel: {name} must be {'packed (T, H, D)' if packed else '(B, H, S, D)'} "
+                             f"in q's dtype; got {tuple(t.shape)} {t.dtype}")
     if packed:
         cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
         shards = Shards.from_local([b - a for a, b in zip(cu[:-1], cu[1:])], world)

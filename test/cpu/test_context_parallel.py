@@ -143,6 +143,23 @@ def _overlap_case(rank, world):
     return dict(ok=ok, log=log[:12], errs=errs)
 
 
+def _unshard_case(rank, world) -> bool:
+    """unshard_sequence inverts shard_sequence, dense and packed; a share is not the plain contiguous slice."""
+    from frost.distributed import shard_positions, shard_sequence, unshard_sequence
+
+    x = torch.arange(2 * 3 * S, dtype=torch.float32).view(2, 3, S, 1)
+    share = shard_sequence(x, rank=rank, world=world, dim=2)
+    cu = [0, 8, 32, 48]
+    p = torch.arange(48.0).view(48, 1, 1)
+    p_share = shard_sequence(p, rank=rank, world=world, dim=0, cu_seqlens=cu)
+    c = S // (2 * world)
+    head_tail = list(range(rank * c, (rank + 1) * c)) + list(range(S - (rank + 1) * c, S - rank * c))
+    return (torch.equal(unshard_sequence(share, dim=2), x)
+            and torch.equal(unshard_sequence(p_share, dim=0, cu_seqlens=cu), p)
+            and shard_positions(S, rank=rank, world=world).tolist() == head_tail
+            and torch.equal(share[0, 0, :, 0], x[0, 0, head_tail, 0]))
+
+
 def _warm():
     """Import in the parent what every worker needs (forked children then start at once), first backward
     included: autograd loads its symbolic-shape module on first use."""
@@ -175,6 +192,10 @@ def _worker(rank, world, port, out_dir):
                 torch.equal(a, b) for a, b in zip(runs[2], runs[3]))
         except Exception:
             results["deterministic"] = traceback.format_exc()
+        try:
+            results["unshard"] = _unshard_case(rank, world)
+        except Exception:
+            results["unshard"] = traceback.format_exc()
         try:
             results["overlap"] = _overlap_case(rank, world)
         except Exception:
@@ -220,6 +241,8 @@ def test_context_parallel_matches_float64(world, tmp_path):
                 failures.append(f"rank {rank} {name}: rel err {', '.join(bad)} (tol {tol})")
         if res["deterministic"] is not True:
             failures.append(f"rank {rank}: deterministic backward not bitwise reproducible: {res['deterministic']}")
+        if res["unshard"] is not True:
+            failures.append(f"rank {rank}: unshard_sequence(shard_sequence(x)) != x: {res['unshard']}")
         ov = res["overlap"]
         if isinstance(ov, str) or not ov["ok"] or not all(e <= 1e-5 for e in ov["errs"]):
             failures.append(f"rank {rank}: side-stream ordering: {ov}")
