@@ -83,10 +83,12 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--start-method", choices=("fork", "spawn"), default=None,
+                   help="how the ranks start (default: fork where offered, after one import; else spawn)")
     args = p.parse_args()
     import frost.distributed  # noqa: F401  (imported once, before the fork)
 
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    method = args.start_method or ("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     rows = []
     for world in args.worlds:
         with tempfile.TemporaryDirectory() as d:
