@@ -97,8 +97,9 @@ def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", cau
         tk, tv = _repeat_kv(tq, tk, tv, world)
     band = {"ring": (-1, 0 if causal else -1, False), "all_gather": (left, 0, True) if causal else (-1, -1, False),
             "ulysses": (left, right, False)}[scheme]
-    call = Call(group, rank, world, indices(shards, rank, q.device, causal, left), scale or 1 / math.sqrt(q.shape[-1]),
-                causal, band, bool(deterministic))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    call = Call(group, rank, world, indices(shards, rank, q.device, causal, left), scale, causal, band,
+                bool(deterministic))
     sinks = sinks.float() if sinks is not None else None
     out, lse = SCHEMES[scheme].apply(tq, tk, tv, sinks, call)
     if not packed:
