@@ -57,8 +57,8 @@ def _check_ragged(facts, bound) -> None:
         name = f"{role}_ragged_offset"
         for b, off in enumerate(_host(bound[name])[:len(lens[side])]):
             if off % stride:
-                raise _bad(name, b, off, f"must be a whole number of tokens (a multiple of the token stride "
-                                         f"{stride})")
+                raise _bad(name, b, off, f"must be a whole number of tokens (it is not a multiple of the token "
+                                         f"stride {stride})")
             token = off // stride
             if not 0 <= token <= total:
                 raise _bad(name, b, off, f"its token {token} must lie in [0, {total}] (the token envelope)")
