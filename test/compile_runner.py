@@ -69,7 +69,9 @@ def compile_groups(groups: list, cwd, timeout: int = 900, ptxas: bool = False) -
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(one, groups))
     # every kernel any compile test builds clamps the lengths and offsets it reads from the device
-    unclamped = {o["name"]: o["unclamped"] for outs in results for o in outs if o.get("unclamped")}
+    # (the opt-in length check compares the values as they are: that is its job)
+    unclamped = {o["name"]: o["unclamped"] for outs in results for o in outs
+                 if o.get("unclamped") and not o["name"].startswith("frost_length_check")}
     assert not unclamped, f"lengths read from the device without the clamp (docs/lengths.md): {unclamped}"
     return results
 

@@ -177,3 +177,77 @@ def test_ragged_good_values_run(direction):
     g, pack, _, outs = _ragged(direction)
     g.execute(pack, None)
     assert not (outs[0][0, :, :5] == SENTINEL).any()
+
+
+# the opt-in check (docs/lengths.md): on the CPU the same rules on the host, the same flag
+from frost.engines.common import length_check_params as lc  # noqa: E402
+
+FLAG_OF = {
+    "seq_len_q above S": lc.LENGTH_ABOVE_MAX, "seq_len_kv negative": lc.LENGTH_NEGATIVE,
+    "seq_len_q 2^31-1": lc.LENGTH_ABOVE_MAX,
+    # (entry 2 then spans 2..10: above max_seq_len_q = 5 too; the check reports every rule, the reference the first)
+    "cu_seq_len_q decreasing": lc.PREFIX_SUMS_DECREASE | lc.LENGTH_ABOVE_MAX,
+    "cu_seq_len_kv past the tokens": lc.OFFSET_OUTSIDE, "cu_seq_len_q negative": lc.OFFSET_OUTSIDE,
+    "cu_seq_len_q 2^31-1": lc.OFFSET_OUTSIDE, "cu_seq_len_kv above max_seq_len": lc.LENGTH_ABOVE_MAX,
+}
+RAGGED_FLAG_OF = {
+    "seq_len_q above S": lc.LENGTH_ABOVE_MAX, "seq_len_kv negative": lc.LENGTH_NEGATIVE,
+    "seq_len_q 2^31-1": lc.LENGTH_ABOVE_MAX | lc.OFFSET_PLUS_LENGTH_OUTSIDE, "offset past the token envelope":
+    lc.OFFSET_OUTSIDE,
+    "offset plus length past the envelope": lc.OFFSET_PLUS_LENGTH_OUTSIDE, "negative offset": lc.OFFSET_OUTSIDE,
+    "offset not a whole token": lc.OFFSET_NOT_WHOLE_TOKEN,
+}
+
+
+def _flag(value: int = 0x7FFF) -> torch.Tensor:
+    return torch.full((1,), value, dtype=torch.int32)  # a stale value: the check writes, never accumulates
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_length_check_flags_the_rule_the_reference_raises_for(name):
+    case, role, values, _ = BAD[name]
+    g, pack, t, outs = _fwd(case)
+    check, flag = g.length_check(), _flag()
+    check(pack, flag)
+    assert flag.item() == 0  # the graph's own lengths break no rule
+    _poke(t, role, values)
+    check(pack, flag)
+    assert flag.item() == FLAG_OF[name], (flag.item(), lc.length_check_errors(flag.item()))
+    assert _untouched(*outs)  # the check writes its flag only
+
+
+@pytest.mark.parametrize("name", list(RAGGED_BAD))
+def test_ragged_length_check_flags(name):
+    role, values, _ = RAGGED_BAD[name]
+    g, pack, lens, outs = _ragged("fwd")
+    check, flag = g.length_check(), _flag()
+    check(pack, flag)
+    assert flag.item() == 0
+    if role.startswith("off"):
+        new = torch.tensor(values).view(-1, 1, 1, 1) * H * D
+        if name == "offset not a whole token":
+            new = new + torch.tensor([0, 1, 0, 0]).view(-1, 1, 1, 1)
+        lens[role].copy_(new)
+    else:
+        lens[role].view(-1).copy_(torch.tensor(values, dtype=torch.int32))
+    check(pack, flag)
+    assert flag.item() == RAGGED_FLAG_OF[name], lc.length_check_errors(flag.item())
+
+
+def test_length_check_reports_every_rule_broken_and_names_them():
+    g, pack, t, _ = _fwd(PACKED)
+    _poke(t, "cu_seq_len_q", [0, 4, 3, 12])  # entry 1 decreases
+    _poke(t, "cu_seq_len_kv", [0, 7, 9, 15])  # entry 0 is above max_seq_len_kv = 6
+    flag = _flag()
+    g.length_check()(pack, flag)
+    assert flag.item() == lc.PREFIX_SUMS_DECREASE | lc.LENGTH_ABOVE_MAX
+    assert frost.length_check_errors(flag.item()) == [lc.RULES[lc.LENGTH_ABOVE_MAX], lc.RULES[lc.PREFIX_SUMS_DECREASE]]
+
+
+def test_length_check_needs_device_lengths_and_one_int32():
+    g, pack, _, _ = _fwd(Case())
+    with pytest.raises(frost.GraphError, match="no lengths"):
+        g.length_check()
+    g, pack, _, _ = _fwd(PADDED)
+    with pytest.raises(BindingError, match="one int32"):
+        g.length_check()(pack, torch.zeros(2, dtype=torch.int32))
