@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 _KERNEL = re.compile(r"^(\s*)(?:cuda\.kernel|gpu\.func)\s+@(\w+)")
-_LOAD = re.compile(r"^\s*(%[\w.#-]+)\s*=\s*cute\.memref\.load\((%[\w.#-]+),.*:\s*\(!memref_gmem_i(?:32|64)\b")
+_LOAD = re.compile(r"^\s*(%[\w.#-]+)\s*=\s*cute\.memref\.load\((%[\w.#-]+),.*:\s*\(!memref_gmem_i(?:32|64)(?:_\d+)?\b")
 _DEF = re.compile(r"^\s*(%[\w.#-]+)\s*=\s*([\w.]+)\s*(.*)$")
 _REF = re.compile(r"%[\w.#-]+")
 #: ops a length passes through on its way to the clamp: a token stride's division (cuDNN's element offsets)
@@ -48,7 +48,8 @@ def _parse(body: list[str]) -> list[tuple[int, str | None, str, list[str]]]:
             res, op, refs = d.group(1), d.group(2), _REF.findall(d.group(3))
         else:  # stores, yields, branches, region ends: they use values too
             res, op, refs = None, line.strip().split(" ")[0], _REF.findall(line)
-        out.append((depth, res, op, [r.split("#")[0] for r in refs]))
+        closes = line.lstrip().startswith("}")  # a region's end ("}" or "} else {") belongs to the one outside
+        out.append((depth - closes, res, op, [r.split("#")[0] for r in refs]))
         depth += line.count("{") - line.count("}")
     return out
 
