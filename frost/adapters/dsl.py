@@ -183,6 +183,7 @@ TENSOR_ARGS = {
     "seqused_q": ("seq_len_q", lengths_view), "seqused_kv": ("seq_len_kv", lengths_view),
     "sinks": ("sink_token", sink_view), "dsinks": ("dSink_token", sink_view),
     "bias": ("bias", None), "dbias": ("dBias", None), "block_mask": ("block_mask", None),
+    "k_table": ("paged_attention_k_table", None), "v_table": ("paged_attention_v_table", None),
 }
 #: cuDNN's ragged-offset form: the offsets tensors of the groups and of Stats take the cu_seqlens slots, 1-D
 RAGGED_TENSOR_ARGS = {**TENSOR_ARGS, "cu_seqlens_q": ("q_ragged_offset", lengths_view),

@@ -6,12 +6,21 @@ the deterministic mode that suits the problem and the GPU (`frost.adapters.sm80_
 """
 from __future__ import annotations
 
+from frost.adapters.dsl import fwd_feature_flags
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
 
 
 def _smem_budget(target):
     return target.smem_per_block_optin or None
+
+
+def mma_sync_fwd_flags(facts) -> dict:
+    """The forward's feature flags, and a paged cache's container block sizes (read through the block tables)."""
+    flags = fwd_feature_flags(facts)
+    if facts.paged is not None:
+        flags.update(paged_block_k=facts.paged.block_size_k, paged_block_v=facts.paged.block_size_v)
+    return flags
 
 
 class MmaSyncFwdAdapter(DslFwdAdapter):
@@ -21,10 +30,11 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
     template = "frost.engines.sm80.sdpa_fwd"
     params_module = "frost.engines.sm80.sdpa_fwd_params"
     params_class = "Sm80FwdParams"
+    feature_flags = staticmethod(mma_sync_fwd_flags)
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
-        from frost.engines.sm80.sdpa_fwd_params import default_knobs
+        from frost.engines.sm80.sdpa_fwd_params import default_knobs, paged_tile_n
 
         knobs = dict(default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
                                    smem_budget=_smem_budget(target)))
@@ -32,6 +42,8 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
             # the bias's values join the S tile in registers: 128-key tiles (d=64's default) spilled 176 bytes a
             # thread on sm_80 (ptxas), 64-key tiles none; not timed on a GPU yet
             knobs["tile_n"] = 64
+        if facts.paged is not None:  # each key tile inside one block of the paged cache
+            knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
         return knobs
 

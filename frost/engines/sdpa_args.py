@@ -30,9 +30,11 @@ flag is set, in this order):
     sinks                        if has_sinks     (fp32 (Hq,))
     bias                         if has_bias      (io dtype (B or 1, Hq or 1, Sq, Skv), as declared)
     block_mask                   if has_block_mask (uint8 (B, Hq, ceil(Sq/128), ceil(ceil(Skv/128)/8)), as declared)
+    k_table, v_table             if paged (int32 (B, 1, max_blocks, 1) block tables, as declared)
     softmax_scale                Float32
     window_left                  if has_window_left   Int32 >= 0
     window_right                 if has_window_right  Int32 >= 0 (causal is window_right = 0)
+    max_seqlen_kv                if paged         Int32 plan-time envelope S_kv (paged_attention_max_seq_len_kv)
     max_seqlen_q                 if is_thd        Int32 plan-time envelope, sizes the grid
     total_q, total_kv            if ragged        Int32 plan-time token envelopes (T of the (T, H, D) views)
     stream                       CUstream (explicit; the adapter passes the context's stream)
@@ -52,6 +54,11 @@ per batch (`stats_per_batch`): (B, H, S, 1) read and written like a dense batch'
 score_sum_exp the same way (their own offsets, or per batch with Stats). Kernels
 write only the rows of the sequences (the backward's helpers walk each sequence's rows, so
 dQ outside every sequence is not written either).
+
+cuDNN's paged K/V cache (params `paged`: `paged_block_k` / `paged_block_v` > 0) is dense with
+lengths from seqused: k and v are containers (num_blocks, Hkv, block_size, D) (canonical
+(num_blocks, block_size, H, D)); key j of sequence b is row j % block_size of block
+k_table[b, 0, j // block_size, 0] (v_table for V). seqused_kv is clamped to max_seqlen_kv.
 
 Mask semantics (shared by every engine and the reference):
     query row i, key column j, both local to their sequence;
@@ -127,8 +134,10 @@ def fwd_arg_names(p) -> list[str]:
     names += ["cu_seqlens_q", "cu_seqlens_kv"] * p.is_thd + ["seqused_q", "seqused_kv"] * p.has_seqused
     names += ["lse_offsets"] * (p.has_lse and p.token_div_lse > 0) + own_offset_args(p, FWD_OWN_OFFSET_ROLES)
     names += ["sinks"] * p.has_sinks + ["bias"] * p.has_bias
-    names += ["block_mask"] * getattr(p, "has_block_mask", False) + ["softmax_scale"]
-    names += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
+    paged = getattr(p, "paged", False)
+    names += ["block_mask"] * getattr(p, "has_block_mask", False) + ["k_table", "v_table"] * paged
+    names += ["softmax_scale"] + ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
+    names += ["max_seqlen_kv"] * paged
     return names + ["max_seqlen_q"] * p.is_thd + ragged_totals(p) + ["stream"]
 
 

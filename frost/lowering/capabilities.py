@@ -6,6 +6,7 @@ from typing import Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from frost.engines.params import HeadDimSpan
+from frost.engines.sm80.sdpa_fwd_params import PAGED_BLOCK_SIZES
 
 #: the head dims the pending SM100 line states
 FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
@@ -83,7 +84,8 @@ CUDNN_PRIORITY = 90
 CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng_dump", "alibi", "ragged_offsets",
                                                           "stats_per_batch"}
 #: cuDNN's paged K/V cache (forward only, as in cuDNN): the reference gathers through the tables, the cuDNN engine
-#: lowers it to cuDNN's paged SDPA; the DSL kernels do not read through a block table yet
+#: lowers it to cuDNN's paged SDPA, the mma.sync forward reads each key tile from its block (block sizes that its
+#: key tiles divide: `frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`); the wgmma forward does not yet
 PAGED_FEATURES = frozenset({"paged_attention"})
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
@@ -110,12 +112,14 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                                    "pdl": (False, True), "det_order": ("stair", "rotated")})]
     + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=SPLIT_HEAD_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+               bwd_features=SPLIT_HEAD_FEATURES, paged_block_sizes=PAGED_BLOCK_SIZES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES, bwd_features=SPLIT_HEAD_FEATURES,
+               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+               bwd_features=SPLIT_HEAD_FEATURES, paged_block_sizes=PAGED_BLOCK_SIZES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
                              "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,

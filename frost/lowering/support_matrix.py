@@ -32,11 +32,13 @@ FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dropout", ("dropout",)),
     ("deterministic backward", ("deterministic",)),
     ("`score_max` / `score_sum_exp`", ("score_max", "score_sum_exp")),
+    ("paged K/V caches (block tables)", ("paged_attention",)),
 )
 
 
 #: features one direction has: the other direction's row may list them (rows share feature sets), never serves them
-ONE_DIRECTION = {"dbias": "bwd", "deterministic": "bwd", "block_mask": "fwd", "score_max": "fwd"}
+ONE_DIRECTION = {"dbias": "bwd", "deterministic": "bwd", "block_mask": "fwd", "score_max": "fwd",
+                 "paged_attention": "fwd"}
 
 
 def _line(row: CapabilityRow) -> str:
@@ -76,6 +78,10 @@ def _served(fwd: CapabilityRow | None, bwd: CapabilityRow | None, needs: tuple[s
     only = ONE_DIRECTION.get(needs[0])
     dirs = [d for d, r in (("fwd", fwd), ("bwd", bwd))
             if r is not None and not r.pending and set(needs) <= r.features and only in (None, d)]
+    sizes = [r.paged_block_sizes for r in (fwd, bwd) if r is not None and "paged_attention" in needs
+             and r.paged_block_sizes]
+    if dirs and sizes:  # a paged cache's block sizes, where the row serves only some
+        return " + ".join(dirs) + f" (block sizes {', '.join(map(str, sizes[0]))})"
     return " + ".join(dirs) if dirs else "-"
 
 

@@ -110,6 +110,13 @@ class FakeArgs:
             stride = (st, cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
         return cute.runtime.make_fake_tensor(IO_DTYPES[self.p.dtype], shape, stride, assumed_align=16)
 
+    def _container(self, block_size: int, heads: int, dim: int):
+        """A paged cache's K or V container (num_blocks, H, block_size, D): its own block count, the block size a
+        plan-time constant, 16-byte multiple strides."""
+        stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
+        return cute.runtime.make_fake_tensor(IO_DTYPES[self.p.dtype], (cute.sym_int(), heads, block_size, dim),
+                                             stride, assumed_align=16)
+
     def bias_rows(self):
         """(S_q, S_kv) of a bias-shaped tensor: the io tensors' own extents (dense), or two symbols (THD, whose
         biases are max_seq_len_q x max_seq_len_kv)."""
@@ -149,8 +156,13 @@ class FakeArgs:
         io = {"q": (self.rows_q, hq, d), "dq": (self.rows_q, hq, d), "o": (self.rows_q, hq, dv),
               "do": (self.rows_q, hq, dv), "k": (self.rows_kv, hkv, d), "dk": (self.rows_kv, hkv, d),
               "v": (self.rows_kv, hv, dv), "dv": (self.rows_kv, hv, dv)}
+        if name in ("k", "v") and getattr(p, "paged", False):
+            return self._container(p.paged_block_k if name == "k" else p.paged_block_v, *io[name][1:])
         if name in io:
             return self._io(*io[name])
+        if name in ("k_table", "v_table"):  # int32 (B, 1, max_blocks, 1), any declared strides
+            return cute.runtime.make_fake_tensor(Int32, (self.batch, 1, cute.sym_int(), 1),
+                                                 tuple(cute.sym_int64() for _ in range(4)), assumed_align=4)
         if name in STATS_ROLES:
             return self._stats()
         if name in ("cu_seqlens_q", "cu_seqlens_kv", "lse_offsets"):

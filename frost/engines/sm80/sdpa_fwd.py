@@ -21,6 +21,10 @@ padded up to the next granule (`Sm80FwdParams.tile_head_dim`): Q, K and V loads
 zero-fill the columns past the head dim in shared memory (so they add nothing to
 Q.K^T, which stops at the last 16-column k-slice holding a head-dim column, and give
 O columns that are never stored), and O's store skips them.
+
+A paged K/V cache (cuDNN's, params `paged`) changes only where a key tile is read from: each tile lies inside
+one block of its container, found through the block tables per tile (`frost.engines.common.paged`); the key
+length comes from seqused_kv, clamped to the envelope max_seqlen_kv.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, mask, rows, score_mod, seqlen, softmax
+from frost.engines.common import acc_layout, mask, paged, rows, score_mod, seqlen, softmax
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
@@ -49,6 +53,8 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
         (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_block_mask, "bmask"), (p.has_lse, "lse"), (p.has_score_max, "smax"),
         (p.has_score_sum_exp, "ssum"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
     ) if on] + ragged_tags(p)
+    if p.paged:  # paged K/V: the containers' block sizes
+        flags.append(f"pg{p.paged_block_k}" + (f"v{p.paged_block_v}" if p.paged_block_v != p.paged_block_k else ""))
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
     parts = ["frost_sdpa_fwd", p.family, p.dtype, d, heads, *flags,
              f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}"]
@@ -143,7 +149,7 @@ class SdpaFwdSm80:
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
             g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"), g("v_offsets"),
             (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
-            g("block_mask"), scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
+            g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")), scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
             grid=grid,
@@ -174,6 +180,7 @@ class SdpaFwdSm80:
         mScoreOffs,
         mBias,
         mBlockMask,
+        mPaged,
         softmax_scale,
         scale_log2: Float32,
         window_left,
@@ -192,12 +199,12 @@ class SdpaFwdSm80:
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
             self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff,
-                     (mOOff, mVOff, mScoreOffs), mBias, mBlockMask, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
+                     (mOOff, mVOff, mScoreOffs), mBias, mBlockMask, mPaged, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
                      sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
 
     @cute.jit
     def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, mOwnOff, mBias, mBlockMask,
-            softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V,
+            mPaged, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V,
             copy_O, tiled_mma, SharedStorage: cutlass.Constexpr, bx, head, batch):
         """Pick this CTA's m-tile of its (head, batch entry) and run it."""
         p = self.p
@@ -205,6 +212,8 @@ class SdpaFwdSm80:
             static_sq, static_sk = mQ.shape[0], mK.shape[0]
         else:
             static_sq, static_sk = mQ.shape[1], mK.shape[1]
+        if const_expr(p.paged):  # a container's rows are not a sequence's: the envelope bounds the key length
+            static_sk = mPaged[2]
         off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(
             batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK, p.token_div_q, p.token_div_kv)
         off_lse = off_q  # ragged Stats start at their own offsets
@@ -224,13 +233,13 @@ class SdpaFwdSm80:
         else:
             m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
+            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, mPaged, softmax_scale, scale_log2, window_left,
                       window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
                       SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse,
                       off_o, off_v, off_scores)
 
     @cute.jit
-    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
+    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, mPaged, softmax_scale, scale_log2, window_left,
              window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
              SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
              static_sq, off_lse, off_o, off_v, off_scores):
@@ -245,12 +254,13 @@ class SdpaFwdSm80:
         d, dv = self.d, self.dv
         mQ_s = rows.widen(rows.head_rows(mQ, head, batch, off_q, p.is_thd), d)
         mO_s = rows.widen(rows.head_rows(mO, head, batch, off_o, p.is_thd), dv)
-        mK_s = rows.widen(rows.head_rows(mK, head_kv, batch, off_k, p.is_thd), d)
-        mV_s = rows.widen(rows.head_rows(mV, head_v, batch, off_v, p.is_thd), dv)
         gQ = cute.local_tile(mQ_s, (p.tile_m, d), (m_block, 0))
         gO = cute.local_tile(mO_s, (p.tile_m, dv), (m_block, 0))
-        gK = cute.local_tile(mK_s, (p.tile_n, d), (None, 0))
-        gV = cute.local_tile(mV_s, (p.tile_n, dv), (None, 0))
+        if const_expr(not p.paged):  # every key tile of the sequence; a paged cache's are found per tile
+            mK_s = rows.widen(rows.head_rows(mK, head_kv, batch, off_k, p.is_thd), d)
+            mV_s = rows.widen(rows.head_rows(mV, head_v, batch, off_v, p.is_thd), dv)
+            gK = cute.local_tile(mK_s, (p.tile_n, d), (None, 0))
+            gV = cute.local_tile(mV_s, (p.tile_n, dv), (None, 0))
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -264,9 +274,11 @@ class SdpaFwdSm80:
         thr_V = copy_V.get_slice(tidx)
         tQgQ, tQsQ = thr_QK.partition_S(gQ), thr_QK.partition_D(sQ)
         tQcQ = thr_QK.partition_S(cute.make_identity_tensor((p.tile_m, d)))
-        tKgK, tKsK = thr_QK.partition_S(gK), thr_QK.partition_D(sK)
+        tKsK, tVsV = thr_QK.partition_D(sK), thr_V.partition_D(sV)
+        tKgK = tVgV = None
+        if const_expr(not p.paged):
+            tKgK, tVgV = thr_QK.partition_S(gK), thr_V.partition_S(gV)
         tKcK = thr_QK.partition_S(cute.make_identity_tensor((p.tile_n, d)))
-        tVgV, tVsV = thr_V.partition_S(gV), thr_V.partition_D(sV)
         tVcV = thr_V.partition_S(cute.make_identity_tensor((p.tile_n, dv)))
 
         # ---- MMA fragments and smem -> register copies
@@ -317,7 +329,7 @@ class SdpaFwdSm80:
                 mods.gB = cute.local_tile(mB, (p.tile_m, p.tile_n), (m_block, None))
 
         ctx = SimpleNamespace(
-            tiled_mma=tiled_mma, thr_mma=thr_mma, copy_QK=copy_QK, copy_V=copy_V,
+            tiled_mma=tiled_mma, thr_mma=thr_mma, copy_QK=copy_QK, copy_V=copy_V, thr_QK=thr_QK, thr_V=thr_V,
             tKgK=tKgK, tKsK=tKsK, tKcK=tKcK, tVgV=tVgV, tVsV=tVsV, tVcV=tVcV,
             tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
             smem_copy_Q=smem_copy_Q, smem_copy_K=smem_copy_K, smem_copy_V=smem_copy_V,
@@ -327,6 +339,10 @@ class SdpaFwdSm80:
             m_block=m_block, n_min=n_min, n_max=n_max, seqlen_k=seqlen_k, offset=offset,
             window_left=window_left, window_right=window_right, mods=mods,
         )
+        if const_expr(p.paged):  # the containers, this head's in each, and this sequence's block tables
+            ctx.paged = SimpleNamespace(mK=mK, mV=mV, head_k=head_kv, head_v=head_v,
+                                        k_table=paged.table_row(mPaged[0], batch),
+                                        v_table=paged.table_row(mPaged[1], batch))
         if const_expr(p.has_block_mask):  # this (batch entry, head)'s (q tiles, key-tile bytes) bits
             ctx.block_mask = mBlockMask[batch, head, None, None]
 
@@ -338,18 +354,19 @@ class SdpaFwdSm80:
         rows.load_rows(copy_QK, tQgQ, tQsQ, tQcQ, q_rows, cols=self.cols_qk)
         first_rows = seqlen_k - (n_max - 1) * p.tile_n
         if n_max > n_min:
-            self.load_rows(copy_QK, tKgK, tKsK, tKcK, n_max - 1, 0, first_rows, False, self.cols_qk)
+            self.load_rows(copy_QK, self.k_src(ctx, n_max - 1), tKsK, tKcK, 0, first_rows, False, self.cols_qk)
         cute.arch.cp_async_commit_group()
         for s in cutlass.range_constexpr(1, S):
             if n_max - s >= n_min:
                 if const_expr(s == 1):
-                    self.load_rows(copy_V, tVgV, tVsV, tVcV, n_max - 1, 0, first_rows, True, self.cols_v)
+                    self.load_rows(copy_V, self.v_src(ctx, n_max - 1), tVsV, tVcV, 0, first_rows, True,
+                                   self.cols_v)
                 else:
-                    rows.copy_cols(copy_V, tVgV[None, None, None, n_max - s], tVsV[None, None, None, s - 1],
+                    rows.copy_cols(copy_V, self.v_src(ctx, n_max - s), tVsV[None, None, None, s - 1],
                                    tVcV, self.cols_v)
             cute.arch.cp_async_commit_group()
             if n_max - 1 - s >= n_min:
-                rows.copy_cols(copy_QK, tKgK[None, None, None, n_max - 1 - s], tKsK[None, None, None, s], tKcK,
+                rows.copy_cols(copy_QK, self.k_src(ctx, n_max - 1 - s), tKsK[None, None, None, s], tKcK,
                                self.cols_qk)
             cute.arch.cp_async_commit_group()
 
@@ -433,9 +450,31 @@ class SdpaFwdSm80:
             return Int32(0) if stage == self.p.num_stages - 1 else stage + 1
 
     @cute.jit
-    def load_rows(self, tiled_copy, tXgX, tXsX, tXcX, block, stage, n_rows, zero_fill: cutlass.Constexpr,
+    def k_src(self, c: SimpleNamespace, n_block):
+        """This thread's partition of key tile `n_block` of K in global memory (through the table when paged)."""
+        p = self.p
+        if const_expr(p.paged):
+            g = paged.key_tile(c.paged.mK, c.paged.k_table, c.paged.head_k, n_block, p.tile_n, p.paged_block_k,
+                               self.d)
+            return c.thr_QK.partition_S(g)
+        else:
+            return c.tKgK[None, None, None, n_block]
+
+    @cute.jit
+    def v_src(self, c: SimpleNamespace, n_block):
+        """This thread's partition of key tile `n_block` of V in global memory (through the table when paged)."""
+        p = self.p
+        if const_expr(p.paged):
+            g = paged.key_tile(c.paged.mV, c.paged.v_table, c.paged.head_v, n_block, p.tile_n, p.paged_block_v,
+                               self.dv)
+            return c.thr_V.partition_S(g)
+        else:
+            return c.tVgV[None, None, None, n_block]
+
+    @cute.jit
+    def load_rows(self, tiled_copy, tXg, tXsX, tXcX, stage, n_rows, zero_fill: cutlass.Constexpr,
                   cols: cutlass.Constexpr = 0):
-        """Copy the first `n_rows` rows of key tile `block` into `stage`; optionally zero the rest.
+        """Copy the first `n_rows` rows of a key tile's partition `tXg` into `stage`; optionally zero the rest.
 
         V rows past the key length must be zero (P is 0 there, 0 * garbage may be NaN);
         K rows there only produce scores that the mask replaces. With `cols`, the columns
@@ -443,7 +482,7 @@ class SdpaFwdSm80:
         """
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             if tXcX[0, m, 0][0] < n_rows:
-                rows.copy_row(tiled_copy, tXgX[None, m, None, block], tXsX[None, m, None, stage],
+                rows.copy_row(tiled_copy, tXg[None, m, None], tXsX[None, m, None, stage],
                               tXcX[None, m, None], cols)
             else:
                 if const_expr(zero_fill):
@@ -464,13 +503,13 @@ class SdpaFwdSm80:
         if n_v >= c.n_min:
             if const_expr(S == 1):
                 if n_v == c.n_max - 1:
-                    self.load_rows(c.copy_V, c.tVgV, c.tVsV, c.tVcV, n_v, v_stage,
+                    self.load_rows(c.copy_V, self.v_src(c, n_v), c.tVsV, c.tVcV, v_stage,
                                    c.seqlen_k - n_v * p.tile_n, True, self.cols_v)
                 else:
-                    rows.copy_cols(c.copy_V, c.tVgV[None, None, None, n_v], c.tVsV[None, None, None, v_stage],
+                    rows.copy_cols(c.copy_V, self.v_src(c, n_v), c.tVsV[None, None, None, v_stage],
                                    c.tVcV, self.cols_v)
             else:
-                rows.copy_cols(c.copy_V, c.tVgV[None, None, None, n_v], c.tVsV[None, None, None, v_stage], c.tVcV,
+                rows.copy_cols(c.copy_V, self.v_src(c, n_v), c.tVsV[None, None, None, v_stage], c.tVcV,
                                self.cols_v)
         cute.arch.cp_async_commit_group()
 
@@ -493,7 +532,7 @@ class SdpaFwdSm80:
         cute.arch.barrier()
         n_k = n_block - S
         if n_k >= c.n_min:
-            rows.copy_cols(c.copy_QK, c.tKgK[None, None, None, n_k], c.tKsK[None, None, None, stage], c.tKcK,
+            rows.copy_cols(c.copy_QK, self.k_src(c, n_k), c.tKsK[None, None, None, stage], c.tKcK,
                            self.cols_qk)
         cute.arch.cp_async_commit_group()
 

@@ -76,6 +76,10 @@ class Sm80FwdParams(TileHeadDims, SdpaFeatureParams):
     has_score_max: bool = False  # write the row max of the scaled scores (cuDNN's score_max)
     has_score_sum_exp: bool = False  # write the row sum of exp(score - max) (cuDNN's score_sum_exp)
     has_block_mask: bool = False  # cuDNN's block_mask: one bit per (128 queries, 128 keys) tile pair
+    # cuDNN's paged K/V cache: K's and V's container block sizes (0: dense K and V). Each key tile lies inside
+    # one block (tile_n divides both), read through the block tables (`frost.engines.common.paged`)
+    paged_block_k: int = 0
+    paged_block_v: int = 0
     # knobs
     tile_m: int = 128
     tile_n: int = 64
@@ -85,6 +89,11 @@ class Sm80FwdParams(TileHeadDims, SdpaFeatureParams):
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
+
+    @property
+    def paged(self) -> bool:
+        """K and V are read through block tables (cuDNN's paged cache)."""
+        return self.paged_block_k > 0
 
 
 def smem_bytes(p: Sm80FwdParams) -> int:
@@ -124,6 +133,15 @@ def validate(p: Sm80FwdParams) -> None:
         rows_per_pass = p.num_threads // (kblk // 8)
         if p.tile_n % rows_per_pass != 0 or p.tile_m % rows_per_pass != 0:
             bad(f"tile_m={p.tile_m} / tile_n={p.tile_n} not a multiple of the copy pass height {rows_per_pass}")
+    if p.paged_block_k or p.paged_block_v:
+        if not (p.paged_block_k and p.paged_block_v):
+            bad("paged_block_k and paged_block_v are both set (a paged cache) or both 0")
+        if p.is_thd or not p.has_seqused:
+            bad("a paged cache takes dense (B, H, S, D) queries with lengths from seqused")
+        for role, bs in (("k", p.paged_block_k), ("v", p.paged_block_v)):
+            if bs % p.tile_n != 0:
+                bad(f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile lies "
+                    f"inside one block)")
     need = smem_bytes(p)
     if need > SMEM_BUDGET[p.family]:
         bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
@@ -163,6 +181,15 @@ def _valid(p: Sm80FwdParams) -> bool:
     except TemplateParamsError:
         return False
     return True
+
+
+#: the paged K/V block sizes the template serves: multiples of every default tile_n (a key tile inside one block)
+PAGED_BLOCK_SIZES = (64, 128, 256)
+
+
+def paged_tile_n(tile_n: int, block_sizes) -> int:
+    """The key tile of a paged cache: `tile_n`, shrunk to the smallest block size so each tile lies in a block."""
+    return min(tile_n, *block_sizes)
 
 
 def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16",
