@@ -249,8 +249,8 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     paged = [w for w in rows if w.is_paged]
     if paged:
         print(f"paged K/V: {len(paged)} rows (block sizes {sorted({w.block_size for w in paged})}; decode rows also "
-              f"report the K/V bytes read per second): frost's engines that serve paged caches (the cuDNN engine "
-              f"until frost's kernels read through a block table), FA4 with page_table, cuDNN's paged SDPA in the "
+              f"report the K/V bytes read per second): frost's engines that serve paged caches (frost's mma.sync "
+              f"forward for blocks of 64 rows or more, else the cuDNN engine), FA4 with page_table, cuDNN's paged SDPA in the "
               f"cudnn column; FA2 n/a", file=out)
     if det:
         print(f"deterministic backward: {len(det)} rows ('bwd det'): frost with use_deterministic_algorithm=True, "
