@@ -379,8 +379,8 @@ def disk() -> Optional[DiskCache]:
 
 
 def warn(msg: str) -> None:
-    """A cache event the user should see (a corrupt entry replaced, a worker that failed): the `frost.cache` logger."""
-    logging.getLogger("frost.cache").warning("frost cache: %s", msg)
+    """A cache event the user should see (a corrupt entry replaced, a worker that failed): the `frost.compiler.cache` logger."""
+    logging.getLogger(__name__).warning("frost cache: %s", msg)
 
 
 def describe() -> dict[str, Any]:
