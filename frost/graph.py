@@ -119,7 +119,7 @@ class Graph(OpGraph):
         accepted engine under either, as every accepted engine computes the same attention.
         """
         from frost.lowering.lower import build_plan
-        from frost.runtime.binding import Binder
+        from frost.runtime.binding import Binder, ragged_specs
         from frost.types import build_plan_policy, enum_name
 
         if policy is not None:
@@ -131,7 +131,8 @@ class Graph(OpGraph):
         self.plan = build_plan(self.facts, self.target, self._knobs, ranking=self._ranking)
         self._binder = Binder(self._roles(), vector_bytes=getattr(self.plan.adapter, "vector_bytes", 1),
                               is_thd=self.facts.is_thd and self.facts.ragged is None, wants_cuda=not self.target.is_cpu,
-                              engine=self.plan.engine_name, workspace_size=self.plan.workspace_size)
+                              engine=self.plan.engine_name, workspace_size=self.plan.workspace_size,
+                              ragged=ragged_specs(self.facts, self.node))
         return self
 
     def save_plan(self, path):
@@ -196,6 +197,19 @@ class Graph(OpGraph):
         plan.adapter.execute(self._binder.bind(variant_pack, workspace), workspace,
                              None if handle is None else launch_stream(handle))
 
+    def length_check(self):
+        """A frost addition: the opt-in device check of this graph's lengths and offsets (docs/lengths.md).
+
+            check = g.length_check()               # after build_plans(); compiles the check kernel
+            check(variant_pack, flag)              # flag: one int32 of yours; 0, or the rules broken
+
+        It launches on execute's stream, reads nothing on the host and allocates nothing; the default execute
+        path never runs it (the kernels clamp bad values instead)."""
+        from frost.adapters.length_check import LengthCheck
+
+        self._require_plan()
+        return LengthCheck(self.facts, self._roles(), self.target, self.handle)
+
     def executor(self, ports):
         """A frost addition: this graph's plan executed with tensors given positionally, in the order of
         `ports` (tensor handles, uids or names; every tensor an execute binds, once each).
@@ -246,12 +260,14 @@ def _target_for(target, sm_version, sm_count):
     if target is not None:
         target = _target_record(target)
     if sm_version is not None:
-        if isinstance(sm_version, bool) or not isinstance(sm_version, int) or sm_version < 10:
+        if isinstance(sm_version, bool) or not isinstance(sm_version, int) or sm_version < 0:
             raise GraphError(f"Graph(): sm_version must be an int such as 80, 90, 100 or 120, got {sm_version!r}")
         from frost.target import FAKE_TARGETS, discover_target
 
         cc = divmod(sm_version, 10)
-        found = discover_target()
+        found = discover_target()  # this device's own number is taken as it is (0 on a machine without a GPU)
+        if found.cc != cc and sm_version < 10:
+            raise GraphError(f"Graph(): sm_version must be an int such as 80, 90, 100 or 120, got {sm_version!r}")
         if found.cc != cc:
             matches = [t for t in FAKE_TARGETS.values() if t.cc == cc]
             if not matches:

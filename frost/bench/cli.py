@@ -35,6 +35,11 @@ PRESETS = {
     "cudnn": dict(directions=["fwd", "bwd"], dtypes=["bf16"], head_dims=[(64, 64), (128, 128)],
                   seqlens=[4096, 16384], causal=[False, True], gqa=[1], layouts=["bshd"], thd_mixes=["fixed"],
                   probe=True),
+    # paged K/V caches (forward only): decode (64 sequences of 8k keys, one query row each, GQA 32:8; K/V TB/s in
+    # each cell's info) and causal prefill, block sizes 16, 64, 128, 256; frost's engines that serve paged caches,
+    # FA4's page_table and cuDNN's paged SDPA
+    "paged": dict(directions=["fwd"], dtypes=["bf16"], head_dims=[(128, 128)], seqlens=[8192],
+                  causal=[False, True], gqa=[4], layouts=["paged"], thd_mixes=["fixed"], probe=False, heads_q=32),
     # everything the flags can express
     "all": dict(directions=["fwd", "bwd"], dtypes=["bf16", "fp16"],
                 head_dims=[(64, 64), (128, 128), (256, 256), (192, 128)],
@@ -166,7 +171,9 @@ def spec_from_args(a) -> SweepSpec:
     base.update({k: v for k, v in over.items() if v is not None})
     if a.heads < 0:
         raise SystemExit(f"frost bench: --heads {a.heads} must be positive")
-    spec = SweepSpec(**base, tokens=a.tokens, hidden=a.hidden, heads_q=a.heads, thd_max_len=a.thd_max_len,
+    heads = a.heads or base.pop("heads_q", 0)
+    base.pop("heads_q", None)
+    spec = SweepSpec(**base, tokens=a.tokens, hidden=a.hidden, heads_q=heads, thd_max_len=a.thd_max_len,
                      seed=a.seed)
     if a.thd_lengths:
         spec.thd_lengths = tuple(a.thd_lengths)
@@ -239,6 +246,12 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     rows = [w for w in workloads if not w.probe]
     det = [w for w in rows if w.deterministic]
     print(f"frost bench --dry-run: {len(rows)} workloads, {len(probes)} probe rows, preset {a.preset}", file=out)
+    paged = [w for w in rows if w.is_paged]
+    if paged:
+        print(f"paged K/V: {len(paged)} rows (block sizes {sorted({w.block_size for w in paged})}; decode rows also "
+              f"report the K/V bytes read per second): frost's engines that serve paged caches (the cuDNN engine "
+              f"until frost's kernels read through a block table), FA4 with page_table, cuDNN's paged SDPA in the "
+              f"cudnn column; FA2 n/a", file=out)
     if det:
         print(f"deterministic backward: {len(det)} rows ('bwd det'): frost with use_deterministic_algorithm=True, "
               f"FA4 with deterministic=True where its API has it, cuDNN and FA2 n/a", file=out)

@@ -379,7 +379,7 @@ def disk() -> Optional[DiskCache]:
 
 
 def warn(msg: str) -> None:
-    """A cache event the user should see (a corrupt entry replaced, a worker that failed): the `frost.compiler.cache` logger."""
+    """A cache event the user should see (a corrupt entry replaced, a worker that failed): the logger of this module."""
     logging.getLogger(__name__).warning("frost cache: %s", msg)
 
 
