@@ -27,7 +27,7 @@ reference.SdpaFwdReference.execute = lambda self, bound, workspace, stream: None
 reference.SdpaBwdReference.execute = lambda self, bound, workspace, stream: None
 
 import frost.torch_face as ft  # noqa: E402  (after the stub: plans bind the stubbed execute)
-from frost.torch_face import api, plans, run  # noqa: E402
+from frost.torch_face import api, block, plans  # noqa: E402
 
 
 def cpu_us(fn, calls: int, repeats: int) -> float:
@@ -51,7 +51,7 @@ def problem():
 
 def _raw_forward(qb, kb, vb):
     """The cached forward plan with Stats (the op's), its ports and freshly allocated outputs."""
-    out, lse = run.forward(qb, kb, vb, None, None, -1, 0, False)
+    out, lse = block.forward(qb, kb, vb, None, None, -1, 0, False)
     entry = next(e for e in plans.PLANS.entries() if e.spec.direction == "fwd" and e.spec.has_stats)
     return entry, (qb, kb, vb, out, lse.unsqueeze(-1))
 
@@ -69,7 +69,7 @@ def path_rows(args) -> dict:
         "attention eager, layout='bshd'": lambda: ft.attention(q, k, v, causal=True, layout="bshd"),
         "flash_attn_func": lambda: ft.flash_attn_func(q, k, v, causal=True),
         "torch.ops.frost.sdpa_fwd": lambda: torch.ops.frost.sdpa_fwd(qb, kb, vb, None, None, -1, 0, False, False),
-        "run.forward (the op's kernel)": lambda: run.forward(qb, kb, vb, None, None, -1, 0, False),
+        "block.forward (the op's kernel)": lambda: block.forward(qb, kb, vb, None, None, -1, 0, False),
         "attention under autograd (forward)": lambda: ft.attention(*leaves, causal=True),
         "attention under autograd (fwd+bwd)":
             lambda: torch.autograd.grad(ft.attention(*leaves, causal=True), leaves, do),
@@ -102,7 +102,7 @@ def phase_rows(args) -> dict:
         stats.hits += 1
     return {
         "function call (an empty Python function)": lambda: _empty(qb, kb, vb, causal=True),
-        "gate: is_compiling + no mode/grad/subclass": lambda: not api._compiling() and api._direct3(qb, kb, vb),
+        "gate: is_compiling + no mode/subclass, no grad": lambda: api._lean(qb, kb, vb) and not api._needs_grad(qb, kb, vb),
         "memo key (17 values) + dict lookup": lambda: plans.PLANS.memo.get(
             (qb.shape, qb.stride(), kb.shape, kb.stride(), vb.shape, vb.stride(), qb.dtype, kb.dtype, vb.dtype,
              qb.device, True, None, None, "bhsd", False, "top_left", False)),

@@ -7,7 +7,7 @@ implementation registers CUDA kernels for aten's flash ops (`_scaled_dot_product
 backward, `_flash_attention_forward` / `_backward`, `_flash_attention_forward_no_dropout_inplace` where
 it exists). Importing `frost.torch_face` registers frost there under the name "frost"; `use_for_sdpa()`
 activates it and `restore_sdpa()` returns to torch's own. Each kernel below is a thin client of
-`run.py` (the same cached plans) and honors the aten contract its meta kernel states: out `empty_like`
+`block.py` (the same cached plans) and honors the aten contract its meta kernel states: out `empty_like`
 the query, lse fp32 (B, H, Sq) or (H, Tq), gradients `empty_like` their inputs. What frost does not
 serve (dropout, debug masks, ALiBi, seqused_k, paged KV) raises `UnsupportedArgumentError`.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from frost.torch_face import run
+from frost.torch_face import block
 from frost.torch_face.ops import servable
 from frost.torch_face.spec import reject
 
@@ -79,7 +79,7 @@ def sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return
                        **extra):
     """aten::_scaled_dot_product_flash_attention: (B, H, S, D) inputs; torch's is_causal is top-left."""
     _unserved(dropout_p, return_debug_mask, **extra)
-    out, lse = run.forward(servable(query), servable(key), servable(value), None, scale, -1,
+    out, lse = block.forward(servable(query), servable(key), servable(value), None, scale, -1,
                            0 if is_causal else -1, False)
     rng_state, unused = _aux(query)
     debug = torch.empty(0, dtype=query.dtype, device=query.device)
@@ -90,7 +90,7 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, 
                         is_causal, philox_seed, philox_offset, *, scale=None, **extra):
     """aten::_scaled_dot_product_flash_attention_backward -> (dq, dk, dv)."""
     _unserved(dropout_p, **extra)
-    dq, dk, dv, _ = run.backward(servable(grad_out), query, key, value, out, logsumexp, None, scale, -1,
+    dq, dk, dv, _ = block.backward(servable(grad_out), query, key, value, out, logsumexp, None, scale, -1,
                                  0 if is_causal else -1, False, torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv
 
@@ -104,10 +104,10 @@ def flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout
     q, k, v = servable(query), servable(key), servable(value)
     if cum_seq_q is None:
         q, k, v = _bhsd(q, k, v)
-        o, lse = run.forward(q, k, v, None, scale, wl, wr, True, out=None if out is None else out.transpose(1, 2))
+        o, lse = block.forward(q, k, v, None, scale, wl, wr, True, out=None if out is None else out.transpose(1, 2))
         o = o.transpose(1, 2)
     else:
-        o, lse = run.packed_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None, scale, wl, wr, True, out=out)
+        o, lse = block.packed_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None, scale, wl, wr, True, out=out)
     rng_state, unused = _aux(query)
     return o, lse, rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
 
@@ -128,9 +128,9 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_s
     det = torch.are_deterministic_algorithms_enabled()
     dout = servable(grad_out)
     if cum_seq_q is None or cum_seq_q.numel() == 0:
-        dq, dk, dv, _ = run.backward(*_bhsd(dout, query, key, value, out), logsumexp, None, scale, wl, wr, True, det)
+        dq, dk, dv, _ = block.backward(*_bhsd(dout, query, key, value, out), logsumexp, None, scale, wl, wr, True, det)
         return _bhsd(dq, dk, dv)
-    dq, dk, dv, _ = run.packed_backward(dout, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+    dq, dk, dv, _ = block.packed_backward(dout, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                                         None, scale, wl, wr, True, det)
     return dq, dk, dv
 

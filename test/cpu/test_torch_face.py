@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import frost.torch_face as ft
-from frost.torch_face import plans, provider, run
+from frost.torch_face import block, plans, provider
 from test import oracle
 
 F = torch.nn.functional
@@ -321,9 +321,9 @@ def test_eager_inference_skips_the_dispatcher_and_agrees(monkeypatch):
     direct = ft.attention(q, q, q, causal=True)
     via_op = torch.ops.frost.sdpa_fwd(q, q, q, None, None, -1, 0, False, False)[0]
     assert torch.equal(direct, via_op)
-    calls, forward = [], run.forward
-    monkeypatch.setattr(run, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
-    ft.attention(q.clone().requires_grad_(True), q, q)  # autograd: through the op, whose kernel calls run.forward
+    calls, forward = [], block.forward
+    monkeypatch.setattr(block, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    ft.attention(q.clone().requires_grad_(True), q, q)  # autograd: through the op, whose kernel calls block.forward
     assert calls == [1]
 
 
@@ -335,9 +335,9 @@ def test_expanded_gradients_are_served():
 
 def test_reference_backward_ignores_grad_mode():
     q, do = _rand(1, 2, 8, 16), _rand(1, 2, 8, 16)
-    out, lse = run.forward(q, q, q, None, None, -1, -1, False)
+    out, lse = block.forward(q, q, q, None, None, -1, -1, False)
     with torch.no_grad():
-        dq = run.backward(do, q, q, q, out, lse, None, None, -1, -1, False, False)[0]
+        dq = block.backward(do, q, q, q, out, lse, None, None, -1, -1, False, False)[0]
     assert dq.abs().sum() > 0
 
 

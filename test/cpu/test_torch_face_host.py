@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import frost.torch_face as ft
-from frost.torch_face import plans, run
+from frost.torch_face import block, plans
 from test.helpers import error_of
 
 BF16 = torch.bfloat16
@@ -74,7 +74,7 @@ def test_memoized_call_allocates_and_launches_only(monkeypatch):
     ft.attention(q, q, q, causal=True)
     called = []
     for name in ("forward", "out_like", "dense_lse"):
-        monkeypatch.setattr(run, name, lambda *a, _n=name, **k: called.append(_n))
+        monkeypatch.setattr(block, name, lambda *a, _n=name, **k: called.append(_n))
     monkeypatch.setattr(plans.PlanCache, "lookup", lambda *a: called.append("lookup"))
     out = ft.attention(q, q, q, causal=True)
     assert not called and out.shape == q.shape
@@ -140,14 +140,14 @@ def test_eager_path_is_not_taken_under_modes_or_autograd(monkeypatch):
     q = _rand(1, 2, 8, 16)
     ft.attention(q, q, q)  # memoized
     seen = []
-    op = run.forward
-    monkeypatch.setattr(run, "forward", lambda *a, **k: seen.append(k) or op(*a, **k))
+    op = block.forward
+    monkeypatch.setattr(block, "forward", lambda *a, **k: seen.append(k) or op(*a, **k))
 
     class Mode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
     with Mode():
-        ft.attention(q, q, q)  # a mode: through the op, whose kernel is run.forward (with Stats)
+        ft.attention(q, q, q)  # a mode: through the op, whose kernel is block.forward (with Stats)
     leaf = q.clone().requires_grad_(True)
     out = ft.attention(leaf, q, q)
     assert out.grad_fn is not None
@@ -171,7 +171,7 @@ def test_autograd_gradients_match_the_plain_backward():
     out, lse = ft.attention(*leaves, causal=True, return_lse=True)
     out.backward(do)
     assert lse.grad_fn is None and not lse.requires_grad
-    dq, dk, dv, _ = run.backward(do, q, k, v, out.detach(), lse, None, None, -1, 0, False, False)
+    dq, dk, dv, _ = block.backward(do, q, k, v, out.detach(), lse, None, None, -1, 0, False, False)
     for got, want in zip((t.grad for t in leaves), (dq, dk, dv)):
         assert torch.equal(got, want)
 

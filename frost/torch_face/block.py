@@ -1,8 +1,11 @@
-"""The one path from torch tensors to a frost execute: allocate outputs, find the cached plan, launch.
+"""One attention block on frost: allocate its outputs, find its cached plan, launch it.
 
-The custom ops' real kernels, the eager fast path and the SDPA provider all call these functions;
-nothing else plans or launches. Outputs, the workspace and scratch are `torch.empty` on the tensors'
-device and the current stream, allocated here, outside `execute` (which never allocates).
+These are the custom ops' kernels (`ops.py` registers them), and what every other caller runs: the
+eager fast path of `attention`, the lean autograd path, the SDPA provider and context-parallel code
+calling a block's forward and backward. A call flows down once: its key -> the plan cache
+(`plans.PLANS`; on a miss `graphs.build_*` declares and plans it) -> the graph's executor
+(`graphs.Planned.run`). Outputs and the workspace are `torch.empty` on the tensors' device and the
+current stream, allocated here, outside `execute` (which never allocates).
 
 Dense tensors are (B, H, S, D) with any strides frost serves; packed ones are (T, H, D). Windows use
 FlashAttention's convention (`spec.Band`): -1 is unbounded, causal is right = 0.
@@ -15,12 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from frost.torch_face.graphs import build_backward, build_forward, envelope
+from frost.torch_face.graphs import build_backward, build_forward, current_device, envelope
 from frost.torch_face.plans import PLANS, TICKS
 from frost.torch_face.spec import Band
 
 _F32 = torch.float32
-_lookup = PLANS.lookup  # the hit path: no closures, no lock
+_lookup = PLANS.lookup  # the hit path: no lock
+_build = PLANS.build
 
 
 def out_like(q, head_dim_v):
@@ -49,29 +53,6 @@ def dsinks_like(q, sinks):
     return torch.empty(q.shape[1] if sinks is not None else 0, dtype=_F32, device=q.device)
 
 
-def _describe(kind, *tensors) -> str:
-    return f"{kind} on " + ", ".join(f"{tuple(t.shape)}/{t.dtype}" for t in tensors if t is not None)
-
-
-def _current_device() -> int:
-    """The current CUDA device's index, through torch's C getter (CUDA is initialized: a tensor lives there)."""
-    global _current_device
-    _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-    return _current_device()
-
-
-def _launch(plan, tensors, device, pinned: bool = False) -> None:
-    """Run on the tensors' device: the current stream of that device is the launch stream.
-
-    pinned: the plan-cache key holds every tensor's dtype, dims and strides (or the tensor was allocated
-    here from those), so only devices and alignment are checked (`Planned.run`)."""
-    if device.type == "cuda" and device.index != _current_device():
-        with torch.cuda.device(device):
-            plan.run(tensors, device, pinned)
-    else:
-        plan.run(tensors, device, pinned)
-
-
 def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=None, *, lse: bool = True,
             remember=None):
     """Dense forward -> (out, lse (B, H, S) fp32); `out` may be given (written in place).
@@ -97,13 +78,12 @@ def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=
            ostride, sinks is None, scale, window_left, window_right, bottom_right, lse)
     plan = _lookup(key)
     if plan is None:
-        band = Band(window_left, window_right, bottom_right)
-        plan = PLANS.build(key, lambda: build_forward(q, k, v, out, lse4, sinks, scale, band),
-                           lambda: _describe("the attention forward", q, k, v))
+        plan = _build(key, build_forward, q, k, v, out, lse4, sinks, scale, Band(window_left, window_right,
+                                                                                  bottom_right))
     if sinks is None:  # the key pins q, k, v; out and lse are made from q here (a given out is checked)
-        _launch(plan, tensors, dev, ostride is None)
+        plan.run(tensors, dev, ostride is None)
     else:
-        _launch(plan, (*tensors, sinks), dev)
+        plan.run((*tensors, sinks), dev)
     if remember is not None and sinks is None:
         PLANS.remember(remember[0], EagerForward(plan, q, out, lse_t, bshd=remember[1]))
     return out, lse_t
@@ -151,7 +131,7 @@ class EagerForward:
             tensors = (q, k, v, out, lse.unsqueeze(-1))
         ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=q.device) if self.workspace_size else None
         cuda = self.cuda
-        if cuda >= 0 and _current_device() != cuda:
+        if cuda >= 0 and current_device() != cuda:
             with torch.cuda.device(cuda):
                 self.launch(tensors, ws)
         else:
@@ -173,14 +153,13 @@ def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, b
     grads = (dq, dk, dv)
     plan = _lookup(key)
     if plan is None:
-        plan = PLANS.build(key, lambda: build_backward(dout, q, k, v, out, lse4, grads, sinks, dsinks, scale,
-                                                       Band(window_left, window_right, bottom_right), deterministic),
-                           lambda: _describe("the attention backward", q, k, v, dout))
+        plan = _build(key, build_backward, dout, q, k, v, out, lse4, grads, sinks, dsinks, scale,
+                      Band(window_left, window_right, bottom_right), deterministic)
     tensors = (q, k, v, out, dout, lse4, dq, dk, dv)
     if sinks is None:  # the key pins every input; the gradients are made from them here
-        _launch(plan, tensors, dev, True)
+        plan.run(tensors, dev, True)
     else:
-        _launch(plan, (*tensors, sinks, dsinks), dev)
+        plan.run((*tensors, sinks, dsinks), dev)
     return dq, dk, dv, dsinks
 
 
@@ -207,12 +186,10 @@ def packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     cu = (cu_seqlens_q, cu_seqlens_k)
     plan = _lookup(key)
     if plan is None:
-        band = Band(window_left, window_right, bottom_right)
-        plan = PLANS.build(key, lambda: build_forward(q, k, v, out, lse3, sinks, scale, band, cu=cu,
-                                                      max_seqlens=maxes, totals=totals),
-                           lambda: _describe("the packed attention forward", q, k, v))
+        plan = _build(key, build_forward, q, k, v, out, lse3, sinks, scale,
+                      Band(window_left, window_right, bottom_right), cu, maxes, totals)
     tensors = (q, k, v, out, lse3) if sinks is None else (q, k, v, out, lse3, sinks)
-    _launch(plan, (*tensors, *cu), dev)
+    plan.run((*tensors, *cu), dev)
     return out, lse
 
 
@@ -233,10 +210,8 @@ def packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     grads = (dq, dk, dv)
     plan = _lookup(key)
     if plan is None:
-        plan = PLANS.build(key, lambda: build_backward(dout, q, k, v, out, lse3, grads, sinks, dsinks, scale,
-                                                       Band(window_left, window_right, bottom_right), deterministic,
-                                                       cu=cu, max_seqlens=maxes, totals=totals),
-                           lambda: _describe("the packed attention backward", q, k, v, dout))
+        plan = _build(key, build_backward, dout, q, k, v, out, lse3, grads, sinks, dsinks, scale,
+                      Band(window_left, window_right, bottom_right), deterministic, cu, maxes, totals)
     tensors = (q, k, v, out, dout, lse3, dq, dk, dv)
-    _launch(plan, (*tensors, *((sinks, dsinks) if sinks is not None else ()), *cu), dev)
+    plan.run((*tensors, *((sinks, dsinks) if sinks is not None else ()), *cu), dev)
     return dq, dk, dv, dsinks
