@@ -56,6 +56,29 @@ def _raw_forward(qb, kb, vb):
     return entry, (qb, kb, vb, out, lse.unsqueeze(-1))
 
 
+class NullAttention(torch.autograd.Function):
+    """torch's own floor for any autograd.Function attention: frost's node with the same outputs and saved
+    tensors, its kernels replaced by allocating the outputs (no key, no plan, no binding)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def null_fwd_bwd(leaves, do):
+    """`torch.autograd.grad` through `NullAttention`: what fwd+bwd under autograd costs before frost does anything."""
+    return torch.autograd.grad(NullAttention.apply(*leaves)[0], leaves, do)
+
+
 def path_rows(args) -> dict:
     q, k, v, do = problem()
     qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))
@@ -73,6 +96,7 @@ def path_rows(args) -> dict:
         "attention under autograd (forward)": lambda: ft.attention(*leaves, causal=True),
         "attention under autograd (fwd+bwd)":
             lambda: torch.autograd.grad(ft.attention(*leaves, causal=True), leaves, do),
+        "torch floor: null Function, fwd+bwd": lambda: null_fwd_bwd(leaves, do),
         "torch.ops.frost.sdpa_bwd": lambda: torch.ops.frost.sdpa_bwd(do, qb, kb, vb, out, lse, None, None, -1, 0,
                                                                      False, False),
         "raw Graph.execute (forward)": lambda: entry.graph.execute(pack, None),
@@ -90,7 +114,7 @@ def phase_rows(args) -> dict:
     qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))
     ft.attention(qb, kb, vb, causal=True)  # memoizes the call
     key = (qb.shape, qb.stride(), kb.shape, kb.stride(), vb.shape, vb.stride(), qb.dtype, kb.dtype, vb.dtype,
-           qb.device, True, None, None, "bhsd", False, "top_left", False)
+           qb.device, True, None, None, "bhsd", False, "top_left", False, False)
     hit = plans.PLANS.memo.get(key)
     if hit is None:
         raise SystemExit("the eager call was not memoized under the expected key: update phase_rows")
@@ -105,7 +129,7 @@ def phase_rows(args) -> dict:
         "gate: is_compiling + no mode/subclass, no grad": lambda: api._lean(qb, kb, vb) and not api._needs_grad(qb, kb, vb),
         "memo key (17 values) + dict lookup": lambda: plans.PLANS.memo.get(
             (qb.shape, qb.stride(), kb.shape, kb.stride(), vb.shape, vb.stride(), qb.dtype, kb.dtype, vb.dtype,
-             qb.device, True, None, None, "bhsd", False, "top_left", False)),
+             qb.device, True, None, None, "bhsd", False, "top_left", False, False)),
         "recency tick + hit count": bookkeeping,
         "out = torch.empty_like(q)": lambda: torch.empty_like(qb),
         "executor.launch: device/alignment checks + stub": lambda: hit.launch((qb, kb, vb, out)),

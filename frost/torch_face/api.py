@@ -78,17 +78,24 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
     Returns out in q's order and layout, and with `return_lse` also lse fp32 (B, Hq, Sq).
     """
     lean = _lean(q, k, v)  # views and copies below keep what it looked at
-    grad = lean and _needs_grad(q, k, v)
+    grad = lean and _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     key = None
-    if lean and not grad and sinks is None and not dropout_p:
+    if lean and sinks is None and not dropout_p:
         try:
             key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                   q.device, causal, window, scale, layout, return_lse, diagonal_alignment, _causal_wins)
+                   q.device, causal, window, scale, layout, return_lse, diagonal_alignment, _causal_wins, grad)
             hit = _memo.get(key)
         except TypeError:  # an unhashable window
             key = hit = None
         if hit is not None and hit.plan.live:
-            return hit(q, k, v)
+            if not grad:
+                return hit(q, k, v)
+            if hit.bshd:
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            out, lse = ops.memo_autograd(hit, q, k, v, _deterministic(deterministic))
+            if hit.bshd:
+                out = out.transpose(1, 2)
+            return (out, lse) if return_lse else out
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
     bshd = layout == "bshd"
@@ -110,9 +117,15 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
             remember = (key, bshd)
         out, lse = block.forward(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, lse=bool(return_lse),
                                  remember=remember)
+    elif lean:
+        out, lse = ops.fwd_autograd(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right,
+                                    _deterministic(deterministic))
+        if (key is not None and sinks is None and qs is q and ks is k and vs is v
+                and _memoizable(causal, window, scale, diagonal_alignment, return_lse, _causal_wins)):
+            block.memoize_training(key, qs, ks, vs, out, lse, scale, b.left, b.right, b.bottom_right, bshd=bshd)
     else:
-        fwd = ops.fwd_autograd if lean else torch.ops.frost.sdpa_fwd
-        out, lse = fwd(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, _deterministic(deterministic))
+        out, lse = torch.ops.frost.sdpa_fwd(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right,
+                                            _deterministic(deterministic))
     if bshd:
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out

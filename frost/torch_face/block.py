@@ -53,6 +53,11 @@ def dsinks_like(q, sinks):
     return torch.empty(q.shape[1] if sinks is not None else 0, dtype=_F32, device=q.device)
 
 
+def _forward_key(q, k, v, ostride, sinks, scale, window_left, window_right, bottom_right, lse):
+    return ("fwd", q.dtype, k.dtype, v.dtype, q.device, q.shape, q.stride(), k.shape, k.stride(), v.shape,
+            v.stride(), ostride, sinks is None, scale, window_left, window_right, bottom_right, lse)
+
+
 def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=None, *, lse: bool = True,
             remember=None):
     """Dense forward -> (out, lse (B, H, S) fp32); `out` may be given (written in place).
@@ -74,8 +79,7 @@ def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=
     else:
         lse_t = lse4 = None
         tensors = (q, k, v, out)
-    key = ("fwd", q.dtype, k.dtype, v.dtype, dev, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-           ostride, sinks is None, scale, window_left, window_right, bottom_right, lse)
+    key = _forward_key(q, k, v, ostride, sinks, scale, window_left, window_right, bottom_right, lse)
     plan = _lookup(key)
     if plan is None:
         plan = _build(key, build_forward, q, k, v, out, lse4, sinks, scale, Band(window_left, window_right,
@@ -94,16 +98,21 @@ class EagerForward:
 
     Made after a call with that signature went the whole way (argument checks, a plan, every binding
     check of execute) and needed no copy of its inputs; the memo key (`api.attention`) holds the dims,
-    strides and dtypes of q, k and v, q's device and every other argument, so a call that finds it has
-    nothing left to decide. It allocates the outputs as that call did (out `empty_like(q)`, or q's
-    stride order when Dv != D; lse fp32 only when returned), binds through the plan's executor `launch`
-    (devices and alignment checked: the rest is pinned by the key; a failure takes the checked path and
-    its errors) and counts as a plan-cache hit.
+    strides and dtypes of q, k and v, q's device, whether autograd records the call, and every other
+    argument, so a call that finds it has nothing left to decide. It allocates the outputs as that call
+    did (out `empty_like(q)`, or q's stride order when Dv != D; lse fp32 when returned or trained), binds
+    through the plan's executor `launch` (devices and alignment checked: the rest is pinned by the key; a
+    failure takes the checked path and its errors) and counts as a plan-cache hit.
+
+    A training entry (`grads` a dict) is run by the ops' autograd node (`ops.fwd_autograd`), which hands
+    `grads` to its backward: the backward plans of this forward by the gradient's strides
+    (`backward_memo`), so a repeated training step finds both plans without building a key.
     """
 
-    __slots__ = ("plan", "launch", "bshd", "out_shape", "out_stride", "lse_shape", "cuda", "workspace_size")
+    __slots__ = ("plan", "launch", "bshd", "out_shape", "out_stride", "lse_shape", "cuda", "workspace_size",
+                 "attrs", "grads")
 
-    def __init__(self, plan, q, out, lse, *, bshd: bool):
+    def __init__(self, plan, q, out, lse, *, bshd: bool, attrs=(), train: bool = False):
         self.plan = plan
         self.launch = plan.executor.launch
         self.bshd = bshd
@@ -113,13 +122,14 @@ class EagerForward:
         self.lse_shape = None if lse is None else tuple(lse.shape)
         self.cuda = q.device.index if q.device.type == "cuda" else -1
         self.workspace_size = plan.workspace_size
+        self.attrs = attrs  # (scale, window_left, window_right, bottom_right) of the ops' schema
+        self.grads = {} if train else None
 
-    def __call__(self, q, k, v):
+    def outputs(self, q, k, v):
+        """Allocate and launch for (B, H, S, D) q, k, v -> (out, lse or None)."""
         plan = self.plan
         plan.used = next(TICKS)
         PLANS.stats.hits += 1
-        if self.bshd:
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.out_shape is None:
             out = torch.empty_like(q)
         else:
@@ -136,31 +146,74 @@ class EagerForward:
                 self.launch(tensors, ws)
         else:
             self.launch(tensors, ws)
+        return out, lse
+
+    def __call__(self, q, k, v):
+        if self.bshd:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out, lse = self.outputs(q, k, v)
         if self.bshd:
             out = out.transpose(1, 2)
         return out if lse is None else (out, lse)
 
 
+def memoize_training(key, q, k, v, out, lse, scale, window_left, window_right, bottom_right, *, bshd: bool) -> None:
+    """Memoize a training forward that went the whole way (no sinks, no copy, lse written) under `key`."""
+    plan = _lookup(_forward_key(q, k, v, None, None, scale, window_left, window_right, bottom_right, True))
+    if plan is not None:
+        PLANS.remember(key, EagerForward(plan, q, out, lse, bshd=bshd, train=True,
+                                         attrs=(scale, window_left, window_right, bottom_right)))
+
+
 def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
     """Dense backward -> (dq, dk, dv, dsinks); each gradient `empty_like` its input."""
-    dev = q.device
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = dsinks_like(q, sinks)
     lse4 = lse.unsqueeze(-1)
-    key = ("bwd", q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, dev, q.shape, q.stride(), k.shape,
-           k.stride(), v.shape, v.stride(), out.shape, out.stride(), dout.shape, dout.stride(), lse.shape, lse.stride(),
-           sinks is None, scale, window_left, window_right, bottom_right, deterministic)
-    grads = (dq, dk, dv)
+    plan = _backward_plan(dout, q, k, v, out, lse4, (dq, dk, dv), sinks, dsinks, scale, window_left, window_right,
+                          bottom_right, deterministic)
+    tensors = (q, k, v, out, dout, lse4, dq, dk, dv)
+    if sinks is None:  # the key pins every input; the gradients are made from them here
+        plan.run(tensors, q.device, True)
+    else:
+        plan.run((*tensors, sinks, dsinks), q.device)
+    return dq, dk, dv, dsinks
+
+
+def _backward_plan(dout, q, k, v, out, lse4, grads, sinks, dsinks, scale, window_left, window_right, bottom_right,
+                   deterministic):
+    """The cached backward plan of these tensors (built on a miss); its key holds every bound tensor's dtype,
+    dims and strides."""
+    key = ("bwd", q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, q.device, q.shape, q.stride(), k.shape,
+           k.stride(), v.shape, v.stride(), out.shape, out.stride(), dout.shape, dout.stride(), lse4.shape,
+           lse4.stride(), sinks is None, scale, window_left, window_right, bottom_right, deterministic)
     plan = _lookup(key)
     if plan is None:
         plan = _build(key, build_backward, dout, q, k, v, out, lse4, grads, sinks, dsinks, scale,
                       Band(window_left, window_right, bottom_right), deterministic)
-    tensors = (q, k, v, out, dout, lse4, dq, dk, dv)
-    if sinks is None:  # the key pins every input; the gradients are made from them here
-        plan.run(tensors, dev, True)
+    return plan
+
+
+def backward_memo(grads, dout, q, k, v, out, lse, scale, window_left, window_right, bottom_right, deterministic):
+    """The backward of a memoized training forward (`EagerForward.grads`, no sinks) -> (dq, dk, dv, None).
+
+    q, k, v, out and lse are that forward's (pinned by its memo key and its allocation), and autograd hands
+    a gradient of out's dims; `grads` maps the gradient's strides, dtype and `deterministic` to the backward
+    plan, built the whole way on the first use."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    lse4 = lse.unsqueeze(-1)
+    key = (dout.stride(), dout.dtype, dout.shape, deterministic)
+    plan = grads.get(key)
+    if plan is None or not plan.live:
+        if len(grads) > 8:
+            grads.clear()
+        plan = grads[key] = _backward_plan(dout, q, k, v, out, lse4, (dq, dk, dv), None, None, scale, window_left,
+                                           window_right, bottom_right, deterministic)
     else:
-        plan.run((*tensors, sinks, dsinks), dev)
-    return dq, dk, dv, dsinks
+        plan.used = next(TICKS)
+        PLANS.stats.hits += 1
+    plan.run((q, k, v, out, dout, lse4, dq, dk, dv), q.device, True)
+    return dq, dk, dv, None
 
 
 def _envelopes(q, k, max_seqlen_q, max_seqlen_k):

@@ -59,11 +59,8 @@ class Planned:
         return self.graph.engine_name
 
 
-def current_device() -> int:
-    """The current CUDA device's index, through torch's C getter (CUDA is initialized: a tensor lives there)."""
-    global current_device
-    current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-    return current_device()
+# the current CUDA device's index, through torch's C getter (called only where a tensor lives on a GPU)
+current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def target_of(device) -> Optional[object]:

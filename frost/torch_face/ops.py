@@ -164,10 +164,16 @@ class _SdpaFwd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, keyset, q, k, v, sinks, scale, wl, wr, br, det):
-        out, lse = _below(_SDPA_FWD, sdpa_fwd, keyset, (q, k, v, sinks, scale, wl, wr, br, det))
+        if type(keyset) is block.EagerForward:  # a memoized training forward (the lean path)
+            out, lse = keyset.outputs(q, k, v)
+            ctx.grads = keyset.grads
+        else:
+            out, lse = _below(_SDPA_FWD, sdpa_fwd, keyset, (q, k, v, sinks, scale, wl, wr, br, det))
+            ctx.grads = None
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.attrs = (scale, wl, wr, br, det)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros made per backward)
         return out, lse
 
     @staticmethod
@@ -177,7 +183,10 @@ class _SdpaFwd(torch.autograd.Function):
             return (None,) * 10
         dout = servable(dout)
         if not _grad_enabled() and lean(dout, q):  # no double backward, nothing to trace: the kernel itself
-            dq, dk, dv, dsinks = block.backward(dout, q, k, v, out, lse, sinks, *ctx.attrs)
+            if ctx.grads is not None:
+                dq, dk, dv, dsinks = block.backward_memo(ctx.grads, dout, q, k, v, out, lse, *ctx.attrs)
+            else:
+                dq, dk, dv, dsinks = block.backward(dout, q, k, v, out, lse, sinks, *ctx.attrs)
         else:
             dq, dk, dv, dsinks = torch.ops.frost.sdpa_bwd(dout, q, k, v, out, lse, sinks, *ctx.attrs)
         return None, dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None, None
@@ -193,6 +202,7 @@ class _SdpaVarlenFwd(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
         ctx.attrs = (max_q, max_k, sinks is not None, scale, wl, wr, br, det)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
@@ -256,6 +266,11 @@ _apply_varlen_fwd = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Sdpa
 def fwd_autograd(q, k, v, sinks, scale, window_left, window_right, bottom_right, deterministic):
     """`torch.ops.frost.sdpa_fwd` with autograd, without the dispatcher: only where `lean(q, k, v, sinks)`."""
     return _apply_fwd(None, q, k, v, sinks, scale, window_left, window_right, bottom_right, deterministic)
+
+
+def memo_autograd(memo, q, k, v, deterministic):
+    """`fwd_autograd` of a memoized training forward (`block.EagerForward` with `grads`) on (B, H, S, D) views."""
+    return _apply_fwd(memo, q, k, v, None, *memo.attrs, deterministic)
 
 
 def varlen_fwd_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
