@@ -118,6 +118,7 @@ def _ragged_bwd(facts, bound) -> None:
     sinks = sink_view(bound["sink_token"]) if facts.has_sinks else None
     total_dsink = None
     dbias = _dbias_accumulator(facts, bound)
+    ragged = dict(facts.ragged.token_strides)
     for b, len_q, rows in _ragged_batches(facts, bound):
         if len_q == 0:  # keys no query sees: zero gradients, as the kernels write them
             rows("dK").zero_()
@@ -127,7 +128,8 @@ def _ragged_bwd(facts, bound) -> None:
         dq, dk, dv, dsink, db = sdpa_bwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
                                                    rows("dO")[None], softmax_scale=facts.attn_scale,
                                                    compute_dtype=_compute_dtype(facts), sinks=sinks, **_band(facts),
-                                                   **mods, dbias=dbias is not None)
+                                                   **mods, dbias=dbias is not None, o=rows("o")[None],
+                                                   lse=_ragged_stats(bound, rows, b, len_q, "stats" in ragged))
         rows("dQ").copy_(dq[0])
         rows("dK").copy_(dk[0])
         rows("dV").copy_(dv[0])
@@ -143,6 +145,14 @@ def _ragged_bwd(facts, bound) -> None:
             out.copy_(total_dsink)
         else:
             out.zero_()
+
+
+def _ragged_stats(bound, rows, b: int, len_q: int, is_ragged: bool):
+    """Batch b's bound Stats as `sdpa_bwd_reference` reads them, (1, H, len_q): from its ragged rows or from the
+    per-batch (B, H, S, 1) declaration."""
+    if is_ragged:
+        return rows("stats")[..., 0].t()[None]
+    return bound["stats"][b:b + 1, :, :len_q, 0]
 
 
 def _dbias_accumulator(facts, bound):
@@ -187,7 +197,7 @@ class SdpaBwdReference(SdpaBwdDsl):
             dq, dk, dv, dsink, dbias = sdpa_bwd_reference(
                 io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
                 io_view(bound["dO"], thd), softmax_scale=f.attn_scale, compute_dtype=_compute_dtype(f),
-                dbias=f.has_dbias, **kw)
+                dbias=f.has_dbias, o=io_view(bound["o"], thd), lse=stats_view(bound["stats"], thd), **kw)
             io_view(bound["dQ"], thd).copy_(dq)
             io_view(bound["dK"], thd).copy_(dk)
             io_view(bound["dV"], thd).copy_(dv)
