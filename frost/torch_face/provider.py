@@ -10,6 +10,13 @@ activates it and `restore_sdpa()` returns to torch's own. Each kernel below is a
 `block.py` (the same cached plans) and honors the aten contract its meta kernel states: out `empty_like`
 the query, lse fp32 (B, H, Sq) or (H, Tq), gradients `empty_like` their inputs. What frost does not
 serve (dropout, debug masks, ALiBi, seqused_k, paged KV) raises `UnsupportedArgumentError`.
+
+CPU tensors, opt-in: `use_for_sdpa(device="cpu")` registers the same kernels for aten's flash ops on the
+CPU key (aten has none there) and routes `F.scaled_dot_product_attention` on CPU tensors that frost
+serves (no attn_mask, no dropout, one head dim) to `aten._scaled_dot_product_flash_attention`, whose
+derivative is aten's flash backward op. That is the op torch's `context_parallel` intercepts, so its
+ring attention over gloo runs every block on frost's reference engine, as on CUDA it runs frost's
+kernels; other calls keep torch's own CPU attention. `restore_sdpa(device="cpu")` takes it back.
 """
 from __future__ import annotations
 
@@ -182,8 +189,50 @@ def register() -> bool:
     return True
 
 
-def use_for_sdpa() -> None:
-    """Route torch's flash-attention ops (SDPA's flash backend, torch's varlen attention) to frost."""
+def _sdpa_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """`F.scaled_dot_product_attention` on CPU tensors (its AutogradCPU kernel while frost serves the CPU): aten's
+    flash op where frost serves the call, torch's own composite otherwise."""
+    hq, hk = query.size(-3), key.size(-3)
+    if (attn_mask is None and not dropout_p and query.dim() == 4 and key.dim() == 4 and value.dim() == 4
+            and query.dtype in _SERVED and query.size(-1) == value.size(-1)
+            and (hq == hk or (enable_gqa and hq % hk == 0))):
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, is_causal, False,
+                                                                  scale=scale)[0]
+    return torch.ops.aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+_CPU = None  # the CPU registrations while frost serves CPU tensors
+_SERVED = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _install_cpu() -> None:
+    global _CPU
+    if _CPU is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for name, fn in KERNELS.items():
+        if hasattr(torch.ops.aten, name):
+            lib.impl(name, fn, "CPU")
+    lib.impl("scaled_dot_product_attention", _sdpa_cpu, "AutogradCPU")
+    _CPU = lib
+
+
+def cpu_active() -> bool:
+    """Whether frost serves aten's flash ops (and SDPA) on CPU tensors (`use_for_sdpa(device="cpu")`)."""
+    return _CPU is not None
+
+
+def use_for_sdpa(device: str = "cuda") -> None:
+    """Route torch's flash-attention ops (SDPA's flash backend, torch's varlen attention) to frost.
+
+    device="cuda" (the default) activates frost in torch's provider registry. device="cpu" is an explicit
+    opt-in for CPU tensors (torch's registry is CUDA's): frost's kernels for aten's flash ops on the CPU key,
+    and SDPA on CPU tensors that frost serves routed to them, e.g. for torch's `context_parallel` over gloo
+    on frost's reference engine. Calls on other CPU tensors keep torch's attention."""
+    if str(device) == "cpu":
+        _install_cpu()
+        return
     reg = _registry()
     if reg is None:
         raise _no_registry_error()
@@ -191,8 +240,14 @@ def use_for_sdpa() -> None:
     reg["activate_flash_attention_impl"](PROVIDER_NAME)
 
 
-def restore_sdpa() -> None:
-    """Give torch's flash-attention ops back to torch's own implementation."""
+def restore_sdpa(device: str = "cuda") -> None:
+    """Give torch's flash-attention ops back to torch's own implementation (on CPU tensors with device="cpu")."""
+    global _CPU
+    if str(device) == "cpu":
+        lib, _CPU = _CPU, None
+        if lib is not None:
+            lib._destroy()
+        return
     reg = _registry()
     if reg is None:
         raise _no_registry_error()
