@@ -117,3 +117,15 @@ def test_cpu_opt_in_routes_sdpa_to_frost_and_back(monkeypatch):
     assert not provider.cpu_active()
     F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert calls == [1]
+
+
+def test_the_provider_serves_the_flash_ops_torchs_context_parallel_dispatches():
+    """torch's CP intercepts aten's flash, efficient and cuDNN attention ops; frost's provider (CUDA and CPU alike)
+    registers the flash pair, which SDPA's flash backend calls."""
+    cp = pytest.importorskip("torch.distributed.tensor.experimental._context_parallel._attention")
+    from frost.torch_face import provider
+
+    intercepted = {op.name().split("::")[1].split(".")[0] for op in cp.custom_ops}
+    flash = {n for n in intercepted if "flash" in n}
+    assert flash == {"_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward"}
+    assert flash <= set(provider.KERNELS)
