@@ -9,8 +9,10 @@ allocation, binding checks, the dispatcher and autograd. Times are CPU time of t
 (`time.thread_time_ns`), the minimum over `--repeats` bursts of `--calls` calls: robust on a busy machine,
 but CPU tensors, so a GPU host adds its own allocator and launch costs (the GPU benchmark measures those).
 
-Tables: every path (eager `attention`, the custom op, autograd, raw `Graph.execute`, the executor), then
-the split of one eager `attention` call (its memoized path) into its phases, each timed alone.
+Tables: every path (eager `attention`, the custom op, autograd, raw `Graph.execute`, the executor; and
+torch's floor for any autograd.Function attention, a kernel-less one with frost's outputs and saved tensors,
+which `attention under autograd (fwd+bwd)` cannot go below), then the split of one eager `attention` call
+(its memoized path) into its phases, each timed alone.
 `--profile ROW` prints cProfile's top functions for one row (its name as printed).
 """
 from __future__ import annotations
