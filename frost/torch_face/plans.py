@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from frost.errors import PlanDuringCaptureError
-from frost.torch_face.graphs import Planned, target_of  # noqa: F401  (target_of: kept importable from here)
+from frost.torch_face.graphs import Planned
 
 DEFAULT_SIZE = 256
 TICKS = itertools.count(1)  # recency stamps: `next(TICKS)` is one C call
