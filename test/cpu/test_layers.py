@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lowering", ("frost.lowering",)),
     ("plans", ("frost.plans",)),
     ("graph", ("frost.graph",)),
-    ("public", ("frost", "frost.cache")),  # "frost" is the package root alone, not a prefix
+    ("public", ("frost", "frost.cache", "frost.kv_append")),  # "frost" is the package root alone, not a prefix
     ("torch_face", ("frost.torch_face",)),
     ("apps", ("frost.bench", "frost.cli", "frost.demo", "frost.testing")),
 ]
@@ -35,7 +35,7 @@ ONLY: dict[str, tuple[str, ...]] = {
     "ir": ("frost.ir", "frost.types", "frost.errors"),  # the graph knows nothing below it
     # a client of the public graph API: the package's public names and the records they use
     "torch_face": ("frost", "frost.torch_face", "frost.errors", "frost.types", "frost.knobs", "frost.target",
-                   "frost.version", "frost.runtime"),
+                   "frost.version", "frost.runtime", "frost.kv_append"),
 }
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 _DOTTED = re.compile(r"\b(?:frost|test)\b(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_][\w.]*)?")
