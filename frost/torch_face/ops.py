@@ -85,7 +85,7 @@ def _sdpa_bwd_fake(dout, q, k, v, out, lse, sinks, scale, window_left, window_ri
 def sdpa_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
                     window_right, bottom_right, deterministic):
     return block.packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
-                              window_left, window_right, bottom_right)
+                                window_left, window_right, bottom_right)
 
 
 def _sdpa_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
@@ -96,7 +96,7 @@ def _sdpa_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
 def sdpa_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
                     window_left, window_right, bottom_right, deterministic):
     return block.packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               sinks, scale, window_left, window_right, bottom_right, deterministic)
+                                 sinks, scale, window_left, window_right, bottom_right, deterministic)
 
 
 def _sdpa_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks,
