@@ -1,7 +1,7 @@
 """torch's own `context_parallel` with frost computing every block, on the CPU: two processes over gloo
 (127.0.0.1), frost's provider kernels registered for CPU tensors (`use_for_sdpa(device="cpu")`), torch's
 head-tail load balancing (causal) and its all-gather and all-to-all K/V rotations, forward and backward
-against float64; frost's block kernels are counted in each rank."""
+against float64, with K/V on all query heads and GQA; frost's block kernels are counted in each rank."""
 from __future__ import annotations
 
 import json
@@ -24,8 +24,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+CASES = [(causal, method, heads_kv) for causal in (True, False) for method in ("allgather", "alltoall")
+         for heads_kv in (4, 2)]  # (is_causal: head-tail balanced, rotation, K/V heads of 4 query heads: GQA at 2)
+
+
 def _rank(rank, world, port, out_dir):
-    """One rank: every (causal, rotation) case through torch's context_parallel; errors and call counts to JSON."""
+    """One rank: every case of CASES through torch's context_parallel; errors and call counts to JSON."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -47,29 +51,30 @@ def _rank(rank, world, port, out_dir):
             return call
         block.forward, block.backward = counted("forward", fwd), counted("backward", bwd)
         mesh = init_device_mesh("cpu", (world,))
-        torch.manual_seed(0)
-        q, k, v, do = (torch.randn(2, 2, 16, 8) for _ in range(4))
-        qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
         results = []
-        for causal in (True, False):
-            ref = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal)  # float64: torch's own math
+        for causal, method, heads_kv in CASES:
+            torch.manual_seed(0)
+            q, do = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+            k, v = torch.randn(2, heads_kv, 16, 8), torch.randn(2, heads_kv, 16, 8)
+            qd, kd, vd = (t.double().requires_grad_(True) for t in (q, k, v))
+            gqa = heads_kv != 4
+            ref = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, enable_gqa=gqa)  # float64, torch's
             want = (ref.detach(), *torch.autograd.grad(ref, (qd, kd, vd), do.double()))
-            for method in ("allgather", "alltoall"):
-                set_rotate_method(method)
-                _cp_options.enable_load_balance = causal  # head-tail balancing needs causal
-                before = dict(calls)
-                cq, ck, cv, cdo = (t.clone() for t in (q, k, v, do))
-                with context_parallel(mesh, buffers=[cq, ck, cv, cdo], buffer_seq_dims=[2, 2, 2, 2],
-                                      no_restore_buffers={cq, ck, cv, cdo}):
-                    for t in (cq, ck, cv):
-                        t.requires_grad_(True)
-                    out = F.scaled_dot_product_attention(cq, ck, cv, is_causal=causal)
-                    grads = torch.autograd.grad(out, (cq, ck, cv), cdo)
-                    full = context_parallel_unshard(mesh, [out.detach(), *grads], [2, 2, 2, 2])
-                errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(full, want)]
-                results.append({"causal": causal, "method": method, "errors": errs, "local_seq": out.shape[2],
-                                "forward": calls["forward"] - before["forward"],
-                                "backward": calls["backward"] - before["backward"]})
+            set_rotate_method(method)
+            _cp_options.enable_load_balance = causal  # head-tail balancing needs causal
+            before = dict(calls)
+            cq, ck, cv, cdo = (t.clone() for t in (q, k, v, do))
+            with context_parallel(mesh, buffers=[cq, ck, cv, cdo], buffer_seq_dims=[2, 2, 2, 2],
+                                  no_restore_buffers={cq, ck, cv, cdo}):
+                for t in (cq, ck, cv):
+                    t.requires_grad_(True)
+                out = F.scaled_dot_product_attention(cq, ck, cv, is_causal=causal, enable_gqa=gqa)
+                grads = torch.autograd.grad(out, (cq, ck, cv), cdo)
+                full = context_parallel_unshard(mesh, [out.detach(), *grads], [2, 2, 2, 2])
+            errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(full, want)]
+            results.append({"case": [causal, method, heads_kv], "errors": errs, "local_seq": out.shape[2],
+                            "forward": calls["forward"] - before["forward"],
+                            "backward": calls["backward"] - before["backward"]})
         ft.restore_sdpa(device="cpu")
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
@@ -85,7 +90,7 @@ def test_torchs_context_parallel_runs_every_block_on_frost(tmp_path):
     mp.spawn(_rank, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
     for rank in range(world):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert len(results) == 4
+        assert [r["case"] for r in results] == [list(c) for c in CASES]
         for r in results:
             assert r["local_seq"] == 16 // world  # each rank held its shard
             assert r["forward"] == world and r["backward"] == world, r  # one frost block per ring step
