@@ -101,7 +101,7 @@ def ragged(direction, extra, **kw):
     return g.validate()
 
 
-def paged(direction, extra, *, block_size=32, table_transposed=True, **kw):
+def paged(direction, extra, *, block_size=32, table_transposed=True, sink=False, **kw):
     """cuDNN's paged cache, as its paged tests declare it: K/V containers (num_blocks, H_kv, block_size, D), int32
     tables (B, 1, max_blocks, 1) with a transposed tensor's strides, the envelope, the padding mask's lengths."""
     g = frost.Graph(io_data_type="bf16", target=H200)
@@ -111,6 +111,8 @@ def paged(direction, extra, *, block_size=32, table_transposed=True, **kw):
     stride = (1, 2 * blocks, 2, 1) if table_transposed else (blocks, blocks, 1, 1)
     kt, vt = (g.tensor(name=n, dim=(2, 1, blocks, 1), stride=stride, data_type="int32") for n in ("kt", "vt"))
     lq, lk = (g.tensor(name=n, dim=(2, 1, 1, 1), stride=(1, 1, 1, 1), data_type="int32") for n in ("lq", "lk"))
+    if sink:
+        kw["sink_token"] = g.tensor(name="sink", dim=(4,), data_type="fp32")
     o, st = g.sdpa(q, k, v, generate_stats=kw.pop("generate_stats", True), attn_scale=0.125, use_padding_mask=True,
                    seq_len_q=lq, seq_len_kv=lk, paged_attention_k_table=kt, paged_attention_v_table=vt,
                    paged_attention_max_seq_len_kv=128, **kw)
@@ -227,6 +229,7 @@ CASES = {
     "fwd paged decode bottom-right causal": ("fwd", "paged", {"use_causal_mask_bottom_right": True,
                                                               "generate_stats": False}),
     "fwd paged window": ("fwd", "paged", {"use_causal_mask_bottom_right": True, "sliding_window_length": 64}),
+    "fwd paged sinks": ("fwd", "paged", {"use_causal_mask_bottom_right": True, "sink": True}),
     "fwd paged block 128": ("fwd", "paged", {"block_size": 128, "table_transposed": False}),
     # a graph cuDNN's own validation refuses: proves the C++ validate above is live
     "refused: bottom-right causal with bias": ("fwd", "bias", {"use_causal_mask_bottom_right": True}),

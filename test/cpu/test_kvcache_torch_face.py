@@ -148,8 +148,10 @@ def test_append_kernel_compiles_for_sm80_and_sm90a(tmp_path):
 
     archs = ("sm_80", "sm_90a")
     groups = [(arch, [(TEMPLATE, PARAMS, kw, None) for kw in CASES]) for arch in archs]
-    for arch, outs in zip(archs, compile_groups(groups, tmp_path)):
+    for arch, outs in zip(archs, compile_groups(groups, tmp_path, ptxas=True)):
         for kw, out in zip(CASES, outs):
             name = kernel_name(KvAppendParams(**kw), arch)
             assert out["name"] == name and out["entries"] == [name], out
             assert out["target"] == [arch] and out["local"] == 0, out
+            if out.get("ptxas") is not None:
+                assert out["spill_bytes"] == 0, out

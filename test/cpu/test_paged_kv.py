@@ -29,7 +29,7 @@ def _tables(b, blocks_per_seq, num_blocks, gen, *, transposed=True):
 
 
 def _paged(q_dims, kv_heads, d_v, block_size, max_kv, lens_q, lens_kv, *, dtype=torch.float32, seed=0, sink=False,
-           spare_blocks=3, junk=True, **sdpa_kw):
+           spare_blocks=3, junk=True, row_stats=False, **sdpa_kw):
     """(graph, variant pack, the oracle's dense K and V (B, H, S_kv, D) and lengths) of one paged forward."""
     gen = torch.Generator().manual_seed(seed)
     b, hq, sq, d = q_dims
@@ -58,6 +58,14 @@ def _paged(q_dims, kv_heads, d_v, block_size, max_kv, lens_q, lens_kv, *, dtype=
     tlk = g.tensor(dim=lk.shape, stride=lk.stride(), data_type=frost.data_type.INT32)
     sink_t = torch.randn(1, hq, 1, 1, generator=gen) if sink else None
     ts = g.tensor(dim=(1, hq, 1, 1), stride=(hq, 1, 1, 1), data_type=frost.data_type.FLOAT) if sink else None
+    rows = {}
+    if row_stats:  # cuDNN's score_max / score_sum_exp, declared as fp32 graph tensors the forward writes
+        for r in ("score_max", "score_sum_exp"):
+            buf = torch.full((b, hq, sq, 1), float("nan"))
+            t = g.tensor(dim=buf.shape, stride=buf.stride(), data_type=frost.data_type.FLOAT)
+            t.set_output(True)
+            rows[r] = (t, buf)
+        sdpa_kw.update({r: t for r, (t, _) in rows.items()})
     o, st = g.sdpa(name="sdpa_forward", q=tq, k=tk, v=tv, generate_stats=True, attn_scale=0.125,
                    use_padding_mask=True, seq_len_q=tlq, seq_len_kv=tlk, paged_attention_k_table=tkt,
                    paged_attention_v_table=tvt, paged_attention_max_seq_len_kv=max_kv, sink_token=ts,
@@ -69,7 +77,8 @@ def _paged(q_dims, kv_heads, d_v, block_size, max_kv, lens_q, lens_kv, *, dtype=
     pack = {tq: q, tk: kc, tv: vc, tkt: kt, tvt: vt, tlq: lq, tlk: lk, o: out, st: lse}
     if sink:
         pack[ts] = sink_t
-    return g, pack, dict(q=q, kc=kc, vc=vc, kt=kt, vt=vt, out=out, lse=lse, sink=sink_t, lens_q=lens_q,
+    pack.update({t: buf for t, buf in rows.values()})
+    return g, pack, dict(rows={r: buf for r, (_, buf) in rows.items()}, q=q, kc=kc, vc=vc, kt=kt, vt=vt, out=out, lse=lse, sink=sink_t, lens_q=lens_q,
                          lens_kv=lens_kv, block_size=block_size, max_kv=max_kv)
 
 
@@ -86,11 +95,11 @@ def _gathered(container, table, lens_kv, block_size, max_kv):
     return out
 
 
-def _oracle(x, **mask):
+def _oracle(x, row_stats=False, **mask):
     k = _gathered(x["kc"], x["kt"], x["lens_kv"], x["block_size"], x["max_kv"])
     v = _gathered(x["vc"], x["vt"], x["lens_kv"], x["block_size"], x["max_kv"])
     return oracle.attention(x["q"], k, v, scale=0.125, sink=x["sink"], seq_len_q=x["lens_q"],
-                            seq_len_kv=x["lens_kv"], **mask)
+                            seq_len_kv=x["lens_kv"], row_stats=row_stats, **mask)
 
 
 def _run(g, pack):
@@ -283,3 +292,17 @@ def test_paged_caches_take_dense_queries_not_the_packed_form():
     o.set_output(True)
     with pytest.raises(GraphError, match="not frost's packed form"):
         g.validate()
+
+
+def test_row_statistics_and_sinks_through_a_paged_cache():
+    """cuDNN's paged tests draw score_max / score_sum_exp and sinks too: the halves of Stats per valid row."""
+    lens_q, lens_kv = [3, 2], [45, 0]
+    g, pack, x = _paged((2, 4, 3, 32), 2, 16, 32, 64, lens_q, lens_kv, sink=True, row_stats=True,
+                        use_causal_mask_bottom_right=True)
+    _run(g, pack)
+    o, lse, top, sum_exp = _oracle(x, row_stats=True, causal_bottom_right=True)
+    _close(x, (o, lse), 1e-5)
+    for name, want in (("score_max", top), ("score_sum_exp", sum_exp)):
+        got = x["rows"][name][..., 0].double()
+        for i, n in enumerate(lens_q):
+            assert torch.allclose(got[i, :, :n], want[i, :, :n], atol=1e-5, rtol=1e-5), name

@@ -96,3 +96,40 @@ def test_flash_attn_with_kvcache_matches_the_cpu_reference(paged):
     assert torch.equal(kc.cpu(), cpu[1]) and torch.equal(vc.cpu(), cpu[2])
     err = (out.cpu().double() - want.double()).norm() / want.double().norm()
     assert err < 1e-2
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_kvcache_decode_step_replays_in_a_cuda_graph_with_new_lengths_and_table(paged):
+    """One decode step captured once: a replay after new lengths (and, paged, a new table) are written into the
+    same tensors gives what an eager call on those values gives."""
+    from frost.torch_face import flash_attn_with_kvcache
+
+    kc, vc, table = _caches(paged, seed=5)
+    b, hq, hk, d = 3, 8, 2, 128
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=BF16)
+    k = torch.randn(b, 1, hk, d, device="cuda", dtype=BF16)
+    v = torch.randn(b, 1, hk, d, device="cuda", dtype=BF16)
+    lens = torch.tensor([3, 9, 27], dtype=torch.int32, device="cuda")
+    step = lambda: flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table,  # noqa: E731
+                                           causal=True)
+    try:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            step()  # plans outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+    except NotImplementedError as e:
+        assert paged and "paged" in str(e)
+        pytest.skip(f"no engine serves paged caches here: {e}")
+    lens.copy_(torch.tensor([100, 5, 250], dtype=torch.int32))
+    if paged:
+        table.copy_(table.flip(0))
+    graph.replay()
+    torch.cuda.synchronize()
+    got = out.clone()
+    lens.copy_(torch.tensor([100, 5, 250], dtype=torch.int32))
+    want = step()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)

@@ -3,7 +3,7 @@
 Grid (S_new + 1, B, H): block (s, b, h) with s < S_new copies token s of head h of sequence b (its threads stride
 over the head dims) to position cache_seqlens[b] + s; block (S_new, b, 0) writes seq_len_kv[b] and seq_len_q[b].
 A paged cache maps position p to row p % block_size of block table[b, p // block_size]. Writes past a contiguous
-cache's capacity are dropped (nothing is read on the host to check them). B, S_new, the cache extents, the block
+cache's capacity or past the end of a table row are dropped (nothing is read on the host to check them). B, S_new, the cache extents, the block
 size and every stride are symbolic: one artifact per (dtype, head dims, paged, where the lengths come from).
 Contract and reference: `kv_append_params`.
 """
@@ -97,10 +97,12 @@ def kernel(p: cutlass.Constexpr, mKNew: cute.Tensor, mVNew: cute.Tensor, mKCache
         pos = start + s
         if cutlass.const_expr(p.paged):
             block_size = cute.size(mKCache, mode=[1])
-            blk = mTable[b, pos // block_size]
-            row = pos % block_size
-            _copy_row(mKCache[blk, row, h, None], mKNew[b, s, h, None], tidx, p.head_dim)
-            _copy_row(mVCache[blk, row, h, None], mVNew[b, s, h, None], tidx, p.head_dim_v)
+            slot = pos // block_size
+            if slot < cute.size(mTable, mode=[1]):
+                blk = mTable[b, slot]
+                row = pos % block_size
+                _copy_row(mKCache[blk, row, h, None], mKNew[b, s, h, None], tidx, p.head_dim)
+                _copy_row(mVCache[blk, row, h, None], mVNew[b, s, h, None], tidx, p.head_dim_v)
         else:
             if pos < cute.size(mKCache, mode=[1]):
                 _copy_row(mKCache[b, pos, h, None], mKNew[b, s, h, None], tidx, p.head_dim)

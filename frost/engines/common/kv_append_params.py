@@ -42,11 +42,14 @@ def reference_append(k_new, v_new, k_cache, v_cache, table, cache_seqlens, cache
             bs = k_cache.shape[1]
             for s in range(s_new):
                 pos = start + s
+                if pos // bs >= table.shape[1]:
+                    continue  # past the table's row: dropped, as the kernel drops it
                 blk = int(table[b, pos // bs])
                 k_cache[blk, pos % bs] = k_new[b, s]
                 v_cache[blk, pos % bs] = v_new[b, s]
         elif s_new:
-            k_cache[b, start:start + s_new] = k_new[b]
-            v_cache[b, start:start + s_new] = v_new[b]
+            end = min(start + s_new, k_cache.shape[1])  # past the cache's end: dropped, as the kernel drops it
+            k_cache[b, start:end] = k_new[b, :max(end - start, 0)]
+            v_cache[b, start:end] = v_new[b, :max(end - start, 0)]
         seq_len_kv[b] = start + s_new
     seq_len_q.copy_(torch.full_like(seq_len_q, s_q))
