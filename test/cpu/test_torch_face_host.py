@@ -316,3 +316,45 @@ def test_host_time_of_forward_and_backward_under_autograd(monkeypatch):
         assert share <= 40.0, f"frost's share of fwd+bwd host time {share:.1f} us (bursts: {sorted(shares)})"
     finally:
         ft.clear_plan_cache()
+
+
+def test_training_memo_survives_evictions():
+    """A memoized training step whose forward or backward plan was evicted plans again and gives the same
+    gradients (the memo forgets a dead forward; a dead backward plan is rebuilt by its strides)."""
+    leaves = _leaves(1, 2, 8, 16)
+    other = _leaves(1, 2, 12, 16, seed=4)
+    do, do_other = _rand(1, 2, 8, 16), _rand(1, 2, 12, 16)
+    ft.clear_plan_cache()
+    want = _fwd_bwd(leaves, do, causal=True)
+    ft.set_plan_cache_size(2)
+    try:
+        for _ in range(3):
+            _fwd_bwd(other, do_other, causal=True)  # two plans of another shape evict this one's
+            for _ in range(2):
+                got = _fwd_bwd(leaves, do, causal=True)
+                for a, b in zip(got, want):
+                    assert torch.equal(a, b)
+        assert ft.plan_cache_info()["evictions"] >= 4
+    finally:
+        ft.set_plan_cache_size(plans.DEFAULT_SIZE)
+        ft.clear_plan_cache()
+
+
+def test_training_memo_rebuilds_a_dead_backward_plan():
+    leaves = _leaves(1, 2, 8, 16)
+    x, do = _rand(1, 2, 12, 16), _rand(1, 2, 8, 16)
+    ft.clear_plan_cache()
+    ft.set_plan_cache_size(2)
+    try:
+        want = _fwd_bwd(leaves, do, causal=True)  # the whole way: forward and backward plans, memoized
+        _fwd_bwd(leaves, do, causal=True)  # the memo: its backward plan recorded by the gradient's strides
+        out = ft.attention(*leaves, causal=True)  # the forward plan is now the more recent
+        ft.attention(x, x, x)  # evicts the backward plan only
+        misses = ft.plan_cache_info()["misses"]
+        got = torch.autograd.grad(out, leaves, do)
+        assert ft.plan_cache_info()["misses"] == misses + 1  # the dead backward plan was planned again
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    finally:
+        ft.set_plan_cache_size(plans.DEFAULT_SIZE)
+        ft.clear_plan_cache()
