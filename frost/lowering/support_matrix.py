@@ -34,7 +34,6 @@ FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("paged K/V cache (`paged_attention_*`)", ("paged_attention",)),
     ("deterministic backward", ("deterministic",)),
     ("`score_max` / `score_sum_exp`", ("score_max", "score_sum_exp")),
-    ("paged K/V caches (block tables)", ("paged_attention",)),
 )
 
 
