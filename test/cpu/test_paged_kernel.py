@@ -88,7 +88,8 @@ def test_requested_key_tiles_must_divide_the_block():
 @pytest.mark.slow
 def test_the_paged_forward_compiles_with_no_more_spills_than_dense(tmp_path):
     """Each paged case of the covering set beside the same kernel over dense K and V: mma.sync and cp.async, no
-    local memory beyond the dense kernel's, ptxas spills no more (d=128 on 255 registers spills a little in both)."""
+    local memory beyond the dense kernel's, ptxas spills no more (d=128 on 255 registers spills a little in both),
+    and the block tables are read on the device."""
     from frost.engines.sm80.sdpa_fwd import kernel_name
 
     cover = SM80_FWD_PAGED_COVER
@@ -101,5 +102,8 @@ def test_the_paged_forward_compiles_with_no_more_spills_than_dense(tmp_path):
             assert "_pg" in name and out["name"] == name and out["entries"] == [name]
             assert out["target"] == [arch] and out["mma_sync"] > 0 and out["cp_async"] > 0
             assert out["local"] <= base["local"], (name, out["local"], base["local"])
+            # the block indices are integer loads from global memory beside the lengths, each clamped to the
+            # container (compile_groups fails any unclamped one)
+            assert out["length_loads"] > base["length_loads"], (name, out["length_loads"], base["length_loads"])
             if out["ptxas"] is not None:
                 assert out["spill_bytes"] <= base["spill_bytes"], (name, out["ptxas"], base["ptxas"])
