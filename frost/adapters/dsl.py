@@ -9,7 +9,7 @@ from frost.adapters.views import lengths_view, sink_view
 from frost.engines.dsl import dsl_decline_reason
 from frost.engines.sdpa_args import OWN_OFFSET_ROLES, Q_ROLES, STATS_ROLES
 from frost.errors import TemplateParamsError
-from frost.runtime.binding import RAGGED_TOKENS
+from frost.runtime.binding import ragged_totals  # noqa: F401  (the launch path's T, re-exported)
 
 
 def kernel_window(facts) -> tuple:
@@ -207,16 +207,6 @@ def static_values(facts) -> dict:
         out.update(total_q=facts.total_q, total_kv=facts.total_kv)
     return out
 
-
-def ragged_totals(facts, bound: dict) -> dict:
-    """The ragged form's T of each token group: the plan's envelope, or fewer where a packed buffer bound by
-    pointer holds fewer tokens (the binder's RAGGED_TOKENS), so the kernels' (T, H, D) views and their loads
-    stay inside the bound memory. Tensor metadata only, read on the host."""
-    held = bound.get(RAGGED_TOKENS)
-    if held is None:
-        return {"total_q": facts.total_q, "total_kv": facts.total_kv}
-    return {"total_q": min(facts.total_q, held.get("q", facts.total_q)),
-            "total_kv": min(facts.total_kv, held.get("kv", facts.total_kv))}
 
 
 def _tuple_getter(keys: tuple):
