@@ -84,5 +84,9 @@ def check_lengths(facts, bound: dict) -> None:
         return
     if facts.has_padding:
         for side, role in (("q", "q"), ("kv", "k")):
-            s = bound[role].shape[2]
-            _check_range(f"seq_len_{side}", _host(bound[f"seq_len_{side}"]), s, f"the declared S = {s}")
+            if side == "kv" and facts.paged is not None:  # K is a block container: the envelope is the plan's
+                s, what = facts.seq_kv, f"paged_attention_max_seq_len_kv = {facts.seq_kv}"
+            else:
+                s = bound[role].shape[2]
+                what = f"the declared S = {s}"
+            _check_range(f"seq_len_{side}", _host(bound[f"seq_len_{side}"]), s, what)

@@ -2,9 +2,10 @@
 
 Grid (S_new + 1, B, H): block (s, b, h) with s < S_new copies token s of head h of sequence b (its threads stride
 over the head dims) to position cache_seqlens[b] + s; block (S_new, b, 0) writes seq_len_kv[b] and seq_len_q[b].
-A paged cache maps position p to row p % block_size of block table[b, p // block_size]. Writes past a contiguous
-cache's capacity or past the end of a table row are dropped (nothing is read on the host to check them). B, S_new, the cache extents, the block
-size and every stride are symbolic: one artifact per (dtype, head dims, paged, where the lengths come from).
+A paged cache maps position p to row p % block_size of block table[b, p // block_size]. A cache length read from the
+device is clamped to [0, capacity]; writes past a contiguous cache's capacity, past the end of a table row or to a
+block outside the container are dropped (nothing is read on the host to check them). B, S_new, the cache extents,
+the block size and every stride are symbolic: one artifact per (dtype, head dims, paged, where the lengths come from).
 Contract and reference: `kv_append_params`.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from frost.engines.common.kv_append_params import KvAppendParams, validate
+from frost.engines.common.seqlen import clamp
 
 TEMPLATE = __name__
 THREADS = 128
@@ -90,19 +92,28 @@ def kernel(p: cutlass.Constexpr, mKNew: cute.Tensor, mVNew: cute.Tensor, mKCache
     tidx, _, _ = cute.arch.thread_idx()
     s, b, h = cute.arch.block_idx()
     s_new = cute.size(mKNew, mode=[1])
-    start = cache_len
+    # a device-read length may be anything: the first position is clamped to the cache's capacity, so a
+    # negative one appends at 0 and an oversized one appends nothing (docs/lengths.md)
+    capacity = cute.size(mKCache, mode=[1])
+    if cutlass.const_expr(p.paged):
+        capacity = cute.size(mKCache, mode=[1]) * cute.size(mTable, mode=[1])
+    start = clamp(cache_len, Int32(0), capacity)
     if cutlass.const_expr(p.seqlens_tensor):
-        start = mSeqlens[b]
+        start = clamp(mSeqlens[b], Int32(0), capacity)
     if s < s_new:
         pos = start + s
         if cutlass.const_expr(p.paged):
             block_size = cute.size(mKCache, mode=[1])
             slot = pos // block_size
             if slot < cute.size(mTable, mode=[1]):
-                blk = mTable[b, slot]
+                # a table entry is read from the device too: clamped to [-1, num_blocks], and the two ends
+                # (outside the container) are dropped
+                num_blocks = cute.size(mKCache, mode=[0])
+                blk = clamp(mTable[b, slot], Int32(-1), num_blocks)
                 row = pos % block_size
-                _copy_row(mKCache[blk, row, h, None], mKNew[b, s, h, None], tidx, p.head_dim)
-                _copy_row(mVCache[blk, row, h, None], mVNew[b, s, h, None], tidx, p.head_dim_v)
+                if blk >= 0 and blk < num_blocks:
+                    _copy_row(mKCache[blk, row, h, None], mKNew[b, s, h, None], tidx, p.head_dim)
+                    _copy_row(mVCache[blk, row, h, None], mVNew[b, s, h, None], tidx, p.head_dim_v)
         else:
             if pos < cute.size(mKCache, mode=[1]):
                 _copy_row(mKCache[b, pos, h, None], mKNew[b, s, h, None], tidx, p.head_dim)

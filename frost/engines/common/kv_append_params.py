@@ -36,8 +36,9 @@ def reference_append(k_new, v_new, k_cache, v_cache, table, cache_seqlens, cache
 
     batch, s_new = k_new.shape[0], k_new.shape[1]
     lens = cache_seqlens.tolist() if cache_seqlens is not None else [cache_len] * batch
+    capacity = k_cache.shape[1] * (table.shape[1] if table is not None else 1)
     for b in range(batch):
-        start = int(lens[b])
+        start = min(max(int(lens[b]), 0), capacity)  # clamped as the kernel clamps a device-read length
         if table is not None:
             bs = k_cache.shape[1]
             for s in range(s_new):
@@ -45,6 +46,8 @@ def reference_append(k_new, v_new, k_cache, v_cache, table, cache_seqlens, cache
                 if pos // bs >= table.shape[1]:
                     continue  # past the table's row: dropped, as the kernel drops it
                 blk = int(table[b, pos // bs])
+                if not 0 <= blk < k_cache.shape[0]:
+                    continue  # a block outside the container: dropped, as the kernel drops it
                 k_cache[blk, pos % bs] = k_new[b, s]
                 v_cache[blk, pos % bs] = v_new[b, s]
         elif s_new:
