@@ -40,7 +40,7 @@ import threading
 from array import array
 from typing import NamedTuple, Optional
 
-from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
+from frost.adapters.base import SdpaBwdAdapter, SdpaFwdAdapter
 from frost.adapters.cudnn_lowering import CudnnSdpaCall, CudnnUnsupported, lower_cudnn_sdpa
 from frost.engines.common.ragged_offsets_params import scratch_buffers
 from frost.runtime.context import stream_handle
@@ -406,9 +406,9 @@ class _CudnnAdapter:
                       f"binding by mapping instead", RuntimeWarning, stacklevel=3)
 
 
-class SdpaFwdCudnn(_CudnnAdapter, SdpaFwdDsl):
+class SdpaFwdCudnn(_CudnnAdapter, SdpaFwdAdapter):
     engine_name = "SdpaFwdCudnn"
 
 
-class SdpaBwdCudnn(_CudnnAdapter, SdpaBwdDsl):
+class SdpaBwdCudnn(_CudnnAdapter, SdpaBwdAdapter):
     engine_name = "SdpaBwdCudnn"

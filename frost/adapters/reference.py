@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
+from frost.adapters.base import SdpaBwdAdapter, SdpaFwdAdapter
 from frost.adapters.reference_math import batch_entry, sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
 from frost.errors import BindingError
@@ -152,7 +152,7 @@ def _dbias_accumulator(facts, bound):
     return torch.zeros(tuple(bound["dBias"].shape), dtype=_compute_dtype(facts), device=bound["dBias"].device)
 
 
-class SdpaFwdReference(SdpaFwdDsl):
+class SdpaFwdReference(SdpaFwdAdapter):
     engine_name = "SdpaFwdReference"
 
     def execute(self, bound: dict, workspace, stream) -> None:
@@ -172,7 +172,7 @@ class SdpaFwdReference(SdpaFwdDsl):
                     stats_view(t, thd).copy_(value)
 
 
-class SdpaBwdReference(SdpaBwdDsl):
+class SdpaBwdReference(SdpaBwdAdapter):
     engine_name = "SdpaBwdReference"
 
     def execute(self, bound: dict, workspace, stream) -> None:
