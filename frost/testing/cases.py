@@ -83,7 +83,7 @@ SM80_BWD_COVER = {
     "sm_120a": [
         _mma_bwd(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
         _mma_bwd(family="sm120", d=128, has_seqused=True, deterministic=True, has_window_right=True),
-        _mma_bwd(family="sm120", d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="cyc")),
+        _mma_bwd(family="sm120", d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="rotated")),
     ],
 }
 

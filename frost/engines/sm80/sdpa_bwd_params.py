@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from frost.engines.common.turns import ROTATED, STAIR
 from frost.engines.params import SdpaBwdFeatureParams, check_sdpa_features, score_mod_tags
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
@@ -55,14 +56,13 @@ class Sm80BwdParams(TileHeadDims, SdpaBwdFeatureParams):
     # True: a step waits once for its Q and dO (issued together a step earlier) and stores P right
     # after the softmax; False: dO gets its own wait and barrier, P and dS are stored together.
     fused_prefetch: bool = False
-    # deterministic dQ turn order per query tile. "diag": key tiles are launched from the last down, walk
-    # their query tiles upward from the diagonal and take turns from the highest key tile down, so a tile's
-    # turn comes when it arrives (no serial lag down the band). "cyc" (no windows): key tile n starts its
-    # walk at query tile n (wrapping) and each query tile takes the key tiles in the order they arrive
-    # (`cyclic_turn`), so neighbouring key tiles never queue behind each other. A key tile may wait on one
-    # launched after it, so a plan picks "cyc" only where a head's key tiles fit on half the SMs at once
+    # deterministic dQ turn order per query tile (`frost.engines.common.turns`). "stair": key tiles are
+    # launched from the last down, walk their query tiles upward from the diagonal and take turns from the
+    # highest key tile down, so a tile's turn comes when it arrives (no serial lag down the band). "rotated"
+    # (no windows): key tile n starts its walk at query tile n (wrapping) and each query tile takes the key
+    # tiles in the order they arrive; a plan picks it only where `turns.rotation_fits`
     # (`frost.adapters.sm80_plan.planned_det_order`).
-    det_order: Literal["diag", "cyc"] = "diag"
+    det_order: Literal["stair", "rotated"] = "stair"
     # deterministic: a key tile passes its turn on at the next step's first barrier (its reductions have had
     # a GEMM's time to land, and no extra barrier) instead of right after its reductions. The d=64 default.
     det_late_release: bool = False
@@ -163,8 +163,8 @@ def validate(p: Sm80BwdParams) -> None:
     if p.dq_splits and (not p.deterministic or p.is_thd):
         bad(f"dq_splits={p.dq_splits} orders a deterministic dense backward; this one is "
             f"{'packed (THD)' if p.is_thd else 'not deterministic'}")
-    if p.det_order == "cyc" and (p.has_window_left or p.has_window_right):
-        bad("det_order='cyc' walks every query tile from each key tile's own start; windows narrow the walks")
+    if p.det_order == ROTATED and (p.has_window_left or p.has_window_right):
+        bad("det_order='rotated' walks every query tile from each key tile's own start; windows narrow the walks")
     need = smem_bytes(p)
     if need > SMEM_BUDGET[p.family]:
         bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
@@ -269,22 +269,6 @@ def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf1
 # The main kernel's walks, turns and arguments
 
 
-def cyclic_turn(m, n, n_m, num_n, mn=min):
-    """Key tile n's place among the `num_n` key tiles that add into query tile m (of `n_m`) under
-    det_order="cyc": key tile n reaches m at step s = (m - n) mod n_m, and a query tile takes key tiles by
-    (arrival step, key tile). Plain arithmetic on non-negative values (kernels pass `mn=cutlass.min`).
-
-    Each earlier step j < s brings the key tiles congruent to m - j: num_n // n_m of them, one more for the
-    residues below num_n % n_m; `_below` counts those residues over the wrapped run m - s + 1 .. m.
-    """
-    q, r = num_n // n_m, num_n % n_m
-    s = (m - n % n_m + n_m) % n_m
-
-    def _below(x):  # residues v < r among 0 .. x - 1 (x >= 0), counted along the unwrapped line
-        return (x // n_m) * r + mn(x % n_m, r)
-    return s * q + _below(m + 1 + n_m) - _below(m - s + 1 + n_m) + n // n_m
-
-
 def split_tile(it, split, splits: int):
     """The key tile of step `it` of split CTA `split` (`dq_splits`): rounds of `splits` tiles, walked forward
     and backward in turn, so the CTAs' causal work evens out. Plain arithmetic: kernels call it on Int32s."""
@@ -318,7 +302,7 @@ def main_args(p: Sm80BwdParams) -> list[str]:
 
 def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of the main kernel's name (style of the forward's names)."""
-    det = {"diag": "det", "cyc": "detc"}[p.det_order] + ("l" if p.det_late_release else "")
+    det = {STAIR: "det", ROTATED: "detc"}[p.det_order] + ("l" if p.det_late_release else "")
     if p.dq_splits:
         det = f"detsp{p.dq_splits}"  # the turn knobs do not apply
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")

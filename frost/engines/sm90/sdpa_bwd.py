@@ -84,6 +84,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from frost.engines.common import mask, score_mod
+from frost.engines.common import turns
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
@@ -94,8 +95,7 @@ from frost.engines.common.tile_scheduler import ranked_batch
 from frost.engines.common import global_ops as gops
 from frost.engines.sdpa_bwd.accum import packed_acc_tile
 from frost.engines.sm90 import wgmma_utils as wu
-from frost.engines.sm90.sdpa_bwd_params import (ROWS_STAGES, Sm90BwdParams, main_args, name_suffix, rotated_turn,
-                                               rotates, validate)
+from frost.engines.sm90.sdpa_bwd_params import ROWS_STAGES, Sm90BwdParams, main_args, name_suffix, validate
 
 BAR_DS = 1        # both MMA warpgroups stored their halves of dS
 BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgroups + writer warp)
@@ -191,7 +191,7 @@ def kernel_name(params: Sm90BwdParams, arch: str) -> str:
 
 
 class SdpaBwdSm90:
-    """One compiled specialization; `run` is the jit body taking the main arguments by name."""
+    """One compiled specialization; `launch` is the jit body taking the main arguments by name."""
 
     def __init__(self, p: Sm90BwdParams):
         validate(p)
@@ -217,7 +217,7 @@ class SdpaBwdSm90:
 
     # ------------------------------------------------------------------ host side
     @cute.jit
-    def run(self, a: dict):
+    def launch(self, a: dict):
         p = self.p
         dt = self.dtype
         bm, bn, d, dv, st = self.bm, self.bn, self.d, self.dv, self.stages
@@ -472,11 +472,12 @@ class SdpaBwdSm90:
     @cute.jit
     def rotation(self, n_block: Int32, n_m: Int32, seqlen_k: Int32):
         """The rotated order's (key tiles, first query tile of the walk): key tile n starts at query tile
-        n mod M, so the walks' first adds land on different tiles; 0 (the stair order) when the sequence's key
-        tiles outnumber the SMs (`rotates`: a rotated turn waits on later-launched key tiles)."""
+        n mod M, so the walks' first adds land on different tiles; 0 (the stair order) where the sequence's key
+        tiles fail the turns' safety rule (`turns.rotation_fits`: a rotated turn waits on later-launched key
+        tiles)."""
         n_k = (seqlen_k + self.bn - 1) // self.bn
         rot = Int32(0)
-        if rotates(n_k, self.p.sm_count):
+        if turns.rotation_fits(n_k, self.p.sm_count):
             rot = n_block % cutlass.max(n_m, 1)
         return n_k, rot
 
@@ -589,15 +590,16 @@ class SdpaBwdSm90:
         if const_expr(self.p.ragged):
             # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
             per_seq = mSem.shape[0] // (grid_extent(self.p.grid_order, "batch") * self.p.num_heads_q)
-            idx = (w.batch * self.p.num_heads_q + head) * per_seq + m_block
+            idx = turns.turn_index(head, m_block, self.p.num_heads_q, per_seq, batch=w.batch)
         elif const_expr(self.p.is_thd):
             per_head = mAcc.shape[0] // bm + grid_extent(self.p.grid_order, "batch") + 1
             if const_expr(self.frag):  # the accumulator's own tiles are laid out as the turns are
                 per_head = mAcc.shape[0] // bm
-            idx = head * per_head + packed_acc_tile(w.off_q, w.batch, bm) + m_block
+            idx = turns.turn_index(head, m_block, self.p.num_heads_q, per_head,
+                                   first_tile=packed_acc_tile(w.off_q, w.batch, bm))
         else:
             rows_q = mAcc.shape[0] if const_expr(self.p.has_seqused) else w.seqlen_q  # equal without padding
-            idx = (w.batch * self.p.num_heads_q + head) * ((rows_q + bm - 1) // bm) + m_block
+            idx = turns.turn_index(head, m_block, self.p.num_heads_q, (rows_q + bm - 1) // bm, batch=w.batch)
         return gops.elem_ptr(mSem, idx)
 
     @cute.jit
@@ -611,30 +613,20 @@ class SdpaBwdSm90:
         rotated order (`det_order`, no band) starts each walk at its own query tile instead.
         """
         p = self.p
-        bm, bn = self.bm, self.bn
-        n_block, off, wl, wr, seqlen_k = w.n_block, w.off, w.wl, w.wr, w.seqlen_k
         turn = Int32(0)
-        if const_expr(p.has_window_right):
-            n_hi = (seqlen_k + bn - 1) // bn - 1
-            bound = (m_block + 1) * bm + off + wr
-            n_hi = cutlass.min(n_hi, (cutlass.max(bound, 1) - 1) // bn)
-            turn = n_hi - n_block
-        else:
-            n_lo = Int32(0)
-            if const_expr(p.has_window_left):
-                n_lo = cutlass.max(m_block * bm + off - wl, 0) // bn
-            turn = n_block - n_lo
-            if const_expr(self.rotated):
-                turn = self.rotated_turn(turn, m_block, w)
+        turn = turns.stair_turn(w.n_block, m_block, self.bm, self.bn, w.seqlen_k, w.off, w.wl, w.wr,
+                                p.has_window_right, Int32, cutlass.min, cutlass.max)
+        if const_expr(self.rotated and not p.has_window_right):
+            turn = self.rotated_turn(turn, m_block, w)
         return turn
 
     @cute.jit
     def rotated_turn(self, stair: Int32, m_block: Int32, w: Walk):
-        """The rotated order's turn (`rotated_turn`: adds into a query tile by the step that reaches it, then by
+        """The rotated order's turn (`turns.rotated_turn`: adds into a query tile by the step that reaches it, then by
         key tile), or the stair turn where the walks do not rotate (`rotation`)."""
         turn = stair
-        if rotates(w.n_k, self.p.sm_count):
-            turn = rotated_turn(w.n_block, m_block, w.n_k, w.n_m, cutlass.min)
+        if turns.rotation_fits(w.n_k, self.p.sm_count):
+            turn = turns.rotated_turn(w.n_block, m_block, w.n_k, w.n_m, cutlass.min)
         return turn
 
     @cute.jit
@@ -1192,7 +1184,7 @@ def build(params: Sm90BwdParams, arch: str):
     buffers' fakes are the skeleton's (`frost.engines.sdpa_bwd.accum`)."""
     from frost.engines.sdpa_bwd.accum import build_entry
 
-    return build_entry(params, main_args(params), SdpaBwdSm90(params).run)
+    return build_entry(params, main_args(params), SdpaBwdSm90(params).launch)
 
 
 __all__ = ["SdpaBwdSm90", "build", "kernel_name", "main_args"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from frost.engines.common.turns import ROTATED
 from frost.engines.params import HeadDimSpan, SdpaBwdFeatureParams, check_sdpa_features, round_up, score_mod_tags
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
@@ -46,10 +47,10 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
     rows_warp: bool = False  # an idle producer warp stages LSE / dpsum rows (else the MMA threads load them)
     rows_mbar: bool = False  # with rows_warp: the rows change hands through mbarriers, each warpgroup on its own
     pdl: bool = True  # launched as a programmatic dependent of the preprocess (K / V / Q / dO loads overlap its tail)
-    # deterministic turns without a band: "stair" (every walk from the first query tile, turns by key tile) or
-    # "rotated" (key tile n's walk starts at query tile n mod M, turns by step; `rotated_turn`)
+    # deterministic turns without a band (`frost.engines.common.turns`): "stair" (every walk from the first query
+    # tile, turns by key tile) or "rotated" (key tile n's walk starts at query tile n mod M, turns by step)
     det_order: Literal["stair", "rotated"] = "stair"
-    sm_count: int = 132  # the target's SMs: a rotated order needs a sequence's key tiles co-resident (`rotates`)
+    sm_count: int = 132  # the target's SMs: a sequence's walks rotate where `turns.rotation_fits`
 
     @property
     def tile_head_dim(self) -> int:
@@ -116,8 +117,8 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
 
     @property
     def rotated(self) -> bool:
-        """The rotated deterministic order (`rotated_turn`) is compiled in."""
-        return self.det_order == "rotated"
+        """The rotated deterministic order (`turns.rotated_turn`) is compiled in."""
+        return self.det_order == ROTATED
 
     @property
     def dq_split_m(self) -> bool:
@@ -231,7 +232,7 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     as rows (`dq_fragments` needs whole tiles). A requested rotated order (`det_order`) takes the target's
     `sm_count`.
     """
-    if requested.get("det_order") == "rotated":
+    if requested.get("det_order") == ROTATED:
         requested = {"sm_count": sm_count, **requested}
     dv = head_dim_v or head_dim
     widest = max(round_up(head_dim, WGMMA_K), round_up(dv, WGMMA_K))
@@ -293,30 +294,6 @@ def name_suffix(p: Sm90BwdParams) -> str:
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
                  + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "p" * p.pdl)
     return "_".join(parts)
-
-
-def rotates(key_tiles: int, sm_count: int) -> bool:
-    """A sequence's walks rotate when its key tiles fit on the SMs at once: a rotated turn waits on higher key
-    tiles, launched after it, so all of them must be resident (one CTA per SM); else the stair order."""
-    return key_tiles <= sm_count
-
-
-def rotated_turn(n, m, key_tiles, query_tiles, minimum=min):
-    """Key tile n's turn on query tile m in the rotated order: n visits m at step s = (m - n) mod M, and the
-    adds into m run by (s, n). Closed form (N key tiles, M query tiles, N = q M + r): the key tiles with a
-    smaller step are those whose residue mod M lies in the M-cyclic window (m - s, m], q each plus one per
-    residue below r (`_residues_below`), then the n // M tiles of n's own residue below it. Plain integer
-    arithmetic on non-negative operands (the kernel passes `cutlass.min` as `minimum`)."""
-    q, r = key_tiles // query_tiles, key_tiles % query_tiles
-    s = (m + query_tiles - n % query_tiles) % query_tiles
-    end = m + 1 + query_tiles  # shifted by M: the window's start stays non-negative
-    window = _residues_below(end, query_tiles, r, minimum) - _residues_below(end - s, query_tiles, r, minimum)
-    return q * s + window + n // query_tiles
-
-
-def _residues_below(x, query_tiles, r, minimum=min):
-    """How many integers in [0, x) have a residue mod M below r (x >= 0)."""
-    return (x // query_tiles) * r + minimum(x % query_tiles, r)
 
 
 # ---------------------------------------------------------------------------------------------
