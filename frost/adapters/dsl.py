@@ -132,8 +132,7 @@ def check_dsl_and_knobs(adapter) -> None:
 class DslKernels:
     """Mixin of the DSL adapters: the template params, validated once, and the kernels they make.
 
-    Subclasses set `params_module` (a module with the params class, `validate()` and
-    `default_knobs()`) and `params_class` (that class's name), supply `plan_knobs()` and list their
+    Subclasses set `params_module` (a module with the params class and `validate()`) and `params_class` (that class's name), supply `plan_knobs()` and list their
     kernels in `kernel_specs()`; the direction supplies `feature_flags(facts)`.
     """
 

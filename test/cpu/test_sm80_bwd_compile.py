@@ -12,8 +12,9 @@ import pytest
 
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, chain_args, stage_params
 from frost.engines.sdpa_bwd.scratch import scratch_bytes, scratch_layout, uses_turns
-from frost.engines.sm80.sdpa_bwd_params import (_CANDIDATES, SMEM_BUDGET, Sm80BwdParams, candidates, default_knobs, smem_bytes,
-                                               split_tile, split_tile_count, validate)
+from frost.engines.sm80.dq_splits import split_tile, split_tile_count
+from frost.engines.sm80.sdpa_bwd_knobs import _CANDIDATES, candidates, default_knobs
+from frost.engines.sm80.sdpa_bwd_params import SMEM_BUDGET, Sm80BwdParams, smem_bytes, validate
 from frost.engines.sm80.sdpa_fwd_params import TUNED_HEAD_DIMS
 from frost.engines.sdpa_bwd.chain import chain_of as bwd_chain
 from frost.errors import TemplateParamsError

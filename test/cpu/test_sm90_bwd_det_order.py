@@ -13,7 +13,8 @@ import random
 import pytest
 
 from frost.engines.common.turns import rotated_turn, rotation_fits
-from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs, name_suffix, validate
+from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, name_suffix, validate
 from frost.errors import TemplateParamsError
 from frost.testing.cases import sm90_bwd_kwargs
 

@@ -18,7 +18,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from frost.adapters.reference_math import allowed_mask  # noqa: E402
-from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs  # noqa: E402
+from frost.engines.sm80.sdpa_bwd_knobs import default_knobs  # noqa: E402
+from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams  # noqa: E402
 from frost.testing.bwd_chain import compile_chains, workspace_views  # noqa: E402
 from frost.testing.cases import params_kwargs  # noqa: E402
 

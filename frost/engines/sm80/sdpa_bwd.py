@@ -72,8 +72,8 @@ from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f3
 from frost.engines.sdpa_bwd import accum
 from frost.engines.sdpa_bwd.scratch import uses_turns
 from frost.engines.sm80 import warp_mma
-from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, main_args, name_suffix, split_tile,
-                                               split_tile_count)
+from frost.engines.sm80.dq_splits import split_tile, split_tile_count
+from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, main_args, name_suffix
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:
