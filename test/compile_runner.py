@@ -96,18 +96,32 @@ def ptx_facts(ck) -> dict:
     return out
 
 
+def find_ptxas() -> str | None:
+    """The ptxas of the test extra's nvidia-cuda-nvcc (new enough for the DSL's PTX version), else the PATH's."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for cuda in ("cu13", "cuda_nvcc"):
+            candidate = Path(base) / cuda / "bin" / "ptxas"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    return shutil.which("ptxas")
+
+
 def ptxas_facts(ptx: str, arch: str) -> dict:
     """What `ptxas -v` says of a PTX module: registers per thread and spill bytes (stores + loads), or
-    `ptxas: None` where no ptxas is on the PATH."""
-    import shutil
+    `ptxas: None` where no ptxas is found (the test extra installs one)."""
     import tempfile
 
-    if shutil.which("ptxas") is None:
+    ptxas = find_ptxas()
+    if ptxas is None:
         return {"ptxas": None}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
         path.write_text(ptx)
-        r = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+        r = subprocess.run([ptxas, f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
                            capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     text = r.stdout + r.stderr
