@@ -136,7 +136,8 @@ def main(argv=None):
             for vi, var in enumerate(variants):
                 knobs = {k: v for k, v in var.items() if k != "deterministic"}
                 p = Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=dv_of(d), num_heads_q=h, num_heads_kv=hk,
-                                  has_window_right=c, is_thd=bool(a.thd), deterministic=bool(var.get("deterministic", False)),
+                                  has_window_right=c, is_thd=bool(a.thd),
+                                  deterministic=bool(var.get("deterministic", False)),
                                   **default_knobs(d, dv_of(d), banded=c, packed=bool(a.thd),
                                                   sm_count=target.sm_count, **knobs))
                 try:

@@ -282,7 +282,8 @@ class _CudnnAdapter:
             raise self.decline(e.reason) from None
         for key, _ in self.call.tensor_kwargs:
             if key in NEWER_KEYWORDS and not binding_takes(self.call.op, key):
-                raise self.decline(f"this nvidia-cudnn-frontend's {self.call.op} takes no {key} ({NEWER_KEYWORDS[key]})")
+                raise self.decline(f"this nvidia-cudnn-frontend's {self.call.op} takes no {key} "
+                                   f"({NEWER_KEYWORDS[key]})")
         if quick or self.target.is_fake or self.target.is_cpu:
             return  # a record cannot be asked: cuDNN is asked on the device itself (compile declines on a record)
         self._build()

@@ -140,7 +140,8 @@ def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     # ragged form (sequences anywhere) nor where a tile is not whole (16-wide tiles of 8 columns)
     assert default_knobs(64, 64, packed=True)["dq_fragments"] and default_knobs(32, 48, packed=True)["dq_fragments"]
     assert not default_knobs(64, 64, packed=True, ragged=True)["dq_fragments"]
-    assert not default_knobs(8, 8, packed=True)["dq_fragments"] and not default_knobs(96, 96, packed=True)["dq_fragments"]
+    assert not default_knobs(8, 8, packed=True)["dq_fragments"]
+    assert not default_knobs(96, 96, packed=True)["dq_fragments"]
     assert not default_knobs(64, 64, tile_m=80)["dq_fragments"]  # a requested knob keeps the plan valid
     assert default_knobs(256, 256) == dict(tile_m=64, tile_n=64, num_stages=1, dq_red=False, dq_fragments=True)
     assert default_knobs(192, 128)["num_stages"] == 2

@@ -22,8 +22,9 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     (`dq_fragments`: 1.00-1.05x). d=128 takes 64 rows in fragment order, its LSE / dpsum rows staged by the
     rows warp: under a band 0.99-1.06x the 80-row kernel (run 9), without one 1.02x (run 10: 0.934 / 0.969x
     FlashAttention-4 at 16k / 4k against 0.916 / 0.951x); packed batches (row stores only) take 80 rows
-    without a band (dQ^T = K^T dS^T: fragment stores of that tile make ptxas serialize its wgmmas). Above d=128 the warpgroups share 64 keys
-    (`tile_n=64`): d=192x128 with two Q / dO stages and fragment tiles (0.81-0.85x FlashAttention-4 at 16k
+    without a band (dQ^T = K^T dS^T: fragment stores of that tile make ptxas serialize its wgmmas). Above d=128 the
+    warpgroups share 64 keys (`tile_n=64`): d=192x128 with two Q / dO stages and fragment tiles (0.81-0.85x
+    FlashAttention-4 at 16k
     tokens; one stage 0.76-0.80x, register adds 0.46-0.53x), d=256 with one stage and fragment tiles
     (1.19-1.22x FA4; row tiles 1.13-1.15x; two stages with register adds 0.75-0.81x: the adds cost more than
     the second stage gains) (benchmarks/results/2026-12-01-h200-run9).
