@@ -62,7 +62,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from frost.engines.common import mask as fmask
 from frost.engines.common import rows, score_mod
-from frost.engines.common import turns
+from frost.engines.common import tiles, turns
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.sdpa_entry import IO_DTYPES
@@ -475,7 +475,7 @@ def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mC
     offset_lse = offset_q
     if cutlass.const_expr(mLseOff is not None):
         offset_lse = token_offset(mLseOff, batch, p.token_div_lse)
-    diag = fmask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
+    diag = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
     num_n = (seqlen_k + cfg.bn - 1) // cfg.bn
     splits = p.dq_splits
     if cutlass.const_expr(not p.is_thd):

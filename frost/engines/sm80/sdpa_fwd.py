@@ -32,7 +32,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, mask, rows, score_mod, seqlen, softmax
+from frost.engines.common import acc_layout, mask, rows, score_mod, seqlen, softmax, tiles
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
@@ -298,7 +298,7 @@ class SdpaFwdSm80:
         t0ScS_mn = acc_layout.acc_as_mn(tiled_mma.get_slice(0).partition_C(cS))
 
         # ---- which key tiles to visit, which need masking
-        offset = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
+        offset = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
         n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
                                           window_left, window_right)
         lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,

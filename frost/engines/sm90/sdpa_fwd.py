@@ -50,7 +50,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from frost.engines.common import mask, rows, score_mod
+from frost.engines.common import mask, rows, score_mod, tiles
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
@@ -349,14 +349,11 @@ class SdpaFwdSm90:
         return hv // self.vs, hv % self.vs
 
     @cute.jit
-    def band(self, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
-        """(diagonal offset, clamped window_left, clamped window_right) of one batch."""
+    def band(self, seqlen_q: Int32, seqlen_k: Int32, wl, wr) -> tiles.Band:
+        """The sequence's `tiles.Band`, its windows clamped to its lengths."""
         p = self.p
-        off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
-        cap = seqlen_q + seqlen_k
-        wl_c = cutlass.min(wl, cap) if const_expr(p.has_window_left) else None
-        wr_c = cutlass.min(wr, cap) if const_expr(p.has_window_right) else None
-        return off, wl_c, wr_c
+        return tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
+                          wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
 
     @cute.jit
     def n_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, off: Int32, wl, wr):
