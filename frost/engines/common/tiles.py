@@ -1,4 +1,6 @@
-"""Per-tile records every SDPA kernel shares, each built once per tile by one `@cute.jit` function.
+"""Per-tile records every SDPA kernel shares, each built once per tile.
+
+`Sequence`: one batch entry's offsets and lengths (`seqlen.seqlen_info`) and the bound tensors' extents.
 
 `Band`: a sequence's mask band (the causal diagonal's alignment and the windows), from its lengths. The
 kernels' tile ranges (`mask.n_block_range`, `mask.m_block_range`) and masks read it; the deterministic
@@ -13,6 +15,18 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from frost.engines.common import mask
+
+
+class Sequence(NamedTuple):
+    """One batch entry: its first query / key token (0 in a dense batch), its query / key lengths (from the device
+    where the form has them), and the bound tensors' query / key extents (dense: the declared S, packed: T)."""
+
+    offset_q: Int32
+    offset_k: Int32
+    seqlen_q: Int32
+    seqlen_k: Int32
+    static_q: Int32
+    static_k: Int32
 
 
 class Band(NamedTuple):
