@@ -27,6 +27,7 @@ import functools
 import hashlib
 import importlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -378,7 +379,8 @@ def disk() -> Optional[DiskCache]:
 
 
 def warn(msg: str) -> None:
-    print(f"frost cache: {msg}", file=sys.stderr)
+    """A cache event the user should see (a corrupt entry replaced, a worker that failed): the logger of this module."""
+    logging.getLogger(__name__).warning("frost cache: %s", msg)
 
 
 def describe() -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import threading
 import time
 from dataclasses import dataclass, field, is_dataclass
@@ -30,6 +31,8 @@ from frost.compiler.loader import loader_choice
 from frost.compiler.naming import check_symbol, kernel_symbols
 from frost.engines.params import TemplateParams
 from frost.target import Target
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -297,6 +300,8 @@ def compile_kernel(template: str, params: TemplateParams, target: Target | str) 
             ck = _compile_in_memory(template, params, arch)
         _note_name(ck, key)
         _memo[key] = ck
+        _log.debug("frost: %s %s for %s (%.2f s)", "compiled" if ck.source == "compile" else "loaded", ck.name, arch,
+                  ck.compile_seconds if ck.source == "compile" else ck.load_seconds)
         return ck
 
 

@@ -18,6 +18,7 @@ ALLOWED = {
     "frost/ir/graph.py:OpGraph.sdpa_backward": "cuDNN's pygraph.sdpa_backward keywords",
     # FlashAttention's private backward signature, which the torch face serves positionally
     "frost/torch_face/provider.py:flash_backward": "flash_attn's _flash_attn_backward positional signature",
+    "frost/torch_face/kvcache.py:flash_attn_with_kvcache": "flash_attn's flash_attn_with_kvcache keywords",
     # not folded yet: the oracle takes the kernel contract's optional arguments one keyword each (17); a record
     # for them changes the call sites of the GPU tests, which need a GPU run to check
     "frost/adapters/reference_math.py:sdpa_fwd_reference": "one keyword per contract argument (to fold)",
