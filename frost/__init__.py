@@ -6,6 +6,7 @@ from frost import cache
 from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, GraphNotSupportedError,
                           NotSupportedError, PlanDuringCaptureError, PlanFileError, PlanFileWarning,
                           TemplateParamsError, UnsupportedArgumentError, WorkspaceError, cudnnGraphNotSupportedError)
+from frost.engines.common.length_check_params import length_check_errors
 from frost.graph import Graph, pygraph
 from frost.ir.tensor import Tensor
 from frost.knobs import Knobs
@@ -42,7 +43,7 @@ __all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knob
            "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "GraphNotSupportedError",
            "TemplateParamsError",
            "PlanFileError", "PlanFileWarning", "UnsupportedArgumentError", "PlanDuringCaptureError", "cache",
-           "precompile", "save_plan", "load_plan", "__version__",
+           "precompile", "save_plan", "load_plan", "length_check_errors", "__version__",
            # the cuDNN frontend's names: `import frost as cudnn` runs cuDNN's SDPA graph programs
            "pygraph", "tensor", "heur_mode", "build_plan_policy", "diagonal_alignment", "attention_implementation",
            "tensor_reordering", "Handle", "create_handle", "set_stream", "get_stream", "destroy_handle",

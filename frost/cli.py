@@ -14,7 +14,7 @@ import sys
 from importlib import metadata
 
 USAGE = "usage: frost [--version] {info,demo,bench,precompile} [options]   (frost <command> --help for each)"
-_log = logging.getLogger("frost.cli")
+_log = logging.getLogger(__name__)
 
 
 class _Stderr(logging.StreamHandler):

@@ -197,6 +197,19 @@ class Graph(OpGraph):
         plan.adapter.execute(self._binder.bind(variant_pack, workspace), workspace,
                              None if handle is None else launch_stream(handle))
 
+    def length_check(self):
+        """A frost addition: the opt-in device check of this graph's lengths and offsets (docs/lengths.md).
+
+            check = g.length_check()               # after build_plans(); compiles the check kernel
+            check(variant_pack, flag)              # flag: one int32 of yours; 0, or the rules broken
+
+        It launches on execute's stream, reads nothing on the host and allocates nothing; the default execute
+        path never runs it (the kernels clamp bad values instead)."""
+        from frost.adapters.length_check import LengthCheck
+
+        self._require_plan()
+        return LengthCheck(self.facts, self._roles(), self.target, self.handle)
+
     def executor(self, ports):
         """A frost addition: this graph's plan executed with tensors given positionally, in the order of
         `ports` (tensor handles, uids or names; every tensor an execute binds, once each).

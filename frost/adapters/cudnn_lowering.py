@@ -76,6 +76,7 @@ class CudnnSdpaCall:
     dropout: Optional[tuple[float, str, str]] = None  # (probability, seed role, offset role)
     ragged: tuple[tuple[str, str], ...] = ()  # (tensor role, ragged offset role): `set_ragged_offset` of each
     derived: Optional[RaggedOffsetsParams] = None  # packed graphs: the kernel that writes the derived roles
+    envelope: tuple[int, ...] = ()  # packed graphs: (total_q, total_kv, max_q, max_kv) that kernel clamps to
 
     def kwarg(self, name: str, default=None):
         for k, v in self.scalar_kwargs + self.tensor_kwargs:
@@ -293,4 +294,6 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
     return CudnnSdpaCall(op="sdpa" if fwd else "sdpa_backward", io_dtype=facts.io_dtype, inputs=tuple(inputs),
                          positional=positional, tensor_kwargs=tuple(tensor_kwargs),
                          scalar_kwargs=tuple(scalars.items()), outputs=tuple(outputs),
-                         output_kwargs=tuple(output_kwargs), dropout=dropout, ragged=pairs, derived=derived)
+                         output_kwargs=tuple(output_kwargs), dropout=dropout, ragged=pairs, derived=derived,
+                         envelope=() if derived is None else (int(facts.total_q), int(facts.total_kv),
+                                                              int(facts.seq_q), int(facts.seq_kv)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from frost.adapters.base import SdpaBwdAdapter, SdpaFwdAdapter
+from frost.adapters.reference_lengths import check_lengths
 from frost.adapters.reference_math import batch_entry, sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
 from frost.errors import BindingError
@@ -207,6 +208,7 @@ class SdpaFwdReference(SdpaFwdAdapter):
 
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
+        check_lengths(f, bound)  # every length and offset, before any output is written
         thd = f.is_thd
         if f.ragged is not None:
             with on_stream(stream, bound["q"].device):
@@ -230,6 +232,7 @@ class SdpaBwdReference(SdpaBwdAdapter):
 
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
+        check_lengths(f, bound)  # every length and offset, before any output is written
         thd = f.is_thd
         if f.ragged is not None:
             with on_stream(stream, bound["q"].device):

@@ -61,8 +61,8 @@ def provenance(env: dict | None) -> str:
 
 
 def write_png(path: str, rows: list[Row], title: str = "frost benchmark", env: dict | None = None) -> str | None:
-    """Write the chart (titled with `provenance(env)`); returns the path, or None when matplotlib is missing or
-    there is nothing to plot."""
+    """Write the chart (`provenance(env)` below it and in its PNG text); returns the path, or None when matplotlib is
+    missing or there is nothing to plot."""
     if matplotlib_missing():
         return None
     import matplotlib
@@ -109,8 +109,10 @@ def write_png(path: str, rows: list[Row], title: str = "frost benchmark", env: d
         ax.margins(y=0.15)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in keys]
     fig.legend(handles, keys, loc="upper center", ncol=min(8, len(keys)), fontsize=8, frameon=False)
-    fig.suptitle(f"{title}\n{provenance(env)}", y=0.995, fontsize=9, x=0.01, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / (3.6 * nrows + 0.8)))
+    fig.suptitle(title, y=0.995, fontsize=10, x=0.01, ha="left")
+    height = 3.6 * nrows + 0.8
+    fig.text(0.01, 0.005, provenance(env), fontsize=8, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.3 / height, 1, 1 - 0.5 / height))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110, metadata={"Title": title, "Description": provenance(env)})
     plt.close(fig)

@@ -49,6 +49,7 @@ class CompiledKernel:
     path: Optional[str] = None
     kernel_symbols: list = field(default_factory=list)  # known when compiled in this process
     ptx: Optional[str] = None  # with CUTE_DSL_KEEP=ptx, when compiled in this process
+    mlir: Optional[str] = None  # with CUTE_DSL_KEEP=ir, when compiled in this process with the disk layer off
     module: Any = field(default=None, repr=False)  # keeps a loaded artifact alive
     loader: Optional[str] = None  # "so" (TVM-FFI, linked library) | "o" (cute.runtime.load_module)
     artifact: Any = field(default=None, repr=False)  # adopted from a saved plan with the disk layer off
@@ -162,6 +163,14 @@ def _ptx_of(compiled) -> Optional[str]:
     return ptx if isinstance(ptx, str) and ".entry" in ptx else None
 
 
+def _mlir_of(compiled) -> Optional[str]:
+    try:
+        mlir = compiled.__mlir__
+    except Exception:
+        return None
+    return mlir if isinstance(mlir, str) and mlir else None
+
+
 def _build(template: str, params: TemplateParams, arch: str):
     _reject_real_tensors(params.model_dump(), "params")
     mod = load_template(template)
@@ -271,7 +280,8 @@ def _compile_in_memory(template: str, params: TemplateParams, arch: str) -> Comp
     compiled, symbols, dt = _compile(name, jit_fn, fake_args, symbol_for, arch, engine=True)
     fn = _raw_function(compiled) or compiled
     return CompiledKernel(name=name, template=template, params=params, arch=arch, fn=fn, compile_seconds=dt,
-                          source="compile", kernel_symbols=symbols, ptx=_ptx_of(compiled), module=compiled)
+                          source="compile", kernel_symbols=symbols, ptx=_ptx_of(compiled), mlir=_mlir_of(compiled),
+                          module=compiled)
 
 
 def _note_name(ck: CompiledKernel, key: tuple) -> None:

@@ -30,13 +30,20 @@ FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ALiBi", ("alibi",)),
     ("`block_mask`", ("block_mask",)),
     ("dropout", ("dropout",)),
+    ("dropout mask dump (`rng_dump`)", ("rng_dump",)),
+    ("paged K/V cache (`paged_attention_*`)", ("paged_attention",)),
     ("deterministic backward", ("deterministic",)),
     ("`score_max` / `score_sum_exp`", ("score_max", "score_sum_exp")),
 )
 
 
+#: row features the matrix does not show, and why (every other feature of a row must have a matrix row: the test
+#: checks it, so a feature added to the rows reaches the README)
+NOT_SHOWN = {"stats": "every engine serves Stats on or off (said above the matrix)",
+             "stats_per_batch": "a layout of Stats in cuDNN's ragged form, part of the ragged-offsets row"}
 #: features one direction has: the other direction's row may list them (rows share feature sets), never serves them
-ONE_DIRECTION = {"dbias": "bwd", "deterministic": "bwd", "block_mask": "fwd", "score_max": "fwd"}
+ONE_DIRECTION = {"dbias": "bwd", "deterministic": "bwd", "block_mask": "fwd", "score_max": "fwd",
+                 "paged_attention": "fwd"}
 
 
 def _line(row: CapabilityRow) -> str:

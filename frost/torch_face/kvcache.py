@@ -29,8 +29,8 @@ from typing import Optional
 import torch
 
 from frost.kv_append import plan_kv_append
-from frost.torch_face.graphs import _finish, _graph
-from frost.torch_face.plans import PLANS, target_of
+from frost.torch_face.graphs import _finish, _graph, target_of
+from frost.torch_face.plans import PLANS
 from frost.torch_face.spec import band, default_scale, reject, specialization
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -120,6 +120,9 @@ def _build(q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks, scale, bnd, c
     return _finish(g, (*head, hlq, hlk, *handles), spec)
 
 
+_build.what = "flash_attn_with_kvcache"  # named in the plan cache's errors
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale: Optional[float] = None, causal: bool = False, window_size=(-1, -1),
@@ -166,9 +169,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     key = ("kvcache", q.dtype, dev, q4.shape, q4.stride(), kc.shape, kc.stride(), vc.shape, vc.stride(),
            None if table4 is None else (table4.shape, table4.stride()), sinks is None, softmax_scale, bnd,
            lse is not None, out4.stride())
-    plan = PLANS.get(key, lambda: _build(q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks, softmax_scale,
-                                         bnd, capacity),
-                     lambda: f"flash_attn_with_kvcache on q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
+    plan = PLANS.lookup(key) or PLANS.build(key, _build, q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks,
+                                            softmax_scale, bnd, capacity)
     tensors = [q4, kc, vc, out4, *((lse4,) if lse4 is not None else ()), lens_q, lens_kv]
     if table4 is not None:
         tensors += [table4, table4]

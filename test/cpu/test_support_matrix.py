@@ -33,3 +33,10 @@ def test_check_mode_reports_a_stale_readme(tmp_path):
     assert support_matrix.main(["--readme", str(stale), "--check"]) == 1
     assert support_matrix.main(["--readme", str(stale)]) == 0  # rewrites it
     assert support_matrix.main(["--readme", str(stale), "--check"]) == 0
+
+
+def test_every_row_feature_has_a_matrix_row():
+    """A feature added to a capability row must be shown (a row in FEATURES) or said not to be (NOT_SHOWN)."""
+    shown = {f for _, needs in support_matrix.FEATURES for f in needs} | set(support_matrix.NOT_SHOWN)
+    missing = {f for row in ROWS for f in row.features} - shown
+    assert not missing, f"features the README's matrix does not show: {sorted(missing)} (add them to FEATURES)"

@@ -1,8 +1,11 @@
-"""The one path from torch tensors to a frost execute: allocate outputs, find the cached plan, launch.
+"""One attention block on frost: allocate its outputs, find its cached plan, launch it.
 
-The custom ops' real kernels, the eager fast path and the SDPA provider all call these functions;
-nothing else plans or launches. Outputs, the workspace and scratch are `torch.empty` on the tensors'
-device and the current stream, allocated here, outside `execute` (which never allocates).
+These are the custom ops' kernels (`ops.py` registers them), and what every other caller runs: the
+eager fast path of `attention`, the lean autograd path, the SDPA provider and context-parallel code
+calling a block's forward and backward. A call flows down once: its key -> the plan cache
+(`plans.PLANS`; on a miss `graphs.build_*` declares and plans it) -> the graph's executor
+(`graphs.Planned.run`). Outputs and the workspace are `torch.empty` on the tensors' device and the
+current stream, allocated here, outside `execute` (which never allocates).
 
 Dense tensors are (B, H, S, D) with any strides frost serves; packed ones are (T, H, D). Windows use
 FlashAttention's convention (`spec.Band`): -1 is unbounded, causal is right = 0.
@@ -15,12 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from frost.torch_face.graphs import build_backward, build_forward, envelope
+from frost.torch_face.graphs import build_backward, build_forward, current_device, envelope
 from frost.torch_face.plans import PLANS, TICKS
 from frost.torch_face.spec import Band
 
 _F32 = torch.float32
-_lookup = PLANS.lookup  # the hit path: no closures, no lock
+_lookup = PLANS.lookup  # the hit path: no lock
+_build = PLANS.build
 
 
 def out_like(q, head_dim_v):
@@ -49,27 +53,9 @@ def dsinks_like(q, sinks):
     return torch.empty(q.shape[1] if sinks is not None else 0, dtype=_F32, device=q.device)
 
 
-def _describe(kind, *tensors) -> str:
-    return f"{kind} on " + ", ".join(f"{tuple(t.shape)}/{t.dtype}" for t in tensors if t is not None)
-
-
-def _current_device() -> int:
-    """The current CUDA device's index, through torch's C getter (CUDA is initialized: a tensor lives there)."""
-    global _current_device
-    _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-    return _current_device()
-
-
-def _launch(plan, tensors, device, pinned: bool = False) -> None:
-    """Run on the tensors' device: the current stream of that device is the launch stream.
-
-    pinned: the plan-cache key holds every tensor's dtype, dims and strides (or the tensor was allocated
-    here from those), so only devices and alignment are checked (`Planned.run`)."""
-    if device.type == "cuda" and device.index != _current_device():
-        with torch.cuda.device(device):
-            plan.run(tensors, device, pinned)
-    else:
-        plan.run(tensors, device, pinned)
+def _forward_key(q, k, v, ostride, sinks, scale, window_left, window_right, bottom_right, lse):
+    return ("fwd", q.dtype, k.dtype, v.dtype, q.device, q.shape, q.stride(), k.shape, k.stride(), v.shape,
+            v.stride(), ostride, sinks is None, scale, window_left, window_right, bottom_right, lse)
 
 
 def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=None, *, lse: bool = True,
@@ -93,17 +79,15 @@ def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=
     else:
         lse_t = lse4 = None
         tensors = (q, k, v, out)
-    key = ("fwd", q.dtype, k.dtype, v.dtype, dev, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-           ostride, sinks is None, scale, window_left, window_right, bottom_right, lse)
+    key = _forward_key(q, k, v, ostride, sinks, scale, window_left, window_right, bottom_right, lse)
     plan = _lookup(key)
     if plan is None:
-        band = Band(window_left, window_right, bottom_right)
-        plan = PLANS.build(key, lambda: build_forward(q, k, v, out, lse4, sinks, scale, band),
-                           lambda: _describe("the attention forward", q, k, v))
+        plan = _build(key, build_forward, q, k, v, out, lse4, sinks, scale, Band(window_left, window_right,
+                                                                                  bottom_right))
     if sinks is None:  # the key pins q, k, v; out and lse are made from q here (a given out is checked)
-        _launch(plan, tensors, dev, ostride is None)
+        plan.run(tensors, dev, ostride is None)
     else:
-        _launch(plan, (*tensors, sinks), dev)
+        plan.run((*tensors, sinks), dev)
     if remember is not None and sinks is None:
         PLANS.remember(remember[0], EagerForward(plan, q, out, lse_t, bshd=remember[1]))
     return out, lse_t
@@ -114,16 +98,21 @@ class EagerForward:
 
     Made after a call with that signature went the whole way (argument checks, a plan, every binding
     check of execute) and needed no copy of its inputs; the memo key (`api.attention`) holds the dims,
-    strides and dtypes of q, k and v, q's device and every other argument, so a call that finds it has
-    nothing left to decide. It allocates the outputs as that call did (out `empty_like(q)`, or q's
-    stride order when Dv != D; lse fp32 only when returned), binds through the plan's executor `launch`
-    (devices and alignment checked: the rest is pinned by the key; a failure takes the checked path and
-    its errors) and counts as a plan-cache hit.
+    strides and dtypes of q, k and v, q's device, whether autograd records the call, and every other
+    argument, so a call that finds it has nothing left to decide. It allocates the outputs as that call
+    did (out `empty_like(q)`, or q's stride order when Dv != D; lse fp32 when returned or trained), binds
+    through the plan's executor `launch` (devices and alignment checked: the rest is pinned by the key; a
+    failure takes the checked path and its errors) and counts as a plan-cache hit.
+
+    A training entry (`grads` a dict) is run by the ops' autograd node (`ops.fwd_autograd`), which hands
+    `grads` to its backward: the backward plans of this forward by the gradient's strides
+    (`backward_memo`), so a repeated training step finds both plans without building a key.
     """
 
-    __slots__ = ("plan", "launch", "bshd", "out_shape", "out_stride", "lse_shape", "cuda", "workspace_size")
+    __slots__ = ("plan", "launch", "bshd", "out_shape", "out_stride", "lse_shape", "cuda", "workspace_size",
+                 "attrs", "grads")
 
-    def __init__(self, plan, q, out, lse, *, bshd: bool):
+    def __init__(self, plan, q, out, lse, *, bshd: bool, attrs=(), train: bool = False):
         self.plan = plan
         self.launch = plan.executor.launch
         self.bshd = bshd
@@ -133,13 +122,14 @@ class EagerForward:
         self.lse_shape = None if lse is None else tuple(lse.shape)
         self.cuda = q.device.index if q.device.type == "cuda" else -1
         self.workspace_size = plan.workspace_size
+        self.attrs = attrs  # (scale, window_left, window_right, bottom_right) of the ops' schema
+        self.grads = {} if train else None
 
-    def __call__(self, q, k, v):
+    def outputs(self, q, k, v):
+        """Allocate and launch for (B, H, S, D) q, k, v -> (out, lse or None)."""
         plan = self.plan
         plan.used = next(TICKS)
         PLANS.stats.hits += 1
-        if self.bshd:
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.out_shape is None:
             out = torch.empty_like(q)
         else:
@@ -151,37 +141,79 @@ class EagerForward:
             tensors = (q, k, v, out, lse.unsqueeze(-1))
         ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=q.device) if self.workspace_size else None
         cuda = self.cuda
-        if cuda >= 0 and _current_device() != cuda:
+        if cuda >= 0 and current_device() != cuda:
             with torch.cuda.device(cuda):
                 self.launch(tensors, ws)
         else:
             self.launch(tensors, ws)
+        return out, lse
+
+    def __call__(self, q, k, v):
+        if self.bshd:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out, lse = self.outputs(q, k, v)
         if self.bshd:
             out = out.transpose(1, 2)
         return out if lse is None else (out, lse)
 
 
+def memoize_training(key, q, k, v, out, lse, scale, window_left, window_right, bottom_right, *, bshd: bool) -> None:
+    """Memoize a training forward that went the whole way (no sinks, no copy, lse written) under `key`."""
+    plan = _lookup(_forward_key(q, k, v, None, None, scale, window_left, window_right, bottom_right, True))
+    if plan is not None:
+        PLANS.remember(key, EagerForward(plan, q, out, lse, bshd=bshd, train=True,
+                                         attrs=(scale, window_left, window_right, bottom_right)))
+
+
 def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
     """Dense backward -> (dq, dk, dv, dsinks); each gradient `empty_like` its input."""
-    dev = q.device
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = dsinks_like(q, sinks)
     lse4 = lse.unsqueeze(-1)
-    key = ("bwd", q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, dev, q.shape, q.stride(), k.shape,
-           k.stride(), v.shape, v.stride(), out.shape, out.stride(), dout.shape, dout.stride(), lse.shape, lse.stride(),
-           sinks is None, scale, window_left, window_right, bottom_right, deterministic)
-    grads = (dq, dk, dv)
-    plan = _lookup(key)
-    if plan is None:
-        plan = PLANS.build(key, lambda: build_backward(dout, q, k, v, out, lse4, grads, sinks, dsinks, scale,
-                                                       Band(window_left, window_right, bottom_right), deterministic),
-                           lambda: _describe("the attention backward", q, k, v, dout))
+    plan = _backward_plan(dout, q, k, v, out, lse4, (dq, dk, dv), sinks, dsinks, scale, window_left, window_right,
+                          bottom_right, deterministic)
     tensors = (q, k, v, out, dout, lse4, dq, dk, dv)
     if sinks is None:  # the key pins every input; the gradients are made from them here
-        _launch(plan, tensors, dev, True)
+        plan.run(tensors, q.device, True)
     else:
-        _launch(plan, (*tensors, sinks, dsinks), dev)
+        plan.run((*tensors, sinks, dsinks), q.device)
     return dq, dk, dv, dsinks
+
+
+def _backward_plan(dout, q, k, v, out, lse4, grads, sinks, dsinks, scale, window_left, window_right, bottom_right,
+                   deterministic):
+    """The cached backward plan of these tensors (built on a miss); its key holds every bound tensor's dtype,
+    dims and strides."""
+    key = ("bwd", q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, q.device, q.shape, q.stride(), k.shape,
+           k.stride(), v.shape, v.stride(), out.shape, out.stride(), dout.shape, dout.stride(), lse4.shape,
+           lse4.stride(), sinks is None, scale, window_left, window_right, bottom_right, deterministic)
+    plan = _lookup(key)
+    if plan is None:
+        plan = _build(key, build_backward, dout, q, k, v, out, lse4, grads, sinks, dsinks, scale,
+                      Band(window_left, window_right, bottom_right), deterministic)
+    return plan
+
+
+def backward_memo(grads, dout, q, k, v, out, lse, scale, window_left, window_right, bottom_right, deterministic):
+    """The backward of a memoized training forward (`EagerForward.grads`, no sinks) -> (dq, dk, dv, None).
+
+    q, k, v, out and lse are that forward's (pinned by its memo key and its allocation), and autograd hands
+    a gradient of out's dims; `grads` maps the gradient's strides, dtype and `deterministic` to the backward
+    plan, built the whole way on the first use."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    lse4 = lse.unsqueeze(-1)
+    key = (dout.stride(), dout.dtype, dout.shape, deterministic)
+    plan = grads.get(key)
+    if plan is None or not plan.live:
+        if len(grads) > 8:
+            grads.clear()
+        plan = grads[key] = _backward_plan(dout, q, k, v, out, lse4, (dq, dk, dv), None, None, scale, window_left,
+                                           window_right, bottom_right, deterministic)
+    else:
+        plan.used = next(TICKS)
+        PLANS.stats.hits += 1
+    plan.run((q, k, v, out, dout, lse4, dq, dk, dv), q.device, True)
+    return dq, dk, dv, None
 
 
 def _envelopes(q, k, max_seqlen_q, max_seqlen_k):
@@ -207,12 +239,10 @@ def packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     cu = (cu_seqlens_q, cu_seqlens_k)
     plan = _lookup(key)
     if plan is None:
-        band = Band(window_left, window_right, bottom_right)
-        plan = PLANS.build(key, lambda: build_forward(q, k, v, out, lse3, sinks, scale, band, cu=cu,
-                                                      max_seqlens=maxes, totals=totals),
-                           lambda: _describe("the packed attention forward", q, k, v))
+        plan = _build(key, build_forward, q, k, v, out, lse3, sinks, scale,
+                      Band(window_left, window_right, bottom_right), cu, maxes, totals)
     tensors = (q, k, v, out, lse3) if sinks is None else (q, k, v, out, lse3, sinks)
-    _launch(plan, (*tensors, *cu), dev)
+    plan.run((*tensors, *cu), dev)
     return out, lse
 
 
@@ -233,10 +263,8 @@ def packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     grads = (dq, dk, dv)
     plan = _lookup(key)
     if plan is None:
-        plan = PLANS.build(key, lambda: build_backward(dout, q, k, v, out, lse3, grads, sinks, dsinks, scale,
-                                                       Band(window_left, window_right, bottom_right), deterministic,
-                                                       cu=cu, max_seqlens=maxes, totals=totals),
-                           lambda: _describe("the packed attention backward", q, k, v, dout))
+        plan = _build(key, build_backward, dout, q, k, v, out, lse3, grads, sinks, dsinks, scale,
+                      Band(window_left, window_right, bottom_right), deterministic, cu, maxes, totals)
     tensors = (q, k, v, out, dout, lse3, dq, dk, dv)
-    _launch(plan, (*tensors, *((sinks, dsinks) if sinks is not None else ()), *cu), dev)
+    plan.run((*tensors, *((sinks, dsinks) if sinks is not None else ()), *cu), dev)
     return dq, dk, dv, dsinks
