@@ -67,6 +67,12 @@ def stair_turn(n_block, m_block, tile_m, tile_n, seqlen_k, diag, window_left, wi
     return n_block - n_lo
 
 
+def ragged_tiles(counters, batch_entries: int, num_heads: int):
+    """cuDNN's ragged form (sequences anywhere, in any order): the query tiles each (batch entry, head) has
+    counters for, those of the longest sequence (`scratch.scratch_layout`); `counters`: the counters' extent."""
+    return counters // (batch_entries * num_heads)
+
+
 def turn_index(head, m_block, num_heads, tiles, batch=None, first_tile=None):
     """The turn counter of one (batch, query head, query tile), as `scratch.scratch_layout` sizes them and the
     shared preprocess zeroes them. Per sequence (`batch`: dense, and cuDNN's ragged form): `tiles` per (batch,

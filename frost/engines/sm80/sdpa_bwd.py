@@ -476,7 +476,7 @@ def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mC
         static_q, static_k = mQ.shape[1], mK.shape[1]
     turn_rows = None  # cuDNN's ragged form: per (batch, head) turn counters for the longest sequence's tiles only
     if cutlass.const_expr(p.ragged and uses_turns(p)):
-        turn_rows = mSem.shape[0] // (grid_extent(p.grid_order, "batch") * p.num_heads_q) * cfg.bm
+        turn_rows = turns.ragged_tiles(mSem.shape[0], grid_extent(p.grid_order, "batch"), p.num_heads_q) * cfg.bm
     offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK,
                                                          p.token_div_q, p.token_div_kv, turn_rows)
     offset_lse = offset_q
@@ -924,7 +924,7 @@ def _sem_ptr(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block
     if cutlass.const_expr(p.ragged):
         # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
         n_batch = grid_extent(p.grid_order, "batch")
-        per_seq = io.sem.shape[0] // (n_batch * p.num_heads_q)
+        per_seq = turns.ragged_tiles(io.sem.shape[0], n_batch, p.num_heads_q)
         idx = turns.turn_index(head, m_block, p.num_heads_q, per_seq, batch=s.batch)
     elif cutlass.const_expr(p.is_thd):
         n_batch = grid_extent(p.grid_order, "batch")

@@ -663,7 +663,7 @@ class SdpaBwdSm90:
         """cuDNN's ragged form with turn counters: the query rows a sequence has counters for (per (batch, head)
         the tiles of the longest one, `semaphore`), the most its length may take; else None (no such bound)."""
         if const_expr(self.p.ragged and self.p.deterministic):
-            per_seq = mSem.shape[0] // (grid_extent(self.p.grid_order, "batch") * self.p.num_heads_q)
+            per_seq = turns.ragged_tiles(mSem.shape[0], grid_extent(self.p.grid_order, "batch"), self.p.num_heads_q)
             return per_seq * self.bm
         return None
 
@@ -677,7 +677,7 @@ class SdpaBwdSm90:
         bm = self.bm
         if const_expr(self.p.ragged):
             # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
-            per_seq = mSem.shape[0] // (grid_extent(self.p.grid_order, "batch") * self.p.num_heads_q)
+            per_seq = turns.ragged_tiles(mSem.shape[0], grid_extent(self.p.grid_order, "batch"), self.p.num_heads_q)
             idx = turns.turn_index(head, m_block, self.p.num_heads_q, per_seq, batch=w.batch)
         elif const_expr(self.p.is_thd):
             per_head = mAcc.shape[0] // bm + grid_extent(self.p.grid_order, "batch") + 1
