@@ -33,7 +33,8 @@ def sdpa_feature_flags(facts) -> dict:
                  has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
                  has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
                  bottom_right=facts.bottom_right and banded, has_bias=bias is not None,
-                 bias_per_batch=bias is not None and bias.dim[0] > 1, bias_per_head=bias is not None and bias.dim[1] > 1,
+                 bias_per_batch=bias is not None and bias.dim[0] > 1,
+                 bias_per_head=bias is not None and bias.dim[1] > 1,
                  bias_key_strided=bias is not None and bias.stride[3] != 1,  # as declared, also for S_kv = 1
                  has_alibi=facts.has_alibi)
     return {**flags, **ragged_flags(facts)}
@@ -133,9 +134,9 @@ def check_dsl_and_knobs(adapter) -> None:
 class DslKernels:
     """Mixin of the DSL adapters: the template params, validated once, and the kernels they make.
 
-    Subclasses set `params_module` (a module with the params class, `validate()` and
-    `default_knobs()`) and `params_class` (that class's name), supply `plan_knobs()` and list their
-    kernels in `kernel_specs()`; the direction supplies `feature_flags(facts)`.
+    Subclasses set `params_module` (a module with the params class and `validate()`) and `params_class` (that
+    class's name), supply `plan_knobs()` and list their kernels in `kernel_specs()`; the direction supplies
+    `feature_flags(facts)`.
     """
 
     params_module: str = ""

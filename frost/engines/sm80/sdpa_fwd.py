@@ -25,6 +25,7 @@ O columns that are never stored), and O's store skips them.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.memory
@@ -32,7 +33,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, mask, rows, score_mod, seqlen, softmax
+from frost.engines.common import acc_layout, mask, rows, score_mod, seqlen, softmax, tiles
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
@@ -46,7 +47,8 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
     flags = [name for on, name in (
         (p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-        (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_block_mask, "bmask"), (p.has_lse, "lse"), (p.has_score_max, "smax"),
+        (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_block_mask, "bmask"), (p.has_lse, "lse"),
+        (p.has_score_max, "smax"),
         (p.has_score_sum_exp, "ssum"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
     ) if on] + ragged_tags(p)
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
@@ -62,6 +64,44 @@ def build(params: Sm80FwdParams, arch: str):
     kernel = SdpaFwdSm80(params)
     entry = make_entry(kernel.launch, names, params.is_thd, params if params.ragged else None)
     return entry, FakeArgs(params).all(names)
+
+
+class _Globals(NamedTuple):
+    """The kernel's global tensors (None where a flavor does not take one): Q, K, V, O, Stats, (score_max,
+    score_sum_exp), sinks, the bias, the block mask."""
+
+    mQ: Any
+    mK: Any
+    mV: Any
+    mO: Any
+    mLSE: Any
+    mScores: Any
+    mSinks: Any
+    mBias: Any
+    mBlockMask: Any
+
+
+class _Scores(NamedTuple):
+    """The logits' scale (None without score modifiers), the softmax's exp2 factor, the windows (None: none)."""
+
+    softmax_scale: Any
+    scale_log2: Any
+    window_left: Any
+    window_right: Any
+
+
+class _Kit(NamedTuple):
+    """The kernel's shared-memory layouts, copies, MMA and storage struct: the same for every tile."""
+
+    sQ_layout: Any
+    sK_layout: Any
+    sV_layout: Any
+    sO_layout: Any
+    copy_QK: Any
+    copy_V: Any
+    copy_O: Any
+    tiled_mma: Any
+    SharedStorage: Any
 
 
 class SdpaFwdSm80:
@@ -141,9 +181,10 @@ class SdpaFwdSm80:
         g = a.get
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
-            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"), g("v_offsets"),
-            (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
-            g("block_mask"), scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
+            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"),
+            g("v_offsets"), (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
+            g("block_mask"), scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"),
+            g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
             grid=grid,
@@ -191,16 +232,20 @@ class SdpaFwdSm80:
     ):
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
-            self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff,
-                     (mOOff, mVOff, mScoreOffs), mBias, mBlockMask, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
-                     sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
+            self.cta(_Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask),
+                     (mCuQ, mCuK, mSuQ, mSuK), mLseOff, (mOOff, mVOff, mScoreOffs),
+                     _Scores(softmax_scale, scale_log2, window_left, window_right),
+                     _Kit(sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+                          SharedStorage),
+                     bx, head, batch)
 
     @cute.jit
-    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, mOwnOff, mBias, mBlockMask,
-            softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V,
-            copy_O, tiled_mma, SharedStorage: cutlass.Constexpr, bx, head, batch):
-        """Pick this CTA's m-tile of its (head, batch entry) and run it."""
+    def cta(self, g: _Globals, lengths, mLseOff, mOwnOff, sc: _Scores, kit: _Kit, bx, head, batch):
+        """Pick this CTA's m-tile of its (head, batch entry) and run it. `lengths`: the device lengths (packed
+        prefix sums, padded lengths; None where the form has none)."""
         p = self.p
+        mQ, mK = g.mQ, g.mK
+        mCuQ, mCuK, mSuQ, mSuK = lengths
         if const_expr(p.is_thd):
             static_sq, static_sk = mQ.shape[0], mK.shape[0]
         else:
@@ -224,17 +269,19 @@ class SdpaFwdSm80:
         else:
             m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
-                      window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-                      SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse,
-                      off_o, off_v, off_scores)
+            self.tile(g, sc, kit, m_block, head, batch, tiles.Sequence(off_q, off_k, seqlen_q, seqlen_k, static_sq,
+                                                                       static_sk), (off_lse, off_o, off_v, off_scores))
 
     @cute.jit
-    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, softmax_scale, scale_log2, window_left,
-             window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-             SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
-             static_sq, off_lse, off_o, off_v, off_scores):
+    def tile(self, g: _Globals, sc: _Scores, kit: _Kit, m_block, head, batch, seq: tiles.Sequence, offsets):
+        """One query tile: its key tiles from the last down (`step`), then O and the row statistics out
+        (`epilogue`). `offsets`: the first rows of Stats, O, V and score_max / score_sum_exp in their tensors."""
         p = self.p
+        mQ, mK, mV, mO, _, _, _, mBias, mBlockMask = g
+        softmax_scale, scale_log2, window_left, window_right = sc
+        sQ_layout, sK_layout, sV_layout, _, copy_QK, copy_V, _, tiled_mma, SharedStorage = kit
+        off_q, off_k, seqlen_q, seqlen_k, static_sq, _ = seq
+        _, off_o, off_v, _ = offsets
         S = p.num_stages
         tidx, _, _ = cute.arch.thread_idx()
         head_kv = head // self.qpk
@@ -299,7 +346,7 @@ class SdpaFwdSm80:
         t0ScS_mn = acc_layout.acc_as_mn(tiled_mma.get_slice(0).partition_C(cS))
 
         # ---- which key tiles to visit, which need masking
-        offset = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
+        offset = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
         n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
                                           window_left, window_right)
         lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
@@ -366,7 +413,20 @@ class SdpaFwdSm80:
                 self.step(ctx, b_end - 1 - it, stage, True)
                 stage = self.next_stage(stage)
 
-        # ---- epilogue
+        self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, num_rows, tidx)
+
+    @cute.jit
+    def epilogue(self, ctx, g: _Globals, kit: _Kit, sQ, gO, at, offsets, q_rows, store_rows, num_rows, tidx):
+        """The tile's O (staged through sQ's smem) and row statistics out; rows past the sequence (dense) get
+        O = 0, LSE = -inf. `at`: (head, batch entry)."""
+        p = self.p
+        dv = self.dv
+        head, batch = at
+        off_lse, _, _, off_scores = offsets
+        mLSE, mScores, mSinks = g.mLSE, g.mScores, g.mSinks
+        sO_layout, copy_O, tiled_mma = kit.sO_layout, kit.copy_O, kit.tiled_mma
+        thr_mma, acc_O, row_max, row_sum, row_scale = ctx.thr_mma, ctx.acc_O, ctx.row_max, ctx.row_sum, ctx.row_scale
+        scale_log2, m_block = ctx.scale_log2, ctx.m_block
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # sQ is reused for O; no load may still land in it
         lse = cute.make_rmem_tensor(num_rows, Float32)
