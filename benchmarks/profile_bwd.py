@@ -19,7 +19,8 @@ def main(argv=None) -> int:
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--s", type=int, default=16384)
     ap.add_argument("--causal", type=int, default=0)
-    ap.add_argument("--det", type=int, default=0, help="frost's deterministic backward (the peer then runs its usual one)")
+    ap.add_argument("--det", type=int, default=0,
+                    help="frost's deterministic backward (the peer then runs its usual one)")
     ap.add_argument("--peer", default="fa2", help="the peer profiled beside frost: fa2 (torch's flash backend) or fa4")
     a = ap.parse_args(argv)
     import torch

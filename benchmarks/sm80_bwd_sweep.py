@@ -31,7 +31,8 @@ MAIN = "frost.engines.sm80.sdpa_bwd"
 
 def params(d: int, causal: bool, det: bool, knobs: dict, s: int = 4096, sm_count: int = 132):
     from frost.adapters.sm80_plan import planned_dq_splits
-    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
+    from frost.engines.sm80.sdpa_bwd_knobs import default_knobs
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
 
     knobs = dict(knobs)
     det = bool(knobs.pop("det", det))  # a variant may switch deterministic mode on

@@ -114,7 +114,8 @@ def main(argv=None):
     ap.add_argument("--thd", default="", help="packed batches instead of dense: fixed, random or both "
                     "(frost bench's length mixes over 16384 tokens); --s is then ignored")
     a = ap.parse_args(argv)
-    from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs, validate
+    from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
+    from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, validate
     from frost.errors import TemplateParamsError
     from frost.target import discover_target
 
@@ -135,7 +136,8 @@ def main(argv=None):
             for vi, var in enumerate(variants):
                 knobs = {k: v for k, v in var.items() if k != "deterministic"}
                 p = Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=dv_of(d), num_heads_q=h, num_heads_kv=hk,
-                                  has_window_right=c, is_thd=bool(a.thd), deterministic=bool(var.get("deterministic", False)),
+                                  has_window_right=c, is_thd=bool(a.thd),
+                                  deterministic=bool(var.get("deterministic", False)),
                                   **default_knobs(d, dv_of(d), banded=c, packed=bool(a.thd),
                                                   sm_count=target.sm_count, **knobs))
                 try:
@@ -147,7 +149,7 @@ def main(argv=None):
                 params.append(p)
             if a.sm80:
                 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
-                from frost.engines.sm80.sdpa_bwd_params import default_knobs as k80
+                from frost.engines.sm80.sdpa_bwd_knobs import default_knobs as k80
                 keys.append((d, c, "sm80"))
                 params.append(Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=dv_of(d),
                                             num_heads_q=h, num_heads_kv=hk, has_window_right=c, is_thd=bool(a.thd),

@@ -128,7 +128,8 @@ def phase_rows(args) -> dict:
         stats.hits += 1
     return {
         "function call (an empty Python function)": lambda: _empty(qb, kb, vb, causal=True),
-        "gate: is_compiling + no mode/subclass, no grad": lambda: api._lean(qb, kb, vb) and not api._needs_grad(qb, kb, vb),
+        "gate: is_compiling + no mode/subclass, no grad":
+            lambda: api._lean(qb, kb, vb) and not api._needs_grad(qb, kb, vb),
         "memo key (18 values) + dict lookup": lambda: plans.PLANS.memo.get(
             (qb.shape, qb.stride(), kb.shape, kb.stride(), vb.shape, vb.stride(), qb.dtype, kb.dtype, vb.dtype,
              qb.device, True, None, None, "bhsd", False, "top_left", False, False)),

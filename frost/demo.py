@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}; problem B={B} H={H}/{Hk} S={S} D={D} "
           f"{str(dt).replace('torch.', '')} causal")
     print(f"forward : engine {fwd.engine_name:<20} plan {t_fwd * 1e3:8.1f} ms  rel err O  {_rel(o_t, ref_o):.2e}")
-    print(f"backward: engine {bwd.engine_name:<20} plan {t_bwd * 1e3:8.1f} ms  rel err dQ {_rel(grads['dq'], ref_dq):.2e}"
+    print(f"backward: engine {bwd.engine_name:<20} plan {t_bwd * 1e3:8.1f} ms  "
+          f"rel err dQ {_rel(grads['dq'], ref_dq):.2e}"
           f"  dK {_rel(grads['dk'], ref_dk):.2e}  dV {_rel(grads['dv'], ref_dv):.2e}")
     return 0
 

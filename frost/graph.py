@@ -271,8 +271,9 @@ def _target_for(target, sm_version, sm_count):
         if found.cc != cc:
             matches = [t for t in FAKE_TARGETS.values() if t.cc == cc]
             if not matches:
+                known = sorted(t.cc[0] * 10 + t.cc[1] for t in FAKE_TARGETS.values())
                 raise GraphError(f"Graph(): sm_version={sm_version} is neither this device's ({found.name}) nor one "
-                                 f"frost has a target record for ({sorted(t.cc[0] * 10 + t.cc[1] for t in FAKE_TARGETS.values())})")
+                                 f"frost has a target record for ({known})")
             found = matches[0]
         target = found
     if sm_count is not None:

@@ -11,7 +11,8 @@ PADDED_HEAD_DIMS = ((72, 72), (40, 40), (8, 24), (160, 160), (224, 224), (192, 6
 
 def default_params(family: str, d: int, dv: int):
     """Sm80BwdParams with the family's default knobs for these head dims."""
-    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
+    from frost.engines.sm80.sdpa_bwd_knobs import default_knobs
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
 
     return Sm80BwdParams(**params_kwargs(default_knobs, family=family, d=d, dv=dv))
 

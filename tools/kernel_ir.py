@@ -13,8 +13,9 @@ deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forw
 mma.sync backward's K and V head counts that do not nest, the SM90 forward's block_mask, the SM90
 backward's rows warp on named barriers, the SM90 forward's block skipping and the SM90 backward's score
 modifiers)
-through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code) with source locations stripped, one
-file per kernel (`--lengths only` / `without`: the kernels that read sequence lengths from the device, or the others). `--jobs` spreads the compiles
+through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code)
+with source locations stripped, one file per kernel (`--lengths only` / `without`: the kernels that read sequence
+lengths from the device, or the others). `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
 defined by the same op on the same operands, only independent ops moved, and the lines
 that define nothing, such as stores, barriers and region ends, keep their order); or

@@ -1,10 +1,11 @@
-"""The adapter contract: `SdpaFwdDsl` / `SdpaBwdDsl`, driven by `lower_dsl_fwd` / `lower_dsl_bwd`.
+"""The adapter contract: `SdpaFwdAdapter` / `SdpaBwdAdapter`, driven by `lower_fwd` / `lower_bwd`.
 
-An adapter is constructed with plan-time descriptors only (facts, target, knobs;
-no storage). `check_support()` raises `EngineDecline`; `compile()` builds every
-artifact execute will need; `scratch_workspace_bytes()` is a closed form;
-`execute(bound, workspace, stream)` takes tensors the binder has checked, makes the views its
-kernels want and launches.
+Every engine implements it: the CuTe DSL lines (`DslFwdAdapter` / `DslBwdAdapter`, which add the
+template params and compiled kernels), the cuDNN frontend and the reference oracle. An adapter is
+constructed with plan-time descriptors only (facts, target, knobs; no storage). `check_support()`
+raises `EngineDecline`; `compile()` builds every artifact execute will need; `scratch_workspace_bytes()`
+is a closed form; `execute(bound, workspace, stream)` takes tensors the binder has checked, makes the
+views its kernels want and launches.
 Subclasses may only add optional keywords.
 """
 from __future__ import annotations
@@ -17,7 +18,9 @@ from frost.ir.facts import SdpaFacts
 from frost.knobs import Knobs
 
 
-class _SdpaAdapter:
+class SdpaAdapter:
+    """What an engine is to the planner and the executor, whatever runs its math."""
+
     engine_name: str = "abstract"
 
     def __init__(self, facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None):
@@ -53,32 +56,32 @@ class _SdpaAdapter:
         raise NotImplementedError
 
 
-class SdpaFwdDsl(_SdpaAdapter):
-    """Contract of every SDPA forward adapter."""
+class SdpaFwdAdapter(SdpaAdapter):
+    """Contract of every SDPA forward adapter (DSL, cuDNN, reference)."""
 
     direction = "fwd"
 
 
-class SdpaBwdDsl(_SdpaAdapter):
-    """Contract of every SDPA backward adapter."""
+class SdpaBwdAdapter(SdpaAdapter):
+    """Contract of every SDPA backward adapter (DSL, cuDNN, reference)."""
 
     direction = "bwd"
 
 
 def _lower(adapter_cls, direction: str, facts: SdpaFacts, target: Target, knobs: Optional[Knobs], **kw):
     if facts.direction != direction:
-        raise ValueError(f"lower_dsl_{direction} got {facts.direction} facts")
+        raise ValueError(f"lower_{direction} got {facts.direction} facts")
     adapter = adapter_cls(facts, target, knobs, **kw)
     adapter.check_support()
     adapter.compile()
     return adapter
 
 
-def lower_dsl_fwd(adapter_cls, facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None, **kw):
+def lower_fwd(adapter_cls, facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None, **kw):
     """The one forward lowering: construct, check support, compile. `adapter_cls` is the parameter."""
     return _lower(adapter_cls, "fwd", facts, target, knobs, **kw)
 
 
-def lower_dsl_bwd(adapter_cls, facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None, **kw):
+def lower_bwd(adapter_cls, facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None, **kw):
     """The one backward lowering: construct, check support, compile. `adapter_cls` is the parameter."""
     return _lower(adapter_cls, "bwd", facts, target, knobs, **kw)

@@ -40,7 +40,7 @@ import threading
 from array import array
 from typing import NamedTuple, Optional
 
-from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
+from frost.adapters.base import SdpaBwdAdapter, SdpaFwdAdapter
 from frost.adapters.cudnn_lowering import CudnnSdpaCall, CudnnUnsupported, lower_cudnn_sdpa
 from frost.engines.common.ragged_offsets_params import scratch_buffers
 from frost.runtime.context import stream_handle
@@ -282,7 +282,8 @@ class _CudnnAdapter:
             raise self.decline(e.reason) from None
         for key, _ in self.call.tensor_kwargs:
             if key in NEWER_KEYWORDS and not binding_takes(self.call.op, key):
-                raise self.decline(f"this nvidia-cudnn-frontend's {self.call.op} takes no {key} ({NEWER_KEYWORDS[key]})")
+                raise self.decline(f"this nvidia-cudnn-frontend's {self.call.op} takes no {key} "
+                                   f"({NEWER_KEYWORDS[key]})")
         if quick or self.target.is_fake or self.target.is_cpu:
             return  # a record cannot be asked: cuDNN is asked on the device itself (compile declines on a record)
         self._build()
@@ -407,9 +408,9 @@ class _CudnnAdapter:
                       f"binding by mapping instead", RuntimeWarning, stacklevel=3)
 
 
-class SdpaFwdCudnn(_CudnnAdapter, SdpaFwdDsl):
+class SdpaFwdCudnn(_CudnnAdapter, SdpaFwdAdapter):
     engine_name = "SdpaFwdCudnn"
 
 
-class SdpaBwdCudnn(_CudnnAdapter, SdpaBwdDsl):
+class SdpaBwdCudnn(_CudnnAdapter, SdpaBwdAdapter):
     engine_name = "SdpaBwdCudnn"

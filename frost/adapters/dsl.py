@@ -9,7 +9,7 @@ from frost.adapters.views import lengths_view, sink_view
 from frost.engines.dsl import dsl_decline_reason
 from frost.engines.sdpa_args import OWN_OFFSET_ROLES, Q_ROLES, STATS_ROLES
 from frost.errors import TemplateParamsError
-from frost.runtime.binding import RAGGED_TOKENS
+from frost.runtime.binding import ragged_totals  # noqa: F401  (the launch path's T, re-exported)
 
 
 def kernel_window(facts) -> tuple:
@@ -33,7 +33,8 @@ def sdpa_feature_flags(facts) -> dict:
                  has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
                  has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
                  bottom_right=facts.bottom_right and banded, has_bias=bias is not None,
-                 bias_per_batch=bias is not None and bias.dim[0] > 1, bias_per_head=bias is not None and bias.dim[1] > 1,
+                 bias_per_batch=bias is not None and bias.dim[0] > 1,
+                 bias_per_head=bias is not None and bias.dim[1] > 1,
                  bias_key_strided=bias is not None and bias.stride[3] != 1,  # as declared, also for S_kv = 1
                  has_alibi=facts.has_alibi)
     return {**flags, **ragged_flags(facts)}
@@ -133,9 +134,9 @@ def check_dsl_and_knobs(adapter) -> None:
 class DslKernels:
     """Mixin of the DSL adapters: the template params, validated once, and the kernels they make.
 
-    Subclasses set `params_module` (a module with the params class, `validate()` and
-    `default_knobs()`) and `params_class` (that class's name), supply `plan_knobs()` and list their
-    kernels in `kernel_specs()`; the direction supplies `feature_flags(facts)`.
+    Subclasses set `params_module` (a module with the params class and `validate()`) and `params_class` (that
+    class's name), supply `plan_knobs()` and list their kernels in `kernel_specs()`; the direction supplies
+    `feature_flags(facts)`.
     """
 
     params_module: str = ""
@@ -208,16 +209,6 @@ def static_values(facts) -> dict:
         out.update(total_q=facts.total_q, total_kv=facts.total_kv)
     return out
 
-
-def ragged_totals(facts, bound: dict) -> dict:
-    """The ragged form's T of each token group: the plan's envelope, or fewer where a packed buffer bound by
-    pointer holds fewer tokens (the binder's RAGGED_TOKENS), so the kernels' (T, H, D) views and their loads
-    stay inside the bound memory. Tensor metadata only, read on the host."""
-    held = bound.get(RAGGED_TOKENS)
-    if held is None:
-        return {"total_q": facts.total_q, "total_kv": facts.total_kv}
-    return {"total_q": min(facts.total_q, held.get("q", facts.total_q)),
-            "total_kv": min(facts.total_kv, held.get("kv", facts.total_kv))}
 
 
 def _tuple_getter(keys: tuple):

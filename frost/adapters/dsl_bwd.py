@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from frost.adapters.base import SdpaBwdDsl
+from frost.adapters.base import SdpaBwdAdapter
 from frost.adapters.dsl import (DslKernels, LaunchArgs, dbias_accumulates, ragged_totals, sdpa_feature_flags,
                                viewed_args)
 from frost.engines.sdpa_bwd.chain import chain_of
@@ -29,7 +29,7 @@ def bwd_feature_flags(facts) -> dict:
                 has_dbias=facts.has_dbias, dbias_accum=dbias_accumulates(facts))
 
 
-class DslBwdAdapter(DslKernels, SdpaBwdDsl):
+class DslBwdAdapter(DslKernels, SdpaBwdAdapter):
     feature_flags = staticmethod(bwd_feature_flags)
 
     def check_support(self) -> None:
@@ -92,9 +92,3 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
         for kernel, args in self.chain:
             kernel(*args(bound, per_call))
 
-
-class PendingBwdAdapter(SdpaBwdDsl):
-    """A backward arch line whose kernels are not available; its capability row declines first."""
-
-    def check_support(self) -> None:
-        raise self.decline("the backward kernels of this arch line are not available yet")

@@ -1,13 +1,13 @@
 """The forward adapter shared by every CuTe DSL arch line; arch modules only supply TemplateParams."""
 from __future__ import annotations
 
-from frost.adapters.base import SdpaFwdDsl
+from frost.adapters.base import SdpaFwdAdapter
 from frost.adapters.dsl import DslKernels, LaunchArgs, fwd_feature_flags, ragged_totals, viewed_args
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.runtime.context import stream_handle
 
 
-class DslFwdAdapter(DslKernels, SdpaFwdDsl):
+class DslFwdAdapter(DslKernels, SdpaFwdAdapter):
     """Compiles one forward template at plan time; execute passes the bound tensors as declared and launches."""
 
     template: str = ""  # dotted module path of the kernel template

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
+from frost.adapters.base import SdpaBwdAdapter, SdpaFwdAdapter
 from frost.adapters.reference_lengths import check_lengths
 from frost.adapters.reference_math import batch_entry, sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
@@ -203,7 +203,7 @@ def _paged_gather(facts, bound, role: str):
     return out
 
 
-class SdpaFwdReference(SdpaFwdDsl):
+class SdpaFwdReference(SdpaFwdAdapter):
     engine_name = "SdpaFwdReference"
 
     def execute(self, bound: dict, workspace, stream) -> None:
@@ -227,7 +227,7 @@ class SdpaFwdReference(SdpaFwdDsl):
                     stats_view(t, thd).copy_(value)
 
 
-class SdpaBwdReference(SdpaBwdDsl):
+class SdpaBwdReference(SdpaBwdAdapter):
     engine_name = "SdpaBwdReference"
 
     def execute(self, bound: dict, workspace, stream) -> None:

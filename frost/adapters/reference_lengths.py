@@ -9,13 +9,15 @@ none. The rules are the clamps' envelope:
 - `cu_seq_len_q` / `cu_seq_len_kv` (frost's packed form): each in [0, T] (the bound tokens), non-decreasing,
   each difference at most `max_seq_len`.
 - cuDNN's ragged form: lengths in [0, min(S, max_seq_len)]; each ragged offset a whole number of tokens, its
-  token in [0, T] (the token envelope `max_total_seq_len`) and that token plus the entry's length at most T.
+  token in [0, T] (the token envelope `max_total_seq_len`, or the tokens a packed buffer bound by pointer holds
+  if fewer) and that token plus the entry's length at most T.
 """
 from __future__ import annotations
 
 from frost.adapters.views import lengths_view
 from frost.errors import BindingError
 from frost.ir.validate import Q_GROUP
+from frost.runtime.binding import ragged_totals
 
 
 def _host(t) -> list[int]:
@@ -45,15 +47,17 @@ def _check_prefix_sums(name: str, cu: list[int], total: int, longest: int, side:
 
 def _check_ragged(facts, bound) -> None:
     lens = {}
+    declared = {t.name: t for t in facts.ragged.declared}
+    totals = ragged_totals(facts, bound)  # the envelope, or the tokens a packed buffer bound by pointer holds
     for side, role, longest in (("q", "q", facts.seq_q), ("kv", "k", facts.seq_kv)):
-        s = bound[role].shape[2]
+        s = declared[role].dim[2]
         hi = min(s, longest) if longest else s
         lens[side] = _host(bound[f"seq_len_{side}"])
         _check_range(f"seq_len_{side}", lens[side], hi, f"the declared S = {s}" +
                      (f" and max_seq_len_{side} = {longest}" if longest else ""))
     for role, stride in facts.ragged.token_strides:
         side = "q" if role in Q_GROUP else "kv"
-        total = facts.total_q if side == "q" else facts.total_kv
+        total = totals["total_q"] if side == "q" else totals["total_kv"]
         name = f"{role}_ragged_offset"
         for b, off in enumerate(_host(bound[name])[:len(lens[side])]):
             if off % stride:

@@ -220,10 +220,10 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
 
     `o` (the canonical view of O, shaped like q's with Dv) and `lse` (the forward's `lse` shape: dense (B, Hq, Sq),
     THD (Hq, Tq)) are used as given, as every engine's backward uses its bound O and Stats; left None, they are
-    recomputed from q, k, v. Returns (dq, dk, dv, dsinks or None, dbias or None) on the canonical views' shapes; rows and keys outside
-    every sequence get zero gradients. With `dbias`, the bias gradient has the declared bias's shape: dS (the
-    logits' gradient, before the scale) summed over the batch entries and heads the bias broadcasts over,
-    zero at masked and padding positions.
+    recomputed from q, k, v. Returns (dq, dk, dv, dsinks or None, dbias or None) on the canonical views' shapes;
+    rows and keys outside every sequence get zero gradients. With `dbias`, the bias gradient has the declared
+    bias's shape: dS (the logits' gradient, before the scale) summed over the batch entries and heads the bias
+    broadcasts over, zero at masked and padding positions.
     """
     thd = cu_seqlens_q is not None
     cd = compute_dtype

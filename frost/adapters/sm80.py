@@ -61,7 +61,8 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
         from frost.adapters.sm80_plan import planned_det_knobs
-        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs
+        from frost.engines.sm80.sdpa_bwd_knobs import default_knobs
+        from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
 
         knobs = default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
                               smem_budget=_smem_budget(target), **requested)

@@ -1,11 +1,12 @@
 """What an mma.sync backward plan chooses per problem and GPU: the deterministic mode.
 
-Split dQ accumulator copies where they keep the SMs busy, else per-tile turns, in the "cyc" order where
+Split dQ accumulator copies where they keep the SMs busy, else per-tile turns, in the rotated order where
 that is safe. The adapters' `plan_knobs` hooks call these; they read only plan-time values (facts and the
 target record).
 """
 from __future__ import annotations
 
+from frost.engines.common.turns import ROTATED, rotation_fits
 from frost.engines.sdpa_bwd.scratch import accumulator_rows, cdiv, uses_turns
 
 
@@ -43,19 +44,19 @@ def planned_dq_splits(p, sm_count: int, batch: int, seq_q: int, seq_kv: int) -> 
 
 
 def planned_det_order(p, sm_count: int, seq_kv: int) -> str:
-    """The turn order a deterministic plan with turns compiles with: "cyc" where it applies (no windows) and
-    a head's key tiles (`seq_kv`: the dense length or the THD envelope) fit on half the SMs, so a key tile
-    waiting on a later-launched one never holds the SMs that one needs, even with a second such kernel
-    running at once; else the params' own."""
+    """The turn order a deterministic plan with turns compiles with: the rotated one where it applies (no
+    windows) and a head's key tiles (`seq_kv`: the dense length or the THD envelope) pass the turns' safety
+    rule (`turns.rotation_fits`); else the params' own."""
     if not uses_turns(p) or p.has_window_left or p.has_window_right or sm_count <= 0:
         return p.det_order
-    return "cyc" if 0 < cdiv(seq_kv, p.tile_n) <= sm_count // 2 else p.det_order
+    key_tiles = cdiv(seq_kv, p.tile_n)
+    return ROTATED if 0 < key_tiles and rotation_fits(key_tiles, sm_count) else p.det_order
 
 
 def planned_det_knobs(p, sm_count: int, batch: int, seq_q: int, seq_kv: int, choose_splits: bool = True) -> dict:
     """The deterministic-mode knobs a plan sets on top of `p` for its problem and GPU (empty when none
     change): split copies where they keep the SMs busy (unless the caller fixed `dq_splits`), else the
-    "cyc" turn order where it applies."""
+    rotated turn order where it applies."""
     out = {}
     splits = planned_dq_splits(p, sm_count, batch, seq_q, seq_kv) if choose_splits else p.dq_splits
     if splits != p.dq_splits:

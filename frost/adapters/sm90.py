@@ -67,7 +67,7 @@ class SdpaBwdDslSm90(DslBwdAdapter):
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
-        from frost.engines.sm90.sdpa_bwd_params import default_knobs
+        from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
 
         if facts.deterministic and facts.window_left is None and facts.window_right is None:
             # deterministic without a band: the rotated turn order (1-6% over free order on the H200 against

@@ -142,8 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-buffers", type=int, default=8,
                    help="most rotated input sets; enough are made to exceed 2x L2 (default: %(default)s)")
     t.add_argument("--no-check", dest="check", action="store_false", help="skip the frost output check")
-    t.add_argument("--tol-fwd", type=float, default=DEFAULT_TOL["fwd"], help="forward rel err tolerance (default: %(default)s)")
-    t.add_argument("--tol-bwd", type=float, default=DEFAULT_TOL["bwd"], help="backward rel err tolerance (default: %(default)s)")
+    t.add_argument("--tol-fwd", type=float, default=DEFAULT_TOL["fwd"],
+                   help="forward rel err tolerance (default: %(default)s)")
+    t.add_argument("--tol-bwd", type=float, default=DEFAULT_TOL["bwd"],
+                   help="backward rel err tolerance (default: %(default)s)")
     t.add_argument("--time-budget", type=float, default=None,
                    help="stop starting new rows after this many seconds (the rest are marked skipped)")
 
@@ -250,8 +252,8 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     if paged:
         print(f"paged K/V: {len(paged)} rows (block sizes {sorted({w.block_size for w in paged})}; decode rows also "
               f"report the K/V bytes read per second): frost's engines that serve paged caches (frost's mma.sync "
-              f"forward for blocks of 64 rows or more, else the cuDNN engine), FA4 with page_table, cuDNN's paged SDPA in the "
-              f"cudnn column; FA2 n/a", file=out)
+              f"forward for blocks of 64 rows or more, else the cuDNN engine), FA4 with page_table, cuDNN's paged "
+              f"SDPA in the cudnn column; FA2 n/a", file=out)
     if det:
         print(f"deterministic backward: {len(det)} rows ('bwd det'): frost with use_deterministic_algorithm=True, "
               f"FA4 with deterministic=True where its API has it, cuDNN and FA2 n/a", file=out)
@@ -281,7 +283,8 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
             why = cudnn_engine_unavailable() or no_gpu
             print(f"  frost:cudnn  frost's cuDNN engine, beside cuDNN through torch (cudnn/cuDNN column): "
                   f"{'available' if not why else 'missing: ' + why}", file=out)
-    header = f"{'#':>3}  {'dir':7}  {'dtype':5}  {'D':>7}  {'shape':34}  {'heads':>5}  {'mask':6}  {'GFLOP':>9}  {'set MiB':>7}"
+    header = (f"{'#':>3}  {'dir':7}  {'dtype':5}  {'D':>7}  {'shape':34}  {'heads':>5}  {'mask':6}  {'GFLOP':>9}  "
+              f"{'set MiB':>7}")
     print(header, file=out)
     for n, w in enumerate(workloads, 1):
         gflop = "-" if w.probe else f"{w.flops() / 1e9:.1f}"

@@ -61,8 +61,8 @@ def provenance(env: dict | None) -> str:
 
 
 def write_png(path: str, rows: list[Row], title: str = "frost benchmark", env: dict | None = None) -> str | None:
-    """Write the chart (`provenance(env)` below it and in its PNG text); returns the path, or None when matplotlib is missing or
-    there is nothing to plot."""
+    """Write the chart (`provenance(env)` below it and in its PNG text); returns the path, or None when matplotlib is
+    missing or there is nothing to plot."""
     if matplotlib_missing():
         return None
     import matplotlib

@@ -48,8 +48,9 @@ lengths come from seqused_q / seqused_kv. Those are q's and k's offsets; every o
 whose offsets are another tensor, or whose token stride differs (cuDNN gives each tensor its
 own), reads `<role>_offsets` (params `own_offsets`: role, divisor, dtype), passed after
 lse_offsets in OWN_OFFSET_ROLES order (the forward: o_offsets, v_offsets, then score_max_offsets
-and score_sum_exp_offsets, which ragged score_max / score_sum_exp always read, like Stats' lse_offsets). Stats are ragged too, (H, T) viewed the same way
-with their own offsets `lse_offsets` (after seqused, if has_lse; divisor `token_div_lse`), or
+and score_sum_exp_offsets, which ragged score_max / score_sum_exp always read, like Stats' lse_offsets). Stats are
+ragged too, (H, T) viewed the same way with their own offsets `lse_offsets` (after seqused, if has_lse; divisor
+`token_div_lse`), or
 per batch (`stats_per_batch`): (B, H, S, 1) read and written like a dense batch's; score_max and
 score_sum_exp the same way (their own offsets, or per batch with Stats). Kernels
 write only the rows of the sequences (the backward's helpers walk each sequence's rows, so

@@ -226,16 +226,18 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
     _check_rng_dump(a, batch, hq, sq, skv)
     left, right, bottom_right = resolve_band(a)
     if a.use_alibi_mask and right != 0:
-        raise GraphNotSupportedError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask (diagonal_band_right_bound=0 "
-                                     f"or use_causal_mask), as in cuDNN; this graph's right bound is {right}")
+        raise GraphNotSupportedError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask "
+                                     f"(diagonal_band_right_bound=0 or use_causal_mask), as in cuDNN; this graph's "
+                                     f"right bound is {right}")
     geom = dict(batch=batch, num_heads_q=hq, num_heads_kv=hkv, num_heads_v=hv, head_dim_qk=dqk, head_dim_v=dv,
                 seq_q=sq, seq_kv=skv, is_thd=thd, total_q=tq, total_kv=tkv)
     mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
                 has_sinks=a.sink_token is not None,
                 attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
                 has_dropout=a.dropout is not None, dropout_probability=probability,
-                has_bias=a.bias is not None, has_block_mask=a.block_mask is not None, has_attn_mask=a.attn_mask is not None,
-                has_alibi=bool(a.use_alibi_mask), has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
+                has_bias=a.bias is not None, has_block_mask=a.block_mask is not None,
+                has_attn_mask=a.attn_mask is not None, has_alibi=bool(a.use_alibi_mask),
+                has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
                 other_features=_other_features(a), paged=paged)
     return geom, mask
 

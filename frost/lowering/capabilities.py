@@ -134,7 +134,8 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
        for d in ("fwd", "bwd")]
     + [CapabilityRow(name="SdpaFwdReference", adapter="frost.adapters.reference:SdpaFwdReference",
                      direction="fwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
-                     dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=REFERENCE_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+                     dtypes=("bf16", "fp16", "fp32"), head_dims=None,
+                     features=REFERENCE_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
                      vector_bytes=1, explicit_only_on_gpu=True, serves_cpu=True),
        CapabilityRow(name="SdpaBwdReference", adapter="frost.adapters.reference:SdpaBwdReference",
                      direction="bwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,

@@ -1,4 +1,4 @@
-"""Rank engines for a facts record and build the winner's plan through lower_dsl_fwd / lower_dsl_bwd."""
+"""Rank engines for a facts record and build the winner's plan through lower_fwd / lower_bwd."""
 from __future__ import annotations
 
 import importlib
@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from frost.adapters.base import lower_dsl_bwd, lower_dsl_fwd
+from frost.adapters.base import lower_bwd, lower_fwd
 from frost.errors import EngineDecline, NotSupportedError
 from frost.ir.facts import SdpaFacts
 from frost.knobs import Knobs
@@ -86,6 +86,6 @@ def build_plan(facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None,
     if not ranking.accepted:
         raise NotSupportedError(describe(facts) + f" on {target.name}", ranking.declines)
     row, adapter = ranking.accepted[0]
-    lower = lower_dsl_fwd if facts.direction == "fwd" else lower_dsl_bwd
+    lower = lower_fwd if facts.direction == "fwd" else lower_bwd
     adapter = lower(type(adapter), facts, target, knobs)
     return Plan(engine_name=row.name, adapter=adapter, facts=facts, plan_seconds=time.perf_counter() - t0)

@@ -105,6 +105,7 @@ def _layout_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
         elems = max(row.vector_bytes // _ITEMSIZE.get(t.dtype, 2), 1)
         bad = [s for d, s in zip(t.dim[:-1], t.stride[:-1]) if d > 1 and s % elems != 0]
         if bad:
-            return (f"tensor {t.label or repr(t.name)} has strides {t.stride} (dim {t.dim}); every non-unit stride must be a "
-                    f"multiple of {elems} elements ({row.vector_bytes}-byte vector loads), and {bad[0]} is not")
+            return (f"tensor {t.label or repr(t.name)} has strides {t.stride} (dim {t.dim}); every non-unit stride "
+                    f"must be a multiple of {elems} elements ({row.vector_bytes}-byte vector loads), and {bad[0]} "
+                    "is not")
     return None

@@ -181,6 +181,17 @@ def ragged_tokens(bound: dict, roles) -> dict:
     return out
 
 
+def ragged_totals(facts, bound: dict) -> dict:
+    """The ragged form's T of each token group: the plan's envelope, or fewer where a packed buffer bound by
+    pointer holds fewer tokens (the binder's RAGGED_TOKENS), so the kernels' (T, H, D) views and their loads
+    stay inside the bound memory. Tensor metadata only, read on the host."""
+    held = bound.get(RAGGED_TOKENS)
+    if held is None:
+        return {"total_q": facts.total_q, "total_kv": facts.total_kv}
+    return {"total_q": min(facts.total_q, held.get("q", facts.total_q)),
+            "total_kv": min(facts.total_kv, held.get("kv", facts.total_kv))}
+
+
 def _stride_picker(dims: tuple):
     """A C-level getter of the strides of a tensor's non-unit dims (the only ones that address memory)."""
     nonunit = [i for i, d in enumerate(dims) if d > 1]

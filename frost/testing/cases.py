@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from frost.engines.sm80 import sdpa_bwd_params as _bwd80
+from frost.engines.sm80 import sdpa_bwd_knobs as _bwd80
 from frost.engines.sm80 import sdpa_fwd_params as _fwd80
 from frost.engines.sm90.sdpa_fwd_params import default_knobs as _sm90_knobs
 from frost.engines.sm90.sdpa_fwd_params import score_mods_of
@@ -83,7 +83,7 @@ SM80_BWD_COVER = {
     "sm_120a": [
         _mma_bwd(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
         _mma_bwd(family="sm120", d=128, has_seqused=True, deterministic=True, has_window_right=True),
-        _mma_bwd(family="sm120", d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="cyc")),
+        _mma_bwd(family="sm120", d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="rotated")),
     ],
 }
 
@@ -348,7 +348,7 @@ def unpacked(c: Sm90Case) -> Sm90Case:
 def sm90_bwd_kwargs(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flags) -> dict:
     """Keyword arguments of Sm90BwdParams: `knobs` requested as the planner requests them (`default_knobs`
     fills the rest, the dQ path from the tile height among them)."""
-    from frost.engines.sm90.sdpa_bwd_params import default_knobs
+    from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
 
     k = default_knobs(d, dv or d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")),
                       ragged=bool(flags.get("token_div_q")),

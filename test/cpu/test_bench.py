@@ -629,7 +629,8 @@ def test_runner_times_frost_cudnn_beside_the_cudnn_peer(monkeypatch, tmp_path):
 
     dense = dict(batch=2, seqlen_q=32, seqlen_kv=32)
     workloads = [Workload("fwd", "bf16", 64, 64, 1, 1, False, batch=1, seqlen_q=128, seqlen_kv=128, probe=True),
-                 Workload("fwd", "bf16", 64, 64, 2, 2, True, **dense), Workload("bwd", "bf16", 64, 64, 2, 2, True, **dense)]
+                 Workload("fwd", "bf16", 64, 64, 2, 2, True, **dense),
+                 Workload("bwd", "bf16", 64, 64, 2, 2, True, **dense)]
     opts = RunOptions(impls=["cudnn", "frost"], timing=TimingOptions(warmup=1, reps=2, mode="loop"), probe_calls=3,
                       device="cpu")
     rows = Runner(opts, [CudnnPeer()], Progress(0, enabled=False)).run(workloads)

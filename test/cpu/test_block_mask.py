@@ -1,6 +1,7 @@
 """cuDNN's block_mask without a GPU: its declaration, the reference engine against the float64 oracle (the bits
 expanded independently into cuDNN's additive where(mask, 0, -inf) over 128x128 tiles), the routing that puts it
-on the DSL forwards (the wgmma forward on cc 9.0, unpacked), the records the planner builds for it, and the kernel's compile."""
+on the DSL forwards (the wgmma forward on cc 9.0, unpacked), the records the planner builds for it, and the kernel's
+compile."""
 from __future__ import annotations
 
 import numpy as np
@@ -135,7 +136,8 @@ def _run_reference(q, k, v, bm, *, scale, sink=None, seq=None, thd=None, stats_o
         pack[S] = sink
     if seq is not None:
         lq, lkv = (torch.tensor(x, dtype=torch.int32) for x in seq)
-        kw.update(use_padding_mask=True, seq_len_q=g.tensor_like(lq, name="lq"), seq_len_kv=g.tensor_like(lkv, name="lkv"))
+        kw.update(use_padding_mask=True, seq_len_q=g.tensor_like(lq, name="lq"),
+                  seq_len_kv=g.tensor_like(lkv, name="lkv"))
         pack.update({kw["seq_len_q"]: lq, kw["seq_len_kv"]: lkv})
     if thd is not None:
         cu_q, cu_kv, max_q, max_kv = thd

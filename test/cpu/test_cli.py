@@ -144,7 +144,8 @@ def test_cache_messages_go_through_the_frost_logger(caplog):
 
     with caplog.at_level(logging.WARNING, logger="frost"):
         cache.warn("an entry was corrupt")
-    assert [(r.name, r.getMessage()) for r in caplog.records] == [("frost.compiler.cache", "frost cache: an entry was corrupt")]
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("frost.compiler.cache", "frost cache: an entry was corrupt")]
 
 
 def test_no_module_prints_to_stderr():

@@ -359,7 +359,8 @@ def test_ptx_entries_and_exported_symbol_carry_frost_names(tmp_path):
         out = {}
         for t in ("frost.engines.common.probe_copy", "tmpl_two"):
             ck = compile_kernel(t, ProbeCopyParams(), "sm_90a")
-            out[t] = {"name": ck.name, "ptx": ck.ptx, "symbols": ck.kernel_symbols, "obj": open(ck.path, "rb").read().hex()}
+            out[t] = {"name": ck.name, "ptx": ck.ptx, "symbols": ck.kernel_symbols,
+                      "obj": open(ck.path, "rb").read().hex()}
         print(json.dumps(out))
     """
     out = run_py(script, tmp_path / "cache", extra_env={"CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump)},

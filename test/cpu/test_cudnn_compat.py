@@ -377,9 +377,9 @@ def test_what_a_packed_buffer_must_be():
     _bind_fails(c, "q", torch.randn(t_q, d, h).transpose(1, 2), "tokens of another layout")  # (T, H, D) strides off
     _bind_fails(c, "q", torch.randn(t_q, h, 2 * d)[..., :d], "tokens of another layout")
     _bind_fails(c, "q", torch.randn(2 * t_q * h * d)[::2], "contiguous buffer")
-    # without max_total_seq_len the tokens a buffer needs are the device offsets' business; the reference reads
-    # them and names a sequence past the bound memory
-    _bind_fails(c, "k", torch.randn(10, h, d), "lie past the bound memory", max_total=False)
+    # without max_total_seq_len the tokens a buffer needs are the device offsets' business: the kernels clamp to
+    # the tokens it holds, the reference reads the offsets and names the sequence that passes them
+    _bind_fails(c, "k", torch.randn(10, h, d), "passes the token envelope 10", max_total=False)
 
 
 def test_any_buffer_holding_the_tokens_binds_without_a_copy():

@@ -795,7 +795,8 @@ class _Ptr:
 def _backend_handles(monkeypatch):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(cudnn_adapter, "handle_for", lambda device, stream: SimpleNamespace(backend_handle=7000 + stream))
+    monkeypatch.setattr(cudnn_adapter, "handle_for",
+                        lambda device, stream: SimpleNamespace(backend_handle=7000 + stream))
 
 
 def test_execute_hands_the_backend_raw_pointers_in_its_order(bias_only_cudnn, fake_cudnn, monkeypatch):

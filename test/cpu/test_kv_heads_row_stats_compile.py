@@ -30,13 +30,13 @@ def _k80(**kw) -> dict:
 
 
 def _b80(**kw) -> dict:
-    from frost.engines.sm80.sdpa_bwd_params import default_knobs
+    from frost.engines.sm80.sdpa_bwd_knobs import default_knobs
 
     return params_kwargs(default_knobs, **kw)
 
 
 def _b90(d=128, dv=None, hq=4, hk=4, **kw) -> dict:
-    from frost.engines.sm90.sdpa_bwd_params import default_knobs
+    from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
 
     dv = dv or d
     return dict(head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **kw,

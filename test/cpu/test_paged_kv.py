@@ -79,8 +79,8 @@ def _paged(q_dims, kv_heads, d_v, block_size, max_kv, lens_q, lens_kv, *, dtype=
     if sink:
         pack[ts] = sink_t
     pack.update({t: buf for t, buf in rows.values()})
-    return g, pack, dict(rows={r: buf for r, (_, buf) in rows.items()}, q=q, kc=kc, vc=vc, kt=kt, vt=vt, out=out, lse=lse, sink=sink_t, lens_q=lens_q,
-                         lens_kv=lens_kv, block_size=block_size, max_kv=max_kv)
+    return g, pack, dict(rows={r: buf for r, (_, buf) in rows.items()}, q=q, kc=kc, vc=vc, kt=kt, vt=vt, out=out,
+                         lse=lse, sink=sink_t, lens_q=lens_q, lens_kv=lens_kv, block_size=block_size, max_kv=max_kv)
 
 
 def _gathered(container, table, lens_kv, block_size, max_kv):

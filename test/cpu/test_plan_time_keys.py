@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frost.adapters.base import lower_dsl_fwd
+from frost.adapters.base import lower_fwd
 from frost.adapters.sm80 import SdpaFwdDslSm80
 from frost.adapters.sm120 import SdpaFwdDslSm120
 from frost.adapters.sm90 import SdpaFwdDslSm90
@@ -37,7 +37,7 @@ class _Recorder:
 @pytest.mark.parametrize("adapter_cls,target", ARCH_LINES, ids=lambda x: getattr(x, "__name__", x))
 def test_execute_with_new_totals_never_compiles(adapter_cls, target):
     facts = _thd_facts()
-    adapter = lower_dsl_fwd(adapter_cls, facts, fake_target(target))
+    adapter = lower_fwd(adapter_cls, facts, fake_target(target))
     assert adapter.kernel.name.startswith("frost_sdpa_fwd")
     compiles = boundary.stats.compiles
     rec = _Recorder()
@@ -49,7 +49,7 @@ def test_execute_with_new_totals_never_compiles(adapter_cls, target):
     assert boundary.stats.compiles == compiles, "execute compiled"
     assert [c[0].shape[0] for c in rec.calls] == [4096, 1000, 17]
     # a second plan of the same specialization with another envelope reuses the artifact
-    again = lower_dsl_fwd(adapter_cls, _thd_facts(total=9999, batch=7), fake_target(target))
+    again = lower_fwd(adapter_cls, _thd_facts(total=9999, batch=7), fake_target(target))
     assert boundary.stats.compiles == compiles
     assert again.kernel.name == adapter.kernel.name
 

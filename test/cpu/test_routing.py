@@ -314,7 +314,7 @@ def test_sm90_forward_row_and_validator_agree_on_every_head_dim():
 def test_mma_sync_rows_and_validators_agree_on_every_head_dim():
     """The capability rows' head-dim span is the templates' own: every pair a row accepts has default knobs
     that validate, forward and backward, in both families; every pair it declines the validators reject."""
-    from frost.engines.sm80 import sdpa_bwd_params as bwd
+    from frost.engines.sm80 import sdpa_bwd_knobs, sdpa_bwd_params as bwd
     from frost.engines.sm80 import sdpa_fwd_params as fwd
     from frost.errors import TemplateParamsError
 
@@ -323,13 +323,13 @@ def test_mma_sync_rows_and_validators_agree_on_every_head_dim():
         for dv in (8, 12, 64, 72, 160, 256, 264):
             served = d % span.multiple == 0 and dv % span.multiple == 0 and max(d, dv) <= span.maximum
             for family in ("sm80", "sm120"):
-                for mod, cls in ((fwd, fwd.Sm80FwdParams), (bwd, bwd.Sm80BwdParams)):
+                for mod, knobs, cls in ((fwd, fwd, fwd.Sm80FwdParams), (bwd, sdpa_bwd_knobs, bwd.Sm80BwdParams)):
                     if served:
                         mod.validate(cls(family=family, head_dim=d, head_dim_v=dv,
-                                         **mod.default_knobs(family, d, dv)))
+                                         **knobs.default_knobs(family, d, dv)))
                     else:
                         with pytest.raises(TemplateParamsError):
-                            mod.default_knobs(family, d, dv)
+                            knobs.default_knobs(family, d, dv)
                         with pytest.raises(TemplateParamsError):
                             mod.validate(cls(family=family, head_dim=d, head_dim_v=dv))
 
@@ -814,6 +814,7 @@ def test_sm90_backward_row_and_validator_agree_on_every_head_dim():
     """The wgmma backward's row states its template's span: every pair it accepts has default knobs that validate
     (dense and packed, with and without a right bound); every pair it declines the validator rejects."""
     from frost.engines.sm90 import sdpa_bwd_params as bwd
+    from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
     from frost.errors import TemplateParamsError
 
     span = capabilities.SM90_BWD_HEAD_DIMS
@@ -823,7 +824,7 @@ def test_sm90_backward_row_and_validator_agree_on_every_head_dim():
             served = span.outside(d, dv) is None
             for banded, packed in ((False, False), (True, False), (True, True)):
                 p = bwd.Sm90BwdParams(head_dim=d, head_dim_v=dv, has_window_right=banded, is_thd=packed,
-                                      **bwd.default_knobs(d, dv, banded=banded, packed=packed))
+                                      **default_knobs(d, dv, banded=banded, packed=packed))
                 if served:
                     bwd.validate(p)
                 else:

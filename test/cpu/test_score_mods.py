@@ -297,7 +297,8 @@ def test_deterministic_dbias_summed_over_broadcast_dims_keeps_a_copy_per_batch_a
     no_grad = _bias_graph(H200, direction="bwd", dbias=False, use_deterministic_algorithm=True)
     assert no_grad.available_engines()[0] == "SdpaBwdDslSm90"
     assert DETERMINISTIC_DBIAS_BYTES == 4 << 30
-    big = _bias_graph(H200, direction="bwd", b=300, s=1024, bias_dim=(1, 4, 1024, 1024), use_deterministic_algorithm=True)
+    big = _bias_graph(H200, direction="bwd", b=300, s=1024, bias_dim=(1, 4, 1024, 1024),
+                      use_deterministic_algorithm=True)
     for engine in ("SdpaBwdDslSm90", "SdpaBwdDslSm80"):  # both DSL backwards keep the copies
         why = dict(big.declines())[engine]
         assert "deterministic dBias" in why and "GiB of workspace" in why

@@ -12,8 +12,9 @@ import pytest
 
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, chain_args, stage_params
 from frost.engines.sdpa_bwd.scratch import scratch_bytes, scratch_layout, uses_turns
-from frost.engines.sm80.sdpa_bwd_params import (_CANDIDATES, SMEM_BUDGET, Sm80BwdParams, candidates, default_knobs, smem_bytes,
-                                               split_tile, split_tile_count, validate)
+from frost.engines.sm80.dq_splits import split_tile, split_tile_count
+from frost.engines.sm80.sdpa_bwd_knobs import _CANDIDATES, candidates, default_knobs
+from frost.engines.sm80.sdpa_bwd_params import SMEM_BUDGET, Sm80BwdParams, smem_bytes, validate
 from frost.engines.sm80.sdpa_fwd_params import TUNED_HEAD_DIMS
 from frost.engines.sdpa_bwd.chain import chain_of as bwd_chain
 from frost.errors import TemplateParamsError
@@ -171,7 +172,7 @@ def test_padded_head_dims_take_the_covering_rows_with_their_warps_arranged():
     dict(dq_splits=2),  # split accumulator copies order a deterministic backward only
     dict(dq_splits=2, deterministic=True, is_thd=True),  # THD keeps turns
     dict(dq_splits=65, deterministic=True),
-    dict(det_order="cyc", deterministic=True, has_window_right=True),  # windows narrow the cyclic walks
+    dict(det_order="rotated", deterministic=True, has_window_right=True),  # windows narrow the rotated walks
 ])
 def test_validator_rejects(bad):
     with pytest.raises(TemplateParamsError):
@@ -272,7 +273,7 @@ def test_dq_splits_knob_overrides_the_plan_or_declines_with_the_reason():
     assert sm80(det).dq_splits == 8
     assert sm80(det, dq_splits=3).dq_splits == 3
     turns = sm80(det, dq_splits=0)  # one accumulator of workspace: turns, in band order (128 key tiles)
-    assert turns.dq_splits == 0 and uses_turns(turns) and turns.det_order == "diag"
+    assert turns.dq_splits == 0 and uses_turns(turns) and turns.det_order == "stair"
     plain = declare(H200, direction="bwd", b=1, hq=16, hkv=16, s=1024, d=128)
     assert sm80(plain, dq_splits=0).dq_splits == 0
     assert "not deterministic" in sm80(plain, dq_splits=3)
@@ -282,24 +283,24 @@ def test_dq_splits_knob_overrides_the_plan_or_declines_with_the_reason():
     assert "has no knob 'dq_splits'" in dict(fwd.declines)["SdpaFwdDslSm80"]
 
 
-def test_cyclic_turns_rank_key_tiles_by_arrival_on_the_rotated_walks():
-    from frost.engines.sm80.sdpa_bwd_params import cyclic_turn
+def test_rotated_turns_rank_key_tiles_by_arrival_on_the_rotated_walks():
+    from frost.engines.common.turns import rotated_turn
 
     for n_m in range(1, 12):
         for num_n in range(1, 30):  # fewer, as many and more key tiles than query tiles
             for m in range(n_m):
                 # key tile n starts at query tile n % n_m and walks upward, wrapping: it reaches m at step s
                 arrivals = sorted(range(num_n), key=lambda n: ((m - n) % n_m, n))
-                assert [cyclic_turn(m, n, n_m, num_n) for n in arrivals] == list(range(num_n))
+                assert [rotated_turn(n, m, num_n, n_m) for n in arrivals] == list(range(num_n))
 
 
 @pytest.mark.parametrize("kw,order", [
-    (dict(b=2, hq=4, hkv=4, s=5000, thd=True), "cyc"),  # 40 key tiles fit on half of 132 SMs at once
-    (dict(b=2, hq=4, hkv=4, s=5000, thd=True, use_causal_mask=True), "diag"),  # windows keep the band order
-    (dict(b=1, hq=1, hkv=1, s=32768), "diag"),  # 256 key tiles could not all be resident
-    (dict(b=1, hq=1, hkv=1, s=1024), "cyc"),  # dense, too few heads for split copies
+    (dict(b=2, hq=4, hkv=4, s=5000, thd=True), "rotated"),  # 40 key tiles fit on half of 132 SMs at once
+    (dict(b=2, hq=4, hkv=4, s=5000, thd=True, use_causal_mask=True), "stair"),  # windows keep the band order
+    (dict(b=1, hq=1, hkv=1, s=32768), "stair"),  # 256 key tiles could not all be resident
+    (dict(b=1, hq=1, hkv=1, s=1024), "rotated"),  # dense, too few heads for split copies
 ])
-def test_deterministic_turn_plans_pick_the_cyclic_order_where_it_is_safe(kw, order):
+def test_deterministic_turn_plans_pick_the_rotated_order_where_it_is_safe(kw, order):
     from frost.adapters.sm80 import SdpaBwdDslSm80
     from frost.knobs import Knobs
     from test.cpu.test_routing import H200, declare

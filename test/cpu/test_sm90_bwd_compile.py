@@ -118,7 +118,7 @@ def test_fragment_order_is_a_bijection_of_the_tile(tile_m, d):
 
 
 def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
-    from frost.engines.sm90.sdpa_bwd_params import default_knobs
+    from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
 
     assert default_knobs(128, 128) == dict(tile_m=64, tile_n=128, num_stages=2, dq_fragments=True, rows_warp=True,
                                            rows_mbar=True)
@@ -140,7 +140,8 @@ def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     # ragged form (sequences anywhere) nor where a tile is not whole (16-wide tiles of 8 columns)
     assert default_knobs(64, 64, packed=True)["dq_fragments"] and default_knobs(32, 48, packed=True)["dq_fragments"]
     assert not default_knobs(64, 64, packed=True, ragged=True)["dq_fragments"]
-    assert not default_knobs(8, 8, packed=True)["dq_fragments"] and not default_knobs(96, 96, packed=True)["dq_fragments"]
+    assert not default_knobs(8, 8, packed=True)["dq_fragments"]
+    assert not default_knobs(96, 96, packed=True)["dq_fragments"]
     assert not default_knobs(64, 64, tile_m=80)["dq_fragments"]  # a requested knob keeps the plan valid
     assert default_knobs(256, 256) == dict(tile_m=64, tile_n=64, num_stages=1, dq_red=False, dq_fragments=True)
     assert default_knobs(192, 128)["num_stages"] == 2
@@ -200,7 +201,7 @@ def test_default_knobs_of_the_other_head_dims_follow_their_tiles(d, dv, knobs, t
     """Every other head dim takes the knobs of its tiles' width (up to 64: 128 rows, 96: 64 rows, 128: as d=128
     where d_qk allows the 80-row kernel, above: shared keys, two stages where they fit; packed tiles of 16 columns
     take 64 rows); dQ leaves in fragment order only from unpadded tiles."""
-    from frost.engines.sm90.sdpa_bwd_params import default_knobs
+    from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
 
     (d, dv), kw = d, dv
     k = default_knobs(d, dv, **kw)

@@ -12,7 +12,9 @@ import random
 
 import pytest
 
-from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, default_knobs, name_suffix, rotated_turn, rotates, validate
+from frost.engines.common.turns import rotated_turn, rotation_fits
+from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, name_suffix, validate
 from frost.errors import TemplateParamsError
 from frost.testing.cases import sm90_bwd_kwargs
 
@@ -81,11 +83,31 @@ def test_rotated_walks_skip_the_staircase(n_k, n_m, rounds_stair, rounds_rotated
 
 def test_rotation_needs_the_key_tiles_resident():
     """A rotated turn waits on higher key tiles: with fewer SMs than key tiles the resident CTAs wait on ones
-    not launched yet, so the kernel keeps the stair order there (`rotates`), which never waits upward."""
+    not launched yet, so the kernel keeps the stair order there (`rotation_fits`), which never waits upward."""
     assert simulate(*rotated(8, 8), resident=4) is None
     assert simulate(*stair(8, 8), resident=4) is not None
     assert simulate(*rotated(8, 8), resident=8) is not None
-    assert rotates(132, 132) and not rotates(133, 132)
+
+
+def _two_kernels(order, n_k: int, n_m: int):
+    """Two kernels of one order on other streams, their CTAs launched in turn (A0, B0, A1, B1, ...)."""
+    walks, turns = order(n_k, n_m)
+    both, both_turns = [], {}
+    for n in range(n_k):
+        for k in range(2):
+            for m in range(n_m):
+                both_turns[len(both), m] = turns[n, m]
+            both.append([(h + 100 * k, m) for h, m in walks[n]])
+    return both, both_turns
+
+
+def test_the_safety_rule_leaves_room_for_a_second_kernel():
+    """One rule for both backwards (`turns.rotation_fits`): a sequence's key tiles fit on half the SMs, so two
+    rotated kernels running at once never deadlock; with all the SMs each, they can."""
+    assert simulate(*_two_kernels(rotated, 8, 8), resident=8) is None
+    assert simulate(*_two_kernels(rotated, 8, 8), resident=16) is not None
+    assert simulate(*_two_kernels(stair, 8, 8), resident=8) is not None
+    assert rotation_fits(66, 132) and not rotation_fits(67, 132)
 
 
 def test_params_validate_and_name_the_rotated_order():

@@ -1,6 +1,7 @@
 """cuDNN's block_mask on the GPU: the mma.sync forward (`engine="sm80"`) and the wgmma forward (`engine="sm90"`,
-what the planner picks on cc 9.0) against the float64 oracle, the bits expanded independently into cuDNN's additive where(mask, 0, -inf)
-over 128x128 tiles (cudnn-frontend's fp16_ref.py), dense, causal, padded and packed, with random masks that leave
+what the planner picks on cc 9.0) against the float64 oracle, the bits expanded independently into cuDNN's additive
+where(mask, 0, -inf) over 128x128 tiles (cudnn-frontend's fp16_ref.py), dense, causal, padded and packed, with random
+masks that leave
 rows with no visible key; then against the cuDNN engine where it serves block_mask (dense graphs). The wgmma forward
 skips the key blocks whose bits are all clear for a work tile's rows: masks shaped for it (whole cleared key-block
 columns, block-diagonal ones, work tiles with nothing visible) against the oracle, and poisoned cleared blocks that

@@ -1,7 +1,8 @@
 """The cuDNN engine through the public graph API on a GPU (engine="cudnn"): forward and backward against the
 float64 oracle, bias and dBias, dropout (statistics and forward/backward consistency under one seed), packed (THD)
 graphs (frost's packed form, empty sequences, capture and replay with new lengths; cuDNN's ragged form declared
-directly), the launch stream and the execute's host time. Skips cleanly without CUDA or without a usable nvidia-cudnn-frontend (1.32 or later).
+directly), the launch stream and the execute's host time. Skips cleanly without CUDA or without a usable
+nvidia-cudnn-frontend (1.32 or later).
 
 A graph is skipped only when cuDNN itself says it does not support it (cudnnGraphNotSupportedError); any other
 decline fails the test, so a call the binding refuses cannot pass as a skip."""
@@ -366,7 +367,8 @@ def test_thd_capture_replay_follows_new_lengths_without_sync_or_allocation(direc
     plan_or_skip(g, ENGINE)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
     vp = pack(d, t)
-    graph = capture_after_clean_execute(g, vp, ws, torch.cuda.Stream())  # the stream's cuDNN handle is made before the capture
+    # the stream's cuDNN handle is made before the capture
+    graph = capture_after_clean_execute(g, vp, ws, torch.cuda.Stream())
     cu = torch.tensor([0, 250, 251, 417, 417], dtype=torch.int32, device="cuda")
     t["cu_seq_len_q"].copy_(cu)
     t["cu_seq_len_kv"].copy_(cu)

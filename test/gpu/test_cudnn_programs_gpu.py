@@ -104,8 +104,8 @@ def test_the_handles_stream_is_honored(engine):
 
 def test_a_bias_program_matches_the_real_cudnn_frontend(monkeypatch):
     """The same program text through frost and through nvidia-cudnn-frontend itself: frost's wgmma forward (first
-    for a bias on cc 9.0) agrees to bf16 rounding; its cuDNN engine, with the DSL rows made blind to biases, runs the same
-    library: one answer."""
+    for a bias on cc 9.0) agrees to bf16 rounding; its cuDNN engine, with the DSL rows made blind to biases, runs
+    the same library: one answer."""
     from frost.adapters.cudnn import cudnn_missing_reason
     from frost.lowering import capabilities
 

@@ -38,7 +38,8 @@ class CudnnRagged:
 
     def id(self) -> str:
         return (f"h{self.hq}x{self.hk}x{self.hv}-d{self.dqk}x{self.dv}" + "-causal" * self.causal
-                + (f"-bias{self.bias}" if self.bias else "") + "-alibi" * self.alibi + f"-tot{self.totals}" * bool(self.totals)
+                + (f"-bias{self.bias}" if self.bias else "") + "-alibi" * self.alibi
+                + f"-tot{self.totals}" * bool(self.totals)
                 + (f"-rows{self.rows}" if self.rows else ""))
 
     @property

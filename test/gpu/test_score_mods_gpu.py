@@ -364,8 +364,9 @@ def check_bwd(case: ScoreCase, engine: str = ENGINE, strict: bool = False):
 
 
 #: the wgmma backward (cc 9.0), besides the dBias cases above: a bias without its gradient (full or broadcast,
-#: transposed or padded rows, -inf entries), ALiBi (a head count not a power of two, bottom-right), both; dense, padded and packed, GQA, sinks,
-#: deterministic turns, d = 64 (128-row steps), 96, 128 (64 and packed 80 rows) and 256 (shared keys)
+#: transposed or padded rows, -inf entries), ALiBi (a head count not a power of two, bottom-right), both; dense,
+#: padded and packed, GQA, sinks, deterministic turns, d = 64 (128-row steps), 96, 128 (64 and packed 80 rows) and
+#: 256 (shared keys)
 SM90_BWD_CASES = [
     ScoreCase(bias="bh", dbias=False),
     ScoreCase(bias="h", dbias=False, causal=True, hq=8, hkv=2),

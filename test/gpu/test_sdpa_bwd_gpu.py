@@ -144,9 +144,9 @@ def test_bwd_padded_head_dims_at_scale_match_the_reference(case):
 
 # each deterministic order a plan picks on this GPU's record: (case, dq_splits > 0, det_order when turns)
 DET_CASES = [
-    (FwdCase(d=128, hq=8, hkv=2, b=2, sq=1024, skv=1024, causal=True), False, "diag"),  # 8 groups: turns
+    (FwdCase(d=128, hq=8, hkv=2, b=2, sq=1024, skv=1024, causal=True), False, "stair"),  # 8 groups: turns
     (FwdCase(d=128, hq=16, hkv=16, b=1, sq=1024, skv=1024), True, None),  # 16 groups x 8 copies fill an H200
-    (FwdCase(d=64, hq=4, hkv=2, thd_lens=[(300, 300), (1, 1), (700, 500), (0, 0), (129, 900)]), False, "cyc"),
+    (FwdCase(d=64, hq=4, hkv=2, thd_lens=[(300, 300), (1, 1), (700, 500), (0, 0), (129, 900)]), False, "rotated"),
     # the wgmma chain has one order (turn counters), so any graph it serves is its case
     (FwdCase(d=128, hq=8, hkv=2, b=2, sq=1000, skv=1000, causal=True, bottom_right=True), False, None),
     (FwdCase(d=128, hq=4, hkv=2, thd_lens=[(300, 300), (1, 1), (0, 0), (129, 500), (77, 20)], causal=True), False,

@@ -18,7 +18,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from frost.adapters.reference_math import allowed_mask  # noqa: E402
-from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, default_knobs  # noqa: E402
+from frost.engines.sm80.sdpa_bwd_knobs import default_knobs  # noqa: E402
+from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams  # noqa: E402
 from frost.testing.bwd_chain import compile_chains, workspace_views  # noqa: E402
 from frost.testing.cases import params_kwargs  # noqa: E402
 
@@ -107,20 +108,20 @@ def _cases() -> list[Case]:
                   b=2, sq=300, skv=300, runs=2))
     c.append(Case("det_splits4_d64_skv>sq", _p(d=64, hq=4, hk=4, deterministic=True, knobs=dict(dq_splits=4)),
                   sq=333, skv=700, runs=2))
-    # deterministic turns in "cyc" order (rotated walks, turns by arrival): GQA, more key tiles than query
+    # deterministic turns in the rotated order (rotated walks, turns by arrival): GQA, more key tiles than query
     # tiles (ties in a step), fewer, padding with sinks, THD, both release points
-    c.append(Case("det_cyc_d128_gqa", _p(hq=4, hk=2, deterministic=True, knobs=dict(det_order="cyc")),
+    c.append(Case("det_cyc_d128_gqa", _p(hq=4, hk=2, deterministic=True, knobs=dict(det_order="rotated")),
                   b=2, sq=520, skv=520, runs=3))
-    c.append(Case("det_cyc_d64_skv>sq", _p(d=64, deterministic=True, knobs=dict(det_order="cyc")),
+    c.append(Case("det_cyc_d64_skv>sq", _p(d=64, deterministic=True, knobs=dict(det_order="rotated")),
                   sq=200, skv=900, runs=2))
-    c.append(Case("det_cyc_d128_sq>skv", _p(deterministic=True, knobs=dict(det_order="cyc", det_late_release=True)),
+    c.append(Case("det_cyc_d128_sq>skv", _p(deterministic=True, knobs=dict(det_order="rotated", det_late_release=True)),
                   sq=900, skv=130, runs=2))
     c.append(Case("det_cyc_d64_pad_sinks", _p(d=64, has_seqused=True, has_sinks=True, has_dsinks=True,
-                                              deterministic=True, knobs=dict(det_order="cyc",
+                                              deterministic=True, knobs=dict(det_order="rotated",
                                                                              det_late_release=False)),
                   b=3, sq=300, skv=300, used=[(300, 300), (9, 150), (0, 0)], runs=2))
     c.append(Case("thd_d64_det_cyc_gqa", _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True,
-                                            knobs=dict(det_order="cyc")),
+                                            knobs=dict(det_order="rotated")),
                   thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64), (100, 700)], runs=3))
     c.append(Case("thd_d128_plain", _p(is_thd=True),
                   thd_lens=[(77, 77), (1, 1), (200, 150)]))

@@ -22,9 +22,10 @@ a backward provides to join the chain:
   of m rows in the SM90 wgmma fragment order, `accum.fragment_coord`; rows padded to whole tiles) and
   `dq_splits` (0: one accumulator; n >= 1: n copies stacked along its batch mode, each written by one
   CTA, with no turns);
-- its params module (the module that defines its params class) exposes `MAIN_TEMPLATE` (the main template's dotted module path),
-  `main_args(params)` (the main kernel's argument names, from `sdpa_args` and the scratch names of
-  `scratch.py`), `validate(params)` and `default_knobs(...)`;
+- its params module (the module that defines its params class) exposes `MAIN_TEMPLATE` (the main template's dotted
+  module path), `main_args(params)` (the main kernel's argument names, from `sdpa_args` and the scratch names of
+  `scratch.py`) and `validate(params)`; its default knobs live beside it (`sdpa_bwd_knobs`), read by the
+  arch adapter's `plan_knobs`;
 - the main template module exposes `kernel_name(params, arch)` and `build(params, arch)` like any
   template, taking its scratch fakes from `accum.scratch_fake`.
 

@@ -109,8 +109,8 @@ def lengths_args(p, q: bool = True, kv: bool = True) -> list[str]:
 
 
 def preprocess_args(p) -> list[str]:
-    """o, do, lse, lengths (q side), o_offsets? / do_offsets?, lse_offsets? and sinks?, dpsum, dq_accum, dq_semaphore?, dsink_partial?,
-    dbias_accum?, (ragged: max_seqlen_q, total_q, total_kv), stream."""
+    """o, do, lse, lengths (q side), o_offsets? / do_offsets?, lse_offsets? and sinks?, dpsum, dq_accum,
+    dq_semaphore?, dsink_partial?, dbias_accum?, (ragged: max_seqlen_q, total_q, total_kv), stream."""
     args = ["o", "do", "lse"] + lengths_args(p, kv=False) + own_offset_args(p, HELPER_IO["preprocess"])
     if p.has_dsinks:
         args += ["lse_offsets"] * (p.token_div_lse > 0) + ["sinks"]

@@ -3,8 +3,8 @@
 Input contract (`chain.BwdHelperParams`): the fp32 dQ accumulator as the params state it, dense
 (batch * copies, heads, rows, head_dim) in rows, 8x8 blocks (`dq_accum_blocked`) or fragment-order
 tiles (`dq_accum_tile`; zeroing treats all three as rows, and leaves the padding rows of the last tile,
-which the dQ convert never reads) with `dq_splits` copies stacked copy-major along the batch mode, or THD (heads, tokens, head_dim);
-int32 turn semaphores when deterministic without split copies. Plain loads and stores only: any arch.
+which the dQ convert never reads) with `dq_splits` copies stacked copy-major along the batch mode, or THD (heads,
+tokens, head_dim); int32 turn semaphores when deterministic without split copies. Plain loads and stores only: any arch.
 
 One CTA per (64-row block, query head, batch) — THD: per (64-token block, query
 head) over the packed tokens, so the grid follows the bound tensors' extents and

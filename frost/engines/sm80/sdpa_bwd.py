@@ -62,6 +62,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from frost.engines.common import mask as fmask
 from frost.engines.common import rows, score_mod
+from frost.engines.common import tiles, turns
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.sdpa_entry import IO_DTYPES
@@ -71,8 +72,8 @@ from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f3
 from frost.engines.sdpa_bwd import accum
 from frost.engines.sdpa_bwd.scratch import uses_turns
 from frost.engines.sm80 import warp_mma
-from frost.engines.sm80.sdpa_bwd_params import (Sm80BwdParams, cyclic_turn, main_args, name_suffix, split_tile,
-                                               split_tile_count)
+from frost.engines.sm80.dq_splits import split_tile, split_tile_count
+from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, main_args, name_suffix
 
 
 def kernel_name(params: Sm80BwdParams, arch: str) -> str:
@@ -204,7 +205,7 @@ def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv
     """Step t of the flat loop -> (query head, query tile).
 
     Query tiles are walked upward from the band's first, starting `rot` tiles
-    in and wrapping around (deterministic "cyc" order: each key tile starts at
+    in and wrapping around (deterministic rotated order: each key tile starts at
     its own query tile, so neighbouring key tiles never queue behind each other).
     """
     head = head_kv
@@ -221,8 +222,8 @@ def _tile_of(cfg: cutlass.Constexpr, t: Int32, m_min: Int32, n_m: Int32, head_kv
 
 
 def _rotates(cfg) -> bool:
-    """Rotated walks: deterministic turns in "cyc" order (whose turns follow the rotation)."""
-    return uses_turns(cfg.p) and cfg.p.det_order == "cyc"
+    """Rotated walks: deterministic turns in the rotated order (whose turns follow the rotation)."""
+    return uses_turns(cfg.p) and cfg.p.det_order == turns.ROTATED
 
 
 class _Sequence(NamedTuple):
@@ -475,13 +476,13 @@ def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mC
         static_q, static_k = mQ.shape[1], mK.shape[1]
     turn_rows = None  # cuDNN's ragged form: per (batch, head) turn counters for the longest sequence's tiles only
     if cutlass.const_expr(p.ragged and uses_turns(p)):
-        turn_rows = mSem.shape[0] // (grid_extent(p.grid_order, "batch") * p.num_heads_q) * cfg.bm
+        turn_rows = turns.ragged_tiles(mSem.shape[0], grid_extent(p.grid_order, "batch"), p.num_heads_q) * cfg.bm
     offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK,
                                                          p.token_div_q, p.token_div_kv, turn_rows)
     offset_lse = offset_q
     if cutlass.const_expr(mLseOff is not None):
         offset_lse = rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, static_q)
-    diag = fmask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
+    diag = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
     num_n = (seqlen_k + cfg.bn - 1) // cfg.bn
     splits = p.dq_splits
     if cutlass.const_expr(not p.is_thd):
@@ -502,7 +503,7 @@ def _key_tile(cfg: cutlass.Constexpr, s: _Sequence, bx: Int32, it: Int32, grid_x
     n_block = bx + it * grid_x
     if cutlass.const_expr(p.dq_splits > 0):
         n_block = split_tile(it, bx, p.dq_splits)
-    if cutlass.const_expr(uses_turns(p) and p.det_order == "diag"):
+    if cutlass.const_expr(uses_turns(p) and p.det_order == turns.STAIR):
         n_block = s.num_n - 1 - n_block  # higher key tiles launch first: they take the earlier turns
     m_min, m_max = fmask.m_block_range(n_block, cfg.bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left,
                                        s.window_right)
@@ -918,19 +919,20 @@ def _late_release(cfg) -> bool:
 
 @cute.jit
 def _sem_ptr(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block: Int32):
-    """The turn semaphore of one (batch, query head, query tile)."""
+    """The turn semaphore of one (batch, query head, query tile) (`turns.turn_index`)."""
     p = cfg.p
     if cutlass.const_expr(p.ragged):
         # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
         n_batch = grid_extent(p.grid_order, "batch")
-        per_seq = io.sem.shape[0] // (n_batch * p.num_heads_q)
-        idx = (s.batch * p.num_heads_q + head) * per_seq + m_block
+        per_seq = turns.ragged_tiles(io.sem.shape[0], n_batch, p.num_heads_q)
+        idx = turns.turn_index(head, m_block, p.num_heads_q, per_seq, batch=s.batch)
     elif cutlass.const_expr(p.is_thd):
         n_batch = grid_extent(p.grid_order, "batch")
         per_head = io.acc.shape[1] // cfg.bm + n_batch + 1
-        idx = head * per_head + (s.offset_q + s.batch * cfg.bm) // cfg.bm + m_block
+        idx = turns.turn_index(head, m_block, p.num_heads_q, per_head,
+                               first_tile=accum.packed_acc_tile(s.offset_q, s.batch, cfg.bm))
     else:
-        idx = (s.batch * p.num_heads_q + head) * ((s.static_q + cfg.bm - 1) // cfg.bm) + m_block
+        idx = turns.turn_index(head, m_block, p.num_heads_q, (s.static_q + cfg.bm - 1) // cfg.bm, batch=s.batch)
     return elem_ptr(io.sem, idx)
 
 
@@ -986,23 +988,19 @@ def _turn(cfg: cutlass.Constexpr, s: _Sequence, m_block: Int32, n_block: Int32) 
     """Key tile n_block's place in the fixed order of dQ additions to query tile m_block.
 
     The key tiles that visit a query tile (`fmask.m_block_range`) are a
-    contiguous run [n_lo, n_hi]. "diag" counts down from n_hi, the tile
+    contiguous run [n_lo, n_hi]. The stair order counts down from n_hi, the tile
     nearest the diagonal, which reaches the query tile first when every key
-    tile walks upward from its band start. "cyc" (every key tile visits every
-    query tile) ranks by arrival on the rotated walks.
+    tile walks upward from its band start (key tiles launch from the last). The rotated
+    order (every key tile visits every query tile) ranks by arrival on the rotated walks.
     """
     bm, bn = cfg.bm, cfg.bn
     turn = Int32(0)
-    if cutlass.const_expr(cfg.p.det_order == "cyc"):
-        turn = cyclic_turn(m_block, n_block, (s.seqlen_q + bm - 1) // bm, (s.seqlen_k + bn - 1) // bn,
-                           mn=cutlass.min)
+    if cutlass.const_expr(cfg.p.det_order == turns.ROTATED):
+        turn = turns.rotated_turn(n_block, m_block, (s.seqlen_k + bn - 1) // bn, (s.seqlen_q + bm - 1) // bm,
+                                  cutlass.min)
     else:
-        n_hi = (s.seqlen_k + bn - 1) // bn - 1
-        if cutlass.const_expr(s.window_right is not None):
-            # m_block_range's m_min(n) <= m_block  <=>  n * bn < (m_block + 1) * bm + diag + window_right
-            bound = (m_block + 1) * bm + s.diag + s.window_right
-            n_hi = cutlass.min(n_hi, (cutlass.max(bound, 1) - 1) // bn)
-        turn = n_hi - n_block
+        turn = turns.stair_turn(n_block, m_block, bm, bn, s.seqlen_k, s.diag, None, s.window_right, True, Int32,
+                                cutlass.min, cutlass.max)
     return turn
 
 

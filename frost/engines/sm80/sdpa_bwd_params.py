@@ -1,4 +1,4 @@
-"""TemplateParams, validator and tuning table of the mma.sync SDPA backward's main kernel.
+"""TemplateParams and validator of the mma.sync SDPA backward's main kernel (its knobs: `sdpa_bwd_knobs`).
 
 The chain around it (preprocess, dQ convert, workspace) is the shared skeleton of
 `frost.engines.sdpa_bwd`; this module is its part of that contract: `Sm80BwdParams`,
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+from frost.engines.common.turns import ROTATED, STAIR
 from frost.engines.params import SdpaBwdFeatureParams, check_sdpa_features, score_mod_tags
 from frost.engines.sdpa_args import ragged_tags, ragged_totals
 from frost.engines.sdpa_bwd.chain import lengths_args, name_dims, name_tags
 from frost.engines.sdpa_bwd.scratch import uses_turns
-from frost.engines.sm80.sdpa_fwd_params import HEAD_DIMS, TUNED_HEAD_DIMS, TileHeadDims, tile_dim, tuned_head_dims
+from frost.engines.sm80.sdpa_fwd_params import HEAD_DIMS, TileHeadDims
 from frost.errors import TemplateParamsError
 
 #: Largest dynamic shared memory one block of each family may ask for (bytes).
@@ -55,14 +56,13 @@ class Sm80BwdParams(TileHeadDims, SdpaBwdFeatureParams):
     # True: a step waits once for its Q and dO (issued together a step earlier) and stores P right
     # after the softmax; False: dO gets its own wait and barrier, P and dS are stored together.
     fused_prefetch: bool = False
-    # deterministic dQ turn order per query tile. "diag": key tiles are launched from the last down, walk
-    # their query tiles upward from the diagonal and take turns from the highest key tile down, so a tile's
-    # turn comes when it arrives (no serial lag down the band). "cyc" (no windows): key tile n starts its
-    # walk at query tile n (wrapping) and each query tile takes the key tiles in the order they arrive
-    # (`cyclic_turn`), so neighbouring key tiles never queue behind each other. A key tile may wait on one
-    # launched after it, so a plan picks "cyc" only where a head's key tiles fit on half the SMs at once
+    # deterministic dQ turn order per query tile (`frost.engines.common.turns`). "stair": key tiles are
+    # launched from the last down, walk their query tiles upward from the diagonal and take turns from the
+    # highest key tile down, so a tile's turn comes when it arrives (no serial lag down the band). "rotated"
+    # (no windows): key tile n starts its walk at query tile n (wrapping) and each query tile takes the key
+    # tiles in the order they arrive; a plan picks it only where `turns.rotation_fits`
     # (`frost.adapters.sm80_plan.planned_det_order`).
-    det_order: Literal["diag", "cyc"] = "diag"
+    det_order: Literal["stair", "rotated"] = "stair"
     # deterministic: a key tile passes its turn on at the next step's first barrier (its reductions have had
     # a GEMM's time to land, and no extra barrier) instead of right after its reductions. The d=64 default.
     det_late_release: bool = False
@@ -163,8 +163,8 @@ def validate(p: Sm80BwdParams) -> None:
     if p.dq_splits and (not p.deterministic or p.is_thd):
         bad(f"dq_splits={p.dq_splits} orders a deterministic dense backward; this one is "
             f"{'packed (THD)' if p.is_thd else 'not deterministic'}")
-    if p.det_order == "cyc" and (p.has_window_left or p.has_window_right):
-        bad("det_order='cyc' walks every query tile from each key tile's own start; windows narrow the walks")
+    if p.det_order == ROTATED and (p.has_window_left or p.has_window_right):
+        bad("det_order='rotated' walks every query tile from each key tile's own start; windows narrow the walks")
     need = smem_bytes(p)
     if need > SMEM_BUDGET[p.family]:
         bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
@@ -184,120 +184,8 @@ def _warp_tiles(p: Sm80BwdParams) -> tuple:
             ("dQ rows", p.tile_m, p.dq_warps_m), ("dQ cols", d, w // p.dq_warps_m))
 
 
-# (head_dim, head_dim_v) -> knobs, best first; the first that fits the budget wins.
-# d=64 deterministic: the late turn release cut the cost over non-deterministic from 1.17/1.15/1.22 to
-# 1.11/1.09/1.14 (4k causal, 16k full, 16k causal) and raised 4k full from 1.22 to 1.25 (H200, 4866a9b sweep);
-# at d=128 it lost 0-4%. Reading the turn early (relaxed, before the dV GEMM) and completing the acquire with a
-# fence timed 1-3% slower than the plain ld.acquire at both head dims (8bbd725 sweep), so it was dropped.
-# P and dS stored with stmatrix on sm_90 timed 0-2% slower than 4-byte stores (1c50e3a sweep): dropped too.
-# Knobs no row picked were removed; benchmarks/results records the sweeps that retired each.
-# Head dims outside these rows take the rows of their covering tuned pair (`tuned_head_dims`), each with its
-# warps re-arranged where the tile width asks for it (`candidates`); not tuned at their own dims yet.
-_CANDIDATES: dict[tuple[int, int], list[dict]] = {
-    (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4,
-                    fused_prefetch=True, det_late_release=True),
-               dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-               dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2)],
-    (96, 96): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
-               dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4)],
-    (128, 128): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
-                      dq_warps_m=2),
-                 dict(tile_m=64, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
-                      dq_warps_m=2)],
-    (192, 128): [dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-                 dict(tile_m=32, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
-                      dq_warps_m=2)],
-    (256, 256): [dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-                 dict(tile_m=64, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-                 dict(tile_m=32, tile_n=32, num_stages=1, num_warps=4, sdp_warps_m=2, dkv_warps_n=2,
-                      dq_warps_m=2)],
-}
-
-
-def candidates(head_dim: int, head_dim_v: int) -> list[dict]:
-    """The tuning table's knobs for these head dims, best first: the table's own rows, or those of the
-    covering tuned pair (`tuned_head_dims`), then of the larger tuned pairs that cover the tile dims too,
-    each with its dQ warps re-arranged along the query rows where the tile width does not split into 16
-    columns per warp (e.g. 160 = 5 x 32 columns over 4 warps becomes 2 warps)."""
-    probe = Sm80BwdParams(head_dim=head_dim, head_dim_v=head_dim_v)
-    try:
-        check_sdpa_features(probe, HEAD_DIMS, "Sm80BwdParams")
-    except TemplateParamsError as e:
-        raise TemplateParamsError(f"{e}; no knobs") from None
-    key = (head_dim, head_dim_v)
-    if key in _CANDIDATES:
-        return list(_CANDIDATES[key])
-    d, dv = tile_dim(head_dim), tile_dim(head_dim_v)
-    first = TUNED_HEAD_DIMS.index(tuned_head_dims(head_dim, head_dim_v))
-    out = []
-    for a, b in TUNED_HEAD_DIMS[first:]:
-        if a < d or b < dv:
-            continue
-        for cand in _CANDIDATES[(a, b)]:
-            w, dq_m = cand["num_warps"], cand["dq_warps_m"]
-            while dq_m < w and d % (16 * (w // dq_m)) != 0:
-                dq_m *= 2
-            arranged = {**cand, "dq_warps_m": dq_m}
-            if cand["tile_m"] % (16 * dq_m) == 0 and d % (16 * (w // dq_m)) == 0 and arranged not in out:
-                out.append(arranged)
-    return out
-
-
-def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16",
-                  smem_budget: int | None = None, **requested) -> dict:
-    """Good knobs for a family and head dims; `requested` knobs (e.g. tile_n=64) are honored.
-
-    `smem_budget` (bytes, a target's opt-in limit) tightens the family budget.
-    Raises TemplateParamsError when no candidate honoring `requested` fits.
-    """
-    budget = min(SMEM_BUDGET[family], smem_budget) if smem_budget else SMEM_BUDGET[family]
-    splits = requested.pop("dq_splits", None)  # needs the feature flags the probe lacks; sizes nothing here
-    for cand in candidates(head_dim, head_dim_v):
-        knobs = {**cand, **requested}
-        probe = Sm80BwdParams(family=family, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v, **knobs)
-        try:
-            validate(probe)
-        except TemplateParamsError:
-            continue
-        if smem_bytes(probe) <= budget:
-            return knobs if splits is None else {**knobs, "dq_splits": splits}
-    raise TemplateParamsError(f"Sm80BwdParams: no knobs for d_qk={head_dim}, d_v={head_dim_v} honoring "
-                              f"{requested} fit {budget} bytes of shared memory")
-
-
 # ---------------------------------------------------------------------------------------------
-# The main kernel's walks, turns and arguments
-
-
-def cyclic_turn(m, n, n_m, num_n, mn=min):
-    """Key tile n's place among the `num_n` key tiles that add into query tile m (of `n_m`) under
-    det_order="cyc": key tile n reaches m at step s = (m - n) mod n_m, and a query tile takes key tiles by
-    (arrival step, key tile). Plain arithmetic on non-negative values (kernels pass `mn=cutlass.min`).
-
-    Each earlier step j < s brings the key tiles congruent to m - j: num_n // n_m of them, one more for the
-    residues below num_n % n_m; `_below` counts those residues over the wrapped run m - s + 1 .. m.
-    """
-    q, r = num_n // n_m, num_n % n_m
-    s = (m - n % n_m + n_m) % n_m
-
-    def _below(x):  # residues v < r among 0 .. x - 1 (x >= 0), counted along the unwrapped line
-        return (x // n_m) * r + mn(x % n_m, r)
-    return s * q + _below(m + 1 + n_m) - _below(m - s + 1 + n_m) + n // n_m
-
-
-def split_tile(it, split, splits: int):
-    """The key tile of step `it` of split CTA `split` (`dq_splits`): rounds of `splits` tiles, walked forward
-    and backward in turn, so the CTAs' causal work evens out. Plain arithmetic: kernels call it on Int32s."""
-    return it * splits + split + (it % 2) * (splits - 1 - 2 * split)
-
-
-def split_tile_count(num_n, split, splits: int):
-    """How many of `num_n` key tiles `split_tile` gives split CTA `split`: the whole rounds, plus one when its
-    place in the last, partial round lies inside it."""
-    rounds = num_n // splits
-    rest = num_n - rounds * splits
-    place = split + (rounds % 2) * (splits - 1 - 2 * split)
-    return rounds + (rest - place + splits - 1) // splits  # + 1 exactly when place < rest
+# The main kernel's arguments and name
 
 
 def main_args(p: Sm80BwdParams) -> list[str]:
@@ -318,7 +206,7 @@ def main_args(p: Sm80BwdParams) -> list[str]:
 
 def name_suffix(p: Sm80BwdParams) -> str:
     """The self-describing part of the main kernel's name (style of the forward's names)."""
-    det = {"diag": "det", "cyc": "detc"}[p.det_order] + ("l" if p.det_late_release else "")
+    det = {STAIR: "det", ROTATED: "detc"}[p.det_order] + ("l" if p.det_late_release else "")
     if p.dq_splits:
         det = f"detsp{p.dq_splits}"  # the turn knobs do not apply
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
@@ -333,6 +221,8 @@ def name_suffix(p: Sm80BwdParams) -> str:
 
 def _custom_warps(p: Sm80BwdParams) -> bool:
     """True when the warp arrangement differs from the one the head dim's table lists for these tiles."""
+    from frost.engines.sm80.sdpa_bwd_knobs import candidates  # the table probes this module's params
+
     try:
         cands = candidates(p.head_dim, p.head_dim_v)
     except TemplateParamsError:

@@ -29,6 +29,7 @@ length comes from seqused_kv, clamped to the envelope max_seqlen_kv.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.memory
@@ -36,7 +37,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, mask, paged, rows, score_mod, seqlen, softmax
+from frost.engines.common import acc_layout, mask, paged, rows, score_mod, seqlen, softmax, tiles
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
@@ -50,7 +51,8 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
     flags = [name for on, name in (
         (p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-        (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_block_mask, "bmask"), (p.has_lse, "lse"), (p.has_score_max, "smax"),
+        (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_block_mask, "bmask"), (p.has_lse, "lse"),
+        (p.has_score_max, "smax"),
         (p.has_score_sum_exp, "ssum"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
     ) if on] + ragged_tags(p)
     if p.paged:  # paged K/V: the containers' block sizes
@@ -68,6 +70,45 @@ def build(params: Sm80FwdParams, arch: str):
     kernel = SdpaFwdSm80(params)
     entry = make_entry(kernel.launch, names, params.is_thd, params if params.ragged else None)
     return entry, FakeArgs(params).all(names)
+
+
+class _Globals(NamedTuple):
+    """The kernel's global tensors (None where a flavor does not take one): Q, K, V, O, Stats, (score_max,
+    score_sum_exp), sinks, the bias, the block mask, a paged cache's (K table, V table, S_kv envelope)."""
+
+    mQ: Any
+    mK: Any
+    mV: Any
+    mO: Any
+    mLSE: Any
+    mScores: Any
+    mSinks: Any
+    mBias: Any
+    mBlockMask: Any
+    paged: Any
+
+
+class _Scores(NamedTuple):
+    """The logits' scale (None without score modifiers), the softmax's exp2 factor, the windows (None: none)."""
+
+    softmax_scale: Any
+    scale_log2: Any
+    window_left: Any
+    window_right: Any
+
+
+class _Kit(NamedTuple):
+    """The kernel's shared-memory layouts, copies, MMA and storage struct: the same for every tile."""
+
+    sQ_layout: Any
+    sK_layout: Any
+    sV_layout: Any
+    sO_layout: Any
+    copy_QK: Any
+    copy_V: Any
+    copy_O: Any
+    tiled_mma: Any
+    SharedStorage: Any
 
 
 class SdpaFwdSm80:
@@ -147,9 +188,11 @@ class SdpaFwdSm80:
         g = a.get
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
-            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"), g("v_offsets"),
-            (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
-            g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")), scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"), g("window_right"), num_batch,
+            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"),
+            g("v_offsets"), (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
+            g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")),
+            scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"),
+            g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
         ).launch(
             grid=grid,
@@ -198,22 +241,26 @@ class SdpaFwdSm80:
     ):
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
-            self.cta(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff,
-                     (mOOff, mVOff, mScoreOffs), mBias, mBlockMask, mPaged, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout,
-                     sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage, bx, head, batch)
+            self.cta(_Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask, mPaged),
+                     (mCuQ, mCuK, mSuQ, mSuK), mLseOff, (mOOff, mVOff, mScoreOffs),
+                     _Scores(softmax_scale, scale_log2, window_left, window_right),
+                     _Kit(sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
+                          SharedStorage),
+                     bx, head, batch)
 
     @cute.jit
-    def cta(self, mQ, mK, mV, mO, mLSE, mScores, mCuQ, mCuK, mSuQ, mSuK, mSinks, mLseOff, mOwnOff, mBias, mBlockMask,
-            mPaged, softmax_scale, scale_log2, window_left, window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V,
-            copy_O, tiled_mma, SharedStorage: cutlass.Constexpr, bx, head, batch):
-        """Pick this CTA's m-tile of its (head, batch entry) and run it."""
+    def cta(self, g: _Globals, lengths, mLseOff, mOwnOff, sc: _Scores, kit: _Kit, bx, head, batch):
+        """Pick this CTA's m-tile of its (head, batch entry) and run it. `lengths`: the device lengths (packed
+        prefix sums, padded lengths; None where the form has none)."""
         p = self.p
+        mQ, mK = g.mQ, g.mK
+        mCuQ, mCuK, mSuQ, mSuK = lengths
         if const_expr(p.is_thd):
             static_sq, static_sk = mQ.shape[0], mK.shape[0]
         else:
             static_sq, static_sk = mQ.shape[1], mK.shape[1]
         if const_expr(p.paged):  # a container's rows are not a sequence's: the envelope bounds the key length
-            static_sk = mPaged[2]
+            static_sk = g.paged[2]
         off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(
             batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK, p.token_div_q, p.token_div_kv)
         off_lse = off_q  # ragged Stats start at their own offsets
@@ -233,17 +280,19 @@ class SdpaFwdSm80:
         else:
             m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, mPaged, softmax_scale, scale_log2, window_left,
-                      window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-                      SharedStorage, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k, static_sq, off_lse,
-                      off_o, off_v, off_scores)
+            self.tile(g, sc, kit, m_block, head, batch, tiles.Sequence(off_q, off_k, seqlen_q, seqlen_k, static_sq,
+                                                                       static_sk), (off_lse, off_o, off_v, off_scores))
 
     @cute.jit
-    def tile(self, mQ, mK, mV, mO, mLSE, mScores, mSinks, mBias, mBlockMask, mPaged, softmax_scale, scale_log2, window_left,
-             window_right, sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-             SharedStorage: cutlass.Constexpr, m_block, head, batch, off_q, off_k, seqlen_q, seqlen_k,
-             static_sq, off_lse, off_o, off_v, off_scores):
+    def tile(self, g: _Globals, sc: _Scores, kit: _Kit, m_block, head, batch, seq: tiles.Sequence, offsets):
+        """One query tile: its key tiles from the last down (`step`), then O and the row statistics out
+        (`epilogue`). `offsets`: the first rows of Stats, O, V and score_max / score_sum_exp in their tensors."""
         p = self.p
+        mQ, _, _, mO, _, _, _, mBias, mBlockMask, _ = g
+        softmax_scale, scale_log2, window_left, window_right = sc
+        sQ_layout, sK_layout, sV_layout, _, copy_QK, copy_V, _, tiled_mma, SharedStorage = kit
+        off_q, off_k, seqlen_q, seqlen_k, static_sq, _ = seq
+        _, off_o, off_v, _ = offsets
         S = p.num_stages
         tidx, _, _ = cute.arch.thread_idx()
         head_kv = head // self.qpk
@@ -256,11 +305,6 @@ class SdpaFwdSm80:
         mO_s = rows.widen(rows.head_rows(mO, head, batch, off_o, p.is_thd), dv)
         gQ = cute.local_tile(mQ_s, (p.tile_m, d), (m_block, 0))
         gO = cute.local_tile(mO_s, (p.tile_m, dv), (m_block, 0))
-        if const_expr(not p.paged):  # every key tile of the sequence; a paged cache's are found per tile
-            mK_s = rows.widen(rows.head_rows(mK, head_kv, batch, off_k, p.is_thd), d)
-            mV_s = rows.widen(rows.head_rows(mV, head_v, batch, off_v, p.is_thd), dv)
-            gK = cute.local_tile(mK_s, (p.tile_n, d), (None, 0))
-            gV = cute.local_tile(mV_s, (p.tile_n, dv), (None, 0))
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -275,9 +319,7 @@ class SdpaFwdSm80:
         tQgQ, tQsQ = thr_QK.partition_S(gQ), thr_QK.partition_D(sQ)
         tQcQ = thr_QK.partition_S(cute.make_identity_tensor((p.tile_m, d)))
         tKsK, tVsV = thr_QK.partition_D(sK), thr_V.partition_D(sV)
-        tKgK = tVgV = None
-        if const_expr(not p.paged):
-            tKgK, tVgV = thr_QK.partition_S(gK), thr_V.partition_S(gV)
+        src = self.key_sources(g, (thr_QK, thr_V), (head_kv, head_v), batch, (off_k, off_v))
         tKcK = thr_QK.partition_S(cute.make_identity_tensor((p.tile_n, d)))
         tVcV = thr_V.partition_S(cute.make_identity_tensor((p.tile_n, dv)))
 
@@ -311,7 +353,7 @@ class SdpaFwdSm80:
         t0ScS_mn = acc_layout.acc_as_mn(tiled_mma.get_slice(0).partition_C(cS))
 
         # ---- which key tiles to visit, which need masking
-        offset = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
+        offset = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
         n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
                                           window_left, window_right)
         lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
@@ -329,8 +371,8 @@ class SdpaFwdSm80:
                 mods.gB = cute.local_tile(mB, (p.tile_m, p.tile_n), (m_block, None))
 
         ctx = SimpleNamespace(
-            tiled_mma=tiled_mma, thr_mma=thr_mma, copy_QK=copy_QK, copy_V=copy_V, thr_QK=thr_QK, thr_V=thr_V,
-            tKgK=tKgK, tKsK=tKsK, tKcK=tKcK, tVgV=tVgV, tVsV=tVsV, tVcV=tVcV,
+            tiled_mma=tiled_mma, thr_mma=thr_mma, copy_QK=copy_QK, copy_V=copy_V,
+            src=src, tKsK=tKsK, tKcK=tKcK, tVsV=tVsV, tVcV=tVcV,
             tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
             smem_copy_Q=smem_copy_Q, smem_copy_K=smem_copy_K, smem_copy_V=smem_copy_V,
             thr_copy_Q=thr_copy_Q, thr_copy_K=thr_copy_K, thr_copy_V=thr_copy_V,
@@ -339,10 +381,6 @@ class SdpaFwdSm80:
             m_block=m_block, n_min=n_min, n_max=n_max, seqlen_k=seqlen_k, offset=offset,
             window_left=window_left, window_right=window_right, mods=mods,
         )
-        if const_expr(p.paged):  # the containers, this head's in each, and this sequence's block tables
-            ctx.paged = SimpleNamespace(mK=mK, mV=mV, head_k=head_kv, head_v=head_v,
-                                        k_table=paged.table_row(mPaged[0], batch),
-                                        v_table=paged.table_row(mPaged[1], batch))
         if const_expr(p.has_block_mask):  # this (batch entry, head)'s (q tiles, key-tile bytes) bits
             ctx.block_mask = mBlockMask[batch, head, None, None]
 
@@ -383,7 +421,20 @@ class SdpaFwdSm80:
                 self.step(ctx, b_end - 1 - it, stage, True)
                 stage = self.next_stage(stage)
 
-        # ---- epilogue
+        self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, num_rows, tidx)
+
+    @cute.jit
+    def epilogue(self, ctx, g: _Globals, kit: _Kit, sQ, gO, at, offsets, q_rows, store_rows, num_rows, tidx):
+        """The tile's O (staged through sQ's smem) and row statistics out; rows past the sequence (dense) get
+        O = 0, LSE = -inf. `at`: (head, batch entry)."""
+        p = self.p
+        dv = self.dv
+        head, batch = at
+        off_lse, _, _, off_scores = offsets
+        mLSE, mScores, mSinks = g.mLSE, g.mScores, g.mSinks
+        sO_layout, copy_O, tiled_mma = kit.sO_layout, kit.copy_O, kit.tiled_mma
+        thr_mma, acc_O, row_max, row_sum, row_scale = ctx.thr_mma, ctx.acc_O, ctx.row_max, ctx.row_sum, ctx.row_scale
+        scale_log2, m_block = ctx.scale_log2, ctx.m_block
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # sQ is reused for O; no load may still land in it
         lse = cute.make_rmem_tensor(num_rows, Float32)
@@ -450,26 +501,44 @@ class SdpaFwdSm80:
             return Int32(0) if stage == self.p.num_stages - 1 else stage + 1
 
     @cute.jit
+    def key_sources(self, g: _Globals, thr, heads, batch, offsets):
+        """Where key tiles come from: the sequence's K and V tiles partitioned for this thread (dense, packed), or a
+        paged cache's containers, this head's in each and this sequence's block tables (`k_src` / `v_src` find
+        each tile's block). `thr`: the K and V copies' thread slices; `heads`, `offsets`: K's and V's."""
+        p = self.p
+        (thr_QK, thr_V), (head_kv, head_v), (off_k, off_v) = thr, heads, offsets
+        if const_expr(p.paged):
+            return SimpleNamespace(mK=g.mK, mV=g.mV, head_k=head_kv, head_v=head_v, thr_QK=thr_QK, thr_V=thr_V,
+                                   k_table=paged.table_row(g.paged[0], batch),
+                                   v_table=paged.table_row(g.paged[1], batch))
+        else:
+            mK_s = rows.widen(rows.head_rows(g.mK, head_kv, batch, off_k, p.is_thd), self.d)
+            mV_s = rows.widen(rows.head_rows(g.mV, head_v, batch, off_v, p.is_thd), self.dv)
+            gK = cute.local_tile(mK_s, (p.tile_n, self.d), (None, 0))
+            gV = cute.local_tile(mV_s, (p.tile_n, self.dv), (None, 0))
+            return SimpleNamespace(tKgK=thr_QK.partition_S(gK), tVgV=thr_V.partition_S(gV))
+
+    @cute.jit
     def k_src(self, c: SimpleNamespace, n_block):
         """This thread's partition of key tile `n_block` of K in global memory (through the table when paged)."""
         p = self.p
         if const_expr(p.paged):
-            g = paged.key_tile(c.paged.mK, c.paged.k_table, c.paged.head_k, n_block, p.tile_n, p.paged_block_k,
-                               self.d)
-            return c.thr_QK.partition_S(g)
+            s = c.src
+            return s.thr_QK.partition_S(paged.key_tile(s.mK, s.k_table, s.head_k, n_block, p.tile_n,
+                                                       p.paged_block_k, self.d))
         else:
-            return c.tKgK[None, None, None, n_block]
+            return c.src.tKgK[None, None, None, n_block]
 
     @cute.jit
     def v_src(self, c: SimpleNamespace, n_block):
         """This thread's partition of key tile `n_block` of V in global memory (through the table when paged)."""
         p = self.p
         if const_expr(p.paged):
-            g = paged.key_tile(c.paged.mV, c.paged.v_table, c.paged.head_v, n_block, p.tile_n, p.paged_block_v,
-                               self.dv)
-            return c.thr_V.partition_S(g)
+            s = c.src
+            return s.thr_V.partition_S(paged.key_tile(s.mV, s.v_table, s.head_v, n_block, p.tile_n,
+                                                      p.paged_block_v, self.dv))
         else:
-            return c.tVgV[None, None, None, n_block]
+            return c.src.tVgV[None, None, None, n_block]
 
     @cute.jit
     def load_rows(self, tiled_copy, tXg, tXsX, tXcX, stage, n_rows, zero_fill: cutlass.Constexpr,

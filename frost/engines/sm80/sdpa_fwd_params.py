@@ -148,8 +148,8 @@ def validate(p: Sm80FwdParams) -> None:
     # per-thread fp32 accumulator registers for O and S: keep well under 255
     acc_regs = (p.tile_m * p.tile_head_dim_v + p.tile_m * p.tile_n) // p.num_threads
     if acc_regs > 192:
-        bad(f"tile {p.tile_m}x{p.tile_n} with d_v={p.head_dim_v} (tiles of {p.tile_head_dim_v}) on {p.num_warps} warps needs {acc_regs} "
-            "accumulator registers per thread (max 192)")
+        bad(f"tile {p.tile_m}x{p.tile_n} with d_v={p.head_dim_v} (tiles of {p.tile_head_dim_v}) on {p.num_warps} warps "
+            f"needs {acc_regs} accumulator registers per thread (max 192)")
 
 
 # (family, head_dim, head_dim_v) -> (tile_m, tile_n, num_stages, num_warps), for the TUNED_HEAD_DIMS; every

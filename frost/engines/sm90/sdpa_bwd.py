@@ -84,6 +84,7 @@ from cutlass import Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from frost.engines.common import mask, score_mod
+from frost.engines.common import tiles, turns
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
@@ -94,8 +95,7 @@ from frost.engines.common.tile_scheduler import ranked_batch
 from frost.engines.common import global_ops as gops
 from frost.engines.sdpa_bwd.accum import packed_acc_tile
 from frost.engines.sm90 import wgmma_utils as wu
-from frost.engines.sm90.sdpa_bwd_params import (ROWS_STAGES, Sm90BwdParams, main_args, name_suffix, rotated_turn,
-                                               rotates, validate)
+from frost.engines.sm90.sdpa_bwd_params import ROWS_STAGES, Sm90BwdParams, main_args, name_suffix, validate
 
 BAR_DS = 1        # both MMA warpgroups stored their halves of dS
 BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgroups + writer warp)
@@ -145,6 +145,89 @@ class Walk(NamedTuple):
     # all fit on the SMs: the stair order), else None
 
 
+class Globals(NamedTuple):
+    """The CTA's global tensors as the roles read them: the io tensors (V and dO rebased for the ragged form), the
+    dQ accumulator, the LSE / dpsum rows, the turn counters, dK / dV's key offsets and packed row views."""
+
+    mQ: cute.Tensor
+    mK: cute.Tensor
+    mV: cute.Tensor
+    mdO: cute.Tensor
+    mdK: cute.Tensor
+    mdV: cute.Tensor
+    mAcc: cute.Tensor
+    mLSE: cute.Tensor
+    mdPsum: cute.Tensor
+    mSem: object
+    key_offsets: tuple
+    mdK_rows: object
+    mdV_rows: object
+
+
+class Smem(NamedTuple):
+    """The CTA's shared tiles: the staged LSE / dpsum rows (halves and their pipeline), Q, K, V, dO, dS (and P^T
+    with shared keys, else None), the dQ tile."""
+
+    rows: tuple
+    sQ: cute.Tensor
+    sK: cute.Tensor
+    sV: cute.Tensor
+    sdO: cute.Tensor
+    sdS: cute.Tensor
+    sP: object
+    sdQ: cute.Tensor
+
+
+class Tma(NamedTuple):
+    """The TMA atoms of the loads (Q, K, V, dO) and stores (dK, dV, dQ; None where that path does not use TMA)."""
+
+    q: cute.CopyAtom
+    k: cute.CopyAtom
+    v: cute.CopyAtom
+    do: cute.CopyAtom
+    dk: object
+    dv: object
+    dq: object
+
+
+class Gemms(NamedTuple):
+    """The step's pipelines (Q, dO, K / V) and tiled MMAs (S^T and dP^T, dK, dV, dQ)."""
+
+    pipe_q: object
+    pipe_do: object
+    pipe_kv: object
+    sdp: cute.TiledMma
+    dk: cute.TiledMma
+    dv: cute.TiledMma
+    dq: cute.TiledMma
+
+
+class Operands(NamedTuple):
+    """What every step's GEMMs read and write, made once per walk (`mma`): the wgmma fragments of S^T, dP^T, dV,
+    dK and dQ, the dS^T (and P^T) stores, dQ's destination (shared tile, or its coordinates for register adds),
+    the coordinates of this thread's S^T values, the MMA thread's slice and the S^T columns per thread."""
+
+    tSrK: cute.Tensor
+    tSrQ: cute.Tensor
+    tPrV: cute.Tensor
+    tPrdO: cute.Tensor
+    tdVrdOt: cute.Tensor
+    tdKrQt: cute.Tensor
+    tdQrKt: cute.Tensor
+    tdQrdS: cute.Tensor
+    tdVrP: cute.Tensor
+    tdKrdS: cute.Tensor
+    r2s_ds: cute.TiledCopy
+    tRsdS: cute.Tensor
+    tRsP: object
+    tdQsdQ: object
+    tdQcdQ: object
+    tScS_mn: cute.Tensor
+    t0ScS_mn: cute.Tensor
+    thr_sdp: object
+    n_cols: int
+
+
 class Rows(NamedTuple):
     """The staged LSE / dpsum rows: global sources, shared halves (one per step parity), this thread."""
 
@@ -191,7 +274,7 @@ def kernel_name(params: Sm90BwdParams, arch: str) -> str:
 
 
 class SdpaBwdSm90:
-    """One compiled specialization; `run` is the jit body taking the main arguments by name."""
+    """One compiled specialization; `launch` is the jit body taking the main arguments by name."""
 
     def __init__(self, p: Sm90BwdParams):
         validate(p)
@@ -217,7 +300,7 @@ class SdpaBwdSm90:
 
     # ------------------------------------------------------------------ host side
     @cute.jit
-    def run(self, a: dict):
+    def launch(self, a: dict):
         p = self.p
         dt = self.dtype
         bm, bn, d, dv, st = self.bm, self.bn, self.d, self.dv, self.stages
@@ -324,7 +407,8 @@ class SdpaBwdSm90:
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
                mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
-               mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom, tma_atom_k: cute.CopyAtom,
+               mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom,
+               tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
                tma_atom_dv: cute.CopyAtom, tma_atom_dq, score_args, wl, wr,
                q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
@@ -394,9 +478,10 @@ class SdpaBwdSm90:
         fine = None  # what a K or V tile reloaded within the walk needs (`swap_fine`)
         if const_expr(self.fine_k or self.fine_v):
             fine = Fine(mK, mV, tma_atom_k, tma_atom_v, mbar_fine)
-        args = (mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO,
-                sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
-                pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, fine, walk)
+        args = (Globals(mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows),
+                Smem(sRows, sQ, sK, sV, sdO, sdS, sP, sdQ),
+                Tma(tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq),
+                Gemms(pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq), score_args, fine, walk)
         if const_expr(self.p.is_thd):
             # a key tile past its sequence's keys owns no dK / dV rows and visits no query tile: every warp
             # of the CTA leaves at once, so none waits on another
@@ -406,9 +491,7 @@ class SdpaBwdSm90:
             self.roles(warp_idx, *args)
 
     @cute.jit
-    def roles(self, warp_idx, mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ,
-              sK, sV, sdO, sdS, sP, sdQ, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
-              tma_atom_dq, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, fine, walk: Walk):
+    def roles(self, warp_idx, g: Globals, s: Smem, tma: Tma, gemms: Gemms, score_args, fine, walk: Walk):
         """The warp roles: warp 0 loads, warp 1 adds dQ (unless the MMA warpgroups add it from registers), warp 2
         stages the LSE / dpsum rows (`rows_warp`), the MMA warpgroups compute; all walk `walk`."""
         if warp_idx < 4:
@@ -420,21 +503,19 @@ class SdpaBwdSm90:
                 if warp_idx != 0:
                     cute.arch.griddepcontrol_wait()
             if warp_idx == 0:
-                self.load(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
-                          pipe_q, pipe_do, pipe_kv, walk)
+                self.load(g.mQ, g.mK, g.mV, g.mdO, s.sQ, s.sK, s.sV, s.sdO, tma.q, tma.k, tma.v, tma.do,
+                          gemms.pipe_q, gemms.pipe_do, gemms.pipe_kv, walk)
             if const_expr(not self.red):
                 if warp_idx == 1:
-                    self.store_dq(mAcc, mSem, sdQ, tma_atom_dq, walk)
+                    self.store_dq(g.mAcc, g.mSem, s.sdQ, tma.dq, walk)
             if const_expr(self.rows_warp):
                 if warp_idx == 2:
-                    self.load_rows_warp(mLSE, mdPsum, sRows, walk)
+                    self.load_rows_warp(g.mLSE, g.mdPsum, s.rows, walk)
         else:
             cute.arch.setmaxregister_increase(240)
             if const_expr(self.p.pdl):
                 cute.arch.griddepcontrol_wait()
-            self.mma(mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS,
-                     sP, sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args,
-                     fine, walk)
+            self.mma(g, s, tma, gemms, score_args, fine, walk)
 
     def seq_rows(self, mX, head, w: Walk, offset):
         """The (seq, dim) rows of one head of the CTA's batch entry (packed: from the sequence's first token)."""
@@ -458,10 +539,8 @@ class SdpaBwdSm90:
              off_k, off_lse=None):
         """The CTA's `Walk`: the query tiles of its key tile's band, over every query head of its group."""
         p = self.p
-        off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
-        cap = seqlen_q + seqlen_k
-        wl_c = cutlass.min(Int32(wl), cap) if const_expr(p.has_window_left) else None
-        wr_c = cutlass.min(Int32(wr), cap) if const_expr(p.has_window_right) else None
+        off, wl_c, wr_c = tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
+                                     wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
         m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
         n_m = cutlass.max(m_max - m_min, 0)
         n_k, rot = None, None
@@ -473,11 +552,12 @@ class SdpaBwdSm90:
     @cute.jit
     def rotation(self, n_block: Int32, n_m: Int32, seqlen_k: Int32):
         """The rotated order's (key tiles, first query tile of the walk): key tile n starts at query tile
-        n mod M, so the walks' first adds land on different tiles; 0 (the stair order) when the sequence's key
-        tiles outnumber the SMs (`rotates`: a rotated turn waits on later-launched key tiles)."""
+        n mod M, so the walks' first adds land on different tiles; 0 (the stair order) where the sequence's key
+        tiles fail the turns' safety rule (`turns.rotation_fits`: a rotated turn waits on later-launched key
+        tiles)."""
         n_k = (seqlen_k + self.bn - 1) // self.bn
         rot = Int32(0)
-        if rotates(n_k, self.p.sm_count):
+        if turns.rotation_fits(n_k, self.p.sm_count):
             rot = n_block % cutlass.max(n_m, 1)
         return n_k, rot
 
@@ -583,7 +663,7 @@ class SdpaBwdSm90:
         """cuDNN's ragged form with turn counters: the query rows a sequence has counters for (per (batch, head)
         the tiles of the longest one, `semaphore`), the most its length may take; else None (no such bound)."""
         if const_expr(self.p.ragged and self.p.deterministic):
-            per_seq = mSem.shape[0] // (grid_extent(self.p.grid_order, "batch") * self.p.num_heads_q)
+            per_seq = turns.ragged_tiles(mSem.shape[0], grid_extent(self.p.grid_order, "batch"), self.p.num_heads_q)
             return per_seq * self.bm
         return None
 
@@ -597,16 +677,17 @@ class SdpaBwdSm90:
         bm = self.bm
         if const_expr(self.p.ragged):
             # sequences may lie anywhere and in any order: per (batch, head) the tiles of the longest one
-            per_seq = mSem.shape[0] // (grid_extent(self.p.grid_order, "batch") * self.p.num_heads_q)
-            idx = (w.batch * self.p.num_heads_q + head) * per_seq + m_block
+            per_seq = turns.ragged_tiles(mSem.shape[0], grid_extent(self.p.grid_order, "batch"), self.p.num_heads_q)
+            idx = turns.turn_index(head, m_block, self.p.num_heads_q, per_seq, batch=w.batch)
         elif const_expr(self.p.is_thd):
             per_head = mAcc.shape[0] // bm + grid_extent(self.p.grid_order, "batch") + 1
             if const_expr(self.frag):  # the accumulator's own tiles are laid out as the turns are
                 per_head = mAcc.shape[0] // bm
-            idx = head * per_head + packed_acc_tile(w.off_q, w.batch, bm) + m_block
+            idx = turns.turn_index(head, m_block, self.p.num_heads_q, per_head,
+                                   first_tile=packed_acc_tile(w.off_q, w.batch, bm))
         else:
             rows_q = mAcc.shape[0] if const_expr(self.p.has_seqused) else w.seqlen_q  # equal without padding
-            idx = (w.batch * self.p.num_heads_q + head) * ((rows_q + bm - 1) // bm) + m_block
+            idx = turns.turn_index(head, m_block, self.p.num_heads_q, (rows_q + bm - 1) // bm, batch=w.batch)
         return gops.elem_ptr(mSem, idx)
 
     @cute.jit
@@ -620,30 +701,20 @@ class SdpaBwdSm90:
         rotated order (`det_order`, no band) starts each walk at its own query tile instead.
         """
         p = self.p
-        bm, bn = self.bm, self.bn
-        n_block, off, wl, wr, seqlen_k = w.n_block, w.off, w.wl, w.wr, w.seqlen_k
         turn = Int32(0)
-        if const_expr(p.has_window_right):
-            n_hi = (seqlen_k + bn - 1) // bn - 1
-            bound = (m_block + 1) * bm + off + wr
-            n_hi = cutlass.min(n_hi, (cutlass.max(bound, 1) - 1) // bn)
-            turn = n_hi - n_block
-        else:
-            n_lo = Int32(0)
-            if const_expr(p.has_window_left):
-                n_lo = cutlass.max(m_block * bm + off - wl, 0) // bn
-            turn = n_block - n_lo
-            if const_expr(self.rotated):
-                turn = self.rotated_turn(turn, m_block, w)
+        turn = turns.stair_turn(w.n_block, m_block, self.bm, self.bn, w.seqlen_k, w.off, w.wl, w.wr,
+                                p.has_window_right, Int32, cutlass.min, cutlass.max)
+        if const_expr(self.rotated and not p.has_window_right):
+            turn = self.rotated_turn(turn, m_block, w)
         return turn
 
     @cute.jit
     def rotated_turn(self, stair: Int32, m_block: Int32, w: Walk):
-        """The rotated order's turn (`rotated_turn`: adds into a query tile by the step that reaches it, then by
+        """The rotated order's turn (`turns.rotated_turn`: adds into a query tile by the step that reaches it, then by
         key tile), or the stair turn where the walks do not rotate (`rotation`)."""
         turn = stair
-        if rotates(w.n_k, self.p.sm_count):
-            turn = rotated_turn(w.n_block, m_block, w.n_k, w.n_m, cutlass.min)
+        if turns.rotation_fits(w.n_k, self.p.sm_count):
+            turn = turns.rotated_turn(w.n_block, m_block, w.n_k, w.n_m, cutlass.min)
         return turn
 
     @cute.jit
@@ -656,13 +727,14 @@ class SdpaBwdSm90:
 
     # --- MMA warpgroups
     @cute.jit
-    def mma(self, mK, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows, sRows, sQ, sK, sV, sdO, sdS, sP,
-            sdQ, tma_atom_dk, tma_atom_dv, pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq, score_args, fine,
-            w: Walk):
+    def mma(self, g: Globals, s: Smem, tma: Tma, gemms: Gemms, score_args, fine, w: Walk):
+        """The MMA warpgroups: every step of the walk (`mma_step`), then dK and dV out (`epilogue`)."""
+        sRows, sQ, sK, sV, sdO, sdS, sP, sdQ = s
+        _, _, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq = gemms
         bm, bn = self.bm, self.bn
         # the softmax scale; the declared bias, dBias (written directly) and dBias accumulator, or None
-        scale, mBias, mdBias, mdBiasAcc = score_args
-        n_block, steps, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.steps, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
+        scale, _, mdBias, _ = score_args
+        n_block, steps, seqlen_k = w.n_block, w.steps, w.seqlen_k
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_sdp = mma_sdp.get_slice(wg * 128)
@@ -717,8 +789,7 @@ class SdpaBwdSm90:
         tScS_mn = acc_as_mn(thr_sdp.partition_C(cS))
         t0ScS_mn = acc_as_mn(mma_sdp.get_slice(0).partition_C(cS))
         n_cols = cute.size(tScS_mn, mode=[1])
-        rows = Rows(mLSE, mdPsum, sRows[0], sRows[1], tidx)
-        pipe_rows = sRows[2]  # with rows_mbar: the staged rows' mbarrier pipeline
+        rows = Rows(g.mLSE, g.mdPsum, sRows[0], sRows[1], tidx)
         r_state = None
         if const_expr(self.rows_mbar):
             r_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, ROWS_STAGES)
@@ -740,115 +811,137 @@ class SdpaBwdSm90:
                 cute.arch.fence_view_async_shared()  # generic-proxy stores before the wgmma (async proxy) reads
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
         fine_phase = Int32(0)  # the fine-tile reloads' mbarrier phase (`swap_fine`)
-        out = GradOut(acc_dK, acc_dV, mdK, mdV, key_offsets, mdK_rows, mdV_rows, sK, sV, tma_atom_dk, tma_atom_dv,
+        out = GradOut(acc_dK, acc_dV, g.mdK, g.mdV, g.key_offsets, g.mdK_rows, g.mdV_rows, sK, sV, tma.dk, tma.dv,
                       mma_dk, mma_dv, scale)
+        ops = Operands(tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdQrKt, tdQrdS, tdVrP, tdKrdS, r2s_ds, tRsdS, tRsP,
+                       tdQsdQ, tdQcdQ, tScS_mn, t0ScS_mn, thr_sdp, n_cols)
         for t in cutlass.range(steps, unroll=1):
-            head, m_block = self.step_tile(t, w)
-            q0 = m_block * bm
-            row_next = Float32(0.0)
-            if const_expr(not self.rows_warp):
-                row_next = self.load_rows(rows, w, t + 1)  # the next step's LSE / dpsum row, staged below
-            stage = t % 2
-            if const_expr(self.lengths):
-                query_rows = seqlen_q - q0
-                if query_rows < bm:  # the sequence's last query tile: rows past it may hold any bits
-                    pipe_q.consumer_wait(q_state)
-                    pipe_do.consumer_wait(q_state)
-                    self.zero_tail(sQ[None, None, q_state.index], query_rows, tidx)
-                    self.zero_tail(sdO[None, None, q_state.index], query_rows, tidx)
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-            pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
-            acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
-            wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
-                    k_blocks=self.p.s_k_blocks)
-            pipe_do.consumer_wait(q_state, pipe_do.consumer_try_wait(q_state))
-            acc_dP = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
-            wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
-                    k_blocks=self.p.dp_k_blocks)
-            rB = None  # the step's bias tile, its loads in flight while S^T and dP^T run
-            if const_expr(self.p.has_bias):
-                rB = self.fetch_bias(tScS_mn, t0ScS_mn, thr_sdp, mBias, head, m_block, w)
-            warpgroup.wait_group(1)
-            s_mn = acc_as_mn(acc_S)
-            if const_expr(self.rows_mbar):  # this warpgroup waits for the rows alone, not for the other one
-                pipe_rows.consumer_wait(r_state, pipe_rows.consumer_try_wait(r_state))
-            elif const_expr(self.rows_warp):
-                rows_barrier(BAR_ROWS_FULL, stage, False)
-            if const_expr(self.p.has_score_mods):
-                self.score_mods(s_mn, tScS_mn, t0ScS_mn, rB, scale, head, m_block, w)
-            if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
-                mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
-            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                for c in cutlass.range_constexpr(n_cols):
-                    s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
-                                                 fastmath=True)
-            if const_expr(self.shared_keys):
-                self.stage_tile(acc_S, r2s_ds, tRsP[None, None, None, stage])
-            else:
-                wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
-            warpgroup.wait_group(0)
-            dp_mn = acc_as_mn(acc_dP)
-            for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
-                for c in cutlass.range_constexpr(n_cols):
-                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
-            if const_expr(self.rows_mbar):
-                pipe_rows.consumer_release(r_state)
-                r_state.advance()
-            elif const_expr(self.rows_warp):
-                rows_barrier(BAR_ROWS_FREE, stage, True)
-            if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
-                self.write_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w, True)
-            rdS16 = None  # dS^T in 16 bits, laid out as the accumulator (for a dBias written as it is)
-            if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
-                rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-                wu.gemm(mma_dv, acc_dV, tdVrP[None, None, None, stage], tdVrdOt[None, None, None, q_state.index],
-                        wg_wait=-1)
-            else:
-                wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
-                # dV += P^T dO while dS goes to shared memory
-                wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
-                cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
-                          tRsdS[None, None, None, stage])
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-            if const_expr(self.p.has_dbias and not self.p.dbias_accum and not self.shared_keys):
-                rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
-            tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
-            if const_expr(self.dk_first):
-                # dK before dQ, so Q and dO are released while dQ still runs: the next step's loads overlap it
-                wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
-                acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
-                # the step's dBias while dK and dQ run
-                self.write_step_dbias(rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
-                warpgroup.wait_group(1)  # dV and dK done; dQ may still run
-                pipe_do.consumer_release(q_state)
-                pipe_q.consumer_release(q_state)
-                if const_expr(not self.rows_warp):
-                    self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
-                self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, True)
-            else:
-                acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
-                wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
-                # the step's dBias while dQ and dK run
-                self.write_step_dbias(rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
-                warpgroup.wait_group(1)  # dV and dQ done; dK may still run
-                pipe_do.consumer_release(q_state)
-                if const_expr(not self.rows_warp):
-                    self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
-                self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, False)
-                warpgroup.wait_group(0)
-                pipe_q.consumer_release(q_state)
-            q_state.advance()
-            if const_expr(self.fine_k or self.fine_v):
-                fine_phase = self.next_fine(t, w, fine, out, fine_phase, tidx)
+            fine_phase, r_state, q_state = self.mma_step(t, q_state, r_state, fine_phase, ops, g, s, gemms, score_args,
+                                                         rows, scale_log2, out, fine, w, tidx)
         if const_expr(self.p.has_dbias and not self.p.dbias_accum):
             score_mod.zero_dbias_outside_band(self.p, mdBias, w.batch, w.head_kv * self.group, self.group, w.m_min,
                                               w.n_m, bm, n_block, bn, mdBias.shape[2], mdBias.shape[3], MMA_THREADS,
                                               tidx)
         self.epilogue(out, tidx, w)
+
+    @cute.jit
+    def mma_step(self, t: Int32, q_state, r_state, fine_phase: Int32, ops: Operands, g: Globals, s: Smem,
+                 gemms: Gemms, score_args, rows: Rows, scale_log2: Float32, out: GradOut, fine, w: Walk, tidx: Int32):
+        """Step t of the walk: S^T and dP^T, P^T and dS^T, dV and dK, this step's dQ handed on. Returns what the
+        next step carries: the fine reloads' phase, the rows' and Q / dO's pipeline states (in the order the
+        loop has always carried them, so the kernel's IR is unchanged)."""
+        bm, bn = self.bm, self.bn
+        scale, mBias, mdBias, mdBiasAcc = score_args
+        n_block, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
+        mAcc, mSem = g.mAcc, g.mSem
+        sQ, sdO = s.sQ, s.sdO
+        pipe_rows = s.rows[2]  # with rows_mbar: the staged rows' mbarrier pipeline
+        pipe_q, pipe_do, _, mma_sdp, mma_dk, mma_dv, mma_dq = gemms
+        (tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdQrKt, tdQrdS, tdVrP, tdKrdS, r2s_ds, tRsdS, tRsP, tdQsdQ, tdQcdQ,
+         tScS_mn, t0ScS_mn, thr_sdp, n_cols) = ops
+        acc_dK, acc_dV = out.acc_dK, out.acc_dV
+        head, m_block = self.step_tile(t, w)
+        q0 = m_block * bm
+        row_next = Float32(0.0)
+        if const_expr(not self.rows_warp):
+            row_next = self.load_rows(rows, w, t + 1)  # the next step's LSE / dpsum row, staged below
+        stage = t % 2
+        if const_expr(self.lengths):
+            query_rows = seqlen_q - q0
+            if query_rows < bm:  # the sequence's last query tile: rows past it may hold any bits
+                pipe_q.consumer_wait(q_state)
+                pipe_do.consumer_wait(q_state)
+                self.zero_tail(sQ[None, None, q_state.index], query_rows, tidx)
+                self.zero_tail(sdO[None, None, q_state.index], query_rows, tidx)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+        pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
+        acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
+        wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
+                k_blocks=self.p.s_k_blocks)
+        pipe_do.consumer_wait(q_state, pipe_do.consumer_try_wait(q_state))
+        acc_dP = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
+        wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
+                k_blocks=self.p.dp_k_blocks)
+        rB = None  # the step's bias tile, its loads in flight while S^T and dP^T run
+        if const_expr(self.p.has_bias):
+            rB = self.fetch_bias(tScS_mn, t0ScS_mn, thr_sdp, mBias, head, m_block, w)
+        warpgroup.wait_group(1)
+        s_mn = acc_as_mn(acc_S)
+        if const_expr(self.rows_mbar):  # this warpgroup waits for the rows alone, not for the other one
+            pipe_rows.consumer_wait(r_state, pipe_rows.consumer_try_wait(r_state))
+        elif const_expr(self.rows_warp):
+            rows_barrier(BAR_ROWS_FULL, stage, False)
+        if const_expr(self.p.has_score_mods):
+            self.score_mods(s_mn, tScS_mn, t0ScS_mn, rB, scale, head, m_block, w)
+        if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
+            mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            for c in cutlass.range_constexpr(n_cols):
+                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
+                                             fastmath=True)
+        if const_expr(self.shared_keys):
+            self.stage_tile(acc_S, r2s_ds, tRsP[None, None, None, stage])
+        else:
+            wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
+        warpgroup.wait_group(0)
+        dp_mn = acc_as_mn(acc_dP)
+        for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
+            for c in cutlass.range_constexpr(n_cols):
+                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
+        if const_expr(self.rows_mbar):
+            pipe_rows.consumer_release(r_state)
+            r_state.advance()
+        elif const_expr(self.rows_warp):
+            rows_barrier(BAR_ROWS_FREE, stage, True)
+        if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
+            self.write_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w, True)
+        rdS16 = None  # dS^T in 16 bits, laid out as the accumulator (for a dBias written as it is)
+        if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
+            rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+            wu.gemm(mma_dv, acc_dV, tdVrP[None, None, None, stage], tdVrdOt[None, None, None, q_state.index],
+                    wg_wait=-1)
+        else:
+            wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
+            # dV += P^T dO while dS goes to shared memory
+            wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
+            cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
+                      tRsdS[None, None, None, stage])
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+        if const_expr(self.p.has_dbias and not self.p.dbias_accum and not self.shared_keys):
+            rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
+        tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
+        if const_expr(self.dk_first):
+            # dK before dQ, so Q and dO are released while dQ still runs: the next step's loads overlap it
+            wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
+            acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
+            # the step's dBias while dK and dQ run
+            self.write_step_dbias(rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
+            warpgroup.wait_group(1)  # dV and dK done; dQ may still run
+            pipe_do.consumer_release(q_state)
+            pipe_q.consumer_release(q_state)
+            if const_expr(not self.rows_warp):
+                self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
+            self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, True)
+        else:
+            acc_dQ = self.dq_gemm(mma_dq, tdQrdS, tdQrKt, stage)
+            wu.gemm(mma_dk, acc_dK, tdKrdS_t, tdKrQt[None, None, None, q_state.index], wg_wait=-1)
+            # the step's dBias while dQ and dK run
+            self.write_step_dbias(rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head, m_block, w)
+            warpgroup.wait_group(1)  # dV and dQ done; dK may still run
+            pipe_do.consumer_release(q_state)
+            if const_expr(not self.rows_warp):
+                self.stage_rows(rows, t + 1, row_next)  # read after this step's dQ-empty barrier
+            self.put_dq(acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head, m_block, tidx, w, False)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(q_state)
+        q_state.advance()
+        if const_expr(self.fine_k or self.fine_v):
+            fine_phase = self.next_fine(t, w, fine, out, fine_phase, tidx)
+        return fine_phase, r_state, q_state
 
     @cute.jit
     def fetch_bias(self, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mBias, head: Int32, m_block: Int32,
@@ -1201,7 +1294,7 @@ def build(params: Sm90BwdParams, arch: str):
     buffers' fakes are the skeleton's (`frost.engines.sdpa_bwd.accum`)."""
     from frost.engines.sdpa_bwd.accum import build_entry
 
-    return build_entry(params, main_args(params), SdpaBwdSm90(params).run)
+    return build_entry(params, main_args(params), SdpaBwdSm90(params).launch)
 
 
 __all__ = ["SdpaBwdSm90", "build", "kernel_name", "main_args"]

@@ -50,7 +50,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from frost.engines.common import mask, rows, score_mod
+from frost.engines.common import mask, rows, score_mod, tiles
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
@@ -113,6 +113,47 @@ class _Mainloop(NamedTuple):
     thr_qk: Any = None  # with score modifiers: this thread's slice of the QK^T MMA (the bias's partition)
     mBias: Any = None  # with a bias: the declared (B or 1, H or 1, S_q, S_kv) tensor
     mBlockMask: Any = None  # with block_mask: the declared uint8 (B, Hq, q tiles, key-tile bytes) tensor
+
+
+class _Lengths(NamedTuple):
+    """The device lengths both roles read (None where the form has none): packed prefix sums, padded lengths."""
+
+    mCuQ: Any
+    mCuK: Any
+    mUsedQ: Any
+    mUsedK: Any
+
+
+class _Sched(NamedTuple):
+    """The tile scheduler's extents, the same for every role: batch entries, query tiles per entry, work tiles,
+    and the width of a longest-first section (`tile_scheduler`)."""
+
+    num_batch: Any
+    num_m_blocks: Any
+    total_tiles: Any
+    section_width: Any
+
+
+class _Smem(NamedTuple):
+    """The shared tiles: Q, the K and V stages, O (its own, or Q's where it aliases it)."""
+
+    sQ: Any
+    sK: Any
+    sV: Any
+    sO: Any
+
+
+class _OutStage(NamedTuple):
+    """How O leaves a consumer warpgroup (made once per kernel): the shared O tile (and its (rows, columns) view),
+    the register-to-shared copy and this thread's part of it, the O coordinates of this thread's values, O's TMA
+    atom (None where O leaves as rows)."""
+
+    sO: Any
+    sO_mn: Any
+    tRsO: Any
+    r2s: Any
+    tOcO_mn: Any
+    tma_atom_o: Any
 
 
 class _TileBand(NamedTuple):
@@ -309,19 +350,20 @@ class SdpaFwdSm90:
         else:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.dtype)
 
+        lengths = _Lengths(mCuQ, mCuK, mUsedQ, mUsedK)
+        sched = _Sched(num_batch, num_m_blocks, total_tiles, section_width)
+        smem = _Smem(sQ, sK, sV, sO)
+        pipes = (pipe_q, pipe_k, pipe_v)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
-                self.producer(mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, mVOff, mBlockMask, sQ, sK, sV, tma_atom_q,
-                              tma_atom_k, tma_atom_v, pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks,
-                              total_tiles, section_width)
+                self.producer(mQ, mK, mV, lengths, mVOff, mBlockMask, smem, (tma_atom_q, tma_atom_k, tma_atom_v),
+                              pipes, wl, wr, sched)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consumer(mO, mLSE, (mMax, mSumExp), mCuQ, mCuK, mUsedQ, mUsedK, mSinks, (mLseOff, mOOff, mScoreOffs),
-                          sQ, sK, sV, sO, tma_atom_o, pipe_q, pipe_k, pipe_v,
-                          (scale_log2, softmax_scale, mBias, mBlockMask), wl,
-                          wr, num_batch, num_m_blocks, total_tiles, section_width, tiled_mma_qk, tiled_mma_pv,
-                          pg.rows_extent(mQ, self.pack), mK.shape[0])
+            self.consumer(mO, mLSE, (mMax, mSumExp), lengths, mSinks, (mLseOff, mOOff, mScoreOffs), smem, tma_atom_o,
+                          pipes, (scale_log2, softmax_scale, mBias, mBlockMask), (wl, wr), sched,
+                          (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), mK.shape[0]))
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
@@ -350,14 +392,11 @@ class SdpaFwdSm90:
         return hv // self.vs, hv % self.vs
 
     @cute.jit
-    def band(self, seqlen_q: Int32, seqlen_k: Int32, wl, wr):
-        """(diagonal offset, clamped window_left, clamped window_right) of one batch."""
+    def band(self, seqlen_q: Int32, seqlen_k: Int32, wl, wr) -> tiles.Band:
+        """The sequence's `tiles.Band`, its windows clamped to its lengths."""
         p = self.p
-        off = mask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
-        cap = seqlen_q + seqlen_k
-        wl_c = cutlass.min(wl, cap) if const_expr(p.has_window_left) else None
-        wr_c = cutlass.min(wr, cap) if const_expr(p.has_window_right) else None
-        return off, wl_c, wr_c
+        return tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
+                          wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
 
     @cute.jit
     def n_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, off: Int32, wl, wr):
@@ -411,10 +450,15 @@ class SdpaFwdSm90:
 
     # --- producer warp
     @cute.jit
-    def producer(self, mQ, mK, mV, mCuQ, mCuK, mUsedQ, mUsedK, mVOff, mBlockMask, sQ, sK, sV, tma_atom_q, tma_atom_k,
-                 tma_atom_v, pipe_q, pipe_k, pipe_v, wl, wr, num_batch, num_m_blocks, total_tiles, section_width):
+    def producer(self, mQ, mK, mV, lengths: _Lengths, mVOff, mBlockMask, smem: _Smem, tma_atoms, pipes, wl, wr,
+                 sched: _Sched):
         """Warp 0: per work tile Q, then K and V of the key blocks the consumers visit, in their order (K of a
         block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps."""
+        mCuQ, mCuK, mUsedQ, mUsedK = lengths
+        sQ, sK, sV, _ = smem
+        tma_atom_q, tma_atom_k, tma_atom_v = tma_atoms
+        pipe_q, pipe_k, pipe_v = pipes
+        num_batch, num_m_blocks, total_tiles, section_width = sched
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
@@ -615,10 +659,17 @@ class SdpaFwdSm90:
         return acc_as_mn(c.thr_qk.partition_C(cute.local_tile(mB, (self.tile_m, self.tile_n), (m.m_block, n_block))))
 
     @cute.jit
-    def consumer(self, mO, mLSE, mScores, mCuQ, mCuK, mUsedQ, mUsedK, mSinks, row_offsets, sQ, sK, sV, sO, tma_atom_o,
-                 pipe_q, pipe_k, pipe_v, scales, wl, wr, num_batch, num_m_blocks, total_tiles, section_width,
-                 tiled_mma_qk, tiled_mma_pv, seqlen_q_static, seqlen_k_static):
+    def consumer(self, mO, mLSE, mScores, lengths: _Lengths, mSinks, row_offsets, smem: _Smem, tma_atom_o, pipes,
+                 scales, windows, sched: _Sched, mmas, static_lengths):
+        """The MMA warpgroups: per work tile its key blocks (`tile_mainloop`), then O and the row statistics out."""
         p = self.p
+        mCuQ, mCuK, mUsedQ, mUsedK = lengths
+        sQ, sK, sV, sO = smem
+        pipe_q, pipe_k, pipe_v = pipes
+        wl, wr = windows
+        num_batch, num_m_blocks, total_tiles, section_width = sched
+        tiled_mma_qk, tiled_mma_pv = mmas
+        seqlen_q_static, seqlen_k_static = static_lengths
         # softmax_scale, mBias: None without score modifiers; mBlockMask: None without block_mask
         scale_log2, softmax_scale, mBias, mBlockMask = scales
         # the ragged form's Stats offsets, O's own offsets and score_max's / score_sum_exp's, where given
@@ -656,6 +707,7 @@ class SdpaFwdSm90:
         r2s = cute.make_tiled_copy_C(st_atom, tiled_mma_pv)
         thr_r2s = r2s.get_slice(tidx)
         tRsO = thr_r2s.partition_D(sO_mn)
+        out = _OutStage(sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o)
 
         loop = _Mainloop(tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale, tScS_mn, t0ScS_mn, pipe_k,
                          pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg)
@@ -701,53 +753,9 @@ class SdpaFwdSm90:
                 _, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
                 mods = _TileMods(batch, head, m_block, row_limit, col_limit, slope)
             if has_work:
-                pipe_q.consumer_wait(q_state)
-                # first block (with block_mask the first visited): all masks (it may hold the end of the keys)
-                n_last = n_max - 1
-                if const_expr(p.has_block_mask):
-                    n_last = n_top
-                pipe_k.consumer_wait(kv_state, pipe_k.consumer_try_wait(kv_state))
-                acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)),
-                                              Float32)
-                wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True,
-                        wg_wait=0)
-                pipe_k.consumer_release(kv_state)
-                if const_expr(p.has_score_mods):  # the last key block: it may hold the end of the keys
-                    self.add_mods(loop, row0, mods, acc_S, n_last, True)
-                mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off,
-                                wl_c, wr_c,
-                                mask_seqlen=True, rows_per_query=self.rq)
-                if const_expr(p.has_block_mask):
-                    self.block_mask(loop, bm_at, bm_rows, row0, acc_S, n_last)
-                sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=True)
-                wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
-                acc_O.fill(0.0)
-                if const_expr(p.is_thd or p.has_seqused):
-                    self.zero_v_tail(sV, pipe_v, kv_state, seqlen_k - n_last * self.tile_n, tidx % 128, wg)
                 band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods, bm_at, bm_rows)
-                hi = n_last
-                if const_expr(p.has_window_right):
-                    r_lo = cutlass.max(n_min, cutlass.min(hi, (q0 + off + wr_c) // self.tile_n))
-                    for i in cutlass.range(hi - r_lo, unroll=1):
-                        kv_state = self.visit_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=True)
-                    hi = r_lo
-                l_hi = n_min
-                if const_expr(p.has_window_left):
-                    l_hi = cutlass.max(n_min, cutlass.min(
-                        hi, (q0 + self.qt + off - wl_c + (self.tile_n - 1)) // self.tile_n))
-                for i in cutlass.range(hi - l_hi, unroll=1):
-                    kv_state = self.visit_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=False)
-                if const_expr(p.has_window_left):
-                    for i in cutlass.range(l_hi - n_min, unroll=1):
-                        kv_state = self.visit_block(loop, band, acc_O, l_hi - 1 - i, kv_state, masked=True)
-                if const_expr(self.separate_o):
-                    pipe_q.consumer_release(q_state)
-                # last PV
-                pipe_v.consumer_wait(kv_state, pipe_v.consumer_try_wait(kv_state))
-                wu.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False,
-                        wg_wait=0)
-                pipe_v.consumer_release(kv_state)
-                kv_state.advance()
+                kv_state = self.tile_mainloop(loop, band, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max, n_top,
+                                              q0, tidx)
             else:
                 if const_expr(not self.separate_o):
                     pipe_q.consumer_wait(q_state)
@@ -766,8 +774,8 @@ class SdpaFwdSm90:
             sm.softmax_finalize(row_max, row_sum, scale_log2, row_scale, row_sum, sink, sink_per_row=self.pack,
                                 score_max=s_max, score_sum_exp=s_sum)
             sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # row_sum now holds the LSE
-            self.epilogue(acc_O, row_sum, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg,
-                          warp_in_wg, m_block, head, vsl, batch, seqlen_q, off_o, seqlen_q_static, off_lse)
+            self.epilogue(acc_O, row_sum, mO, mLSE, out, (tidx, wg, warp_in_wg), (m_block, head, vsl, batch),
+                          (seqlen_q, seqlen_q_static), off_o, off_lse)
             if vsl == 0:  # every slice holds the same row values: the first writes them
                 for mX, vals, pad, off_rows in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0)),
                                                    off_scores):
@@ -790,6 +798,60 @@ class SdpaFwdSm90:
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def tile_mainloop(self, loop: _Mainloop, band: _TileBand, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max,
+                      n_top, q0, tidx):
+        """One work tile's key blocks, n_max - 1 (with block_mask the top visible one) down to n_min: the first with
+        every mask, then the masked right edge, the unmasked middle, the masked left edge, the last PV; returns
+        the K / V pipeline state after them."""
+        p = self.p
+        (tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale, tScS_mn, t0ScS_mn, pipe_k, pipe_v, tiled_mma_qk,
+         tiled_mma_pv, scale_log2, wg) = loop[:15]
+        row0, seqlen_k, off, wl_c, wr_c, mods, bm_at, bm_rows = band
+        pipe_q.consumer_wait(q_state)
+        # first block (with block_mask the first visited): all masks (it may hold the end of the keys)
+        n_last = n_max - 1
+        if const_expr(p.has_block_mask):
+            n_last = n_top
+        pipe_k.consumer_wait(kv_state, pipe_k.consumer_try_wait(kv_state))
+        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        wu.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=0)
+        pipe_k.consumer_release(kv_state)
+        if const_expr(p.has_score_mods):  # the last key block: it may hold the end of the keys
+            self.add_mods(loop, row0, mods, acc_S, n_last, True)
+        mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off, wl_c, wr_c,
+                        mask_seqlen=True, rows_per_query=self.rq)
+        if const_expr(p.has_block_mask):
+            self.block_mask(loop, bm_at, bm_rows, row0, acc_S, n_last)
+        sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=True)
+        wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tOrP)
+        acc_O.fill(0.0)
+        if const_expr(p.is_thd or p.has_seqused):
+            self.zero_v_tail(sV, pipe_v, kv_state, seqlen_k - n_last * self.tile_n, tidx % 128, wg)
+        hi = n_last
+        if const_expr(p.has_window_right):
+            r_lo = cutlass.max(n_min, cutlass.min(hi, (q0 + off + wr_c) // self.tile_n))
+            for i in cutlass.range(hi - r_lo, unroll=1):
+                kv_state = self.visit_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=True)
+            hi = r_lo
+        l_hi = n_min
+        if const_expr(p.has_window_left):
+            l_hi = cutlass.max(n_min, cutlass.min(
+                hi, (q0 + self.qt + off - wl_c + (self.tile_n - 1)) // self.tile_n))
+        for i in cutlass.range(hi - l_hi, unroll=1):
+            kv_state = self.visit_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=False)
+        if const_expr(p.has_window_left):
+            for i in cutlass.range(l_hi - n_min, unroll=1):
+                kv_state = self.visit_block(loop, band, acc_O, l_hi - 1 - i, kv_state, masked=True)
+        if const_expr(self.separate_o):
+            pipe_q.consumer_release(q_state)
+        # last PV
+        pipe_v.consumer_wait(kv_state, pipe_v.consumer_try_wait(kv_state))
+        wu.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False, wg_wait=0)
+        pipe_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
 
     def row_copy(self):
         """16-byte row copies of (rows, hdv) smem tiles by at most one warpgroup: (tiled copy, threads used);
@@ -816,9 +878,15 @@ class SdpaFwdSm90:
             cute.arch.barrier(barrier_id=BAR_EPI + wg, number_of_threads=128)
 
     @cute.jit
-    def epilogue(self, acc_O, lse, mO, mLSE, sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o, tidx, wg, warp_in_wg,
-                 m_block, head, vsl, batch, seqlen_q, off_o, seqlen_q_static, off_lse):
+    def epilogue(self, acc_O, lse, mO, mLSE, out: _OutStage, thread, tile, seqlen, off_o, off_lse):
+        """O (and the LSE) of one work tile out: rows past the sequence zeroed, staged through shared memory, stored
+        by TMA or as rows. `thread`: (thread, warpgroup, warp in it); `tile`: (query tile, head, O column slice,
+        batch entry); `seqlen`: (the sequence's query length, the bound tensor's)."""
         p = self.p
+        sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o = out
+        tidx, wg, warp_in_wg = thread
+        m_block, head, vsl, batch = tile
+        seqlen_q, seqlen_q_static = seqlen
         row0 = m_block * self.tile_m
         rows_q = seqlen_q * self.rq  # tile rows inside the sequence (packed: rq per query position)
         if const_expr(p.has_seqused):

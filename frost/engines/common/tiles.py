@@ -1,0 +1,56 @@
+"""Per-tile records every SDPA kernel shares, each built once per tile.
+
+`Sequence`: one batch entry's offsets and lengths (`seqlen.seqlen_info`) and the bound tensors' extents.
+
+`Band`: a sequence's mask band (the causal diagonal's alignment and the windows), from its lengths. The
+kernels' tile ranges (`mask.n_block_range`, `mask.m_block_range`) and masks read it; the deterministic
+backward's stair turns too (`turns.stair_turn`).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from frost.engines.common import mask
+
+
+class Sequence(NamedTuple):
+    """One batch entry: its first query / key token (0 in a dense batch), its query / key lengths (from the device
+    where the form has them), and the bound tensors' query / key extents (dense: the declared S, packed: T)."""
+
+    offset_q: Int32
+    offset_k: Int32
+    seqlen_q: Int32
+    seqlen_k: Int32
+    static_q: Int32
+    static_k: Int32
+
+
+class Band(NamedTuple):
+    """A sequence's mask band: key j meets query i on the diagonal where j = i + diag (`mask.diag_offset`: 0
+    top-left, seqlen_k - seqlen_q bottom-right); a key is visible from i + diag - window_left to
+    i + diag + window_right. A window is an Int32, or None where the band has no such bound."""
+
+    diag: Int32
+    window_left: object
+    window_right: object
+
+
+@cute.jit
+def band(seqlen_q: Int32, seqlen_k: Int32, window_left, window_right, bottom_right: cutlass.Constexpr[bool],
+         clamp: cutlass.Constexpr[bool]) -> Band:
+    """The `Band` of a sequence of these lengths. `clamp`: each window bound to seqlen_q + seqlen_k, a bound
+    that admits every key already (the mask is unchanged and the index arithmetic stays far from Int32
+    overflow); the kernels that take plan-time windows already clamped to the envelopes need not."""
+    diag = mask.diag_offset(seqlen_q, seqlen_k, bottom_right)
+    wl, wr = window_left, window_right
+    if cutlass.const_expr(clamp):
+        cap = seqlen_q + seqlen_k
+        if cutlass.const_expr(wl is not None):
+            wl = cutlass.min(Int32(wl), cap)
+        if cutlass.const_expr(wr is not None):
+            wr = cutlass.min(Int32(wr), cap)
+    return Band(diag, wl, wr)
