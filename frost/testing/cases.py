@@ -516,7 +516,7 @@ SM80_FWD_BLOCK_MASK_COVER = {
 
 # cuDNN's paged K/V cache in the mma.sync forward (key tiles read through the block tables): decode-like GQA with
 # block size 64 (d=128's 64-key tiles), bottom-right causal with sinks and a window at block size 256 (d=64's 128-key
-# tiles), K and V in blocks of different sizes with a padded head dim
+# tiles), K and V in blocks of different sizes with a padded head dim; the sm120 family's decode-style MQA
 SM80_FWD_PAGED_COVER = {
     "sm_80": [
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=64, paged_block_v=64),
@@ -527,6 +527,10 @@ SM80_FWD_PAGED_COVER = {
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=64, paged_block_v=64),
         _mma_fwd(d=64, hq=4, hk=1, has_seqused=True, has_sinks=True, has_window_left=True, has_window_right=True,
                  bottom_right=True, has_lse=True, paged_block_k=256, paged_block_v=256),
+    ],
+    "sm_120a": [
+        _mma_fwd(family="sm120", d=128, hq=8, hk=1, has_seqused=True, has_window_right=True, bottom_right=True,
+                 paged_block_k=128, paged_block_v=128),
     ],
 }
 
