@@ -243,6 +243,7 @@ def publish(template: str, params: TemplateParams, arch: str, load: bool = True)
                 return found
             if dc.lookup(key)[1]:
                 cache.bump(corrupt=1)
+            dc.check_room()
             cache.bump(misses=1)
             name, jit_fn, fake_args, symbol_for = _build(template, params, arch)
             if not _persistable(jit_fn, fake_args):
@@ -259,7 +260,9 @@ def publish(template: str, params: TemplateParams, arch: str, load: bool = True)
             return _unloaded(entry, template, params, arch, "compile", dt, symbols)
         return _from_entry(entry, template, params, arch, dt, symbols, _ptx_of(compiled), source="compile")
     except OSError as e:  # an unwritable or full cache directory never fails a compile
-        cache.warn(f"disk layer skipped ({type(e).__name__}: {e})")
+        # nor does it cost a second compile per kernel: the rest of the process runs without the disk layer
+        cache.turn_off(dc.root, f"cannot write to {dc.root} ({type(e).__name__}: {e}); compiling without the "
+                                f"disk cache for the rest of this process")
         return None
 
 
