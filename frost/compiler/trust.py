@@ -26,12 +26,15 @@ def warn_once(key: str, msg: str) -> None:
         log.warning(msg)
 
 
-def untrusted_reason(path, *, kind: str = "directory") -> Optional[str]:
-    """Why native code must not be loaded from `path` (None when it may): owner and mode, see above."""
+def untrusted_reason(path, *, kind: str = "directory", fd: Optional[int] = None) -> Optional[str]:
+    """Why native code must not be loaded from `path` (None when it may): owner and mode, see above.
+
+    `fd`: the file as opened (its own status is judged, whatever the path names by now)."""
     path = Path(path)
     euid = os.geteuid()
     try:
-        lst, st = os.lstat(path), os.stat(path)
+        lst = os.lstat(path)
+        st = os.fstat(fd) if fd is not None else os.stat(path)
     except OSError as e:
         return f"{kind} {path} cannot be checked ({type(e).__name__}: {e.strerror or e})"
     want = stat.S_ISDIR if kind == "directory" else stat.S_ISREG
