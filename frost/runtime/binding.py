@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import operator
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from frost.errors import BindingError
 from frost.ir.facts import IO_TENSOR_ROLES
 from frost.runtime.aliasing import AliasGuard, span_length
+from frost.runtime.device import check_device
 from frost.ir.tensor import Tensor
 
 # roles whose first dim is the packed token count in THD graphs, by token group
@@ -133,7 +134,8 @@ class Binder:
     """
 
     def __init__(self, roles: dict, *, vector_bytes: int, is_thd: bool, wants_cuda: bool, engine: str,
-                 workspace_size: int):
+                 workspace_size: int, device: Optional[int] = None):
+        self.device = device  # the plan's CUDA device (frost/runtime/device.py), None off the GPU
         self.is_thd = is_thd
         self.wants_cuda = wants_cuda
         self.engine = engine
@@ -202,4 +204,6 @@ class Binder:
                 raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {t.device} "
                                    f"(first: {decl.name!r})")
             return index, t.device
+        if index != self.device and self.device is not None:
+            check_device(index, self.device, _who(self.specs[0].role, decl))
         return index, _cuda_device(index)

@@ -37,7 +37,7 @@ class Executor:
     """A built graph's plan, executed with tensors given positionally (see the module docstring)."""
 
     __slots__ = ("_graph", "_ports", "_plan", "_binder", "_execute", "_roles", "_specs", "_lead", "_misalign",
-                 "_workspace_size", "_wants_cuda", "_is_thd", "_aliasing")
+                 "_workspace_size", "_wants_cuda", "_is_thd", "_aliasing", "_device", "_guard")
 
     def __init__(self, graph, ports):
         self._graph = graph
@@ -73,6 +73,8 @@ class Executor:
         self._workspace_size = binder.workspace_size
         self._wants_cuda = binder.wants_cuda
         self._is_thd = binder.is_thd
+        self._device = -1 if binder.device is None else binder.device  # the plan's CUDA device (-1: any)
+        self._guard = g._guard
         self._plan = g.plan
 
     def _port_names(self) -> list:
@@ -99,7 +101,7 @@ class Executor:
             device = lead.device
         except AttributeError:
             index = None  # not a tensor: the binder says so
-        if index is not None and (index >= 0 or not self._wants_cuda):
+        if index is not None and (index == self._device or self._device < 0) and (index >= 0 or not self._wants_cuda):
             ptrs = [matches_spec(t, spec, index, device) for t, spec in zip(tensors, self._specs)]
             if all(ptrs):
                 bound = dict(zip(self._roles, tensors))
@@ -116,7 +118,11 @@ class Executor:
         """Check `tensors` (in port order) as `execute` does, then launch on the handle's (or current) stream."""
         if self._graph.plan is not self._plan:
             self._refresh()
-        self._execute(self._checked(tensors, workspace), workspace, self._stream(handle))
+        bound = self._checked(tensors, workspace)
+        if self._guard.index is None:
+            self._execute(bound, workspace, self._stream(handle))
+        else:
+            self._guard.run(self._execute, bound, workspace, self._stream(handle))
 
     def launch(self, tensors, workspace=None, handle=None) -> None:
         """Launch tensors whose dtype, dims and strides the caller has pinned (see the module docstring):
@@ -127,6 +133,8 @@ class Executor:
         index = lead.get_device()
         ptrs = []
         if index >= 0:
+            if index != self._device and self._device >= 0:
+                return self(tensors, workspace, handle)  # the binder names the device mismatch
             for t, misalign in zip(tensors, self._misalign):
                 if t.get_device() != index or (p := t.data_ptr()) & misalign:
                     return self(tensors, workspace, handle)
@@ -142,4 +150,7 @@ class Executor:
         if self._workspace_size:
             check_workspace(workspace, self._workspace_size, lead.device)
         self._aliasing.fast(ptrs, tensors, workspace)  # packed graphs: exact spans (their lengths vary)
-        self._execute(dict(zip(self._roles, tensors)), workspace, self._stream(handle))
+        if self._guard.index is None:
+            self._execute(dict(zip(self._roles, tensors)), workspace, self._stream(handle))
+        else:
+            self._guard.run(self._execute, dict(zip(self._roles, tensors)), workspace, self._stream(handle))
