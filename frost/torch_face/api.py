@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from frost.torch_face import ops, run
-from frost.torch_face.spec import band, reject
+from frost.torch_face.spec import band, check_scale, reject
 
 
 def _direct_probes():
@@ -117,6 +117,7 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
             return hit(q, k, v)
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
+    scale = check_scale(scale)
     bshd = layout == "bshd"
     if not bshd and layout != "bhsd":
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
@@ -155,6 +156,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     """
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
+    scale = check_scale(scale)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be packed (T, H, D); got shape {tuple(t.shape)}")

@@ -112,9 +112,21 @@ def _below(handle, kernel, keyset, args):
         return handle.redispatch_boxed(keyset & _AFTER_AUTOGRAD, *args)
 
 
+def overlaps(shape, stride) -> bool:
+    """True when two distinct indices address one element (size-1 dims aside): sorted by stride, each
+    stride must clear the span of the dims below it."""
+    span = 1
+    for s, d in sorted((s, d) for d, s in zip(shape, stride) if d > 1):
+        if s < span:
+            return True
+        span = s * d
+    return False
+
+
 def servable(t):
     """`t` when frost can bind it as laid out (unit last stride, other strides whole 16-byte vectors, no
-    overlap); otherwise a contiguous copy. Autograd's gradients (an expanded `sum()` grad, say) need it."""
+    overlap: two indices never address one element); otherwise a contiguous copy, as the README promises.
+    Autograd's gradients (an expanded `sum()` grad, say) need it."""
     if t.is_contiguous():
         return t
     st = t.stride()
@@ -124,6 +136,8 @@ def servable(t):
     for d, s in zip(t.shape[:-1], st[:-1]):
         if d > 1 and (s == 0 or s % vec):
             return t.contiguous()
+    if overlaps(t.shape, st):
+        return t.contiguous()
     return t
 
 
