@@ -113,13 +113,15 @@ def _below(handle, kernel, keyset, args):
 
 
 def overlaps(shape, stride) -> bool:
-    """True when two distinct indices address one element (size-1 dims aside): sorted by stride, each
-    stride must clear the span of the dims below it."""
-    span = 1
-    for s, d in sorted((s, d) for d, s in zip(shape, stride) if d > 1):
-        if s < span:
+    """The graph's overlap rule (a declaration it refuses): some stride does not clear the span of a dim
+    with a smaller or equal stride (size-1 dims aside). Pairwise, without sorting (torch.compile traces it)."""
+    dims = [(s, d) for d, s in zip(shape, stride) if d > 1]
+    for i, (si, _) in enumerate(dims):
+        if si < 1:
             return True
-        span = s * d
+        for j, (sj, dj) in enumerate(dims):
+            if i != j and sj <= si < sj * dj:
+                return True
     return False
 
 

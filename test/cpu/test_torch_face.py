@@ -511,3 +511,17 @@ def test_overlapping_input_strides_are_copied_as_the_readme_promises(strides):
     assert torch.equal(out, attention(q.contiguous(), k, v))
     fine = torch.randn(1, 8, 2, 16).transpose(1, 2)  # BSHD storage: served as laid out, no copy
     assert not overlaps(fine.shape, fine.stride()) and servable(fine) is fine
+
+
+def test_the_copy_rule_is_the_graphs_overlap_rule():
+    """servable copies exactly the layouts a graph declaration refuses as overlapping."""
+    import random
+
+    from frost.ir.tensor import _overlaps
+    from frost.torch_face.ops import overlaps
+
+    rng = random.Random(7)
+    for _ in range(5000):
+        n = rng.randint(1, 4)
+        dims, strides = [rng.randint(1, 4) for _ in range(n)], [rng.randint(0, 40) for _ in range(n)]
+        assert overlaps(dims, strides) == _overlaps(dims, strides), (dims, strides)
