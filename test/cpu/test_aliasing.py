@@ -194,3 +194,18 @@ def test_torch_face_out_argument_is_checked():
     out = torch.full_like(q, SENTINEL)
     run.forward(q, k, v, None, 0.25, -1, -1, False, out=out)  # a separate out is served
     assert not (out == SENTINEL).any()
+
+
+def test_the_workspace_counts_as_written():
+    from frost.runtime.aliasing import AliasGuard
+
+    buf = torch.zeros(1024, dtype=torch.uint8)
+    q, o = buf[:256], buf[512:768]
+    guard = AliasGuard(["tensor 'q'", "tensor 'o'"], [False, True], [256, 256], workspace_size=128)
+    guard.fast([q.data_ptr() + 1, o.data_ptr() + 1], (q, o), buf[256:384])  # disjoint: fine
+    with pytest.raises(BindingError) as ei:
+        guard.fast([q.data_ptr() + 1, o.data_ptr() + 1], (q, o), buf[128:])
+    assert str(ei.value).startswith("output workspace shares memory with tensor 'q'")
+    packed = AliasGuard(["tensor 'q'", "tensor 'o'"], [False, True], [None, None], workspace_size=0)
+    with pytest.raises(BindingError, match="output tensor 'o' shares memory with tensor 'q'"):
+        packed.fast([0, 0], (buf[:300], buf[256:512]), None)  # spans from the tensors themselves
