@@ -9,8 +9,10 @@ allocation, binding checks, the dispatcher and autograd. Times are CPU time of t
 (`time.thread_time_ns`), the minimum over `--repeats` bursts of `--calls` calls: robust on a busy machine,
 but CPU tensors, so a GPU host adds its own allocator and launch costs (the GPU benchmark measures those).
 
-Tables: every path (eager `attention`, the custom op, autograd, raw `Graph.execute`, the executor), then
-the split of one eager `attention` call (its memoized path) into its phases, each timed alone.
+Tables: every path (eager `attention`, the custom op, autograd, raw `Graph.execute`, the executor; and
+torch's floor for any autograd.Function attention, a kernel-less one with frost's outputs and saved tensors,
+which `attention under autograd (fwd+bwd)` cannot go below), then the split of one eager `attention` call
+(its memoized path) into its phases, each timed alone.
 `--profile ROW` prints cProfile's top functions for one row (its name as printed).
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ reference.SdpaFwdReference.execute = lambda self, bound, workspace, stream: None
 reference.SdpaBwdReference.execute = lambda self, bound, workspace, stream: None
 
 import frost.torch_face as ft  # noqa: E402  (after the stub: plans bind the stubbed execute)
-from frost.torch_face import api, plans, run  # noqa: E402
+from frost.torch_face import api, block, plans  # noqa: E402
 
 
 def cpu_us(fn, calls: int, repeats: int) -> float:
@@ -51,9 +53,32 @@ def problem():
 
 def _raw_forward(qb, kb, vb):
     """The cached forward plan with Stats (the op's), its ports and freshly allocated outputs."""
-    out, lse = run.forward(qb, kb, vb, None, None, -1, 0, False)
+    out, lse = block.forward(qb, kb, vb, None, None, -1, 0, False)
     entry = next(e for e in plans.PLANS.entries() if e.spec.direction == "fwd" and e.spec.has_stats)
     return entry, (qb, kb, vb, out, lse.unsqueeze(-1))
+
+
+class NullAttention(torch.autograd.Function):
+    """torch's own floor for any autograd.Function attention: frost's node with the same outputs and saved
+    tensors, its kernels replaced by allocating the outputs (no key, no plan, no binding)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def null_fwd_bwd(leaves, do):
+    """`torch.autograd.grad` through `NullAttention`: what fwd+bwd under autograd costs before frost does anything."""
+    return torch.autograd.grad(NullAttention.apply(*leaves)[0], leaves, do)
 
 
 def path_rows(args) -> dict:
@@ -69,10 +94,11 @@ def path_rows(args) -> dict:
         "attention eager, layout='bshd'": lambda: ft.attention(q, k, v, causal=True, layout="bshd"),
         "flash_attn_func": lambda: ft.flash_attn_func(q, k, v, causal=True),
         "torch.ops.frost.sdpa_fwd": lambda: torch.ops.frost.sdpa_fwd(qb, kb, vb, None, None, -1, 0, False, False),
-        "run.forward (the op's kernel)": lambda: run.forward(qb, kb, vb, None, None, -1, 0, False),
+        "block.forward (the op's kernel)": lambda: block.forward(qb, kb, vb, None, None, -1, 0, False),
         "attention under autograd (forward)": lambda: ft.attention(*leaves, causal=True),
         "attention under autograd (fwd+bwd)":
             lambda: torch.autograd.grad(ft.attention(*leaves, causal=True), leaves, do),
+        "torch floor: null Function, fwd+bwd": lambda: null_fwd_bwd(leaves, do),
         "torch.ops.frost.sdpa_bwd": lambda: torch.ops.frost.sdpa_bwd(do, qb, kb, vb, out, lse, None, None, -1, 0,
                                                                      False, False),
         "raw Graph.execute (forward)": lambda: entry.graph.execute(pack, None),
@@ -90,7 +116,7 @@ def phase_rows(args) -> dict:
     qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))
     ft.attention(qb, kb, vb, causal=True)  # memoizes the call
     key = (qb.shape, qb.stride(), kb.shape, kb.stride(), vb.shape, vb.stride(), qb.dtype, kb.dtype, vb.dtype,
-           qb.device, True, None, None, "bhsd", False, "top_left", False)
+           qb.device, True, None, None, "bhsd", False, "top_left", False, False)
     hit = plans.PLANS.memo.get(key)
     if hit is None:
         raise SystemExit("the eager call was not memoized under the expected key: update phase_rows")
@@ -102,10 +128,10 @@ def phase_rows(args) -> dict:
         stats.hits += 1
     return {
         "function call (an empty Python function)": lambda: _empty(qb, kb, vb, causal=True),
-        "gate: is_compiling + no mode/grad/subclass": lambda: not api._compiling() and api._direct3(qb, kb, vb),
-        "memo key (17 values) + dict lookup": lambda: plans.PLANS.memo.get(
+        "gate: is_compiling + no mode/subclass, no grad": lambda: api._lean(qb, kb, vb) and not api._needs_grad(qb, kb, vb),
+        "memo key (18 values) + dict lookup": lambda: plans.PLANS.memo.get(
             (qb.shape, qb.stride(), kb.shape, kb.stride(), vb.shape, vb.stride(), qb.dtype, kb.dtype, vb.dtype,
-             qb.device, True, None, None, "bhsd", False, "top_left", False)),
+             qb.device, True, None, None, "bhsd", False, "top_left", False, False)),
         "recency tick + hit count": bookkeeping,
         "out = torch.empty_like(q)": lambda: torch.empty_like(qb),
         "executor.launch: device/alignment checks + stub": lambda: hit.launch((qb, kb, vb, out)),

@@ -6,6 +6,7 @@ from frost import cache
 from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, GraphNotSupportedError,
                           NotSupportedError, PlanDuringCaptureError, PlanFileError, PlanFileWarning,
                           TemplateParamsError, UnsupportedArgumentError, WorkspaceError, cudnnGraphNotSupportedError)
+from frost.engines.common.length_check_params import length_check_errors
 from frost.graph import Graph, pygraph
 from frost.ir.tensor import Tensor
 from frost.knobs import Knobs
@@ -18,8 +19,12 @@ from frost.version import __version__
 data_type = DataType  # cuDNN-style alias: frost.data_type.BFLOAT16
 tensor = Tensor  # cuDNN's name of the tensor handle class
 
-#: the cuDNN release whose SDPA graph vocabulary frost follows; version gates in cuDNN programs compare with it
-CUDNN_VOCABULARY_VERSION = 91300
+#: the cuDNN release whose SDPA graph vocabulary frost follows; version gates in cuDNN programs compare with it.
+#: 9.20.0: the first release whose Python SDPA declares every combination of Stats, score_max and score_sum_exp
+#: (frost serves each on its own), after the unified implementation (9.13.1), block masks and -inf Stats in padded
+#: rows (9.14.0). What frost declines in that vocabulary (fp8, dropout outside the cuDNN engine, paged caches on
+#: the DSL engines) it declines with a reason instead of a version gate: docs/porting.md lists it.
+CUDNN_VOCABULARY_VERSION = 92000
 
 
 def backend_version() -> int:
@@ -38,7 +43,7 @@ __all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knob
            "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "GraphNotSupportedError",
            "TemplateParamsError",
            "PlanFileError", "PlanFileWarning", "UnsupportedArgumentError", "PlanDuringCaptureError", "cache",
-           "precompile", "save_plan", "load_plan", "__version__",
+           "precompile", "save_plan", "load_plan", "length_check_errors", "__version__",
            # the cuDNN frontend's names: `import frost as cudnn` runs cuDNN's SDPA graph programs
            "pygraph", "tensor", "heur_mode", "build_plan_policy", "diagonal_alignment", "attention_implementation",
            "tensor_reordering", "Handle", "create_handle", "set_stream", "get_stream", "destroy_handle",

@@ -119,7 +119,7 @@ class Graph(OpGraph):
         accepted engine under either, as every accepted engine computes the same attention.
         """
         from frost.lowering.lower import build_plan
-        from frost.runtime.binding import Binder
+        from frost.runtime.binding import Binder, ragged_specs
         from frost.runtime.device import DeviceGuard, plan_device
         from frost.types import build_plan_policy, enum_name
 
@@ -133,7 +133,8 @@ class Graph(OpGraph):
         device = plan_device(self.target)
         self._binder = Binder(self._roles(), vector_bytes=getattr(self.plan.adapter, "vector_bytes", 1),
                               is_thd=self.facts.is_thd and self.facts.ragged is None, wants_cuda=not self.target.is_cpu,
-                              engine=self.plan.engine_name, workspace_size=self.plan.workspace_size, device=device)
+                              engine=self.plan.engine_name, workspace_size=self.plan.workspace_size,
+                              ragged=ragged_specs(self.facts, self.node), device=device)
         self._guard = DeviceGuard(device)
         return self
 
@@ -203,6 +204,19 @@ class Graph(OpGraph):
         else:
             guard.run(plan.adapter.execute, bound, workspace, None if handle is None else launch_stream(handle))
 
+    def length_check(self):
+        """A frost addition: the opt-in device check of this graph's lengths and offsets (docs/lengths.md).
+
+            check = g.length_check()               # after build_plans(); compiles the check kernel
+            check(variant_pack, flag)              # flag: one int32 of yours; 0, or the rules broken
+
+        It launches on execute's stream, reads nothing on the host and allocates nothing; the default execute
+        path never runs it (the kernels clamp bad values instead)."""
+        from frost.adapters.length_check import LengthCheck
+
+        self._require_plan()
+        return LengthCheck(self.facts, self._roles(), self.target, self.handle)
+
     def executor(self, ports):
         """A frost addition: this graph's plan executed with tensors given positionally, in the order of
         `ports` (tensor handles, uids or names; every tensor an execute binds, once each).
@@ -229,17 +243,38 @@ def _check_heur_modes(heur_modes) -> None:
         enum_name(m, heur_mode, "create_execution_plans(heur_modes)")
 
 
+def _target_record(target):
+    """A Target record from a record or the name of a fake target ("H200"); anything else says what a target is."""
+    from frost.target import FAKE_TARGETS, Target
+
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, str):
+        by_name = {k.lower(): v for k, v in FAKE_TARGETS.items()}
+        found = by_name.get(target.lower().replace(" ", "").replace("-", ""))
+        if found is not None:
+            return found
+    raise GraphError(f"Graph(target={target!r}): a target is the device record frost plans for: "
+                     f"frost.target.discover_target() for this machine's GPU (the default), "
+                     f"frost.target.fake_target(name) or just the name for a device you do not have "
+                     f"({', '.join(sorted(FAKE_TARGETS))}), or a record of your own (frost.target.Target)")
+
+
 def _target_for(target, sm_version, sm_count):
     """The planning target: `target`, else the device (or a fake one of cuDNN's `sm_version`), with `sm_count`."""
     if target is not None and sm_version is not None:
         raise GraphError("Graph(): pass target= or sm_version=, not both")
+    if target is not None:
+        target = _target_record(target)
     if sm_version is not None:
-        if isinstance(sm_version, bool) or not isinstance(sm_version, int) or sm_version < 10:
+        if isinstance(sm_version, bool) or not isinstance(sm_version, int) or sm_version < 0:
             raise GraphError(f"Graph(): sm_version must be an int such as 80, 90, 100 or 120, got {sm_version!r}")
         from frost.target import FAKE_TARGETS, discover_target
 
         cc = divmod(sm_version, 10)
-        found = discover_target()
+        found = discover_target()  # this device's own number is taken as it is (0 on a machine without a GPU)
+        if found.cc != cc and sm_version < 10:
+            raise GraphError(f"Graph(): sm_version must be an int such as 80, 90, 100 or 120, got {sm_version!r}")
         if found.cc != cc:
             matches = [t for t in FAKE_TARGETS.values() if t.cc == cc]
             if not matches:

@@ -11,6 +11,8 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from frost.testing.length_clamps import count_length_loads, unclamped_loads
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -29,7 +31,7 @@ def run_py(script: str, cache_dir: Path, *, args=(), root: Path = ROOT, extra_en
 
 
 def run_compile_script(script: str, args: list, cwd, timeout: int = 600) -> list:
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx,ir", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=timeout)
@@ -65,7 +67,13 @@ def compile_groups(groups: list, cwd, timeout: int = 900, ptxas: bool = False) -
         return run_compile_script(_SPECS_SCRIPT, [arch, json.dumps(specs), "1" if ptxas else "0"], cwd, timeout)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(one, groups))
+        results = list(pool.map(one, groups))
+    # every kernel any compile test builds clamps the lengths and offsets it reads from the device
+    # (the opt-in length check compares the values as they are: that is its job)
+    unclamped = {o["name"]: o["unclamped"] for outs in results for o in outs
+                 if o.get("unclamped") and not o["name"].startswith("frost_length_check")}
+    assert not unclamped, f"lengths read from the device without the clamp (docs/lengths.md): {unclamped}"
+    return results
 
 
 # what ptxas may spill in a wgmma forward with a bias: its predicated bias loads (issued together, a row of the
@@ -93,21 +101,37 @@ def ptx_facts(ck) -> dict:
            "target": re.findall(r"\.target\s+(\w+)", ptx), "seconds": ck.compile_seconds,
            "local": ptx.count("ld.local") + ptx.count("st.local")}
     out.update({k: ptx.count(pattern) for k, pattern in PTX_COUNTS.items()})
+    if ck.mlir:  # the length clamps (docs/lengths.md): integer loads from global memory, and those not clamped
+        out.update(length_loads=count_length_loads(ck.mlir), unclamped=unclamped_loads(ck.mlir))
     return out
+
+
+def find_ptxas() -> str | None:
+    """The ptxas of the test extra's nvidia-cuda-nvcc (new enough for the DSL's PTX version), else the PATH's."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for cuda in ("cu13", "cuda_nvcc"):
+            candidate = Path(base) / cuda / "bin" / "ptxas"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    return shutil.which("ptxas")
 
 
 def ptxas_facts(ptx: str, arch: str) -> dict:
     """What `ptxas -v` says of a PTX module: registers per thread and spill bytes (stores + loads), or
-    `ptxas: None` where no ptxas is on the PATH."""
-    import shutil
+    `ptxas: None` where no ptxas is found (the test extra installs one)."""
     import tempfile
 
-    if shutil.which("ptxas") is None:
+    ptxas = find_ptxas()
+    if ptxas is None:
         return {"ptxas": None}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
         path.write_text(ptx)
-        r = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+        r = subprocess.run([ptxas, f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
                            capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     text = r.stdout + r.stderr

@@ -14,7 +14,7 @@ mma.sync backward's K and V head counts that do not nest, the SM90 forward's blo
 backward's rows warp on named barriers, the SM90 forward's block skipping and the SM90 backward's score
 modifiers)
 through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code) with source locations stripped, one
-file per kernel. `--jobs` spreads the compiles
+file per kernel (`--lengths only` / `without`: the kernels that read sequence lengths from the device, or the others). `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
 defined by the same op on the same operands, only independent ops moved, and the lines
 that define nothing, such as stores, barriers and region ends, keep their order); or
@@ -93,7 +93,12 @@ def strip_locations(mlir: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith("#loc"))
 
 
-def dump_part(out: Path, part: int, parts: int) -> int:
+def has_lengths(params) -> bool:
+    """Whether a kernel reads sequence lengths or offsets from the device (docs/lengths.md)."""
+    return bool(getattr(params, "is_thd", False) or getattr(params, "has_seqused", False))
+
+
+def dump_part(out: Path, part: int, parts: int, lengths: str = "all") -> int:
     import tempfile
 
     os.environ["FROST_CACHE_DISABLE"] = "1"
@@ -105,8 +110,10 @@ def dump_part(out: Path, part: int, parts: int) -> int:
         raise SystemExit(f"imported frost from {boundary.__file__}, not from {ROOT}")
     out.mkdir(parents=True, exist_ok=True)
     specs = covering_specs()
+    keep = {"all": lambda p: True, "only": has_lengths, "without": lambda p: not has_lengths(p)}[lengths]
+    chosen = [i for i, (_, params, _) in enumerate(specs) if keep(params)]
     for i, (template, params, arch) in enumerate(specs):
-        if i % parts != part:
+        if i not in chosen or chosen.index(i) % parts != part:
             continue
         name, jit_fn, fake_args, symbol_for = boundary._build(template, params, arch)
         compiled, _, _ = boundary._compile(name, jit_fn, fake_args, symbol_for, arch, engine=True)
@@ -116,9 +123,9 @@ def dump_part(out: Path, part: int, parts: int) -> int:
     return len(specs)
 
 
-def dump(out: Path, jobs: int) -> None:
-    procs = [subprocess.Popen([sys.executable, __file__, "_part", str(out), str(j), str(jobs)], cwd=str(ROOT))
-             for j in range(jobs)]
+def dump(out: Path, jobs: int, lengths: str = "all") -> None:
+    procs = [subprocess.Popen([sys.executable, __file__, "_part", str(out), str(j), str(jobs), lengths],
+                              cwd=str(ROOT)) for j in range(jobs)]
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("a dump worker failed")
     print(f"{len(list(out.glob('*.mlir')))} kernels in {out}")
@@ -193,6 +200,8 @@ def main(argv=None) -> int:
     d = sub.add_parser("dump", help="compile the covering kernels and write their MLIR")
     d.add_argument("out", type=Path)
     d.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    d.add_argument("--lengths", choices=("all", "only", "without"), default="all",
+                   help="only the kernels that read lengths from the device, or only the others")
     c = sub.add_parser("diff", help="compare two dumps")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
@@ -200,13 +209,14 @@ def main(argv=None) -> int:
     w.add_argument("out", type=Path)
     w.add_argument("part", type=int)
     w.add_argument("parts", type=int)
+    w.add_argument("lengths", nargs="?", default="all")
     a = ap.parse_args(argv)
     if a.cmd == "dump":
-        dump(a.out, a.jobs)
+        dump(a.out, a.jobs, a.lengths)
         return 0
     if a.cmd == "diff":
         return 0 if diff(a.a, a.b) < 2 else 1
-    dump_part(a.out, a.part, a.parts)
+    dump_part(a.out, a.part, a.parts, a.lengths)
     return 0
 
 

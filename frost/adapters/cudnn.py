@@ -379,7 +379,8 @@ class _CudnnAdapter:
         views = self._derived_views
         if views is not None:  # packed: cuDNN's lengths and offsets from cu_seq_len, on this stream
             v = views(workspace)
-            self._kernel(bound["cu_seq_len_q"], bound["cu_seq_len_kv"], v["ragged_lengths"], v["ragged_offsets"], s)
+            self._kernel(bound["cu_seq_len_q"], bound["cu_seq_len_kv"], v["ragged_lengths"], v["ragged_offsets"],
+                         *self.call.envelope, s)
         raw = self._raw
         if h[1] is not None and raw is not None:
             ws = workspace.data_ptr() if workspace is not None else 0

@@ -23,6 +23,11 @@ ragged form:
 cuDNN's block_mask (uint8, as declared) goes to dense graphs' `sdpa` as it is; packed graphs with one decline (its
 tiles in cuDNN's ragged form are unverified).
 
+A paged K/V cache (`facts.paged`) goes to cuDNN's paged SDPA as declared: K and V are the containers (num_blocks,
+H, block_size, D), the int32 tables (B, 1, max_blocks_per_seq, 1) pass as `paged_attention_k_table` /
+`paged_attention_v_table` with their declared strides, `paged_attention_max_seq_len_kv` is the facts' S_kv
+envelope, and the padding mask's lengths say how many keys each sequence has.
+
 Packed graphs (either form) with K and V heads apart, or with score_max / score_sum_exp, are declined: neither is
 lowered to cuDNN's ragged form (the row outputs would need ragged offsets of their own, and K and V heads apart
 are unverified there); dense graphs serve both.
@@ -34,6 +39,10 @@ from typing import Optional
 
 from frost.engines.common.ragged_offsets_params import RaggedOffsetsParams, offset_dtype_for, offset_role
 from frost.ir.validate import Q_GROUP  # the query token group (its offsets follow cu_seq_len_q; the rest, _kv)
+
+
+#: the roles of a paged cache's block tables: cuDNN's own keywords
+PAGED_TABLES = ("paged_attention_k_table", "paged_attention_v_table")
 
 
 class CudnnUnsupported(Exception):
@@ -67,6 +76,7 @@ class CudnnSdpaCall:
     dropout: Optional[tuple[float, str, str]] = None  # (probability, seed role, offset role)
     ragged: tuple[tuple[str, str], ...] = ()  # (tensor role, ragged offset role): `set_ragged_offset` of each
     derived: Optional[RaggedOffsetsParams] = None  # packed graphs: the kernel that writes the derived roles
+    envelope: tuple[int, ...] = ()  # packed graphs: (total_q, total_kv, max_q, max_kv) that kernel clamps to
 
     def kwarg(self, name: str, default=None):
         for k, v in self.scalar_kwargs + self.tensor_kwargs:
@@ -241,6 +251,11 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
         for role in ("seq_len_q", "seq_len_kv"):
             inputs.append(_as4(facts.tensor(role), 0))
             tensor_kwargs.append((role, role))
+    if facts.paged is not None:  # K and V stay the declared containers; the tables go as declared
+        for role in PAGED_TABLES:
+            inputs.append(_declared(facts, role))
+            tensor_kwargs.append((role, role))
+        scalars["paged_attention_max_seq_len_kv"] = int(facts.seq_kv)
     if facts.has_sinks:
         inputs.append(_as4(facts.tensor("sink_token"), 1))
         tensor_kwargs.append(("sink_token", "sink_token"))
@@ -258,6 +273,10 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
             t = facts.tensor(role)
             inputs.append(CudnnTensor(role, (1, 1, 1, 1), (1, 1, 1, 1), t.dtype))
         dropout = (facts.dropout_probability, "dropout_seed", "dropout_offset")
+        if facts.tensor("rng_dump") is not None:  # the mask cuDNN draws, dumped where declared (an output)
+            inputs.append(_declared(facts, "rng_dump"))
+            tensor_kwargs.append(("rng_dump", "rng_dump"))
+            output_kwargs.append("rng_dump")
     for role, on in (("score_max", facts.has_score_max), ("score_sum_exp", facts.has_score_sum_exp)):
         if on:  # declared as graph tensors the forward writes, as cuDNN's python API takes them
             inputs.append(_declared(facts, role))
@@ -275,4 +294,6 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
     return CudnnSdpaCall(op="sdpa" if fwd else "sdpa_backward", io_dtype=facts.io_dtype, inputs=tuple(inputs),
                          positional=positional, tensor_kwargs=tuple(tensor_kwargs),
                          scalar_kwargs=tuple(scalars.items()), outputs=tuple(outputs),
-                         output_kwargs=tuple(output_kwargs), dropout=dropout, ragged=pairs, derived=derived)
+                         output_kwargs=tuple(output_kwargs), dropout=dropout, ragged=pairs, derived=derived,
+                         envelope=() if derived is None else (int(facts.total_q), int(facts.total_kv),
+                                                              int(facts.seq_q), int(facts.seq_kv)))

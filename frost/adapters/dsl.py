@@ -9,6 +9,7 @@ from frost.adapters.views import lengths_view, sink_view
 from frost.engines.dsl import dsl_decline_reason
 from frost.engines.sdpa_args import OWN_OFFSET_ROLES, Q_ROLES, STATS_ROLES
 from frost.errors import TemplateParamsError
+from frost.runtime.binding import RAGGED_TOKENS
 
 
 def kernel_window(facts) -> tuple:
@@ -197,11 +198,25 @@ def tensor_args(facts) -> dict:
 
 
 def static_values(facts) -> dict:
-    """The contract's scalar arguments, all plan-time values."""
+    """The contract's scalar arguments that are plan-time values (the ragged form's token envelopes are per call:
+    `ragged_totals`)."""
     window_left, window_right = kernel_window(facts)
-    return {"softmax_scale": facts.attn_scale, "window_left": window_left, "window_right": window_right,
-            "max_seqlen_q": facts.seq_q, "max_seqlen_kv": facts.seq_kv, "total_q": facts.total_q,
-            "total_kv": facts.total_kv}
+    out = {"softmax_scale": facts.attn_scale, "window_left": window_left, "window_right": window_right,
+           "max_seqlen_q": facts.seq_q, "max_seqlen_kv": facts.seq_kv}
+    if facts.ragged is None:
+        out.update(total_q=facts.total_q, total_kv=facts.total_kv)
+    return out
+
+
+def ragged_totals(facts, bound: dict) -> dict:
+    """The ragged form's T of each token group: the plan's envelope, or fewer where a packed buffer bound by
+    pointer holds fewer tokens (the binder's RAGGED_TOKENS), so the kernels' (T, H, D) views and their loads
+    stay inside the bound memory. Tensor metadata only, read on the host."""
+    held = bound.get(RAGGED_TOKENS)
+    if held is None:
+        return {"total_q": facts.total_q, "total_kv": facts.total_kv}
+    return {"total_q": min(facts.total_q, held.get("q", facts.total_q)),
+            "total_kv": min(facts.total_kv, held.get("kv", facts.total_kv))}
 
 
 def _tuple_getter(keys: tuple):

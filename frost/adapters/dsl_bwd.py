@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 
 from frost.adapters.base import SdpaBwdDsl
-from frost.adapters.dsl import DslKernels, LaunchArgs, dbias_accumulates, sdpa_feature_flags, viewed_args
+from frost.adapters.dsl import (DslKernels, LaunchArgs, dbias_accumulates, ragged_totals, sdpa_feature_flags,
+                               viewed_args)
 from frost.engines.sdpa_bwd.chain import chain_of
 from frost.engines.sdpa_bwd.scratch import dbias_accum_shape, scratch_layout
 from frost.runtime.context import stream_handle
@@ -84,6 +85,8 @@ class DslBwdAdapter(DslKernels, SdpaBwdDsl):
 
     def execute(self, bound: dict, workspace, stream) -> None:
         per_call = {"stream": stream_handle(stream), **self._scratch_views(workspace, bound)}
+        if self.facts.ragged is not None:
+            per_call.update(ragged_totals(self.facts, bound))
         for n, role, view in self._views:
             per_call[n] = view(bound[role])
         for kernel, args in self.chain:

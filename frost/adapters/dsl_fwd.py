@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from frost.adapters.base import SdpaFwdDsl
-from frost.adapters.dsl import DslKernels, LaunchArgs, fwd_feature_flags, viewed_args
+from frost.adapters.dsl import DslKernels, LaunchArgs, fwd_feature_flags, ragged_totals, viewed_args
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.runtime.context import stream_handle
 
@@ -31,6 +31,8 @@ class DslFwdAdapter(DslKernels, SdpaFwdDsl):
 
     def execute(self, bound: dict, workspace, stream) -> None:
         per_call = {"stream": stream_handle(stream)}
+        if self.facts.ragged is not None:
+            per_call.update(ragged_totals(self.facts, bound))
         for n, role, view in self._views:
             per_call[n] = view(bound[role])
         self.kernel(*self._args(bound, per_call))

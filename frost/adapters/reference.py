@@ -3,13 +3,15 @@
 It is the numerics oracle for the GPU engines and the engine of CPU-only
 machines. On a GPU it runs only when requested by name (engine="reference"):
 it reads sequence lengths to the host and allocates, so it is never a silent
-fallback and never CUDA-graph capturable.
+fallback and never CUDA-graph capturable. A paged K/V cache is gathered through
+its block tables into dense K and V, then attended (`_paged_gather`).
 """
 from __future__ import annotations
 
 import torch
 
 from frost.adapters.base import SdpaBwdDsl, SdpaFwdDsl
+from frost.adapters.reference_lengths import check_lengths
 from frost.adapters.reference_math import batch_entry, sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
 from frost.errors import BindingError
@@ -42,6 +44,7 @@ def _score_mod_kwargs(facts, bound) -> dict:
 def _ragged_batches(facts, bound):
     """cuDNN's ragged form, per batch: (b, rows(role) -> that batch's (len, H, D) view of a ragged tensor)."""
     strides = dict(facts.ragged.token_strides)
+    declared = {t.name: t for t in facts.ragged.declared}
     offsets = {role: bound[f"{role}_ragged_offset"].reshape(-1).tolist() for role in strides}
     lens_q = lengths_view(bound["seq_len_q"]).tolist()
     lens_kv = lengths_view(bound["seq_len_kv"]).tolist()
@@ -53,12 +56,23 @@ def _ragged_batches(facts, bound):
             if start % stride_s:
                 raise BindingError(f"{role} ragged offset {start} of batch {b} is not a multiple of the token "
                                    f"stride {stride_s}: frost's packed form needs whole-token offsets")
-            if length > t.shape[2]:
-                raise BindingError(f"batch {b}: sequence length {length} of {role} exceeds its declared S "
-                                   f"{t.shape[2]}")
-            return t.as_strided((length, t.shape[1], t.shape[3]), (t.stride(2), t.stride(1), t.stride(3)),
-                                t.storage_offset() + start)
+            _, heads, seq, dim = declared[role].dim
+            if length > seq:
+                raise BindingError(f"batch {b}: sequence length {length} of {role} exceeds its declared S {seq}")
+            return _tokens(role, b, t, start, length, (heads, dim), (t.stride(2), t.stride(1), t.stride(3)))
         yield b, int(lens_q[b]), rows
+
+
+def _tokens(role: str, b: int, t, start: int, length: int, hd: tuple, strides: tuple):
+    """Batch b's (length, H, D) tokens of a ragged tensor, from the element offset `start` of its memory (the
+    binder's view of a packed buffer has the declared strides); a sequence past the bound memory raises."""
+    size = (length, *hd)
+    if length:
+        last = t.storage_offset() + start + sum((n - 1) * st for n, st in zip(size, strides))
+        if last >= t.untyped_storage().nbytes() // t.element_size():
+            raise BindingError(f"batch {b}: {role}'s {length} tokens from element offset {start} lie past the bound "
+                               f"memory")
+    return t.as_strided(size, strides, t.storage_offset() + start)
 
 
 def _band(facts) -> dict:
@@ -118,6 +132,7 @@ def _ragged_bwd(facts, bound) -> None:
     sinks = sink_view(bound["sink_token"]) if facts.has_sinks else None
     total_dsink = None
     dbias = _dbias_accumulator(facts, bound)
+    ragged = dict(facts.ragged.token_strides)
     for b, len_q, rows in _ragged_batches(facts, bound):
         if len_q == 0:  # keys no query sees: zero gradients, as the kernels write them
             rows("dK").zero_()
@@ -127,7 +142,8 @@ def _ragged_bwd(facts, bound) -> None:
         dq, dk, dv, dsink, db = sdpa_bwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
                                                    rows("dO")[None], softmax_scale=facts.attn_scale,
                                                    compute_dtype=_compute_dtype(facts), sinks=sinks, **_band(facts),
-                                                   **mods, dbias=dbias is not None)
+                                                   **mods, dbias=dbias is not None, o=rows("o")[None],
+                                                   lse=_ragged_stats(bound, rows, b, len_q, "stats" in ragged))
         rows("dQ").copy_(dq[0])
         rows("dK").copy_(dk[0])
         rows("dV").copy_(dv[0])
@@ -145,6 +161,14 @@ def _ragged_bwd(facts, bound) -> None:
             out.zero_()
 
 
+def _ragged_stats(bound, rows, b: int, len_q: int, is_ragged: bool):
+    """Batch b's bound Stats as `sdpa_bwd_reference` reads them, (1, H, len_q): from its ragged rows or from the
+    per-batch (B, H, S, 1) declaration."""
+    if is_ragged:
+        return rows("stats")[..., 0].t()[None]
+    return bound["stats"][b:b + 1, :, :len_q, 0]
+
+
 def _dbias_accumulator(facts, bound):
     """A zeroed compute-dtype tensor of dBias's shape, or None without dBias."""
     if not facts.has_dbias:
@@ -152,19 +176,50 @@ def _dbias_accumulator(facts, bound):
     return torch.zeros(tuple(bound["dBias"].shape), dtype=_compute_dtype(facts), device=bound["dBias"].device)
 
 
+def _paged_gather(facts, bound, role: str):
+    """The paged cache of `role` (k or v) gathered through its block table: (B, S_kv, H, D), the canonical dense
+    view. Key j of sequence b is row j % block_size of block table[b, 0, j // block_size, 0]; only the blocks a
+    sequence's length reaches are read (a serving engine leaves the rest of a table row undefined), and the rows
+    past its length are zeros (the padding mask hides them)."""
+    container, table = bound[role], bound[f"paged_attention_{role}_table"]
+    num_blocks, heads, block_size, dim = container.shape
+    lengths = [int(x) for x in lengths_view(bound["seq_len_kv"]).tolist()]
+    rows = table[:, 0, :, 0]
+    out = container.new_zeros((len(lengths), facts.seq_kv, heads, dim))
+    for b, length in enumerate(lengths):
+        if not 0 <= length <= facts.seq_kv:
+            raise BindingError(f"seq_len_kv[{b}] = {length} lies outside [0, paged_attention_max_seq_len_kv = "
+                               f"{facts.seq_kv}]")
+        used = -(-length // block_size)
+        blocks = [int(x) for x in rows[b, :used].tolist()]
+        bad = [x for x in blocks if not 0 <= x < num_blocks]
+        if bad:
+            raise BindingError(f"paged_attention_{role}_table[{b}] holds block {bad[0]}, outside the {role} "
+                               f"container's {num_blocks} blocks")
+        if used:
+            idx = torch.tensor(blocks, dtype=torch.long, device=container.device)
+            seq = container.index_select(0, idx).permute(0, 2, 1, 3).reshape(used * block_size, heads, dim)
+            out[b, :length] = seq[:length]
+    return out
+
+
 class SdpaFwdReference(SdpaFwdDsl):
     engine_name = "SdpaFwdReference"
 
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
+        check_lengths(f, bound)  # every length and offset, before any output is written
         thd = f.is_thd
         if f.ragged is not None:
             with on_stream(stream, bound["q"].device):
                 _ragged_fwd(f, bound)
             return
         with on_stream(stream, bound["q"].device):
-            o, *stats = sdpa_fwd_reference(io_view(bound["q"], thd), io_view(bound["k"], thd),
-                                           io_view(bound["v"], thd), softmax_scale=f.attn_scale,
+            if f.paged is not None:
+                k, v = _paged_gather(f, bound, "k"), _paged_gather(f, bound, "v")
+            else:
+                k, v = io_view(bound["k"], thd), io_view(bound["v"], thd)
+            o, *stats = sdpa_fwd_reference(io_view(bound["q"], thd), k, v, softmax_scale=f.attn_scale,
                                            compute_dtype=_compute_dtype(f), row_stats=True, **_mask_kwargs(f, bound))
             io_view(bound["o"], thd).copy_(o)
             for (_, t), value in zip(_row_outputs(f, bound), stats):
@@ -177,6 +232,7 @@ class SdpaBwdReference(SdpaBwdDsl):
 
     def execute(self, bound: dict, workspace, stream) -> None:
         f = self.facts
+        check_lengths(f, bound)  # every length and offset, before any output is written
         thd = f.is_thd
         if f.ragged is not None:
             with on_stream(stream, bound["q"].device):
@@ -187,7 +243,7 @@ class SdpaBwdReference(SdpaBwdDsl):
             dq, dk, dv, dsink, dbias = sdpa_bwd_reference(
                 io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
                 io_view(bound["dO"], thd), softmax_scale=f.attn_scale, compute_dtype=_compute_dtype(f),
-                dbias=f.has_dbias, **kw)
+                dbias=f.has_dbias, o=io_view(bound["o"], thd), lse=stats_view(bound["stats"], thd), **kw)
             io_view(bound["dQ"], thd).copy_(dq)
             io_view(bound["dK"], thd).copy_(dk)
             io_view(bound["dV"], thd).copy_(dv)

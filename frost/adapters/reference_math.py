@@ -180,17 +180,22 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
     return (o, lse, top, sum_exp) if row_stats else (o, lse)
 
 
-def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask, mods=None):
+def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask, mods=None, ob=None, lseb=None):
     """Gradients of one sequence in closed form (no autograd: it works under any grad mode or dispatch state).
 
     qb (Sq, Hq, D), kb/vb (Skv, Hk/Hv, D/Dv), dob (Sq, Hq, Dv) -> dq, dk, dv (same shapes), dsink (Hq,) or None,
     ds (Hq, Sq, Skv): the gradient of the logits after the scale (the bias gradient before any broadcast sum).
+    `ob` (Sq, Hq, Dv) and `lseb` (Hq, Sq) are the forward's O and LSE as given (the backward contract: a block of
+    a longer row, as in a ring, is handed the row's merged O and LSE); each left None is recomputed from the block.
     """
     hq, hk, hv = qb.shape[1], kb.shape[1], vb.shape[1]
     kk = kb.repeat_interleave(hq // hk, dim=1)
     vv = vb.repeat_interleave(hq // hv, dim=1)
-    # o (Sq, Hq, Dv), lse (Hq, Sq)
-    o, lse = _attend(qb, kb, vb, scale=scale, sink=sink, mask=mask, mods=mods)[:2]
+    if ob is None or lseb is None:
+        own_o, own_lse = _attend(qb, kb, vb, scale=scale, sink=sink, mask=mask, mods=mods)[:2]
+        ob = own_o if ob is None else ob
+        lseb = own_lse if lseb is None else lseb
+    o, lse = ob, lseb  # o (Sq, Hq, Dv), lse (Hq, Sq)
     s = _logits(qb, kk, scale=scale, mods=mods, mask=mask)
     p = torch.exp(s - lse.unsqueeze(2)).masked_fill(~_by_head(mask), 0.0)
     p = torch.nan_to_num(p, nan=0.0)  # empty rows: lse = -inf
@@ -209,10 +214,13 @@ def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask, mods=None):
 
 def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float64, cu_seqlens_q=None,
                        cu_seqlens_kv=None, seqused_q=None, seqused_kv=None, sinks=None, window_left=None,
-                       window_right=None, bottom_right=False, bias=None, alibi=False, dbias=False):
+                       window_right=None, bottom_right=False, bias=None, alibi=False, dbias=False, o=None,
+                       lse=None):
     """Gradients of `sdpa_fwd_reference` in `compute_dtype`, in closed form per sequence.
 
-    Returns (dq, dk, dv, dsinks or None, dbias or None) on the canonical views' shapes; rows and keys outside
+    `o` (the canonical view of O, shaped like q's with Dv) and `lse` (the forward's `lse` shape: dense (B, Hq, Sq),
+    THD (Hq, Tq)) are used as given, as every engine's backward uses its bound O and Stats; left None, they are
+    recomputed from q, k, v. Returns (dq, dk, dv, dsinks or None, dbias or None) on the canonical views' shapes; rows and keys outside
     every sequence get zero gradients. With `dbias`, the bias gradient has the declared bias's shape: dS (the
     logits' gradient, before the scale) summed over the batch entries and heads the bias broadcasts over,
     zero at masked and padding positions.
@@ -220,6 +228,8 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
     thd = cu_seqlens_q is not None
     cd = compute_dtype
     q, k, v, do = q.to(cd), k.to(cd), v.to(cd), do.to(cd)
+    o = o.to(cd) if o is not None else None
+    lse = lse.to(cd) if lse is not None else None
     sink = sinks.to(cd) if sinks is not None else None
     hq = q.shape[-2]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -229,7 +239,9 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
                                             window_left=window_left, window_right=window_right,
                                             bottom_right=bottom_right, bias=bias, alibi=alibi):
         lq, lk = mask.shape[-2:]
-        parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask, mods=mods)
+        lseb = None if lse is None else (lse[:, qs[0]] if thd else lse[qs[0], :, qs[1]])
+        parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask, mods=mods,
+                            ob=None if o is None else o[qs], lseb=lseb)
         dq[qs], dk[ks], dv[ks] = parts[:3]
         if sink is not None:
             dsink += parts[3]

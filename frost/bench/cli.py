@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import os
 import sys
 
@@ -34,6 +35,11 @@ PRESETS = {
     "cudnn": dict(directions=["fwd", "bwd"], dtypes=["bf16"], head_dims=[(64, 64), (128, 128)],
                   seqlens=[4096, 16384], causal=[False, True], gqa=[1], layouts=["bshd"], thd_mixes=["fixed"],
                   probe=True),
+    # paged K/V caches (forward only): decode (64 sequences of 8k keys, one query row each, GQA 32:8; K/V TB/s in
+    # each cell's info) and causal prefill, block sizes 16, 64, 128, 256; frost's engines that serve paged caches,
+    # FA4's page_table and cuDNN's paged SDPA
+    "paged": dict(directions=["fwd"], dtypes=["bf16"], head_dims=[(128, 128)], seqlens=[8192],
+                  causal=[False, True], gqa=[4], layouts=["paged"], thd_mixes=["fixed"], probe=False, heads_q=32),
     # everything the flags can express
     "all": dict(directions=["fwd", "bwd"], dtypes=["bf16", "fp16"],
                 head_dims=[(64, 64), (128, 128), (256, 256), (192, 128)],
@@ -165,7 +171,9 @@ def spec_from_args(a) -> SweepSpec:
     base.update({k: v for k, v in over.items() if v is not None})
     if a.heads < 0:
         raise SystemExit(f"frost bench: --heads {a.heads} must be positive")
-    spec = SweepSpec(**base, tokens=a.tokens, hidden=a.hidden, heads_q=a.heads, thd_max_len=a.thd_max_len,
+    heads = a.heads or base.pop("heads_q", 0)
+    base.pop("heads_q", None)
+    spec = SweepSpec(**base, tokens=a.tokens, hidden=a.hidden, heads_q=heads, thd_max_len=a.thd_max_len,
                      seed=a.seed)
     if a.thd_lengths:
         spec.thd_lengths = tuple(a.thd_lengths)
@@ -186,6 +194,7 @@ def probe_calls_from_args(a) -> int:
 def settings_dict(a, spec: SweepSpec, timing: TimingOptions) -> dict:
     return {
         "preset": a.preset,
+        "device": a.device,
         "sweep": {"directions": spec.directions, "dtypes": spec.dtypes,
                   "head_dims": [f"{q}x{v}" if q != v else str(q) for q, v in spec.head_dims],
                   "seqlens": spec.seqlens, "tokens": spec.tokens, "hidden": spec.hidden,
@@ -218,6 +227,15 @@ def output_paths(a, gpu_name: str | None) -> dict:
     return {"json": paths["json"], "png": paths["png"], "md": None, **{f"dir_{k}": v for k, v in extra.items()}}
 
 
+def no_cuda_device() -> str | None:
+    """Why no CUDA device is here ("no CUDA device here"), or None when one is (asks torch; starts no context)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return "no torch"
+    return None if torch.cuda.is_available() else "no CUDA device here"
+
+
 def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     """Print the sweep and the implementations that would run; touches no GPU."""
     from frost.bench.frost_runner import frost_unavailable
@@ -228,13 +246,22 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     rows = [w for w in workloads if not w.probe]
     det = [w for w in rows if w.deterministic]
     print(f"frost bench --dry-run: {len(rows)} workloads, {len(probes)} probe rows, preset {a.preset}", file=out)
+    paged = [w for w in rows if w.is_paged]
+    if paged:
+        print(f"paged K/V: {len(paged)} rows (block sizes {sorted({w.block_size for w in paged})}; decode rows also "
+              f"report the K/V bytes read per second): frost's engines that serve paged caches (the cuDNN engine "
+              f"until frost's kernels read through a block table), FA4 with page_table, cuDNN's paged SDPA in the "
+              f"cudnn column; FA2 n/a", file=out)
     if det:
         print(f"deterministic backward: {len(det)} rows ('bwd det'): frost with use_deterministic_algorithm=True, "
               f"FA4 with deterministic=True where its API has it, cuDNN and FA2 n/a", file=out)
+    no_gpu = no_cuda_device() if a.device == "cuda" else None
+    if no_gpu:
+        print(f"{no_gpu}: nothing here can be timed on a GPU (--device cpu runs the harness's self-test)", file=out)
     print("implementations:", file=out)
     for p in all_peers():
         if p.key in a.impl:
-            why = p.unavailable()
+            why = p.unavailable() or no_gpu
             print(f"  {p.key:6s} {p.label}: {'available' if not why else 'missing: ' + why}", file=out)
     if "frost" in a.impl:
         from frost.bench.frost_runner import cudnn_engine_unavailable
@@ -246,11 +273,12 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
             filt.append("only " + ",".join(a.frost_engines))
         if a.exclude_engines:
             filt.append("excluding " + ",".join(a.exclude_engines))
-        state = "graph API available" if not why else "missing: " + why
+        state = ("graph API available" if not why else "missing: " + why) + (
+            f"; {no_gpu}: only the reference engine would serve" if no_gpu else "")
         print(f"  frost  every engine that accepts each graph, resolved on the GPU ({state}"
               f"{'; ' + '; '.join(filt) if filt else ''})", file=out)
         if engine_selected("SdpaFwdCudnn", a.frost_engines, a.exclude_engines):
-            why = cudnn_engine_unavailable()
+            why = cudnn_engine_unavailable() or no_gpu
             print(f"  frost:cudnn  frost's cuDNN engine, beside cuDNN through torch (cudnn/cuDNN column): "
                   f"{'available' if not why else 'missing: ' + why}", file=out)
     header = f"{'#':>3}  {'dir':7}  {'dtype':5}  {'D':>7}  {'shape':34}  {'heads':>5}  {'mask':6}  {'GFLOP':>9}  {'set MiB':>7}"
@@ -270,7 +298,13 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
     return 0
 
 
+_log = logging.getLogger(__name__)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from frost.cli import console_logging
+
+    console_logging()
     parser = build_parser()
     a = parser.parse_args(argv)
     try:
@@ -279,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     for why in spec.skipped:
-        print(f"frost bench: left out: {why}", file=sys.stderr)
+        _log.warning("frost bench: left out: %s", why)
     timing = timing_from_args(a)
     if a.dry_run:
         return dry_run(a, spec, workloads)
@@ -287,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
-        print("frost bench: no CUDA device here (use --dry-run to list the sweep)", file=sys.stderr)
+        _log.error("frost bench: no CUDA device here (use --dry-run to list the sweep)")
         return 1
 
     from frost.bench import envinfo, plot, report
@@ -313,25 +347,24 @@ def main(argv: list[str] | None = None) -> int:
                       max_buffers=a.max_buffers, probe_calls=probe_calls_from_args(a), seed=a.seed,
                       time_budget_s=a.time_budget, device=a.device)
     progress = Progress(len(workloads), enabled=not a.quiet)
-    print(f"frost bench on {env.get('gpu')} (driver {env.get('driver')}, torch {env.get('torch')}, "
-          f"cuDNN {env.get('cudnn')}, flash-attn-4 {env.get('flash_attn_4')}, frost {env.get('frost_commit')})",
-          file=sys.stderr)
+    _log.info("frost bench on %s (driver %s, torch %s, cuDNN %s, flash-attn-4 %s, frost %s)", env.get("gpu"),
+              env.get("driver"), env.get("torch"), env.get("cudnn"), env.get("flash_attn_4"), env.get("frost_commit"))
     rows = Runner(opts, all_peers(), progress, on_row=save).run(workloads)
     save(rows)
 
-    print(report.render_report(rows))
+    print(report.render_report(rows, device=a.device))
     written = [p for p in json_paths] + ([md_path] if md_path else [])
     for p in (paths["png"], paths.get("dir_png")):
         if not p:
             continue
         why = plot.matplotlib_missing()
         if why:
-            print(f"frost bench: {why}; skipped {p}", file=sys.stderr)
+            _log.warning("frost bench: %s; skipped %s", why, p)
             continue
-        if plot.write_png(p, rows, a.title):
+        if plot.write_png(p, rows, a.title, env=env):
             written.append(p)
     if written:
-        print("wrote: " + ", ".join(written), file=sys.stderr)
+        _log.info("wrote: %s", ", ".join(written))
     if a.strict and any(m.status in (FAILED, CHECK_FAILED) for r in rows for m in r.frost()):
         return 3
     return 0

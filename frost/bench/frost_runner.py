@@ -6,6 +6,9 @@ change is a one-file fix. Graphs declare BSHD physical strides for dense rows
 prefix sums for THD rows. Backward rows get O and the softmax stats from one
 frost forward per buffer set (the reference math when no frost forward runs);
 deterministic rows declare `use_deterministic_algorithm=True` on the backward.
+Paged rows declare cuDNN's paged cache: K and V containers (num_blocks, H_kv,
+block_size, D) over the (num_blocks, block_size, H_kv, D) caches, the block table
+as (B, 1, max_blocks, 1), the padding mask's lengths and the envelope.
 """
 from __future__ import annotations
 
@@ -53,6 +56,8 @@ def _geom(w: Workload, which: str) -> tuple[tuple, tuple]:
     d = w.d_v if which in ("o", "v") else w.d_qk
     if w.is_thd:
         return _thd(w.total_q if which in ("q", "o") else w.total_kv, heads, d)
+    if w.is_paged and which in ("k", "v"):  # the containers: blocks for batch, a block's rows for S
+        return _bshd(w.num_blocks, heads, w.block_size, d)
     return _bshd(w.batch, heads, w.seqlen_q if which in ("q", "o") else w.seqlen_kv, d)
 
 
@@ -109,6 +114,28 @@ def _thd_kwargs(g, w: Workload) -> dict:
             "max_seq_len_q": w.max_seqlen, "max_seq_len_kv": w.max_seqlen}
 
 
+def _paged_kwargs(g, w: Workload) -> dict:
+    """The paged cache's keywords (tables, lengths, envelope); a causal paged row is bottom-right aligned."""
+    import torch
+
+    if not w.is_paged:
+        return {}
+    one = (1, 1, 1, 1)
+    m = w.blocks_per_seq
+    kw = {f"paged_attention_{r}_table": g.tensor(name=f"block_table_{r}", dim=(w.batch, 1, m, 1),
+                                                 stride=(m, m, 1, 1), data_type=torch.int32) for r in ("k", "v")}
+    kw.update({r: g.tensor(name=r, dim=(w.batch, 1, 1, 1), stride=one, data_type=torch.int32)
+               for r in ("seq_len_q", "seq_len_kv")})
+    kw.update(use_padding_mask=True, paged_attention_max_seq_len_kv=w.seqlen_kv)
+    return kw
+
+
+def _mask_kwargs(w: Workload) -> dict:
+    if w.is_paged:
+        return {"use_causal_mask_bottom_right": w.causal}
+    return {"use_causal_mask": w.causal}
+
+
 def _set_out(t, w: Workload, which: str):
     dim, stride = _geom(w, which)
     t.set_output(True)
@@ -122,9 +149,9 @@ class _FwdGraph:
         self.g = g = _new_graph(w)
         self.q, self.k, self.v = _tensor(g, w, "q", "q"), _tensor(g, w, "k", "k"), _tensor(g, w, "v", "v")
         self.thd = _thd_kwargs(g, w)
+        self.paged = _paged_kwargs(g, w)
         self.o, self.stats = g.sdpa(self.q, self.k, self.v, attn_scale=w.scale, generate_stats=generate_stats,
-                                    use_causal_mask=w.causal, name="sdpa",
-                                    **{k: v for k, v in self.thd.items()})
+                                    name="sdpa", **_mask_kwargs(w), **self.thd, **self.paged)
         _set_out(self.o, w, "o")
         if generate_stats:
             self.stats.set_output(True)
@@ -247,7 +274,7 @@ def _forward_state(inputs):
             o = torch.empty(inputs.o_shape, dtype=b.q.dtype, device=dev)
             st = _empty_stats(geom, dev)
             binds = {fg.q: _view(w, b.q), fg.k: _view(w, b.k), fg.v: _view(w, b.v), fg.o: _view(w, o), fg.stats: st}
-            binds.update(_thd_binds(fg, inputs))
+            binds.update(_thd_binds(fg, inputs, b))
             fg.g.execute(binds, ws, ctx)
             outs.append((o, st))
         source = f"frost forward ({getattr(fg.g, 'engine_name', '?')})"
@@ -257,7 +284,7 @@ def _forward_state(inputs):
         geom = _stats_geom(w)
         outs = []
         for b in inputs.sets:
-            o, lse = reference_forward(w, b.q, b.k, b.v)
+            o, lse = reference_forward(w, b.q, b.k, b.v, table=b.table)
             st = _empty_stats(geom, b.q.device)
             _fill_stats(st, lse, w)
             outs.append((o, st))
@@ -267,7 +294,15 @@ def _forward_state(inputs):
     return state
 
 
-def _thd_binds(graph, inputs) -> dict:
+def _thd_binds(graph, inputs, b=None) -> dict:
+    """The packed form's prefix sums, or a paged row's tables (of buffer set `b`) and lengths."""
+    paged = getattr(graph, "paged", None)
+    if paged:
+        table = b.table[:, None, :, None]
+        n = inputs.workload.batch
+        return {paged["paged_attention_k_table"]: table, paged["paged_attention_v_table"]: table,
+                paged["seq_len_q"]: inputs.seqused_q.view(n, 1, 1, 1),
+                paged["seq_len_kv"]: inputs.seqused_k.view(n, 1, 1, 1)}
     if not graph.thd:
         return {}
     return {graph.thd["cu_seq_len_q"]: inputs.cu_seqlens, graph.thd["cu_seq_len_kv"]: inputs.cu_seqlens}
@@ -308,7 +343,7 @@ class FrostEngine(Implementation):
         binds, outs = [], []
         for i, b in enumerate(inputs.sets):
             d = {gr.q: _view(w, b.q), gr.k: _view(w, b.k), gr.v: _view(w, b.v)}
-            d.update(_thd_binds(gr, inputs))
+            d.update(_thd_binds(gr, inputs, b))
             if w.direction == "fwd":
                 o = torch.empty(inputs.o_shape, dtype=b.q.dtype, device=dev)
                 d[gr.o] = _view(w, o)

@@ -27,6 +27,7 @@ class BufferSet:
     k: object
     v: object
     do: object = None          # bwd only, shaped like o
+    table: object = None       # paged: int32 (B, max_blocks) block table (k and v are the caches)
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Inputs:
     workload: Workload
     sets: list
     cu_seqlens: object = None  # THD: int32 (B+1,) prefix sums on the device (shared by q and kv)
+    seqused_q: object = None   # paged: int32 (B,) query rows per sequence
+    seqused_k: object = None   # paged: int32 (B,) keys per sequence
 
     @property
     def o_shape(self) -> tuple:
@@ -52,6 +55,10 @@ def buffer_count(set_bytes: int, l2_bytes: int, max_sets: int, l2_multiple: floa
 
 
 def qkv_shapes(w: Workload) -> tuple[tuple, tuple, tuple, tuple]:
+    """q, k, v, o storage shapes; paged k and v are the caches (num_blocks, block_size, H_kv, D)."""
+    if w.is_paged:
+        return ((w.batch, w.seqlen_q, w.heads_q, w.d_qk), (w.num_blocks, w.block_size, w.heads_kv, w.d_qk),
+                (w.num_blocks, w.block_size, w.heads_kv, w.d_v), (w.batch, w.seqlen_q, w.heads_q, w.d_v))
     if w.is_thd:
         return ((w.total_q, w.heads_q, w.d_qk), (w.total_kv, w.heads_kv, w.d_qk),
                 (w.total_kv, w.heads_kv, w.d_v), (w.total_q, w.heads_q, w.d_v))
@@ -77,8 +84,16 @@ def make_inputs(w: Workload, n_sets: int, device, seed: int = 0) -> Inputs:
     for _ in range(n_sets):
         def rnd(shape):
             return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dt)
-        sets.append(BufferSet(q=rnd(qs), k=rnd(ks), v=rnd(vs), do=rnd(os_) if w.direction == "bwd" else None))
-    cu = None
+        table = None
+        if w.is_paged:  # each sequence's blocks scattered over the cache
+            perm = torch.randperm(w.num_blocks - 1, generator=gen, device=device)
+            table = perm.reshape(w.batch, w.blocks_per_seq).to(torch.int32)
+        sets.append(BufferSet(q=rnd(qs), k=rnd(ks), v=rnd(vs), do=rnd(os_) if w.direction == "bwd" else None,
+                              table=table))
+    cu = lens_q = lens_k = None
     if w.is_thd:
         cu = torch.tensor(cu_seqlens_of(w.seqlens), dtype=torch.int32, device=device)
-    return Inputs(workload=w, sets=sets, cu_seqlens=cu)
+    if w.is_paged:
+        lens_q = torch.full((w.batch,), w.seqlen_q, dtype=torch.int32, device=device)
+        lens_k = torch.full((w.batch,), w.seqlen_kv, dtype=torch.int32, device=device)
+    return Inputs(workload=w, sets=sets, cu_seqlens=cu, seqused_q=lens_q, seqused_k=lens_k)

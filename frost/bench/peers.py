@@ -10,6 +10,10 @@ Packed (THD) batches go to torch through nested (jagged) tensors when that path
 works, otherwise the row is n/a. Deterministic backward rows: FlashAttention-4
 runs with its `deterministic=True` option (n/a when the installed API has none);
 torch's SDPA backends promise nothing per call, so those rows are n/a there.
+Paged rows: FlashAttention-4 through `flash_attn_varlen_func(page_table=,
+seqused_k=)`, and the cuDNN column through cuDNN's paged SDPA itself
+(nvidia-cudnn-frontend's `pygraph`, planned once per row): torch's SDPA takes no
+block table, so FlashAttention-2 reads n/a.
 """
 from __future__ import annotations
 
@@ -102,6 +106,10 @@ class TorchSdpaPeer(_PeerBase):
         import torch.nn.functional as F
 
         w = inputs.workload
+        if w.is_paged:
+            if self.key != "cudnn":
+                raise Unsupported("torch SDPA takes no block table (paged K/V caches)")
+            return _cudnn_paged_forward(inputs)
         if w.deterministic:
             raise Unsupported(f"torch SDPA ({self.backend_name}) offers no per-call deterministic backward")
         kw = {"scale": w.scale, "is_causal": w.causal}
@@ -190,6 +198,8 @@ class FlashAttn4Peer(_PeerBase):
     def _forward_fn(self, inputs):
         dense, varlen = self._api()
         w = inputs.workload
+        if w.is_paged:
+            return _fa4_paged_forward(varlen, inputs)
         fn = varlen if w.is_thd else dense
         det = _deterministic_kwargs(fn) if w.deterministic else {}
         if not w.is_thd:
@@ -202,6 +212,80 @@ class FlashAttn4Peer(_PeerBase):
             return _first(varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
                                  softmax_scale=w.scale, causal=w.causal, **det))
         return fwd
+
+
+def _fa4_paged_forward(varlen, inputs):
+    """FA4 over the paged cache: (num_blocks, block_size, H, D) caches, the table, the keys per sequence."""
+    w = inputs.workload
+    try:
+        params = inspect.signature(varlen).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "page_table" not in params:
+        raise Unsupported("installed flash_attn.cute.flash_attn_varlen_func has no page_table")
+    sets, used = inputs.sets, inputs.seqused_k
+
+    def fwd(i, q, k, v):
+        return _first(varlen(q, k, v, seqused_k=used, page_table=sets[i].table, max_seqlen_q=w.seqlen_q,
+                             max_seqlen_k=w.seqlen_kv, softmax_scale=w.scale, causal=w.causal))
+    return fwd
+
+
+def _cudnn_paged_forward(inputs):
+    """cuDNN's paged SDPA through nvidia-cudnn-frontend, declared as its own paged tests declare it: containers
+    (num_blocks, H, block_size, D) over the caches, tables (B, 1, max_blocks, 1), the padding mask's lengths."""
+    try:
+        import cudnn
+    except Exception as e:
+        raise Unsupported(f"nvidia-cudnn-frontend not importable: {type(e).__name__}: {e}") from None
+    import torch
+
+    w = inputs.workload
+    b0 = inputs.sets[0]
+    dt = {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF}[b0.q.dtype]
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    n = w.batch
+
+    def declare(t, data_type=dt):
+        return g.tensor(dim=list(t.shape), stride=list(t.stride()), data_type=data_type)
+
+    views = {"q": b0.q.transpose(1, 2), "k": b0.k.transpose(1, 2), "v": b0.v.transpose(1, 2),
+             "table": b0.table[:, None, :, None], "lens_q": inputs.seqused_q.view(n, 1, 1, 1),
+             "lens_k": inputs.seqused_k.view(n, 1, 1, 1)}
+    q, k, v = declare(views["q"]), declare(views["k"]), declare(views["v"])
+    kt, vt = declare(views["table"], cudnn.data_type.INT32), declare(views["table"], cudnn.data_type.INT32)
+    lq, lk = declare(views["lens_q"], cudnn.data_type.INT32), declare(views["lens_k"], cudnn.data_type.INT32)
+    mask = {"diagonal_alignment": cudnn.diagonal_alignment.BOTTOM_RIGHT, "diagonal_band_right_bound": 0} \
+        if w.causal else {}
+    o, _ = g.sdpa(q=q, k=k, v=v, generate_stats=False, attn_scale=float(w.scale), use_padding_mask=True,
+                  seq_len_q=lq, seq_len_kv=lk, paged_attention_k_table=kt, paged_attention_v_table=vt,
+                  paged_attention_max_seq_len_kv=w.seqlen_kv, name="paged_sdpa", **mask)
+    o.set_output(True).set_dim([n, w.heads_q, w.seqlen_q, w.d_v]).set_stride(
+        [w.seqlen_q * w.heads_q * w.d_v, w.d_v, w.heads_q * w.d_v, 1])
+    try:
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+    except Exception as e:
+        raise Unsupported(f"cuDNN declines this paged graph: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    ws = torch.empty(int(g.get_workspace_size()), dtype=torch.uint8, device=b0.q.device)
+    outs = [torch.empty((n, w.seqlen_q, w.heads_q, w.d_v), dtype=b0.q.dtype, device=b0.q.device)
+            for _ in inputs.sets]
+    packs = []
+    for i, b in enumerate(inputs.sets):
+        t = b.table[:, None, :, None]
+        packs.append({q: b.q.transpose(1, 2), k: b.k.transpose(1, 2), v: b.v.transpose(1, 2), kt: t, vt: t,
+                      lq: views["lens_q"], lk: views["lens_k"], o: outs[i].transpose(1, 2)})
+
+    def fwd(i, q_, k_, v_):
+        g.execute(packs[i], ws, handle=handle)
+        return outs[i]
+    return fwd
 
 
 def _deterministic_kwargs(fn) -> dict:

@@ -53,8 +53,16 @@ def _colors(keys: list[str]) -> dict:
     return out
 
 
-def write_png(path: str, rows: list[Row], title: str = "frost benchmark") -> str | None:
-    """Write the chart; returns the path, or None when matplotlib is missing or there is nothing to plot."""
+def provenance(env: dict | None) -> str:
+    """The line a chart carries so that it is never read without its source: GPU, date, frost commit."""
+    env = env or {}
+    return (f"GPU: {env.get('gpu') or 'unknown'}  |  date: {env.get('date') or 'unknown'}  |  "
+            f"frost commit: {env.get('frost_commit') or 'unknown'}")
+
+
+def write_png(path: str, rows: list[Row], title: str = "frost benchmark", env: dict | None = None) -> str | None:
+    """Write the chart (`provenance(env)` below it and in its PNG text); returns the path, or None when matplotlib is missing or
+    there is nothing to plot."""
     if matplotlib_missing():
         return None
     import matplotlib
@@ -102,8 +110,10 @@ def write_png(path: str, rows: list[Row], title: str = "frost benchmark") -> str
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[k]) for k in keys]
     fig.legend(handles, keys, loc="upper center", ncol=min(8, len(keys)), fontsize=8, frameon=False)
     fig.suptitle(title, y=0.995, fontsize=10, x=0.01, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (3.6 * nrows + 0.8)))
+    height = 3.6 * nrows + 0.8
+    fig.text(0.01, 0.005, provenance(env), fontsize=8, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.3 / height, 1, 1 - 0.5 / height))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Title": title, "Description": provenance(env)})
     plt.close(fig)
     return path

@@ -41,10 +41,19 @@ def _kv_group(w: Workload, sq: int, skv: int) -> int:
     return max(1, min(w.heads_kv, BUDGET_BYTES // per_kv_head))
 
 
-def reference_forward(w: Workload, q, k, v):
-    """O in storage shape (input dtype) and LSE (Hq, total_q) fp32."""
+def paged_dense(w: Workload, cache, table):
+    """A paged cache (num_blocks, block_size, H, D) gathered through its table into (B, S_kv, H, D)."""
+    b, m = table.shape
+    rows = cache[table.long()].reshape(b, m * w.block_size, *cache.shape[2:])
+    return rows[:, :w.seqlen_kv]
+
+
+def reference_forward(w: Workload, q, k, v, table=None):
+    """O in storage shape (input dtype) and LSE (Hq, total_q) fp32; paged caches are read through `table`."""
     import torch
 
+    if w.is_paged:
+        k, v = paged_dense(w, k, table), paged_dense(w, v, table)
     o = torch.empty(q.shape[:-1] + (w.d_v,), dtype=q.dtype, device=q.device)
     if w.is_thd:
         lse = torch.empty(w.heads_q, w.total_q, dtype=torch.float32, device=q.device)

@@ -198,7 +198,10 @@ def render_markdown(headers: list[str], body: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-LEGEND = ("TFLOP/s: median per-call time of CUDA-event-timed samples; FLOPs 4*B*H*Sq*Skv*D "
+#: how a row's time was taken, by the device the run measured (a CPU run is the harness's self-test: wall clock)
+TIMED_BY = {"cuda": "median per-call time of CUDA-event-timed samples",
+            "cpu": "median per-call wall-clock time on the CPU (a harness self-test, not a GPU measurement)"}
+LEGEND = ("TFLOP/s: {timed}; FLOPs 4*B*H*Sq*Skv*D "
           "(2*...*(Dqk+Dv) when they differ), halved when causal, summed per sequence for THD, bwd = 2.5x fwd. "
           "<engine>/best = frost TFLOP/s / best peer's; err = ||frost - ref|| / ||ref|| against the row's "
           "reference; '!' marks a failed check.")
@@ -212,14 +215,19 @@ PROBE_LEGEND = ("Host time per call on a tiny problem, wall clock over many back
                 "the tiny kernels' own GPU time); lower is better.")
 
 
-def render_report(rows: list[Row], markdown: bool = False) -> str:
-    """The whole terminal (or Markdown) report: throughput table, probe table, footnotes."""
+def legend(device: str = "cuda") -> str:
+    return LEGEND.format(timed=TIMED_BY.get(device, TIMED_BY["cpu"]))
+
+
+def render_report(rows: list[Row], markdown: bool = False, device: str = "cuda") -> str:
+    """The whole terminal (or Markdown) report: throughput table, probe table, footnotes. `device` is what the
+    run timed on ("cuda" or "cpu"): the legend says how the times were taken."""
     notes = Footnotes()
     render = render_markdown if markdown else render_text
     parts = []
     h, b = throughput_table(rows, notes)
     if b:
-        parts += [LEGEND, "", render(h, b)]
+        parts += [legend(device), "", render(h, b)]
     det = deterministic_lines(rows)
     if det:
         parts += ["", DET_LEGEND, ""] + ([f"- {line}" for line in det] if markdown else det)
@@ -248,7 +256,7 @@ def render_markdown_file(rows: list[Row], env: dict, settings: dict, title: str 
     timing = settings.get("timing", {})
     if timing:
         lines.append("- timing: " + ", ".join(f"{k}={v}" for k, v in timing.items()))
-    lines += ["", render_report(rows, markdown=True), ""]
+    lines += ["", render_report(rows, markdown=True, device=settings.get("device", "cuda")), ""]
     return "\n".join(lines)
 
 

@@ -54,6 +54,8 @@ class Row:
     def add(self, m: Measurement) -> Measurement:
         if m.ms is not None and m.tflops is None and not self.workload.probe:
             m.tflops = tflops(self.flops, m.ms)
+        if m.ms and self.workload.is_paged:  # paged rows: the K/V bytes read per second (decode's measure)
+            m.info["kv_tb_s"] = float(f"{self.workload.kv_bytes() / (m.ms * 1e-3) / 1e12:.4g}")
         self.measurements[m.impl] = m
         return m
 

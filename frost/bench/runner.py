@@ -221,7 +221,7 @@ class Runner:
 
         w, b = inputs.workload, inputs.sets[0]
         if w.direction == "fwd":
-            return ("fp32-math", (reference_forward(w, b.q, b.k, b.v)[0],))
+            return ("fp32-math", (reference_forward(w, b.q, b.k, b.v, table=b.table)[0],))
         return ("fp32-math", reference_backward(w, b.q, b.k, b.v, b.do))
 
     # ---- one workload ---------------------------------------------------------

@@ -5,6 +5,11 @@ Dense rows keep the total token count fixed (B = tokens / S) and the hidden
 size fixed (H = hidden / Dv); packed (THD) rows use a list of sequence lengths.
 Backward rows may ask for a deterministic backward; with both modes a row's
 deterministic twin follows it, so their time ratio can be read side by side.
+Paged rows (layout "paged", forward only) read K and V from a paged cache
+(num_blocks, block_size, H_kv, D) through a shuffled block table: decode rows
+(S_q = 1, `paged_batch` sequences of each cache length) report the K/V bytes they
+read per second beside TFLOP/s, prefill rows (S_q = S_kv, causal, B = tokens / S)
+TFLOP/s.
 """
 from __future__ import annotations
 
@@ -16,8 +21,11 @@ from frost.bench.flops import sdpa_flops
 
 DTYPES = ("bf16", "fp16")
 DIRECTIONS = ("fwd", "bwd")
-LAYOUTS = ("bshd", "thd")
+LAYOUTS = ("bshd", "thd", "paged")
+DEFAULT_PAGED_BLOCK_SIZES = (16, 64, 128, 256)
 DEFAULT_THD_LENGTHS = (4096, 2048, 1024, 3000, 517, 5000, 768, 1)
+#: the token count the dense rows hold by default and the fixed packed mix is defined at
+DEFAULT_TOKENS = 16384
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2}
 
 
@@ -38,6 +46,24 @@ class Workload:
     mix: str = ""             # THD: name of the length mix
     probe: bool = False       # host-time probe instead of throughput
     deterministic: bool = False  # bwd: a run-to-run reproducible backward ("det" in labels)
+    block_size: int = 0       # paged: rows per cache block
+
+    @property
+    def is_paged(self) -> bool:
+        return self.layout == "paged"
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return -(-self.seqlen_kv // self.block_size) if self.is_paged else 0
+
+    @property
+    def num_blocks(self) -> int:
+        """Paged: every sequence's blocks, plus a spare one (the table never points to it)."""
+        return self.batch * self.blocks_per_seq + 1 if self.is_paged else 0
+
+    def kv_bytes(self) -> int:
+        """Bytes of K and V one call reads (each key and value once)."""
+        return self.total_kv * self.heads_kv * (self.d_qk + self.d_v) * ELEMENT_BYTES[self.dtype]
 
     # ---- derived geometry -------------------------------------------------
     @property
@@ -80,6 +106,9 @@ class Workload:
     def shape_label(self) -> str:
         if self.is_thd:
             return f"thd {self.mix} ({len(self.seqlens)} seq, T={self.total_q})"
+        if self.is_paged:
+            kind = "decode" if self.seqlen_q == 1 else "prefill"
+            return f"paged{self.block_size} {kind} {self.batch}x{self.seqlen_q}x{self.seqlen_kv}"
         if self.seqlen_q == self.seqlen_kv:
             return f"{self.batch}x{self.seqlen_q}"
         return f"{self.batch}x{self.seqlen_q}x{self.seqlen_kv}"
@@ -194,7 +223,7 @@ class SweepSpec:
     dtypes: list = field(default_factory=lambda: ["bf16"])
     head_dims: list = field(default_factory=lambda: [(64, 64), (128, 128), (256, 256)])
     seqlens: list = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
-    tokens: int = 16384
+    tokens: int = DEFAULT_TOKENS
     hidden: int = 2048
     heads_q: int = 0  # query heads of every row (0: hidden / Dv), so a head-dim sweep keeps its head count
     causal: list = field(default_factory=lambda: [False, True])
@@ -204,6 +233,8 @@ class SweepSpec:
     thd_mixes: list = field(default_factory=lambda: ["fixed", "random"])
     thd_lengths: tuple = DEFAULT_THD_LENGTHS
     thd_max_len: int = 8192
+    paged_block_sizes: list = field(default_factory=lambda: list(DEFAULT_PAGED_BLOCK_SIZES))
+    paged_batch: int = 64  # decode rows' sequences
     seed: int = 0
     probe: bool = True
     skipped: list = field(default_factory=list)   # combinations expand() left out, with the reason
@@ -221,7 +252,12 @@ class SweepSpec:
         return hq, hq // ratio
 
     def thd_mix(self, name: str) -> tuple[int, ...]:
+        """The packed mix's lengths. The fixed default mix is defined at DEFAULT_TOKENS: other `tokens` scale
+        each length (at least 1), so `--tokens` sizes packed rows as it sizes dense ones; lengths given with
+        --thd-lengths are used as given."""
         if name == "fixed":
+            if tuple(self.thd_lengths) == DEFAULT_THD_LENGTHS and self.tokens != DEFAULT_TOKENS:
+                return tuple(max(1, round(n * self.tokens / DEFAULT_TOKENS)) for n in DEFAULT_THD_LENGTHS)
             return tuple(self.thd_lengths)
         if name == "random":
             return random_mix(self.tokens, self.thd_max_len, self.seed)
@@ -249,9 +285,17 @@ class SweepSpec:
                         for causal in self.causal:
                             if "bshd" in self.layouts:
                                 for s in self.seqlens:
-                                    b = max(1, self.tokens // s)
+                                    if s > self.tokens:
+                                        why = (f"sequence length {s} is longer than --tokens {self.tokens} (a row "
+                                               f"holds --tokens tokens)")
+                                        if why not in self.skipped:
+                                            self.skipped.append(why)
+                                        continue
+                                    b = self.tokens // s
                                     add(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
                                                  layout="bshd", batch=b, seqlen_q=s, seqlen_kv=s))
+                            if "paged" in self.layouts:
+                                self._paged(direction, dtype, d_qk, d_v, hq, hkv, causal, out)
                             if "thd" in self.layouts:
                                 for mix in self.thd_mixes:
                                     lens = self.thd_mix(mix)
@@ -261,6 +305,23 @@ class SweepSpec:
         if not out and self.skipped:
             raise ValueError("; ".join(self.skipped))
         return out
+
+    def _paged(self, direction, dtype, d_qk, d_v, hq, hkv, causal, out) -> None:
+        """Paged rows of one (head dims, heads, mask): decode rows unmasked (one query row sees every key: the
+        bottom-right causal mask is no mask), prefill rows causal (S_q = S_kv: both alignments agree)."""
+        if direction != "fwd":
+            note = "paged K/V caches are forward only (as in cuDNN): no paged backward rows"
+            if note not in self.skipped:
+                self.skipped.append(note)
+            return
+        for bs in self.paged_block_sizes:
+            for s in self.seqlens:
+                if not causal:
+                    out.append(Workload(direction, dtype, d_qk, d_v, hq, hkv, False, layout="paged",
+                                        batch=self.paged_batch, seqlen_q=1, seqlen_kv=s, block_size=bs))
+                else:
+                    out.append(Workload(direction, dtype, d_qk, d_v, hq, hkv, True, layout="paged",
+                                        batch=max(1, self.tokens // s), seqlen_q=s, seqlen_kv=s, block_size=bs))
 
     def probes(self) -> list[Workload]:
         """The tiny-problem host-time probe: 1x1x128x64, one per direction and dtype."""

@@ -39,6 +39,7 @@ import functools
 import hashlib
 import importlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -248,8 +249,13 @@ class DiskCache:
         return self.dir / f"{eid}.o", self.dir / f"{eid}.json", self.dir / f"{eid}.lock"
 
     def ensure(self) -> None:
+        """Create this fingerprint's directory (0700, with what is missing above it) before writing to it;
+        OSError when a directory on the way fails the trust rule (planted since `disk()` looked)."""
         if not self.dir.is_dir():
             private_dir(self.dir)
+            reason = self.untrusted()
+            if reason is not None:
+                raise OSError(errno.EPERM, reason)
             info = self.dir / "FINGERPRINT.json"
             if not info.exists():
                 data = json.dumps({"fingerprint": self.fp, **fingerprint_inputs()}, indent=1, sort_keys=True)
@@ -257,15 +263,14 @@ class DiskCache:
                     write_atomic(info, lambda p: p.write_text(data), ".json")
 
     def untrusted(self) -> Optional[str]:
-        """Why the disk layer must not be used (see `trust.py`), creating what is missing; None if it may."""
-        try:
-            self.ensure()
-        except OSError as e:
-            return f"cannot create {self.dir} ({type(e).__name__}: {e.strerror or e})"
+        """Why the disk layer must not be used (see `trust.py`): the first of the root, `v1` and this
+        fingerprint's directory that exists and fails the rule; None if it may (what is missing is
+        created private when the first entry is written)."""
         for d in (self.root, self.base, self.dir):
-            reason = untrusted_reason(d)
-            if reason is not None:
-                return reason
+            if os.path.lexists(d):
+                reason = untrusted_reason(d)
+                if reason is not None:
+                    return reason
         return None
 
     def check_room(self) -> None:
@@ -497,7 +502,8 @@ def off_reason() -> Optional[str]:
 
 
 def warn(msg: str) -> None:
-    print(f"frost cache: {msg}", file=sys.stderr)
+    """A cache event the user should see (a corrupt entry replaced, a worker that failed): the logger of this module."""
+    logging.getLogger(__name__).warning("frost cache: %s", msg)
 
 
 def describe() -> dict[str, Any]:

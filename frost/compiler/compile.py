@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import re
 import threading
 import time
@@ -33,6 +34,8 @@ from frost.compiler.loader import loader_choice
 from frost.compiler.naming import check_symbol, kernel_symbols
 from frost.engines.params import TemplateParams
 from frost.target import Target
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -49,6 +52,7 @@ class CompiledKernel:
     path: Optional[str] = None
     kernel_symbols: list = field(default_factory=list)  # known when compiled in this process
     ptx: Optional[str] = None  # with CUTE_DSL_KEEP=ptx, when compiled in this process
+    mlir: Optional[str] = None  # with CUTE_DSL_KEEP=ir, when compiled in this process with the disk layer off
     module: Any = field(default=None, repr=False)  # keeps a loaded artifact alive
     loader: Optional[str] = None  # "so" (TVM-FFI, linked library) | "o" (cute.runtime.load_module)
     artifact: Any = field(default=None, repr=False)  # adopted from a saved plan with the disk layer off
@@ -202,6 +206,14 @@ def _ptx_of(compiled) -> Optional[str]:
     return ptx if isinstance(ptx, str) and ".entry" in ptx else None
 
 
+def _mlir_of(compiled) -> Optional[str]:
+    try:
+        mlir = compiled.__mlir__
+    except Exception:
+        return None
+    return mlir if isinstance(mlir, str) and mlir else None
+
+
 def _build(template: str, params: TemplateParams, arch: str):
     _reject_real_tensors(params.model_dump(), "params")
     mod = load_template(template)
@@ -314,7 +326,8 @@ def _compile_in_memory(template: str, params: TemplateParams, arch: str) -> Comp
     compiled, symbols, dt = _compile(name, jit_fn, fake_args, symbol_for, arch, engine=True)
     fn = _raw_function(compiled) or compiled
     return CompiledKernel(name=name, template=template, params=params, arch=arch, fn=fn, compile_seconds=dt,
-                          source="compile", kernel_symbols=symbols, ptx=_ptx_of(compiled), module=compiled)
+                          source="compile", kernel_symbols=symbols, ptx=_ptx_of(compiled), mlir=_mlir_of(compiled),
+                          module=compiled)
 
 
 def _note_name(ck: CompiledKernel, key: tuple) -> None:
@@ -343,6 +356,8 @@ def compile_kernel(template: str, params: TemplateParams, target: Target | str) 
             ck = _compile_in_memory(template, params, arch)
         _note_name(ck, key)
         _memo[key] = ck
+        _log.debug("frost: %s %s for %s (%.2f s)", "compiled" if ck.source == "compile" else "loaded", ck.name, arch,
+                  ck.compile_seconds if ck.source == "compile" else ck.load_seconds)
         return ck
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import re
-import sys
 import threading
 
 _SYMBOL = re.compile(r"^frost_[A-Za-z0-9_]+$")
@@ -68,7 +68,7 @@ def kernel_symbols(jit_fn, name: str, symbol_for=None):
         orig_get = type(dsl)._get_name_options
         orig_customize = dsl._customize_generated_name
     except Exception as e:  # a DSL without these hooks: compile with its own names
-        print(f"frost: cannot apply kernel symbol {name} ({type(e).__name__}: {e})", file=sys.stderr)
+        logging.getLogger(__name__).warning("frost: cannot apply kernel symbol %s (%s: %s)", name, type(e).__name__, e)
         dsl = None
     if dsl is None:
         yield symbols

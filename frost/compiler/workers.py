@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from frost.compiler import cache
 from frost.compiler.compile import CompiledKernel, KernelSpec, _arch_of, compile_kernel, compile_key, memo_has, publish
@@ -91,13 +91,14 @@ def default_workers() -> int:
     return max(1, cpus)
 
 
-def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[int] = None
-                 ) -> list[CompiledKernel]:
+def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[int] = None,
+                 progress: Optional[Callable[[str], None]] = None) -> list[CompiledKernel]:
     """Compile every spec (KernelSpec or (template, params)); results in input order.
 
     Keys already in memory or on disk are not recompiled. Workers compile when two or
     more keys need it; with the disk layer off (FROST_CACHE_DISABLE=1) everything
-    compiles here, one after another.
+    compiles here, one after another. `progress(name)` is called once per distinct
+    kernel as it becomes ready (a worker's as that worker finishes it).
     """
     specs = [as_spec(s) for s in specs]
     arch = _arch_of(target)
@@ -111,13 +112,32 @@ def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[in
             continue
         todo[k] = s
     n = min(len(todo), max_workers or default_workers())
+    reported: set = set()
     if dc is not None and len(todo) >= 2 and n >= 2:
-        run_in_workers(list(todo.values()), target, n)
-    return [compile_kernel(s.template, s.params, target) for s in specs]
+        keys = list(todo)
+
+        def done(i: int, name: str) -> None:
+            reported.add(keys[i])
+            if progress is not None:
+                progress(name)
+
+        run_in_workers(list(todo.values()), target, n, on_done=done)
+    out = []
+    for s in specs:
+        out.append(compile_kernel(s.template, s.params, target))
+        k = compile_key(s.template, s.params, arch)
+        if k not in reported:
+            reported.add(k)
+            if progress is not None:
+                progress(out[-1].name)
+    return out
 
 
-def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int) -> None:
-    """Compile and export `specs` in `n` workers; what failed there the caller redoes in this process."""
+def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int,
+                   on_done: Optional[Callable[[int, str], None]] = None) -> None:
+    """Compile and export `specs` in `n` workers; what failed there the caller redoes in this process.
+    `on_done(index, kernel name)` is called as each worker finishes a spec, in the order they finish."""
+    from concurrent.futures import as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     arch = _arch_of(target)
@@ -125,14 +145,18 @@ def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int) -> Non
     try:
         with _pool(n, target) as pool:
             with _main_hidden():  # processes start at the first submits
-                futures = [pool.submit(_compile_in_worker, s.to_json(), arch) for s in specs]
-            for i, f in enumerate(futures):
+                futures = {pool.submit(_compile_in_worker, s.to_json(), arch): i for i, s in enumerate(specs)}
+            for f in as_completed(futures):
+                i = futures[f]
                 try:
                     out[i] = f.result()
                 except BrokenProcessPool:
                     raise
                 except Exception as e:  # the parent redoes it and raises it properly
                     cache.warn(f"worker could not compile {specs[i].template} ({type(e).__name__}: {e})")
+                    continue
+                if on_done is not None and out[i]["ok"]:
+                    on_done(i, out[i]["name"])
     except BrokenProcessPool as e:
         cache.warn(f"compile worker pool broke ({e}); compiling the rest in this process")
     done = sum(1 for r in out if r and r["ok"] and r["source"] == "compile")

@@ -41,6 +41,27 @@ class RaggedFacts(BaseModel):
     declared: tuple["TensorFacts", ...] = ()
 
 
+class PagedFacts(BaseModel):
+    """cuDNN's paged K/V cache, as declared: K and V are containers (num_blocks, H, block_size, D) read through
+    int32 block tables (B, 1, max_blocks_per_seq, 1); key j of sequence b lives in block table[b, j // block_size]
+    at row j % block_size. Lengths come from seq_len_kv (the padding mask); seq_kv is the envelope
+    paged_attention_max_seq_len_kv."""
+
+    model_config = ConfigDict(frozen=True)
+
+    block_size_k: int
+    block_size_v: int
+    num_blocks_k: int
+    num_blocks_v: int
+    table_blocks_k: int  # max_blocks_per_seq of K's table
+    table_blocks_v: int
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        """The distinct block sizes of the K and V containers."""
+        return tuple(sorted({self.block_size_k, self.block_size_v}))
+
+
 class SdpaFacts(BaseModel):
     """Geometry, dtypes, layouts, the resolved mask band and feature flags of one SDPA node."""
 
@@ -84,6 +105,7 @@ class SdpaFacts(BaseModel):
     has_block_mask: bool = False
     other_features: tuple[str, ...] = ()  # further declared cuDNN features (rng_dump, paged_attention, ...)
     ragged: Optional[RaggedFacts] = None  # declared in cuDNN's ragged-offset form (else frost's packed form)
+    paged: Optional[PagedFacts] = None  # K and V in cuDNN's paged cache (feature "paged_attention")
     tensors: tuple[TensorFacts, ...] = ()
 
     @property

@@ -16,6 +16,19 @@ from frost.types import (as_data_type, attention_implementation, diagonal_alignm
                          tensor_reordering)
 
 
+def as_flag(value, what: str) -> bool:
+    """A boolean keyword as cuDNN's binding reads it: True, False, or None (pybind11 converts None to False for
+    its `bool` parameters); a NumPy bool by its value. Anything else (an int or a float, usually a positional
+    argument in the wrong slot) raises, where pybind11 would take its truth value."""
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):
+        return bool(value)
+    raise GraphError(f"{what} must be True or False (None reads as False, as in cuDNN), got {value!r}")
+
+
 def _stride_order(t: Tensor) -> list[int]:
     """Axes from slowest to fastest, as declared by t's strides."""
     return sorted(range(len(t.dim)), key=lambda a: (-t.stride[a], a))
@@ -160,8 +173,8 @@ class OpGraph:
             raise GraphError(f"sdpa {name!r}: unknown keyword(s) {unknown}")
         self._check_owned(**{k: v for k, v in kw.items() if isinstance(v, Tensor) or k in TENSOR_ATTRS})
         for key in BOOL_ATTRS:
-            if key in kw and not isinstance(kw[key], bool):
-                raise GraphError(f"sdpa {name!r}: {key} must be True or False, got {kw[key]!r}")
+            if key in kw:
+                kw[key] = as_flag(kw[key], f"sdpa {name!r}: {key}")
         if isinstance(kw.get("attn_scale"), Tensor):
             raise GraphError(f"sdpa {name!r}: attn_scale must be a number; frost fixes it at plan time and has no "
                              f"attn_scale tensor")
@@ -213,7 +226,7 @@ class OpGraph:
                   score_mod=score_mod, implementation=implementation, score_max=score_max,
                   score_sum_exp=score_sum_exp, sink_token=sink_token, unfuse_fma=unfuse_fma, **frost_kw)
         attrs = self._attrs(name, kw)
-        for out in (attrs.score_max, attrs.score_sum_exp):  # written by the forward, like dSink_token by the backward
+        for out in (attrs.score_max, attrs.score_sum_exp, attrs.rng_dump):  # written by the forward
             if out is not None:
                 out.set_output(True)
         thd = attrs.cu_seq_len_q is not None or attrs.cu_seq_len_kv is not None
@@ -263,9 +276,8 @@ class OpGraph:
             if t is None:
                 raise GraphError(f"sdpa_backward {name!r}: {role} is required")
             t.require_declared()
-        if not isinstance(use_deterministic_algorithm, bool):
-            raise GraphError(f"sdpa_backward {name!r}: use_deterministic_algorithm must be True or False, "
-                             f"got {use_deterministic_algorithm!r}")
+        use_deterministic_algorithm = as_flag(use_deterministic_algorithm,
+                                              f"sdpa_backward {name!r}: use_deterministic_algorithm")
         kw = dict(attn_scale=attn_scale, bias=bias, use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask,
                   seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, max_total_seq_len_q=max_total_seq_len_q,
                   max_total_seq_len_kv=max_total_seq_len_kv, use_causal_mask=use_causal_mask,
@@ -278,7 +290,7 @@ class OpGraph:
         attrs = self._attrs(name, kw)
         grads = [self._virtual(f"{name}::{g}", src.dim, _like_layout(src, src.dim), src.data_type)
                  for g, src in (("dQ", q), ("dK", k), ("dV", v))]
-        for out in (dSink_token, dBias):
+        for out in (dSink_token, dBias, attrs.rng_dump):
             if out is not None:
                 out.set_output(True)
         self.node = SdpaBwdNode(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dQ=grads[0], dK=grads[1], dV=grads[2],

@@ -48,7 +48,7 @@ class SdpaAttrs:
     paged_attention_max_seq_len_kv: Optional[int] = None
     score_max: Optional[Tensor] = None
     score_sum_exp: Optional[Tensor] = None
-    implementation: str = "AUTO"  # cuDNN's attention_implementation, by name
+    implementation: str = "AUTO"  # cuDNN's attention_implementation, by name: a hint (every engine computes the same)
     compute_data_type: Optional[str] = None  # short name of a DataType; None = not set
     unfuse_fma: bool = False
 

@@ -5,7 +5,7 @@ import math
 import operator
 
 from frost.errors import GraphError, GraphNotSupportedError
-from frost.ir.facts import RaggedFacts, SdpaFacts, TensorFacts
+from frost.ir.facts import PagedFacts, RaggedFacts, SdpaFacts, TensorFacts
 from frost.ir.nodes import OUTPUT_ATTRS, SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
 from frost.ir.tensor import Tensor, _overlaps
 from frost.types import DataType
@@ -142,7 +142,7 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
     if not ragged and (a.max_total_seq_len_q is not None or a.max_total_seq_len_kv is not None):
         raise GraphError(f"sdpa {a.name!r}: max_total_seq_len_q/kv are envelopes of cuDNN's packed (ragged offset) "
                          f"form; this graph declares no ragged offsets")
-    _check_paged(a, ragged)
+    paged = _check_paged(a, ragged, thd)
     if thd:
         if a.cu_seq_len_q is None or a.cu_seq_len_kv is None:
             raise GraphError(f"sdpa {a.name!r}: packed THD needs both cu_seq_len_q and cu_seq_len_kv")
@@ -181,10 +181,13 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         batch, hq, sq, dqk = q.dim
         bk, hkv, skv, dk = k.dim
         bv, hv, sv, dv = v.dim
-        if bk != batch or bv != batch:
-            raise GraphError(f"sdpa {a.name!r}: batch sizes differ: q {batch}, k {bk}, v {bv}")
-        if sv != skv:
-            raise GraphError(f"{_who(v, 'v')}: sequence length {sv} differs from k's {skv}")
+        if paged is not None:  # K and V are block containers: their first dim counts blocks, not sequences
+            paged, skv = _check_paged_tables(a, k, v, batch)
+        else:
+            if bk != batch or bv != batch:
+                raise GraphError(f"sdpa {a.name!r}: batch sizes differ: q {batch}, k {bk}, v {bv}")
+            if sv != skv:
+                raise GraphError(f"{_who(v, 'v')}: sequence length {sv} differs from k's {skv}")
         tq = tkv = tv = 0
     if dk != dqk:
         raise GraphError(f"{_who(k, 'k')}: head dim {dk} differs from q's head dim {dqk}")
@@ -220,6 +223,7 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
     if a.block_mask is not None:
         _check_block_mask(a.block_mask, batch, hq, sq, skv)
     probability = _check_dropout(a)
+    _check_rng_dump(a, batch, hq, sq, skv)
     left, right, bottom_right = resolve_band(a)
     if a.use_alibi_mask and right != 0:
         raise GraphNotSupportedError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask (diagonal_band_right_bound=0 "
@@ -232,18 +236,19 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
                 has_dropout=a.dropout is not None, dropout_probability=probability,
                 has_bias=a.bias is not None, has_block_mask=a.block_mask is not None, has_attn_mask=a.attn_mask is not None,
                 has_alibi=bool(a.use_alibi_mask), has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
-                other_features=_other_features(a))
+                other_features=_other_features(a), paged=paged)
     return geom, mask
 
 
-def _check_paged(a: SdpaAttrs, ragged: bool) -> None:
-    """What cuDNN's validate() reports about paged K/V caches (engines then decide whether to serve them)."""
+def _check_paged(a: SdpaAttrs, ragged: bool, thd: bool):
+    """What cuDNN's validate() reports about paged K/V caches (engines then decide whether to serve them).
+    True when the graph declares a paged cache (its tables are checked with the geometry), else None."""
     tables = (a.paged_attention_k_table, a.paged_attention_v_table)
     if all(t is None for t in tables):
         if a.paged_attention_max_seq_len_kv is not None:
             raise GraphError(f"sdpa {a.name!r}: paged_attention_max_seq_len_kv is only meaningful with "
                              f"paged_attention_k_table / paged_attention_v_table")
-        return
+        return None
     if any(t is None for t in tables):
         raise GraphError(f"sdpa {a.name!r}: paged caches need both paged_attention_k_table and "
                          f"paged_attention_v_table")
@@ -251,6 +256,45 @@ def _check_paged(a: SdpaAttrs, ragged: bool) -> None:
         raise GraphError(f"sdpa {a.name!r}: paged caches need use_padding_mask=True with seq_len_q and seq_len_kv")
     if ragged:
         raise GraphError(f"sdpa {a.name!r}: paged caches cannot be combined with ragged offsets")
+    if thd:
+        raise GraphError(f"sdpa {a.name!r}: paged caches take (B, H, S, D) queries with seq_len_q / seq_len_kv, "
+                         f"not frost's packed form (cu_seq_len_q/kv)")
+    return True
+
+
+def _check_paged_tables(a: SdpaAttrs, k: Tensor, v: Tensor, batch: int):
+    """(PagedFacts, S_kv envelope) of a paged cache: containers (num_blocks, H, block_size, D), int32 tables
+    (B, 1, max_blocks_per_seq, 1) with any strides, and the envelope paged_attention_max_seq_len_kv (cuDNN infers
+    it from the tables when unset: max_blocks_per_seq x block_size, the smaller of K's and V's), which each table
+    must cover in exactly ceil(S_kv / block_size) blocks, as cuDNN's paged cache load requires."""
+    blocks = {}
+    for role, table, container in (("paged_attention_k_table", a.paged_attention_k_table, k),
+                                   ("paged_attention_v_table", a.paged_attention_v_table, v)):
+        table.require_declared()
+        _expect_dtype(table, role, (DataType.INT32,))
+        d = tuple(table.dim)
+        if len(d) != 4 or d[0] != batch or d[1] != 1 or d[3] != 1 or d[2] < 1:
+            raise GraphError(f"{_who(table, role)}: expected dim ({batch}, 1, max_blocks_per_seq, 1) (one row of "
+                             f"block indices per sequence, B={batch} from q), got {d}")
+        if container.dim[0] < 1 or container.dim[2] < 1:
+            raise GraphError(f"{_who(container, role[16])}: a paged container is (num_blocks, H, block_size, D) "
+                             f"with at least one block of at least one row, got dim {tuple(container.dim)}")
+        blocks[role[16]] = (d[2], container.dim[2])
+    (tk, bsk), (tv, bsv) = blocks["k"], blocks["v"]
+    skv = a.paged_attention_max_seq_len_kv
+    if skv is None:
+        skv = min(tk * bsk, tv * bsv)
+    elif skv < 1:
+        raise GraphError(f"sdpa {a.name!r}: paged_attention_max_seq_len_kv must be >= 1, got {skv}")
+    for role, table, (n, bs) in (("paged_attention_k_table", a.paged_attention_k_table, blocks["k"]),
+                                 ("paged_attention_v_table", a.paged_attention_v_table, blocks["v"])):
+        need = -(-skv // bs)
+        if n != need:
+            raise GraphError(f"{_who(table, role)}: {n} blocks per sequence, but paged_attention_max_seq_len_kv="
+                             f"{skv} in blocks of {bs} rows needs ceil({skv}/{bs}) = {need} (cuDNN's rule)")
+    facts = PagedFacts(block_size_k=bsk, block_size_v=bsv, num_blocks_k=k.dim[0], num_blocks_v=v.dim[0],
+                       table_blocks_k=tk, table_blocks_v=tv)
+    return facts, skv
 
 
 def _other_features(a: SdpaAttrs) -> tuple:
@@ -258,8 +302,6 @@ def _other_features(a: SdpaAttrs) -> tuple:
     f = [name for name, on in (("rng_dump", a.rng_dump is not None),
                                ("paged_attention", a.paged_attention_k_table is not None),
                                ("unfuse_fma", a.unfuse_fma)) if on]
-    if a.implementation != "AUTO":
-        f.append(f"implementation_{a.implementation.lower()}")
     if a.compute_data_type not in (None, DataType.NOT_SET.short, DataType.FLOAT.short):
         f.append(f"compute_{a.compute_data_type}")
     return tuple(f)
@@ -406,12 +448,32 @@ def _check_dropout(a: SdpaAttrs) -> float:
     return prob
 
 
+def _check_rng_dump(a: SdpaAttrs, batch: int, hq: int, sq: int, skv: int) -> None:
+    """rng_dump: cuDNN's debug output of the dropout mask, fp32 (B, H_q, S_q, S_kv) (S the envelopes in packed
+    graphs). cuDNN's binding sets it only beside a (probability, seed, offset) dropout and drops it silently
+    otherwise; frost raises there, since the tensor would never be written."""
+    t = a.rng_dump
+    if t is None:
+        return
+    if a.dropout is None:
+        raise GraphError(f"sdpa {a.name!r}: rng_dump dumps the dropout mask and needs dropout=(probability, seed, "
+                         f"offset); cuDNN ignores it without one, frost refuses to leave it unwritten")
+    t.require_declared()
+    _expect_dtype(t, "rng_dump", (DataType.FLOAT,))
+    want = (batch, hq, sq, skv)
+    if tuple(t.dim) != want:
+        raise GraphError(f"{_who(t, 'rng_dump')}: expected dim {want} (B, H_q, S_q, S_kv: one mask value per "
+                         f"score), got {tuple(t.dim)}")
+
+
 def _extra_tensors(node) -> dict:
     """The feature tensors an engine binds besides Q/K/V/O (facts carry their declarations too)."""
     a = node.attrs
     seed, offset = dropout_tensors(a.dropout)
     named = {"seq_len_q": a.seq_len_q, "seq_len_kv": a.seq_len_kv, "sink_token": a.sink_token, "bias": a.bias,
-             "block_mask": a.block_mask, "dropout_seed": seed, "dropout_offset": offset}
+             "block_mask": a.block_mask, "dropout_seed": seed, "dropout_offset": offset, "rng_dump": a.rng_dump,
+             "paged_attention_k_table": a.paged_attention_k_table,
+             "paged_attention_v_table": a.paged_attention_v_table}
     if node.kind == "sdpa_bwd":
         named.update(dSink_token=node.dSink_token, dBias=node.dBias)
     return {r: t for r, t in named.items() if t is not None}

@@ -57,6 +57,9 @@ class CapabilityRow(BaseModel):
     explicit_only_on_gpu: bool = False  # the reference: never chosen silently on a GPU
     serves_cpu: bool = False
     int32_extents: bool = False  # its kernels take S, token totals and max_seq_len as 32-bit ints
+    # with "paged_attention" in features: the container block sizes served (None: any, the engine's own check
+    # judges the rest)
+    paged_block_sizes: Optional[tuple[int, ...]] = None
 
 
 def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=None, bwd_knobs=None,
@@ -79,8 +82,11 @@ REFERENCE_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | SCORE_MOD_FEATURES |
 #: cuDNN's own check_support judges head dims and the rest at plan time. Packed graphs go through cuDNN's ragged
 #: form (frost's and cuDNN's own declarations alike; see frost/adapters/cudnn_lowering.py)
 CUDNN_PRIORITY = 90
-CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "alibi", "ragged_offsets",
+CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng_dump", "alibi", "ragged_offsets",
                                                           "stats_per_batch"}
+#: cuDNN's paged K/V cache (forward only, as in cuDNN): the reference gathers through the tables, the cuDNN engine
+#: lowers it to cuDNN's paged SDPA; the DSL kernels do not read through a block table yet
+PAGED_FEATURES = frozenset({"paged_attention"})
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
 
@@ -121,11 +127,12 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
     + [CapabilityRow(name=f"Sdpa{d.capitalize()}Cudnn", adapter=f"frost.adapters.cudnn:Sdpa{d.capitalize()}Cudnn",
                      direction=d, cc_min=(8, 0), cc_max=(12, 9), priority=CUDNN_PRIORITY, dtypes=("bf16", "fp16"),
                      head_dims=None,
-                     features=CUDNN_FEATURES | ({"deterministic", "dbias"} if d == "bwd" else BLOCK_MASK_FEATURES))
+                     features=CUDNN_FEATURES | ({"deterministic", "dbias"} if d == "bwd"
+                                                else BLOCK_MASK_FEATURES | PAGED_FEATURES))
        for d in ("fwd", "bwd")]
     + [CapabilityRow(name="SdpaFwdReference", adapter="frost.adapters.reference:SdpaFwdReference",
                      direction="fwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
-                     dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=REFERENCE_FEATURES | BLOCK_MASK_FEATURES,
+                     dtypes=("bf16", "fp16", "fp32"), head_dims=None, features=REFERENCE_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
                      vector_bytes=1, explicit_only_on_gpu=True, serves_cpu=True),
        CapabilityRow(name="SdpaBwdReference", adapter="frost.adapters.reference:SdpaBwdReference",
                      direction="bwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,

@@ -16,15 +16,14 @@ FEATURE_DETAILS = {
     "ragged_offsets": "cuDNN's ragged-offset form; the DSL engines serve it",
     "stats_per_batch": "Stats (B, H, S, 1) per batch in a packed graph",
     "block_mask": "cuDNN's block-sparse mask (forward only, as in cuDNN)",
-    "rng_dump": "dropout's RNG mask dump",
-    "paged_attention": "paged K/V caches",
+    "rng_dump": "dropout's mask dump: cuDNN's Philox mask, written by the cuDNN engine only",
+    "paged_attention": "paged K/V caches: frost's own kernels do not read K and V through a block table yet; the "
+                       "cuDNN engine and the reference serve them",
     "score_max": "the row maximum of the scores",
     "score_sum_exp": "the row sum of exponentials",
     "split_kv_heads": "K and V with different head counts: the forwards and both backwards serve them",
     "unnested_kv_heads": "K and V head counts where neither divides the other: the forwards and both backwards "
                          "serve them",
-    "implementation_composite": "frost's engines are implementation=AUTO",
-    "implementation_unified": "frost's engines are implementation=AUTO",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",
     "bias": "an additive score bias: the mma.sync engines and the wgmma forward and backward read it",
     "dbias": "the bias gradient: the mma.sync and wgmma backwards write it",
@@ -58,7 +57,7 @@ def mismatch(row: CapabilityRow, facts: SdpaFacts, knobs: Knobs, target: Target)
                    for f in missing]
         details = [d for d in details if d]
         return f"does not serve {', '.join(missing)}" + "".join(f" ({d})" for d in details)
-    reason = _layout_mismatch(row, facts)
+    reason = _paged_mismatch(row, facts) or _layout_mismatch(row, facts)
     if reason:
         return reason
     for knob, value in knobs.requested().items():
@@ -108,6 +107,18 @@ def _head_dims_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
         listed = ", ".join(f"{a}" if a == b else f"{a}x{b}" for a, b in dims)
         return f"serves head dims {listed}; {graph}"
     return None
+
+
+def _paged_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
+    """A paged cache whose container block size the row does not serve, naming the sizes it does."""
+    if facts.paged is None or row.paged_block_sizes is None:
+        return None
+    bad = [bs for bs in facts.paged.block_sizes if bs not in row.paged_block_sizes]
+    if not bad:
+        return None
+    served = ", ".join(str(b) for b in row.paged_block_sizes)
+    return (f"serves paged K/V block sizes {served}; this graph's K/V containers have block size "
+            f"{'/'.join(str(b) for b in facts.paged.block_sizes)}")
 
 
 def _layout_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
 import time
 from typing import Iterable, Optional
@@ -22,6 +23,7 @@ from frost.compiler.workers import as_spec, compile_many
 from frost.target import FAKE_TARGETS, Target, discover_target, fake_target
 
 PROBE = "frost.engines.common.probe_copy"
+_log = logging.getLogger(__name__)
 
 
 def _graph_specs(graph, target: Target) -> list[KernelSpec]:
@@ -46,12 +48,22 @@ def specs_of(items: Iterable, target: Target) -> list[KernelSpec]:
     return out
 
 
+def missing_kernels_extra() -> Optional[str]:
+    """Why kernels cannot be compiled here (the CuTe DSL is missing or too old, with the extra to install), or None."""
+    from frost.engines.dsl import dsl_decline_reason
+
+    reason = dsl_decline_reason()
+    return None if reason is None else f"compiling kernels {reason}"
+
+
 def precompile(specs_or_graphs, target: Optional[Target | str] = None, *,
-               max_workers: Optional[int] = None) -> list[CompiledKernel]:
+               max_workers: Optional[int] = None, progress=None) -> list[CompiledKernel]:
     """Compile (or load from the cache) every kernel the specs or graphs need, in parallel.
 
     `target` defaults to this machine's GPU; pass a fake target (frost.target.fake_target)
-    to fill a cache for another machine. Returns the kernels in spec order.
+    to fill a cache for another machine. Returns the kernels in spec order. `progress(name)`,
+    if given, is called as each kernel is ready. Without the `kernels` extra this raises
+    ImportError naming it (before any kernel is looked at).
     """
     if not isinstance(specs_or_graphs, (list, tuple)):
         specs_or_graphs = [specs_or_graphs]
@@ -63,7 +75,28 @@ def precompile(specs_or_graphs, target: Optional[Target | str] = None, *,
     if rec is None and any(not isinstance(x, (KernelSpec, tuple, list, dict)) for x in specs_or_graphs):
         raise ValueError(f"graphs need a Target record, not just an arch ({target!r})")
     specs = specs_of(specs_or_graphs, rec) if rec is not None else [as_spec(x) for x in specs_or_graphs]
-    return compile_many(specs, target, max_workers=max_workers)
+    if specs and missing_kernels_extra():
+        raise ImportError(missing_kernels_extra())
+    kw = {"progress": progress} if progress is not None else {}
+    return compile_many(specs, target, max_workers=max_workers, **kw)
+
+
+def _progress_bar(total: int):
+    """(callback, close) showing each kernel as it finishes: a tqdm bar on stderr, or a log line per kernel."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        def log(name: str) -> None:
+            _log.info("compiled %s", name)
+
+        return log, lambda: None
+    bar = tqdm(total=total, unit="kernel", desc="frost precompile", file=sys.stderr)
+
+    def step(name: str) -> None:
+        bar.set_postfix_str(name, refresh=False)
+        bar.update(1)
+
+    return step, bar.close
 
 
 def _load_spec_file(path: str) -> list:
@@ -116,6 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--prune", action="store_true", help="apply the size cap now")
     p.add_argument("--clear", action="store_true", help="delete every cached artifact")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (by default one on stderr, a kernel at a time as each finishes)")
     args = p.parse_args(argv)
 
     if args.clear:
@@ -123,6 +158,9 @@ def main(argv=None) -> int:
     if args.prune:
         print(f"evicted {cache.prune()} entries")
     work = args.probe or args.spec_file or args.sources
+    if work and missing_kernels_extra():
+        _log.error("frost precompile: %s", missing_kernels_extra())
+        return 2
     if work:
         target = _target_of(args)
         rec = _record_of(target)
@@ -136,7 +174,14 @@ def main(argv=None) -> int:
         for ref in args.sources:
             items += _load_from(ref, rec)
         t0 = time.perf_counter()
-        kernels = precompile(items, target, max_workers=args.workers)
+        if rec is not None:
+            items = specs_of(items, rec)  # graphs become their engine's specs, so the bar knows the total
+        distinct = len({json.dumps(as_spec(x).to_json(), sort_keys=True) for x in items})
+        step, close = _progress_bar(distinct) if args.progress else (None, lambda: None)
+        try:
+            kernels = precompile(items, target, max_workers=args.workers, progress=step)
+        finally:
+            close()
         wall = time.perf_counter() - t0
         rows = [{"name": k.name, "arch": k.arch, "source": k.source, "compile_s": round(k.compile_seconds, 3),
                  "load_s": round(k.load_seconds, 4), "digest": k.digest} for k in kernels]

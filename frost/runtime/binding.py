@@ -73,6 +73,116 @@ def check_thd_totals(bound: dict) -> None:
             raise BindingError(f"packed token counts disagree: {seen}")
 
 
+class RaggedSpec(NamedTuple):
+    """A tensor declared in cuDNN's ragged form, (B, H, S, D) with a ragged offset: what its memory must hold."""
+
+    dims: tuple  # as declared, (B, H, S, D)
+    strides: tuple  # as declared; the S stride is the token stride
+    tokens: int  # the declared max_total_seq_len_* the memory must cover (1 where none is declared)
+
+
+def ragged_specs(facts, node) -> dict:
+    """{role: RaggedSpec} of a graph's ragged-declared tensors (empty for other graphs).
+
+    Without `max_total_seq_len_q/kv` the tokens a buffer needs depend on offsets only the device holds (cuDNN's
+    forward has no such keyword), so one token is all that is checked then."""
+    r = getattr(facts, "ragged", None)
+    if r is None:
+        return {}
+    a = node.attrs
+    declared = {t.name: t for t in r.declared}
+    out = {}
+    for role, _ in r.token_strides:
+        t = declared[role]
+        total = a.max_total_seq_len_q if role in THD_Q_ROLES else a.max_total_seq_len_kv
+        out[role] = RaggedSpec(tuple(t.dim), tuple(t.stride), total or 1)
+    return out
+
+
+def _ragged_tokens(role: str, decl: Tensor, t, spec: RaggedSpec) -> int:
+    """How many whole tokens of the declared (H, D) layout `t`'s memory holds from its first element.
+
+    A 3-d buffer must be (T, H, D) with the declared token, head and dim strides; any other shape must be
+    contiguous (its elements are the memory)."""
+    _, h, _, d = spec.dims
+    _, hs, ts, ds = spec.strides
+    got_dims, got_strides = tuple(t.shape), tuple(t.stride())
+    if t.dim() == 3:
+        if got_dims[1:] != (h, d) or any(n > 1 and a != b for n, a, b in zip(got_dims, got_strides, (ts, hs, ds))):
+            raise BindingError(f"{_who(role, decl)}: declared (B, H, S, D) {spec.dims} in the ragged form, tokens "
+                               f"(H, D) = ({h}, {d}) with strides (S, H, D) = ({ts}, {hs}, {ds}); bound {got_dims} "
+                               f"with strides {got_strides}, which hold tokens of another layout")
+        return got_dims[0]
+    if not t.is_contiguous():
+        raise BindingError(f"{_who(role, decl)}: bound {got_dims} with strides {got_strides} to a ragged "
+                           f"declaration; bind the packed tokens as (T, {h}, {d}) or a contiguous buffer")
+    token = (h - 1) * hs + (d - 1) * ds + 1  # the elements one token spans
+    n = t.numel()
+    return 0 if n < token else (n - token) // ts + 1
+
+
+def bind_ragged(role: str, decl: Tensor, t, spec: RaggedSpec, *, device, vector_bytes: int):
+    """A tensor bound to a ragged-declared one whose shape is not the declared (B, H, S, D): the packed buffer
+    (T, H, D) cuDNN programs allocate, or any buffer holding the tokens as declared (cuDNN binds by pointer).
+
+    Checks dtype, device, alignment, the layout of its tokens and that it holds `spec.tokens` tokens; returns a
+    view of its memory as (B, H, S', D) with the declared strides (a zero batch stride: the offsets place the
+    batches), S' the tokens it holds. A view, never a copy; nothing is read."""
+    import torch
+
+    if t is None:
+        raise BindingError(f"{_who(role, decl)} is missing from the variant pack (key it by the tensor handle, "
+                           f"its uid {decl.uid} or its name)")
+    if not isinstance(t, torch.Tensor):
+        raise BindingError(f"{_who(role, decl)}: expected a torch.Tensor, got {type(t).__name__}")
+    want = decl.data_type.to_torch()
+    if t.dtype != want:
+        raise BindingError(f"{_who(role, decl)}: declared {want}, bound {t.dtype}")
+    if device is not None and t.device != device:
+        raise BindingError(f"{_who(role, decl)}: on {t.device}, expected {device}")
+    if vector_bytes > 1 and t.numel() > 0 and t.data_ptr() % vector_bytes != 0:
+        raise BindingError(f"{_who(role, decl)}: address {t.data_ptr():#x} is not {vector_bytes}-byte aligned")
+    tokens = _ragged_tokens(role, decl, t, spec)
+    if tokens < spec.tokens:
+        raise BindingError(f"{_who(role, decl)}: the bound {tuple(t.shape)} buffer holds {tokens} tokens of the "
+                           f"declared layout; the ragged form needs {spec.tokens} (max_total_seq_len)")
+    b, h, _, d = spec.dims
+    _, hs, ts, ds = spec.strides
+    return t.as_strided((b, h, tokens, d), (0, hs, ts, ds), t.storage_offset())
+
+
+def unit_dims_view(decl: Tensor, t):
+    """`t` as the declared dims when the two differ only in dims of extent 1 (cuDNN binds by pointer: a (B + 1,)
+    offsets tensor for a declared (B + 1, 1, 1, 1), a (B, H, S) Stats for (B, H, S, 1)): the same elements at the
+    same addresses, the non-unit dims' strides as declared. A view of its memory, or None where they differ
+    otherwise."""
+    shape = getattr(t, "shape", None)
+    if shape is None or tuple(shape) == tuple(decl.dim):
+        return None
+    dims, strides = tuple(decl.dim), tuple(decl.stride)
+    want = [(d, s) for d, s in zip(dims, strides) if d != 1]
+    got = [(d, s) for d, s in zip(shape, t.stride()) if d != 1]
+    if want != got:
+        return None
+    return t.as_strided(dims, strides, t.storage_offset())
+
+
+#: the bound dict's entry {"q": tokens, "kv": tokens}: the fewest tokens a packed buffer bound to a ragged
+#: declaration holds in each token group (present only when one was bound so); kernels take the smaller of it and
+#: the plan's envelope as T, so no load reaches past the memory bound
+RAGGED_TOKENS = "ragged_tokens"
+
+
+def ragged_tokens(bound: dict, roles) -> dict:
+    """The RAGGED_TOKENS entry for the `roles` bound through `bind_ragged` (their views' S is the tokens held)."""
+    out = {}
+    for role in roles:
+        group = "q" if role in THD_Q_ROLES else "kv"
+        n = bound[role].shape[2]
+        out[group] = min(out.get(group, n), n)
+    return out
+
+
 def _stride_picker(dims: tuple):
     """A C-level getter of the strides of a tensor's non-unit dims (the only ones that address memory)."""
     nonunit = [i for i, d in enumerate(dims) if d > 1]
@@ -134,9 +244,10 @@ class Binder:
     """
 
     def __init__(self, roles: dict, *, vector_bytes: int, is_thd: bool, wants_cuda: bool, engine: str,
-                 workspace_size: int, device: Optional[int] = None):
+                 workspace_size: int, ragged: dict = None, device: Optional[int] = None):
         self.device = device  # the plan's CUDA device (frost/runtime/device.py), None off the GPU
         self.is_thd = is_thd
+        self.ragged = ragged or {}  # role -> RaggedSpec: cuDNN's ragged form, bound by pointer (bind_ragged)
         self.wants_cuda = wants_cuda
         self.engine = engine
         self.workspace_size = workspace_size  # the plan's closed form, fixed at plan time
@@ -162,6 +273,7 @@ class Binder:
         device, first = self._first_device(variant_pack)
         bound = {}
         ptrs = []  # addresses + 1 of the tensors that matched their declaration
+        by_pointer = []
         for spec in self.specs:
             role, decl = spec.role, spec.decl
             t = get(decl)
@@ -170,7 +282,16 @@ class Binder:
                 bound[role] = t
                 ptrs.append(p)
                 continue
-            bound[role] = check_tensor(role, decl, lookup(variant_pack, decl), device=first, is_thd=self.is_thd,
+            t = lookup(variant_pack, decl)
+            rspec = self.ragged.get(role)
+            if rspec is not None and getattr(t, "shape", None) != spec.dims:
+                bound[role] = bind_ragged(role, decl, t, rspec, device=first, vector_bytes=spec.misalign + 1)
+                by_pointer.append(role)
+                continue
+            view = None if spec.packed else unit_dims_view(decl, t)
+            if view is not None:
+                t = view
+            bound[role] = check_tensor(role, decl, t, device=first, is_thd=self.is_thd,
                                        vector_bytes=spec.misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
@@ -179,10 +300,14 @@ class Binder:
             from frost.runtime.workspace import check_workspace
 
             check_workspace(workspace, need, first)
-        if len(ptrs) != len(bound):  # an output sharing memory with another tensor or the workspace raises
-            self.aliasing.full(bound.values(), workspace)
+        # an output sharing memory with another tensor or the workspace raises (spans of ragged buffers from
+        # their (B, H, S', D) views: their own storage offset, sizes and strides)
+        if len(ptrs) != len(bound):
+            self.aliasing.full(list(bound.values()), workspace)
         else:
             self.aliasing.fast(ptrs, bound.values(), workspace)
+        if by_pointer:
+            bound[RAGGED_TOKENS] = ragged_tokens(bound, by_pointer)
         return bound
 
     def _first_device(self, variant_pack: dict):

@@ -1,17 +1,16 @@
 """`attention(q, k, v, ...)` and `varlen_attention(...)`: frost as one call in a model.
 
-Both call the custom ops of `ops.py` (autograd, torch.compile and CUDA graphs see one op). An eager
-call that needs no autograd and runs under no tracing mode, no mode and no tensor subclass skips the
-dispatcher and calls the ops' own implementation (`run.py`) directly: the same plan and launch, fewer
-microseconds of host time. Nothing a custom op does is lost there: no autograd node is made (none is
-needed), nothing is traced (`torch.compiler.is_compiling()` and the mode checks route those calls to the
-op), and the op's kernel is this same `run.py` code. Under autograd, compile, functionalization or a
-subclass the op stays the path.
+Both are the custom ops of `ops.py` (autograd, torch.compile and CUDA graphs see one op). An eager
+call with nothing to trace (`ops.lean`: not compiling, no mode, no functorch transform, no tensor
+subclass) skips the dispatcher: without autograd it calls the ops' own kernel (`block.py`) directly,
+with autograd it makes the op's autograd node directly (`ops.fwd_autograd`), whose backward calls the
+backward kernel directly. The same plans and launches, fewer microseconds of host time; under
+compile, functionalization, a mode or a subclass the op stays the path.
 
-The eager path has two steps. A call whose exact argument signature (dims, strides and dtypes of q,
-k and v, q's device, every other argument) was served before finds its memoized launch
-(`run.EagerForward`) with one dict lookup, and only allocates its output and launches; any other call
-takes the whole way (argument checks, copies of unservable layouts, the plan cache, every binding
+The eager inference path has two steps. A call whose exact argument signature (dims, strides and
+dtypes of q, k and v, q's device, every other argument) was served before finds its memoized launch
+(`block.EagerForward`) with one dict lookup, and only allocates its output and launches; any other
+call takes the whole way (argument checks, copies of unservable layouts, the plan cache, every binding
 check) and memoizes it when it needed no copy. Both give the same outputs and raise the same errors.
 Without `return_lse` the eager forward plans without Stats: no lse is allocated or written (nobody
 could see it).
@@ -23,42 +22,12 @@ from typing import Optional
 
 import torch
 
-from frost.torch_face import ops, run
+from frost.torch_face import block, ops
 from frost.torch_face.spec import band, check_scale, reject
 
-
-def _direct_probes():
-    """Predicates: may this eager call bypass the dispatcher? (No mode, transform or subclass in play, and no
-    tensor that autograd must see.) `direct(tensors)` for any tuple (None entries allowed); `direct3(q, k, v)`
-    the same for three tensors without the loop (the eager memo's gate). Another torch: always dispatch."""
-    try:
-        modes = torch._C._len_torch_dispatch_stack
-        fmodes = torch._C._is_torch_function_mode_enabled
-        functorch = torch._C._functorch.peek_interpreter_stack
-    except AttributeError:
-        return (lambda tensors: False), (lambda q, k, v: False)
-    grad_enabled = torch.is_grad_enabled
-    plain = torch.Tensor
-
-    def direct(tensors) -> bool:
-        if modes() or fmodes() or functorch() is not None:
-            return False
-        need_grad = grad_enabled()
-        for t in tensors:
-            if t is not None and (type(t) is not plain or (need_grad and t.requires_grad)):
-                return False
-        return True
-
-    def direct3(q, k, v) -> bool:
-        return (type(q) is plain and type(k) is plain and type(v) is plain and not modes() and not fmodes()
-                and functorch() is None
-                and not (grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
-    return direct, direct3
-
-
-_direct, _direct3 = _direct_probes()
-_compiling = torch.compiler.is_compiling
-_memo = run.PLANS.memo
+_lean = ops.lean
+_grad_enabled = torch._C.is_grad_enabled
+_memo = block.PLANS.memo
 _MEMO_SCALARS = (bool, int, float, str, type(None))
 
 
@@ -89,6 +58,10 @@ def _check_dense(q, k, v) -> None:
             raise ValueError(f"{name} must be 4-D (B, S, H, D) or (B, H, S, D); got shape {tuple(t.shape)}")
 
 
+def _needs_grad(*tensors) -> bool:
+    return _grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[float] = None, sinks=None,
               deterministic: Optional[bool] = None, layout: str = "bhsd", return_lse: bool = False,
               diagonal_alignment: str = "top_left", dropout_p: float = 0.0, _causal_wins: bool = False):
@@ -104,17 +77,25 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
     reproducible gradients; default `torch.are_deterministic_algorithms_enabled()`.
     Returns out in q's order and layout, and with `return_lse` also lse fp32 (B, Hq, Sq).
     """
-    direct = not _compiling() and _direct3(q, k, v)  # views and copies below keep what it looked at
+    lean = _lean(q, k, v)  # views and copies below keep what it looked at
+    grad = lean and _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     key = None
-    if direct and sinks is None and not dropout_p:
+    if lean and sinks is None and not dropout_p:
         try:
             key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                   q.device, causal, window, scale, layout, return_lse, diagonal_alignment, _causal_wins)
+                   q.device, causal, window, scale, layout, return_lse, diagonal_alignment, _causal_wins, grad)
             hit = _memo.get(key)
         except TypeError:  # an unhashable window
             key = hit = None
         if hit is not None and hit.plan.live:
-            return hit(q, k, v)
+            if not grad:
+                return hit(q, k, v)
+            if hit.bshd:
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            out, lse = ops.memo_autograd(hit, q, k, v, _deterministic(deterministic))
+            if hit.bshd:
+                out = out.transpose(1, 2)
+            return (out, lse) if return_lse else out
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
     scale = check_scale(scale)
@@ -127,13 +108,22 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
     qs, ks, vs = ops.servable(q), ops.servable(k), ops.servable(v)
     b = band(causal, window, diagonal_alignment, causal_wins=_causal_wins)
     sinks = _sinks(sinks, qs.shape[1])
-    if direct and (sinks is None or _direct((sinks,))):
+    if sinks is not None and lean:
+        lean = type(sinks) is torch.Tensor
+        grad = lean and (grad or _needs_grad(sinks))
+    if lean and not grad:
         remember = None
         if (key is not None and qs is q and ks is k and vs is v
                 and _memoizable(causal, window, scale, diagonal_alignment, return_lse, _causal_wins)):
             remember = (key, bshd)
-        out, lse = run.forward(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, lse=bool(return_lse),
-                               remember=remember)
+        out, lse = block.forward(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, lse=bool(return_lse),
+                                 remember=remember)
+    elif lean:
+        out, lse = ops.fwd_autograd(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right,
+                                    _deterministic(deterministic))
+        if (key is not None and sinks is None and qs is q and ks is k and vs is v
+                and _memoizable(causal, window, scale, diagonal_alignment, return_lse, _causal_wins)):
+            block.memoize_training(key, qs, ks, vs, out, lse, scale, b.left, b.right, b.bottom_right, bshd=bshd)
     else:
         out, lse = torch.ops.frost.sdpa_fwd(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right,
                                             _deterministic(deterministic))
@@ -169,8 +159,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     sinks = _sinks(sinks, q.shape[1])
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, b.left, b.right,
             b.bottom_right)
-    if not torch.compiler.is_compiling() and _direct((q, k, v, sinks)):
-        out, lse = run.packed_forward(*args)
-    else:
+    if not _lean(q, k, v, sinks):
         out, lse = torch.ops.frost.sdpa_varlen_fwd(*args, det)
+    elif _needs_grad(q, k, v, sinks):
+        out, lse = ops.varlen_fwd_autograd(*args, det)
+    else:
+        out, lse = block.packed_forward(*args)
     return (out, lse) if return_lse else out

@@ -1,16 +1,75 @@
-"""Declare and plan the frost graphs behind the torch ops, through the public graph API only.
+"""Declare, plan and launch the frost graphs behind the torch ops, through the public graph API only.
 
 Every port is declared from the tensors of the call that first needs the plan (their dims and
 strides), so later calls of the same key bind without a check failing. Packed graphs declare token
-envelopes (`envelope()`) so that one plan serves every total up to it.
+envelopes (`envelope()`) so that one plan serves every total up to it. A built graph is kept as a
+`Planned`: the graph, its ports in the order the ops bind tensors, and `Graph.executor`, the one way a
+plan launches (`Planned.run`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 import frost
-from frost.torch_face.plans import Planned, target_of
 from frost.torch_face.spec import Band, default_scale, specialization
+
+
+@dataclass(eq=False)
+class Planned:
+    """A built graph and the handles of its ports, in the order `run` takes tensors."""
+
+    graph: object
+    handles: tuple
+    workspace_size: int
+    spec: object  # spec.Specialization
+    plan_seconds: float = 0.0
+    used: int = 0  # the tick of its last use (the plan cache's recency)
+    live: bool = True  # False once evicted or cleared (a memoized launch then plans again)
+    executor: object = None  # graph.executor(handles): positional binding, no variant pack per call
+
+    def __post_init__(self):
+        if self.executor is None:
+            self.executor = self.graph.executor(self.handles)
+
+    def run(self, tensors, device, pinned: bool = False) -> None:
+        """Bind `tensors` (in handle order) and execute on `device`'s current stream, with a workspace
+        allocated there.
+
+        Every check of execute applies, unless `pinned`: the caller's cache key holds each tensor's dtype,
+        dims and strides, as when the plan was declared from tensors with that key (the executor's
+        `launch` then checks devices and alignment)."""
+        if device.type == "cuda" and device.index != current_device():
+            with torch.cuda.device(device):
+                self._run(tensors, device, pinned)
+        else:
+            self._run(tensors, device, pinned)
+
+    def _run(self, tensors, device, pinned):
+        ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=device) if self.workspace_size else None
+        if pinned:
+            self.executor.launch(tensors, ws)
+        else:
+            self.executor(tensors, ws)
+
+    @property
+    def engine_name(self) -> str:
+        return self.graph.engine_name
+
+
+# the current CUDA device's index, through torch's C getter (called only where a tensor lives on a GPU)
+current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def target_of(device) -> Optional[object]:
+    """frost's Target for a torch device: the CPU record for CPU tensors, the device's record otherwise."""
+    from frost.target import CPU, discover_target
+
+    if device.type == "cpu":
+        return CPU
+    return discover_target(device.index if device.index is not None else None)
 
 
 def envelope(n: int) -> int:
@@ -62,9 +121,9 @@ def _set_output(port, t, total=None):
     port.set_output(True).set_dim(dims).set_stride(tuple(t.stride()))
 
 
-def _finish(g, handles, spec, device) -> Planned:
+def _finish(g, handles, spec, device=None) -> Planned:
     g.validate()
-    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+    if device is not None and device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):  # the plan is for the tensors' device (frost/runtime/device.py)
             g.build_plans()
     else:
@@ -72,7 +131,7 @@ def _finish(g, handles, spec, device) -> Planned:
     return Planned(graph=g, handles=tuple(handles), workspace_size=g.get_workspace_size(), spec=spec)
 
 
-def build_forward(q, k, v, out, lse_view, sinks, scale, band: Band, *, cu=None, max_seqlens=None,
+def build_forward(q, k, v, out, lse_view, sinks, scale, band: Band, cu=None, max_seqlens=None,
                   totals=None) -> Planned:
     """Plan `out, lse = sdpa(q, k, v)`; handles: q, k, v, o, [stats], [sinks], [cu_q, cu_k].
 
@@ -96,7 +155,7 @@ def build_forward(q, k, v, out, lse_view, sinks, scale, band: Band, *, cu=None, 
     return _finish(g, (hq, hk, hv, o, *((stats,) if stats_on else ()), *extra), spec, q.device)
 
 
-def build_backward(dout, q, k, v, out, lse_view, grads, sinks, dsinks, scale, band: Band, deterministic: bool, *,
+def build_backward(dout, q, k, v, out, lse_view, grads, sinks, dsinks, scale, band: Band, deterministic: bool,
                    cu=None, max_seqlens=None, totals=None) -> Planned:
     """Plan the gradients; handles: q, k, v, o, dO, stats, dQ, dK, dV, [sinks, dSink], [cu_q, cu_k]."""
     packed = cu is not None
@@ -119,3 +178,7 @@ def build_backward(dout, q, k, v, out, lse_view, grads, sinks, dsinks, scale, ba
     sink_ports = (extra[0], hds) if sinks is not None else ()
     cu_ports = tuple(extra[-2:]) if packed else ()
     return _finish(g, (hq, hk, hv, ho, hdo, hstats, dq, dk, dv, *sink_ports, *cu_ports), spec, q.device)
+
+
+build_forward.what = "the attention forward"  # named in the plan cache's errors
+build_backward.what = "the attention backward"

@@ -12,17 +12,23 @@ The ops are registered through `torch.library.Library` rather than `torch.librar
 Python wrappers cost tens of microseconds a call (its autograd kernel rebuilds the argument list
 from the schema, looks the op up again to redispatch, and its backend kernel runs through a
 `torch._dynamo.disable` wrapper and an aliasing check). Here each op has the same schema (pt2-compliant),
-a `CompositeExplicitAutograd` kernel (the `run.py` call), a fake kernel and an `Autograd` kernel of its
+a `CompositeExplicitAutograd` kernel (the `block.py` call), a fake kernel and an `Autograd` kernel of its
 own: it records the autograd node (forwards) or refuses a double backward (backwards), and runs the op's
 kernel directly when nothing lies between autograd and the CPU/CUDA kernel (no mode, subclass or
 functionalization: the dispatcher would call that same function), else redispatches below autograd
 as any Autograd kernel does. `torch.library.opcheck` checks the registrations.
+
+The lean path: in eager mode with nothing to trace (`lean(...)`: not compiling, no mode, no functorch
+transform, plain tensors) the same autograd nodes are made without the dispatcher (`fwd_autograd`,
+`varlen_fwd_autograd`) and their backwards call the backward kernels directly; the ops' Python kernels
+(`sdpa_fwd`, `sdpa_bwd`, `sdpa_varlen_fwd`, `sdpa_varlen_bwd`) are the lean block calls of
+context-parallel code (`torch.ops.frost.*` where `lean` says no). Both give the same outputs.
 """
 from __future__ import annotations
 
 import torch
 
-from frost.torch_face import run
+from frost.torch_face import block
 
 _LIB = torch.library.Library("frost", "DEF")  # kept for the process: the registrations live while it does
 
@@ -59,43 +65,43 @@ def _define(name: str, schema: str, kernel, fake) -> object:
     return torch._C._dispatch_find_schema_or_throw(f"frost::{name}", "")
 
 
-# the kernels: `run.py` (looked up per call, so a patched `run.forward` is what runs)
+# the kernels: `block.py` (looked up per call, so a patched `block.forward` is what runs)
 def sdpa_fwd(q, k, v, sinks, scale, window_left, window_right, bottom_right, deterministic):
-    return run.forward(q, k, v, sinks, scale, window_left, window_right, bottom_right)
+    return block.forward(q, k, v, sinks, scale, window_left, window_right, bottom_right)
 
 
 def _sdpa_fwd_fake(q, k, v, sinks, scale, window_left, window_right, bottom_right, deterministic):
-    return run.out_like(q, v.shape[-1]), run.dense_lse(q)
+    return block.out_like(q, v.shape[-1]), block.dense_lse(q)
 
 
 def sdpa_bwd(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
-    return run.backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic)
+    return block.backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic)
 
 
 def _sdpa_bwd_fake(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), run.dsinks_like(q, sinks)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), block.dsinks_like(q, sinks)
 
 
 def sdpa_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
                     window_right, bottom_right, deterministic):
-    return run.packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
-                              window_left, window_right, bottom_right)
+    return block.packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
+                                window_left, window_right, bottom_right)
 
 
 def _sdpa_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
                           window_right, bottom_right, deterministic):
-    return run.out_like(q, v.shape[-1]), run.packed_lse(q)
+    return block.out_like(q, v.shape[-1]), block.packed_lse(q)
 
 
 def sdpa_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
                     window_left, window_right, bottom_right, deterministic):
-    return run.packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               sinks, scale, window_left, window_right, bottom_right, deterministic)
+    return block.packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 sinks, scale, window_left, window_right, bottom_right, deterministic)
 
 
 def _sdpa_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks,
                           scale, window_left, window_right, bottom_right, deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), run.dsinks_like(q, sinks)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), block.dsinks_like(q, sinks)
 
 
 _SDPA_FWD = _define("sdpa_fwd", _FWD, sdpa_fwd, _sdpa_fwd_fake)
@@ -104,9 +110,35 @@ _SDPA_VARLEN_FWD = _define("sdpa_varlen_fwd", _VARLEN_FWD, sdpa_varlen_fwd, _sdp
 _SDPA_VARLEN_BWD = _define("sdpa_varlen_bwd", _VARLEN_BWD, sdpa_varlen_bwd, _sdpa_varlen_bwd_fake)
 
 
+def _lean_probes():
+    """`lean(*tensors)`: may a call skip the dispatcher now? (Not compiling, no dispatch or function mode, no
+    functorch transform, every tensor a plain `torch.Tensor`; None entries allowed.) Another torch: never."""
+    try:
+        modes = torch._C._len_torch_dispatch_stack
+        fmodes = torch._C._is_torch_function_mode_enabled
+        functorch = torch._C._functorch.peek_interpreter_stack
+    except AttributeError:
+        return lambda *tensors: False
+    compiling = torch.compiler.is_compiling
+    plain = torch.Tensor
+
+    def lean(*tensors) -> bool:
+        if compiling() or modes() or fmodes() or functorch() is not None:
+            return False
+        for t in tensors:
+            if t is not None and type(t) is not plain:
+                return False
+        return True
+    return lean
+
+
+lean = _lean_probes()
+
+
 def _below(handle, kernel, keyset, args):
-    """The op below autograd: its kernel directly when nothing else would run first, else a redispatch."""
-    if _kernel_is_next(keyset):
+    """The op below autograd: its kernel directly when nothing else would run first (or `keyset` is None: the
+    lean path, no dispatcher), else a redispatch."""
+    if keyset is None or _kernel_is_next(keyset):
         return kernel(*args)
     with _below_autograd():
         return handle.redispatch_boxed(keyset & _AFTER_AUTOGRAD, *args)
@@ -148,10 +180,16 @@ class _SdpaFwd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, keyset, q, k, v, sinks, scale, wl, wr, br, det):
-        out, lse = _below(_SDPA_FWD, sdpa_fwd, keyset, (q, k, v, sinks, scale, wl, wr, br, det))
+        if type(keyset) is block.EagerForward:  # a memoized training forward (the lean path)
+            out, lse = keyset.outputs(q, k, v)
+            ctx.grads = keyset.grads
+        else:
+            out, lse = _below(_SDPA_FWD, sdpa_fwd, keyset, (q, k, v, sinks, scale, wl, wr, br, det))
+            ctx.grads = None
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.attrs = (scale, wl, wr, br, det)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros made per backward)
         return out, lse
 
     @staticmethod
@@ -159,7 +197,14 @@ class _SdpaFwd(torch.autograd.Function):
         q, k, v, out, lse, sinks = ctx.saved_tensors
         if dout is None:
             return (None,) * 10
-        dq, dk, dv, dsinks = torch.ops.frost.sdpa_bwd(servable(dout), q, k, v, out, lse, sinks, *ctx.attrs)
+        dout = servable(dout)
+        if not _grad_enabled() and lean(dout, q):  # no double backward, nothing to trace: the kernel itself
+            if ctx.grads is not None:
+                dq, dk, dv, dsinks = block.backward_memo(ctx.grads, dout, q, k, v, out, lse, *ctx.attrs)
+            else:
+                dq, dk, dv, dsinks = block.backward(dout, q, k, v, out, lse, sinks, *ctx.attrs)
+        else:
+            dq, dk, dv, dsinks = torch.ops.frost.sdpa_bwd(dout, q, k, v, out, lse, sinks, *ctx.attrs)
         return None, dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None, None
 
 
@@ -173,6 +218,7 @@ class _SdpaVarlenFwd(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
         ctx.attrs = (max_q, max_k, sinks is not None, scale, wl, wr, br, det)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
@@ -181,8 +227,12 @@ class _SdpaVarlenFwd(torch.autograd.Function):
         max_q, max_k, has_sinks, *attrs = ctx.attrs
         if dout is None:
             return (None,) * 14
-        dq, dk, dv, dsinks = torch.ops.frost.sdpa_varlen_bwd(servable(dout), q, k, v, out, lse, cu_q, cu_k, max_q,
-                                                             max_k, sinks, *attrs)
+        dout = servable(dout)
+        args = (dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, sinks, *attrs)
+        if not _grad_enabled() and lean(dout, q):
+            dq, dk, dv, dsinks = block.packed_backward(*args)
+        else:
+            dq, dk, dv, dsinks = torch.ops.frost.sdpa_varlen_bwd(*args)
         return (None, dq, dk, dv, None, None, None, None, dsinks if has_sinks else None) + (None,) * 5
 
 
@@ -222,3 +272,25 @@ _LIB.impl("sdpa_varlen_fwd", _fwd_autograd(_SdpaVarlenFwd, _SDPA_VARLEN_FWD, sdp
           with_keyset=True)
 _LIB.impl("sdpa_bwd", _bwd_autograd(_SDPA_BWD, sdpa_bwd), "Autograd", with_keyset=True)
 _LIB.impl("sdpa_varlen_bwd", _bwd_autograd(_SDPA_VARLEN_BWD, sdpa_varlen_bwd), "Autograd", with_keyset=True)
+
+# the lean path's autograd entries: `Function.apply` without its Python wrapper (whose work, functorch's
+# and setup_context's, `lean` has ruled out), the op's kernel called below with no keyset
+_apply_fwd = torch._C._FunctionBase.__dict__["apply"].__get__(None, _SdpaFwd)
+_apply_varlen_fwd = torch._C._FunctionBase.__dict__["apply"].__get__(None, _SdpaVarlenFwd)
+
+
+def fwd_autograd(q, k, v, sinks, scale, window_left, window_right, bottom_right, deterministic):
+    """`torch.ops.frost.sdpa_fwd` with autograd, without the dispatcher: only where `lean(q, k, v, sinks)`."""
+    return _apply_fwd(None, q, k, v, sinks, scale, window_left, window_right, bottom_right, deterministic)
+
+
+def memo_autograd(memo, q, k, v, deterministic):
+    """`fwd_autograd` of a memoized training forward (`block.EagerForward` with `grads`) on (B, H, S, D) views."""
+    return _apply_fwd(memo, q, k, v, None, *memo.attrs, deterministic)
+
+
+def varlen_fwd_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
+                        window_right, bottom_right, deterministic):
+    """`torch.ops.frost.sdpa_varlen_fwd` with autograd, without the dispatcher: only where `lean(...)`."""
+    return _apply_varlen_fwd(None, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
+                             window_left, window_right, bottom_right, deterministic)

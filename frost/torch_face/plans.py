@@ -9,7 +9,11 @@ A hit takes no lock and hashes its key once: recency is a tick stamped on the en
 miss, looks for the oldest stamp). A miss plans under a lock, one plan at a time, and never while the
 current stream captures a CUDA graph (the call raises `PlanDuringCaptureError`: run it once before
 capture). `memo` maps the raw arguments of eager `attention` calls to prepared launches of cached
-entries (`run.EagerForward`); an evicted entry is marked dead, and the memo forgets what pointed to it.
+entries (`block.EagerForward`); an evicted entry is marked dead, and the memo forgets what pointed to it.
+
+The cache sits between the ops and the graphs: `lookup(key)` finds an entry, `build(key, declare, *args)`
+declares and plans one with `declare(*args)` (a `graphs.build_*` function) on a miss; the caller then
+launches it (`graphs.Planned.run`).
 """
 from __future__ import annotations
 
@@ -23,43 +27,10 @@ from typing import Callable, Optional
 import torch
 
 from frost.errors import PlanDuringCaptureError
+from frost.torch_face.graphs import Planned
 
 DEFAULT_SIZE = 256
 TICKS = itertools.count(1)  # recency stamps: `next(TICKS)` is one C call
-
-
-@dataclass(eq=False)
-class Planned:
-    """A built graph and the handles of its ports, in the order `run` takes tensors."""
-
-    graph: object
-    handles: tuple
-    workspace_size: int
-    spec: object  # spec.Specialization
-    plan_seconds: float = 0.0
-    used: int = 0  # the tick of its last use (the cache's recency)
-    live: bool = True  # False once evicted or cleared (a memoized launch then plans again)
-    executor: object = None  # graph.executor(handles): positional binding, no variant pack per call
-
-    def __post_init__(self):
-        if self.executor is None:
-            self.executor = self.graph.executor(self.handles)
-
-    def run(self, tensors, device, pinned: bool = False) -> None:
-        """Bind `tensors` (in handle order), allocate the workspace on the current stream, execute there.
-
-        Every check of execute applies, unless `pinned`: the caller's cache key holds each tensor's dtype,
-        dims and strides, as when the plan was declared from tensors with that key (the executor's
-        `launch` then checks devices and alignment)."""
-        ws = torch.empty(self.workspace_size, dtype=torch.uint8, device=device) if self.workspace_size else None
-        if pinned:
-            self.executor.launch(tensors, ws)
-        else:
-            self.executor(tensors, ws)
-
-    @property
-    def engine_name(self) -> str:
-        return self.graph.engine_name
 
 
 @dataclass
@@ -85,7 +56,7 @@ class PlanCache:
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
         self.stats = CacheStats()
-        self.memo: dict = {}  # eager attention arguments -> run.EagerForward (of a live entry)
+        self.memo: dict = {}  # eager attention arguments -> block.EagerForward (of a live entry)
 
     def lookup(self, key) -> Optional[Planned]:
         """The cached entry of `key` (now the most recent), or None.
@@ -117,14 +88,13 @@ class PlanCache:
             if not launch.plan.live:
                 self.memo.pop(key, None)
 
-    def build(self, key, build: Callable[[], Planned], what: Callable[[], str]) -> Planned:
-        """Plan `key` with `build()` (one plan at a time) unless another thread just did; `what()` names
-        the call in the error raised during capture."""
+    def build(self, key, declare: Callable[..., Planned], *args) -> Planned:
+        """Plan `key` with `declare(*args)` (one plan at a time) unless another thread just did."""
         if capturing():
             raise PlanDuringCaptureError(
-                f"frost needs a new plan for {what()} while the current stream captures a CUDA graph; planning "
-                f"is host work that capture cannot record. Run the same call once before capture (a warm-up "
-                f"step) so its plan is cached; torch.compile's mode='reduce-overhead' warms up by itself.")
+                f"frost needs a new plan for {describe(declare, args)} while the current stream captures a CUDA "
+                f"graph; planning is host work that capture cannot record. Run the same call once before capture "
+                f"(a warm-up step) so its plan is cached; torch.compile's mode='reduce-overhead' warms up by itself.")
         with self._build_lock:
             with self._lock:
                 entry = self._entries.get(key)
@@ -132,7 +102,7 @@ class PlanCache:
                     self.stats.hits += 1
                     return entry
             t0 = time.perf_counter()
-            entry = build()
+            entry = declare(*args)
             entry.plan_seconds = time.perf_counter() - t0
             entry.used = next(TICKS)
             with self._lock:
@@ -143,10 +113,6 @@ class PlanCache:
                 self._entries[key] = entry
                 self._evict_to(self.max_size)
         return entry
-
-    def get(self, key, build: Callable[[], Planned], what: Callable[[], str]) -> Planned:
-        """The entry of `key`, built on a miss."""
-        return self.lookup(key) or self.build(key, build, what)
 
     def resize(self, max_size: int) -> None:
         with self._lock:
@@ -190,10 +156,8 @@ def plan_cache_info() -> dict:
             "evictions": s.evictions, "plan_seconds": s.plan_seconds, "specializations": dict(s.specializations)}
 
 
-def target_of(device) -> Optional[object]:
-    """frost's Target for a torch device: the CPU record for CPU tensors, the device's record otherwise."""
-    from frost.target import CPU, discover_target
-
-    if device.type == "cpu":
-        return CPU
-    return discover_target(device.index if device.index is not None else None)
+def describe(declare, args) -> str:
+    """Names a call that needs a plan: what `declare` plans and the shapes and dtypes of its first tensors."""
+    what = getattr(declare, "what", declare.__name__)
+    tensors = [a for a in args[:4] if isinstance(a, torch.Tensor)]
+    return f"{what} on " + ", ".join(f"{tuple(t.shape)}/{t.dtype}" for t in tensors)

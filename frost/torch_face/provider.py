@@ -7,15 +7,22 @@ implementation registers CUDA kernels for aten's flash ops (`_scaled_dot_product
 backward, `_flash_attention_forward` / `_backward`, `_flash_attention_forward_no_dropout_inplace` where
 it exists). Importing `frost.torch_face` registers frost there under the name "frost"; `use_for_sdpa()`
 activates it and `restore_sdpa()` returns to torch's own. Each kernel below is a thin client of
-`run.py` (the same cached plans) and honors the aten contract its meta kernel states: out `empty_like`
+`block.py` (the same cached plans) and honors the aten contract its meta kernel states: out `empty_like`
 the query, lse fp32 (B, H, Sq) or (H, Tq), gradients `empty_like` their inputs. What frost does not
 serve (dropout, debug masks, ALiBi, seqused_k, paged KV) raises `UnsupportedArgumentError`.
+
+CPU tensors, opt-in: `use_for_sdpa(device="cpu")` registers the same kernels for aten's flash ops on the
+CPU key (aten has none there) and routes `F.scaled_dot_product_attention` on CPU tensors that frost
+serves (no attn_mask, no dropout, one head dim) to `aten._scaled_dot_product_flash_attention`, whose
+derivative is aten's flash backward op. That is the op torch's `context_parallel` intercepts, so its
+ring attention over gloo runs every block on frost's reference engine, as on CUDA it runs frost's
+kernels; other calls keep torch's own CPU attention. `restore_sdpa(device="cpu")` takes it back.
 """
 from __future__ import annotations
 
 import torch
 
-from frost.torch_face import run
+from frost.torch_face import block
 from frost.torch_face.ops import servable
 from frost.torch_face.spec import reject
 
@@ -79,7 +86,7 @@ def sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return
                        **extra):
     """aten::_scaled_dot_product_flash_attention: (B, H, S, D) inputs; torch's is_causal is top-left."""
     _unserved(dropout_p, return_debug_mask, **extra)
-    out, lse = run.forward(servable(query), servable(key), servable(value), None, scale, -1,
+    out, lse = block.forward(servable(query), servable(key), servable(value), None, scale, -1,
                            0 if is_causal else -1, False)
     rng_state, unused = _aux(query)
     debug = torch.empty(0, dtype=query.dtype, device=query.device)
@@ -90,7 +97,7 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, 
                         is_causal, philox_seed, philox_offset, *, scale=None, **extra):
     """aten::_scaled_dot_product_flash_attention_backward -> (dq, dk, dv)."""
     _unserved(dropout_p, **extra)
-    dq, dk, dv, _ = run.backward(servable(grad_out), query, key, value, out, logsumexp, None, scale, -1,
+    dq, dk, dv, _ = block.backward(servable(grad_out), query, key, value, out, logsumexp, None, scale, -1,
                                  0 if is_causal else -1, False, torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv
 
@@ -104,10 +111,10 @@ def flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout
     q, k, v = servable(query), servable(key), servable(value)
     if cum_seq_q is None:
         q, k, v = _bhsd(q, k, v)
-        o, lse = run.forward(q, k, v, None, scale, wl, wr, True, out=None if out is None else out.transpose(1, 2))
+        o, lse = block.forward(q, k, v, None, scale, wl, wr, True, out=None if out is None else out.transpose(1, 2))
         o = o.transpose(1, 2)
     else:
-        o, lse = run.packed_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None, scale, wl, wr, True, out=out)
+        o, lse = block.packed_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None, scale, wl, wr, True, out=out)
     rng_state, unused = _aux(query)
     return o, lse, rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
 
@@ -128,9 +135,9 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_s
     det = torch.are_deterministic_algorithms_enabled()
     dout = servable(grad_out)
     if cum_seq_q is None or cum_seq_q.numel() == 0:
-        dq, dk, dv, _ = run.backward(*_bhsd(dout, query, key, value, out), logsumexp, None, scale, wl, wr, True, det)
+        dq, dk, dv, _ = block.backward(*_bhsd(dout, query, key, value, out), logsumexp, None, scale, wl, wr, True, det)
         return _bhsd(dq, dk, dv)
-    dq, dk, dv, _ = run.packed_backward(dout, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+    dq, dk, dv, _ = block.packed_backward(dout, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                                         None, scale, wl, wr, True, det)
     return dq, dk, dv
 
@@ -182,8 +189,50 @@ def register() -> bool:
     return True
 
 
-def use_for_sdpa() -> None:
-    """Route torch's flash-attention ops (SDPA's flash backend, torch's varlen attention) to frost."""
+def _sdpa_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """`F.scaled_dot_product_attention` on CPU tensors (its AutogradCPU kernel while frost serves the CPU): aten's
+    flash op where frost serves the call, torch's own composite otherwise."""
+    hq, hk = query.size(-3), key.size(-3)
+    if (attn_mask is None and not dropout_p and query.dim() == 4 and key.dim() == 4 and value.dim() == 4
+            and query.dtype in _SERVED and query.size(-1) == value.size(-1)
+            and (hq == hk or (enable_gqa and hq % hk == 0))):
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, is_causal, False,
+                                                                  scale=scale)[0]
+    return torch.ops.aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+_CPU = None  # the CPU registrations while frost serves CPU tensors
+_SERVED = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _install_cpu() -> None:
+    global _CPU
+    if _CPU is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for name, fn in KERNELS.items():
+        if hasattr(torch.ops.aten, name):
+            lib.impl(name, fn, "CPU")
+    lib.impl("scaled_dot_product_attention", _sdpa_cpu, "AutogradCPU")
+    _CPU = lib
+
+
+def cpu_active() -> bool:
+    """Whether frost serves aten's flash ops (and SDPA) on CPU tensors (`use_for_sdpa(device="cpu")`)."""
+    return _CPU is not None
+
+
+def use_for_sdpa(device: str = "cuda") -> None:
+    """Route torch's flash-attention ops (SDPA's flash backend, torch's varlen attention) to frost.
+
+    device="cuda" (the default) activates frost in torch's provider registry. device="cpu" is an explicit
+    opt-in for CPU tensors (torch's registry is CUDA's): frost's kernels for aten's flash ops on the CPU key,
+    and SDPA on CPU tensors that frost serves routed to them, e.g. for torch's `context_parallel` over gloo
+    on frost's reference engine. Calls on other CPU tensors keep torch's attention."""
+    if str(device) == "cpu":
+        _install_cpu()
+        return
     reg = _registry()
     if reg is None:
         raise _no_registry_error()
@@ -191,8 +240,14 @@ def use_for_sdpa() -> None:
     reg["activate_flash_attention_impl"](PROVIDER_NAME)
 
 
-def restore_sdpa() -> None:
-    """Give torch's flash-attention ops back to torch's own implementation."""
+def restore_sdpa(device: str = "cuda") -> None:
+    """Give torch's flash-attention ops back to torch's own implementation (on CPU tensors with device="cpu")."""
+    global _CPU
+    if str(device) == "cpu":
+        lib, _CPU = _CPU, None
+        if lib is not None:
+            lib._destroy()
+        return
     reg = _registry()
     if reg is None:
         raise _no_registry_error()

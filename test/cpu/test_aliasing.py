@@ -184,7 +184,7 @@ def test_never_touch_proofs():
 
 
 def test_torch_face_out_argument_is_checked():
-    from frost.torch_face import run
+    from frost.torch_face import block as run
 
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
     q_before = q.clone()

@@ -347,20 +347,39 @@ def test_engine_names_and_filters():
 
 # ---- dry run -----------------------------------------------------------------------------
 def test_dry_run_lists_without_a_gpu(capsys, monkeypatch):
+    """On a GPU-less host the dry run lists the sweep without initializing CUDA, and lists no peer as available."""
     import torch
 
-    def no_gpu(*a, **k):
-        raise AssertionError("--dry-run touched CUDA")
+    def no_init(*a, **k):
+        raise AssertionError("--dry-run initialized CUDA")
 
-    monkeypatch.setattr(torch.cuda, "is_available", no_gpu)
-    monkeypatch.setattr(torch.cuda, "init", no_gpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "init", no_init)
     assert cli.main(["--dry-run", "--preset", "quick"]) == 0
     out = capsys.readouterr().out
+    assert "no CUDA device here: nothing here can be timed on a GPU" in out
+    peers = [line for line in out.splitlines() if line.startswith("  ") and line.split()[0] in IMPL_KEYS]
+    assert len(peers) == 4 and not any(": available" in line for line in peers), peers
+    assert all("missing: " in line for line in peers if not line.split()[0] == "frost")
+    assert "only the reference engine would serve" in out
     assert "16 workloads, 2 probe rows" in out
     for needle in ("cudnn", "fa2", "fa4", "frost", "4x4096", "1x16384", "thd fixed (8 seq, T=16454)",
                    "1x128 (probe)", "4096,2048,1024,3000,517,5000,768,1", "would write: frost-bench.json"):
         assert needle in out
     assert len([line for line in out.splitlines() if line.strip()[:3].strip().isdigit()]) == 18
+
+
+IMPL_KEYS = ("cudnn", "fa2", "fa4", "frost")
+
+
+def test_dry_run_on_a_gpu_host_lists_the_peers_it_can_import(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cli.main(["--dry-run", "--preset", "smoke", "--impl", "cudnn,fa2"]) == 0
+    out = capsys.readouterr().out
+    assert "no CUDA device here" not in out
+    assert "cudnn  " in out and "fa2    " in out and out.count(": available") == 2
 
 
 def test_dry_run_lists_deterministic_rows(capsys):

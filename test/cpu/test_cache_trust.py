@@ -158,3 +158,14 @@ def test_device_run_script_uses_no_fixed_name_in_the_shared_temp_dir():
     text = (ROOT / "benchmarks" / "device_run.sh").read_text()
     assert "/tmp/" not in text and "mktemp -d" in text
     assert "FROST_CACHE_DIR=" not in text  # the caller's, or frost's per-user default
+
+
+def test_nothing_is_created_until_an_entry_is_written_and_a_dir_planted_meanwhile_is_refused(fresh):
+    dc = cache.disk()
+    assert dc is not None and not fresh.exists()  # looking creates nothing (frost info stays side-effect free)
+    _needs_root()
+    fresh.mkdir(mode=0o700)
+    os.chown(fresh, NOBODY, NOBODY)  # planted after disk() looked
+    with pytest.raises(OSError, match=f"owned by uid {NOBODY}"):
+        dc.ensure()
+    assert not dc.dir.exists() or dc.dir.stat().st_uid == 0

@@ -101,9 +101,30 @@ def ragged(direction, extra, **kw):
     return g.validate()
 
 
+def paged(direction, extra, *, block_size=32, table_transposed=True, sink=False, **kw):
+    """cuDNN's paged cache, as its paged tests declare it: K/V containers (num_blocks, H_kv, block_size, D), int32
+    tables (B, 1, max_blocks, 1) with a transposed tensor's strides, the envelope, the padding mask's lengths."""
+    g = frost.Graph(io_data_type="bf16", target=H200)
+    q = g.tensor(name="q", dim=(2, 4, 16, 64), stride=(4096, 64, 256, 1))
+    blocks = -(-128 // block_size)
+    k, v = (g.tensor(name=n, dim=(2 * blocks + 3, 2, block_size, 64)) for n in ("container_k", "container_v"))
+    stride = (1, 2 * blocks, 2, 1) if table_transposed else (blocks, blocks, 1, 1)
+    kt, vt = (g.tensor(name=n, dim=(2, 1, blocks, 1), stride=stride, data_type="int32") for n in ("kt", "vt"))
+    lq, lk = (g.tensor(name=n, dim=(2, 1, 1, 1), stride=(1, 1, 1, 1), data_type="int32") for n in ("lq", "lk"))
+    if sink:
+        kw["sink_token"] = g.tensor(name="sink", dim=(4,), data_type="fp32")
+    o, st = g.sdpa(q, k, v, generate_stats=kw.pop("generate_stats", True), attn_scale=0.125, use_padding_mask=True,
+                   seq_len_q=lq, seq_len_kv=lk, paged_attention_k_table=kt, paged_attention_v_table=vt,
+                   paged_attention_max_seq_len_kv=128, **kw)
+    o.set_output(True)
+    if st is not None:
+        st.set_output(True)
+    return g.validate()
+
+
 def graph(direction, extra, **kw):
-    if extra in ("packed", "ragged"):
-        return (packed if extra == "packed" else ragged)(direction, extra, **kw)
+    if extra in ("packed", "ragged", "paged"):
+        return {"packed": packed, "ragged": ragged, "paged": paged}[extra](direction, extra, **kw)
     g = frost.Graph(io_data_type="bf16", target=H200)
     q, k, v = (g.tensor(name=n, dim=(2, 4, 128, 64), stride=BSHD) for n in "qkv")
     kw.update(EXTRA[extra](g) if extra else {})
@@ -126,6 +147,9 @@ EXTRA = {
                              "dBias": g.tensor(name="db", dim=(1, 4, 128, 128))},
     "dropout": lambda g: {"dropout": (0.2, g.tensor(name="seed", dim=(1,), data_type="int64"),
                                       g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64"))},
+    "dropout_dump": lambda g: {"dropout": (0.1, g.tensor(name="seed", dim=(1, 1, 1, 1), data_type="int64"),
+                                           g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64")),
+                               "rng_dump": g.tensor(name="rng_dump", dim=(2, 4, 128, 128), data_type="fp32")},
     "padding": lambda g: {"use_padding_mask": True, "seq_len_q": g.tensor(name="lq", dim=(2,), data_type="int32"),
                           "seq_len_kv": g.tensor(name="lkv", dim=(2, 1, 1, 1), data_type="int32")},
     "sink": lambda g: {"sink_token": g.tensor(name="sink", dim=(4,), data_type="fp32")},
@@ -183,6 +207,7 @@ CASES = {
     "fwd bias": ("fwd", "bias", {}),
     "fwd bias causal": ("fwd", "bias", {"use_causal_mask": True}),
     "fwd dropout": ("fwd", "dropout", {}),
+    "fwd dropout rng_dump": ("fwd", "dropout_dump", {"use_causal_mask": True}),
     "fwd padding causal": ("fwd", "padding", {"use_causal_mask": True}),
     "fwd sinks": ("fwd", "sink", {"use_causal_mask": True}),
     "fwd alibi": ("fwd", None, {"use_alibi_mask": True, "use_causal_mask": True}),
@@ -192,6 +217,7 @@ CASES = {
     "bwd causal deterministic": ("bwd", None, {"use_causal_mask": True, "use_deterministic_algorithm": True}),
     "bwd bias dbias": ("bwd", "bias_dbias", {}),
     "bwd dropout": ("bwd", "dropout", {}),
+    "bwd dropout rng_dump": ("bwd", "dropout_dump", {}),
     "bwd padding": ("bwd", "padding", {}),
     "bwd sinks dsink": ("bwd", "sink_dsink", {"use_causal_mask": True}),
     "bwd causal window": ("bwd", None, {"use_causal_mask": True, "sliding_window_length": 32}),
@@ -199,6 +225,12 @@ CASES = {
     "bwd packed causal": ("bwd", "packed", {"use_causal_mask": True}),
     "fwd ragged form": ("fwd", "ragged", {}),
     "bwd ragged form": ("bwd", "ragged", {"use_causal_mask": True}),
+    "fwd paged": ("fwd", "paged", {}),
+    "fwd paged decode bottom-right causal": ("fwd", "paged", {"use_causal_mask_bottom_right": True,
+                                                              "generate_stats": False}),
+    "fwd paged window": ("fwd", "paged", {"use_causal_mask_bottom_right": True, "sliding_window_length": 64}),
+    "fwd paged sinks": ("fwd", "paged", {"use_causal_mask_bottom_right": True, "sink": True}),
+    "fwd paged block 128": ("fwd", "paged", {"block_size": 128, "table_transposed": False}),
     # a graph cuDNN's own validation refuses: proves the C++ validate above is live
     "refused: bottom-right causal with bias": ("fwd", "bias", {"use_causal_mask_bottom_right": True}),
 }
@@ -262,6 +294,16 @@ def test_masks_reach_the_binding_in_its_preferred_keywords(lowered):
     assert lowered["bwd causal deterministic"]["params"]["use_deterministic_algorithm"] is True
 
 
+@pytest.mark.parametrize("name", ["fwd dropout rng_dump", "bwd dropout rng_dump"])
+def test_the_dropout_mask_dump_reaches_the_binding_as_an_output(lowered, name):
+    """rng_dump goes to cuDNN beside the (probability, seed, offset) dropout, as the op's output the engine binds."""
+    res = lowered[name]
+    assert res["ok"], res.get("error")
+    assert "rng_dump" in res["roles"] and {"dropout_1", "dropout_2"} <= set(res["inputs"])
+    assert any(o.lower() == "rng_dump" for o in res["outputs"]), res["outputs"]
+    assert res["params"]["dropout_0"] == 0.1
+
+
 def test_cudnns_own_validation_is_live(lowered):
     res = lowered["refused: bottom-right causal with bias"]
     assert not res["ok"] and "cudnnGraphNotSupportedError" in res["error"] and "Bottom right" in res["error"]
@@ -284,3 +326,13 @@ def test_packed_graphs_reach_the_binding_in_its_ragged_form(lowered, name):
     if "packed" in name:  # one offset array per (token group, token stride): q/o/... share one, stats its own
         assert res["offsets"]["q"] == res["offsets"]["o"] != res["offsets"]["stats"]
         assert res["offsets"]["k"] == res["offsets"]["v"] != res["offsets"]["q"]
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if "paged" in n])
+def test_paged_caches_reach_the_binding_as_its_paged_sdpa(lowered, name):
+    """The containers are K and V, the tables are the op's page-table operands, the envelope is a parameter."""
+    res = lowered[name]
+    assert res["ok"], res.get("error")
+    assert {"paged_attention_k_table", "paged_attention_v_table", "seq_len_q", "seq_len_kv"} <= set(res["inputs"])
+    assert res["params"]["paged_attention_max_seq_len_kv"] == 128 and res["params"]["use_padding_mask"] is True
+    assert {"paged_attention_k_table", "paged_attention_v_table"} <= set(res["roles"])

@@ -873,8 +873,12 @@ def test_packed_execute_derives_lengths_and_offsets_then_launches_cudnn(unpended
     bound = {r: _Ptr(0x1000 * (i + 1)) for i, r in enumerate(("q", "k", "v", "o", "stats"))}
     bound.update(cu_seq_len_q="cu_q", cu_seq_len_kv="cu_kv")
     adapter.execute(bound, ws, 5)
-    ((cu_q, cu_kv, lengths, offsets, stream),) = launches
+    ((cu_q, cu_kv, lengths, offsets, *envelope, stream),) = launches
     assert (cu_q, cu_kv, stream) == ("cu_q", "cu_kv", 5)
+    # the envelope the kernel clamps the prefix sums to (docs/lengths.md): token totals, then longest sequences
+    f = g.facts
+    assert tuple(envelope) == adapter.call.envelope == (f.total_q, f.total_kv, f.seq_q, f.seq_kv) == (
+        f.total_q, f.total_kv, 128, 96)
     base = ws.data_ptr()
     assert lengths.shape == (2, 64) and lengths.dtype == torch.int32 and lengths.data_ptr() == base + start
     assert offsets.shape == (3, 64) and offsets.data_ptr() == base + start + 2 * 256

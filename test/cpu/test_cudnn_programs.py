@@ -196,6 +196,73 @@ bwd.execute(pack, workspace, handle)
 '''
 
 
+# cuDNN's paged K/V cache, as its own tests build it (test/python/sdpa/helpers.py create_container_and_page_table
+# and sdpa/fp16.py): K/V containers declared from the container tensors, page tables (B, 1, blocks, 1) with a
+# transposed tensor's strides, tensors keyed by uid, the padding mask's lengths
+PAGED_FWD = PROLOGUE + '''
+b, h_q, h_k, s_q, s_kv, d, block_size = 3, 4, 2, 8, 40, 64, 16
+
+
+def create_container_and_page_table(tensor, block_size):
+    B, H, S, D = tensor.shape
+    blocks_per_batch = math.ceil(S / block_size)
+    padding_seq = (blocks_per_batch * block_size) - S
+    if padding_seq > 0:
+        zeros = torch.zeros(B, H, padding_seq, D, device=device, dtype=tensor.dtype)
+        cat_tensor = torch.cat((tensor, zeros), axis=2)
+    else:
+        cat_tensor = tensor
+    reshaped = torch.cat((cat_tensor.clone()).chunk(blocks_per_batch, dim=2), dim=0)
+    table_size = math.ceil(S / block_size)
+    page_table = torch.linspace(0, B * table_size - 1, B * table_size, device=device,
+                                dtype=torch.int32).reshape(table_size, 1, B, 1)
+    page_table = torch.transpose(page_table, 0, 2)
+    return (reshaped, page_table)
+
+
+q_gpu = torch.randn(b, h_q, s_q, d, dtype=torch.half, device=device)
+k_gpu = torch.randn(b, h_k, s_kv, d, dtype=torch.half, device=device)
+v_gpu = torch.randn(b, h_k, s_kv, d, dtype=torch.half, device=device)
+o_gpu = torch.full((b, h_q, s_q, d), float("nan"), dtype=torch.half, device=device)
+seq_len_q_gpu = torch.tensor([8, 3, 5], dtype=torch.int32, device=device).view(b, 1, 1, 1)
+seq_len_kv_gpu = torch.tensor([40, 0, 21], dtype=torch.int32, device=device).view(b, 1, 1, 1)
+container_k_gpu, page_table_k_gpu = create_container_and_page_table(k_gpu, block_size)
+container_v_gpu, page_table_v_gpu = create_container_and_page_table(v_gpu, block_size)
+
+graph = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+q = graph.tensor(uid=1, dim=q_gpu.size(), stride=q_gpu.stride(), data_type=cudnn.data_type.HALF)
+k = graph.tensor(uid=20, dim=container_k_gpu.size(), stride=container_k_gpu.stride(), data_type=cudnn.data_type.HALF)
+v = graph.tensor(uid=21, dim=container_v_gpu.size(), stride=container_v_gpu.stride(), data_type=cudnn.data_type.HALF)
+page_table_k = graph.tensor(uid=24, dim=page_table_k_gpu.size(), stride=page_table_k_gpu.stride(),
+                            data_type=cudnn.data_type.INT32)
+page_table_v = graph.tensor(uid=25, dim=page_table_v_gpu.size(), stride=page_table_v_gpu.stride(),
+                            data_type=cudnn.data_type.INT32)
+seq_len_q = graph.tensor(uid=8, dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT32)
+seq_len_kv = graph.tensor(uid=9, dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT32)
+o, stats = graph.sdpa(name="sdpa_forward", q=q, k=k, v=v, generate_stats=False, attn_scale=0.125, bias=None,
+                      block_mask=None, use_padding_mask=True, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+                      diagonal_band_left_bound=None, diagonal_band_right_bound=0,
+                      diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT, dropout=None, rng_dump=None,
+                      paged_attention_k_table=page_table_k, paged_attention_v_table=page_table_v,
+                      paged_attention_max_seq_len_kv=s_kv, implementation=cudnn.attention_implementation.AUTO,
+                      score_max=None, score_sum_exp=None, sink_token=None, unfuse_fma=False)
+o.set_uid(5).set_output(True).set_dim(o_gpu.size()).set_stride(o_gpu.stride())
+try:
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+except cudnn.cudnnGraphNotSupportedError as e:
+    raise SystemExit(f"unsupported: {e}")
+variant_pack = {1: q_gpu, 20: container_k_gpu, 21: container_v_gpu, 24: page_table_k_gpu, 25: page_table_v_gpu,
+                8: seq_len_q_gpu, 9: seq_len_kv_gpu, 5: o_gpu}
+workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+graph.execute(variant_pack, workspace, handle=handle)
+'''
+
+
 def run_as_frost(program: str) -> dict:
     """Run a cuDNN program text with only its import changed; returns its globals."""
     assert program.count("import cudnn\n") == 1
@@ -325,10 +392,25 @@ def test_cudnn_names_are_frost_names():
     assert frost.pygraph.__mro__[1] is frost.Graph
     assert frost.cudnnGraphNotSupportedError is frost.NotSupportedError
     assert frost.data_type is frost.DataType and frost.tensor is frost.Tensor
-    assert frost.backend_version() == 91300 and frost.backend_version_string() == "9.13.0"
+    assert frost.backend_version() == 92000 and frost.backend_version_string() == "9.20.0"
     assert [m.name for m in frost.heur_mode] == ["A", "B", "FALLBACK", "OPENSOURCE"]
     assert [m.name for m in frost.build_plan_policy] == ["HEURISTICS_CHOICE", "ALL"]
     assert [m.name for m in frost.diagonal_alignment] == ["TOP_LEFT", "BOTTOM_RIGHT"]
     g = frost.pygraph("named", frost.data_type.HALF)  # cuDNN's positional order: name first
     assert g.name == "named" and g.io_data_type is frost.DataType.HALF
     assert math.isclose(1.0, 1.0)
+
+
+def test_paged_forward_program_as_cudnns_tests_write_it():
+    """A paged container's first dim counts blocks (9 here, batch 3): declared, planned and executed; each sequence
+    attends over its own keys, bottom-right causal, an empty sequence's rows zero."""
+    p = run_as_frost(PAGED_FWD)
+    assert p["graph"].engine_name == "SdpaFwdReference" and p["k"].get_dim() == [9, 2, 16, 64]
+    for i in range(p["b"]):
+        lq, lk = int(p["seq_len_q_gpu"][i]), int(p["seq_len_kv_gpu"][i])
+        got = p["o_gpu"][i, :, :lq].double()
+        if lk == 0:
+            assert torch.equal(got, torch.zeros_like(got))
+            continue
+        o, _ = _attend(p["q_gpu"][i, :, :lq], p["k_gpu"][i, :, :lk], p["v_gpu"][i, :, :lk], 0.125, lk - lq)
+        torch.testing.assert_close(got, o, atol=2e-3, rtol=2e-3)

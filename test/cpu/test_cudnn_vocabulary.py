@@ -159,12 +159,6 @@ def _side(g, dim=(2, 4, 32, 64), dtype=frost.data_type.INT32):
 
 
 DECLINED = {
-    "rng_dump": (lambda g: {"rng_dump": _side(g, (2, 4, 32, 32), frost.data_type.FLOAT)}, "rng_dump"),
-    "paged": (lambda g: {"paged_attention_k_table": _side(g, (2, 1, 4, 1)),
-                         "paged_attention_v_table": _side(g, (2, 1, 4, 1)), "paged_attention_max_seq_len_kv": 32,
-                         "use_padding_mask": True, "seq_len_q": _side(g, (2, 1, 1, 1)),
-                         "seq_len_kv": _side(g, (2, 1, 1, 1))}, "paged K/V caches"),
-    "implementation": (lambda g: {"implementation": frost.attention_implementation.UNIFIED}, "AUTO"),
     "compute_data_type": (lambda g: {"compute_data_type": frost.data_type.HALF}, "computes in fp32"),
     "unfuse_fma": (lambda g: {"unfuse_fma": True}, "unfuse_fma"),
     "score_mod": (lambda g: {"score_mod": lambda *a: None}, "score_mod"),

@@ -26,8 +26,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lowering", ("frost.lowering",)),
     ("plans", ("frost.plans",)),
     ("graph", ("frost.graph",)),
-    ("public", ("frost", "frost.cache")),  # "frost" is the package root alone, not a prefix
+    ("public", ("frost", "frost.cache", "frost.kv_append")),  # "frost" is the package root alone, not a prefix
     ("torch_face", ("frost.torch_face",)),
+    ("distributed", ("frost.distributed",)),  # context parallelism: a client of the torch face
     ("apps", ("frost.bench", "frost.cli", "frost.demo", "frost.testing")),
 ]
 # Tighter than the order: the only modules some layers may import from frost.
@@ -35,7 +36,9 @@ ONLY: dict[str, tuple[str, ...]] = {
     "ir": ("frost.ir", "frost.types", "frost.errors"),  # the graph knows nothing below it
     # a client of the public graph API: the package's public names and the records they use
     "torch_face": ("frost", "frost.torch_face", "frost.errors", "frost.types", "frost.knobs", "frost.target",
-                   "frost.version", "frost.runtime"),
+                   "frost.version", "frost.runtime", "frost.kv_append"),
+    # beyond torch.distributed, the public names and the torch face only
+    "distributed": ("frost", "frost.torch_face", "frost.distributed"),
 }
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 _DOTTED = re.compile(r"\b(?:frost|test)\b(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_][\w.]*)?")
@@ -170,3 +173,11 @@ def test_fingerprint_hashes_every_module_the_kernels_and_the_compiler_import():
                 missing.append(f"{p.relative_to(ROOT)} imports {target}")
             todo.append(q)
     assert not missing, "not in the fingerprint's SOURCES:\n" + "\n".join(missing)
+
+
+def test_context_parallel_talks_through_torch_distributed_only():
+    """frost.distributed's transport is torch.distributed: no other communication package."""
+    allowed = ("torch", "frost", "__future__", "contextlib", "dataclasses", "functools", "math", "typing")
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {t}" for p in sources("frost/distributed")
+           for line, t in imports_of(p) if t.split(".")[0] not in allowed]
+    assert not bad, "\n".join(bad)

@@ -92,7 +92,7 @@ def test_fakes_take_the_declared_rank_and_the_offsets_dtype():
 def test_launch_arguments_are_the_bound_tensors_and_one_dimensional_offset_views():
     """Execute passes the declared (B, H, S, D) tensors themselves, the offsets and lengths as 1-D views of the
     bound tensors (no copies) and the token envelopes as plan-time ints."""
-    from frost.adapters.dsl import LaunchArgs, viewed_args
+    from frost.adapters.dsl import LaunchArgs, ragged_totals, viewed_args
     from test.cpu.test_cudnn_vocabulary import B, H, HKV, SKV, SQ, D, _ragged
 
     g = _ragged(frost.Graph(target=fake_target("H200")))
@@ -105,7 +105,7 @@ def test_launch_arguments_are_the_bound_tensors_and_one_dimensional_offset_views
     bound["stats"] = torch.zeros(B, H, SQ, 1)
     bound.update({f"{r}_ragged_offset": torch.arange(B + 1).view(-1, 1, 1, 1) for r in ("q", "o", "k", "v", "stats")})
     bound.update({r: torch.ones(B, 1, 1, 1, dtype=torch.int32) for r in ("seq_len_q", "seq_len_kv")})
-    per_call = {"stream": 0}
+    per_call = {"stream": 0, **ragged_totals(facts, bound)}
     for n, role, view in viewed_args(names, facts):
         per_call[n] = view(bound[role])
     args = dict(zip(names, LaunchArgs(names, facts)(bound, per_call)))

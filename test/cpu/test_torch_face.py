@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import frost.torch_face as ft
-from frost.torch_face import plans, provider, run
+from frost.torch_face import block, plans, provider
 from test import oracle
 
 F = torch.nn.functional
@@ -138,8 +138,7 @@ def test_band_maps_onto_frosts_bounds():
 
 
 @pytest.mark.parametrize("kwargs,name", [(dict(dropout_p=0.1), "dropout_p"), (dict(softcap=30.0), "softcap"),
-                                         (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
-                                         (dict(return_attn_probs=True), "return_attn_probs")])
+                                         (dict(alibi_slopes=torch.ones(4)), "alibi_slopes")])
 def test_flash_attn_func_names_what_it_does_not_serve(kwargs, name):
     q = _rand(1, 8, 4, 16)
     with pytest.raises(ft.UnsupportedArgumentError, match=name):
@@ -147,6 +146,58 @@ def test_flash_attn_func_names_what_it_does_not_serve(kwargs, name):
     cu = torch.tensor([0, 8], dtype=torch.int32)
     with pytest.raises(NotImplementedError, match=name):
         ft.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, **kwargs)
+
+
+@pytest.mark.parametrize("returns", ["attn_probs", "lse"])
+def test_flash_attn_func_returns_lse_and_learns_sinks_as_the_peers(returns):
+    """FlashAttention 2's return_attn_probs -> (out, lse, None), FlashAttention 4's return_lse -> (out, lse) and
+    its learnable_sink (bf16, as FlashAttention 4 takes it), with its gradient, against float64 math."""
+    torch.manual_seed(6)
+    b, sq, sk, hq, hkv, d = 2, 7, 11, 4, 2, 16
+    q, k, v, do = _rand(b, sq, hq, d), _rand(b, sk, hkv, d), _rand(b, sk, hkv, d), _rand(b, sq, hq, d)
+    sink = _rand(hq).bfloat16()
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, sink)]
+    got = ft.flash_attn_func(*leaves[:3], causal=True, learnable_sink=leaves[3],
+                             **({"return_attn_probs": True} if returns == "attn_probs" else {"return_lse": True}))
+    assert len(got) == (3 if returns == "attn_probs" else 2)
+    out, lse = got[:2]
+    if returns == "attn_probs":
+        assert got[2] is None
+    out.backward(do)
+    bhsd = [t.transpose(1, 2) for t in (q, k, v, do)]
+    o_ref, lse_ref, dq, dk, dv, dsink = oracle.attention_grads(*bhsd, scale=1 / math.sqrt(d), sink=sink.float(),
+                                                               right_bound=0, alignment="BOTTOM_RIGHT")
+    _close(out.detach().transpose(1, 2), o_ref)
+    assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32 and not lse.requires_grad
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-5, atol=1e-5)
+    for got_grad, ref in zip(leaves[:3], (dq, dk, dv)):
+        _close(got_grad.grad.transpose(1, 2), ref)
+    assert leaves[3].grad.dtype == torch.bfloat16
+    _close(leaves[3].grad.float(), dsink, tol=1e-2)  # a bf16 gradient
+
+
+def test_flash_attn_varlen_func_returns_lse_and_learns_sinks():
+    torch.manual_seed(7)
+    lens_q, lens_k = [5, 11, 3], [7, 11, 9]
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v = _rand(sum(lens_q), 4, 16), _rand(sum(lens_k), 2, 16), _rand(sum(lens_k), 2, 16)
+    do, sink = _rand(sum(lens_q), 4, 16), _rand(4)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, sink)]
+    out, lse, none = ft.flash_attn_varlen_func(*leaves[:3], cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                               return_attn_probs=True, learnable_sink=leaves[3])
+    out4, lse4 = ft.flash_attn_varlen_func(*leaves[:3], cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                           return_lse=True, learnable_sink=leaves[3])
+    assert none is None and torch.equal(out, out4) and torch.equal(lse, lse4)
+    out.backward(do)
+    o_ref, lse_ref, dq, dk, dv, dsink = oracle.attention_grads(
+        q, k, v, do, scale=0.25, sink=sink, cu_seq_len_q=cu_q.tolist(), cu_seq_len_kv=cu_k.tolist(), right_bound=0,
+        alignment="BOTTOM_RIGHT")
+    _close(out.detach(), o_ref)
+    assert lse.shape == (4, q.shape[0])
+    torch.testing.assert_close(lse.t().double(), lse_ref, rtol=1e-5, atol=1e-5)
+    for got, ref in zip(leaves, (dq, dk, dv, dsink)):
+        _close(got.grad, ref)
 
 
 def test_flash_attn_varlen_func_rejects_paged_kv():
@@ -321,9 +372,10 @@ def test_eager_inference_skips_the_dispatcher_and_agrees(monkeypatch):
     direct = ft.attention(q, q, q, causal=True)
     via_op = torch.ops.frost.sdpa_fwd(q, q, q, None, None, -1, 0, False, False)[0]
     assert torch.equal(direct, via_op)
-    calls, forward = [], run.forward
-    monkeypatch.setattr(run, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
-    ft.attention(q.clone().requires_grad_(True), q, q)  # autograd: through the op, whose kernel calls run.forward
+    calls, forward = [], block.forward
+    monkeypatch.setattr(block, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    ft.clear_plan_cache()  # no memoized training forward: the first autograd call goes the whole way
+    ft.attention(q.clone().requires_grad_(True), q, q)  # autograd: the op's node, whose kernel calls block.forward
     assert calls == [1]
 
 
@@ -335,9 +387,9 @@ def test_expanded_gradients_are_served():
 
 def test_reference_backward_ignores_grad_mode():
     q, do = _rand(1, 2, 8, 16), _rand(1, 2, 8, 16)
-    out, lse = run.forward(q, q, q, None, None, -1, -1, False)
+    out, lse = block.forward(q, q, q, None, None, -1, -1, False)
     with torch.no_grad():
-        dq = run.backward(do, q, q, q, out, lse, None, None, -1, -1, False, False)[0]
+        dq = block.backward(do, q, q, q, out, lse, None, None, -1, -1, False, False)[0]
     assert dq.abs().sum() > 0
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import frost
-from test.cpu.test_cudnn_programs import DENSE_BWD, DENSE_FWD, PROLOGUE, RAGGED_BWD, _attend
+from test.cpu.test_cudnn_programs import DENSE_BWD, DENSE_FWD, PAGED_FWD, PROLOGUE, RAGGED_BWD, _attend
 from test.gpu.graph_cases import FwdCase, make_fwd, pack, plan_or_skip, runs_while_default_blocked
 
 pytestmark = pytest.mark.gpu
@@ -129,3 +129,28 @@ def test_a_bias_program_matches_the_real_cudnn_frontend(monkeypatch):
     mine = _run(BIAS_FWD)
     assert mine["graph"].engine_name == "SdpaFwdCudnn"
     agree(mine, 1e-3)  # the same engine and plan: equal in practice
+
+
+def test_paged_program_runs_on_the_cudnn_engine_and_matches_the_real_frontend():
+    """cuDNN's paged test program: frost plans its cuDNN engine (its DSL kernels decline paged caches) and gives
+    what the real frontend gives for the same text; each sequence against float64 attention over its own keys."""
+    try:
+        p = _run(PAGED_FWD)
+    except NotImplementedError as e:
+        pytest.skip(f"no engine serves paged caches on this machine: {e}")
+    torch.cuda.synchronize()
+    assert p["graph"].engine_name == "SdpaFwdCudnn"
+    for i in range(p["b"]):
+        lq, lk = int(p["seq_len_q_gpu"][i]), int(p["seq_len_kv_gpu"][i])
+        got = p["o_gpu"][i, :, :lq].double().cpu()
+        if lk == 0:
+            continue
+        o, _ = _attend(p["q_gpu"][i, :, :lq].cpu(), p["k_gpu"][i, :, :lk].cpu(), p["v_gpu"][i, :, :lk].cpu(), 0.125,
+                       lk - lq)
+        torch.testing.assert_close(got, o, atol=2e-3, rtol=2e-3)
+    real = _run(PAGED_FWD, real_cudnn=True)
+    torch.cuda.synchronize()
+    for i in range(p["b"]):
+        lq = int(p["seq_len_q_gpu"][i])
+        torch.testing.assert_close(p["o_gpu"][i, :, :lq].cpu(), real["o_gpu"][i, :, :lq].cpu(), atol=2e-3, rtol=2e-3,
+                                   equal_nan=True)

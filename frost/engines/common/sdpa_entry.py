@@ -90,8 +90,9 @@ class FakeArgs:
         self._made: dict = {}
         self.batch = cute.sym_int(symbol="batch")
         self.ragged = getattr(p, "ragged", False)
-        if self.ragged:  # bound (B, H, S, D); scratch keeps the packed extents (total_q / total_kv)
-            self.seq_q, self.seq_kv = cute.sym_int(symbol="seqlen_q"), cute.sym_int(symbol="seqlen_kv")
+        # ragged: bound (B, H, S, D), each with an S of its own (a packed buffer binds as (B, H, S', D), S' the
+        # tokens it holds: the kernels read the tokens through the offsets, never S); scratch keeps the packed
+        # extents (total_q / total_kv)
         if p.is_thd:
             self.rows_q, self.rows_kv = cute.sym_int(symbol="total_q"), cute.sym_int(symbol="total_kv")
             self.batch1 = cute.sym_int(symbol="batch_plus_1")
@@ -101,7 +102,7 @@ class FakeArgs:
     def _io(self, rows, heads: int, dim: int):
         st = cute.sym_int64(divisibility=8)
         if self.ragged:
-            rows = self.seq_q if rows is self.rows_q else self.seq_kv
+            rows = cute.sym_int()
         if self.p.is_thd and not self.ragged:
             shape, stride = (rows, heads, dim), (st, cute.sym_int64(divisibility=8), 1)
         else:
@@ -128,7 +129,7 @@ class FakeArgs:
     def _stats(self):
         hq = self.p.num_heads_q
         if self.ragged:
-            shape = (self.batch, hq, self.seq_q, 1)
+            shape = (self.batch, hq, cute.sym_int(), 1)
         else:
             shape = (self.rows_q, hq, 1) if self.p.is_thd else (self.batch, hq, self.rows_q, 1)
         return cute.runtime.make_fake_tensor(Float32, shape, tuple(cute.sym_int64() for _ in shape),

@@ -26,6 +26,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Int32, const_expr
 
+from frost.engines.common import seqlen
+
 
 def grid_size(total_tiles_bound: Int32, sm_count: int, persistent: bool):
     """CTAs to launch: one per tile, or at most one per SM when persistent (never zero)."""
@@ -79,22 +81,30 @@ def zigzag_tile(wave: Int32, cta: Int32, num_ctas: Int32) -> Int32:
 
 @cute.jit
 def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutlass.Constexpr[int],
-              lengths: cutlass.Constexpr[bool] = False) -> Int32:
+              lengths: cutlass.Constexpr[bool] = False, total=None) -> Int32:
     """m-blocks of packed sequence b (0 past the batch); `lengths`: the tensor holds each sequence's length
-    (seqused: cuDNN's ragged-offset form), not prefix sums."""
+    (seqused: cuDNN's ragged-offset form), not prefix sums. `total`: the token extent the lengths are clamped
+    to as `seqlen.seqlen_info` clamps them (a ragged length to [0, total]: its offset is not read here; the
+    tiles past the clamped length that `seqlen_info` gives do no work)."""
     n = Int32(0)
     if b < num_batch:
-        if const_expr(lengths):
-            n = (cu_seqlens[b] + (tile_m - 1)) // tile_m
+        if const_expr(total is None):
+            if const_expr(lengths):
+                n = (cu_seqlens[b] + (tile_m - 1)) // tile_m
+            else:
+                n = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
+        elif const_expr(lengths):
+            n = (seqlen.clamp(cu_seqlens[b], Int32(0), total) + (tile_m - 1)) // tile_m
         else:
-            n = (cu_seqlens[b + 1] - cu_seqlens[b] + (tile_m - 1)) // tile_m
+            start = seqlen.token_offset(cu_seqlens, b, 0, total)
+            n = (seqlen.packed_length(cu_seqlens, b, start, total) + (tile_m - 1)) // tile_m
     return n
 
 
 @cute.jit
 def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
                   num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                  cursor_batch: Int32, cursor_base: Int32, lengths: cutlass.Constexpr[bool] = False):
+                  cursor_batch: Int32, cursor_base: Int32, lengths: cutlass.Constexpr[bool] = False, total=None):
     """tile index -> (m_block, head, batch, is_valid, cursor_batch, cursor_base). Warp-collective.
 
     `cursor_batch` is the first batch of a 32-batch chunk and `cursor_base` the
@@ -106,7 +116,7 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
     batch = num_batch
     searching = Boolean(True)
     while searching:
-        n_m = _m_blocks(cu_seqlens, cursor_batch + lane, num_batch, tile_m, lengths)
+        n_m = _m_blocks(cu_seqlens, cursor_batch + lane, num_batch, tile_m, lengths, total)
         n_tiles = n_m * num_heads
         incl = n_tiles
         for i in cutlass.range_constexpr(5):
@@ -136,7 +146,8 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
 @cute.jit
 def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
                       num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                      cursor_rank: Int32, cursor_base: Int32, lengths: cutlass.Constexpr[bool] = False):
+                      cursor_rank: Int32, cursor_base: Int32, lengths: cutlass.Constexpr[bool] = False,
+                      total=None):
     """Longest-first over a packed batch under a causal band. Warp-collective.
 
     Under a causal band a tile's work grows with its m-block index, whatever its
@@ -150,7 +161,7 @@ def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32
     top = Int32(0)
     c = Int32(0)
     while c < num_batch:
-        top = cutlass.max(top, _m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths))
+        top = cutlass.max(top, _m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths, total))
         c = c + 32
     for i in cutlass.range_constexpr(5):
         top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=1 << i))
@@ -166,7 +177,8 @@ def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32
         c = Int32(0)
         while c < num_batch:
             count = count + cute.arch.popc(
-                cute.arch.vote_ballot_sync(_m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths) > level))
+                cute.arch.vote_ballot_sync(_m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths, total)
+                                           > level))
             c = c + 32
         n_tiles = count * num_heads
         if tile_idx < base + n_tiles:
@@ -175,7 +187,7 @@ def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32
             head = j - e * num_heads
             c = Int32(0)
             while c < num_batch:  # the e-th sequence that has a tile at this level
-                has = _m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths) > level
+                has = _m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths, total) > level
                 bal = cute.arch.vote_ballot_sync(has)
                 k = cute.arch.popc(bal)
                 if e < k:
@@ -201,7 +213,7 @@ RANKED_BATCH_MAX = 64
 
 
 @cute.jit
-def ranked_batch(rank: Int32, num_batch: Int32, cu_seqlens, seqused) -> Int32:
+def ranked_batch(rank: Int32, num_batch: Int32, cu_seqlens, seqused, total=None) -> Int32:
     """The batch entry launched `rank`-th when entries run longest query length first, ties by index.
 
     Warp-collective (each warp of a CTA finds the same entry). Each lane holds the lengths of entries lane and
@@ -214,8 +226,8 @@ def ranked_batch(rank: Int32, num_batch: Int32, cu_seqlens, seqused) -> Int32:
         lane = cute.arch.lane_idx()
         # query lengths as `seqlen_info` reads them (0 past the batch: such a lane counts every entry ahead of it)
         lens, from_seqused = (seqused, True) if const_expr(seqused is not None) else (cu_seqlens, False)
-        low = _m_blocks(lens, lane, num_batch, 1, from_seqused)  # entry lane
-        high = _m_blocks(lens, lane + 32, num_batch, 1, from_seqused)  # entry lane + 32
+        low = _m_blocks(lens, lane, num_batch, 1, from_seqused, total)  # entry lane
+        high = _m_blocks(lens, lane + 32, num_batch, 1, from_seqused, total)  # entry lane + 32
         ahead_low = Int32(0)
         ahead_high = Int32(0)
         for j in cutlass.range(num_batch, unroll=1):

@@ -28,7 +28,7 @@ from cutlass import Float32, Int32
 
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.lanes import lanes_allreduce_sum
-from frost.engines.common.seqlen import own_token_offset, token_offset
+from frost.engines.common.seqlen import clamp, own_token_offset, packed_length, token_offset
 from frost.engines.sdpa_bwd.accum import (FRAGMENT_THREADS, acc_copies, build_entry, fragment_coord,
                                           fragment_offset, packed_acc_tile)
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, postprocess_args
@@ -91,19 +91,20 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
     convert_tile = True
     if cutlass.const_expr(packed_fragments(p)):
         if batch == gz - 1:  # tokens after the last sequence belong to none: their dQ is 0
-            _zero_tail_rows(p, mdQ, mCuQ[gz], packed_rows, dt, tidx, bx, gx, head)
-        # frost's packed form in fragment-order tiles: sequence `batch`'s tile bx, from its own tiles
-        start = mCuQ[batch]
-        extent = mCuQ[batch + 1] - start
+            _zero_tail_rows(p, mdQ, clamp(mCuQ[gz], Int32(0), packed_rows), packed_rows, dt, tidx, bx, gx, head)
+        # frost's packed form in fragment-order tiles: sequence `batch`'s tile bx, from its own tiles (start and
+        # end clamped to the token extent as `seqlen.seqlen_info` clamps them)
+        start = token_offset(mCuQ, batch, 0, packed_rows)
+        extent = packed_length(mCuQ, batch, start, packed_rows)
         mdQ = cute.domain_offset((start, 0, 0), mdQ)
         copies = [cute.domain_offset((packed_acc_tile(start, batch, p.dq_accum_tile) * p.dq_accum_tile, 0), c)
                   for c in copies]
         convert_tile = bx * p.dq_accum_tile < extent
     if cutlass.const_expr(p.ragged):
         # cuDNN's ragged-offset form: the rows of sequence `batch` only, from its first token
-        base = token_offset(mCuQ, batch, p.token_div_q)
-        extent = mUsedQ[batch]
-        mdQ = cute.domain_offset((own_token_offset(p, "dq", mdQOff, batch, base), 0, 0), mdQ)
+        base = token_offset(mCuQ, batch, p.token_div_q, packed_rows)
+        extent = clamp(mUsedQ[batch], Int32(0), packed_rows - base)
+        mdQ = cute.domain_offset((own_token_offset(p, "dq", mdQOff, batch, base, extent, packed_rows), 0, 0), mdQ)
         copies = [cute.domain_offset((base, 0), c) for c in copies]
     chunks_per_row = p.head_dim // VEC
     if cutlass.const_expr(p.dq_accum_tile > 0):

@@ -25,7 +25,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from frost.engines.common.lanes import lanes_allreduce_sum
-from frost.engines.common.seqlen import own_token_offset, token_offset
+from frost.engines.common.seqlen import clamp, own_token_offset, rows_offset, token_offset
 from frost.engines.sdpa_bwd.accum import acc_copies, build_entry
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, preprocess_args
 from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA, packed_fragments
@@ -98,21 +98,23 @@ def kernel(
     ragged_acc = None  # the ragged form's accumulator rows of this sequence
     if cutlass.const_expr(p.ragged):
         # cuDNN's ragged-offset form: this CTA's rows are those of sequence `batch`, from its first token
-        base = token_offset(mCuQ, batch, p.token_div_q)
-        extent = mUsedQ[batch]
-        mO = cute.domain_offset((own_token_offset(p, "o", mOOff, batch, base), 0, 0), mO)
-        mdO = cute.domain_offset((own_token_offset(p, "do", mdOOff, batch, base), 0, 0), mdO)
+        # (offset and length clamped to the token envelope T as `seqlen.seqlen_info` clamps them)
+        total = extent
+        base = token_offset(mCuQ, batch, p.token_div_q, total)
+        extent = clamp(mUsedQ[batch], Int32(0), total - base)
+        mO = cute.domain_offset((own_token_offset(p, "o", mOOff, batch, base, extent, total), 0, 0), mO)
+        mdO = cute.domain_offset((own_token_offset(p, "do", mdOOff, batch, base, extent, total), 0, 0), mdO)
         mdPsum = cute.domain_offset((0, base), mdPsum)
         acc = cute.domain_offset((base, 0), mAcc[head, None, None])
         ragged_acc = [cute.make_tensor(acc.iterator, cute.make_layout((extent, p.head_dim), stride=acc.stride))]
         if cutlass.const_expr(mLseOff is not None):
-            mLSE = cute.domain_offset((0, token_offset(mLseOff, batch, p.token_div_lse)), mLSE)
+            mLSE = cute.domain_offset((0, rows_offset(mLseOff, batch, p.token_div_lse, extent, total)), mLSE)
     # rows that lie inside a sequence (only dSink needs them)
     seq_rows = extent
     if cutlass.const_expr(mCuQ is not None and not p.ragged):
-        seq_rows = cutlass.min(mCuQ[mCuQ.shape[0] - 1], extent)
+        seq_rows = clamp(mCuQ[mCuQ.shape[0] - 1], Int32(0), extent)
     if cutlass.const_expr(mUsedQ is not None):
-        seq_rows = cutlass.min(mUsedQ[batch], extent)
+        seq_rows = clamp(mUsedQ[batch], Int32(0), extent)
     sink = Float32(0.0)
     if cutlass.const_expr(mSinks is not None):
         sink = mSinks[head]

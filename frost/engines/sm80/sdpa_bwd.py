@@ -65,7 +65,7 @@ from frost.engines.common import rows, score_mod
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.sdpa_entry import IO_DTYPES
-from frost.engines.common.seqlen import own_rows, seqlen_info, token_offset
+from frost.engines.common.seqlen import own_rows, rows_offset, seqlen_info
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32
 from frost.engines.sdpa_bwd import accum
@@ -327,9 +327,11 @@ def kernel(
     c = _setup(cfg, tidx, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, g2s_qk, g2s_vdo, s2g_k, s2g_v,
                mma_sdp, mma_dkv, mma_dq, Storage)
     s = _sequence(cfg, mQ, mK, mCuQ, mCuK, mUsedQ, mUsedK, batch, head_kv, bx, grid_x, window_left, window_right,
-                  mLseOff)
-    # the ragged form's io tensors with offsets of their own, rebased onto their group leader's (q's, k's)
-    mV, mdO, mdK, mdV = (own_rows(p, role, mX, off, batch, s.offset_q if role == "do" else s.offset_k)
+                  mLseOff, mSem)
+    # the ragged form's io tensors with offsets of their own, rebased onto their group leader's (q's, k's) and
+    # clamped so the sequence's rows fit
+    mV, mdO, mdK, mdV = (own_rows(p, role, mX, off, batch, *((s.offset_q, s.seqlen_q, s.static_q) if role == "do"
+                                                             else (s.offset_k, s.seqlen_k, s.static_k)))
                          for role, mX, off in zip(("v", "do", "dk", "dv"), (mV, mdO, mdK, mdV), mOwnOff))
     io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem, mBias, mdBias, mdBiasAcc)
 
@@ -462,18 +464,23 @@ def _setup(cfg: cutlass.Constexpr, tidx: Int32, sQ_layout, sdO_layout, sK_layout
 
 @cute.jit
 def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mCuK, mUsedQ, mUsedK, batch: Int32,
-              head_kv: Int32, bx: Int32, grid_x: Int32, window_left, window_right, mLseOff=None) -> _Sequence:
-    """This CTA's sequence record: offsets, lengths, the mask's diagonal, its key tiles and accumulator copy."""
+              head_kv: Int32, bx: Int32, grid_x: Int32, window_left, window_right, mLseOff=None,
+              mSem=None) -> _Sequence:
+    """This CTA's sequence record: offsets, lengths (clamped to the envelope, `seqlen_info`), the mask's diagonal,
+    its key tiles and accumulator copy."""
     p = cfg.p
     if cutlass.const_expr(p.is_thd):
         static_q, static_k = mQ.shape[0], mK.shape[0]
     else:
         static_q, static_k = mQ.shape[1], mK.shape[1]
+    turn_rows = None  # cuDNN's ragged form: per (batch, head) turn counters for the longest sequence's tiles only
+    if cutlass.const_expr(p.ragged and uses_turns(p)):
+        turn_rows = mSem.shape[0] // (grid_extent(p.grid_order, "batch") * p.num_heads_q) * cfg.bm
     offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK,
-                                                         p.token_div_q, p.token_div_kv)
+                                                         p.token_div_q, p.token_div_kv, turn_rows)
     offset_lse = offset_q
     if cutlass.const_expr(mLseOff is not None):
-        offset_lse = token_offset(mLseOff, batch, p.token_div_lse)
+        offset_lse = rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, static_q)
     diag = fmask.diag_offset(seqlen_q, seqlen_k, p.bottom_right)
     num_n = (seqlen_k + cfg.bn - 1) // cfg.bn
     splits = p.dq_splits

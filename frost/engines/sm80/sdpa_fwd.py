@@ -209,11 +209,12 @@ class SdpaFwdSm80:
             batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK, p.token_div_q, p.token_div_kv)
         off_lse = off_q  # ragged Stats start at their own offsets
         if const_expr(mLseOff is not None):
-            off_lse = seqlen.token_offset(mLseOff, batch, p.token_div_lse)
-        # ragged io tensors with offsets of their own (cuDNN's form gives each tensor its own)
-        off_o = seqlen.own_token_offset(p, "o", mOwnOff[0], batch, off_q)
-        off_v = seqlen.own_token_offset(p, "v", mOwnOff[1], batch, off_k)
-        off_scores = tuple(seqlen.own_token_offset(p, role, off, batch, off_q)
+            off_lse = seqlen.rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, static_sq)
+        # ragged io tensors with offsets of their own (cuDNN's form gives each tensor its own), clamped so the
+        # entry's rows fit in each
+        off_o = seqlen.own_token_offset(p, "o", mOwnOff[0], batch, off_q, seqlen_q, static_sq)
+        off_v = seqlen.own_token_offset(p, "v", mOwnOff[1], batch, off_k, seqlen_k, static_sk)
+        off_scores = tuple(seqlen.own_token_offset(p, role, off, batch, off_q, seqlen_q, static_sq)
                            for role, off in zip(("score_max", "score_sum_exp"), mOwnOff[2]))
         # last m-tiles first: under a causal band they carry the most work. Dense batches
         # visit every m-tile of the static length (rows past seqused_q are written as

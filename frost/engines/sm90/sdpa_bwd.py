@@ -88,7 +88,7 @@ from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
-from frost.engines.common.seqlen import own_rows, own_token_offset, seqlen_info, token_offset
+from frost.engines.common.seqlen import own_rows, own_token_offset, rows_offset, seqlen_info, token_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common.tile_scheduler import ranked_batch
 from frost.engines.common import global_ops as gops
@@ -375,19 +375,20 @@ class SdpaBwdSm90:
 
         bx, head_kv, batch = (block_coord(self.p.grid_order, a) for a in ("key", "head", "batch"))
         if const_expr(self.p.ranked_launch):  # the longest sequences first
-            batch = ranked_batch(batch, grid_extent(self.p.grid_order, "batch"), mCuQ, mUsedQ)
+            batch = ranked_batch(batch, grid_extent(self.p.grid_order, "batch"), mCuQ, mUsedQ, mQ.shape[0])
         n_block = self.key_tile(bx)
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
         if const_expr(self.lengths):
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, mQ.shape[0], mK.shape[0], mCuQ, mCuK, mUsedQ,
-                                                           mUsedK, self.p.token_div_q, self.p.token_div_kv)
+                                                           mUsedK, self.p.token_div_q, self.p.token_div_kv,
+                                                           self.ragged_turn_rows(mSem))
         off_lse = off_q
         if const_expr(mLseOff is not None):
-            off_lse = token_offset(mLseOff, batch, self.p.token_div_lse)
-        # the ragged form's V and dO with offsets of their own, rebased onto their group leader's (k's, q's);
-        # dK's and dV's are read at the epilogue
-        mV = own_rows(self.p, "v", mV, mOwnOff[0], batch, off_k)
-        mdO = own_rows(self.p, "do", mdO, mOwnOff[1], batch, off_q)
+            off_lse = rows_offset(mLseOff, batch, self.p.token_div_lse, seqlen_q, mQ.shape[0])
+        # the ragged form's V and dO with offsets of their own, rebased onto their group leader's (k's, q's) and
+        # clamped so the sequence's rows fit; dK's and dV's are read at the epilogue
+        mV = own_rows(self.p, "v", mV, mOwnOff[0], batch, off_k, seqlen_k, mK.shape[0])
+        mdO = own_rows(self.p, "do", mdO, mOwnOff[1], batch, off_q, seqlen_q, mQ.shape[0])
         key_offsets = (mCuK, mOwnOff[2], mOwnOff[3])
         walk = self.walk(n_block, head_kv, batch, seqlen_q, seqlen_k, wl, wr, off_q, off_k, off_lse)
         fine = None  # what a K or V tile reloaded within the walk needs (`swap_fine`)
@@ -577,6 +578,14 @@ class SdpaBwdSm90:
             tile = packed_acc_tile(w.off_q, w.batch, self.bm) + m_block
             return gops.elem_ptr(mAcc, (tile * self.bm, 0, head))
         return gops.elem_ptr(mAcc, (m_block * self.bm, 0, head, w.batch))
+
+    def ragged_turn_rows(self, mSem):
+        """cuDNN's ragged form with turn counters: the query rows a sequence has counters for (per (batch, head)
+        the tiles of the longest one, `semaphore`), the most its length may take; else None (no such bound)."""
+        if const_expr(self.p.ragged and self.p.deterministic):
+            per_seq = mSem.shape[0] // (grid_extent(self.p.grid_order, "batch") * self.p.num_heads_q)
+            return per_seq * self.bm
+        return None
 
     @cute.jit
     def semaphore(self, mSem, mAcc, head: Int32, m_block: Int32, w: Walk):
@@ -1081,7 +1090,7 @@ class SdpaBwdSm90:
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=MMA_THREADS)
         if const_expr(self.p.is_thd):
             # the sequence's first key read again here, not kept in registers over the steps (a d=64 spill)
-            off_k = token_offset(out.key_offsets[0], w.batch, self.p.token_div_kv)
+            off_k = token_offset(out.key_offsets[0], w.batch, self.p.token_div_kv, out.mdK_rows.shape[0])
             limit = w.seqlen_k - w.n_block * self.bn
             if tidx < 128:  # each tile by its own warpgroup
                 self.store_rows(grads[0], out, off_k, limit, tidx, w)
@@ -1104,11 +1113,11 @@ class SdpaBwdSm90:
         is_v, lo, hi = grad
         _, mdKOff, mdVOff = out.key_offsets
         if const_expr(is_v):
-            off = own_token_offset(self.p, "dv", mdVOff, w.batch, off_k)
+            off = own_token_offset(self.p, "dv", mdVOff, w.batch, off_k, w.seqlen_k, out.mdV_rows.shape[0])
             self.each_head(partial(self.store_tile, out.sV, out.mdV_rows, self.dv, self.p.head_dim_v, off, limit, t),
                            lo, hi, w)
         else:
-            off = own_token_offset(self.p, "dk", mdKOff, w.batch, off_k)
+            off = own_token_offset(self.p, "dk", mdKOff, w.batch, off_k, w.seqlen_k, out.mdK_rows.shape[0])
             self.each_head(partial(self.store_tile, out.sK, out.mdK_rows, self.d, self.p.head_dim, off, limit, t),
                            lo, hi, w)
 

@@ -54,7 +54,7 @@ from frost.engines.common import mask, rows, score_mod
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
-from frost.engines.common.seqlen import own_token_offset, seqlen_info, token_offset
+from frost.engines.common.seqlen import own_token_offset, rows_offset, seqlen_info
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
@@ -326,14 +326,15 @@ class SdpaFwdSm90:
     # --- work decomposition shared by producer and consumers
     @cute.jit
     def decode(self, tile_idx: Int32, mCuQ, num_batch: Int32, num_m_blocks: Int32, total_tiles: Int32,
-               section_width: Int32, cursor_b: Int32, cursor_base: Int32):
-        """`mCuQ`: `sched_lengths` (prefix sums, or the ragged form's lengths)."""
+               section_width: Int32, cursor_b: Int32, cursor_base: Int32, total_q=None):
+        """`mCuQ`: `sched_lengths` (prefix sums, or the ragged form's lengths); `total_q`: packed, the query token
+        extent the lengths are clamped to (`seqlen.seqlen_info`)."""
         if const_expr(self.p.is_thd and self.reverse_m):
             return ts.varlen_decode_lpt(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base,
-                                        self.p.ragged)
+                                        self.p.ragged, total_q)
         elif const_expr(self.p.is_thd):
             return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base,
-                                    self.p.ragged)
+                                    self.p.ragged, total_q)
         elif const_expr(self.reverse_m):
             m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.tile_heads,
                                                               num_batch, section_width)
@@ -418,15 +419,16 @@ class SdpaFwdSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
+        total_q = pg.rows_extent(mQ, self.pack)
         m_block, hv, batch, valid, cur_b, cur_base = self.decode(
             tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-            Int32(0), Int32(0))
+            Int32(0), Int32(0), total_q)
         while valid:
             head, vsl = self.split_head(hv)
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, pg.rows_extent(mQ, self.pack), mK.shape[0],
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, mK.shape[0],
                                                            mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
                                                            self.p.token_div_kv)
-            off_v = own_token_offset(self.p, "v", mVOff, batch, off_k)
+            off_v = own_token_offset(self.p, "v", mVOff, batch, off_k, seqlen_k, mK.shape[0])
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
             has_work = n_max > n_min
@@ -497,7 +499,7 @@ class SdpaFwdSm90:
             if more:
                 m_block, hv, batch, valid, cur_b, cur_base = self.decode(
                     tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-                    cur_b, cur_base)
+                    cur_b, cur_base, total_q)
 
     @cute.jit
     def load_kv(self, kv, n_cur: Int32, n_prev: Int32, kv_state, prev_state):
@@ -672,16 +674,16 @@ class SdpaFwdSm90:
         wave = Int32(0)
         m_block, hv, batch, valid, cur_b, cur_base = self.decode(
             tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-            Int32(0), Int32(0))
+            Int32(0), Int32(0), seqlen_q_static)
         while valid:
             head, vsl = self.split_head(hv)
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
                                                            mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv)
-            off_lse = off_q  # ragged Stats start at their own offsets
+            off_lse = off_q  # ragged Stats start at their own offsets (clamped so the entry's rows fit)
             if const_expr(mLseOff is not None):
-                off_lse = token_offset(mLseOff, batch, p.token_div_lse)
-            off_o = own_token_offset(p, "o", mOOff, batch, off_q)
-            off_scores = tuple(own_token_offset(p, role, off, batch, off_q)
+                off_lse = rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, seqlen_q_static)
+            off_o = own_token_offset(p, "o", mOOff, batch, off_q, seqlen_q, seqlen_q_static)
+            off_scores = tuple(own_token_offset(p, role, off, batch, off_q, seqlen_q, seqlen_q_static)
                                for role, off in zip(("score_max", "score_sum_exp"), mScoreOffs))
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
@@ -784,7 +786,7 @@ class SdpaFwdSm90:
             if more:
                 m_block, hv, batch, valid, cur_b, cur_base = self.decode(
                     tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-                    cur_b, cur_base)
+                    cur_b, cur_base, seqlen_q_static)
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)

@@ -1,0 +1,89 @@
+"""`frost bench` paged rows on the CPU: the preset's decode and prefill rows, the dry run listing them without a
+GPU, and the frost runner declaring cuDNN's paged cache through the graph API (the reference engine serves it)
+against the harness's own gather-then-attend math."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from frost.bench import cli
+from frost.bench.workloads import Workload
+
+
+def _spec(argv):
+    return cli.spec_from_args(cli.build_parser().parse_args(argv))
+
+
+def test_the_paged_preset_has_decode_and_prefill_rows_per_block_size():
+    spec = _spec(["--preset", "paged"])
+    rows = spec.expand()
+    assert {w.block_size for w in rows} == {16, 64, 128, 256}
+    decode = [w for w in rows if w.seqlen_q == 1]
+    prefill = [w for w in rows if w.seqlen_q > 1]
+    assert len(decode) == len(prefill) == 4
+    w = decode[0]
+    assert (w.batch, w.seqlen_kv, w.heads_q, w.heads_kv, w.causal) == (64, 8192, 32, 8, False)
+    assert w.kv_bytes() == 64 * 8192 * 8 * 256 * 2 and w.blocks_per_seq == 8192 // w.block_size
+    assert all(p.causal and p.seqlen_q == p.seqlen_kv for p in prefill)
+    assert "paged16 decode 64x1x8192" in w.label
+
+
+def test_paged_backward_rows_are_left_out_with_the_reason():
+    spec = _spec(["--preset", "quick", "--layout", "paged", "--seqlen", "1k"])
+    rows = spec.expand()
+    assert rows and all(w.direction == "fwd" for w in rows)
+    assert any("forward only" in s for s in spec.skipped)
+
+
+def test_dry_run_lists_paged_rows_without_a_gpu(capsys, monkeypatch):
+    import torch
+
+    def no_gpu(*a, **k):
+        raise AssertionError("--dry-run touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_gpu)
+    monkeypatch.setattr(torch.cuda, "init", no_gpu)
+    assert cli.main(["--dry-run", "--preset", "paged"]) == 0
+    out = capsys.readouterr().out
+    assert "8 workloads" in out and "paged K/V: 8 rows" in out
+    for needle in ("paged16 decode 64x1x8192", "paged256 prefill 2x8192x8192", "FA4 with page_table"):
+        assert needle in out
+
+
+@pytest.mark.parametrize("w", [
+    Workload("fwd", "bf16", 64, 64, 4, 2, False, layout="paged", batch=3, seqlen_q=1, seqlen_kv=70, block_size=16),
+    Workload("fwd", "fp16", 64, 64, 4, 1, True, layout="paged", batch=2, seqlen_q=40, seqlen_kv=40, block_size=32),
+], ids=lambda w: w.label)
+def test_frost_runner_declares_the_paged_cache(w):
+    from frost.bench import check, frost_runner
+    from frost.bench.inputs import make_inputs
+    from frost.bench.reference import reference_forward
+
+    names = frost_runner.list_engines(w)
+    assert names[-1] == "SdpaFwdReference"
+    inputs = make_inputs(w, 2, "cpu")
+    b = inputs.sets[1]
+    assert tuple(b.k.shape) == (w.num_blocks, w.block_size, w.heads_kv, w.d_qk)
+    prep = frost_runner.FrostEngine(names[-1]).prepare(inputs)
+    prep.poison(1)
+    prep.calls[1]()
+    outs = prep.outputs(1)
+    ref = reference_forward(w, b.q, b.k, b.v, table=b.table)[0]
+    assert check.unwritten(outs) == 0 and check.compare(outs, (ref,)) < 1e-2
+    # the table matters: the same caches read through another table give other outputs
+    other = reference_forward(w, b.q, b.k, b.v, table=b.table.flip(0).contiguous())[0]
+    assert check.compare(outs, (other,)) > 1e-1
+
+
+def test_cpu_paged_rows_end_to_end(tmp_path):
+    argv = ["--device", "cpu", "--preset", "paged", "--tokens", "96", "--heads", "4", "--gqa", "2", "--seqlen",
+            "48", "--head-dim", "64", "--reps", "2", "--warmup", "1", "--impl", "frost", "-q",
+            "--results-dir", str(tmp_path), "--name", "paged", "--json", "", "--png", ""]
+    assert cli.main(argv) == 0
+    doc = json.loads((tmp_path / "paged.json").read_text())
+    assert len(doc["rows"]) == 8
+    for row in doc["rows"]:
+        m = row["results"]["frost:reference"]
+        assert m["status"] == "ok", m
+        assert m["rel_err"] < 1e-2 and m["info"]["kv_tb_s"] > 0
