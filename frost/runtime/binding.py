@@ -302,10 +302,11 @@ class Binder:
             check_workspace(workspace, need, first)
         # an output sharing memory with another tensor or the workspace raises (spans of ragged buffers from
         # their (B, H, S', D) views: their own storage offset, sizes and strides)
+        aliasing = self.aliasing
         if len(ptrs) != len(bound):
-            self.aliasing.full(list(bound.values()), workspace)
-        else:
-            self.aliasing.fast(ptrs, bound.values(), workspace)
+            aliasing.full(list(bound.values()), workspace)
+        elif ptrs != aliasing.clear or need or aliasing.exact:  # else: these very addresses were found clear
+            aliasing.fast(ptrs, bound.values(), workspace)
         if by_pointer:
             bound[RAGGED_TOKENS] = ragged_tokens(bound, by_pointer)
         return bound
