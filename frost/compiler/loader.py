@@ -1,8 +1,9 @@
 """Loading exported artifacts: the DSL runtime libraries, the object loader and the linked fast loader.
 
 The libraries opened with RTLD_GLOBAL come from frost's own list (`allowed_runtime_libraries`: the
-runtime the installed CuTe DSL ships, libtvm_ffi, and what the DSL itself reports once imported); a
-path recorded next to an artifact only chooses among them and is never opened on its own say.
+runtime the installed CuTe DSL ships or `$CUTE_DSL_LIBS` names, libtvm_ffi, and what the DSL itself
+reports once imported); a path recorded next to an artifact only chooses among them and is never
+opened on its own say.
 """
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ def _shipped_runtimes() -> tuple:
 def allowed_runtime_libraries() -> frozenset:
     """frost's own list of libraries a linked artifact may need opened (real paths)."""
     libs = set(_shipped_runtimes())
+    for p in os.environ.get("CUTE_DSL_LIBS", "").split(os.pathsep):  # the user's own choice, as the DSL reads it
+        if os.path.basename(p) == DSL_RUNTIME and os.path.isfile(p):
+            libs.add(os.path.realpath(p))
     with_ffi = importlib.util.find_spec("tvm_ffi") is not None
     if with_ffi:
         libs.add(os.path.realpath(_libtvm_ffi()))

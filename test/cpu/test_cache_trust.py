@@ -169,3 +169,11 @@ def test_nothing_is_created_until_an_entry_is_written_and_a_dir_planted_meanwhil
     with pytest.raises(OSError, match=f"owned by uid {NOBODY}"):
         dc.ensure()
     assert not dc.dir.exists() or dc.dir.stat().st_uid == 0
+
+
+def test_cute_dsl_libs_from_the_environment_count_as_frosts_own(monkeypatch, tmp_path):
+    lib = tmp_path / loader.DSL_RUNTIME
+    lib.write_bytes(b"")
+    monkeypatch.setenv("CUTE_DSL_LIBS", f"/nonexistent/x.so{os.pathsep}{lib}")
+    assert os.path.realpath(lib) in loader.allowed_runtime_libraries()
+    assert loader.runtime_libs_for([str(lib)])[0] == os.path.realpath(lib)
