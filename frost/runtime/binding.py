@@ -30,7 +30,9 @@ def lookup(variant_pack: dict, decl: Tensor):
     return None
 
 
-def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_bytes: int):
+def _check_identity(role: str, decl: Tensor, t, device) -> None:
+    """What every bound tensor must be, whatever its shape: present, a torch tensor of the declared dtype, on the
+    plan's device."""
     import torch
 
     if t is None:
@@ -43,6 +45,10 @@ def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_byt
         raise BindingError(f"{_who(role, decl)}: declared {want}, bound {t.dtype}")
     if device is not None and t.device != device:
         raise BindingError(f"{_who(role, decl)}: on {t.device}, expected {device}")
+
+
+def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_bytes: int):
+    _check_identity(role, decl, t, device)
     dims, strides = tuple(decl.dim), tuple(decl.stride)
     got_dims, got_strides = tuple(t.shape), tuple(t.stride())
     thd_token = is_thd and (role in THD_Q_ROLES or role in THD_KV_ROLES)
@@ -128,18 +134,7 @@ def bind_ragged(role: str, decl: Tensor, t, spec: RaggedSpec, *, device, vector_
     Checks dtype, device, alignment, the layout of its tokens and that it holds `spec.tokens` tokens; returns a
     view of its memory as (B, H, S', D) with the declared strides (a zero batch stride: the offsets place the
     batches), S' the tokens it holds. A view, never a copy; nothing is read."""
-    import torch
-
-    if t is None:
-        raise BindingError(f"{_who(role, decl)} is missing from the variant pack (key it by the tensor handle, "
-                           f"its uid {decl.uid} or its name)")
-    if not isinstance(t, torch.Tensor):
-        raise BindingError(f"{_who(role, decl)}: expected a torch.Tensor, got {type(t).__name__}")
-    want = decl.data_type.to_torch()
-    if t.dtype != want:
-        raise BindingError(f"{_who(role, decl)}: declared {want}, bound {t.dtype}")
-    if device is not None and t.device != device:
-        raise BindingError(f"{_who(role, decl)}: on {t.device}, expected {device}")
+    _check_identity(role, decl, t, device)
     if vector_bytes > 1 and t.numel() > 0 and t.data_ptr() % vector_bytes != 0:
         raise BindingError(f"{_who(role, decl)}: address {t.data_ptr():#x} is not {vector_bytes}-byte aligned")
     tokens = _ragged_tokens(role, decl, t, spec)
