@@ -22,8 +22,10 @@
 set -uo pipefail
 source .kit/env.sh
 export PYTHONPATH="$PWD:$PYTHONPATH"
-export FROST_CACHE_DIR="${FROST_CACHE_DIR:-/tmp/frost-cache}"
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+# the kernel cache: the caller's FROST_CACHE_DIR, else frost's per-user default (never a fixed name in a shared
+# temp dir, where another user could plant native code); scratch files in a private directory of this run
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/frost-device-run.XXXXXX")"; trap 'rm -rf "$WORK"' EXIT
+OUT="${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/frost-out.XXXXXX")}"; mkdir -p "$OUT"; echo "# results in $OUT"
 kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; run_sweeps=0; budget=240; commit="${FROST_COMMIT:-}"
 run_cudnn=0
 bench_args=""; ncu_args=""; ncubwd_list=(); run_torchface=0; gpt_steps=""
@@ -105,11 +107,11 @@ for args in ${ncubwd_list[@]+"${ncubwd_list[@]}"}; do  # ncubwd may be given mor
   timeout 240 "$ncu_bin" --profile-from-start off --kernel-name regex:"frost_sdpa_bwd_main|flash_bwd_dq_dk_dv|BackwardSm90" \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source no \
     --metrics lts__t_requests_op_red.sum,lts__t_sectors_op_red.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum \
-    -f -o "/tmp/ncu-bwd-$i" python3 benchmarks/profile_bwd.py $args > "/tmp/ncu-bwd-$i.log" 2>&1
-  { echo "# profile_bwd.py $args"; tail -5 "/tmp/ncu-bwd-$i.log"
-    "$ncu_bin" -i "/tmp/ncu-bwd-$i.ncu-rep" --print-details all; } > "$OUT/ncu-bwd-$i.txt" 2>&1
-  "$ncu_bin" -i "/tmp/ncu-bwd-$i.ncu-rep" --page source --csv --print-source sass > "/tmp/ncu-bwd-$i.csv" 2>&1
-  python3 benchmarks/ncu_sass_hot.py "/tmp/ncu-bwd-$i.csv" > "$OUT/ncu-bwd-$i-sass.txt" 2>&1
+    -f -o "$WORK/ncu-bwd-$i" python3 benchmarks/profile_bwd.py $args > "$WORK/ncu-bwd-$i.log" 2>&1
+  { echo "# profile_bwd.py $args"; tail -5 "$WORK/ncu-bwd-$i.log"
+    "$ncu_bin" -i "$WORK/ncu-bwd-$i.ncu-rep" --print-details all; } > "$OUT/ncu-bwd-$i.txt" 2>&1
+  "$ncu_bin" -i "$WORK/ncu-bwd-$i.ncu-rep" --page source --csv --print-source sass > "$WORK/ncu-bwd-$i.csv" 2>&1
+  python3 benchmarks/ncu_sass_hot.py "$WORK/ncu-bwd-$i.csv" > "$OUT/ncu-bwd-$i-sass.txt" 2>&1
   grep -E "frost_|flash_bwd|Duration|Stall|lts__|l1tex__|Excessive|excessive|Uncoalesced" "$OUT/ncu-bwd-$i.txt" | head -40
   grep -E "^##|^###" "$OUT/ncu-bwd-$i-sass.txt" | head
 done
@@ -122,6 +124,6 @@ fi
 # results folder; nothing is left behind)
 n_out=$(find "$OUT" -maxdepth 1 -type f | wc -l)
 if [ "$n_out" -gt 7 ]; then
-  tar -C "$OUT" -czf /tmp/device-run.tar.gz . && find "$OUT" -mindepth 1 -delete && mv /tmp/device-run.tar.gz "$OUT/"
+  tar -C "$OUT" -czf "$WORK/device-run.tar.gz" . && find "$OUT" -mindepth 1 -delete && mv "$WORK/device-run.tar.gz" "$OUT/"
   echo "# $n_out files packed into device-run.tar.gz"
 fi

@@ -1,6 +1,7 @@
 """frost's compiled-kernel cache, publicly: counters and housekeeping.
 
-Compiled kernels persist under $FROST_CACHE_DIR (default ~/.cache/frost), capped
+Compiled kernels persist under $FROST_CACHE_DIR (default: the user's cache dir,
+$XDG_CACHE_HOME/frost or ~/.cache/frost; private, see docs/troubleshooting.md), capped
 at $FROST_CACHE_MAX_BYTES (default 2 GiB); FROST_CACHE_DISABLE=1 keeps them in
 memory only. `stats()` counts this process's hits, misses, compiles and the
 seconds spent loading and compiling. Importing this module does not import cutlass.

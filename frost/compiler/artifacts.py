@@ -57,7 +57,7 @@ def _from_disk(ck: CompiledKernel, key: dict) -> Optional[Artifact]:
         so = None
     return Artifact(KernelSpec(ck.template, ck.params), ck.arch, key, entry.symbol, obj, so,
                     list(entry.meta.get("runtime_libs", [])) if so is not None else [],
-                    list(entry.meta.get("kernel_symbols", ck.kernel_symbols)))
+                    list(entry.meta.get("kernel_symbols") or ck.kernel_symbols))
 
 
 def _from_memory(ck: CompiledKernel, key: dict) -> Optional[Artifact]:

@@ -5,7 +5,15 @@ The fingerprint and keys live in `fingerprint.py`, artifact loading in `loader.p
 A compiled kernel is exported (`export_to_c`, a relocatable object with the
 cubin inside) and stored under
 
-    $FROST_CACHE_DIR (default ~/.cache/frost) / v1 / <fingerprint[:16]> / <entry>.{o,json,lock}
+    $FROST_CACHE_DIR (default: the user's cache dir, $XDG_CACHE_HOME/frost or ~/.cache/frost)
+        / v1 / <fingerprint[:16]> / <entry>.{o,so,json,lock}
+
+Trust (`trust.py`): frost creates these directories 0700 and its files without
+group or other write bits, whatever the umask. When the root, `v1` or this
+process's fingerprint directory is not owned by the effective user or is
+writable by group or others, frost warns once (logger `frost`) and runs without
+the disk layer, as pip does. The libraries a linked `.so` needs are opened from
+frost's own list (`loader.allowed_runtime_libraries`), never from a sidecar.
 
 The entry id hashes the fingerprint and the full key (template, its source
 digest, params type and JSON, target arch). The .json sidecar repeats the key
@@ -16,12 +24,16 @@ Writers publish atomically (temp file in the same directory, fsync, rename;
 object first, sidecar last) under a per-key fcntl lock and re-check after
 locking, so racing processes compile a key once. The directory is held under
 `FROST_CACHE_MAX_BYTES` (default 2 GiB): entries of stale fingerprints go
-first, then the least recently used. `FROST_CACHE_DISABLE=1` turns the disk
-layer off. Importing this module does not import cutlass.
+first, then the least recently used (`prune`: another frost build's directory
+is stale only once nobody has opened it for `FROST_CACHE_STALE_DAYS`, default
+7). `FROST_CACHE_DISABLE=1` turns the disk layer off; so does a write that fails
+(a full disk: the rest of the process compiles in memory, once per kernel).
+Importing this module does not import cutlass.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -38,19 +50,40 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from frost.compiler.fingerprint import FORMAT, entry_id, fingerprint, fingerprint_inputs
-from frost.compiler.loader import link_shared, load_object, load_shared, loader_choice, runtime_libraries
+from frost.compiler.loader import (link_shared, load_object, load_shared, loader_choice, runtime_libraries,
+                                   runtime_libs_for)
+from frost.compiler.trust import not_group_writable, private_dir, untrusted_reason, warn_once
 
 _LAYOUT = "v1"
 DEFAULT_MAX_BYTES = 2 * 2**30
 LOCK_TIMEOUT_S = float(os.environ.get("FROST_CACHE_LOCK_TIMEOUT", "900"))
 _TMP_MAX_AGE_S = 3600.0
-
+DEFAULT_STALE_DAYS = 7.0
+MIN_FREE_BYTES = 64 * 2**20  # below this much free space a compile is not exported (it would fail)
 
 
 # -- configuration ---------------------------------------------------------------------------
+def user_cache_dir() -> Path:
+    """The platform's per-user cache directory ($XDG_CACHE_HOME, ~/.cache, ~/Library/Caches on macOS)."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get("FROST_CACHE_DIR") or Path.home() / ".cache" / "frost")
+    return Path(os.environ.get("FROST_CACHE_DIR") or user_cache_dir() / "frost")
+
+
+def stale_seconds() -> float:
+    """How long another frost build's fingerprint directory must go unopened before pruning prefers it."""
+    try:
+        return float(os.environ.get("FROST_CACHE_STALE_DAYS", "") or DEFAULT_STALE_DAYS) * 86400.0
+    except ValueError:
+        return DEFAULT_STALE_DAYS * 86400.0
 
 
 def disk_enabled() -> bool:
@@ -114,6 +147,28 @@ def import_for_load(so: bool) -> None:
         bump(import_seconds=time.perf_counter() - t0)
 
 
+class Sidecar(BaseModel):
+    """An entry's .json sidecar: the key it was compiled under and the digests of its files.
+
+    `runtime_libs` records what a linked .so was linked against; it is information only (the
+    libraries opened come from frost's own list)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: int
+    fingerprint: str
+    key: dict
+    symbol: str
+    sha256: str
+    size: int
+    created: float = 0.0
+    so_sha256: Optional[str] = None
+    runtime_libs: list[str] = []
+    kernel_symbols: list[str] = []
+    compile_seconds: float = 0.0
+    origin: Optional[str] = None
+
+
 @dataclass
 class Entry:
     """A verified entry on disk."""
@@ -151,7 +206,7 @@ class Entry:
         """
         so = self.shared if loader_choice() == "auto" else None
         if so is not None:
-            got = load_shared(so, self.symbol, self.meta.get("runtime_libs", []))
+            got = load_shared(so, self.symbol, self.meta.get("runtime_libs", []))  # a hint among frost's own
             if got is not None:
                 return (*got, "so")
         return (*load_object(self.obj, self.symbol), "o")
@@ -171,6 +226,7 @@ def write_atomic(final: Path, write, suffix: str) -> None:
     tmp = final.parent / f".{final.name}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.tmp{suffix}"
     try:
         write(tmp)
+        not_group_writable(tmp)  # whatever the umask
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -193,13 +249,40 @@ class DiskCache:
         return self.dir / f"{eid}.o", self.dir / f"{eid}.json", self.dir / f"{eid}.lock"
 
     def ensure(self) -> None:
+        """Create this fingerprint's directory (0700, with what is missing above it) before writing to it;
+        OSError when a directory on the way fails the trust rule (planted since `disk()` looked)."""
         if not self.dir.is_dir():
-            self.dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.dir)
+            reason = self.untrusted()
+            if reason is not None:
+                raise OSError(errno.EPERM, reason)
             info = self.dir / "FINGERPRINT.json"
             if not info.exists():
                 data = json.dumps({"fingerprint": self.fp, **fingerprint_inputs()}, indent=1, sort_keys=True)
                 with contextlib.suppress(OSError):
                     write_atomic(info, lambda p: p.write_text(data), ".json")
+
+    def untrusted(self) -> Optional[str]:
+        """Why the disk layer must not be used (see `trust.py`): the first of the root, `v1` and this
+        fingerprint's directory that exists and fails the rule; None if it may (what is missing is
+        created private when the first entry is written)."""
+        for d in (self.root, self.base, self.dir):
+            if os.path.lexists(d):
+                reason = untrusted_reason(d)
+                if reason is not None:
+                    return reason
+        return None
+
+    def check_room(self) -> None:
+        """Raise OSError(ENOSPC) when the cache's file system is nearly full (checked before a compile, so
+        that a kernel is not compiled once for the disk and again in memory)."""
+        if shutil.disk_usage(self.base).free < MIN_FREE_BYTES:
+            raise OSError(errno.ENOSPC, f"less than {MIN_FREE_BYTES >> 20} MiB free under {self.base}")
+
+    def touch(self) -> None:
+        """Mark this fingerprint's directory as in use (pruning by other builds keeps it for a while)."""
+        with contextlib.suppress(OSError):
+            os.utime(self.dir / "FINGERPRINT.json")
 
     # lookup --------------------------------------------------------------------------------
     def lookup(self, key: dict) -> tuple[Optional[Entry], bool]:
@@ -207,13 +290,12 @@ class DiskCache:
         eid = entry_id(self.fp, key)
         obj, side, _ = self.paths(eid)
         try:
-            meta = json.loads(side.read_text())
+            meta = Sidecar.model_validate_json(side.read_bytes()).model_dump()
         except FileNotFoundError:
             return None, obj.exists()
-        except (OSError, ValueError):
+        except (OSError, ValidationError):  # unreadable, not JSON, or a field missing or of the wrong type
             return None, True
-        if (not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("fingerprint") != self.fp
-                or meta.get("key") != key or not isinstance(meta.get("symbol"), str)):
+        if meta["format"] != FORMAT or meta["fingerprint"] != self.fp or meta["key"] != key:
             return None, True
         try:
             data = obj.read_bytes()
@@ -237,7 +319,7 @@ class DiskCache:
         """Hold the per-key cross-process lock (yields False if it timed out: proceed unlocked)."""
         self.ensure()
         lock = self.paths(entry_id(self.fp, key))[2]
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         held = False
         try:
             deadline = time.monotonic() + timeout
@@ -273,7 +355,7 @@ class DiskCache:
                 **(extra or {})}
         so = obj.with_suffix(".so")
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            if shared is not None and shared[1] and all(os.path.exists(lib) for lib in shared[1]):
+            if shared is not None and runtime_libs_for(shared[1]) is not None:  # frost's own libraries
                 write_atomic(so, lambda p: p.write_bytes(shared[0]), ".so")
                 meta["so_sha256"] = hashlib.sha256(shared[0]).hexdigest()
                 meta["runtime_libs"] = list(shared[1])
@@ -283,6 +365,7 @@ class DiskCache:
                 if linked and linked[0]:
                     meta["so_sha256"] = hashlib.sha256(so.read_bytes()).hexdigest()
                     meta["runtime_libs"] = runtime_libraries()
+        meta = Sidecar.model_validate(meta).model_dump()
         text = json.dumps(meta, indent=1, sort_keys=True)
         write_atomic(side, lambda p: p.write_text(text), ".json")
         _fsync_dir(self.dir)
@@ -294,7 +377,7 @@ class DiskCache:
         limit = max_bytes() if limit is None else limit
         if not self.base.is_dir():
             return 0
-        gate = os.open(self.base / ".prune.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        gate = os.open(self.base / ".prune.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
                 fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -306,6 +389,20 @@ class DiskCache:
         finally:
             os.close(gate)
 
+    def _stale(self, d: Path, now: float) -> bool:
+        """Another build's directory that nobody opened (FINGERPRINT.json) or hit (a sidecar) lately.
+
+        Two frost versions sharing one cache each touch their own FINGERPRINT.json when they open it,
+        and every hit touches its sidecar, so a directory in use is never preferred for eviction: its
+        entries compete with this build's by last use instead."""
+        if d == self.dir:
+            return False
+        limit = now - stale_seconds()
+        try:
+            return all(p.stat().st_mtime < limit for p in d.iterdir() if p.suffix == ".json")
+        except OSError:
+            return True
+
     def _prune(self, limit: int, keep: set) -> int:
         now = time.time()
         groups: dict[tuple, list] = {}
@@ -313,7 +410,7 @@ class DiskCache:
         for d in self.base.iterdir():
             if not d.is_dir():
                 continue
-            stale = d != self.dir
+            stale = self._stale(d, now)
             for p in d.iterdir():
                 try:
                     st = p.stat()
@@ -337,7 +434,7 @@ class DiskCache:
         for (d, stem), (stale, _, size, files) in order:
             if total <= limit:
                 break
-            if not stale and stem in keep:
+            if d == self.dir and stem in keep:
                 continue
             for p in sorted(files, key=lambda q: q.suffix != ".json"):  # sidecar first
                 with contextlib.suppress(OSError):
@@ -347,9 +444,8 @@ class DiskCache:
             total -= size
             evicted += 1
         for d in self.base.iterdir():
-            if d.is_dir() and d != self.dir and not any(p.suffix in (".o", ".so", ".json")
-                                                         and p.name != "FINGERPRINT.json"
-                                                         for p in d.iterdir()):
+            if d.is_dir() and d != self.dir and self._stale(d, now) and not any(
+                    p.suffix in (".o", ".so", ".json") and p.name != "FINGERPRINT.json" for p in d.iterdir()):
                 shutil.rmtree(d, ignore_errors=True)
         return evicted
 
@@ -363,19 +459,46 @@ class DiskCache:
         return sum(p.stat().st_size for p in self.base.rglob("*") if p.is_file())
 
 
-_disk: dict[tuple, DiskCache] = {}
+_disk: dict[tuple, Optional[DiskCache]] = {}
+_off: dict[str, str] = {}  # cache dir -> why this process runs without its disk layer
 
 
 def disk() -> Optional[DiskCache]:
-    """This process's view of the cache directory, or None when the disk layer is off."""
+    """This process's view of the cache directory, or None when the disk layer is off (disabled, a
+    directory frost must not trust, or a write that failed)."""
     if not disk_enabled():
         return None
     fp = fingerprint()
-    k = (str(cache_dir()), fp)
-    dc = _disk.get(k)
-    if dc is None:
-        dc = _disk[k] = DiskCache(cache_dir(), fp)
+    root = cache_dir()
+    k = (str(root), fp)
+    try:
+        return _disk[k]
+    except KeyError:
+        pass
+    if str(root) in _off:
+        return None
+    dc = DiskCache(root, fp)
+    reason = dc.untrusted()
+    if reason is not None:
+        turn_off(root, f"{reason}; compiling without the disk cache (fix the owner and mode, e.g. "
+                       f"chmod 700, or set FROST_CACHE_DIR to a directory of your own)")
+        return None
+    dc.touch()
+    _disk[k] = dc
     return dc
+
+
+def turn_off(root, why: str) -> None:
+    """Run the rest of this process without the disk layer of `root`, warning once (logger `frost`)."""
+    _off[str(root)] = why
+    for k in [k for k in _disk if k[0] == str(root)]:
+        del _disk[k]
+    warn_once(f"cache:{root}", f"frost cache: {why}")
+
+
+def off_reason() -> Optional[str]:
+    """Why this process runs without the disk layer of the current cache directory (None if it does not)."""
+    return _off.get(str(cache_dir()))
 
 
 def warn(msg: str) -> None:
@@ -386,8 +509,9 @@ def warn(msg: str) -> None:
 def describe() -> dict[str, Any]:
     """Where the cache is and what it holds (for `frost precompile --info`)."""
     dc = disk()
-    return {"dir": str(cache_dir()), "enabled": dc is not None, "max_bytes": max_bytes(),
-            "fingerprint": dc.fp if dc else None, "bytes": dc.size_bytes() if dc else 0, "stats": stats()}
+    return {"dir": str(cache_dir()), "enabled": dc is not None, "off_reason": off_reason(),
+            "max_bytes": max_bytes(), "fingerprint": dc.fp if dc else None, "bytes": dc.size_bytes() if dc else 0,
+            "stats": stats()}
 
 
 def prune(limit: Optional[int] = None) -> int:

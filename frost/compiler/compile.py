@@ -20,10 +20,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from frost.compiler import cache
 from frost.compiler.fingerprint import full_key
@@ -58,6 +61,48 @@ class CompiledKernel:
         return self.fn(*args)
 
 
+OWN_MODULES = "frost.engines."  # where every kernel template and params type lives
+_TEMPLATE_RE = r"^frost\.engines(\.[A-Za-z_][A-Za-z0-9_]*)+$"
+_PARAMS_TYPE_RE = r"^frost\.engines(\.[A-Za-z_][A-Za-z0-9_]*)+:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def own_template_name(v: str) -> str:
+    """`v` when it names a module under frost.engines (a pydantic validator: raises ValueError otherwise)."""
+    if not re.match(_TEMPLATE_RE, v):
+        raise ValueError(f"{v!r} is not a frost kernel template module ({OWN_MODULES}<module>)")
+    return v
+
+
+def own_params_type_name(v: str) -> str:
+    """`v` when it reads frost.engines.<module>:<Class> (a pydantic validator: raises ValueError otherwise)."""
+    if not re.match(_PARAMS_TYPE_RE, v):
+        raise ValueError(f"{v!r} is not a frost params type ({OWN_MODULES}<module>:<Class>)")
+    return v
+
+
+class KernelSpecRecord(BaseModel):
+    """A kernel spec as JSON (a spec file, a saved plan, a worker's task). Only frost's own template
+    modules and params types are named: reading one never imports another module."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: str
+    params_type: str
+    params: dict
+
+    _own_template = field_validator("template")(classmethod(lambda cls, v: own_template_name(v)))
+    _own_params_type = field_validator("params_type")(classmethod(lambda cls, v: own_params_type_name(v)))
+
+
+def own_params_type(params_type: str) -> type:
+    """The TemplateParams subclass a validated `params_type` ("frost.engines.<module>:<Class>") names."""
+    mod, _, qual = params_type.partition(":")
+    obj: Any = getattr(importlib.import_module(mod), qual, None)
+    if not (isinstance(obj, type) and issubclass(obj, TemplateParams)):
+        raise ValueError(f"params_type {params_type!r} is not a frost TemplateParams class")
+    return obj
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One (template, params) to compile; serializable for worker processes and spec files."""
@@ -71,12 +116,10 @@ class KernelSpec:
                 "params": self.params.model_dump(mode="json")}
 
     @classmethod
-    def from_json(cls, d: dict) -> "KernelSpec":
-        mod, qual = d["params_type"].split(":")
-        obj: Any = importlib.import_module(mod)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return cls(d["template"], obj.model_validate(d["params"]))
+    def from_json(cls, d) -> "KernelSpec":
+        """Validate (`KernelSpecRecord`: errors name the field) and build; only frost's own modules load."""
+        rec = KernelSpecRecord.model_validate(d)
+        return cls(rec.template, own_params_type(rec.params_type).model_validate(rec.params))
 
 
 _memo: dict[tuple, CompiledKernel] = {}
@@ -255,6 +298,7 @@ def publish(template: str, params: TemplateParams, arch: str, load: bool = True)
                 return found
             if dc.lookup(key)[1]:
                 cache.bump(corrupt=1)
+            dc.check_room()
             cache.bump(misses=1)
             name, jit_fn, fake_args, symbol_for = _build(template, params, arch)
             if not _persistable(jit_fn, fake_args):
@@ -271,7 +315,9 @@ def publish(template: str, params: TemplateParams, arch: str, load: bool = True)
             return _unloaded(entry, template, params, arch, "compile", dt, symbols)
         return _from_entry(entry, template, params, arch, dt, symbols, _ptx_of(compiled), source="compile")
     except OSError as e:  # an unwritable or full cache directory never fails a compile
-        cache.warn(f"disk layer skipped ({type(e).__name__}: {e})")
+        # nor does it cost a second compile per kernel: the rest of the process runs without the disk layer
+        cache.turn_off(dc.root, f"cannot write to {dc.root} ({type(e).__name__}: {e}); compiling without the "
+                                f"disk cache for the rest of this process")
         return None
 
 

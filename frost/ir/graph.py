@@ -5,11 +5,12 @@ live in the public `frost.Graph` (frost/graph.py), which extends this class.
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 from frost.errors import GraphError
 from frost.ir.nodes import BOOL_ATTRS, TENSOR_ATTRS, SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
-from frost.ir.tensor import Tensor, _ints, compact_strides
+from frost.ir.tensor import Tensor, _ints, compact_strides, next_uid
 from frost.ir.validate import expect_rank, expected_out_dims, expected_stats_dims, validate_bwd, validate_fwd
 from frost.types import (as_data_type, attention_implementation, diagonal_alignment, enum_name,
                          tensor_reordering)
@@ -63,7 +64,7 @@ class OpGraph:
         Omitted strides are row-major. `uid` (an int >= 0; cuDNN's -1 means "assign one") keys the variant pack
         too. Pass-by-value tensors and reorderings are cuDNN features frost does not have: they raise.
         """
-        label = name if isinstance(name, str) and name else f"tensor_{len(self.tensors)}"
+        label = name if isinstance(name, str) and name else self._free_label()
         if unknown:
             raise GraphError(f"tensor {label!r}: unknown keyword(s) {sorted(unknown)}")
         if name is not None and not isinstance(name, str):
@@ -84,6 +85,7 @@ class OpGraph:
         if dim is not None and stride is None:
             stride = compact_strides(_ints(dim, "dim", label))
         dt = data_type if data_type is not None else self.io_data_type
+        self._check_name(None, label)
         t = Tensor(self, label, dim, stride, dt)
         if uid is not None and uid >= 0:
             self._set_uid(t, uid)
@@ -93,11 +95,41 @@ class OpGraph:
         self._invalidate()
         return t
 
+    def _free_label(self) -> str:
+        """tensor_<n>, the first n no tensor of this graph is named."""
+        taken = {t.name for t in self.tensors}
+        n = len(self.tensors)
+        while f"tensor_{n}" in taken:
+            n += 1
+        return f"tensor_{n}"
+
+    def _check_name(self, t: Optional[Tensor], name: str) -> None:
+        """A variant pack may be keyed by name: two tensors of one graph never share one."""
+        for other in self.tensors:
+            if other is not t and other.name == name:
+                raise GraphError(f"graph {self.name!r}: tensor name {name!r} is already taken (the tensor of uid "
+                                 f"{other.uid}); names key the variant pack, so each is used once per graph")
+
     def _set_uid(self, t: Tensor, uid: int) -> None:
+        """A uid the caller chose; a tensor that holds it without having chosen it gets a fresh one."""
+        raw = uid
+        try:
+            uid = -1 if isinstance(raw, bool) else operator.index(raw)
+        except TypeError:
+            uid = -1
+        if uid < 0:
+            raise GraphError(f"tensor {t.name!r}: uid must be an int >= 0, got {raw!r}")
         for other in self.tensors:
             if other is not t and other.uid == uid:
-                raise GraphError(f"tensor {t.name!r}: uid {uid} is already tensor {other.name!r}'s")
+                if other.uid_chosen:
+                    raise GraphError(f"tensor {t.name!r}: uid {uid} is already tensor {other.name!r}'s; uids key "
+                                     f"the variant pack, so each is used once per graph")
+                taken = {x.uid for x in self.tensors} | {uid}
+                other.uid = next_uid()
+                while other.uid in taken:
+                    other.uid = next_uid()
         t.uid = uid
+        t.uid_chosen = True
 
     def tensor_like(self, like, name: Optional[str] = None) -> Tensor:
         """Declare a tensor with the dims, strides and dtype of a torch tensor or of another graph tensor."""
@@ -115,6 +147,7 @@ class OpGraph:
         return self.tensor(dim=tuple(shape), stride=tuple(stride()), data_type=dtype, name=name or None)
 
     def _virtual(self, name: str, dim, stride, data_type) -> Tensor:
+        self._check_name(None, name)
         t = Tensor(self, name, dim, stride, data_type, is_virtual=True)
         self.tensors.append(t)
         return t

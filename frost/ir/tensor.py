@@ -10,6 +10,11 @@ from frost.types import DataType, as_data_type
 _uids = itertools.count(1)
 
 
+def next_uid() -> int:
+    """A uid no tensor of this process was given automatically before."""
+    return next(_uids)
+
+
 def compact_strides(dim, order=None) -> tuple[int, ...]:
     """Row-major strides for `dim` (or the order given, fastest dim last in `order`)."""
     order = list(range(len(dim))) if order is None else list(order)
@@ -27,6 +32,7 @@ class Tensor:
     def __init__(self, graph, name: str, dim=None, stride=None, data_type=None, *, is_virtual=False):
         self._graph = graph
         self.uid = next(_uids)
+        self.uid_chosen = False  # True once the caller set it (tensor(uid=...) or set_uid)
         self.name = name
         self.dim = _ints(dim, "dim", name)
         self.stride = _ints(stride, "stride", name)
@@ -57,11 +63,14 @@ class Tensor:
         return self
 
     def set_name(self, name: str) -> "Tensor":
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"tensor {self.name!r}: set_name takes a non-empty string, got {name!r}")
+        self._graph._check_name(self, name)
         self.name = name
         return self
 
     def set_uid(self, uid: int) -> "Tensor":
-        self.uid = int(uid)
+        self._graph._set_uid(self, uid)
         return self
 
     def set_ragged_offset(self, offset: "Tensor") -> "Tensor":

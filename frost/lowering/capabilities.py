@@ -57,6 +57,7 @@ class CapabilityRow(BaseModel):
     pending: Optional[str] = None  # a kernel that is not available yet, and why
     explicit_only_on_gpu: bool = False  # the reference: never chosen silently on a GPU
     serves_cpu: bool = False
+    int32_extents: bool = False  # its kernels take S, token totals and max_seq_len as 32-bit ints
     # with "paged_attention" in features: the container block sizes served (None: any, the engine's own check
     # judges the rest)
     paged_block_sizes: Optional[tuple[int, ...]] = None
@@ -66,6 +67,7 @@ def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=
              fwd_features=frozenset(), bwd_features=frozenset(), **kw) -> list[CapabilityRow]:
     """The forward and backward rows of one arch line; `bwd_knobs` are knob choices only the backward has,
     `fwd_features` / `bwd_features` features only one direction serves."""
+    kw.setdefault("int32_extents", True)  # the CuTe DSL kernels' extent arguments are Int32
     bwd = {**kw, "features": kw["features"] | {"deterministic"} | bwd_features,
            "knob_choices": {**kw.get("knob_choices", {}), **(bwd_knobs or {})}}
     fwd = {**kw, "features": kw["features"] | fwd_features}
@@ -103,7 +105,7 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
-                     cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"),
+                     cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"), int32_extents=True,
                      head_dims=SM90_BWD_HEAD_DIMS,
                      features=SM90_BWD_FEATURES,
                      knob_choices={"tile_m": (64, 80, 128), "tile_n": (64, 128), "num_stages": (1, 2),

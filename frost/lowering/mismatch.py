@@ -49,7 +49,7 @@ def mismatch(row: CapabilityRow, facts: SdpaFacts, knobs: Knobs, target: Target)
         return row.pending
     if facts.io_dtype not in row.dtypes:
         return f"serves {'/'.join(row.dtypes)}, not {facts.io_dtype}"
-    reason = _head_dims_mismatch(row, facts)
+    reason = _head_dims_mismatch(row, facts) or _extent_mismatch(row, facts)
     if reason:
         return reason
     missing = sorted(facts.features() - row.features)
@@ -67,6 +67,32 @@ def mismatch(row: CapabilityRow, facts: SdpaFacts, knobs: Knobs, target: Target)
             return f"has no knob {knob!r} (requested {value})"
         if value not in choices:
             return f"knob {knob}={value} is not one of {choices}"
+    return None
+
+
+INT32_LIMIT = 2**31
+
+
+def _extents(facts: SdpaFacts) -> list[tuple[str, int]]:
+    """The extents a kernel takes as ints, by the names the graph declared them with."""
+    thd = facts.is_thd
+    out = [("max_seq_len_q" if thd else "S_q (q's dim 2)", facts.seq_q),
+           ("max_seq_len_kv" if thd else "S_kv (k's dim 2)", facts.seq_kv),
+           ("the batch B", facts.batch), ("the query heads H_q", facts.num_heads_q),
+           ("the K/V heads H_kv", max(facts.num_heads_kv, facts.num_heads_v))]
+    if thd:
+        out += [("the packed token total of q (its dim 0)", facts.total_q),
+                ("the packed token total of k and v (their dim 0)", facts.total_kv)]
+    return out
+
+
+def _extent_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
+    """Kernels that take extents as 32-bit ints decline 2^31 and above (their 64-bit strides are fine)."""
+    if not row.int32_extents:
+        return None
+    for name, value in _extents(facts):
+        if value >= INT32_LIMIT:
+            return f"takes {name} as a 32-bit int; this graph declares {value} (2^31 and above do not fit)"
     return None
 
 

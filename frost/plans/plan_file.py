@@ -5,6 +5,13 @@ requested knobs, target record, the fingerprint of the frost that compiled it)
 and lists every kernel with its full cache key and the size and sha256 of its
 members. Reading checks the structure and every digest; anything unreadable
 becomes a PlanFileError, never a zip or JSON error.
+
+A plan file is data plus native code, so reading it imports nothing it names
+but frost's own kernel templates and params types (`KernelRecord`'s
+validators), inflates no member past the size its record declares (the zip's
+own size field is compared first), and reports whether the file passes the
+cache's ownership rule (`frost.compiler.trust`): only then may its kernels be
+loaded.
 """
 from __future__ import annotations
 
@@ -12,15 +19,18 @@ import hashlib
 import json
 import zipfile
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from frost.compiler.compile import own_params_type_name, own_template_name
 from frost.errors import PlanFileError
 
 MAGIC = "frost-plan"
 VERSION = 1
 HEADER = "plan.json"
+MAX_HEADER_BYTES = 64 * 2**20
+MAX_MEMBER_BYTES = 1 * 2**30  # a linked library whose size the header does not record
 
 
 class KernelRecord(BaseModel):
@@ -39,8 +49,12 @@ class KernelRecord(BaseModel):
     sha256: str
     so_member: Optional[str] = None  # the library linked from the object, when there is one
     so_sha256: Optional[str] = None
-    runtime_libs: list[str] = []  # what the library was linked for
+    so_size: Optional[int] = None
+    runtime_libs: list[str] = []  # what the library was linked for (a hint: frost opens its own list)
     kernel_symbols: list[str] = []
+
+    _own_template = field_validator("template")(classmethod(lambda cls, v: own_template_name(v)))
+    _own_params_type = field_validator("params_type")(classmethod(lambda cls, v: own_params_type_name(v)))
 
 
 class PlanHeader(BaseModel):
@@ -79,18 +93,37 @@ def write(path, header: PlanHeader, blobs: list[tuple[bytes, Optional[bytes]]]) 
     return path
 
 
+def _inflate(z: zipfile.ZipFile, name: str, limit: int, path) -> bytes:
+    """A member's bytes, refused before inflating when the zip declares more than `limit` (zipfile never
+    inflates past the declared size: a member that would is a CRC error)."""
+    declared = z.getinfo(name).file_size
+    if declared > limit:
+        raise PlanFileError(f"plan file {path}: member {name} declares {declared} bytes, more than the "
+                            f"{limit} its record allows (corrupt or hostile file); nothing was inflated")
+    return z.read(name)
+
+
 def _member(z: zipfile.ZipFile, name: str, size: Optional[int], digest: str, path) -> bytes:
-    data = z.read(name)
+    data = _inflate(z, name, MAX_MEMBER_BYTES if size is None else size, path)
     if (size is not None and len(data) != size) or hashlib.sha256(data).hexdigest() != digest:
         raise PlanFileError(f"plan file {path}: member {name} does not match its recorded digest (corrupt file)")
     return data
 
 
-def read(path) -> tuple[PlanHeader, list[tuple[bytes, Optional[bytes]]]]:
-    """The header and each kernel's verified (object, linked library or None)."""
+class PlanContents(NamedTuple):
+    header: PlanHeader
+    blobs: list  # each kernel's verified (object, linked library or None)
+    untrusted: Optional[str]  # why its native code must not be loaded (trust rule), None when it may
+
+
+def read(path) -> PlanContents:
+    """The header, each kernel's verified (object, linked library or None) and the file's trust verdict."""
+    from frost.compiler.trust import untrusted_reason
+
     try:
-        with zipfile.ZipFile(path) as z:
-            raw = json.loads(z.read(HEADER))
+        with open(path, "rb") as f, zipfile.ZipFile(f) as z:
+            untrusted = untrusted_reason(path, kind="file", fd=f.fileno())
+            raw = json.loads(_inflate(z, HEADER, MAX_HEADER_BYTES, path))
             if not isinstance(raw, dict) or raw.get("magic") != MAGIC:
                 raise PlanFileError(f"{path} is not a frost plan file")
             if raw.get("version") != VERSION:
@@ -100,7 +133,7 @@ def read(path) -> tuple[PlanHeader, list[tuple[bytes, Optional[bytes]]]]:
             blobs = []
             for rec in header.kernels:
                 obj = _member(z, rec.member, rec.size, rec.sha256, path)
-                so = _member(z, rec.so_member, None, rec.so_sha256 or "", path) if rec.so_member else None
+                so = _member(z, rec.so_member, rec.so_size, rec.so_sha256 or "", path) if rec.so_member else None
                 blobs.append((obj, so))
     except PlanFileError:
         raise
@@ -111,7 +144,7 @@ def read(path) -> tuple[PlanHeader, list[tuple[bytes, Optional[bytes]]]]:
         raise PlanFileError(f"plan file {path} has a malformed header ({where})") from None
     except Exception as e:  # noqa: BLE001 - whatever a damaged zip, deflate stream or JSON raises
         raise PlanFileError(f"plan file {path} cannot be read ({type(e).__name__}: {_short(e)})") from None
-    return header, blobs
+    return PlanContents(header, blobs, untrusted)
 
 
 def _short(e: Exception) -> str:

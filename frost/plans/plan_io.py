@@ -6,7 +6,10 @@ graph's facts equal the saved ones, adopts the artifacts into the cache when
 this frost would have compiled exactly them (same fingerprint, same arch), and
 builds the plan for the saved engine and knobs: the compile boundary then finds
 every kernel on disk. A file from another frost build or arch still loads: its
-kernels compile, with a warning, as does any kernel that could not be adopted.
+kernels compile, with a warning, as does any kernel that could not be adopted,
+and so do the kernels of a file that another user owns or that group or others
+may write (the cache's rule, `frost.compiler.trust`): its native code is never
+loaded.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ def _record(i: int, art: Artifact) -> KernelRecord:
     return KernelRecord(name=art.symbol, template=art.spec.template, params_type=j["params_type"], params=j["params"],
                         arch=art.arch, key=art.key, member=f"kernels/{i}.o", size=len(art.obj), sha256=art.digest,
                         so_member=f"kernels/{i}.so" if art.so is not None else None,
-                        so_sha256=sha256(art.so) if art.so is not None else None, runtime_libs=list(art.runtime_libs),
+                        so_sha256=sha256(art.so) if art.so is not None else None,
+                        so_size=len(art.so) if art.so is not None else None, runtime_libs=list(art.runtime_libs),
                         kernel_symbols=list(art.kernel_symbols))
 
 
@@ -115,10 +119,13 @@ def _artifact(rec: KernelRecord, obj: bytes, so) -> Artifact:
     return Artifact(spec, rec.arch, rec.key, rec.name, obj, so, list(rec.runtime_libs), list(rec.kernel_symbols))
 
 
-def _adopt_all(graph, header: PlanHeader, blobs, path) -> bool:
+def _adopt_all(graph, header: PlanHeader, blobs, path, untrusted=None) -> bool:
     """Put the saved kernels where the compile boundary will find them; False when they cannot serve here."""
     if not header.kernels:
         return True
+    if untrusted is not None:  # the cache's ownership rule: native code only from the user's own files
+        _warn(f"{untrusted}; its kernels are not loaded and compile here")
+        return False
     if header.fingerprint != fingerprint.fingerprint():
         _warn(f"{path} was saved by another frost build (differs in {_fingerprint_reason(header)}); "
               "its kernels are not used and compile here")
@@ -165,9 +172,9 @@ def load_plan(graph, path):
     The graph must declare what the saved one did (equal facts), else PlanFileError
     (a GraphError) lists the differences. Returns the graph.
     """
-    header, blobs = plan_file.read(path)
+    header, blobs, untrusted = plan_file.read(path)
     _check_facts(graph, header, path)
-    adopted = _adopt_all(graph, header, blobs, path)
+    adopted = _adopt_all(graph, header, blobs, path, untrusted)
     before = _compiles()
     _build(graph, header)
     compiled = _compiles() - before

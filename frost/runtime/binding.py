@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import operator
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from frost.errors import BindingError
 from frost.ir.facts import IO_TENSOR_ROLES
+from frost.runtime.aliasing import AliasGuard, span_length
+from frost.runtime.device import check_device
 from frost.ir.tensor import Tensor
 
 # roles whose first dim is the packed token count in THD graphs, by token group
@@ -28,7 +30,9 @@ def lookup(variant_pack: dict, decl: Tensor):
     return None
 
 
-def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_bytes: int):
+def _check_identity(role: str, decl: Tensor, t, device) -> None:
+    """What every bound tensor must be, whatever its shape: present, a torch tensor of the declared dtype, on the
+    plan's device."""
     import torch
 
     if t is None:
@@ -41,6 +45,10 @@ def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_byt
         raise BindingError(f"{_who(role, decl)}: declared {want}, bound {t.dtype}")
     if device is not None and t.device != device:
         raise BindingError(f"{_who(role, decl)}: on {t.device}, expected {device}")
+
+
+def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_bytes: int):
+    _check_identity(role, decl, t, device)
     dims, strides = tuple(decl.dim), tuple(decl.stride)
     got_dims, got_strides = tuple(t.shape), tuple(t.stride())
     thd_token = is_thd and (role in THD_Q_ROLES or role in THD_KV_ROLES)
@@ -126,18 +134,7 @@ def bind_ragged(role: str, decl: Tensor, t, spec: RaggedSpec, *, device, vector_
     Checks dtype, device, alignment, the layout of its tokens and that it holds `spec.tokens` tokens; returns a
     view of its memory as (B, H, S', D) with the declared strides (a zero batch stride: the offsets place the
     batches), S' the tokens it holds. A view, never a copy; nothing is read."""
-    import torch
-
-    if t is None:
-        raise BindingError(f"{_who(role, decl)} is missing from the variant pack (key it by the tensor handle, "
-                           f"its uid {decl.uid} or its name)")
-    if not isinstance(t, torch.Tensor):
-        raise BindingError(f"{_who(role, decl)}: expected a torch.Tensor, got {type(t).__name__}")
-    want = decl.data_type.to_torch()
-    if t.dtype != want:
-        raise BindingError(f"{_who(role, decl)}: declared {want}, bound {t.dtype}")
-    if device is not None and t.device != device:
-        raise BindingError(f"{_who(role, decl)}: on {t.device}, expected {device}")
+    _check_identity(role, decl, t, device)
     if vector_bytes > 1 and t.numel() > 0 and t.data_ptr() % vector_bytes != 0:
         raise BindingError(f"{_who(role, decl)}: address {t.data_ptr():#x} is not {vector_bytes}-byte aligned")
     tokens = _ragged_tokens(role, decl, t, spec)
@@ -215,10 +212,11 @@ class TensorSpec(NamedTuple):
     misalign: int  # address bits that must be clear (the vector width less one)
 
 
-def matches_spec(t, spec: TensorSpec, device: int, first) -> bool:
+def matches_spec(t, spec: TensorSpec, device: int, first):
     """The fast path's test of one tensor against a `Binder` spec: dtype, dims (a packed token dim up to its
     envelope), declared strides (the non-unit dims'), device index (off the GPU: the device `first`) and
-    alignment. False for anything else, which `check_tensor` then judges."""
+    alignment. Its address + 1 when it passes (always true; the aliasing check reads it), False for
+    anything else, which `check_tensor` then judges."""
     _, _, dtype, dims, packed, strides, pick, picked, misalign = spec
     try:
         # the whole stride tuple as declared is the common case; comparing it costs less than
@@ -226,7 +224,7 @@ def matches_spec(t, spec: TensorSpec, device: int, first) -> bool:
         return (t.dtype is dtype
                 and ((shape := t.shape) == dims or (packed and shape[1:] == dims[1:] and 0 <= shape[0] <= dims[0]))
                 and ((st := t.stride()) == strides or pick(st) == picked) and t.get_device() == device
-                and (device >= 0 or t.device == first) and not t.data_ptr() & misalign)
+                and (device >= 0 or t.device == first) and not (p := t.data_ptr()) & misalign and p + 1)
     except (AttributeError, IndexError, TypeError):  # not keyed by handle, or not a tensor
         return False
 
@@ -252,7 +250,8 @@ class Binder:
     """
 
     def __init__(self, roles: dict, *, vector_bytes: int, is_thd: bool, wants_cuda: bool, engine: str,
-                 workspace_size: int, ragged: dict = None):
+                 workspace_size: int, ragged: dict = None, device: Optional[int] = None):
+        self.device = device  # the plan's CUDA device (frost/runtime/device.py), None off the GPU
         self.is_thd = is_thd
         self.ragged = ragged or {}  # role -> RaggedSpec: cuDNN's ragged form, bound by pointer (bind_ragged)
         self.wants_cuda = wants_cuda
@@ -264,19 +263,30 @@ class Binder:
             dims, strides = tuple(decl.dim), tuple(decl.stride)
             pick = _stride_picker(dims)  # a unit dim's stride is free: compare the others only
             packed = is_thd and (role in THD_Q_ROLES or role in THD_KV_ROLES)  # token dim up to dims[0]
-            self.specs.append(TensorSpec(role, decl, decl.data_type.to_torch(), dims, packed, strides, pick,
-                                         pick(strides), vec - 1))
+            dtype = decl.data_type.to_torch()
+            self.specs.append(TensorSpec(role, decl, dtype, dims, packed, strides, pick, pick(strides), vec - 1))
+        self.aliasing = self.alias_guard(self.specs)
+
+    def alias_guard(self, specs) -> AliasGuard:
+        """The aliasing check (`aliasing.py`) for tensors given in the order of `specs`."""
+        return AliasGuard([_who(s.role, s.decl) for s in specs],
+                          [bool(s.decl.is_output or s.decl.is_virtual) for s in specs],
+                          [None if s.packed else span_length(s.dims, s.strides, s.dtype.itemsize) for s in specs],
+                          self.workspace_size)
 
     def bind(self, variant_pack: dict, workspace) -> dict:
         get = variant_pack.get
         device, first = self._first_device(variant_pack)
         bound = {}
+        ptrs = []  # addresses + 1 of the tensors that matched their declaration
         by_pointer = []
         for spec in self.specs:
             role, decl = spec.role, spec.decl
             t = get(decl)
-            if matches_spec(t, spec, device, first):
+            p = matches_spec(t, spec, device, first)
+            if p:
                 bound[role] = t
+                ptrs.append(p)
                 continue
             t = lookup(variant_pack, decl)
             rspec = self.ragged.get(role)
@@ -291,13 +301,20 @@ class Binder:
                                        vector_bytes=spec.misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
-        if by_pointer:
-            bound[RAGGED_TOKENS] = ragged_tokens(bound, by_pointer)
         need = self.workspace_size
         if need:
             from frost.runtime.workspace import check_workspace
 
             check_workspace(workspace, need, first)
+        # an output sharing memory with another tensor or the workspace raises (spans of ragged buffers from
+        # their (B, H, S', D) views: their own storage offset, sizes and strides)
+        aliasing = self.aliasing
+        if len(ptrs) != len(bound):
+            aliasing.full(list(bound.values()), workspace)
+        elif ptrs != aliasing.clear or need or aliasing.exact:  # else: these very addresses were found clear
+            aliasing.fast(ptrs, bound.values(), workspace)
+        if by_pointer:
+            bound[RAGGED_TOKENS] = ragged_tokens(bound, by_pointer)
         return bound
 
     def _first_device(self, variant_pack: dict):
@@ -319,4 +336,6 @@ class Binder:
                 raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {t.device} "
                                    f"(first: {decl.name!r})")
             return index, t.device
+        if index != self.device and self.device is not None:
+            check_device(index, self.device, _who(self.specs[0].role, decl))
         return index, _cuda_device(index)

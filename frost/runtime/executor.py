@@ -8,7 +8,8 @@ positionally, in the order of the ports it was made with, and binds them with th
   alignment; the same errors) and launches;
 - `ex.launch(tensors, workspace, handle)` is for a caller whose cache key holds each tensor's dtype, dims
   and strides (keyed on what a checked call accepted, or allocated from such tensors): it checks only
-  what differs between tensors of equal metadata, their devices and address alignment, then launches;
+  what differs between tensors of equal metadata, their devices, address alignment and that no output
+  shares memory with another tensor (`aliasing.py`), then launches;
   a tensor that fails goes through the full checks (and their errors).
 
 Neither allocates, copies or syncs: the workspace and every output are the caller's.
@@ -36,7 +37,7 @@ class Executor:
     """A built graph's plan, executed with tensors given positionally (see the module docstring)."""
 
     __slots__ = ("_graph", "_ports", "_plan", "_binder", "_execute", "_roles", "_specs", "_lead", "_misalign",
-                 "_workspace_size", "_wants_cuda", "_is_thd")
+                 "_workspace_size", "_wants_cuda", "_is_thd", "_aliasing", "_device", "_guard")
 
     def __init__(self, graph, ports):
         self._graph = graph
@@ -62,6 +63,7 @@ class Executor:
                              f"once ({', '.join(s.decl.name for s in binder.specs)})")
         order.sort(key=lambda x: x[0])
         specs = tuple(s for _, s in order)
+        self._aliasing = binder.alias_guard(specs)  # in port order
         self._specs = specs
         self._roles = tuple(s.role for s in specs)
         self._misalign = tuple(s.misalign for s in specs)
@@ -71,6 +73,8 @@ class Executor:
         self._workspace_size = binder.workspace_size
         self._wants_cuda = binder.wants_cuda
         self._is_thd = binder.is_thd
+        self._device = -1 if binder.device is None else binder.device  # the plan's CUDA device (-1: any)
+        self._guard = g._guard
         self._plan = g.plan
 
     def _port_names(self) -> list:
@@ -97,13 +101,15 @@ class Executor:
             device = lead.device
         except AttributeError:
             index = None  # not a tensor: the binder says so
-        if index is not None and (index >= 0 or not self._wants_cuda):
-            if all(matches_spec(t, spec, index, device) for t, spec in zip(tensors, self._specs)):
+        if index is not None and (index == self._device or self._device < 0) and (index >= 0 or not self._wants_cuda):
+            ptrs = [matches_spec(t, spec, index, device) for t, spec in zip(tensors, self._specs)]
+            if all(ptrs):
                 bound = dict(zip(self._roles, tensors))
                 if self._is_thd:
                     check_thd_totals(bound)
                 if self._workspace_size:
                     check_workspace(workspace, self._workspace_size, device)
+                self._aliasing.fast(ptrs, tensors, workspace)
                 return bound
         # a mismatch, or a legal variation the comparison above does not know: the binder's own checks
         return self._binder.bind(dict(zip(self._ports, tensors)), workspace)
@@ -112,7 +118,11 @@ class Executor:
         """Check `tensors` (in port order) as `execute` does, then launch on the handle's (or current) stream."""
         if self._graph.plan is not self._plan:
             self._refresh()
-        self._execute(self._checked(tensors, workspace), workspace, self._stream(handle))
+        bound = self._checked(tensors, workspace)
+        if self._guard.index is None:
+            self._execute(bound, workspace, self._stream(handle))
+        else:
+            self._guard.run(self._execute, bound, workspace, self._stream(handle))
 
     def launch(self, tensors, workspace=None, handle=None) -> None:
         """Launch tensors whose dtype, dims and strides the caller has pinned (see the module docstring):
@@ -121,17 +131,26 @@ class Executor:
             return self(tensors, workspace, handle)
         lead = tensors[self._lead]
         index = lead.get_device()
+        ptrs = []
         if index >= 0:
+            if index != self._device and self._device >= 0:
+                return self(tensors, workspace, handle)  # the binder names the device mismatch
             for t, misalign in zip(tensors, self._misalign):
-                if t.get_device() != index or t.data_ptr() & misalign:
+                if t.get_device() != index or (p := t.data_ptr()) & misalign:
                     return self(tensors, workspace, handle)
+                ptrs.append(p + 1)
         elif self._wants_cuda:
             return self(tensors, workspace, handle)
         else:  # off the GPU: the device itself (cpu, meta, ...) must agree
             device = lead.device
             for t, misalign in zip(tensors, self._misalign):
-                if t.device != device or t.data_ptr() & misalign:
+                if t.device != device or (p := t.data_ptr()) & misalign:
                     return self(tensors, workspace, handle)
+                ptrs.append(p + 1)
         if self._workspace_size:
             check_workspace(workspace, self._workspace_size, lead.device)
-        self._execute(dict(zip(self._roles, tensors)), workspace, self._stream(handle))
+        self._aliasing.fast(ptrs, tensors, workspace)  # packed graphs: exact spans (their lengths vary)
+        if self._guard.index is None:
+            self._execute(dict(zip(self._roles, tensors)), workspace, self._stream(handle))
+        else:
+            self._guard.run(self._execute, dict(zip(self._roles, tensors)), workspace, self._stream(handle))

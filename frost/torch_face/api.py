@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from frost.torch_face import block, ops
-from frost.torch_face.spec import band, reject
+from frost.torch_face.spec import band, check_scale, reject
 
 _lean = ops.lean
 _grad_enabled = torch._C.is_grad_enabled
@@ -98,6 +98,7 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
             return (out, lse) if return_lse else out
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
+    scale = check_scale(scale)
     bshd = layout == "bshd"
     if not bshd and layout != "bhsd":
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
@@ -145,6 +146,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     """
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
+    scale = check_scale(scale)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be packed (T, H, D); got shape {tuple(t.shape)}")

@@ -121,9 +121,14 @@ def _set_output(port, t, total=None):
     port.set_output(True).set_dim(dims).set_stride(tuple(t.stride()))
 
 
-def _finish(g, handles, spec) -> Planned:
+def _finish(g, handles, spec, device=None) -> Planned:
     g.validate()
-    g.build_plans()
+    if (device is not None and device.type == "cuda" and device.index is not None
+            and device.index != torch.cuda.current_device()):
+        with torch.cuda.device(device):  # the plan is for the tensors' device (frost/runtime/device.py)
+            g.build_plans()
+    else:
+        g.build_plans()
     return Planned(graph=g, handles=tuple(handles), workspace_size=g.get_workspace_size(), spec=spec)
 
 
@@ -148,7 +153,7 @@ def build_forward(q, k, v, out, lse_view, sinks, scale, band: Band, cu=None, max
         stats.set_output(True).set_dim(dims).set_stride(strides)
     spec = specialization("fwd", q, k, v, band=band, sinks=sinks, packed=packed, arch=g.target.arch, scale=scale,
                           has_stats=stats_on)
-    return _finish(g, (hq, hk, hv, o, *((stats,) if stats_on else ()), *extra), spec)
+    return _finish(g, (hq, hk, hv, o, *((stats,) if stats_on else ()), *extra), spec, q.device)
 
 
 def build_backward(dout, q, k, v, out, lse_view, grads, sinks, dsinks, scale, band: Band, deterministic: bool,
@@ -173,7 +178,7 @@ def build_backward(dout, q, k, v, out, lse_view, grads, sinks, dsinks, scale, ba
                           deterministic=deterministic, extra=(out, dout))
     sink_ports = (extra[0], hds) if sinks is not None else ()
     cu_ports = tuple(extra[-2:]) if packed else ()
-    return _finish(g, (hq, hk, hv, ho, hdo, hstats, dq, dk, dv, *sink_ports, *cu_ports), spec)
+    return _finish(g, (hq, hk, hv, ho, hdo, hstats, dq, dk, dv, *sink_ports, *cu_ports), spec, q.device)
 
 
 build_forward.what = "the attention forward"  # named in the plan cache's errors

@@ -118,7 +118,7 @@ def _build(q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks, scale, bnd, c
         head.append(stats)
     spec = specialization("fwd", q4, kc, vc, band=bnd, sinks=sinks, packed=False, arch=g.target.arch, scale=scale,
                           has_stats=lse4 is not None)
-    return _finish(g, (*head, hlq, hlk, *handles), spec)
+    return _finish(g, (*head, hlq, hlk, *handles), spec, q4.device)
 
 
 _build.what = "flash_attn_with_kvcache"  # named in the plan cache's errors

@@ -144,9 +144,23 @@ def _below(handle, kernel, keyset, args):
         return handle.redispatch_boxed(keyset & _AFTER_AUTOGRAD, *args)
 
 
+def overlaps(shape, stride) -> bool:
+    """The graph's overlap rule (a declaration it refuses): some stride does not clear the span of a dim
+    with a smaller or equal stride (size-1 dims aside). Pairwise, without sorting (torch.compile traces it)."""
+    dims = [(s, d) for d, s in zip(shape, stride) if d > 1]
+    for i, (si, _) in enumerate(dims):
+        if si < 1:
+            return True
+        for j, (sj, dj) in enumerate(dims):
+            if i != j and sj <= si < sj * dj:
+                return True
+    return False
+
+
 def servable(t):
     """`t` when frost can bind it as laid out (unit last stride, other strides whole 16-byte vectors, no
-    overlap); otherwise a contiguous copy. Autograd's gradients (an expanded `sum()` grad, say) need it."""
+    overlap: two indices never address one element); otherwise a contiguous copy, as the README promises.
+    Autograd's gradients (an expanded `sum()` grad, say) need it."""
     if t.is_contiguous():
         return t
     st = t.stride()
@@ -156,6 +170,8 @@ def servable(t):
     for d, s in zip(t.shape[:-1], st[:-1]):
         if d > 1 and (s == 0 or s % vec):
             return t.contiguous()
+    if overlaps(t.shape, st):
+        return t.contiguous()
     return t
 
 

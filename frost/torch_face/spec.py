@@ -82,8 +82,23 @@ def _window(window) -> tuple[int, int]:
     return (-1 if left is None or left < 0 else int(left)), (-1 if right is None or right < 0 else int(right))
 
 
+def check_scale(scale) -> Optional[float]:
+    """`scale` as a float (None stays None: 1/sqrt(D)); anything else is a ValueError that names it."""
+    if scale is None or (type(scale) is float and math.isfinite(scale)):
+        return scale
+    if not isinstance(scale, bool):
+        try:
+            value = float(scale)
+        except (TypeError, ValueError):
+            pass
+        else:
+            if math.isfinite(value):
+                return value
+    raise ValueError(f"scale must be a finite number (or None for 1/sqrt(head_dim)), got {scale!r}")
+
+
 def default_scale(head_dim: int, scale: Optional[float]) -> float:
-    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    return 1.0 / math.sqrt(head_dim) if scale is None else check_scale(scale)
 
 
 def stride_order(t) -> tuple[int, ...]:

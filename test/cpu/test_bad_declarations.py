@@ -114,8 +114,8 @@ def foreign_sink():
     g2.sdpa(q, k, v, sink_token=sink)
 
 
-def lengths(dtype="int32", n=B):
-    return lambda g: g.tensor(name="seq_lens", dim=(n, 1, 1, 1), data_type=dtype)
+def lengths(dtype="int32", n=B, name="seq_lens"):
+    return lambda g: g.tensor(name=name, dim=(n, 1, 1, 1), data_type=dtype)
 
 
 def dsink_without_sink():
@@ -140,7 +140,7 @@ def no_node():
 def undeclared():
     g = graph()
     q = g.tensor(name="q")
-    _, k, v = qkv(g)
+    k, v = (g.tensor(name=n, dim=(B, H, S, D)) for n in ("k", "v"))
     g.sdpa(q, k, v)
 
 
@@ -152,8 +152,8 @@ def _dense_rank3():
 
 def _rank2():
     g = graph()
-    q = g.tensor(name="q", dim=(S, D))
     _, k, v = qkv(g)
+    q = g.tensor(name="q2", dim=(S, D))
     validate(fwd(g, q, k, v))
 
 
@@ -225,7 +225,7 @@ CATALOG = [
     ("batch-differs", lambda: dense_fwd(dict(bk=3)), ["batch sizes differ: q 2, k 3, v 3"]),
     ("dense-rank-3", _dense_rank3,
      ["tensor 'q'", "expected dim (B, H, S, D), got (20, 4, 16)", "cu_seq_len_q"]),
-    ("rank-2-q", _rank2, ["tensor 'q'", "(8, 16)"]),
+    ("rank-2-q", _rank2, ["tensor 'q2'", "(8, 16)"]),
     ("undeclared-dims", undeclared, ["tensor 'q'", "dim and stride must be declared"]),
     ("dim-stride-ranks", lambda: dense_fwd(dict(q_stride=(1, 2, 3))), ["tensor 'q'", "different ranks"]),
     # strides
@@ -290,12 +290,15 @@ CATALOG = [
     # lengths / padding
     ("padding-without-lengths", lambda: dense_fwd(use_padding_mask=True),
      ["use_padding_mask=True needs seq_len_q and seq_len_kv"]),
-    ("lengths-without-padding", lambda: with_tensor({"seq_len_q": lengths(), "seq_len_kv": lengths()}),
+    ("lengths-without-padding",
+     lambda: with_tensor({"seq_len_q": lengths(), "seq_len_kv": lengths(name="seq_lens_kv")}),
      ["use_padding_mask=True needs seq_len_q and seq_len_kv"]),
-    ("padding-lengths-int64", lambda: with_tensor({"seq_len_q": lengths("int64"), "seq_len_kv": lengths()},
+    ("padding-lengths-int64", lambda: with_tensor({"seq_len_q": lengths("int64"),
+                                                   "seq_len_kv": lengths(name="seq_lens_kv")},
                                                   use_padding_mask=True),
      ["tensor 'seq_lens' (seq_len_q)", "data_type must be int32, got int64"]),
-    ("padding-lengths-wrong-batch", lambda: with_tensor({"seq_len_q": lengths(n=3), "seq_len_kv": lengths()},
+    ("padding-lengths-wrong-batch", lambda: with_tensor({"seq_len_q": lengths(n=3),
+                                                         "seq_len_kv": lengths(name="seq_lens_kv")},
                                                         use_padding_mask=True),
      ["(seq_len_q)", "expected dim (2,) or (2, 1, 1, 1)", "got (3, 1, 1, 1)"]),
     ("torch-tensor-as-length", lambda: with_tensor({"seq_len_q": torch.ones(2, dtype=torch.int32)},

@@ -397,7 +397,8 @@ def _fake_entry(d: Path, stem: str, size: int, age: float) -> None:
 def test_size_cap_prunes_stale_fingerprints_first_then_least_recently_used(tmp_path):
     dc = cache.DiskCache(tmp_path, "a" * 64)
     stale = dc.base / ("b" * 16)
-    _fake_entry(stale, "s_new", 1000, age=1)  # stale but recent: still goes first
+    week = 8 * 86400.0
+    _fake_entry(stale, "s_new", 1000, age=week)  # another build's, unused for over a week: goes first
     _fake_entry(dc.dir, "c_old", 1000, age=300)
     _fake_entry(dc.dir, "c_mid", 1000, age=200)
     _fake_entry(dc.dir, "c_new", 1000, age=100)
@@ -409,6 +410,22 @@ def test_size_cap_prunes_stale_fingerprints_first_then_least_recently_used(tmp_p
     assert left == ["c_mid.json", "c_mid.o", "c_new.json", "c_new.o"]
     assert dc.prune(limit=10, keep=("c_new",)) == 1
     assert sorted(p.name for p in dc.dir.iterdir()) == ["c_new.json", "c_new.o"]
+
+
+def test_pruning_keeps_another_builds_directory_in_use(tmp_path):
+    """Two frost versions share one cache: the other's directory, opened lately, is not stale; its entries
+    compete with ours by last use, and its FINGERPRINT.json keeps it alive."""
+    dc = cache.DiskCache(tmp_path, "a" * 64)
+    other = dc.base / ("b" * 16)
+    _fake_entry(other, "o_used", 1000, age=50)  # hit lately by the other build
+    (other / "FINGERPRINT.json").write_text("{}")
+    _fake_entry(dc.dir, "c_old", 1000, age=300)
+    _fake_entry(dc.dir, "c_new", 1000, age=10)
+    assert dc.prune(limit=2500) == 1
+    assert (other / "o_used.o").exists() and not (dc.dir / "c_old.o").exists()
+    assert dc.prune(limit=1500) == 1  # now the other's entry is the least recently used
+    assert not (other / "o_used.o").exists() and (dc.dir / "c_new.o").exists()
+    assert other.exists(), "its FINGERPRINT.json was opened lately: the directory stays for its build"
 
 
 def test_size_cap_applies_after_publish(fresh, monkeypatch):

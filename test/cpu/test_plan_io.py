@@ -27,6 +27,8 @@ from test import plan_graphs
 from test.compile_runner import run_py as run_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
+PROBE = "frost.engines.common.probe_copy"
+PROBE_PARAMS = "frost.engines.common.probe_copy_params:ProbeCopyParams"
 
 GRAPHS = inspect.getsource(plan_graphs)
 
@@ -258,10 +260,12 @@ def test_damaged_files_raise_plan_file_error(ref_plan, tmp_path):
         "future": _zip(tmp_path / "future.plan", {"plan.json": json.dumps({**header, "version": 99})}),
         "malformed": _zip(tmp_path / "malformed.plan", {"plan.json": json.dumps({**header, "kernels": 3})}),
         "missing member": _zip(tmp_path / "member.plan", {"plan.json": json.dumps({**header, "kernels": [
-            {"name": "frost_x", "template": "t", "params_type": "m:P", "params": {}, "arch": "sm_90a", "key": {},
+            {"name": "frost_x", "template": PROBE, "params_type": PROBE_PARAMS, "params": {}, "arch": "sm_90a",
+             "key": {},
              "member": "kernels/0.o", "size": 1, "sha256": "0" * 64}]})}),
         "digest": _zip(tmp_path / "digest.plan", {"kernels/0.o": b"x", "plan.json": json.dumps({**header, "kernels": [
-            {"name": "frost_x", "template": "t", "params_type": "m:P", "params": {}, "arch": "sm_90a", "key": {},
+            {"name": "frost_x", "template": PROBE, "params_type": PROBE_PARAMS, "params": {}, "arch": "sm_90a",
+             "key": {},
              "member": "kernels/0.o", "size": 1, "sha256": "0" * 64}]})}),
     }
     cases["garbage"].write_bytes(b"\x00\x01 not a zip at all" * 10)

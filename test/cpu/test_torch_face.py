@@ -531,3 +531,49 @@ def test_provider_kernels_through_torchs_dispatcher():
     out = subprocess.run([sys.executable, "-c", _DISPATCH_SCRIPT], capture_output=True, text=True, timeout=300,
                          env=_env())
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("scale", ["abc", float("nan"), float("inf"), True, [0.5]])
+def test_a_bad_scale_is_an_error_naming_scale(scale):
+    from frost.torch_face import attention, varlen_attention
+
+    q = torch.randn(1, 2, 8, 16)
+    want = f"scale must be a finite number (or None for 1/sqrt(head_dim)), got {scale!r}"
+    with pytest.raises(ValueError) as ei:
+        attention(q, q, q, scale=scale)
+    assert str(ei.value) == want
+    p = torch.randn(8, 2, 16)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError) as ei:
+        varlen_attention(p, p, p, cu, cu, 8, 8, scale=scale)
+    assert str(ei.value) == want
+
+
+@pytest.mark.parametrize("strides", [(256, 128, 8, 1), (256, 8, 16, 1)], ids=["rows overlap", "heads overlap"])
+def test_overlapping_input_strides_are_copied_as_the_readme_promises(strides):
+    """Two indices of q address one element: frost cannot bind that layout, so the torch face copies it."""
+    from frost.torch_face import attention
+    from frost.torch_face.ops import overlaps, servable
+
+    base = torch.randn(1000)
+    q = base.as_strided((1, 2, 8, 16), strides)
+    k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    assert overlaps(q.shape, q.stride()) and servable(q) is not q and servable(q).is_contiguous()
+    out = attention(q, k, v)
+    assert torch.equal(out, attention(q.contiguous(), k, v))
+    fine = torch.randn(1, 8, 2, 16).transpose(1, 2)  # BSHD storage: served as laid out, no copy
+    assert not overlaps(fine.shape, fine.stride()) and servable(fine) is fine
+
+
+def test_the_copy_rule_is_the_graphs_overlap_rule():
+    """servable copies exactly the layouts a graph declaration refuses as overlapping."""
+    import random
+
+    from frost.ir.tensor import _overlaps
+    from frost.torch_face.ops import overlaps
+
+    rng = random.Random(7)
+    for _ in range(5000):
+        n = rng.randint(1, 4)
+        dims, strides = [rng.randint(1, 4) for _ in range(n)], [rng.randint(0, 40) for _ in range(n)]
+        assert overlaps(dims, strides) == _overlaps(dims, strides), (dims, strides)
