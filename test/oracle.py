@@ -197,9 +197,10 @@ def max_abs_bound(dtype: torch.dtype, ref64: torch.Tensor, kind: str = "fwd") ->
 
 
 def assert_close_to_oracle(out: torch.Tensor, ref64: torch.Tensor, *, rel: float, max_abs: Optional[float] = None,
-                           name: str = "", kind: str = "fwd") -> None:
+                           name: str = "", kind: str = "fwd", io_dtype: Optional[torch.dtype] = None) -> None:
     """Compare an engine's output with the float64 oracle: norm-relative error below `rel` AND every element
-    within `max_abs` (default: `max_abs_bound` of out's dtype and `kind`, "fwd" or "grad").
+    within `max_abs` (default: `max_abs_bound` of `io_dtype`, else out's dtype, and `kind`, "fwd" or "grad";
+    pass the graph's io type for a float32 output such as dSink).
 
     The norm check bounds the error on average; alone it lets a few wrong rows pass (they hold a small share of
     the norm). The per-element bound fails them. `ref64` must be float64 (the independent oracle, not an engine
@@ -207,7 +208,7 @@ def assert_close_to_oracle(out: torch.Tensor, ref64: torch.Tensor, *, rel: float
     """
     assert ref64.dtype == torch.float64, f"{name}: the reference must be the float64 oracle, got {ref64.dtype}"
     if max_abs is None:
-        max_abs = max_abs_bound(out.dtype, ref64, kind)
+        max_abs = max_abs_bound(io_dtype or out.dtype, ref64, kind)
     got = out.detach().double().cpu()
     want = ref64.detach().cpu().reshape(got.shape)
     assert not torch.isnan(got).any(), f"{name}: {int(torch.isnan(got).sum())} NaN (unwritten) elements"

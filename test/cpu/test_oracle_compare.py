@@ -43,3 +43,35 @@ def test_poison_infinities_and_fp32_references_fail():
     with pytest.raises(AssertionError, match="infinities"):
         oracle.assert_close_to_oracle(torch.tensor([0.0, 1.0]), lse, rel=1e-2)
     oracle.assert_close_to_oracle(lse.float(), lse, rel=1e-2)
+
+
+def test_the_gpu_suites_oracle_keywords_agree_with_the_reference_engine():
+    """The GPU graph cases' mapping to the oracle's keywords (masks, sinks, padding, packed lengths) is right: on
+    the CPU, frost's reference engine on the same graphs meets the same bounds the GPU engines must meet."""
+    from test.gpu import test_sdpa_bwd_gpu as bwd
+    from test.gpu import test_sdpa_fwd_gpu as fwd
+    from test.gpu.graph_cases import make_fwd, oracle_fwd, oracle_grads, pack
+
+    for case in fwd.CASES:
+        g, decl, t = make_fwd(case, dev="cpu")
+        g.validate().build_plans(engine="reference")
+        want = oracle_fwd(case, t)
+        g.execute(pack(decl, t), None)
+        o, ro = t["o"], want["o"]
+        rows = fwd._valid_rows(case, t)
+        if rows is not None:
+            o, ro = o.permute(0, 2, 1, 3)[rows], ro.permute(0, 2, 1, 3)[rows]
+        oracle.assert_close_to_oracle(o, ro, rel=1e-2, name=f"{case.id} O")
+        if case.stats:
+            s, rs = t["stats"], want["stats"]
+            if rows is not None:
+                s, rs = s[..., 0].permute(0, 2, 1)[rows], rs[..., 0].permute(0, 2, 1)[rows]
+            oracle.assert_close_to_oracle(s, rs, rel=2e-3, max_abs=2e-2, name=f"{case.id} Stats")
+    for case in bwd.CASES[:6] + [bwd.DET_CASES[2][0]]:
+        g, d, t = bwd.make_bwd(case, dev="cpu")
+        g.validate().build_plans(engine="reference")
+        want = oracle_grads(case, t)
+        g.execute(pack(d, t), None)
+        for name, ref in want.items():
+            oracle.assert_close_to_oracle(t[name], ref, rel=2e-2, kind="grad", io_dtype=case.dtype,
+                                          name=f"{case.id} {name}")
