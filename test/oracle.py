@@ -170,3 +170,70 @@ def attention_grads(q, k, v, do, *, scale: float, sink=None, bias=None, with_dbi
     dsink = grads[3] if sink_leaf is not None else None
     out = (o.detach(), lse.detach(), grads[0], grads[1], grads[2], dsink)
     return out + (grads[-1],) if with_dbias else out
+
+
+#: unit roundoff (half an ulp at 1.0) of each io data type
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
+
+#: per-element bound in unit roundoffs of the io type, times max(1, max |reference|): (forward, gradient)
+MAX_ABS_ULPS = {"fwd": 8.0, "grad": 16.0}
+
+
+def max_abs_bound(dtype: torch.dtype, ref64: torch.Tensor, kind: str = "fwd") -> float:
+    """The per-element bound `assert_close_to_oracle` uses by default, from the io type.
+
+    Why these: a flash kernel rounds P to the io type before P @ V (relative error u per weight) and rounds O
+    once more on the way out, so |O - O64| <= u * max|V| + u * |O|; with unit-variance V (|V| < ~4 over the test
+    sizes) that is about 5u, and 8u leaves room. A gradient passes two more rounded products (dP, dS), so twice
+    that. The bound scales with max(1, max |reference|), so a test's scale does not change its meaning. In bf16
+    that is 0.031 (O) and 0.062 (gradients) per unit of scale; fp16 0.0039 and 0.0078. A row left unwritten,
+    zeroed, or taken from the wrong sequence or head is off by the size of the values themselves (about 0.3-1 for
+    O), far above either bound, so a few wrong rows fail even where the norm-relative error stays small.
+    """
+    u = UNIT_ROUNDOFF.get(dtype, 2.0 ** -8)
+    finite = ref64[torch.isfinite(ref64)]
+    scale = max(1.0, finite.abs().max().item()) if finite.numel() else 1.0
+    return MAX_ABS_ULPS[kind] * u * scale
+
+
+def assert_close_to_oracle(out: torch.Tensor, ref64: torch.Tensor, *, rel: float, max_abs: Optional[float] = None,
+                           name: str = "", kind: str = "fwd", io_dtype: Optional[torch.dtype] = None) -> None:
+    """Compare an engine's output with the float64 oracle: norm-relative error below `rel` AND every element
+    within `max_abs` (default: `max_abs_bound` of `io_dtype`, else out's dtype, and `kind`, "fwd" or "grad";
+    pass the graph's io type for a float32 output such as dSink).
+
+    The norm check bounds the error on average; alone it lets a few wrong rows pass (they hold a small share of
+    the norm). The per-element bound fails them. `ref64` must be float64 (the independent oracle, not an engine
+    run in fp32); infinities must match exactly; a NaN left in `out` (poison) fails.
+    """
+    assert ref64.dtype == torch.float64, f"{name}: the reference must be the float64 oracle, got {ref64.dtype}"
+    if max_abs is None:
+        max_abs = max_abs_bound(io_dtype or out.dtype, ref64, kind)
+    got = out.detach().double().cpu()
+    want = ref64.detach().cpu().reshape(got.shape)
+    assert not torch.isnan(got).any(), f"{name}: {int(torch.isnan(got).sum())} NaN (unwritten) elements"
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), fin), f"{name}: infinities differ from the oracle's"
+    assert torch.equal(got[~fin], want[~fin]), f"{name}: infinities of the wrong sign"
+    g, w = got[fin], want[fin]
+    if not w.numel():
+        return
+    err = (g - w).abs()
+    norm_rel = ((g - w).norm() / w.norm().clamp_min(1e-30)).item()
+    worst = err.max().item()
+    assert norm_rel < rel, f"{name}: norm-relative error {norm_rel:.3g} >= {rel:.3g} (max abs error {worst:.3g})"
+    if worst >= max_abs:
+        full = torch.zeros_like(got)
+        full[fin] = got[fin] - want[fin]
+        bad = full.abs() >= max_abs
+        rows = bad.reshape(-1, got.shape[-1]).any(-1).nonzero().flatten() if got.dim() else bad.nonzero()
+        where = tuple(int(i) for i in torch.nonzero(full.abs() == worst)[0]) if got.dim() else ()
+        raise AssertionError(f"{name}: max abs error {worst:.3g} >= {max_abs:.3g} at {where}; {int(bad.sum())} "
+                             f"elements in {rows.numel()} rows over the bound (norm-relative {norm_rel:.3g})")
+
+
+def rel_err_norm(out: torch.Tensor, ref64: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64 (finite entries of ref only)."""
+    got, want = out.double().cpu(), ref64.double().cpu().reshape(out.shape)
+    fin = torch.isfinite(want)
+    return ((got[fin] - want[fin]).norm() / want[fin].norm().clamp_min(1e-30)).item()

@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("method")
     t.add_argument("--reps", type=int, help="event-timed samples per measurement; the median is reported (default: 20)")
     t.add_argument("--warmup", type=int, help="warm-up passes over the buffer sets (default: 3)")
+    t.add_argument("--interleave", type=int, default=0, metavar="N",
+                   help="re-time each row's cells in N >= 5 interleaved rounds (engine order rotated) and report "
+                        "median [min-max], ratios with their range, win / loss / tie (default: off)")
+    t.add_argument("--ceiling", type=int, default=0, metavar="N",
+                   help="measure the bf16 matmul ceiling (N x N GEMM, e.g. 8192) first and report each cell as a "
+                        "fraction of it (default: off)")
     t.add_argument("--min-sample-ms", type=float, default=2.0,
                    help="each sample loops enough calls to last this long (default: %(default)s)")
     t.add_argument("--max-inner", type=int, default=100, help="most calls in one sample (default: %(default)s)")
@@ -208,7 +214,8 @@ def settings_dict(a, spec: SweepSpec, timing: TimingOptions) -> dict:
         "impls": a.impl, "frost_engines": a.frost_engines, "exclude_engines": a.exclude_engines,
         "timing": {"mode": timing.mode, "reps": timing.reps, "warmup": timing.warmup,
                    "min_sample_ms": timing.min_sample_ms, "max_inner": timing.max_inner,
-                   "max_buffers": a.max_buffers, "probe_calls": probe_calls_from_args(a)},
+                   "max_buffers": a.max_buffers, "probe_calls": probe_calls_from_args(a),
+                   "interleave": a.interleave},
         "check": a.check, "tol": {"fwd": a.tol_fwd, "bwd": a.tol_bwd},
     }
 
@@ -348,14 +355,18 @@ def main(argv: list[str] | None = None) -> int:
     opts = RunOptions(impls=a.impl, frost_engines=a.frost_engines, exclude_engines=a.exclude_engines,
                       timing=timing, check=a.check, tol={"fwd": a.tol_fwd, "bwd": a.tol_bwd},
                       max_buffers=a.max_buffers, probe_calls=probe_calls_from_args(a), seed=a.seed,
-                      time_budget_s=a.time_budget, device=a.device)
+                      time_budget_s=a.time_budget, device=a.device, interleave=a.interleave,
+                      ceiling_n=a.ceiling)
     progress = Progress(len(workloads), enabled=not a.quiet)
     _log.info("frost bench on %s (driver %s, torch %s, cuDNN %s, flash-attn-4 %s, frost %s)", env.get("gpu"),
               env.get("driver"), env.get("torch"), env.get("cudnn"), env.get("flash_attn_4"), env.get("frost_commit"))
-    rows = Runner(opts, all_peers(), progress, on_row=save).run(workloads)
+    runner = Runner(opts, all_peers(), progress, on_row=save)
+    rows = runner.run(workloads)
+    if runner.ceiling:
+        settings["ceiling"] = {k: v for k, v in runner.ceiling.items() if k != "samples_ms"}
     save(rows)
 
-    print(report.render_report(rows, device=a.device))
+    print(report.render_report(rows, device=a.device, ceiling=settings.get("ceiling")))
     written = [p for p in json_paths] + ([md_path] if md_path else [])
     for p in (paths["png"], paths.get("dir_png")):
         if not p:

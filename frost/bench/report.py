@@ -219,7 +219,38 @@ def legend(device: str = "cuda") -> str:
     return LEGEND.format(timed=TIMED_BY.get(device, TIMED_BY["cpu"]))
 
 
-def render_report(rows: list[Row], markdown: bool = False, device: str = "cuda") -> str:
+SPREAD_LEGEND = ("Interleaved timing: median [min-max] ms over the rounds (engine order rotated each round); each "
+                 "frost engine against each peer as a speed ratio (> 1: frost faster) [its range from the extremes]; "
+                 "win / loss only when the time ranges do not overlap, else tie; % of ceiling: TFLOP/s over the "
+                 "run's bf16 matmul.")
+
+
+def spread_lines(rows: list[Row]) -> list[str]:
+    """One line per interleaved cell: its spread, its fraction of the ceiling, and (frost) its verdicts."""
+    out = []
+    for row in rows:
+        for k, m in row.measurements.items():
+            sp = m.info.get("spread_ms")
+            if not sp:
+                continue
+            text = f"{row.workload.label} {impl_name(k)}: {sp[0]:.4g} ms [{sp[1]:.4g}-{sp[2]:.4g}]"
+            if "of_ceiling" in m.info:
+                text += f", {100 * m.info['of_ceiling']:.0f}% of ceiling"
+            for peer, v in m.info.get("vs", {}).items():
+                text += (f"; vs {impl_name(peer)} {v['ratio']:.2f}x [{v['ratio_lo']:.2f}-{v['ratio_hi']:.2f}] "
+                         f"{v['verdict']}")
+            out.append(text)
+    return out
+
+
+def ceiling_line(ceiling: dict | None) -> str:
+    if not ceiling:
+        return ""
+    return (f"bf16 matmul ceiling ({ceiling['n']}^3 GEMM, torch.matmul): {ceiling['tflops']:.0f} TFLOP/s "
+            f"[{ceiling['tflops_lo']:.0f}-{ceiling['tflops_hi']:.0f}]")
+
+
+def render_report(rows: list[Row], markdown: bool = False, device: str = "cuda", ceiling: dict | None = None) -> str:
     """The whole terminal (or Markdown) report: throughput table, probe table, footnotes. `device` is what the
     run timed on ("cuda" or "cpu"): the legend says how the times were taken."""
     notes = Footnotes()
@@ -234,6 +265,10 @@ def render_report(rows: list[Row], markdown: bool = False, device: str = "cuda")
     same = cudnn_engine_lines(rows)
     if same:
         parts += ["", CUDNN_LEGEND, ""] + ([f"- {line}" for line in same] if markdown else same)
+    spread = spread_lines(rows)
+    if spread or ceiling:
+        head = [SPREAD_LEGEND] + ([ceiling_line(ceiling)] if ceiling else [])
+        parts += [""] + head + [""] + ([f"- {line}" for line in spread] if markdown else spread)
     h, b = probe_table(rows, notes)
     if b:
         parts += ["", PROBE_LEGEND, "", render(h, b)]
@@ -256,7 +291,8 @@ def render_markdown_file(rows: list[Row], env: dict, settings: dict, title: str 
     timing = settings.get("timing", {})
     if timing:
         lines.append("- timing: " + ", ".join(f"{k}={v}" for k, v in timing.items()))
-    lines += ["", render_report(rows, markdown=True, device=settings.get("device", "cuda")), ""]
+    lines += ["", render_report(rows, markdown=True, device=settings.get("device", "cuda"),
+                                ceiling=settings.get("ceiling")), ""]
     return "\n".join(lines)
 
 

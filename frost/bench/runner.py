@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from frost.bench import check as checks
 from frost.bench.impl import (CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED, Implementation, Unsupported,
                               short_reason)
+from frost.bench.flops import tflops
 from frost.bench.results import Measurement, Row
-from frost.bench.timing import TimingOptions, host_time_us, is_cuda, sync, time_calls
+from frost.bench.spread import MIN_SAMPLES, Spread, compare_ms, interleave, matmul_ceiling
+from frost.bench.timing import TimingOptions, _event_ms, host_time_us, is_cuda, sync, time_calls
 
 FROST_ALL = "frost:*"   # column used when frost as a whole is missing or declines the graph
 REFERENCE_ORDER = ("cudnn", "fa4", "fa2")
@@ -39,6 +41,8 @@ class RunOptions:
     seed: int = 0
     time_budget_s: float | None = None
     device: str = "cuda"       # "cpu" only to self-test the harness (wall-clock timing)
+    interleave: int = 0        # >= 1: re-time every timed cell of a row in this many interleaved rounds (spread.py)
+    ceiling_n: int = 0         # > 0: measure the bf16 matmul ceiling (n x n GEMM) once at the start of the run
 
 
 class Progress:
@@ -116,6 +120,8 @@ class Runner:
         # per row: the lone peer that is the check reference, the float32 math asked for a second opinion, and
         # (peer, rel err) when that math sided with frost against the peer
         self._sole_peer, self._math, self.disputed = None, None, None
+        self._live: dict = {}  # interleaving: impl key -> (prepared implementation, calls per sample)
+        self.ceiling: dict | None = None
         self.t0 = time.perf_counter()
 
     # ---- one implementation ---------------------------------------------------
@@ -158,6 +164,8 @@ class Runner:
                                        "timing": t.mode, "buffer_sets": len(prep.calls)})
                         if t.note:
                             m.add_note(t.note)
+                        if self.opts.interleave and t.mode == "loop":
+                            self._live[impl.key] = (prep, t.inner)  # kept for the interleaved rounds
             except Exception as e:
                 return self._failed(impl.key, e, "run", caught), None
             finally:
@@ -280,6 +288,14 @@ class Runner:
 
         if want_frost and not self.broken:
             self._run_frost(row, inputs, ref)
+        if self._live and not self.broken:
+            try:
+                self._interleave_row(row)
+            except Exception as e:
+                for k in self._live:
+                    row.measurements[k].add_note(f"interleaved timing failed: {short_reason(e)}")
+                self.broken = self.broken or _context_alive(dev)
+        self._live.clear()
         row.reference = ref[0] if ref else row.reference
         if self.disputed:
             peer, err = self.disputed
@@ -326,8 +342,49 @@ class Runner:
             if self.broken:
                 break
 
+    def _sampler(self, prep, inner: int):
+        """One sample of `prep`'s calls: milliseconds per call over `inner` calls, rotating its buffer sets."""
+        dev, calls, state = self.opts.device, prep.calls, {"i": 0}
+
+        def loop():
+            i = state["i"]
+            for _ in range(inner):
+                calls[i % len(calls)]()
+                i += 1
+            state["i"] = i
+
+        def sample():
+            with prep.context():
+                return _event_ms(loop, dev) / inner
+        return sample
+
+    def _interleave_row(self, row: Row) -> None:
+        """Re-time the row's timed cells in interleaved rounds (engine order rotated each round); each keeps its
+        median, min and max (`spread_ms`), each frost engine its ratio and verdict against each peer (`vs`), and
+        every cell its fraction of the run's matmul ceiling (`of_ceiling`)."""
+        self.progress.step("interleaved rounds")
+        rounds = max(MIN_SAMPLES, self.opts.interleave)
+        samples = interleave({k: self._sampler(p, inner) for k, (p, inner) in self._live.items()}, rounds)
+        spreads = {}
+        for k, xs in samples.items():
+            m, sp = row.measurements[k], Spread.of(xs)
+            spreads[k] = sp
+            m.ms, m.tflops = sp.median, tflops(row.flops, sp.median)
+            m.info.update({"spread_ms": [sp.median, sp.lo, sp.hi], "samples_ms": xs, "interleaved": rounds})
+            if self.ceiling and m.tflops:
+                m.info["of_ceiling"] = m.tflops / self.ceiling["tflops"]
+        for k, sp in spreads.items():
+            if not k.startswith("frost:"):
+                continue
+            row.measurements[k].info["vs"] = {p: compare_ms(sp, psp) for p, psp in spreads.items()
+                                              if not p.startswith("frost:")}
+
     def run(self, workloads) -> list:
         rows = []
+        if self.opts.ceiling_n:
+            self.progress.step("bf16 matmul ceiling")
+            self.ceiling = matmul_ceiling(self.opts.ceiling_n, max(MIN_SAMPLES, self.opts.interleave),
+                                          device=self.opts.device)
         for w in workloads:
             row = self.run_workload(w)
             rows.append(row)

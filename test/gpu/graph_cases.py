@@ -250,3 +250,44 @@ def capture_after_clean_execute(g, vp, ws, stream):
     with torch.cuda.graph(graph, stream=stream):
         g.execute(vp, ws, ctx)
     return graph
+
+
+def oracle_kwargs(case: FwdCase, t: dict) -> dict:
+    """test/oracle.py's keywords for a case made by `make_fwd` (host lengths read from its tensors)."""
+    kw = dict(scale=1.0 / math.sqrt(case.d))
+    if case.causal and case.bottom_right:
+        kw["causal_bottom_right"] = True
+    elif case.causal:
+        kw["causal"] = True
+    elif case.bottom_right:
+        kw["alignment"] = "BOTTOM_RIGHT"
+    if case.left:
+        kw["sliding_window_length"] = case.left
+    if case.sinks:
+        kw["sink"] = t["sink_token"].cpu()
+    if case.thd_lens is not None:
+        kw.update(cu_seq_len_q=t["cu_seq_len_q"].tolist(), cu_seq_len_kv=t["cu_seq_len_kv"].tolist())
+    elif case.padding:
+        kw.update(seq_len_q=t["seq_len_q"].view(-1).tolist(), seq_len_kv=t["seq_len_kv"].view(-1).tolist())
+    return kw
+
+
+def oracle_fwd(case: FwdCase, t: dict) -> dict:
+    """float64 {"o", "stats"} of a `make_fwd` case from its (unchanged) inputs, shaped like t's o and stats."""
+    from test import oracle
+
+    o, lse = oracle.attention(*(t[r].cpu() for r in ("q", "k", "v")), **oracle_kwargs(case, t))
+    return {"o": o, "stats": lse.unsqueeze(-1)}
+
+
+def oracle_grads(case: FwdCase, t: dict) -> dict:
+    """float64 {"dQ", "dK", "dV"(, "dSink_token")} of a `make_bwd` case (torch autograd through test/oracle.py)."""
+    from test import oracle
+
+    kw = oracle_kwargs(case, t)
+    sink = kw.pop("sink", None)
+    _, _, dq, dk, dv, dsink = oracle.attention_grads(*(t[r].cpu() for r in ("q", "k", "v", "dO")), sink=sink, **kw)
+    out = {"dQ": dq, "dK": dk, "dV": dv}
+    if dsink is not None and "dSink_token" in t:
+        out["dSink_token"] = dsink
+    return out

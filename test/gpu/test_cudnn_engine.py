@@ -15,8 +15,8 @@ import torch
 
 import frost
 from test import oracle
-from test.gpu.graph_cases import (FwdCase, assert_runs_on_side_stream, capture_after_clean_execute, make_fwd, pack,
-                                    rel_err)
+from test.gpu.graph_cases import FwdCase, assert_runs_on_side_stream, capture_after_clean_execute, make_fwd, pack
+from test.oracle import assert_close_to_oracle
 
 pytestmark = pytest.mark.gpu
 
@@ -113,7 +113,7 @@ def test_fwd_matches_the_float64_oracle(case):
     elif lse is not None:
         lse = lse[..., 0]
     assert not torch.isnan(o).any(), "some output elements were not written"
-    assert rel_err(o, ro) < 1e-2
+    assert_close_to_oracle(o, ro, rel=1e-2, name="O")
     if lse is not None:
         fin = torch.isfinite(rlse)
         assert (lse[fin].double() - rlse[fin]).abs().max().item() < 2e-2
@@ -130,7 +130,7 @@ def test_bwd_matches_the_float64_oracle(case):
     refs = [("dQ", dq), ("dK", dk), ("dV", dv)] + ([("dSink_token", dsink)] if "dSink_token" in got else [])
     for name, ref in refs:
         assert not torch.isnan(got[name]).any(), f"{name}: some elements were not written"
-        assert rel_err(got[name], ref) < 2e-2, name
+        assert_close_to_oracle(got[name], ref, rel=2e-2, kind="grad", io_dtype=case.dtype, name=name)
 
 
 # --- bias and dBias ----------------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_bias_forward_and_dbias_backward(bias_shape, causal):
     g.execute({dq_: q, dk_: k, dv_: v, db_: bias, o: o_t, stats: stats_t}, ws, frost.ExecutionContext())
     torch.cuda.synchronize()
     ro, rdq, rdk, rdv, rdb = _biased_reference(q, k, v, bias, do, scale=scale, causal=causal)
-    assert rel_err(o_t, ro) < 1e-2
+    assert_close_to_oracle(o_t, ro, rel=1e-2, name="O")
 
     gb = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     t = {"q": q, "k": k, "v": v, "o": o_t, "dO": do, "stats": stats_t, "bias": bias}
@@ -194,7 +194,7 @@ def test_bias_forward_and_dbias_backward(bias_shape, causal):
     torch.cuda.synchronize()
     for name, ref in (("dQ", rdq), ("dK", rdk), ("dV", rdv), ("dBias", rdb)):
         assert not torch.isnan(out[name]).any(), f"{name}: some elements were not written"
-        assert rel_err(out[name], ref) < 2e-2, name
+        assert_close_to_oracle(out[name], ref, rel=2e-2, kind="grad", io_dtype=torch.bfloat16, name=name)
 
 
 # --- dropout -----------------------------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ def _check_thd_fwd(case, t):
     n = int(t["cu_seq_len_q"][-1])  # tokens past the last sequence are not the engine's
     o, lse = t["o"][:n], t["stats"][:n, :, 0]
     assert not torch.isnan(o).any(), "some output rows were not written"
-    assert rel_err(o, ro[:n]) < 1e-2
+    assert_close_to_oracle(o, ro[:n], rel=1e-2, name="O")
     fin = torch.isfinite(rlse[:n])
     assert (lse[fin].double() - rlse[:n][fin]).abs().max().item() < 2e-2
 
@@ -332,7 +332,7 @@ def _check_thd_bwd(case, t, got):
     for name, ref, n in refs:
         x, r = (got[name][:n], ref[:n]) if n is not None else (got[name], ref)
         assert not torch.isnan(x).any(), f"{name}: some elements were not written"
-        assert rel_err(x, r) < 2e-2, name
+        assert_close_to_oracle(x, r, rel=2e-2, kind="grad", io_dtype=case.dtype, name=name)
 
 
 @pytest.mark.parametrize("case", THD_CASES, ids=lambda c: c.id)
@@ -458,7 +458,7 @@ def test_ragged_form_fwd_and_bwd_match_the_float64_oracle():
     packed = {r: t[r][:n] for r in ("q", "k", "v", "dO")}
     ro, rlse, dq, dk, dv, _ = oracle.attention_grads(packed["q"], packed["k"], packed["v"], packed["dO"], scale=scale,
                                                      cu_seq_len_q=cu, cu_seq_len_kv=cu, causal=True)
-    assert not torch.isnan(t["o"][:n]).any() and rel_err(t["o"][:n], ro) < 1e-2
+    assert_close_to_oracle(t["o"][:n], ro, rel=1e-2, name="O")
     assert (t["stats"][:n].double() - rlse).abs().max().item() < 2e-2
 
     bg = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
@@ -484,7 +484,7 @@ def test_ragged_form_fwd_and_bwd_match_the_float64_oracle():
     for name, ref in (("dQ", dq), ("dK", dk), ("dV", dv)):
         got = out[name][:n]
         assert not torch.isnan(got).any(), name
-        assert rel_err(got, ref) < 2e-2, name
+        assert_close_to_oracle(got, ref, rel=2e-2, kind="grad", io_dtype=torch.bfloat16, name=name)
 
 
 def test_cuda_graph_capture_and_replay_with_new_inputs():
@@ -508,7 +508,7 @@ def test_cuda_graph_capture_and_replay_with_new_inputs():
         cg.replay()
         torch.cuda.synchronize()
         ro, _ = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), causal=True)
-        assert rel_err(t["o"], ro) < 1e-2
+        assert_close_to_oracle(t["o"], ro, rel=1e-2, name="O")
 
 
 # --- the lean execute ------------------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import frost
+from test.oracle import assert_close_to_oracle
 from test import oracle
-from test.gpu.graph_cases import capture_after_clean_execute, plan_or_skip, rel_err
+from test.gpu.graph_cases import capture_after_clean_execute, plan_or_skip
 
 pytestmark = pytest.mark.gpu
 ENGINES = ["sm90", "sm80"]
@@ -181,7 +182,7 @@ def check_fwd(case, t):
             assert (lse_got[finite] - lse[0][finite]).abs().max().item() < 2e-3, f"batch {b}: LSE"
     got, want = torch.cat([x.reshape(-1) for x in got_o]), torch.cat([x.reshape(-1) for x in want_o])
     assert not torch.isnan(got).any()
-    assert rel_err(got, want) < 1e-2
+    assert_close_to_oracle(got, want, rel=1e-2, name="O")
 
 
 def _flat(x):
@@ -250,9 +251,10 @@ def check_bwd(case, t):
     for name in got:
         x, ref = torch.cat(got[name]), torch.cat(want[name])
         assert not torch.isnan(x).any(), name
-        assert rel_err(x, ref) < 2e-2, name
+        assert_close_to_oracle(x, ref, rel=2e-2, kind="grad", name=name)
     if case.sinks:
-        assert rel_err(t["dsink"].reshape(-1), dsink) < 1e-2, "dSink"
+        assert_close_to_oracle(t["dsink"].reshape(-1), dsink, rel=1e-2, kind="grad", io_dtype=t["q"].dtype,
+                               name="dSink")
 
 
 BWD_CASES = [

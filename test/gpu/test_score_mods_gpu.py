@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import frost
+from test.oracle import assert_close_to_oracle
 from test import oracle
 from test.gpu.graph_cases import assert_executes_clean, plan_or_skip, rel_err
 
@@ -283,7 +284,7 @@ def check_fwd(case: ScoreCase, engine: str = ENGINE):
     want = oracle.attention(t["q"], t["k"], t["v"], row_stats=True, **oracle_kwargs(case, t))
     want_o, want_lse = want[:2]
     assert not torch.isnan(o).any(), "some output elements were not written"
-    assert rel_err(o, want_o) < 1e-2
+    assert_close_to_oracle(o, want_o, rel=1e-2, name="O")
     fin = torch.isfinite(want_lse)
     assert torch.equal(torch.isfinite(lse), fin), "empty and padding rows must have LSE = -inf"
     assert (lse[fin].double() - want_lse[fin]).abs().max().item() < 2e-2
@@ -293,7 +294,7 @@ def check_fwd(case: ScoreCase, engine: str = ENGINE):
         fin = torch.isfinite(want[2])
         assert torch.equal(torch.isfinite(got_max), fin), "score_max: -inf exactly where the oracle has it"
         assert (got_max[fin].double() - want[2][fin]).abs().max().item() < 2e-2
-        assert rel_err(got_sum, want[3]) < 1e-2
+        assert_close_to_oracle(got_sum, want[3], rel=1e-2, io_dtype=t["q"].dtype, name="score_sum_exp")
         assert torch.all(got_sum[~fin] == 0), "rows without a score: score_sum_exp = 0"
 
 
@@ -355,12 +356,12 @@ def check_bwd(case: ScoreCase, engine: str = ENGINE, strict: bool = False):
     for name, ref in zip(("dQ", "dK", "dV"), want[2:5]):
         x = got[name]
         assert not torch.isnan(x).any(), f"{name}: some elements were not written"
-        assert rel_err(x, ref) < 2e-2, name
+        assert_close_to_oracle(x, ref, rel=2e-2, kind="grad", name=name)
     if "dBias" in got:
         db, ref = got["dBias"], want[6]
         assert not torch.isnan(db).any(), "dBias: some elements were not written"
         assert torch.all(db[~scored(case, t).expand_as(db)] == 0), "dBias must be exactly 0 where no score exists"
-        assert rel_err(db, ref) < 2e-2
+        assert_close_to_oracle(db, ref, rel=2e-2, kind="grad", io_dtype=t["q"].dtype, name="dBias")
 
 
 #: the wgmma backward (cc 9.0), besides the dBias cases above: a bias without its gradient (full or broadcast,
