@@ -95,3 +95,23 @@ def test_row_layout_helpers_compile_for_sm90(tmp_path):
                                          "frost_sdpa_bwd_post_sm90_bf16_d128_h4_dsink"]
     for o in outs:
         assert o["target"] == ["sm_90a"] and o["mma_sync"] == 0 and o["wgmma"] == 0 and o["sem"] == 0, o
+
+
+@pytest.mark.parametrize("stage", ["preprocess", "postprocess"])
+def test_every_boolean_field_a_helper_keeps_shows_in_its_name(stage):
+    """A helper's name is its profiler and symbol name: two keys under one name (sinks on and off, say) would
+    read as one kernel. Each boolean field its key keeps changes the name on its own."""
+    from frost.engines.sdpa_bwd import chain, postprocess, preprocess
+
+    name = (preprocess if stage == "preprocess" else postprocess).kernel_name
+    base = BwdHelperParams(family="sm90", head_dim=128, head_dim_v=128, num_heads_q=4)
+    flags = [f for f in chain.HELPER_FIELDS[stage]
+             if isinstance(getattr(base, f), bool) and f not in chain._RAGGED_FIELDS  # named by ragged_tags
+             and f not in ("has_dsinks", "dbias_sum_batch", "dbias_sum_heads")]  # named together with another
+    for f in flags:
+        kw = {f: True}
+        if f.startswith("dbias_accum_per"):
+            kw["dbias_accum"] = True
+        on = BwdHelperParams(**{**base.model_dump(), **kw})
+        off = BwdHelperParams(**{**base.model_dump(), **{k: v for k, v in kw.items() if k != f}})
+        assert name(stage_params(on, stage), "sm_90a") != name(stage_params(off, stage), "sm_90a"), f

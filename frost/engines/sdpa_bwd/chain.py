@@ -184,6 +184,7 @@ def helper_suffix(p: BwdHelperParams) -> str:
     dbias = ("dbiasacc" + "b" * p.dbias_accum_per_batch + "h" * p.dbias_accum_per_head
              + "sum" * (p.dbias_sum_batch or p.dbias_sum_heads) + "b" * p.dbias_sum_batch + "h" * p.dbias_sum_heads)
     return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
-        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.dbias_accum, dbias),
+        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_sinks and not p.has_dsinks, "sink"), (p.has_dsinks, "dsink"),
+         (p.dbias_accum, dbias),
          (p.deterministic, "det"), (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
          (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"), (p.pdl, "pdl"))) + ragged_tags(p))
