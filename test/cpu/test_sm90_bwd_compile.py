@@ -213,19 +213,20 @@ def test_default_knobs_of_the_other_head_dims_follow_their_tiles(d, dv, knobs, t
 
 
 _PTXAS_SCRIPT = """
-import json, os, re, shutil, subprocess, sys, tempfile
-from test.compile_runner import ptx_facts
+import json, os, re, subprocess, sys, tempfile
+from test.compile_runner import find_ptxas, ptx_facts
 from frost.compiler.compile import compile_kernel
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams
 out = []
+ptxas = find_ptxas()
 for kw in json.loads(sys.argv[1]):
     ck = compile_kernel("frost.engines.sm90.sdpa_bwd", Sm90BwdParams(**kw), "sm_90a")
     facts = ptx_facts(ck)
-    if shutil.which("ptxas"):
+    if ptxas:
         d = tempfile.mkdtemp()
         path = os.path.join(d, "k.ptx")
         open(path, "w").write(ck.ptx)
-        r = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
                            capture_output=True, text=True)
         log = r.stdout + r.stderr
         facts["ptxas"] = dict(rc=r.returncode, spills=[int(n) for n in re.findall(r"(\\d+) bytes spill", log)],
