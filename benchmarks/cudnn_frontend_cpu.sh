@@ -26,22 +26,7 @@ def __getattr__(name):
     return getattr(_frost, name)
 PY
 if ! python3 -c "import looseversion" 2>/dev/null; then
-  cat > "$alias/looseversion.py" <<'PY'
-class LooseVersion:
-    """Dotted version strings compared by their numeric parts (all the tests ask of it)."""
-
-    def __init__(self, text):
-        self.parts = tuple(int(p) for p in str(text).split(".") if p.isdigit())
-
-    def _other(self, other):
-        return other.parts if isinstance(other, LooseVersion) else LooseVersion(other).parts
-
-    def __lt__(self, other): return self.parts < self._other(other)
-    def __le__(self, other): return self.parts <= self._other(other)
-    def __gt__(self, other): return self.parts > self._other(other)
-    def __ge__(self, other): return self.parts >= self._other(other)
-    def __eq__(self, other): return self.parts == self._other(other)
-PY
+  cp "$here/looseversion_standin.py" "$alias/looseversion.py"
 fi
 [ $# -eq 0 ] && set -- test_mhas_v2.py
 export PYTHONPATH="$alias:$here:$(cd "$here/.." && pwd):${PYTHONPATH:-}"
