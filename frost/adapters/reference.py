@@ -24,7 +24,7 @@ def _compute_dtype(facts):
 
 
 def _mask_kwargs(facts, bound) -> dict:
-    kw = dict(window_left=facts.window_left, window_right=facts.window_right, bottom_right=facts.bottom_right)
+    kw = _band(facts)
     if facts.is_thd:
         kw.update(cu_seqlens_q=bound["cu_seq_len_q"], cu_seqlens_kv=bound["cu_seq_len_kv"])
     if facts.has_padding:
@@ -51,11 +51,8 @@ def _ragged_batches(facts, bound):
     for b in range(len(lens_q)):
         def rows(role, b=b):
             t = bound[role]
-            start, stride_s = int(offsets[role][b]), strides[role]
+            start = int(offsets[role][b])
             length = int(lens_q[b] if role in Q_GROUP else lens_kv[b])
-            if start % stride_s:
-                raise BindingError(f"{role} ragged offset {start} of batch {b} is not a multiple of the token "
-                                   f"stride {stride_s}: frost's packed form needs whole-token offsets")
             _, heads, seq, dim = declared[role].dim
             if length > seq:
                 raise BindingError(f"batch {b}: sequence length {length} of {role} exceeds its declared S {seq}")
@@ -76,8 +73,7 @@ def _tokens(role: str, b: int, t, start: int, length: int, hd: tuple, strides: t
 
 
 def _band(facts) -> dict:
-    kw = dict(window_left=facts.window_left, window_right=facts.window_right, bottom_right=facts.bottom_right)
-    return kw
+    return dict(window_left=facts.window_left, window_right=facts.window_right, bottom_right=facts.bottom_right)
 
 
 #: what a row outside every sequence holds in each row statistic (a row with no key: LSE = max = -inf, sum 0)
@@ -187,9 +183,6 @@ def _paged_gather(facts, bound, role: str):
     rows = table[:, 0, :, 0]
     out = container.new_zeros((len(lengths), facts.seq_kv, heads, dim))
     for b, length in enumerate(lengths):
-        if not 0 <= length <= facts.seq_kv:
-            raise BindingError(f"seq_len_kv[{b}] = {length} lies outside [0, paged_attention_max_seq_len_kv = "
-                               f"{facts.seq_kv}]")
         used = -(-length // block_size)
         blocks = [int(x) for x in rows[b, :used].tolist()]
         bad = [x for x in blocks if not 0 <= x < num_blocks]
