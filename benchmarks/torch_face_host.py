@@ -24,6 +24,7 @@ import time
 import torch
 
 from frost.adapters import reference
+from frost.testing.host_floor import NullAttention
 
 reference.SdpaFwdReference.execute = lambda self, bound, workspace, stream: None  # the launch, stubbed
 reference.SdpaBwdReference.execute = lambda self, bound, workspace, stream: None
@@ -58,22 +59,6 @@ def _raw_forward(qb, kb, vb):
     return entry, (qb, kb, vb, out, lse.unsqueeze(-1))
 
 
-class NullAttention(torch.autograd.Function):
-    """torch's own floor for any autograd.Function attention: frost's node with the same outputs and saved
-    tensors, its kernels replaced by allocating the outputs (no key, no plan, no binding)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def null_fwd_bwd(leaves, do):

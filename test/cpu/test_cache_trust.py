@@ -23,18 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 
 
-@pytest.fixture
-def fresh(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("FROST_CACHE_DIR", str(d))
-    monkeypatch.delenv("FROST_CACHE_DISABLE", raising=False)
-    monkeypatch.delenv("FROST_CACHE_MAX_BYTES", raising=False)
-    boundary.clear_memo()
-    cache.reset_stats()
-    yield d
-    boundary.clear_memo()
-
-
 def _needs_root():
     if os.geteuid() != 0:
         pytest.skip("planting a directory owned by another user needs chown (root)")

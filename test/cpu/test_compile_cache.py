@@ -49,19 +49,6 @@ COMPILE_PROBE = """
 """
 
 
-@pytest.fixture
-def fresh(tmp_path, monkeypatch):
-    """An empty cache directory, an empty memo and zeroed counters."""
-    d = tmp_path / "cache"
-    monkeypatch.setenv("FROST_CACHE_DIR", str(d))
-    monkeypatch.delenv("FROST_CACHE_DISABLE", raising=False)
-    monkeypatch.delenv("FROST_CACHE_MAX_BYTES", raising=False)
-    boundary.clear_memo()
-    cache.reset_stats()
-    yield d
-    boundary.clear_memo()
-
-
 def test_second_process_hits_with_zero_compiles_and_the_same_digest(tmp_path, tree):
     d = tmp_path / "cache"
     first = run_py(COMPILE_PROBE.format(dtype="f32", arch=ARCH), d, root=tree)

@@ -28,16 +28,6 @@ ARCH = "sm_90a"
 NOBODY = 65534
 
 
-@pytest.fixture
-def fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("FROST_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FROST_CACHE_DISABLE", raising=False)
-    boundary.clear_memo()
-    cache.reset_stats()
-    yield tmp_path / "cache"
-    boundary.clear_memo()
-
-
 def _ref_plan(tmp_path) -> Path:
     g = frost.Graph(io_data_type=torch.float32, target=CPU, name="g")
     q, k, v = (g.tensor(name=n, dim=(1, 2, 8, 16)) for n in ("q", "k", "v"))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import frost.torch_face as ft
+from frost.testing.host_floor import NullAttention
 from frost.torch_face import block, plans
 from test.helpers import error_of
 
@@ -263,21 +264,6 @@ def test_lean_varlen_autograd_matches_the_op():
         assert torch.equal(a, b)
 
 
-class _Null(torch.autograd.Function):
-    """torch's floor for an attention autograd.Function: frost's outputs and saved tensors, no kernel."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, _, _ = ctx.saved_tensors
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def test_host_time_of_forward_and_backward_under_autograd(monkeypatch):
@@ -302,7 +288,7 @@ def test_host_time_of_forward_and_backward_under_autograd(monkeypatch):
             return torch.autograd.grad(ft.attention(*leaves, causal=True), leaves, do)
 
         def floor_step():
-            return torch.autograd.grad(_Null.apply(*leaves)[0], leaves, do)
+            return torch.autograd.grad(NullAttention.apply(*leaves)[0], leaves, do)
 
         def burst(fn, n=50):
             t0 = time.thread_time_ns()
