@@ -392,19 +392,19 @@ class SdpaFwdSm80:
         rows.load_rows(copy_QK, tQgQ, tQsQ, tQcQ, q_rows, cols=self.cols_qk)
         first_rows = seqlen_k - (n_max - 1) * p.tile_n
         if n_max > n_min:
-            self.load_rows(copy_QK, self.k_src(ctx, n_max - 1), tKsK, tKcK, 0, first_rows, False, self.cols_qk)
+            self.load_rows(copy_QK, self.kv_src(ctx.src.k, n_max - 1), tKsK, tKcK, 0, first_rows, False, self.cols_qk)
         cute.arch.cp_async_commit_group()
         for s in cutlass.range_constexpr(1, S):
             if n_max - s >= n_min:
                 if const_expr(s == 1):
-                    self.load_rows(copy_V, self.v_src(ctx, n_max - 1), tVsV, tVcV, 0, first_rows, True,
+                    self.load_rows(copy_V, self.kv_src(ctx.src.v, n_max - 1), tVsV, tVcV, 0, first_rows, True,
                                    self.cols_v)
                 else:
-                    rows.copy_cols(copy_V, self.v_src(ctx, n_max - s), tVsV[None, None, None, s - 1],
+                    rows.copy_cols(copy_V, self.kv_src(ctx.src.v, n_max - s), tVsV[None, None, None, s - 1],
                                    tVcV, self.cols_v)
             cute.arch.cp_async_commit_group()
             if n_max - 1 - s >= n_min:
-                rows.copy_cols(copy_QK, self.k_src(ctx, n_max - 1 - s), tKsK[None, None, None, s], tKcK,
+                rows.copy_cols(copy_QK, self.kv_src(ctx.src.k, n_max - 1 - s), tKsK[None, None, None, s], tKcK,
                                self.cols_qk)
             cute.arch.cp_async_commit_group()
 
@@ -502,43 +502,34 @@ class SdpaFwdSm80:
 
     @cute.jit
     def key_sources(self, g: _Globals, thr, heads, batch, offsets):
-        """Where key tiles come from: the sequence's K and V tiles partitioned for this thread (dense, packed), or a
-        paged cache's containers, this head's in each and this sequence's block tables (`k_src` / `v_src` find
-        each tile's block). `thr`: the K and V copies' thread slices; `heads`, `offsets`: K's and V's."""
+        """Where key tiles come from, `k` and `v` alike (`kv_src` finds each tile): the sequence's K or V tiles
+        partitioned for this thread (dense, packed), or a paged cache's container, this head's in it and this
+        sequence's block table. `thr`: the K and V copies' thread slices; `heads`, `offsets`: K's and V's."""
         p = self.p
         (thr_QK, thr_V), (head_kv, head_v), (off_k, off_v) = thr, heads, offsets
         if const_expr(p.paged):
-            return SimpleNamespace(mK=g.mK, mV=g.mV, head_k=head_kv, head_v=head_v, thr_QK=thr_QK, thr_V=thr_V,
-                                   k_table=paged.table_row(g.paged[0], batch),
-                                   v_table=paged.table_row(g.paged[1], batch))
+            return SimpleNamespace(
+                k=SimpleNamespace(m=g.mK, table=paged.table_row(g.paged[0], batch), head=head_kv, thr=thr_QK,
+                                  block=p.paged_block_k, width=self.d),
+                v=SimpleNamespace(m=g.mV, table=paged.table_row(g.paged[1], batch), head=head_v, thr=thr_V,
+                                  block=p.paged_block_v, width=self.dv))
         else:
             mK_s = rows.widen(rows.head_rows(g.mK, head_kv, batch, off_k, p.is_thd), self.d)
             mV_s = rows.widen(rows.head_rows(g.mV, head_v, batch, off_v, p.is_thd), self.dv)
             gK = cute.local_tile(mK_s, (p.tile_n, self.d), (None, 0))
             gV = cute.local_tile(mV_s, (p.tile_n, self.dv), (None, 0))
-            return SimpleNamespace(tKgK=thr_QK.partition_S(gK), tVgV=thr_V.partition_S(gV))
+            return SimpleNamespace(k=SimpleNamespace(tiles=thr_QK.partition_S(gK)),
+                                   v=SimpleNamespace(tiles=thr_V.partition_S(gV)))
 
     @cute.jit
-    def k_src(self, c: SimpleNamespace, n_block):
-        """This thread's partition of key tile `n_block` of K in global memory (through the table when paged)."""
-        p = self.p
-        if const_expr(p.paged):
-            s = c.src
-            return s.thr_QK.partition_S(paged.key_tile(s.mK, s.k_table, s.head_k, n_block, p.tile_n,
-                                                       p.paged_block_k, self.d))
+    def kv_src(self, src: SimpleNamespace, n_block):
+        """This thread's partition of key tile `n_block` of K or V in global memory (`src`: `key_sources`' `k` or
+        `v`), through the table when paged."""
+        if const_expr(self.p.paged):
+            return src.thr.partition_S(paged.key_tile(src.m, src.table, src.head, n_block, self.p.tile_n,
+                                                      src.block, src.width))
         else:
-            return c.src.tKgK[None, None, None, n_block]
-
-    @cute.jit
-    def v_src(self, c: SimpleNamespace, n_block):
-        """This thread's partition of key tile `n_block` of V in global memory (through the table when paged)."""
-        p = self.p
-        if const_expr(p.paged):
-            s = c.src
-            return s.thr_V.partition_S(paged.key_tile(s.mV, s.v_table, s.head_v, n_block, p.tile_n,
-                                                      p.paged_block_v, self.dv))
-        else:
-            return c.src.tVgV[None, None, None, n_block]
+            return src.tiles[None, None, None, n_block]
 
     @cute.jit
     def load_rows(self, tiled_copy, tXg, tXsX, tXcX, stage, n_rows, zero_fill: cutlass.Constexpr,
@@ -572,13 +563,13 @@ class SdpaFwdSm80:
         if n_v >= c.n_min:
             if const_expr(S == 1):
                 if n_v == c.n_max - 1:
-                    self.load_rows(c.copy_V, self.v_src(c, n_v), c.tVsV, c.tVcV, v_stage,
+                    self.load_rows(c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV, c.tVcV, v_stage,
                                    c.seqlen_k - n_v * p.tile_n, True, self.cols_v)
                 else:
-                    rows.copy_cols(c.copy_V, self.v_src(c, n_v), c.tVsV[None, None, None, v_stage],
+                    rows.copy_cols(c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV[None, None, None, v_stage],
                                    c.tVcV, self.cols_v)
             else:
-                rows.copy_cols(c.copy_V, self.v_src(c, n_v), c.tVsV[None, None, None, v_stage], c.tVcV,
+                rows.copy_cols(c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV[None, None, None, v_stage], c.tVcV,
                                self.cols_v)
         cute.arch.cp_async_commit_group()
 
@@ -601,7 +592,7 @@ class SdpaFwdSm80:
         cute.arch.barrier()
         n_k = n_block - S
         if n_k >= c.n_min:
-            rows.copy_cols(c.copy_QK, self.k_src(c, n_k), c.tKsK[None, None, None, stage], c.tKcK,
+            rows.copy_cols(c.copy_QK, self.kv_src(c.src.k, n_k), c.tKsK[None, None, None, stage], c.tKcK,
                            self.cols_qk)
         cute.arch.cp_async_commit_group()
 
