@@ -196,6 +196,11 @@ def validate(p: Sm90BwdParams) -> None:
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
         bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
             f"head_dim from 104 to 128 (head_dim={p.head_dim})")
+    if p.tile_m == 80 and p.head_dim_v != p.head_dim:
+        # H200 run 20: d_qk = 128 with d_v = 64 on 80 rows gave gradients 0.2-4x off (norm-relative) on every
+        # packed graph; the 80-row kernel is verified only with equal head dims
+        bad(f"tile_m=80 needs head_dim_v == head_dim (head dims {p.head_dim} x {p.head_dim_v}: its gradients were "
+            "wrong on the GPU with d_v below d_qk; 64 rows serve this pair)")
     if p.rotated and not p.deterministic:
         bad("det_order='rotated' orders deterministic turns: needs deterministic=True")
     if p.rotated and (p.has_window_left or p.has_window_right):
