@@ -69,7 +69,7 @@ def test_validator_declines_what_the_template_lacks():
                         (dict(tile_m=80, dq_fragments=True), "serialize"),
                         (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
                         (dict(tile_m=80, dq_red=True, dq_fragments=False), "transposes"),
-                        (dict(tile_m=80, head_dim=128, head_dim_v=64, dq_fragments=False), "needs head_dim_v == head_dim"),
+                        (dict(tile_m=80, head_dim=128, head_dim_v=64, dq_fragments=False), "head_dim_v == head_dim"),
                         (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),
                         (dict(tile_m=64, dq_fragments=True, is_thd=True, has_seqused=True, token_div_q=512,
                               token_div_kv=512), "ragged-offset form"),
