@@ -100,7 +100,7 @@ def has_lengths(params) -> bool:
     return bool(getattr(params, "is_thd", False) or getattr(params, "has_seqused", False))
 
 
-def dump_part(out: Path, part: int, parts: int, lengths: str = "all") -> int:
+def dump_part(out: Path, part: int, parts: int, lengths: str = "all", template: str = "") -> int:
     import tempfile
 
     os.environ["FROST_CACHE_DISABLE"] = "1"
@@ -113,7 +113,7 @@ def dump_part(out: Path, part: int, parts: int, lengths: str = "all") -> int:
     out.mkdir(parents=True, exist_ok=True)
     specs = covering_specs()
     keep = {"all": lambda p: True, "only": has_lengths, "without": lambda p: not has_lengths(p)}[lengths]
-    chosen = [i for i, (_, params, _) in enumerate(specs) if keep(params)]
+    chosen = [i for i, (t, params, _) in enumerate(specs) if keep(params) and (not template or t == template)]
     for i, (template, params, arch) in enumerate(specs):
         if i not in chosen or chosen.index(i) % parts != part:
             continue
@@ -125,8 +125,8 @@ def dump_part(out: Path, part: int, parts: int, lengths: str = "all") -> int:
     return len(specs)
 
 
-def dump(out: Path, jobs: int, lengths: str = "all") -> None:
-    procs = [subprocess.Popen([sys.executable, __file__, "_part", str(out), str(j), str(jobs), lengths],
+def dump(out: Path, jobs: int, lengths: str = "all", template: str = "") -> None:
+    procs = [subprocess.Popen([sys.executable, __file__, "_part", str(out), str(j), str(jobs), lengths, template],
                               cwd=str(ROOT)) for j in range(jobs)]
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("a dump worker failed")
@@ -204,6 +204,7 @@ def main(argv=None) -> int:
     d.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
     d.add_argument("--lengths", choices=("all", "only", "without"), default="all",
                    help="only the kernels that read lengths from the device, or only the others")
+    d.add_argument("--template", default="", help="only one template's kernels (a dotted module path)")
     c = sub.add_parser("diff", help="compare two dumps")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
@@ -212,13 +213,14 @@ def main(argv=None) -> int:
     w.add_argument("part", type=int)
     w.add_argument("parts", type=int)
     w.add_argument("lengths", nargs="?", default="all")
+    w.add_argument("template", nargs="?", default="")
     a = ap.parse_args(argv)
     if a.cmd == "dump":
-        dump(a.out, a.jobs, a.lengths)
+        dump(a.out, a.jobs, a.lengths, a.template)
         return 0
     if a.cmd == "diff":
         return 0 if diff(a.a, a.b) < 2 else 1
-    dump_part(a.out, a.part, a.parts, a.lengths)
+    dump_part(a.out, a.part, a.parts, a.lengths, a.template)
     return 0
 
 

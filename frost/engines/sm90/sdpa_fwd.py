@@ -33,6 +33,12 @@ mask. One that straddles blocks (tile_n not dividing 128, tile_m 192) is masked 
 (`mask.apply_block_mask`), and the softmax treats a row with no visible key yet as the band does. Tile rows are
 query positions (no GQA packing with it: a packed tile would span several heads' bits).
 
+cuDNN's paged K/V cache (`paged`): K and V are containers (num_blocks, block_size, H, D) read through int32
+block tables. tile_n divides the block sizes, so a key tile lies inside one block: the producer's TMA load names
+that block (read from the table on the device per tile, clamped to the container: `paged.block_of`) and the
+tile's row offset in it (`kv_gmem`); the key length is seqused_kv clamped to the envelope max_seqlen_kv. Nothing
+else changes (rows past a sequence's keys are masked, and V's are zeroed as for any seqused).
+
 Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
 (`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
 zero-fill the columns past a head dim (zeros add nothing to Q K^T or P V), TMA
@@ -50,7 +56,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from frost.engines.common import mask, rows, score_mod, tiles
+from frost.engines.common import mask, paged, rows, score_mod, tiles
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
@@ -83,6 +89,8 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
                                     (not p.has_lse, "nolse"), (p.has_score_max, "smax"),
                                     (p.has_score_sum_exp, "ssum"), *score_mod_tags(p),
                                     (p.has_block_mask, "bmask")) if flag]
+    if p.paged:  # paged K/V: the containers' block sizes
+        parts.append(f"pg{p.paged_block_k}" + (f"v{p.paged_block_v}" if p.paged_block_v != p.paged_block_k else ""))
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
@@ -132,6 +140,19 @@ class _Sched(NamedTuple):
     num_m_blocks: Any
     total_tiles: Any
     section_width: Any
+
+
+class _PagedKv(NamedTuple):
+    """Where the producer reads one paged container's key tiles (made once per work tile): the head's
+    (block_size, D, num_blocks) view, the sequence's table row, the shared tile stages (TMA-grouped), the
+    block size, the tile's columns and O's column slice."""
+
+    m: Any
+    table: Any
+    smem: Any
+    block: Any
+    cols: Any
+    vsl: Any
 
 
 class _Smem(NamedTuple):
@@ -281,6 +302,10 @@ class SdpaFwdSm90:
         if const_expr(not thd):
             section_width = self.tile_heads * num_batch
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
+        # a paged cache's block tables and key envelope S_kv (a container's rows are not a sequence's)
+        paged_args = None
+        if const_expr(p.paged):
+            paged_args = (a["k_table"], a["v_table"], a["max_seqlen_kv"])
 
         # with score modifiers the logits arrive scaled (score_mod) and the softmax's exp2 factor is log2(e)
         scale = Float32(a["softmax_scale"])
@@ -309,7 +334,7 @@ class SdpaFwdSm90:
             tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
             a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
             a.get("o_offsets"), a.get("v_offsets"), (a.get("score_max_offsets"), a.get("score_sum_exp_offsets")),
-            a.get("bias"), a.get("block_mask"),
+            a.get("bias"), a.get("block_mask"), paged_args,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -318,7 +343,7 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
-               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask,
+               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask, mPaged,
                tma_atom_q: cute.CopyAtom,
                tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
                wl, wr, num_batch: Int32,
@@ -354,16 +379,19 @@ class SdpaFwdSm90:
         sched = _Sched(num_batch, num_m_blocks, total_tiles, section_width)
         smem = _Smem(sQ, sK, sV, sO)
         pipes = (pipe_q, pipe_k, pipe_v)
+        seqlen_k_static = mK.shape[0]
+        if const_expr(self.p.paged):  # the envelope bounds the key length
+            seqlen_k_static = mPaged[2]
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
                 self.producer(mQ, mK, mV, lengths, mVOff, mBlockMask, smem, (tma_atom_q, tma_atom_k, tma_atom_v),
-                              pipes, wl, wr, sched)
+                              pipes, wl, wr, sched, (mPaged, seqlen_k_static))
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, (mMax, mSumExp), lengths, mSinks, (mLseOff, mOOff, mScoreOffs), smem, tma_atom_o,
                           pipes, (scale_log2, softmax_scale, mBias, mBlockMask), (wl, wr), sched,
-                          (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), mK.shape[0]))
+                          (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), seqlen_k_static))
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
@@ -451,9 +479,10 @@ class SdpaFwdSm90:
     # --- producer warp
     @cute.jit
     def producer(self, mQ, mK, mV, lengths: _Lengths, mVOff, mBlockMask, smem: _Smem, tma_atoms, pipes, wl, wr,
-                 sched: _Sched):
+                 sched: _Sched, keys):
         """Warp 0: per work tile Q, then K and V of the key blocks the consumers visit, in their order (K of a
-        block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps."""
+        block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps. `keys`:
+        (a paged cache's (K table, V table, envelope) or None, the key extent lengths are clamped to)."""
         mCuQ, mCuK, mUsedQ, mUsedK = lengths
         sQ, sK, sV, _ = smem
         tma_atom_q, tma_atom_k, tma_atom_v = tma_atoms
@@ -469,7 +498,7 @@ class SdpaFwdSm90:
             Int32(0), Int32(0), total_q)
         while valid:
             head, vsl = self.split_head(hv)
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, mK.shape[0],
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, keys[1],
                                                            mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
                                                            self.p.token_div_kv)
             off_v = own_token_offset(self.p, "v", mVOff, batch, off_k, seqlen_k, mK.shape[0])
@@ -488,19 +517,27 @@ class SdpaFwdSm90:
                     head_kv = head // (self.ratio // self.rq) if const_expr(self.pack) else head // self.ratio
                     head_v = head // (self.ratio_v // self.rq) if const_expr(self.pack) else head // self.ratio_v
                 gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
-                gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd), (None, 0))
-                gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv), (None, vsl))
                 tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
                                                    cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
-                                                   cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-                tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1),
-                                                   cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+                if const_expr(self.p.paged):  # each key tile's source is found in its block per load (`kv_gmem`)
+                    tKsK, tKgK = self.paged_source(tma_atom_k, mK, keys[0][0], sK, head_kv, batch,
+                                                   self.p.paged_block_k, self.hd, 0)
+                    tVsV, tVgV = self.paged_source(tma_atom_v, mV, keys[0][1], sV, head_v, batch,
+                                                   self.p.paged_block_v, self.hdv, vsl)
+                else:
+                    gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd),
+                                         (None, 0))
+                    gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv),
+                                         (None, vsl))
+                    tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
+                                                       cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+                    tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1),
+                                                       cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
                 n_last = n_max - 1
                 if const_expr(self.p.has_block_mask):
                     n_last = n_top
                 pipe_k.producer_acquire(kv_state)
-                cute.copy(tma_atom_k, tKgK[None, n_last], tKsK[None, kv_state.index],
+                cute.copy(tma_atom_k, self.kv_gmem(tma_atom_k, tKgK, n_last), tKsK[None, kv_state.index],
                           tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
@@ -526,7 +563,7 @@ class SdpaFwdSm90:
                         self.load_kv(kv, n_cur, n_prev, kv_state, prev_state)
                         n_prev = n_cur
                 pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, kv_state.index],
+                cute.copy(tma_atom_v, self.kv_gmem(tma_atom_v, tVgV, n_prev), tVsV[None, kv_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
             else:
@@ -551,11 +588,36 @@ class SdpaFwdSm90:
         prev_state's; `kv`: (TMA atoms of K and V, their partitions (gmem, smem), their pipelines)."""
         tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v = kv
         pipe_k.producer_acquire(kv_state)
-        cute.copy(tma_atom_k, tKgK[None, n_cur], tKsK[None, kv_state.index],
+        cute.copy(tma_atom_k, self.kv_gmem(tma_atom_k, tKgK, n_cur), tKsK[None, kv_state.index],
                   tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
         pipe_v.producer_acquire(prev_state)
-        cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, prev_state.index],
+        cute.copy(tma_atom_v, self.kv_gmem(tma_atom_v, tVgV, n_prev), tVsV[None, prev_state.index],
                   tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
+
+    @cute.jit
+    def paged_source(self, atom, mX, mTable, sX, head, batch, block_size: cutlass.Constexpr[int],
+                     cols: cutlass.Constexpr[int], vsl):
+        """(the shared stages partitioned for TMA, the `_PagedKv` that `kv_gmem` makes each key tile's source
+        from) of one paged container, K or V (`cols`: the tile's columns; `vsl`: O's column slice)."""
+        m = mX[None, None, head, None]
+        smem = cute.group_modes(sX, 0, 2)
+        g = cute.local_tile(m[None, None, 0], (self.tile_n, cols), (0, vsl))
+        tXsX, _ = cpasync.tma_partition(atom, 0, cute.make_layout(1), smem, cute.group_modes(g, 0, 2))
+        return tXsX, _PagedKv(m, paged.table_row(mTable, batch), smem, block_size, cols, vsl)
+
+    @cute.jit
+    def kv_gmem(self, atom, src, n_block: Int32):
+        """The TMA source of key tile n_block: dense, the tile's slice of the head's partition (`src`); paged
+        (`src` a `_PagedKv`), the tile of the block the table names (clamped to the container), at the tile's row
+        offset in that block."""
+        if const_expr(self.p.paged):
+            first = n_block * self.tile_n
+            block = paged.block_of(src.table, first // src.block, cute.size(src.m, mode=[2]))
+            g = cute.local_tile(src.m[None, None, block], (self.tile_n, src.cols),
+                                ((first % src.block) // self.tile_n, src.vsl))
+            _, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), src.smem, cute.group_modes(g, 0, 2))
+            return tXgX
+        return src[None, n_block]
 
     # --- consumer warpgroups
     @cute.jit
