@@ -379,19 +379,16 @@ class SdpaFwdSm90:
         sched = _Sched(num_batch, num_m_blocks, total_tiles, section_width)
         smem = _Smem(sQ, sK, sV, sO)
         pipes = (pipe_q, pipe_k, pipe_v)
-        seqlen_k_static = mK.shape[0]
-        if const_expr(self.p.paged):  # the envelope bounds the key length
-            seqlen_k_static = mPaged[2]
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
                 self.producer(mQ, mK, mV, lengths, mVOff, mBlockMask, smem, (tma_atom_q, tma_atom_k, tma_atom_v),
-                              pipes, wl, wr, sched, (mPaged, seqlen_k_static))
+                              pipes, wl, wr, sched, mPaged)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, (mMax, mSumExp), lengths, mSinks, (mLseOff, mOOff, mScoreOffs), smem, tma_atom_o,
                           pipes, (scale_log2, softmax_scale, mBias, mBlockMask), (wl, wr), sched,
-                          (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), seqlen_k_static))
+                          (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), self.key_extent(mK, mPaged)))
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
@@ -451,6 +448,11 @@ class SdpaFwdSm90:
         `tile_visible` keeps, n_min - 1 when the block_mask clears them all."""
         return mask.block_mask_last_visible(rows, n_min, n_max, self.tile_m, self.tile_n, seqlen_k)
 
+    def key_extent(self, mK, mPaged):
+        """The key extent device lengths are clamped to: K's rows, or a paged cache's envelope S_kv (a container's
+        rows are not a sequence's)."""
+        return mPaged[2] if self.p.paged else mK.shape[0]
+
     def sched_lengths(self, mCuQ, mUsedQ):
         """What the packed scheduler reads sequence lengths from: the prefix sums, or the ragged form's lengths."""
         return mUsedQ if self.p.ragged else mCuQ
@@ -479,10 +481,10 @@ class SdpaFwdSm90:
     # --- producer warp
     @cute.jit
     def producer(self, mQ, mK, mV, lengths: _Lengths, mVOff, mBlockMask, smem: _Smem, tma_atoms, pipes, wl, wr,
-                 sched: _Sched, keys):
+                 sched: _Sched, mPaged):
         """Warp 0: per work tile Q, then K and V of the key blocks the consumers visit, in their order (K of a
-        block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps. `keys`:
-        (a paged cache's (K table, V table, envelope) or None, the key extent lengths are clamped to)."""
+        block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps; with a paged
+        cache (`mPaged`: K table, V table, envelope) each key tile from the block its table names."""
         mCuQ, mCuK, mUsedQ, mUsedK = lengths
         sQ, sK, sV, _ = smem
         tma_atom_q, tma_atom_k, tma_atom_v = tma_atoms
@@ -498,7 +500,7 @@ class SdpaFwdSm90:
             Int32(0), Int32(0), total_q)
         while valid:
             head, vsl = self.split_head(hv)
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, keys[1],
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, self.key_extent(mK, mPaged),
                                                            mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
                                                            self.p.token_div_kv)
             off_v = own_token_offset(self.p, "v", mVOff, batch, off_k, seqlen_k, mK.shape[0])
@@ -517,18 +519,19 @@ class SdpaFwdSm90:
                     head_kv = head // (self.ratio // self.rq) if const_expr(self.pack) else head // self.ratio
                     head_v = head // (self.ratio_v // self.rq) if const_expr(self.pack) else head // self.ratio_v
                 gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
-                tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
-                                                   cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                if const_expr(self.p.paged):  # each key tile's source is found in its block per load (`kv_gmem`)
-                    tKsK, tKgK = self.paged_source(tma_atom_k, mK, keys[0][0], sK, head_kv, batch,
-                                                   self.p.paged_block_k, self.hd, 0)
-                    tVsV, tVgV = self.paged_source(tma_atom_v, mV, keys[0][1], sV, head_v, batch,
-                                                   self.p.paged_block_v, self.hdv, vsl)
-                else:
+                if const_expr(not self.p.paged):
                     gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd),
                                          (None, 0))
                     gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv),
                                          (None, vsl))
+                tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
+                                                   cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                if const_expr(self.p.paged):  # each key tile's source is found in its block per load (`kv_gmem`)
+                    tKsK, tKgK = self.paged_source(tma_atom_k, mK, mPaged[0], sK, head_kv, batch,
+                                                   self.p.paged_block_k, self.hd, 0)
+                    tVsV, tVgV = self.paged_source(tma_atom_v, mV, mPaged[1], sV, head_v, batch,
+                                                   self.p.paged_block_v, self.hdv, vsl)
+                else:
                     tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
                                                        cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
                     tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1),
