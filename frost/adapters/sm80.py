@@ -6,21 +6,12 @@ the deterministic mode that suits the problem and the GPU (`frost.adapters.sm80_
 """
 from __future__ import annotations
 
-from frost.adapters.dsl import fwd_feature_flags
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
 
 
 def _smem_budget(target):
     return target.smem_per_block_optin or None
-
-
-def mma_sync_fwd_flags(facts) -> dict:
-    """The forward's feature flags, and a paged cache's container block sizes (read through the block tables)."""
-    flags = fwd_feature_flags(facts)
-    if facts.paged is not None:
-        flags.update(paged_block_k=facts.paged.block_size_k, paged_block_v=facts.paged.block_size_v)
-    return flags
 
 
 class MmaSyncFwdAdapter(DslFwdAdapter):
@@ -30,7 +21,6 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
     template = "frost.engines.sm80.sdpa_fwd"
     params_module = "frost.engines.sm80.sdpa_fwd_params"
     params_class = "Sm80FwdParams"
-    feature_flags = staticmethod(mma_sync_fwd_flags)
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:

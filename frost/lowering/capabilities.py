@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 
 from frost.engines.params import HeadDimSpan
 from frost.engines.sm80.sdpa_fwd_params import PAGED_BLOCK_SIZES
+from frost.engines.sm90.sdpa_fwd_params import PAGED_BLOCK_SIZES as SM90_PAGED_BLOCK_SIZES
 
 #: the head dims the pending SM100 line states
 FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
@@ -87,7 +88,8 @@ CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng
                                                           "stats_per_batch"}
 #: cuDNN's paged K/V cache (forward only, as in cuDNN): the reference gathers through the tables, the cuDNN engine
 #: lowers it to cuDNN's paged SDPA, the mma.sync forward reads each key tile from its block (block sizes that its
-#: key tiles divide: `frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`); the wgmma forward does not yet
+#: key tiles divide: `frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`), the wgmma forward loads each key
+#: tile by TMA from its block (`frost.engines.sm90.sdpa_fwd_params.PAGED_BLOCK_SIZES`)
 PAGED_FEATURES = frozenset({"paged_attention"})
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
@@ -101,7 +103,8 @@ SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
              dtypes=("bf16", "fp16"), head_dims=SM90_FWD_HEAD_DIMS, features=DSL_FEATURES,
-             fwd_features=FWD_EXTRA_FEATURES | WGMMA_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES,
+             fwd_features=FWD_EXTRA_FEATURES | WGMMA_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+             paged_block_sizes=SM90_PAGED_BLOCK_SIZES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
