@@ -36,3 +36,33 @@ def test_torch_starts_quietly_on_the_base_dependencies():
     quiet = subprocess.run([sys.executable, "-W", "default", "-c", "import torch"], capture_output=True, text=True,
                            timeout=120)
     assert "NumPy" not in quiet.stderr, quiet.stderr
+
+
+def _floor(spec: str) -> tuple:
+    """The version a `>=` specifier names, as a tuple of ints (() when there is none)."""
+    m = re.search(r">=\s*([0-9][0-9.]*)", spec)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def test_declared_minimums_are_the_versions_the_code_checks():
+    """CI installs the newest versions each bound allows, so a floor in pyproject.toml is tested only through
+    the checks the code makes itself: the CuTe DSL's (`frost.engines.dsl.MIN_DSL`, a decline below it) and the
+    cuDNN frontend's (`MIN_FRONTEND`). Each declared floor must be the one its check enforces."""
+    from frost.adapters.cudnn import MIN_FRONTEND
+    from frost.engines.dsl import MIN_DSL
+
+    for group in ("kernels", "cu13"):
+        assert _floor(_declared(group)["nvidia-cutlass-dsl"]) == MIN_DSL, group
+    assert _floor(_declared("cudnn")["nvidia-cudnn-frontend"])[:2] == MIN_FRONTEND
+
+
+# torch APIs frost calls without a fallback, and the release that brought each (newer ones are looked up and
+# declined by name where missing, e.g. the SDPA provider registry of torch 2.10: frost/torch_face/provider.py)
+TORCH_APIS = {"torch.library.custom_op": (2, 4), "torch.library.register_fake": (2, 4), "torch.library.opcheck": (2, 4)}
+
+
+def test_the_torch_floor_covers_the_apis_called_without_a_fallback():
+    source = "\n".join(p.read_text() for p in (ROOT / "frost").rglob("*.py"))
+    used = {api: since for api, since in TORCH_APIS.items() if api.rsplit(".", 1)[1] in source}
+    assert used, "none of the listed torch APIs is called any more: update TORCH_APIS"
+    assert _floor(_declared()["torch"]) >= max(used.values())
