@@ -186,9 +186,12 @@ class SdpaFwdSm80:
         # the softmax's exp2 factor: with score modifiers the logits arrive scaled (score_mod)
         scale_log2 = Float32(softmax.LOG2_E) if const_expr(p.has_score_mods) else scale * softmax.LOG2_E
         g = a.get
+        maxima = (None, None)  # the packed form's envelopes, each length is capped at
+        if const_expr(p.is_thd):
+            maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
-            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"),
+            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), maxima, g("sinks"), g("lse_offsets"), g("o_offsets"),
             g("v_offsets"), (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
             g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")),
             scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"),
@@ -216,6 +219,7 @@ class SdpaFwdSm80:
         mCuK,
         mSuQ,
         mSuK,
+        maxima,
         mSinks,
         mLseOff,
         mOOff,
@@ -242,7 +246,7 @@ class SdpaFwdSm80:
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
             self.cta(_Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask, mPaged),
-                     (mCuQ, mCuK, mSuQ, mSuK), mLseOff, (mOOff, mVOff, mScoreOffs),
+                     (mCuQ, mCuK, mSuQ, mSuK, maxima[0], maxima[1]), mLseOff, (mOOff, mVOff, mScoreOffs),
                      _Scores(softmax_scale, scale_log2, window_left, window_right),
                      _Kit(sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
                           SharedStorage),
@@ -251,10 +255,11 @@ class SdpaFwdSm80:
     @cute.jit
     def cta(self, g: _Globals, lengths, mLseOff, mOwnOff, sc: _Scores, kit: _Kit, bx, head, batch):
         """Pick this CTA's m-tile of its (head, batch entry) and run it. `lengths`: the device lengths (packed
-        prefix sums, padded lengths; None where the form has none)."""
+        prefix sums, padded lengths; None where the form has none) and the packed form's envelopes
+        (max_seqlen_q, max_seqlen_kv) each length is capped at."""
         p = self.p
         mQ, mK = g.mQ, g.mK
-        mCuQ, mCuK, mSuQ, mSuK = lengths
+        mCuQ, mCuK, mSuQ, mSuK, max_q, max_k = lengths
         if const_expr(p.is_thd):
             static_sq, static_sk = mQ.shape[0], mK.shape[0]
         else:
@@ -262,7 +267,7 @@ class SdpaFwdSm80:
         if const_expr(p.paged):  # a container's rows are not a sequence's: the envelope bounds the key length
             static_sk = g.paged[2]
         off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(
-            batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK, p.token_div_q, p.token_div_kv)
+            batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK, p.token_div_q, p.token_div_kv, max_q, max_k)
         off_lse = off_q  # ragged Stats start at their own offsets
         if const_expr(mLseOff is not None):
             off_lse = seqlen.rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, static_sq)

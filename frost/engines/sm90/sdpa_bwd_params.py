@@ -236,10 +236,11 @@ MAIN_TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 def main_args(p: Sm90BwdParams) -> list[str]:
     """q, k, v, do, lse, dk, dv, lengths (cu_seqlens or seqused), bias?, dbias? (written directly), dpsum, dq_accum,
     dq_semaphore?, dbias_accum?, softmax_scale,
-    window_left?, window_right?, max_seqlen_kv?, stream. Sinks need nothing here: LSE holds them, and the shared
+    window_left?, window_right?, max_seqlen_q? and max_seqlen_kv? (packed: the grid's key tiles, each length's
+    cap), stream. Sinks need nothing here: LSE holds them, and the shared
     helpers compute dSink."""
     args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p) + ["bias"] * p.has_bias
     args += ["dbias"] * (p.has_dbias and not p.dbias_accum) + ["dpsum", "dq_accum"]
     args += ["dq_semaphore"] * p.deterministic + ["dbias_accum"] * p.dbias_accum + ["softmax_scale"]
     args += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
-    return args + ["max_seqlen_kv"] * p.is_thd + ragged_totals(p) + ["stream"]
+    return args + ["max_seqlen_q", "max_seqlen_kv"] * p.is_thd + ragged_totals(p) + ["stream"]

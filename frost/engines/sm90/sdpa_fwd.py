@@ -124,12 +124,15 @@ class _Mainloop(NamedTuple):
 
 
 class _Lengths(NamedTuple):
-    """The device lengths both roles read (None where the form has none): packed prefix sums, padded lengths."""
+    """The device lengths both roles read (None where the form has none): packed prefix sums, padded lengths, and
+    the packed form's envelopes (max_seqlen_q, max_seqlen_kv) each length is capped at."""
 
     mCuQ: Any
     mCuK: Any
     mUsedQ: Any
     mUsedK: Any
+    max_q: Any
+    max_k: Any
 
 
 class _Sched(NamedTuple):
@@ -236,8 +239,8 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ host side
     @cute.jit
     def launch(self, a: dict):
-        """`a`: the sdpa_args arguments by name, tensors in canonical views (max_seqlen_q unused:
-        the grid comes from tensor extents)."""
+        """`a`: the sdpa_args arguments by name, tensors in canonical views (max_seqlen_q / max_seqlen_kv cap the
+        packed lengths; the grid comes from tensor extents)."""
         p = self.p
         dt = self.dtype
         thd = const_expr(p.is_thd)
@@ -330,9 +333,12 @@ class SdpaFwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
 
+        maxima = (None, None)  # the packed form's envelopes, each length is capped at
+        if const_expr(thd):
+            maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         self.kernel(
             tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
-            a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
+            a.get("seqused_q"), a.get("seqused_kv"), maxima, a.get("sinks"), a.get("lse_offsets"),
             a.get("o_offsets"), a.get("v_offsets"), (a.get("score_max_offsets"), a.get("score_sum_exp_offsets")),
             a.get("bias"), a.get("block_mask"), paged_args,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
@@ -343,7 +349,8 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
-               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask, mPaged,
+               mCuQ, mCuK, mUsedQ, mUsedK, maxima, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask,
+               mPaged,
                tma_atom_q: cute.CopyAtom,
                tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
                wl, wr, num_batch: Int32,
@@ -375,7 +382,7 @@ class SdpaFwdSm90:
         else:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.dtype)
 
-        lengths = _Lengths(mCuQ, mCuK, mUsedQ, mUsedK)
+        lengths = _Lengths(mCuQ, mCuK, mUsedQ, mUsedK, maxima[0], maxima[1])
         sched = _Sched(num_batch, num_m_blocks, total_tiles, section_width)
         smem = _Smem(sQ, sK, sV, sO)
         pipes = (pipe_q, pipe_k, pipe_v)
@@ -485,7 +492,7 @@ class SdpaFwdSm90:
         """Warp 0: per work tile Q, then K and V of the key blocks the consumers visit, in their order (K of a
         block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps; with a paged
         cache (`mPaged`: K table, V table, envelope) each key tile from the block its table names."""
-        mCuQ, mCuK, mUsedQ, mUsedK = lengths
+        mCuQ, mCuK, mUsedQ, mUsedK, max_q, max_k = lengths
         sQ, sK, sV, _ = smem
         tma_atom_q, tma_atom_k, tma_atom_v = tma_atoms
         pipe_q, pipe_k, pipe_v = pipes
@@ -502,7 +509,7 @@ class SdpaFwdSm90:
             head, vsl = self.split_head(hv)
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, self.key_extent(mK, mPaged),
                                                            mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
-                                                           self.p.token_div_kv)
+                                                           self.p.token_div_kv, max_q, max_k)
             off_v = own_token_offset(self.p, "v", mVOff, batch, off_k, seqlen_k, mK.shape[0])
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
@@ -740,7 +747,7 @@ class SdpaFwdSm90:
                  scales, windows, sched: _Sched, mmas, static_lengths):
         """The MMA warpgroups: per work tile its key blocks (`tile_mainloop`), then O and the row statistics out."""
         p = self.p
-        mCuQ, mCuK, mUsedQ, mUsedK = lengths
+        mCuQ, mCuK, mUsedQ, mUsedK, max_q, max_k = lengths
         sV = smem.sV
         pipe_q = pipes[0]
         wl, wr = windows
@@ -768,7 +775,8 @@ class SdpaFwdSm90:
         while valid:
             head, vsl = self.split_head(hv)
             off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
-                                                           mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv)
+                                                           mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv,
+                                                           max_q, max_k)
             off_lse, off_o, off_scores = self.row_starts(row_offsets, batch, off_q, seqlen_q, seqlen_q_static)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
