@@ -37,7 +37,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, mask, paged, rows, score_mod, seqlen, softmax, tiles
+from frost.engines.common import acc_layout, key_splits, mask, paged, rows, score_mod, seqlen, softmax, tiles
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
@@ -57,6 +57,8 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     ) if on] + ragged_tags(p)
     if p.paged:  # paged K/V: the containers' block sizes
         flags.append(f"pg{p.paged_block_k}" + (f"v{p.paged_block_v}" if p.paged_block_v != p.paged_block_k else ""))
+    if p.split:  # split-KV: fp32 partials per split (the combine kernel reduces them)
+        flags.append(f"sp{p.num_splits}")
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
     parts = ["frost_sdpa_fwd", p.family, p.dtype, d, heads, *flags,
              f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}"]
@@ -74,7 +76,8 @@ def build(params: Sm80FwdParams, arch: str):
 
 class _Globals(NamedTuple):
     """The kernel's global tensors (None where a flavor does not take one): Q, K, V, O, Stats, (score_max,
-    score_sum_exp), sinks, the bias, the block mask, a paged cache's (K table, V table, S_kv envelope)."""
+    score_sum_exp), sinks, the bias, the block mask, a paged cache's (K table, V table, S_kv envelope), split-KV's
+    workspace partials (O, LSE)."""
 
     mQ: Any
     mK: Any
@@ -86,6 +89,7 @@ class _Globals(NamedTuple):
     mBias: Any
     mBlockMask: Any
     paged: Any
+    partial: Any
 
 
 class _Scores(NamedTuple):
@@ -180,8 +184,8 @@ class SdpaFwdSm80:
         else:
             num_batch = a["q"].shape[0]
             m_blocks = (a["q"].shape[1] + (p.tile_m - 1)) // p.tile_m
-        # an empty batch or zero lengths still launch a valid (idle) grid
-        grid = (cutlass.max(m_blocks, 1), p.num_heads_q, cutlass.max(num_batch, 1))
+        # an empty batch or zero lengths still launch a valid (idle) grid; split-KV: num_splits CTAs per m-tile
+        grid = (cutlass.max(m_blocks, 1) * p.num_splits, p.num_heads_q, cutlass.max(num_batch, 1))
         scale = a["softmax_scale"]
         # the softmax's exp2 factor: with score modifiers the logits arrive scaled (score_mod)
         scale_log2 = Float32(softmax.LOG2_E) if const_expr(p.has_score_mods) else scale * softmax.LOG2_E
@@ -190,7 +194,7 @@ class SdpaFwdSm80:
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
             g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"),
             g("v_offsets"), (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
-            g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")),
+            g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")), (g("o_partial"), g("lse_partial")),
             scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"),
             g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
@@ -224,6 +228,7 @@ class SdpaFwdSm80:
         mBias,
         mBlockMask,
         mPaged,
+        mPartial,
         softmax_scale,
         scale_log2: Float32,
         window_left,
@@ -241,7 +246,8 @@ class SdpaFwdSm80:
     ):
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
-            self.cta(_Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask, mPaged),
+            self.cta(_Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask, mPaged,
+                              mPartial),
                      (mCuQ, mCuK, mSuQ, mSuK), mLseOff, (mOOff, mVOff, mScoreOffs),
                      _Scores(softmax_scale, scale_log2, window_left, window_right),
                      _Kit(sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
@@ -255,6 +261,10 @@ class SdpaFwdSm80:
         p = self.p
         mQ, mK = g.mQ, g.mK
         mCuQ, mCuK, mSuQ, mSuK = lengths
+        split = Int32(0)
+        if const_expr(p.split):  # split-KV: the m-tile's num_splits CTAs are neighbours in x
+            split = bx % p.num_splits
+            bx = bx // p.num_splits
         if const_expr(p.is_thd):
             static_sq, static_sk = mQ.shape[0], mK.shape[0]
         else:
@@ -280,15 +290,18 @@ class SdpaFwdSm80:
         else:
             m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(g, sc, kit, m_block, head, batch, tiles.Sequence(off_q, off_k, seqlen_q, seqlen_k, static_sq,
-                                                                       static_sk), (off_lse, off_o, off_v, off_scores))
+            self.tile(g, sc, kit, (m_block, split), head, batch,
+                      tiles.Sequence(off_q, off_k, seqlen_q, seqlen_k, static_sq, static_sk),
+                      (off_lse, off_o, off_v, off_scores))
 
     @cute.jit
-    def tile(self, g: _Globals, sc: _Scores, kit: _Kit, m_block, head, batch, seq: tiles.Sequence, offsets):
+    def tile(self, g: _Globals, sc: _Scores, kit: _Kit, at, head, batch, seq: tiles.Sequence, offsets):
         """One query tile: its key tiles from the last down (`step`), then O and the row statistics out
-        (`epilogue`). `offsets`: the first rows of Stats, O, V and score_max / score_sum_exp in their tensors."""
+        (`epilogue`; split-KV: this split's share of the key tiles, its partials out). `at`: (m-tile, split).
+        `offsets`: the first rows of Stats, O, V and score_max / score_sum_exp in their tensors."""
         p = self.p
-        mQ, _, _, mO, _, _, _, mBias, mBlockMask, _ = g
+        m_block, split = at
+        mQ, mO, mBias, mBlockMask = g.mQ, g.mO, g.mBias, g.mBlockMask
         softmax_scale, scale_log2, window_left, window_right = sc
         sQ_layout, sK_layout, sV_layout, _, copy_QK, copy_V, _, tiled_mma, SharedStorage = kit
         off_q, off_k, seqlen_q, seqlen_k, static_sq, _ = seq
@@ -358,6 +371,8 @@ class SdpaFwdSm80:
                                           window_left, window_right)
         lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
                                              window_left, window_right)
+        if const_expr(p.split):  # this split's piece of the band's key tiles (cut from the actual lengths)
+            n_min, n_max = key_splits.key_split_range(n_min, n_max, split, p.num_splits)
         a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
         b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
 
@@ -421,7 +436,44 @@ class SdpaFwdSm80:
                 self.step(ctx, b_end - 1 - it, stage, True)
                 stage = self.next_stage(stage)
 
-        self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, num_rows, tidx)
+        if const_expr(p.split):
+            self.epilogue_partial(ctx, g, (split, head, batch), q_rows, store_rows, num_rows)
+        else:
+            self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, num_rows, tidx)
+
+    @cute.jit
+    def epilogue_partial(self, ctx, g: _Globals, at, q_rows, store_rows, num_rows):
+        """Split-KV: this split's O (normalized over its keys, fp32) and LSE (natural log, without the sink, which
+        the combine adds once) to the workspace partials, straight from the registers. A split that saw no key
+        writes O = 0, LSE = -inf; dense rows past the sequence the same. `at`: (split, head, batch entry)."""
+        p = self.p
+        split, head, batch = at
+        mOp, mLp = g.partial
+        thr_mma, acc_O, row_scale = ctx.thr_mma, ctx.acc_O, ctx.row_scale
+        cute.arch.cp_async_wait_group(0)
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        softmax.softmax_finalize(ctx.row_max, ctx.row_sum, ctx.scale_log2, row_scale, lse, None)
+        tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, self.dv))))
+        for r in cutlass.range_constexpr(num_rows):
+            if tOcO_mn[r, 0][0] >= q_rows:
+                row_scale[r] = Float32(0.0)
+                lse[r] = -Float32.inf
+        acc_O_mn = acc_layout.acc_as_mn(acc_O)
+        softmax.rescale_rows(acc_O_mn, row_scale)
+        row0 = ctx.m_block * p.tile_m
+        mO_s = mOp[split, batch, head, None, None]
+        for r in cutlass.range_constexpr(num_rows):
+            row = tOcO_mn[r, 0][0]
+            if row < store_rows:
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    col = tOcO_mn[r, c][1]
+                    if const_expr(self.cols_v):
+                        if col < p.head_dim_v:
+                            mO_s[row0 + row, col] = acc_O_mn[r, c]
+                    else:
+                        mO_s[row0 + row, col] = acc_O_mn[r, c]
+        self.store_row_values(mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block,
+                              store_rows)
 
     @cute.jit
     def epilogue(self, ctx, g: _Globals, kit: _Kit, sQ, gO, at, offsets, q_rows, store_rows, num_rows, tidx):

@@ -48,6 +48,9 @@ SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
 
 _ELEM_BYTES = {"bf16": 2, "fp16": 2}
 
+#: the most key-tile splits one forward takes (split-KV decode; the combine kernel unrolls over them)
+MAX_SPLITS = 128
+
 
 class TileHeadDims:
     """The tiles' head-dim extents of an mma.sync template (forward and backward alike)."""
@@ -85,10 +88,18 @@ class Sm80FwdParams(TileHeadDims, SdpaFeatureParams):
     tile_n: int = 64
     num_stages: int = 1
     num_warps: int = 4
+    # split-KV (a knob): each CTA walks one of this many pieces of its key tiles and writes an fp32 partial O and
+    # LSE to the workspace; a combine kernel (`frost.engines.common.split_combine`) reduces them into O and Stats
+    num_splits: int = 1
 
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
+
+    @property
+    def split(self) -> bool:
+        """The key tiles are cut into splits (partials in the workspace, then the combine kernel)."""
+        return self.num_splits > 1
 
     @property
     def paged(self) -> bool:
@@ -142,6 +153,11 @@ def validate(p: Sm80FwdParams) -> None:
             if bs % p.tile_n != 0:
                 bad(f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile lies "
                     f"inside one block)")
+    if not 1 <= p.num_splits <= MAX_SPLITS:
+        bad(f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}")
+    if p.split and (p.is_thd or p.has_score_max or p.has_score_sum_exp):
+        bad("num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
+            "batches, no score_max / score_sum_exp)")
     need = smem_bytes(p)
     if need > SMEM_BUDGET[p.family]:
         bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")
