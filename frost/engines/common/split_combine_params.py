@@ -55,11 +55,15 @@ def combine_arg_names(p: SplitCombineParams) -> list[str]:
             + ["sinks"] * p.has_sinks + ["stream"])
 
 
-def key_split_range(n_min: int, n_max: int, split: int, num_splits: int) -> tuple[int, int]:
-    """Host twin of `frost.engines.common.key_splits.key_split_range` (the same cut)."""
-    per = (n_max - n_min + num_splits - 1) // num_splits
-    lo = min(n_min + split * per, n_max)
-    return lo, min(lo + per, n_max)
+def key_split_range(n_min, n_max, split, num_splits: int, lesser=min):
+    """(lo, hi): the key tiles split `split` of `num_splits` walks of a query tile's band [n_min, n_max):
+    ceil((n_max - n_min) / num_splits) tiles each from n_min up, the last ones shorter or empty (lo == hi: an
+    empty partial, LSE = -inf). One source for the kernel (device ints, `lesser=cutlass.min`: plain arithmetic
+    the DSL traces as it runs) and the host model, so both cut the same way. The range comes from the actual
+    lengths on the device, so a replay with new lengths cuts the new range."""
+    per = (n_max - n_min + (num_splits - 1)) // num_splits
+    lo = lesser(n_min + split * per, n_max)
+    return lo, lesser(lo + per, n_max)
 
 
 def combine_row(lses, outs, sink=None):

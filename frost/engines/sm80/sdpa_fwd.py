@@ -37,8 +37,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, key_splits, mask, paged, rows, score_mod, seqlen, softmax, tiles
+from frost.engines.common import acc_layout, mask, paged, rows, score_mod, seqlen, softmax, tiles
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
+from frost.engines.common.split_combine_params import key_split_range
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm80 import warp_mma
@@ -372,7 +373,7 @@ class SdpaFwdSm80:
         lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
                                              window_left, window_right)
         if const_expr(p.split):  # this split's piece of the band's key tiles (cut from the actual lengths)
-            n_min, n_max = key_splits.key_split_range(n_min, n_max, split, p.num_splits)
+            n_min, n_max = key_split_range(n_min, n_max, split, p.num_splits, cutlass.min)
         a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
         b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
 
