@@ -10,8 +10,7 @@ from __future__ import annotations
 from frost.adapters.dsl import fwd_feature_flags
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
-from frost.adapters.split_kv import (COMBINE_TEMPLATE, SplitKv, combine_params, partial_layout,
-                                     planned_num_splits)
+from frost.adapters.split_kv import COMBINE_TEMPLATE, SplitKv, combine_params, partial_layout, plan_split
 from frost.runtime.context import stream_handle
 from frost.runtime.workspace import layout_bytes
 
@@ -50,9 +49,8 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
         if facts.paged is not None:  # each key tile inside one block of the paged cache
             knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
-        if "num_splits" not in requested:  # split-KV where the grid is small against the SMs and the keys long
-            knobs["num_splits"] = planned_num_splits(facts, target, knobs)
-        return knobs
+        # split-KV where the grid is small against the SMs and the keys long (decode over a long cache)
+        return plan_split(facts, target, knobs, requested)
 
     def fixed_params(self) -> dict:
         return {"family": self.family}

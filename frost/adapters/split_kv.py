@@ -66,6 +66,26 @@ def partial_layout(facts, num_splits: int) -> list[ScratchBuffer]:
             ScratchBuffer("lse_partial", "float32", rows)]
 
 
+#: the query tile of a split decode plan whose queries fit in it (unless tile_m or num_warps is requested): 64 rows
+#: on 4 warps halve the padded MMA work and the O accumulator of the 128-row tiles; at d=128 ptxas spills 364
+#: bytes a thread in the split kernel with 128 rows (152 unsplit), none with 64 (sm_80, ptxas 13.4)
+DECODE_TILE = dict(tile_m=64, num_warps=4)
+
+
+def plan_split(facts, target, knobs: dict, requested: dict) -> dict:
+    """`knobs` with the plan's `num_splits` (unless requested) and, for a split decode whose queries fit one,
+    the `DECODE_TILE` (unless a tile knob is requested)."""
+    if "num_splits" in requested:
+        return knobs
+    decode = dict(knobs, **DECODE_TILE)
+    if (facts.seq_q <= DECODE_TILE["tile_m"] and not {"tile_m", "num_warps"} & set(requested)
+            and knobs["tile_m"] > DECODE_TILE["tile_m"]):
+        splits = planned_num_splits(facts, target, decode)
+        if splits > 1:
+            return dict(decode, num_splits=splits)
+    return dict(knobs, num_splits=planned_num_splits(facts, target, knobs))
+
+
 def planned_num_splits(facts, target, knobs: dict) -> int:
     """The plan's `num_splits` for the chosen tiles (`knobs`) on `target` (1 where the graph cannot split)."""
     if split_reason(facts) is not None:

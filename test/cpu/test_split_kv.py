@@ -59,6 +59,7 @@ def _sm80(facts, knobs=None, target="H200"):
 def test_a_long_decode_is_split_until_it_fills_the_h200(kw):
     a = _sm80(_decode_facts(**kw))
     p = a.validated_params()
+    assert (p.tile_m, p.num_warps) == (64, 4)  # the decode tile (DECODE_TILE)
     work = kw.get("batch", 1) * 32  # batch x query heads x one query tile
     assert p.split and work * p.num_splits >= 0.8 * H200_SLOTS, (p.num_splits, work)
     assert work * (p.num_splits - 1) < 0.8 * H200_SLOTS or p.num_splits <= 2  # the fewest that fill
@@ -82,7 +83,9 @@ def test_busy_grids_and_short_caches_are_not_split(kw):
 
 def test_a_requested_split_count_is_honored_and_only_the_mma_sync_forward_has_the_knob():
     a = _sm80(_decode_facts(skv=8192), Knobs(num_splits=3))
-    assert a.validated_params().num_splits == 3
+    assert a.validated_params().num_splits == 3 and a.validated_params().tile_m == 128  # the tile as planned
+    p = _sm80(_decode_facts(), Knobs(tile_m=128)).validated_params()
+    assert p.tile_m == 128 and p.split  # a requested tile is kept; the split count follows it
     assert _sm80(_decode_facts(), Knobs(num_splits=1)).validated_params().num_splits == 1
     from frost.lowering.lower import rank
 
@@ -204,7 +207,7 @@ FWD = "frost.engines.sm80.sdpa_fwd"
 FWD_PARAMS = "frost.engines.sm80.sdpa_fwd_params.Sm80FwdParams"
 COMBINE = "frost.engines.common.split_combine"
 COMBINE_PARAMS = "frost.engines.common.split_combine_params.SplitCombineParams"
-_FWD = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True)
+_FWD = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True, tile_m=64)  # DECODE_TILE
 _PAGED = dict(has_seqused=True, paged_block_k=128, paged_block_v=128, has_sinks=True)
 
 
