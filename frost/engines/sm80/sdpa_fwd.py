@@ -461,22 +461,20 @@ class SdpaFwdSm80:
                 lse[r] = -Float32.inf
         acc_O_mn = acc_layout.acc_as_mn(acc_O)
         softmax.rescale_rows(acc_O_mn, row_scale)
-        # this tile's rows of the split's O: two columns (64 bits) per store, straight from the accumulator
+        # this tile's rows of the split's O, each row's slice taken once (its columns are unit-strided); the
+        # accumulator's (row, column) view, so every element is checked against the rows the tile writes
         gO = cute.local_tile(mOp[split, batch, head, None, None], (p.tile_m, self.dv), (ctx.m_block, 0))
-        copy_P = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), ctx.tiled_mma)
-        thr_P = copy_P.get_slice(cute.arch.thread_idx()[0])
-        tPrO = thr_P.retile(acc_O)
-        tPgO = thr_P.partition_D(gO)
-        tPcO = thr_P.partition_D(cute.make_identity_tensor((p.tile_m, self.dv)))
-        for m in cutlass.range_constexpr(cute.size(tPgO, mode=[1])):
-            if tPcO[0, m, 0][0] < store_rows:
-                for n in cutlass.range_constexpr(cute.size(tPgO, mode=[2])):
+        for r in cutlass.range_constexpr(num_rows):
+            row = tOcO_mn[r, 0][0]
+            if row < store_rows:
+                gO_r = gO[row, None]
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    col = tOcO_mn[r, c][1]
                     if const_expr(self.cols_v):
-                        if tPcO[0, m, n][1] < p.head_dim_v:
-                            cute.copy(copy_P, tPrO[None, m, n], tPgO[None, m, n])
+                        if col < p.head_dim_v:
+                            gO_r[col] = acc_O_mn[r, c]
                     else:
-                        cute.copy(copy_P, tPrO[None, m, n], tPgO[None, m, n])
+                        gO_r[col] = acc_O_mn[r, c]
         self.store_row_values(mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block,
                               store_rows)
 
