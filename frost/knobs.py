@@ -13,7 +13,7 @@ class Knobs(BaseModel):
     tile_n: Optional[int] = None
     num_stages: Optional[int] = None
     num_warps: Optional[int] = None
-    pack_gqa: Optional[bool] = None  # SM90 forward: one M tile holds the query heads of a kv head (GQA)
+    pack_gqa: Optional[bool] = None  # SM90 and mma.sync forwards: one M tile holds the query heads of a kv head (GQA)
     # SM90 forward: O's columns in this many slices, each its own work tile recomputing S (a d_v above 256 needs
     # at least ceil(d_v / 256); unset, the plan takes the fewest)
     v_slices: Optional[int] = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from frost.adapters.dsl import fwd_feature_flags
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
-from frost.adapters.split_kv import COMBINE_TEMPLATE, SplitKv, combine_params, partial_layout, plan_split
+from frost.adapters.split_kv import COMBINE_TEMPLATE, SplitKv, combine_params, partial_layout, plan_decode
 from frost.runtime.context import stream_handle
 from frost.runtime.workspace import layout_bytes
 
@@ -38,7 +38,7 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
-        from frost.engines.sm80.sdpa_fwd_params import default_knobs, paged_tile_n
+        from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs, paged_tile_n
 
         knobs = dict(default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
                                    smem_budget=_smem_budget(target)))
@@ -49,8 +49,10 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
         if facts.paged is not None:  # each key tile inside one block of the paged cache
             knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
-        # split-KV where the grid is small against the SMs and the keys long (decode over a long cache)
-        return plan_split(facts, target, knobs, requested)
+        # decode: GQA packing for short queries, split-KV where the grid is small against the SMs and the keys long
+        flags = cls.feature_flags(facts)
+        return plan_decode(facts, target, knobs, requested,
+                           lambda k: Sm80FwdParams(family=cls.family, **flags, **k))
 
     def fixed_params(self) -> dict:
         return {"family": self.family}

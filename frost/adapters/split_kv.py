@@ -1,5 +1,5 @@
-"""Split-KV decode on the mma.sync forward: the plan-time choice of `num_splits`, the workspace the partials take,
-and the combine kernel's compile and launch beside the forward's.
+"""Decode on the mma.sync forward: the plan-time choices of GQA packing and `num_splits`, the workspace the split
+partials take, and the combine kernel's compile and launch beside the forward's.
 
 When a forward's grid (batch x query heads x query tiles) is small against the SM count and the keys are long
 (decode over a long cache), each query tile's key tiles are cut into `num_splits` pieces, each its own CTA; the
@@ -72,25 +72,47 @@ def partial_layout(facts, num_splits: int) -> list[ScratchBuffer]:
 DECODE_TILE = dict(tile_m=64, num_warps=4)
 
 
-def plan_split(facts, target, knobs: dict, requested: dict) -> dict:
-    """`knobs` with the plan's `num_splits` (unless requested) and, for a split decode whose queries fit one,
-    the `DECODE_TILE` (unless a tile knob is requested)."""
+#: GQA packing is planned for queries this short (a decode, or a few speculative tokens)
+PACK_MAX_SEQ_Q = 16
+
+
+def plan_decode(facts, target, knobs: dict, requested: dict, params_of) -> dict:
+    """`knobs` with the decode choices unless requested: GQA packing (`pack_gqa`) for queries of at most
+    `PACK_MAX_SEQ_Q` positions where the template can pack them (`params_of(knobs)`: the params to judge), the
+    `DECODE_TILE` where a packed or split decode's query rows fit it, and the `num_splits`."""
+    from frost.engines.sm80.sdpa_fwd_params import pack_gqa_reason
+
+    knobs = dict(knobs)
+    tile_free = not {"tile_m", "num_warps"} & set(requested)
+    if "pack_gqa" not in requested:
+        knobs["pack_gqa"] = False
+        if facts.seq_q <= PACK_MAX_SEQ_Q and facts.num_heads_q > facts.num_heads_kv:
+            trial = dict(knobs, pack_gqa=True)
+            if tile_free and packed_rows(facts, trial) <= DECODE_TILE["tile_m"]:
+                trial.update(DECODE_TILE)
+            if pack_gqa_reason(params_of(trial)) is None:
+                knobs = trial
     if "num_splits" in requested:
         return knobs
-    decode = dict(knobs, **DECODE_TILE)
-    if (facts.seq_q <= DECODE_TILE["tile_m"] and not {"tile_m", "num_warps"} & set(requested)
-            and knobs["tile_m"] > DECODE_TILE["tile_m"]):
+    if tile_free and packed_rows(facts, knobs) <= DECODE_TILE["tile_m"] < knobs["tile_m"]:
+        decode = dict(knobs, **DECODE_TILE)
         splits = planned_num_splits(facts, target, decode)
         if splits > 1:
             return dict(decode, num_splits=splits)
     return dict(knobs, num_splits=planned_num_splits(facts, target, knobs))
 
 
+def packed_rows(facts, knobs: dict) -> int:
+    """Query rows of one (batch entry, head or KV group): S_q, times the group's heads when packed."""
+    return facts.seq_q * (facts.num_heads_q // facts.num_heads_kv if knobs.get("pack_gqa") else 1)
+
+
 def planned_num_splits(facts, target, knobs: dict) -> int:
     """The plan's `num_splits` for the chosen tiles (`knobs`) on `target` (1 where the graph cannot split)."""
     if split_reason(facts) is not None:
         return 1
-    work = facts.batch * facts.num_heads_q * cdiv(facts.seq_q, knobs["tile_m"])
+    heads = facts.num_heads_kv if knobs.get("pack_gqa") else facts.num_heads_q
+    work = facts.batch * heads * cdiv(packed_rows(facts, knobs), knobs["tile_m"])
     splits = choose_num_splits(CTAS_PER_SM * (target.sm_count or 0), work, cdiv(facts.seq_kv, knobs["tile_n"]))
     while splits > 1 and layout_bytes(partial_layout(facts, splits)) > MAX_PARTIAL_BYTES:
         splits -= 1

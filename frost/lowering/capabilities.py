@@ -92,8 +92,8 @@ CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng
 PAGED_FEATURES = frozenset({"paged_attention"})
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
-#: the mma.sync forward's split-KV decode (`frost.engines.sm80.sdpa_fwd_params.MAX_SPLITS`)
-MMA_SYNC_FWD_KNOBS = {"num_splits": tuple(range(1, 129))}
+#: the mma.sync forward's decode knobs: split-KV (`frost.engines.sm80.sdpa_fwd_params.MAX_SPLITS`), GQA packing
+MMA_SYNC_FWD_KNOBS = {"num_splits": tuple(range(1, 129)), "pack_gqa": (False, True)}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest

@@ -1,6 +1,7 @@
-"""Split-KV decode on the mma.sync forward: the plan-time choice of `num_splits` on a fake H200 (and its
-request, workspace, kernels and arguments), the split + combine math modelled in float64 on the host with the
-kernel's own key-tile cut against the reference engine, and the split and combine kernels compiled for sm_80."""
+"""Decode on the mma.sync forward: the plan-time choices of `num_splits` and GQA packing on a fake H200 (and their
+requests, workspace, kernels and arguments), the split + combine math modelled in float64 on the host with the
+kernel's own key-tile cut against the reference engine, and the split, packed and combine kernels compiled for
+sm_80."""
 from __future__ import annotations
 
 import math
@@ -59,13 +60,12 @@ def _sm80(facts, knobs=None, target="H200"):
 def test_a_long_decode_is_split_until_it_fills_the_h200(kw):
     a = _sm80(_decode_facts(**kw))
     p = a.validated_params()
-    assert (p.tile_m, p.num_warps) == (64, 4)  # the decode tile (DECODE_TILE)
-    work = kw.get("batch", 1) * 32  # batch x query heads x one query tile
+    assert (p.tile_m, p.num_warps) == (64, 4) and p.pack_gqa  # the decode tile, the 4 heads of a group packed
+    work = kw.get("batch", 1) * 8  # batch x KV groups x one query tile
     assert p.split and work * p.num_splits >= 0.8 * H200_SLOTS, (p.num_splits, work)
-    assert work * (p.num_splits - 1) < 0.8 * H200_SLOTS or p.num_splits <= 2  # the fewest that fill
     # the partials' workspace is the plan's, from the declared dims: (splits, B, Hq, Sq, Dv) and (splits, B, Hq, Sq)
     want = layout_bytes(partial_layout(a.facts, p.num_splits))
-    assert a.scratch_workspace_bytes() == want >= 4 * p.num_splits * work * 129
+    assert a.scratch_workspace_bytes() == want >= 4 * p.num_splits * kw.get("batch", 1) * 32 * 129
     specs = a.kernel_specs()
     assert [t for t, _ in specs] == ["frost.engines.sm80.sdpa_fwd", "frost.engines.common.split_combine"]
     combine = specs[1][1]
@@ -74,7 +74,7 @@ def test_a_long_decode_is_split_until_it_fills_the_h200(kw):
     assert names[-3:] == ["o_partial", "lse_partial", "stream"]
 
 
-@pytest.mark.parametrize("kw", [dict(batch=8, sq=1024, skv=4096), dict(skv=128), dict(thd=False, batch=16)])
+@pytest.mark.parametrize("kw", [dict(batch=8, sq=1024, skv=4096), dict(skv=128), dict(batch=32)])
 def test_busy_grids_and_short_caches_are_not_split(kw):
     p = _sm80(_decode_facts(**kw)).validated_params()
     assert p.num_splits == 1 and not p.split
@@ -83,7 +83,7 @@ def test_busy_grids_and_short_caches_are_not_split(kw):
 
 def test_a_requested_split_count_is_honored_and_only_the_mma_sync_forward_has_the_knob():
     a = _sm80(_decode_facts(skv=8192), Knobs(num_splits=3))
-    assert a.validated_params().num_splits == 3 and a.validated_params().tile_m == 128  # the tile as planned
+    assert a.validated_params().num_splits == 3 and a.validated_params().tile_m == 64  # the packed decode tile
     p = _sm80(_decode_facts(), Knobs(tile_m=128)).validated_params()
     assert p.tile_m == 128 and p.split  # a requested tile is kept; the split count follows it
     assert _sm80(_decode_facts(), Knobs(num_splits=1)).validated_params().num_splits == 1
@@ -93,6 +93,31 @@ def test_a_requested_split_count_is_honored_and_only_the_mma_sync_forward_has_th
     assert "has no knob 'num_splits'" in declines["SdpaFwdDslSm90"]
     declines = dict(rank(_decode_facts(), fake_target("H200"), Knobs(num_splits=200), engine="sm80").declines)
     assert "num_splits=200 is not one of" in declines["SdpaFwdDslSm80"]
+
+
+@pytest.mark.parametrize("kw, packed", [(dict(), True), (dict(sq=16), True), (dict(sq=17), False),
+                                        (dict(hkv=32), False), (dict(hkv=1, skv=4096), True)])
+def test_gqa_packing_is_planned_for_short_queries(kw, packed):
+    p = _sm80(_decode_facts(**kw)).validated_params()
+    assert p.pack_gqa == packed
+    if packed:
+        assert p.tile_m % (p.num_heads_q // p.num_heads_kv) == 0
+
+
+def test_gqa_packing_requests_and_what_it_declines():
+    p = _sm80(_decode_facts(), Knobs(pack_gqa=False)).validated_params()
+    assert not p.pack_gqa and p.split  # unpacked: 32 heads' tiles, split
+    assert _sm80(_decode_facts(sq=64, skv=512), Knobs(pack_gqa=True)).validated_params().pack_gqa
+    from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
+    from frost.errors import TemplateParamsError
+
+    base = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, pack_gqa=True, tile_m=64)
+    validate(Sm80FwdParams(**base))
+    for bad, match in ((dict(num_heads_kv=32), "more query heads"), (dict(num_heads_kv=1, num_heads_q=96),
+                                                                      "not a multiple"),
+                       (dict(has_window_left=True), "no left band"), (dict(is_thd=True), "dense")):
+        with pytest.raises(TemplateParamsError, match=match):
+            validate(Sm80FwdParams(**{**base, **bad}))
 
 
 def test_choose_num_splits_counts_waves():
@@ -219,12 +244,17 @@ def test_split_and_combine_kernels_compile_for_sm80_without_spills(tmp_path):
     specs = [(FWD, FWD_PARAMS, dict(_FWD, num_splits=7), "split"), (FWD, FWD_PARAMS, _FWD, "base"),
              (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=5), "paged-split"),
              (FWD, FWD_PARAMS, dict(_FWD, **_PAGED), "paged-base"),
+             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=29, pack_gqa=True), "paged-split-packed"),
+             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, pack_gqa=True, has_window_right=True, bottom_right=True),
+              "paged-packed-causal"),
              (COMBINE, COMBINE_PARAMS, dict(head_dim_v=128, num_heads_q=32, num_splits=7, has_lse=True,
                                             has_seqused=True, has_sinks=True), "combine")]
     outs = {o["tag"]: o for o in compile_groups([("sm_80", specs)], tmp_path, ptxas=True)[0]}
-    for split, base in (("split", "base"), ("paged-split", "paged-base")):
+    for split, base in (("split", "base"), ("paged-split", "paged-base"), ("paged-split-packed", "paged-base"),
+                        ("paged-packed-causal", "paged-base")):
         out = outs[split]
-        assert "_sp" in out["name"] and out["entries"] == [out["name"]] and out["mma_sync"] > 0
+        assert ("_sp" in out["name"] or "_pk" in out["name"]) and out["entries"] == [out["name"]]
+        assert out["mma_sync"] > 0
         assert out["local"] <= outs[base]["local"], (out["local"], outs[base]["local"])
         if out["ptxas"] is not None:
             assert out["spill_bytes"] <= outs[base]["spill_bytes"], (out["ptxas"], outs[base]["ptxas"])
