@@ -382,16 +382,7 @@ class SdpaFwdSm80:
 
         # ---- which key tiles to visit, which need masking
         offset = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
-        if const_expr(p.pack_gqa):
-            n_min, n_max, lo, hi = gqa_rows.packed_key_tiles(m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q,
-                                                             seqlen_k, offset, window_right)
-        else:
-            n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
-                                              window_left, window_right)
-            lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
-                                                 window_left, window_right)
-        if const_expr(p.split):  # this split's piece of the band's key tiles (cut from the actual lengths)
-            n_min, n_max = key_split_range(n_min, n_max, split, p.num_splits, cutlass.min)
+        n_min, n_max, lo, hi = self.key_tiles(m_block, split, seqlen_q, seqlen_k, offset, window_left, window_right)
         a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
         b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
 
@@ -459,6 +450,23 @@ class SdpaFwdSm80:
             self.epilogue_partial(ctx, g, (split, head, batch), q_rows, store_rows, num_rows)
         else:
             self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, num_rows, tidx)
+
+    @cute.jit
+    def key_tiles(self, m_block, split, seqlen_q, seqlen_k, offset, window_left, window_right):
+        """(n_min, n_max, lo, hi): the key tiles holding any allowed column of the query tile (this split's piece
+        of them, split-KV), and [lo, hi) those wholly allowed (packed tiles: over their query positions)."""
+        p = self.p
+        if const_expr(p.pack_gqa):
+            n_min, n_max, lo, hi = gqa_rows.packed_key_tiles(m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q,
+                                                             seqlen_k, offset, window_right)
+        else:
+            n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
+                                              window_left, window_right)
+            lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
+                                                 window_left, window_right)
+        if const_expr(p.split):  # this split's piece of the band's key tiles (cut from the actual lengths)
+            n_min, n_max = key_split_range(n_min, n_max, split, p.num_splits, cutlass.min)
+        return n_min, n_max, lo, hi
 
     @cute.jit
     def epilogue_partial(self, ctx, g: _Globals, at, q_rows, store_rows, num_rows):
