@@ -1,6 +1,7 @@
-"""Split-KV decode on the mma.sync forward (`engine="sm80"`), on a GPU, against the float64 oracle: long caches
+"""Decode on the mma.sync forward (`engine="sm80"`), on a GPU, against the float64 oracle: split-KV over long caches
 (1 x 32k and 2 x 128k keys, GQA 32:8, D=128), dense and paged, sinks, a causal band, empty sequences, requested
-split counts with empty splits, and a CUDA-graph replay after new lengths are written into the same tensors. The
+split counts with empty splits, a CUDA-graph replay after new lengths are written into the same tensors, and GQA
+packing (the query heads of a KV group in one tile) with and without splits. The
 workspace is poisoned (NaN) before each run, O and Stats too: every element the combine reads or writes must be
 written. Run: python3 -m pytest -q -m gpu test/gpu/test_split_kv_gpu.py
 """
@@ -121,6 +122,10 @@ def _split_count(g) -> int:
     return g.plan.adapter.params.num_splits if ENGINE == "sm80" else 2
 
 
+def _packed(g) -> bool:
+    return g.plan.adapter.params.pack_gqa if ENGINE == "sm80" else True
+
+
 CASES = {  # name: (batch, sq, skv, paged block size, graph keywords, oracle mask)
     "dense 1x32k": (1, 1, 32768, 0, {}, {}),
     "dense 2x128k": (2, 1, 131072, 0, {}, {}),
@@ -184,3 +189,34 @@ def test_capture_replay_follows_new_lengths(paged):
         dev["lse"].fill_(float("nan"))
         graph.replay()
         _check(g, dev, x, [1, 1], lens_kv)
+
+
+def _set_lengths(dev, lens_q, lens_kv):
+    for n, vals in (("lq", lens_q), ("lk", lens_kv)):
+        dev[n].copy_(torch.tensor(vals, dtype=torch.int32).reshape(len(vals), 1, 1, 1))
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("paged", [0, 128])
+def test_packed_and_unpacked_split_decodes(pack, paged):
+    """The same split decode with the 4 query heads of each KV group in one tile, and with a tile per head: three
+    query positions under a bottom-right causal band, sinks, a shorter second sequence."""
+    g, pack_, x, dev = _graph(2, 3, 40000, paged=paged, lens=True, sink=True, knobs=frost.Knobs(pack_gqa=pack),
+                              use_causal_mask_bottom_right=True)
+    assert _packed(g) == pack and _split_count(g) > 1
+    lens_q, lens_kv = [3, 2], [40000, 9000]
+    _set_lengths(dev, lens_q, lens_kv)
+    g.execute(pack_, _workspace(g))
+    _check(g, dev, x, lens_q, lens_kv, causal_bottom_right=True)
+
+
+@pytest.mark.parametrize("paged", [0, 64])
+def test_packed_decode_without_splits(paged):
+    """GQA packing alone (a short cache: no split, no workspace): 16 query positions of 4 heads fill a 64-row
+    tile; padding positions, an empty query sequence, sinks and a bottom-right causal band."""
+    g, pack_, x, dev = _graph(4, 16, 256, paged=paged, lens=True, sink=True, use_causal_mask_bottom_right=True)
+    assert ENGINE != "sm80" or (_packed(g) and _split_count(g) == 1 and g.get_workspace_size() == 0)
+    lens_q, lens_kv = [16, 1, 7, 0], [256, 100, 7, 50]
+    _set_lengths(dev, lens_q, lens_kv)
+    g.execute(pack_, None)
+    _check(g, dev, x, lens_q, lens_kv, causal_bottom_right=True)
