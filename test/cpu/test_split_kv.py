@@ -237,8 +237,9 @@ _PAGED = dict(has_seqused=True, paged_block_k=128, paged_block_v=128, has_sinks=
 
 
 @pytest.mark.slow
-def test_split_and_combine_kernels_compile_for_sm80_without_spills(tmp_path):
-    """The split forward (dense, and paged with sinks) beside the same kernel unsplit, and the combine: frost
+def test_split_and_combine_kernels_compile_for_sm80_and_sm90a_without_spills(tmp_path):
+    """The split and packed forwards (dense, paged with sinks) beside the plain kernel, and the combine, for sm_80
+    and sm_90a: frost
     symbols, mma.sync in the forward, no more local memory or ptxas spills than the unsplit kernel, every device
     length clamped (compile_groups checks)."""
     specs = [(FWD, FWD_PARAMS, dict(_FWD, num_splits=7), "split"), (FWD, FWD_PARAMS, _FWD, "base"),
@@ -249,15 +250,22 @@ def test_split_and_combine_kernels_compile_for_sm80_without_spills(tmp_path):
               "paged-packed-causal"),
              (COMBINE, COMBINE_PARAMS, dict(head_dim_v=128, num_heads_q=32, num_splits=7, has_lse=True,
                                             has_seqused=True, has_sinks=True), "combine")]
-    outs = {o["tag"]: o for o in compile_groups([("sm_80", specs)], tmp_path, ptxas=True)[0]}
-    for split, base in (("split", "base"), ("paged-split", "paged-base"), ("paged-split-packed", "paged-base"),
-                        ("paged-packed-causal", "paged-base")):
-        out = outs[split]
-        assert ("_sp" in out["name"] or "_pk" in out["name"]) and out["entries"] == [out["name"]]
-        assert out["mma_sync"] > 0
-        assert out["local"] <= outs[base]["local"], (out["local"], outs[base]["local"])
-        if out["ptxas"] is not None:
-            assert out["spill_bytes"] <= outs[base]["spill_bytes"], (out["ptxas"], outs[base]["ptxas"])
+    # sm_90a too: the H200 runs the mma.sync family from an sm_90a build
+    both = compile_groups([("sm_80", specs), ("sm_90a", specs)], tmp_path, ptxas=True)
+    for arch_outs in both:
+        assert all(o["target"] == [arch_outs[0]["target"][0]] for o in arch_outs)
+    outs = {o["tag"]: o for o in both[0]}
+    outs90 = {o["tag"]: o for o in both[1]}
+    assert outs90["combine"]["local"] == 0 and all(o["mma_sync"] > 0 for t, o in outs90.items() if t != "combine")
+    for arch_outs in (outs, outs90):
+        for split, base in (("split", "base"), ("paged-split", "paged-base"), ("paged-split-packed", "paged-base"),
+                            ("paged-packed-causal", "paged-base")):
+            out = arch_outs[split]
+            assert ("_sp" in out["name"] or "_pk" in out["name"]) and out["entries"] == [out["name"]]
+            assert out["mma_sync"] > 0
+            assert out["local"] <= arch_outs[base]["local"], (out["local"], arch_outs[base]["local"])
+            if out["ptxas"] is not None:
+                assert out["spill_bytes"] <= arch_outs[base]["spill_bytes"], (out["ptxas"], arch_outs[base]["ptxas"])
     c = outs["combine"]
     assert c["name"] == "frost_split_combine_bf16_d128_h32_sp7_lse_seqused_sink" and c["entries"] == [c["name"]]
     assert c["local"] == 0 and c["length_loads"] >= 1
