@@ -239,9 +239,8 @@ _PAGED = dict(has_seqused=True, paged_block_k=128, paged_block_v=128, has_sinks=
 @pytest.mark.slow
 def test_split_and_combine_kernels_compile_for_sm80_and_sm90a_without_spills(tmp_path):
     """The split and packed forwards (dense, paged with sinks) beside the plain kernel, and the combine, for sm_80
-    and sm_90a: frost
-    symbols, mma.sync in the forward, no more local memory or ptxas spills than the unsplit kernel, every device
-    length clamped (compile_groups checks)."""
+    and sm_90a: frost symbols, mma.sync in the forwards, no more local memory or ptxas spills than the plain kernel,
+    every device length clamped (compile_groups checks)."""
     specs = [(FWD, FWD_PARAMS, dict(_FWD, num_splits=7), "split"), (FWD, FWD_PARAMS, _FWD, "base"),
              (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=5), "paged-split"),
              (FWD, FWD_PARAMS, dict(_FWD, **_PAGED), "paged-base"),
