@@ -127,14 +127,14 @@ def _packed(g) -> bool:
 
 
 CASES = {  # name: (batch, sq, skv, paged block size, graph keywords, oracle mask)
-    "dense 1x32k": (1, 1, 32768, 0, {}, {}),
-    "dense 2x128k": (2, 1, 131072, 0, {}, {}),
-    "dense 1x32k sinks": (1, 1, 32768, 0, dict(sink=True), {}),
-    "dense 2x128k sq4 causal": (2, 4, 131072, 0, dict(use_causal_mask_bottom_right=True),
+    "dense-1x32k": (1, 1, 32768, 0, {}, {}),
+    "dense-2x128k": (2, 1, 131072, 0, {}, {}),
+    "dense-1x32k-sinks": (1, 1, 32768, 0, dict(sink=True), {}),
+    "dense-2x128k-sq4-causal": (2, 4, 131072, 0, dict(use_causal_mask_bottom_right=True),
                                 dict(causal_bottom_right=True)),
-    "paged 1x32k": (1, 1, 32768, 64, {}, {}),
-    "paged 2x128k": (2, 1, 131072, 128, {}, {}),
-    "paged 2x128k sinks causal": (2, 1, 131072, 256, dict(sink=True, use_causal_mask_bottom_right=True),
+    "paged-1x32k": (1, 1, 32768, 64, {}, {}),
+    "paged-2x128k": (2, 1, 131072, 128, {}, {}),
+    "paged-2x128k-sinks-causal": (2, 1, 131072, 256, dict(sink=True, use_causal_mask_bottom_right=True),
                                   dict(causal_bottom_right=True)),
 }
 
