@@ -12,8 +12,9 @@ from frost.adapters.dsl import LaunchArgs
 from frost.runtime.workspace import CarvedViews, ScratchBuffer, layout_bytes
 
 COMBINE_TEMPLATE = "frost.engines.common.split_combine"
-#: a split walks at least this many key tiles (shorter caches gain less than the combine costs)
-MIN_TILES_PER_SPLIT = 4
+#: a split walks at least this many key tiles (512 keys at tile_n = 64): each split loads its query tile, writes
+#: fp32 partials and adds a row to the combine, which a shorter share does not earn back (not timed on a GPU yet)
+MIN_TILES_PER_SPLIT = 8
 #: the partials' workspace is held under this many bytes (fewer splits where it would not fit)
 MAX_PARTIAL_BYTES = 1 << 30
 #: CTAs of the forward resident per SM that the choice counts on (two fit in the shared memory and registers
