@@ -40,6 +40,8 @@ flag is set, in this order):
     max_seqlen_kv                if is_thd        Int32 plan-time envelope (max_seq_len_kv): caps each packed key
                                                   length (a length above its envelope is clamped to it)
     total_q, total_kv            if ragged        Int32 plan-time token envelopes (T of the (T, H, D) views)
+    o_partial, lse_partial       if num_splits > 1 fp32 (splits, B, Hq, Sq, Dv) / (splits, B, Hq, Sq) workspace
+                                 views: each split's O and LSE (no sink); `split_combine` reduces them
     stream                       CUstream (explicit; the adapter passes the context's stream)
 
 cuDNN's ragged-offset form (params `ragged`: `token_div_q` / `token_div_kv` > 0) is packed THD
@@ -143,7 +145,8 @@ def fwd_arg_names(p) -> list[str]:
     names += ["block_mask"] * getattr(p, "has_block_mask", False) + ["k_table", "v_table"] * paged
     names += ["softmax_scale"] + ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
     names += ["max_seqlen_kv"] * paged
-    return names + ["max_seqlen_q", "max_seqlen_kv"] * p.is_thd + ragged_totals(p) + ["stream"]
+    names += ["max_seqlen_q", "max_seqlen_kv"] * p.is_thd + ragged_totals(p)
+    return names + ["o_partial", "lse_partial"] * (getattr(p, "num_splits", 1) > 1) + ["stream"]
 
 
 def ragged_tags(p) -> list[str]:

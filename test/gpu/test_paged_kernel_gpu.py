@@ -42,6 +42,11 @@ def _close_to_oracle(x, ref, name):
     oracle.assert_close_to_oracle(x["lse"][..., 0][valid], lse[valid], rel=1e-3, max_abs=2e-2, name=f"{name} LSE")
 
 
+def _workspace(g):
+    """The plan's workspace (a decode over a long cache may be split: its partials live there)."""
+    return torch.empty(max(g.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
+
+
 def _outputs(pack, dev, x):
     """x with the GPU's O and Stats in place of the CPU buffers the oracle compares."""
     torch.cuda.synchronize()
@@ -69,7 +74,7 @@ def test_paged_forward_matches_gather_then_attend(block_size, d, case):
     g, pack, x = _paged((4, 8, 7, d), 2, d, block_size, 700, lens_q, lens_kv, dtype=BF16, sink=sink,
                         seed=block_size + d, **kw)
     dev = _on_gpu(g, pack, x)
-    g.execute(dev, None)
+    g.execute(dev, _workspace(g))
     _close(_outputs(pack, dev, x), _oracle(x, **mask), 2e-2)
 
 
@@ -80,13 +85,14 @@ def test_decode_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths():
     g, pack, x = _paged((3, 8, 1, 128), 2, 128, 64, 320, lens_q, lens_kv, dtype=BF16, spare_blocks=20,
                         use_causal_mask_bottom_right=True)
     dev = _on_gpu(g, pack, x)
+    ws = _workspace(g)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        g.execute(dev, None)
+        g.execute(dev, ws)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
-        g.execute(dev, None)
+        g.execute(dev, ws)
     key = {name: next(t for t, v in pack.items() if v is x[name]) for name in ("kt", "vt")}
     lk = next(t for t, v in pack.items() if v.dtype == torch.int32 and v.numel() == 3 and v.flatten()[0] == 300)
     new_lens = [17, 320, 0]
