@@ -271,3 +271,35 @@ def test_split_and_combine_kernels_compile_for_sm80_and_sm90a_without_spills(tmp
     if c["ptxas"] is not None:
         assert c["spill_bytes"] == 0, c["ptxas"]
     assert SplitCombineParams(num_splits=2).is_thd is False
+
+
+# ---------------------------------------------------------------- the wgmma forward's split (sm_90a)
+
+SM90 = "frost.engines.sm90.sdpa_fwd"
+SM90_PARAMS = "frost.engines.sm90.sdpa_fwd_params.Sm90FwdParams"
+#: the packed decode the H200 plans (64-row tiles of the 4 heads of a group), dense and paged with sinks
+_SM90 = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True, tile_m=64, pack_gqa=True)
+_SM90_CAUSAL = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True,
+                    has_window_right=True, bottom_right=True)
+
+
+@pytest.mark.slow
+def test_wgmma_split_forwards_compile_for_sm90a_without_more_spills(tmp_path):
+    """The wgmma forward's split kernels (packed dense, packed paged with sinks, unpacked causal on the longest-first
+    order) beside their unsplit kernels for sm_90a: frost symbols tagged with the split count, wgmma in each, no
+    more local memory or ptxas spills than the unsplit kernel, every device length clamped (compile_groups)."""
+    specs = [(SM90, SM90_PARAMS, dict(_SM90, num_splits=14), "split"), (SM90, SM90_PARAMS, _SM90, "base"),
+             (SM90, SM90_PARAMS, dict(_SM90, **_PAGED, num_splits=8), "paged-split"),
+             (SM90, SM90_PARAMS, dict(_SM90, **_PAGED), "paged-base"),
+             (SM90, SM90_PARAMS, dict(_SM90_CAUSAL, num_splits=3), "causal-split"),
+             (SM90, SM90_PARAMS, _SM90_CAUSAL, "causal-base")]
+    outs = {o["tag"]: o for o in compile_groups([("sm_90a", specs)], tmp_path, ptxas=True)[0]}
+    for split, base in (("split", "base"), ("paged-split", "paged-base"), ("causal-split", "causal-base")):
+        out, ref = outs[split], outs[base]
+        splits = next(kw["num_splits"] for _, _, kw, tag in specs if tag == split)
+        assert out["name"].endswith(f"sp{splits}"), out["name"]
+        assert out["entries"] == [out["name"]] and out["wgmma"] > 0 and not out["unclamped"]
+        assert "_sp" not in ref["name"]
+        assert out["local"] <= ref["local"], (split, out["local"], ref["local"])
+        if out["ptxas"] is not None:
+            assert out["spill_bytes"] <= ref["spill_bytes"], (split, out["ptxas"], ref["ptxas"])

@@ -62,6 +62,7 @@ from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.seqlen import own_token_offset, rows_offset, seqlen_info
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry, select_modes
+from frost.engines.common.split_combine_params import key_split_range
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm90 import pack_gqa as pg
@@ -94,7 +95,8 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
-                 + (f"vs{p.v_slices}" if p.v_slices > 1 else "") + f"sm{p.sm_count}")
+                 + (f"vs{p.v_slices}" if p.v_slices > 1 else "") + f"sm{p.sm_count}"
+                 + (f"sp{p.num_splits}" if p.split else ""))
     return "_".join(parts)
 
 
@@ -231,7 +233,10 @@ class SdpaFwdSm90:
         self.qt = self.tile_m // self.rq  # query positions per M tile
         # (head, O column slice) pairs the scheduler iterates; a slice recomputes S for its own columns of O
         self.vs = p.v_slices
-        self.tile_heads = (p.num_heads_q // self.rq if self.pack else p.num_heads_q) * self.vs
+        # split-KV: each (head, slice) pair's key tiles in num_splits pieces, the split the fastest coordinate (a
+        # query tile's splits run side by side and share its Q in L2)
+        self.ns = p.num_splits
+        self.tile_heads = (p.num_heads_q // self.rq if self.pack else p.num_heads_q) * self.vs * self.ns
         self.reverse_m = p.has_window_right
         self.pingpong = p.pingpong and self.num_wg >= 2
         self.separate_o = separate_o(p)
@@ -259,6 +264,7 @@ class SdpaFwdSm90:
             mQ, mO = pg.pack_heads(mQ, self.rq, 2), pg.pack_heads(mO, self.rq, 2)
             if const_expr(p.has_lse):
                 mLSE = pg.pack_heads(mLSE, self.rq, 1)
+        mPartials = self.partial_views(a)
         # TMA boxes: a packed tile of rows is (rq heads, rows / rq positions)
         q_box = (self.rq, self.qt) if const_expr(self.pack) else self.tile_m
         o_box = (self.rq, 64 // self.rq) if const_expr(self.pack) else 64
@@ -340,7 +346,7 @@ class SdpaFwdSm90:
             tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
             a.get("seqused_q"), a.get("seqused_kv"), maxima, a.get("sinks"), a.get("lse_offsets"),
             a.get("o_offsets"), a.get("v_offsets"), (a.get("score_max_offsets"), a.get("score_sum_exp_offsets")),
-            a.get("bias"), a.get("block_mask"), paged_args,
+            a.get("bias"), a.get("block_mask"), paged_args, mPartials,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -350,7 +356,7 @@ class SdpaFwdSm90:
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
                mCuQ, mCuK, mUsedQ, mUsedK, maxima, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask,
-               mPaged,
+               mPaged, mPartials,
                tma_atom_q: cute.CopyAtom,
                tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
                wl, wr, num_batch: Int32,
@@ -393,8 +399,8 @@ class SdpaFwdSm90:
                               pipes, wl, wr, sched, mPaged)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consumer(mO, mLSE, (mMax, mSumExp), lengths, mSinks, (mLseOff, mOOff, mScoreOffs), smem, tma_atom_o,
-                          pipes, (scale_log2, softmax_scale, mBias, mBlockMask), (wl, wr), sched,
+            self.consumer(mO, mLSE, (mMax, mSumExp, mPartials), lengths, mSinks, (mLseOff, mOOff, mScoreOffs), smem,
+                          tma_atom_o, pipes, (scale_log2, softmax_scale, mBias, mBlockMask), (wl, wr), sched,
                           (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), self.key_extent(mK, mPaged)))
 
     # --- work decomposition shared by producer and consumers
@@ -418,7 +424,10 @@ class SdpaFwdSm90:
             return m_block, head, batch, valid, cursor_b, cursor_base
 
     def split_head(self, hv):
-        """(head, O column slice) of a scheduled head index; the slice is the constant 0 without slices."""
+        """(head, O column slice) of a scheduled head index; the slice is the constant 0 without slices (split-KV:
+        the index's split, `key_split`, comes off first)."""
+        if const_expr(self.ns > 1):
+            hv = hv // self.ns
         if const_expr(self.vs == 1):
             return hv, 0
         return hv // self.vs, hv % self.vs
@@ -430,10 +439,21 @@ class SdpaFwdSm90:
         return tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
                           wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
 
+    def key_split(self, hv):
+        """Split-KV: the split of a scheduled head index (the constant 0 without splits)."""
+        if const_expr(self.ns == 1):
+            return 0
+        return hv % self.ns
+
     @cute.jit
-    def n_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, off: Int32, wl, wr):
-        """The shared mask's key-tile range of m_block (in query positions), empty past the sequence."""
-        return mask.n_block_range(m_block, self.qt, self.tile_n, seqlen_q, seqlen_k, off, wl, wr)
+    def n_block_range(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, off: Int32, wl, wr, hv):
+        """The shared mask's key-tile range of m_block (in query positions), empty past the sequence; split-KV:
+        the piece of it that the split of scheduled head index `hv` walks (`key_split_range`, cut from the
+        actual lengths, as the host model and the mma.sync forward cut it)."""
+        n_min, n_max = mask.n_block_range(m_block, self.qt, self.tile_n, seqlen_q, seqlen_k, off, wl, wr)
+        if const_expr(self.ns > 1):
+            n_min, n_max = key_split_range(n_min, n_max, self.key_split(hv), self.ns, cutlass.min)
+        return n_min, n_max
 
     @cute.jit
     def bm_rows(self, mBlockMask, at, row0: Int32):
@@ -512,7 +532,7 @@ class SdpaFwdSm90:
                                                            self.p.token_div_kv, max_q, max_k)
             off_v = own_token_offset(self.p, "v", mVOff, batch, off_k, seqlen_k, mK.shape[0])
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
-            n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
+            n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c, hv)
             has_work = n_max > n_min
             bm_rows, n_top = None, None
             if const_expr(self.p.has_block_mask):  # the consumers' first block: the top visible one
@@ -779,7 +799,7 @@ class SdpaFwdSm90:
                                                            max_q, max_k)
             off_lse, off_o, off_scores = self.row_starts(row_offsets, batch, off_q, seqlen_q, seqlen_q_static)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
-            n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
+            n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c, hv)
             row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
             q0 = m_block * self.qt  # first query position
             has_work = n_max > n_min
@@ -803,9 +823,14 @@ class SdpaFwdSm90:
                 acc_O.fill(0.0)
                 sm.softmax_reset(row_max, row_sum)
 
-            sink = self.row_sinks(mSinks, head, row0, tScS_mn)
-            self.finish_tile(loop, out, acc_O, (s_max, s_sum), (mO, mLSE, mScores), sink, (tidx, wg, warp_in_wg),
-                             (m_block, head, vsl, batch), (seqlen_q, seqlen_q_static), (off_o, off_lse, off_scores))
+            if const_expr(self.ns > 1):  # split-KV: this split's partials (the combine adds the sink)
+                self.finish_partial(loop, acc_O, mScores[2], out.tOcO_mn, (m_block, head, batch, self.key_split(hv)),
+                                    seqlen_q)
+            else:
+                sink = self.row_sinks(mSinks, head, row0, tScS_mn)
+                self.finish_tile(loop, out, acc_O, (s_max, s_sum), (mO, mLSE, mScores[:2]), sink,
+                                 (tidx, wg, warp_in_wg), (m_block, head, vsl, batch), (seqlen_q, seqlen_q_static),
+                                 (off_o, off_lse, off_scores))
             if const_expr(not self.separate_o):
                 cute.arch.fence_view_async_shared()
                 pipe_q.consumer_release(q_state)
@@ -1052,6 +1077,43 @@ class SdpaFwdSm90:
             if vsl == 0:  # every slice holds the same LSE: the first writes it
                 self.store_row_values(mLSE, lse, -Float32.inf, tOcO_mn, m_block, head, batch, seqlen_q, off_lse,
                                       seqlen_q_static, p.stats_per_batch)
+
+    def partial_views(self, a: dict):
+        """Split-KV: the workspace partials in the kernel's views, O's (S_q, D_v, H_q, B, split) and the LSE's
+        (S_q, H_q, B, split), heads packed as Q's; (None, None) without splits."""
+        if const_expr(self.ns == 1):
+            return None, None
+        mOp, mLp = select_modes(a["o_partial"], [3, 4, 2, 1, 0]), select_modes(a["lse_partial"], [3, 2, 1, 0])
+        if const_expr(self.pack):
+            mOp, mLp = pg.pack_heads(mOp, self.rq, 2), pg.pack_heads(mLp, self.rq, 1)
+        return mOp, mLp
+
+    @cute.jit
+    def finish_partial(self, c: _Mainloop, acc_O, partials, tOcO_mn, tile, seqlen_q: Int32):
+        """Split-KV: a work tile's softmax closed without the sink (the combine adds it once), its O (normalized over
+        its own keys, fp32) and LSE (natural log) straight from the registers to the workspace partials, the rows
+        inside the sequence only (the combine writes the padding rows). A split that saw no key has O = 0 and
+        LSE = -inf. `tile`: (query tile, head, batch entry, split)."""
+        mOp, mLp = partials
+        m_block, head, batch, split = tile
+        sm.softmax_finalize(c.row_max, c.row_sum, c.scale_log2, c.row_scale, c.row_sum, None)
+        a = acc_as_mn(acc_O)
+        sm.rescale_rows(a, c.row_scale)  # row_sum now holds the LSE
+        row0 = m_block * self.tile_m
+        rows_q = seqlen_q * self.rq  # tile rows inside the sequence (packed: rq per query position)
+        mOp_t = mOp[None, None, head, batch, split]
+        mLp_t = mLp[None, head, batch, split]
+        for r in cutlass.range_constexpr(cute.size(a, mode=[0])):
+            row = row0 + tOcO_mn[r, 0][0]
+            if row < rows_q:
+                for col in cutlass.range_constexpr(cute.size(a, mode=[1])):
+                    if const_expr(self.cols_o):
+                        if tOcO_mn[r, col][1] < self.cols_o:
+                            mOp_t[row, tOcO_mn[r, col][1]] = a[r, col]
+                    else:
+                        mOp_t[row, tOcO_mn[r, col][1]] = a[r, col]
+                if tOcO_mn[0][1] == 0:
+                    mLp_t[row] = c.row_sum[r]
 
     def row_view(self, t):
         """A declared (B, H, S, 1) / (T, H, 1) per-row output (score_max, score_sum_exp) in the kernel's view of

@@ -57,6 +57,10 @@ class Sm90FwdParams(SdpaFeatureParams):
     # O's columns in this many slices, each its own work tile (which recomputes S): how a d_v above 256 runs
     v_slices: int = 1
     sm_count: int = 132
+    # split-KV (a knob, as the mma.sync forward's): each work tile's key tiles are cut into this many pieces
+    # (`key_split_range`), each its own work tile writing an fp32 partial O and LSE to the workspace; the shared
+    # combine kernel (`frost.engines.common.split_combine`) reduces them into O and Stats
+    num_splits: int = 1
 
     @property
     def tile_head_dim(self) -> int:
@@ -72,6 +76,11 @@ class Sm90FwdParams(SdpaFeatureParams):
     def paged(self) -> bool:
         """K and V are read through block tables (cuDNN's paged cache)."""
         return self.paged_block_k > 0
+
+    @property
+    def split(self) -> bool:
+        """The key tiles are cut into splits (partials in the workspace, then the combine kernel)."""
+        return self.num_splits > 1
 
     @property
     def num_mma_wg(self) -> int:
@@ -166,6 +175,9 @@ def validate(p: Sm90FwdParams) -> None:
         reason = pack_gqa_reason(p)
         if reason:
             bad(reason)
+    reason = split_reason(p)
+    if reason:
+        bad(reason)
     reason = paged_reason(p)
     if reason:
         bad(reason)
@@ -197,6 +209,20 @@ def paged_reason(p: Sm90FwdParams):
         if bs % p.tile_n != 0:
             return (f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile's TMA load "
                     f"lies inside one block)")
+    return None
+
+
+def split_reason(p: Sm90FwdParams):
+    """Why `p.num_splits` cannot be served, or None."""
+    from frost.engines.sm80.sdpa_fwd_params import MAX_SPLITS
+
+    if not 1 <= p.num_splits <= MAX_SPLITS:
+        return f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}"
+    if p.split and (p.is_thd or p.has_score_max or p.has_score_sum_exp):
+        return ("num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
+                "batches, no score_max / score_sum_exp)")
+    if p.split and (p.v_slices > 1 or p.has_block_mask):
+        return "num_splits > 1 is not combined with column slices of O (v_slices) or a block_mask"
     return None
 
 
