@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
-from frost.adapters.split_kv import COMBINE_TEMPLATE, SplitKv, combine_params, partial_layout, plan_decode
-from frost.runtime.context import stream_handle
-from frost.runtime.workspace import layout_bytes
+from frost.adapters.split_kv import SplitKvForward, plan_decode
 
 
 def _smem_budget(target):
     return target.smem_per_block_optin or None
 
 
-class MmaSyncFwdAdapter(DslFwdAdapter):
-    """The mma.sync forward template; `family` selects the smem budget and tile table."""
+class MmaSyncFwdAdapter(SplitKvForward, DslFwdAdapter):
+    """The mma.sync forward template; `family` selects the smem budget and tile table; split-KV plans run the
+    combine after it (`SplitKvForward`)."""
 
     family = "sm80"
     template = "frost.engines.sm80.sdpa_fwd"
@@ -46,35 +45,6 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
 
     def fixed_params(self) -> dict:
         return {"family": self.family}
-
-    # split-KV (num_splits > 1): the forward writes partials to the workspace, the combine kernel reduces them
-    def kernel_specs(self) -> list:
-        specs = super().kernel_specs()
-        if specs[0][1].split:
-            specs.append((COMBINE_TEMPLATE, combine_params(specs[0][1])))
-        return specs
-
-    def compile(self) -> None:
-        super().compile()
-        self._split = SplitKv(self.facts, self.params, self.target) if self.params.split else None
-
-    def compiled_kernels(self) -> list:
-        split = getattr(self, "_split", None)
-        return super().compiled_kernels() + ([split.kernel] if self.compiled and split is not None else [])
-
-    def scratch_workspace_bytes(self) -> int:
-        p = self.params if self.compiled else self.validated_params()
-        return layout_bytes(partial_layout(self.facts, p.num_splits)) if p.split else 0
-
-    def execute(self, bound: dict, workspace, stream) -> None:
-        split = self._split
-        if split is None:
-            return super().execute(bound, workspace, stream)
-        per_call = {"stream": stream_handle(stream), **split.partials(workspace)}
-        for n, role, view in self._views:
-            per_call[n] = view(bound[role])
-        self.kernel(*self._args(bound, per_call))
-        split.combine(bound, per_call)
 
 
 class MmaSyncBwdAdapter(DslBwdAdapter):

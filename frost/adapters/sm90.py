@@ -10,6 +10,7 @@ from __future__ import annotations
 from frost.adapters.dsl import fwd_feature_flags
 from frost.adapters.dsl_bwd import DslBwdAdapter
 from frost.adapters.dsl_fwd import DslFwdAdapter
+from frost.adapters.split_kv import SplitKvForward, planned_num_splits
 from frost.errors import TemplateParamsError
 
 
@@ -35,7 +36,18 @@ def _packed_tile_m(facts, target, p) -> int:
     return 64
 
 
-class SdpaFwdDslSm90(DslFwdAdapter):
+def _num_splits(facts, target, p) -> int:
+    """The plan's split-KV count for the chosen params `p` (`planned_num_splits`, the mma.sync forward's choice,
+    over the wgmma forward's work tiles: one CTA per SM); 1 where the template cannot split them."""
+    from frost.engines.sm90.sdpa_fwd_params import split_reason
+
+    splits = planned_num_splits(facts, target, p.model_dump(), p.rows_per_query, ctas_per_sm=1)
+    if splits > 1 and split_reason(p.model_copy(update={"num_splits": splits})) is not None:
+        return 1
+    return splits
+
+
+class SdpaFwdDslSm90(SplitKvForward, DslFwdAdapter):
     engine_name = "SdpaFwdDslSm90"
     template = "frost.engines.sm90.sdpa_fwd"
     params_module = "frost.engines.sm90.sdpa_fwd_params"
@@ -59,6 +71,8 @@ class SdpaFwdDslSm90(DslFwdAdapter):
                                  and pack_gqa_reason(Sm90FwdParams(**flags, **{**knobs, "pack_gqa": True})) is None)
         if knobs["pack_gqa"] and "tile_m" not in requested:
             knobs["tile_m"] = _packed_tile_m(facts, target, Sm90FwdParams(**flags, **knobs))
+        if "num_splits" not in requested:  # split-KV where the work tiles are few against the SMs, the keys long
+            knobs["num_splits"] = _num_splits(facts, target, Sm90FwdParams(**flags, **knobs))
         return knobs
 
 

@@ -1,5 +1,6 @@
-"""Decode on the mma.sync forward: the plan-time choices of GQA packing and `num_splits`, the workspace the split
-partials take, and the combine kernel's compile and launch beside the forward's.
+"""Decode on the DSL forwards: the plan-time choices of GQA packing (the mma.sync forward's) and `num_splits` (both
+the mma.sync and the wgmma forward's: `planned_num_splits`), the workspace the split partials take, and the
+combine kernel's compile and launch beside the forward's (`SplitKvForward`, both forwards' adapters).
 
 When a forward's grid (batch x query heads x query tiles) is small against the SM count and the keys are long
 (decode over a long cache), each query tile's key tiles are cut into `num_splits` pieces, each its own CTA; the
@@ -9,6 +10,7 @@ pieces' fp32 partial O and LSE go to the plan's workspace and `frost.engines.com
 from __future__ import annotations
 
 from frost.adapters.dsl import LaunchArgs
+from frost.runtime.context import stream_handle
 from frost.runtime.workspace import CarvedViews, ScratchBuffer, layout_bytes
 
 COMBINE_TEMPLATE = "frost.engines.common.split_combine"
@@ -103,18 +105,24 @@ def plan_decode(facts, target, knobs: dict, requested: dict, params_of) -> dict:
     return dict(knobs, num_splits=planned_num_splits(facts, target, knobs))
 
 
-def packed_rows(facts, knobs: dict) -> int:
-    """Query rows of one (batch entry, head or KV group): S_q, times the group's heads when packed."""
-    return facts.seq_q * (facts.num_heads_q // facts.num_heads_kv if knobs.get("pack_gqa") else 1)
+def packed_rows(facts, knobs: dict, rows_per_query: int | None = None) -> int:
+    """Query rows of one (batch entry, head or KV group): S_q, times the group's heads when packed
+    (`rows_per_query`: the heads a packed tile row mode holds, Hq / Hkv unless given)."""
+    if rows_per_query is None:
+        rows_per_query = facts.num_heads_q // facts.num_heads_kv if knobs.get("pack_gqa") else 1
+    return facts.seq_q * rows_per_query
 
 
-def planned_num_splits(facts, target, knobs: dict) -> int:
-    """The plan's `num_splits` for the chosen tiles (`knobs`) on `target` (1 where the graph cannot split)."""
+def planned_num_splits(facts, target, knobs: dict, rows_per_query: int | None = None,
+                       ctas_per_sm: int = CTAS_PER_SM) -> int:
+    """The plan's `num_splits` for the chosen tiles (`knobs`) on `target` (1 where the graph cannot split), for
+    either forward: its query tiles hold `rows_per_query` heads' rows (`packed_rows`) and `ctas_per_sm` of its
+    CTAs fit an SM (the wgmma forward's tiles take one)."""
     if split_reason(facts) is not None:
         return 1
-    heads = facts.num_heads_kv if knobs.get("pack_gqa") else facts.num_heads_q
-    work = facts.batch * heads * cdiv(packed_rows(facts, knobs), knobs["tile_m"])
-    splits = choose_num_splits(CTAS_PER_SM * (target.sm_count or 0), work, cdiv(facts.seq_kv, knobs["tile_n"]))
+    rows = packed_rows(facts, knobs, rows_per_query)
+    work = facts.batch * (facts.num_heads_q * facts.seq_q // rows) * cdiv(rows, knobs["tile_m"])
+    splits = choose_num_splits(ctas_per_sm * (target.sm_count or 0), work, cdiv(facts.seq_kv, knobs["tile_n"]))
     while splits > 1 and layout_bytes(partial_layout(facts, splits)) > MAX_PARTIAL_BYTES:
         splits -= 1
     return splits
@@ -127,6 +135,40 @@ def combine_params(params):
     return SplitCombineParams(dtype=params.dtype, head_dim_v=params.head_dim_v, num_heads_q=params.num_heads_q,
                               num_splits=params.num_splits, has_lse=params.has_lse, has_seqused=params.has_seqused,
                               has_sinks=params.has_sinks)
+
+
+class SplitKvForward:
+    """What a forward adapter whose params have `num_splits` (mma.sync, wgmma) adds for a split plan: the combine
+    kernel in its specs and compiled beside the forward, the partials' workspace, the combine launched after the
+    forward on the same stream. An unsplit plan runs as the plain forward."""
+
+    def kernel_specs(self) -> list:
+        specs = super().kernel_specs()
+        if specs[0][1].split:
+            specs.append((COMBINE_TEMPLATE, combine_params(specs[0][1])))
+        return specs
+
+    def compile(self) -> None:
+        super().compile()
+        self._split = SplitKv(self.facts, self.params, self.target) if self.params.split else None
+
+    def compiled_kernels(self) -> list:
+        split = getattr(self, "_split", None)
+        return super().compiled_kernels() + ([split.kernel] if self.compiled and split is not None else [])
+
+    def scratch_workspace_bytes(self) -> int:
+        p = self.params if self.compiled else self.validated_params()
+        return layout_bytes(partial_layout(self.facts, p.num_splits)) if p.split else 0
+
+    def execute(self, bound: dict, workspace, stream) -> None:
+        split = self._split
+        if split is None:
+            return super().execute(bound, workspace, stream)
+        per_call = {"stream": stream_handle(stream), **split.partials(workspace)}
+        for n, role, view in self._views:
+            per_call[n] = view(bound[role])
+        self.kernel(*self._args(bound, per_call))
+        split.combine(bound, per_call)
 
 
 class SplitKv:

@@ -94,8 +94,10 @@ CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng
 PAGED_FEATURES = frozenset({"paged_attention"})
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
-#: the mma.sync forward's decode knobs: split-KV (`frost.engines.sm80.sdpa_fwd_params.MAX_SPLITS`), GQA packing
-MMA_SYNC_FWD_KNOBS = {"num_splits": tuple(range(1, 129)), "pack_gqa": (False, True)}
+#: the forwards' split-KV counts (`frost.engines.sm80.sdpa_fwd_params.MAX_SPLITS`, the wgmma forward's too)
+SPLIT_KNOB = {"num_splits": tuple(range(1, 129))}
+#: the mma.sync forward's decode knobs: split-KV, GQA packing
+MMA_SYNC_FWD_KNOBS = {**SPLIT_KNOB, "pack_gqa": (False, True)}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
@@ -109,7 +111,8 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
              fwd_features=FWD_EXTRA_FEATURES | WGMMA_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
              paged_block_sizes=SM90_PAGED_BLOCK_SIZES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
-                           "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4)})[:1]
+                           "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4),
+                           **SPLIT_KNOB})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
                      cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"), int32_extents=True,
                      head_dims=SM90_BWD_HEAD_DIMS,

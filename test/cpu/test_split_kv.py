@@ -81,7 +81,7 @@ def test_busy_grids_and_short_caches_are_not_split(kw):
     assert "o_partial" not in fwd_arg_names(p)
 
 
-def test_a_requested_split_count_is_honored_and_only_the_mma_sync_forward_has_the_knob():
+def test_a_requested_split_count_is_honored_on_both_dsl_forwards():
     a = _sm80(_decode_facts(skv=8192), Knobs(num_splits=3))
     assert a.validated_params().num_splits == 3 and a.validated_params().tile_m == 64  # the packed decode tile
     p = _sm80(_decode_facts(), Knobs(tile_m=128)).validated_params()
@@ -89,8 +89,11 @@ def test_a_requested_split_count_is_honored_and_only_the_mma_sync_forward_has_th
     assert _sm80(_decode_facts(), Knobs(num_splits=1)).validated_params().num_splits == 1
     from frost.lowering.lower import rank
 
-    declines = dict(rank(_decode_facts(), fake_target("H200"), Knobs(num_splits=4)).declines)
-    assert "has no knob 'num_splits'" in declines["SdpaFwdDslSm90"]
+    ranking = rank(_decode_facts(), fake_target("H200"), Knobs(num_splits=4))
+    assert ranking.accepted[0][1].engine_name == "SdpaFwdDslSm90"
+    assert ranking.accepted[0][1].validated_params().num_splits == 4
+    assert [a.engine_name for _, a in ranking.accepted] == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+    assert "has no knob 'num_splits'" in dict(ranking.declines)["SdpaFwdCudnn"]
     declines = dict(rank(_decode_facts(), fake_target("H200"), Knobs(num_splits=200), engine="sm80").declines)
     assert "num_splits=200 is not one of" in declines["SdpaFwdDslSm80"]
 
@@ -118,6 +121,52 @@ def test_gqa_packing_requests_and_what_it_declines():
                        (dict(has_window_left=True), "no left band"), (dict(is_thd=True), "dense")):
         with pytest.raises(TemplateParamsError, match=match):
             validate(Sm80FwdParams(**{**base, **bad}))
+
+
+def _sm90(facts, knobs=None):
+    from frost.lowering.lower import rank
+
+    ranking = rank(facts, fake_target("H200"), knobs)
+    assert ranking.accepted[0][1].engine_name == "SdpaFwdDslSm90", ranking.declines
+    return ranking.accepted[0][1]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(batch=2, skv=131072), dict(paged=128), dict(batch=2, paged=64,
+                                                                                              skv=131072)])
+def test_the_wgmma_forward_splits_a_long_decode_with_the_shared_choice(kw):
+    """The H200's first-ranked decode engine (GQA 32:8, d=128): 64-row packed tiles, one per KV group, split by the
+    mma.sync forward's own choice over its work tiles (one CTA per SM); its workspace, combine and arguments."""
+    from frost.adapters.split_kv import cdiv
+
+    a = _sm90(_decode_facts(**kw))
+    p = a.validated_params()
+    work = kw.get("batch", 1) * 8
+    assert (p.tile_m, p.pack_gqa) == (64, True) and p.split
+    assert p.num_splits == choose_num_splits(132, work, cdiv(kw.get("skv", 32768), p.tile_n))
+    assert 0.8 * 132 <= work * p.num_splits <= 132  # one wave that fills the SMs
+    assert a.scratch_workspace_bytes() == layout_bytes(partial_layout(a.facts, p.num_splits))
+    specs = a.kernel_specs()
+    assert [t for t, _ in specs] == ["frost.engines.sm90.sdpa_fwd", "frost.engines.common.split_combine"]
+    assert (specs[1][1].num_splits, specs[1][1].has_lse, specs[1][1].has_sinks) == (p.num_splits, True, False)
+    assert fwd_arg_names(p)[-3:] == ["o_partial", "lse_partial", "stream"]
+
+
+@pytest.mark.parametrize("kw", [dict(batch=8, sq=1024, skv=4096), dict(skv=128), dict(batch=32, hq=32, hkv=32)])
+def test_the_wgmma_forward_leaves_busy_grids_and_short_caches_unsplit(kw):
+    p = _sm90(_decode_facts(**kw)).validated_params()
+    assert p.num_splits == 1 and "o_partial" not in fwd_arg_names(p)
+
+
+def test_the_wgmma_forward_splits_only_what_its_template_serves():
+    from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, validate
+    from frost.errors import TemplateParamsError
+
+    base = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, num_splits=4)
+    validate(Sm90FwdParams(**base))
+    for bad in (dict(is_thd=True), dict(has_score_max=True), dict(has_block_mask=True), dict(num_splits=129),
+                dict(head_dim_v=512, v_slices=2)):
+        with pytest.raises(TemplateParamsError, match="num_splits"):
+            validate(Sm90FwdParams(**{**base, **bad}))
 
 
 def test_choose_num_splits_counts_waves():
@@ -189,14 +238,21 @@ SPLIT_CASES = {
 }
 
 
+#: (query positions per tile, keys per tile) of the model: the mma.sync forward's unpacked tiles, and a packed
+#: wgmma tile (its 64 rows hold 64 / r query positions: the model walks query positions)
+MODEL_TILES = {"mma.sync": (4, 4), "wgmma-packed": (1, 8)}
+
+
+@pytest.mark.parametrize("tiles", list(MODEL_TILES))
 @pytest.mark.parametrize("name", list(SPLIT_CASES))
-def test_split_and_combine_reproduce_the_reference_engine(name):
+def test_split_and_combine_reproduce_the_reference_engine(name, tiles):
     """The host model of the kernels' split + combine (the same key-tile cut) equals the reference engine's O and
     LSE in float64; padding rows are the forward's O = 0, LSE = -inf."""
     case, splits = SPLIT_CASES[name]
     t = make_inputs(case)
     o_ref, lse_ref = run_fwd(case, t)
-    o, lse, empty = _split_model(case, t, splits, tile_m=4, tile_n=4)
+    tile_m, tile_n = MODEL_TILES[tiles]
+    o, lse, empty = _split_model(case, t, splits, tile_m=tile_m, tile_n=tile_n)
     rows = torch.zeros(lse.shape, dtype=torch.bool)
     for b in range(case.batch):
         rows[b, :, :case.lens_q[b] if case.padding else case.sq] = True

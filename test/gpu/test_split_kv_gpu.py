@@ -1,4 +1,5 @@
-"""Decode on the mma.sync forward (`engine="sm80"`), on a GPU, against the float64 oracle: split-KV over long caches
+"""Decode on the mma.sync forward (`engine="sm80"`) and the wgmma forward (`engine="sm90"`, on an H100 / H200; each
+test runs once per engine), on a GPU, against the float64 oracle: split-KV over long caches
 (1 x 32k and 2 x 128k keys, GQA 32:8, D=128), dense and paged, sinks, a causal band, empty sequences, requested
 split counts with empty splits, a CUDA-graph replay after new lengths are written into the same tensors, and GQA
 packing (the query heads of a KV group in one tile) with and without splits. The
@@ -20,9 +21,22 @@ pytestmark = pytest.mark.gpu
 
 BF16 = torch.bfloat16
 HQ, HKV, D = 32, 8, 128
-#: the engine and device under test (a host dry run of these helpers may set "reference" and "cpu")
+#: the engine and device under test (a host dry run of these helpers may set "reference" and "cpu"); the `engine`
+#: fixture sets ENGINE to each of ENGINES in turn
 ENGINE, DEVICE = "sm80", "cuda"
+ENGINES = {"sm80": "SdpaFwdDslSm80", "sm90": "SdpaFwdDslSm90"}
 SCALE = 1.0 / math.sqrt(D)
+
+
+@pytest.fixture(autouse=True, params=list(ENGINES))
+def engine(request):
+    """Each test on each DSL forward; the wgmma one only on an SM90 GPU."""
+    global ENGINE
+    if request.param == "sm90" and torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma forward runs on SM90 GPUs")
+    ENGINE = request.param
+    yield request.param
+    ENGINE = "sm80"
 
 
 def _graph(batch, sq, skv, *, paged=0, lens=False, sink=False, knobs=None, **sdpa_kw):
@@ -64,7 +78,7 @@ def _graph(batch, sq, skv, *, paged=0, lens=False, sink=False, knobs=None, **sdp
     t["o"], t["lse"] = o, st
     g.validate()
     g.build_plans(engine=ENGINE, knobs=knobs)
-    assert ENGINE != "sm80" or g.engine_name == "SdpaFwdDslSm80", g.engine_name
+    assert ENGINE not in ENGINES or g.engine_name == ENGINES[ENGINE], g.engine_name
     dev = {n: v.to(DEVICE) for n, v in x.items()}
     pack = {t[n]: dev[n] for n in x}
     return g, pack, x, dev
@@ -77,7 +91,7 @@ def _dtype(v):
 
 def _workspace(g):
     """The plan's workspace, poisoned with NaN (0xFF bytes): a partial the forward leaves unwritten shows."""
-    assert ENGINE != "sm80" or g.get_workspace_size() > 0  # a split plan's partials
+    assert ENGINE not in ENGINES or g.get_workspace_size() > 0  # a split plan's partials
     return torch.full((g.get_workspace_size(),), 255, dtype=torch.uint8, device=DEVICE)
 
 
@@ -119,11 +133,11 @@ def _check(g, dev, x, lens_q, lens_kv, **mask):
 
 
 def _split_count(g) -> int:
-    return g.plan.adapter.params.num_splits if ENGINE == "sm80" else 2
+    return g.plan.adapter.params.num_splits if ENGINE in ENGINES else 2
 
 
 def _packed(g) -> bool:
-    return g.plan.adapter.params.pack_gqa if ENGINE == "sm80" else True
+    return g.plan.adapter.params.pack_gqa if ENGINE in ENGINES else True
 
 
 CASES = {  # name: (batch, sq, skv, paged block size, graph keywords, oracle mask)
@@ -215,7 +229,7 @@ def test_packed_decode_without_splits(paged):
     """GQA packing alone (a short cache: no split, no workspace): 16 query positions of 4 heads fill a 64-row
     tile; padding positions, an empty query sequence, sinks and a bottom-right causal band."""
     g, pack_, x, dev = _graph(4, 16, 256, paged=paged, lens=True, sink=True, use_causal_mask_bottom_right=True)
-    assert ENGINE != "sm80" or (_packed(g) and _split_count(g) == 1 and g.get_workspace_size() == 0)
+    assert ENGINE not in ENGINES or (_packed(g) and _split_count(g) == 1 and g.get_workspace_size() == 0)
     lens_q, lens_kv = [16, 1, 7, 0], [256, 100, 7, 50]
     _set_lengths(dev, lens_q, lens_kv)
     g.execute(pack_, None)
