@@ -2,8 +2,9 @@
 
 Each adapter's `plan_knobs(facts, target, requested)` is its planning policy: the measured defaults for the
 head dims (and, forward, the target's SM count), the requested knobs honored, then (forward) GQA head
-packing and its tile height chosen for the declared shape, two consumer warpgroups with score modifiers, and
-key tiles that divide a paged cache's block size.
+packing and its tile height chosen for the declared shape, two consumer warpgroups with score modifiers,
+key tiles that divide a paged cache's block size, and split-KV for decodes over long caches (the mma.sync
+forward's choice and combine: `frost.adapters.split_kv`, docs/decode.md).
 """
 from __future__ import annotations
 

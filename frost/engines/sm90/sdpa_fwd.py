@@ -39,6 +39,11 @@ that block (read from the table on the device per tile, clamped to the container
 tile's row offset in it (`kv_gmem`); the key length is seqused_kv clamped to the envelope max_seqlen_kv. Nothing
 else changes (rows past a sequence's keys are masked, and V's are zeroed as for any seqused).
 
+Split-KV (`num_splits`, docs/decode.md): the split is the scheduled head index's fastest coordinate; producer and
+consumers cut the same key-tile range with `key_split_range` (the mma.sync forward's and the host model's cut), and
+a split's consumers write its fp32 O and LSE (no sink) from the registers to the workspace partials, which the
+shared combine kernel (`frost.engines.common.split_combine`) reduces into O and Stats.
+
 Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
 (`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
 zero-fill the columns past a head dim (zeros add nothing to Q K^T or P V), TMA
