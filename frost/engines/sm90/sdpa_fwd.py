@@ -830,7 +830,7 @@ class SdpaFwdSm90:
 
             if const_expr(self.ns > 1):  # split-KV: this split's partials (the combine adds the sink)
                 self.finish_partial(loop, acc_O, mScores[2], out.tOcO_mn, (m_block, head, batch, self.key_split(hv)),
-                                    seqlen_q)
+                                    (seqlen_q, seqlen_q_static))
             else:
                 sink = self.row_sinks(mSinks, head, row0, tScS_mn)
                 self.finish_tile(loop, out, acc_O, (s_max, s_sum), (mO, mLSE, mScores[:2]), sink,
@@ -1094,13 +1094,15 @@ class SdpaFwdSm90:
         return mOp, mLp
 
     @cute.jit
-    def finish_partial(self, c: _Mainloop, acc_O, partials, tOcO_mn, tile, seqlen_q: Int32):
+    def finish_partial(self, c: _Mainloop, acc_O, partials, tOcO_mn, tile, seqlen):
         """Split-KV: a work tile's softmax closed without the sink (the combine adds it once), its O (normalized over
-        its own keys, fp32) and LSE (natural log) straight from the registers to the workspace partials, the rows
-        inside the sequence only (the combine writes the padding rows). A split that saw no key has O = 0 and
-        LSE = -inf. `tile`: (query tile, head, batch entry, split)."""
+        its own keys, fp32) and LSE (natural log) straight from the registers to the workspace partials. A split
+        that saw no key has O = 0 and LSE = -inf; so do rows past the sequence up to the bound tensor's (the combine
+        reads every row of the partials; the workspace holds anything). `tile`: (query tile, head, batch entry,
+        split); `seqlen`: (the sequence's query length, the bound tensor's)."""
         mOp, mLp = partials
         m_block, head, batch, split = tile
+        seqlen_q, seqlen_q_static = seqlen
         sm.softmax_finalize(c.row_max, c.row_sum, c.scale_log2, c.row_scale, c.row_sum, None)
         a = acc_as_mn(acc_O)
         sm.rescale_rows(a, c.row_scale)  # row_sum now holds the LSE
@@ -1110,7 +1112,11 @@ class SdpaFwdSm90:
         mLp_t = mLp[None, head, batch, split]
         for r in cutlass.range_constexpr(cute.size(a, mode=[0])):
             row = row0 + tOcO_mn[r, 0][0]
-            if row < rows_q:
+            if row >= rows_q:  # padding: O = 0 whatever Q held there
+                c.row_sum[r] = -Float32.inf
+                for col in cutlass.range_constexpr(cute.size(a, mode=[1])):
+                    a[r, col] = 0.0
+            if row < seqlen_q_static * self.rq:
                 for col in cutlass.range_constexpr(cute.size(a, mode=[1])):
                     if const_expr(self.cols_o):
                         if tOcO_mn[r, col][1] < self.cols_o:
