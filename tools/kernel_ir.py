@@ -12,7 +12,7 @@ mma.sync forward's block masks, cuDNN's ragged-offset form with an offset tensor
 deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's column slices of O, the
 mma.sync backward's K and V head counts that do not nest, the SM90 forward's block_mask, the SM90
 backward's rows warp on named barriers, the SM90 forward's block skipping and the SM90 backward's score
-modifiers, the mma.sync and wgmma forwards' paged K/V caches)
+modifiers, the mma.sync and wgmma forwards' paged K/V caches, the wgmma forward's split-KV)
 through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code)
 with source locations stripped, one file per kernel (`--lengths only` / `without`: the kernels that read sequence
 lengths from the device, or the others; `--template`: one template's kernels). `--jobs` spreads the compiles
@@ -55,7 +55,8 @@ def covering_specs() -> list:
     # per tensor, the deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's
     # column slices of O (d_v above 256), K and V head counts that do not nest in the mma.sync backward, then the
     # SM90 forward's block_mask, then the SM90 backward's rows warp on named barriers, then the SM90 forward's
-    # block skipping and the SM90 backward's score modifiers, then the mma.sync and wgmma forwards' paged K/V caches.
+    # block skipping and the SM90 backward's score modifiers, then the mma.sync and wgmma forwards' paged K/V caches,
+    # then the wgmma forward's split-KV.
     entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
                (*bwd90, cases.SM90_BWD_COVER),
                (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
@@ -71,7 +72,8 @@ def covering_specs() -> list:
                (*fwd90, cases.SM90_FWD_WIDE_V_COVER), (*bwd80, cases.SM80_BWD_UNNESTED_COVER),
                (*fwd90, cases.SM90_FWD_BLOCK_MASK_COVER), (*bwd90, cases.SM90_BWD_ROWS_BARRIER_COVER),
                (*fwd90, cases.SM90_FWD_BLOCK_SKIP_COVER), (*bwd90, cases.SM90_BWD_SCORE_MOD_COVER),
-               (*fwd80, cases.SM80_FWD_PAGED_COVER), (*fwd90, cases.SM90_FWD_PAGED_COVER)]
+               (*fwd80, cases.SM80_FWD_PAGED_COVER), (*fwd90, cases.SM90_FWD_PAGED_COVER),
+               (*fwd90, cases.SM90_FWD_SPLIT_COVER)]
     specs = []
     for template, params_cls, cover in entries:
         for arch, kw in _cover_items(cover):

@@ -548,6 +548,15 @@ SM90_FWD_PAGED_COVER = [
           knobs=dict(tile_n=64)),
 ]
 
+#: the wgmma forward's split-KV (docs/decode.md): the packed decodes the H200 plans, dense and paged with sinks, and
+#: an unpacked bottom-right causal split on the longest-first order
+SM90_FWD_SPLIT_COVER = [
+    _sm90(hq=32, hk=8, has_lse=True, knobs=dict(tile_m=64, pack_gqa=True, num_splits=14)),
+    _sm90(hq=32, hk=8, has_lse=True, has_seqused=True, has_sinks=True, paged_block_k=128, paged_block_v=128,
+          knobs=dict(tile_m=64, pack_gqa=True, num_splits=8)),
+    _sm90(hq=32, hk=8, has_lse=True, has_window_right=True, bottom_right=True, knobs=dict(num_splits=3)),
+]
+
 
 def ragged_own(hq, hk, hv, d, dv, bwd=False, scores="", **flags) -> dict:
     """cuDNN's ragged-offset form as its own tests declare it: q, k, v and o each with an offset tensor of its own
