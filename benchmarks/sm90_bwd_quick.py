@@ -187,9 +187,9 @@ def _time_peer(fa4, fa4_varlen, pr, d, c, reps, res, grads):
         o, lse = fa4_call(fa4, fa4_varlen, pr, pr.q, pr.k, pr.v, return_lse=True)[:2]
         lse = lse.contiguous()
     else:  # O and LSE from the float reference
-        from frost.adapters.reference_math import sdpa_fwd_reference
-        o, lse = sdpa_fwd_reference(pr.q, pr.k, pr.v, softmax_scale=pr.scale, cu_seqlens_q=pr.cu,
-                                    cu_seqlens_kv=pr.cu, window_right=0 if c else None)
+        from frost.adapters.reference_math import RefArgs, sdpa_fwd_reference
+        o, lse = sdpa_fwd_reference(pr.q, pr.k, pr.v, RefArgs(pr.scale, cu_seqlens_q=pr.cu, cu_seqlens_kv=pr.cu,
+                                                              window_right=0 if c else None))
         o = o.to(pr.q.dtype)
     return o, lse
 

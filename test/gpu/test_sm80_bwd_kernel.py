@@ -237,7 +237,7 @@ def oracle(case, q, k, v, do, sinks, scale):
 
 # ------------------------------------------------------------------------------------ inputs
 def make_inputs(case, device="cuda", seed=0):
-    from frost.adapters.reference_math import sdpa_fwd_reference
+    from frost.adapters.reference_math import RefArgs, sdpa_fwd_reference
 
     p = case.p
     g = torch.Generator(device=device).manual_seed(seed)
@@ -282,10 +282,10 @@ def make_inputs(case, device="cuda", seed=0):
         t["sinks"] = sinks
         t["dsinks"] = torch.empty(hq, dtype=torch.float32, device=device)
     scale = 1.0 / math.sqrt(d)
-    o, lse = sdpa_fwd_reference(
-        t["q"], t["k"], t["v"], softmax_scale=scale, cu_seqlens_q=t.get("cu_seqlens_q"),
-        cu_seqlens_kv=t.get("cu_seqlens_kv"), seqused_q=t.get("seqused_q"), seqused_kv=t.get("seqused_kv"),
-        sinks=sinks, window_left=case.wl, window_right=case.wr, bottom_right=p.bottom_right)
+    o, lse = sdpa_fwd_reference(t["q"], t["k"], t["v"], RefArgs(
+        scale, cu_seqlens_q=t.get("cu_seqlens_q"), cu_seqlens_kv=t.get("cu_seqlens_kv"),
+        seqused_q=t.get("seqused_q"), seqused_kv=t.get("seqused_kv"), sinks=sinks, window_left=case.wl,
+        window_right=case.wr, bottom_right=p.bottom_right))
     t["o"] = o.to(dt)
     if case.wide:  # NaN in the columns past the head dim: a kernel reading them would spread NaN
         for n in ("q", "k", "v", "do", "o", "dq", "dk", "dv"):
