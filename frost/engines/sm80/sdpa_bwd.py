@@ -66,7 +66,7 @@ from frost.engines.common import tiles, turns
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.sdpa_entry import IO_DTYPES
-from frost.engines.common.seqlen import own_rows, rows_offset, seqlen_info
+from frost.engines.common.seqlen import own_rows, rows_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32
 from frost.engines.sdpa_bwd import accum
@@ -478,15 +478,12 @@ def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mC
     """This CTA's sequence record: offsets, lengths (clamped to the envelope, `seqlen_info`), the mask's diagonal,
     its key tiles and accumulator copy."""
     p = cfg.p
-    if cutlass.const_expr(p.is_thd):
-        static_q, static_k = mQ.shape[0], mK.shape[0]
-    else:
-        static_q, static_k = mQ.shape[1], mK.shape[1]
+    static_q, static_k = tiles.extents(mQ, mK, p.is_thd)
     turn_rows = None  # cuDNN's ragged form: per (batch, head) turn counters for the longest sequence's tiles only
     if cutlass.const_expr(p.ragged and uses_turns(p)):
         turn_rows = turns.ragged_tiles(mSem.shape[0], grid_extent(p.grid_order, "batch"), p.num_heads_q) * cfg.bm
-    offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK,
-                                                         p.token_div_q, p.token_div_kv, turn_rows)
+    seq = tiles.sequence(p, batch, static_q, static_k, (mCuQ, mCuK, mUsedQ, mUsedK), turn_rows)
+    offset_q, offset_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
     offset_lse = offset_q
     if cutlass.const_expr(mLseOff is not None):
         offset_lse = rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, static_q)

@@ -89,7 +89,7 @@ from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
-from frost.engines.common.seqlen import own_rows, own_token_offset, rows_offset, seqlen_info, token_offset
+from frost.engines.common.seqlen import own_rows, own_token_offset, rows_offset, token_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common.tile_scheduler import ranked_batch
 from frost.engines.common import global_ops as gops
@@ -463,9 +463,9 @@ class SdpaBwdSm90:
         n_block = self.key_tile(bx)
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
         if const_expr(self.lengths):
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, mQ.shape[0], mK.shape[0], mCuQ, mCuK, mUsedQ,
-                                                           mUsedK, self.p.token_div_q, self.p.token_div_kv,
-                                                           self.ragged_turn_rows(mSem))
+            seq = tiles.sequence(self.p, batch, mQ.shape[0], mK.shape[0], (mCuQ, mCuK, mUsedQ, mUsedK),
+                                 self.ragged_turn_rows(mSem))
+            off_q, off_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
         off_lse = off_q
         if const_expr(mLseOff is not None):
             off_lse = rows_offset(mLseOff, batch, self.p.token_div_lse, seqlen_q, mQ.shape[0])
