@@ -253,16 +253,11 @@ class SdpaFwdSm80:
         """Pick this CTA's m-tile of its (head, batch entry) and run it. `lengths`: the device lengths (packed
         prefix sums, padded lengths; None where the form has none)."""
         p = self.p
-        mQ, mK = g.mQ, g.mK
-        mCuQ, mCuK, mSuQ, mSuK = lengths
-        if const_expr(p.is_thd):
-            static_sq, static_sk = mQ.shape[0], mK.shape[0]
-        else:
-            static_sq, static_sk = mQ.shape[1], mK.shape[1]
+        static_sq, static_sk = tiles.extents(g.mQ, g.mK, p.is_thd)
         if const_expr(p.paged):  # a container's rows are not a sequence's: the envelope bounds the key length
             static_sk = g.paged[2]
-        off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(
-            batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK, p.token_div_q, p.token_div_kv)
+        seq = tiles.sequence(p, batch, static_sq, static_sk, lengths)
+        off_q, off_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
         off_lse = off_q  # ragged Stats start at their own offsets
         if const_expr(mLseOff is not None):
             off_lse = seqlen.rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, static_sq)
@@ -280,8 +275,7 @@ class SdpaFwdSm80:
         else:
             m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(g, sc, kit, m_block, head, batch, tiles.Sequence(off_q, off_k, seqlen_q, seqlen_k, static_sq,
-                                                                       static_sk), (off_lse, off_o, off_v, off_scores))
+            self.tile(g, sc, kit, m_block, head, batch, seq, (off_lse, off_o, off_v, off_scores))
 
     @cute.jit
     def tile(self, g: _Globals, sc: _Scores, kit: _Kit, m_block, head, batch, seq: tiles.Sequence, offsets):
