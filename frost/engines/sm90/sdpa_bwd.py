@@ -132,9 +132,7 @@ class Walk(NamedTuple):
     m_min: Int32  # first query tile of the band
     n_m: Int32  # query tiles per query head
     steps: Int32  # n_m times the query heads of the group
-    off: Int32  # diagonal offset
-    wl: object  # clamped windows (Int32 or None)
-    wr: object
+    band: tiles.Band  # the mask band, its windows clamped
     seqlen_q: Int32
     seqlen_k: Int32
     off_q: object  # first query / key token of the sequence (Int32), or None without lengths (dense rows)
@@ -539,15 +537,16 @@ class SdpaBwdSm90:
              off_k, off_lse=None):
         """The CTA's `Walk`: the query tiles of its key tile's band, over every query head of its group."""
         p = self.p
-        off, wl_c, wr_c = tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
-                                     wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
-        m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
+        band = tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
+                          wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
+        m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, band.diag, band.window_left,
+                                          band.window_right)
         n_m = cutlass.max(m_max - m_min, 0)
         n_k, rot = None, None
         if const_expr(self.rotated):
             n_k, rot = self.rotation(n_block, n_m, seqlen_k)
-        return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k,
-                    off_q, off_k, off_lse, n_k, rot)
+        return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, band, seqlen_q, seqlen_k, off_q, off_k,
+                    off_lse, n_k, rot)
 
     @cute.jit
     def rotation(self, n_block: Int32, n_m: Int32, seqlen_k: Int32):
@@ -702,8 +701,9 @@ class SdpaBwdSm90:
         """
         p = self.p
         turn = Int32(0)
-        turn = turns.stair_turn(w.n_block, m_block, self.bm, self.bn, w.seqlen_k, w.off, w.wl, w.wr,
-                                p.has_window_right, Int32, cutlass.min, cutlass.max)
+        band = w.band
+        turn = turns.stair_turn(w.n_block, m_block, self.bm, self.bn, w.seqlen_k, band.diag, band.window_left,
+                                band.window_right, p.has_window_right, Int32, cutlass.min, cutlass.max)
         if const_expr(self.rotated and not p.has_window_right):
             turn = self.rotated_turn(turn, m_block, w)
         return turn
@@ -915,7 +915,8 @@ class SdpaBwdSm90:
         rows, pipe_rows, r_state = staged
         scale, scale_log2 = scales
         head, m_block, q0 = at
-        n_block, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
+        n_block, seqlen_q, seqlen_k = w.n_block, w.seqlen_q, w.seqlen_k
+        off, wl, wr = w.band.diag, w.band.window_left, w.band.window_right
         tScS_mn, t0ScS_mn, n_cols = ops.tScS_mn, ops.t0ScS_mn, ops.n_cols
         warpgroup.wait_group(1)
         s_mn = acc_as_mn(acc_S)
