@@ -859,7 +859,7 @@ class SdpaBwdSm90:
             rB = self.fetch_bias(tScS_mn, t0ScS_mn, thr_sdp, mBias, head, m_block, w)
         s_mn = self.probabilities(acc_S, rB, ops, (rows, pipe_rows, r_state), (scale, scale_log2), (head, m_block, q0),
                                   stage, w)
-        self.score_grads(acc_dP, s_mn, ops, (rows, pipe_rows, r_state), mdBiasAcc, head, m_block, stage, w)
+        r_state = self.score_grads(acc_dP, s_mn, ops, (rows, pipe_rows, r_state), mdBiasAcc, head, m_block, stage, w)
         rdS16 = self.dv_step(acc_dP, ops, gemms, out, stage, q_state)
         tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
         if const_expr(self.dk_first):
@@ -942,7 +942,8 @@ class SdpaBwdSm90:
     def score_grads(self, acc_dP: cute.Tensor, s_mn: cute.Tensor, ops: Operands, staged, mdBiasAcc, head: Int32,
                     m_block: Int32, stage, w: Walk):
         """dP^T -> dS^T in place once dP^T has landed (P^T `s_mn` and the staged dpsum rows), the rows handed
-        back; dBias through the accumulator added here. `staged`: (rows, their pipeline, its state)."""
+        back; dBias through the accumulator added here. `staged`: (rows, their pipeline, its state). Returns the
+        rows' pipeline state (advanced with `rows_mbar`)."""
         rows, pipe_rows, r_state = staged
         tScS_mn, t0ScS_mn, thr_sdp, n_cols = ops.tScS_mn, ops.t0ScS_mn, ops.thr_sdp, ops.n_cols
         warpgroup.wait_group(0)
@@ -957,6 +958,7 @@ class SdpaBwdSm90:
             rows_barrier(BAR_ROWS_FREE, stage, True)
         if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
             self.write_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w, True)
+        return r_state
 
     @cute.jit
     def dv_step(self, acc_dP: cute.Tensor, ops: Operands, gemms: Gemms, out: GradOut, stage, q_state):
