@@ -22,9 +22,9 @@ tensor = Tensor  # cuDNN's name of the tensor handle class
 #: the cuDNN release whose SDPA graph vocabulary frost follows; version gates in cuDNN programs compare with it.
 #: 9.20.0: the first release whose Python SDPA declares every combination of Stats, score_max and score_sum_exp
 #: (frost serves each on its own), after the unified implementation (9.13.1), block masks and -inf Stats in padded
-#: rows (9.14.0). What frost declines in that vocabulary (fp8, dropout outside the cuDNN engine, paged caches on
-#: the wgmma forward or in blocks under 64 rows on the DSL engines) it declines with a reason instead of a version
-#: gate: docs/porting.md lists it.
+#: rows (9.14.0). What frost declines in that vocabulary (fp8, dropout outside the cuDNN engine, paged caches in
+#: blocks under 64 rows on the DSL engines) it declines with a reason instead of a version gate: docs/porting.md
+#: lists it.
 CUDNN_VOCABULARY_VERSION = 92000
 
 

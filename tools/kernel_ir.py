@@ -12,10 +12,10 @@ mma.sync forward's block masks, cuDNN's ragged-offset form with an offset tensor
 deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's column slices of O, the
 mma.sync backward's K and V head counts that do not nest, the SM90 forward's block_mask, the SM90
 backward's rows warp on named barriers, the SM90 forward's block skipping and the SM90 backward's score
-modifiers, the mma.sync forward's paged K/V caches)
+modifiers, the mma.sync and wgmma forwards' paged K/V caches)
 through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code)
 with source locations stripped, one file per kernel (`--lengths only` / `without`: the kernels that read sequence
-lengths from the device, or the others). `--jobs` spreads the compiles
+lengths from the device, or the others; `--template`: one template's kernels). `--jobs` spreads the compiles
 over processes. `diff` sorts each kernel into: identical; reordered (every value is
 defined by the same op on the same operands, only independent ops moved, and the lines
 that define nothing, such as stores, barriers and region ends, keep their order); or
@@ -55,7 +55,7 @@ def covering_specs() -> list:
     # per tensor, the deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's
     # column slices of O (d_v above 256), K and V head counts that do not nest in the mma.sync backward, then the
     # SM90 forward's block_mask, then the SM90 backward's rows warp on named barriers, then the SM90 forward's
-    # block skipping and the SM90 backward's score modifiers, then the mma.sync forward's paged K/V caches.
+    # block skipping and the SM90 backward's score modifiers, then the mma.sync and wgmma forwards' paged K/V caches.
     entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
                (*bwd90, cases.SM90_BWD_COVER),
                (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
@@ -71,7 +71,7 @@ def covering_specs() -> list:
                (*fwd90, cases.SM90_FWD_WIDE_V_COVER), (*bwd80, cases.SM80_BWD_UNNESTED_COVER),
                (*fwd90, cases.SM90_FWD_BLOCK_MASK_COVER), (*bwd90, cases.SM90_BWD_ROWS_BARRIER_COVER),
                (*fwd90, cases.SM90_FWD_BLOCK_SKIP_COVER), (*bwd90, cases.SM90_BWD_SCORE_MOD_COVER),
-               (*fwd80, cases.SM80_FWD_PAGED_COVER)]
+               (*fwd80, cases.SM80_FWD_PAGED_COVER), (*fwd90, cases.SM90_FWD_PAGED_COVER)]
     specs = []
     for template, params_cls, cover in entries:
         for arch, kw in _cover_items(cover):
@@ -100,7 +100,7 @@ def has_lengths(params) -> bool:
     return bool(getattr(params, "is_thd", False) or getattr(params, "has_seqused", False))
 
 
-def dump_part(out: Path, part: int, parts: int, lengths: str = "all") -> int:
+def dump_part(out: Path, part: int, parts: int, lengths: str = "all", template: str = "") -> int:
     import tempfile
 
     os.environ["FROST_CACHE_DISABLE"] = "1"
@@ -113,7 +113,7 @@ def dump_part(out: Path, part: int, parts: int, lengths: str = "all") -> int:
     out.mkdir(parents=True, exist_ok=True)
     specs = covering_specs()
     keep = {"all": lambda p: True, "only": has_lengths, "without": lambda p: not has_lengths(p)}[lengths]
-    chosen = [i for i, (_, params, _) in enumerate(specs) if keep(params)]
+    chosen = [i for i, (t, params, _) in enumerate(specs) if keep(params) and (not template or t == template)]
     for i, (template, params, arch) in enumerate(specs):
         if i not in chosen or chosen.index(i) % parts != part:
             continue
@@ -125,8 +125,8 @@ def dump_part(out: Path, part: int, parts: int, lengths: str = "all") -> int:
     return len(specs)
 
 
-def dump(out: Path, jobs: int, lengths: str = "all") -> None:
-    procs = [subprocess.Popen([sys.executable, __file__, "_part", str(out), str(j), str(jobs), lengths],
+def dump(out: Path, jobs: int, lengths: str = "all", template: str = "") -> None:
+    procs = [subprocess.Popen([sys.executable, __file__, "_part", str(out), str(j), str(jobs), lengths, template],
                               cwd=str(ROOT)) for j in range(jobs)]
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("a dump worker failed")
@@ -204,6 +204,7 @@ def main(argv=None) -> int:
     d.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
     d.add_argument("--lengths", choices=("all", "only", "without"), default="all",
                    help="only the kernels that read lengths from the device, or only the others")
+    d.add_argument("--template", default="", help="only one template's kernels (a dotted module path)")
     c = sub.add_parser("diff", help="compare two dumps")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
@@ -212,13 +213,14 @@ def main(argv=None) -> int:
     w.add_argument("part", type=int)
     w.add_argument("parts", type=int)
     w.add_argument("lengths", nargs="?", default="all")
+    w.add_argument("template", nargs="?", default="")
     a = ap.parse_args(argv)
     if a.cmd == "dump":
-        dump(a.out, a.jobs, a.lengths)
+        dump(a.out, a.jobs, a.lengths, a.template)
         return 0
     if a.cmd == "diff":
         return 0 if diff(a.a, a.b) < 2 else 1
-    dump_part(a.out, a.part, a.parts, a.lengths)
+    dump_part(a.out, a.part, a.parts, a.lengths, a.template)
     return 0
 
 

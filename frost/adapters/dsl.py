@@ -111,6 +111,8 @@ def fwd_feature_flags(facts) -> dict:
                  has_score_sum_exp=facts.has_score_sum_exp)
     if facts.has_block_mask:  # only the forwards whose rows serve block_mask have the flag
         flags["has_block_mask"] = True
+    if facts.paged is not None:  # only those whose rows serve paged caches: the containers' block sizes
+        flags.update(paged_block_k=facts.paged.block_size_k, paged_block_v=facts.paged.block_size_v)
     return flags
 
 

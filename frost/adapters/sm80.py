@@ -1,26 +1,21 @@
 """SM80 arch line (cc 8.x, and cc 9.0 below SM90): the mma.sync + cp.async kernels.
 
 Each adapter's `plan_knobs(facts, target, requested)` is its planning policy: the tuning table's
-knobs for the head dims and the target's shared memory, the requested knobs honored, and (backward)
-the deterministic mode that suits the problem and the GPU (`frost.adapters.sm80_plan`).
+knobs for the head dims and the target's shared memory, the requested knobs honored, and the choices that
+suit the problem and the GPU: the forward's split-KV count (`frost.adapters.split_kv`), the backward's
+deterministic mode (`frost.adapters.sm80_plan`).
 """
 from __future__ import annotations
 
-from frost.adapters.dsl import fwd_feature_flags
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
 from frost.adapters.dsl_fwd import DslFwdAdapter
+from frost.adapters.split_kv import COMBINE_TEMPLATE, SplitKv, combine_params, partial_layout, plan_decode
+from frost.runtime.context import stream_handle
+from frost.runtime.workspace import layout_bytes
 
 
 def _smem_budget(target):
     return target.smem_per_block_optin or None
-
-
-def mma_sync_fwd_flags(facts) -> dict:
-    """The forward's feature flags, and a paged cache's container block sizes (read through the block tables)."""
-    flags = fwd_feature_flags(facts)
-    if facts.paged is not None:
-        flags.update(paged_block_k=facts.paged.block_size_k, paged_block_v=facts.paged.block_size_v)
-    return flags
 
 
 class MmaSyncFwdAdapter(DslFwdAdapter):
@@ -30,11 +25,10 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
     template = "frost.engines.sm80.sdpa_fwd"
     params_module = "frost.engines.sm80.sdpa_fwd_params"
     params_class = "Sm80FwdParams"
-    feature_flags = staticmethod(mma_sync_fwd_flags)
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
-        from frost.engines.sm80.sdpa_fwd_params import default_knobs, paged_tile_n
+        from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs, paged_tile_n
 
         knobs = dict(default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
                                    smem_budget=_smem_budget(target)))
@@ -45,10 +39,42 @@ class MmaSyncFwdAdapter(DslFwdAdapter):
         if facts.paged is not None:  # each key tile inside one block of the paged cache
             knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
-        return knobs
+        # decode: GQA packing for short queries, split-KV where the grid is small against the SMs and the keys long
+        flags = cls.feature_flags(facts)
+        return plan_decode(facts, target, knobs, requested,
+                           lambda k: Sm80FwdParams(family=cls.family, **flags, **k))
 
     def fixed_params(self) -> dict:
         return {"family": self.family}
+
+    # split-KV (num_splits > 1): the forward writes partials to the workspace, the combine kernel reduces them
+    def kernel_specs(self) -> list:
+        specs = super().kernel_specs()
+        if specs[0][1].split:
+            specs.append((COMBINE_TEMPLATE, combine_params(specs[0][1])))
+        return specs
+
+    def compile(self) -> None:
+        super().compile()
+        self._split = SplitKv(self.facts, self.params, self.target) if self.params.split else None
+
+    def compiled_kernels(self) -> list:
+        split = getattr(self, "_split", None)
+        return super().compiled_kernels() + ([split.kernel] if self.compiled and split is not None else [])
+
+    def scratch_workspace_bytes(self) -> int:
+        p = self.params if self.compiled else self.validated_params()
+        return layout_bytes(partial_layout(self.facts, p.num_splits)) if p.split else 0
+
+    def execute(self, bound: dict, workspace, stream) -> None:
+        split = self._split
+        if split is None:
+            return super().execute(bound, workspace, stream)
+        per_call = {"stream": stream_handle(stream), **split.partials(workspace)}
+        for n, role, view in self._views:
+            per_call[n] = view(bound[role])
+        self.kernel(*self._args(bound, per_call))
+        split.combine(bound, per_call)
 
 
 class MmaSyncBwdAdapter(DslBwdAdapter):

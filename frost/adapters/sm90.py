@@ -2,7 +2,8 @@
 
 Each adapter's `plan_knobs(facts, target, requested)` is its planning policy: the measured defaults for the
 head dims (and, forward, the target's SM count), the requested knobs honored, then (forward) GQA head
-packing and its tile height chosen for the declared shape, and two consumer warpgroups with score modifiers.
+packing and its tile height chosen for the declared shape, two consumer warpgroups with score modifiers, and
+key tiles that divide a paged cache's block size.
 """
 from __future__ import annotations
 
@@ -42,11 +43,14 @@ class SdpaFwdDslSm90(DslFwdAdapter):
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
-        from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, default_knobs, pack_gqa_reason, score_mods_of
+        from frost.engines.sm90.sdpa_fwd_params import (Sm90FwdParams, default_knobs, pack_gqa_reason, paged_tile_n,
+                                                        score_mods_of)
 
         flags = fwd_feature_flags(facts)
         knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count,
                               score_mods=score_mods_of(flags))
+        if facts.paged is not None:  # each key tile inside one block of the paged cache (one TMA load)
+            knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
         if "pack_gqa" not in requested:
             # GQA packs the heads of a kv head into one M tile wherever the template can;

@@ -5,11 +5,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 import torch.distributed as dist
 
 from frost.distributed.all_gather import AllGatherAttention
-from frost.distributed.layout import Shards, indices
+from frost.distributed.layout import Shards, host_lengths, indices
 from frost.distributed.ring import RingAttention
 from frost.distributed.ulysses import UlyssesAttention
 
@@ -64,8 +63,9 @@ def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", cau
     """Attention over a sequence split head-tail over the ranks of `group` (`shard_sequence`), differentiable.
 
     Dense: q (B, Hq, S_local, D), k/v (B, Hkv, S_local, D/Dv), this rank's share of every batch entry.
-    Packed: q (T_local, Hq, D), k/v (T_local, Hkv, D/Dv) with `cu_seqlens` this rank's int32 (B+1) prefix sums
-    (each document split on its own: `local_cu_seqlens`; read to the host). Hq a multiple of Hkv.
+    Packed: q (T_local, Hq, D), k/v (T_local, Hkv, D/Dv) with `cu_seqlens` this rank's (B+1) prefix sums on the
+    host, a list or a CPU tensor (each document split on its own: `local_cu_seqlens`); a device tensor is a
+    ValueError, never read. Hq a multiple of Hkv.
     scheme: "ring" (K/V passed around, fp32 merge), "all_gather" (K/V gathered; causal sliding windows) or
     "ulysses" (heads scattered; any window). causal / window=(left, right) / scale (1/sqrt(D)) / sinks (one
     fp32 logit per query head, counted once) / deterministic (bitwise reproducible backward) as in
@@ -75,6 +75,7 @@ def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", cau
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {sorted(SCHEMES)}; got {scheme!r}")
+    local_lengths = host_lengths(cu_seqlens) if cu_seqlens is not None else None  # before any collective
     group = group if group is not None else dist.group.WORLD
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     left, right = _window(causal, window, scheme)
@@ -86,8 +87,7 @@ def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", cau
             raise ValueError(f"context parallel: {name} must be {'packed (T, H, D)' if packed else '(B, H, S, D)'} "
                              f"in q's dtype; got {tuple(t.shape)} {t.dtype}")
     if packed:
-        cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
-        shards = Shards.from_local([b - a for a, b in zip(cu[:-1], cu[1:])], world)
+        shards = Shards.from_local(local_lengths, world)
         tq, tk, tv = q.contiguous(), k.contiguous(), v.contiguous()
     else:
         b, _, s_local, _ = q.shape

@@ -14,6 +14,20 @@ from functools import lru_cache
 import torch
 
 
+def host_lengths(cu_seqlens) -> list[int]:
+    """Per-document lengths from host prefix sums (a list of ints or a CPU tensor). The split's index lists are
+    built on the host, so a device tensor is refused rather than read: execute never reads device memory."""
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.device.type != "cpu":
+            raise ValueError(f"context parallel: cu_seqlens must be on the host (a list of ints or a CPU tensor), "
+                             f"got a tensor on {cu_seqlens.device}: the head-tail split is planned from the lengths "
+                             "on the host and frost never reads device memory to the host; pass the host prefix "
+                             "sums the batch was packed from (docs/context_parallel.md)")
+        cu_seqlens = cu_seqlens.tolist()
+    cu = [int(x) for x in cu_seqlens]
+    return [b - a for a, b in zip(cu[:-1], cu[1:])]
+
+
 def _prefix(lengths) -> list[int]:
     out = [0]
     for n in lengths:

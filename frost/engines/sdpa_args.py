@@ -35,8 +35,13 @@ flag is set, in this order):
     window_left                  if has_window_left   Int32 >= 0
     window_right                 if has_window_right  Int32 >= 0 (causal is window_right = 0)
     max_seqlen_kv                if paged         Int32 plan-time envelope S_kv (paged_attention_max_seq_len_kv)
-    max_seqlen_q                 if is_thd        Int32 plan-time envelope, sizes the grid
+    max_seqlen_q                 if is_thd        Int32 plan-time envelope (max_seq_len_q): sizes the grid, caps
+                                                  each packed query length
+    max_seqlen_kv                if is_thd        Int32 plan-time envelope (max_seq_len_kv): caps each packed key
+                                                  length (a length above its envelope is clamped to it)
     total_q, total_kv            if ragged        Int32 plan-time token envelopes (T of the (T, H, D) views)
+    o_partial, lse_partial       if num_splits > 1 fp32 (splits, B, Hq, Sq, Dv) / (splits, B, Hq, Sq) workspace
+                                 views: each split's O and LSE (no sink); `split_combine` reduces them
     stream                       CUstream (explicit; the adapter passes the context's stream)
 
 cuDNN's ragged-offset form (params `ragged`: `token_div_q` / `token_div_kv` > 0) is packed THD
@@ -98,6 +103,7 @@ Backward argument order:
     (cu_seqlens_q, cu_seqlens_kv | seqused_q, seqused_kv | sinks, dsinks | bias, dbias)  as flagged,
     scratch views carved from the caller's workspace (listed by the template),
     softmax_scale, window_left?, window_right?, max_seqlen_q?, max_seqlen_kv?, stream
+(packed graphs cap each length at max_seqlen_q / max_seqlen_kv, as the forward does)
 dsinks (fp32 (Hq,)) = -sum over rows of exp(sinks[h] - lse) * rowsum(dO * O).
 dbias (flag `has_dbias`; the bias's dims, any strides) = dS = P * (dP - rowsum(dO * O)),
 the logits' gradient before the scale, summed over the batch entries and heads the
@@ -139,7 +145,8 @@ def fwd_arg_names(p) -> list[str]:
     names += ["block_mask"] * getattr(p, "has_block_mask", False) + ["k_table", "v_table"] * paged
     names += ["softmax_scale"] + ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
     names += ["max_seqlen_kv"] * paged
-    return names + ["max_seqlen_q"] * p.is_thd + ragged_totals(p) + ["stream"]
+    names += ["max_seqlen_q", "max_seqlen_kv"] * p.is_thd + ragged_totals(p)
+    return names + ["o_partial", "lse_partial"] * (getattr(p, "num_splits", 1) > 1) + ["stream"]
 
 
 def ragged_tags(p) -> list[str]:

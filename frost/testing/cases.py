@@ -535,6 +535,20 @@ SM80_FWD_PAGED_COVER = {
 }
 
 
+# cuDNN's paged K/V cache in the wgmma forward (each key tile's TMA load names its block through the table): decode
+# with GQA packed into 64-row tiles at block size 64; chunked prefill with bottom-right causal, a sliding window and
+# sinks at block size 256 (d=64's 128-key tiles, three consumer warpgroups); K and V in blocks of different sizes
+# with a padded head dim (d=80's 112-key tiles shrunk to 64) under bottom-right causal
+SM90_FWD_PAGED_COVER = [
+    _sm90(hq=8, hk=2, has_seqused=True, paged_block_k=64, paged_block_v=64,
+          knobs=dict(tile_m=64, tile_n=64, pack_gqa=True)),
+    _sm90(d=64, hq=4, hk=1, has_seqused=True, has_sinks=True, has_window_left=True, has_window_right=True,
+          bottom_right=True, paged_block_k=256, paged_block_v=256),
+    _sm90(d=80, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=128, paged_block_v=64,
+          knobs=dict(tile_n=64)),
+]
+
+
 def ragged_own(hq, hk, hv, d, dv, bwd=False, scores="", **flags) -> dict:
     """cuDNN's ragged-offset form as its own tests declare it: q, k, v and o each with an offset tensor of its own
     (dO taking o's, dQ q's, dK k's, dV v's), so O, V (and dO, dV) read their own offsets over their own token

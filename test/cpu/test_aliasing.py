@@ -169,6 +169,35 @@ def test_remembered_addresses_never_hide_an_alias():
             g.execute(_fwd_pack(ports, q, k, v, k, lse))
 
 
+def test_recurring_clear_address_sets_are_remembered_and_never_hide_an_alias(monkeypatch):
+    """Outputs alternating between buffers found clear are looked up, not sorted again; a set with an alias is
+    never remembered, and the memory is bounded (forgotten all at once when full)."""
+    from frost.runtime import aliasing
+
+    monkeypatch.setattr(aliasing, "REMEMBERED", 3)
+    g, ports = _fwd()
+    guard = g._binder.aliasing
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    outs = [(torch.empty(1, 2, 8, 16), torch.empty(1, 2, 8, 1)) for _ in range(4)]
+    sorts = []
+    monkeypatch.setattr(aliasing, "sorted", lambda x: sorts.append(1) or sorted(x), raising=False)
+    for i in (0, 1, 0, 1, 0):
+        g.execute(_fwd_pack(ports, q, k, v, *outs[i]))
+    assert len(sorts) == 2 and len(guard.seen) == 2  # A and B checked once each
+    for _ in range(2):
+        with pytest.raises(BindingError, match="shares memory with tensor 'k'"):
+            g.execute(_fwd_pack(ports, q, k, v, k, outs[0][1]))
+    assert len(guard.seen) == 2
+    sorts.clear()
+    g.execute(_fwd_pack(ports, q, k, v, *outs[1]))
+    assert not sorts
+    g.execute(_fwd_pack(ports, q, k, v, *outs[2]))
+    g.execute(_fwd_pack(ports, q, k, v, *outs[3]))  # a fourth set: the memory of three starts over
+    assert len(guard.seen) == 1
+    g.execute(_fwd_pack(ports, q, k, v, *outs[0]))
+    assert len(guard.seen) == 2 and len(sorts) == 3
+
+
 def test_never_touch_proofs():
     m = torch.zeros(8, 32)
     left, right = m[:, :16], m[:, 16:]

@@ -59,3 +59,21 @@ def test_merge_of_two_key_blocks_is_the_attention_over_both():
     merge_rows(acc_o, acc_lse, o2[rows], l2[:, rows], rows)
     torch.testing.assert_close(acc_o[rows].double(), want_o[rows], rtol=1e-6, atol=1e-6)
     assert torch.equal(acc_o[0], o1[0].float())
+
+
+def test_packed_lengths_are_taken_from_the_host_and_a_device_tensor_is_refused_unread():
+    """The split is planned from host prefix sums; a tensor off the host (meta stands in for a GPU's: reading
+    it would fail) is a ValueError naming the rule, raised before any process group is needed."""
+    from frost.distributed import context_parallel_attention, local_cu_seqlens, shard_sequence
+    from frost.distributed.layout import host_lengths
+
+    assert host_lengths([0, 8, 24]) == host_lengths(torch.tensor([0, 8, 24], dtype=torch.int32)) == [8, 16]
+    assert local_cu_seqlens([0, 8, 24], 2).tolist() == [0, 4, 12]
+    on_device = torch.tensor([0, 8, 24], dtype=torch.int32, device="meta")
+    q = torch.zeros(12, 2, 4)
+    with pytest.raises(ValueError, match="cu_seqlens must be on the host.*meta"):
+        context_parallel_attention(q, q, q, cu_seqlens=on_device)
+    with pytest.raises(ValueError, match="cu_seqlens must be on the host"):
+        shard_sequence(torch.zeros(24, 2, 4), rank=0, world=2, dim=0, cu_seqlens=on_device)
+    with pytest.raises(ValueError, match="cu_seqlens must be on the host"):
+        local_cu_seqlens(on_device, 2)

@@ -60,6 +60,34 @@ def test_the_structural_check_finds_unclamped_loads():
     assert count_length_loads(SIBLINGS) == 2
 
 
+def test_packed_kernels_cap_each_length_at_the_plans_maximum():
+    """A packed length above max_seq_len_q / max_seq_len_kv is capped at it, as a padded one is at S: every
+    kernel's `seqlen_info` call passes both maxima, which every packed kernel takes as arguments."""
+    import ast
+    from pathlib import Path
+
+    from frost.engines.sdpa_args import fwd_arg_names
+    from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams, main_args as sm80_main
+    from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams
+    from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args as sm90_main
+    from frost.testing import cases
+
+    root = Path(__file__).resolve().parents[2] / "frost" / "engines"
+    calls = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "seqlen_info":
+                calls.append((path.name, node.lineno, len(node.args) + len(node.keywords)))
+    assert len(calls) >= 5, calls  # both forwards (the wgmma one twice) and both backwards
+    assert all(n == 11 for _, _, n in calls), [c for c in calls if c[2] != 11]  # ..., max_q, max_k
+    thd_fwd = Sm80FwdParams(**cases.SM80_FWD_COVER["sm_80"][1])
+    assert thd_fwd.is_thd and {"max_seqlen_q", "max_seqlen_kv"} <= set(fwd_arg_names(thd_fwd))
+    sm80 = Sm80BwdParams(**cases.SM80_BWD_COVER["sm_90a"][0])
+    sm90 = next(Sm90BwdParams(**kw) for group in cases.SM90_BWD_COVER for kw in group if kw.get("is_thd"))
+    for args in (sm80_main(sm80), sm90_main(sm90)):
+        assert {"max_seqlen_q", "max_seqlen_kv"} <= set(args)
+
+
 def _covering_with_lengths() -> dict:
     """{(arch, family): [spec]} of the covering kernels (tools/kernel_ir.py's list) that read device lengths."""
     from tools.kernel_ir import covering_specs, has_lengths

@@ -1,7 +1,8 @@
-"""The mma.sync forward reading cuDNN's paged K/V cache through its block tables: the SM80 adapter plans paged
-graphs on fake A100 / H200 targets for the block sizes its key tiles divide and declines the others naming the
-sizes it serves; the template's params and argument list; the kernel compiles for sm_80 and sm_90a with no more
-ptxas spills than the same kernel over dense K and V, every length and block index it reads clamped."""
+"""The mma.sync and wgmma forwards reading cuDNN's paged K/V cache through its block tables: the SM80 adapter
+plans paged graphs on a fake A100 and the SM90 adapter on a fake H200 (the SM80 one ranked after it) for the
+block sizes their key tiles divide, and both decline the others naming the sizes they serve; the templates' params
+and argument lists; the kernels compile (sm_80 / sm_90a) with no more ptxas spills than the same kernels over dense
+K and V, every length and block index they read clamped."""
 from __future__ import annotations
 
 import pytest
@@ -9,12 +10,14 @@ import pytest
 import frost
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.engines.sm80.sdpa_fwd_params import PAGED_BLOCK_SIZES, Sm80FwdParams, validate
+from frost.engines.sm90 import sdpa_fwd_params as sm90
 from frost.errors import TemplateParamsError
 from frost.target import fake_target
-from frost.testing.cases import SM80_FWD_PAGED_COVER, SM80_FWD_TEMPLATE
+from frost.testing.cases import SM80_FWD_PAGED_COVER, SM80_FWD_TEMPLATE, SM90_FWD_PAGED_COVER, SM90_FWD_TEMPLATE
 from test.compile_runner import compile_groups
 
 PARAMS = "frost.engines.sm80.sdpa_fwd_params.Sm80FwdParams"
+SM90_PARAMS = "frost.engines.sm90.sdpa_fwd_params.Sm90FwdParams"
 
 
 def _facts(block_size: int, *, d=64, max_kv=1000, hq=8, hkv=2, sq=1, **sdpa_kw):
@@ -47,17 +50,19 @@ def _ranked(facts, target):
 @pytest.mark.parametrize("d", [64, 128])
 def test_the_mma_sync_forward_plans_paged_graphs(target, block_size, d):
     ranking, declines = _ranked(_facts(block_size, d=d, use_causal_mask_bottom_right=True), target)
-    if target == "H200":  # the wgmma forward ranks first there and declines the paged cache, naming it
-        assert "does not serve paged_attention" in declines["SdpaFwdDslSm90"]
-    row, adapter = ranking.accepted[0]
-    assert row.name == "SdpaFwdDslSm80"
+    assert "SdpaFwdDslSm80" not in declines
+    accepted = [row.name for row, _ in ranking.accepted]
+    # on the H200 the wgmma forward ranks first, the mma.sync one after it
+    assert accepted[:2] == (["SdpaFwdDslSm90", "SdpaFwdDslSm80"] if target == "H200" else ["SdpaFwdDslSm80"])
+    row, adapter = ranking.accepted[accepted.index("SdpaFwdDslSm80")]
     p = adapter.validated_params()
     assert (p.paged_block_k, p.paged_block_v) == (block_size, block_size) and p.paged
     assert block_size % p.tile_n == 0  # every key tile inside one block
     assert p.has_seqused and p.bottom_right and p.num_heads_q == 8 and p.num_heads_kv == 2
     names = fwd_arg_names(p)
     assert names.index("k_table") < names.index("v_table") < names.index("softmax_scale")
-    assert names[-2:] == ["max_seqlen_kv", "stream"]
+    # (a split-KV plan's workspace partials come last but the stream: test_split_kv.py)
+    assert [n for n in names if not n.endswith("_partial")][-2:] == ["max_seqlen_kv", "stream"]
     # the adapter's launch arguments: the tables as bound, the envelope a plan-time constant
     from frost.adapters.dsl import LaunchArgs
 
@@ -70,8 +75,10 @@ def test_the_mma_sync_forward_plans_paged_graphs(target, block_size, d):
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_small_blocks_are_declined_naming_the_sizes_served(target, block_size):
     ranking, declines = _ranked(_facts(block_size), target)
-    assert declines["SdpaFwdDslSm80"] == (f"serves paged K/V block sizes 64, 128, 256; this graph's K/V containers "
-                                          f"have block size {block_size}")
+    says = f"serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block size {block_size}"
+    assert declines["SdpaFwdDslSm80"] == says
+    if target == "H200":
+        assert declines["SdpaFwdDslSm90"] == says
     assert all(row.name in ("SdpaFwdCudnn",) for row, _ in ranking.accepted)  # the cuDNN engine, if its binding loads
 
 
@@ -107,3 +114,96 @@ def test_the_paged_forward_compiles_with_no_more_spills_than_dense(tmp_path):
             assert out["length_loads"] > base["length_loads"], (name, out["length_loads"], base["length_loads"])
             if out["ptxas"] is not None:
                 assert out["spill_bytes"] <= base["spill_bytes"], (name, out["ptxas"], base["ptxas"])
+
+
+# the wgmma forward ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("block_size", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 80, 128, 256])
+@pytest.mark.parametrize("sq", [1, 300])
+def test_the_wgmma_forward_plans_paged_graphs(block_size, d, sq):
+    """Decode (one query row: GQA packed into the M tile) and chunked prefill (a bottom-right sliding window)
+    rank the wgmma forward first on the H200, its key tile shrunk to divide the block size."""
+    band = {} if sq == 1 else dict(diagonal_band_right_bound=0, diagonal_band_left_bound=256,
+                                   diagonal_alignment=frost.diagonal_alignment.BOTTOM_RIGHT)
+    ranking, declines = _ranked(_facts(block_size, d=d, sq=sq, **band), "H200")
+    row, adapter = ranking.accepted[0]
+    assert row.name == "SdpaFwdDslSm90", declines.get("SdpaFwdDslSm90")
+    p = adapter.validated_params()
+    assert (p.paged_block_k, p.paged_block_v) == (block_size, block_size) and p.paged and p.has_seqused
+    assert block_size % p.tile_n == 0 and p.tile_n % 16 == 0  # every key tile inside one block
+    default = sm90.default_knobs(d, d)["tile_n"]
+    assert p.tile_n == sm90.paged_tile_n(default, (block_size,))
+    assert p.pack_gqa  # Hq/Hkv = 4 share one K/V stream, decode and prefill alike
+    if sq > 1:
+        assert p.bottom_right and p.has_window_left and p.has_window_right
+    names = fwd_arg_names(p)
+    assert names.index("k_table") < names.index("v_table") and names[-2:] == ["max_seqlen_kv", "stream"]
+
+
+def test_the_wgmma_forward_serves_sinks_and_mixed_block_sizes():
+    """Sinks and K / V containers of different block sizes: the key tile divides both."""
+    from frost.lowering.lower import rank
+
+    blocks = {"k": 64, "v": 128}
+    g = frost.pygraph(io_data_type=frost.data_type.BFLOAT16)
+    q = g.tensor(name="Q", dim=(2, 8, 40, 128), stride=(8 * 40 * 128, 128, 8 * 128, 1))
+    k, v = (g.tensor(name=f"c{n}", dim=(40, 2, blocks[n], 128), stride=(2 * blocks[n] * 128, 128, 2 * 128, 1))
+            for n in ("k", "v"))
+    kt = g.tensor(name="kt", dim=(2, 1, 8, 1), stride=(8, 8, 1, 1), data_type=frost.data_type.INT32)
+    vt = g.tensor(name="vt", dim=(2, 1, 4, 1), stride=(4, 4, 1, 1), data_type=frost.data_type.INT32)
+    lq, lk = (g.tensor(name=n, dim=(2, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
+              for n in ("lq", "lk"))
+    sink = g.tensor(name="sink", dim=(1, 8, 1, 1), stride=(8, 1, 1, 1), data_type=frost.data_type.FLOAT)
+    o, _ = g.sdpa(q, k, v, attn_scale=0.1, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk, sink_token=sink,
+                  use_causal_mask_bottom_right=True, paged_attention_k_table=kt, paged_attention_v_table=vt,
+                  paged_attention_max_seq_len_kv=512)
+    o.set_output(True)
+    ranking = rank(g.validate().facts, fake_target("H200"))
+    row, adapter = ranking.accepted[0]
+    assert row.name == "SdpaFwdDslSm90", dict(ranking.declines).get("SdpaFwdDslSm90")
+    p = adapter.validated_params()
+    assert (p.paged_block_k, p.paged_block_v, p.tile_n) == (64, 128, 64) and p.has_sinks
+
+
+def test_wgmma_key_tiles_must_divide_the_block():
+    p = sm90.Sm90FwdParams(head_dim=128, head_dim_v=128, has_seqused=True, paged_block_k=64, paged_block_v=64)
+    assert p.tile_n == 128
+    with pytest.raises(TemplateParamsError, match="tile_n=128 must divide the k container's block size 64"):
+        sm90.validate(p)
+    with pytest.raises(TemplateParamsError, match="dense"):
+        sm90.validate(p.model_copy(update={"tile_n": 64, "has_seqused": False}))
+    with pytest.raises(TemplateParamsError, match="both set"):
+        sm90.validate(p.model_copy(update={"tile_n": 64, "paged_block_v": 0}))
+    sm90.validate(p.model_copy(update={"tile_n": 64}))
+    assert sm90.PAGED_BLOCK_SIZES == (64, 128, 256)
+    assert [sm90.paged_tile_n(t, (64, 128)) for t in (128, 112, 80, 64, 32)] == [64, 64, 64, 64, 32]
+    assert [sm90.paged_tile_n(t, (256,)) for t in (128, 112, 80)] == [128, 64, 64]
+
+
+def test_a_requested_key_tile_that_straddles_blocks_declines_the_wgmma_forward():
+    from frost.knobs import Knobs
+    from frost.lowering.lower import rank
+
+    ranking = rank(_facts(64, d=128), fake_target("H200"), Knobs(tile_n=128))
+    assert "must divide the k container's block size 64" in dict(ranking.declines)["SdpaFwdDslSm90"]
+
+
+@pytest.mark.slow
+def test_the_paged_wgmma_forward_compiles_with_no_more_spills_than_dense(tmp_path):
+    """Each paged case of the wgmma covering set beside the same kernel over dense K and V: wgmma and TMA, no
+    local memory or ptxas spill beyond the dense kernel's, and the block tables read on the device."""
+    from frost.engines.sm90.sdpa_fwd import kernel_name
+
+    dense = [dict(kw, paged_block_k=0, paged_block_v=0) for kw in SM90_FWD_PAGED_COVER]
+    specs = [(SM90_FWD_TEMPLATE, SM90_PARAMS, kw, None) for kw in SM90_FWD_PAGED_COVER + dense]
+    n = len(SM90_FWD_PAGED_COVER)
+    groups = [("sm_90a", specs[:n]), ("sm_90a", specs[n:])]
+    outs, bases = compile_groups(groups, tmp_path, ptxas=True)
+    for kw, out, base in zip(SM90_FWD_PAGED_COVER, outs, bases):
+        name = kernel_name(sm90.Sm90FwdParams(**kw), "sm_90a")
+        assert "_pg" in name and out["name"] == name and out["entries"] == [name]
+        assert out["target"] == ["sm_90a"] and out["wgmma_mma_async"] > 0 and out["tma"] > 0
+        assert out["local"] <= base["local"], (name, out["local"], base["local"])
+        assert out["length_loads"] > base["length_loads"], (name, out["length_loads"], base["length_loads"])
+        if out["ptxas"] is not None:
+            assert out["spill_bytes"] <= base["spill_bytes"], (name, out["ptxas"], base["ptxas"])

@@ -17,8 +17,7 @@ from frost.errors import GraphError
 from frost.target import fake_target
 from test import oracle
 
-ENGINE_SAYS = "the wgmma forward does not yet"
-MMA_SYNC_SAYS = "serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block size 32"
+SIZES_SAY = "serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block size 32"
 
 
 def _tables(b, blocks_per_seq, num_blocks, gen, *, transposed=True):
@@ -250,9 +249,8 @@ def test_dsl_engines_decline_naming_the_feature_and_the_reference_serves_it_on_t
         facts = _declare().validate().facts  # facts judge nothing: rank them for the fake device
         ranking = rank(facts, fake_target(target))
         declines = dict(ranking.declines)
-        for name in dsl:
-            assert "does not serve paged_attention" in declines[name] and ENGINE_SAYS in declines[name]
-        assert declines["SdpaFwdDslSm80"] == MMA_SYNC_SAYS  # block size 32: below the mma.sync forward's key tiles
+        for name in dsl + ("SdpaFwdDslSm80",):  # block size 32: below the DSL forwards' key tiles
+            assert declines[name] == SIZES_SAY
         accepted = [row.name for row, _ in ranking.accepted]
         assert accepted in ([], ["SdpaFwdCudnn"])  # the cuDNN engine where its binding loads, else nothing
         assert "paged" not in declines.get("SdpaFwdCudnn", "")  # never for the paged cache itself
@@ -279,8 +277,9 @@ def test_cudnn_rows_serve_paged_forwards():
 
     fwd = {r.name: r for r in rows_for("fwd")}
     assert "paged_attention" in fwd["SdpaFwdCudnn"].features and "paged_attention" in fwd["SdpaFwdReference"].features
-    assert "paged_attention" not in fwd["SdpaFwdDslSm90"].features
-    assert all("paged_attention" in fwd[n].features for n in ("SdpaFwdDslSm80", "SdpaFwdDslSm120"))
+    assert "paged_attention" not in fwd["SdpaFwdDslSm100"].features  # no SM100 kernels yet
+    assert all("paged_attention" in fwd[n].features and fwd[n].paged_block_sizes == (64, 128, 256)
+               for n in ("SdpaFwdDslSm80", "SdpaFwdDslSm120", "SdpaFwdDslSm90"))
 
 
 def test_paged_caches_take_dense_queries_not_the_packed_form():

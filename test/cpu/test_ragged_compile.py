@@ -32,7 +32,7 @@ def test_argument_lists_take_offsets_lengths_stats_offsets_and_token_envelopes()
     names = fwd_arg_names(p)
     assert names[names.index("cu_seqlens_q"):names.index("softmax_scale")] == [
         "cu_seqlens_q", "cu_seqlens_kv", "seqused_q", "seqused_kv", "lse_offsets"]
-    assert names[-4:] == ["max_seqlen_q", "total_q", "total_kv", "stream"]
+    assert names[-5:] == ["max_seqlen_q", "max_seqlen_kv", "total_q", "total_kv", "stream"]
     per_batch = Sm80FwdParams(**cases.RAGGED_MMA_FWD_COVER["sm_80"][1])
     assert "lse_offsets" not in fwd_arg_names(per_batch) and per_batch.stats_per_batch
     b = Sm80BwdParams(**cases.RAGGED_MMA_BWD_COVER["sm_80"][0])

@@ -335,7 +335,7 @@ def test_chain_argument_lists_follow_the_contract_order():
                                    "dq_semaphore", "dsink_partial", "stream"]
     assert chain["main"] == ["q", "k", "v", "do", "lse", "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "dpsum",
                              "dq_accum", "dq_semaphore", "softmax_scale", "window_left", "window_right",
-                             "max_seqlen_kv", "stream"]
+                             "max_seqlen_q", "max_seqlen_kv", "stream"]
     assert chain["postprocess"] == ["dq", "dsinks", "dq_accum", "dsink_partial", "softmax_scale", "stream"]
     values = {n: n for names in chain.values() for n in names}
     bound = chain_args(bwd_chain(p), values)

@@ -69,6 +69,7 @@ def test_validator_declines_what_the_template_lacks():
                         (dict(tile_m=80, dq_fragments=True), "serialize"),
                         (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
                         (dict(tile_m=80, dq_red=True, dq_fragments=False), "transposes"),
+                        (dict(tile_m=80, head_dim=128, head_dim_v=64, dq_fragments=False), "head_dim_v == head_dim"),
                         (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),
                         (dict(tile_m=64, dq_fragments=True, is_thd=True, has_seqused=True, token_div_q=512,
                               token_div_kv=512), "ragged-offset form"),
@@ -134,6 +135,9 @@ def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     assert not default_knobs(128, 128, tile_m=80)["rows_warp"] and not default_knobs(120, 120)["rows_warp"]
     assert not default_knobs(112, 112, banded=True)["rows_warp"] and not default_knobs(80, 80, packed=True)["rows_warp"]
     assert not default_knobs(128, 64)["rows_warp"] and not default_knobs(80, 64)["rows_warp"]
+    # 80 rows only with equal head dims: d_qk = 128 over d_v = 64 on 80 rows was wrong on the H200 (run 20)
+    assert default_knobs(128, 64, packed=True)["tile_m"] == 64 and default_knobs(120, 64)["tile_m"] == 64
+    assert default_knobs(112, 112, packed=True)["tile_m"] == 80 and default_knobs(120, 120)["tile_m"] == 80
     assert default_knobs(128, 128, banded=True)["tile_m"] == 64 and default_knobs(128, 128, banded=True)["dq_fragments"]
     assert default_knobs(64, 64)["dq_fragments"] and default_knobs(96, 96)["dq_fragments"]
     # packed tiles up to 64 wide add dQ in fragment order as well (each sequence's own tiles), but not in cuDNN's

@@ -186,3 +186,25 @@ def test_device_check_agrees_with_the_host_rules(engine):
                 "kv": t["cu_seq_len_kv" if case.thd else "seq_len_kv"].view(-1).tolist()}
         env = check._envelope(t["q"], t["k"])
         assert flag.item() == lc.host_flag(check.p, lens, [], env), name
+
+
+# a packed length above its declared maximum is capped at it (the padded form's rule: a length is clamped to S):
+# entry 1 spans 47 query tokens (max_seq_len_q = 40) and 60 keys (max_seq_len_kv = 50)
+CAPPED = Case(thd=True, batch=3, hq=4, hkv=2, d=64, dtype=torch.bfloat16, lens_q=(20, 40, 7), lens_kv=(30, 10, 50),
+              extra_q=5, extra_kv=2, mask=(("use_causal_mask", True),))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_packed_lengths_above_the_declared_maximum_are_capped_at_it(engine):
+    from test import oracle
+
+    g, pack, t, guarded = _graph(CAPPED, "fwd", engine)
+    t["cu_seq_len_q"].copy_(torch.tensor([0, 20, 67, 67], dtype=torch.int32))
+    t["cu_seq_len_kv"].copy_(torch.tensor([0, 30, 90, 90], dtype=torch.int32))
+    g.execute(pack, guarded.workspace(g.get_workspace_size()))
+    assert guarded.intact()
+    o = next(x for h, x in pack.items() if h.is_output and x.shape[-1] == CAPPED.d)  # O, not Stats
+    # what the kernels compute: entry 1 as its first 40 queries against its first 50 keys
+    want, _ = oracle.attention(t["q"][:60].cpu(), t["k"][:80].cpu(), t["v"][:80].cpu(), scale=CAPPED.attn_scale,
+                               cu_seq_len_q=[0, 20, 60], cu_seq_len_kv=[0, 30, 80], causal=True)
+    oracle.assert_close_to_oracle(o[:60], want, rel=2e-2, name=f"{engine} capped packed lengths")

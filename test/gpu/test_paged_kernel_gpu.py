@@ -1,13 +1,15 @@
-"""The mma.sync forward (`engine="sm80"`) reading cuDNN's paged K/V cache through its block tables, on a GPU:
-against the float64 gather-then-attend oracle of test/cpu/test_paged_kv.py (block sizes 64, 128, 256; GQA,
-bottom-right causal, decode, windows, sinks, empty sequences), and a CUDA-graph replay after a new table and new
-lengths are written into the same tensors. Run: python3 -m pytest -q -m gpu test/gpu/test_paged_kernel_gpu.py
+"""The mma.sync forward (`engine="sm80"`) and, on cc 9.0, the wgmma forward (`engine="sm90"`) reading cuDNN's
+paged K/V cache through its block tables, on a GPU: against the float64 gather-then-attend oracle of
+test/cpu/test_paged_kv.py (block sizes 64, 128, 256; GQA, bottom-right causal, decode, chunked prefill, windows,
+sinks, empty sequences), and a CUDA-graph replay after a new table and new lengths are written into the same
+tensors. Run: python3 -m pytest -q -m gpu test/gpu/test_paged_kernel_gpu.py
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
+from test import oracle
 from test.cpu.test_paged_kv import _close, _oracle, _paged
 
 pytestmark = pytest.mark.gpu
@@ -15,13 +17,34 @@ pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
 
 
-def _on_gpu(g, pack, x):
-    """The variant pack on the GPU, and the graph built on the mma.sync forward."""
+def _on_gpu(g, pack, x, engine="sm80"):
+    """The variant pack on the GPU, and the graph built on the mma.sync (`sm80`) or wgmma (`sm90`) forward."""
     dev = {t: v.cuda() for t, v in pack.items()}
     g.validate()
-    g.build_plans(engine="sm80")
-    assert g.engine_name == "SdpaFwdDslSm80", g.engine_name
+    g.build_plans(engine=engine)
+    assert g.engine_name == {"sm80": "SdpaFwdDslSm80", "sm90": "SdpaFwdDslSm90"}[engine], g.engine_name
     return dev
+
+
+def _needs_sm90():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma forward runs on cc 9.0 only")
+
+
+def _close_to_oracle(x, ref, name):
+    """O (every row: those past seq_len_q are zeros in both) and the LSE of the rows inside each sequence, against
+    the float64 oracle (`oracle.assert_close_to_oracle`: norm-relative and per-element bounds)."""
+    o, lse = ref
+    valid = torch.zeros(lse.shape, dtype=torch.bool)
+    for i, n in enumerate(x["lens_q"]):
+        valid[i, :, :n] = True
+    oracle.assert_close_to_oracle(x["out"], o, rel=2e-2, name=f"{name} O", io_dtype=BF16)
+    oracle.assert_close_to_oracle(x["lse"][..., 0][valid], lse[valid], rel=1e-3, max_abs=2e-2, name=f"{name} LSE")
+
+
+def _workspace(g):
+    """The plan's workspace (a decode over a long cache may be split: its partials live there)."""
+    return torch.empty(max(g.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
 
 
 def _outputs(pack, dev, x):
@@ -51,7 +74,7 @@ def test_paged_forward_matches_gather_then_attend(block_size, d, case):
     g, pack, x = _paged((4, 8, 7, d), 2, d, block_size, 700, lens_q, lens_kv, dtype=BF16, sink=sink,
                         seed=block_size + d, **kw)
     dev = _on_gpu(g, pack, x)
-    g.execute(dev, None)
+    g.execute(dev, _workspace(g))
     _close(_outputs(pack, dev, x), _oracle(x, **mask), 2e-2)
 
 
@@ -62,13 +85,14 @@ def test_decode_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths():
     g, pack, x = _paged((3, 8, 1, 128), 2, 128, 64, 320, lens_q, lens_kv, dtype=BF16, spare_blocks=20,
                         use_causal_mask_bottom_right=True)
     dev = _on_gpu(g, pack, x)
+    ws = _workspace(g)
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        g.execute(dev, None)
+        g.execute(dev, ws)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
-        g.execute(dev, None)
+        g.execute(dev, ws)
     key = {name: next(t for t, v in pack.items() if v is x[name]) for name in ("kt", "vt")}
     lk = next(t for t, v in pack.items() if v.dtype == torch.int32 and v.numel() == 3 and v.flatten()[0] == 300)
     new_lens = [17, 320, 0]
@@ -81,3 +105,76 @@ def test_decode_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths():
     x["lens_kv"] = new_lens
     graph.replay()
     _close(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), 2e-2)
+
+
+# the wgmma forward (cc 9.0) ------------------------------------------------------------------------------------
+SM90_SHAPES = {
+    # (q dims (B, Hq, S_q, d), S_kv envelope, lens_q, lens_kv): prefill, decode, empty, one whole block
+    "prefill": ((4, 8, 7, None), 700, [7, 1, 0, 5], [700, 33, 0, None]),
+    # chunked prefill: several query tiles per sequence against a longer cache (bottom-right aligned)
+    "chunked": ((3, 8, 300, None), 1100, [300, 129, 1], [1100, 600, 1]),
+}
+
+
+@pytest.mark.parametrize("block_size", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("shape", list(SM90_SHAPES))
+def test_sm90_paged_forward_matches_the_oracle(block_size, d, case, shape):
+    """GQA 8:2 (packed into the M tile) with every band of CASES, sinks, ragged and empty sequences; d=80 pads its
+    tiles to 96 columns."""
+    _needs_sm90()
+    kw, mask, sink = CASES[case]
+    dims, max_kv, lens_q, lens_kv = SM90_SHAPES[shape]
+    lens_kv = [block_size if n is None else n for n in lens_kv]
+    g, pack, x = _paged((*dims[:3], d), 2, d, block_size, max_kv, lens_q, lens_kv, dtype=BF16, sink=sink,
+                        seed=block_size + d, **kw)
+    dev = _on_gpu(g, pack, x, "sm90")
+    g.execute(dev, None)
+    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, **mask), f"sm90 {shape} {case} bs{block_size} d{d}")
+
+
+@pytest.mark.parametrize("block_size", [64, 128, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (32, 8), (8, 1)])
+def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
+    """Decode (one query row per sequence): the query heads of a K/V head packed into one M tile."""
+    _needs_sm90()
+    lens_kv = [1000, 1, 0, 257, block_size]
+    g, pack, x = _paged((5, hq, 1, 128), hkv, 128, block_size, 1000, [1] * 5, lens_kv, dtype=BF16,
+                        seed=block_size + hq, use_causal_mask_bottom_right=True)
+    dev = _on_gpu(g, pack, x, "sm90")
+    g.execute(dev, None)
+    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 decode bs{block_size}")
+
+
+@pytest.mark.parametrize("sq", [1, 40])
+def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq):
+    """Captured once; a replay after a new table and new lengths (keys and query rows) are copied into the same
+    device tensors gives the oracle's answer for those values (nothing about them is read on the host)."""
+    _needs_sm90()
+    lens_q, lens_kv = [sq, sq, 1], [300, 64, 5]
+    g, pack, x = _paged((3, 8, sq, 128), 2, 128, 64, 320, lens_q, lens_kv, dtype=BF16, spare_blocks=20,
+                        use_causal_mask_bottom_right=True)
+    dev = _on_gpu(g, pack, x, "sm90")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        g.execute(dev, None)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        g.execute(dev, None)
+    key = {name: next(t for t, v in pack.items() if v is x[name]) for name in ("kt", "vt")}
+    lq, lk = (next(t for t, v in pack.items() if v.dtype == torch.int32 and v.numel() == 3
+                   and v.flatten().tolist() == lens) for lens in (lens_q, lens_kv))
+    new_q, new_kv = [max(1, sq // 2), sq, 0], [17, 320, 0]
+    num_blocks = x["kc"].shape[0]
+    for name in ("kt", "vt"):  # other blocks of the pool, in another order
+        fresh = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(7))[:x[name].numel()]
+        x[name] = fresh.to(torch.int32).reshape(x[name].shape)
+        dev[key[name]].copy_(x[name])
+    dev[lk].copy_(torch.tensor(new_kv, dtype=torch.int32).reshape(3, 1, 1, 1))
+    dev[lq].copy_(torch.tensor(new_q, dtype=torch.int32).reshape(3, 1, 1, 1))
+    x["lens_q"], x["lens_kv"] = new_q, new_kv
+    dev[next(t for t, v in pack.items() if v is x["out"])].fill_(float("nan"))  # poison: every row is written
+    graph.replay()
+    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 replay sq{sq}")

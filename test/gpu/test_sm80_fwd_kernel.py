@@ -183,7 +183,7 @@ def run_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_
     if p.has_window_right:
         args.append(wr)
     if p.is_thd:
-        args.append(max(lens_q) if lens_q else 0)
+        args += [max(lens_q) if lens_q else 0, max(lens_kv) if lens_kv else 0]
     args.append(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
     ck(*args)
     torch.cuda.synchronize()
@@ -312,9 +312,9 @@ def test_thd_cuda_graph_replay_new_lengths(kernels):
     s.wait_stream(torch.cuda.current_stream())
     g = torch.cuda.CUDAGraph()
     with torch.cuda.stream(s):
-        ck(q, k, v, o, lse, cu_q, cu_k, scale, 0, T, s.cuda_stream)  # warm
+        ck(q, k, v, o, lse, cu_q, cu_k, scale, 0, T, T, s.cuda_stream)  # warm
         with torch.cuda.graph(g, stream=s):
-            ck(q, k, v, o, lse, cu_q, cu_k, scale, 0, T, s.cuda_stream)
+            ck(q, k, v, o, lse, cu_q, cu_k, scale, 0, T, T, s.cuda_stream)
     torch.cuda.synchronize()
     for lens in ([600, 0, 0], [1, 598, 1], [250, 0, 350]):  # same batch, new lengths
         new = _cu(lens)
@@ -385,7 +385,7 @@ def run_nan_padding_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=No
     args = [q, k, v, o] + [lse] * p.has_lse + ([cu_q, cu_k] if p.is_thd else []) + ([su_q, su_k] if p.has_seqused
                                                                                       else [])
     args += [sinks] * p.has_sinks + [scale] + [wl] * p.has_window_left + [wr] * p.has_window_right
-    args += [max(lens_q)] if p.is_thd else []
+    args += [max(lens_q), max(lens_kv)] if p.is_thd else []
     ck(*args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
 

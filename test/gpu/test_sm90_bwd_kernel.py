@@ -142,6 +142,9 @@ HEAD_DIM_CASES = [
     Case("hd_thd_d192v64_causal", _p(d=192, dv=64, is_thd=True, has_window_right=True),
          thd_lens=[(70, 300), (200, 90), (1, 1)], wr=0),
     Case("hd_thd_d112_plain", _p(d=112, is_thd=True), thd_lens=[(77, 77), (1, 1), (200, 150), (0, 0), (129, 64)]),
+    # d_qk over d_v on packed tiles: 64 rows (80 rows gave wrong gradients on the H200, run 20)
+    Case("hd_thd_d128v64_gqa", _p(d=128, dv=64, hq=6, hk=3, is_thd=True),
+         thd_lens=[(100, 130), (0, 17), (257, 200), (64, 1)]),
 ]
 
 #: new lengths for the replay of each case (the same totals; keys within the captured max_seqlen_kv)

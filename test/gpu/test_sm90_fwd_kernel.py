@@ -96,7 +96,7 @@ def make_args(c: K, seed=0):
         args.append(c.wr)
         ref_kw["window_right"] = c.wr
     if c.thd is not None:
-        args.append(max(a for a, _ in c.thd))
+        args += [max(a for a, _ in c.thd), max(b for _, b in c.thd)]
     args.append(torch.cuda.current_stream().cuda_stream)
     ref_kw["bottom_right"] = c.br
     return args, (q, k, v), ref_kw, o, lse

@@ -20,6 +20,12 @@ def table_row(mTable: cute.Tensor, batch: Int32) -> cute.Tensor:
 
 
 @cute.jit
+def block_of(table: cute.Tensor, index, num_blocks) -> Int32:
+    """Entry `index` of a table row (`table_row`), clamped to the container's `num_blocks` blocks."""
+    return seqlen.clamp(table[index], Int32(0), num_blocks - 1)
+
+
+@cute.jit
 def key_tile(mX: cute.Tensor, table: cute.Tensor, head: Int32, n_block: Int32, tile_n: cutlass.Constexpr[int],
              block_size: cutlass.Constexpr[int], cols: cutlass.Constexpr[int]) -> cute.Tensor:
     """The (tile_n, cols) global view of key tile `n_block` of one head of container `mX` (num_blocks,

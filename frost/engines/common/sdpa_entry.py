@@ -187,6 +187,9 @@ class FakeArgs:
                 return self._bias(p.dbias_accum_per_batch and not p.dbias_sum_batch,
                                   p.dbias_accum_per_head and not p.dbias_sum_heads)
             return self._bias(p.bias_per_batch, p.bias_per_head)
+        if name in ("o_partial", "lse_partial"):  # split-KV partials: compact fp32 workspace views
+            rows = (p.num_splits, self.batch, hq, self.rows_q)
+            return self.compact(Float32, rows + (dv,) if name == "o_partial" else rows, align=16)
         if name == "stream":
             return cute.runtime.make_fake_stream()
         if name in _SCALARS:

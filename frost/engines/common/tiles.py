@@ -39,14 +39,15 @@ def extents(mQ, mK, is_thd: bool) -> tuple:
 
 
 @cute.jit
-def sequence(p: cutlass.Constexpr, batch: Int32, static_q: Int32, static_k: Int32, lengths, max_q=None) -> Sequence:
+def sequence(p: cutlass.Constexpr, batch: Int32, static_q: Int32, static_k: Int32, lengths, max_q=None,
+             max_k=None) -> Sequence:
     """Batch entry `batch`'s `Sequence`: its offsets and lengths from the device lengths where the form has them
     (`lengths`: the packed prefix sums of q and k, then their used lengths, each None where absent; params `p`'s
     `token_div_q` / `token_div_kv` for cuDNN's element offsets), clamped to the extents `static_q` / `static_k`
-    (`seqlen.seqlen_info`; `max_q`: a plan-time bound on the query length as well)."""
+    (`seqlen.seqlen_info`; `max_q` / `max_k`: the bounds each length is also held to, or None)."""
     cu_q, cu_k, used_q, used_k = lengths
     off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(batch, static_q, static_k, cu_q, cu_k, used_q, used_k,
-                                                          p.token_div_q, p.token_div_kv, max_q)
+                                                          p.token_div_q, p.token_div_kv, max_q, max_k)
     return Sequence(off_q, off_k, seqlen_q, seqlen_k, static_q, static_k)
 
 

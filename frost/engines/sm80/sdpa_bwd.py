@@ -180,9 +180,12 @@ class SdpaBwdSm80:
         scale = Float32(a["softmax_scale"])
         # P's exp2 factor: with score modifiers the logits arrive scaled (score_mod)
         scale_log2 = Float32(LOG2_E) if cutlass.const_expr(self.p.has_score_mods) else scale * LOG2_E
+        maxima = (None, None)  # the packed form's envelopes, each length is capped at
+        if cutlass.const_expr(self.p.is_thd):
+            maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         kernel(
             self, a["q"], mK, a["v"], a["do"], a["lse"], a["dk"], a["dv"],
-            a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"),
+            a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"), maxima,
             a.get("lse_offsets"), (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
             a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("bias"), a.get("dbias"),
             a.get("dbias_accum"), scale, scale_log2, a.get("window_left"), a.get("window_right"),
@@ -302,6 +305,7 @@ def kernel(
     mCuK,
     mUsedQ,
     mUsedK,
+    maxima,
     mLseOff,
     mOwnOff,
     mdPsum: cute.Tensor,
@@ -335,8 +339,8 @@ def kernel(
     grid_x = grid_extent(p.grid_order, "key")
     c = _setup(cfg, tidx, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, g2s_qk, g2s_vdo, s2g_k, s2g_v,
                mma_sdp, mma_dkv, mma_dq, Storage)
-    s = _sequence(cfg, mQ, mK, mCuQ, mCuK, mUsedQ, mUsedK, batch, head_kv, bx, grid_x, window_left, window_right,
-                  mLseOff, mSem)
+    s = _sequence(cfg, mQ, mK, (mCuQ, mCuK, mUsedQ, mUsedK, maxima[0], maxima[1]), batch, head_kv, bx, grid_x,
+                  window_left, window_right, mLseOff, mSem)
     # the ragged form's io tensors with offsets of their own, rebased onto their group leader's (q's, k's) and
     # clamped so the sequence's rows fit
     mV, mdO, mdK, mdV = (own_rows(p, role, mX, off, batch, *((s.offset_q, s.seqlen_q, s.static_q) if role == "do"
@@ -472,17 +476,20 @@ def _setup(cfg: cutlass.Constexpr, tidx: Int32, sQ_layout, sdO_layout, sK_layout
 
 
 @cute.jit
-def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, mCuQ, mCuK, mUsedQ, mUsedK, batch: Int32,
+def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, lengths, batch: Int32,
               head_kv: Int32, bx: Int32, grid_x: Int32, window_left, window_right, mLseOff=None,
               mSem=None) -> _Sequence:
-    """This CTA's sequence record: offsets, lengths (clamped to the envelope, `seqlen_info`), the mask's diagonal,
-    its key tiles and accumulator copy."""
+    """This CTA's sequence record: offsets, lengths (clamped to the envelope, `seqlen_info`; `lengths`: the device
+    lengths and the packed form's (max_seqlen_q, max_seqlen_kv) they are capped at), the mask's diagonal, its key
+    tiles and accumulator copy."""
     p = cfg.p
+    mCuQ, mCuK, mUsedQ, mUsedK, max_q, max_k = lengths
     static_q, static_k = tiles.extents(mQ, mK, p.is_thd)
-    turn_rows = None  # cuDNN's ragged form: per (batch, head) turn counters for the longest sequence's tiles only
     if cutlass.const_expr(p.ragged and uses_turns(p)):
+        # cuDNN's ragged form: per (batch, head) turn counters for the longest sequence's tiles only
         turn_rows = turns.ragged_tiles(mSem.shape[0], grid_extent(p.grid_order, "batch"), p.num_heads_q) * cfg.bm
-    seq = tiles.sequence(p, batch, static_q, static_k, (mCuQ, mCuK, mUsedQ, mUsedK), turn_rows)
+        max_q = cutlass.min(max_q, turn_rows)
+    seq = tiles.sequence(p, batch, static_q, static_k, (mCuQ, mCuK, mUsedQ, mUsedK), max_q, max_k)
     offset_q, offset_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
     offset_lse = offset_q
     if cutlass.const_expr(mLseOff is not None):

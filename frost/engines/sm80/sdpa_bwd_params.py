@@ -190,7 +190,7 @@ def _warp_tiles(p: Sm80BwdParams) -> tuple:
 
 def main_args(p: Sm80BwdParams) -> list[str]:
     """q, k, v, do, lse, dk, dv, lengths, bias?, dbias? (written directly), dpsum, dq_accum, dq_semaphore?,
-    dbias_accum?, scale, windows, max_seqlen_kv?, stream."""
+    dbias_accum?, scale, windows, max_seqlen_q? and max_seqlen_kv? (packed), stream."""
     args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p)
     args += ["bias"] * p.has_bias + ["dbias"] * (p.has_dbias and not p.dbias_accum)
     args += ["dpsum", "dq_accum"] + (["dq_semaphore"] if uses_turns(p) else []) + ["dbias_accum"] * p.dbias_accum
@@ -199,8 +199,8 @@ def main_args(p: Sm80BwdParams) -> list[str]:
         args.append("window_left")
     if p.has_window_right:
         args.append("window_right")
-    if p.is_thd:
-        args.append("max_seqlen_kv")
+    if p.is_thd:  # the packed form's envelopes: each length is capped at its own
+        args += ["max_seqlen_q", "max_seqlen_kv"]
     return args + ragged_totals(p) + ["stream"]
 
 

@@ -37,8 +37,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from frost.engines.common import acc_layout, mask, paged, rows, score_mod, seqlen, softmax, tiles
+from frost.engines.common import acc_layout, gqa_rows, mask, paged, rows, score_mod, seqlen, softmax, tiles
 from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
+from frost.engines.common.split_combine_params import key_split_range
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm80 import warp_mma
@@ -57,6 +58,10 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     ) if on] + ragged_tags(p)
     if p.paged:  # paged K/V: the containers' block sizes
         flags.append(f"pg{p.paged_block_k}" + (f"v{p.paged_block_v}" if p.paged_block_v != p.paged_block_k else ""))
+    if p.pack_gqa:  # the query heads of a KV group share the query tiles
+        flags.append("pk")
+    if p.split:  # split-KV: fp32 partials per split (the combine kernel reduces them)
+        flags.append(f"sp{p.num_splits}")
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
     parts = ["frost_sdpa_fwd", p.family, p.dtype, d, heads, *flags,
              f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}"]
@@ -74,7 +79,8 @@ def build(params: Sm80FwdParams, arch: str):
 
 class _Globals(NamedTuple):
     """The kernel's global tensors (None where a flavor does not take one): Q, K, V, O, Stats, (score_max,
-    score_sum_exp), sinks, the bias, the block mask, a paged cache's (K table, V table, S_kv envelope)."""
+    score_sum_exp), sinks, the bias, the block mask, a paged cache's (K table, V table, S_kv envelope), split-KV's
+    workspace partials (O, LSE)."""
 
     mQ: Any
     mK: Any
@@ -86,6 +92,7 @@ class _Globals(NamedTuple):
     mBias: Any
     mBlockMask: Any
     paged: Any
+    partial: Any
 
 
 class _Scores(NamedTuple):
@@ -121,6 +128,7 @@ class SdpaFwdSm80:
         self.num_threads = 32 * p.num_warps
         self.qpk = p.num_heads_q // p.num_heads_kv
         self.qpv = p.qhead_per_vhead  # V's group (K's unless num_heads_v is set)
+        self.rpq = p.rows_per_query  # tile rows per query position (GQA packing: the group's heads)
         self.d, self.dv = p.tile_head_dim, p.tile_head_dim_v  # the tiles' head-dim extents
         # column limits of the copies: the head dim where the tile is wider, else 0 (no column checks)
         self.cols_qk = p.head_dim if self.d != p.head_dim else 0
@@ -129,6 +137,10 @@ class SdpaFwdSm80:
         self.k_slices_qk = -(-p.head_dim // 16) if self.cols_qk else 0
         # every (m-tile, key tile) lies inside one 128x128 block of the block mask: one bit per tile
         self.block_mask_tiles = BLOCK_MASK_TILE % p.tile_m == 0 and BLOCK_MASK_TILE % p.tile_n == 0
+
+    def packed(self, n):
+        """`n` query positions in tile rows: times the group's heads when packed (no op traced otherwise)."""
+        return n * self.rpq if self.rpq > 1 else n
 
     # ------------------------------------------------------------------ host
     def _smem_layout(self, rows: int, d: int, stages: int | None):
@@ -179,18 +191,22 @@ class SdpaFwdSm80:
             m_blocks = (a["max_seqlen_q"] + (p.tile_m - 1)) // p.tile_m
         else:
             num_batch = a["q"].shape[0]
-            m_blocks = (a["q"].shape[1] + (p.tile_m - 1)) // p.tile_m
-        # an empty batch or zero lengths still launch a valid (idle) grid
-        grid = (cutlass.max(m_blocks, 1), p.num_heads_q, cutlass.max(num_batch, 1))
+            m_blocks = (self.packed(a["q"].shape[1]) + (p.tile_m - 1)) // p.tile_m
+        # an empty batch or zero lengths still launch a valid (idle) grid; split-KV: num_splits CTAs per m-tile
+        heads = p.num_heads_kv if const_expr(p.pack_gqa) else p.num_heads_q  # packed: one CTA row per KV group
+        grid = (cutlass.max(m_blocks, 1) * p.num_splits, heads, cutlass.max(num_batch, 1))
         scale = a["softmax_scale"]
         # the softmax's exp2 factor: with score modifiers the logits arrive scaled (score_mod)
         scale_log2 = Float32(softmax.LOG2_E) if const_expr(p.has_score_mods) else scale * softmax.LOG2_E
         g = a.get
+        maxima = (None, None)  # the packed form's envelopes, each length is capped at
+        if const_expr(p.is_thd):
+            maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         self.kernel(
             a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
-            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), g("sinks"), g("lse_offsets"), g("o_offsets"),
+            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), maxima, g("sinks"), g("lse_offsets"), g("o_offsets"),
             g("v_offsets"), (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
-            g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")),
+            g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")), (g("o_partial"), g("lse_partial")),
             scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"),
             g("window_right"), num_batch,
             sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
@@ -216,6 +232,7 @@ class SdpaFwdSm80:
         mCuK,
         mSuQ,
         mSuK,
+        maxima,
         mSinks,
         mLseOff,
         mOOff,
@@ -224,6 +241,7 @@ class SdpaFwdSm80:
         mBias,
         mBlockMask,
         mPaged,
+        mPartial,
         softmax_scale,
         scale_log2: Float32,
         window_left,
@@ -241,8 +259,9 @@ class SdpaFwdSm80:
     ):
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
-            self.cta(_Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask, mPaged),
-                     (mCuQ, mCuK, mSuQ, mSuK), mLseOff, (mOOff, mVOff, mScoreOffs),
+            self.cta(_Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask, mPaged,
+                              mPartial),
+                     (mCuQ, mCuK, mSuQ, mSuK, maxima[0], maxima[1]), mLseOff, (mOOff, mVOff, mScoreOffs),
                      _Scores(softmax_scale, scale_log2, window_left, window_right),
                      _Kit(sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
                           SharedStorage),
@@ -251,12 +270,18 @@ class SdpaFwdSm80:
     @cute.jit
     def cta(self, g: _Globals, lengths, mLseOff, mOwnOff, sc: _Scores, kit: _Kit, bx, head, batch):
         """Pick this CTA's m-tile of its (head, batch entry) and run it. `lengths`: the device lengths (packed
-        prefix sums, padded lengths; None where the form has none)."""
+        prefix sums, padded lengths; None where the form has none) and the packed form's envelopes
+        (max_seqlen_q, max_seqlen_kv) each length is capped at."""
         p = self.p
+        mCuQ, mCuK, mSuQ, mSuK, max_q, max_k = lengths
+        split = Int32(0)
+        if const_expr(p.split):  # split-KV: the m-tile's num_splits CTAs are neighbours in x
+            split = bx % p.num_splits
+            bx = bx // p.num_splits
         static_sq, static_sk = tiles.extents(g.mQ, g.mK, p.is_thd)
         if const_expr(p.paged):  # a container's rows are not a sequence's: the envelope bounds the key length
             static_sk = g.paged[2]
-        seq = tiles.sequence(p, batch, static_sq, static_sk, lengths)
+        seq = tiles.sequence(p, batch, static_sq, static_sk, (mCuQ, mCuK, mSuQ, mSuK), max_q, max_k)
         off_q, off_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
         off_lse = off_q  # ragged Stats start at their own offsets
         if const_expr(mLseOff is not None):
@@ -273,29 +298,37 @@ class SdpaFwdSm80:
         if const_expr(p.is_thd):
             m_block = (seqlen_q + (p.tile_m - 1)) // p.tile_m - 1 - bx
         else:
-            m_block = (static_sq + (p.tile_m - 1)) // p.tile_m - 1 - bx
+            m_block = (self.packed(static_sq) + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(g, sc, kit, m_block, head, batch, seq, (off_lse, off_o, off_v, off_scores))
+            self.tile(g, sc, kit, (m_block, split), head, batch, seq, (off_lse, off_o, off_v, off_scores))
 
     @cute.jit
-    def tile(self, g: _Globals, sc: _Scores, kit: _Kit, m_block, head, batch, seq: tiles.Sequence, offsets):
+    def tile(self, g: _Globals, sc: _Scores, kit: _Kit, at, head, batch, seq: tiles.Sequence, offsets):
         """One query tile: its key tiles from the last down (`step`), then O and the row statistics out
-        (`epilogue`). `offsets`: the first rows of Stats, O, V and score_max / score_sum_exp in their tensors."""
+        (`epilogue`; split-KV: this split's share of the key tiles, its partials out). `at`: (m-tile, split).
+        `offsets`: the first rows of Stats, O, V and score_max / score_sum_exp in their tensors."""
         p = self.p
-        mQ, _, _, mO, _, _, _, mBias, mBlockMask, _ = g
+        m_block, split = at
+        mQ, mO, mBias, mBlockMask = g.mQ, g.mO, g.mBias, g.mBlockMask
         softmax_scale, scale_log2, window_left, window_right = sc
         sQ_layout, sK_layout, sV_layout, _, copy_QK, copy_V, _, tiled_mma, SharedStorage = kit
         off_q, off_k, seqlen_q, seqlen_k, static_sq, _ = seq
         _, off_o, off_v, _ = offsets
         tidx, _, _ = cute.arch.thread_idx()
         head_kv = head // self.qpk
+        if const_expr(p.pack_gqa):  # `head` is the KV group
+            head_kv = head
         head_v = head_kv
         if const_expr(p.num_heads_v):
             head_v = head // self.qpv
-        # ---- per-sequence 2-D views (rows, d)
+        # ---- per-sequence 2-D views (rows, d); packed: rows (r, S) of the group's query heads
         d, dv = self.d, self.dv
-        mQ_s = rows.widen(rows.head_rows(mQ, head, batch, off_q, p.is_thd), d)
-        mO_s = rows.widen(rows.head_rows(mO, head, batch, off_o, p.is_thd), dv)
+        if const_expr(p.pack_gqa):
+            mQ_s = rows.widen(gqa_rows.pack_rows(mQ[batch, None, None, None], 0, 1, head, self.rpq), d)
+            mO_s = rows.widen(gqa_rows.pack_rows(mO[batch, None, None, None], 0, 1, head, self.rpq), dv)
+        else:
+            mQ_s = rows.widen(rows.head_rows(mQ, head, batch, off_q, p.is_thd), d)
+            mO_s = rows.widen(rows.head_rows(mO, head, batch, off_o, p.is_thd), dv)
         gQ = cute.local_tile(mQ_s, (p.tile_m, d), (m_block, 0))
         gO = cute.local_tile(mO_s, (p.tile_m, dv), (m_block, 0))
 
@@ -320,10 +353,7 @@ class SdpaFwdSm80:
 
         # ---- which key tiles to visit, which need masking
         offset = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
-        n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
-                                          window_left, window_right)
-        lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
-                                             window_left, window_right)
+        n_min, n_max, lo, hi = self.key_tiles(m_block, split, seqlen_q, seqlen_k, offset, window_left, window_right)
         a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
         b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
 
@@ -341,9 +371,9 @@ class SdpaFwdSm80:
             ctx.block_mask = mBlockMask[batch, head, None, None]
 
         # ---- prologue: cp.async groups [Q + K(b0)], then [V(b_s-1)], [K(b_s)] for s < S
-        q_rows = seqlen_q - m_block * p.tile_m  # rows of this tile inside the sequence
+        q_rows = self.packed(seqlen_q) - m_block * p.tile_m  # rows of this tile inside the sequence
         # rows this tile writes: to the sequence end (THD), to the static length (dense)
-        store_rows = q_rows if const_expr(p.is_thd) else static_sq - m_block * p.tile_m
+        store_rows = q_rows if const_expr(p.is_thd) else self.packed(static_sq) - m_block * p.tile_m
         self.prologue(ctx, (tQgQ, tQsQ, tQcQ), q_rows)
 
         # ---- main loop, last key tile first
@@ -359,7 +389,10 @@ class SdpaFwdSm80:
                 self.step(ctx, b_end - 1 - it, stage, True)
                 stage = self.next_stage(stage)
 
-        self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, r.num_rows, tidx)
+        if const_expr(p.split):
+            self.epilogue_partial(ctx, g, (split, head, batch), q_rows, store_rows, r.num_rows)
+        else:
+            self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, r.num_rows, tidx)
 
     @cute.jit
     def registers(self, kit: _Kit, sQ, sK, sVt, tidx):
@@ -442,6 +475,63 @@ class SdpaFwdSm80:
             cute.arch.cp_async_commit_group()
 
     @cute.jit
+    def key_tiles(self, m_block, split, seqlen_q, seqlen_k, offset, window_left, window_right):
+        """(n_min, n_max, lo, hi): the key tiles holding any allowed column of the query tile (this split's piece
+        of them, split-KV), and [lo, hi) those wholly allowed (packed tiles: over their query positions)."""
+        p = self.p
+        if const_expr(p.pack_gqa):
+            n_min, n_max, lo, hi = gqa_rows.packed_key_tiles(m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q,
+                                                             seqlen_k, offset, window_right)
+        else:
+            n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
+                                              window_left, window_right)
+            lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
+                                                 window_left, window_right)
+        if const_expr(p.split):  # this split's piece of the band's key tiles (cut from the actual lengths)
+            n_min, n_max = key_split_range(n_min, n_max, split, p.num_splits, cutlass.min)
+        return n_min, n_max, lo, hi
+
+    @cute.jit
+    def epilogue_partial(self, ctx, g: _Globals, at, q_rows, store_rows, num_rows):
+        """Split-KV: this split's O (normalized over its keys, fp32) and LSE (natural log, without the sink, which
+        the combine adds once) to the workspace partials, straight from the registers. A split that saw no key
+        writes O = 0, LSE = -inf; dense rows past the sequence the same. `at`: (split, head, batch entry)."""
+        p = self.p
+        split, head, batch = at
+        mOp, mLp = g.partial
+        thr_mma, acc_O, row_scale = ctx.thr_mma, ctx.acc_O, ctx.row_scale
+        cute.arch.cp_async_wait_group(0)
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        softmax.softmax_finalize(ctx.row_max, ctx.row_sum, ctx.scale_log2, row_scale, lse, None)
+        tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, self.dv))))
+        for r in cutlass.range_constexpr(num_rows):
+            if tOcO_mn[r, 0][0] >= q_rows:
+                row_scale[r] = Float32(0.0)
+                lse[r] = -Float32.inf
+        acc_O_mn = acc_layout.acc_as_mn(acc_O)
+        softmax.rescale_rows(acc_O_mn, row_scale)
+        # this tile's rows of the split's O, each row's slice taken once (its columns are unit-strided); the
+        # accumulator's (row, column) view, so every element is checked against the rows the tile writes
+        if const_expr(p.pack_gqa):
+            mOp_s = gqa_rows.pack_rows(mOp[split, batch, None, None, None], 1, 0, head, self.rpq)
+        else:
+            mOp_s = mOp[split, batch, head, None, None]
+        gO = cute.local_tile(mOp_s, (p.tile_m, self.dv), (ctx.m_block, 0))
+        for r in cutlass.range_constexpr(num_rows):
+            row = tOcO_mn[r, 0][0]
+            if row < store_rows:
+                gO_r = gO[row, None]
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    col = tOcO_mn[r, c][1]
+                    if const_expr(self.cols_v):
+                        if col < p.head_dim_v:
+                            gO_r[col] = acc_O_mn[r, c]
+                    else:
+                        gO_r[col] = acc_O_mn[r, c]
+        self.store_row_values(mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block,
+                              store_rows)
+
+    @cute.jit
     def epilogue(self, ctx, g: _Globals, kit: _Kit, sQ, gO, at, offsets, q_rows, store_rows, num_rows, tidx):
         """The tile's O (staged through sQ's smem) and row statistics out; rows past the sequence (dense) get
         O = 0, LSE = -inf. `at`: (head, batch entry)."""
@@ -459,11 +549,16 @@ class SdpaFwdSm80:
         sink = None
         if const_expr(p.has_sinks):
             sink = mSinks[head]
+            if const_expr(p.pack_gqa):  # each row's own query head of the group (tile_m is a multiple of r)
+                tc = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, dv))))
+                sink = cute.make_rmem_tensor(num_rows, Float32)
+                for r in cutlass.range_constexpr(num_rows):
+                    sink[r] = mSinks[head * self.rpq + tc[r, 0][0] % self.rpq]
         # the two halves of the LSE (cuDNN's score_max / score_sum_exp), where declared
         s_max = cute.make_rmem_tensor(num_rows, Float32) if const_expr(p.has_score_max) else None
         s_sum = cute.make_rmem_tensor(num_rows, Float32) if const_expr(p.has_score_sum_exp) else None
-        softmax.softmax_finalize(row_max, row_sum, scale_log2, row_scale, lse, sink, score_max=s_max,
-                                 score_sum_exp=s_sum)
+        softmax.softmax_finalize(row_max, row_sum, scale_log2, row_scale, lse, sink, p.pack_gqa and p.has_sinks,
+                                 score_max=s_max, score_sum_exp=s_sum)
         tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, dv))))
         if const_expr(not p.is_thd):
             for r in cutlass.range_constexpr(num_rows):
@@ -503,6 +598,8 @@ class SdpaFwdSm80:
         p = self.p
         if const_expr(p.is_thd and not p.stats_per_batch):
             mX_s = cute.domain_offset((off_row,), mX[head, None])
+        elif const_expr(p.pack_gqa):  # the group's rows (r, S): `head` is the KV group
+            mX_s = gqa_rows.pack_rows(mX[batch, None, None], 1, 0, head, self.rpq)
         else:
             mX_s = mX[batch, head, None]
         if tOcO_mn[0, 0][1] == 0:
@@ -641,7 +738,7 @@ class SdpaFwdSm80:
                                      check_cols=masked or p.is_thd)
         if const_expr(masked):
             mask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.m_block * p.tile_m, n_block * p.tile_n,
-                            c.seqlen_k, c.offset, c.window_left, c.window_right, True)
+                            c.seqlen_k, c.offset, c.window_left, c.window_right, True, self.rpq)
         element_bits = p.has_block_mask and not self.block_mask_tiles
         if const_expr(element_bits):  # tiles straddle 128x128 blocks: bit by bit
             mask.apply_block_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.block_mask, c.m_block * p.tile_m,

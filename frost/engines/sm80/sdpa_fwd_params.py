@@ -48,6 +48,9 @@ SMEM_BUDGET: dict[str, int] = {"sm80": 166912, "sm120": 101376}
 
 _ELEM_BYTES = {"bf16": 2, "fp16": 2}
 
+#: the most key-tile splits one forward takes (split-KV decode; the combine kernel unrolls over them)
+MAX_SPLITS = 128
+
 
 class TileHeadDims:
     """The tiles' head-dim extents of an mma.sync template (forward and backward alike)."""
@@ -85,15 +88,44 @@ class Sm80FwdParams(TileHeadDims, SdpaFeatureParams):
     tile_n: int = 64
     num_stages: int = 1
     num_warps: int = 4
+    # split-KV (a knob): each CTA walks one of this many pieces of its key tiles and writes an fp32 partial O and
+    # LSE to the workspace; a combine kernel (`frost.engines.common.split_combine`) reduces them into O and Stats
+    num_splits: int = 1
+    # GQA packing (a knob): one query tile holds the query heads of a KV group, row m of group g being query
+    # position m // r of head g * r + m % r (r = Hq / Hkv; `frost.engines.common.gqa_rows`)
+    pack_gqa: bool = False
 
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
 
     @property
+    def rows_per_query(self) -> int:
+        """Tile rows per query position: r = Hq / Hkv packed (`pack_gqa`), else 1."""
+        return self.num_heads_q // self.num_heads_kv if self.pack_gqa else 1
+
+    @property
+    def split(self) -> bool:
+        """The key tiles are cut into splits (partials in the workspace, then the combine kernel)."""
+        return self.num_splits > 1
+
+    @property
     def paged(self) -> bool:
         """K and V are read through block tables (cuDNN's paged cache)."""
         return self.paged_block_k > 0
+
+
+def pack_gqa_reason(p: Sm80FwdParams) -> str | None:
+    """Why the query heads of a KV group cannot share this forward's query tiles (None: they can)."""
+    r = p.num_heads_q // p.num_heads_kv
+    if r < 2:
+        return "needs more query heads than KV heads"
+    if p.tile_m % r:
+        return f"tile_m={p.tile_m} is not a multiple of the {r} query heads of a group"
+    if p.num_heads_v or p.is_thd or p.has_window_left or p.has_score_mods or p.has_block_mask:
+        return ("serves dense or paged (B, H, S, D) queries, V on K's heads, no left band bound, no bias, ALiBi or "
+                "block mask")
+    return None
 
 
 def smem_bytes(p: Sm80FwdParams) -> int:
@@ -142,6 +174,15 @@ def validate(p: Sm80FwdParams) -> None:
             if bs % p.tile_n != 0:
                 bad(f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile lies "
                     f"inside one block)")
+    if not 1 <= p.num_splits <= MAX_SPLITS:
+        bad(f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}")
+    if p.split and (p.is_thd or p.has_score_max or p.has_score_sum_exp):
+        bad("num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
+            "batches, no score_max / score_sum_exp)")
+    if p.pack_gqa:
+        reason = pack_gqa_reason(p)
+        if reason:
+            bad(f"pack_gqa: {reason}")
     need = smem_bytes(p)
     if need > SMEM_BUDGET[p.family]:
         bad(f"needs {need} bytes of shared memory, family {p.family} allows {SMEM_BUDGET[p.family]}")

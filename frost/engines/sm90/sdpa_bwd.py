@@ -369,10 +369,13 @@ class SdpaBwdSm90:
         else:
             n_blocks = cutlass.max((mK.shape[0] + bn - 1) // bn, 1)
             n_batch = mQ.shape[3]
+        maxima = (None, None)  # the packed form's envelopes, each length is capped at
+        if const_expr(thd):
+            maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         self.kernel(
             tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, acc, mLSE, mdPsum,
             a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
-            a.get("seqused_kv"), mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
+            a.get("seqused_kv"), maxima, mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
             a.get("lse_offsets"), (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
             (scale, a.get("bias"), a.get("dbias"), a.get("dbias_accum")), a.get("window_left"), a.get("window_right"),
@@ -405,7 +408,7 @@ class SdpaBwdSm90:
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
                mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
-               mUsedQ, mUsedK, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom,
+               mUsedQ, mUsedK, maxima, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom,
                tma_atom_k: cute.CopyAtom,
                tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
                tma_atom_dv: cute.CopyAtom, tma_atom_dq, score_args, wl, wr,
@@ -461,8 +464,11 @@ class SdpaBwdSm90:
         n_block = self.key_tile(bx)
         seqlen_q, seqlen_k, off_q, off_k = mQ.shape[0], mK.shape[0], None, None
         if const_expr(self.lengths):
-            seq = tiles.sequence(self.p, batch, mQ.shape[0], mK.shape[0], (mCuQ, mCuK, mUsedQ, mUsedK),
-                                 self.ragged_turn_rows(mSem))
+            max_q, turn_rows = maxima[0], self.ragged_turn_rows(mSem)
+            if const_expr(turn_rows is not None):
+                max_q = cutlass.min(max_q, turn_rows)
+            seq = tiles.sequence(self.p, batch, mQ.shape[0], mK.shape[0], (mCuQ, mCuK, mUsedQ, mUsedK), max_q,
+                                 maxima[1])
             off_q, off_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
         off_lse = off_q
         if const_expr(mLseOff is not None):

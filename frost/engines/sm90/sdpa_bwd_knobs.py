@@ -46,7 +46,8 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
         # packed tiles of 16 columns 64 rows (with 128 their row stores spill)
         # d_qk=128 takes 64 rows (fragment dQ, rows warp) band or not; d_qk in (96, 128) (padded: row dQ) and
         # packed batches take 80 without a band
-        wide_qk = 96 < head_dim <= 128
+        # 80 rows only with d_v = d_qk (`validate`: with d_v = 64 under d_qk = 128 its gradients were wrong)
+        wide_qk = 96 < head_dim <= 128 and dv == head_dim
         tile_m = (128 if widest <= 64 and not (packed and widest <= WGMMA_K) else
                   80 if widest > 96 and wide_qk and (packed or (not banded and head_dim != 128)) else 64)
         if ((bias or alibi) and tile_m == 80) or (tile_m == 128 and (bias or (packed and dbias))):

@@ -196,6 +196,11 @@ def validate(p: Sm90BwdParams) -> None:
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
         bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
             f"head_dim from 104 to 128 (head_dim={p.head_dim})")
+    if p.tile_m == 80 and p.head_dim_v != p.head_dim:
+        # H200 run 20: d_qk = 128 with d_v = 64 on 80 rows gave gradients 0.2-4x off (norm-relative) on every
+        # packed graph; the 80-row kernel is verified only with equal head dims
+        bad(f"tile_m=80 needs head_dim_v == head_dim (head dims {p.head_dim} x {p.head_dim_v}: its gradients were "
+            "wrong on the GPU with d_v below d_qk; 64 rows serve this pair)")
     if p.rotated and not p.deterministic:
         bad("det_order='rotated' orders deterministic turns: needs deterministic=True")
     if p.rotated and (p.has_window_left or p.has_window_right):
@@ -231,10 +236,11 @@ MAIN_TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 def main_args(p: Sm90BwdParams) -> list[str]:
     """q, k, v, do, lse, dk, dv, lengths (cu_seqlens or seqused), bias?, dbias? (written directly), dpsum, dq_accum,
     dq_semaphore?, dbias_accum?, softmax_scale,
-    window_left?, window_right?, max_seqlen_kv?, stream. Sinks need nothing here: LSE holds them, and the shared
+    window_left?, window_right?, max_seqlen_q? and max_seqlen_kv? (packed: the grid's key tiles, each length's
+    cap), stream. Sinks need nothing here: LSE holds them, and the shared
     helpers compute dSink."""
     args = ["q", "k", "v", "do", "lse", "dk", "dv"] + lengths_args(p) + ["bias"] * p.has_bias
     args += ["dbias"] * (p.has_dbias and not p.dbias_accum) + ["dpsum", "dq_accum"]
     args += ["dq_semaphore"] * p.deterministic + ["dbias_accum"] * p.dbias_accum + ["softmax_scale"]
     args += ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
-    return args + ["max_seqlen_kv"] * p.is_thd + ragged_totals(p) + ["stream"]
+    return args + ["max_seqlen_q", "max_seqlen_kv"] * p.is_thd + ragged_totals(p) + ["stream"]

@@ -33,6 +33,12 @@ mask. One that straddles blocks (tile_n not dividing 128, tile_m 192) is masked 
 (`mask.apply_block_mask`), and the softmax treats a row with no visible key yet as the band does. Tile rows are
 query positions (no GQA packing with it: a packed tile would span several heads' bits).
 
+cuDNN's paged K/V cache (`paged`): K and V are containers (num_blocks, block_size, H, D) read through int32
+block tables. tile_n divides the block sizes, so a key tile lies inside one block: the producer's TMA load names
+that block (read from the table on the device per tile, clamped to the container: `paged.block_of`) and the
+tile's row offset in it (`kv_gmem`); the key length is seqused_kv clamped to the envelope max_seqlen_kv. Nothing
+else changes (rows past a sequence's keys are masked, and V's are zeroed as for any seqused).
+
 Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
 (`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
 zero-fill the columns past a head dim (zeros add nothing to Q K^T or P V), TMA
@@ -50,7 +56,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Boolean, Float32, Int32, const_expr, pipeline
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from frost.engines.common import mask, rows, score_mod, tiles
+from frost.engines.common import mask, paged, rows, score_mod, tiles
 from frost.engines.common import softmax as sm
 from frost.engines.common import tile_scheduler as ts
 from frost.engines.common.acc_layout import acc_as_mn
@@ -83,6 +89,8 @@ def kernel_name(params: Sm90FwdParams, arch: str) -> str:
                                     (not p.has_lse, "nolse"), (p.has_score_max, "smax"),
                                     (p.has_score_sum_exp, "ssum"), *score_mod_tags(p),
                                     (p.has_block_mask, "bmask")) if flag]
+    if p.paged:  # paged K/V: the containers' block sizes
+        parts.append(f"pg{p.paged_block_k}" + (f"v{p.paged_block_v}" if p.paged_block_v != p.paged_block_k else ""))
     parts += ragged_tags(p)
     parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
                  + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
@@ -116,12 +124,15 @@ class _Mainloop(NamedTuple):
 
 
 class _Lengths(NamedTuple):
-    """The device lengths both roles read (None where the form has none): packed prefix sums, padded lengths."""
+    """The device lengths both roles read (None where the form has none): packed prefix sums, padded lengths, and
+    the packed form's envelopes (max_seqlen_q, max_seqlen_kv) each length is capped at."""
 
     mCuQ: Any
     mCuK: Any
     mUsedQ: Any
     mUsedK: Any
+    max_q: Any
+    max_k: Any
 
 
 class _Sched(NamedTuple):
@@ -132,6 +143,19 @@ class _Sched(NamedTuple):
     num_m_blocks: Any
     total_tiles: Any
     section_width: Any
+
+
+class _PagedKv(NamedTuple):
+    """Where the producer reads one paged container's key tiles (made once per work tile): the head's
+    (block_size, D, num_blocks) view, the sequence's table row, the shared tile stages (TMA-grouped), the
+    block size, the tile's columns and O's column slice."""
+
+    m: Any
+    table: Any
+    smem: Any
+    block: Any
+    cols: Any
+    vsl: Any
 
 
 class _Smem(NamedTuple):
@@ -215,8 +239,8 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ host side
     @cute.jit
     def launch(self, a: dict):
-        """`a`: the sdpa_args arguments by name, tensors in canonical views (max_seqlen_q unused:
-        the grid comes from tensor extents)."""
+        """`a`: the sdpa_args arguments by name, tensors in canonical views (max_seqlen_q / max_seqlen_kv cap the
+        packed lengths; the grid comes from tensor extents)."""
         p = self.p
         dt = self.dtype
         thd = const_expr(p.is_thd)
@@ -281,6 +305,10 @@ class SdpaFwdSm90:
         if const_expr(not thd):
             section_width = self.tile_heads * num_batch
         grid = ts.grid_size(total_tiles, p.sm_count, p.persistent)
+        # a paged cache's block tables and key envelope S_kv (a container's rows are not a sequence's)
+        paged_args = None
+        if const_expr(p.paged):
+            paged_args = (a["k_table"], a["v_table"], a["max_seqlen_kv"])
 
         # with score modifiers the logits arrive scaled (score_mod) and the softmax's exp2 factor is log2(e)
         scale = Float32(a["softmax_scale"])
@@ -305,11 +333,14 @@ class SdpaFwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
 
+        maxima = (None, None)  # the packed form's envelopes, each length is capped at
+        if const_expr(thd):
+            maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         self.kernel(
             tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
-            a.get("seqused_q"), a.get("seqused_kv"), a.get("sinks"), a.get("lse_offsets"),
+            a.get("seqused_q"), a.get("seqused_kv"), maxima, a.get("sinks"), a.get("lse_offsets"),
             a.get("o_offsets"), a.get("v_offsets"), (a.get("score_max_offsets"), a.get("score_sum_exp_offsets")),
-            a.get("bias"), a.get("block_mask"),
+            a.get("bias"), a.get("block_mask"), paged_args,
             tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
@@ -318,7 +349,8 @@ class SdpaFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
-               mCuQ, mCuK, mUsedQ, mUsedK, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask,
+               mCuQ, mCuK, mUsedQ, mUsedK, maxima, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask,
+               mPaged,
                tma_atom_q: cute.CopyAtom,
                tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
                wl, wr, num_batch: Int32,
@@ -350,7 +382,7 @@ class SdpaFwdSm90:
         else:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.dtype)
 
-        lengths = _Lengths(mCuQ, mCuK, mUsedQ, mUsedK)
+        lengths = _Lengths(mCuQ, mCuK, mUsedQ, mUsedK, maxima[0], maxima[1])
         sched = _Sched(num_batch, num_m_blocks, total_tiles, section_width)
         smem = _Smem(sQ, sK, sV, sO)
         pipes = (pipe_q, pipe_k, pipe_v)
@@ -358,12 +390,12 @@ class SdpaFwdSm90:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
                 self.producer(mQ, mK, mV, lengths, mVOff, mBlockMask, smem, (tma_atom_q, tma_atom_k, tma_atom_v),
-                              pipes, wl, wr, sched)
+                              pipes, wl, wr, sched, mPaged)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             self.consumer(mO, mLSE, (mMax, mSumExp), lengths, mSinks, (mLseOff, mOOff, mScoreOffs), smem, tma_atom_o,
                           pipes, (scale_log2, softmax_scale, mBias, mBlockMask), (wl, wr), sched,
-                          (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), mK.shape[0]))
+                          (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), self.key_extent(mK, mPaged)))
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
@@ -423,6 +455,11 @@ class SdpaFwdSm90:
         `tile_visible` keeps, n_min - 1 when the block_mask clears them all."""
         return mask.block_mask_last_visible(rows, n_min, n_max, self.tile_m, self.tile_n, seqlen_k)
 
+    def key_extent(self, mK, mPaged):
+        """The key extent device lengths are clamped to: K's rows, or a paged cache's envelope S_kv (a container's
+        rows are not a sequence's)."""
+        return mPaged[2] if self.p.paged else mK.shape[0]
+
     def sched_lengths(self, mCuQ, mUsedQ):
         """What the packed scheduler reads sequence lengths from: the prefix sums, or the ragged form's lengths."""
         return mUsedQ if self.p.ragged else mCuQ
@@ -451,10 +488,11 @@ class SdpaFwdSm90:
     # --- producer warp
     @cute.jit
     def producer(self, mQ, mK, mV, lengths: _Lengths, mVOff, mBlockMask, smem: _Smem, tma_atoms, pipes, wl, wr,
-                 sched: _Sched):
+                 sched: _Sched, mPaged):
         """Warp 0: per work tile Q, then K and V of the key blocks the consumers visit, in their order (K of a
-        block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps."""
-        mCuQ, mCuK, mUsedQ, mUsedK = lengths
+        block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps; with a paged
+        cache (`mPaged`: K table, V table, envelope) each key tile from the block its table names."""
+        mCuQ, mCuK, mUsedQ, mUsedK, max_q, max_k = lengths
         sQ, sK, sV, _ = smem
         tma_atom_q, tma_atom_k, tma_atom_v = tma_atoms
         pipe_q, pipe_k, pipe_v = pipes
@@ -469,9 +507,9 @@ class SdpaFwdSm90:
             Int32(0), Int32(0), total_q)
         while valid:
             head, vsl = self.split_head(hv)
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, mK.shape[0],
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, self.key_extent(mK, mPaged),
                                                            mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
-                                                           self.p.token_div_kv)
+                                                           self.p.token_div_kv, max_q, max_k)
             off_v = own_token_offset(self.p, "v", mVOff, batch, off_k, seqlen_k, mK.shape[0])
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
@@ -482,25 +520,13 @@ class SdpaFwdSm90:
                 n_top = self.last_visible(bm_rows, n_min, n_max, seqlen_k)
                 has_work = n_top >= n_min
             if has_work:
-                head_kv = head if const_expr(self.pack) else head // self.ratio
-                head_v = head_kv
-                if const_expr(self.p.num_heads_v):  # K and V heads apart (packed: `head` is a group of rq)
-                    head_kv = head // (self.ratio // self.rq) if const_expr(self.pack) else head // self.ratio
-                    head_v = head // (self.ratio_v // self.rq) if const_expr(self.pack) else head // self.ratio_v
-                gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
-                gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd), (None, 0))
-                gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv), (None, vsl))
-                tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
-                                                   cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
-                                                   cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-                tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1),
-                                                   cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+                tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tile_sources(
+                    mQ, mK, mV, mPaged, smem, tma_atoms, (m_block, head, vsl, batch, off_q, off_k, off_v))
                 n_last = n_max - 1
                 if const_expr(self.p.has_block_mask):
                     n_last = n_top
                 pipe_k.producer_acquire(kv_state)
-                cute.copy(tma_atom_k, tKgK[None, n_last], tKsK[None, kv_state.index],
+                cute.copy(tma_atom_k, self.kv_gmem(tma_atom_k, tKgK, n_last), tKsK[None, kv_state.index],
                           tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
@@ -526,7 +552,7 @@ class SdpaFwdSm90:
                         self.load_kv(kv, n_cur, n_prev, kv_state, prev_state)
                         n_prev = n_cur
                 pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, kv_state.index],
+                cute.copy(tma_atom_v, self.kv_gmem(tma_atom_v, tVgV, n_prev), tVsV[None, kv_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
             else:
@@ -546,16 +572,74 @@ class SdpaFwdSm90:
                     cur_b, cur_base, total_q)
 
     @cute.jit
+    def tile_sources(self, mQ, mK, mV, mPaged, smem: _Smem, tma_atoms, at):
+        """One work tile's TMA partitions: Q's (shared, global), then K's and V's (shared stages, the global source
+        `kv_gmem` takes a key tile from). `at`: (m_block, head, O column slice, batch entry, Q's, K's and V's first
+        tokens)."""
+        m_block, head, vsl, batch, off_q, off_k, off_v = at
+        sQ, sK, sV, _ = smem
+        tma_atom_q, tma_atom_k, tma_atom_v = tma_atoms
+        head_kv = head if const_expr(self.pack) else head // self.ratio
+        head_v = head_kv
+        if const_expr(self.p.num_heads_v):  # K and V heads apart (packed: `head` is a group of rq)
+            head_kv = head // (self.ratio // self.rq) if const_expr(self.pack) else head // self.ratio
+            head_v = head // (self.ratio_v // self.rq) if const_expr(self.pack) else head // self.ratio_v
+        gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
+        if const_expr(not self.p.paged):
+            gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd),
+                                 (None, 0))
+            gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv),
+                                 (None, vsl))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
+                                           cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        if const_expr(self.p.paged):  # each key tile's source is found in its block per load (`kv_gmem`)
+            tKsK, tKgK = self.paged_source(tma_atom_k, mK, mPaged[0], sK, head_kv, batch,
+                                           self.p.paged_block_k, self.hd, 0)
+            tVsV, tVgV = self.paged_source(tma_atom_v, mV, mPaged[1], sV, head_v, batch,
+                                           self.p.paged_block_v, self.hdv, vsl)
+        else:
+            tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
+                                               cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1),
+                                               cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
+
+    @cute.jit
     def load_kv(self, kv, n_cur: Int32, n_prev: Int32, kv_state, prev_state):
         """K of block n_cur into kv_state's stage, then V of the block visited before it (n_prev) into its stage,
         prev_state's; `kv`: (TMA atoms of K and V, their partitions (gmem, smem), their pipelines)."""
         tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v = kv
         pipe_k.producer_acquire(kv_state)
-        cute.copy(tma_atom_k, tKgK[None, n_cur], tKsK[None, kv_state.index],
+        cute.copy(tma_atom_k, self.kv_gmem(tma_atom_k, tKgK, n_cur), tKsK[None, kv_state.index],
                   tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
         pipe_v.producer_acquire(prev_state)
-        cute.copy(tma_atom_v, tVgV[None, n_prev], tVsV[None, prev_state.index],
+        cute.copy(tma_atom_v, self.kv_gmem(tma_atom_v, tVgV, n_prev), tVsV[None, prev_state.index],
                   tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
+
+    @cute.jit
+    def paged_source(self, atom, mX, mTable, sX, head, batch, block_size: cutlass.Constexpr[int],
+                     cols: cutlass.Constexpr[int], vsl):
+        """(the shared stages partitioned for TMA, the `_PagedKv` that `kv_gmem` makes each key tile's source
+        from) of one paged container, K or V (`cols`: the tile's columns; `vsl`: O's column slice)."""
+        m = mX[None, None, head, None]
+        smem = cute.group_modes(sX, 0, 2)
+        g = cute.local_tile(m[None, None, 0], (self.tile_n, cols), (0, vsl))
+        tXsX, _ = cpasync.tma_partition(atom, 0, cute.make_layout(1), smem, cute.group_modes(g, 0, 2))
+        return tXsX, _PagedKv(m, paged.table_row(mTable, batch), smem, block_size, cols, vsl)
+
+    @cute.jit
+    def kv_gmem(self, atom, src, n_block: Int32):
+        """The TMA source of key tile n_block: dense, the tile's slice of the head's partition (`src`); paged
+        (`src` a `_PagedKv`), the tile of the block the table names (clamped to the container), at the tile's row
+        offset in that block."""
+        if const_expr(self.p.paged):
+            first = n_block * self.tile_n
+            block = paged.block_of(src.table, first // src.block, cute.size(src.m, mode=[2]))
+            g = cute.local_tile(src.m[None, None, block], (self.tile_n, src.cols),
+                                ((first % src.block) // self.tile_n, src.vsl))
+            _, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), src.smem, cute.group_modes(g, 0, 2))
+            return tXgX
+        return src[None, n_block]
 
     # --- consumer warpgroups
     @cute.jit
@@ -663,20 +747,92 @@ class SdpaFwdSm90:
                  scales, windows, sched: _Sched, mmas, static_lengths):
         """The MMA warpgroups: per work tile its key blocks (`tile_mainloop`), then O and the row statistics out."""
         p = self.p
-        mCuQ, mCuK, mUsedQ, mUsedK = lengths
-        sQ, sK, sV, sO = smem
-        pipe_q, pipe_k, pipe_v = pipes
+        mCuQ, mCuK, mUsedQ, mUsedK, max_q, max_k = lengths
+        sV = smem.sV
+        pipe_q = pipes[0]
         wl, wr = windows
         num_batch, num_m_blocks, total_tiles, section_width = sched
-        tiled_mma_qk, tiled_mma_pv = mmas
         seqlen_q_static, seqlen_k_static = static_lengths
-        # softmax_scale, mBias: None without score modifiers; mBlockMask: None without block_mask
-        scale_log2, softmax_scale, mBias, mBlockMask = scales
-        # the ragged form's Stats offsets, O's own offsets and score_max's / score_sum_exp's, where given
-        mLseOff, mOOff, mScoreOffs = row_offsets
+        # mBias: None without score modifiers; mBlockMask: None without block_mask
+        mBias, mBlockMask = scales[2:]
         tidx = cute.arch.thread_idx()[0] - 128
         wg = cute.arch.make_warp_uniform(tidx // 128)
         warp_in_wg = cute.arch.make_warp_uniform((tidx // 32) % 4)
+        loop, out, acc_O, s_max, s_sum = self.consumer_setup(smem, tma_atom_o, pipes, scales, mmas, tidx, wg)
+        row_max, row_sum, tScS_mn = loop.row_max, loop.row_sum, loop.tScS_mn
+
+        if const_expr(self.pingpong):
+            if wg == 0:
+                cute.arch.barrier_arrive(barrier_id=BAR_SCHED, number_of_threads=256)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        tile_idx = Int32(cute.arch.block_idx()[0])
+        wave = Int32(0)
+        m_block, hv, batch, valid, cur_b, cur_base = self.decode(
+            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+            Int32(0), Int32(0), seqlen_q_static)
+        while valid:
+            head, vsl = self.split_head(hv)
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
+                                                           mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv,
+                                                           max_q, max_k)
+            off_lse, off_o, off_scores = self.row_starts(row_offsets, batch, off_q, seqlen_q, seqlen_q_static)
+            off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
+            n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
+            row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
+            q0 = m_block * self.qt  # first query position
+            has_work = n_max > n_min
+            bm_at, bm_rows, n_top = None, None, None
+            if const_expr(p.has_block_mask):  # the first block visited: the top one the bits keep (as the producer)
+                bm_at = (batch, head, seqlen_q)
+                bm_rows = self.bm_rows(mBlockMask, bm_at, row0)
+                n_top = self.last_visible(bm_rows, n_min, n_max, seqlen_k)
+                has_work = n_top >= n_min
+            mods = None
+            if const_expr(p.has_score_mods):
+                _, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
+                mods = _TileMods(batch, head, m_block, row_limit, col_limit, slope)
+            if has_work:
+                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods, bm_at, bm_rows)
+                kv_state = self.tile_mainloop(loop, band, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max, n_top,
+                                              q0, tidx)
+            else:
+                if const_expr(not self.separate_o):
+                    pipe_q.consumer_wait(q_state)
+                acc_O.fill(0.0)
+                sm.softmax_reset(row_max, row_sum)
+
+            sink = self.row_sinks(mSinks, head, row0, tScS_mn)
+            self.finish_tile(loop, out, acc_O, (s_max, s_sum), (mO, mLSE, mScores), sink, (tidx, wg, warp_in_wg),
+                             (m_block, head, vsl, batch), (seqlen_q, seqlen_q_static), (off_o, off_lse, off_scores))
+            if const_expr(not self.separate_o):
+                cute.arch.fence_view_async_shared()
+                pipe_q.consumer_release(q_state)
+                q_state.advance()
+            elif has_work:
+                q_state.advance()
+
+            tile_idx, wave, more = self.next_tile(tile_idx, wave, total_tiles)
+            valid = Boolean(False)
+            if more:
+                m_block, hv, batch, valid, cur_b, cur_base = self.decode(
+                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
+                    cur_b, cur_base, seqlen_q_static)
+        if const_expr(not p.is_thd):
+            if warp_in_wg == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def consumer_setup(self, smem: _Smem, tma_atom_o, pipes, scales, mmas, tidx: Int32, wg: Int32):
+        """What a consumer thread keeps across its work tiles, made once: the `_Mainloop` record (the MMA fragments,
+        the row statistics, the pipelines, the score modifiers' and block_mask's pieces), the `_OutStage` of O,
+        the O accumulator, and score_max's / score_sum_exp's registers (None where not declared)."""
+        p = self.p
+        sQ, sK, sV, sO = smem
+        _, pipe_k, pipe_v = pipes
+        tiled_mma_qk, tiled_mma_pv = mmas
+        scale_log2, softmax_scale, mBias, mBlockMask = scales
         thr_qk = tiled_mma_qk.get_slice(tidx)
         wg_qk = tiled_mma_qk.get_slice(wg * 128)
         thr_pv = tiled_mma_pv.get_slice(tidx)
@@ -715,89 +871,58 @@ class SdpaFwdSm90:
             loop = loop._replace(softmax_scale=softmax_scale, thr_qk=thr_qk, mBias=mBias)
         if const_expr(p.has_block_mask):
             loop = loop._replace(mBlockMask=mBlockMask)
+        return loop, out, acc_O, s_max, s_sum
 
-        if const_expr(self.pingpong):
-            if wg == 0:
-                cute.arch.barrier_arrive(barrier_id=BAR_SCHED, number_of_threads=256)
+    @cute.jit
+    def row_starts(self, row_offsets, batch: Int32, off_q, seqlen_q: Int32, seqlen_q_static):
+        """Where a work tile's rows start in each per-row output: (Stats, O, (score_max, score_sum_exp)); Q's first
+        token unless the ragged form gives the output offsets of its own (`row_offsets`: Stats', O's and
+        score_max's / score_sum_exp's offset tensors, where given)."""
+        p = self.p
+        mLseOff, mOOff, mScoreOffs = row_offsets
+        off_lse = off_q  # ragged Stats start at their own offsets (clamped so the entry's rows fit)
+        if const_expr(mLseOff is not None):
+            off_lse = rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, seqlen_q_static)
+        off_o = own_token_offset(p, "o", mOOff, batch, off_q, seqlen_q, seqlen_q_static)
+        off_scores = tuple(own_token_offset(p, role, off, batch, off_q, seqlen_q, seqlen_q_static)
+                           for role, off in zip(("score_max", "score_sum_exp"), mScoreOffs))
+        return off_lse, off_o, off_scores
 
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        tile_idx = Int32(cute.arch.block_idx()[0])
-        wave = Int32(0)
-        m_block, hv, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-            Int32(0), Int32(0), seqlen_q_static)
-        while valid:
-            head, vsl = self.split_head(hv)
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
-                                                           mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv)
-            off_lse = off_q  # ragged Stats start at their own offsets (clamped so the entry's rows fit)
-            if const_expr(mLseOff is not None):
-                off_lse = rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, seqlen_q_static)
-            off_o = own_token_offset(p, "o", mOOff, batch, off_q, seqlen_q, seqlen_q_static)
-            off_scores = tuple(own_token_offset(p, role, off, batch, off_q, seqlen_q, seqlen_q_static)
-                               for role, off in zip(("score_max", "score_sum_exp"), mScoreOffs))
-            off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
-            n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c)
-            row0 = m_block * self.tile_m  # first tile row (packed: s * rq + j)
-            q0 = m_block * self.qt  # first query position
-            has_work = n_max > n_min
-            bm_at, bm_rows, n_top = None, None, None
-            if const_expr(p.has_block_mask):  # the first block visited: the top one the bits keep (as the producer)
-                bm_at = (batch, head, seqlen_q)
-                bm_rows = self.bm_rows(mBlockMask, bm_at, row0)
-                n_top = self.last_visible(bm_rows, n_min, n_max, seqlen_k)
-                has_work = n_top >= n_min
-            mods = None
-            if const_expr(p.has_score_mods):
-                _, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
-                mods = _TileMods(batch, head, m_block, row_limit, col_limit, slope)
-            if has_work:
-                band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods, bm_at, bm_rows)
-                kv_state = self.tile_mainloop(loop, band, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max, n_top,
-                                              q0, tidx)
+    @cute.jit
+    def row_sinks(self, mSinks, head, row0, tScS_mn):
+        """The sink logit of a work tile's rows (None without sinks): the head's, or packed, one per row (row m is
+        head head * rq + m % rq)."""
+        sink = None
+        if const_expr(self.p.has_sinks):
+            if const_expr(self.pack):
+                n_rows = cute.size(tScS_mn, mode=[0])
+                sink = cute.make_rmem_tensor(n_rows, Float32)
+                for r in cutlass.range_constexpr(n_rows):
+                    sink[r] = mSinks[head * self.rq + (row0 + tScS_mn[r, 0][0]) % self.rq]
             else:
-                if const_expr(not self.separate_o):
-                    pipe_q.consumer_wait(q_state)
-                acc_O.fill(0.0)
-                sm.softmax_reset(row_max, row_sum)
+                sink = Float32(mSinks[head])
+        return sink
 
-            sink = None
-            if const_expr(p.has_sinks):
-                if const_expr(self.pack):
-                    # one sink per row: row m is head head * rq + m % rq
-                    sink = cute.make_rmem_tensor(n_rows, Float32)
-                    for r in cutlass.range_constexpr(n_rows):
-                        sink[r] = mSinks[head * self.rq + (row0 + tScS_mn[r, 0][0]) % self.rq]
-                else:
-                    sink = Float32(mSinks[head])
-            sm.softmax_finalize(row_max, row_sum, scale_log2, row_scale, row_sum, sink, sink_per_row=self.pack,
-                                score_max=s_max, score_sum_exp=s_sum)
-            sm.rescale_rows(acc_as_mn(acc_O), row_scale)  # row_sum now holds the LSE
-            self.epilogue(acc_O, row_sum, mO, mLSE, out, (tidx, wg, warp_in_wg), (m_block, head, vsl, batch),
-                          (seqlen_q, seqlen_q_static), off_o, off_lse)
-            if vsl == 0:  # every slice holds the same row values: the first writes them
-                for mX, vals, pad, off_rows in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0)),
-                                                   off_scores):
-                    if const_expr(vals is not None):
-                        self.store_row_values(mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_rows,
-                                              seqlen_q_static, p.stats_per_batch)
-            if const_expr(not self.separate_o):
-                cute.arch.fence_view_async_shared()
-                pipe_q.consumer_release(q_state)
-                q_state.advance()
-            elif has_work:
-                q_state.advance()
-
-            tile_idx, wave, more = self.next_tile(tile_idx, wave, total_tiles)
-            valid = Boolean(False)
-            if more:
-                m_block, hv, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-                    cur_b, cur_base, seqlen_q_static)
-        if const_expr(not p.is_thd):
-            if warp_in_wg == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+    @cute.jit
+    def finish_tile(self, c: _Mainloop, out: _OutStage, acc_O, scores, outputs, sink, thread, tile, seqlen, offs):
+        """A work tile's softmax finalized (with its `sink`), O and the LSE out (`epilogue`), then score_max /
+        score_sum_exp (`scores`: their registers, None where not declared). `outputs`: (O, LSE, (score_max,
+        score_sum_exp)) views; `offs`: `row_starts`; `thread`, `tile`, `seqlen`: as `epilogue` takes them."""
+        p = self.p
+        s_max, s_sum = scores
+        mO, mLSE, mScores = outputs
+        off_o, off_lse, off_scores = offs
+        m_block, head, vsl, batch = tile
+        seqlen_q, seqlen_q_static = seqlen
+        sm.softmax_finalize(c.row_max, c.row_sum, c.scale_log2, c.row_scale, c.row_sum, sink, sink_per_row=self.pack,
+                            score_max=s_max, score_sum_exp=s_sum)
+        sm.rescale_rows(acc_as_mn(acc_O), c.row_scale)  # row_sum now holds the LSE
+        self.epilogue(acc_O, c.row_sum, mO, mLSE, out, thread, tile, seqlen, off_o, off_lse)
+        if vsl == 0:  # every slice holds the same row values: the first writes them
+            for mX, vals, pad, off_rows in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0)), off_scores):
+                if const_expr(vals is not None):
+                    self.store_row_values(mX, vals, pad, out.tOcO_mn, m_block, head, batch, seqlen_q, off_rows,
+                                          seqlen_q_static, p.stats_per_batch)
 
     @cute.jit
     def tile_mainloop(self, loop: _Mainloop, band: _TileBand, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max,

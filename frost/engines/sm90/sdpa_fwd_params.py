@@ -41,6 +41,10 @@ class Sm90FwdParams(SdpaFeatureParams):
     has_score_max: bool = False  # write the row max of the scaled scores (cuDNN's score_max)
     has_score_sum_exp: bool = False  # write the row sum of exp(score - max) (cuDNN's score_sum_exp)
     has_block_mask: bool = False  # cuDNN's block_mask: one bit per (128 queries, 128 keys) tile pair
+    # cuDNN's paged K/V cache: K's and V's container block sizes (0: dense K and V). Each key tile lies inside
+    # one block (tile_n divides both): its TMA load names the block read from the table on the device
+    paged_block_k: int = 0
+    paged_block_v: int = 0
     # knobs (speed only)
     tile_m: int = 128
     tile_n: int = 128
@@ -63,6 +67,11 @@ class Sm90FwdParams(SdpaFeatureParams):
     def tile_head_dim_v(self) -> int:
         """The V / O tiles' head-dim extent (`tile_dim`): one slice's, with `v_slices`."""
         return slice_dim(self.head_dim_v, self.v_slices)
+
+    @property
+    def paged(self) -> bool:
+        """K and V are read through block tables (cuDNN's paged cache)."""
+        return self.paged_block_k > 0
 
     @property
     def num_mma_wg(self) -> int:
@@ -157,9 +166,38 @@ def validate(p: Sm90FwdParams) -> None:
         reason = pack_gqa_reason(p)
         if reason:
             bad(reason)
+    reason = paged_reason(p)
+    if reason:
+        bad(reason)
     need = smem_bytes(p)
     if need > SMEM_BUDGET_BYTES:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
+
+
+#: the paged K/V block sizes the template serves: multiples of 64, which every default tile_n shrinks to divide
+#: (`paged_tile_n`), up to the largest block the benchmarks and serving engines use
+PAGED_BLOCK_SIZES = (64, 128, 256)
+
+
+def paged_tile_n(tile_n: int, block_sizes) -> int:
+    """The key tile of a paged cache: the widest multiple of 16 up to `tile_n` that divides every block size, so
+    each key tile lies in one block (128 stays 128 on 128- and 256-row blocks; 112 and 80 become 64)."""
+    return next(t for t in range(tile_n - tile_n % 16, 0, -16) if all(bs % t == 0 for bs in block_sizes))
+
+
+def paged_reason(p: Sm90FwdParams):
+    """Why a paged cache's K and V cannot be read as declared in `p`, or None (dense K and V: None)."""
+    if not (p.paged_block_k or p.paged_block_v):
+        return None
+    if not (p.paged_block_k and p.paged_block_v):
+        return "paged_block_k and paged_block_v are both set (a paged cache) or both 0"
+    if p.is_thd or not p.has_seqused:
+        return "a paged cache takes dense (B, H, S, D) queries with lengths from seqused"
+    for role, bs in (("k", p.paged_block_k), ("v", p.paged_block_v)):
+        if bs % p.tile_n != 0:
+            return (f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile's TMA load "
+                    f"lies inside one block)")
+    return None
 
 
 def min_v_slices(head_dim_v: int) -> int:

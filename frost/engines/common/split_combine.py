@@ -1,0 +1,96 @@
+"""The split-KV combine kernel: each query row's per-split partials (fp32 O_s, LSE_s) into O and Stats.
+
+One warp per query row (b, h, i): every lane reads the row's num_splits LSEs (one plan-time count, unrolled),
+takes the max (the sink too, which enters exactly once here), the sum of exp(LSE_s - max), the row's LSE and the
+split weights exp(LSE_s - LSE); then each lane combines O for the head-dim columns lane, lane + 32, ...
+(coalesced over the warp) and stores them in the io dtype to O as declared; lane 0 writes Stats. Grid
+(ceil(S_q / 4), Hq, B). Math, empty rows and the padding convention: `split_combine_params`.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from frost.engines.common.sdpa_entry import IO_DTYPES, FakeArgs, make_entry
+from frost.engines.common.seqlen import clamp
+from frost.engines.common.softmax import LN_2, LOG2_E
+from frost.engines.common.split_combine_params import SplitCombineParams, combine_arg_names, validate
+
+TEMPLATE = __name__
+WARPS = 4
+
+
+def kernel_name(params: SplitCombineParams, arch: str) -> str:
+    p = params
+    flags = [n for on, n in ((p.has_lse, "lse"), (p.has_seqused, "seqused"), (p.has_sinks, "sink")) if on]
+    return "_".join(["frost_split_combine", p.dtype, f"d{p.head_dim_v}", f"h{p.num_heads_q}",
+                     f"sp{p.num_splits}", *flags])
+
+
+def build(params: SplitCombineParams, arch: str):
+    """(jit entry taking the `combine_arg_names` arguments, fake arguments)."""
+    validate(params)
+    names = combine_arg_names(params)
+    op = SplitCombine(params)
+    return make_entry(op.launch, names, False), FakeArgs(params).all(names)
+
+
+class SplitCombine:
+    """Host-side launch (`launch`, arguments by contract name in canonical views) and the device kernel."""
+
+    def __init__(self, p: SplitCombineParams):
+        self.p = p
+        self.dtype = IO_DTYPES[p.dtype]
+
+    @cute.jit
+    def launch(self, a: dict):
+        mO = a["o"]  # canonical (B, S, H, Dv)
+        num_batch, seqlen_q = mO.shape[0], mO.shape[1]
+        grid = ((seqlen_q + WARPS - 1) // WARPS, self.p.num_heads_q, num_batch)
+        g = a.get
+        self.kernel(mO, g("lse"), a["o_partial"], a["lse_partial"], g("seqused_q"), g("sinks")).launch(
+            grid=grid, block=(32 * WARPS, 1, 1), stream=a["stream"])
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mLSE, mOp: cute.Tensor, mLp: cute.Tensor, mSeqQ, mSinks):
+        p = self.p
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, head, batch = cute.arch.block_idx()
+        row = bx * WARPS + tidx // 32
+        lane = tidx % 32
+        static_sq = mO.shape[1]
+        if row < static_sq:
+            q_rows = static_sq
+            if const_expr(p.has_seqused):  # a device length: clamped to the rows the tensors hold
+                q_rows = clamp(mSeqQ[batch], Int32(0), static_sq)
+            lses = cute.make_rmem_tensor(p.num_splits, Float32)
+            mx = -Float32.inf
+            for s in cutlass.range_constexpr(p.num_splits):
+                lses[s] = mLp[s, batch, head, row]
+                mx = cute.arch.fmax(mx, lses[s])
+            sink = Float32(0.0)
+            if const_expr(p.has_sinks):
+                sink = mSinks[head]
+                mx = cute.arch.fmax(mx, sink)
+            m = Float32(0.0) if mx == -Float32.inf else mx
+            total = Float32(0.0)
+            for s in cutlass.range_constexpr(p.num_splits):
+                total += cute.math.exp2((lses[s] - m) * LOG2_E)
+            if const_expr(p.has_sinks):
+                total += cute.math.exp2((sink - m) * LOG2_E)
+            lse = -Float32.inf
+            if total > 0.0 and row < q_rows:
+                lse = m + cute.math.log2(total) * LN_2
+            for s in cutlass.range_constexpr(p.num_splits):  # the split weights (0 for empty splits, empty rows)
+                lses[s] = Float32(0.0) if lse == -Float32.inf else cute.math.exp2((lses[s] - lse) * LOG2_E)
+            for j in cutlass.range_constexpr((p.head_dim_v + 31) // 32):
+                col = lane + 32 * j
+                if col < p.head_dim_v:
+                    acc = Float32(0.0)
+                    for s in cutlass.range_constexpr(p.num_splits):
+                        acc += lses[s] * mOp[s, batch, head, row, col]
+                    mO[batch, row, head, col] = acc.to(self.dtype)
+            if const_expr(p.has_lse):
+                if lane == 0:
+                    mLSE[batch, head, row] = lse

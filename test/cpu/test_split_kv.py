@@ -1,0 +1,273 @@
+"""Decode on the mma.sync forward: the plan-time choices of `num_splits` and GQA packing on a fake H200 (and their
+requests, workspace, kernels and arguments), the split + combine math modelled in float64 on the host with the
+kernel's own key-tile cut against the reference engine, and the split, packed and combine kernels compiled for
+sm_80."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import frost
+from frost.adapters.split_kv import choose_num_splits, partial_layout
+from frost.engines.common.split_combine_params import SplitCombineParams, combine_row, key_split_range
+from frost.engines.sdpa_args import fwd_arg_names
+from frost.knobs import Knobs
+from frost.runtime.workspace import layout_bytes
+from frost.target import fake_target
+from test.compile_runner import compile_groups
+from test.helpers import Case, make_inputs, run_fwd
+
+H200_SLOTS = 2 * 132  # the CTA slots the plan counts on an H200 (frost.adapters.split_kv.CTAS_PER_SM)
+
+
+def _decode_facts(batch=1, hq=32, hkv=8, sq=1, d=128, skv=32768, paged=None, stats=True, thd=False):
+    """A decode forward's facts: dense K/V (B, Hkv, Skv, d) or a paged cache of block size `paged`."""
+    g = frost.pygraph(io_data_type=frost.data_type.BFLOAT16)
+    q = g.tensor(name="Q", dim=(batch, hq, sq, d), stride=(hq * sq * d, d, hq * d, 1))
+    kw = dict(attn_scale=0.1, generate_stats=stats)
+    if paged:
+        blocks = -(-skv // paged)
+        k, v = (g.tensor(name=n, dim=(batch * blocks, hkv, paged, d), stride=(hkv * paged * d, d, hkv * d, 1))
+                for n in "KV")
+        kt, vt = (g.tensor(name=n, dim=(batch, 1, blocks, 1), stride=(blocks, blocks, 1, 1),
+                           data_type=frost.data_type.INT32) for n in ("table_k", "table_v"))
+        lq, lk = (g.tensor(name=n, dim=(batch, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
+                  for n in ("seq_q", "seq_kv"))
+        kw.update(use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk, paged_attention_k_table=kt,
+                  paged_attention_v_table=vt, paged_attention_max_seq_len_kv=skv)
+    else:
+        k, v = (g.tensor(name=n, dim=(batch, hkv, skv, d), stride=(hkv * skv * d, d, hkv * d, 1)) for n in "KV")
+    o, st = g.sdpa(q, k, v, **kw)
+    o.set_output(True)
+    if st is not None:
+        st.set_output(True)
+    return g.validate().facts
+
+
+def _sm80(facts, knobs=None, target="H200"):
+    """The mma.sync forward's adapter for `facts` on a fake target (by name: the wgmma forward ranks first)."""
+    from frost.lowering.lower import rank
+
+    ranking = rank(facts, fake_target(target), knobs, engine="sm80")
+    assert ranking.accepted, ranking.declines
+    return ranking.accepted[0][1]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(batch=2, skv=131072), dict(paged=128), dict(batch=2, paged=64,
+                                                                                              skv=131072)])
+def test_a_long_decode_is_split_until_it_fills_the_h200(kw):
+    a = _sm80(_decode_facts(**kw))
+    p = a.validated_params()
+    assert (p.tile_m, p.num_warps) == (64, 4) and p.pack_gqa  # the decode tile, the 4 heads of a group packed
+    work = kw.get("batch", 1) * 8  # batch x KV groups x one query tile
+    assert p.split and work * p.num_splits >= 0.8 * H200_SLOTS, (p.num_splits, work)
+    # the partials' workspace is the plan's, from the declared dims: (splits, B, Hq, Sq, Dv) and (splits, B, Hq, Sq)
+    want = layout_bytes(partial_layout(a.facts, p.num_splits))
+    assert a.scratch_workspace_bytes() == want >= 4 * p.num_splits * kw.get("batch", 1) * 32 * 129
+    specs = a.kernel_specs()
+    assert [t for t, _ in specs] == ["frost.engines.sm80.sdpa_fwd", "frost.engines.common.split_combine"]
+    combine = specs[1][1]
+    assert (combine.num_splits, combine.has_lse, combine.head_dim_v) == (p.num_splits, True, 128)
+    names = fwd_arg_names(p)
+    assert names[-3:] == ["o_partial", "lse_partial", "stream"]
+
+
+@pytest.mark.parametrize("kw", [dict(batch=8, sq=1024, skv=4096), dict(skv=128), dict(batch=32)])
+def test_busy_grids_and_short_caches_are_not_split(kw):
+    p = _sm80(_decode_facts(**kw)).validated_params()
+    assert p.num_splits == 1 and not p.split
+    assert "o_partial" not in fwd_arg_names(p)
+
+
+def test_a_requested_split_count_is_honored_and_only_the_mma_sync_forward_has_the_knob():
+    a = _sm80(_decode_facts(skv=8192), Knobs(num_splits=3))
+    assert a.validated_params().num_splits == 3 and a.validated_params().tile_m == 64  # the packed decode tile
+    p = _sm80(_decode_facts(), Knobs(tile_m=128)).validated_params()
+    assert p.tile_m == 128 and p.split  # a requested tile is kept; the split count follows it
+    assert _sm80(_decode_facts(), Knobs(num_splits=1)).validated_params().num_splits == 1
+    from frost.lowering.lower import rank
+
+    declines = dict(rank(_decode_facts(), fake_target("H200"), Knobs(num_splits=4)).declines)
+    assert "has no knob 'num_splits'" in declines["SdpaFwdDslSm90"]
+    declines = dict(rank(_decode_facts(), fake_target("H200"), Knobs(num_splits=200), engine="sm80").declines)
+    assert "num_splits=200 is not one of" in declines["SdpaFwdDslSm80"]
+
+
+@pytest.mark.parametrize("kw, packed", [(dict(), True), (dict(sq=16), True), (dict(sq=17), False),
+                                        (dict(hkv=32), False), (dict(hkv=1, skv=4096), True)])
+def test_gqa_packing_is_planned_for_short_queries(kw, packed):
+    p = _sm80(_decode_facts(**kw)).validated_params()
+    assert p.pack_gqa == packed
+    if packed:
+        assert p.tile_m % (p.num_heads_q // p.num_heads_kv) == 0
+
+
+def test_gqa_packing_requests_and_what_it_declines():
+    p = _sm80(_decode_facts(), Knobs(pack_gqa=False)).validated_params()
+    assert not p.pack_gqa and p.split  # unpacked: 32 heads' tiles, split
+    assert _sm80(_decode_facts(sq=64, skv=512), Knobs(pack_gqa=True)).validated_params().pack_gqa
+    from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
+    from frost.errors import TemplateParamsError
+
+    base = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, pack_gqa=True, tile_m=64)
+    validate(Sm80FwdParams(**base))
+    for bad, match in ((dict(num_heads_kv=32), "more query heads"), (dict(num_heads_kv=1, num_heads_q=96),
+                                                                      "not a multiple"),
+                       (dict(has_window_left=True), "no left band"), (dict(is_thd=True), "dense")):
+        with pytest.raises(TemplateParamsError, match=match):
+            validate(Sm80FwdParams(**{**base, **bad}))
+
+
+def test_choose_num_splits_counts_waves():
+    assert choose_num_splits(264, 300, 1000) == 1  # already busy
+    assert choose_num_splits(264, 32, 7) == 1  # too few key tiles to share
+    assert choose_num_splits(264, 32, 512) == 7  # 224 CTAs: within 85% of 8 splits' 256 / 264
+    assert choose_num_splits(264, 64, 2048) == 4
+    s = choose_num_splits(132, 1, 10_000)
+    assert 100 <= s <= 132
+
+
+# ---------------------------------------------------------------- the math, modelled on the host in float64
+
+def _band_tiles(m_block, tile_m, tile_n, sq, sk, offset, window_right):
+    """The kernel's [n_min, n_max) of an m-tile (frost.engines.common.mask.n_block_range, no left bound)."""
+    row_first, row_last = m_block * tile_m, min(m_block * tile_m + tile_m, sq) - 1
+    col_end = sk if window_right is None else min(sk, row_last + offset + window_right + 1)
+    n_max = -(-max(col_end, 0) // tile_n)
+    return (0, 0) if row_first >= sq else (0, n_max)
+
+
+def _split_model(case: Case, t: dict, num_splits: int, tile_m: int, tile_n: int):
+    """Split + combine in float64: per query row, each split's keys are its share of the m-tile's key tiles
+    (`key_split_range`, the kernel's own cut), its O_s and LSE_s are taken over them alone (no sink) and
+    `combine_row` reduces them with the sink once. Returns (O, LSE, number of empty splits seen)."""
+    q, k, v = (t[r].double() for r in ("q", "k", "v"))
+    b_n, hq, sq, _ = q.shape
+    qpk = hq // k.shape[1]
+    causal_br = dict(case.mask).get("use_causal_mask_bottom_right", False)
+    o = torch.zeros(b_n, hq, sq, v.shape[-1], dtype=torch.float64)
+    lse = torch.full((b_n, hq, sq), -math.inf, dtype=torch.float64)
+    empty = 0
+    for b in range(b_n):
+        len_q = case.lens_q[b] if case.padding else sq
+        len_k = case.lens_kv[b] if case.padding else k.shape[2]
+        offset = len_k - len_q if causal_br else 0
+        for h in range(hq):
+            sink = float(t["sink"].view(-1)[h]) if case.sink else None
+            logits = (q[b, h] @ k[b, h // qpk].T) * case.attn_scale
+            for i in range(len_q):
+                n_min, n_max = _band_tiles(i // tile_m, tile_m, tile_n, len_q, len_k, offset,
+                                           0 if causal_br else None)
+                lses, outs = [], []
+                for s in range(num_splits):
+                    lo, hi = key_split_range(n_min, n_max, s, num_splits)
+                    keys = [j for j in range(lo * tile_n, min(hi * tile_n, len_k)) if not causal_br or j <= i + offset]
+                    if not keys:
+                        empty += 1
+                        lses.append(-math.inf)
+                        outs.append([0.0] * v.shape[-1])
+                        continue
+                    x = logits[i, keys]
+                    lse_s = torch.logsumexp(x, 0)
+                    lses.append(float(lse_s))
+                    outs.append((torch.exp(x - lse_s) @ v[b, h // qpk, keys]).tolist())
+                row, lse_row = combine_row(lses, outs, sink)
+                o[b, h, i] = torch.tensor(row, dtype=torch.float64)
+                lse[b, h, i] = lse_row
+    return o, lse, empty
+
+
+SPLIT_CASES = {
+    "plain": (Case(batch=2, hq=4, hkv=2, sq=3, skv=37, d=8), 3),
+    "empty-splits": (Case(batch=2, hq=4, hkv=2, sq=2, skv=37, d=8), 7),
+    "sinks-padding-empty-sequence": (Case(batch=3, hq=2, hkv=1, sq=5, skv=29, d=8, sink=True, lens_q=(5, 2, 3),
+                                          lens_kv=(29, 0, 11)), 4),
+    "causal-bottom-right": (Case(batch=2, hq=2, hkv=2, sq=6, skv=30, d=8, lens_q=(6, 4), lens_kv=(30, 17),
+                                 mask=(("use_causal_mask_bottom_right", True),), sink=True), 5),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_split_and_combine_reproduce_the_reference_engine(name):
+    """The host model of the kernels' split + combine (the same key-tile cut) equals the reference engine's O and
+    LSE in float64; padding rows are the forward's O = 0, LSE = -inf."""
+    case, splits = SPLIT_CASES[name]
+    t = make_inputs(case)
+    o_ref, lse_ref = run_fwd(case, t)
+    o, lse, empty = _split_model(case, t, splits, tile_m=4, tile_n=4)
+    rows = torch.zeros(lse.shape, dtype=torch.bool)
+    for b in range(case.batch):
+        rows[b, :, :case.lens_q[b] if case.padding else case.sq] = True
+    lse_ref = lse_ref.double().squeeze(-1)
+    torch.testing.assert_close(o[rows], o_ref.double()[rows], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lse[rows], lse_ref[rows], rtol=1e-6, atol=1e-6)
+    assert torch.isneginf(lse_ref[~rows]).all() and (o_ref[~rows] == 0).all()
+    if name in ("empty-splits", "sinks-padding-empty-sequence"):
+        assert empty > 0  # the model met splits with no key, as the kernel does
+
+
+def test_key_split_ranges_cover_the_band_once():
+    for n_min, n_max in ((0, 0), (0, 1), (3, 17), (0, 512), (5, 6)):
+        for splits in (2, 3, 7, 64):
+            got = [key_split_range(n_min, n_max, s, splits) for s in range(splits)]
+            tiles = [n for lo, hi in got for n in range(lo, hi)]
+            assert tiles == list(range(n_min, n_max))
+            assert all(n_min <= lo <= hi <= n_max for lo, hi in got)
+
+
+def test_combine_row_handles_empty_splits_rows_and_sinks():
+    o, lse = combine_row([-math.inf, -math.inf], [[0.0], [0.0]])
+    assert o == [0.0] and lse == -math.inf
+    o, lse = combine_row([-math.inf, -math.inf], [[0.0], [0.0]], sink=1.5)
+    assert o == [0.0] and lse == 1.5
+    o, lse = combine_row([0.0, -math.inf, math.log(3.0)], [[1.0], [0.0], [2.0]], sink=None)
+    assert lse == pytest.approx(math.log(4.0)) and o[0] == pytest.approx(0.25 * 1.0 + 0.75 * 2.0)
+
+
+# ---------------------------------------------------------------- compile (sm_80)
+
+FWD = "frost.engines.sm80.sdpa_fwd"
+FWD_PARAMS = "frost.engines.sm80.sdpa_fwd_params.Sm80FwdParams"
+COMBINE = "frost.engines.common.split_combine"
+COMBINE_PARAMS = "frost.engines.common.split_combine_params.SplitCombineParams"
+_FWD = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True, tile_m=64)  # DECODE_TILE
+_PAGED = dict(has_seqused=True, paged_block_k=128, paged_block_v=128, has_sinks=True)
+
+
+@pytest.mark.slow
+def test_split_and_combine_kernels_compile_for_sm80_and_sm90a_without_spills(tmp_path):
+    """The split and packed forwards (dense, paged with sinks) beside the plain kernel, and the combine, for sm_80
+    and sm_90a: frost symbols, mma.sync in the forwards, no more local memory or ptxas spills than the plain kernel,
+    every device length clamped (compile_groups checks)."""
+    specs = [(FWD, FWD_PARAMS, dict(_FWD, num_splits=7), "split"), (FWD, FWD_PARAMS, _FWD, "base"),
+             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=5), "paged-split"),
+             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED), "paged-base"),
+             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=29, pack_gqa=True), "paged-split-packed"),
+             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, pack_gqa=True, has_window_right=True, bottom_right=True),
+              "paged-packed-causal"),
+             (COMBINE, COMBINE_PARAMS, dict(head_dim_v=128, num_heads_q=32, num_splits=7, has_lse=True,
+                                            has_seqused=True, has_sinks=True), "combine")]
+    # sm_90a too: the H200 runs the mma.sync family from an sm_90a build
+    both = compile_groups([("sm_80", specs), ("sm_90a", specs)], tmp_path, ptxas=True)
+    for arch_outs in both:
+        assert all(o["target"] == [arch_outs[0]["target"][0]] for o in arch_outs)
+    outs = {o["tag"]: o for o in both[0]}
+    outs90 = {o["tag"]: o for o in both[1]}
+    assert outs90["combine"]["local"] == 0 and all(o["mma_sync"] > 0 for t, o in outs90.items() if t != "combine")
+    for arch_outs in (outs, outs90):
+        for split, base in (("split", "base"), ("paged-split", "paged-base"), ("paged-split-packed", "paged-base"),
+                            ("paged-packed-causal", "paged-base")):
+            out = arch_outs[split]
+            assert ("_sp" in out["name"] or "_pk" in out["name"]) and out["entries"] == [out["name"]]
+            assert out["mma_sync"] > 0
+            assert out["local"] <= arch_outs[base]["local"], (out["local"], arch_outs[base]["local"])
+            if out["ptxas"] is not None:
+                assert out["spill_bytes"] <= arch_outs[base]["spill_bytes"], (out["ptxas"], arch_outs[base]["ptxas"])
+    c = outs["combine"]
+    assert c["name"] == "frost_split_combine_bf16_d128_h32_sp7_lse_seqused_sink" and c["entries"] == [c["name"]]
+    assert c["local"] == 0 and c["length_loads"] >= 1
+    if c["ptxas"] is not None:
+        assert c["spill_bytes"] == 0, c["ptxas"]
+    assert SplitCombineParams(num_splits=2).is_thd is False
