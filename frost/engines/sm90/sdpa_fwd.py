@@ -34,10 +34,12 @@ mask. One that straddles blocks (tile_n not dividing 128, tile_m 192) is masked 
 query positions (no GQA packing with it: a packed tile would span several heads' bits).
 
 cuDNN's paged K/V cache (`paged`): K and V are containers (num_blocks, block_size, H, D) read through int32
-block tables. tile_n divides the block sizes, so a key tile lies inside one block: the producer's TMA load names
+block tables. Where tile_n divides a block size, a key tile lies inside one block: the producer's TMA load names
 that block (read from the table on the device per tile, clamped to the container: `paged.block_of`) and the
-tile's row offset in it (`kv_gmem`); the key length is seqused_kv clamped to the envelope max_seqlen_kv. Nothing
-else changes (rows past a sequence's keys are masked, and V's are zeroed as for any seqused).
+tile's row offset in it (`kv_gmem`); blocks smaller than tile_n (a multiple of 8 rows that divides it) are
+spanned, one TMA load per block into its rows of the stage, all on the stage's mbarrier (`load_blocks`). The key
+length is seqused_kv clamped to the envelope max_seqlen_kv. Nothing else changes (rows past a sequence's keys
+are masked, and V's are zeroed as for any seqused).
 
 Head dims: tiles span d_qk and d_v padded up to whole 16-element wgmma K steps
 (`tile_head_dim`, `tile_head_dim_v`) while the tensors keep theirs; TMA loads
