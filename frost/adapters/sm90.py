@@ -3,7 +3,7 @@
 Each adapter's `plan_knobs(facts, target, requested)` is its planning policy: the measured defaults for the
 head dims (and, forward, the target's SM count), the requested knobs honored, then (forward) GQA head
 packing and its tile height chosen for the declared shape, two consumer warpgroups with score modifiers, and
-key tiles that divide a paged cache's block size.
+key tiles that divide a paged cache's block size or span whole blocks of it (16 and 32 rows).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class SdpaFwdDslSm90(DslFwdAdapter):
         flags = fwd_feature_flags(facts)
         knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count,
                               score_mods=score_mods_of(flags))
-        if facts.paged is not None:  # each key tile inside one block of the paged cache (one TMA load)
+        if facts.paged is not None:  # each key tile inside one block (one TMA load) or spanning whole ones
             knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
         if "pack_gqa" not in requested:

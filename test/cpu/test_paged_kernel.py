@@ -225,17 +225,21 @@ def test_a_requested_key_tile_that_straddles_blocks_declines_the_wgmma_forward()
 
 
 @pytest.mark.slow
-def test_the_paged_wgmma_forward_compiles_with_no_more_spills_than_dense(tmp_path):
+@pytest.mark.parametrize("span", [False, True], ids=["inside", "spanning"])
+def test_the_paged_wgmma_forward_compiles_with_no_more_spills_than_dense(tmp_path, span):
     """Each paged case of the wgmma covering set beside the same kernel over dense K and V: wgmma and TMA, no
-    local memory or ptxas spill beyond the dense kernel's, and the block tables read on the device."""
+    local memory or ptxas spill beyond the dense kernel's, and the block tables read on the device. `spanning`:
+    the cases whose blocks (16 and 32 rows) are smaller than the key tile, one TMA load per block."""
     from frost.engines.sm90.sdpa_fwd import kernel_name
 
-    dense = [dict(kw, paged_block_k=0, paged_block_v=0) for kw in SM90_FWD_PAGED_COVER]
-    specs = [(SM90_FWD_TEMPLATE, SM90_PARAMS, kw, None) for kw in SM90_FWD_PAGED_COVER + dense]
-    n = len(SM90_FWD_PAGED_COVER)
+    cover = [kw for kw in SM90_FWD_PAGED_COVER if sm90.paged_span(kw["paged_block_k"], kw["tile_n"]) == span]
+    assert cover and (not span or {kw["paged_block_k"] for kw in cover} == {16, 32})
+    dense = [dict(kw, paged_block_k=0, paged_block_v=0) for kw in cover]
+    specs = [(SM90_FWD_TEMPLATE, SM90_PARAMS, kw, None) for kw in cover + dense]
+    n = len(cover)
     groups = [("sm_90a", specs[:n]), ("sm_90a", specs[n:])]
     outs, bases = compile_groups(groups, tmp_path, ptxas=True)
-    for kw, out, base in zip(SM90_FWD_PAGED_COVER, outs, bases):
+    for kw, out, base in zip(cover, outs, bases):
         name = kernel_name(sm90.Sm90FwdParams(**kw), "sm_90a")
         assert "_pg" in name and out["name"] == name and out["entries"] == [name]
         assert out["target"] == ["sm_90a"] and out["wgmma_mma_async"] > 0 and out["tma"] > 0

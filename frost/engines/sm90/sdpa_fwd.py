@@ -538,8 +538,7 @@ class SdpaFwdSm90:
                 if const_expr(self.p.has_block_mask):
                     n_last = n_top
                 pipe_k.producer_acquire(kv_state)
-                self.load_key_tile(tma_atom_k, tKgK, tKsK, n_last, kv_state.index,
-                                   pipe_k.producer_get_barrier(kv_state))
+                self.load_key_tile(tma_atom_k, tKgK, tKsK, n_last, pipe_k, kv_state)
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
@@ -564,8 +563,7 @@ class SdpaFwdSm90:
                         self.load_kv(kv, n_cur, n_prev, kv_state, prev_state)
                         n_prev = n_cur
                 pipe_v.producer_acquire(kv_state)
-                self.load_key_tile(tma_atom_v, tVgV, tVsV, n_prev, kv_state.index,
-                                   pipe_v.producer_get_barrier(kv_state))
+                self.load_key_tile(tma_atom_v, tVgV, tVsV, n_prev, pipe_v, kv_state)
                 kv_state.advance()
             else:
                 if const_expr(not self.separate_o):
@@ -622,10 +620,9 @@ class SdpaFwdSm90:
         prev_state's; `kv`: (TMA atoms of K and V, their partitions (gmem, smem), their pipelines)."""
         tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v = kv
         pipe_k.producer_acquire(kv_state)
-        self.load_key_tile(tma_atom_k, tKgK, tKsK, n_cur, kv_state.index, pipe_k.producer_get_barrier(kv_state))
+        self.load_key_tile(tma_atom_k, tKgK, tKsK, n_cur, pipe_k, kv_state)
         pipe_v.producer_acquire(prev_state)
-        self.load_key_tile(tma_atom_v, tVgV, tVsV, n_prev, prev_state.index,
-                           pipe_v.producer_get_barrier(prev_state))
+        self.load_key_tile(tma_atom_v, tVgV, tVsV, n_prev, pipe_v, prev_state)
 
     @cute.jit
     def paged_source(self, atom, mX, mTable, sX, head, batch, block_size: cutlass.Constexpr[int],
@@ -641,14 +638,15 @@ class SdpaFwdSm90:
         return tXsX, _PagedKv(m, paged.table_row(mTable, batch), smem, block_size, cols, vsl)
 
     @cute.jit
-    def load_key_tile(self, atom, src, dst, n_block: Int32, stage, bar):
-        """TMA-load key tile n_block of K or V into shared stage `stage` on mbarrier `bar` (`src`, `dst`: from
-        `tile_sources`): one load of the tile (`kv_gmem`), or with a paged cache whose blocks are smaller than the
-        tile, one per block it spans (`load_blocks`)."""
+    def load_key_tile(self, atom, src, dst, n_block: Int32, pipe, state):
+        """TMA-load key tile n_block of K or V into `state`'s stage of `pipe` (`src`, `dst`: from `tile_sources`):
+        one load of the tile (`kv_gmem`), or with a paged cache whose blocks are smaller than the tile, one per
+        block it spans (`load_blocks`)."""
         if const_expr(self.p.paged and paged_span(src.block, self.tile_n)):
-            self.load_blocks(atom, src, n_block, stage, bar)
+            self.load_blocks(atom, src, n_block, state.index, pipe.producer_get_barrier(state))
         else:
-            cute.copy(atom, self.kv_gmem(atom, src, n_block), dst[None, stage], tma_bar_ptr=bar)
+            cute.copy(atom, self.kv_gmem(atom, src, n_block), dst[None, state.index],
+                      tma_bar_ptr=pipe.producer_get_barrier(state))
 
     @cute.jit
     def load_blocks(self, atom, src, n_block: Int32, stage, bar):
