@@ -34,7 +34,7 @@ def frost_params(d, causal, knobs, sm_count):
 
 def smoke(kernels):
     """Each benchmark kernel on a small ragged problem vs the reference math."""
-    from frost.adapters.reference_math import sdpa_fwd_reference
+    from frost.adapters.reference_math import RefArgs, sdpa_fwd_reference
 
     for (d, causal, var), ck in kernels.items():
         h = 2048 // d
@@ -46,7 +46,7 @@ def smoke(kernels):
         scale = 1.0 / math.sqrt(d)
         ck(q, k, v, o, lse, scale, *([0] if causal else []), torch.cuda.current_stream().cuda_stream)
         torch.cuda.synchronize()
-        ro, rl = sdpa_fwd_reference(q, k, v, softmax_scale=scale, window_right=0 if causal else None)
+        ro, rl = sdpa_fwd_reference(q, k, v, RefArgs(scale, window_right=0 if causal else None))
         err = ((o.float() - ro).norm() / ro.norm()).item()
         lerr = (lse - rl).abs().max().item()
         print(f"# smoke d={d} causal={causal} {var}: o rel err {err:.2e}, lse max err {lerr:.2e}, "

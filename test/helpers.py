@@ -310,9 +310,9 @@ def error_of(fn):
 
 def sdpa_fwd_reference64(*args, **kw):
     """frost's canonical-view reference math (`frost.adapters.reference_math.sdpa_fwd_reference`, which takes the
-    kernels' own keywords: windows, seqused, canonical layouts) computed in float64 on the same inputs, for the
-    kernel-level tests; the graph-level tests use the independent oracle (test/oracle.py), and the CPU tests check
-    the reference math against it."""
+    kernels' own arguments in a `RefArgs`: windows, seqused, canonical layouts) computed in float64 on the same
+    inputs, for the kernel-level tests; the graph-level tests use the independent oracle (test/oracle.py), and the
+    CPU tests check the reference math against it."""
     from frost.adapters.reference_math import sdpa_fwd_reference
 
     return sdpa_fwd_reference(*args, compute_dtype=torch.float64, **kw)

@@ -12,7 +12,7 @@ import torch
 
 from frost.adapters.base import SdpaBwdAdapter, SdpaFwdAdapter
 from frost.adapters.reference_lengths import check_lengths
-from frost.adapters.reference_math import batch_entry, sdpa_bwd_reference, sdpa_fwd_reference
+from frost.adapters.reference_math import RefArgs, batch_entry, sdpa_bwd_reference, sdpa_fwd_reference
 from frost.adapters.views import io_view, lengths_view, sink_view, stats_view
 from frost.errors import BindingError
 from frost.ir.validate import Q_GROUP, ROW_STATS
@@ -23,7 +23,9 @@ def _compute_dtype(facts):
     return torch.float64 if facts.io_dtype == "fp32" else torch.float32
 
 
-def _mask_kwargs(facts, bound) -> dict:
+def _ref_args(facts, bound) -> RefArgs:
+    """The reference math's `RefArgs` of a graph in frost's dense or packed form: the scale, the lengths, the
+    sinks, the band, the score modifiers and the block mask, each as declared."""
     kw = _band(facts)
     if facts.is_thd:
         kw.update(cu_seqlens_q=bound["cu_seq_len_q"], cu_seqlens_kv=bound["cu_seq_len_kv"])
@@ -34,7 +36,7 @@ def _mask_kwargs(facts, bound) -> dict:
     kw.update(_score_mod_kwargs(facts, bound))
     if facts.has_block_mask:
         kw.update(block_mask=bound["block_mask"])
-    return kw
+    return RefArgs(facts.attn_scale, **kw)
 
 
 def _score_mod_kwargs(facts, bound) -> dict:
@@ -97,10 +99,10 @@ def _ragged_fwd(facts, bound) -> None:
                 t[b, :, len_q:, 0] = _EMPTY_ROW[role]
         if len_q == 0:
             continue
-        o, *stats = sdpa_fwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
-                                       softmax_scale=facts.attn_scale, compute_dtype=_compute_dtype(facts),
-                                       sinks=sinks, row_stats=True, **_band(facts),
-                                       **_batch_score_mods(facts, bound, b), **_batch_block_mask(facts, bound, b))
+        args = RefArgs(facts.attn_scale, sinks=sinks, **_band(facts), **_batch_score_mods(facts, bound, b),
+                       **_batch_block_mask(facts, bound, b))
+        o, *stats = sdpa_fwd_reference(rows("q")[None], rows("k")[None], rows("v")[None], args,
+                                       compute_dtype=_compute_dtype(facts), row_stats=True)
         rows("o").copy_(o[0])
         for (role, t), value in zip(outs, stats):
             if t is None:
@@ -134,11 +136,10 @@ def _ragged_bwd(facts, bound) -> None:
             rows("dK").zero_()
             rows("dV").zero_()
             continue
-        mods = _batch_score_mods(facts, bound, b)
+        args = RefArgs(facts.attn_scale, sinks=sinks, **_band(facts), **_batch_score_mods(facts, bound, b))
         dq, dk, dv, dsink, db = sdpa_bwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
-                                                   rows("dO")[None], softmax_scale=facts.attn_scale,
-                                                   compute_dtype=_compute_dtype(facts), sinks=sinks, **_band(facts),
-                                                   **mods, dbias=dbias is not None, o=rows("o")[None],
+                                                   rows("dO")[None], args, compute_dtype=_compute_dtype(facts),
+                                                   dbias=dbias is not None, o=rows("o")[None],
                                                    lse=_ragged_stats(bound, rows, b, len_q, "stats" in ragged))
         rows("dQ").copy_(dq[0])
         rows("dK").copy_(dk[0])
@@ -212,8 +213,8 @@ class SdpaFwdReference(SdpaFwdAdapter):
                 k, v = _paged_gather(f, bound, "k"), _paged_gather(f, bound, "v")
             else:
                 k, v = io_view(bound["k"], thd), io_view(bound["v"], thd)
-            o, *stats = sdpa_fwd_reference(io_view(bound["q"], thd), k, v, softmax_scale=f.attn_scale,
-                                           compute_dtype=_compute_dtype(f), row_stats=True, **_mask_kwargs(f, bound))
+            o, *stats = sdpa_fwd_reference(io_view(bound["q"], thd), k, v, _ref_args(f, bound),
+                                           compute_dtype=_compute_dtype(f), row_stats=True)
             io_view(bound["o"], thd).copy_(o)
             for (_, t), value in zip(_row_outputs(f, bound), stats):
                 if t is not None:
@@ -232,11 +233,10 @@ class SdpaBwdReference(SdpaBwdAdapter):
                 _ragged_bwd(f, bound)
             return
         with on_stream(stream, bound["q"].device):
-            kw = _mask_kwargs(f, bound)
             dq, dk, dv, dsink, dbias = sdpa_bwd_reference(
                 io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
-                io_view(bound["dO"], thd), softmax_scale=f.attn_scale, compute_dtype=_compute_dtype(f),
-                dbias=f.has_dbias, o=io_view(bound["o"], thd), lse=stats_view(bound["stats"], thd), **kw)
+                io_view(bound["dO"], thd), _ref_args(f, bound), compute_dtype=_compute_dtype(f),
+                dbias=f.has_dbias, o=io_view(bound["o"], thd), lse=stats_view(bound["stats"], thd))
             io_view(bound["dQ"], thd).copy_(dq)
             io_view(bound["dK"], thd).copy_(dk)
             io_view(bound["dV"], thd).copy_(dv)

@@ -7,10 +7,34 @@ adapter. It is plain torch, runs on any device, and reads `cu_seqlens` /
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from frost.engines.sdpa_args import BLOCK_MASK_BITS, BLOCK_MASK_TILE, alibi_slopes
+
+
+@dataclass(frozen=True, eq=False)
+class RefArgs:
+    """What the reference math takes beside the io tensors, one field per kernel contract argument (the names of
+    `frost.engines.sdpa_args`): the scale; the packed prefix sums (THD) or the used lengths of a padded batch
+    (None: none); the sinks; the band (windows None: unbounded); the score modifiers (`bias`: the declared
+    (B or 1, Hq or 1, S_q, S_kv) additive bias; `alibi`: cuDNN's ALiBi); the forward's block mask (cuDNN's uint8
+    (B, Hq, ceil(S_q/128), ceil(ceil(S_kv/128)/8)) tile bits, `block_mask_allowed`)."""
+
+    softmax_scale: float
+    cu_seqlens_q: Any = None
+    cu_seqlens_kv: Any = None
+    seqused_q: Any = None
+    seqused_kv: Any = None
+    sinks: Any = None
+    window_left: Any = None
+    window_right: Any = None
+    bottom_right: bool = False
+    bias: Any = None
+    alibi: bool = False
+    block_mask: Any = None
 
 
 def _ranges(num_batches: int, s_q: int, s_kv: int, cu_q, cu_kv, used_q, used_kv):
@@ -24,23 +48,24 @@ def _ranges(num_batches: int, s_q: int, s_kv: int, cu_q, cu_kv, used_q, used_kv)
     return [(0, int(uq[b]), 0, int(uk[b])) for b in range(num_batches)]
 
 
-def _sequences(q, k, thd: bool, cu_q, cu_kv, used_q, used_kv, *, window_left, window_right, bottom_right,
-               bias=None, alibi=False, block_mask=None):
+def _sequences(q, k, a: RefArgs, block_mask=None):
     """Per non-empty sequence: (batch index, query rows, key rows, mask, score terms), the rows as index tuples
     into the canonical views (THD: token slices; dense: the batch entry's leading rows), the mask (len_q, len_kv),
     or (H, len_q, len_kv) with a block mask, the score terms `score_mods`' (in q's dtype; None without a bias or
     ALiBi)."""
-    batches = len(cu_q) - 1 if thd else q.shape[0]
+    thd = a.cu_seqlens_q is not None
+    batches = len(a.cu_seqlens_q) - 1 if thd else q.shape[0]
     s_q, s_kv = (0, 0) if thd else (q.shape[1], k.shape[1])
-    for b, (q0, lq, k0, lk) in enumerate(_ranges(batches, s_q, s_kv, cu_q, cu_kv, used_q, used_kv)):
+    ranges = _ranges(batches, s_q, s_kv, a.cu_seqlens_q, a.cu_seqlens_kv, a.seqused_q, a.seqused_kv)
+    for b, (q0, lq, k0, lk) in enumerate(ranges):
         if lq == 0:
             continue
-        mask = allowed_mask(lq, lk, window_left=window_left, window_right=window_right, bottom_right=bottom_right,
-                            device=q.device)
+        mask = allowed_mask(lq, lk, window_left=a.window_left, window_right=a.window_right,
+                            bottom_right=a.bottom_right, device=q.device)
         if block_mask is not None:
             mask = mask & block_mask_allowed(block_mask[b], lq, lk)
-        mods = score_mods(q.shape[-2], lq, lk, bias_block=_bias_block(bias, b, lq, lk), alibi=alibi, dtype=q.dtype,
-                          device=q.device)
+        mods = score_mods(q.shape[-2], lq, lk, bias_block=_bias_block(a.bias, b, lq, lk), alibi=a.alibi,
+                          dtype=q.dtype, device=q.device)
         if thd:
             yield b, (slice(q0, q0 + lq),), (slice(k0, k0 + lk),), mask, mods
         else:
@@ -136,10 +161,9 @@ def _attend(qb, kb, vb, *, scale, sink, mask, mods=None):
     return o, lse, top, sum_exp
 
 
-def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_kv=None, seqused_q=None,
-                       seqused_kv=None, sinks=None, window_left=None, window_right=None, bottom_right=False,
-                       bias=None, alibi=False, block_mask=None, compute_dtype=torch.float32, row_stats=False):
-    """Forward on canonical views; returns (o, lse) in `compute_dtype`, with `row_stats` (o, lse, score_max,
+def sdpa_fwd_reference(q, k, v, args: RefArgs, *, compute_dtype=torch.float32, row_stats=False):
+    """Forward on canonical views with the contract's other arguments `args`; returns (o, lse) in
+    `compute_dtype`, with `row_stats` (o, lse, score_max,
     score_sum_exp): the row max of the scaled, modified, masked scores (the sink included) and the row sum of
     exp(score - max), so lse = score_max + log(score_sum_exp).
 
@@ -147,14 +171,12 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
     THD views:   q (Tq, Hq, D)    -> o (Tq, Hq, Dv),    lse (Hq, Tq).
     K and V may have different head counts, each dividing Hq.
     Rows past a sequence's length (padding) and empty rows get O = 0, LSE = -inf (score_max -inf, sum 0).
-    `bias`: the declared (B or 1, Hq or 1, S_q, S_kv) additive bias; `alibi`: cuDNN's ALiBi (sdpa_args.py).
-    `block_mask`: cuDNN's uint8 (B, Hq, ceil(S_q/128), ceil(ceil(S_kv/128)/8)) tile bits (`block_mask_allowed`);
-    its cleared tiles join the mask, so a row left with no key is an empty row.
+    A block mask's cleared tiles join the mask, so a row left with no key is an empty row.
     """
-    thd = cu_seqlens_q is not None
+    thd = args.cu_seqlens_q is not None
     cd = compute_dtype
     q, k, v = q.to(cd), k.to(cd), v.to(cd)
-    sink = sinks.to(cd) if sinks is not None else None
+    sink = args.sinks.to(cd) if args.sinks is not None else None
     dv = v.shape[-1]
     if thd:
         tq, hq = q.shape[0], q.shape[1]
@@ -166,11 +188,8 @@ def sdpa_fwd_reference(q, k, v, *, softmax_scale, cu_seqlens_q=None, cu_seqlens_
         shape = (bsz, hq, sq)
     lse, top = (torch.full(shape, float("-inf"), dtype=cd, device=q.device) for _ in range(2))
     sum_exp = torch.zeros(shape, dtype=cd, device=q.device)
-    for _, qs, ks, mask, mods in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
-                                            window_left=window_left, window_right=window_right,
-                                            bottom_right=bottom_right, bias=bias, alibi=alibi,
-                                            block_mask=block_mask):
-        ob, *rows = _attend(q[qs], k[ks], v[ks], scale=softmax_scale, sink=sink, mask=mask, mods=mods)
+    for _, qs, ks, mask, mods in _sequences(q, k, args, block_mask=args.block_mask):
+        ob, *rows = _attend(q[qs], k[ks], v[ks], scale=args.softmax_scale, sink=sink, mask=mask, mods=mods)
         o[qs] = ob
         for out, rb in zip((lse, top, sum_exp), rows):
             if thd:
@@ -212,11 +231,9 @@ def _attend_bwd(qb, kb, vb, dob, *, scale, sink, mask, mods=None, ob=None, lseb=
     return dq, fold(dk, hk), fold(dv, hv), dsink, ds
 
 
-def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float64, cu_seqlens_q=None,
-                       cu_seqlens_kv=None, seqused_q=None, seqused_kv=None, sinks=None, window_left=None,
-                       window_right=None, bottom_right=False, bias=None, alibi=False, dbias=False, o=None,
-                       lse=None):
-    """Gradients of `sdpa_fwd_reference` in `compute_dtype`, in closed form per sequence.
+def sdpa_bwd_reference(q, k, v, do, args: RefArgs, *, compute_dtype=torch.float64, dbias=False, o=None, lse=None):
+    """Gradients of `sdpa_fwd_reference` in `compute_dtype`, in closed form per sequence (`args` without a block
+    mask: the backward has none).
 
     `o` (the canonical view of O, shaped like q's with Dv) and `lse` (the forward's `lse` shape: dense (B, Hq, Sq),
     THD (Hq, Tq)) are used as given, as every engine's backward uses its bound O and Stats; left None, they are
@@ -225,22 +242,22 @@ def sdpa_bwd_reference(q, k, v, do, *, softmax_scale, compute_dtype=torch.float6
     bias's shape: dS (the logits' gradient, before the scale) summed over the batch entries and heads the bias
     broadcasts over, zero at masked and padding positions.
     """
-    thd = cu_seqlens_q is not None
+    if args.block_mask is not None:
+        raise ValueError("sdpa_bwd_reference: the backward takes no block mask")
+    thd = args.cu_seqlens_q is not None
     cd = compute_dtype
     q, k, v, do = q.to(cd), k.to(cd), v.to(cd), do.to(cd)
     o = o.to(cd) if o is not None else None
     lse = lse.to(cd) if lse is not None else None
-    sink = sinks.to(cd) if sinks is not None else None
+    sink = args.sinks.to(cd) if args.sinks is not None else None
     hq = q.shape[-2]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dsink = torch.zeros(hq, dtype=cd, device=q.device) if sink is not None else None
-    dbias_out = torch.zeros(tuple(bias.shape), dtype=cd, device=q.device) if dbias else None
-    for b, qs, ks, mask, mods in _sequences(q, k, thd, cu_seqlens_q, cu_seqlens_kv, seqused_q, seqused_kv,
-                                            window_left=window_left, window_right=window_right,
-                                            bottom_right=bottom_right, bias=bias, alibi=alibi):
+    dbias_out = torch.zeros(tuple(args.bias.shape), dtype=cd, device=q.device) if dbias else None
+    for b, qs, ks, mask, mods in _sequences(q, k, args):
         lq, lk = mask.shape[-2:]
         lseb = None if lse is None else (lse[:, qs[0]] if thd else lse[qs[0], :, qs[1]])
-        parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=softmax_scale, sink=sink, mask=mask, mods=mods,
+        parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=args.softmax_scale, sink=sink, mask=mask, mods=mods,
                             ob=None if o is None else o[qs], lseb=lseb)
         dq[qs], dk[ks], dv[ks] = parts[:3]
         if sink is not None:

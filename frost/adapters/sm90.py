@@ -3,8 +3,8 @@
 Each adapter's `plan_knobs(facts, target, requested)` is its planning policy: the measured defaults for the
 head dims (and, forward, the target's SM count), the requested knobs honored, then (forward) GQA head
 packing and its tile height chosen for the declared shape, two consumer warpgroups with score modifiers,
-key tiles that divide a paged cache's block size, and split-KV for decodes over long caches (the mma.sync
-forward's choice and combine: `frost.adapters.split_kv`, docs/decode.md).
+key tiles that divide a paged cache's block size or span whole blocks of it (16 and 32 rows), and split-KV for
+decodes over long caches (the mma.sync forward's choice and combine: `frost.adapters.split_kv`, docs/decode.md).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class SdpaFwdDslSm90(SplitKvForward, DslFwdAdapter):
         flags = fwd_feature_flags(facts)
         knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count,
                               score_mods=score_mods_of(flags))
-        if facts.paged is not None:  # each key tile inside one block of the paged cache (one TMA load)
+        if facts.paged is not None:  # each key tile inside one block (one TMA load) or spanning whole ones
             knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
         if "pack_gqa" not in requested:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import NamedTuple
 
 from frost.errors import GraphError, GraphNotSupportedError
 from frost.ir.facts import PagedFacts, RaggedFacts, SdpaFacts, TensorFacts
@@ -125,6 +126,8 @@ def _tensor_facts(role: str, t: Tensor) -> TensorFacts:
 
 
 def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
+    """(geometry, mask) facts shared by the forward and the backward: q, k and v, their form (dense, packed,
+    ragged, paged), the heads and head dims, then the optional tensors and the band."""
     a: SdpaAttrs = node.attrs
     _check_attr_types(a)
     for role, t in (("q", q), ("k", k), ("v", v)):
@@ -144,63 +147,120 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
                          f"form; this graph declares no ragged offsets")
     paged = _check_paged(a, ragged, thd)
     if thd:
-        if a.cu_seq_len_q is None or a.cu_seq_len_kv is None:
-            raise GraphError(f"sdpa {a.name!r}: packed THD needs both cu_seq_len_q and cu_seq_len_kv")
-        for role, t in (("q", q), ("k", k), ("v", v)):
-            expect_rank(t, role, thd=True)
-        cu_q, cu_kv = a.cu_seq_len_q, a.cu_seq_len_kv
-        for role, t in (("cu_seq_len_q", cu_q), ("cu_seq_len_kv", cu_kv)):
-            t.require_declared()
-            _expect_dtype(t, role, (DataType.INT32,))
-            if len(t.dim) != 1 or t.dim[0] < 2:
-                raise GraphError(f"{_who(t, role)}: expected dim (B+1,) with B >= 1, got {tuple(t.dim)}")
-        if cu_q.dim != cu_kv.dim:
-            raise GraphError(f"sdpa {a.name!r}: cu_seq_len_q dim {cu_q.dim} and cu_seq_len_kv dim {cu_kv.dim} differ")
-        if a.max_seq_len_q is None or a.max_seq_len_kv is None:
-            raise GraphError(f"sdpa {a.name!r}: packed THD needs the plan-time envelopes max_seq_len_q and "
-                             f"max_seq_len_kv (the longest sequence that will ever be executed)")
-        if a.max_seq_len_q < 1 or a.max_seq_len_kv < 1:
-            raise GraphError(f"sdpa {a.name!r}: max_seq_len_q / max_seq_len_kv must be >= 1")
-        if a.use_padding_mask or a.seq_len_q is not None or a.seq_len_kv is not None:
-            raise GraphError(f"sdpa {a.name!r}: packed THD carries its lengths in cu_seq_len_q/kv; "
-                             f"padding masks (seq_len_q/kv) do not apply")
-        batch = cu_q.dim[0] - 1
-        tq, hq, dqk = q.dim
-        tkv, hkv, dk = k.dim
-        tv, hv, dv = v.dim
-        sq, skv = a.max_seq_len_q, a.max_seq_len_kv
-        if sq > tq or skv > tkv:
-            raise GraphError(f"sdpa {a.name!r}: max_seq_len_q={sq} / max_seq_len_kv={skv} exceed the declared "
-                             f"packed totals q={tq} / k={tkv}")
+        g = _packed_dims(a, q, k, v)
     else:
-        if a.max_seq_len_q is not None or a.max_seq_len_kv is not None:
-            raise GraphError(f"sdpa {a.name!r}: max_seq_len_q/max_seq_len_kv are envelopes for packed THD "
-                             f"graphs; a dense graph takes its lengths from the declared dims")
-        for role, t in (("q", q), ("k", k), ("v", v)):
-            expect_rank(t, role, thd=False)
-        batch, hq, sq, dqk = q.dim
-        bk, hkv, skv, dk = k.dim
-        bv, hv, sv, dv = v.dim
-        if paged is not None:  # K and V are block containers: their first dim counts blocks, not sequences
-            paged, skv = _check_paged_tables(a, k, v, batch)
-        else:
-            if bk != batch or bv != batch:
-                raise GraphError(f"sdpa {a.name!r}: batch sizes differ: q {batch}, k {bk}, v {bv}")
-            if sv != skv:
-                raise GraphError(f"{_who(v, 'v')}: sequence length {sv} differs from k's {skv}")
-        tq = tkv = tv = 0
-    if dk != dqk:
-        raise GraphError(f"{_who(k, 'k')}: head dim {dk} differs from q's head dim {dqk}")
-    if thd and tv != tkv:
-        raise GraphError(f"{_who(v, 'v')}: packed total {tv} differs from k's {tkv}")
-    if hq < 1:
-        raise GraphError(f"{_who(q, 'q')}: needs at least one head, got {hq}")
-    for role, t, h in (("k", k, hkv), ("v", v, hv)):  # K and V each divide the query heads (GQA / MQA)
-        if h < 1 or hq % h != 0:
-            raise GraphError(f"{_who(t, role)}: {h} heads do not divide q's {hq}; GQA needs H_q to be a multiple "
+        g, paged = _dense_dims(a, q, k, v, paged)
+    _check_heads(a, g, thd, q, k, v)
+    probability = _check_optional_tensors(a, g, q)
+    left, right, bottom_right = resolve_band(a)
+    if a.use_alibi_mask and right != 0:
+        raise GraphNotSupportedError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask "
+                                     f"(diagonal_band_right_bound=0 or use_causal_mask), as in cuDNN; this graph's "
+                                     f"right bound is {right}")
+    geom = dict(batch=g.batch, num_heads_q=g.hq, num_heads_kv=g.hkv, num_heads_v=g.hv, head_dim_qk=g.dqk,
+                head_dim_v=g.dv, seq_q=g.sq, seq_kv=g.skv, is_thd=thd, total_q=g.tq, total_kv=g.tkv)
+    mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
+                has_sinks=a.sink_token is not None,
+                attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
+                has_dropout=a.dropout is not None, dropout_probability=probability,
+                has_bias=a.bias is not None, has_block_mask=a.block_mask is not None,
+                has_attn_mask=a.attn_mask is not None, has_alibi=bool(a.use_alibi_mask),
+                has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
+                other_features=_other_features(a), paged=paged)
+    return geom, mask
+
+
+class _Dims(NamedTuple):
+    """The declared extents of q, k and v: batch, heads (q, k, v), head dims (q, k, v), sequence lengths (q, kv;
+    the envelopes when packed) and packed totals (q, k, v; 0 when dense)."""
+
+    batch: int
+    hq: int
+    hkv: int
+    hv: int
+    dqk: int
+    dk: int
+    dv: int
+    sq: int
+    skv: int
+    tq: int
+    tkv: int
+    tv: int
+
+
+def _packed_dims(a: SdpaAttrs, q: Tensor, k: Tensor, v: Tensor) -> _Dims:
+    """frost's packed form (cu_seq_len_q/kv with (tokens, heads, dim) tensors): its offsets and envelopes."""
+    if a.cu_seq_len_q is None or a.cu_seq_len_kv is None:
+        raise GraphError(f"sdpa {a.name!r}: packed THD needs both cu_seq_len_q and cu_seq_len_kv")
+    for role, t in (("q", q), ("k", k), ("v", v)):
+        expect_rank(t, role, thd=True)
+    cu_q, cu_kv = a.cu_seq_len_q, a.cu_seq_len_kv
+    for role, t in (("cu_seq_len_q", cu_q), ("cu_seq_len_kv", cu_kv)):
+        t.require_declared()
+        _expect_dtype(t, role, (DataType.INT32,))
+        if len(t.dim) != 1 or t.dim[0] < 2:
+            raise GraphError(f"{_who(t, role)}: expected dim (B+1,) with B >= 1, got {tuple(t.dim)}")
+    if cu_q.dim != cu_kv.dim:
+        raise GraphError(f"sdpa {a.name!r}: cu_seq_len_q dim {cu_q.dim} and cu_seq_len_kv dim {cu_kv.dim} differ")
+    if a.max_seq_len_q is None or a.max_seq_len_kv is None:
+        raise GraphError(f"sdpa {a.name!r}: packed THD needs the plan-time envelopes max_seq_len_q and "
+                         f"max_seq_len_kv (the longest sequence that will ever be executed)")
+    if a.max_seq_len_q < 1 or a.max_seq_len_kv < 1:
+        raise GraphError(f"sdpa {a.name!r}: max_seq_len_q / max_seq_len_kv must be >= 1")
+    if a.use_padding_mask or a.seq_len_q is not None or a.seq_len_kv is not None:
+        raise GraphError(f"sdpa {a.name!r}: packed THD carries its lengths in cu_seq_len_q/kv; "
+                         f"padding masks (seq_len_q/kv) do not apply")
+    batch = cu_q.dim[0] - 1
+    tq, hq, dqk = q.dim
+    tkv, hkv, dk = k.dim
+    tv, hv, dv = v.dim
+    sq, skv = a.max_seq_len_q, a.max_seq_len_kv
+    if sq > tq or skv > tkv:
+        raise GraphError(f"sdpa {a.name!r}: max_seq_len_q={sq} / max_seq_len_kv={skv} exceed the declared "
+                         f"packed totals q={tq} / k={tkv}")
+    return _Dims(batch, hq, hkv, hv, dqk, dk, dv, sq, skv, tq, tkv, tv)
+
+
+def _dense_dims(a: SdpaAttrs, q: Tensor, k: Tensor, v: Tensor, paged):
+    """(dims, paged facts) of (B, H, S, D) tensors; with a paged cache, K and V are its block containers."""
+    if a.max_seq_len_q is not None or a.max_seq_len_kv is not None:
+        raise GraphError(f"sdpa {a.name!r}: max_seq_len_q/max_seq_len_kv are envelopes for packed THD "
+                         f"graphs; a dense graph takes its lengths from the declared dims")
+    for role, t in (("q", q), ("k", k), ("v", v)):
+        expect_rank(t, role, thd=False)
+    batch, hq, sq, dqk = q.dim
+    bk, hkv, skv, dk = k.dim
+    bv, hv, sv, dv = v.dim
+    if paged is not None:  # K and V are block containers: their first dim counts blocks, not sequences
+        paged, skv = _check_paged_tables(a, k, v, batch)
+    else:
+        if bk != batch or bv != batch:
+            raise GraphError(f"sdpa {a.name!r}: batch sizes differ: q {batch}, k {bk}, v {bv}")
+        if sv != skv:
+            raise GraphError(f"{_who(v, 'v')}: sequence length {sv} differs from k's {skv}")
+    return _Dims(batch, hq, hkv, hv, dqk, dk, dv, sq, skv, 0, 0, 0), paged
+
+
+def _check_heads(a: SdpaAttrs, g: _Dims, thd: bool, q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Head dims and head counts: K's head dim is Q's; K and V each divide the query heads (GQA / MQA)."""
+    if g.dk != g.dqk:
+        raise GraphError(f"{_who(k, 'k')}: head dim {g.dk} differs from q's head dim {g.dqk}")
+    if thd and g.tv != g.tkv:
+        raise GraphError(f"{_who(v, 'v')}: packed total {g.tv} differs from k's {g.tkv}")
+    if g.hq < 1:
+        raise GraphError(f"{_who(q, 'q')}: needs at least one head, got {g.hq}")
+    for role, t, h in (("k", k, g.hkv), ("v", v, g.hv)):  # K and V each divide the query heads (GQA / MQA)
+        if h < 1 or g.hq % h != 0:
+            raise GraphError(f"{_who(t, role)}: {h} heads do not divide q's {g.hq}; GQA needs H_q to be a multiple "
                              f"of H_{role} (K and V may differ)")
-    if dqk < 1 or dv < 1:
+    if g.dqk < 1 or g.dv < 1:
         raise GraphError(f"sdpa {a.name!r}: head dims must be >= 1")
+
+
+def _check_optional_tensors(a: SdpaAttrs, g: _Dims, q: Tensor):
+    """The padding lengths, sinks, scale, bias, block mask, dropout and RNG dump against the dims; returns the
+    dropout probability."""
+    batch, hq, sq, skv = g.batch, g.hq, g.sq, g.skv
     if a.use_padding_mask != (a.seq_len_q is not None or a.seq_len_kv is not None):
         raise GraphError(f"sdpa {a.name!r}: use_padding_mask=True needs seq_len_q and seq_len_kv, and they are "
                          f"only meaningful with use_padding_mask=True")
@@ -224,22 +284,7 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         _check_block_mask(a.block_mask, batch, hq, sq, skv)
     probability = _check_dropout(a)
     _check_rng_dump(a, batch, hq, sq, skv)
-    left, right, bottom_right = resolve_band(a)
-    if a.use_alibi_mask and right != 0:
-        raise GraphNotSupportedError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask "
-                                     f"(diagonal_band_right_bound=0 or use_causal_mask), as in cuDNN; this graph's "
-                                     f"right bound is {right}")
-    geom = dict(batch=batch, num_heads_q=hq, num_heads_kv=hkv, num_heads_v=hv, head_dim_qk=dqk, head_dim_v=dv,
-                seq_q=sq, seq_kv=skv, is_thd=thd, total_q=tq, total_kv=tkv)
-    mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
-                has_sinks=a.sink_token is not None,
-                attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
-                has_dropout=a.dropout is not None, dropout_probability=probability,
-                has_bias=a.bias is not None, has_block_mask=a.block_mask is not None,
-                has_attn_mask=a.attn_mask is not None, has_alibi=bool(a.use_alibi_mask),
-                has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
-                other_features=_other_features(a), paged=paged)
-    return geom, mask
+    return probability
 
 
 def _check_paged(a: SdpaAttrs, ragged: bool, thd: bool):

@@ -90,7 +90,8 @@ CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng
 #: cuDNN's paged K/V cache (forward only, as in cuDNN): the reference gathers through the tables, the cuDNN engine
 #: lowers it to cuDNN's paged SDPA, the mma.sync forward reads each key tile from its block (block sizes that its
 #: key tiles divide: `frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`), the wgmma forward loads each key
-#: tile by TMA from its block (`frost.engines.sm90.sdpa_fwd_params.PAGED_BLOCK_SIZES`)
+#: tile by TMA from its block, or from each block of smaller ones it spans
+#: (`frost.engines.sm90.sdpa_fwd_params.PAGED_BLOCK_SIZES`)
 PAGED_FEATURES = frozenset({"paged_attention"})
 
 MMA_SYNC_BWD_KNOBS = {"dq_splits": tuple(range(9))}

@@ -538,7 +538,9 @@ SM80_FWD_PAGED_COVER = {
 # cuDNN's paged K/V cache in the wgmma forward (each key tile's TMA load names its block through the table): decode
 # with GQA packed into 64-row tiles at block size 64; chunked prefill with bottom-right causal, a sliding window and
 # sinks at block size 256 (d=64's 128-key tiles, three consumer warpgroups); K and V in blocks of different sizes
-# with a padded head dim (d=80's 112-key tiles shrunk to 64) under bottom-right causal
+# with a padded head dim (d=80's 112-key tiles shrunk to 64) under bottom-right causal; blocks smaller than the key
+# tile (one TMA load per block): 16-row blocks under d=128's 128-key tiles (two column atoms per block) with
+# bottom-right causal, 32-row blocks in a GQA-packed decode
 SM90_FWD_PAGED_COVER = [
     _sm90(hq=8, hk=2, has_seqused=True, paged_block_k=64, paged_block_v=64,
           knobs=dict(tile_m=64, tile_n=64, pack_gqa=True)),
@@ -546,6 +548,10 @@ SM90_FWD_PAGED_COVER = [
           bottom_right=True, paged_block_k=256, paged_block_v=256),
     _sm90(d=80, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=128, paged_block_v=64,
           knobs=dict(tile_n=64)),
+    _sm90(hq=8, hk=2, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=16,
+          paged_block_v=16),
+    _sm90(d=64, hq=8, hk=2, has_seqused=True, paged_block_k=32, paged_block_v=32,
+          knobs=dict(tile_m=64, pack_gqa=True)),
 ]
 
 #: the wgmma forward's split-KV (docs/decode.md): the packed decodes the H200 plans, dense and paged with sinks, and

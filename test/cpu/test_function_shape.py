@@ -20,10 +20,6 @@ ALLOWED = {
     "frost/torch_face/provider.py:flash_backward": "flash_attn's _flash_attn_backward positional signature",
     "frost/torch_face/kvcache.py:flash_attn_with_kvcache": "flash_attn's flash_attn_with_kvcache keywords",
     "frost/torch_face/flash.py:flash_attn_varlen_func": "flash_attn's flash_attn_varlen_func keywords",
-    # not folded yet: the oracle takes the kernel contract's optional arguments one keyword each (17); a record
-    # for them changes the call sites of the GPU tests, which need a GPU run to check
-    "frost/adapters/reference_math.py:sdpa_fwd_reference": "one keyword per contract argument (to fold)",
-    "frost/adapters/reference_math.py:sdpa_bwd_reference": "one keyword per contract argument (to fold)",
     # not folded yet: a GPU test's launch helper, one keyword per case knob (18)
     "test/gpu/test_sm80_fwd_kernel.py:run_case": "one keyword per case knob (to fold)",
 }

@@ -73,13 +73,15 @@ def test_the_mma_sync_forward_plans_paged_graphs(target, block_size, d):
 
 @pytest.mark.parametrize("target", ["A100", "H200"])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_small_blocks_are_declined_naming_the_sizes_served(target, block_size):
+def test_the_mma_sync_forward_declines_small_blocks_naming_the_sizes_served(target, block_size):
     ranking, declines = _ranked(_facts(block_size), target)
     says = f"serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block size {block_size}"
     assert declines["SdpaFwdDslSm80"] == says
-    if target == "H200":
-        assert declines["SdpaFwdDslSm90"] == says
-    assert all(row.name in ("SdpaFwdCudnn",) for row, _ in ranking.accepted)  # the cuDNN engine, if its binding loads
+    accepted = [row.name for row, _ in ranking.accepted]
+    if target == "H200":  # the wgmma forward's key tiles span them
+        assert "SdpaFwdDslSm90" not in declines and accepted[0] == "SdpaFwdDslSm90"
+    else:
+        assert all(name == "SdpaFwdCudnn" for name in accepted)  # the cuDNN engine, if its binding loads
 
 
 def test_requested_key_tiles_must_divide_the_block():
@@ -166,17 +168,51 @@ def test_the_wgmma_forward_serves_sinks_and_mixed_block_sizes():
     assert (p.paged_block_k, p.paged_block_v, p.tile_n) == (64, 128, 64) and p.has_sinks
 
 
-def test_wgmma_key_tiles_must_divide_the_block():
-    p = sm90.Sm90FwdParams(head_dim=128, head_dim_v=128, has_seqused=True, paged_block_k=64, paged_block_v=64)
-    assert p.tile_n == 128
-    with pytest.raises(TemplateParamsError, match="tile_n=128 must divide the k container's block size 64"):
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("d", [64, 80, 128, 256])
+@pytest.mark.parametrize("sq", [1, 300])
+def test_the_wgmma_forward_plans_blocks_smaller_than_its_key_tile(block_size, d, sq):
+    """Blocks of 16 and 32 rows: the wgmma forward ranks first on the H200, its key tile the widest multiple of the
+    block up to its default (one TMA load per block), not shrunk to the block."""
+    band = {} if sq == 1 else dict(diagonal_band_right_bound=0, diagonal_band_left_bound=256,
+                                   diagonal_alignment=frost.diagonal_alignment.BOTTOM_RIGHT)
+    ranking, declines = _ranked(_facts(block_size, d=d, sq=sq, **band), "H200")
+    row, adapter = ranking.accepted[0]
+    assert row.name == "SdpaFwdDslSm90", declines.get("SdpaFwdDslSm90")
+    p = adapter.validated_params()
+    assert (p.paged_block_k, p.paged_block_v) == (block_size, block_size) and p.paged and p.has_seqused
+    default = sm90.default_knobs(d, d)["tile_n"]
+    assert p.tile_n == default - default % block_size and p.tile_n >= 64
+    assert sm90.paged_span(block_size, p.tile_n) and p.pack_gqa
+
+
+@pytest.mark.parametrize("block_size", [8, 24, 48, 512])
+def test_the_wgmma_forward_declines_other_block_sizes_naming_the_served_ones(block_size):
+    _, declines = _ranked(_facts(block_size, max_kv=1024), "H200")
+    assert declines["SdpaFwdDslSm90"] == ("serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V "
+                                          f"containers have block size {block_size}")
+
+
+def test_wgmma_key_tiles_lie_inside_a_block_or_span_whole_ones():
+    p = sm90.Sm90FwdParams(head_dim=128, head_dim_v=128, has_seqused=True, paged_block_k=64, paged_block_v=64,
+                           tile_n=96)
+    with pytest.raises(TemplateParamsError, match="tile_n=96 must divide the k container's block size 64"):
         sm90.validate(p)
+    with pytest.raises(TemplateParamsError, match="multiple of 8 rows"):  # a block's load fills whole swizzle atoms
+        sm90.validate(p.model_copy(update={"tile_n": 80, "paged_block_k": 20}))
+    sm90.validate(p.model_copy(update={"tile_n": 128}))  # two 64-row blocks per key tile
+    sm90.validate(p.model_copy(update={"tile_n": 128, "paged_block_k": 16, "paged_block_v": 256}))
+    assert not sm90.paged_span(64, 64) and sm90.paged_span(16, 128) and not sm90.paged_span(0, 128)
+    assert [sm90.paged_tile_n(t, (16,)) for t in (128, 112, 80)] == [128, 112, 80]
+    assert [sm90.paged_tile_n(t, (32,)) for t in (128, 112, 80)] == [128, 96, 64]
+    assert sm90.paged_tile_n(128, (16, 64)) == 128 and sm90.paged_tile_n(112, (32, 64)) == 64
+    p = p.model_copy(update={"tile_n": 128})
     with pytest.raises(TemplateParamsError, match="dense"):
         sm90.validate(p.model_copy(update={"tile_n": 64, "has_seqused": False}))
     with pytest.raises(TemplateParamsError, match="both set"):
         sm90.validate(p.model_copy(update={"tile_n": 64, "paged_block_v": 0}))
     sm90.validate(p.model_copy(update={"tile_n": 64}))
-    assert sm90.PAGED_BLOCK_SIZES == (64, 128, 256)
+    assert sm90.PAGED_BLOCK_SIZES == (16, 32, 64, 128, 256)
     assert [sm90.paged_tile_n(t, (64, 128)) for t in (128, 112, 80, 64, 32)] == [64, 64, 64, 64, 32]
     assert [sm90.paged_tile_n(t, (256,)) for t in (128, 112, 80)] == [128, 64, 64]
 
@@ -185,22 +221,26 @@ def test_a_requested_key_tile_that_straddles_blocks_declines_the_wgmma_forward()
     from frost.knobs import Knobs
     from frost.lowering.lower import rank
 
-    ranking = rank(_facts(64, d=128), fake_target("H200"), Knobs(tile_n=128))
-    assert "must divide the k container's block size 64" in dict(ranking.declines)["SdpaFwdDslSm90"]
+    ranking = rank(_facts(64, d=128), fake_target("H200"), Knobs(tile_n=96))
+    assert "tile_n=96 must divide the k container's block size 64" in dict(ranking.declines)["SdpaFwdDslSm90"]
 
 
 @pytest.mark.slow
-def test_the_paged_wgmma_forward_compiles_with_no_more_spills_than_dense(tmp_path):
+@pytest.mark.parametrize("span", [False, True], ids=["inside", "spanning"])
+def test_the_paged_wgmma_forward_compiles_with_no_more_spills_than_dense(tmp_path, span):
     """Each paged case of the wgmma covering set beside the same kernel over dense K and V: wgmma and TMA, no
-    local memory or ptxas spill beyond the dense kernel's, and the block tables read on the device."""
+    local memory or ptxas spill beyond the dense kernel's, and the block tables read on the device. `spanning`:
+    the cases whose blocks (16 and 32 rows) are smaller than the key tile, one TMA load per block."""
     from frost.engines.sm90.sdpa_fwd import kernel_name
 
-    dense = [dict(kw, paged_block_k=0, paged_block_v=0) for kw in SM90_FWD_PAGED_COVER]
-    specs = [(SM90_FWD_TEMPLATE, SM90_PARAMS, kw, None) for kw in SM90_FWD_PAGED_COVER + dense]
-    n = len(SM90_FWD_PAGED_COVER)
+    cover = [kw for kw in SM90_FWD_PAGED_COVER if sm90.paged_span(kw["paged_block_k"], kw["tile_n"]) == span]
+    assert cover and (not span or {kw["paged_block_k"] for kw in cover} == {16, 32})
+    dense = [dict(kw, paged_block_k=0, paged_block_v=0) for kw in cover]
+    specs = [(SM90_FWD_TEMPLATE, SM90_PARAMS, kw, None) for kw in cover + dense]
+    n = len(cover)
     groups = [("sm_90a", specs[:n]), ("sm_90a", specs[n:])]
     outs, bases = compile_groups(groups, tmp_path, ptxas=True)
-    for kw, out, base in zip(SM90_FWD_PAGED_COVER, outs, bases):
+    for kw, out, base in zip(cover, outs, bases):
         name = kernel_name(sm90.Sm90FwdParams(**kw), "sm_90a")
         assert "_pg" in name and out["name"] == name and out["entries"] == [name]
         assert out["target"] == ["sm_90a"] and out["wgmma_mma_async"] > 0 and out["tma"] > 0

@@ -17,7 +17,10 @@ from frost.errors import GraphError
 from frost.target import fake_target
 from test import oracle
 
-SIZES_SAY = "serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block size 32"
+SIZES_SAY = {"SdpaFwdDslSm80": "serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block "
+                               "size 24",
+             "SdpaFwdDslSm90": "serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have "
+                               "block size 24"}
 
 
 def _tables(b, blocks_per_seq, num_blocks, gen, *, transposed=True):
@@ -241,16 +244,16 @@ def test_paged_caches_need_the_padding_mask_and_dense_queries():
 def test_dsl_engines_decline_naming_the_feature_and_the_reference_serves_it_on_the_cpu():
     from frost.lowering.lower import rank
 
-    g = _declare()
+    g = _declare(block_size=24, max_kv=96)
     g.validate()
     g.build_plans()
     assert g.engine_name == "SdpaFwdReference"
     for target, dsl in (("H200", ("SdpaFwdDslSm90",)), ("A100", ())):
-        facts = _declare().validate().facts  # facts judge nothing: rank them for the fake device
+        facts = _declare(block_size=24, max_kv=96).validate().facts  # facts judge nothing: rank them for the device
         ranking = rank(facts, fake_target(target))
         declines = dict(ranking.declines)
-        for name in dsl + ("SdpaFwdDslSm80",):  # block size 32: below the DSL forwards' key tiles
-            assert declines[name] == SIZES_SAY
+        for name in dsl + ("SdpaFwdDslSm80",):  # block size 24: neither inside nor a whole part of their key tiles
+            assert declines[name] == SIZES_SAY[name]
         accepted = [row.name for row, _ in ranking.accepted]
         assert accepted in ([], ["SdpaFwdCudnn"])  # the cuDNN engine where its binding loads, else nothing
         assert "paged" not in declines.get("SdpaFwdCudnn", "")  # never for the paged cache itself
@@ -279,7 +282,8 @@ def test_cudnn_rows_serve_paged_forwards():
     assert "paged_attention" in fwd["SdpaFwdCudnn"].features and "paged_attention" in fwd["SdpaFwdReference"].features
     assert "paged_attention" not in fwd["SdpaFwdDslSm100"].features  # no SM100 kernels yet
     assert all("paged_attention" in fwd[n].features and fwd[n].paged_block_sizes == (64, 128, 256)
-               for n in ("SdpaFwdDslSm80", "SdpaFwdDslSm120", "SdpaFwdDslSm90"))
+               for n in ("SdpaFwdDslSm80", "SdpaFwdDslSm120"))
+    assert fwd["SdpaFwdDslSm90"].paged_block_sizes == (16, 32, 64, 128, 256)
 
 
 def test_paged_caches_take_dense_queries_not_the_packed_form():

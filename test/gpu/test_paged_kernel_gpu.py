@@ -116,7 +116,7 @@ SM90_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("block_size", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])  # 16, 32: a key tile spans several blocks
 @pytest.mark.parametrize("d", [64, 80, 128])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("shape", list(SM90_SHAPES))
@@ -134,7 +134,7 @@ def test_sm90_paged_forward_matches_the_oracle(block_size, d, case, shape):
     _close_to_oracle(_outputs(pack, dev, x), _oracle(x, **mask), f"sm90 {shape} {case} bs{block_size} d{d}")
 
 
-@pytest.mark.parametrize("block_size", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("hq,hkv", [(8, 2), (32, 8), (8, 1)])
 def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
     """Decode (one query row per sequence): the query heads of a K/V head packed into one M tile."""
@@ -147,13 +147,14 @@ def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
     _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 decode bs{block_size}")
 
 
+@pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize("sq", [1, 40])
-def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq):
+def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block_size):
     """Captured once; a replay after a new table and new lengths (keys and query rows) are copied into the same
     device tensors gives the oracle's answer for those values (nothing about them is read on the host)."""
     _needs_sm90()
     lens_q, lens_kv = [sq, sq, 1], [300, 64, 5]
-    g, pack, x = _paged((3, 8, sq, 128), 2, 128, 64, 320, lens_q, lens_kv, dtype=BF16, spare_blocks=20,
+    g, pack, x = _paged((3, 8, sq, 128), 2, 128, block_size, 320, lens_q, lens_kv, dtype=BF16, spare_blocks=20,
                         use_causal_mask_bottom_right=True)
     dev = _on_gpu(g, pack, x, "sm90")
     s = torch.cuda.Stream()
@@ -177,4 +178,4 @@ def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq):
     x["lens_q"], x["lens_kv"] = new_q, new_kv
     dev[next(t for t, v in pack.items() if v is x["out"])].fill_(float("nan"))  # poison: every row is written
     graph.replay()
-    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 replay sq{sq}")
+    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 replay sq{sq} bs{block_size}")

@@ -110,8 +110,9 @@ def test_kvcache_decode_step_replays_in_a_cuda_graph_with_new_lengths_and_table(
     k = torch.randn(b, 1, hk, d, device="cuda", dtype=BF16)
     v = torch.randn(b, 1, hk, d, device="cuda", dtype=BF16)
     lens = torch.tensor([3, 9, 27], dtype=torch.int32, device="cuda")
-    step = lambda: flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table,  # noqa: E731
-                                           causal=True)
+    def step():
+        return flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True)
+
     try:
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):

@@ -106,8 +106,9 @@ def make_inputs(case: ScoreCase, seed: int = 0) -> dict:
         tq, tk = sum(a for a, _ in case.thd), sum(b for _, b in case.thd)
         for role, n, h in (("q", tq, case.hq), ("k", tk, case.hkv), ("v", tk, case.heads_v), ("dO", tq, case.hq)):
             t[role] = torch.randn(n, h, case.d, device=dev, dtype=case.dtype)
-        cu = lambda lens: torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], device=dev,  # noqa: E731
-                                       dtype=torch.int32)
+        def cu(lens):
+            return torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], device=dev, dtype=torch.int32)
+
         t["cu_seq_len_q"] = cu([a for a, _ in case.thd])
         t["cu_seq_len_kv"] = cu([b for _, b in case.thd])
     else:

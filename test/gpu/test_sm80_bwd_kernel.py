@@ -41,95 +41,95 @@ class Case:
         self.wide = wide  # every io tensor's rows WIDE elements longer than its head dim, the extra columns NaN
 
 
-def _cases() -> list[Case]:
-    c = []
-    c.append(Case("d128_plain", _p(), sq=300, skv=300))
-    c.append(Case("d128_causal_tl_sq<skv", _p(has_window_right=True), sq=200, skv=333, wr=0))
-    c.append(Case("d128_causal_br", _p(has_window_right=True, bottom_right=True), sq=200, skv=450, wr=0))
-    c.append(Case("d128_causal_br_sq>skv", _p(has_window_right=True, bottom_right=True), sq=300, skv=130, wr=0))
-    c.append(Case("d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
-                                          bottom_right=True), sq=513, skv=600, wl=64, wr=0))
-    c.append(Case("d128_band_wl40_wr17", _p(has_window_left=True, has_window_right=True), sq=257, skv=257,
-                  wl=40, wr=17))
-    c.append(Case("d96_fp16_sinks", _p(d=96, dtype="fp16", has_sinks=True, has_dsinks=True), sq=190, skv=250))
-    c.append(Case("d192x128_causal_mqa", _p(d=192, dv=128, hq=4, hk=1, has_window_right=True), sq=260, skv=260,
-                  wr=0))
-    c.append(Case("d256_causal", _p(d=256, hq=2, hk=2, has_window_right=True), sq=200, skv=200, wr=0))
-    c.append(Case("thd_d128_causal_gqa_sinks",
-                  _p(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
-                  thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (129, 129), (5, 200)], wr=0))
-    c.append(Case("thd_d64_det", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True),
-                  thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2))
-    c.append(Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
-                  used=[(256, 256), (100, 180), (1, 1), (0, 0)]))
-    c.append(Case("det_d128_causal", _p(has_window_right=True, deterministic=True), b=2, sq=520, skv=520,
-                  wr=0, runs=2))
-    c.append(Case("det_d128_strided_lse", _p(deterministic=True, hq=4, hk=2), b=2, sq=300, skv=300,
-                  strided_lse=True))
-    c.append(Case("det_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
-                                              bottom_right=True, deterministic=True), sq=513, skv=600, wl=64,
-                  wr=0, runs=2))
-    c.append(Case("d128_causal_fused", _p(has_window_right=True, knobs=dict(fused_prefetch=True)),
-                  sq=333, skv=333, wr=0))
-    c.append(Case("thd_d64_w16", _p(d=64, hq=4, hk=2, is_thd=True, has_window_right=True,
-                                    knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)),
-                  thd_lens=[(0, 0), (1, 1), (300, 300), (129, 200)], wr=0))
-    c.append(Case("d64_gqa_window_left", _p(d=64, hq=8, hk=2, has_window_left=True), sq=300, skv=450, wl=200))
-    c.append(Case("det_late_release_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
-                                                         knobs=dict(det_late_release=True)),
-                  b=2, sq=520, skv=520, wr=0, runs=2))
-    c.append(Case("thd_d64_det_late_release", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True,
-                                                 knobs=dict(det_late_release=True)),
-                  thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2))
-    c.append(Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300,
-                  skv=300))
+# the main table: masks and bands, GQA / MQA, sinks, packed and padded batches, deterministic turns (dq_splits,
+# the rotated order, late release), fused loads, 16 warps, sm120
+BASE_CASES = [
+    Case("d128_plain", _p(), sq=300, skv=300),
+    Case("d128_causal_tl_sq<skv", _p(has_window_right=True), sq=200, skv=333, wr=0),
+    Case("d128_causal_br", _p(has_window_right=True, bottom_right=True), sq=200, skv=450, wr=0),
+    Case("d128_causal_br_sq>skv", _p(has_window_right=True, bottom_right=True), sq=300, skv=130, wr=0),
+    Case("d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
+                                 bottom_right=True), sq=513, skv=600, wl=64, wr=0),
+    Case("d128_band_wl40_wr17", _p(has_window_left=True, has_window_right=True), sq=257, skv=257,
+         wl=40, wr=17),
+    Case("d96_fp16_sinks", _p(d=96, dtype="fp16", has_sinks=True, has_dsinks=True), sq=190, skv=250),
+    Case("d192x128_causal_mqa", _p(d=192, dv=128, hq=4, hk=1, has_window_right=True), sq=260, skv=260,
+         wr=0),
+    Case("d256_causal", _p(d=256, hq=2, hk=2, has_window_right=True), sq=200, skv=200, wr=0),
+    Case("thd_d128_causal_gqa_sinks",
+         _p(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+         thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (129, 129), (5, 200)], wr=0),
+    Case("thd_d64_det", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True),
+         thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2),
+    Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
+         used=[(256, 256), (100, 180), (1, 1), (0, 0)]),
+    Case("det_d128_causal", _p(has_window_right=True, deterministic=True), b=2, sq=520, skv=520,
+         wr=0, runs=2),
+    Case("det_d128_strided_lse", _p(deterministic=True, hq=4, hk=2), b=2, sq=300, skv=300,
+         strided_lse=True),
+    Case("det_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
+                                     bottom_right=True, deterministic=True), sq=513, skv=600, wl=64,
+         wr=0, runs=2),
+    Case("d128_causal_fused", _p(has_window_right=True, knobs=dict(fused_prefetch=True)),
+         sq=333, skv=333, wr=0),
+    Case("thd_d64_w16", _p(d=64, hq=4, hk=2, is_thd=True, has_window_right=True,
+                           knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)),
+         thd_lens=[(0, 0), (1, 1), (300, 300), (129, 200)], wr=0),
+    Case("d64_gqa_window_left", _p(d=64, hq=8, hk=2, has_window_left=True), sq=300, skv=450, wl=200),
+    Case("det_late_release_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
+                                                knobs=dict(det_late_release=True)),
+         b=2, sq=520, skv=520, wr=0, runs=2),
+    Case("thd_d64_det_late_release", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True,
+                                        knobs=dict(det_late_release=True)),
+         thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2),
+    Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300,
+         skv=300),
     # dense dQ accumulator in 8x8 blocks: rows not a multiple of 8 (padding rows), deterministic turns,
     # sinks, seqused padding
-    c.append(Case("det_d64_acc_blocks_causal_sinks", _p(d=64, hq=4, hk=2, has_window_right=True, has_sinks=True,
-                                                        has_dsinks=True, deterministic=True),
-                  b=2, sq=517, skv=517, wr=0, runs=2))
-    c.append(Case("pad_d128_acc_blocks", _p(has_seqused=True), b=3, sq=203, skv=203,
-                  used=[(203, 203), (9, 150), (0, 0)]))
-    c.append(Case("thd_d128_det", _p(hq=2, hk=2, is_thd=True, deterministic=True),
-                  thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=3))
+    Case("det_d64_acc_blocks_causal_sinks", _p(d=64, hq=4, hk=2, has_window_right=True, has_sinks=True,
+                                               has_dsinks=True, deterministic=True),
+         b=2, sq=517, skv=517, wr=0, runs=2),
+    Case("pad_d128_acc_blocks", _p(has_seqused=True), b=3, sq=203, skv=203,
+         used=[(203, 203), (9, 150), (0, 0)]),
+    Case("thd_d128_det", _p(hq=2, hk=2, is_thd=True, deterministic=True),
+         thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=3),
     # deterministic through split accumulator copies (dq_splits): uneven and empty splits, padding, windows,
     # sinks, more splits than key tiles
-    c.append(Case("det_splits3_d128_causal_gqa_sinks", _p(hq=4, hk=2, has_window_right=True, has_sinks=True,
-                                                          has_dsinks=True, deterministic=True,
-                                                          knobs=dict(dq_splits=3)),
-                  b=2, sq=520, skv=520, wr=0, runs=3))
-    c.append(Case("det_splits2_d64_pad", _p(d=64, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
-                  b=3, sq=203, skv=203, used=[(203, 203), (9, 150), (0, 0)], runs=2))
-    c.append(Case("det_splits1_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
-                                                      bottom_right=True, deterministic=True,
-                                                      knobs=dict(dq_splits=1)),
-                  sq=513, skv=600, wl=64, wr=0, runs=2))
-    c.append(Case("det_splits8_d128_more_splits_than_tiles", _p(deterministic=True, knobs=dict(dq_splits=8)),
-                  b=2, sq=300, skv=300, runs=2))
-    c.append(Case("det_splits4_d64_skv>sq", _p(d=64, hq=4, hk=4, deterministic=True, knobs=dict(dq_splits=4)),
-                  sq=333, skv=700, runs=2))
+    Case("det_splits3_d128_causal_gqa_sinks", _p(hq=4, hk=2, has_window_right=True, has_sinks=True,
+                                                 has_dsinks=True, deterministic=True,
+                                                 knobs=dict(dq_splits=3)),
+         b=2, sq=520, skv=520, wr=0, runs=3),
+    Case("det_splits2_d64_pad", _p(d=64, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
+         b=3, sq=203, skv=203, used=[(203, 203), (9, 150), (0, 0)], runs=2),
+    Case("det_splits1_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
+                                             bottom_right=True, deterministic=True,
+                                             knobs=dict(dq_splits=1)),
+         sq=513, skv=600, wl=64, wr=0, runs=2),
+    Case("det_splits8_d128_more_splits_than_tiles", _p(deterministic=True, knobs=dict(dq_splits=8)),
+         b=2, sq=300, skv=300, runs=2),
+    Case("det_splits4_d64_skv>sq", _p(d=64, hq=4, hk=4, deterministic=True, knobs=dict(dq_splits=4)),
+         sq=333, skv=700, runs=2),
     # deterministic turns in the rotated order (rotated walks, turns by arrival): GQA, more key tiles than query
     # tiles (ties in a step), fewer, padding with sinks, THD, both release points
-    c.append(Case("det_cyc_d128_gqa", _p(hq=4, hk=2, deterministic=True, knobs=dict(det_order="rotated")),
-                  b=2, sq=520, skv=520, runs=3))
-    c.append(Case("det_cyc_d64_skv>sq", _p(d=64, deterministic=True, knobs=dict(det_order="rotated")),
-                  sq=200, skv=900, runs=2))
-    c.append(Case("det_cyc_d128_sq>skv", _p(deterministic=True, knobs=dict(det_order="rotated", det_late_release=True)),
-                  sq=900, skv=130, runs=2))
-    c.append(Case("det_cyc_d64_pad_sinks", _p(d=64, has_seqused=True, has_sinks=True, has_dsinks=True,
-                                              deterministic=True, knobs=dict(det_order="rotated",
-                                                                             det_late_release=False)),
-                  b=3, sq=300, skv=300, used=[(300, 300), (9, 150), (0, 0)], runs=2))
-    c.append(Case("thd_d64_det_cyc_gqa", _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True,
-                                            knobs=dict(det_order="rotated")),
-                  thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64), (100, 700)], runs=3))
-    c.append(Case("thd_d128_plain", _p(is_thd=True),
-                  thd_lens=[(77, 77), (1, 1), (200, 150)]))
-    c.append(Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0))
-    c.append(Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True),
-                  thd_lens=[(70, 70), (1, 1), (33, 90)]))
-    c.extend(HEAD_DIM_CASES)
-    return c
+    Case("det_cyc_d128_gqa", _p(hq=4, hk=2, deterministic=True, knobs=dict(det_order="rotated")),
+         b=2, sq=520, skv=520, runs=3),
+    Case("det_cyc_d64_skv>sq", _p(d=64, deterministic=True, knobs=dict(det_order="rotated")),
+         sq=200, skv=900, runs=2),
+    Case("det_cyc_d128_sq>skv", _p(deterministic=True, knobs=dict(det_order="rotated", det_late_release=True)),
+         sq=900, skv=130, runs=2),
+    Case("det_cyc_d64_pad_sinks", _p(d=64, has_seqused=True, has_sinks=True, has_dsinks=True,
+                                     deterministic=True, knobs=dict(det_order="rotated",
+                                                                    det_late_release=False)),
+         b=3, sq=300, skv=300, used=[(300, 300), (9, 150), (0, 0)], runs=2),
+    Case("thd_d64_det_cyc_gqa", _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True,
+                                   knobs=dict(det_order="rotated")),
+         thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64), (100, 700)], runs=3),
+    Case("thd_d128_plain", _p(is_thd=True),
+         thd_lens=[(77, 77), (1, 1), (200, 150)]),
+    Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0),
+    Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True),
+         thd_lens=[(70, 70), (1, 1), (33, 90)]),
+]
 
 
 # head dims outside the tuned set: tiles padded past the head dim (72 on 96 columns, 40 on 64, 8 on 32), tile
@@ -237,7 +237,7 @@ def oracle(case, q, k, v, do, sinks, scale):
 
 # ------------------------------------------------------------------------------------ inputs
 def make_inputs(case, device="cuda", seed=0):
-    from frost.adapters.reference_math import sdpa_fwd_reference
+    from frost.adapters.reference_math import RefArgs, sdpa_fwd_reference
 
     p = case.p
     g = torch.Generator(device=device).manual_seed(seed)
@@ -282,10 +282,10 @@ def make_inputs(case, device="cuda", seed=0):
         t["sinks"] = sinks
         t["dsinks"] = torch.empty(hq, dtype=torch.float32, device=device)
     scale = 1.0 / math.sqrt(d)
-    o, lse = sdpa_fwd_reference(
-        t["q"], t["k"], t["v"], softmax_scale=scale, cu_seqlens_q=t.get("cu_seqlens_q"),
-        cu_seqlens_kv=t.get("cu_seqlens_kv"), seqused_q=t.get("seqused_q"), seqused_kv=t.get("seqused_kv"),
-        sinks=sinks, window_left=case.wl, window_right=case.wr, bottom_right=p.bottom_right)
+    o, lse = sdpa_fwd_reference(t["q"], t["k"], t["v"], RefArgs(
+        scale, cu_seqlens_q=t.get("cu_seqlens_q"), cu_seqlens_kv=t.get("cu_seqlens_kv"),
+        seqused_q=t.get("seqused_q"), seqused_kv=t.get("seqused_kv"), sinks=sinks, window_left=case.wl,
+        window_right=case.wr, bottom_right=p.bottom_right))
     t["o"] = o.to(dt)
     if case.wide:  # NaN in the columns past the head dim: a kernel reading them would spread NaN
         for n in ("q", "k", "v", "do", "o", "dq", "dk", "dv"):
@@ -399,7 +399,7 @@ REPLAY_LENS = [(300, 300), (129, 129), (37, 137), (1, 96), (5, 5), (0, 0)]
 
 
 # ------------------------------------------------------------------------------------ pytest
-CASES = _cases()
+CASES = BASE_CASES + HEAD_DIM_CASES
 
 
 @pytest.fixture(scope="module")

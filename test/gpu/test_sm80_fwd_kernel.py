@@ -18,6 +18,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
 
 from test.helpers import sdpa_fwd_reference64 as sdpa_fwd_reference  # noqa: E402
 from test.oracle import assert_close_to_oracle  # noqa: E402
+from frost.adapters.reference_math import RefArgs  # noqa: E402
 from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs  # noqa: E402
 from frost.testing.cases import params_kwargs  # noqa: E402
 from frost.engines.sdpa_args import CanonicalCall  # noqa: E402
@@ -187,11 +188,10 @@ def run_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_
     ck(*args)
     torch.cuda.synchronize()
 
-    ref_o, ref_lse = sdpa_fwd_reference(
-        q, k, v, softmax_scale=scale, cu_seqlens_q=cu_q if p.is_thd else None,
-        cu_seqlens_kv=cu_k if p.is_thd else None, seqused_q=su_q, seqused_kv=su_k, sinks=sinks,
-        window_left=wl if p.has_window_left else None, window_right=wr if p.has_window_right else None,
-        bottom_right=p.bottom_right)
+    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, RefArgs(
+        scale, cu_seqlens_q=cu_q if p.is_thd else None, cu_seqlens_kv=cu_k if p.is_thd else None, seqused_q=su_q,
+        seqused_kv=su_k, sinks=sinks, window_left=wl if p.has_window_left else None,
+        window_right=wr if p.has_window_right else None, bottom_right=p.bottom_right))
     of = o.float()
     assert not torch.isnan(of).any(), f"{int(torch.isnan(of).sum())} O elements not written"
     if o_layout == "wide":
@@ -324,8 +324,8 @@ def test_thd_cuda_graph_replay_new_lengths(kernels):
         lse.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        ref_o, ref_lse = sdpa_fwd_reference(q, k, v, softmax_scale=scale, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
-                                            window_right=0)
+        ref_o, ref_lse = sdpa_fwd_reference(q, k, v, RefArgs(scale, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
+                                                             window_right=0))
         assert not torch.isnan(o).any()
         rel = ((o.float() - ref_o).norm() / ref_o.norm()).item()
         assert rel < 1e-2, f"replay with lengths {lens}: O relative error {rel:.3e}"
@@ -389,10 +389,9 @@ def run_nan_padding_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=No
     ck(*args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
 
-    ref_o, ref_lse = sdpa_fwd_reference(
-        *clean, softmax_scale=scale, cu_seqlens_q=cu_q if p.is_thd else None,
-        cu_seqlens_kv=cu_k if p.is_thd else None, seqused_q=su_q, seqused_kv=su_k, sinks=sinks,
-        window_left=wl, window_right=wr, bottom_right=p.bottom_right)
+    ref_o, ref_lse = sdpa_fwd_reference(*clean, RefArgs(
+        scale, cu_seqlens_q=cu_q if p.is_thd else None, cu_seqlens_kv=cu_k if p.is_thd else None, seqused_q=su_q,
+        seqused_kv=su_k, sinks=sinks, window_left=wl, window_right=wr, bottom_right=p.bottom_right))
     if p.is_thd:  # tokens after the last sequence are not written
         o, lse = o[:Tq], lse[:, :Tq]
     of = o.float()

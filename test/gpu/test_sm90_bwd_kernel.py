@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams
+from frost.testing.cases import sm90_bwd_kwargs
+from frost.testing.bwd_chain import compile_chains, workspace_views
+from test.gpu.test_sm80_bwd_kernel import (Case, extra_cols, make_inputs, oracle, rel, run_graph_replay,
+                                            run_nan_padding)
 
-from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams  # noqa: E402
-from frost.testing.cases import sm90_bwd_kwargs  # noqa: E402
-from frost.testing.bwd_chain import compile_chains, workspace_views  # noqa: E402
-from test.gpu.test_sm80_bwd_kernel import (Case, extra_cols, make_inputs, oracle, rel,  # noqa: E402
-                                            run_graph_replay, run_nan_padding)
+pytestmark = pytest.mark.gpu
 
 
 def _p(**kw) -> Sm90BwdParams:

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from frost.adapters.reference_math import RefArgs
 from frost.engines.sdpa_args import CanonicalCall
 from frost.testing.cases import SM90_FWD_CASES, SM90_FWD_HEAD_DIM_CASES
 from frost.testing.cases import SM90_FWD_TEMPLATE as TEMPLATE
@@ -138,7 +139,7 @@ def run_and_check(ck, case: K) -> None:
     args, (q, k, v), ref_kw, o, lse = make_args(case)
     ck(*args)
     torch.cuda.synchronize()
-    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, **ref_kw)
+    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, RefArgs(**ref_kw))
     check_against_reference(case, o, lse, ref_o, ref_lse)
 
 
@@ -156,7 +157,7 @@ def test_one_artifact_serves_many_extents(kernels):
         args, (q, k, v), ref_kw, o, _ = make_args(c, seed=1)
         ck(*args)
         torch.cuda.synchronize()
-        ref_o, _ = sdpa_fwd_reference(q, k, v, **ref_kw)
+        ref_o, _ = sdpa_fwd_reference(q, k, v, RefArgs(**ref_kw))
         assert_close_to_oracle(o, ref_o, rel=1e-2, name="O")
 
 
@@ -178,7 +179,7 @@ def check_replay_with_new_lengths(ck, c: K, new_q: list, new_k: list) -> None:
     o.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    ref_o, _ = sdpa_fwd_reference(q, k, v, **ref_kw)
+    ref_o, _ = sdpa_fwd_reference(q, k, v, RefArgs(**ref_kw))
     assert not torch.isnan(o).any()
     assert_close_to_oracle(o, ref_o, rel=1e-2, name="O")
 
@@ -217,7 +218,7 @@ def check_nan_in_seqused_padding(ck, case: K) -> None:
         v[b, lk:] = float("nan")
     ck(*args)
     torch.cuda.synchronize()
-    ref_o, ref_lse = sdpa_fwd_reference(*clean, **ref_kw)
+    ref_o, ref_lse = sdpa_fwd_reference(*clean, RefArgs(**ref_kw))
     assert torch.isfinite(o).all(), f"{int((~torch.isfinite(o)).sum())} O elements not finite"
     assert_close_to_oracle(o, ref_o, rel=1e-2, name="O")
     for b, lq in enumerate(case.seqused[0]):
@@ -245,7 +246,7 @@ def check_nan_after_last_packed_sequence(ck, case: K, tail: int = 200) -> None:
         args[4] = grow(lse, 1)
     ck(*args)
     torch.cuda.synchronize()
-    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, **ref_kw)
+    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, RefArgs(**ref_kw))
     got_o = args[3][:tq]
     assert torch.isfinite(got_o).all(), f"{int((~torch.isfinite(got_o)).sum())} O elements not finite"
     assert_close_to_oracle(got_o, ref_o, rel=1e-2, name="O")
@@ -285,7 +286,7 @@ def test_padded_head_dims_never_write_past_d_v(kernels, case):
     args[3] = wide[..., :dv]
     kernels[case.id](*args)
     torch.cuda.synchronize()
-    ref_o, _ = sdpa_fwd_reference(q, k, v, **ref_kw)
+    ref_o, _ = sdpa_fwd_reference(q, k, v, RefArgs(**ref_kw))
     assert torch.isfinite(args[3]).all(), f"{int((~torch.isfinite(args[3])).sum())} O elements not finite"
     assert_close_to_oracle(args[3], ref_o, rel=1e-2, name="O")
     assert torch.isnan(wide[..., dv:]).all(), "a store reached a column past d_v"

@@ -2,7 +2,9 @@
 
 A container is (num_blocks, block_size, H, D) in canonical view; key j of sequence b is row j % block_size of
 block table[b, j // block_size]. A key tile of `tile_n` rows lies inside one block when `tile_n` divides the
-block size, so its view is a plain (tile_n, D) tile of that block: the tile loads stay as they are. The block
+block size, so its view is a plain (tile_n, D) tile of that block: the tile loads stay as they are. The wgmma
+forward also serves blocks smaller than its key tile: a tile spans whole blocks, one TMA load per block
+(`span_block_of`). The block
 index is a device value and is clamped to the container (docs/lengths.md), so no load leaves it whatever the
 table holds.
 """
@@ -23,6 +25,13 @@ def table_row(mTable: cute.Tensor, batch: Int32) -> cute.Tensor:
 def block_of(table: cute.Tensor, index, num_blocks) -> Int32:
     """Entry `index` of a table row (`table_row`), clamped to the container's `num_blocks` blocks."""
     return seqlen.clamp(table[index], Int32(0), num_blocks - 1)
+
+
+@cute.jit
+def span_block_of(table: cute.Tensor, index, num_blocks) -> Int32:
+    """`block_of` for one of the blocks a key tile spans: the tile's last blocks may lie past the table row (the
+    tile runs past the key length, rows masked and zeroed), so the entry read is clamped to the row as well."""
+    return block_of(table, seqlen.clamp(index, Int32(0), cute.size(table) - 1), num_blocks)
 
 
 @cute.jit

@@ -1,6 +1,7 @@
 """Per-tile records every SDPA kernel shares, each built once per tile.
 
-`Sequence`: one batch entry's offsets and lengths (`seqlen.seqlen_info`) and the bound tensors' extents.
+`Sequence`: one batch entry's offsets and lengths (`seqlen.seqlen_info`) and the bound tensors' extents, built by
+`sequence` (the extents of the canonical Q and K views: `extents`).
 
 `Band`: a sequence's mask band (the causal diagonal's alignment and the windows), from its lengths. The
 kernels' tile ranges (`mask.n_block_range`, `mask.m_block_range`) and masks read it; the deterministic
@@ -14,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from frost.engines.common import mask
+from frost.engines.common import mask, seqlen
 
 
 class Sequence(NamedTuple):
@@ -27,6 +28,27 @@ class Sequence(NamedTuple):
     seqlen_k: Int32
     static_q: Int32
     static_k: Int32
+
+
+def extents(mQ, mK, is_thd: bool) -> tuple:
+    """The bound Q and K tensors' query / key extents in their canonical views (dense (B, S, H, D): S; packed
+    (T, H, D): T), a `Sequence`'s static_q / static_k."""
+    if is_thd:
+        return mQ.shape[0], mK.shape[0]
+    return mQ.shape[1], mK.shape[1]
+
+
+@cute.jit
+def sequence(p: cutlass.Constexpr, batch: Int32, static_q: Int32, static_k: Int32, lengths, max_q=None,
+             max_k=None) -> Sequence:
+    """Batch entry `batch`'s `Sequence`: its offsets and lengths from the device lengths where the form has them
+    (`lengths`: the packed prefix sums of q and k, then their used lengths, each None where absent; params `p`'s
+    `token_div_q` / `token_div_kv` for cuDNN's element offsets), clamped to the extents `static_q` / `static_k`
+    (`seqlen.seqlen_info`; `max_q` / `max_k`: the bounds each length is also held to, or None)."""
+    cu_q, cu_k, used_q, used_k = lengths
+    off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(batch, static_q, static_k, cu_q, cu_k, used_q, used_k,
+                                                          p.token_div_q, p.token_div_kv, max_q, max_k)
+    return Sequence(off_q, off_k, seqlen_q, seqlen_k, static_q, static_k)
 
 
 class Band(NamedTuple):

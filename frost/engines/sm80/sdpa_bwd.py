@@ -66,7 +66,7 @@ from frost.engines.common import tiles, turns
 from frost.engines.common.acc_layout import acc_as_mn, transpose_view
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.sdpa_entry import IO_DTYPES
-from frost.engines.common.seqlen import own_rows, rows_offset, seqlen_info
+from frost.engines.common.seqlen import own_rows, rows_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common.global_ops import elem_ptr, ld_acquire_i32, red_add_f32, red_release_add_i32
 from frost.engines.sdpa_bwd import accum
@@ -283,6 +283,14 @@ class _Io(NamedTuple):
     dbias_acc: Any  # the fp32 dBias accumulator (dbias_accum), or None
 
 
+class _Next(NamedTuple):
+    """The query tile after a walk step's: whether there is one, its query head and its index."""
+
+    has_next: Any
+    head: Any
+    m_block: Any
+
+
 @cute.kernel
 def kernel(
     cfg: cutlass.Constexpr,
@@ -476,16 +484,13 @@ def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, lengths,
     tiles and accumulator copy."""
     p = cfg.p
     mCuQ, mCuK, mUsedQ, mUsedK, max_q, max_k = lengths
-    if cutlass.const_expr(p.is_thd):
-        static_q, static_k = mQ.shape[0], mK.shape[0]
-    else:
-        static_q, static_k = mQ.shape[1], mK.shape[1]
+    static_q, static_k = tiles.extents(mQ, mK, p.is_thd)
     if cutlass.const_expr(p.ragged and uses_turns(p)):
         # cuDNN's ragged form: per (batch, head) turn counters for the longest sequence's tiles only
         turn_rows = turns.ragged_tiles(mSem.shape[0], grid_extent(p.grid_order, "batch"), p.num_heads_q) * cfg.bm
         max_q = cutlass.min(max_q, turn_rows)
-    offset_q, offset_k, seqlen_q, seqlen_k = seqlen_info(batch, static_q, static_k, mCuQ, mCuK, mUsedQ, mUsedK,
-                                                         p.token_div_q, p.token_div_kv, max_q, max_k)
+    seq = tiles.sequence(p, batch, static_q, static_k, (mCuQ, mCuK, mUsedQ, mUsedK), max_q, max_k)
+    offset_q, offset_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
     offset_lse = offset_q
     if cutlass.const_expr(mLseOff is not None):
         offset_lse = rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, static_q)
@@ -561,7 +566,6 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
           scale: Float32, scale_log2: Float32, tidx: Int32, t: Int32):
     """Step t of a walk: S, P, dP, dS of one query tile; dV and dK accumulate, dQ's partial is added."""
     bm = cfg.bm
-    dt = cfg.dtype
     n_block = kt.n_block
     head, m_block = _tile_of(cfg, t, kt.m_min, kt.n_m, s.head_kv, kt.rot)
     slot = Int32(0)
@@ -569,6 +573,7 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
         slot = t % 2
     has_next = t + 1 < kt.n_steps
     head_n, m_next = _tile_of(cfg, t + 1, kt.m_min, kt.n_m, s.head_kv, kt.rot)
+    nxt = _Next(has_next, head_n, m_next)
     lse_n = Float32(0.0)
     dps_n = Float32(0.0)
     if has_next:
@@ -588,13 +593,65 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
             head_p, m_p = _tile_of(cfg, t - 1, kt.m_min, kt.n_m, s.head_kv, kt.rot)
             _release(cfg, s, io, head_p, m_p, tidx)
     if cutlass.const_expr(cfg.stages == 2):
-        if has_next:
-            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head_n, m_next, c.sQ[None, None, 1 - slot], c.cQ,
-                    cfg.cols_qk)
-            if cutlass.const_expr(cfg.fused):
-                _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 1 - slot],
-                        c.cdO, cfg.cols_v)
-        cute.arch.cp_async_commit_group()
+        _prefetch(cfg, c, s, io, nxt, slot, True, cfg.fused)
+    acc_S, acc_S_mn = _scores(cfg, c, s, io, (head, m_block, n_block), slot, scale, scale_log2)
+
+    # ---- dP = dO.V^T, dS
+    if cutlass.const_expr(not cfg.fused):
+        cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
+        cute.arch.barrier()
+        if cutlass.const_expr(cfg.stages == 2):
+            _prefetch(cfg, c, s, io, nxt, slot, False, True)
+    _score_grads_to_smem(cfg, c, s, io, (head, m_block, n_block), slot, acc_S, acc_S_mn)
+
+    # ---- dV += P^T.dO
+    warp_mma.gemm_ss(c.mma_dkv, acc_dV, c.tdVrPt, c.tdVrdOt, c.tdVsPt, c.tdVsdOt[None, None, None, slot],
+                     c.s2r_dkv_a, c.s2r_dkv_b, c.s2r_dkv_a, c.s2r_dkv_b)
+    if cutlass.const_expr(cfg.stages == 1):
+        cute.arch.barrier()
+        _prefetch(cfg, c, s, io, nxt, slot, False, True)
+
+    _dq_partial(cfg, c, s, io, (head, m_block, n_block), tidx)
+
+    # ---- dK += dS^T.Q
+    warp_mma.gemm_ss(c.mma_dkv, acc_dK, c.tdKrdSt, c.tdKrQt, c.tdKsdSt, c.tdKsQt[None, None, None, slot],
+                     c.s2r_dkv_a, c.s2r_dkv_b, c.s2r_dkv_a, c.s2r_dkv_b)
+    if cutlass.const_expr(cfg.stages == 1):
+        cute.arch.barrier()
+        _prefetch(cfg, c, s, io, nxt, slot, True, False)
+    # stage the next tile's LSE / dpsum rows (every reader of this tile's rows passed the dS barrier)
+    if has_next:
+        if tidx < bm:
+            _stage_rows_stats(c.sLSE, c.sdPsum, lse_n, dps_n, tidx)
+
+
+@cute.jit
+def _prefetch(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, nxt: _Next, slot, q: cutlass.Constexpr[bool],
+              do: cutlass.Constexpr[bool]):
+    """cp.async the next query tile's Q and / or dO (where there is a next tile) into the stage after this step's
+    `slot` (`_next_slot`), then commit the group (empty at the walk's end)."""
+    if nxt.has_next:
+        if cutlass.const_expr(q):
+            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, nxt.head, nxt.m_block,
+                    c.sQ[None, None, _next_slot(cfg, slot)], c.cQ, cfg.cols_qk)
+        if cutlass.const_expr(do):
+            _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, nxt.head, nxt.m_block,
+                    c.sdO[None, None, _next_slot(cfg, slot)], c.cdO, cfg.cols_v)
+    cute.arch.cp_async_commit_group()
+
+
+def _next_slot(cfg, slot):
+    """The smem stage the next query tile loads into: the other of two stages, or the only one."""
+    return 1 - slot if cfg.stages == 2 else 0
+
+
+@cute.jit
+def _scores(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, at, slot, scale: Float32, scale_log2: Float32):
+    """S = Q.K^T of the step's tile (`at`: query head, query tile, key tile), modified and masked, turned into P
+    in place: (acc_S, its (rows, cols) view). Fused: P also goes to smem (its readers of the previous step passed
+    the step's first barrier)."""
+    bm = cfg.bm
+    head, m_block, n_block = at
     acc_S = cute.make_rmem_tensor(c.acc_shape_S, Float32)
     acc_S.fill(0.0)
     warp_mma.gemm_ss(c.mma_sdp, acc_S, c.tSrQ, c.tSrK, c.tSsQ[None, None, None, slot], c.tSsK, c.s2r_sdp_a,
@@ -608,20 +665,19 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
                          s.window_left, s.window_right, mask_seqlen=True)
     _probabilities(acc_S_mn, c.tScS_mn, c.sLSE, scale_log2)
     if cutlass.const_expr(cfg.fused):
-        # P goes to smem now (its readers of the previous step passed the barrier above)
-        rP = cute.make_fragment_like(acc_S, dt)
-        rP.store(acc_S.load().to(dt))
+        rP = cute.make_fragment_like(acc_S, cfg.dtype)
+        rP.store(acc_S.load().to(cfg.dtype))
         cute.copy(c.r2s_sdp, c.r2s_sdp.retile(rP), c.tPsP)
+    return acc_S, acc_S_mn
 
-    # ---- dP = dO.V^T, dS
-    if cutlass.const_expr(not cfg.fused):
-        cute.arch.cp_async_wait_group(1 if cutlass.const_expr(cfg.stages == 2) else 0)
-        cute.arch.barrier()
-        if cutlass.const_expr(cfg.stages == 2):
-            if has_next:
-                _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 1 - slot], c.cdO,
-                        cfg.cols_v)
-            cute.arch.cp_async_commit_group()
+
+@cute.jit
+def _score_grads_to_smem(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, at, slot, acc_S: cute.Tensor,
+                         acc_S_mn: cute.Tensor):
+    """dP = dO.V^T and dS of the step's tile (`at`: query head, query tile, key tile); dBias = dS where declared;
+    P (split) and dS to smem, then a barrier."""
+    dt = cfg.dtype
+    head, m_block, n_block = at
     acc_dP = cute.make_rmem_tensor(c.acc_shape_S, Float32)
     acc_dP.fill(0.0)
     warp_mma.gemm_ss(c.mma_sdp, acc_dP, c.tdPrdO, c.tdPrV, c.tdPsdO[None, None, None, slot], c.tdPsV, c.s2r_sdp_a,
@@ -642,19 +698,13 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     cute.copy(c.r2s_sdp, c.r2s_sdp.retile(rdS), c.tdSsdS)
     cute.arch.barrier()
 
-    # ---- dV += P^T.dO
-    warp_mma.gemm_ss(c.mma_dkv, acc_dV, c.tdVrPt, c.tdVrdOt, c.tdVsPt, c.tdVsdOt[None, None, None, slot],
-                     c.s2r_dkv_a, c.s2r_dkv_b, c.s2r_dkv_a, c.s2r_dkv_b)
-    if cutlass.const_expr(cfg.stages == 1):
-        cute.arch.barrier()
-        if has_next:
-            _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, head_n, m_next, c.sdO[None, None, 0], c.cdO,
-                    cfg.cols_v)
-        cute.arch.cp_async_commit_group()
 
-    # ---- dQ partial = dS.K -> fp32 accumulator
-    # deterministic turns: thread 0 reads its turn before the dQ GEMM, so the other warps compute while warp 0
-    # waits on the load (a stale read is re-polled at the reductions)
+@cute.jit
+def _dq_partial(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, at, tidx: Int32):
+    """dQ partial = dS.K of the step's tile (`at`: query head, query tile, key tile) -> the fp32 accumulator.
+    Deterministic turns: thread 0 reads its turn before the dQ GEMM, so the other warps compute while warp 0
+    waits on the load (a stale read is re-polled at the reductions)."""
+    head, m_block, n_block = at
     polled = Int32(-1)
     if cutlass.const_expr(uses_turns(cfg.p)):
         if tidx == 0:
@@ -664,19 +714,6 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     warp_mma.gemm_ss(c.mma_dq, acc_dQ, c.tdQrdS, c.tdQrKt, c.tdQsdS, c.tdQsKt, c.s2r_dq_a, c.s2r_dq_b, c.s2r_dq_a,
                      c.s2r_dq_b)
     _add_dq(cfg, c, s, io, acc_dQ, head, m_block, n_block, tidx, polled)
-
-    # ---- dK += dS^T.Q
-    warp_mma.gemm_ss(c.mma_dkv, acc_dK, c.tdKrdSt, c.tdKrQt, c.tdKsdSt, c.tdKsQt[None, None, None, slot],
-                     c.s2r_dkv_a, c.s2r_dkv_b, c.s2r_dkv_a, c.s2r_dkv_b)
-    if cutlass.const_expr(cfg.stages == 1):
-        cute.arch.barrier()
-        if has_next:
-            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, head_n, m_next, c.sQ[None, None, 0], c.cQ, cfg.cols_qk)
-        cute.arch.cp_async_commit_group()
-    # stage the next tile's LSE / dpsum rows (every reader of this tile's rows passed the dS barrier)
-    if has_next:
-        if tidx < bm:
-            _stage_rows_stats(c.sLSE, c.sdPsum, lse_n, dps_n, tidx)
 
 
 @cute.jit

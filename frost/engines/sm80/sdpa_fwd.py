@@ -273,20 +273,16 @@ class SdpaFwdSm80:
         prefix sums, padded lengths; None where the form has none) and the packed form's envelopes
         (max_seqlen_q, max_seqlen_kv) each length is capped at."""
         p = self.p
-        mQ, mK = g.mQ, g.mK
         mCuQ, mCuK, mSuQ, mSuK, max_q, max_k = lengths
         split = Int32(0)
         if const_expr(p.split):  # split-KV: the m-tile's num_splits CTAs are neighbours in x
             split = bx % p.num_splits
             bx = bx // p.num_splits
-        if const_expr(p.is_thd):
-            static_sq, static_sk = mQ.shape[0], mK.shape[0]
-        else:
-            static_sq, static_sk = mQ.shape[1], mK.shape[1]
+        static_sq, static_sk = tiles.extents(g.mQ, g.mK, p.is_thd)
         if const_expr(p.paged):  # a container's rows are not a sequence's: the envelope bounds the key length
             static_sk = g.paged[2]
-        off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(
-            batch, static_sq, static_sk, mCuQ, mCuK, mSuQ, mSuK, p.token_div_q, p.token_div_kv, max_q, max_k)
+        seq = tiles.sequence(p, batch, static_sq, static_sk, (mCuQ, mCuK, mSuQ, mSuK), max_q, max_k)
+        off_q, off_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
         off_lse = off_q  # ragged Stats start at their own offsets
         if const_expr(mLseOff is not None):
             off_lse = seqlen.rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, static_sq)
@@ -304,9 +300,7 @@ class SdpaFwdSm80:
         else:
             m_block = (self.packed(static_sq) + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
-            self.tile(g, sc, kit, (m_block, split), head, batch,
-                      tiles.Sequence(off_q, off_k, seqlen_q, seqlen_k, static_sq, static_sk),
-                      (off_lse, off_o, off_v, off_scores))
+            self.tile(g, sc, kit, (m_block, split), head, batch, seq, (off_lse, off_o, off_v, off_scores))
 
     @cute.jit
     def tile(self, g: _Globals, sc: _Scores, kit: _Kit, at, head, batch, seq: tiles.Sequence, offsets):
@@ -320,7 +314,6 @@ class SdpaFwdSm80:
         sQ_layout, sK_layout, sV_layout, _, copy_QK, copy_V, _, tiled_mma, SharedStorage = kit
         off_q, off_k, seqlen_q, seqlen_k, static_sq, _ = seq
         _, off_o, off_v, _ = offsets
-        S = p.num_stages
         tidx, _, _ = cute.arch.thread_idx()
         head_kv = head // self.qpk
         if const_expr(p.pack_gqa):  # `head` is the KV group
@@ -356,12 +349,62 @@ class SdpaFwdSm80:
         tKcK = thr_QK.partition_S(cute.make_identity_tensor((p.tile_n, d)))
         tVcV = thr_V.partition_S(cute.make_identity_tensor((p.tile_n, dv)))
 
-        # ---- MMA fragments and smem -> register copies
+        r = self.registers(kit, sQ, sK, sVt, tidx)
+
+        # ---- which key tiles to visit, which need masking
+        offset = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
+        n_min, n_max, lo, hi = self.key_tiles(m_block, split, seqlen_q, seqlen_k, offset, window_left, window_right)
+        a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
+        b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
+
+        mods = None  # score modifiers: this tile's bias rows and ALiBi slope
+        if const_expr(p.has_score_mods):
+            mods = self.tile_mods(softmax_scale, mBias, m_block, head, batch, seqlen_q, seqlen_k)
+
+        ctx = SimpleNamespace(
+            **vars(r), tiled_mma=tiled_mma, copy_QK=copy_QK, copy_V=copy_V,
+            src=src, tKsK=tKsK, tKcK=tKcK, tVsV=tVsV, tVcV=tVcV, scale_log2=scale_log2,
+            m_block=m_block, n_min=n_min, n_max=n_max, seqlen_k=seqlen_k, offset=offset,
+            window_left=window_left, window_right=window_right, mods=mods,
+        )
+        if const_expr(p.has_block_mask):  # this (batch entry, head)'s (q tiles, key-tile bytes) bits
+            ctx.block_mask = mBlockMask[batch, head, None, None]
+
+        # ---- prologue: cp.async groups [Q + K(b0)], then [V(b_s-1)], [K(b_s)] for s < S
+        q_rows = self.packed(seqlen_q) - m_block * p.tile_m  # rows of this tile inside the sequence
+        # rows this tile writes: to the sequence end (THD), to the static length (dense)
+        store_rows = q_rows if const_expr(p.is_thd) else self.packed(static_sq) - m_block * p.tile_m
+        self.prologue(ctx, (tQgQ, tQsQ, tQcQ), q_rows)
+
+        # ---- main loop, last key tile first
+        stage = Int32(0)
+        for it in cutlass.range(n_max - a_end, unroll=1):
+            self.step(ctx, n_max - 1 - it, stage, True)
+            stage = self.next_stage(stage)
+        for it in cutlass.range(a_end - b_end, unroll=1):
+            self.step(ctx, a_end - 1 - it, stage, False)
+            stage = self.next_stage(stage)
+        if const_expr(window_left is not None):
+            for it in cutlass.range(b_end - n_min, unroll=1):
+                self.step(ctx, b_end - 1 - it, stage, True)
+                stage = self.next_stage(stage)
+
+        if const_expr(p.split):
+            self.epilogue_partial(ctx, g, (split, head, batch), q_rows, store_rows, r.num_rows)
+        else:
+            self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, r.num_rows, tidx)
+
+    @cute.jit
+    def registers(self, kit: _Kit, sQ, sK, sVt, tidx):
+        """This thread's MMA fragments and smem -> register copies, the zeroed O accumulator, the softmax state
+        and the score coordinates: the same for every key tile of a query tile."""
+        p = self.p
+        tiled_mma = kit.tiled_mma
         thr_mma = tiled_mma.get_slice(tidx)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
         tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))
         tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))
-        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((p.tile_m, dv)), Float32)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((p.tile_m, self.dv)), Float32)
         acc_O.fill(0.0)
         ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
@@ -384,77 +427,52 @@ class SdpaFwdSm80:
         cS = cute.make_identity_tensor((p.tile_m, p.tile_n))
         tScS_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cS))
         t0ScS_mn = acc_layout.acc_as_mn(tiled_mma.get_slice(0).partition_C(cS))
-
-        # ---- which key tiles to visit, which need masking
-        offset = tiles.band(seqlen_q, seqlen_k, window_left, window_right, p.bottom_right, False).diag
-        n_min, n_max, lo, hi = self.key_tiles(m_block, split, seqlen_q, seqlen_k, offset, window_left, window_right)
-        a_end = cutlass.max(cutlass.min(hi, n_max), n_min)  # [a_end, n_max): masked (right side)
-        b_end = cutlass.max(cutlass.min(lo, a_end), n_min)  # [b_end, a_end): unmasked; [n_min, b_end): masked
-
-        # ---- score modifiers: this tile's bias rows and ALiBi slope (score_mod)
-        mods = None
-        if const_expr(p.has_score_mods):
-            mB, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
-            mods = SimpleNamespace(scale=softmax_scale, gB=None, slope=slope, row_limit=row_limit,
-                                   col_limit=col_limit)
-            if const_expr(p.has_bias):
-                mods.gB = cute.local_tile(mB, (p.tile_m, p.tile_n), (m_block, None))
-
-        ctx = SimpleNamespace(
-            tiled_mma=tiled_mma, thr_mma=thr_mma, copy_QK=copy_QK, copy_V=copy_V,
-            src=src, tKsK=tKsK, tKcK=tKcK, tVsV=tVsV, tVcV=tVcV,
-            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
+        return SimpleNamespace(
+            thr_mma=thr_mma, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
             smem_copy_Q=smem_copy_Q, smem_copy_K=smem_copy_K, smem_copy_V=smem_copy_V,
             thr_copy_Q=thr_copy_Q, thr_copy_K=thr_copy_K, thr_copy_V=thr_copy_V,
             acc_O=acc_O, row_max=row_max, row_sum=row_sum, row_scale=row_scale,
-            tScS_mn=tScS_mn, t0ScS_mn=t0ScS_mn, scale_log2=scale_log2,
-            m_block=m_block, n_min=n_min, n_max=n_max, seqlen_k=seqlen_k, offset=offset,
-            window_left=window_left, window_right=window_right, mods=mods,
+            tScS_mn=tScS_mn, t0ScS_mn=t0ScS_mn, num_rows=num_rows,
         )
-        if const_expr(p.has_block_mask):  # this (batch entry, head)'s (q tiles, key-tile bytes) bits
-            ctx.block_mask = mBlockMask[batch, head, None, None]
 
-        # ---- prologue: cp.async groups [Q + K(b0)], then [V(b_s-1)], [K(b_s)] for s < S
-        q_rows = self.packed(seqlen_q) - m_block * p.tile_m  # rows of this tile inside the sequence
-        # rows this tile writes: to the sequence end (THD), to the static length (dense)
-        store_rows = q_rows if const_expr(p.is_thd) else self.packed(static_sq) - m_block * p.tile_m
+    @cute.jit
+    def tile_mods(self, softmax_scale, mBias, m_block, head, batch, seqlen_q, seqlen_k):
+        """The score modifiers of a query tile (score_mod): the logits' scale, its bias rows, the ALiBi slope."""
+        p = self.p
+        mB, row_limit, col_limit, slope = score_mod.sequence_mods(p, mBias, batch, head, seqlen_q, seqlen_k)
+        mods = SimpleNamespace(scale=softmax_scale, gB=None, slope=slope, row_limit=row_limit, col_limit=col_limit)
+        if const_expr(p.has_bias):
+            mods.gB = cute.local_tile(mB, (p.tile_m, p.tile_n), (m_block, None))
+        return mods
+
+    @cute.jit
+    def prologue(self, c: SimpleNamespace, tQ, q_rows):
+        """cp.async groups [Q + K(b0)], then [V(b_s-1)], [K(b_s)] for s < S, b0 the last key tile. `tQ`: Q's
+        (global, shared, coordinate) partitions."""
+        p = self.p
+        S = p.num_stages
+        tQgQ, tQsQ, tQcQ = tQ
+        copy_QK, copy_V, n_min, n_max, seqlen_k = c.copy_QK, c.copy_V, c.n_min, c.n_max, c.seqlen_k
+        tKsK, tKcK, tVsV, tVcV = c.tKsK, c.tKcK, c.tVsV, c.tVcV
         # zeros: finite scores in rows that are never kept
         rows.load_rows(copy_QK, tQgQ, tQsQ, tQcQ, q_rows, cols=self.cols_qk)
         first_rows = seqlen_k - (n_max - 1) * p.tile_n
         if n_max > n_min:
-            self.load_rows(copy_QK, self.kv_src(ctx.src.k, n_max - 1), tKsK, tKcK, 0, first_rows, False, self.cols_qk)
+            self.load_rows(copy_QK, self.kv_src(c.src.k, n_max - 1), tKsK, tKcK, 0, first_rows, False, self.cols_qk)
         cute.arch.cp_async_commit_group()
         for s in cutlass.range_constexpr(1, S):
             if n_max - s >= n_min:
                 if const_expr(s == 1):
-                    self.load_rows(copy_V, self.kv_src(ctx.src.v, n_max - 1), tVsV, tVcV, 0, first_rows, True,
+                    self.load_rows(copy_V, self.kv_src(c.src.v, n_max - 1), tVsV, tVcV, 0, first_rows, True,
                                    self.cols_v)
                 else:
-                    rows.copy_cols(copy_V, self.kv_src(ctx.src.v, n_max - s), tVsV[None, None, None, s - 1],
+                    rows.copy_cols(copy_V, self.kv_src(c.src.v, n_max - s), tVsV[None, None, None, s - 1],
                                    tVcV, self.cols_v)
             cute.arch.cp_async_commit_group()
             if n_max - 1 - s >= n_min:
-                rows.copy_cols(copy_QK, self.kv_src(ctx.src.k, n_max - 1 - s), tKsK[None, None, None, s], tKcK,
+                rows.copy_cols(copy_QK, self.kv_src(c.src.k, n_max - 1 - s), tKsK[None, None, None, s], tKcK,
                                self.cols_qk)
             cute.arch.cp_async_commit_group()
-
-        # ---- main loop, last key tile first
-        stage = Int32(0)
-        for it in cutlass.range(n_max - a_end, unroll=1):
-            self.step(ctx, n_max - 1 - it, stage, True)
-            stage = self.next_stage(stage)
-        for it in cutlass.range(a_end - b_end, unroll=1):
-            self.step(ctx, a_end - 1 - it, stage, False)
-            stage = self.next_stage(stage)
-        if const_expr(window_left is not None):
-            for it in cutlass.range(b_end - n_min, unroll=1):
-                self.step(ctx, b_end - 1 - it, stage, True)
-                stage = self.next_stage(stage)
-
-        if const_expr(p.split):
-            self.epilogue_partial(ctx, g, (split, head, batch), q_rows, store_rows, num_rows)
-        else:
-            self.epilogue(ctx, g, kit, sQ, gO, (head, batch), offsets, q_rows, store_rows, num_rows, tidx)
 
     @cute.jit
     def key_tiles(self, m_block, split, seqlen_q, seqlen_k, offset, window_left, window_right):

@@ -89,7 +89,7 @@ from frost.engines.common.acc_layout import acc_as_mn
 from frost.engines.common.grid_order import block_coord, grid_extent, grid_shape
 from frost.engines.common.rows import row_copy, store_rows, widen, zero_rows
 from frost.engines.common.sdpa_entry import IO_DTYPES, select_modes
-from frost.engines.common.seqlen import own_rows, own_token_offset, rows_offset, seqlen_info, token_offset
+from frost.engines.common.seqlen import own_rows, own_token_offset, rows_offset, token_offset
 from frost.engines.common.softmax import LOG2_E
 from frost.engines.common.tile_scheduler import ranked_batch
 from frost.engines.common import global_ops as gops
@@ -132,9 +132,7 @@ class Walk(NamedTuple):
     m_min: Int32  # first query tile of the band
     n_m: Int32  # query tiles per query head
     steps: Int32  # n_m times the query heads of the group
-    off: Int32  # diagonal offset
-    wl: object  # clamped windows (Int32 or None)
-    wr: object
+    band: tiles.Band  # the mask band, its windows clamped
     seqlen_q: Int32
     seqlen_k: Int32
     off_q: object  # first query / key token of the sequence (Int32), or None without lengths (dense rows)
@@ -469,9 +467,9 @@ class SdpaBwdSm90:
             max_q, turn_rows = maxima[0], self.ragged_turn_rows(mSem)
             if const_expr(turn_rows is not None):
                 max_q = cutlass.min(max_q, turn_rows)
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, mQ.shape[0], mK.shape[0], mCuQ, mCuK, mUsedQ,
-                                                           mUsedK, self.p.token_div_q, self.p.token_div_kv,
-                                                           max_q, maxima[1])
+            seq = tiles.sequence(self.p, batch, mQ.shape[0], mK.shape[0], (mCuQ, mCuK, mUsedQ, mUsedK), max_q,
+                                 maxima[1])
+            off_q, off_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
         off_lse = off_q
         if const_expr(mLseOff is not None):
             off_lse = rows_offset(mLseOff, batch, self.p.token_div_lse, seqlen_q, mQ.shape[0])
@@ -545,15 +543,16 @@ class SdpaBwdSm90:
              off_k, off_lse=None):
         """The CTA's `Walk`: the query tiles of its key tile's band, over every query head of its group."""
         p = self.p
-        off, wl_c, wr_c = tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
-                                     wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
-        m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, off, wl_c, wr_c)
+        band = tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
+                          wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
+        m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, band.diag, band.window_left,
+                                          band.window_right)
         n_m = cutlass.max(m_max - m_min, 0)
         n_k, rot = None, None
         if const_expr(self.rotated):
             n_k, rot = self.rotation(n_block, n_m, seqlen_k)
-        return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, off, wl_c, wr_c, seqlen_q, seqlen_k,
-                    off_q, off_k, off_lse, n_k, rot)
+        return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, band, seqlen_q, seqlen_k, off_q, off_k,
+                    off_lse, n_k, rot)
 
     @cute.jit
     def rotation(self, n_block: Int32, n_m: Int32, seqlen_k: Int32):
@@ -708,8 +707,9 @@ class SdpaBwdSm90:
         """
         p = self.p
         turn = Int32(0)
-        turn = turns.stair_turn(w.n_block, m_block, self.bm, self.bn, w.seqlen_k, w.off, w.wl, w.wr,
-                                p.has_window_right, Int32, cutlass.min, cutlass.max)
+        band = w.band
+        turn = turns.stair_turn(w.n_block, m_block, self.bm, self.bn, w.seqlen_k, band.diag, band.window_left,
+                                band.window_right, p.has_window_right, Int32, cutlass.min, cutlass.max)
         if const_expr(self.rotated and not p.has_window_right):
             turn = self.rotated_turn(turn, m_block, w)
         return turn
@@ -838,14 +838,12 @@ class SdpaBwdSm90:
         loop has always carried them, so the kernel's IR is unchanged)."""
         bm, bn = self.bm, self.bn
         scale, mBias, mdBias, mdBiasAcc = score_args
-        n_block, off, wl, wr, seqlen_q, seqlen_k = w.n_block, w.off, w.wl, w.wr, w.seqlen_q, w.seqlen_k
         mAcc, mSem = g.mAcc, g.mSem
-        sQ, sdO = s.sQ, s.sdO
         pipe_rows = s.rows[2]  # with rows_mbar: the staged rows' mbarrier pipeline
-        pipe_q, pipe_do, _, mma_sdp, mma_dk, mma_dv, mma_dq = gemms
-        (tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdQrKt, tdQrdS, tdVrP, tdKrdS, r2s_ds, tRsdS, tRsP, tdQsdQ, tdQcdQ,
-         tScS_mn, t0ScS_mn, thr_sdp, n_cols) = ops
-        acc_dK, acc_dV = out.acc_dK, out.acc_dV
+        pipe_q, pipe_do, _, mma_sdp, mma_dk, _, mma_dq = gemms
+        (tSrK, tSrQ, tPrV, tPrdO, _, tdKrQt, tdQrKt, tdQrdS, _, tdKrdS, _, _, _, tdQsdQ, tdQcdQ, tScS_mn, t0ScS_mn,
+         thr_sdp, _) = ops
+        acc_dK = out.acc_dK
         head, m_block = self.step_tile(t, w)
         q0 = m_block * bm
         row_next = Float32(0.0)
@@ -853,14 +851,7 @@ class SdpaBwdSm90:
             row_next = self.load_rows(rows, w, t + 1)  # the next step's LSE / dpsum row, staged below
         stage = t % 2
         if const_expr(self.lengths):
-            query_rows = seqlen_q - q0
-            if query_rows < bm:  # the sequence's last query tile: rows past it may hold any bits
-                pipe_q.consumer_wait(q_state)
-                pipe_do.consumer_wait(q_state)
-                self.zero_tail(sQ[None, None, q_state.index], query_rows, tidx)
-                self.zero_tail(sdO[None, None, q_state.index], query_rows, tidx)
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+            self.zero_query_tail(q_state, s, gemms, q0, w, tidx)
         pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
         acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
         wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
@@ -872,53 +863,10 @@ class SdpaBwdSm90:
         rB = None  # the step's bias tile, its loads in flight while S^T and dP^T run
         if const_expr(self.p.has_bias):
             rB = self.fetch_bias(tScS_mn, t0ScS_mn, thr_sdp, mBias, head, m_block, w)
-        warpgroup.wait_group(1)
-        s_mn = acc_as_mn(acc_S)
-        if const_expr(self.rows_mbar):  # this warpgroup waits for the rows alone, not for the other one
-            pipe_rows.consumer_wait(r_state, pipe_rows.consumer_try_wait(r_state))
-        elif const_expr(self.rows_warp):
-            rows_barrier(BAR_ROWS_FULL, stage, False)
-        if const_expr(self.p.has_score_mods):
-            self.score_mods(s_mn, tScS_mn, t0ScS_mn, rB, scale, head, m_block, w)
-        if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
-            mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            for c in cutlass.range_constexpr(n_cols):
-                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
-                                             fastmath=True)
-        if const_expr(self.shared_keys):
-            self.stage_tile(acc_S, r2s_ds, tRsP[None, None, None, stage])
-        else:
-            wu.convert_to_16bit(wu.acc_view_as_a(acc_S), tdVrP)
-        warpgroup.wait_group(0)
-        dp_mn = acc_as_mn(acc_dP)
-        for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
-            for c in cutlass.range_constexpr(n_cols):
-                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
-        if const_expr(self.rows_mbar):
-            pipe_rows.consumer_release(r_state)
-            r_state.advance()
-        elif const_expr(self.rows_warp):
-            rows_barrier(BAR_ROWS_FREE, stage, True)
-        if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
-            self.write_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w, True)
-        rdS16 = None  # dS^T in 16 bits, laid out as the accumulator (for a dBias written as it is)
-        if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
-            rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-            wu.gemm(mma_dv, acc_dV, tdVrP[None, None, None, stage], tdVrdOt[None, None, None, q_state.index],
-                    wg_wait=-1)
-        else:
-            wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
-            # dV += P^T dO while dS goes to shared memory
-            wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
-            cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
-                      tRsdS[None, None, None, stage])
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-        if const_expr(self.p.has_dbias and not self.p.dbias_accum and not self.shared_keys):
-            rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
+        s_mn = self.probabilities(acc_S, rB, ops, (rows, pipe_rows, r_state), (scale, scale_log2), (head, m_block, q0),
+                                  stage, w)
+        r_state = self.score_grads(acc_dP, s_mn, ops, (rows, pipe_rows, r_state), mdBiasAcc, head, m_block, stage, w)
+        rdS16 = self.dv_step(acc_dP, ops, gemms, out, stage, q_state)
         tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
         if const_expr(self.dk_first):
             # dK before dQ, so Q and dO are released while dQ still runs: the next step's loads overlap it
@@ -948,6 +896,100 @@ class SdpaBwdSm90:
         if const_expr(self.fine_k or self.fine_v):
             fine_phase = self.next_fine(t, w, fine, out, fine_phase, tidx)
         return fine_phase, r_state, q_state
+
+    @cute.jit
+    def zero_query_tail(self, q_state, s: Smem, gemms: Gemms, q0: Int32, w: Walk, tidx: Int32):
+        """The sequence's last query tile (from row `q0`): its Q and dO rows past the sequence may hold any bits;
+        zeroed once both have landed, before the wgmmas read them."""
+        pipe_q, pipe_do = gemms.pipe_q, gemms.pipe_do
+        query_rows = w.seqlen_q - q0
+        if query_rows < self.bm:
+            pipe_q.consumer_wait(q_state)
+            pipe_do.consumer_wait(q_state)
+            self.zero_tail(s.sQ[None, None, q_state.index], query_rows, tidx)
+            self.zero_tail(s.sdO[None, None, q_state.index], query_rows, tidx)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+
+    @cute.jit
+    def probabilities(self, acc_S: cute.Tensor, rB, ops: Operands, staged, scales, at, stage, w: Walk):
+        """S^T -> P^T in place once S^T has landed and the step's LSE rows are staged: score modifiers, mask,
+        exp2; P^T to shared memory (shared keys) or to dV's A fragment. `staged`: (rows, their pipeline, its
+        state); `scales`: (softmax scale, exp2 factor); `at`: (query head, query tile, its first row). Returns
+        S^T's (rows, cols) view."""
+        bm, bn = self.bm, self.bn
+        rows, pipe_rows, r_state = staged
+        scale, scale_log2 = scales
+        head, m_block, q0 = at
+        n_block, seqlen_q, seqlen_k = w.n_block, w.seqlen_q, w.seqlen_k
+        off, wl, wr = w.band.diag, w.band.window_left, w.band.window_right
+        tScS_mn, t0ScS_mn, n_cols = ops.tScS_mn, ops.t0ScS_mn, ops.n_cols
+        warpgroup.wait_group(1)
+        s_mn = acc_as_mn(acc_S)
+        if const_expr(self.rows_mbar):  # this warpgroup waits for the rows alone, not for the other one
+            pipe_rows.consumer_wait(r_state, pipe_rows.consumer_try_wait(r_state))
+        elif const_expr(self.rows_warp):
+            rows_barrier(BAR_ROWS_FULL, stage, False)
+        if const_expr(self.p.has_score_mods):
+            self.score_mods(s_mn, tScS_mn, t0ScS_mn, rB, scale, head, m_block, w)
+        if mask.tile_needs_mask(m_block, n_block, bm, bn, seqlen_q, seqlen_k, off, wl, wr):
+            mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            for c in cutlass.range_constexpr(n_cols):
+                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
+                                             fastmath=True)
+        if const_expr(self.shared_keys):
+            self.stage_tile(acc_S, ops.r2s_ds, ops.tRsP[None, None, None, stage])
+        else:
+            wu.convert_to_16bit(wu.acc_view_as_a(acc_S), ops.tdVrP)
+        return s_mn
+
+    @cute.jit
+    def score_grads(self, acc_dP: cute.Tensor, s_mn: cute.Tensor, ops: Operands, staged, mdBiasAcc, head: Int32,
+                    m_block: Int32, stage, w: Walk):
+        """dP^T -> dS^T in place once dP^T has landed (P^T `s_mn` and the staged dpsum rows), the rows handed
+        back; dBias through the accumulator added here. `staged`: (rows, their pipeline, its state). Returns the
+        rows' pipeline state (advanced with `rows_mbar`)."""
+        rows, pipe_rows, r_state = staged
+        tScS_mn, t0ScS_mn, thr_sdp, n_cols = ops.tScS_mn, ops.t0ScS_mn, ops.thr_sdp, ops.n_cols
+        warpgroup.wait_group(0)
+        dp_mn = acc_as_mn(acc_dP)
+        for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
+            for c in cutlass.range_constexpr(n_cols):
+                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - rows.sdPsum[tScS_mn[0, c][1], stage])
+        if const_expr(self.rows_mbar):
+            pipe_rows.consumer_release(r_state)
+            r_state.advance()
+        elif const_expr(self.rows_warp):
+            rows_barrier(BAR_ROWS_FREE, stage, True)
+        if const_expr(self.p.dbias_accum):  # dBias = dS^T (fp32, before the scale), added or stored
+            self.write_dbias(dp_mn, tScS_mn, t0ScS_mn, thr_sdp, mdBiasAcc, head, m_block, w, True)
+        return r_state
+
+    @cute.jit
+    def dv_step(self, acc_dP: cute.Tensor, ops: Operands, gemms: Gemms, out: GradOut, stage, q_state):
+        """dS^T to shared memory and dV += P^T dO (in either order); returns dS^T in 16 bits laid out as the
+        accumulator where a dBias is written as it is (else None)."""
+        r2s_ds, tRsdS, tdVrP, tdVrdOt, tdKrdS = ops.r2s_ds, ops.tRsdS, ops.tdVrP, ops.tdVrdOt, ops.tdKrdS
+        mma_dv, acc_dV = gemms.dv, out.acc_dV
+        rdS16 = None  # dS^T in 16 bits, laid out as the accumulator (for a dBias written as it is)
+        if const_expr(self.shared_keys):  # both halves of P^T and dS^T in shared memory, then dV
+            rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+            wu.gemm(mma_dv, acc_dV, tdVrP[None, None, None, stage], tdVrdOt[None, None, None, q_state.index],
+                    wg_wait=-1)
+        else:
+            wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
+            # dV += P^T dO while dS goes to shared memory
+            wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
+            cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
+                      tRsdS[None, None, None, stage])
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
+        if const_expr(self.p.has_dbias and not self.p.dbias_accum and not self.shared_keys):
+            rdS16 = cute.make_tensor(tdKrdS.iterator, acc_dP.layout)
+        return rdS16
 
     @cute.jit
     def fetch_bias(self, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mBias, head: Int32, m_block: Int32,

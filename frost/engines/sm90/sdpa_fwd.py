@@ -34,10 +34,12 @@ mask. One that straddles blocks (tile_n not dividing 128, tile_m 192) is masked 
 query positions (no GQA packing with it: a packed tile would span several heads' bits).
 
 cuDNN's paged K/V cache (`paged`): K and V are containers (num_blocks, block_size, H, D) read through int32
-block tables. tile_n divides the block sizes, so a key tile lies inside one block: the producer's TMA load names
+block tables. Where tile_n divides a block size, a key tile lies inside one block: the producer's TMA load names
 that block (read from the table on the device per tile, clamped to the container: `paged.block_of`) and the
-tile's row offset in it (`kv_gmem`); the key length is seqused_kv clamped to the envelope max_seqlen_kv. Nothing
-else changes (rows past a sequence's keys are masked, and V's are zeroed as for any seqused).
+tile's row offset in it (`kv_gmem`); blocks smaller than tile_n (a multiple of 8 rows that divides it) are
+spanned, one TMA load per block into its rows of the stage, all on the stage's mbarrier (`load_blocks`). The key
+length is seqused_kv clamped to the envelope max_seqlen_kv. Nothing else changes (rows past a sequence's keys
+are masked, and V's are zeroed as for any seqused).
 
 Split-KV (`num_splits`, docs/decode.md): the split is the scheduled head index's fastest coordinate; producer and
 consumers cut the same key-tile range with `key_split_range` (the mma.sync forward's and the host model's cut), and
@@ -72,7 +74,7 @@ from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
-from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, separate_o, validate
+from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, paged_span, separate_o, validate
 
 BAR_SCHED = 1      # 1..3: ping-pong turn of consumer warpgroup w
 BAR_EPI = 4        # 4..6: epilogue of consumer warpgroup w
@@ -290,10 +292,20 @@ class SdpaFwdSm90:
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (q_box, self.hd))
-        tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(sK_layout, mode=[0, 1]),
-                                                        (self.tile_n, self.hd), 1)
-        tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, cute.select(sV_layout, mode=[0, 1]),
-                                                        (self.tile_n, self.hdv), 1)
+        if const_expr(paged_span(p.paged_block_k, self.tile_n)):  # one load per block of a key tile's blocks
+            tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, self.block_rows(sK_layout, p.paged_block_k,
+                                                                                      self.hd),
+                                                            (p.paged_block_k, self.hd), 1)
+        else:
+            tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(sK_layout, mode=[0, 1]),
+                                                            (self.tile_n, self.hd), 1)
+        if const_expr(paged_span(p.paged_block_v, self.tile_n)):
+            tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, self.block_rows(sV_layout, p.paged_block_v,
+                                                                                      self.hdv),
+                                                            (p.paged_block_v, self.hdv), 1)
+        else:
+            tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, cute.select(sV_layout, mode=[0, 1]),
+                                                            (self.tile_n, self.hdv), 1)
         tma_atom_o, tma_o = None, mO
         if const_expr(not thd):
             tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
@@ -551,8 +563,7 @@ class SdpaFwdSm90:
                 if const_expr(self.p.has_block_mask):
                     n_last = n_top
                 pipe_k.producer_acquire(kv_state)
-                cute.copy(tma_atom_k, self.kv_gmem(tma_atom_k, tKgK, n_last), tKsK[None, kv_state.index],
-                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                self.load_key_tile(tma_atom_k, tKgK, tKsK, n_last, pipe_k, kv_state)
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
@@ -577,8 +588,7 @@ class SdpaFwdSm90:
                         self.load_kv(kv, n_cur, n_prev, kv_state, prev_state)
                         n_prev = n_cur
                 pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_atom_v, self.kv_gmem(tma_atom_v, tVgV, n_prev), tVsV[None, kv_state.index],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                self.load_key_tile(tma_atom_v, tVgV, tVsV, n_prev, pipe_v, kv_state)
                 kv_state.advance()
             else:
                 if const_expr(not self.separate_o):
@@ -635,11 +645,9 @@ class SdpaFwdSm90:
         prev_state's; `kv`: (TMA atoms of K and V, their partitions (gmem, smem), their pipelines)."""
         tma_atom_k, tma_atom_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v = kv
         pipe_k.producer_acquire(kv_state)
-        cute.copy(tma_atom_k, self.kv_gmem(tma_atom_k, tKgK, n_cur), tKsK[None, kv_state.index],
-                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+        self.load_key_tile(tma_atom_k, tKgK, tKsK, n_cur, pipe_k, kv_state)
         pipe_v.producer_acquire(prev_state)
-        cute.copy(tma_atom_v, self.kv_gmem(tma_atom_v, tVgV, n_prev), tVsV[None, prev_state.index],
-                  tma_bar_ptr=pipe_v.producer_get_barrier(prev_state))
+        self.load_key_tile(tma_atom_v, tVgV, tVsV, n_prev, pipe_v, prev_state)
 
     @cute.jit
     def paged_source(self, atom, mX, mTable, sX, head, batch, block_size: cutlass.Constexpr[int],
@@ -647,10 +655,47 @@ class SdpaFwdSm90:
         """(the shared stages partitioned for TMA, the `_PagedKv` that `kv_gmem` makes each key tile's source
         from) of one paged container, K or V (`cols`: the tile's columns; `vsl`: O's column slice)."""
         m = mX[None, None, head, None]
+        if const_expr(paged_span(block_size, self.tile_n)):  # the loads partition their own row slices
+            return sX, _PagedKv(m, paged.table_row(mTable, batch), sX, block_size, cols, vsl)
         smem = cute.group_modes(sX, 0, 2)
         g = cute.local_tile(m[None, None, 0], (self.tile_n, cols), (0, vsl))
         tXsX, _ = cpasync.tma_partition(atom, 0, cute.make_layout(1), smem, cute.group_modes(g, 0, 2))
         return tXsX, _PagedKv(m, paged.table_row(mTable, batch), smem, block_size, cols, vsl)
+
+    @cute.jit
+    def load_key_tile(self, atom, src, dst, n_block: Int32, pipe, state):
+        """TMA-load key tile n_block of K or V into `state`'s stage of `pipe` (`src`, `dst`: from `tile_sources`):
+        one load of the tile (`kv_gmem`), or with a paged cache whose blocks are smaller than the tile, one per
+        block it spans (`load_blocks`)."""
+        if const_expr(self.p.paged and paged_span(src.block, self.tile_n)):
+            self.load_blocks(atom, src, n_block, state.index, pipe.producer_get_barrier(state))
+        else:
+            cute.copy(atom, self.kv_gmem(atom, src, n_block), dst[None, state.index],
+                      tma_bar_ptr=pipe.producer_get_barrier(state))
+
+    @cute.jit
+    def load_blocks(self, atom, src, n_block: Int32, stage, bar):
+        """Key tile n_block of a paged container whose blocks it spans (`src` a `_PagedKv`, its smem the
+        (tile_n, cols, stages) tiles): block j of the tile's tile_n / block_size names its own block from the
+        table (`paged.span_block_of`: index and block clamped) and lands in rows [j * block_size, (j + 1) *
+        block_size) of the stage, whole swizzle atoms since block_size is a multiple of 8. Every load completes
+        on `bar`, whose expected bytes are the whole tile's, as for one load."""
+        per = self.tile_n // src.block
+        sX = src.smem[None, None, stage]
+        num_blocks = cute.size(src.m, mode=[2])
+        for j in cutlass.range(per, unroll=1):  # a loop, not unrolled: the producer warp's registers are few
+            block = paged.span_block_of(src.table, n_block * per + j, num_blocks)
+            g = cute.local_tile(src.m[None, None, block], (src.block, src.cols), (0, src.vsl))
+            s = cute.local_tile(sX, (src.block, src.cols), (j, 0))
+            tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                               cute.group_modes(g, 0, 2))
+            cute.copy(atom, tXgX, tXsX, tma_bar_ptr=bar)
+
+    def block_rows(self, s_layout, block_size: int, cols: int):
+        """The shared layout of one block's rows of a K or V stage (the first block_size rows of the (tile_n,
+        cols) tile, its column atoms still tile_n rows apart): the box a spanned tile's per-block TMA loads fill."""
+        return cute.composition(cute.select(s_layout, mode=[0, 1]),
+                                cute.make_layout((block_size, cols), stride=(1, self.tile_n)))
 
     @cute.jit
     def kv_gmem(self, atom, src, n_block: Int32):

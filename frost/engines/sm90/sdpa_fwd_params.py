@@ -41,8 +41,9 @@ class Sm90FwdParams(SdpaFeatureParams):
     has_score_max: bool = False  # write the row max of the scaled scores (cuDNN's score_max)
     has_score_sum_exp: bool = False  # write the row sum of exp(score - max) (cuDNN's score_sum_exp)
     has_block_mask: bool = False  # cuDNN's block_mask: one bit per (128 queries, 128 keys) tile pair
-    # cuDNN's paged K/V cache: K's and V's container block sizes (0: dense K and V). Each key tile lies inside
-    # one block (tile_n divides both): its TMA load names the block read from the table on the device
+    # cuDNN's paged K/V cache: K's and V's container block sizes (0: dense K and V). A key tile lies inside one
+    # block (tile_n divides it: one TMA load names the block read from the table on the device) or spans whole
+    # blocks (it divides tile_n: one TMA load per block, `paged_span`)
     paged_block_k: int = 0
     paged_block_v: int = 0
     # knobs (speed only)
@@ -186,15 +187,30 @@ def validate(p: Sm90FwdParams) -> None:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
 
 
-#: the paged K/V block sizes the template serves: multiples of 64, which every default tile_n shrinks to divide
-#: (`paged_tile_n`), up to the largest block the benchmarks and serving engines use
-PAGED_BLOCK_SIZES = (64, 128, 256)
+#: the paged K/V block sizes the template serves: those a key tile lies inside (64 and up: every default tile_n
+#: shrinks to divide them) and those a key tile spans whole (16 and 32: one TMA load per block, each a whole number
+#: of the 8-row shared-memory swizzle atoms), up to the largest block the benchmarks and serving engines use
+PAGED_BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+#: a block a key tile spans holds whole 8-row swizzle atoms: each block's TMA load fills its own atoms
+PAGED_SPAN_ROWS = 8
 
 
 def paged_tile_n(tile_n: int, block_sizes) -> int:
     """The key tile of a paged cache: the widest multiple of 16 up to `tile_n` that divides every block size, so
-    each key tile lies in one block (128 stays 128 on 128- and 256-row blocks; 112 and 80 become 64)."""
-    return next(t for t in range(tile_n - tile_n % 16, 0, -16) if all(bs % t == 0 for bs in block_sizes))
+    each key tile lies in one block (128 stays 128 on 128- and 256-row blocks; 112 and 80 become 64); where that is
+    below 64 (blocks of 16 or 32 rows), the widest that every block size divides or is divided by instead, so a
+    key tile spans whole blocks (128 on 16-row blocks; 112 becomes 96 on 32-row blocks)."""
+    inside = next(t for t in range(tile_n - tile_n % 16, 0, -16) if all(bs % t == 0 for bs in block_sizes))
+    if inside >= min(64, tile_n):
+        return inside
+    return next(t for t in range(tile_n - tile_n % 16, 0, -16)
+                if all(bs % t == 0 or t % bs == 0 for bs in block_sizes))
+
+
+def paged_span(block_size: int, tile_n: int) -> bool:
+    """Does a key tile span several blocks of this size (one TMA load per block) rather than lie inside one?"""
+    return 0 < block_size < tile_n
 
 
 def paged_reason(p: Sm90FwdParams):
@@ -206,9 +222,12 @@ def paged_reason(p: Sm90FwdParams):
     if p.is_thd or not p.has_seqused:
         return "a paged cache takes dense (B, H, S, D) queries with lengths from seqused"
     for role, bs in (("k", p.paged_block_k), ("v", p.paged_block_v)):
-        if bs % p.tile_n != 0:
+        if bs % p.tile_n == 0:
+            continue  # a key tile inside one block
+        if p.tile_n % bs != 0 or bs % PAGED_SPAN_ROWS != 0:
             return (f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile's TMA load "
-                    f"lies inside one block)")
+                    f"lies inside one block) or be a multiple of it, with blocks of a multiple of "
+                    f"{PAGED_SPAN_ROWS} rows (one TMA load per block)")
     return None
 
 
