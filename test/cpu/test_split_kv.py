@@ -335,6 +335,8 @@ SM90 = "frost.engines.sm90.sdpa_fwd"
 SM90_PARAMS = "frost.engines.sm90.sdpa_fwd_params.Sm90FwdParams"
 #: the packed decode the H200 plans (64-row tiles of the 4 heads of a group), dense and paged with sinks
 _SM90 = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True, tile_m=64, pack_gqa=True)
+#: a paged cache of 16-row blocks: each 128-key tile spans 8 blocks, a TMA load each
+_PAGED16 = dict(_PAGED, paged_block_k=16, paged_block_v=16)
 _SM90_CAUSAL = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True,
                     has_window_right=True, bottom_right=True)
 #: O in Q's shared tile on one warpgroup (d=256), and three warpgroups of 64 rows (d=64, no Stats)
@@ -345,19 +347,22 @@ _SM90_D64 = dict(head_dim=64, head_dim_v=64, num_heads_q=8, num_heads_kv=8, has_
 
 @pytest.mark.slow
 def test_wgmma_split_forwards_compile_for_sm90a_without_more_spills(tmp_path):
-    """The wgmma forward's split kernels (packed dense, packed paged with sinks, unpacked causal on the longest-first
-    order, O in Q's tile at d=256, three warpgroups at d=64) beside their unsplit kernels for sm_90a: frost symbols
-    tagged with the split count, wgmma in each, no more local memory or ptxas spills than the unsplit kernel, every
-    device length clamped (compile_groups)."""
+    """The wgmma forward's split kernels (packed dense, packed paged with sinks, 16-row paged blocks, unpacked
+    causal on the longest-first order, O in Q's tile at d=256, three warpgroups at d=64) beside their unsplit
+    kernels for sm_90a: frost symbols tagged with the split count, wgmma in each, no more local memory or ptxas
+    spills than the unsplit kernel, every device length clamped (compile_groups)."""
     specs = [(SM90, SM90_PARAMS, dict(_SM90, num_splits=14), "split"), (SM90, SM90_PARAMS, _SM90, "base"),
              (SM90, SM90_PARAMS, dict(_SM90, **_PAGED, num_splits=8), "paged-split"),
              (SM90, SM90_PARAMS, dict(_SM90, **_PAGED), "paged-base"),
+             (SM90, SM90_PARAMS, dict(_SM90, **_PAGED16, num_splits=8), "paged16-split"),
+             (SM90, SM90_PARAMS, dict(_SM90, **_PAGED16), "paged16-base"),
              (SM90, SM90_PARAMS, dict(_SM90_CAUSAL, num_splits=3), "causal-split"),
              (SM90, SM90_PARAMS, _SM90_CAUSAL, "causal-base"),
              (SM90, SM90_PARAMS, dict(_SM90_D256, num_splits=5), "d256-split"), (SM90, SM90_PARAMS, _SM90_D256, "d256"),
              (SM90, SM90_PARAMS, dict(_SM90_D64, num_splits=3), "d64-split"), (SM90, SM90_PARAMS, _SM90_D64, "d64")]
     outs = {o["tag"]: o for o in compile_groups([("sm_90a", specs)], tmp_path, ptxas=True)[0]}
-    for split, base in (("split", "base"), ("paged-split", "paged-base"), ("causal-split", "causal-base"),
+    for split, base in (("split", "base"), ("paged-split", "paged-base"), ("paged16-split", "paged16-base"),
+                        ("causal-split", "causal-base"),
                         ("d256-split", "d256"), ("d64-split", "d64")):
         out, ref = outs[split], outs[base]
         splits = next(kw["num_splits"] for _, _, kw, tag in specs if tag == split)

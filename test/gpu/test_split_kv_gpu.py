@@ -148,6 +148,7 @@ CASES = {  # name: (batch, sq, skv, paged block size, graph keywords, oracle mas
                                 dict(causal_bottom_right=True)),
     "paged-1x32k": (1, 1, 32768, 64, {}, {}),
     "paged-2x128k": (2, 1, 131072, 128, {}, {}),
+    "paged16-1x32k-sinks": (1, 1, 32768, 16, dict(sink=True), {}),  # the wgmma forward's tiles span 16-row blocks
     "paged-2x128k-sinks-causal": (2, 1, 131072, 256, dict(sink=True, use_causal_mask_bottom_right=True),
                                   dict(causal_bottom_right=True)),
 }
