@@ -78,6 +78,10 @@ DECODE_TILE = dict(tile_m=64, num_warps=4)
 #: GQA packing is planned for queries this short (a decode, or a few speculative tokens)
 PACK_MAX_SEQ_Q = 16
 
+#: splits are planned for queries this short only (decodes): longer queries keep the unsplit kernels, whose speed
+#: and numerics are measured on the H200, until a GPU run times the split ones (a requested num_splits is honored)
+SPLIT_MAX_SEQ_Q = PACK_MAX_SEQ_Q
+
 
 def plan_decode(facts, target, knobs: dict, requested: dict, params_of) -> dict:
     """`knobs` with the decode choices unless requested: GQA packing (`pack_gqa`) for queries of at most
@@ -118,7 +122,7 @@ def planned_num_splits(facts, target, knobs: dict, rows_per_query: int | None = 
     """The plan's `num_splits` for the chosen tiles (`knobs`) on `target` (1 where the graph cannot split), for
     either forward: its query tiles hold `rows_per_query` heads' rows (`packed_rows`) and `ctas_per_sm` of its
     CTAs fit an SM (the wgmma forward's tiles take one)."""
-    if split_reason(facts) is not None:
+    if split_reason(facts) is not None or facts.seq_q > SPLIT_MAX_SEQ_Q:
         return 1
     rows = packed_rows(facts, knobs, rows_per_query)
     work = facts.batch * (facts.num_heads_q * facts.seq_q // rows) * cdiv(rows, knobs["tile_m"])

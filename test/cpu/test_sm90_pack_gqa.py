@@ -53,12 +53,14 @@ def test_forced_packing_declines_with_the_reason(unpended, hq, hkv, why):
     g = declare(H200, d=128, hq=hq, hkv=hkv).create_execution_plans(knobs=frost.Knobs(pack_gqa=True))
     reason = reasons(g)["SdpaFwdDslSm90"]
     assert "pack_gqa" in reason and why in reason, reason
-    assert reasons(g)["SdpaFwdDslSm80"] == "has no knob 'pack_gqa' (requested True)"
+    # the mma.sync forward packs too (decodes, frost.adapters.split_kv): it judges the request by its own tiles
+    sm80 = reasons(g).get("SdpaFwdDslSm80")
+    assert sm80 is None or "pack_gqa" in sm80, sm80
 
 
 def test_forced_off_still_plans_on_sm90(unpended):
     g = declare(H200, d=128, hq=32, hkv=8).create_execution_plans(knobs=frost.Knobs(pack_gqa=False))
-    assert g.available_engines() == ["SdpaFwdDslSm90"]
+    assert g.available_engines()[0] == "SdpaFwdDslSm90"
 
 
 @pytest.mark.parametrize("bad", [dict(num_heads_q=4, num_heads_kv=4), dict(num_heads_q=6, num_heads_kv=2),

@@ -157,6 +157,18 @@ def test_the_wgmma_forward_leaves_busy_grids_and_short_caches_unsplit(kw):
     assert p.num_splits == 1 and "o_partial" not in fwd_arg_names(p)
 
 
+def test_a_small_prefill_grid_is_not_split_unless_requested():
+    """Splits are planned for decodes only (`SPLIT_MAX_SEQ_Q`): a prefill whose grid underfills the GPU keeps the
+    unsplit kernels, whose numerics and speed the GPU suite measured; a requested count is still honored."""
+    from frost.adapters.split_kv import SPLIT_MAX_SEQ_Q
+
+    prefill = _decode_facts(hq=8, hkv=8, sq=2048, skv=2048)
+    assert _sm90(prefill).validated_params().num_splits == 1
+    assert _sm80(prefill).validated_params().num_splits == 1
+    assert _sm90(prefill, Knobs(num_splits=2)).validated_params().num_splits == 2
+    assert _sm90(_decode_facts(hq=8, hkv=8, sq=SPLIT_MAX_SEQ_Q, skv=32768)).validated_params().num_splits > 1
+
+
 def test_the_wgmma_forward_splits_only_what_its_template_serves():
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, validate
     from frost.errors import TemplateParamsError
