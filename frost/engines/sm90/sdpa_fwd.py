@@ -292,20 +292,8 @@ class SdpaFwdSm90:
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (q_box, self.hd))
-        if const_expr(paged_span(p.paged_block_k, self.tile_n)):  # one load per block of a key tile's blocks
-            tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, self.block_rows(sK_layout, p.paged_block_k,
-                                                                                      self.hd),
-                                                            (p.paged_block_k, self.hd), 1)
-        else:
-            tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, cute.select(sK_layout, mode=[0, 1]),
-                                                            (self.tile_n, self.hd), 1)
-        if const_expr(paged_span(p.paged_block_v, self.tile_n)):
-            tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, self.block_rows(sV_layout, p.paged_block_v,
-                                                                                      self.hdv),
-                                                            (p.paged_block_v, self.hdv), 1)
-        else:
-            tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, cute.select(sV_layout, mode=[0, 1]),
-                                                            (self.tile_n, self.hdv), 1)
+        tma_atom_k, tma_k = self.key_tma(g2s, mK, sK_layout, p.paged_block_k, self.hd)
+        tma_atom_v, tma_v = self.key_tma(g2s, mV, sV_layout, p.paged_block_v, self.hdv)
         tma_atom_o, tma_o = None, mO
         if const_expr(not thd):
             tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
@@ -368,6 +356,14 @@ class SdpaFwdSm90:
             num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
             sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
         ).launch(grid=[grid, 1, 1], block=[self.num_threads, 1, 1], stream=a["stream"], min_blocks_per_mp=1)
+
+    def key_tma(self, g2s, mX, s_layout, paged_block: int, width: int):
+        """K's (V's) TMA atom and tensor: one box per key tile, or with a paged cache whose blocks are smaller than
+        the tile, one box per block of the tile's blocks (`block_rows`)."""
+        if const_expr(paged_span(paged_block, self.tile_n)):
+            return cpasync.make_tiled_tma_atom(g2s, mX, self.block_rows(s_layout, paged_block, width),
+                                               (paged_block, width), 1)
+        return cpasync.make_tiled_tma_atom(g2s, mX, cute.select(s_layout, mode=[0, 1]), (self.tile_n, width), 1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
