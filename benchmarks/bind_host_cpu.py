@@ -7,6 +7,7 @@ Prints the median over repeats of the CPU microseconds per call (thread time, so
 processes on a busy machine do not count). It measures what binding adds to an
 execute (the per-tensor checks and the aliasing check), not a kernel launch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,19 @@ def _graphs():
     fwd.validate()
     fwd.build_plans()
     bwd = frost.Graph(**kw)
-    bq, bk, bv, bo, bdo = (bwd.tensor_like(t, name=n) for t, n in
-                           ((q_t, "q"), (k_t, "k"), (v_t, "v"), (o_t, "o"), (do_t, "dO")))
+    bq, bk, bv, bo, bdo = (
+        bwd.tensor_like(t, name=n) for t, n in ((q_t, "q"), (k_t, "k"), (v_t, "v"), (o_t, "o"), (do_t, "dO"))
+    )
     bst = bwd.tensor_like(lse_t, name="stats")
     dq, dk, dv = bwd.sdpa_backward(bq, bk, bv, bo, bdo, bst, attn_scale=0.125, use_causal_mask=True)
     for t in (dq, dk, dv):
         t.set_output(True)
     bwd.validate()
     bwd.build_plans()
-    return ((fwd, {q: q_t, k: k_t, v: v_t, o: o_t, st: lse_t}),
-            (bwd, {bq: q_t, bk: k_t, bv: v_t, bo: o_t, bdo: do_t, bst: lse_t, dq: dq_t, dk: dk_t, dv: dv_t}))
+    return (
+        (fwd, {q: q_t, k: k_t, v: v_t, o: o_t, st: lse_t}),
+        (bwd, {bq: q_t, bk: k_t, bv: v_t, bo: o_t, bdo: do_t, bst: lse_t, dq: dq_t, dk: dk_t, dv: dv_t}),
+    )
 
 
 def _us(fn, calls: int, repeats: int) -> float:
@@ -61,8 +65,10 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args(argv)
-    print("| dir | tensors | binder.bind us | bind, outputs moved each call us | bind, outputs new each call us "
-          "| executor (checked) us | executor.launch us |")
+    print(
+        "| dir | tensors | binder.bind us | bind, outputs moved each call us | bind, outputs new each call us "
+        "| executor (checked) us | executor.launch us |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, (g, pack) in zip(("fwd", "bwd"), _graphs()):
         ports = list(pack)
@@ -71,13 +77,16 @@ def main(argv=None) -> int:
         ex._execute = lambda bound, ws, stream: None  # the launch stubbed: binding alone
         bind = _us(lambda: g._binder.bind(pack, None), a.calls, a.repeats)
         # two packs whose outputs live elsewhere, alternated (double buffering; the aliasing check remembers both)
-        packs = [{p: (torch.empty_like(t) if p.is_output or p.is_virtual else t) for p, t in pack.items()}
-                 for _ in range(2)]
+        packs = [
+            {p: (torch.empty_like(t) if p.is_output or p.is_virtual else t) for p, t in pack.items()} for _ in range(2)
+        ]
         flip = iter(packs * (a.calls * a.repeats + 1)).__next__
         moved = _us(lambda: g._binder.bind(flip(), None), a.calls, a.repeats)
         # more packs in turn than the check remembers: every call's address set is new to it
-        packs = [{p: (torch.empty_like(t) if p.is_output or p.is_virtual else t) for p, t in pack.items()}
-                 for _ in range(REMEMBERED + 1)]
+        packs = [
+            {p: (torch.empty_like(t) if p.is_output or p.is_virtual else t) for p, t in pack.items()}
+            for _ in range(REMEMBERED + 1)
+        ]
         turn = iter(packs * (a.calls * a.repeats // len(packs) + 1)).__next__
         new = _us(lambda: g._binder.bind(turn(), None), a.calls, a.repeats)
         checked = _us(lambda: ex(tensors), a.calls, a.repeats)

@@ -6,6 +6,7 @@ reference engine computing every block): the error must not grow with the number
 Prints a markdown table (docs/context_parallel.md holds the last one): per scheme, dtype and world size, the
 relative error (||got - want|| / ||want||) of out, dq, dk and dv over the whole (causal, GQA) sequence.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,14 +46,15 @@ def _worker(rank, world, port, args, out_dir):
     from frost.distributed import context_parallel_attention, shard_sequence, unshard_sequence
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=300)
+    )
     rows = []
     for dname, dtype in DTYPES.items():
         gen = torch.Generator().manual_seed(0)
         shapes = [(1, args.heads, args.seq, args.dim), (1, args.kv_heads, args.seq, args.dim)]
         q, k, v, do = (torch.randn(shapes[i in (1, 2)], generator=gen).to(dtype) for i in range(4))
-        scale = args.dim ** -0.5
+        scale = args.dim**-0.5
         want = _truth(q, k, v, do, scale) if rank == 0 else None
         for scheme in SCHEMES:
             if scheme == "ulysses" and args.heads % world:
@@ -62,8 +64,7 @@ def _worker(rank, world, port, args, out_dir):
             out.backward(shard_sequence(do, rank=rank, world=world))
             got = [unshard_sequence(t) for t in (out.detach(), *(x.grad for x in leaves))]
             if rank == 0:
-                rows.append(dict(scheme=scheme, dtype=dname, world=world,
-                                 errs=[_rel(g, w) for g, w in zip(got, want)]))
+                rows.append(dict(scheme=scheme, dtype=dname, world=world, errs=[_rel(g, w) for g, w in zip(got, want)]))
     dist.destroy_process_group()
     if rank == 0:
         with open(os.path.join(out_dir, "rows.json"), "w") as f:
@@ -83,8 +84,12 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--start-method", choices=("fork", "spawn"), default=None,
-                   help="how the ranks start (default: fork where offered, after one import; else spawn)")
+    p.add_argument(
+        "--start-method",
+        choices=("fork", "spawn"),
+        default=None,
+        help="how the ranks start (default: fork where offered, after one import; else spawn)",
+    )
     args = p.parse_args()
     import frost.distributed  # noqa: F401  (imported once, before the fork)
 
@@ -92,12 +97,13 @@ def main() -> None:
     rows = []
     for world in args.worlds:
         with tempfile.TemporaryDirectory() as d:
-            mp.start_processes(_worker, args=(world, _port(), args, d), nprocs=world, join=True,
-                               start_method=method)
+            mp.start_processes(_worker, args=(world, _port(), args, d), nprocs=world, join=True, start_method=method)
             with open(os.path.join(d, "rows.json")) as f:
                 rows += json.load(f)
-    print(f"causal GQA, B=1, S={args.seq}, Hq={args.heads}, Hkv={args.kv_heads}, D={args.dim}; "
-          "rel err vs float64 (out / dq / dk / dv)\n")
+    print(
+        f"causal GQA, B=1, S={args.seq}, Hq={args.heads}, Hkv={args.kv_heads}, D={args.dim}; "
+        "rel err vs float64 (out / dq / dk / dv)\n"
+    )
     print("| scheme | dtype | " + " | ".join(f"W={w}" for w in args.worlds) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in args.worlds) + " |")
     for scheme in SCHEMES:

@@ -2,6 +2,7 @@
 engine. "cuda" allocations and generators land on the CPU; torch.cuda's queries answer, for the test files only
 (paths under a `cudnn-tests` directory), as for a device that is the CPU (capability (0, 0), which frost plans
 for as this machine); frost itself still sees no GPU. Used by cudnn_frontend_cpu.sh."""
+
 import sys
 import types
 

@@ -21,6 +21,7 @@ is its host time):
 Per call over back-to-back calls: wall clock until the GPU drained, and in parentheses until the last call returned
 (host time alone, while the launch queue has room), as `frost bench --probe` measures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,10 +54,12 @@ def _frost_rows(g, pack, calls):
     cg, cws = adapter._graph, (ws if adapter._cudnn_ws else None)
     ordered = tuple(bound[r] for r in adapter._roles)
     mapping = {tensor: bound[role] for role, tensor in adapter._pack_roles}
-    rows = [("frost execute", lambda: g.execute(pack, ws, ctx)),
-            ("frost executor", lambda: run(tensors, ws, ctx)),
-            ("frost launch", lambda: run.launch(tensors, ws, ctx)),
-            ("frost adapter", lambda: adapter.execute(bound, ws, None))]
+    rows = [
+        ("frost execute", lambda: g.execute(pack, ws, ctx)),
+        ("frost executor", lambda: run(tensors, ws, ctx)),
+        ("frost launch", lambda: run.launch(tensors, ws, ctx)),
+        ("frost adapter", lambda: adapter.execute(bound, ws, None)),
+    ]
     raw = adapter._raw
     if backend is not None:  # the adapter launches through the raw-pointer entry on this stream
         rws = ws.data_ptr() if adapter._cudnn_ws else 0
@@ -64,6 +67,7 @@ def _frost_rows(g, pack, calls):
         def raw_call():
             ptrs = array("Q", [bound[r].data_ptr() for r in raw.roles])
             raw.execute(ptrs.buffer_info()[0], len(ptrs), rws, backend, raw.plan_index)
+
         rows.append(("cudnn raw", raw_call))
     if adapter._uids is not None:
         rows.append(("cudnn ordered", lambda: cg.execute(ordered, cws, handle=h, tensor_uids=adapter._uids)))
@@ -112,15 +116,18 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     (fwd, fwd_pack, _), (bwd, bwd_pack, _) = tiny_graphs(fwd_engine="cudnn", bwd_engine="cudnn", causal=a.causal)
     t = {decl.name: x for decl, x in bwd_pack.items()}
-    scale = 64 ** -0.5
-    fwd.execute(fwd_pack, torch.empty(max(fwd.get_workspace_size(), 1), device="cuda",
-                                      dtype=torch.uint8))  # O and Stats for the backward
+    scale = 64**-0.5
+    fwd.execute(
+        fwd_pack, torch.empty(max(fwd.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+    )  # O and Stats for the backward
     torch.cuda.synchronize()
     table = {}
     for direction, (g, pack) in (("fwd", (fwd, fwd_pack)), ("bwd", (bwd, bwd_pack))):
         table[direction] = _torch_rows(t, direction, a.causal, a.calls, scale) + _frost_rows(g, pack, a.calls)
-    print(f"host time per call, 1x1x128x64 bf16{' causal' if a.causal else ''}, {a.calls} calls: wall us until the "
-          f"GPU drained (issue us until the calls returned)\n")
+    print(
+        f"host time per call, 1x1x128x64 bf16{' causal' if a.causal else ''}, {a.calls} calls: wall us until the "
+        f"GPU drained (issue us until the calls returned)\n"
+    )
     print("| dir | what | us per call |")
     print("|---|---|---:|")
     for direction, rows in table.items():
@@ -131,8 +138,10 @@ def main(argv=None) -> int:
         d = dict(rows)
         mine, theirs = d.get("frost execute"), d.get("torch")
         if isinstance(mine, tuple) and isinstance(theirs, tuple) and all(map(math.isfinite, mine + theirs)):
-            print(f"\n{direction}: frost execute / torch = {mine[0] / theirs[0]:.2f}x wall, "
-                  f"{mine[1] / theirs[1]:.2f}x issue ({'below' if mine[1] < theirs[1] else 'NOT below'} torch's)")
+            print(
+                f"\n{direction}: frost execute / torch = {mine[0] / theirs[0]:.2f}x wall, "
+                f"{mine[1] / theirs[1]:.2f}x issue ({'below' if mine[1] < theirs[1] else 'NOT below'} torch's)"
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({d: {n: v for n, v in rows} for d, rows in table.items()}, f, indent=1)

@@ -7,6 +7,7 @@ each failure or error with the first line of its message: the short summary a ru
 README. Reads junit XML written with `--junitxml` (xdist included); several files (shards) add up. A test id
 counted in more than one file is counted once, its last outcome kept (a rerun shard replaces an earlier one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,7 @@ def _file_of(classname: str, file_attr: str | None) -> str:
 def _first_line(text: str | None, width: int = 200) -> str:
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
     line = line.replace("|", "\\|")
-    return line if len(line) <= width else line[:width - 3] + "..."
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def read(paths) -> dict:

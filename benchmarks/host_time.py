@@ -12,6 +12,7 @@ while the launch queue has room). A last line times the current-stream lookup.
 The SM90 and mma.sync forwards side by side show what TMA descriptors add to a
 call (the same cost, in run 4).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,16 +41,17 @@ def tiny_graphs(B=1, H=1, S=128, D=64, fwd_engine=None, bwd_engine=None, causal=
     fwd = frost.Graph(**kw)
     q, k, v = (fwd.tensor_like(t, name=n) for t, n in ((q_t, "q"), (k_t, "k"), (v_t, "v")))
     mask = dict(use_causal_mask=True) if causal else {}
-    o, st = fwd.sdpa(q, k, v, attn_scale=D ** -0.5, generate_stats=True, **mask)
+    o, st = fwd.sdpa(q, k, v, attn_scale=D**-0.5, generate_stats=True, **mask)
     o.set_output(True).set_dim(list(o_t.shape)).set_stride(list(o_t.stride()))
     st.set_output(True).set_data_type(torch.float32)
     fwd.validate()
     fwd.build_plans(engine=fwd_engine)
     bwd = frost.Graph(**kw)
-    bq, bk, bv, bo, bdo = (bwd.tensor_like(t, name=n) for t, n in
-                           ((q_t, "q"), (k_t, "k"), (v_t, "v"), (o_t, "o"), (do_t, "dO")))
+    bq, bk, bv, bo, bdo = (
+        bwd.tensor_like(t, name=n) for t, n in ((q_t, "q"), (k_t, "k"), (v_t, "v"), (o_t, "o"), (do_t, "dO"))
+    )
     bst = bwd.tensor_like(lse_t, name="stats")
-    dq, dk, dv = bwd.sdpa_backward(bq, bk, bv, bo, bdo, bst, attn_scale=D ** -0.5, **mask)
+    dq, dk, dv = bwd.sdpa_backward(bq, bk, bv, bo, bdo, bst, attn_scale=D**-0.5, **mask)
     for t, ref in ((dq, dq_t), (dk, dk_t), (dv, dv_t)):
         t.set_output(True).set_dim(list(ref.shape)).set_stride(list(ref.stride()))
     bwd.validate()

@@ -8,6 +8,7 @@ the whole listing is thousands of lines, so this keeps the lines that explain a 
 excess shared wavefronts (bank conflicts), and the most-sampled stalls. Column names differ between
 ncu versions, so columns are found by words in their names.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
             hot = sorted((r for r in body if len(r) > exc and _num(r[exc]) > 0), key=lambda r: -_num(r[exc]))
             total = sum(_num(r[exc]) for r in body if len(r) > exc)
             print(f"### excess shared wavefronts: {total:.0f} over {len(hot)} instructions")
-            for r in hot[:a.top]:
+            for r in hot[: a.top]:
                 print(show(r))
         if execd is not None:
             ops: dict[str, float] = {}
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
         if stall is not None:
             order = sorted(range(len(body)), key=lambda i: -_num(body[i][stall]) if len(body[i]) > stall else 0)
             print("### most stall samples (with the top stall reasons)")
-            for i in order[:a.top]:
+            for i in order[: a.top]:
                 print(show(body[i]) + "  " + why(body[i]))
             print("### around the five most-stalled instructions")
             for i in order[:5]:

@@ -17,6 +17,7 @@ and may write bytecode there, as an installed package has, unless --no-bytecode.
 
     python benchmarks/plan_time.py --target H200 --repeats 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHILD = r'''
+CHILD = r"""
 import json, sys, time
 t = time.perf_counter
 a = t(); import torch; t_torch = t() - a
@@ -84,30 +85,48 @@ print("RESULT " + json.dumps({
     "engines": {k: g.engine_name for k, g in graphs.items()},
     "kernels": {k: g.plan.adapter.kernel_names() for k, g in graphs.items()},
     "cutlass_imported": "cutlass" in sys.modules}))
-'''
+"""
 
 
 def child(cfg: dict, cache_dir: Path, tree: Path, bytecode: bool) -> dict:
-    env = dict(os.environ, FROST_CACHE_DIR=str(cache_dir),
-               PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        FROST_CACHE_DIR=str(cache_dir),
+        PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
+    )
     env.pop("FROST_CACHE_DISABLE", None)
     if bytecode:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cfg)], env=env, cwd=str(tree), capture_output=True,
-                       text=True, timeout=1800)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(cfg)],
+        env=env,
+        cwd=str(tree),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"plan_time child failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    out = json.loads(line[len("RESULT "):])
+    out = json.loads(line[len("RESULT ") :])
     return {**out, "plan_frost": out["plan_total"] - out["loader_imports"] - out["loads"], "process_wall": wall}
 
 
-ROWS = [("import torch (caller's)", "import_torch"), ("import frost", "import_frost"),
-        ("target discovery", "target_discovery"), ("declare the pair", "declare"), ("plan fwd", "plan_fwd"),
-        ("plan bwd", "plan_bwd"), ("plan fwd+bwd", "plan_total"), ("  of which tvm_ffi import", "loader_imports"),
-        ("  of which artifact loads", "loads"), ("  the rest (frost)", "plan_frost"), ("process wall", "process_wall")]
+ROWS = [
+    ("import torch (caller's)", "import_torch"),
+    ("import frost", "import_frost"),
+    ("target discovery", "target_discovery"),
+    ("declare the pair", "declare"),
+    ("plan fwd", "plan_fwd"),
+    ("plan bwd", "plan_bwd"),
+    ("plan fwd+bwd", "plan_total"),
+    ("  of which tvm_ffi import", "loader_imports"),
+    ("  of which artifact loads", "loads"),
+    ("  the rest (frost)", "plan_frost"),
+    ("process wall", "process_wall"),
+]
 
 
 def _fmt(v: float) -> str:
@@ -121,9 +140,11 @@ def table(res: dict) -> str:
         return statistics.median(r[k] for r in runs)
 
     cols = ["cold", f"warm median ({len(warm)})", "warm min", f"plan file median ({len(pf)})"]
-    lines = [f"plan time, fwd+bwd pair {res['workload']} on {cold['target']} ({cold['arch']})",
-             f"engines: {cold['engines']['fwd']} + {cold['engines']['bwd']}",
-             f"{'':28}" + "".join(f"{c:>22}" for c in cols)]
+    lines = [
+        f"plan time, fwd+bwd pair {res['workload']} on {cold['target']} ({cold['arch']})",
+        f"engines: {cold['engines']['fwd']} + {cold['engines']['bwd']}",
+        f"{'':28}" + "".join(f"{c:>22}" for c in cols),
+    ]
     for label, k in ROWS:
         vals = [cold[k], med(warm, k), min(r[k] for r in warm), med(pf, k) if pf else float("nan")]
         lines.append(f"{label:28}" + "".join(f"{_fmt(v):>22}" for v in vals))
@@ -146,8 +167,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     b, s, h, d = (int(x) for x in a.shape.split(","))
     causal = not a.no_causal
-    cfg = {"target": a.target, "shape": [b, s, h, d, causal], "engines": {"fwd": a.engine_fwd, "bwd": a.engine_bwd},
-           "save": None, "load": None}
+    cfg = {
+        "target": a.target,
+        "shape": [b, s, h, d, causal],
+        "engines": {"fwd": a.engine_fwd, "bwd": a.engine_bwd},
+        "save": None,
+        "load": None,
+    }
     bytecode = not a.no_bytecode
     with tempfile.TemporaryDirectory(prefix="frost-plan-time-") as tmp:
         tmp = Path(tmp)
@@ -158,8 +184,13 @@ def main(argv=None) -> int:
         cold = child({**cfg, "save": str(plans)}, tmp / "cache", tree, bytecode)
         warm = [child(cfg, tmp / "cache", tree, bytecode) for _ in range(a.repeats)]
         pf = [child({**cfg, "load": str(plans)}, tmp / f"empty{i}", tree, bytecode) for i in range(a.repeats)]
-    res = {"workload": f"bf16 B{b} S{s} H{h} D{d}{' causal' if causal else ''} BSHD", "cold": cold, "warm": warm,
-           "plan_file": pf, "warm_plan_total_median_s": statistics.median(r["plan_total"] for r in warm)}
+    res = {
+        "workload": f"bf16 B{b} S{s} H{h} D{d}{' causal' if causal else ''} BSHD",
+        "cold": cold,
+        "warm": warm,
+        "plan_file": pf,
+        "warm_plan_total_median_s": statistics.median(r["plan_total"] for r in warm),
+    }
     print(json.dumps(res, indent=1) if a.json else table(res))
     return 0
 

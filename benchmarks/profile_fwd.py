@@ -5,6 +5,7 @@
 bf16, B = 16384 / S, H = 2048 / D, BSHD storage; both run once untimed first
 (compile, module load), then once inside the profiled range.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
     o = torch.empty_like(q)
     g = frost.Graph(io_data_type=dt, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     tq, tk, tv = (g.tensor_like(t.transpose(1, 2), name=n) for t, n in ((q, "q"), (k, "k"), (v, "v")))
-    to, _ = g.sdpa(tq, tk, tv, attn_scale=d ** -0.5, generate_stats=False, use_causal_mask=bool(a.causal))
+    to, _ = g.sdpa(tq, tk, tv, attn_scale=d**-0.5, generate_stats=False, use_causal_mask=bool(a.causal))
     to.set_output(True).set_dim([b, h, s, d]).set_stride(list(o.transpose(1, 2).stride()))
     g.validate()
     g.build_plans()
@@ -41,13 +42,13 @@ def main(argv=None) -> int:
             print(f"# FA4 unavailable: {type(e).__name__}: {e}")
     g.execute(pack)
     if fa4 is not None:
-        fa4(q, k, v, softmax_scale=d ** -0.5, causal=bool(a.causal))
+        fa4(q, k, v, softmax_scale=d**-0.5, causal=bool(a.causal))
     torch.cuda.synchronize()
     print(f"# frost engine {g.engine_name}; kernels {g.plan.adapter.kernel_names()}")
     torch.cuda.profiler.start()
     g.execute(pack)
     if fa4 is not None:
-        fa4(q, k, v, softmax_scale=d ** -0.5, causal=bool(a.causal))
+        fa4(q, k, v, softmax_scale=d**-0.5, causal=bool(a.causal))
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     return 0

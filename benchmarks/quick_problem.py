@@ -1,4 +1,5 @@
 """What the quick kernel scripts share: the dense BSHD problem they time and their timer."""
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ prints its reason. The last column times the same problem without modifiers on t
 modifiers' cost reads as a ratio. TFLOP/s count the backward as 2.5x the forward's matmul FLOPs (design.md); the
 modifiers' own work is not counted. Needs a CUDA GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,7 @@ ENGINES = ("sm90", "sm80", "cudnn")
 
 def graph(direction, b, s, h, d, causal, bias, dbias, alibi, t):
     """The forward or backward graph over the given tensors; returns (graph, variant pack)."""
-    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32)
+    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     roles = ("q", "k", "v") if direction == "fwd" else ("q", "k", "v", "o", "dO", "stats")
     h_ = {r: g.tensor_like(t[r], name=r) for r in roles}
     kw = dict(attn_scale=1.0 / math.sqrt(d))
@@ -47,8 +47,7 @@ def graph(direction, b, s, h, d, causal, bias, dbias, alibi, t):
         o, stats = g.sdpa(h_["q"], h_["k"], h_["v"], generate_stats=True, **kw)
         outs = zip(("o", "stats"), (o, stats))
     else:
-        outs = zip(("dQ", "dK", "dV"), g.sdpa_backward(h_["q"], h_["k"], h_["v"], h_["o"], h_["dO"], h_["stats"],
-                                                        **kw))
+        outs = zip(("dQ", "dK", "dV"), g.sdpa_backward(h_["q"], h_["k"], h_["v"], h_["o"], h_["dO"], h_["stats"], **kw))
     for role, gh in outs:
         gh.set_output(True).set_dim(tuple(t[role].shape)).set_stride(tuple(t[role].stride()))
         decl[role] = gh
@@ -58,8 +57,10 @@ def graph(direction, b, s, h, d, causal, bias, dbias, alibi, t):
 def inputs(b, s, h, d, bias):
     """(B, H, S, D) views of BSHD tensors, Stats (B, H, S, 1), and the bias / dBias of the given broadcast."""
     torch.manual_seed(0)
-    t = {r: torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
-         for r in ("q", "k", "v", "o", "dO")}
+    t = {
+        r: torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+        for r in ("q", "k", "v", "o", "dO")
+    }
     t["stats"] = torch.randn(b, h, s, 1, dtype=torch.float32, device="cuda").abs() + math.log(s)
     for r in ("dQ", "dK", "dV"):
         t[r] = torch.empty_like(t[r[1].lower()])
@@ -93,8 +94,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dbias", type=int, default=1)
     ap.add_argument("--alibi", default="0")
     ap.add_argument("--engines", default=",".join(ENGINES))
-    ap.add_argument("--sm90-variants", default="[]", help="JSON list of knob sets: one more wgmma column each "
-                    "(e.g. '[{\"tile_m\": 64}]')")
+    ap.add_argument(
+        "--sm90-variants",
+        default="[]",
+        help="JSON list of knob sets: one more wgmma column each (e.g. '[{\"tile_m\": 64}]')",
+    )
     a = ap.parse_args(argv)
     variants = json.loads(a.sm90_variants)
     if not torch.cuda.is_available():
@@ -102,8 +106,12 @@ def main(argv=None) -> int:
         return 2
     engines = a.engines.split(",")
     columns = [(e, None) for e in engines] + [("sm90", v) for v in variants]
-    print("| dir | d | s | causal | bias | dBias | alibi | " + " | ".join(engines)
-          + "".join(f" | sm90 {json.dumps(v)}" for v in variants) + " | sm90 plain |")
+    print(
+        "| dir | d | s | causal | bias | dBias | alibi | "
+        + " | ".join(engines)
+        + "".join(f" | sm90 {json.dumps(v)}" for v in variants)
+        + " | sm90 plain |"
+    )
     print("|" + "---|" * (8 + len(columns)))
     for direction, d in ((x, int(y)) for x in a.direction.split(",") for y in a.d.split(",")):
         for s in map(int, a.s.split(",")):
@@ -118,12 +126,28 @@ def main(argv=None) -> int:
                         cells = []
                         for e, knobs in columns + [("sm90", None)]:
                             plain = len(cells) == len(columns)
-                            ms = run(direction, e, b, s, h, d, causal, "none" if plain else bias,
-                                     a.dbias and not plain, 0 if plain else alibi, t, knobs)
+                            ms = run(
+                                direction,
+                                e,
+                                b,
+                                s,
+                                h,
+                                d,
+                                causal,
+                                "none" if plain else bias,
+                                a.dbias and not plain,
+                                0 if plain else alibi,
+                                t,
+                                knobs,
+                            )
                             cells.append(ms if isinstance(ms, str) else f"{ms:.3f} ms {tflops(flops, ms):.0f} TF")
                         has_db = a.dbias if bias != "none" and direction == "bwd" else "-"
-                        print(f"| {direction} | {d} | {s} | {causal} | {bias} | {has_db} | {alibi} | "
-                              + " | ".join(cells) + " |", flush=True)
+                        print(
+                            f"| {direction} | {d} | {s} | {causal} | {bias} | {has_db} | {alibi} | "
+                            + " | ".join(cells)
+                            + " |",
+                            flush=True,
+                        )
     return 0
 
 

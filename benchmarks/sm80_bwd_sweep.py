@@ -11,6 +11,7 @@ timer. Ratio = FA2 time / frost time (>= 1 is faster than FA2).
 `--ptx` compiles the main kernel of each variant for --arch (default sm_90a)
 on the CPU and prints ptxas registers / spills instead (no GPU needed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,17 @@ def params(d: int, causal: bool, det: bool, knobs: dict, s: int = 4096, sm_count
     auto = k.get("dq_splits") == "auto"  # the count a plan picks for the problem and the GPU's SMs (0: turns)
     if auto:
         k["dq_splits"] = 0
-    p = Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=h, num_heads_kv=h,
-                      has_window_right=causal, deterministic=det, **k)
+    p = Sm80BwdParams(
+        family="sm80",
+        dtype="bf16",
+        head_dim=d,
+        head_dim_v=d,
+        num_heads_q=h,
+        num_heads_kv=h,
+        has_window_right=causal,
+        deterministic=det,
+        **k,
+    )
     if auto:
         k["dq_splits"] = planned_dq_splits(p, sm_count, max(16384 // s, 1), s, s)
         p = Sm80BwdParams(**{**p.model_dump(), **k})
@@ -64,12 +74,16 @@ def ptx_report(plist, arch: str) -> None:
             continue
         ptx = tmp / f"{ck.name}.ptx"
         ptx.write_text(ck.ptx or "")
-        r = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(ptx), "-o", str(tmp / "k.cubin")],
-                           capture_output=True, text=True)
-        info = " ".join(ln.split(":", 1)[-1].strip() for ln in r.stderr.splitlines()
-                        if "registers" in ln or "spill" in ln)
-        counts = {k: (ck.ptx or "").count(v) for k, v in
-                  dict(mma="mma.sync", ldsm="ldmatrix", red="red.global.add", bar="bar.sync").items()}
+        r = subprocess.run(
+            ["ptxas", f"-arch={arch}", "-v", str(ptx), "-o", str(tmp / "k.cubin")], capture_output=True, text=True
+        )
+        info = " ".join(
+            ln.split(":", 1)[-1].strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln
+        )
+        counts = {
+            k: (ck.ptx or "").count(v)
+            for k, v in dict(mma="mma.sync", ldsm="ldmatrix", red="red.global.add", bar="bar.sync").items()
+        }
         print(f"{tag}: {ck.name} {counts} | {info}", flush=True)
 
 
@@ -100,8 +114,9 @@ def fa2_time(q, k, v, do, causal, scale) -> tuple[float, object, object]:
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
         ms = timed(lambda: torch.autograd.grad(out, (qt, kt, vt), do.transpose(1, 2), retain_graph=True))
-    res = torch.ops.aten._scaled_dot_product_flash_attention(qt.detach(), kt.detach(), vt.detach(), 0.0, causal,
-                                                             False, scale=scale)
+    res = torch.ops.aten._scaled_dot_product_flash_attention(
+        qt.detach(), kt.detach(), vt.detach(), 0.0, causal, False, scale=scale
+    )
     return ms, res[0].transpose(1, 2), res[1].contiguous()
 
 
@@ -111,10 +126,13 @@ def main(argv=None) -> int:
     ap.add_argument("--s", default="4096")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--det", default="0")
-    ap.add_argument("--variants", default="{}",
-                    help='JSON {"64": [knobs, ...], "128": [...]} ([{}] when absent); "det": true in a variant '
-                         'switches deterministic mode on for it (with per-tile turns unless the variant sets '
-                         '"dq_splits"; "auto" is the count a plan would pick)')
+    ap.add_argument(
+        "--variants",
+        default="{}",
+        help='JSON {"64": [knobs, ...], "128": [...]} ([{}] when absent); "det": true in a variant '
+        "switches deterministic mode on for it (with per-tile turns unless the variant sets "
+        '"dq_splits"; "auto" is the count a plan would pick)',
+    )
     ap.add_argument("--ptx", action="store_true", help="CPU: ptxas registers / spills of each main kernel")
     ap.add_argument("--arch", default=None)
     ap.add_argument("--out", default=None, help="directory for sweep.txt")
@@ -182,8 +200,17 @@ def main(argv=None) -> int:
                 for (tag, d2, s2, c2, det, kn, p), ch in zip(plist, chains):
                     if d2 != d or s2 != s or c2 != c or ch is None:
                         continue
-                    t = dict(q=q, k=k, v=v, do=do, o=o, lse=lse, dq=torch.empty_like(q), dk=torch.empty_like(k),
-                             dv=torch.empty_like(v))
+                    t = dict(
+                        q=q,
+                        k=k,
+                        v=v,
+                        do=do,
+                        o=o,
+                        lse=lse,
+                        dq=torch.empty_like(q),
+                        dk=torch.empty_like(k),
+                        dv=torch.empty_like(v),
+                    )
                     scalars = dict(softmax_scale=scale)
                     if c:
                         scalars["window_right"] = 0
@@ -193,9 +220,11 @@ def main(argv=None) -> int:
                     except Exception as e:
                         log(f"# {tag} {kn}: run failed: {type(e).__name__}: {str(e)[:300]}")
                         continue
-                    log(f"| {d} | {s} | {int(c)} | {int(p.deterministic)} | {json.dumps(kn, separators=(',', ':'))} | "
+                    log(
+                        f"| {d} | {s} | {int(c)} | {int(p.deterministic)} | {json.dumps(kn, separators=(',', ':'))} | "
                         f"{ms:.3f} | {flops / ms / 1e9:.0f} | {fa2_ms:.3f} | {flops / fa2_ms / 1e9:.0f} | "
-                        f"{fa2_ms / ms:.3f} |")
+                        f"{fa2_ms / ms:.3f} |"
+                    )
                 del q, k, v, do, o, lse
                 torch.cuda.empty_cache()
     return 0

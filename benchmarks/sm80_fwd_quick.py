@@ -8,6 +8,7 @@ knob sets can be timed side by side:
     python benchmarks/sm80_fwd_quick.py --d 64,128 --s 4096 --causal 0,1 \
         --variants '[{}, {"num_stages": 1}, {"tile_n": 32}]'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,17 @@ def frost_params(d, causal, knobs, family="sm80"):
     family = knobs.pop("family", family)
     k = default_knobs(family, d, d, "bf16")
     k.update(knobs)
-    return Sm80FwdParams(family=family, dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=2048 // d,
-                         num_heads_kv=2048 // d, has_lse=True, has_window_right=causal, **k)
+    return Sm80FwdParams(
+        family=family,
+        dtype="bf16",
+        head_dim=d,
+        head_dim_v=d,
+        num_heads_q=2048 // d,
+        num_heads_kv=2048 // d,
+        has_lse=True,
+        has_window_right=causal,
+        **k,
+    )
 
 
 def main(argv=None):
@@ -83,10 +93,13 @@ def main(argv=None):
                 def f_fa2():
                     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                         return F.scaled_dot_product_attention(qt, kt, vt, scale=scale, is_causal=causal)
+
                 ref = f_fa2().transpose(1, 2).float()
                 res = {"fa2": timed(f_fa2)}
-                line = [f"d={d:3d} s={s:5d} {'causal' if causal else 'nc    '}",
-                        f"fa2 {res['fa2']:7.3f}ms {flops / res['fa2'] / 1e9:6.1f}TF"]
+                line = [
+                    f"d={d:3d} s={s:5d} {'causal' if causal else 'nc    '}",
+                    f"fa2 {res['fa2']:7.3f}ms {flops / res['fa2'] / 1e9:6.1f}TF",
+                ]
                 for vi in range(len(variants)):
                     ck = kernels.get((d, causal, vi))
                     if ck is None:
@@ -95,6 +108,7 @@ def main(argv=None):
 
                     def f_frost():
                         ck(*args)
+
                     f_frost()
                     torch.cuda.synchronize()
                     err = ((o.float() - ref).norm() / ref.norm()).item()

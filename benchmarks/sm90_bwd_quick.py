@@ -16,6 +16,7 @@ A variant the params reject for a problem (a rotated order under causal) is left
 `--thd fixed,random` times frost bench's packed length mixes (FA4 through its varlen entry) instead of --s;
 `uniform:S` packs 16384 / S sequences of S tokens (a dense batch's shape).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,18 +30,22 @@ import torch
 from frost.bench.flops import sdpa_flops
 from quick_problem import timed
 
+
 def chain_for(params_list, target):
     """One maker per params: given named canonical tensors, it returns a callable running the whole chain."""
     from frost.testing.bwd_chain import compile_chains, workspace_views
 
     out = []
     for chain in compile_chains(params_list, target):
+
         def make(t, scalars, chain=chain):
             views = workspace_views(chain.p, t, poison=False)
 
             def run():
                 chain(t, scalars, views)
+
             return run
+
         out.append(make)
     return out
 
@@ -71,8 +76,10 @@ class _Problem:
         self.do = torch.randn(*lead, h, dv, dtype=torch.bfloat16, device="cuda")
 
     def flops(self, causal):
-        return sum(sdpa_flops(heads=self.h, d_qk=self.d, d_v=self.dv, causal=causal, direction="bwd", batch=1,
-                              seqlen_q=n) for n in self.lens)
+        return sum(
+            sdpa_flops(heads=self.h, d_qk=self.d, d_v=self.dv, causal=causal, direction="bwd", batch=1, seqlen_q=n)
+            for n in self.lens
+        )
 
 
 def _problem(shape, h, hk, d, dv, causal):
@@ -80,6 +87,7 @@ def _problem(shape, h, hk, d, dv, causal):
     if kind == "bshd":
         return _Problem([val] * (16384 // val), 16384 // val, h, hk, d, dv, causal)
     from frost.bench.workloads import DEFAULT_THD_LENGTHS, random_mix
+
     if val.startswith("uniform"):  # uniform:S, 16384 / S sequences of S (a dense batch's shape, packed)
         n = int(val.split(":")[1])
         lens = (n,) * (16384 // n)
@@ -96,8 +104,18 @@ def fa4_call(fa4, fa4_varlen, pr, q, k, v, **kw):
     """FA4's forward on the problem (dense or varlen), with its autograd backward behind it."""
     if pr.cu is None:
         return fa4(q, k, v, softmax_scale=pr.scale, causal=pr.causal, **kw)
-    return fa4_varlen(q, k, v, cu_seqlens_q=pr.cu, cu_seqlens_k=pr.cu, max_seqlen_q=pr.max_len,
-                      max_seqlen_k=pr.max_len, softmax_scale=pr.scale, causal=pr.causal, **kw)
+    return fa4_varlen(
+        q,
+        k,
+        v,
+        cu_seqlens_q=pr.cu,
+        cu_seqlens_k=pr.cu,
+        max_seqlen_q=pr.max_len,
+        max_seqlen_k=pr.max_len,
+        softmax_scale=pr.scale,
+        causal=pr.causal,
+        **kw,
+    )
 
 
 def _args(argv):
@@ -107,12 +125,17 @@ def _args(argv):
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--hkv", default="", help="kv heads (GQA); default = query heads")
     ap.add_argument("--dv", default="", help="V's head dim (e.g. 128 with --d 192); default = d")
-    ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for the wgmma backward "
-                    "(and `deterministic`)")
+    ap.add_argument(
+        "--variants", default="[{}]", help="JSON list of knob overrides for the wgmma backward (and `deterministic`)"
+    )
     ap.add_argument("--sm80", action="store_true", help="also time the mma.sync chain")
     ap.add_argument("--reps", type=int, default=15, help="timed samples per implementation (median reported)")
-    ap.add_argument("--thd", default="", help="packed batches instead of dense: fixed, random or both "
-                    "(frost bench's length mixes over 16384 tokens); --s is then ignored")
+    ap.add_argument(
+        "--thd",
+        default="",
+        help="packed batches instead of dense: fixed, random or both "
+        "(frost bench's length mixes over 16384 tokens); --s is then ignored",
+    )
     return ap.parse_args(argv)
 
 
@@ -130,11 +153,17 @@ def _chain_params(a, target, ds, cs, variants):
         for c in cs:
             for vi, var in enumerate(variants):
                 knobs = {k: v for k, v in var.items() if k != "deterministic"}
-                p = Sm90BwdParams(dtype="bf16", head_dim=d, head_dim_v=_dv_of(a, d), num_heads_q=h, num_heads_kv=hk,
-                                  has_window_right=c, is_thd=bool(a.thd),
-                                  deterministic=bool(var.get("deterministic", False)),
-                                  **default_knobs(d, _dv_of(a, d), banded=c, packed=bool(a.thd),
-                                                  sm_count=target.sm_count, **knobs))
+                p = Sm90BwdParams(
+                    dtype="bf16",
+                    head_dim=d,
+                    head_dim_v=_dv_of(a, d),
+                    num_heads_q=h,
+                    num_heads_kv=hk,
+                    has_window_right=c,
+                    is_thd=bool(a.thd),
+                    deterministic=bool(var.get("deterministic", False)),
+                    **default_knobs(d, _dv_of(a, d), banded=c, packed=bool(a.thd), sm_count=target.sm_count, **knobs),
+                )
                 try:
                     validate(p)
                 except TemplateParamsError as e:
@@ -145,10 +174,21 @@ def _chain_params(a, target, ds, cs, variants):
             if a.sm80:
                 from frost.engines.sm80.sdpa_bwd_knobs import default_knobs as k80
                 from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
+
                 keys.append((d, c, "sm80"))
-                params.append(Sm80BwdParams(family="sm80", dtype="bf16", head_dim=d, head_dim_v=_dv_of(a, d),
-                                            num_heads_q=h, num_heads_kv=hk, has_window_right=c, is_thd=bool(a.thd),
-                                            **k80("sm80", d, _dv_of(a, d))))
+                params.append(
+                    Sm80BwdParams(
+                        family="sm80",
+                        dtype="bf16",
+                        head_dim=d,
+                        head_dim_v=_dv_of(a, d),
+                        num_heads_q=h,
+                        num_heads_kv=hk,
+                        has_window_right=c,
+                        is_thd=bool(a.thd),
+                        **k80("sm80", d, _dv_of(a, d)),
+                    )
+                )
     return keys, params
 
 
@@ -177,6 +217,7 @@ def _time_peer(fa4, fa4_varlen, pr, d, c, reps, res, grads):
 
         def f_fa4(out=out, qr=qr, kr=kr, vr=vr, do=pr.do):
             return torch.autograd.grad(out, (qr, kr, vr), do, retain_graph=True)
+
         try:
             grads["fa4"] = f_fa4()
         except Exception as e:  # FA4 does not build every shape (its D=112 80-row backward)
@@ -188,8 +229,10 @@ def _time_peer(fa4, fa4_varlen, pr, d, c, reps, res, grads):
         lse = lse.contiguous()
     else:  # O and LSE from the float reference
         from frost.adapters.reference_math import RefArgs, sdpa_fwd_reference
-        o, lse = sdpa_fwd_reference(pr.q, pr.k, pr.v, RefArgs(pr.scale, cu_seqlens_q=pr.cu, cu_seqlens_kv=pr.cu,
-                                                              window_right=0 if c else None))
+
+        o, lse = sdpa_fwd_reference(
+            pr.q, pr.k, pr.v, RefArgs(pr.scale, cu_seqlens_q=pr.cu, cu_seqlens_kv=pr.cu, window_right=0 if c else None)
+        )
         o = o.to(pr.q.dtype)
     return o, lse
 
@@ -197,8 +240,17 @@ def _time_peer(fa4, fa4_varlen, pr, d, c, reps, res, grads):
 def _time_chains(pr, chains, o, lse, c, reps, res, grads):
     """Time each of frost's chains (`chains`: (name, maker)) on the problem into `res` / `grads`."""
     for name, make in chains:
-        t = dict(q=pr.q, k=pr.k, v=pr.v, o=o, do=pr.do, lse=lse, dq=torch.empty_like(pr.q),
-                 dk=torch.empty_like(pr.k), dv=torch.empty_like(pr.v))
+        t = dict(
+            q=pr.q,
+            k=pr.k,
+            v=pr.v,
+            o=o,
+            do=pr.do,
+            lse=lse,
+            dq=torch.empty_like(pr.q),
+            dk=torch.empty_like(pr.k),
+            dv=torch.empty_like(pr.v),
+        )
         sc = dict(softmax_scale=pr.scale, **({"window_right": 0} if c else {}))
         if pr.cu is not None:
             t.update(cu_seqlens_q=pr.cu, cu_seqlens_kv=pr.cu)
@@ -219,10 +271,11 @@ def _report(pr, d, h, hk, c, res, grads):
     if "fa4" in res:
         for name, ms in res.items():
             if name != "fa4":
-                errs = [((g.float() - r.float()).norm() / r.float().norm()).item()
-                        for g, r in zip(grads[name], grads["fa4"])]
-                line.append(f"{name} x{res['fa4'] / ms:.3f}fa4 err vs fa4 "
-                            + "/".join(f"{e:.1e}" for e in errs))
+                errs = [
+                    ((g.float() - r.float()).norm() / r.float().norm()).item()
+                    for g, r in zip(grads[name], grads["fa4"])
+                ]
+                line.append(f"{name} x{res['fa4'] / ms:.3f}fa4 err vs fa4 " + "/".join(f"{e:.1e}" for e in errs))
     print(" | ".join(line), flush=True)
 
 
@@ -241,7 +294,7 @@ def main(argv=None):
     makers = dict(zip(keys, chain_for(params, target)))
     print(f"# compiled {len(params)} chains in {time.perf_counter() - t0:.1f}s", flush=True)
     fa4, fa4_varlen = _peer()
-    shapes = ([("thd", m) for m in a.thd.split(",")] if a.thd else [("bshd", s) for s in ss])
+    shapes = [("thd", m) for m in a.thd.split(",")] if a.thd else [("bshd", s) for s in ss]
     for d in ds:
         h = 2048 // d
         hk = int(a.hkv) if a.hkv else h

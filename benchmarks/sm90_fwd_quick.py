@@ -7,6 +7,7 @@ loops. Several frost knob sets can be timed side by side:
     python benchmarks/sm90_fwd_quick.py --d 128 --s 4096,16384 --causal 0,1 \
         --variants '[{}, {"persistent": false}]'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,16 @@ def frost_params(d, causal, knobs, sm_count):
 
     k = default_knobs(d, d, sm_count=sm_count)
     k.update(knobs)
-    return Sm90FwdParams(dtype="bf16", head_dim=d, head_dim_v=d, num_heads_q=2048 // d, num_heads_kv=2048 // d,
-                         has_lse=True, has_window_right=causal, **k)
+    return Sm90FwdParams(
+        dtype="bf16",
+        head_dim=d,
+        head_dim_v=d,
+        num_heads_q=2048 // d,
+        num_heads_kv=2048 // d,
+        has_lse=True,
+        has_window_right=causal,
+        **k,
+    )
 
 
 def smoke(kernels):
@@ -49,8 +58,11 @@ def smoke(kernels):
         ro, rl = sdpa_fwd_reference(q, k, v, RefArgs(scale, window_right=0 if causal else None))
         err = ((o.float() - ro).norm() / ro.norm()).item()
         lerr = (lse - rl).abs().max().item()
-        print(f"# smoke d={d} causal={causal} {var}: o rel err {err:.2e}, lse max err {lerr:.2e}, "
-              f"nan {torch.isnan(o).sum().item()}", flush=True)
+        print(
+            f"# smoke d={d} causal={causal} {var}: o rel err {err:.2e}, lse max err {lerr:.2e}, "
+            f"nan {torch.isnan(o).sum().item()}",
+            flush=True,
+        )
 
 
 def main(argv=None):
@@ -60,8 +72,11 @@ def main(argv=None):
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--variants", default="[{}]", help="JSON list of knob overrides for frost")
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--precompile-tests", action="store_true",
-                    help="also compile frost.testing.cases' SM90 forward cases in the same worker pool")
+    ap.add_argument(
+        "--precompile-tests",
+        action="store_true",
+        help="also compile frost.testing.cases' SM90 forward cases in the same worker pool",
+    )
     ap.add_argument("--smoke", action="store_true", help="small correctness check of each frost kernel first")
     ap.add_argument("--repeat", type=int, default=1, help="time every implementation this many rounds, interleaved")
     a = ap.parse_args(argv)
@@ -83,8 +98,10 @@ def main(argv=None):
         extra = [(TEMPLATE, sm90_params(c, sm_count)) for c in SM90_FWD_CASES]
     t0 = time.perf_counter()
     cks = compile_many(specs + extra, "sm_90a")
-    kernels = {(s[1].head_dim, s[1].has_window_right, json.dumps(v, sort_keys=True)): CanonicalCall(ck, s[1])
-               for s, ck, v in zip(specs, cks, [v for d in ds for c in cs for v in variants])}
+    kernels = {
+        (s[1].head_dim, s[1].has_window_right, json.dumps(v, sort_keys=True)): CanonicalCall(ck, s[1])
+        for s, ck, v in zip(specs, cks, [v for d in ds for c in cs for v in variants])
+    }
     print(f"# compiled {len(specs) + len(extra)} frost kernels in {time.perf_counter() - t0:.1f}s", flush=True)
     if a.smoke:
         smoke(kernels)
@@ -108,8 +125,10 @@ def main(argv=None):
                 ref = None
                 if fa4 is not None:
                     try:
+
                         def f_fa4(q=q, k=k, v=v):
                             return fa4(q, k, v, softmax_scale=scale, causal=causal)
+
                         ref = f_fa4()
                         ref = ref[0] if isinstance(ref, (tuple, list)) else ref
                         fns["fa4"] = f_fa4
@@ -125,6 +144,7 @@ def main(argv=None):
                         def f_cudnn():
                             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                                 return F.scaled_dot_product_attention(qt, kt, vt, scale=scale, is_causal=causal)
+
                         f_cudnn()
                         fns["cudnn"] = f_cudnn
                     except Exception as e:
@@ -135,6 +155,7 @@ def main(argv=None):
 
                     def f_frost(ck=ck, args=args):
                         ck(*args)
+
                     f_frost()
                     torch.cuda.synchronize()
                     err = float("nan")

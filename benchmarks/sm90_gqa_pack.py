@@ -8,6 +8,7 @@ gives the K+V read rate in GB/s. The anchor rows are GQA 32:8, B=4, S=4096.
     python benchmarks/sm90_gqa_pack.py            # every row
     python benchmarks/sm90_gqa_pack.py --rows decode
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,18 @@ def params(hq, hkv, causal, pack, sm_count, tile_m=None):
     k = default_knobs(128, 128, sm_count=sm_count)
     if tile_m:
         k["tile_m"] = tile_m
-    return Sm90FwdParams(dtype="bf16", head_dim=128, head_dim_v=128, num_heads_q=hq, num_heads_kv=hkv,
-                         has_lse=True, has_window_right=causal, bottom_right=causal, pack_gqa=pack, **k)
+    return Sm90FwdParams(
+        dtype="bf16",
+        head_dim=128,
+        head_dim_v=128,
+        num_heads_q=hq,
+        num_heads_kv=hkv,
+        has_lse=True,
+        has_window_right=causal,
+        bottom_right=causal,
+        pack_gqa=pack,
+        **k,
+    )
 
 
 def flops(b, hq, sq, skv, causal, d=128):
@@ -51,8 +62,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="decode,anchor")
     ap.add_argument("--small-tile", action="store_true", help="also time packed frost with tile_m=64")
-    ap.add_argument("--precompile-tests", action="store_true",
-                    help="also compile the SM90 forward kernel tests' kernels (into the disk cache), same pool")
+    ap.add_argument(
+        "--precompile-tests",
+        action="store_true",
+        help="also compile the SM90 forward kernel tests' kernels (into the disk cache), same pool",
+    )
     a = ap.parse_args(argv)
     rows = [r for r in DECODE + ANCHORS if r[0] in a.rows.split(",")]
     sm = torch.cuda.get_device_properties(0).multi_processor_count
@@ -94,8 +108,10 @@ def main(argv=None):
         fns, outs = {}, {}
         if fa4 is not None:
             try:
+
                 def f_fa4(q=q, k=k, v=v):
                     return fa4(q, k, v, softmax_scale=scale, causal=causal)
+
                 r = f_fa4()
                 outs["fa4"] = (r[0] if isinstance(r, (tuple, list)) else r).clone()
                 fns["fa4"] = f_fa4
@@ -110,8 +126,10 @@ def main(argv=None):
 
                 def f_cudnn():
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return F.scaled_dot_product_attention(qt, kt, vt, scale=scale, is_causal=causal,
-                                                              enable_gqa=True)
+                        return F.scaled_dot_product_attention(
+                            qt, kt, vt, scale=scale, is_causal=causal, enable_gqa=True
+                        )
+
                 f_cudnn()
                 fns["cudnn"] = f_cudnn
             except Exception as e:
@@ -122,6 +140,7 @@ def main(argv=None):
 
             def f_frost(ck=ck, args=args):
                 ck(*args)
+
             f_frost()
             torch.cuda.synchronize()
             outs[var] = o.clone()

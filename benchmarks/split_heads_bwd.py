@@ -8,6 +8,7 @@ default); an engine that declines prints its reason. The last column times the s
 too on the wgmma backward, so the split heads' cost reads as a ratio. TFLOP/s count the backward as 2.5x the
 forward's matmul FLOPs (design.md). Needs a CUDA GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +24,24 @@ from quick_problem import timed
 
 def graph(b, s, hq, hk, hv, d, causal, engine):
     """The backward graph over fresh BSHD tensors, planned on `engine`; returns (graph, pack, workspace)."""
+
     def bshd(h):
         return torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda").permute(0, 2, 1, 3)
 
     t = {"q": bshd(hq), "k": bshd(hk), "v": bshd(hv), "o": bshd(hq), "do": bshd(hq)}
     t["stats"] = torch.randn(b, hq, s, 1, dtype=torch.float32, device="cuda").abs() + 8.0
-    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32)
+    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     ins = {r: g.tensor_like(x, name=r) for r, x in t.items()}
-    grads = g.sdpa_backward(ins["q"], ins["k"], ins["v"], ins["o"], ins["do"], ins["stats"],
-                            attn_scale=1.0 / math.sqrt(d), use_causal_mask=causal)
+    grads = g.sdpa_backward(
+        ins["q"],
+        ins["k"],
+        ins["v"],
+        ins["o"],
+        ins["do"],
+        ins["stats"],
+        attn_scale=1.0 / math.sqrt(d),
+        use_causal_mask=causal,
+    )
     pack = {ins[r]: x for r, x in t.items()}
     for h, r in zip(grads, ("q", "k", "v")):
         x = torch.empty_like(t[r])

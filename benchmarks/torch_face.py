@@ -17,6 +17,7 @@
    `benchmarks/torch_face_host.py` splits the same calls into their parts on the CPU.
 3. Planning a new shape whose kernels are already compiled (milliseconds per plan).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,12 @@ def raw_graphs(q, k, v, causal: bool):
     bpack.update(zip((dq, dk, dv), grads))
     launch = fwd.executor((fq, fk, fv, o, st)).launch
     ftensors = (qb, kb, vb, ob, lse)
-    return ((lambda: fwd.execute(fpack, ws_f)), (lambda: bwd.execute(bpack, ws_b)),
-            (fwd.engine_name, bwd.engine_name), (lambda: launch(ftensors, ws_f)))
+    return (
+        (lambda: fwd.execute(fpack, ws_f)),
+        (lambda: bwd.execute(bpack, ws_b)),
+        (fwd.engine_name, bwd.engine_name),
+        (lambda: launch(ftensors, ws_f)),
+    )
 
 
 def gpu_ms(fn, iters: int, repeats: int = 5) -> float:
@@ -107,16 +112,26 @@ def throughput_rows(args) -> list[dict]:
         def through_op():
             out = ft.attention(*leaves, causal=causal, layout="bshd")
             torch.autograd.grad(out, leaves, do)
+
         run_f, run_b, engines, _ = raw_graphs(q, k, v, causal)
 
         def raw():
             run_f()
             run_b()
+
         op_ms, raw_ms = gpu_ms(through_op, args.iters), gpu_ms(raw, args.iters)
         flops = 4 * b * h * s * s * d * 3.5 / (2 if causal else 1)  # forward + backward (2.5x)
-        rows.append({"problem": f"B{b} S{s} H{h} D{d} {'causal' if causal else 'full'}", "engines": engines,
-                     "op_ms": op_ms, "raw_ms": raw_ms, "ratio": op_ms / raw_ms,
-                     "op_tflops": flops / op_ms / 1e9, "raw_tflops": flops / raw_ms / 1e9})
+        rows.append(
+            {
+                "problem": f"B{b} S{s} H{h} D{d} {'causal' if causal else 'full'}",
+                "engines": engines,
+                "op_ms": op_ms,
+                "raw_ms": raw_ms,
+                "ratio": op_ms / raw_ms,
+                "op_tflops": flops / op_ms / 1e9,
+                "raw_tflops": flops / raw_ms / 1e9,
+            }
+        )
     return rows
 
 
@@ -130,17 +145,27 @@ def host_rows(args) -> list[dict]:
     def raw_fwd_bwd():
         run_f()
         run_b()
+
     calls = [  # (name, call, its raw reference: "fwd" or "fwd+bwd")
         ("attention eager (bhsd)", lambda: ft.attention(qb, kb, vb, causal=True), "fwd"),
         ("attention eager, return_lse", lambda: ft.attention(qb, kb, vb, causal=True, return_lse=True), "fwd"),
         ("attention eager, layout='bshd'", lambda: ft.attention(q, k, v, causal=True, layout="bshd"), "fwd"),
-        ("torch.ops.frost.sdpa_fwd", lambda: torch.ops.frost.sdpa_fwd(qb, kb, vb, None, None, -1, 0, False, False),
-         "fwd"),
-        ("torch.ops.frost.sdpa_bwd", lambda: torch.ops.frost.sdpa_bwd(dob, qb, kb, vb, out, lse, None, None, -1, 0,
-                                                                      False, False), "bwd"),
+        (
+            "torch.ops.frost.sdpa_fwd",
+            lambda: torch.ops.frost.sdpa_fwd(qb, kb, vb, None, None, -1, 0, False, False),
+            "fwd",
+        ),
+        (
+            "torch.ops.frost.sdpa_bwd",
+            lambda: torch.ops.frost.sdpa_bwd(dob, qb, kb, vb, out, lse, None, None, -1, 0, False, False),
+            "bwd",
+        ),
         ("attention under autograd (forward)", lambda: ft.attention(*leaves, causal=True), "fwd"),
-        ("attention under autograd (fwd+bwd)",
-         lambda: torch.autograd.grad(ft.attention(*leaves, causal=True), leaves, dob), "fwd+bwd"),
+        (
+            "attention under autograd (fwd+bwd)",
+            lambda: torch.autograd.grad(ft.attention(*leaves, causal=True), leaves, dob),
+            "fwd+bwd",
+        ),
         ("raw Graph.execute (forward)", run_f, "fwd"),
         ("raw Graph.execute (backward)", run_b, "bwd"),
         ("raw Graph.execute (fwd+bwd)", raw_fwd_bwd, "fwd+bwd"),
@@ -185,29 +210,46 @@ def main(argv=None) -> int:
         through = throughput_rows(args)
         print(f"\n{'forward+backward':<30} {'engines':<36} {'op ms':>8} {'raw ms':>8} {'op/raw':>7} {'TFLOP/s':>8}")
         for r in through:
-            print(f"{r['problem']:<30} {'/'.join(r['engines']):<36} {r['op_ms']:8.3f} {r['raw_ms']:8.3f} "
-                  f"{r['ratio']:7.3f} {r['op_tflops']:8.1f}")
+            print(
+                f"{r['problem']:<30} {'/'.join(r['engines']):<36} {r['op_ms']:8.3f} {r['raw_ms']:8.3f} "
+                f"{r['ratio']:7.3f} {r['op_tflops']:8.1f}"
+            )
     host = host_rows(args)
-    print(f"\n{'host time, 1x1x128x64 causal':<44} {'us/call':>8} {'over raw':>9}  (raw: Graph.execute of the "
-          f"same direction)")
+    print(
+        f"\n{'host time, 1x1x128x64 causal':<44} {'us/call':>8} {'over raw':>9}  (raw: Graph.execute of the "
+        f"same direction)"
+    )
     for r in host:
         print(f"{r['call']:<44} {r['host_us']:8.1f} {r['over_raw_us']:+9.1f}  ({r['raw']})")
     if args.host_only:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "host": host}, f,
-                          indent=1)
+                json.dump(
+                    {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "host": host}, f, indent=1
+                )
         return 0
     warm = warm_plan_ms(args)
-    print(f"\nplanning a new shape with compiled kernels: {warm['ms_per_plan']:.2f} ms per plan "
-          f"({warm['plans']} plans)")
+    print(
+        f"\nplanning a new shape with compiled kernels: {warm['ms_per_plan']:.2f} ms per plan ({warm['plans']} plans)"
+    )
     info = ft.plan_cache_info()
-    print(f"plans: {info['misses']} built ({info['plan_seconds'] * 1e3:.0f} ms in all, first compiles included), "
-          f"{info['hits']} hits")
+    print(
+        f"plans: {info['misses']} built ({info['plan_seconds'] * 1e3:.0f} ms in all, first compiles included), "
+        f"{info['hits']} hits"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "throughput": through,
-                       "host": host, "warm_plan": warm}, f, indent=1)
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "throughput": through,
+                    "host": host,
+                    "warm_plan": warm,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -15,6 +15,7 @@ which `attention under autograd (fwd+bwd)` cannot go below), then the split of o
 (its memoized path) into its phases, each timed alone.
 `--profile ROW` prints cProfile's top functions for one row (its name as printed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,6 @@ def _raw_forward(qb, kb, vb):
     return entry, (qb, kb, vb, out, lse.unsqueeze(-1))
 
 
-
-
 def null_fwd_bwd(leaves, do):
     """`torch.autograd.grad` through `NullAttention`: what fwd+bwd under autograd costs before frost does anything."""
     return torch.autograd.grad(NullAttention.apply(*leaves)[0], leaves, do)
@@ -81,11 +80,13 @@ def path_rows(args) -> dict:
         "torch.ops.frost.sdpa_fwd": lambda: torch.ops.frost.sdpa_fwd(qb, kb, vb, None, None, -1, 0, False, False),
         "block.forward (the op's kernel)": lambda: block.forward(qb, kb, vb, None, None, -1, 0, False),
         "attention under autograd (forward)": lambda: ft.attention(*leaves, causal=True),
-        "attention under autograd (fwd+bwd)":
-            lambda: torch.autograd.grad(ft.attention(*leaves, causal=True), leaves, do),
+        "attention under autograd (fwd+bwd)": lambda: torch.autograd.grad(
+            ft.attention(*leaves, causal=True), leaves, do
+        ),
         "torch floor: null Function, fwd+bwd": lambda: null_fwd_bwd(leaves, do),
-        "torch.ops.frost.sdpa_bwd": lambda: torch.ops.frost.sdpa_bwd(do, qb, kb, vb, out, lse, None, None, -1, 0,
-                                                                     False, False),
+        "torch.ops.frost.sdpa_bwd": lambda: torch.ops.frost.sdpa_bwd(
+            do, qb, kb, vb, out, lse, None, None, -1, 0, False, False
+        ),
         "raw Graph.execute (forward)": lambda: entry.graph.execute(pack, None),
     }
     if hasattr(entry.graph, "executor"):
@@ -100,8 +101,26 @@ def phase_rows(args) -> dict:
     q, k, v, _ = problem()
     qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))
     ft.attention(qb, kb, vb, causal=True)  # memoizes the call
-    key = (qb.shape, qb.stride(), kb.shape, kb.stride(), vb.shape, vb.stride(), qb.dtype, kb.dtype, vb.dtype,
-           qb.device, True, None, None, "bhsd", False, "top_left", False, False)
+    key = (
+        qb.shape,
+        qb.stride(),
+        kb.shape,
+        kb.stride(),
+        vb.shape,
+        vb.stride(),
+        qb.dtype,
+        kb.dtype,
+        vb.dtype,
+        qb.device,
+        True,
+        None,
+        None,
+        "bhsd",
+        False,
+        "top_left",
+        False,
+        False,
+    )
     hit = plans.PLANS.memo.get(key)
     if hit is None:
         raise SystemExit("the eager call was not memoized under the expected key: update phase_rows")
@@ -111,13 +130,34 @@ def phase_rows(args) -> dict:
     def bookkeeping():
         hit.plan.used = next(plans.TICKS)
         stats.hits += 1
+
     return {
         "function call (an empty Python function)": lambda: _empty(qb, kb, vb, causal=True),
-        "gate: is_compiling + no mode/subclass, no grad":
-            lambda: api._lean(qb, kb, vb) and not api._needs_grad(qb, kb, vb),
+        "gate: is_compiling + no mode/subclass, no grad": lambda: (
+            api._lean(qb, kb, vb) and not api._needs_grad(qb, kb, vb)
+        ),
         "memo key (18 values) + dict lookup": lambda: plans.PLANS.memo.get(
-            (qb.shape, qb.stride(), kb.shape, kb.stride(), vb.shape, vb.stride(), qb.dtype, kb.dtype, vb.dtype,
-             qb.device, True, None, None, "bhsd", False, "top_left", False, False)),
+            (
+                qb.shape,
+                qb.stride(),
+                kb.shape,
+                kb.stride(),
+                vb.shape,
+                vb.stride(),
+                qb.dtype,
+                kb.dtype,
+                vb.dtype,
+                qb.device,
+                True,
+                None,
+                None,
+                "bhsd",
+                False,
+                "top_left",
+                False,
+                False,
+            )
+        ),
         "recency tick + hit count": bookkeeping,
         "out = torch.empty_like(q)": lambda: torch.empty_like(qb),
         "executor.launch: device/alignment checks + stub": lambda: hit.launch((qb, kb, vb, out)),
@@ -125,8 +165,22 @@ def phase_rows(args) -> dict:
     }
 
 
-def _empty(q, k, v, *, causal=False, window=None, scale=None, sinks=None, deterministic=None, layout="bhsd",
-           return_lse=False, diagonal_alignment="top_left", dropout_p=0.0, _causal_wins=False):
+def _empty(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    window=None,
+    scale=None,
+    sinks=None,
+    deterministic=None,
+    layout="bhsd",
+    return_lse=False,
+    diagonal_alignment="top_left",
+    dropout_p=0.0,
+    _causal_wins=False,
+):
     return None
 
 
@@ -137,8 +191,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="cProfile one row (its printed name)")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args(argv)
-    print(f"torch {torch.__version__}, CPU, reference engine with its execute stubbed; "
-          f"CPU us per call (best of {args.repeats} x {args.calls})")
+    print(
+        f"torch {torch.__version__}, CPU, reference engine with its execute stubbed; "
+        f"CPU us per call (best of {args.repeats} x {args.calls})"
+    )
     rows = path_rows(args)
     phases = phase_rows(args)
     if args.profile:

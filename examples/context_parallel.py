@@ -10,6 +10,7 @@ the loss is the mean over every rank's tokens, and the parameters' gradients are
 data parallelism would), so N processes train the same model as one. Without torchrun the script runs the
 single-process baseline (`frost.torch_face.attention`). Rank 0 prints the losses and writes a JSON summary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,11 @@ def attention_fn(group, scheme: str):
     from frost.distributed import context_parallel_attention
 
     def cp(q, k, v):
-        out = context_parallel_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), group=group,
-                                         scheme=scheme, causal=True)
+        out = context_parallel_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), group=group, scheme=scheme, causal=True
+        )
         return out.transpose(1, 2)
+
     return cp
 
 

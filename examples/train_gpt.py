@@ -11,6 +11,7 @@ one call: `frost.torch_face.attention`, `F.scaled_dot_product_attention` or Flas
 eager (frost's reference engine). It logs loss and tokens/s and writes `<attention>_loss.png` and
 `<attention>_summary.json` to --out-dir (--compare-with overlays other runs' summaries on the plot).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,10 +55,13 @@ def attention_fn(kind: str):
 
         return lambda q, k, v: attention(q, k, v, causal=True, layout="bshd")
     if kind == "sdpa":
+
         def sdpa(q, k, v):
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=True)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
             return out.transpose(1, 2)
+
         return sdpa
     if kind == "fa4":
         try:
@@ -68,6 +72,7 @@ def attention_fn(kind: str):
         def fa4(q, k, v):
             out = flash_attn_func(q, k, v, causal=True)
             return out[0] if isinstance(out, tuple) else out
+
         return fa4
     raise SystemExit(f"unknown --attention {kind!r}")
 
@@ -79,8 +84,9 @@ class Block(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.qkv = nn.Linear(width, 3 * width, bias=False)
         self.proj = nn.Linear(width, width, bias=False)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width, bias=False), nn.GELU(),
-                                 nn.Linear(4 * width, width, bias=False))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width, bias=False), nn.GELU(), nn.Linear(4 * width, width, bias=False)
+        )
 
     def forward(self, x):
         b, t, c = x.shape
@@ -115,7 +121,7 @@ class GPT(nn.Module):
 def batches(data: torch.Tensor, batch: int, context: int, gen: torch.Generator):
     while True:
         starts = torch.randint(0, data.numel() - context - 1, (batch,), generator=gen)
-        rows = torch.stack([data[s:s + context + 1] for s in starts.tolist()]).long()
+        rows = torch.stack([data[s : s + context + 1] for s in starts.tolist()]).long()
         yield rows[:, :-1], rows[:, 1:]
 
 
@@ -137,8 +143,12 @@ def parse(argv=None):
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                    help="torch.compile the model (auto: on for CUDA, off on the CPU)")
+    ap.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="torch.compile the model (auto: on for CUDA, off on the CPU)",
+    )
     ap.add_argument("--data-mb", type=float, default=32.0, help="megabytes of stdlib source to read")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--eval-batches", type=int, default=8)
@@ -159,8 +169,7 @@ def main(argv=None) -> dict:
     if val.numel() <= args.context + 1:
         val = train
     model = GPT(args.layers, args.width, args.heads, args.context, attention_fn(args.attention)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=cuda or None)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda or None)
     step_fn = model
     if args.compile == "on" or (args.compile == "auto" and cuda):
         step_fn = torch.compile(model)
@@ -168,8 +177,10 @@ def main(argv=None) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     it = batches(train, args.batch, args.context, gen)
     tokens_per_step = args.batch * args.context
-    print(f"{args.attention}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
-          f"{len(text) / 2**20:.1f} MB of stdlib text, {tokens_per_step} tokens/step on {device}")
+    print(
+        f"{args.attention}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+        f"{len(text) / 2**20:.1f} MB of stdlib text, {tokens_per_step} tokens/step on {device}"
+    )
 
     losses, rates, first_step_s = [], [], None
     t_run = t_mark = time.perf_counter()
@@ -203,27 +214,39 @@ def main(argv=None) -> dict:
     with torch.no_grad(), amp:
         val_loss = sum(step_fn(*(t.to(device) for t in next(eit))).item() for _ in range(args.eval_batches))
     val_loss /= max(args.eval_batches, 1)
-    steady = rates[len(rates) // 4:] or rates
+    steady = rates[len(rates) // 4 :] or rates
     summary = {
-        "attention": args.attention, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "args": vars(args), "torch": torch.__version__, "parameters": sum(p.numel() for p in model.parameters()),
-        "final_loss": losses[-1][1], "val_loss": val_loss, "losses": losses,
-        "tokens_per_s": sum(steady) / len(steady) if steady else None, "first_step_s": first_step_s,
-        "total_s": total_s, "max_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+        "attention": args.attention,
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "args": vars(args),
+        "torch": torch.__version__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "final_loss": losses[-1][1],
+        "val_loss": val_loss,
+        "losses": losses,
+        "tokens_per_s": sum(steady) / len(steady) if steady else None,
+        "first_step_s": first_step_s,
+        "total_s": total_s,
+        "max_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
     }
     if args.attention == "frost":
         from frost.torch_face import plan_cache_info
 
         info = plan_cache_info()
-        summary["frost_plans"] = {"plans": info["misses"], "specializations": len(info["specializations"]),
-                                  "plan_seconds": info["plan_seconds"]}
+        summary["frost_plans"] = {
+            "plans": info["misses"],
+            "specializations": len(info["specializations"]),
+            "plan_seconds": info["plan_seconds"],
+        }
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.attention}_summary.json").write_text(json.dumps(summary, indent=1))
     _plot(out / f"{args.attention}_loss.png", summary, args.compare_with)
-    print(f"done: loss {summary['final_loss']:.4f} (val {val_loss:.4f}), "
-          f"{(summary['tokens_per_s'] or 0) / 1e3:.1f}k tokens/s, first step {first_step_s:.1f} s, "
-          f"total {total_s:.1f} s -> {out}")
+    print(
+        f"done: loss {summary['final_loss']:.4f} (val {val_loss:.4f}), "
+        f"{(summary['tokens_per_s'] or 0) / 1e3:.1f}k tokens/s, first step {first_step_s:.1f} s, "
+        f"total {total_s:.1f} s -> {out}"
+    )
     return summary
 
 

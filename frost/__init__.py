@@ -2,18 +2,36 @@
 
 Importing frost is cheap: cutlass and kernel modules load lazily.
 """
+
 from frost import cache
-from frost.errors import (BindingError, EngineDecline, FrostError, GraphError, GraphNotSupportedError,
-                          NotSupportedError, PlanDuringCaptureError, PlanFileError, PlanFileWarning,
-                          TemplateParamsError, UnsupportedArgumentError, WorkspaceError, cudnnGraphNotSupportedError)
+from frost.errors import (
+    BindingError,
+    EngineDecline,
+    FrostError,
+    GraphError,
+    GraphNotSupportedError,
+    NotSupportedError,
+    PlanDuringCaptureError,
+    PlanFileError,
+    PlanFileWarning,
+    TemplateParamsError,
+    UnsupportedArgumentError,
+    WorkspaceError,
+    cudnnGraphNotSupportedError,
+)
 from frost.engines.common.length_check_params import length_check_errors
 from frost.graph import Graph, pygraph
 from frost.ir.tensor import Tensor
 from frost.knobs import Knobs
-from frost.runtime.context import (ExecutionContext, Handle, create_handle, destroy_handle, get_stream,
-                                   set_stream)
-from frost.types import (DataType, attention_implementation, build_plan_policy, diagonal_alignment, heur_mode,
-                         tensor_reordering)
+from frost.runtime.context import ExecutionContext, Handle, create_handle, destroy_handle, get_stream, set_stream
+from frost.types import (
+    DataType,
+    attention_implementation,
+    build_plan_policy,
+    diagonal_alignment,
+    heur_mode,
+    tensor_reordering,
+)
 from frost.version import __version__
 
 data_type = DataType  # cuDNN-style alias: frost.data_type.BFLOAT16
@@ -40,15 +58,48 @@ def backend_version_string() -> str:
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
-__all__ = ["Graph", "Tensor", "DataType", "data_type", "ExecutionContext", "Knobs", "FrostError", "GraphError",
-           "BindingError", "WorkspaceError", "EngineDecline", "NotSupportedError", "GraphNotSupportedError",
-           "TemplateParamsError",
-           "PlanFileError", "PlanFileWarning", "UnsupportedArgumentError", "PlanDuringCaptureError", "cache",
-           "precompile", "save_plan", "load_plan", "length_check_errors", "__version__",
-           # the cuDNN frontend's names: `import frost as cudnn` runs cuDNN's SDPA graph programs
-           "pygraph", "tensor", "heur_mode", "build_plan_policy", "diagonal_alignment", "attention_implementation",
-           "tensor_reordering", "Handle", "create_handle", "set_stream", "get_stream", "destroy_handle",
-           "backend_version", "backend_version_string", "cudnnGraphNotSupportedError"]
+__all__ = [
+    "Graph",
+    "Tensor",
+    "DataType",
+    "data_type",
+    "ExecutionContext",
+    "Knobs",
+    "FrostError",
+    "GraphError",
+    "BindingError",
+    "WorkspaceError",
+    "EngineDecline",
+    "NotSupportedError",
+    "GraphNotSupportedError",
+    "TemplateParamsError",
+    "PlanFileError",
+    "PlanFileWarning",
+    "UnsupportedArgumentError",
+    "PlanDuringCaptureError",
+    "cache",
+    "precompile",
+    "save_plan",
+    "load_plan",
+    "length_check_errors",
+    "__version__",
+    # the cuDNN frontend's names: `import frost as cudnn` runs cuDNN's SDPA graph programs
+    "pygraph",
+    "tensor",
+    "heur_mode",
+    "build_plan_policy",
+    "diagonal_alignment",
+    "attention_implementation",
+    "tensor_reordering",
+    "Handle",
+    "create_handle",
+    "set_stream",
+    "get_stream",
+    "destroy_handle",
+    "backend_version",
+    "backend_version_string",
+    "cudnnGraphNotSupportedError",
+]
 
 
 def precompile(*args, **kwargs):

@@ -6,6 +6,7 @@ at $FROST_CACHE_MAX_BYTES (default 2 GiB); FROST_CACHE_DISABLE=1 keeps them in
 memory only. `stats()` counts this process's hits, misses, compiles and the
 seconds spent loading and compiling. Importing this module does not import cutlass.
 """
+
 from __future__ import annotations
 
 from frost.compiler.cache import cache_dir, clear, describe, disk_enabled, max_bytes, prune, reset_stats, stats

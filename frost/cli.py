@@ -4,6 +4,7 @@
 representative graph here and why the others do not, and the kernel cache. Messages go through the `frost`
 logger (console_logging() shows them on stderr); results go to stdout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,16 +77,21 @@ def _representative_graphs(target):
     dims, strides = (b, h, s, d), (s * h * d, d, h * d, 1)
     out = {}
     for direction in ("fwd", "bwd"):
-        g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
-                        compute_data_type=torch.float32, target=target, name=f"info_{direction}")
+        g = frost.Graph(
+            io_data_type=torch.bfloat16,
+            intermediate_data_type=torch.float32,
+            compute_data_type=torch.float32,
+            target=target,
+            name=f"info_{direction}",
+        )
         q, k, v = (g.tensor(name=n, dim=dims, stride=strides) for n in ("q", "k", "v"))
         if direction == "fwd":
-            o, _ = g.sdpa(q, k, v, attn_scale=d ** -0.5, generate_stats=False, use_causal_mask=True)
+            o, _ = g.sdpa(q, k, v, attn_scale=d**-0.5, generate_stats=False, use_causal_mask=True)
             o.set_output(True)
         else:
             o, do = (g.tensor(name=n, dim=dims, stride=strides) for n in ("o", "dO"))
             stats = g.tensor(name="stats", dim=(b, h, s, 1), stride=(h * s, s, 1, 1), data_type=torch.float32)
-            for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=d ** -0.5, use_causal_mask=True):
+            for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=d**-0.5, use_causal_mask=True):
                 t.set_output(True)
         out[direction] = g
     return out
@@ -95,8 +101,11 @@ def engines_here(target) -> dict:
     """{direction: {"serve": [engine, ...] best first, "decline": {engine: reason}}} for the representative graph."""
     report = {}
     for direction, g in _representative_graphs(target).items():
-        report[direction] = {"graph": "bf16, causal, d=128, 8 heads, 512 tokens",
-                             "serve": g.available_engines(), "decline": dict(g.declines())}
+        report[direction] = {
+            "graph": "bf16, causal, d=128, 8 heads, 512 tokens",
+            "serve": g.available_engines(),
+            "decline": dict(g.declines()),
+        }
     return report
 
 
@@ -111,8 +120,11 @@ def info_dict(target=None) -> dict:
 
     t = target if target is not None else discover_target()
     cuda = torch.cuda.is_available()
-    gpu = {"name": t.name, "compute_capability": f"{t.cc_major}.{t.cc_minor}", "arch": t.arch,
-           "sm_count": t.sm_count} if not t.is_cpu else None
+    gpu = (
+        {"name": t.name, "compute_capability": f"{t.cc_major}.{t.cc_minor}", "arch": t.arch, "sm_count": t.sm_count}
+        if not t.is_cpu
+        else None
+    )
     cache = describe()
     return {
         "frost": __version__,
@@ -130,8 +142,12 @@ def info_dict(target=None) -> dict:
         "cudnn_frontend": _version("nvidia-cudnn-frontend"),
         "torch_cudnn": torch.backends.cudnn.version() if cuda else None,
         "engines": engines_here(t),
-        "cache": {"dir": cache["dir"], "enabled": cache["enabled"], "bytes": cache["bytes"],
-                  "max_bytes": cache["max_bytes"]},
+        "cache": {
+            "dir": cache["dir"],
+            "enabled": cache["enabled"],
+            "bytes": cache["bytes"],
+            "max_bytes": cache["max_bytes"],
+        },
     }
 
 
@@ -144,8 +160,12 @@ def render_info(d: dict) -> str:
     lines = [
         f"frost {d['frost']} (python {d['python']}, {d['platform']})",
         f"torch {d['torch']}  CUDA build {d['torch_cuda'] or 'none (CPU build)'}  driver {d['driver']}",
-        ("GPU " + f"{gpu['name']}, compute capability {gpu['compute_capability']} ({gpu['arch']}), "
-         f"{gpu['sm_count']} SMs") if gpu else "GPU none: the reference engine (CPU) serves every graph here",
+        (
+            "GPU " + f"{gpu['name']}, compute capability {gpu['compute_capability']} ({gpu['arch']}), "
+            f"{gpu['sm_count']} SMs"
+        )
+        if gpu
+        else "GPU none: the reference engine (CPU) serves every graph here",
         f"CuTe DSL (nvidia-cutlass-dsl) {d['cute_dsl']}"
         + ("" if d["cute_dsl_usable"] == "yes" else f": {d['cute_dsl_usable']}"),
         f"apache-tvm-ffi {d['tvm_ffi']}  nvidia-cudnn-frontend {d['cudnn_frontend']}"
@@ -158,8 +178,12 @@ def render_info(d: dict) -> str:
         for name, why in e["decline"].items():
             lines.append(f"    - {name}: {why}")
     c = d["cache"]
-    lines += ["", f"kernel cache: {c['dir']} ({_mib(c['bytes'])} of {_mib(c['max_bytes'])}"
-              + ("" if c["enabled"] else "; disabled by FROST_CACHE_DISABLE") + ")"]
+    lines += [
+        "",
+        f"kernel cache: {c['dir']} ({_mib(c['bytes'])} of {_mib(c['max_bytes'])}"
+        + ("" if c["enabled"] else "; disabled by FROST_CACHE_DISABLE")
+        + ")",
+    ]
     return "\n".join(lines)
 
 
@@ -176,8 +200,9 @@ def info_main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="frost info", description="What frost sees on this machine.")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument("--target", default="auto",
-                    help=f"auto (this machine) or a fake target to ask about: {', '.join(FAKE_TARGETS)}")
+    ap.add_argument(
+        "--target", default="auto", help=f"auto (this machine) or a fake target to ask about: {', '.join(FAKE_TARGETS)}"
+    )
     a = ap.parse_args(argv)
     try:
         target = _target_arg(a.target)

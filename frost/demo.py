@@ -3,6 +3,7 @@
 Prints which engine ran, its plan time and its error against an independent
 float64 computation (plain einsum, written here, not frost's reference code).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,12 +83,16 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
 
     ref_o, ref_dq, ref_dk, ref_dv = _oracle(q_t, k_t, v_t, do_t, scale, causal=True)
-    print(f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}; problem B={B} H={H}/{Hk} S={S} D={D} "
-          f"{str(dt).replace('torch.', '')} causal")
+    print(
+        f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}; problem B={B} H={H}/{Hk} S={S} D={D} "
+        f"{str(dt).replace('torch.', '')} causal"
+    )
     print(f"forward : engine {fwd.engine_name:<20} plan {t_fwd * 1e3:8.1f} ms  rel err O  {_rel(o_t, ref_o):.2e}")
-    print(f"backward: engine {bwd.engine_name:<20} plan {t_bwd * 1e3:8.1f} ms  "
-          f"rel err dQ {_rel(grads['dq'], ref_dq):.2e}"
-          f"  dK {_rel(grads['dk'], ref_dk):.2e}  dV {_rel(grads['dv'], ref_dv):.2e}")
+    print(
+        f"backward: engine {bwd.engine_name:<20} plan {t_bwd * 1e3:8.1f} ms  "
+        f"rel err dQ {_rel(grads['dq'], ref_dq):.2e}"
+        f"  dK {_rel(grads['dk'], ref_dk):.2e}  dV {_rel(grads['dv'], ref_dv):.2e}"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """frost's exception types: every error a user can trigger is one of these."""
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ It composes the layers below: declarations and validation (frost.ir), ranking an
 plan building (frost.lowering), binding at execute (frost.runtime) and saved plans
 (frost.plans). Those load on first use, which keeps `import frost` cheap.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -21,22 +22,39 @@ class Graph(OpGraph):
     CPU when there is none.
     """
 
-    def __init__(self, io_data_type=None, intermediate_data_type=None, compute_data_type=None,
-                 name: str = "frost_graph", target=None, handle=None, sm_count=None, sm_version=None,
-                 kernel_cache=None, device_property=None, is_dynamic_shape_enabled: bool = False,
-                 is_override_shape_enabled: bool = False):
+    def __init__(
+        self,
+        io_data_type=None,
+        intermediate_data_type=None,
+        compute_data_type=None,
+        name: str = "frost_graph",
+        target=None,
+        handle=None,
+        sm_count=None,
+        sm_version=None,
+        kernel_cache=None,
+        device_property=None,
+        is_dynamic_shape_enabled: bool = False,
+        is_override_shape_enabled: bool = False,
+    ):
         if not isinstance(name, str):
             raise GraphError(f"Graph(): name must be a string, got {name!r}")
         super().__init__(io_data_type, intermediate_data_type, compute_data_type, name or "frost_graph")
         for key, value in (("device_property", device_property),):
             if value is not None:
-                raise GraphError(f"Graph {self.name!r}: {key} is not served; frost plans for the device it finds, "
-                                 f"for sm_version=..., or for target=...")
-        for key, value in (("is_dynamic_shape_enabled", is_dynamic_shape_enabled),
-                           ("is_override_shape_enabled", is_override_shape_enabled)):
+                raise GraphError(
+                    f"Graph {self.name!r}: {key} is not served; frost plans for the device it finds, "
+                    f"for sm_version=..., or for target=..."
+                )
+        for key, value in (
+            ("is_dynamic_shape_enabled", is_dynamic_shape_enabled),
+            ("is_override_shape_enabled", is_override_shape_enabled),
+        ):
             if value is not False:
-                raise GraphError(f"Graph {self.name!r}: {key}={value!r} is not served; a dense frost plan binds its "
-                                 f"declared dims, a packed one any token count up to its envelope")
+                raise GraphError(
+                    f"Graph {self.name!r}: {key}={value!r} is not served; a dense frost plan binds its "
+                    f"declared dims, a packed one any token count up to its envelope"
+                )
         if handle is not None:
             from frost.runtime.context import as_handle
 
@@ -85,8 +103,9 @@ class Graph(OpGraph):
             try:
                 self._knobs = Knobs(**(knobs or {}))
             except (TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
-                raise GraphError(f"bad knobs {knobs!r}; known knobs: {sorted(Knobs.model_fields)} "
-                                 f"(ints and bools): {e}") from None
+                raise GraphError(
+                    f"bad knobs {knobs!r}; known knobs: {sorted(Knobs.model_fields)} (ints and bools): {e}"
+                ) from None
         if self._ranking is None or self._ranked_for != (engine, self._knobs):  # validate() may have ranked
             self._ranking = rank(self.facts, self.target, self._knobs, engine)
             self._ranked_for = (engine, self._knobs)
@@ -131,10 +150,16 @@ class Graph(OpGraph):
         self.check_support()
         self.plan = build_plan(self.facts, self.target, self._knobs, ranking=self._ranking)
         device = plan_device(self.target)
-        self._binder = Binder(self._roles(), vector_bytes=getattr(self.plan.adapter, "vector_bytes", 1),
-                              is_thd=self.facts.is_thd and self.facts.ragged is None, wants_cuda=not self.target.is_cpu,
-                              engine=self.plan.engine_name, workspace_size=self.plan.workspace_size,
-                              ragged=ragged_specs(self.facts, self.node), device=device)
+        self._binder = Binder(
+            self._roles(),
+            vector_bytes=getattr(self.plan.adapter, "vector_bytes", 1),
+            is_thd=self.facts.is_thd and self.facts.ragged is None,
+            wants_cuda=not self.target.is_cpu,
+            engine=self.plan.engine_name,
+            workspace_size=self.plan.workspace_size,
+            ragged=ragged_specs(self.facts, self.node),
+            device=device,
+        )
         self._guard = DeviceGuard(device)
         return self
 
@@ -254,10 +279,12 @@ def _target_record(target):
         found = by_name.get(target.lower().replace(" ", "").replace("-", ""))
         if found is not None:
             return found
-    raise GraphError(f"Graph(target={target!r}): a target is the device record frost plans for: "
-                     f"frost.target.discover_target() for this machine's GPU (the default), "
-                     f"frost.target.fake_target(name) or just the name for a device you do not have "
-                     f"({', '.join(sorted(FAKE_TARGETS))}), or a record of your own (frost.target.Target)")
+    raise GraphError(
+        f"Graph(target={target!r}): a target is the device record frost plans for: "
+        f"frost.target.discover_target() for this machine's GPU (the default), "
+        f"frost.target.fake_target(name) or just the name for a device you do not have "
+        f"({', '.join(sorted(FAKE_TARGETS))}), or a record of your own (frost.target.Target)"
+    )
 
 
 def _target_for(target, sm_version, sm_count):
@@ -279,8 +306,10 @@ def _target_for(target, sm_version, sm_count):
             matches = [t for t in FAKE_TARGETS.values() if t.cc == cc]
             if not matches:
                 known = sorted(t.cc[0] * 10 + t.cc[1] for t in FAKE_TARGETS.values())
-                raise GraphError(f"Graph(): sm_version={sm_version} is neither this device's ({found.name}) nor one "
-                                 f"frost has a target record for ({known})")
+                raise GraphError(
+                    f"Graph(): sm_version={sm_version} is neither this device's ({found.name}) nor one "
+                    f"frost has a target record for ({known})"
+                )
             found = matches[0]
         target = found
     if sm_count is not None:
@@ -297,11 +326,32 @@ def _target_for(target, sm_version, sm_count):
 class pygraph(Graph):  # noqa: N801
     """cuDNN's `pygraph`, with its constructor's positional order (name first); otherwise frost.Graph."""
 
-    def __init__(self, name: str = "frost_graph", io_data_type=None, intermediate_data_type=None,
-                 compute_data_type=None, handle=None, sm_count=None, sm_version=None, kernel_cache=None,
-                 device_property=None, is_dynamic_shape_enabled: bool = False, is_override_shape_enabled: bool = False,
-                 target=None):
-        super().__init__(io_data_type, intermediate_data_type, compute_data_type, name, target=target, handle=handle,
-                         sm_count=sm_count, sm_version=sm_version, kernel_cache=kernel_cache,
-                         device_property=device_property, is_dynamic_shape_enabled=is_dynamic_shape_enabled,
-                         is_override_shape_enabled=is_override_shape_enabled)
+    def __init__(
+        self,
+        name: str = "frost_graph",
+        io_data_type=None,
+        intermediate_data_type=None,
+        compute_data_type=None,
+        handle=None,
+        sm_count=None,
+        sm_version=None,
+        kernel_cache=None,
+        device_property=None,
+        is_dynamic_shape_enabled: bool = False,
+        is_override_shape_enabled: bool = False,
+        target=None,
+    ):
+        super().__init__(
+            io_data_type,
+            intermediate_data_type,
+            compute_data_type,
+            name,
+            target=target,
+            handle=handle,
+            sm_count=sm_count,
+            sm_version=sm_version,
+            kernel_cache=kernel_cache,
+            device_property=device_property,
+            is_dynamic_shape_enabled=is_dynamic_shape_enabled,
+            is_override_shape_enabled=is_override_shape_enabled,
+        )

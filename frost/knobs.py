@@ -1,4 +1,5 @@
 """Knobs: speed-only choices a user may request. A requested knob is honored or the engine is ineligible."""
+
 from __future__ import annotations
 
 from typing import Optional

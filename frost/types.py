@@ -1,4 +1,5 @@
 """Data types: frost's enum, and conversion from torch dtypes and names."""
+
 from __future__ import annotations
 
 import enum
@@ -24,26 +25,60 @@ class DataType(enum.Enum):
 
     @property
     def itemsize(self) -> int:
-        return {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8, "int32": 4, "int64": 8, "int8": 1, "uint8": 1,
-                "bool": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}.get(self.value, 0)
+        return {
+            "fp16": 2,
+            "bf16": 2,
+            "fp32": 4,
+            "fp64": 8,
+            "int32": 4,
+            "int64": 8,
+            "int8": 1,
+            "uint8": 1,
+            "bool": 1,
+            "fp8_e4m3": 1,
+            "fp8_e5m2": 1,
+        }.get(self.value, 0)
 
     def to_torch(self):
         import torch
 
-        return {DataType.HALF: torch.float16, DataType.BFLOAT16: torch.bfloat16, DataType.FLOAT: torch.float32,
-                DataType.DOUBLE: torch.float64, DataType.INT32: torch.int32, DataType.INT64: torch.int64,
-                DataType.INT8: torch.int8, DataType.UINT8: torch.uint8, DataType.BOOLEAN: torch.bool,
-                DataType.FP8_E4M3: torch.float8_e4m3fn, DataType.FP8_E5M2: torch.float8_e5m2}[self]
+        return {
+            DataType.HALF: torch.float16,
+            DataType.BFLOAT16: torch.bfloat16,
+            DataType.FLOAT: torch.float32,
+            DataType.DOUBLE: torch.float64,
+            DataType.INT32: torch.int32,
+            DataType.INT64: torch.int64,
+            DataType.INT8: torch.int8,
+            DataType.UINT8: torch.uint8,
+            DataType.BOOLEAN: torch.bool,
+            DataType.FP8_E4M3: torch.float8_e4m3fn,
+            DataType.FP8_E5M2: torch.float8_e5m2,
+        }[self]
 
 
 _ALIASES = {
-    "half": DataType.HALF, "float16": DataType.HALF, "fp16": DataType.HALF,
-    "bfloat16": DataType.BFLOAT16, "bf16": DataType.BFLOAT16,
-    "float": DataType.FLOAT, "float32": DataType.FLOAT, "fp32": DataType.FLOAT,
-    "double": DataType.DOUBLE, "float64": DataType.DOUBLE, "fp64": DataType.DOUBLE,
-    "int32": DataType.INT32, "int64": DataType.INT64, "int8": DataType.INT8, "uint8": DataType.UINT8,
-    "bool": DataType.BOOLEAN, "boolean": DataType.BOOLEAN, "fp8_e4m3": DataType.FP8_E4M3,
-    "float8_e4m3fn": DataType.FP8_E4M3, "fp8_e5m2": DataType.FP8_E5M2, "float8_e5m2": DataType.FP8_E5M2,
+    "half": DataType.HALF,
+    "float16": DataType.HALF,
+    "fp16": DataType.HALF,
+    "bfloat16": DataType.BFLOAT16,
+    "bf16": DataType.BFLOAT16,
+    "float": DataType.FLOAT,
+    "float32": DataType.FLOAT,
+    "fp32": DataType.FLOAT,
+    "double": DataType.DOUBLE,
+    "float64": DataType.DOUBLE,
+    "fp64": DataType.DOUBLE,
+    "int32": DataType.INT32,
+    "int64": DataType.INT64,
+    "int8": DataType.INT8,
+    "uint8": DataType.UINT8,
+    "bool": DataType.BOOLEAN,
+    "boolean": DataType.BOOLEAN,
+    "fp8_e4m3": DataType.FP8_E4M3,
+    "float8_e4m3fn": DataType.FP8_E4M3,
+    "fp8_e5m2": DataType.FP8_E5M2,
+    "float8_e5m2": DataType.FP8_E5M2,
     "not_set": DataType.NOT_SET,
 }
 
@@ -65,8 +100,9 @@ def as_data_type(x) -> DataType:
     except KeyError:
         from frost.errors import GraphError
 
-        raise GraphError(f"unknown data type {x!r}; use frost.DataType, a torch dtype or one of "
-                         f"{sorted(_ALIASES)}") from None
+        raise GraphError(
+            f"unknown data type {x!r}; use frost.DataType, a torch dtype or one of {sorted(_ALIASES)}"
+        ) from None
 
 
 # the cuDNN frontend's enums, by the names its Python programs use (cudnn.heur_mode.A, ...)
@@ -119,5 +155,6 @@ def enum_name(value, enum_cls, what: str) -> str:
         return name
     from frost.errors import GraphError
 
-    raise GraphError(f"{what} must be one of {[m for m in enum_cls.__members__]} (frost.{enum_cls.__name__}), "
-                     f"got {value!r}")
+    raise GraphError(
+        f"{what} must be one of {[m for m in enum_cls.__members__]} (frost.{enum_cls.__name__}), got {value!r}"
+    )

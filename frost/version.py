@@ -1,2 +1,3 @@
 """frost's version, in a module of its own so that saved plans can record it without importing the package root."""
+
 __version__ = "0.1.0"

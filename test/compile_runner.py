@@ -1,5 +1,6 @@
 """Fresh-interpreter runners for the CPU tests: kernel-compiling scripts (PTX kept, no cache, no GPU, a RESULT
 line) and cache/plan scripts (`run_py`, a JSON last line)."""
+
 from __future__ import annotations
 
 import json
@@ -16,28 +17,44 @@ from frost.testing.length_clamps import count_length_loads, unclamped_loads
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_py(script: str, cache_dir: Path, *, args=(), root: Path = ROOT, extra_env=None, extra_path=(),
-           timeout: int = 300) -> dict:
+def run_py(
+    script: str, cache_dir: Path, *, args=(), root: Path = ROOT, extra_env=None, extra_path=(), timeout: int = 300
+) -> dict:
     """Run `script` in a fresh interpreter on the package under `root` with `cache_dir` as its cache;
     its last output line is JSON."""
-    env = dict(os.environ, FROST_CACHE_DIR=str(cache_dir),
-               PYTHONPATH=os.pathsep.join([str(root), *map(str, extra_path), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        FROST_CACHE_DIR=str(cache_dir),
+        PYTHONPATH=os.pathsep.join([str(root), *map(str, extra_path), os.environ.get("PYTHONPATH", "")]),
+    )
     env.pop("FROST_CACHE_DISABLE", None)
     env.update(extra_env or {})
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)], env=env, cwd=str(root),
-                       capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+        env=env,
+        cwd=str(root),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert r.returncode == 0, f"subprocess failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def run_compile_script(script: str, args: list, cwd, timeout: int = 600) -> list:
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx,ir", FROST_CACHE_DISABLE="1", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    env = dict(
+        os.environ,
+        CUTE_DSL_KEEP="ptx,ir",
+        FROST_CACHE_DISABLE="1",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 _SPECS_SCRIPT = textwrap.dedent("""
@@ -62,6 +79,7 @@ def compile_groups(groups: list, cwd, timeout: int = 900, ptxas: bool = False) -
     kwargs, tag); returns, per group, each spec's `ptx_facts` plus its tag (and, with `ptxas`, its
     `ptxas_facts`).
     """
+
     def one(group):
         arch, specs = group
         return run_compile_script(_SPECS_SCRIPT, [arch, json.dumps(specs), "1" if ptxas else "0"], cwd, timeout)
@@ -70,8 +88,12 @@ def compile_groups(groups: list, cwd, timeout: int = 900, ptxas: bool = False) -
         results = list(pool.map(one, groups))
     # every kernel any compile test builds clamps the lengths and offsets it reads from the device
     # (the opt-in length check compares the values as they are: that is its job)
-    unclamped = {o["name"]: o["unclamped"] for outs in results for o in outs
-                 if o.get("unclamped") and not o["name"].startswith("frost_length_check")}
+    unclamped = {
+        o["name"]: o["unclamped"]
+        for outs in results
+        for o in outs
+        if o.get("unclamped") and not o["name"].startswith("frost_length_check")
+    }
     assert not unclamped, f"lengths read from the device without the clamp (docs/lengths.md): {unclamped}"
     return results
 
@@ -88,22 +110,39 @@ BIAS_THD_SPILL_BYTES = 160
 
 # instruction counts the compile tests assert on (substring -> key)
 PTX_COUNTS = {
-    "mma_sync": "mma.sync.aligned.m16n8k16", "wgmma": "wgmma", "wgmma_mma_async": "wgmma.mma_async",
-    "tma": "cp.async.bulk.tensor", "setmaxnreg": "setmaxnreg", "ldmatrix": "ldmatrix", "ldmatrix_trans": ".trans",
-    "ldmatrix_x4_trans": "ldmatrix.sync.aligned.m8n8.x4.trans", "cp_async": "cp.async.cg.shared.global",
-    "ex2": "ex2.approx", "red_v2": "red.global.add.v2.f32", "red": "red.global.add.f32", "sem": "ld.acquire.gpu",
-    "tma_reduce": "cp.reduce.async.bulk.tensor", "bulk_reduce": "cp.reduce.async.bulk.global.shared::cta",
-    "sts_v4": "st.shared.v4", "ldg_v4": "ld.global.v4", "stg_v4": "st.global.v4",
-    "pdl_wait": "griddepcontrol.wait", "ballot": "vote.sync.ballot",
+    "mma_sync": "mma.sync.aligned.m16n8k16",
+    "wgmma": "wgmma",
+    "wgmma_mma_async": "wgmma.mma_async",
+    "tma": "cp.async.bulk.tensor",
+    "setmaxnreg": "setmaxnreg",
+    "ldmatrix": "ldmatrix",
+    "ldmatrix_trans": ".trans",
+    "ldmatrix_x4_trans": "ldmatrix.sync.aligned.m8n8.x4.trans",
+    "cp_async": "cp.async.cg.shared.global",
+    "ex2": "ex2.approx",
+    "red_v2": "red.global.add.v2.f32",
+    "red": "red.global.add.f32",
+    "sem": "ld.acquire.gpu",
+    "tma_reduce": "cp.reduce.async.bulk.tensor",
+    "bulk_reduce": "cp.reduce.async.bulk.global.shared::cta",
+    "sts_v4": "st.shared.v4",
+    "ldg_v4": "ld.global.v4",
+    "stg_v4": "st.global.v4",
+    "pdl_wait": "griddepcontrol.wait",
+    "ballot": "vote.sync.ballot",
 }
 
 
 def ptx_facts(ck) -> dict:
     """What a compile test checks of one CompiledKernel: its names, target and instruction counts."""
     ptx = ck.ptx or ""
-    out = {"name": ck.name, "entries": re.findall(r"\.entry\s+(\w+)", ptx),
-           "target": re.findall(r"\.target\s+(\w+)", ptx), "seconds": ck.compile_seconds,
-           "local": ptx.count("ld.local") + ptx.count("st.local")}
+    out = {
+        "name": ck.name,
+        "entries": re.findall(r"\.entry\s+(\w+)", ptx),
+        "target": re.findall(r"\.target\s+(\w+)", ptx),
+        "seconds": ck.compile_seconds,
+        "local": ptx.count("ld.local") + ptx.count("st.local"),
+    }
     out.update({k: ptx.count(pattern) for k, pattern in PTX_COUNTS.items()})
     if ck.mlir:  # the length clamps (docs/lengths.md): integer loads from global memory, and those not clamped
         out.update(length_loads=count_length_loads(ck.mlir), unclamped=unclamped_loads(ck.mlir))
@@ -135,13 +174,19 @@ def ptxas_facts(ptx: str, arch: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
         path.write_text(ptx)
-        r = subprocess.run([ptxas, f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [ptxas, f"-arch={arch}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+            capture_output=True,
+            text=True,
+        )
     assert r.returncode == 0, r.stderr[-4000:]
     text = r.stdout + r.stderr
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", text))
-    return {"ptxas": text, "registers": max(int(n) for n in re.findall(r"Used (\d+) registers", text)),
-            "spill_bytes": spills}
+    return {
+        "ptxas": text,
+        "registers": max(int(n) for n in re.findall(r"Used (\d+) registers", text)),
+        "spill_bytes": spills,
+    }
 
 
 def check_head_dim_cover(cover: dict, head_dim_cover: dict, tuned) -> list:

@@ -1,4 +1,5 @@
 """Fixtures shared by the test suites."""
+
 from __future__ import annotations
 
 import atexit

@@ -5,6 +5,7 @@ draws torch tensors laid out as the case says; `run_fwd` / `run_bwd` declare a
 graph with `Graph.tensor_like`, plan it (on the CPU target by default) and
 execute it; `oracle_fwd` / `oracle_bwd` answer from test/oracle.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,9 +98,12 @@ def make_inputs(case: Case) -> dict:
     gen = torch.Generator().manual_seed(case.seed)
     t = {}
     if case.thd:
-        for role, n, h, d in (("q", case.total_q, case.hq, case.d), ("k", case.total_kv, case.hkv, case.d),
-                              ("v", case.total_kv, case.hkv, case.head_dim_v),
-                              ("do", case.total_q, case.hq, case.head_dim_v)):
+        for role, n, h, d in (
+            ("q", case.total_q, case.hq, case.d),
+            ("k", case.total_kv, case.hkv, case.d),
+            ("v", case.total_kv, case.hkv, case.head_dim_v),
+            ("do", case.total_q, case.hq, case.head_dim_v),
+        ):
             t[role] = torch.randn(n, h, d, generator=gen).to(case.dtype)
         t["cu_seq_len_q"] = torch.tensor(prefix(case.lens_q), dtype=torch.int32)
         t["cu_seq_len_kv"] = torch.tensor(prefix(case.lens_kv), dtype=torch.int32)
@@ -161,8 +165,9 @@ def sdpa_keywords(case: Case, g: frost.Graph, t: dict) -> tuple[dict, dict]:
 
 def fwd_graph(case: Case, t: dict, target=CPU):
     """A validated forward graph for the case: (graph, pack of inputs, o handle, stats handle)."""
-    g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32, target=target)
+    g = frost.Graph(
+        io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32, target=target
+    )
     q, k, v = (g.tensor_like(t[r], name=r) for r in ("q", "k", "v"))
     kw, pack = sdpa_keywords(case, g, t)
     o, stats = g.sdpa(q, k, v, generate_stats=case.stats, **kw)
@@ -196,9 +201,14 @@ def run_fwd(case: Case, t: Optional[dict] = None, target=CPU, engine=None):
 def oracle_kwargs(case: Case, t: dict) -> dict:
     kw = dict(scale=case.attn_scale, sink=t.get("sink"), bias=t.get("bias"), alibi=case.alibi)
     mask = dict(case.mask)
-    names = {"use_causal_mask": "causal", "use_causal_mask_bottom_right": "causal_bottom_right",
-             "diagonal_alignment": "alignment", "diagonal_band_left_bound": "left_bound",
-             "diagonal_band_right_bound": "right_bound", "sliding_window_length": "sliding_window_length"}
+    names = {
+        "use_causal_mask": "causal",
+        "use_causal_mask_bottom_right": "causal_bottom_right",
+        "diagonal_alignment": "alignment",
+        "diagonal_band_left_bound": "left_bound",
+        "diagonal_band_right_bound": "right_bound",
+        "sliding_window_length": "sliding_window_length",
+    }
     for key, value in mask.items():
         kw[names[key]] = value
     if case.thd:
@@ -218,8 +228,15 @@ def oracle_bwd(case: Case, t: dict, dbias: bool = False):
     return oracle.attention_grads(t["q"], t["k"], t["v"], t["do"], with_dbias=dbias, **oracle_kwargs(case, t))
 
 
-def run_bwd(case: Case, t: Optional[dict] = None, target=CPU, deterministic: bool = False, dsink: bool = True,
-            dbias: bool = False, engine=None):
+def run_bwd(
+    case: Case,
+    t: Optional[dict] = None,
+    target=CPU,
+    deterministic: bool = False,
+    dsink: bool = True,
+    dbias: bool = False,
+    engine=None,
+):
     """Plan and execute the backward; returns (dq, dk, dv, dsink or None), and dbias with `dbias` (a case with
     a bias; dBias declared like it).
 
@@ -229,8 +246,9 @@ def run_bwd(case: Case, t: Optional[dict] = None, target=CPU, deterministic: boo
     o_ref, lse_ref = oracle_fwd(case, t)
     o_in = o_ref.to(case.dtype)
     lse_in = lse_ref.float().unsqueeze(-1)
-    g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32, target=target)
+    g = frost.Graph(
+        io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32, target=target
+    )
     q, k, v = (g.tensor_like(t[r], name=r) for r in ("q", "k", "v"))
     o = g.tensor_like(o_in, name="o")
     do = g.tensor_like(t["do"], name="dO")
@@ -253,8 +271,9 @@ def run_bwd(case: Case, t: Optional[dict] = None, target=CPU, deterministic: boo
         h.set_output(True)
     g.build_operation_graph().build_plans(engine=engine)
     outs = [empty_like_decl(h) for h in (dq, dk, dv)]
-    pack.update({q: t["q"], k: t["k"], v: t["v"], o: o_in, do: t["do"], stats: lse_in,
-                 dq: outs[0], dk: outs[1], dv: outs[2]})
+    pack.update(
+        {q: t["q"], k: t["k"], v: t["v"], o: o_in, do: t["do"], stats: lse_in, dq: outs[0], dk: outs[1], dv: outs[2]}
+    )
     if dsink_h is not None:
         pack[dsink_h] = dsink_t
     g.execute(pack, None)
@@ -290,8 +309,9 @@ def assert_close(got, want, *, rtol=1e-5, atol=1e-5, what=""):
     """Compare in float64; infinities must match exactly, and no NaN (poison) may remain."""
     got64 = got.double()
     assert not torch.isnan(got64).any(), f"{what}: unwritten (NaN) elements remain"
-    torch.testing.assert_close(got64, want.double().reshape(got64.shape), rtol=rtol, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(
+        got64, want.double().reshape(got64.shape), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}"
+    )
 
 
 def rel_err(got, want) -> float:

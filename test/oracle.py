@@ -22,6 +22,7 @@ scale * q.k + bias + ALiBi, masks after. `bias` is (B or 1, H or 1, S_q, S_kv),
 indexed with sequence-local positions (packed sequences too) and broadcast over
 its unit dims; ALiBi adds slope(h) * (j - i) with cuDNN's slopes (`alibi_slopes`).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -31,9 +32,17 @@ import torch
 NEG_INF = float("-inf")
 
 
-def band(len_q: int, len_kv: int, *, causal: bool = False, causal_bottom_right: bool = False,
-         alignment: str = "TOP_LEFT", left_bound: Optional[int] = None, right_bound: Optional[int] = None,
-         sliding_window_length: Optional[int] = None) -> torch.Tensor:
+def band(
+    len_q: int,
+    len_kv: int,
+    *,
+    causal: bool = False,
+    causal_bottom_right: bool = False,
+    alignment: str = "TOP_LEFT",
+    left_bound: Optional[int] = None,
+    right_bound: Optional[int] = None,
+    sliding_window_length: Optional[int] = None,
+) -> torch.Tensor:
     """Allowed (len_q, len_kv) key set of one sequence, from the cuDNN-style keywords.
 
     left bound L (or sliding window L): keep keys j > i + off - L;
@@ -111,18 +120,40 @@ def _bias_of(bias, i: int, n: int, m: int):
     return bias[i if bias.shape[0] > 1 else 0, :, :n, :m]
 
 
-def attention(q, k, v, *, scale: float, sink=None, bias=None, alibi: bool = False,
-              seq_len_q: Optional[Sequence[int]] = None, seq_len_kv: Optional[Sequence[int]] = None,
-              cu_seq_len_q: Optional[Sequence[int]] = None, cu_seq_len_kv: Optional[Sequence[int]] = None,
-              row_stats: bool = False, **mask):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    scale: float,
+    sink=None,
+    bias=None,
+    alibi: bool = False,
+    seq_len_q: Optional[Sequence[int]] = None,
+    seq_len_kv: Optional[Sequence[int]] = None,
+    cu_seq_len_q: Optional[Sequence[int]] = None,
+    cu_seq_len_kv: Optional[Sequence[int]] = None,
+    row_stats: bool = False,
+    **mask,
+):
     """float64 attention -> (o, lse), or (o, lse, max, sum_exp) with `row_stats`. `mask` takes `band`'s
     keywords; lengths are host sequences."""
     q, k, v = q.double(), k.double(), v.double()
     sink = sink.double().reshape(-1) if sink is not None else None
     bias = bias.double() if bias is not None else None
     if cu_seq_len_q is not None:
-        out = _packed(q, k, v, scale=scale, sink=sink, bias=bias, alibi=alibi, cu_q=list(cu_seq_len_q),
-                      cu_kv=list(cu_seq_len_kv), **mask)
+        out = _packed(
+            q,
+            k,
+            v,
+            scale=scale,
+            sink=sink,
+            bias=bias,
+            alibi=alibi,
+            cu_q=list(cu_seq_len_q),
+            cu_kv=list(cu_seq_len_kv),
+            **mask,
+        )
         return out if row_stats else out[:2]
     b, hq, sq, _ = q.shape
     skv, dv = k.shape[2], v.shape[3]
@@ -130,8 +161,16 @@ def attention(q, k, v, *, scale: float, sink=None, bias=None, alibi: bool = Fals
     for i in range(b):
         n = int(seq_len_q[i]) if seq_len_q is not None else sq
         m = int(seq_len_kv[i]) if seq_len_kv is not None else skv
-        o_b, *rows = _one_sequence(q[i, :, :n], k[i, :, :m], v[i, :, :m], scale=scale, sink=sink,
-                                   allowed=band(n, m, **mask), bias=_bias_of(bias, i, n, m), alibi=alibi)
+        o_b, *rows = _one_sequence(
+            q[i, :, :n],
+            k[i, :, :m],
+            v[i, :, :m],
+            scale=scale,
+            sink=sink,
+            allowed=band(n, m, **mask),
+            bias=_bias_of(bias, i, n, m),
+            alibi=alibi,
+        )
         parts[0].append(torch.cat([o_b, q.new_zeros(hq, sq - n, dv)], dim=1))
         for out, r, pad in zip(parts[1:], rows, _PAD_ROW):
             out.append(torch.cat([r, q.new_full((hq, sq - n), pad)], dim=1))
@@ -145,9 +184,16 @@ def _packed(q, k, v, *, scale, sink, bias, alibi, cu_q, cu_kv, **mask):
     parts = [[], [], [], []]
     for i in range(len(cu_q) - 1):
         q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_kv[i], cu_kv[i + 1]
-        res = _one_sequence(q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1),
-                            scale=scale, sink=sink, allowed=band(q1 - q0, k1 - k0, **mask),
-                            bias=_bias_of(bias, i, q1 - q0, k1 - k0), alibi=alibi)
+        res = _one_sequence(
+            q[q0:q1].transpose(0, 1),
+            k[k0:k1].transpose(0, 1),
+            v[k0:k1].transpose(0, 1),
+            scale=scale,
+            sink=sink,
+            allowed=band(q1 - q0, k1 - k0, **mask),
+            bias=_bias_of(bias, i, q1 - q0, k1 - k0),
+            alibi=alibi,
+        )
         for out, r in zip(parts, res):
             out.append(r.transpose(0, 1))
     tail = tq - cu_q[-1]
@@ -173,7 +219,7 @@ def attention_grads(q, k, v, do, *, scale: float, sink=None, bias=None, with_dbi
 
 
 #: unit roundoff (half an ulp at 1.0) of each io data type
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 
 #: per-element bound in unit roundoffs of the io type, times max(1, max |reference|): (forward, gradient)
 MAX_ABS_ULPS = {"fwd": 8.0, "grad": 16.0}
@@ -190,14 +236,22 @@ def max_abs_bound(dtype: torch.dtype, ref64: torch.Tensor, kind: str = "fwd") ->
     zeroed, or taken from the wrong sequence or head is off by the size of the values themselves (about 0.3-1 for
     O), far above either bound, so a few wrong rows fail even where the norm-relative error stays small.
     """
-    u = UNIT_ROUNDOFF.get(dtype, 2.0 ** -8)
+    u = UNIT_ROUNDOFF.get(dtype, 2.0**-8)
     finite = ref64[torch.isfinite(ref64)]
     scale = max(1.0, finite.abs().max().item()) if finite.numel() else 1.0
     return MAX_ABS_ULPS[kind] * u * scale
 
 
-def assert_close_to_oracle(out: torch.Tensor, ref64: torch.Tensor, *, rel: float, max_abs: Optional[float] = None,
-                           name: str = "", kind: str = "fwd", io_dtype: Optional[torch.dtype] = None) -> None:
+def assert_close_to_oracle(
+    out: torch.Tensor,
+    ref64: torch.Tensor,
+    *,
+    rel: float,
+    max_abs: Optional[float] = None,
+    name: str = "",
+    kind: str = "fwd",
+    io_dtype: Optional[torch.dtype] = None,
+) -> None:
     """Compare an engine's output with the float64 oracle: norm-relative error below `rel` AND every element
     within `max_abs` (default: `max_abs_bound` of `io_dtype`, else out's dtype, and `kind`, "fwd" or "grad";
     pass the graph's io type for a float32 output such as dSink).
@@ -228,8 +282,10 @@ def assert_close_to_oracle(out: torch.Tensor, ref64: torch.Tensor, *, rel: float
         bad = full.abs() >= max_abs
         rows = bad.reshape(-1, got.shape[-1]).any(-1).nonzero().flatten() if got.dim() else bad.nonzero()
         where = tuple(int(i) for i in torch.nonzero(full.abs() == worst)[0]) if got.dim() else ()
-        raise AssertionError(f"{name}: max abs error {worst:.3g} >= {max_abs:.3g} at {where}; {int(bad.sum())} "
-                             f"elements in {rows.numel()} rows over the bound (norm-relative {norm_rel:.3g})")
+        raise AssertionError(
+            f"{name}: max abs error {worst:.3g} >= {max_abs:.3g} at {where}; {int(bad.sum())} "
+            f"elements in {rows.numel()} rows over the bound (norm-relative {norm_rel:.3g})"
+        )
 
 
 def rel_err_norm(out: torch.Tensor, ref64: torch.Tensor) -> float:

@@ -16,16 +16,30 @@ def fwd_thd(target, d=128, total=4096, batch=3):
     v = g.tensor(name="v", dim=(total, 2, d), stride=(2 * d, d, 1))
     cq = g.tensor(name="cu_seq_len_q", dim=(batch + 1,), stride=(1,), data_type=torch.int32)
     ck = g.tensor(name="cu_seq_len_kv", dim=(batch + 1,), stride=(1,), data_type=torch.int32)
-    o, st = g.sdpa(q, k, v, attn_scale=0.088, generate_stats=True, use_causal_mask=True, cu_seq_len_q=cq,
-                   cu_seq_len_kv=ck, max_seq_len_q=2048, max_seq_len_kv=2048)
+    o, st = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.088,
+        generate_stats=True,
+        use_causal_mask=True,
+        cu_seq_len_q=cq,
+        cu_seq_len_kv=ck,
+        max_seq_len_q=2048,
+        max_seq_len_kv=2048,
+    )
     o.set_output(True)
     st.set_output(True)
     return g
 
 
 def bwd_dense(target, b=2, h=4, s=256, d=128):
-    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32, target=target)
+    g = frost.Graph(
+        io_data_type=torch.bfloat16,
+        intermediate_data_type=torch.float32,
+        compute_data_type=torch.float32,
+        target=target,
+    )
     bshd = (s * h * d, d, h * d, 1)
     q, k, v, o, do = (g.tensor(name=n, dim=(b, h, s, d), stride=bshd) for n in ("q", "k", "v", "o", "dO"))
     st = g.tensor(name="stats", dim=(b, h, s, 1), stride=(h * s, s, 1, 1), data_type=torch.float32)

@@ -1,4 +1,5 @@
 """Trace-time access to the mma.sync backward's main kernel, for CPU tests of its memory access patterns."""
+
 from __future__ import annotations
 
 from frost.testing.cases import params_kwargs

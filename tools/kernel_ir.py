@@ -21,6 +21,7 @@ defined by the same op on the same operands, only independent ops moved, and the
 that define nothing, such as stores, barriers and region ends, keep their order); or
 different (the change needs a GPU run to be trusted).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,23 +58,40 @@ def covering_specs() -> list:
     # SM90 forward's block_mask, then the SM90 backward's rows warp on named barriers, then the SM90 forward's
     # block skipping and the SM90 backward's score modifiers, then the mma.sync and wgmma forwards' paged K/V caches,
     # then the wgmma forward's split-KV.
-    entries = [(*fwd80, cases.SM80_FWD_COVER), (*bwd80, cases.SM80_BWD_COVER), (*fwd90, cases.SM90_FWD_COVER),
-               (*bwd90, cases.SM90_BWD_COVER),
-               (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER), (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
-               (*bwd90, cases.SM90_BWD_WIDE_COVER),
-               (*fwd80, cases.RAGGED_MMA_FWD_COVER), (*bwd80, cases.RAGGED_MMA_BWD_COVER),
-               (*fwd90, cases.RAGGED_SM90_FWD_COVER), (*bwd90, cases.RAGGED_SM90_BWD_COVER),
-               (*fwd80, cases.SM80_FWD_SCORE_MOD_COVER), (*bwd80, cases.SM80_BWD_SCORE_MOD_COVER),
-               (*fwd90, cases.SM90_FWD_HEAD_DIM_COVER), (*bwd90, cases.SM90_BWD_HEAD_DIM_COVER),
-               (*fwd90, cases.SM90_FWD_SCORE_MOD_COVER), (*fwd80, cases.SM80_FWD_BLOCK_MASK_COVER),
-               (*fwd80, cases.RAGGED_OWN_MMA_FWD_COVER), (*bwd80, cases.RAGGED_OWN_MMA_BWD_COVER),
-               (*fwd90, cases.RAGGED_OWN_SM90_FWD_COVER), (*bwd90, cases.RAGGED_OWN_SM90_BWD_COVER),
-               (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER), (*bwd90, cases.SM90_BWD_PACKED_FRAGMENT_COVER),
-               (*fwd90, cases.SM90_FWD_WIDE_V_COVER), (*bwd80, cases.SM80_BWD_UNNESTED_COVER),
-               (*fwd90, cases.SM90_FWD_BLOCK_MASK_COVER), (*bwd90, cases.SM90_BWD_ROWS_BARRIER_COVER),
-               (*fwd90, cases.SM90_FWD_BLOCK_SKIP_COVER), (*bwd90, cases.SM90_BWD_SCORE_MOD_COVER),
-               (*fwd80, cases.SM80_FWD_PAGED_COVER), (*fwd90, cases.SM90_FWD_PAGED_COVER),
-               (*fwd90, cases.SM90_FWD_SPLIT_COVER)]
+    entries = [
+        (*fwd80, cases.SM80_FWD_COVER),
+        (*bwd80, cases.SM80_BWD_COVER),
+        (*fwd90, cases.SM90_FWD_COVER),
+        (*bwd90, cases.SM90_BWD_COVER),
+        (*fwd80, cases.SM80_FWD_HEAD_DIM_COVER),
+        (*bwd80, cases.SM80_BWD_HEAD_DIM_COVER),
+        (*bwd90, cases.SM90_BWD_WIDE_COVER),
+        (*fwd80, cases.RAGGED_MMA_FWD_COVER),
+        (*bwd80, cases.RAGGED_MMA_BWD_COVER),
+        (*fwd90, cases.RAGGED_SM90_FWD_COVER),
+        (*bwd90, cases.RAGGED_SM90_BWD_COVER),
+        (*fwd80, cases.SM80_FWD_SCORE_MOD_COVER),
+        (*bwd80, cases.SM80_BWD_SCORE_MOD_COVER),
+        (*fwd90, cases.SM90_FWD_HEAD_DIM_COVER),
+        (*bwd90, cases.SM90_BWD_HEAD_DIM_COVER),
+        (*fwd90, cases.SM90_FWD_SCORE_MOD_COVER),
+        (*fwd80, cases.SM80_FWD_BLOCK_MASK_COVER),
+        (*fwd80, cases.RAGGED_OWN_MMA_FWD_COVER),
+        (*bwd80, cases.RAGGED_OWN_MMA_BWD_COVER),
+        (*fwd90, cases.RAGGED_OWN_SM90_FWD_COVER),
+        (*bwd90, cases.RAGGED_OWN_SM90_BWD_COVER),
+        (*bwd80, cases.DET_DBIAS_MMA_BWD_COVER),
+        (*bwd90, cases.SM90_BWD_PACKED_FRAGMENT_COVER),
+        (*fwd90, cases.SM90_FWD_WIDE_V_COVER),
+        (*bwd80, cases.SM80_BWD_UNNESTED_COVER),
+        (*fwd90, cases.SM90_FWD_BLOCK_MASK_COVER),
+        (*bwd90, cases.SM90_BWD_ROWS_BARRIER_COVER),
+        (*fwd90, cases.SM90_FWD_BLOCK_SKIP_COVER),
+        (*bwd90, cases.SM90_BWD_SCORE_MOD_COVER),
+        (*fwd80, cases.SM80_FWD_PAGED_COVER),
+        (*fwd90, cases.SM90_FWD_PAGED_COVER),
+        (*fwd90, cases.SM90_FWD_SPLIT_COVER),
+    ]
     specs = []
     for template, params_cls, cover in entries:
         for arch, kw in _cover_items(cover):
@@ -128,8 +146,12 @@ def dump_part(out: Path, part: int, parts: int, lengths: str = "all", template: 
 
 
 def dump(out: Path, jobs: int, lengths: str = "all", template: str = "") -> None:
-    procs = [subprocess.Popen([sys.executable, __file__, "_part", str(out), str(j), str(jobs), lengths, template],
-                              cwd=str(ROOT)) for j in range(jobs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "_part", str(out), str(j), str(jobs), lengths, template], cwd=str(ROOT)
+        )
+        for j in range(jobs)
+    ]
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("a dump worker failed")
     print(f"{len(list(out.glob('*.mlir')))} kernels in {out}")
@@ -204,8 +226,12 @@ def main(argv=None) -> int:
     d = sub.add_parser("dump", help="compile the covering kernels and write their MLIR")
     d.add_argument("out", type=Path)
     d.add_argument("--jobs", type=int, default=max(1, min(8, os.cpu_count() or 1)))
-    d.add_argument("--lengths", choices=("all", "only", "without"), default="all",
-                   help="only the kernels that read lengths from the device, or only the others")
+    d.add_argument(
+        "--lengths",
+        choices=("all", "only", "without"),
+        default="all",
+        help="only the kernels that read lengths from the device, or only the others",
+    )
     d.add_argument("--template", default="", help="only one template's kernels (a dotted module path)")
     c = sub.add_parser("diff", help="compare two dumps")
     c.add_argument("a", type=Path)

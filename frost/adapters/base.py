@@ -8,6 +8,7 @@ is a closed form; `execute(bound, workspace, stream)` takes tensors the binder h
 views its kernels want and launches.
 Subclasses may only add optional keywords.
 """
+
 from __future__ import annotations
 
 from typing import Optional

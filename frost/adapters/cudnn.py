@@ -32,6 +32,7 @@ are not repeated per call.
 nvidia-cudnn-frontend is an optional extra (`pip install 'frost[cudnn]'`) imported here lazily, so
 `import frost` and planning never need it; without it the engine declines naming the package.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -50,8 +51,9 @@ from frost.runtime.workspace import CarvedViews, align_up, layout_bytes, layout_
 RAGGED_TEMPLATE = "frost.engines.common.ragged_offsets"
 
 CUDNN_MISSING = "nvidia-cudnn-frontend is not installed (pip install 'frost[cudnn]')"
-FAKE_TARGET = ("plans only for the device it runs on (cuDNN picks its kernels from the live device); "
-               "this target is a fake record")
+FAKE_TARGET = (
+    "plans only for the device it runs on (cuDNN picks its kernels from the live device); this target is a fake record"
+)
 
 
 #: the oldest nvidia-cudnn-frontend whose Python API this engine speaks (the pure-Python `pygraph`, `cudnn.Handle`,
@@ -80,8 +82,10 @@ def cudnn_missing_reason() -> Optional[str]:
         return f"nvidia-cudnn-frontend is installed but does not import: {type(e).__name__}: {e}"
     version = getattr(cudnn, "__version__", "")
     if frontend_version(version) < MIN_FRONTEND:
-        return (f"nvidia-cudnn-frontend {version or '(no version)'} is installed; the cuDNN engine needs "
-                f"{'.'.join(map(str, MIN_FRONTEND))} or later (pip install 'frost[cudnn]')")
+        return (
+            f"nvidia-cudnn-frontend {version or '(no version)'} is installed; the cuDNN engine needs "
+            f"{'.'.join(map(str, MIN_FRONTEND))} or later (pip install 'frost[cudnn]')"
+        )
     return None
 
 
@@ -107,8 +111,7 @@ def binding_takes(op: str, keyword: str) -> bool:
     return keyword in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
 
-_DTYPES = {"bf16": "BFLOAT16", "fp16": "HALF", "fp32": "FLOAT", "int32": "INT32", "int64": "INT64",
-           "uint8": "UINT8"}
+_DTYPES = {"bf16": "BFLOAT16", "fp16": "HALF", "fp32": "FLOAT", "int32": "INT32", "int64": "INT64", "uint8": "UINT8"}
 #: first engine id of nvidia-cudnn-frontend's Python engines (`cudnn.engines.engine_ids.PYTHON_ENGINE_ID_BASE`)
 PYTHON_ENGINE_ID_BASE = 20_000
 #: exception types a binding mismatch raises (a frost bug, never a decline): they propagate out of planning
@@ -160,10 +163,16 @@ def handle_for(device: int, stream: int):
 def build_cudnn_graph(cudnn, call: CudnnSdpaCall, handle):
     """Replay a lowering record against `cudnn.pygraph`: returns (graph, {role: cudnn tensor})."""
     dt = lambda short: getattr(cudnn.data_type, _DTYPES[short])  # noqa: E731
-    g = cudnn.pygraph(io_data_type=dt(call.io_dtype), intermediate_data_type=cudnn.data_type.FLOAT,
-                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-    ts = {t.role: g.tensor(name=t.role, dim=list(t.dim), stride=list(t.stride), data_type=dt(t.dtype))
-          for t in call.inputs}
+    g = cudnn.pygraph(
+        io_data_type=dt(call.io_dtype),
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+    )
+    ts = {
+        t.role: g.tensor(name=t.role, dim=list(t.dim), stride=list(t.stride), data_type=dt(t.dtype))
+        for t in call.inputs
+    }
     for role, offset in call.ragged:  # the inputs' ragged offsets before the op reads them, the outputs' after
         if role in ts:
             ts[role].set_ragged_offset(ts[offset])
@@ -207,8 +216,10 @@ def library_plans_only(g) -> None:
     names = sorted({g.get_plan_name_at_index(i).split("[", 1)[0] for i in own})
     if len(own) == len(plans):
         why = getattr(g, "_backend_declined", None)  # the library's own refusal, when the frontend kept it
-        raise LibraryHasNoPlan(f"the cuDNN library has no engine for this graph (the frontend offers only its own "
-                               f"Python engines: {', '.join(names)})" + (f"; the library said: {why}" if why else ""))
+        raise LibraryHasNoPlan(
+            f"the cuDNN library has no engine for this graph (the frontend offers only its own "
+            f"Python engines: {', '.join(names)})" + (f"; the library said: {why}" if why else "")
+        )
     g.deselect_engines(names)
 
 
@@ -261,8 +272,9 @@ def derived_rows(call: CudnnSdpaCall) -> list:
     """(role, scratch buffer, row, length) of each operand the ragged-offsets kernel writes (packed graphs): the
     lengths' rows (B entries), then the offset arrays' (B+1), as `scratch_buffers` lays them out."""
     b, roles = call.batch, call.derived_roles()
-    return ([(r, "ragged_lengths", i, b) for i, r in enumerate(roles[:2])]
-            + [(r, "ragged_offsets", i, b + 1) for i, r in enumerate(roles[2:])])
+    return [(r, "ragged_lengths", i, b) for i, r in enumerate(roles[:2])] + [
+        (r, "ragged_offsets", i, b + 1) for i, r in enumerate(roles[2:])
+    ]
 
 
 class _CudnnAdapter:
@@ -282,8 +294,9 @@ class _CudnnAdapter:
             raise self.decline(e.reason) from None
         for key, _ in self.call.tensor_kwargs:
             if key in NEWER_KEYWORDS and not binding_takes(self.call.op, key):
-                raise self.decline(f"this nvidia-cudnn-frontend's {self.call.op} takes no {key} "
-                                   f"({NEWER_KEYWORDS[key]})")
+                raise self.decline(
+                    f"this nvidia-cudnn-frontend's {self.call.op} takes no {key} ({NEWER_KEYWORDS[key]})"
+                )
         if quick or self.target.is_fake or self.target.is_cpu:
             return  # a record cannot be asked: cuDNN is asked on the device itself (compile declines on a record)
         self._build()
@@ -311,10 +324,15 @@ class _CudnnAdapter:
             except Exception as e:  # cuDNN's refusal (cudnnGraphNotSupportedError and kin) names the reason
                 raise self.decline(f"cuDNN declines this graph: {type(e).__name__}: {e}") from None
             roles = self.call.roles()
-            built = _BUILT[key] = Built(g, tuple((role, ts[role]) for role in roles), ws, ordered_uids(g, ts, roles),
-                                        raw_launch(g, ts, roles))
-        self._graph, self._pack_roles, self._cudnn_ws, self._uids = built.graph, built.pack_roles, built.workspace, \
-            built.uids
+            built = _BUILT[key] = Built(
+                g, tuple((role, ts[role]) for role in roles), ws, ordered_uids(g, ts, roles), raw_launch(g, ts, roles)
+            )
+        self._graph, self._pack_roles, self._cudnn_ws, self._uids = (
+            built.graph,
+            built.pack_roles,
+            built.workspace,
+            built.uids,
+        )
         self._roles = tuple(role for role, _ in self._pack_roles)
         self._handles = {}  # raw stream -> (cuDNN handle, its backend handle or None), kept by this plan
         self._derive_scratch()
@@ -335,8 +353,9 @@ class _CudnnAdapter:
         row_bytes = {b.name: b.nbytes // b.shape[0] for b in buffers}
         rows = derived_rows(call)
         self._derived_at = {role: at[name] + i * row_bytes[name] for role, name, i, _ in rows}
-        self._derived_views = CarvedViews(buffers, start, derive=lambda v: {
-            role: v[name][i, :n].view(n, 1, 1, 1) for role, name, i, n in rows})
+        self._derived_views = CarvedViews(
+            buffers, start, derive=lambda v: {role: v[name][i, :n].view(n, 1, 1, 1) for role, name, i, n in rows}
+        )
         self._scratch_bytes = layout_bytes(buffers)
 
     def kernel_specs(self) -> list:
@@ -380,8 +399,14 @@ class _CudnnAdapter:
         views = self._derived_views
         if views is not None:  # packed: cuDNN's lengths and offsets from cu_seq_len, on this stream
             v = views(workspace)
-            self._kernel(bound["cu_seq_len_q"], bound["cu_seq_len_kv"], v["ragged_lengths"], v["ragged_offsets"],
-                         *self.call.envelope, s)
+            self._kernel(
+                bound["cu_seq_len_q"],
+                bound["cu_seq_len_kv"],
+                v["ragged_lengths"],
+                v["ragged_offsets"],
+                *self.call.envelope,
+                s,
+            )
         raw = self._raw
         if h[1] is not None and raw is not None:
             ws = workspace.data_ptr() if workspace is not None else 0
@@ -404,8 +429,12 @@ class _CudnnAdapter:
         import warnings
 
         self._uids = None
-        warnings.warn(f"{self.engine_name}: cuDNN refused the ordered variant pack ({type(e).__name__}: {e}); "
-                      f"binding by mapping instead", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{self.engine_name}: cuDNN refused the ordered variant pack ({type(e).__name__}: {e}); "
+            f"binding by mapping instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 class SdpaFwdCudnn(_CudnnAdapter, SdpaFwdAdapter):

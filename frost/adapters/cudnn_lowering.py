@@ -32,6 +32,7 @@ Packed graphs (either form) with K and V heads apart, or with score_max / score_
 lowered to cuDNN's ragged form (the row outputs would need ragged offsets of their own, and K and V heads apart
 are unverified there); dense graphs serve both.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -146,9 +147,11 @@ def _total_dependent_stride(t) -> Optional[str]:
     total = t.dim[0]
     if any(d > 1 and st == total for d, st in zip(t.dim[1:], t.stride[1:])):
         what = "packed Stats declared head-major (H, T)" if t.name == "stats" else f"packed {t.label or t.name}"
-        return (f"does not serve {what}, strides {t.stride}: a stride equal to the token total follows the bound "
-                f"tensor's total, and cuDNN fixes strides when its graph is built; declare it token-major "
-                f"(T, H, {t.dim[2]}) with strides ({t.dim[1] * t.dim[2]}, {t.dim[2]}, 1)")
+        return (
+            f"does not serve {what}, strides {t.stride}: a stride equal to the token total follows the bound "
+            f"tensor's total, and cuDNN fixes strides when its graph is built; declare it token-major "
+            f"(T, H, {t.dim[2]}) with strides ({t.dim[1] * t.dim[2]}, {t.dim[2]}, 1)"
+        )
     return None
 
 
@@ -184,8 +187,10 @@ class _Packed:
         params = RaggedOffsetsParams(offset_dtype=offset_dtype_for(largest), strides_q=sq, strides_kv=skv)
         ones = (1, 1, 1, 1)
         tensors = [CudnnTensor(r, (f.batch, 1, 1, 1), ones, "int32") for r in ("seq_len_q", "seq_len_kv")]
-        tensors += [CudnnTensor(offset_role(i), (f.batch + 1, 1, 1, 1), ones, params.offset_dtype)
-                    for i in range(params.num_offsets)]
+        tensors += [
+            CudnnTensor(offset_role(i), (f.batch + 1, 1, 1, 1), ones, params.offset_dtype)
+            for i in range(params.num_offsets)
+        ]
         pairs = tuple((role, offset_role(i if group == "q" else len(sq) + i)) for role, group, i in self.pairs)
         return tensors, pairs, params
 
@@ -207,9 +212,11 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
         if flag:
             raise CudnnUnsupported(f"does not serve {what}")
     if facts.is_thd:
-        for on, what in ((facts.split_kv_heads, f"K and V heads apart (K {facts.num_heads_kv}, V {facts.heads_v})"),
-                         (facts.has_score_max or facts.has_score_sum_exp, "score_max / score_sum_exp"),
-                         (facts.has_block_mask, "block_mask")):
+        for on, what in (
+            (facts.split_kv_heads, f"K and V heads apart (K {facts.num_heads_kv}, V {facts.heads_v})"),
+            (facts.has_score_max or facts.has_score_sum_exp, "score_max / score_sum_exp"),
+            (facts.has_block_mask, "block_mask"),
+        ):
             if on:
                 raise CudnnUnsupported(f"does not serve {what} in packed graphs (cuDNN's ragged form)")
     fwd = facts.direction == "fwd"
@@ -236,13 +243,15 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
     scalars.update(band_kwargs(facts))
     derived = None
     if facts.is_thd:  # lengths and offsets: derived from cu_seq_len (packed), or as declared (ragged)
-        scalars.update(use_padding_mask=True, max_total_seq_len_q=int(facts.total_q),
-                       max_total_seq_len_kv=int(facts.total_kv))
+        scalars.update(
+            use_padding_mask=True, max_total_seq_len_q=int(facts.total_q), max_total_seq_len_kv=int(facts.total_kv)
+        )
         if packed is not None:
             extra, pairs, derived = packed.finish()
         else:
-            pairs = tuple((r, f"{r}_ragged_offset") for r in (*positional, *out_roles)
-                          if f"{r}_ragged_offset" in ragged)
+            pairs = tuple(
+                (r, f"{r}_ragged_offset") for r in (*positional, *out_roles) if f"{r}_ragged_offset" in ragged
+            )
             extra = [ragged[r] for r in ("seq_len_q", "seq_len_kv")] + [ragged[o] for _, o in pairs]
         inputs += extra
         tensor_kwargs += [("seq_len_q", "seq_len_q"), ("seq_len_kv", "seq_len_kv")]
@@ -291,9 +300,19 @@ def lower_cudnn_sdpa(facts) -> CudnnSdpaCall:
             inputs.append(_as4(facts.tensor("dSink_token"), 1))
             tensor_kwargs.append(("dSink_token", "dSink_token"))
             output_kwargs.append("dSink_token")
-    return CudnnSdpaCall(op="sdpa" if fwd else "sdpa_backward", io_dtype=facts.io_dtype, inputs=tuple(inputs),
-                         positional=positional, tensor_kwargs=tuple(tensor_kwargs),
-                         scalar_kwargs=tuple(scalars.items()), outputs=tuple(outputs),
-                         output_kwargs=tuple(output_kwargs), dropout=dropout, ragged=pairs, derived=derived,
-                         envelope=() if derived is None else (int(facts.total_q), int(facts.total_kv),
-                                                              int(facts.seq_q), int(facts.seq_kv)))
+    return CudnnSdpaCall(
+        op="sdpa" if fwd else "sdpa_backward",
+        io_dtype=facts.io_dtype,
+        inputs=tuple(inputs),
+        positional=positional,
+        tensor_kwargs=tuple(tensor_kwargs),
+        scalar_kwargs=tuple(scalars.items()),
+        outputs=tuple(outputs),
+        output_kwargs=tuple(output_kwargs),
+        dropout=dropout,
+        ragged=pairs,
+        derived=derived,
+        envelope=()
+        if derived is None
+        else (int(facts.total_q), int(facts.total_kv), int(facts.seq_q), int(facts.seq_kv)),
+    )

@@ -1,5 +1,6 @@
 """What every CuTe DSL adapter shares: feature flags and mask bounds from the facts, the DSL and knob
 checks at ranking, and one validated TemplateParams per plan (`DslKernels`)."""
+
 from __future__ import annotations
 
 import importlib
@@ -27,16 +28,25 @@ def sdpa_feature_flags(facts) -> dict:
     """The SdpaFeatureParams fields of every SDPA template, from the facts (sdpa_args.py)."""
     banded = facts.window_left is not None or facts.window_right is not None
     bias = facts.tensor("bias") if facts.has_bias else None
-    flags = dict(dtype=facts.io_dtype, head_dim=facts.head_dim_qk, head_dim_v=facts.head_dim_v,
-                 num_heads_q=facts.num_heads_q, num_heads_kv=facts.num_heads_kv,
-                 num_heads_v=facts.heads_v if facts.split_kv_heads else 0, is_thd=facts.is_thd,
-                 has_seqused=facts.has_padding, has_sinks=facts.has_sinks,
-                 has_window_left=facts.window_left is not None, has_window_right=facts.window_right is not None,
-                 bottom_right=facts.bottom_right and banded, has_bias=bias is not None,
-                 bias_per_batch=bias is not None and bias.dim[0] > 1,
-                 bias_per_head=bias is not None and bias.dim[1] > 1,
-                 bias_key_strided=bias is not None and bias.stride[3] != 1,  # as declared, also for S_kv = 1
-                 has_alibi=facts.has_alibi)
+    flags = dict(
+        dtype=facts.io_dtype,
+        head_dim=facts.head_dim_qk,
+        head_dim_v=facts.head_dim_v,
+        num_heads_q=facts.num_heads_q,
+        num_heads_kv=facts.num_heads_kv,
+        num_heads_v=facts.heads_v if facts.split_kv_heads else 0,
+        is_thd=facts.is_thd,
+        has_seqused=facts.has_padding,
+        has_sinks=facts.has_sinks,
+        has_window_left=facts.window_left is not None,
+        has_window_right=facts.window_right is not None,
+        bottom_right=facts.bottom_right and banded,
+        has_bias=bias is not None,
+        bias_per_batch=bias is not None and bias.dim[0] > 1,
+        bias_per_head=bias is not None and bias.dim[1] > 1,
+        bias_key_strided=bias is not None and bias.stride[3] != 1,  # as declared, also for S_kv = 1
+        has_alibi=facts.has_alibi,
+    )
     return {**flags, **ragged_flags(facts)}
 
 
@@ -58,8 +68,14 @@ def ragged_flags(facts) -> dict:
     if r is None:
         return {}
     strides, dtypes = dict(r.token_strides), dict(r.offset_dtypes)
-    flags = dict(has_seqused=True, token_div_q=max(strides["q"], 1), token_div_kv=max(strides["k"], 1),
-                 offset_dtype_q=dtypes["q"], offset_dtype_kv=dtypes["k"], own_offsets=own_offsets(r))
+    flags = dict(
+        has_seqused=True,
+        token_div_q=max(strides["q"], 1),
+        token_div_kv=max(strides["k"], 1),
+        offset_dtype_q=dtypes["q"],
+        offset_dtype_kv=dtypes["k"],
+        own_offsets=own_offsets(r),
+    )
     if facts.has_stats and "stats" in strides:
         flags.update(token_div_lse=max(strides["stats"], 1), offset_dtype_lse=dtypes["stats"])
     elif r.stats_per_batch and (facts.has_stats or facts.has_score_max or facts.has_score_sum_exp):
@@ -96,19 +112,32 @@ def ragged_decline_reason(facts):
     if r is None:
         return None
     strides = dict(r.token_strides)
-    rows = [n for n, on in (("stats", facts.has_stats), ("score_max", facts.has_score_max),
-                            ("score_sum_exp", facts.has_score_sum_exp)) if on]
+    rows = [
+        n
+        for n, on in (
+            ("stats", facts.has_stats),
+            ("score_max", facts.has_score_max),
+            ("score_sum_exp", facts.has_score_sum_exp),
+        )
+        if on
+    ]
     ragged_rows = [n for n in rows if n in strides]
     if ragged_rows and len(ragged_rows) < len(rows):
         per_batch = [n for n in rows if n not in strides]
-        return (f"the DSL kernels take the ragged form's row outputs all ragged or all per batch; "
-                f"{', '.join(ragged_rows)} ragged, {', '.join(per_batch)} per batch")
+        return (
+            f"the DSL kernels take the ragged form's row outputs all ragged or all per batch; "
+            f"{', '.join(ragged_rows)} ragged, {', '.join(per_batch)} per batch"
+        )
     return None
 
 
 def fwd_feature_flags(facts) -> dict:
-    flags = dict(sdpa_feature_flags(facts), has_lse=facts.has_stats, has_score_max=facts.has_score_max,
-                 has_score_sum_exp=facts.has_score_sum_exp)
+    flags = dict(
+        sdpa_feature_flags(facts),
+        has_lse=facts.has_stats,
+        has_score_max=facts.has_score_max,
+        has_score_sum_exp=facts.has_score_sum_exp,
+    )
     if facts.has_block_mask:  # only the forwards whose rows serve block_mask have the flag
         flags["has_block_mask"] = True
     if facts.paged is not None:  # only those whose rows serve paged caches: the containers' block sizes
@@ -163,8 +192,9 @@ class DslKernels:
         """The arch's params: its fixed fields, the feature flags of the facts and `plan_knobs()`."""
         cls = getattr(importlib.import_module(self.params_module), self.params_class)
         f = self.facts
-        return cls(**self.fixed_params(), **self.feature_flags(f),
-                   **self.plan_knobs(f, self.target, self.knobs.requested()))
+        return cls(
+            **self.fixed_params(), **self.feature_flags(f), **self.plan_knobs(f, self.target, self.knobs.requested())
+        )
 
     def validated_params(self):
         """template_params(), validated: the capability row accepted the graph, so a failure is a bug."""
@@ -172,28 +202,45 @@ class DslKernels:
         try:
             importlib.import_module(self.params_module).validate(params)
         except TemplateParamsError as e:
-            raise TemplateParamsError(f"{self.engine_name}: its capability row accepted a graph its template "
-                                      f"rejects (a bug): {e}") from e
+            raise TemplateParamsError(
+                f"{self.engine_name}: its capability row accepted a graph its template rejects (a bug): {e}"
+            ) from e
         return params
 
 
 # contract argument name (frost.engines.sdpa_args) -> (graph role, view the kernel wants or None)
 TENSOR_ARGS = {
-    "q": ("q", None), "k": ("k", None), "v": ("v", None), "o": ("o", None), "lse": ("stats", None),
-    "score_max": ("score_max", None), "score_sum_exp": ("score_sum_exp", None),
-    "do": ("dO", None), "dq": ("dQ", None), "dk": ("dK", None), "dv": ("dV", None),
-    "cu_seqlens_q": ("cu_seq_len_q", None), "cu_seqlens_kv": ("cu_seq_len_kv", None),
-    "seqused_q": ("seq_len_q", lengths_view), "seqused_kv": ("seq_len_kv", lengths_view),
-    "sinks": ("sink_token", sink_view), "dsinks": ("dSink_token", sink_view),
-    "bias": ("bias", None), "dbias": ("dBias", None), "block_mask": ("block_mask", None),
-    "k_table": ("paged_attention_k_table", None), "v_table": ("paged_attention_v_table", None),
+    "q": ("q", None),
+    "k": ("k", None),
+    "v": ("v", None),
+    "o": ("o", None),
+    "lse": ("stats", None),
+    "score_max": ("score_max", None),
+    "score_sum_exp": ("score_sum_exp", None),
+    "do": ("dO", None),
+    "dq": ("dQ", None),
+    "dk": ("dK", None),
+    "dv": ("dV", None),
+    "cu_seqlens_q": ("cu_seq_len_q", None),
+    "cu_seqlens_kv": ("cu_seq_len_kv", None),
+    "seqused_q": ("seq_len_q", lengths_view),
+    "seqused_kv": ("seq_len_kv", lengths_view),
+    "sinks": ("sink_token", sink_view),
+    "dsinks": ("dSink_token", sink_view),
+    "bias": ("bias", None),
+    "dbias": ("dBias", None),
+    "block_mask": ("block_mask", None),
+    "k_table": ("paged_attention_k_table", None),
+    "v_table": ("paged_attention_v_table", None),
 }
 #: cuDNN's ragged-offset form: the offsets tensors of the groups and of Stats take the cu_seqlens slots, 1-D
-RAGGED_TENSOR_ARGS = {**TENSOR_ARGS, "cu_seqlens_q": ("q_ragged_offset", lengths_view),
-                      "cu_seqlens_kv": ("k_ragged_offset", lengths_view),
-                      "lse_offsets": ("stats_ragged_offset", lengths_view),
-                      **{f"{role}_offsets": (f"{TENSOR_ARGS[role][0]}_ragged_offset", lengths_view)
-                         for role in OWN_OFFSET_ROLES}}
+RAGGED_TENSOR_ARGS = {
+    **TENSOR_ARGS,
+    "cu_seqlens_q": ("q_ragged_offset", lengths_view),
+    "cu_seqlens_kv": ("k_ragged_offset", lengths_view),
+    "lse_offsets": ("stats_ragged_offset", lengths_view),
+    **{f"{role}_offsets": (f"{TENSOR_ARGS[role][0]}_ragged_offset", lengths_view) for role in OWN_OFFSET_ROLES},
+}
 
 
 def tensor_args(facts) -> dict:
@@ -205,12 +252,16 @@ def static_values(facts) -> dict:
     """The contract's scalar arguments that are plan-time values (the ragged form's token envelopes are per call:
     `ragged_totals`)."""
     window_left, window_right = kernel_window(facts)
-    out = {"softmax_scale": facts.attn_scale, "window_left": window_left, "window_right": window_right,
-           "max_seqlen_q": facts.seq_q, "max_seqlen_kv": facts.seq_kv}
+    out = {
+        "softmax_scale": facts.attn_scale,
+        "window_left": window_left,
+        "window_right": window_right,
+        "max_seqlen_q": facts.seq_q,
+        "max_seqlen_kv": facts.seq_kv,
+    }
     if facts.ragged is None:
         out.update(total_q=facts.total_q, total_kv=facts.total_kv)
     return out
-
 
 
 def _tuple_getter(keys: tuple):
@@ -243,14 +294,18 @@ class LaunchArgs:
     def __init__(self, names, facts):
         static = static_values(facts)
         table = tensor_args(facts)
-        self.items = tuple((0, table[n][0]) if n in table and table[n][1] is None
-                           else (1, static[n]) if n in static else (2, n) for n in names)
+        self.items = tuple(
+            (0, table[n][0]) if n in table and table[n][1] is None else (1, static[n]) if n in static else (2, n)
+            for n in names
+        )
         kinds = [k for k, _ in self.items]
         self._fast = None
         if kinds == sorted(kinds) and kinds.count(0) >= 2:
-            self._fast = (operator.itemgetter(*(a for k, a in self.items if k == 0)),
-                          tuple(a for k, a in self.items if k == 1),
-                          _tuple_getter(tuple(a for k, a in self.items if k == 2)))
+            self._fast = (
+                operator.itemgetter(*(a for k, a in self.items if k == 0)),
+                tuple(a for k, a in self.items if k == 1),
+                _tuple_getter(tuple(a for k, a in self.items if k == 2)),
+            )
 
     def __call__(self, bound: dict, per_call: dict) -> list:
         if self._fast is not None:

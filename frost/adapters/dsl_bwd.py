@@ -7,13 +7,13 @@ stage at plan time, sizes the workspace from the envelopes' layout (a plan-time
 closed form), carves the scratch views from the caller's workspace and launches the
 chain. It imports no arch module.
 """
+
 from __future__ import annotations
 
 import math
 
 from frost.adapters.base import SdpaBwdAdapter
-from frost.adapters.dsl import (DslKernels, LaunchArgs, dbias_accumulates, ragged_totals, sdpa_feature_flags,
-                               viewed_args)
+from frost.adapters.dsl import DslKernels, LaunchArgs, dbias_accumulates, ragged_totals, sdpa_feature_flags, viewed_args
 from frost.engines.sdpa_bwd.chain import chain_of
 from frost.engines.sdpa_bwd.scratch import dbias_accum_shape, scratch_layout
 from frost.runtime.context import stream_handle
@@ -25,8 +25,13 @@ DETERMINISTIC_DBIAS_BYTES = 4 << 30
 
 
 def bwd_feature_flags(facts) -> dict:
-    return dict(sdpa_feature_flags(facts), has_dsinks=facts.has_dsink, deterministic=facts.deterministic,
-                has_dbias=facts.has_dbias, dbias_accum=dbias_accumulates(facts))
+    return dict(
+        sdpa_feature_flags(facts),
+        has_dsinks=facts.has_dsink,
+        deterministic=facts.deterministic,
+        has_dbias=facts.has_dbias,
+        dbias_accum=dbias_accumulates(facts),
+    )
 
 
 class DslBwdAdapter(DslKernels, SdpaBwdAdapter):
@@ -38,9 +43,11 @@ class DslBwdAdapter(DslKernels, SdpaBwdAdapter):
             need = 4 * math.prod(dbias_accum_shape(self.template_params(), f.batch, *f.tensor("bias").dim[2:]))
             if need > DETERMINISTIC_DBIAS_BYTES:
                 dbias = f.tensor("dBias")
-                raise self.decline(f"does not serve a deterministic dBias {dbias.label} of dim {dbias.dim} this large: "
-                                   f"it keeps an fp32 copy per (batch entry, query head), {need / 2**30:.1f} GiB of "
-                                   f"workspace, above {DETERMINISTIC_DBIAS_BYTES / 2**30:.0f} GiB")
+                raise self.decline(
+                    f"does not serve a deterministic dBias {dbias.label} of dim {dbias.dim} this large: "
+                    f"it keeps an fp32 copy per (batch entry, query head), {need / 2**30:.1f} GiB of "
+                    f"workspace, above {DETERMINISTIC_DBIAS_BYTES / 2**30:.0f} GiB"
+                )
         super().check_support()
 
     def kernel_specs(self) -> list:
@@ -91,4 +98,3 @@ class DslBwdAdapter(DslKernels, SdpaBwdAdapter):
             per_call[n] = view(bound[role])
         for kernel, args in self.chain:
             kernel(*args(bound, per_call))
-

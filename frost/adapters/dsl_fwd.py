@@ -1,4 +1,5 @@
 """The forward adapter shared by every CuTe DSL arch line; arch modules only supply TemplateParams."""
+
 from __future__ import annotations
 
 from frost.adapters.base import SdpaFwdAdapter

@@ -5,6 +5,7 @@ launch stream that writes the rules any batch entry breaks into the caller's int
 host, nothing is allocated, so it is capturable like execute. On the CPU (the reference engine's machines) the
 same flag is computed on the host from the same rules (`length_check_params.host_flag`).
 """
+
 from __future__ import annotations
 
 from frost.adapters.views import lengths_view
@@ -20,15 +21,17 @@ def check_params(facts) -> LengthCheckParams:
     """The check kernel's params for a graph's facts; GraphError for a graph without device lengths."""
     if facts.ragged is not None:
         dtypes = dict(facts.ragged.offset_dtypes)
-        offsets = tuple(("q" if role in Q_GROUP else "kv", stride, dtypes[role])
-                        for role, stride in facts.ragged.token_strides)
+        offsets = tuple(
+            ("q" if role in Q_GROUP else "kv", stride, dtypes[role]) for role, stride in facts.ragged.token_strides
+        )
         return LengthCheckParams(form="ragged", offsets=offsets)
     if facts.is_thd:
         return LengthCheckParams(form="packed")
     if facts.has_padding:
         return LengthCheckParams(form="padded")
-    raise GraphError("length_check(): this graph reads no lengths from the device (no padding mask, "
-                     "cu_seq_len or ragged offsets)")
+    raise GraphError(
+        "length_check(): this graph reads no lengths from the device (no padding mask, cu_seq_len or ragged offsets)"
+    )
 
 
 class LengthCheck:
@@ -74,10 +77,12 @@ class LengthCheck:
         lens = [lengths_view(t[r]) for r in self._len_roles]
         offs = [t[r].reshape(-1) for r in self._off_roles]
         if self._kernel is None:  # the host: the same rules, the same flag
-            value = host_flag(self.p, {"q": lens[0].tolist(), "kv": lens[1].tolist()},
-                              [o.tolist() for o in offs], envelope)
+            value = host_flag(
+                self.p, {"q": lens[0].tolist(), "kv": lens[1].tolist()}, [o.tolist() for o in offs], envelope
+            )
             flag.view(-1)[0] = value
             return
         handle = self.handle if handle is None else handle
-        self._kernel(flag.view(-1), *lens, *offs, *envelope,
-                     stream_handle(None if handle is None else launch_stream(handle)))
+        self._kernel(
+            flag.view(-1), *lens, *offs, *envelope, stream_handle(None if handle is None else launch_stream(handle))
+        )

@@ -6,6 +6,7 @@ it reads sequence lengths to the host and allocates, so it is never a silent
 fallback and never CUDA-graph capturable. A paged K/V cache is gathered through
 its block tables into dense K and V, then attended (`_paged_gather`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,6 +52,7 @@ def _ragged_batches(facts, bound):
     lens_q = lengths_view(bound["seq_len_q"]).tolist()
     lens_kv = lengths_view(bound["seq_len_kv"]).tolist()
     for b in range(len(lens_q)):
+
         def rows(role, b=b):
             t = bound[role]
             start = int(offsets[role][b])
@@ -59,6 +61,7 @@ def _ragged_batches(facts, bound):
             if length > seq:
                 raise BindingError(f"batch {b}: sequence length {length} of {role} exceeds its declared S {seq}")
             return _tokens(role, b, t, start, length, (heads, dim), (t.stride(2), t.stride(1), t.stride(3)))
+
         yield b, int(lens_q[b]), rows
 
 
@@ -69,8 +72,9 @@ def _tokens(role: str, b: int, t, start: int, length: int, hd: tuple, strides: t
     if length:
         last = t.storage_offset() + start + sum((n - 1) * st for n, st in zip(size, strides))
         if last >= t.untyped_storage().nbytes() // t.element_size():
-            raise BindingError(f"batch {b}: {role}'s {length} tokens from element offset {start} lie past the bound "
-                               f"memory")
+            raise BindingError(
+                f"batch {b}: {role}'s {length} tokens from element offset {start} lie past the bound memory"
+            )
     return t.as_strided(size, strides, t.storage_offset() + start)
 
 
@@ -99,10 +103,16 @@ def _ragged_fwd(facts, bound) -> None:
                 t[b, :, len_q:, 0] = _EMPTY_ROW[role]
         if len_q == 0:
             continue
-        args = RefArgs(facts.attn_scale, sinks=sinks, **_band(facts), **_batch_score_mods(facts, bound, b),
-                       **_batch_block_mask(facts, bound, b))
-        o, *stats = sdpa_fwd_reference(rows("q")[None], rows("k")[None], rows("v")[None], args,
-                                       compute_dtype=_compute_dtype(facts), row_stats=True)
+        args = RefArgs(
+            facts.attn_scale,
+            sinks=sinks,
+            **_band(facts),
+            **_batch_score_mods(facts, bound, b),
+            **_batch_block_mask(facts, bound, b),
+        )
+        o, *stats = sdpa_fwd_reference(
+            rows("q")[None], rows("k")[None], rows("v")[None], args, compute_dtype=_compute_dtype(facts), row_stats=True
+        )
         rows("o").copy_(o[0])
         for (role, t), value in zip(outs, stats):
             if t is None:
@@ -115,7 +125,7 @@ def _ragged_fwd(facts, bound) -> None:
 
 def _batch_block_mask(facts, bound, b: int) -> dict:
     """The block_mask keyword of ragged batch b: its (1, H, ...) entry (sequence-local tiles), or nothing."""
-    return dict(block_mask=bound["block_mask"][b:b + 1]) if facts.has_block_mask else {}
+    return dict(block_mask=bound["block_mask"][b : b + 1]) if facts.has_block_mask else {}
 
 
 def _batch_score_mods(facts, bound, b: int) -> dict:
@@ -137,10 +147,17 @@ def _ragged_bwd(facts, bound) -> None:
             rows("dV").zero_()
             continue
         args = RefArgs(facts.attn_scale, sinks=sinks, **_band(facts), **_batch_score_mods(facts, bound, b))
-        dq, dk, dv, dsink, db = sdpa_bwd_reference(rows("q")[None], rows("k")[None], rows("v")[None],
-                                                   rows("dO")[None], args, compute_dtype=_compute_dtype(facts),
-                                                   dbias=dbias is not None, o=rows("o")[None],
-                                                   lse=_ragged_stats(bound, rows, b, len_q, "stats" in ragged))
+        dq, dk, dv, dsink, db = sdpa_bwd_reference(
+            rows("q")[None],
+            rows("k")[None],
+            rows("v")[None],
+            rows("dO")[None],
+            args,
+            compute_dtype=_compute_dtype(facts),
+            dbias=dbias is not None,
+            o=rows("o")[None],
+            lse=_ragged_stats(bound, rows, b, len_q, "stats" in ragged),
+        )
         rows("dQ").copy_(dq[0])
         rows("dK").copy_(dk[0])
         rows("dV").copy_(dv[0])
@@ -163,7 +180,7 @@ def _ragged_stats(bound, rows, b: int, len_q: int, is_ragged: bool):
     per-batch (B, H, S, 1) declaration."""
     if is_ragged:
         return rows("stats")[..., 0].t()[None]
-    return bound["stats"][b:b + 1, :, :len_q, 0]
+    return bound["stats"][b : b + 1, :, :len_q, 0]
 
 
 def _dbias_accumulator(facts, bound):
@@ -188,8 +205,10 @@ def _paged_gather(facts, bound, role: str):
         blocks = [int(x) for x in rows[b, :used].tolist()]
         bad = [x for x in blocks if not 0 <= x < num_blocks]
         if bad:
-            raise BindingError(f"paged_attention_{role}_table[{b}] holds block {bad[0]}, outside the {role} "
-                               f"container's {num_blocks} blocks")
+            raise BindingError(
+                f"paged_attention_{role}_table[{b}] holds block {bad[0]}, outside the {role} "
+                f"container's {num_blocks} blocks"
+            )
         if used:
             idx = torch.tensor(blocks, dtype=torch.long, device=container.device)
             seq = container.index_select(0, idx).permute(0, 2, 1, 3).reshape(used * block_size, heads, dim)
@@ -213,8 +232,9 @@ class SdpaFwdReference(SdpaFwdAdapter):
                 k, v = _paged_gather(f, bound, "k"), _paged_gather(f, bound, "v")
             else:
                 k, v = io_view(bound["k"], thd), io_view(bound["v"], thd)
-            o, *stats = sdpa_fwd_reference(io_view(bound["q"], thd), k, v, _ref_args(f, bound),
-                                           compute_dtype=_compute_dtype(f), row_stats=True)
+            o, *stats = sdpa_fwd_reference(
+                io_view(bound["q"], thd), k, v, _ref_args(f, bound), compute_dtype=_compute_dtype(f), row_stats=True
+            )
             io_view(bound["o"], thd).copy_(o)
             for (_, t), value in zip(_row_outputs(f, bound), stats):
                 if t is not None:
@@ -234,9 +254,16 @@ class SdpaBwdReference(SdpaBwdAdapter):
             return
         with on_stream(stream, bound["q"].device):
             dq, dk, dv, dsink, dbias = sdpa_bwd_reference(
-                io_view(bound["q"], thd), io_view(bound["k"], thd), io_view(bound["v"], thd),
-                io_view(bound["dO"], thd), _ref_args(f, bound), compute_dtype=_compute_dtype(f),
-                dbias=f.has_dbias, o=io_view(bound["o"], thd), lse=stats_view(bound["stats"], thd))
+                io_view(bound["q"], thd),
+                io_view(bound["k"], thd),
+                io_view(bound["v"], thd),
+                io_view(bound["dO"], thd),
+                _ref_args(f, bound),
+                compute_dtype=_compute_dtype(f),
+                dbias=f.has_dbias,
+                o=io_view(bound["o"], thd),
+                lse=stats_view(bound["stats"], thd),
+            )
             io_view(bound["dQ"], thd).copy_(dq)
             io_view(bound["dK"], thd).copy_(dk)
             io_view(bound["dV"], thd).copy_(dv)

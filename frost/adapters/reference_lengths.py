@@ -12,6 +12,7 @@ none. The rules are the clamps' envelope:
   token in [0, T] (the token envelope `max_total_seq_len`, or the tokens a packed buffer bound by pointer holds
   if fewer) and that token plus the entry's length at most T.
 """
+
 from __future__ import annotations
 
 from frost.adapters.views import lengths_view
@@ -38,11 +39,14 @@ def _check_prefix_sums(name: str, cu: list[int], total: int, longest: int, side:
     _check_range(name, cu, total, f"the {total} tokens bound")
     for b in range(len(cu) - 1):
         if cu[b + 1] < cu[b]:
-            raise _bad(name, b + 1, cu[b + 1], f"must not be below {name}[{b}] = {cu[b]} (prefix sums never "
-                                               "decrease)")
+            raise _bad(name, b + 1, cu[b + 1], f"must not be below {name}[{b}] = {cu[b]} (prefix sums never decrease)")
         if longest and cu[b + 1] - cu[b] > longest:
-            raise _bad(name, b + 1, cu[b + 1], f"makes sequence {b} {cu[b + 1] - cu[b]} tokens long, above "
-                                               f"max_seq_len_{side} = {longest}")
+            raise _bad(
+                name,
+                b + 1,
+                cu[b + 1],
+                f"makes sequence {b} {cu[b + 1] - cu[b]} tokens long, above max_seq_len_{side} = {longest}",
+            )
 
 
 def _check_ragged(facts, bound) -> None:
@@ -53,22 +57,34 @@ def _check_ragged(facts, bound) -> None:
         s = declared[role].dim[2]
         hi = min(s, longest) if longest else s
         lens[side] = _host(bound[f"seq_len_{side}"])
-        _check_range(f"seq_len_{side}", lens[side], hi, f"the declared S = {s}" +
-                     (f" and max_seq_len_{side} = {longest}" if longest else ""))
+        _check_range(
+            f"seq_len_{side}",
+            lens[side],
+            hi,
+            f"the declared S = {s}" + (f" and max_seq_len_{side} = {longest}" if longest else ""),
+        )
     for role, stride in facts.ragged.token_strides:
         side = "q" if role in Q_GROUP else "kv"
         total = totals["total_q"] if side == "q" else totals["total_kv"]
         name = f"{role}_ragged_offset"
-        for b, off in enumerate(_host(bound[name])[:len(lens[side])]):
+        for b, off in enumerate(_host(bound[name])[: len(lens[side])]):
             if off % stride:
-                raise _bad(name, b, off, f"must be a whole number of tokens (it is not a multiple of the token "
-                                         f"stride {stride})")
+                raise _bad(
+                    name,
+                    b,
+                    off,
+                    f"must be a whole number of tokens (it is not a multiple of the token stride {stride})",
+                )
             token = off // stride
             if not 0 <= token <= total:
                 raise _bad(name, b, off, f"its token {token} must lie in [0, {total}] (the token envelope)")
             if token + lens[side][b] > total:
-                raise _bad(name, b, off, f"its token {token} plus seq_len_{side}[{b}] = {lens[side][b]} passes "
-                                         f"the token envelope {total}")
+                raise _bad(
+                    name,
+                    b,
+                    off,
+                    f"its token {token} plus seq_len_{side}[{b}] = {lens[side][b]} passes the token envelope {total}",
+                )
 
 
 def check_lengths(facts, bound: dict) -> None:
@@ -79,8 +95,9 @@ def check_lengths(facts, bound: dict) -> None:
         return
     if facts.is_thd:
         for side, role, longest in (("q", "q", facts.seq_q), ("kv", "k", facts.seq_kv)):
-            _check_prefix_sums(f"cu_seq_len_{side}", _host(bound[f"cu_seq_len_{side}"]), bound[role].shape[0],
-                               longest, side)
+            _check_prefix_sums(
+                f"cu_seq_len_{side}", _host(bound[f"cu_seq_len_{side}"]), bound[role].shape[0], longest, side
+            )
         return
     if facts.has_padding:
         for side, role in (("q", "q"), ("kv", "k")):

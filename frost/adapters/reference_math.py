@@ -4,6 +4,7 @@ This is the numerics oracle for the GPU engines and the body of the reference
 adapter. It is plain torch, runs on any device, and reads `cu_seqlens` /
 `seqused` to the host: it is never on a GPU engine's execute path.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,12 +61,20 @@ def _sequences(q, k, a: RefArgs, block_mask=None):
     for b, (q0, lq, k0, lk) in enumerate(ranges):
         if lq == 0:
             continue
-        mask = allowed_mask(lq, lk, window_left=a.window_left, window_right=a.window_right,
-                            bottom_right=a.bottom_right, device=q.device)
+        mask = allowed_mask(
+            lq, lk, window_left=a.window_left, window_right=a.window_right, bottom_right=a.bottom_right, device=q.device
+        )
         if block_mask is not None:
             mask = mask & block_mask_allowed(block_mask[b], lq, lk)
-        mods = score_mods(q.shape[-2], lq, lk, bias_block=_bias_block(a.bias, b, lq, lk), alibi=a.alibi,
-                          dtype=q.dtype, device=q.device)
+        mods = score_mods(
+            q.shape[-2],
+            lq,
+            lk,
+            bias_block=_bias_block(a.bias, b, lq, lk),
+            alibi=a.alibi,
+            dtype=q.dtype,
+            device=q.device,
+        )
         if thd:
             yield b, (slice(q0, q0 + lq),), (slice(k0, k0 + lk),), mask, mods
         else:
@@ -75,7 +84,7 @@ def _sequences(q, k, a: RefArgs, block_mask=None):
 def batch_entry(t, b: int):
     """Batch entry b of a (B or 1, ...) tensor that may broadcast over its batch mode (a bias, dBias), that
     mode kept: t[b:b + 1], or t itself where B is 1. A view."""
-    return t[b:b + 1] if t.shape[0] > 1 else t
+    return t[b : b + 1] if t.shape[0] > 1 else t
 
 
 def _bias_block(bias, b: int, len_q: int, len_kv: int):
@@ -86,8 +95,9 @@ def _bias_block(bias, b: int, len_q: int, len_kv: int):
     return batch_entry(bias, b)[0, :, :len_q, :len_kv]
 
 
-def score_mods(hq: int, len_q: int, len_kv: int, *, bias_block=None, alibi: bool = False, dtype=torch.float32,
-               device=None):
+def score_mods(
+    hq: int, len_q: int, len_kv: int, *, bias_block=None, alibi: bool = False, dtype=torch.float32, device=None
+):
     """The additive score terms of one sequence, (H or 1, len_q, len_kv) or None: the bias block plus ALiBi's
     slope(h) * (j - i) (cuDNN's slopes, `sdpa_args.alibi_slopes`)."""
     out = None if bias_block is None else bias_block.to(dtype)
@@ -117,8 +127,9 @@ def _by_head(mask):
     return mask if mask.dim() == 3 else mask.unsqueeze(0)
 
 
-def allowed_mask(len_q: int, len_kv: int, *, window_left=None, window_right=None, bottom_right=False,
-                 device=None) -> torch.Tensor:
+def allowed_mask(
+    len_q: int, len_kv: int, *, window_left=None, window_right=None, bottom_right=False, device=None
+) -> torch.Tensor:
     """Boolean (len_q, len_kv) mask of the contract in sdpa_args.py."""
     i = torch.arange(len_q, device=device).unsqueeze(1)
     j = torch.arange(len_kv, device=device).unsqueeze(0)
@@ -257,8 +268,18 @@ def sdpa_bwd_reference(q, k, v, do, args: RefArgs, *, compute_dtype=torch.float6
     for b, qs, ks, mask, mods in _sequences(q, k, args):
         lq, lk = mask.shape[-2:]
         lseb = None if lse is None else (lse[:, qs[0]] if thd else lse[qs[0], :, qs[1]])
-        parts = _attend_bwd(q[qs], k[ks], v[ks], do[qs], scale=args.softmax_scale, sink=sink, mask=mask, mods=mods,
-                            ob=None if o is None else o[qs], lseb=lseb)
+        parts = _attend_bwd(
+            q[qs],
+            k[ks],
+            v[ks],
+            do[qs],
+            scale=args.softmax_scale,
+            sink=sink,
+            mask=mask,
+            mods=mods,
+            ob=None if o is None else o[qs],
+            lseb=lseb,
+        )
         dq[qs], dk[ks], dv[ks] = parts[:3]
         if sink is not None:
             dsink += parts[3]

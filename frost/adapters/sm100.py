@@ -1,4 +1,5 @@
 """SM100 arch line (cc 10.x): tcgen05 + TMEM. No kernel yet; the capability row declines with that reason."""
+
 from __future__ import annotations
 
 from frost.adapters.base import SdpaBwdAdapter, SdpaFwdAdapter

@@ -1,4 +1,5 @@
 """SM120 arch line (cc 12.x): the mma.sync kernels with SM120 budgets (about 99 KB smem per block)."""
+
 from __future__ import annotations
 
 from frost.adapters.sm80 import MmaSyncBwdAdapter, MmaSyncFwdAdapter

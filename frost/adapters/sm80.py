@@ -5,6 +5,7 @@ knobs for the head dims and the target's shared memory, the requested knobs hono
 suit the problem and the GPU: the forward's split-KV count (`frost.adapters.split_kv`), the backward's
 deterministic mode (`frost.adapters.sm80_plan`).
 """
+
 from __future__ import annotations
 
 from frost.adapters.dsl_bwd import DslBwdAdapter, bwd_feature_flags
@@ -29,8 +30,11 @@ class MmaSyncFwdAdapter(SplitKvForward, DslFwdAdapter):
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
         from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, default_knobs, paged_tile_n
 
-        knobs = dict(default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
-                                   smem_budget=_smem_budget(target)))
+        knobs = dict(
+            default_knobs(
+                cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype, smem_budget=_smem_budget(target)
+            )
+        )
         if facts.has_bias and knobs["tile_n"] > 64:
             # the bias's values join the S tile in registers: 128-key tiles (d=64's default) spilled 176 bytes a
             # thread on sm_80 (ptxas), 64-key tiles none; not timed on a GPU yet
@@ -40,8 +44,7 @@ class MmaSyncFwdAdapter(SplitKvForward, DslFwdAdapter):
         knobs.update(requested)
         # decode: GQA packing for short queries, split-KV where the grid is small against the SMs and the keys long
         flags = cls.feature_flags(facts)
-        return plan_decode(facts, target, knobs, requested,
-                           lambda k: Sm80FwdParams(family=cls.family, **flags, **k))
+        return plan_decode(facts, target, knobs, requested, lambda k: Sm80FwdParams(family=cls.family, **flags, **k))
 
     def fixed_params(self) -> dict:
         return {"family": self.family}
@@ -60,12 +63,27 @@ class MmaSyncBwdAdapter(DslBwdAdapter):
         from frost.engines.sm80.sdpa_bwd_knobs import default_knobs
         from frost.engines.sm80.sdpa_bwd_params import Sm80BwdParams
 
-        knobs = default_knobs(cls.family, facts.head_dim_qk, facts.head_dim_v, facts.io_dtype,
-                              smem_budget=_smem_budget(target), **requested)
+        knobs = default_knobs(
+            cls.family,
+            facts.head_dim_qk,
+            facts.head_dim_v,
+            facts.io_dtype,
+            smem_budget=_smem_budget(target),
+            **requested,
+        )
         params = Sm80BwdParams(family=cls.family, **bwd_feature_flags(facts), **knobs)
         # deterministic: split accumulator copies (unless requested) or the turn order that suit this problem
-        return {**knobs, **planned_det_knobs(params, target.sm_count, facts.batch, facts.seq_q, facts.seq_kv,
-                                             choose_splits="dq_splits" not in requested)}
+        return {
+            **knobs,
+            **planned_det_knobs(
+                params,
+                target.sm_count,
+                facts.batch,
+                facts.seq_q,
+                facts.seq_kv,
+                choose_splits="dq_splits" not in requested,
+            ),
+        }
 
     def fixed_params(self) -> dict:
         return {"family": self.family}

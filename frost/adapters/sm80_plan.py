@@ -4,14 +4,23 @@ Split dQ accumulator copies where they keep the SMs busy, else per-tile turns, i
 that is safe. The adapters' `plan_knobs` hooks call these; they read only plan-time values (facts and the
 target record).
 """
+
 from __future__ import annotations
 
 from frost.engines.common.turns import ROTATED, rotation_fits
 from frost.engines.sdpa_bwd.scratch import accumulator_rows, cdiv, uses_turns
 
 
-def choose_dq_splits(sm_count: int, batch: int, num_heads_kv: int, num_key_tiles: int, copy_bytes: int = 0,
-                     max_splits: int = 8, min_busy: float = 0.9, max_extra_bytes: int = 1 << 30) -> int:
+def choose_dq_splits(
+    sm_count: int,
+    batch: int,
+    num_heads_kv: int,
+    num_key_tiles: int,
+    copy_bytes: int = 0,
+    max_splits: int = 8,
+    min_busy: float = 0.9,
+    max_extra_bytes: int = 1 << 30,
+) -> int:
     """The fewest split copies whose grid keeps at least `min_busy` of the SMs busy over its waves, or 0
     (per-tile turns) when none of 1..max_splits does within `max_extra_bytes` of workspace beyond the one
     accumulator every mode has (`copy_bytes` each).

@@ -6,6 +6,7 @@ packing and its tile height chosen for the declared shape, two consumer warpgrou
 key tiles that divide a paged cache's block size or span whole blocks of it (16 and 32 rows), and split-KV for
 decodes over long caches (the mma.sync forward's choice and combine: `frost.adapters.split_kv`, docs/decode.md).
 """
+
 from __future__ import annotations
 
 from frost.adapters.dsl import fwd_feature_flags
@@ -56,20 +57,28 @@ class SdpaFwdDslSm90(SplitKvForward, DslFwdAdapter):
 
     @classmethod
     def plan_knobs(cls, facts, target, requested: dict) -> dict:
-        from frost.engines.sm90.sdpa_fwd_params import (Sm90FwdParams, default_knobs, pack_gqa_reason, paged_tile_n,
-                                                        score_mods_of)
+        from frost.engines.sm90.sdpa_fwd_params import (
+            Sm90FwdParams,
+            default_knobs,
+            pack_gqa_reason,
+            paged_tile_n,
+            score_mods_of,
+        )
 
         flags = fwd_feature_flags(facts)
-        knobs = default_knobs(facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count,
-                              score_mods=score_mods_of(flags))
+        knobs = default_knobs(
+            facts.head_dim_qk, facts.head_dim_v, sm_count=target.sm_count, score_mods=score_mods_of(flags)
+        )
         if facts.paged is not None:  # each key tile inside one block (one TMA load) or spanning whole ones
             knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
         if "pack_gqa" not in requested:
             # GQA packs the heads of a kv head into one M tile wherever the template can;
             # elsewhere (and when a user asks pack_gqa=False) each query head has its own tiles
-            knobs["pack_gqa"] = (facts.num_heads_q > facts.num_heads_kv
-                                 and pack_gqa_reason(Sm90FwdParams(**flags, **{**knobs, "pack_gqa": True})) is None)
+            knobs["pack_gqa"] = (
+                facts.num_heads_q > facts.num_heads_kv
+                and pack_gqa_reason(Sm90FwdParams(**flags, **{**knobs, "pack_gqa": True})) is None
+            )
         if knobs["pack_gqa"] and "tile_m" not in requested:
             knobs["tile_m"] = _packed_tile_m(facts, target, Sm90FwdParams(**flags, **knobs))
         if "num_splits" not in requested:  # split-KV where the work tiles are few against the SMs, the keys long
@@ -92,6 +101,15 @@ class SdpaBwdDslSm90(DslBwdAdapter):
             # deterministic without a band: the rotated turn order (1-6% over free order on the H200 against
             # 3-16% for the stair, benchmarks/results/2026-12-01-h200-run11)
             requested = {"det_order": "rotated", **requested}
-        return default_knobs(facts.head_dim_qk, facts.head_dim_v, banded=facts.window_right is not None,
-                             packed=facts.is_thd, ragged=facts.ragged is not None, sm_count=target.sm_count,
-                             bias=facts.has_bias, alibi=facts.has_alibi, dbias=facts.has_dbias, **requested)
+        return default_knobs(
+            facts.head_dim_qk,
+            facts.head_dim_v,
+            banded=facts.window_right is not None,
+            packed=facts.is_thd,
+            ragged=facts.ragged is not None,
+            sm_count=target.sm_count,
+            bias=facts.has_bias,
+            alibi=facts.has_alibi,
+            dbias=facts.has_dbias,
+            **requested,
+        )

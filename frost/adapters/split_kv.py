@@ -7,6 +7,7 @@ When a forward's grid (batch x query heads x query tiles) is small against the S
 pieces' fp32 partial O and LSE go to the plan's workspace and `frost.engines.common.split_combine` reduces them
 (docs/decode.md). Plan-time values only: the facts' declared dims and envelopes and the target's SM count.
 """
+
 from __future__ import annotations
 
 from frost.adapters.dsl import LaunchArgs
@@ -28,8 +29,9 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def choose_num_splits(sm_count: int, work: int, key_tiles: int, max_splits: int = 128,
-                      min_efficiency: float = 0.85) -> int:
+def choose_num_splits(
+    sm_count: int, work: int, key_tiles: int, max_splits: int = 128, min_efficiency: float = 0.85
+) -> int:
     """The split count a forward of `work` CTAs (batch x heads x query tiles) over `key_tiles` key tiles takes
     on `sm_count` CTA slots (SMs x resident CTAs): 1 when the grid already fills 80% of them or the keys are
     short; else the fewest splits whose wave efficiency (CTAs / (waves x slots)) is within `min_efficiency` of
@@ -65,8 +67,10 @@ def partial_layout(facts, num_splits: int) -> list[ScratchBuffer]:
     """The partials' workspace: O (splits, B, Hq, Sq, Dv) and LSE (splits, B, Hq, Sq), fp32, from the declared
     dims (the bound tensors have them)."""
     rows = (num_splits, facts.batch, facts.num_heads_q, facts.seq_q)
-    return [ScratchBuffer("o_partial", "float32", rows + (facts.head_dim_v,)),
-            ScratchBuffer("lse_partial", "float32", rows)]
+    return [
+        ScratchBuffer("o_partial", "float32", rows + (facts.head_dim_v,)),
+        ScratchBuffer("lse_partial", "float32", rows),
+    ]
 
 
 #: the query tile of a split decode plan whose queries fit in it (unless tile_m or num_warps is requested): 64 rows
@@ -117,8 +121,9 @@ def packed_rows(facts, knobs: dict, rows_per_query: int | None = None) -> int:
     return facts.seq_q * rows_per_query
 
 
-def planned_num_splits(facts, target, knobs: dict, rows_per_query: int | None = None,
-                       ctas_per_sm: int = CTAS_PER_SM) -> int:
+def planned_num_splits(
+    facts, target, knobs: dict, rows_per_query: int | None = None, ctas_per_sm: int = CTAS_PER_SM
+) -> int:
     """The plan's `num_splits` for the chosen tiles (`knobs`) on `target` (1 where the graph cannot split), for
     either forward: its query tiles hold `rows_per_query` heads' rows (`packed_rows`) and `ctas_per_sm` of its
     CTAs fit an SM (the wgmma forward's tiles take one)."""
@@ -136,9 +141,15 @@ def combine_params(params):
     """The combine kernel's params for a split forward's params."""
     from frost.engines.common.split_combine_params import SplitCombineParams
 
-    return SplitCombineParams(dtype=params.dtype, head_dim_v=params.head_dim_v, num_heads_q=params.num_heads_q,
-                              num_splits=params.num_splits, has_lse=params.has_lse, has_seqused=params.has_seqused,
-                              has_sinks=params.has_sinks)
+    return SplitCombineParams(
+        dtype=params.dtype,
+        head_dim_v=params.head_dim_v,
+        num_heads_q=params.num_heads_q,
+        num_splits=params.num_splits,
+        has_lse=params.has_lse,
+        has_seqused=params.has_seqused,
+        has_sinks=params.has_sinks,
+    )
 
 
 class SplitKvForward:

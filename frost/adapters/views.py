@@ -3,6 +3,7 @@
 The reference adapter computes on them; DSL kernels take io tensors and Stats as
 declared (their jit entry views them) and only lengths and sinks pass through here.
 """
+
 from __future__ import annotations
 
 

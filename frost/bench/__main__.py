@@ -1,4 +1,5 @@
 """`python -m frost.bench`: the harness's command line."""
+
 import sys
 
 from frost.bench.cli import main

@@ -1,4 +1,5 @@
 """Output checks: relative error against the reference, and unwritten (NaN-poisoned) elements."""
+
 from __future__ import annotations
 
 DEFAULT_TOL = {"fwd": 1e-2, "bwd": 2e-2}

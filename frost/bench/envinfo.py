@@ -1,4 +1,5 @@
 """Where a result came from: GPU, driver, library versions and the frost commit measured."""
+
 from __future__ import annotations
 
 import datetime

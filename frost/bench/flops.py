@@ -4,6 +4,7 @@ Forward: 4*B*H*Sq*Skv*D, or 2*B*H*Sq*Skv*(Dqk+Dv) when the head dims differ;
 halved when causal; summed over sequences for packed (THD) batches.
 Backward counts 2.5x the forward.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -17,9 +18,19 @@ def sdpa_pair_flops(heads: int, seqlen_q: int, seqlen_kv: int, d_qk: int, d_v: i
     return f / 2.0 if causal else f
 
 
-def sdpa_flops(*, heads: int, d_qk: int, d_v: int | None = None, causal: bool = False,
-               direction: str = "fwd", batch: int = 1, seqlen_q: int = 0, seqlen_kv: int | None = None,
-               seqlens_q: Iterable[int] | None = None, seqlens_kv: Iterable[int] | None = None) -> float:
+def sdpa_flops(
+    *,
+    heads: int,
+    d_qk: int,
+    d_v: int | None = None,
+    causal: bool = False,
+    direction: str = "fwd",
+    batch: int = 1,
+    seqlen_q: int = 0,
+    seqlen_kv: int | None = None,
+    seqlens_q: Iterable[int] | None = None,
+    seqlens_kv: Iterable[int] | None = None,
+) -> float:
     """FLOPs of one SDPA call: dense (batch x seqlen) or packed (per-sequence lengths)."""
     d_v = d_qk if d_v is None else d_v
     if seqlens_q is not None:

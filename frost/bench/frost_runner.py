@@ -10,6 +10,7 @@ Paged rows declare cuDNN's paged cache: K and V containers (num_blocks, H_kv,
 block_size, D) over the (num_blocks, block_size, H_kv, D) caches, the block table
 as (B, 1, max_blocks, 1), the padding mask's lengths and the envelope.
 """
+
 from __future__ import annotations
 
 import time
@@ -110,8 +111,7 @@ def _thd_kwargs(g, w: Workload) -> dict:
     n = w.num_seqs + 1
     cu_q = g.tensor(name="cu_seq_len_q", dim=(n,), stride=(1,), data_type=torch.int32)
     cu_kv = g.tensor(name="cu_seq_len_kv", dim=(n,), stride=(1,), data_type=torch.int32)
-    return {"cu_seq_len_q": cu_q, "cu_seq_len_kv": cu_kv,
-            "max_seq_len_q": w.max_seqlen, "max_seq_len_kv": w.max_seqlen}
+    return {"cu_seq_len_q": cu_q, "cu_seq_len_kv": cu_kv, "max_seq_len_q": w.max_seqlen, "max_seq_len_kv": w.max_seqlen}
 
 
 def _paged_kwargs(g, w: Workload) -> dict:
@@ -122,10 +122,18 @@ def _paged_kwargs(g, w: Workload) -> dict:
         return {}
     one = (1, 1, 1, 1)
     m = w.blocks_per_seq
-    kw = {f"paged_attention_{r}_table": g.tensor(name=f"block_table_{r}", dim=(w.batch, 1, m, 1),
-                                                 stride=(m, m, 1, 1), data_type=torch.int32) for r in ("k", "v")}
-    kw.update({r: g.tensor(name=r, dim=(w.batch, 1, 1, 1), stride=one, data_type=torch.int32)
-               for r in ("seq_len_q", "seq_len_kv")})
+    kw = {
+        f"paged_attention_{r}_table": g.tensor(
+            name=f"block_table_{r}", dim=(w.batch, 1, m, 1), stride=(m, m, 1, 1), data_type=torch.int32
+        )
+        for r in ("k", "v")
+    }
+    kw.update(
+        {
+            r: g.tensor(name=r, dim=(w.batch, 1, 1, 1), stride=one, data_type=torch.int32)
+            for r in ("seq_len_q", "seq_len_kv")
+        }
+    )
     kw.update(use_padding_mask=True, paged_attention_max_seq_len_kv=w.seqlen_kv)
     return kw
 
@@ -150,8 +158,17 @@ class _FwdGraph:
         self.q, self.k, self.v = _tensor(g, w, "q", "q"), _tensor(g, w, "k", "k"), _tensor(g, w, "v", "v")
         self.thd = _thd_kwargs(g, w)
         self.paged = _paged_kwargs(g, w)
-        self.o, self.stats = g.sdpa(self.q, self.k, self.v, attn_scale=w.scale, generate_stats=generate_stats,
-                                    name="sdpa", **_mask_kwargs(w), **self.thd, **self.paged)
+        self.o, self.stats = g.sdpa(
+            self.q,
+            self.k,
+            self.v,
+            attn_scale=w.scale,
+            generate_stats=generate_stats,
+            name="sdpa",
+            **_mask_kwargs(w),
+            **self.thd,
+            **self.paged,
+        )
         _set_out(self.o, w, "o")
         if generate_stats:
             self.stats.set_output(True)
@@ -171,10 +188,19 @@ class _BwdGraph:
         self.o, self.do = _tensor(g, w, "o", "o"), _tensor(g, w, "dO", "o")
         self.stats = g.tensor(name="stats", dim=stats_geom[0], stride=stats_geom[1], data_type=torch.float32)
         self.thd = _thd_kwargs(g, w)
-        self.dq, self.dk, self.dv = g.sdpa_backward(self.q, self.k, self.v, self.o, self.do, self.stats,
-                                                    attn_scale=w.scale, use_causal_mask=w.causal,
-                                                    use_deterministic_algorithm=w.deterministic,
-                                                    name="sdpa_backward", **self.thd)
+        self.dq, self.dk, self.dv = g.sdpa_backward(
+            self.q,
+            self.k,
+            self.v,
+            self.o,
+            self.do,
+            self.stats,
+            attn_scale=w.scale,
+            use_causal_mask=w.causal,
+            use_deterministic_algorithm=w.deterministic,
+            name="sdpa_backward",
+            **self.thd,
+        )
         _set_out(self.dq, w, "q")
         _set_out(self.dk, w, "k")
         _set_out(self.dv, w, "v")
@@ -191,7 +217,7 @@ def engine_short(name: str) -> str:
     """Column name of an engine: 'SdpaFwdDslSm90' and 'SdpaBwdDslSm90' are both 'sm90'."""
     for prefix in ("SdpaFwd", "SdpaBwd"):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
             break
     if name.startswith("Dsl"):
         name = name[3:]
@@ -300,9 +326,12 @@ def _thd_binds(graph, inputs, b=None) -> dict:
     if paged:
         table = b.table[:, None, :, None]
         n = inputs.workload.batch
-        return {paged["paged_attention_k_table"]: table, paged["paged_attention_v_table"]: table,
-                paged["seq_len_q"]: inputs.seqused_q.view(n, 1, 1, 1),
-                paged["seq_len_kv"]: inputs.seqused_k.view(n, 1, 1, 1)}
+        return {
+            paged["paged_attention_k_table"]: table,
+            paged["paged_attention_v_table"]: table,
+            paged["seq_len_q"]: inputs.seqused_q.view(n, 1, 1, 1),
+            paged["seq_len_kv"]: inputs.seqused_k.view(n, 1, 1, 1),
+        }
     if not graph.thd:
         return {}
     return {graph.thd["cu_seq_len_q"]: inputs.cu_seqlens, graph.thd["cu_seq_len_kv"]: inputs.cu_seqlens}
@@ -351,8 +380,16 @@ class FrostEngine(Implementation):
             else:
                 o, st = fwd_outs[i]
                 dq, dk, dv = torch.empty_like(b.q), torch.empty_like(b.k), torch.empty_like(b.v)
-                d.update({gr.o: _view(w, o), gr.do: _view(w, b.do), gr.stats: st,
-                          gr.dq: _view(w, dq), gr.dk: _view(w, dk), gr.dv: _view(w, dv)})
+                d.update(
+                    {
+                        gr.o: _view(w, o),
+                        gr.do: _view(w, b.do),
+                        gr.stats: st,
+                        gr.dq: _view(w, dq),
+                        gr.dk: _view(w, dk),
+                        gr.dv: _view(w, dv),
+                    }
+                )
                 outs.append((dq, dk, dv))
             binds.append(d)
 
@@ -366,10 +403,12 @@ class FrostEngine(Implementation):
         def bind_stream(stream):
             ctx[0] = _ctx(stream)
 
-        info = {"engine_name": str(getattr(g, "engine_name", self.engine)), "plan_s": round(plan_s, 3),
-                "workspace_bytes": int(ws.numel())}
+        info = {
+            "engine_name": str(getattr(g, "engine_name", self.engine)),
+            "plan_s": round(plan_s, 3),
+            "workspace_bytes": int(ws.numel()),
+        }
         if w.direction == "bwd":
             info["o_and_stats_from"] = source
             info["deterministic"] = g.facts.deterministic
-        return Prepared(calls=calls, outputs=lambda i: outs[i], poison=poison, bind_stream=bind_stream,
-                        info=info)
+        return Prepared(calls=calls, outputs=lambda i: outs[i], poison=poison, bind_stream=bind_stream, info=info)

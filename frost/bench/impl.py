@@ -5,6 +5,7 @@ backward, plan building for frost) so that a timed call is only the call.
 Raising `Unsupported` marks a row "n/a" (the library does not offer this
 workload); any other exception marks it "failed" with the reason.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,9 +14,9 @@ from typing import Callable
 
 # Row statuses, shown in the table and stored in the JSON.
 OK = "ok"
-MISSING = "missing"          # library not installed / not importable
-NA = "n/a"                   # library does not offer this workload
-FAILED = "failed"            # raised while preparing, running or timing
+MISSING = "missing"  # library not installed / not importable
+NA = "n/a"  # library does not offer this workload
+FAILED = "failed"  # raised while preparing, running or timing
 CHECK_FAILED = "check-failed"  # ran, but its output disagrees with the reference
 SKIPPED = "skipped"
 
@@ -34,6 +35,7 @@ class Prepared:
     `context()` is entered around every run of the calls (e.g. a backend
     selector), so its cost is not charged per call.
     """
+
     calls: list
     outputs: Callable[[int], tuple]
     poison: Callable[[int], None] = lambda i: None
@@ -45,8 +47,9 @@ class Prepared:
 
 class Implementation:
     """Base of peers and frost engines."""
-    key: str = ""       # short column id: cudnn, fa2, fa4, frost:<engine>
-    label: str = ""     # human name for the report
+
+    key: str = ""  # short column id: cudnn, fa2, fa4, frost:<engine>
+    label: str = ""  # human name for the report
     is_frost: bool = False
 
     def unavailable(self) -> str | None:

@@ -5,6 +5,7 @@ ones (T, H, D). Values are standard normal, never zeros. Enough sets are made
 that their total exceeds the L2 cache (where one set does not already), so a
 timed loop that rotates through them does not run out of a warm cache.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,8 @@ class BufferSet:
     q: object
     k: object
     v: object
-    do: object = None          # bwd only, shaped like o
-    table: object = None       # paged: int32 (B, max_blocks) block table (k and v are the caches)
+    do: object = None  # bwd only, shaped like o
+    table: object = None  # paged: int32 (B, max_blocks) block table (k and v are the caches)
 
 
 @dataclass
@@ -35,8 +36,8 @@ class Inputs:
     workload: Workload
     sets: list
     cu_seqlens: object = None  # THD: int32 (B+1,) prefix sums on the device (shared by q and kv)
-    seqused_q: object = None   # paged: int32 (B,) query rows per sequence
-    seqused_k: object = None   # paged: int32 (B,) keys per sequence
+    seqused_q: object = None  # paged: int32 (B,) query rows per sequence
+    seqused_k: object = None  # paged: int32 (B,) keys per sequence
 
     @property
     def o_shape(self) -> tuple:
@@ -57,13 +58,25 @@ def buffer_count(set_bytes: int, l2_bytes: int, max_sets: int, l2_multiple: floa
 def qkv_shapes(w: Workload) -> tuple[tuple, tuple, tuple, tuple]:
     """q, k, v, o storage shapes; paged k and v are the caches (num_blocks, block_size, H_kv, D)."""
     if w.is_paged:
-        return ((w.batch, w.seqlen_q, w.heads_q, w.d_qk), (w.num_blocks, w.block_size, w.heads_kv, w.d_qk),
-                (w.num_blocks, w.block_size, w.heads_kv, w.d_v), (w.batch, w.seqlen_q, w.heads_q, w.d_v))
+        return (
+            (w.batch, w.seqlen_q, w.heads_q, w.d_qk),
+            (w.num_blocks, w.block_size, w.heads_kv, w.d_qk),
+            (w.num_blocks, w.block_size, w.heads_kv, w.d_v),
+            (w.batch, w.seqlen_q, w.heads_q, w.d_v),
+        )
     if w.is_thd:
-        return ((w.total_q, w.heads_q, w.d_qk), (w.total_kv, w.heads_kv, w.d_qk),
-                (w.total_kv, w.heads_kv, w.d_v), (w.total_q, w.heads_q, w.d_v))
-    return ((w.batch, w.seqlen_q, w.heads_q, w.d_qk), (w.batch, w.seqlen_kv, w.heads_kv, w.d_qk),
-            (w.batch, w.seqlen_kv, w.heads_kv, w.d_v), (w.batch, w.seqlen_q, w.heads_q, w.d_v))
+        return (
+            (w.total_q, w.heads_q, w.d_qk),
+            (w.total_kv, w.heads_kv, w.d_qk),
+            (w.total_kv, w.heads_kv, w.d_v),
+            (w.total_q, w.heads_q, w.d_v),
+        )
+    return (
+        (w.batch, w.seqlen_q, w.heads_q, w.d_qk),
+        (w.batch, w.seqlen_kv, w.heads_kv, w.d_qk),
+        (w.batch, w.seqlen_kv, w.heads_kv, w.d_v),
+        (w.batch, w.seqlen_q, w.heads_q, w.d_v),
+    )
 
 
 def cu_seqlens_of(lengths) -> list[int]:
@@ -82,14 +95,17 @@ def make_inputs(w: Workload, n_sets: int, device, seed: int = 0) -> Inputs:
     qs, ks, vs, os_ = qkv_shapes(w)
     sets = []
     for _ in range(n_sets):
+
         def rnd(shape):
             return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+
         table = None
         if w.is_paged:  # each sequence's blocks scattered over the cache
             perm = torch.randperm(w.num_blocks - 1, generator=gen, device=device)
             table = perm.reshape(w.batch, w.blocks_per_seq).to(torch.int32)
-        sets.append(BufferSet(q=rnd(qs), k=rnd(ks), v=rnd(vs), do=rnd(os_) if w.direction == "bwd" else None,
-                              table=table))
+        sets.append(
+            BufferSet(q=rnd(qs), k=rnd(ks), v=rnd(vs), do=rnd(os_) if w.direction == "bwd" else None, table=table)
+        )
     cu = lens_q = lens_k = None
     if w.is_thd:
         cu = torch.tensor(cu_seqlens_of(w.seqlens), dtype=torch.int32, device=device)

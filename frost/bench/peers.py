@@ -15,6 +15,7 @@ seqused_k=)`, and the cuDNN column through cuDNN's paged SDPA itself
 (nvidia-cudnn-frontend's `pygraph`, planned once per row): torch's SDPA takes no
 block table, so FlashAttention-2 reads n/a.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,15 +50,17 @@ def _leaves(bufs, w):
 class _PeerBase(Implementation):
     def prepare(self, inputs) -> Prepared:
         w = inputs.workload
-        fwd = self._forward_fn(inputs)   # (set index, q, k, v) -> o in storage shape
+        fwd = self._forward_fn(inputs)  # (set index, q, k, v) -> o in storage shape
         n = len(inputs.sets)
         last: list = [None] * n
 
         if w.direction == "fwd":
             calls = []
             for i, b in enumerate(inputs.sets):
+
                 def call(i=i, b=b):
                     last[i] = (fwd(i, b.q, b.k, b.v),)
+
                 calls.append(call)
         else:
             import torch
@@ -70,6 +73,7 @@ class _PeerBase(Implementation):
 
                     def call(i=i, out=out, leaves=leaves, do=b.do):
                         last[i] = torch.autograd.grad(out, leaves, do, retain_graph=True)
+
                     calls.append(call)
         return Prepared(calls=calls, outputs=lambda i: last[i], context=self.context)
 
@@ -116,9 +120,11 @@ class TorchSdpaPeer(_PeerBase):
         if w.heads_q != w.heads_kv:
             kw["enable_gqa"] = True
         if not w.is_thd:
+
             def fwd(i, q, k, v):
                 o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
                 return o.transpose(1, 2)
+
             self._probe(inputs, fwd)
             return fwd
         return self._nested_forward_fn(inputs, kw)
@@ -140,8 +146,10 @@ class TorchSdpaPeer(_PeerBase):
                 from frost.bench.runner import warning_hints
 
                 hints = warning_hints(caught)
-                raise Unsupported(f"torch's {self.backend_name} backend has no kernel for this problem"
-                                  + (f" ({'; '.join(h[:160] for h in hints[-2:])})" if hints else "")) from None
+                raise Unsupported(
+                    f"torch's {self.backend_name} backend has no kernel for this problem"
+                    + (f" ({'; '.join(h[:160] for h in hints[-2:])})" if hints else "")
+                ) from None
 
     def _nested_forward_fn(self, inputs, kw):
         """THD through jagged nested tensors; probed once so a missing path reads as n/a."""
@@ -168,8 +176,10 @@ class TorchSdpaPeer(_PeerBase):
             if tuple(o.shape) != tuple(inputs.o_shape):
                 raise RuntimeError(f"nested output shape {tuple(o.shape)} != {inputs.o_shape}")
         except Exception as e:
-            raise Unsupported(f"nested-tensor path failed: {type(e).__name__}: "
-                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+            raise Unsupported(
+                f"nested-tensor path failed: {type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            ) from None
         return fwd
 
 
@@ -203,14 +213,29 @@ class FlashAttn4Peer(_PeerBase):
         fn = varlen if w.is_thd else dense
         det = _deterministic_kwargs(fn) if w.deterministic else {}
         if not w.is_thd:
+
             def fwd(i, q, k, v):
                 return _first(dense(q, k, v, softmax_scale=w.scale, causal=w.causal, **det))
+
             return fwd
         cu, m = inputs.cu_seqlens, w.max_seqlen
 
         def fwd(i, q, k, v):
-            return _first(varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
-                                 softmax_scale=w.scale, causal=w.causal, **det))
+            return _first(
+                varlen(
+                    q,
+                    k,
+                    v,
+                    cu_seqlens_q=cu,
+                    cu_seqlens_k=cu,
+                    max_seqlen_q=m,
+                    max_seqlen_k=m,
+                    softmax_scale=w.scale,
+                    causal=w.causal,
+                    **det,
+                )
+            )
+
         return fwd
 
 
@@ -226,8 +251,20 @@ def _fa4_paged_forward(varlen, inputs):
     sets, used = inputs.sets, inputs.seqused_k
 
     def fwd(i, q, k, v):
-        return _first(varlen(q, k, v, seqused_k=used, page_table=sets[i].table, max_seqlen_q=w.seqlen_q,
-                             max_seqlen_k=w.seqlen_kv, softmax_scale=w.scale, causal=w.causal))
+        return _first(
+            varlen(
+                q,
+                k,
+                v,
+                seqused_k=used,
+                page_table=sets[i].table,
+                max_seqlen_q=w.seqlen_q,
+                max_seqlen_k=w.seqlen_kv,
+                softmax_scale=w.scale,
+                causal=w.causal,
+            )
+        )
+
     return fwd
 
 
@@ -245,26 +282,51 @@ def _cudnn_paged_forward(inputs):
     dt = {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF}[b0.q.dtype]
     handle = cudnn.create_handle()
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-    g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
-                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    g = cudnn.pygraph(
+        io_data_type=dt,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+        handle=handle,
+    )
     n = w.batch
 
     def declare(t, data_type=dt):
         return g.tensor(dim=list(t.shape), stride=list(t.stride()), data_type=data_type)
 
-    views = {"q": b0.q.transpose(1, 2), "k": b0.k.transpose(1, 2), "v": b0.v.transpose(1, 2),
-             "table": b0.table[:, None, :, None], "lens_q": inputs.seqused_q.view(n, 1, 1, 1),
-             "lens_k": inputs.seqused_k.view(n, 1, 1, 1)}
+    views = {
+        "q": b0.q.transpose(1, 2),
+        "k": b0.k.transpose(1, 2),
+        "v": b0.v.transpose(1, 2),
+        "table": b0.table[:, None, :, None],
+        "lens_q": inputs.seqused_q.view(n, 1, 1, 1),
+        "lens_k": inputs.seqused_k.view(n, 1, 1, 1),
+    }
     q, k, v = declare(views["q"]), declare(views["k"]), declare(views["v"])
     kt, vt = declare(views["table"], cudnn.data_type.INT32), declare(views["table"], cudnn.data_type.INT32)
     lq, lk = declare(views["lens_q"], cudnn.data_type.INT32), declare(views["lens_k"], cudnn.data_type.INT32)
-    mask = {"diagonal_alignment": cudnn.diagonal_alignment.BOTTOM_RIGHT, "diagonal_band_right_bound": 0} \
-        if w.causal else {}
-    o, _ = g.sdpa(q=q, k=k, v=v, generate_stats=False, attn_scale=float(w.scale), use_padding_mask=True,
-                  seq_len_q=lq, seq_len_kv=lk, paged_attention_k_table=kt, paged_attention_v_table=vt,
-                  paged_attention_max_seq_len_kv=w.seqlen_kv, name="paged_sdpa", **mask)
+    mask = (
+        {"diagonal_alignment": cudnn.diagonal_alignment.BOTTOM_RIGHT, "diagonal_band_right_bound": 0}
+        if w.causal
+        else {}
+    )
+    o, _ = g.sdpa(
+        q=q,
+        k=k,
+        v=v,
+        generate_stats=False,
+        attn_scale=float(w.scale),
+        use_padding_mask=True,
+        seq_len_q=lq,
+        seq_len_kv=lk,
+        paged_attention_k_table=kt,
+        paged_attention_v_table=vt,
+        paged_attention_max_seq_len_kv=w.seqlen_kv,
+        name="paged_sdpa",
+        **mask,
+    )
     o.set_output(True).set_dim([n, w.heads_q, w.seqlen_q, w.d_v]).set_stride(
-        [w.seqlen_q * w.heads_q * w.d_v, w.d_v, w.heads_q * w.d_v, 1])
+        [w.seqlen_q * w.heads_q * w.d_v, w.d_v, w.heads_q * w.d_v, 1]
+    )
     try:
         g.validate()
         g.build_operation_graph()
@@ -274,17 +336,27 @@ def _cudnn_paged_forward(inputs):
     except Exception as e:
         raise Unsupported(f"cuDNN declines this paged graph: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     ws = torch.empty(int(g.get_workspace_size()), dtype=torch.uint8, device=b0.q.device)
-    outs = [torch.empty((n, w.seqlen_q, w.heads_q, w.d_v), dtype=b0.q.dtype, device=b0.q.device)
-            for _ in inputs.sets]
+    outs = [torch.empty((n, w.seqlen_q, w.heads_q, w.d_v), dtype=b0.q.dtype, device=b0.q.device) for _ in inputs.sets]
     packs = []
     for i, b in enumerate(inputs.sets):
         t = b.table[:, None, :, None]
-        packs.append({q: b.q.transpose(1, 2), k: b.k.transpose(1, 2), v: b.v.transpose(1, 2), kt: t, vt: t,
-                      lq: views["lens_q"], lk: views["lens_k"], o: outs[i].transpose(1, 2)})
+        packs.append(
+            {
+                q: b.q.transpose(1, 2),
+                k: b.k.transpose(1, 2),
+                v: b.v.transpose(1, 2),
+                kt: t,
+                vt: t,
+                lq: views["lens_q"],
+                lk: views["lens_k"],
+                o: outs[i].transpose(1, 2),
+            }
+        )
 
     def fwd(i, q_, k_, v_):
         g.execute(packs[i], ws, handle=handle)
         return outs[i]
+
     return fwd
 
 
@@ -295,8 +367,9 @@ def _deterministic_kwargs(fn) -> dict:
     except (TypeError, ValueError):
         params = {}
     if "deterministic" not in params:
-        raise Unsupported(f"installed flash_attn.cute.{getattr(fn, '__name__', 'flash_attn')} "
-                          f"has no deterministic option")
+        raise Unsupported(
+            f"installed flash_attn.cute.{getattr(fn, '__name__', 'flash_attn')} has no deterministic option"
+        )
     return {"deterministic": True}
 
 

@@ -6,6 +6,7 @@ bar per implementation, frost bars labelled with their ratio to the best peer.
 matplotlib is optional (`pip install frost[bench]`): without it the chart is
 skipped with a message, never an error.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,11 @@ def panel_title(key: tuple) -> str:
 
 
 def tick_label(w) -> str:
-    shape = f"thd {w.mix.split('(')[0]}" if w.is_thd else (f"{w.seqlen_q // 1024}k" if w.seqlen_q % 1024 == 0
-                                                          else str(w.seqlen_q))
+    shape = (
+        f"thd {w.mix.split('(')[0]}"
+        if w.is_thd
+        else (f"{w.seqlen_q // 1024}k" if w.seqlen_q % 1024 == 0 else str(w.seqlen_q))
+    )
     return shape + (" c" if w.causal else "")
 
 
@@ -56,8 +60,10 @@ def _colors(keys: list[str]) -> dict:
 def provenance(env: dict | None) -> str:
     """The line a chart carries so that it is never read without its source: GPU, date, frost commit."""
     env = env or {}
-    return (f"GPU: {env.get('gpu') or 'unknown'}  |  date: {env.get('date') or 'unknown'}  |  "
-            f"frost commit: {env.get('frost_commit') or 'unknown'}")
+    return (
+        f"GPU: {env.get('gpu') or 'unknown'}  |  date: {env.get('date') or 'unknown'}  |  "
+        f"frost commit: {env.get('frost_commit') or 'unknown'}"
+    )
 
 
 def write_png(path: str, rows: list[Row], title: str = "frost benchmark", env: dict | None = None) -> str | None:
@@ -85,11 +91,12 @@ def write_png(path: str, rows: list[Row], title: str = "frost benchmark", env: d
     pw = max(4.5, 0.28 * most * max(1, len(keys)) + 1.0)
     fig, axes = plt.subplots(nrows, ncols, figsize=(pw * ncols, 3.6 * nrows + 0.8), squeeze=False)
     bar = 0.8 / max(1, len(keys))
-    for ax in axes.flat[len(order):]:
+    for ax in axes.flat[len(order) :]:
         ax.set_visible(False)
     for ax, key in zip(axes.flat, order):
-        group = sorted(panels[key], key=lambda r: (r.workload.causal, r.workload.is_thd, r.workload.seqlen_q,
-                                                   r.workload.mix))
+        group = sorted(
+            panels[key], key=lambda r: (r.workload.causal, r.workload.is_thd, r.workload.seqlen_q, r.workload.mix)
+        )
         for j, k in enumerate(keys):
             for i, r in enumerate(group):
                 m = r.measurements.get(k)

@@ -4,6 +4,7 @@ Works sequence by sequence and in groups of KV heads so that the score matrix
 of one step stays under a memory budget; gives O (and the natural-log LSE) for
 forward, dQ/dK/dV for backward, all in the inputs' storage shapes.
 """
+
 from __future__ import annotations
 
 from frost.bench.inputs import cu_seqlens_of
@@ -45,7 +46,7 @@ def paged_dense(w: Workload, cache, table):
     """A paged cache (num_blocks, block_size, H, D) gathered through its table into (B, S_kv, H, D)."""
     b, m = table.shape
     rows = cache[table.long()].reshape(b, m * w.block_size, *cache.shape[2:])
-    return rows[:, :w.seqlen_kv]
+    return rows[:, : w.seqlen_kv]
 
 
 def reference_forward(w: Workload, q, k, v, table=None):
@@ -61,19 +62,24 @@ def reference_forward(w: Workload, q, k, v, table=None):
         lse = torch.empty(w.batch, w.heads_q, w.seqlen_q, dtype=torch.float32, device=q.device)
     r = w.gqa_ratio
     for qs, ks in _segments(w):
-        qq, kk, vv = q[qs], k[ks], v[ks]          # (S, H, D)
+        qq, kk, vv = q[qs], k[ks], v[ks]  # (S, H, D)
         if qq.shape[0] == 0:
             continue
         g = _kv_group(w, qq.shape[0], kk.shape[0])
         for h0 in range(0, w.heads_kv, g):
             h1 = min(w.heads_kv, h0 + g)
-            oq, lq = _attend(qq[:, h0 * r:h1 * r].transpose(0, 1).float(), kk[:, h0:h1].transpose(0, 1).float(),
-                            vv[:, h0:h1].transpose(0, 1).float(), w, r)
-            o[qs][:, h0 * r:h1 * r] = oq.transpose(0, 1).to(o.dtype)
+            oq, lq = _attend(
+                qq[:, h0 * r : h1 * r].transpose(0, 1).float(),
+                kk[:, h0:h1].transpose(0, 1).float(),
+                vv[:, h0:h1].transpose(0, 1).float(),
+                w,
+                r,
+            )
+            o[qs][:, h0 * r : h1 * r] = oq.transpose(0, 1).to(o.dtype)
             if w.is_thd:
-                lse[h0 * r:h1 * r, qs] = lq
+                lse[h0 * r : h1 * r, qs] = lq
             else:
-                lse[qs, h0 * r:h1 * r] = lq
+                lse[qs, h0 * r : h1 * r] = lq
     return o, lse
 
 
@@ -90,13 +96,13 @@ def reference_backward(w: Workload, q, k, v, do):
         g = _kv_group(w, qq.shape[0], kk.shape[0])
         for h0 in range(0, w.heads_kv, g):
             h1 = min(w.heads_kv, h0 + g)
-            ql = qq[:, h0 * r:h1 * r].transpose(0, 1).float().requires_grad_(True)
+            ql = qq[:, h0 * r : h1 * r].transpose(0, 1).float().requires_grad_(True)
             kl = kk[:, h0:h1].transpose(0, 1).float().requires_grad_(True)
             vl = vv[:, h0:h1].transpose(0, 1).float().requires_grad_(True)
             with torch.enable_grad():
                 oq, _ = _attend(ql, kl, vl, w, r)
-                gq, gk, gv = torch.autograd.grad(oq, (ql, kl, vl), dd[:, h0 * r:h1 * r].transpose(0, 1).float())
-            dq[qs][:, h0 * r:h1 * r] = gq.transpose(0, 1).to(dq.dtype)
+                gq, gk, gv = torch.autograd.grad(oq, (ql, kl, vl), dd[:, h0 * r : h1 * r].transpose(0, 1).float())
+            dq[qs][:, h0 * r : h1 * r] = gq.transpose(0, 1).to(dq.dtype)
             dk[ks][:, h0:h1] = gk.transpose(0, 1).to(dk.dtype)
             dv[ks][:, h0:h1] = gv.transpose(0, 1).to(dv.dtype)
     return dq, dk, dv

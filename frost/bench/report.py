@@ -9,6 +9,7 @@ why through numbered footnotes. Rows measured with and without a deterministic
 backward get one line per pair with each implementation's deterministic /
 non-deterministic time ratio.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,16 @@ import math
 import os
 
 from frost.bench.impl import CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED
-from frost.bench.results import (CUDNN_ENGINE, CUDNN_PEER, Row, cudnn_engine_summary, deterministic_pairs,
-                                 deterministic_ratios, impl_columns, report_dict)
+from frost.bench.results import (
+    CUDNN_ENGINE,
+    CUDNN_PEER,
+    Row,
+    cudnn_engine_summary,
+    deterministic_pairs,
+    deterministic_ratios,
+    impl_columns,
+    report_dict,
+)
 
 _STATUS_TAG = {MISSING: "miss", NA: "n/a", FAILED: "FAIL", SKIPPED: "skip"}
 PEER_NAMES = {"cudnn": "cuDNN", "fa2": "FA2", "fa4": "FA4"}
@@ -101,8 +110,14 @@ def throughput_table(rows: list[Row], notes: Footnotes | None = None):
     body = []
     for r in rows:
         w = r.workload
-        line = [w.direction_label, w.dtype, w.head_dim_label, w.shape_label, w.heads_label,
-                "causal" if w.causal else "full"]
+        line = [
+            w.direction_label,
+            w.dtype,
+            w.head_dim_label,
+            w.shape_label,
+            w.heads_label,
+            "causal" if w.causal else "full",
+        ]
         for k in keys:
             m = r.measurements.get(k)
             line.append(_cell(m, fmt_tflops(m.tflops) if m else "-", notes))
@@ -149,14 +164,21 @@ def cudnn_engine_lines(rows: list[Row]) -> list[str]:
     """frost's cuDNN engine against cuDNN through torch: one line per direction, then the probe's host times."""
     lines = []
     for e in cudnn_engine_summary(rows):
-        spread = (f"{fmt_ratio(e['min'])} - {fmt_ratio(e['max'])} (median {fmt_ratio(e['median'])})"
-                  if e["rows"] > 1 else fmt_ratio(e["min"]))
+        spread = (
+            f"{fmt_ratio(e['min'])} - {fmt_ratio(e['max'])} (median {fmt_ratio(e['median'])})"
+            if e["rows"] > 1
+            else fmt_ratio(e["min"])
+        )
         if e["probe"]:
-            lines.append(f"{e['direction']} host time per call: frost:cudnn {e['frost_us']:.1f} us, cuDNN (torch) "
-                         f"{e['cudnn_us']:.1f} us: {spread}")
+            lines.append(
+                f"{e['direction']} host time per call: frost:cudnn {e['frost_us']:.1f} us, cuDNN (torch) "
+                f"{e['cudnn_us']:.1f} us: {spread}"
+            )
         else:
-            lines.append(f"{e['direction']}: {spread} over {e['rows']} rows; {e['within']} of {e['rows']} within "
-                         f"{e['tolerance']:.0%} of cuDNN or faster")
+            lines.append(
+                f"{e['direction']}: {spread} over {e['rows']} rows; {e['within']} of {e['rows']} within "
+                f"{e['tolerance']:.0%} of cuDNN or faster"
+            )
     return lines
 
 
@@ -181,8 +203,10 @@ def render_text(headers: list[str], body: list[list[str]]) -> str:
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
 
     def fmt(cells):
-        return "  ".join(c.rjust(wd) if i >= n_text else c.ljust(wd)
-                         for i, (c, wd) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            c.rjust(wd) if i >= n_text else c.ljust(wd) for i, (c, wd) in enumerate(zip(cells, widths))
+        ).rstrip()
+
     out = [fmt(headers), "  ".join("-" * wd for wd in widths)]
     out += [fmt(b) for b in body]
     return "\n".join(out)
@@ -191,38 +215,53 @@ def render_text(headers: list[str], body: list[list[str]]) -> str:
 def render_markdown(headers: list[str], body: list[list[str]]) -> str:
     def esc(c):
         return c.replace("|", "\\|")
+
     n_text = _text_columns(headers)
-    out = ["| " + " | ".join(esc(h) for h in headers) + " |",
-           "|" + "|".join("---" if i < n_text else "---:" for i in range(len(headers))) + "|"]
+    out = [
+        "| " + " | ".join(esc(h) for h in headers) + " |",
+        "|" + "|".join("---" if i < n_text else "---:" for i in range(len(headers))) + "|",
+    ]
     out += ["| " + " | ".join(esc(c) for c in b) + " |" for b in body]
     return "\n".join(out)
 
 
 #: how a row's time was taken, by the device the run measured (a CPU run is the harness's self-test: wall clock)
-TIMED_BY = {"cuda": "median per-call time of CUDA-event-timed samples",
-            "cpu": "median per-call wall-clock time on the CPU (a harness self-test, not a GPU measurement)"}
-LEGEND = ("TFLOP/s: {timed}; FLOPs 4*B*H*Sq*Skv*D "
-          "(2*...*(Dqk+Dv) when they differ), halved when causal, summed per sequence for THD, bwd = 2.5x fwd. "
-          "<engine>/best = frost TFLOP/s / best peer's; err = ||frost - ref|| / ||ref|| against the row's "
-          "reference; '!' marks a failed check.")
-DET_LEGEND = ("Deterministic backward: time with use_deterministic_algorithm=True (FA4: deterministic=True) / "
-              "time without, same workload and implementation (1.00x = no cost).")
-CUDNN_LEGEND = ("frost's cuDNN engine (frost:cudnn) / cuDNN through torch SDPA's CUDNN_ATTENTION backend, the same "
-                "library behind two front ends: TFLOP/s ratio per row (>1: frost's is faster); on probe rows the "
-                "host-time ratio (<1: frost's execute costs less host time than torch's call).")
-PROBE_LEGEND = ("Host time per call on a tiny problem, wall clock over many back-to-back calls until the GPU drained "
-                "(in parentheses: until the last call returned, before the final sync, i.e. host time without "
-                "the tiny kernels' own GPU time); lower is better.")
+TIMED_BY = {
+    "cuda": "median per-call time of CUDA-event-timed samples",
+    "cpu": "median per-call wall-clock time on the CPU (a harness self-test, not a GPU measurement)",
+}
+LEGEND = (
+    "TFLOP/s: {timed}; FLOPs 4*B*H*Sq*Skv*D "
+    "(2*...*(Dqk+Dv) when they differ), halved when causal, summed per sequence for THD, bwd = 2.5x fwd. "
+    "<engine>/best = frost TFLOP/s / best peer's; err = ||frost - ref|| / ||ref|| against the row's "
+    "reference; '!' marks a failed check."
+)
+DET_LEGEND = (
+    "Deterministic backward: time with use_deterministic_algorithm=True (FA4: deterministic=True) / "
+    "time without, same workload and implementation (1.00x = no cost)."
+)
+CUDNN_LEGEND = (
+    "frost's cuDNN engine (frost:cudnn) / cuDNN through torch SDPA's CUDNN_ATTENTION backend, the same "
+    "library behind two front ends: TFLOP/s ratio per row (>1: frost's is faster); on probe rows the "
+    "host-time ratio (<1: frost's execute costs less host time than torch's call)."
+)
+PROBE_LEGEND = (
+    "Host time per call on a tiny problem, wall clock over many back-to-back calls until the GPU drained "
+    "(in parentheses: until the last call returned, before the final sync, i.e. host time without "
+    "the tiny kernels' own GPU time); lower is better."
+)
 
 
 def legend(device: str = "cuda") -> str:
     return LEGEND.format(timed=TIMED_BY.get(device, TIMED_BY["cpu"]))
 
 
-SPREAD_LEGEND = ("Interleaved timing: median [min-max] ms over the rounds (engine order rotated each round); each "
-                 "frost engine against each peer as a speed ratio (> 1: frost faster) [its range from the extremes]; "
-                 "win / loss only when the time ranges do not overlap, else tie; % of ceiling: TFLOP/s over the "
-                 "run's bf16 matmul.")
+SPREAD_LEGEND = (
+    "Interleaved timing: median [min-max] ms over the rounds (engine order rotated each round); each "
+    "frost engine against each peer as a speed ratio (> 1: frost faster) [its range from the extremes]; "
+    "win / loss only when the time ranges do not overlap, else tie; % of ceiling: TFLOP/s over the "
+    "run's bf16 matmul."
+)
 
 
 def spread_lines(rows: list[Row]) -> list[str]:
@@ -237,8 +276,9 @@ def spread_lines(rows: list[Row]) -> list[str]:
             if "of_ceiling" in m.info:
                 text += f", {100 * m.info['of_ceiling']:.0f}% of ceiling"
             for peer, v in m.info.get("vs", {}).items():
-                text += (f"; vs {impl_name(peer)} {v['ratio']:.2f}x [{v['ratio_lo']:.2f}-{v['ratio_hi']:.2f}] "
-                         f"{v['verdict']}")
+                text += (
+                    f"; vs {impl_name(peer)} {v['ratio']:.2f}x [{v['ratio_lo']:.2f}-{v['ratio_hi']:.2f}] {v['verdict']}"
+                )
             out.append(text)
     return out
 
@@ -246,8 +286,10 @@ def spread_lines(rows: list[Row]) -> list[str]:
 def ceiling_line(ceiling: dict | None) -> str:
     if not ceiling:
         return ""
-    return (f"bf16 matmul ceiling ({ceiling['n']}^3 GEMM, torch.matmul): {ceiling['tflops']:.0f} TFLOP/s "
-            f"[{ceiling['tflops_lo']:.0f}-{ceiling['tflops_hi']:.0f}]")
+    return (
+        f"bf16 matmul ceiling ({ceiling['n']}^3 GEMM, torch.matmul): {ceiling['tflops']:.0f} TFLOP/s "
+        f"[{ceiling['tflops_lo']:.0f}-{ceiling['tflops_hi']:.0f}]"
+    )
 
 
 def render_report(rows: list[Row], markdown: bool = False, device: str = "cuda", ceiling: dict | None = None) -> str:
@@ -277,10 +319,20 @@ def render_report(rows: list[Row], markdown: bool = False, device: str = "cuda",
     return "\n".join(parts)
 
 
-ENV_KEYS = [("gpu", "GPU"), ("driver", "driver"), ("cuda", "CUDA (torch)"), ("torch", "torch"),
-            ("cudnn", "cuDNN"), ("cutlass_dsl", "nvidia-cutlass-dsl"), ("tvm_ffi", "apache-tvm-ffi"),
-            ("flash_attn_4", "flash-attn-4"), ("frost_commit", "frost commit"), ("python", "python"),
-            ("date", "date (UTC)"), ("command", "command")]
+ENV_KEYS = [
+    ("gpu", "GPU"),
+    ("driver", "driver"),
+    ("cuda", "CUDA (torch)"),
+    ("torch", "torch"),
+    ("cudnn", "cuDNN"),
+    ("cutlass_dsl", "nvidia-cutlass-dsl"),
+    ("tvm_ffi", "apache-tvm-ffi"),
+    ("flash_attn_4", "flash-attn-4"),
+    ("frost_commit", "frost commit"),
+    ("python", "python"),
+    ("date", "date (UTC)"),
+    ("command", "command"),
+]
 
 
 def render_markdown_file(rows: list[Row], env: dict, settings: dict, title: str = "frost benchmark") -> str:
@@ -291,8 +343,11 @@ def render_markdown_file(rows: list[Row], env: dict, settings: dict, title: str 
     timing = settings.get("timing", {})
     if timing:
         lines.append("- timing: " + ", ".join(f"{k}={v}" for k, v in timing.items()))
-    lines += ["", render_report(rows, markdown=True, device=settings.get("device", "cuda"),
-                                ceiling=settings.get("ceiling")), ""]
+    lines += [
+        "",
+        render_report(rows, markdown=True, device=settings.get("device", "cuda"), ceiling=settings.get("ceiling")),
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ frost engine with the best peer that ran in the same row, each frost engine with
 cuDNN through torch (the same library under frost's cuDNN engine), and a
 deterministic backward row with its non-deterministic twin.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -15,20 +16,20 @@ from frost.bench.impl import CHECK_FAILED, OK
 from frost.bench.workloads import Workload
 
 SCHEMA = "frost-bench/1"
-CUDNN_PEER = "cudnn"            # cuDNN through torch SDPA (its CUDNN_ATTENTION backend)
-CUDNN_ENGINE = "frost:cudnn"    # frost's cuDNN engine: the same library through frost's graph API
+CUDNN_PEER = "cudnn"  # cuDNN through torch SDPA (its CUDNN_ATTENTION backend)
+CUDNN_ENGINE = "frost:cudnn"  # frost's cuDNN engine: the same library through frost's graph API
 
 
 @dataclass
 class Measurement:
-    impl: str                      # cudnn | fa2 | fa4 | frost:<engine>
-    status: str                    # ok | missing | n/a | failed | check-failed | skipped
-    ms: float | None = None        # median per call (GPU time; probe rows: None)
+    impl: str  # cudnn | fa2 | fa4 | frost:<engine>
+    status: str  # ok | missing | n/a | failed | check-failed | skipped
+    ms: float | None = None  # median per call (GPU time; probe rows: None)
     tflops: float | None = None
-    host_us: float | None = None   # probe rows: wall-clock microseconds per call (GPU drained)
+    host_us: float | None = None  # probe rows: wall-clock microseconds per call (GPU drained)
     issue_us: float | None = None  # probe rows: microseconds per call until the calls returned
-    rel_err: float | None = None   # against the row's reference
-    reason: str = ""               # why missing / n/a / failed / check-failed
+    rel_err: float | None = None  # against the row's reference
+    reason: str = ""  # why missing / n/a / failed / check-failed
     note: str = ""
     info: dict = field(default_factory=dict)
 
@@ -44,8 +45,8 @@ class Measurement:
 @dataclass
 class Row:
     workload: Workload
-    measurements: dict = field(default_factory=dict)   # impl -> Measurement (insertion order kept)
-    reference: str = ""                                 # impl (or "fp32-math") frost was checked against
+    measurements: dict = field(default_factory=dict)  # impl -> Measurement (insertion order kept)
+    reference: str = ""  # impl (or "fp32-math") frost was checked against
 
     @property
     def flops(self) -> float:
@@ -156,15 +157,24 @@ def cudnn_engine_summary(rows: list[Row], tolerance: float = 0.03) -> list[dict]
     out = []
     for probe in (False, True):
         for direction in ("fwd", "bwd"):
-            pairs = [(r, r.ratio_to(CUDNN_ENGINE, CUDNN_PEER)) for r in rows
-                     if r.workload.probe == probe and r.workload.direction == direction
-                     and not r.workload.deterministic]
+            pairs = [
+                (r, r.ratio_to(CUDNN_ENGINE, CUDNN_PEER))
+                for r in rows
+                if r.workload.probe == probe and r.workload.direction == direction and not r.workload.deterministic
+            ]
             ratios = sorted(x for _, x in pairs if x is not None)
             if not ratios:
                 continue
-            entry = {"direction": direction, "probe": probe, "rows": len(ratios), "min": ratios[0],
-                     "median": ratios[len(ratios) // 2] if len(ratios) % 2 else
-                     (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2, "max": ratios[-1]}
+            entry = {
+                "direction": direction,
+                "probe": probe,
+                "rows": len(ratios),
+                "min": ratios[0],
+                "median": ratios[len(ratios) // 2]
+                if len(ratios) % 2
+                else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2,
+                "max": ratios[-1],
+            }
             if probe:
                 m = [(r.measurements[CUDNN_ENGINE], r.measurements[CUDNN_PEER]) for r, x in pairs if x is not None]
                 entry.update(frost_us=m[0][0].host_us, cudnn_us=m[0][1].host_us)
@@ -182,8 +192,10 @@ def report_dict(rows: list[Row], env: dict, settings: dict) -> dict:
         "settings": settings,
         "rows": [r.to_dict() for r in rows if not r.workload.probe],
         "probe": [r.to_dict() for r in rows if r.workload.probe],
-        "deterministic_ratios": [{"label": base.workload.label, "ratios": deterministic_ratios(base, det)}
-                                 for base, det in deterministic_pairs(rows)],
+        "deterministic_ratios": [
+            {"label": base.workload.label, "ratios": deterministic_ratios(base, det)}
+            for base, det in deterministic_pairs(rows)
+        ],
         "cudnn_engine_vs_cudnn": cudnn_engine_summary(rows),
     }
 

@@ -6,6 +6,7 @@ an exception becomes a status with a reason on that cell, never a crash. A
 CUDA error that poisons the context stops the run (later rows are marked) since
 nothing after it could be trusted.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -16,22 +17,21 @@ import warnings
 from dataclasses import dataclass, field
 
 from frost.bench import check as checks
-from frost.bench.impl import (CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED, Implementation, Unsupported,
-                              short_reason)
+from frost.bench.impl import CHECK_FAILED, FAILED, MISSING, NA, OK, SKIPPED, Implementation, Unsupported, short_reason
 from frost.bench.flops import tflops
 from frost.bench.results import Measurement, Row
 from frost.bench.spread import MIN_SAMPLES, Spread, compare_ms, interleave, matmul_ceiling
 from frost.bench.timing import TimingOptions, _event_ms, host_time_us, is_cuda, sync, time_calls
 
-FROST_ALL = "frost:*"   # column used when frost as a whole is missing or declines the graph
+FROST_ALL = "frost:*"  # column used when frost as a whole is missing or declines the graph
 REFERENCE_ORDER = ("cudnn", "fa4", "fa2")
 
 
 @dataclass
 class RunOptions:
     impls: list = field(default_factory=lambda: ["cudnn", "fa2", "fa4", "frost"])
-    frost_engines: list = field(default_factory=list)      # fnmatch patterns; empty = every engine
-    exclude_engines: list = field(default_factory=list)    # fnmatch patterns
+    frost_engines: list = field(default_factory=list)  # fnmatch patterns; empty = every engine
+    exclude_engines: list = field(default_factory=list)  # fnmatch patterns
     timing: TimingOptions = field(default_factory=TimingOptions)
     check: bool = True
     tol: dict = field(default_factory=lambda: dict(checks.DEFAULT_TOL))
@@ -40,9 +40,9 @@ class RunOptions:
     probe_calls: int = 500
     seed: int = 0
     time_budget_s: float | None = None
-    device: str = "cuda"       # "cpu" only to self-test the harness (wall-clock timing)
-    interleave: int = 0        # >= 1: re-time every timed cell of a row in this many interleaved rounds (spread.py)
-    ceiling_n: int = 0         # > 0: measure the bf16 matmul ceiling (n x n GEMM) once at the start of the run
+    device: str = "cuda"  # "cpu" only to self-test the harness (wall-clock timing)
+    interleave: int = 0  # >= 1: re-time every timed cell of a row in this many interleaved rounds (spread.py)
+    ceiling_n: int = 0  # > 0: measure the bf16 matmul ceiling (n x n GEMM) once at the start of the run
 
 
 class Progress:
@@ -111,8 +111,7 @@ def _context_alive(device) -> str | None:
 
 
 class Runner:
-    def __init__(self, opts: RunOptions, peers: list[Implementation], progress: Progress | None = None,
-                 on_row=None):
+    def __init__(self, opts: RunOptions, peers: list[Implementation], progress: Progress | None = None, on_row=None):
         self.opts, self.peers = opts, peers
         self.progress = progress or Progress(0, enabled=False)
         self.on_row = on_row
@@ -160,8 +159,15 @@ class Runner:
                     else:
                         t = time_calls(prep.calls, self.opts.timing, prep.bind_stream, device=dev)
                         m.ms = t.median_ms
-                        m.info.update({"min_ms": t.min_ms, "inner": t.inner, "reps": len(t.samples_ms),
-                                       "timing": t.mode, "buffer_sets": len(prep.calls)})
+                        m.info.update(
+                            {
+                                "min_ms": t.min_ms,
+                                "inner": t.inner,
+                                "reps": len(t.samples_ms),
+                                "timing": t.mode,
+                                "buffer_sets": len(prep.calls),
+                            }
+                        )
                         if t.note:
                             m.add_note(t.note)
                         if self.opts.interleave and t.mode == "loop":
@@ -217,8 +223,10 @@ class Runner:
         peer_err = checks.compare(ref[1], self._math[1])
         if not (err <= tol) or peer_err <= tol:
             return False
-        m.add_note(f"checked against fp32-math: {ref[0]}, the only peer, disagrees with it (rel err {peer_err:.1e}) "
-                   f"and with frost ({m.rel_err:.1e})")
+        m.add_note(
+            f"checked against fp32-math: {ref[0]}, the only peer, disagrees with it (rel err {peer_err:.1e}) "
+            f"and with frost ({m.rel_err:.1e})"
+        )
         m.rel_err = err
         self.disputed = (ref[0], peer_err)
         return True
@@ -356,6 +364,7 @@ class Runner:
         def sample():
             with prep.context():
                 return _event_ms(loop, dev) / inner
+
         return sample
 
     def _interleave_row(self, row: Row) -> None:
@@ -376,15 +385,17 @@ class Runner:
         for k, sp in spreads.items():
             if not k.startswith("frost:"):
                 continue
-            row.measurements[k].info["vs"] = {p: compare_ms(sp, psp) for p, psp in spreads.items()
-                                              if not p.startswith("frost:")}
+            row.measurements[k].info["vs"] = {
+                p: compare_ms(sp, psp) for p, psp in spreads.items() if not p.startswith("frost:")
+            }
 
     def run(self, workloads) -> list:
         rows = []
         if self.opts.ceiling_n:
             self.progress.step("bf16 matmul ceiling")
-            self.ceiling = matmul_ceiling(self.opts.ceiling_n, max(MIN_SAMPLES, self.opts.interleave),
-                                          device=self.opts.device)
+            self.ceiling = matmul_ceiling(
+                self.opts.ceiling_n, max(MIN_SAMPLES, self.opts.interleave), device=self.opts.device
+            )
         for w in workloads:
             row = self.run_workload(w)
             rows.append(row)

@@ -6,6 +6,7 @@ row is a win (or a loss) only when the engines' min-max ranges do not overlap; o
 whatever the medians say. The bf16 matmul ceiling (torch.matmul of a large square GEMM, event-timed) measured in
 the same run says how far each kernel is from what the tensor cores deliver on this machine today.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -65,7 +66,7 @@ def compare_ms(mine: Spread, peer: Spread) -> dict:
 
 
 def matmul_flops(n: int) -> float:
-    return 2.0 * n ** 3
+    return 2.0 * n**3
 
 
 def matmul_ceiling(n: int = 8192, rounds: int = MIN_SAMPLES, inner: int = 10, device: str = "cuda") -> dict:

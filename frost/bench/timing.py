@@ -6,6 +6,7 @@ latency is amortized the way a training step sees it. `mode="graph"` captures
 the same loop in a CUDA graph and times replays (falls back to the loop, with a
 note, when capture fails).
 """
+
 from __future__ import annotations
 
 import math

@@ -11,6 +11,7 @@ Paged rows (layout "paged", forward only) read K and V from a paged cache
 read per second beside TFLOP/s, prefill rows (S_q = S_kv, causal, B = tokens / S)
 TFLOP/s.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,22 +32,22 @@ ELEMENT_BYTES = {"bf16": 2, "fp16": 2}
 
 @dataclass(frozen=True)
 class Workload:
-    direction: str            # "fwd" | "bwd"
-    dtype: str                # "bf16" | "fp16"
+    direction: str  # "fwd" | "bwd"
+    dtype: str  # "bf16" | "fp16"
     d_qk: int
     d_v: int
     heads_q: int
     heads_kv: int
     causal: bool
-    layout: str = "bshd"      # "bshd" (dense, BSHD physical) | "thd" (packed)
+    layout: str = "bshd"  # "bshd" (dense, BSHD physical) | "thd" (packed)
     batch: int = 1
     seqlen_q: int = 0
     seqlen_kv: int = 0
-    seqlens: tuple = ()       # THD: per-sequence lengths (q and kv alike)
-    mix: str = ""             # THD: name of the length mix
-    probe: bool = False       # host-time probe instead of throughput
+    seqlens: tuple = ()  # THD: per-sequence lengths (q and kv alike)
+    mix: str = ""  # THD: name of the length mix
+    probe: bool = False  # host-time probe instead of throughput
     deterministic: bool = False  # bwd: a run-to-run reproducible backward ("det" in labels)
-    block_size: int = 0       # paged: rows per cache block
+    block_size: int = 0  # paged: rows per cache block
 
     @property
     def is_paged(self) -> bool:
@@ -92,7 +93,7 @@ class Workload:
 
     @property
     def scale(self) -> float:
-        return self.d_qk ** -0.5
+        return self.d_qk**-0.5
 
     @property
     def head_dim_label(self) -> str:
@@ -121,16 +122,31 @@ class Workload:
     def label(self) -> str:
         kind = "probe " if self.probe else ""
         mask = "causal" if self.causal else "full"
-        return (f"{kind}{self.direction_label} {self.dtype} d{self.head_dim_label} {self.shape_label} "
-                f"h{self.heads_label} {mask}")
+        return (
+            f"{kind}{self.direction_label} {self.dtype} d{self.head_dim_label} {self.shape_label} "
+            f"h{self.heads_label} {mask}"
+        )
 
     def flops(self) -> float:
         if self.is_thd:
-            return sdpa_flops(heads=self.heads_q, d_qk=self.d_qk, d_v=self.d_v, causal=self.causal,
-                              direction=self.direction, seqlens_q=self.seqlens)
-        return sdpa_flops(heads=self.heads_q, d_qk=self.d_qk, d_v=self.d_v, causal=self.causal,
-                          direction=self.direction, batch=self.batch, seqlen_q=self.seqlen_q,
-                          seqlen_kv=self.seqlen_kv)
+            return sdpa_flops(
+                heads=self.heads_q,
+                d_qk=self.d_qk,
+                d_v=self.d_v,
+                causal=self.causal,
+                direction=self.direction,
+                seqlens_q=self.seqlens,
+            )
+        return sdpa_flops(
+            heads=self.heads_q,
+            d_qk=self.d_qk,
+            d_v=self.d_v,
+            causal=self.causal,
+            direction=self.direction,
+            batch=self.batch,
+            seqlen_q=self.seqlen_q,
+            seqlen_kv=self.seqlen_kv,
+        )
 
     def set_bytes(self) -> int:
         """Device bytes of one input/output buffer set (q, k, v, o, and do/dq/dk/dv for bwd)."""
@@ -219,6 +235,7 @@ def random_mix(total_tokens: int, max_len: int, seed: int) -> tuple[int, ...]:
 @dataclass
 class SweepSpec:
     """The sweep the flags describe; `expand()` turns it into workloads."""
+
     directions: list = field(default_factory=lambda: ["fwd", "bwd"])
     dtypes: list = field(default_factory=lambda: ["bf16"])
     head_dims: list = field(default_factory=lambda: [(64, 64), (128, 128), (256, 256)])
@@ -227,7 +244,7 @@ class SweepSpec:
     hidden: int = 2048
     heads_q: int = 0  # query heads of every row (0: hidden / Dv), so a head-dim sweep keeps its head count
     causal: list = field(default_factory=lambda: [False, True])
-    deterministic: list = field(default_factory=lambda: [False])   # bwd modes; fwd rows ignore it
+    deterministic: list = field(default_factory=lambda: [False])  # bwd modes; fwd rows ignore it
     gqa: list = field(default_factory=lambda: [1])
     layouts: list = field(default_factory=lambda: ["bshd"])
     thd_mixes: list = field(default_factory=lambda: ["fixed", "random"])
@@ -237,14 +254,15 @@ class SweepSpec:
     paged_batch: int = 64  # decode rows' sequences
     seed: int = 0
     probe: bool = True
-    skipped: list = field(default_factory=list)   # combinations expand() left out, with the reason
+    skipped: list = field(default_factory=list)  # combinations expand() left out, with the reason
 
     def heads(self, d_v: int, ratio: int) -> tuple[int, int]:
         if self.heads_q:
             hq, source = self.heads_q, "--heads"
         elif self.hidden % d_v:
-            raise ValueError(f"hidden {self.hidden} is not a multiple of head dim {d_v} (fix the head count with "
-                             "--heads)")
+            raise ValueError(
+                f"hidden {self.hidden} is not a multiple of head dim {d_v} (fix the head count with --heads)"
+            )
         else:
             hq, source = self.hidden // d_v, f"hidden {self.hidden} / D {d_v}"
         if ratio < 1 or hq % ratio:
@@ -286,22 +304,49 @@ class SweepSpec:
                             if "bshd" in self.layouts:
                                 for s in self.seqlens:
                                     if s > self.tokens:
-                                        why = (f"sequence length {s} is longer than --tokens {self.tokens} (a row "
-                                               f"holds --tokens tokens)")
+                                        why = (
+                                            f"sequence length {s} is longer than --tokens {self.tokens} (a row "
+                                            f"holds --tokens tokens)"
+                                        )
                                         if why not in self.skipped:
                                             self.skipped.append(why)
                                         continue
                                     b = self.tokens // s
-                                    add(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
-                                                 layout="bshd", batch=b, seqlen_q=s, seqlen_kv=s))
+                                    add(
+                                        Workload(
+                                            direction,
+                                            dtype,
+                                            d_qk,
+                                            d_v,
+                                            hq,
+                                            hkv,
+                                            causal,
+                                            layout="bshd",
+                                            batch=b,
+                                            seqlen_q=s,
+                                            seqlen_kv=s,
+                                        )
+                                    )
                             if "paged" in self.layouts:
                                 self._paged(direction, dtype, d_qk, d_v, hq, hkv, causal, out)
                             if "thd" in self.layouts:
                                 for mix in self.thd_mixes:
                                     lens = self.thd_mix(mix)
                                     name = mix if mix == "fixed" else f"random(seed={self.seed})"
-                                    add(Workload(direction, dtype, d_qk, d_v, hq, hkv, causal,
-                                                 layout="thd", seqlens=lens, mix=name))
+                                    add(
+                                        Workload(
+                                            direction,
+                                            dtype,
+                                            d_qk,
+                                            d_v,
+                                            hq,
+                                            hkv,
+                                            causal,
+                                            layout="thd",
+                                            seqlens=lens,
+                                            mix=name,
+                                        )
+                                    )
         if not out and self.skipped:
             raise ValueError("; ".join(self.skipped))
         return out
@@ -317,15 +362,58 @@ class SweepSpec:
         for bs in self.paged_block_sizes:
             for s in self.seqlens:
                 if not causal:
-                    out.append(Workload(direction, dtype, d_qk, d_v, hq, hkv, False, layout="paged",
-                                        batch=self.paged_batch, seqlen_q=1, seqlen_kv=s, block_size=bs))
+                    out.append(
+                        Workload(
+                            direction,
+                            dtype,
+                            d_qk,
+                            d_v,
+                            hq,
+                            hkv,
+                            False,
+                            layout="paged",
+                            batch=self.paged_batch,
+                            seqlen_q=1,
+                            seqlen_kv=s,
+                            block_size=bs,
+                        )
+                    )
                 else:
-                    out.append(Workload(direction, dtype, d_qk, d_v, hq, hkv, True, layout="paged",
-                                        batch=max(1, self.tokens // s), seqlen_q=s, seqlen_kv=s, block_size=bs))
+                    out.append(
+                        Workload(
+                            direction,
+                            dtype,
+                            d_qk,
+                            d_v,
+                            hq,
+                            hkv,
+                            True,
+                            layout="paged",
+                            batch=max(1, self.tokens // s),
+                            seqlen_q=s,
+                            seqlen_kv=s,
+                            block_size=bs,
+                        )
+                    )
 
     def probes(self) -> list[Workload]:
         """The tiny-problem host-time probe: 1x1x128x64, one per direction and dtype."""
         if not self.probe:
             return []
-        return [Workload(direction, self.dtypes[0], 64, 64, 1, 1, False, layout="bshd", batch=1,
-                         seqlen_q=128, seqlen_kv=128, probe=True) for direction in self.directions]
+        return [
+            Workload(
+                direction,
+                self.dtypes[0],
+                64,
+                64,
+                1,
+                1,
+                False,
+                layout="bshd",
+                batch=1,
+                seqlen_q=128,
+                seqlen_kv=128,
+                probe=True,
+            )
+            for direction in self.directions
+        ]

@@ -8,6 +8,7 @@ the compile boundary then serves them as ordinary disk hits. With the disk layer
 off they are loaded straight into this process's memo instead. Importing this
 module does not import cutlass.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,9 +56,16 @@ def _from_disk(ck: CompiledKernel, key: dict) -> Optional[Artifact]:
     so = so_path.read_bytes() if so_path is not None else None
     if so is not None and sha256(so) != entry.meta.get("so_sha256"):
         so = None
-    return Artifact(KernelSpec(ck.template, ck.params), ck.arch, key, entry.symbol, obj, so,
-                    list(entry.meta.get("runtime_libs", [])) if so is not None else [],
-                    list(entry.meta.get("kernel_symbols") or ck.kernel_symbols))
+    return Artifact(
+        KernelSpec(ck.template, ck.params),
+        ck.arch,
+        key,
+        entry.symbol,
+        obj,
+        so,
+        list(entry.meta.get("runtime_libs", [])) if so is not None else [],
+        list(entry.meta.get("kernel_symbols") or ck.kernel_symbols),
+    )
 
 
 def _from_memory(ck: CompiledKernel, key: dict) -> Optional[Artifact]:
@@ -69,8 +77,9 @@ def _from_memory(ck: CompiledKernel, key: dict) -> Optional[Artifact]:
         path = Path(d) / "kernel.o"
         export(str(path), function_name=ck.name, export_only_tvm_ffi_symbols=True)
         obj = path.read_bytes()
-    return Artifact(KernelSpec(ck.template, ck.params), ck.arch, key, ck.name, obj,
-                    kernel_symbols=list(ck.kernel_symbols))
+    return Artifact(
+        KernelSpec(ck.template, ck.params), ck.arch, key, ck.name, obj, kernel_symbols=list(ck.kernel_symbols)
+    )
 
 
 def export_kernel(ck: CompiledKernel) -> Artifact:
@@ -80,13 +89,16 @@ def export_kernel(ck: CompiledKernel) -> Artifact:
     if art is None and ck.path and ck.digest and Path(ck.path).is_file():
         obj = Path(ck.path).read_bytes()
         if sha256(obj) == ck.digest:
-            art = Artifact(KernelSpec(ck.template, ck.params), ck.arch, key, ck.name, obj,
-                           kernel_symbols=list(ck.kernel_symbols))
+            art = Artifact(
+                KernelSpec(ck.template, ck.params), ck.arch, key, ck.name, obj, kernel_symbols=list(ck.kernel_symbols)
+            )
     if art is None:
         art = _from_memory(ck, key)
     if art is None:
-        raise FileNotFoundError(f"the artifact of kernel {ck.name} is gone (evicted from {cache.cache_dir()}); "
-                                "build the plan again before saving it")
+        raise FileNotFoundError(
+            f"the artifact of kernel {ck.name} is gone (evicted from {cache.cache_dir()}); "
+            "build the plan again before saving it"
+        )
     return art
 
 
@@ -119,8 +131,9 @@ def adopt(art: Artifact) -> str:
     with dc.locked(art.key):
         entry, _ = dc.lookup(art.key)  # another process may have published it meanwhile
         if entry is None:
-            entry = dc.publish(art.key, art.symbol, lambda p: p.write_bytes(art.obj), extra=_sidecar_extra(art),
-                               shared=shared)
+            entry = dc.publish(
+                art.key, art.symbol, lambda p: p.write_bytes(art.obj), extra=_sidecar_extra(art), shared=shared
+            )
     return entry.id
 
 
@@ -131,7 +144,8 @@ def _adopt_into_memo(art: Artifact, shared) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="frost-adopt-") as d:
         entry = cache.DiskCache(Path(d), fingerprint.fingerprint()).publish(
-            art.key, art.symbol, lambda p: p.write_bytes(art.obj), extra=_sidecar_extra(art), shared=shared)
+            art.key, art.symbol, lambda p: p.write_bytes(art.obj), extra=_sidecar_extra(art), shared=shared
+        )
         ck = boundary._from_entry(entry, template, params, art.arch, symbols=art.kernel_symbols)
     ck.path = None  # the scratch copy is gone; the loaded module stays alive
     kept = boundary.remember(ck)

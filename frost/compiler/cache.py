@@ -30,6 +30,7 @@ is stale only once nobody has opened it for `FROST_CACHE_STALE_DAYS`, default
 (a full disk: the rest of the process compiles in memory, once per kernel).
 Importing this module does not import cutlass.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,8 +54,14 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from frost.compiler.fingerprint import FORMAT, entry_id, fingerprint, fingerprint_inputs
-from frost.compiler.loader import (link_shared, load_object, load_shared, loader_choice, runtime_libraries,
-                                   runtime_libs_for)
+from frost.compiler.loader import (
+    link_shared,
+    load_object,
+    load_shared,
+    loader_choice,
+    runtime_libraries,
+    runtime_libs_for,
+)
 from frost.compiler.trust import not_group_writable, private_dir, untrusted_reason, warn_once
 
 _LAYOUT = "v1"
@@ -101,14 +108,14 @@ def max_bytes() -> int:
 # -- statistics ------------------------------------------------------------------------------
 @dataclass
 class Stats:
-    hits: int = 0            # artifacts loaded from disk
-    memo_hits: int = 0       # served from this process's memo
-    misses: int = 0          # requests that neither the memo nor the disk could serve
-    compiles: int = 0        # compiles run in this process
+    hits: int = 0  # artifacts loaded from disk
+    memo_hits: int = 0  # served from this process's memo
+    misses: int = 0  # requests that neither the memo nor the disk could serve
+    compiles: int = 0  # compiles run in this process
     worker_compiles: int = 0  # compiles run by worker processes for this process
-    corrupt: int = 0         # disk entries found unusable (and replaced)
-    evictions: int = 0       # entries removed by the size cap
-    uncacheable: int = 0     # compiles that could not be persisted
+    corrupt: int = 0  # disk entries found unusable (and replaced)
+    evictions: int = 0  # entries removed by the size cap
+    uncacheable: int = 0  # compiles that could not be persisted
     load_seconds: float = 0.0
     import_seconds: float = 0.0  # one-time imports a load needed (tvm_ffi and torch, or cutlass)
     compile_seconds: float = 0.0
@@ -338,8 +345,9 @@ class DiskCache:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
-    def publish(self, key: dict, symbol: str, export, extra: Optional[dict] = None,
-                shared: Optional[tuple[bytes, list]] = None) -> Entry:
+    def publish(
+        self, key: dict, symbol: str, export, extra: Optional[dict] = None, shared: Optional[tuple[bytes, list]] = None
+    ) -> Entry:
         """Write an artifact with `export(tmp_path)` and its sidecar, atomically.
 
         `shared` = (linked library bytes, runtime libraries it was linked for) stands in
@@ -350,9 +358,16 @@ class DiskCache:
         obj, side, _ = self.paths(eid)
         write_atomic(obj, export, ".o")
         data = obj.read_bytes()
-        meta = {"format": FORMAT, "fingerprint": self.fp, "key": key, "symbol": symbol,
-                "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "created": time.time(),
-                **(extra or {})}
+        meta = {
+            "format": FORMAT,
+            "fingerprint": self.fp,
+            "key": key,
+            "symbol": symbol,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+            "created": time.time(),
+            **(extra or {}),
+        }
         so = obj.with_suffix(".so")
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             if shared is not None and runtime_libs_for(shared[1]) is not None:  # frost's own libraries
@@ -444,8 +459,12 @@ class DiskCache:
             total -= size
             evicted += 1
         for d in self.base.iterdir():
-            if d.is_dir() and d != self.dir and self._stale(d, now) and not any(
-                    p.suffix in (".o", ".so", ".json") and p.name != "FINGERPRINT.json" for p in d.iterdir()):
+            if (
+                d.is_dir()
+                and d != self.dir
+                and self._stale(d, now)
+                and not any(p.suffix in (".o", ".so", ".json") and p.name != "FINGERPRINT.json" for p in d.iterdir())
+            ):
                 shutil.rmtree(d, ignore_errors=True)
         return evicted
 
@@ -480,8 +499,11 @@ def disk() -> Optional[DiskCache]:
     dc = DiskCache(root, fp)
     reason = dc.untrusted()
     if reason is not None:
-        turn_off(root, f"{reason}; compiling without the disk cache (fix the owner and mode, e.g. "
-                       f"chmod 700, or set FROST_CACHE_DIR to a directory of your own)")
+        turn_off(
+            root,
+            f"{reason}; compiling without the disk cache (fix the owner and mode, e.g. "
+            f"chmod 700, or set FROST_CACHE_DIR to a directory of your own)",
+        )
         return None
     dc.touch()
     _disk[k] = dc
@@ -509,9 +531,15 @@ def warn(msg: str) -> None:
 def describe() -> dict[str, Any]:
     """Where the cache is and what it holds (for `frost precompile --info`)."""
     dc = disk()
-    return {"dir": str(cache_dir()), "enabled": dc is not None, "off_reason": off_reason(),
-            "max_bytes": max_bytes(), "fingerprint": dc.fp if dc else None, "bytes": dc.size_bytes() if dc else 0,
-            "stats": stats()}
+    return {
+        "dir": str(cache_dir()),
+        "enabled": dc is not None,
+        "off_reason": off_reason(),
+        "max_bytes": max_bytes(),
+        "fingerprint": dc.fp if dc else None,
+        "bytes": dc.size_bytes() if dc else 0,
+        "stats": stats(),
+    }
 
 
 def prune(limit: Optional[int] = None) -> int:

@@ -15,6 +15,7 @@ arch, exports into the cache and loads the artifact back, so a kernel behaves
 the same whether it was compiled here or loaded from disk: `fn` is the raw
 TVM-FFI function and calls are positional.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -112,8 +113,11 @@ class KernelSpec:
 
     def to_json(self) -> dict:
         t = type(self.params)
-        return {"template": self.template, "params_type": f"{t.__module__}:{t.__qualname__}",
-                "params": self.params.model_dump(mode="json")}
+        return {
+            "template": self.template,
+            "params_type": f"{t.__module__}:{t.__qualname__}",
+            "params": self.params.model_dump(mode="json"),
+        }
 
     @classmethod
     def from_json(cls, d) -> "KernelSpec":
@@ -155,8 +159,10 @@ def _reject_real_tensors(args, where: str = "fake args") -> None:
     while stack:
         path, a = stack.pop()
         if _is_real_tensor(a):
-            raise TypeError(f"a real tensor reached a compile key ({path}: {type(a).__module__}."
-                            f"{type(a).__qualname__}); kernels compile from fake tensors and symbolic extents only")
+            raise TypeError(
+                f"a real tensor reached a compile key ({path}: {type(a).__module__}."
+                f"{type(a).__qualname__}); kernels compile from fake tensors and symbolic extents only"
+            )
         if isinstance(a, (list, tuple)):
             stack += [(f"{path}[{i}]", x) for i, x in enumerate(a)]
         elif isinstance(a, dict):
@@ -181,7 +187,9 @@ def _persistable(jit_fn, fake_args) -> bool:
         return False
     for p in sig.parameters.values():
         if p.default is not inspect.Parameter.empty or p.kind not in (
-                inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
             return False
     return not any(is_dataclass(a) and not isinstance(a, type) for a in fake_args)
 
@@ -192,8 +200,7 @@ def _raw_function(compiled):
     raw = getter() if getter is not None else None
     if raw is None and getattr(compiled, "engine", None) is not None:
         raw = compiled
-    if raw is not None and getattr(getattr(compiled, "execution_args", None),
-                                   "has_pointer_address_arg_specs", False):
+    if raw is not None and getattr(getattr(compiled, "execution_args", None), "has_pointer_address_arg_specs", False):
         return None
     return raw
 
@@ -230,24 +237,38 @@ def _compile(name, jit_fn, fake_args, symbol_for, arch: str, engine: bool):
 
     t0 = time.perf_counter()
     with kernel_symbols(jit_fn, name, symbol_for) as symbols:
-        compiled = cute.compile(jit_fn, *fake_args, options=f"--enable-tvm-ffi --gpu-arch {arch}",
-                                no_jit_engine=not engine)
+        compiled = cute.compile(
+            jit_fn, *fake_args, options=f"--enable-tvm-ffi --gpu-arch {arch}", no_jit_engine=not engine
+        )
     dt = time.perf_counter() - t0
     cache.bump(compiles=1, compile_seconds=dt)
     return compiled, list(symbols), dt
 
 
-def _from_entry(entry: "cache.Entry", template, params, arch, t_compile=0.0, symbols=(), ptx=None,
-                source="disk") -> CompiledKernel:
+def _from_entry(
+    entry: "cache.Entry", template, params, arch, t_compile=0.0, symbols=(), ptx=None, source="disk"
+) -> CompiledKernel:
     cache.import_for_load(entry.shared is not None and loader_choice() == "auto")
     t0 = time.perf_counter()
     module, fn, loader = entry.load()
     dt = time.perf_counter() - t0
     cache.bump(load_seconds=dt)
-    return CompiledKernel(name=entry.symbol, template=template, params=params, arch=arch, fn=fn,
-                          compile_seconds=t_compile, load_seconds=dt, source=source, digest=entry.digest,
-                          path=str(entry.obj), kernel_symbols=list(symbols), ptx=ptx, module=module,
-                          loader=loader)
+    return CompiledKernel(
+        name=entry.symbol,
+        template=template,
+        params=params,
+        arch=arch,
+        fn=fn,
+        compile_seconds=t_compile,
+        load_seconds=dt,
+        source=source,
+        digest=entry.digest,
+        path=str(entry.obj),
+        kernel_symbols=list(symbols),
+        ptx=ptx,
+        module=module,
+        loader=loader,
+    )
 
 
 def _try_disk(dc, key, template, params, arch) -> Optional[CompiledKernel]:
@@ -266,9 +287,18 @@ def _try_disk(dc, key, template, params, arch) -> Optional[CompiledKernel]:
 
 
 def _unloaded(entry, template, params, arch, source="disk", dt=0.0, symbols=()) -> CompiledKernel:
-    return CompiledKernel(name=entry.symbol, template=template, params=params, arch=arch, fn=None,
-                          compile_seconds=dt, source=source, digest=entry.digest, path=str(entry.obj),
-                          kernel_symbols=list(symbols))
+    return CompiledKernel(
+        name=entry.symbol,
+        template=template,
+        params=params,
+        arch=arch,
+        fn=None,
+        compile_seconds=dt,
+        source=source,
+        digest=entry.digest,
+        path=str(entry.obj),
+        kernel_symbols=list(symbols),
+    )
 
 
 def _find(dc, key, template, params, arch, load: bool) -> Optional[CompiledKernel]:
@@ -306,9 +336,12 @@ def publish(template: str, params: TemplateParams, arch: str, load: bool = True)
                 return None
             compiled, symbols, dt = _compile(name, jit_fn, fake_args, symbol_for, arch, engine=False)
             t0 = time.perf_counter()
-            entry = dc.publish(key, name, lambda p: compiled.export_to_c(str(p), function_name=name,
-                                                                         export_only_tvm_ffi_symbols=True),
-                               extra={"kernel_symbols": symbols, "compile_seconds": dt})
+            entry = dc.publish(
+                key,
+                name,
+                lambda p: compiled.export_to_c(str(p), function_name=name, export_only_tvm_ffi_symbols=True),
+                extra={"kernel_symbols": symbols, "compile_seconds": dt},
+            )
             cache.bump(export_seconds=time.perf_counter() - t0)
         dc.prune(keep=(entry.id,))
         if not load:
@@ -316,8 +349,11 @@ def publish(template: str, params: TemplateParams, arch: str, load: bool = True)
         return _from_entry(entry, template, params, arch, dt, symbols, _ptx_of(compiled), source="compile")
     except OSError as e:  # an unwritable or full cache directory never fails a compile
         # nor does it cost a second compile per kernel: the rest of the process runs without the disk layer
-        cache.turn_off(dc.root, f"cannot write to {dc.root} ({type(e).__name__}: {e}); compiling without the "
-                                f"disk cache for the rest of this process")
+        cache.turn_off(
+            dc.root,
+            f"cannot write to {dc.root} ({type(e).__name__}: {e}); compiling without the "
+            f"disk cache for the rest of this process",
+        )
         return None
 
 
@@ -325,16 +361,28 @@ def _compile_in_memory(template: str, params: TemplateParams, arch: str) -> Comp
     name, jit_fn, fake_args, symbol_for = _build(template, params, arch)
     compiled, symbols, dt = _compile(name, jit_fn, fake_args, symbol_for, arch, engine=True)
     fn = _raw_function(compiled) or compiled
-    return CompiledKernel(name=name, template=template, params=params, arch=arch, fn=fn, compile_seconds=dt,
-                          source="compile", kernel_symbols=symbols, ptx=_ptx_of(compiled), mlir=_mlir_of(compiled),
-                          module=compiled)
+    return CompiledKernel(
+        name=name,
+        template=template,
+        params=params,
+        arch=arch,
+        fn=fn,
+        compile_seconds=dt,
+        source="compile",
+        kernel_symbols=symbols,
+        ptx=_ptx_of(compiled),
+        mlir=_mlir_of(compiled),
+        module=compiled,
+    )
 
 
 def _note_name(ck: CompiledKernel, key: tuple) -> None:
     prev = _names.setdefault((ck.name, ck.arch), key)
     if prev != key:
-        cache.warn(f"kernel name {ck.name} names two different keys ({prev[0]} {prev[2]} and {key[0]} {key[2]});"
-                   " kernel_name should encode every param")
+        cache.warn(
+            f"kernel name {ck.name} names two different keys ({prev[0]} {prev[2]} and {key[0]} {key[2]});"
+            " kernel_name should encode every param"
+        )
 
 
 def compile_kernel(template: str, params: TemplateParams, target: Target | str) -> CompiledKernel:
@@ -356,8 +404,13 @@ def compile_kernel(template: str, params: TemplateParams, target: Target | str) 
             ck = _compile_in_memory(template, params, arch)
         _note_name(ck, key)
         _memo[key] = ck
-        _log.debug("frost: %s %s for %s (%.2f s)", "compiled" if ck.source == "compile" else "loaded", ck.name, arch,
-                  ck.compile_seconds if ck.source == "compile" else ck.load_seconds)
+        _log.debug(
+            "frost: %s %s for %s (%.2f s)",
+            "compiled" if ck.source == "compile" else "loaded",
+            ck.name,
+            arch,
+            ck.compile_seconds if ck.source == "compile" else ck.load_seconds,
+        )
         return ck
 
 

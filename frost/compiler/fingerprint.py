@@ -6,6 +6,7 @@ boundary, and what they import from other layers that shapes a kernel), the
 CuTe DSL and TVM-FFI versions, the Python ABI and code-generation environment
 variables. Computed once per process; never imports cutlass.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,13 +24,29 @@ FORMAT = 1
 # cache locations, library lookup). ARCH is left out because frost always
 # passes --gpu-arch explicitly and the arch is part of every key.
 _NON_CODEGEN_ENV = {
-    "KEEP", "DUMP_DIR", "CACHE_DIR", "NO_CACHE", "JIT_CACHE_MAX_ELEMS", "PRINT_IR",
-    "PRINT_AFTER_PREPROCESSOR", "SHOW_STACKTRACE", "FILTER_STACKTRACE", "WARNINGS_IGNORE",
-    "DISABLE_FILE_CACHING", "LOG_LEVEL", "LOG_TO_CONSOLE", "LOG_TO_FILE", "LIBS", "ARCH",
-    "KEEP_PTX", "KEEP_CUBIN", "KEEP_SASS", "KEEP_IR", "JIT_TIME_PROFILING",
+    "KEEP",
+    "DUMP_DIR",
+    "CACHE_DIR",
+    "NO_CACHE",
+    "JIT_CACHE_MAX_ELEMS",
+    "PRINT_IR",
+    "PRINT_AFTER_PREPROCESSOR",
+    "SHOW_STACKTRACE",
+    "FILTER_STACKTRACE",
+    "WARNINGS_IGNORE",
+    "DISABLE_FILE_CACHING",
+    "LOG_LEVEL",
+    "LOG_TO_CONSOLE",
+    "LOG_TO_FILE",
+    "LIBS",
+    "ARCH",
+    "KEEP_PTX",
+    "KEEP_CUBIN",
+    "KEEP_SASS",
+    "KEEP_IR",
+    "JIT_TIME_PROFILING",
 }
-_DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
-          "apache-tvm-ffi")
+_DISTS = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core", "apache-tvm-ffi")
 FROST_ROOT = Path(__file__).resolve().parents[1]
 # Paths under FROST_ROOT whose .py files are hashed: a folder means every .py below it.
 SOURCES = ("engines", "compiler", "runtime/workspace.py")
@@ -96,7 +113,7 @@ def _dist_version(name: str) -> str:
 def codegen_env() -> dict:
     out = {}
     for k, v in os.environ.items():
-        if k.startswith("CUTE_DSL_") and k[len("CUTE_DSL_"):] not in _NON_CODEGEN_ENV:
+        if k.startswith("CUTE_DSL_") and k[len("CUTE_DSL_") :] not in _NON_CODEGEN_ENV:
             out[k] = v
     return dict(sorted(out.items()))
 
@@ -106,8 +123,13 @@ def fingerprint_inputs(root: Path = FROST_ROOT) -> dict:
         "format": FORMAT,
         "sources": sources_digest(root),
         "versions": {d: _dist_version(d) for d in _DISTS},
-        "python": [sys.implementation.name, sys.implementation.cache_tag,
-                   sysconfig.get_config_var("SOABI") or "", platform.machine(), sys.platform],
+        "python": [
+            sys.implementation.name,
+            sys.implementation.cache_tag,
+            sysconfig.get_config_var("SOABI") or "",
+            platform.machine(),
+            sys.platform,
+        ],
         "env": codegen_env(),
     }
 
@@ -128,8 +150,13 @@ def template_digest(template: str) -> str:
 def full_key(template: str, params, arch: str) -> dict:
     """The whole compile key, as stored in the sidecar. Plan-time values only."""
     t = type(params)
-    return {"template": template, "template_sha256": template_digest(template),
-            "params_type": f"{t.__module__}:{t.__qualname__}", "params": params.key(), "arch": arch}
+    return {
+        "template": template,
+        "template_sha256": template_digest(template),
+        "params_type": f"{t.__module__}:{t.__qualname__}",
+        "params": params.key(),
+        "arch": arch,
+    }
 
 
 def entry_id(fp: str, key: dict) -> str:

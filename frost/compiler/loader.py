@@ -5,6 +5,7 @@ runtime the installed CuTe DSL ships or `$CUTE_DSL_LIBS` names, libtvm_ffi, and 
 reports once imported); a path recorded next to an artifact only chooses among them and is never
 opened on its own say.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -16,6 +16,7 @@ at the default options only, so that:
 Template authors do nothing special; a kernel whose author called
 `set_name_prefix` keeps the author's choice.
 """
+
 from __future__ import annotations
 
 import contextlib

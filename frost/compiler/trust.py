@@ -7,6 +7,7 @@ not writable by group or others; a symlink counts with its target. When a cache 
 frost warns once (logger ``frost``) and runs without the disk layer; a plan file that fails it loads
 as data only (its kernels compile).
 """
+
 from __future__ import annotations
 
 import logging

@@ -10,6 +10,7 @@ exactly what a later process will get. Anything a worker could not do (a
 template error, an uncacheable kernel, a crashed pool) is redone in the parent,
 where its error surfaces normally.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,12 @@ def as_spec(item) -> KernelSpec:
         return item
     if isinstance(item, dict):
         return KernelSpec.from_json(item)
-    if isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str) \
-            and isinstance(item[1], TemplateParams):
+    if (
+        isinstance(item, (tuple, list))
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and isinstance(item[1], TemplateParams)
+    ):
         return KernelSpec(item[0], item[1])
     raise TypeError(f"not a kernel spec: {item!r}; expected KernelSpec, (template, params) or its JSON form")
 
@@ -48,8 +53,12 @@ def _init_worker(target_json: Optional[dict], arch: str, cache_root: str) -> Non
 def _compile_in_worker(spec_json: dict, arch: str) -> dict:
     spec = KernelSpec.from_json(spec_json)
     ck = publish(spec.template, spec.params, arch, load=False)
-    return {"ok": ck is not None, "name": ck.name if ck else None, "source": ck.source if ck else None,
-            "digest": ck.digest if ck else None}
+    return {
+        "ok": ck is not None,
+        "name": ck.name if ck else None,
+        "source": ck.source if ck else None,
+        "digest": ck.digest if ck else None,
+    }
 
 
 @contextlib.contextmanager
@@ -79,8 +88,12 @@ def _pool(n: int, target: Target | str):
     from concurrent.futures import ProcessPoolExecutor
 
     target_json = target.model_dump() if isinstance(target, Target) else None
-    return ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                               initargs=(target_json, _arch_of(target), str(cache.cache_dir())))
+    return ProcessPoolExecutor(
+        max_workers=n,
+        mp_context=mp.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(target_json, _arch_of(target), str(cache.cache_dir())),
+    )
 
 
 def default_workers() -> int:
@@ -91,8 +104,12 @@ def default_workers() -> int:
     return max(1, cpus)
 
 
-def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[int] = None,
-                 progress: Optional[Callable[[str], None]] = None) -> list[CompiledKernel]:
+def compile_many(
+    specs: Iterable,
+    target: Target | str,
+    max_workers: Optional[int] = None,
+    progress: Optional[Callable[[str], None]] = None,
+) -> list[CompiledKernel]:
     """Compile every spec (KernelSpec or (template, params)); results in input order.
 
     Keys already in memory or on disk are not recompiled. Workers compile when two or
@@ -133,8 +150,9 @@ def compile_many(specs: Iterable, target: Target | str, max_workers: Optional[in
     return out
 
 
-def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int,
-                   on_done: Optional[Callable[[int, str], None]] = None) -> None:
+def run_in_workers(
+    specs: list[KernelSpec], target: Target | str, n: int, on_done: Optional[Callable[[int, str], None]] = None
+) -> None:
     """Compile and export `specs` in `n` workers; what failed there the caller redoes in this process.
     `on_done(index, kernel name)` is called as each worker finishes a spec, in the order they finish."""
     from concurrent.futures import as_completed
@@ -166,8 +184,12 @@ def run_in_workers(specs: list[KernelSpec], target: Target | str, n: int,
 def _worker_facts(spec_json: Optional[dict], arch: str) -> dict:
     """What a worker sees of CUDA, after compiling `spec_json` if given."""
     compiled = _compile_in_worker(spec_json, arch) if spec_json else None
-    facts = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "compiled": compiled,
-             "target": _target.model_dump() if _target else None, "pid": os.getpid()}
+    facts = {
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "compiled": compiled,
+        "target": _target.model_dump() if _target else None,
+        "pid": os.getpid(),
+    }
     torch = sys.modules.get("torch")
     facts["torch_cuda_initialized_after_compile"] = bool(torch and torch.cuda.is_initialized())
     try:

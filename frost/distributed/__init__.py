@@ -7,8 +7,8 @@ computing every block through its torch face (`docs/context_parallel.md`).
 
 `import frost` does not load it.
 """
+
 from frost.distributed.api import context_parallel_attention
 from frost.distributed.shard import local_cu_seqlens, shard_positions, shard_sequence, unshard_sequence
 
-__all__ = ["context_parallel_attention", "shard_sequence", "unshard_sequence", "local_cu_seqlens",
-           "shard_positions"]
+__all__ = ["context_parallel_attention", "shard_sequence", "unshard_sequence", "local_cu_seqlens", "shard_positions"]

@@ -4,6 +4,7 @@ sliding window of `left`: [p0 - left, p1)), as a bottom-right band. Each row is 
 merge; the backward gathers K/V again, scatters dK/dV in fp32 and reduce-scatters them to their owners.
 Windows run here because a chunk's keys are one contiguous range however far the window reaches back.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,10 @@ def _gather_kv(k, v, group, world):
     """(K, V) of the whole sequence in shard order: (W * T, H, D)."""
     buf = all_gather(torch.cat([k.reshape(-1), v.reshape(-1)]), group).view(world, -1)
     nk = k.numel()
-    return (buf[:, :nk].reshape(world * k.shape[0], *k.shape[1:]),
-            buf[:, nk:].reshape(world * v.shape[0], *v.shape[1:]))
+    return (
+        buf[:, :nk].reshape(world * k.shape[0], *k.shape[1:]),
+        buf[:, nk:].reshape(world * v.shape[0], *v.shape[1:]),
+    )
 
 
 class AllGatherAttention(torch.autograd.Function):
@@ -26,9 +29,19 @@ class AllGatherAttention(torch.autograd.Function):
         ix = call.ix
         k_all, v_all = _gather_kv(k, v, call.group, call.world)
         keys = ix["keys"]
-        out, lse = blocks.forward(q, k_all.index_select(0, keys), v_all.index_select(0, keys), ix["cu_chunks"],
-                                  ix["cu_keys"], ix["max_chunk"], ix["max_keys"], sinks, call.scale, call.band,
-                                  call.deterministic)
+        out, lse = blocks.forward(
+            q,
+            k_all.index_select(0, keys),
+            v_all.index_select(0, keys),
+            ix["cu_chunks"],
+            ix["cu_keys"],
+            ix["max_chunk"],
+            ix["max_keys"],
+            sinks,
+            call.scale,
+            call.band,
+            call.deterministic,
+        )
         ctx.call = call
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.mark_non_differentiable(lse)
@@ -42,8 +55,21 @@ class AllGatherAttention(torch.autograd.Function):
         k_all, v_all = _gather_kv(k, v, call.group, call.world)
         keys = ix["keys"]
         dq, dk_b, dv_b, dsinks = blocks.backward(
-            dout, q, k_all.index_select(0, keys), v_all.index_select(0, keys), out, lse, ix["cu_chunks"],
-            ix["cu_keys"], ix["max_chunk"], ix["max_keys"], sinks, call.scale, call.band, call.deterministic)
+            dout,
+            q,
+            k_all.index_select(0, keys),
+            v_all.index_select(0, keys),
+            out,
+            lse,
+            ix["cu_chunks"],
+            ix["cu_keys"],
+            ix["max_chunk"],
+            ix["max_keys"],
+            sinks,
+            call.scale,
+            call.band,
+            call.deterministic,
+        )
         grads = []
         for g, like in ((dk_b, k_all), (dv_b, v_all)):
             acc = torch.zeros(like.shape, dtype=torch.float32, device=like.device)

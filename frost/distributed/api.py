@@ -1,4 +1,5 @@
 """`context_parallel_attention`: one sequence split over the ranks of a process group, with autograd."""
+
 from __future__ import annotations
 
 import math
@@ -37,11 +38,15 @@ def _window(causal: bool, window, scheme: str) -> tuple[int, int]:
             raise ValueError(f"causal attention takes window=(left, 0 or None); got {window!r}")
         right = 0
     if scheme == "ring" and left >= 0:
-        raise NotImplementedError("context parallel: sliding windows run on scheme='all_gather' (a chunk's keys "
-                                  "are one range) or 'ulysses'; the ring does not take them")
+        raise NotImplementedError(
+            "context parallel: sliding windows run on scheme='all_gather' (a chunk's keys "
+            "are one range) or 'ulysses'; the ring does not take them"
+        )
     if scheme == "all_gather" and left >= 0 and right != 0:
-        raise NotImplementedError("context parallel: the all_gather scheme takes causal sliding windows "
-                                  "(left, 0); other bands run on scheme='ulysses'")
+        raise NotImplementedError(
+            "context parallel: the all_gather scheme takes causal sliding windows "
+            "(left, 0); other bands run on scheme='ulysses'"
+        )
     return left, right
 
 
@@ -49,17 +54,30 @@ def _repeat_kv(q, k, v, world: int):
     """Ulysses scatters heads: K/V heads repeated (GQA groups kept) until their count divides by the world."""
     hq, hk = q.shape[1], k.shape[1]
     if hq % world:
-        raise ValueError(f"context parallel: scheme='ulysses' needs the query heads ({hq}) divisible by the "
-                         f"world size ({world})")
+        raise ValueError(
+            f"context parallel: scheme='ulysses' needs the query heads ({hq}) divisible by the world size ({world})"
+        )
     rep = world // math.gcd(hk, world)
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     return k, v
 
 
-def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", causal: bool = False, window=None,
-                               scale: Optional[float] = None, sinks=None, deterministic: bool = False,
-                               cu_seqlens=None, return_lse: bool = False):
+def context_parallel_attention(
+    q,
+    k,
+    v,
+    *,
+    group=None,
+    scheme: str = "ring",
+    causal: bool = False,
+    window=None,
+    scale: Optional[float] = None,
+    sinks=None,
+    deterministic: bool = False,
+    cu_seqlens=None,
+    return_lse: bool = False,
+):
     """Attention over a sequence split head-tail over the ranks of `group` (`shard_sequence`), differentiable.
 
     Dense: q (B, Hq, S_local, D), k/v (B, Hkv, S_local, D/Dv), this rank's share of every batch entry.
@@ -84,8 +102,10 @@ def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", cau
     want = 3 if packed else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != want or t.dtype != q.dtype:
-            raise ValueError(f"context parallel: {name} must be {'packed (T, H, D)' if packed else '(B, H, S, D)'} "
-                             f"in q's dtype; got {tuple(t.shape)} {t.dtype}")
+            raise ValueError(
+                f"context parallel: {name} must be {'packed (T, H, D)' if packed else '(B, H, S, D)'} "
+                f"in q's dtype; got {tuple(t.shape)} {t.dtype}"
+            )
     if packed:
         shards = Shards.from_local(local_lengths, world)
         tq, tk, tv = q.contiguous(), k.contiguous(), v.contiguous()
@@ -95,11 +115,15 @@ def context_parallel_attention(q, k, v, *, group=None, scheme: str = "ring", cau
         tq, tk, tv = (t.permute(0, 2, 1, 3).reshape(b * s_local, t.shape[1], t.shape[3]) for t in (q, k, v))
     if scheme == "ulysses":
         tk, tv = _repeat_kv(tq, tk, tv, world)
-    band = {"ring": (-1, 0 if causal else -1, False), "all_gather": (left, 0, True) if causal else (-1, -1, False),
-            "ulysses": (left, right, False)}[scheme]
+    band = {
+        "ring": (-1, 0 if causal else -1, False),
+        "all_gather": (left, 0, True) if causal else (-1, -1, False),
+        "ulysses": (left, right, False),
+    }[scheme]
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    call = Call(group, rank, world, indices(shards, rank, q.device, causal, left), scale, causal, band,
-                bool(deterministic))
+    call = Call(
+        group, rank, world, indices(shards, rank, q.device, causal, left), scale, causal, band, bool(deterministic)
+    )
     sinks = sinks.float() if sinks is not None else None
     out, lse = SCHEMES[scheme].apply(tq, tk, tv, sinks, call)
     if not packed:

@@ -4,6 +4,7 @@ face's ops. Every scheme computes its blocks here, so the choice of entry point 
 Packed tensors are (T, H, D); lse is fp32 (H, T); `band` is (window_left, window_right, bottom_right) in
 FlashAttention's convention (-1 unbounded).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,11 +24,13 @@ def forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, sinks, scale: float, ba
     return fwd(q, k, v, cu_q, cu_k, max_q, max_k, sinks, scale, *band, deterministic)
 
 
-def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, sinks, scale: float, band,
-             deterministic: bool):
+def backward(
+    dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, sinks, scale: float, band, deterministic: bool
+):
     """-> (dq, dk, dv, dsinks or None); `out` and `lse` are used as given (a ring hands every block the merged
     ones)."""
     bwd = ops.sdpa_varlen_bwd if _lean(dout, q, k, v, sinks) else torch.ops.frost.sdpa_varlen_bwd
-    dq, dk, dv, dsinks = bwd(dout.contiguous(), q, k, v, out, lse.contiguous(), cu_q, cu_k, max_q, max_k, sinks, scale,
-                             *band, deterministic)
+    dq, dk, dv, dsinks = bwd(
+        dout.contiguous(), q, k, v, out, lse.contiguous(), cu_q, cu_k, max_q, max_k, sinks, scale, *band, deterministic
+    )
     return dq, dk, dv, (dsinks if sinks is not None else None)

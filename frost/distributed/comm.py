@@ -6,6 +6,7 @@ send is ready), the sends and receives are posted there, and the compute stream 
 when it needs the received block. On other devices the same calls run inline. `overlap_for` picks the policy;
 its logic is the same either way and tests drive it with recording streams.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,10 @@ class Ring:
 
     def start(self, send: torch.Tensor) -> None:
         recv = self.spare
-        ops = [dist.P2POp(dist.isend, send, self.next, self.group, self.tag),
-               dist.P2POp(dist.irecv, recv, self.prev, self.group, self.tag)]
+        ops = [
+            dist.P2POp(dist.isend, send, self.next, self.group, self.tag),
+            dist.P2POp(dist.irecv, recv, self.prev, self.group, self.tag),
+        ]
         with self.overlap.post((send, recv)):
             self.works = dist.batch_isend_irecv(ops)
         self.recv, self.spare = recv, send

@@ -6,6 +6,7 @@ every rank gets the same work. Dense batches are W-way splits of B documents of 
 document by document, each document's head chunk then its tail chunk ("local order"). Concatenating every
 rank's local tokens, rank 0 first, gives the "shard order" that an all-gather or all-to-all produces.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,10 +20,12 @@ def host_lengths(cu_seqlens) -> list[int]:
     built on the host, so a device tensor is refused rather than read: execute never reads device memory."""
     if isinstance(cu_seqlens, torch.Tensor):
         if cu_seqlens.device.type != "cpu":
-            raise ValueError(f"context parallel: cu_seqlens must be on the host (a list of ints or a CPU tensor), "
-                             f"got a tensor on {cu_seqlens.device}: the head-tail split is planned from the lengths "
-                             "on the host and frost never reads device memory to the host; pass the host prefix "
-                             "sums the batch was packed from (docs/context_parallel.md)")
+            raise ValueError(
+                f"context parallel: cu_seqlens must be on the host (a list of ints or a CPU tensor), "
+                f"got a tensor on {cu_seqlens.device}: the head-tail split is planned from the lengths "
+                "on the host and frost never reads device memory to the host; pass the host prefix "
+                "sums the batch was packed from (docs/context_parallel.md)"
+            )
         cu_seqlens = cu_seqlens.tolist()
     cu = [int(x) for x in cu_seqlens]
     return [b - a for a, b in zip(cu[:-1], cu[1:])]
@@ -45,9 +48,11 @@ class Shards:
     def __post_init__(self):
         bad = [n for n in self.lengths if n <= 0 or n % (2 * self.world)]
         if bad:
-            raise ValueError(f"context parallelism over {self.world} ranks splits each sequence into "
-                             f"{2 * self.world} equal chunks: lengths {bad} are not positive multiples of "
-                             f"{2 * self.world} (pad the documents)")
+            raise ValueError(
+                f"context parallelism over {self.world} ranks splits each sequence into "
+                f"{2 * self.world} equal chunks: lengths {bad} are not positive multiples of "
+                f"{2 * self.world} (pad the documents)"
+            )
 
     @staticmethod
     def from_local(local_lengths, world: int) -> "Shards":
@@ -112,6 +117,7 @@ class Shards:
 @lru_cache(maxsize=256)
 def indices(shards: Shards, rank: int, device: torch.device, causal: bool, left: int) -> dict:
     """Device index tensors and host envelopes for one rank, cached per geometry."""
+
     def t(x, dtype=torch.int64):
         return torch.tensor(x, dtype=dtype, device=device)
 
@@ -131,12 +137,22 @@ def indices(shards: Shards, rank: int, device: torch.device, causal: bool, left:
     head_rows = [i for r in head_rows for i in r]
     tail_rows = [i for r in tail_rows for i in r]
     return dict(
-        cu_global=t(cu_g, i32), cu_local=t(shards.cu_local, i32), cu_chunks=t(shards.cu_chunks, i32),
-        cu_halves=t(shards.cu_halves, i32), cu_keys=t(_prefix(key_lens), i32),
-        max_global=max(shards.lengths), max_local=2 * max(shards.chunks), max_chunk=max(shards.chunks),
+        cu_global=t(cu_g, i32),
+        cu_local=t(shards.cu_local, i32),
+        cu_chunks=t(shards.cu_chunks, i32),
+        cu_halves=t(shards.cu_halves, i32),
+        cu_keys=t(_prefix(key_lens), i32),
+        max_global=max(shards.lengths),
+        max_local=2 * max(shards.chunks),
+        max_chunk=max(shards.chunks),
         max_keys=max(key_lens),
-        heads=t(shards.halves(False)), tails=t(shards.halves(True)),
-        to_natural=t(to_shard), to_shard=t(order),
-        keys=t(keys), key_head_rows=t(head_rows), key_tail_rows=t(tail_rows),
-        key_head_src=t([keys[i] for i in head_rows]), key_tail_src=t([keys[i] for i in tail_rows]),
+        heads=t(shards.halves(False)),
+        tails=t(shards.halves(True)),
+        to_natural=t(to_shard),
+        to_shard=t(order),
+        keys=t(keys),
+        key_head_rows=t(head_rows),
+        key_tail_rows=t(tail_rows),
+        key_head_src=t([keys[i] for i in head_rows]),
+        key_tail_src=t([keys[i] for i in tail_rows]),
     )

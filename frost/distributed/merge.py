@@ -1,5 +1,6 @@
 """Merging partial attention results in fp32: two blocks of keys seen by the same query rows combine exactly
 through their log-sum-exps, so the merge adds no error that grows with the number of blocks."""
+
 from __future__ import annotations
 
 import torch

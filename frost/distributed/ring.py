@@ -5,6 +5,7 @@ Under a causal mask and the head-tail split, step s pairs this rank's chunks (r,
 j = r - s: j = r is the local causal block, j < r lets every local query see j's head chunk, j > r lets the tail
 chunk's queries see both of j's chunks; the other pairs are masked out whole, so every step costs half a block.
 """
+
 from __future__ import annotations
 
 import torch
@@ -55,8 +56,19 @@ class RingAttention(torch.autograd.Function):
                 ring.start(kv)
             kj, vj = _unpack(kv, k.shape, v.shape)
             qr, kr, cu_q, cu_k, mq, mk, band = _step(call, s)
-            o, lse = blocks.forward(_rows(q, qr), _rows(kj, kr), _rows(vj, kr), cu_q, cu_k, mq, mk,
-                                    sinks if s == 0 else None, call.scale, band, call.deterministic)
+            o, lse = blocks.forward(
+                _rows(q, qr),
+                _rows(kj, kr),
+                _rows(vj, kr),
+                cu_q,
+                cu_k,
+                mq,
+                mk,
+                sinks if s == 0 else None,
+                call.scale,
+                band,
+                call.deterministic,
+            )
             if s == 0:  # every row sees its own block: the accumulators start from it
                 o_acc, lse_acc = o.float(), lse.float().clone()
             else:
@@ -87,8 +99,21 @@ class RingAttention(torch.autograd.Function):
             kj, vj = _unpack(kv, k.shape, v.shape)
             qr, kr, cu_q, cu_k, mq, mk, band = _step(call, s)
             dq_b, dk_b, dv_b, ds = blocks.backward(
-                _rows(dout, qr), _rows(q, qr), _rows(kj, kr), _rows(vj, kr), _rows(out, qr), _rows(lse, qr, 1),
-                cu_q, cu_k, mq, mk, sinks if s == 0 else None, call.scale, band, call.deterministic)
+                _rows(dout, qr),
+                _rows(q, qr),
+                _rows(kj, kr),
+                _rows(vj, kr),
+                _rows(out, qr),
+                _rows(lse, qr, 1),
+                cu_q,
+                cu_k,
+                mq,
+                mk,
+                sinks if s == 0 else None,
+                call.scale,
+                band,
+                call.deterministic,
+            )
             if qr is None:
                 dq.add_(dq_b)
             else:

@@ -1,4 +1,5 @@
 """Splitting a sequence over ranks head-tail, and putting it back together (see `layout.py` for the order)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,7 @@
 """Ulysses attention: an all-to-all trades the sequence split for a head split, so each rank holds the whole
 sequence for H / W heads and attends it in one block (any mask, window or sink, no merge); a second all-to-all
 trades back. Needs the head counts divisible by W (K/V heads are repeated up to W where fewer: `api.py`)."""
+
 from __future__ import annotations
 
 import torch
@@ -28,10 +29,21 @@ class UlyssesAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, sinks, call):
         ix = call.ix
         h = q.shape[1] // call.world
-        mine = sinks[call.rank * h:(call.rank + 1) * h].contiguous() if sinks is not None else None
+        mine = sinks[call.rank * h : (call.rank + 1) * h].contiguous() if sinks is not None else None
         qf, kf, vf = (_to_heads(t, call) for t in (q, k, v))
-        out_f, lse_f = blocks.forward(qf, kf, vf, ix["cu_global"], ix["cu_global"], ix["max_global"],
-                                      ix["max_global"], mine, call.scale, call.band, call.deterministic)
+        out_f, lse_f = blocks.forward(
+            qf,
+            kf,
+            vf,
+            ix["cu_global"],
+            ix["cu_global"],
+            ix["max_global"],
+            ix["max_global"],
+            mine,
+            call.scale,
+            call.band,
+            call.deterministic,
+        )
         out = _to_tokens(out_f, call)
         lse = _to_tokens(lse_f.t().unsqueeze(-1).contiguous(), call)[..., 0].t().contiguous()
         ctx.call = call
@@ -44,12 +56,25 @@ class UlyssesAttention(torch.autograd.Function):
         call = ctx.call
         ix = call.ix
         qf, kf, vf, out_f, lse_f, mine, sinks = ctx.saved_tensors
-        dq, dk, dv, ds = blocks.backward(_to_heads(dout.contiguous(), call), qf, kf, vf, out_f, lse_f,
-                                         ix["cu_global"], ix["cu_global"], ix["max_global"], ix["max_global"], mine,
-                                         call.scale, call.band, call.deterministic)
+        dq, dk, dv, ds = blocks.backward(
+            _to_heads(dout.contiguous(), call),
+            qf,
+            kf,
+            vf,
+            out_f,
+            lse_f,
+            ix["cu_global"],
+            ix["cu_global"],
+            ix["max_global"],
+            ix["max_global"],
+            mine,
+            call.scale,
+            call.band,
+            call.deterministic,
+        )
         dsinks = None
         if sinks is not None:
             h = mine.shape[0]
             dsinks = torch.zeros_like(sinks)
-            dsinks[call.rank * h:(call.rank + 1) * h] = ds
+            dsinks[call.rank * h : (call.rank + 1) * h] = ds
         return _to_tokens(dq, call), _to_tokens(dk, call), _to_tokens(dv, call), dsinks, None

@@ -1,4 +1,5 @@
 """Is a usable CuTe DSL installed? Answered from package metadata, without importing cutlass."""
+
 from __future__ import annotations
 
 import functools

@@ -3,6 +3,7 @@
 Every field is a plan-time value. Runtime extents (batch, sequence lengths,
 packed totals) are never fields: they compile as symbolic ints.
 """
+
 from __future__ import annotations
 
 import math
@@ -218,20 +219,26 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
             name, d, why = outside
             raise TemplateParamsError(f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}): {name}={d} {why}")
     elif (p.head_dim, p.head_dim_v) not in head_dims:
-        raise TemplateParamsError(f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in "
-                                  f"{sorted(head_dims)}")
+        raise TemplateParamsError(
+            f"{who}: head dims (d_qk={p.head_dim}, d_v={p.head_dim_v}) not in {sorted(head_dims)}"
+        )
     if p.num_heads_q < 1 or p.num_heads_kv < 1 or p.num_heads_q % p.num_heads_kv != 0:
-        raise TemplateParamsError(f"{who}: num_heads_q={p.num_heads_q} must be a positive multiple of "
-                                  f"num_heads_kv={p.num_heads_kv}")
+        raise TemplateParamsError(
+            f"{who}: num_heads_q={p.num_heads_q} must be a positive multiple of num_heads_kv={p.num_heads_kv}"
+        )
     if p.num_heads_v and (p.num_heads_v == p.num_heads_kv or p.num_heads_q % p.num_heads_v != 0):
-        raise TemplateParamsError(f"{who}: num_heads_v={p.num_heads_v} must divide num_heads_q={p.num_heads_q} "
-                                  f"and differ from num_heads_kv={p.num_heads_kv} (0 when V has K's heads)")
+        raise TemplateParamsError(
+            f"{who}: num_heads_v={p.num_heads_v} must divide num_heads_q={p.num_heads_q} "
+            f"and differ from num_heads_kv={p.num_heads_kv} (0 when V has K's heads)"
+        )
     if p.is_thd and p.has_seqused and not p.ragged:
         raise TemplateParamsError(f"{who}: seqused is a dense-only padding mask; packed THD uses cu_seqlens")
     if p.ragged and not (p.is_thd and p.has_seqused and p.token_div_kv > 0):
-        raise TemplateParamsError(f"{who}: the ragged-offset form is packed (is_thd) with lengths from seqused and "
-                                  f"a token stride per group (token_div_q={p.token_div_q}, "
-                                  f"token_div_kv={p.token_div_kv})")
+        raise TemplateParamsError(
+            f"{who}: the ragged-offset form is packed (is_thd) with lengths from seqused and "
+            f"a token stride per group (token_div_q={p.token_div_q}, "
+            f"token_div_kv={p.token_div_kv})"
+        )
     if (p.token_div_lse or p.stats_per_batch) and not p.ragged:
         raise TemplateParamsError(f"{who}: token_div_lse / stats_per_batch belong to the ragged-offset form")
     if p.token_div_lse and p.stats_per_batch:
@@ -240,11 +247,13 @@ def check_sdpa_features(p: SdpaFeatureParams, head_dims, who: str) -> None:
         _check_own_offsets(p, who)
     for role in ("score_max", "score_sum_exp"):
         if p.ragged and getattr(p, f"has_{role}", False) and not (p.stats_per_batch or p.own_div(role)):
-            raise TemplateParamsError(f"{who}: a ragged {role} reads its own offsets (own_offsets) or is per batch "
-                                      f"(stats_per_batch)")
+            raise TemplateParamsError(
+                f"{who}: a ragged {role} reads its own offsets (own_offsets) or is per batch (stats_per_batch)"
+            )
     if (p.bias_per_batch or p.bias_per_head or p.bias_key_strided) and not p.has_bias:
-        raise TemplateParamsError(f"{who}: bias_per_batch / bias_per_head / bias_key_strided describe a bias; "
-                                  f"has_bias is False")
+        raise TemplateParamsError(
+            f"{who}: bias_per_batch / bias_per_head / bias_key_strided describe a bias; has_bias is False"
+        )
     if p.has_alibi and not p.has_window_right:
         raise TemplateParamsError(f"{who}: ALiBi needs a causal mask (has_window_right; cuDNN's rule)")
     if isinstance(p, SdpaBwdFeatureParams):
@@ -264,8 +273,9 @@ def _check_own_offsets(p: SdpaFeatureParams, who: str) -> None:
         raise TemplateParamsError(f"{who}: own_offsets belong to the ragged-offset form")
     roles = [r for r, _, _ in p.own_offsets]
     if any(r not in OWN_OFFSET_ROLES for r in roles) or roles != sorted(set(roles), key=OWN_OFFSET_ROLES.index):
-        raise TemplateParamsError(f"{who}: own_offsets roles {roles} must be distinct, from {OWN_OFFSET_ROLES}, "
-                                  f"in that order")
+        raise TemplateParamsError(
+            f"{who}: own_offsets roles {roles} must be distinct, from {OWN_OFFSET_ROLES}, in that order"
+        )
     bad = [r for r, div, _ in p.own_offsets if div < 1]
     if bad:
         raise TemplateParamsError(f"{who}: own_offsets of {bad} need a token divisor >= 1")

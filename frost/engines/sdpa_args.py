@@ -154,8 +154,11 @@ def ragged_tags(p) -> list[str]:
     if not p.ragged:
         return []
     tags = [f"rg{p.token_div_q}x{p.token_div_kv}"]
-    tags += [f"o64{g}" for g, kind in (("q", p.offset_dtype_q), ("kv", p.offset_dtype_kv),
-                                        ("lse", p.offset_dtype_lse)) if kind == "int64"]
+    tags += [
+        f"o64{g}"
+        for g, kind in (("q", p.offset_dtype_q), ("kv", p.offset_dtype_kv), ("lse", p.offset_dtype_lse))
+        if kind == "int64"
+    ]
     if p.token_div_lse:
         tags.append(f"rglse{p.token_div_lse}")
     tags += [f"rg{r}{div}" + "o64" * (kind == "int64") for r, div, kind in getattr(p, "own_offsets", ())]
@@ -176,8 +179,7 @@ def alibi_slopes(num_heads: int) -> list[float]:
     """cuDNN's ALiBi slopes, one per query head: with n the largest power of two <= num_heads, head h < n takes
     2^(-8 (h + 1) / n) and head n + e takes 2^(-4 (2 e + 1) / n) (the odd powers of 2^(-4 / n))."""
     n = 1 << (num_heads.bit_length() - 1)
-    return [2.0 ** (-8.0 * (h + 1) / n) if h < n else 2.0 ** (-4.0 * (2 * (h - n) + 1) / n)
-            for h in range(num_heads)]
+    return [2.0 ** (-8.0 * (h + 1) / n) if h < n else 2.0 ** (-4.0 * (2 * (h - n) + 1) / n) for h in range(num_heads)]
 
 
 def canonical_to_declared(name: str, t, is_thd: bool):

@@ -2,6 +2,7 @@
 
 Capability rows and adapters read facts; they never walk the graph themselves.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -149,12 +150,22 @@ class SdpaFacts(BaseModel):
             f.add("split_kv_heads")
             if max(self.num_heads_kv, self.heads_v) % min(self.num_heads_kv, self.heads_v):
                 f.add("unnested_kv_heads")  # neither count divides the other
-        for flag, name in ((self.has_padding, "padding"), (self.has_sinks, "sinks"), (self.is_thd, "thd"),
-                           (self.has_stats, "stats"), (self.deterministic, "deterministic"),
-                           (self.has_dropout, "dropout"), (self.has_bias, "bias"), (self.has_dbias, "dbias"),
-                           (self.has_attn_mask, "attn_mask"), (self.has_alibi, "alibi"),
-                           (self.has_score_mod, "score_mod"), (self.has_score_max, "score_max"),
-                           (self.has_score_sum_exp, "score_sum_exp"), (self.has_block_mask, "block_mask")):
+        for flag, name in (
+            (self.has_padding, "padding"),
+            (self.has_sinks, "sinks"),
+            (self.is_thd, "thd"),
+            (self.has_stats, "stats"),
+            (self.deterministic, "deterministic"),
+            (self.has_dropout, "dropout"),
+            (self.has_bias, "bias"),
+            (self.has_dbias, "dbias"),
+            (self.has_attn_mask, "attn_mask"),
+            (self.has_alibi, "alibi"),
+            (self.has_score_mod, "score_mod"),
+            (self.has_score_max, "score_max"),
+            (self.has_score_sum_exp, "score_sum_exp"),
+            (self.has_block_mask, "block_mask"),
+        ):
             if flag:
                 f.add(name)
         f.update(self.other_features)

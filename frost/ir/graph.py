@@ -3,6 +3,7 @@
 Declarations only, in the cuDNN frontend pygraph vocabulary. Planning and execution
 live in the public `frost.Graph` (frost/graph.py), which extends this class.
 """
+
 from __future__ import annotations
 
 import operator
@@ -12,8 +13,7 @@ from frost.errors import GraphError
 from frost.ir.nodes import BOOL_ATTRS, TENSOR_ATTRS, SdpaAttrs, SdpaBwdNode, SdpaFwdNode, dropout_tensors
 from frost.ir.tensor import Tensor, _ints, compact_strides, next_uid
 from frost.ir.validate import expect_rank, expected_out_dims, expected_stats_dims, validate_bwd, validate_fwd
-from frost.types import (as_data_type, attention_implementation, diagonal_alignment, enum_name,
-                         tensor_reordering)
+from frost.types import as_data_type, attention_implementation, diagonal_alignment, enum_name, tensor_reordering
 
 
 def as_flag(value, what: str) -> bool:
@@ -41,8 +41,9 @@ def _like_layout(src: Tensor, dim: tuple) -> tuple:
 class OpGraph:
     """Declare tensors and one SDPA node; `validate()` turns them into facts."""
 
-    def __init__(self, io_data_type=None, intermediate_data_type=None, compute_data_type=None,
-                 name: str = "frost_graph"):
+    def __init__(
+        self, io_data_type=None, intermediate_data_type=None, compute_data_type=None, name: str = "frost_graph"
+    ):
         self.io_data_type = as_data_type(io_data_type)
         self.intermediate_data_type = as_data_type(intermediate_data_type)
         self.compute_data_type = as_data_type(compute_data_type)
@@ -56,9 +57,19 @@ class OpGraph:
         """A declaration changed: what was derived from the old ones is stale."""
         self.facts = None
 
-    def tensor(self, dim=None, stride=None, data_type=None, is_virtual: bool = False, is_pass_by_value: bool = False,
-               ragged_offset: Optional[Tensor] = None, reordering_type=None, name: Optional[str] = None, uid=None,
-               **unknown) -> Tensor:
+    def tensor(
+        self,
+        dim=None,
+        stride=None,
+        data_type=None,
+        is_virtual: bool = False,
+        is_pass_by_value: bool = False,
+        ragged_offset: Optional[Tensor] = None,
+        reordering_type=None,
+        name: Optional[str] = None,
+        uid=None,
+        **unknown,
+    ) -> Tensor:
         """Declare a graph input: cuDNN's `tensor(dim, stride, data_type, ..., name, uid)`, positionally or by keyword.
 
         Omitted strides are row-major. `uid` (an int >= 0; cuDNN's -1 means "assign one") keys the variant pack
@@ -70,16 +81,22 @@ class OpGraph:
         if name is not None and not isinstance(name, str):
             raise GraphError(f"tensor(): name must be a string, got {name!r}")
         if isinstance(dim, (str, bytes)):
-            raise GraphError(f"tensor(): dim must be a sequence of ints, got {dim!r}; the positional order is "
-                             f"cuDNN's tensor(dim, stride, data_type, ...) and a name goes in name=")
+            raise GraphError(
+                f"tensor(): dim must be a sequence of ints, got {dim!r}; the positional order is "
+                f"cuDNN's tensor(dim, stride, data_type, ...) and a name goes in name="
+            )
         if is_virtual:
             raise GraphError(f"tensor {label!r}: virtual tensors are produced by nodes, not declared")
         if is_pass_by_value:
-            raise GraphError(f"tensor {label!r}: frost has no pass-by-value tensors (attn_scale is a Python number "
-                             f"fixed at plan time)")
+            raise GraphError(
+                f"tensor {label!r}: frost has no pass-by-value tensors (attn_scale is a Python number "
+                f"fixed at plan time)"
+            )
         if reordering_type is not None and enum_name(reordering_type, tensor_reordering, "reordering_type") != "NONE":
-            raise GraphError(f"tensor {label!r}: reordering_type {reordering_type!r} is not served; frost reads "
-                             f"tensors as their strides say (tensor_reordering.NONE)")
+            raise GraphError(
+                f"tensor {label!r}: reordering_type {reordering_type!r} is not served; frost reads "
+                f"tensors as their strides say (tensor_reordering.NONE)"
+            )
         if uid is not None and (isinstance(uid, bool) or not isinstance(uid, int)):
             raise GraphError(f"tensor {label!r}: uid must be an int, got {uid!r}")
         if dim is not None and stride is None:
@@ -107,8 +124,10 @@ class OpGraph:
         """A variant pack may be keyed by name: two tensors of one graph never share one."""
         for other in self.tensors:
             if other is not t and other.name == name:
-                raise GraphError(f"graph {self.name!r}: tensor name {name!r} is already taken (the tensor of uid "
-                                 f"{other.uid}); names key the variant pack, so each is used once per graph")
+                raise GraphError(
+                    f"graph {self.name!r}: tensor name {name!r} is already taken (the tensor of uid "
+                    f"{other.uid}); names key the variant pack, so each is used once per graph"
+                )
 
     def _set_uid(self, t: Tensor, uid: int) -> None:
         """A uid the caller chose; a tensor that holds it without having chosen it gets a fresh one."""
@@ -122,8 +141,10 @@ class OpGraph:
         for other in self.tensors:
             if other is not t and other.uid == uid:
                 if other.uid_chosen:
-                    raise GraphError(f"tensor {t.name!r}: uid {uid} is already tensor {other.name!r}'s; uids key "
-                                     f"the variant pack, so each is used once per graph")
+                    raise GraphError(
+                        f"tensor {t.name!r}: uid {uid} is already tensor {other.name!r}'s; uids key "
+                        f"the variant pack, so each is used once per graph"
+                    )
                 taken = {x.uid for x in self.tensors} | {uid}
                 other.uid = next_uid()
                 while other.uid in taken:
@@ -163,8 +184,10 @@ class OpGraph:
 
     def _one_node(self) -> None:
         if self.node is not None:
-            raise GraphError(f"graph {self.name!r} already holds {self.node.kind} {self.node.attrs.name!r}; "
-                             f"frost plans one SDPA node per graph")
+            raise GraphError(
+                f"graph {self.name!r} already holds {self.node.kind} {self.node.attrs.name!r}; "
+                f"frost plans one SDPA node per graph"
+            )
 
     def _attrs(self, name, kw) -> SdpaAttrs:
         allowed = set(SdpaAttrs.__dataclass_fields__) - {"name"}
@@ -176,28 +199,58 @@ class OpGraph:
             if key in kw:
                 kw[key] = as_flag(kw[key], f"sdpa {name!r}: {key}")
         if isinstance(kw.get("attn_scale"), Tensor):
-            raise GraphError(f"sdpa {name!r}: attn_scale must be a number; frost fixes it at plan time and has no "
-                             f"attn_scale tensor")
+            raise GraphError(
+                f"sdpa {name!r}: attn_scale must be a number; frost fixes it at plan time and has no attn_scale tensor"
+            )
         if "diagonal_alignment" in kw:
-            kw["diagonal_alignment"] = enum_name(kw["diagonal_alignment"], diagonal_alignment,
-                                                 f"sdpa {name!r}: diagonal_alignment")
+            kw["diagonal_alignment"] = enum_name(
+                kw["diagonal_alignment"], diagonal_alignment, f"sdpa {name!r}: diagonal_alignment"
+            )
         impl = kw.get("implementation")
-        kw["implementation"] = "AUTO" if impl is None else enum_name(impl, attention_implementation,
-                                                                    f"sdpa {name!r}: implementation")
+        kw["implementation"] = (
+            "AUTO" if impl is None else enum_name(impl, attention_implementation, f"sdpa {name!r}: implementation")
+        )
         cdt = kw.get("compute_data_type")
         kw["compute_data_type"] = as_data_type(cdt).short if cdt is not None else None
         seed, offset = dropout_tensors(kw.get("dropout"))
         self._check_owned(dropout_seed=seed, dropout_offset=offset)
         return SdpaAttrs(name=name, **kw)
 
-    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, is_inference=None, attn_scale=None, bias=None, block_mask=None,
-             use_alibi_mask: bool = False, use_padding_mask: bool = False, seq_len_q=None, seq_len_kv=None,
-             use_causal_mask: bool = False, use_causal_mask_bottom_right: bool = False, sliding_window_length=None,
-             diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=None, diagonal_band_right_bound=None,
-             dropout=None, rng_dump=None, paged_attention_k_table=None, paged_attention_v_table=None,
-             paged_attention_max_seq_len_kv=None, compute_data_type=None, name: str = "", score_mod=None,
-             generate_stats=None, implementation=None, score_max=None, score_sum_exp=None, sink_token=None,
-             unfuse_fma: bool = False, **frost_kw):
+    def sdpa(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        is_inference=None,
+        attn_scale=None,
+        bias=None,
+        block_mask=None,
+        use_alibi_mask: bool = False,
+        use_padding_mask: bool = False,
+        seq_len_q=None,
+        seq_len_kv=None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        sliding_window_length=None,
+        diagonal_alignment="TOP_LEFT",
+        diagonal_band_left_bound=None,
+        diagonal_band_right_bound=None,
+        dropout=None,
+        rng_dump=None,
+        paged_attention_k_table=None,
+        paged_attention_v_table=None,
+        paged_attention_max_seq_len_kv=None,
+        compute_data_type=None,
+        name: str = "",
+        score_mod=None,
+        generate_stats=None,
+        implementation=None,
+        score_max=None,
+        score_sum_exp=None,
+        sink_token=None,
+        unfuse_fma: bool = False,
+        **frost_kw,
+    ):
         """Scaled dot-product attention forward -> (O, Stats); Stats is None without generate_stats.
 
         The parameters are cuDNN's, in its positional order. frost's additions are keyword-only (`**frost_kw`):
@@ -213,31 +266,57 @@ class OpGraph:
         if generate_stats is None:
             generate_stats = (not is_inference) if is_inference is not None else False
         elif is_inference is not None and is_inference == generate_stats:
-            raise GraphError(f"sdpa {name!r}: generate_stats={generate_stats} and is_inference={is_inference} "
-                             f"contradict each other")
-        kw = dict(attn_scale=attn_scale, bias=bias, block_mask=block_mask, use_alibi_mask=use_alibi_mask,
-                  use_padding_mask=use_padding_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
-                  use_causal_mask=use_causal_mask, use_causal_mask_bottom_right=use_causal_mask_bottom_right,
-                  sliding_window_length=sliding_window_length, diagonal_alignment=diagonal_alignment,
-                  diagonal_band_left_bound=diagonal_band_left_bound,
-                  diagonal_band_right_bound=diagonal_band_right_bound, dropout=dropout, rng_dump=rng_dump,
-                  paged_attention_k_table=paged_attention_k_table, paged_attention_v_table=paged_attention_v_table,
-                  paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, compute_data_type=compute_data_type,
-                  score_mod=score_mod, implementation=implementation, score_max=score_max,
-                  score_sum_exp=score_sum_exp, sink_token=sink_token, unfuse_fma=unfuse_fma, **frost_kw)
+            raise GraphError(
+                f"sdpa {name!r}: generate_stats={generate_stats} and is_inference={is_inference} contradict each other"
+            )
+        kw = dict(
+            attn_scale=attn_scale,
+            bias=bias,
+            block_mask=block_mask,
+            use_alibi_mask=use_alibi_mask,
+            use_padding_mask=use_padding_mask,
+            seq_len_q=seq_len_q,
+            seq_len_kv=seq_len_kv,
+            use_causal_mask=use_causal_mask,
+            use_causal_mask_bottom_right=use_causal_mask_bottom_right,
+            sliding_window_length=sliding_window_length,
+            diagonal_alignment=diagonal_alignment,
+            diagonal_band_left_bound=diagonal_band_left_bound,
+            diagonal_band_right_bound=diagonal_band_right_bound,
+            dropout=dropout,
+            rng_dump=rng_dump,
+            paged_attention_k_table=paged_attention_k_table,
+            paged_attention_v_table=paged_attention_v_table,
+            paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv,
+            compute_data_type=compute_data_type,
+            score_mod=score_mod,
+            implementation=implementation,
+            score_max=score_max,
+            score_sum_exp=score_sum_exp,
+            sink_token=sink_token,
+            unfuse_fma=unfuse_fma,
+            **frost_kw,
+        )
         attrs = self._attrs(name, kw)
         for out in (attrs.score_max, attrs.score_sum_exp, attrs.rng_dump):  # written by the forward
             if out is not None:
                 out.set_output(True)
         thd = attrs.cu_seq_len_q is not None or attrs.cu_seq_len_kv is not None
         if thd and any(t.ragged_offset is not None for t in (q, k, v)):
-            raise GraphError(f"sdpa {name!r}: declare frost's packed form (cu_seq_len_q/kv) or cuDNN's ragged "
-                             f"offsets (set_ragged_offset), not both")
+            raise GraphError(
+                f"sdpa {name!r}: declare frost's packed form (cu_seq_len_q/kv) or cuDNN's ragged "
+                f"offsets (set_ragged_offset), not both"
+            )
         for role, t in (("q", q), ("k", k), ("v", v)):
             t.require_declared()
             expect_rank(t, role, thd)
-        geom = {"is_thd": thd, "total_q": q.dim[0], "batch": q.dim[0], "num_heads_q": q.dim[1],
-                "seq_q": q.dim[2] if not thd else 0}
+        geom = {
+            "is_thd": thd,
+            "total_q": q.dim[0],
+            "batch": q.dim[0],
+            "num_heads_q": q.dim[1],
+            "seq_q": q.dim[2] if not thd else 0,
+        }
         o_dim = expected_out_dims(geom, v.dim[-1])
         o = self._virtual(f"{name}::O", o_dim, _like_layout(q, o_dim), q.data_type)
         stats = None
@@ -251,15 +330,40 @@ class OpGraph:
         self._invalidate()
         return o, stats
 
-    def sdpa_backward(self, q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor,
-                      attn_scale=None, bias=None, dBias=None, use_alibi_mask: bool = False,
-                      use_padding_mask: bool = False, seq_len_q=None, seq_len_kv=None, max_total_seq_len_q=None,
-                      max_total_seq_len_kv=None, use_causal_mask: bool = False,
-                      use_causal_mask_bottom_right: bool = False, sliding_window_length=None,
-                      diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=None, diagonal_band_right_bound=None,
-                      dropout=None, rng_dump=None, use_deterministic_algorithm: bool = False, compute_data_type=None,
-                      name: str = "", score_mod=None, score_mod_bprop=None, sink_token=None,
-                      dSink_token: Optional[Tensor] = None, **frost_kw):
+    def sdpa_backward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        o: Tensor,
+        dO: Tensor,
+        stats: Tensor,
+        attn_scale=None,
+        bias=None,
+        dBias=None,
+        use_alibi_mask: bool = False,
+        use_padding_mask: bool = False,
+        seq_len_q=None,
+        seq_len_kv=None,
+        max_total_seq_len_q=None,
+        max_total_seq_len_kv=None,
+        use_causal_mask: bool = False,
+        use_causal_mask_bottom_right: bool = False,
+        sliding_window_length=None,
+        diagonal_alignment="TOP_LEFT",
+        diagonal_band_left_bound=None,
+        diagonal_band_right_bound=None,
+        dropout=None,
+        rng_dump=None,
+        use_deterministic_algorithm: bool = False,
+        compute_data_type=None,
+        name: str = "",
+        score_mod=None,
+        score_mod_bprop=None,
+        sink_token=None,
+        dSink_token: Optional[Tensor] = None,
+        **frost_kw,
+    ):
         """Scaled dot-product attention backward -> (dQ, dK, dV), each shaped and laid out like its input.
 
         The parameters are cuDNN's, in its positional order; frost's additions are keyword-only, as for sdpa().
@@ -267,8 +371,9 @@ class OpGraph:
         """
         name = name or "sdpa_backward"
         if frost_kw.get("block_mask") is not None:
-            raise GraphError(f"sdpa_backward {name!r}: block_mask is a forward keyword; cuDNN's sdpa_backward has "
-                             f"no block mask")
+            raise GraphError(
+                f"sdpa_backward {name!r}: block_mask is a forward keyword; cuDNN's sdpa_backward has no block mask"
+            )
         frost_kw.pop("block_mask", None)
         self._one_node()
         self._check_owned(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dSink_token=dSink_token, dBias=dBias)
@@ -276,26 +381,55 @@ class OpGraph:
             if t is None:
                 raise GraphError(f"sdpa_backward {name!r}: {role} is required")
             t.require_declared()
-        use_deterministic_algorithm = as_flag(use_deterministic_algorithm,
-                                              f"sdpa_backward {name!r}: use_deterministic_algorithm")
-        kw = dict(attn_scale=attn_scale, bias=bias, use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask,
-                  seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, max_total_seq_len_q=max_total_seq_len_q,
-                  max_total_seq_len_kv=max_total_seq_len_kv, use_causal_mask=use_causal_mask,
-                  use_causal_mask_bottom_right=use_causal_mask_bottom_right,
-                  sliding_window_length=sliding_window_length, diagonal_alignment=diagonal_alignment,
-                  diagonal_band_left_bound=diagonal_band_left_bound,
-                  diagonal_band_right_bound=diagonal_band_right_bound, dropout=dropout, rng_dump=rng_dump,
-                  compute_data_type=compute_data_type, score_mod=score_mod, score_mod_bprop=score_mod_bprop,
-                  sink_token=sink_token, **frost_kw)
+        use_deterministic_algorithm = as_flag(
+            use_deterministic_algorithm, f"sdpa_backward {name!r}: use_deterministic_algorithm"
+        )
+        kw = dict(
+            attn_scale=attn_scale,
+            bias=bias,
+            use_alibi_mask=use_alibi_mask,
+            use_padding_mask=use_padding_mask,
+            seq_len_q=seq_len_q,
+            seq_len_kv=seq_len_kv,
+            max_total_seq_len_q=max_total_seq_len_q,
+            max_total_seq_len_kv=max_total_seq_len_kv,
+            use_causal_mask=use_causal_mask,
+            use_causal_mask_bottom_right=use_causal_mask_bottom_right,
+            sliding_window_length=sliding_window_length,
+            diagonal_alignment=diagonal_alignment,
+            diagonal_band_left_bound=diagonal_band_left_bound,
+            diagonal_band_right_bound=diagonal_band_right_bound,
+            dropout=dropout,
+            rng_dump=rng_dump,
+            compute_data_type=compute_data_type,
+            score_mod=score_mod,
+            score_mod_bprop=score_mod_bprop,
+            sink_token=sink_token,
+            **frost_kw,
+        )
         attrs = self._attrs(name, kw)
-        grads = [self._virtual(f"{name}::{g}", src.dim, _like_layout(src, src.dim), src.data_type)
-                 for g, src in (("dQ", q), ("dK", k), ("dV", v))]
+        grads = [
+            self._virtual(f"{name}::{g}", src.dim, _like_layout(src, src.dim), src.data_type)
+            for g, src in (("dQ", q), ("dK", k), ("dV", v))
+        ]
         for out in (dSink_token, dBias, attrs.rng_dump):
             if out is not None:
                 out.set_output(True)
-        self.node = SdpaBwdNode(q=q, k=k, v=v, o=o, dO=dO, stats=stats, dQ=grads[0], dK=grads[1], dV=grads[2],
-                                attrs=attrs, use_deterministic_algorithm=use_deterministic_algorithm,
-                                dSink_token=dSink_token, dBias=dBias)
+        self.node = SdpaBwdNode(
+            q=q,
+            k=k,
+            v=v,
+            o=o,
+            dO=dO,
+            stats=stats,
+            dQ=grads[0],
+            dK=grads[1],
+            dV=grads[2],
+            attrs=attrs,
+            use_deterministic_algorithm=use_deterministic_algorithm,
+            dSink_token=dSink_token,
+            dBias=dBias,
+        )
         self._invalidate()
         return tuple(grads)
 
@@ -303,8 +437,11 @@ class OpGraph:
     def validate(self) -> "OpGraph":
         if self.node is None:
             raise GraphError(f"graph {self.name!r} has no SDPA node; call sdpa() or sdpa_backward() first")
-        required = {"o": self.node.o} if self.node.kind == "sdpa_fwd" else {
-            "dQ": self.node.dQ, "dK": self.node.dK, "dV": self.node.dV}
+        required = (
+            {"o": self.node.o}
+            if self.node.kind == "sdpa_fwd"
+            else {"dQ": self.node.dQ, "dK": self.node.dK, "dV": self.node.dV}
+        )
         for role, t in required.items():
             if not t.is_output:
                 raise GraphError(f"tensor {t.name!r} ({role}): the output is not marked; call set_output(True)")

@@ -3,6 +3,7 @@
 Attribute names follow the cuDNN frontend's pygraph `sdpa` / `sdpa_backward`
 keywords. Anything that changes numerics lives here, never in knobs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,9 +55,21 @@ class SdpaAttrs:
 
 
 #: attributes that hold graph tensors (checked to belong to the graph)
-TENSOR_ATTRS = ("seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv", "sink_token", "attn_mask", "bias",
-                "block_mask", "rng_dump", "paged_attention_k_table", "paged_attention_v_table", "score_max",
-                "score_sum_exp")
+TENSOR_ATTRS = (
+    "seq_len_q",
+    "seq_len_kv",
+    "cu_seq_len_q",
+    "cu_seq_len_kv",
+    "sink_token",
+    "attn_mask",
+    "bias",
+    "block_mask",
+    "rng_dump",
+    "paged_attention_k_table",
+    "paged_attention_v_table",
+    "score_max",
+    "score_sum_exp",
+)
 #: tensor attributes the forward writes (cuDNN's row statistics beside Stats): outputs, not inputs
 OUTPUT_ATTRS = ("score_max", "score_sum_exp")
 #: attributes that must be True or False
@@ -114,8 +127,17 @@ class SdpaBwdNode:
     kind: str = field(default="sdpa_bwd", init=False)
 
     def io(self) -> dict:
-        return {"q": self.q, "k": self.k, "v": self.v, "o": self.o, "dO": self.dO, "stats": self.stats,
-                "dQ": self.dQ, "dK": self.dK, "dV": self.dV}
+        return {
+            "q": self.q,
+            "k": self.k,
+            "v": self.v,
+            "o": self.o,
+            "dO": self.dO,
+            "stats": self.stats,
+            "dQ": self.dQ,
+            "dK": self.dK,
+            "dV": self.dV,
+        }
 
     def inputs(self) -> dict:
         d = {"q": self.q, "k": self.k, "v": self.v, "o": self.o, "dO": self.dO, "stats": self.stats}
@@ -152,5 +174,8 @@ def dropout_tensors(dropout) -> tuple:
 
 def ragged_offsets(io: dict) -> dict:
     """The ragged offset tensors of cuDNN's packed form, by role ("q_ragged_offset", ...)."""
-    return {f"{role}_ragged_offset": t.ragged_offset for role, t in io.items()
-            if t is not None and t.ragged_offset is not None}
+    return {
+        f"{role}_ragged_offset": t.ragged_offset
+        for role, t in io.items()
+        if t is not None and t.ragged_offset is not None
+    }

@@ -1,4 +1,5 @@
 """Tensor descriptors: declared dims, strides and data type of one graph port."""
+
 from __future__ import annotations
 
 import itertools
@@ -77,8 +78,10 @@ class Tensor:
         """cuDNN's packed (ragged) form: `offset` holds each batch's first element, (B+1, 1, 1, 1) int32/int64."""
         if offset is not None:
             if not isinstance(offset, Tensor):
-                raise GraphError(f"tensor {self.name!r}: set_ragged_offset takes a tensor from graph.tensor() "
-                                 f"(int32/int64, dim (B+1, 1, 1, 1)), got {type(offset).__name__}")
+                raise GraphError(
+                    f"tensor {self.name!r}: set_ragged_offset takes a tensor from graph.tensor() "
+                    f"(int32/int64, dim (B+1, 1, 1, 1)), got {type(offset).__name__}"
+                )
             if offset._graph is not self._graph:
                 raise GraphError(f"tensor {self.name!r}: ragged offset {offset.name!r} belongs to another graph")
             if offset is self:
@@ -115,14 +118,16 @@ class Tensor:
         return self.is_output
 
     def __repr__(self) -> str:
-        return (f"frost.Tensor(name={self.name!r}, dim={self.dim}, stride={self.stride}, "
-                f"data_type={self.data_type.short})")
+        return (
+            f"frost.Tensor(name={self.name!r}, dim={self.dim}, stride={self.stride}, data_type={self.data_type.short})"
+        )
 
     # checks -------------------------------------------------------------------------------
     def require_declared(self) -> None:
         if self.dim is None or self.stride is None:
-            raise GraphError(f"tensor {self.name!r}: dim and stride must be declared (dim={self.dim}, "
-                             f"stride={self.stride})")
+            raise GraphError(
+                f"tensor {self.name!r}: dim and stride must be declared (dim={self.dim}, stride={self.stride})"
+            )
         if len(self.dim) != len(self.stride):
             raise GraphError(f"tensor {self.name!r}: dim {self.dim} and stride {self.stride} have different ranks")
         if any(d < 0 for d in self.dim):
@@ -132,8 +137,10 @@ class Tensor:
         if self.data_type is DataType.NOT_SET:
             raise GraphError(f"tensor {self.name!r}: data_type is not set")
         if _overlaps(self.dim, self.stride):
-            raise GraphError(f"tensor {self.name!r}: strides {self.stride} make elements of dim {self.dim} "
-                             f"overlap (two indices address one element)")
+            raise GraphError(
+                f"tensor {self.name!r}: strides {self.stride} make elements of dim {self.dim} "
+                f"overlap (two indices address one element)"
+            )
 
 
 def _ints(values, what: str, name):

@@ -1,4 +1,5 @@
 """Validation of SDPA nodes, producing the facts record. Every error names the tensor."""
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,9 @@ def _expect_dtype(t: Tensor, role: str, allowed) -> None:
 
 def _unit_last(t: Tensor, role: str) -> None:
     if t.dim[-1] > 1 and t.stride[-1] != 1:
-        raise GraphError(f"{_who(t, role)}: the head dimension must have unit stride; strides {t.stride} "
-                         f"for dim {t.dim}")
+        raise GraphError(
+            f"{_who(t, role)}: the head dimension must have unit stride; strides {t.stride} for dim {t.dim}"
+        )
 
 
 def expect_rank(t: Tensor, role: str, thd: bool) -> None:
@@ -45,15 +47,24 @@ def expect_rank(t: Tensor, role: str, thd: bool) -> None:
     if thd and len(t.dim) != 3:
         raise GraphError(f"{_who(t, role)}: packed THD tensors are (tokens, heads, dim); got dim {t.dim}")
     if not thd and len(t.dim) != 4:
-        raise GraphError(f"{_who(t, role)}: expected dim (B, H, S, D), got {t.dim}; packed THD "
-                         f"tensors need cu_seq_len_q/cu_seq_len_kv")
+        raise GraphError(
+            f"{_who(t, role)}: expected dim (B, H, S, D), got {t.dim}; packed THD "
+            f"tensors need cu_seq_len_q/cu_seq_len_kv"
+        )
 
 
 def _check_attr_types(a: SdpaAttrs) -> None:
     """Numeric keywords must be numbers: a string or a float where an int belongs is a mistake, not a value."""
-    for key in ("diagonal_band_left_bound", "diagonal_band_right_bound", "sliding_window_length",
-                "max_seq_len_q", "max_seq_len_kv", "max_total_seq_len_q", "max_total_seq_len_kv",
-                "paged_attention_max_seq_len_kv"):
+    for key in (
+        "diagonal_band_left_bound",
+        "diagonal_band_right_bound",
+        "sliding_window_length",
+        "max_seq_len_q",
+        "max_seq_len_kv",
+        "max_total_seq_len_q",
+        "max_total_seq_len_kv",
+        "paged_attention_max_seq_len_kv",
+    ):
         value = getattr(a, key)
         if value is None:
             continue
@@ -76,8 +87,9 @@ def _lengths_tensor(t: Tensor, role: str, batch: int) -> None:
     t.require_declared()
     _expect_dtype(t, role, (DataType.INT32,))
     if tuple(t.dim) not in ((batch,), (batch, 1, 1, 1)):
-        raise GraphError(f"{_who(t, role)}: expected dim ({batch},) or ({batch}, 1, 1, 1) (one length per batch), "
-                         f"got {tuple(t.dim)}")
+        raise GraphError(
+            f"{_who(t, role)}: expected dim ({batch},) or ({batch}, 1, 1, 1) (one length per batch), got {tuple(t.dim)}"
+        )
 
 
 def resolve_band(a: SdpaAttrs) -> tuple:
@@ -88,41 +100,50 @@ def resolve_band(a: SdpaAttrs) -> tuple:
     is the left bound W. Causal masks set the right bound to 0.
     """
     if a.diagonal_alignment not in ("TOP_LEFT", "BOTTOM_RIGHT"):
-        raise GraphError(f"sdpa {a.name!r}: diagonal_alignment must be 'TOP_LEFT' or 'BOTTOM_RIGHT', "
-                         f"got {a.diagonal_alignment!r}")
+        raise GraphError(
+            f"sdpa {a.name!r}: diagonal_alignment must be 'TOP_LEFT' or 'BOTTOM_RIGHT', got {a.diagonal_alignment!r}"
+        )
     if a.use_causal_mask and a.use_causal_mask_bottom_right:
         raise GraphError(f"sdpa {a.name!r}: use_causal_mask and use_causal_mask_bottom_right are exclusive")
     bottom_right = a.diagonal_alignment == "BOTTOM_RIGHT" or a.use_causal_mask_bottom_right
     if a.use_causal_mask and a.diagonal_alignment == "BOTTOM_RIGHT":
-        raise GraphError(f"sdpa {a.name!r}: use_causal_mask is top-left; use use_causal_mask_bottom_right "
-                         f"for a bottom-right diagonal")
+        raise GraphError(
+            f"sdpa {a.name!r}: use_causal_mask is top-left; use use_causal_mask_bottom_right "
+            f"for a bottom-right diagonal"
+        )
     right = None
     if a.use_causal_mask or a.use_causal_mask_bottom_right:
         right = 0
     if a.diagonal_band_right_bound is not None:
         if a.diagonal_band_right_bound < 0:
-            raise GraphError(f"sdpa {a.name!r}: diagonal_band_right_bound must be >= 0, "
-                             f"got {a.diagonal_band_right_bound}")
+            raise GraphError(
+                f"sdpa {a.name!r}: diagonal_band_right_bound must be >= 0, got {a.diagonal_band_right_bound}"
+            )
         if right is not None and a.diagonal_band_right_bound != 0:
-            raise GraphError(f"sdpa {a.name!r}: a causal mask and diagonal_band_right_bound="
-                             f"{a.diagonal_band_right_bound} contradict each other")
+            raise GraphError(
+                f"sdpa {a.name!r}: a causal mask and diagonal_band_right_bound="
+                f"{a.diagonal_band_right_bound} contradict each other"
+            )
         right = a.diagonal_band_right_bound
     left = None
     bounds = [b for b in (a.diagonal_band_left_bound, a.sliding_window_length) if b is not None]
     if len(bounds) == 2 and bounds[0] != bounds[1]:
-        raise GraphError(f"sdpa {a.name!r}: diagonal_band_left_bound={bounds[0]} and sliding_window_length="
-                         f"{bounds[1]} disagree")
+        raise GraphError(
+            f"sdpa {a.name!r}: diagonal_band_left_bound={bounds[0]} and sliding_window_length={bounds[1]} disagree"
+        )
     if bounds:
         if bounds[0] < 1:
-            raise GraphError(f"sdpa {a.name!r}: the left band bound / sliding_window_length must be >= 1, "
-                             f"got {bounds[0]}")
+            raise GraphError(
+                f"sdpa {a.name!r}: the left band bound / sliding_window_length must be >= 1, got {bounds[0]}"
+            )
         left = bounds[0] - 1
     return left, right, bottom_right
 
 
 def _tensor_facts(role: str, t: Tensor) -> TensorFacts:
-    return TensorFacts(name=role, label=_label(t, role), dim=tuple(t.dim), stride=tuple(t.stride),
-                       dtype=t.data_type.short)
+    return TensorFacts(
+        name=role, label=_label(t, role), dim=tuple(t.dim), stride=tuple(t.stride), dtype=t.data_type.short
+    )
 
 
 def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
@@ -135,16 +156,22 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
         _expect_dtype(t, role, io_types)
         _unit_last(t, role)
     if k.data_type != q.data_type or v.data_type != q.data_type:
-        raise GraphError(f"sdpa {a.name!r}: q, k and v must share one data type; got q={q.data_type.short}, "
-                         f"k={k.data_type.short}, v={v.data_type.short}")
+        raise GraphError(
+            f"sdpa {a.name!r}: q, k and v must share one data type; got q={q.data_type.short}, "
+            f"k={k.data_type.short}, v={v.data_type.short}"
+        )
     thd = a.cu_seq_len_q is not None or a.cu_seq_len_kv is not None
     ragged = any(t is not None and t.ragged_offset is not None for t in node.io().values())
     if ragged and thd:
-        raise GraphError(f"sdpa {a.name!r}: declare frost's packed form (cu_seq_len_q/kv) or cuDNN's ragged offsets "
-                         f"(set_ragged_offset), not both")
+        raise GraphError(
+            f"sdpa {a.name!r}: declare frost's packed form (cu_seq_len_q/kv) or cuDNN's ragged offsets "
+            f"(set_ragged_offset), not both"
+        )
     if not ragged and (a.max_total_seq_len_q is not None or a.max_total_seq_len_kv is not None):
-        raise GraphError(f"sdpa {a.name!r}: max_total_seq_len_q/kv are envelopes of cuDNN's packed (ragged offset) "
-                         f"form; this graph declares no ragged offsets")
+        raise GraphError(
+            f"sdpa {a.name!r}: max_total_seq_len_q/kv are envelopes of cuDNN's packed (ragged offset) "
+            f"form; this graph declares no ragged offsets"
+        )
     paged = _check_paged(a, ragged, thd)
     if thd:
         g = _packed_dims(a, q, k, v)
@@ -154,19 +181,41 @@ def _validate_common(node, io_types, q: Tensor, k: Tensor, v: Tensor):
     probability = _check_optional_tensors(a, g, q)
     left, right, bottom_right = resolve_band(a)
     if a.use_alibi_mask and right != 0:
-        raise GraphNotSupportedError(f"sdpa {a.name!r}: use_alibi_mask needs a causal mask "
-                                     f"(diagonal_band_right_bound=0 or use_causal_mask), as in cuDNN; this graph's "
-                                     f"right bound is {right}")
-    geom = dict(batch=g.batch, num_heads_q=g.hq, num_heads_kv=g.hkv, num_heads_v=g.hv, head_dim_qk=g.dqk,
-                head_dim_v=g.dv, seq_q=g.sq, seq_kv=g.skv, is_thd=thd, total_q=g.tq, total_kv=g.tkv)
-    mask = dict(window_left=left, window_right=right, bottom_right=bottom_right, has_padding=a.use_padding_mask,
-                has_sinks=a.sink_token is not None,
-                attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
-                has_dropout=a.dropout is not None, dropout_probability=probability,
-                has_bias=a.bias is not None, has_block_mask=a.block_mask is not None,
-                has_attn_mask=a.attn_mask is not None, has_alibi=bool(a.use_alibi_mask),
-                has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
-                other_features=_other_features(a), paged=paged)
+        raise GraphNotSupportedError(
+            f"sdpa {a.name!r}: use_alibi_mask needs a causal mask "
+            f"(diagonal_band_right_bound=0 or use_causal_mask), as in cuDNN; this graph's "
+            f"right bound is {right}"
+        )
+    geom = dict(
+        batch=g.batch,
+        num_heads_q=g.hq,
+        num_heads_kv=g.hkv,
+        num_heads_v=g.hv,
+        head_dim_qk=g.dqk,
+        head_dim_v=g.dv,
+        seq_q=g.sq,
+        seq_kv=g.skv,
+        is_thd=thd,
+        total_q=g.tq,
+        total_kv=g.tkv,
+    )
+    mask = dict(
+        window_left=left,
+        window_right=right,
+        bottom_right=bottom_right,
+        has_padding=a.use_padding_mask,
+        has_sinks=a.sink_token is not None,
+        attn_scale=1.0 if a.attn_scale is None else float(a.attn_scale),
+        has_dropout=a.dropout is not None,
+        dropout_probability=probability,
+        has_bias=a.bias is not None,
+        has_block_mask=a.block_mask is not None,
+        has_attn_mask=a.attn_mask is not None,
+        has_alibi=bool(a.use_alibi_mask),
+        has_score_mod=a.score_mod is not None or a.score_mod_bprop is not None,
+        other_features=_other_features(a),
+        paged=paged,
+    )
     return geom, mask
 
 
@@ -203,29 +252,37 @@ def _packed_dims(a: SdpaAttrs, q: Tensor, k: Tensor, v: Tensor) -> _Dims:
     if cu_q.dim != cu_kv.dim:
         raise GraphError(f"sdpa {a.name!r}: cu_seq_len_q dim {cu_q.dim} and cu_seq_len_kv dim {cu_kv.dim} differ")
     if a.max_seq_len_q is None or a.max_seq_len_kv is None:
-        raise GraphError(f"sdpa {a.name!r}: packed THD needs the plan-time envelopes max_seq_len_q and "
-                         f"max_seq_len_kv (the longest sequence that will ever be executed)")
+        raise GraphError(
+            f"sdpa {a.name!r}: packed THD needs the plan-time envelopes max_seq_len_q and "
+            f"max_seq_len_kv (the longest sequence that will ever be executed)"
+        )
     if a.max_seq_len_q < 1 or a.max_seq_len_kv < 1:
         raise GraphError(f"sdpa {a.name!r}: max_seq_len_q / max_seq_len_kv must be >= 1")
     if a.use_padding_mask or a.seq_len_q is not None or a.seq_len_kv is not None:
-        raise GraphError(f"sdpa {a.name!r}: packed THD carries its lengths in cu_seq_len_q/kv; "
-                         f"padding masks (seq_len_q/kv) do not apply")
+        raise GraphError(
+            f"sdpa {a.name!r}: packed THD carries its lengths in cu_seq_len_q/kv; "
+            f"padding masks (seq_len_q/kv) do not apply"
+        )
     batch = cu_q.dim[0] - 1
     tq, hq, dqk = q.dim
     tkv, hkv, dk = k.dim
     tv, hv, dv = v.dim
     sq, skv = a.max_seq_len_q, a.max_seq_len_kv
     if sq > tq or skv > tkv:
-        raise GraphError(f"sdpa {a.name!r}: max_seq_len_q={sq} / max_seq_len_kv={skv} exceed the declared "
-                         f"packed totals q={tq} / k={tkv}")
+        raise GraphError(
+            f"sdpa {a.name!r}: max_seq_len_q={sq} / max_seq_len_kv={skv} exceed the declared "
+            f"packed totals q={tq} / k={tkv}"
+        )
     return _Dims(batch, hq, hkv, hv, dqk, dk, dv, sq, skv, tq, tkv, tv)
 
 
 def _dense_dims(a: SdpaAttrs, q: Tensor, k: Tensor, v: Tensor, paged):
     """(dims, paged facts) of (B, H, S, D) tensors; with a paged cache, K and V are its block containers."""
     if a.max_seq_len_q is not None or a.max_seq_len_kv is not None:
-        raise GraphError(f"sdpa {a.name!r}: max_seq_len_q/max_seq_len_kv are envelopes for packed THD "
-                         f"graphs; a dense graph takes its lengths from the declared dims")
+        raise GraphError(
+            f"sdpa {a.name!r}: max_seq_len_q/max_seq_len_kv are envelopes for packed THD "
+            f"graphs; a dense graph takes its lengths from the declared dims"
+        )
     for role, t in (("q", q), ("k", k), ("v", v)):
         expect_rank(t, role, thd=False)
     batch, hq, sq, dqk = q.dim
@@ -251,8 +308,10 @@ def _check_heads(a: SdpaAttrs, g: _Dims, thd: bool, q: Tensor, k: Tensor, v: Ten
         raise GraphError(f"{_who(q, 'q')}: needs at least one head, got {g.hq}")
     for role, t, h in (("k", k, g.hkv), ("v", v, g.hv)):  # K and V each divide the query heads (GQA / MQA)
         if h < 1 or g.hq % h != 0:
-            raise GraphError(f"{_who(t, role)}: {h} heads do not divide q's {g.hq}; GQA needs H_q to be a multiple "
-                             f"of H_{role} (K and V may differ)")
+            raise GraphError(
+                f"{_who(t, role)}: {h} heads do not divide q's {g.hq}; GQA needs H_q to be a multiple "
+                f"of H_{role} (K and V may differ)"
+            )
     if g.dqk < 1 or g.dv < 1:
         raise GraphError(f"sdpa {a.name!r}: head dims must be >= 1")
 
@@ -262,8 +321,10 @@ def _check_optional_tensors(a: SdpaAttrs, g: _Dims, q: Tensor):
     dropout probability."""
     batch, hq, sq, skv = g.batch, g.hq, g.sq, g.skv
     if a.use_padding_mask != (a.seq_len_q is not None or a.seq_len_kv is not None):
-        raise GraphError(f"sdpa {a.name!r}: use_padding_mask=True needs seq_len_q and seq_len_kv, and they are "
-                         f"only meaningful with use_padding_mask=True")
+        raise GraphError(
+            f"sdpa {a.name!r}: use_padding_mask=True needs seq_len_q and seq_len_kv, and they are "
+            f"only meaningful with use_padding_mask=True"
+        )
     if a.use_padding_mask:
         if a.seq_len_q is None or a.seq_len_kv is None:
             raise GraphError(f"sdpa {a.name!r}: use_padding_mask needs both seq_len_q and seq_len_kv")
@@ -274,8 +335,10 @@ def _check_optional_tensors(a: SdpaAttrs, g: _Dims, q: Tensor):
         s.require_declared()
         _expect_dtype(s, "sink_token", (DataType.FLOAT,))
         if tuple(s.dim) not in ((hq,), (1, hq, 1, 1)):
-            raise GraphError(f"{_who(s, 'sink_token')}: expected dim (1, {hq}, 1, 1) or ({hq},) (one value per "
-                             f"query head), got {tuple(s.dim)}")
+            raise GraphError(
+                f"{_who(s, 'sink_token')}: expected dim (1, {hq}, 1, 1) or ({hq},) (one value per "
+                f"query head), got {tuple(s.dim)}"
+            )
     if a.attn_scale is not None and not math.isfinite(float(a.attn_scale)):
         raise GraphError(f"sdpa {a.name!r}: attn_scale must be finite, got {a.attn_scale}")
     if a.bias is not None:
@@ -293,19 +356,22 @@ def _check_paged(a: SdpaAttrs, ragged: bool, thd: bool):
     tables = (a.paged_attention_k_table, a.paged_attention_v_table)
     if all(t is None for t in tables):
         if a.paged_attention_max_seq_len_kv is not None:
-            raise GraphError(f"sdpa {a.name!r}: paged_attention_max_seq_len_kv is only meaningful with "
-                             f"paged_attention_k_table / paged_attention_v_table")
+            raise GraphError(
+                f"sdpa {a.name!r}: paged_attention_max_seq_len_kv is only meaningful with "
+                f"paged_attention_k_table / paged_attention_v_table"
+            )
         return None
     if any(t is None for t in tables):
-        raise GraphError(f"sdpa {a.name!r}: paged caches need both paged_attention_k_table and "
-                         f"paged_attention_v_table")
+        raise GraphError(f"sdpa {a.name!r}: paged caches need both paged_attention_k_table and paged_attention_v_table")
     if not a.use_padding_mask:
         raise GraphError(f"sdpa {a.name!r}: paged caches need use_padding_mask=True with seq_len_q and seq_len_kv")
     if ragged:
         raise GraphError(f"sdpa {a.name!r}: paged caches cannot be combined with ragged offsets")
     if thd:
-        raise GraphError(f"sdpa {a.name!r}: paged caches take (B, H, S, D) queries with seq_len_q / seq_len_kv, "
-                         f"not frost's packed form (cu_seq_len_q/kv)")
+        raise GraphError(
+            f"sdpa {a.name!r}: paged caches take (B, H, S, D) queries with seq_len_q / seq_len_kv, "
+            f"not frost's packed form (cu_seq_len_q/kv)"
+        )
     return True
 
 
@@ -315,17 +381,23 @@ def _check_paged_tables(a: SdpaAttrs, k: Tensor, v: Tensor, batch: int):
     it from the tables when unset: max_blocks_per_seq x block_size, the smaller of K's and V's), which each table
     must cover in exactly ceil(S_kv / block_size) blocks, as cuDNN's paged cache load requires."""
     blocks = {}
-    for role, table, container in (("paged_attention_k_table", a.paged_attention_k_table, k),
-                                   ("paged_attention_v_table", a.paged_attention_v_table, v)):
+    for role, table, container in (
+        ("paged_attention_k_table", a.paged_attention_k_table, k),
+        ("paged_attention_v_table", a.paged_attention_v_table, v),
+    ):
         table.require_declared()
         _expect_dtype(table, role, (DataType.INT32,))
         d = tuple(table.dim)
         if len(d) != 4 or d[0] != batch or d[1] != 1 or d[3] != 1 or d[2] < 1:
-            raise GraphError(f"{_who(table, role)}: expected dim ({batch}, 1, max_blocks_per_seq, 1) (one row of "
-                             f"block indices per sequence, B={batch} from q), got {d}")
+            raise GraphError(
+                f"{_who(table, role)}: expected dim ({batch}, 1, max_blocks_per_seq, 1) (one row of "
+                f"block indices per sequence, B={batch} from q), got {d}"
+            )
         if container.dim[0] < 1 or container.dim[2] < 1:
-            raise GraphError(f"{_who(container, role[16])}: a paged container is (num_blocks, H, block_size, D) "
-                             f"with at least one block of at least one row, got dim {tuple(container.dim)}")
+            raise GraphError(
+                f"{_who(container, role[16])}: a paged container is (num_blocks, H, block_size, D) "
+                f"with at least one block of at least one row, got dim {tuple(container.dim)}"
+            )
         blocks[role[16]] = (d[2], container.dim[2])
     (tk, bsk), (tv, bsv) = blocks["k"], blocks["v"]
     skv = a.paged_attention_max_seq_len_kv
@@ -333,22 +405,38 @@ def _check_paged_tables(a: SdpaAttrs, k: Tensor, v: Tensor, batch: int):
         skv = min(tk * bsk, tv * bsv)
     elif skv < 1:
         raise GraphError(f"sdpa {a.name!r}: paged_attention_max_seq_len_kv must be >= 1, got {skv}")
-    for role, table, (n, bs) in (("paged_attention_k_table", a.paged_attention_k_table, blocks["k"]),
-                                 ("paged_attention_v_table", a.paged_attention_v_table, blocks["v"])):
+    for role, table, (n, bs) in (
+        ("paged_attention_k_table", a.paged_attention_k_table, blocks["k"]),
+        ("paged_attention_v_table", a.paged_attention_v_table, blocks["v"]),
+    ):
         need = -(-skv // bs)
         if n != need:
-            raise GraphError(f"{_who(table, role)}: {n} blocks per sequence, but paged_attention_max_seq_len_kv="
-                             f"{skv} in blocks of {bs} rows needs ceil({skv}/{bs}) = {need} (cuDNN's rule)")
-    facts = PagedFacts(block_size_k=bsk, block_size_v=bsv, num_blocks_k=k.dim[0], num_blocks_v=v.dim[0],
-                       table_blocks_k=tk, table_blocks_v=tv)
+            raise GraphError(
+                f"{_who(table, role)}: {n} blocks per sequence, but paged_attention_max_seq_len_kv="
+                f"{skv} in blocks of {bs} rows needs ceil({skv}/{bs}) = {need} (cuDNN's rule)"
+            )
+    facts = PagedFacts(
+        block_size_k=bsk,
+        block_size_v=bsv,
+        num_blocks_k=k.dim[0],
+        num_blocks_v=v.dim[0],
+        table_blocks_k=tk,
+        table_blocks_v=tv,
+    )
     return facts, skv
 
 
 def _other_features(a: SdpaAttrs) -> tuple:
     """Declared cuDNN features beyond the named flags, as feature names (engines decline what they lack)."""
-    f = [name for name, on in (("rng_dump", a.rng_dump is not None),
-                               ("paged_attention", a.paged_attention_k_table is not None),
-                               ("unfuse_fma", a.unfuse_fma)) if on]
+    f = [
+        name
+        for name, on in (
+            ("rng_dump", a.rng_dump is not None),
+            ("paged_attention", a.paged_attention_k_table is not None),
+            ("unfuse_fma", a.unfuse_fma),
+        )
+        if on
+    ]
     if a.compute_data_type not in (None, DataType.NOT_SET.short, DataType.FLOAT.short):
         f.append(f"compute_{a.compute_data_type}")
     return tuple(f)
@@ -371,13 +459,17 @@ def _lower_ragged(node, geom: dict):
     if not any(t.ragged_offset is not None for t in io.values()):
         return None
     if not a.use_padding_mask:
-        raise GraphError(f"sdpa {a.name!r}: ragged offsets need use_padding_mask=True with seq_len_q and "
-                         f"seq_len_kv (the sequence lengths), as in cuDNN")
+        raise GraphError(
+            f"sdpa {a.name!r}: ragged offsets need use_padding_mask=True with seq_len_q and "
+            f"seq_len_kv (the sequence lengths), as in cuDNN"
+        )
     missing = [r for r in io if r not in ROW_STATS and io[r].ragged_offset is None]
     if missing:
-        raise GraphError(f"sdpa {a.name!r}: {', '.join(_who(io[r], r) for r in missing)} declared no ragged offset; "
-                         f"in the ragged form every one of {', '.join(r for r in io if r not in ROW_STATS)} needs "
-                         f"set_ragged_offset")
+        raise GraphError(
+            f"sdpa {a.name!r}: {', '.join(_who(io[r], r) for r in missing)} declared no ragged offset; "
+            f"in the ragged form every one of {', '.join(r for r in io if r not in ROW_STATS)} needs "
+            f"set_ragged_offset"
+        )
     batch = geom["batch"]
     envelopes = {}
     for key, seq in (("max_total_seq_len_q", geom["seq_q"]), ("max_total_seq_len_kv", geom["seq_kv"])):
@@ -395,25 +487,31 @@ def _lower_ragged(node, geom: dict):
         off.require_declared()
         _expect_dtype(off, f"{role} ragged offset", (DataType.INT32, DataType.INT64))
         if tuple(off.dim) not in ((batch + 1, 1, 1, 1), (batch + 1,)):
-            raise GraphError(f"{_who(off, f'{role} ragged offset')}: expected dim ({batch + 1}, 1, 1, 1) (B+1 element "
-                             f"offsets), got {tuple(off.dim)}")
+            raise GraphError(
+                f"{_who(off, f'{role} ragged offset')}: expected dim ({batch + 1}, 1, 1, 1) (B+1 element "
+                f"offsets), got {tuple(off.dim)}"
+            )
         total = tq if role in Q_GROUP else tkv
         dim = (total, t.dim[1], t.dim[3])
         stride = (t.stride[2], t.stride[1], t.stride[3])
         if _overlaps(dim, stride):
-            raise GraphError(f"{_who(t, role)}: strides {t.stride} overlap tokens of the packed form (tokens of one "
-                             f"sequence are S-stride {t.stride[2]} apart)")
+            raise GraphError(
+                f"{_who(t, role)}: strides {t.stride} overlap tokens of the packed form (tokens of one "
+                f"sequence are S-stride {t.stride[2]} apart)"
+            )
         strides.append((role, t.stride[2]))
         dtypes.append((role, off.data_type.short))
         sharing.setdefault(id(off), []).append(role)
         lowered[role] = TensorFacts(name=role, label=_label(t, role), dim=dim, stride=stride, dtype=t.data_type.short)
         declared += [_tensor_facts(role, t), _tensor_facts(f"{role}_ragged_offset", off)]
-    packed = dict(is_thd=True, total_q=tq, total_kv=tkv, seq_q=min(geom["seq_q"], tq),
-                  seq_kv=min(geom["seq_kv"], tkv))
-    info = RaggedFacts(token_strides=tuple(strides), offset_dtypes=tuple(dtypes),
-                       shared_offsets=tuple(tuple(roles) for roles in sharing.values()),
-                       stats_per_batch=any(r in io and io[r].ragged_offset is None for r in ROW_STATS),
-                       declared=tuple(declared))
+    packed = dict(is_thd=True, total_q=tq, total_kv=tkv, seq_q=min(geom["seq_q"], tq), seq_kv=min(geom["seq_kv"], tkv))
+    info = RaggedFacts(
+        token_strides=tuple(strides),
+        offset_dtypes=tuple(dtypes),
+        shared_offsets=tuple(tuple(roles) for roles in sharing.values()),
+        stats_per_batch=any(r in io and io[r].ragged_offset is None for r in ROW_STATS),
+        declared=tuple(declared),
+    )
     return packed, info, lowered
 
 
@@ -427,8 +525,9 @@ def _facts(node, direction: str, geom: dict, mask: dict, roles: dict, **extra) -
         geom = {**geom, **packed}
         mask = {**mask, "has_padding": False, "ragged": info}  # lengths come with the ragged form
         tensors.update({r: tf for r, tf in lowered.items() if r in tensors})
-    return SdpaFacts(direction=direction, io_dtype=node.q.data_type.short, tensors=tuple(tensors.values()),
-                     **geom, **mask, **extra)
+    return SdpaFacts(
+        direction=direction, io_dtype=node.q.data_type.short, tensors=tuple(tensors.values()), **geom, **mask, **extra
+    )
 
 
 def _check_bias(t: Tensor, role: str, batch: int, hq: int, sq: int, skv: int, q: Tensor) -> None:
@@ -439,8 +538,10 @@ def _check_bias(t: Tensor, role: str, batch: int, hq: int, sq: int, skv: int, q:
     want = f"(1 or {batch}, 1 or {hq}, {sq}, {skv})"
     d = tuple(t.dim)
     if len(d) != 4 or d[0] not in (1, batch) or d[1] not in (1, hq) or d[2:] != (sq, skv):
-        raise GraphError(f"{_who(t, role)}: expected dim {want} (broadcast over batch and heads only, one value "
-                         f"per query row and key), got {d}")
+        raise GraphError(
+            f"{_who(t, role)}: expected dim {want} (broadcast over batch and heads only, one value "
+            f"per query row and key), got {d}"
+        )
     if t.data_type != q.data_type:
         raise GraphError(f"{_who(t, role)}: data_type must be q's {q.data_type.short}, got {t.data_type.short}")
 
@@ -464,9 +565,11 @@ def _check_block_mask(t: Tensor, batch: int, hq: int, sq: int, skv: int) -> None
     t.require_declared()
     want = block_mask_dims(batch, hq, sq, skv)
     if tuple(t.dim) != want:
-        raise GraphError(f"{_who(t, 'block_mask')}: expected dim {want} (B, H_q, ceil(S_q/128), "
-                         f"ceil(ceil(S_kv/128)/8) with S_q={sq}, S_kv={skv}: one bit per 128x128 tile), "
-                         f"got {tuple(t.dim)}")
+        raise GraphError(
+            f"{_who(t, 'block_mask')}: expected dim {want} (B, H_q, ceil(S_q/128), "
+            f"ceil(ceil(S_kv/128)/8) with S_q={sq}, S_kv={skv}: one bit per 128x128 tile), "
+            f"got {tuple(t.dim)}"
+        )
     _expect_dtype(t, "block_mask", (DataType.UINT8,))
 
 
@@ -475,8 +578,9 @@ def _check_dropout(a: SdpaAttrs) -> float:
     if a.dropout is None:
         return 0.0
     if not isinstance(a.dropout, (tuple, list)) or len(a.dropout) != 3:
-        raise GraphError(f"sdpa {a.name!r}: dropout must be (probability, seed tensor, offset tensor), "
-                         f"got {a.dropout!r}")
+        raise GraphError(
+            f"sdpa {a.name!r}: dropout must be (probability, seed tensor, offset tensor), got {a.dropout!r}"
+        )
     p, seed, offset = a.dropout
     try:
         prob = None if isinstance(p, (str, bytes, bool)) else float(p)
@@ -486,8 +590,10 @@ def _check_dropout(a: SdpaAttrs) -> float:
         raise GraphError(f"sdpa {a.name!r}: the dropout probability must be a number in [0, 1), got {p!r}")
     for role, t in (("dropout_seed", seed), ("dropout_offset", offset)):
         if not isinstance(t, Tensor):
-            raise GraphError(f"sdpa {a.name!r}: the dropout {role.split('_')[1]} must be a frost tensor from "
-                             f"graph.tensor() (one int64 value on the device), got {type(t).__name__}")
+            raise GraphError(
+                f"sdpa {a.name!r}: the dropout {role.split('_')[1]} must be a frost tensor from "
+                f"graph.tensor() (one int64 value on the device), got {type(t).__name__}"
+            )
         t.require_declared()
         _expect_dtype(t, role, (DataType.INT64, DataType.INT32))
         if tuple(t.dim) not in ((1,), (1, 1, 1, 1)):
@@ -503,24 +609,36 @@ def _check_rng_dump(a: SdpaAttrs, batch: int, hq: int, sq: int, skv: int) -> Non
     if t is None:
         return
     if a.dropout is None:
-        raise GraphError(f"sdpa {a.name!r}: rng_dump dumps the dropout mask and needs dropout=(probability, seed, "
-                         f"offset); cuDNN ignores it without one, frost refuses to leave it unwritten")
+        raise GraphError(
+            f"sdpa {a.name!r}: rng_dump dumps the dropout mask and needs dropout=(probability, seed, "
+            f"offset); cuDNN ignores it without one, frost refuses to leave it unwritten"
+        )
     t.require_declared()
     _expect_dtype(t, "rng_dump", (DataType.FLOAT,))
     want = (batch, hq, sq, skv)
     if tuple(t.dim) != want:
-        raise GraphError(f"{_who(t, 'rng_dump')}: expected dim {want} (B, H_q, S_q, S_kv: one mask value per "
-                         f"score), got {tuple(t.dim)}")
+        raise GraphError(
+            f"{_who(t, 'rng_dump')}: expected dim {want} (B, H_q, S_q, S_kv: one mask value per "
+            f"score), got {tuple(t.dim)}"
+        )
 
 
 def _extra_tensors(node) -> dict:
     """The feature tensors an engine binds besides Q/K/V/O (facts carry their declarations too)."""
     a = node.attrs
     seed, offset = dropout_tensors(a.dropout)
-    named = {"seq_len_q": a.seq_len_q, "seq_len_kv": a.seq_len_kv, "sink_token": a.sink_token, "bias": a.bias,
-             "block_mask": a.block_mask, "dropout_seed": seed, "dropout_offset": offset, "rng_dump": a.rng_dump,
-             "paged_attention_k_table": a.paged_attention_k_table,
-             "paged_attention_v_table": a.paged_attention_v_table}
+    named = {
+        "seq_len_q": a.seq_len_q,
+        "seq_len_kv": a.seq_len_kv,
+        "sink_token": a.sink_token,
+        "bias": a.bias,
+        "block_mask": a.block_mask,
+        "dropout_seed": seed,
+        "dropout_offset": offset,
+        "rng_dump": a.rng_dump,
+        "paged_attention_k_table": a.paged_attention_k_table,
+        "paged_attention_v_table": a.paged_attention_v_table,
+    }
     if node.kind == "sdpa_bwd":
         named.update(dSink_token=node.dSink_token, dBias=node.dBias)
     return {r: t for r, t in named.items() if t is not None}
@@ -556,21 +674,30 @@ def validate_fwd(node: SdpaFwdNode, io_types=IO_TYPES) -> SdpaFacts:
     _same_io_type(node.o, "o", node.q)
     _unit_last(node.o, "o")
     if node.generate_stats and node.stats is not None:
-        _check_like(node.stats, "stats", expected_stats_dims(geom), (DataType.FLOAT,),
-                    "one fp32 log-sum-exp per query row")
+        _check_like(
+            node.stats, "stats", expected_stats_dims(geom), (DataType.FLOAT,), "one fp32 log-sum-exp per query row"
+        )
     roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o}
     if node.generate_stats:
         roles["stats"] = node.stats
     for role in OUTPUT_ATTRS:
         t = getattr(node.attrs, role)
         if t is not None:
-            _check_like(t, role, expected_stats_dims(geom), (DataType.FLOAT,),
-                        "one fp32 value per query row, like Stats")
+            _check_like(
+                t, role, expected_stats_dims(geom), (DataType.FLOAT,), "one fp32 value per query row, like Stats"
+            )
             roles[role] = t
     roles.update(_extra_tensors(node))
-    return _facts(node, "fwd", geom, mask, roles, has_stats=node.generate_stats,
-                  has_score_max=node.attrs.score_max is not None,
-                  has_score_sum_exp=node.attrs.score_sum_exp is not None)
+    return _facts(
+        node,
+        "fwd",
+        geom,
+        mask,
+        roles,
+        has_stats=node.generate_stats,
+        has_score_max=node.attrs.score_max is not None,
+        has_score_sum_exp=node.attrs.score_sum_exp is not None,
+    )
 
 
 def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
@@ -578,13 +705,19 @@ def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
     a = node.attrs
     for role in OUTPUT_ATTRS:
         if getattr(a, role) is not None:
-            raise GraphError(f"sdpa_backward {a.name!r}: {role} is an output of the forward (sdpa), not an input "
-                             f"of the backward")
+            raise GraphError(
+                f"sdpa_backward {a.name!r}: {role} is an output of the forward (sdpa), not an input of the backward"
+            )
     out_dims = expected_out_dims(geom, geom["head_dim_v"])
     _check_like(node.o, "o", out_dims, io_types, "q's geometry with v's head dim")
     _check_like(node.dO, "dO", out_dims, io_types, "the shape of o")
-    _check_like(node.stats, "stats", expected_stats_dims(geom), (DataType.FLOAT,),
-                "the forward's fp32 log-sum-exp per query row")
+    _check_like(
+        node.stats,
+        "stats",
+        expected_stats_dims(geom),
+        (DataType.FLOAT,),
+        "the forward's fp32 log-sum-exp per query row",
+    )
     for role, grad, like in (("dQ", node.dQ, node.q), ("dK", node.dK, node.k), ("dV", node.dV, node.v)):
         _check_like(grad, role, tuple(like.dim), io_types, f"the shape of {like.name!r}")
         _unit_last(grad, role)
@@ -595,14 +728,33 @@ def validate_bwd(node: SdpaBwdNode, io_types=IO_TYPES) -> SdpaFacts:
     if node.dSink_token is not None:
         if a.sink_token is None:
             raise GraphError(f"tensor {node.dSink_token.name!r} (dSink_token): a sink gradient needs sink_token")
-        _check_like(node.dSink_token, "dSink_token", tuple(a.sink_token.dim), (DataType.FLOAT,),
-                    "the shape of sink_token")
+        _check_like(
+            node.dSink_token, "dSink_token", tuple(a.sink_token.dim), (DataType.FLOAT,), "the shape of sink_token"
+        )
     if node.dBias is not None:
         if a.bias is None:
             raise GraphError(f"tensor {node.dBias.name!r} (dBias): a bias gradient needs bias")
         _check_like(node.dBias, "dBias", tuple(a.bias.dim), (node.q.data_type,), "the shape of bias")
-    roles = {"q": node.q, "k": node.k, "v": node.v, "o": node.o, "dO": node.dO, "stats": node.stats,
-             "dQ": node.dQ, "dK": node.dK, "dV": node.dV}
+    roles = {
+        "q": node.q,
+        "k": node.k,
+        "v": node.v,
+        "o": node.o,
+        "dO": node.dO,
+        "stats": node.stats,
+        "dQ": node.dQ,
+        "dK": node.dK,
+        "dV": node.dV,
+    }
     roles.update(_extra_tensors(node))
-    return _facts(node, "bwd", geom, mask, roles, deterministic=node.use_deterministic_algorithm,
-                  has_dsink=node.dSink_token is not None, has_dbias=node.dBias is not None, has_stats=True)
+    return _facts(
+        node,
+        "bwd",
+        geom,
+        mask,
+        roles,
+        deterministic=node.use_deterministic_algorithm,
+        has_dsink=node.dSink_token is not None,
+        has_dbias=node.dBias is not None,
+        has_stats=True,
+    )

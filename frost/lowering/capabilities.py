@@ -1,4 +1,5 @@
 """Capability rows: one record of data per engine. Rows judge nothing; `mismatch` does."""
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -16,8 +17,9 @@ MMA_SYNC_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 #: the wgmma forward pads a head dim up to a 16-element wgmma K step inside the kernel; d_qk and d_v go up to
 #: 1024, a d_v above 256 in column slices of O (`frost.engines.sm90.sdpa_fwd_params.HEAD_DIMS`)
 SM90_FWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=1024)
-KERNEL_FEATURES = frozenset({"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks",
-                             "thd", "stats"})
+KERNEL_FEATURES = frozenset(
+    {"causal", "window_left", "window_right", "bottom_right", "gqa", "padding", "sinks", "thd", "stats"}
+)
 #: K and V with different head counts (each dividing the query heads), nested or not: every DSL engine serves them
 #: (the backwards' CTAs walk the smallest run of query heads made of whole K groups and whole V groups, and write a K
 #: or V head's tile where that head's group ends; the wgmma backward then loads the next head's tile by TMA,
@@ -64,19 +66,40 @@ class CapabilityRow(BaseModel):
     paged_block_sizes: Optional[tuple[int, ...]] = None
 
 
-def _fwd_bwd(name: str, module: str, cls: str, *, pending_fwd=None, pending_bwd=None, bwd_knobs=None,
-             fwd_knobs=None, fwd_features=frozenset(), bwd_features=frozenset(), **kw) -> list[CapabilityRow]:
+def _fwd_bwd(
+    name: str,
+    module: str,
+    cls: str,
+    *,
+    pending_fwd=None,
+    pending_bwd=None,
+    bwd_knobs=None,
+    fwd_knobs=None,
+    fwd_features=frozenset(),
+    bwd_features=frozenset(),
+    **kw,
+) -> list[CapabilityRow]:
     """The forward and backward rows of one arch line; `bwd_knobs` / `fwd_knobs` are knob choices only one
     direction has, `fwd_features` / `bwd_features` features only one direction serves."""
     kw.setdefault("int32_extents", True)  # the CuTe DSL kernels' extent arguments are Int32
-    bwd = {**kw, "features": kw["features"] | {"deterministic"} | bwd_features,
-           "knob_choices": {**kw.get("knob_choices", {}), **(bwd_knobs or {})}}
-    fwd = {**kw, "features": kw["features"] | fwd_features,
-           "knob_choices": {**kw.get("knob_choices", {}), **(fwd_knobs or {})}}
-    return [CapabilityRow(name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd",
-                          pending=pending_fwd, **fwd),
-            CapabilityRow(name=f"SdpaBwdDsl{name}", adapter=f"{module}:SdpaBwdDsl{cls}", direction="bwd",
-                          pending=pending_bwd, **bwd)]
+    bwd = {
+        **kw,
+        "features": kw["features"] | {"deterministic"} | bwd_features,
+        "knob_choices": {**kw.get("knob_choices", {}), **(bwd_knobs or {})},
+    }
+    fwd = {
+        **kw,
+        "features": kw["features"] | fwd_features,
+        "knob_choices": {**kw.get("knob_choices", {}), **(fwd_knobs or {})},
+    }
+    return [
+        CapabilityRow(
+            name=f"SdpaFwdDsl{name}", adapter=f"{module}:SdpaFwdDsl{cls}", direction="fwd", pending=pending_fwd, **fwd
+        ),
+        CapabilityRow(
+            name=f"SdpaBwdDsl{name}", adapter=f"{module}:SdpaBwdDsl{cls}", direction="bwd", pending=pending_bwd, **bwd
+        ),
+    ]
 
 
 #: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
@@ -85,8 +108,9 @@ REFERENCE_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | SCORE_MOD_FEATURES |
 #: cuDNN's own check_support judges head dims and the rest at plan time. Packed graphs go through cuDNN's ragged
 #: form (frost's and cuDNN's own declarations alike; see frost/adapters/cudnn_lowering.py)
 CUDNN_PRIORITY = 90
-CUDNN_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng_dump", "alibi", "ragged_offsets",
-                                                          "stats_per_batch"}
+CUDNN_FEATURES = (
+    KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng_dump", "alibi", "ragged_offsets", "stats_per_batch"}
+)
 #: cuDNN's paged K/V cache (forward only, as in cuDNN): the reference gathers through the tables, the cuDNN engine
 #: lowers it to cuDNN's paged SDPA, the mma.sync forward reads each key tile from its block (block sizes that its
 #: key tiles divide: `frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`), the wgmma forward loads each key
@@ -107,57 +131,156 @@ SM90_BWD_FEATURES = DSL_FEATURES | {"deterministic"} | SCORE_MOD_FEATURES | SPLI
 SM90_BWD_HEAD_DIMS = HeadDimSpan(multiple=8, maximum=256)
 
 ROWS: tuple[CapabilityRow, ...] = tuple(
-    _fwd_bwd("Sm90", "frost.adapters.sm90", "Sm90", cc_min=(9, 0), cc_max=(9, 0), priority=10,
-             dtypes=("bf16", "fp16"), head_dims=SM90_FWD_HEAD_DIMS, features=DSL_FEATURES,
-             fwd_features=FWD_EXTRA_FEATURES | WGMMA_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
-             paged_block_sizes=SM90_PAGED_BLOCK_SIZES,
-             knob_choices={"tile_m": (64, 128, 192), "tile_n": tuple(range(16, 257, 16)),
-                           "num_stages": (1, 2, 3, 4), "pack_gqa": (False, True), "v_slices": (1, 2, 3, 4),
-                           **SPLIT_KNOB})[:1]
-    + [CapabilityRow(name="SdpaBwdDslSm90", adapter="frost.adapters.sm90:SdpaBwdDslSm90", direction="bwd",
-                     cc_min=(9, 0), cc_max=(9, 0), priority=10, dtypes=("bf16", "fp16"), int32_extents=True,
-                     head_dims=SM90_BWD_HEAD_DIMS,
-                     features=SM90_BWD_FEATURES,
-                     knob_choices={"tile_m": (64, 80, 128), "tile_n": (64, 128), "num_stages": (1, 2),
-                                   "dq_fragments": (False, True), "dq_red": (False, True),
-                                   "dk_first": (False, True), "rows_warp": (False, True), "rows_mbar": (False, True),
-                                   "pdl": (False, True), "det_order": ("stair", "rotated")})]
-    + _fwd_bwd("Sm80", "frost.adapters.sm80", "Sm80", cc_min=(8, 0), cc_max=(9, 0), priority=20,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
-               bwd_features=SPLIT_HEAD_FEATURES, paged_block_sizes=PAGED_BLOCK_SIZES,
-               knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3),
-                             "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS, fwd_knobs=MMA_SYNC_FWD_KNOBS)
-    + _fwd_bwd("Sm120", "frost.adapters.sm120", "Sm120", cc_min=(12, 0), cc_max=(12, 9), priority=10,
-               dtypes=("bf16", "fp16"), head_dims=MMA_SYNC_HEAD_DIMS, features=MMA_SYNC_FEATURES,
-               fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
-               bwd_features=SPLIT_HEAD_FEATURES, paged_block_sizes=PAGED_BLOCK_SIZES,
-               knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2),
-                             "num_warps": (4, 8)}, bwd_knobs=MMA_SYNC_BWD_KNOBS, fwd_knobs=MMA_SYNC_FWD_KNOBS)
-    + _fwd_bwd("Sm100", "frost.adapters.sm100", "Sm100", cc_min=(10, 0), cc_max=(10, 9), priority=10,
-               dtypes=("bf16", "fp16"), head_dims=FIXED_HEAD_DIMS, features=DSL_FEATURES,
-               pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",
-               pending_bwd="the SM100 (tcgen05 + TMEM) kernels are not written yet")
-    + [CapabilityRow(name=f"Sdpa{d.capitalize()}Cudnn", adapter=f"frost.adapters.cudnn:Sdpa{d.capitalize()}Cudnn",
-                     direction=d, cc_min=(8, 0), cc_max=(12, 9), priority=CUDNN_PRIORITY, dtypes=("bf16", "fp16"),
-                     head_dims=None,
-                     features=CUDNN_FEATURES | ({"deterministic", "dbias"} if d == "bwd"
-                                                else BLOCK_MASK_FEATURES | PAGED_FEATURES))
-       for d in ("fwd", "bwd")]
-    + [CapabilityRow(name="SdpaFwdReference", adapter="frost.adapters.reference:SdpaFwdReference",
-                     direction="fwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
-                     dtypes=("bf16", "fp16", "fp32"), head_dims=None,
-                     features=REFERENCE_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
-                     vector_bytes=1, explicit_only_on_gpu=True, serves_cpu=True),
-       CapabilityRow(name="SdpaBwdReference", adapter="frost.adapters.reference:SdpaBwdReference",
-                     direction="bwd", cc_min=(0, 0), cc_max=(99, 99), priority=100,
-                     dtypes=("bf16", "fp16", "fp32"), head_dims=None,
-                     features=REFERENCE_FEATURES | {"deterministic"}, vector_bytes=1,
-                     explicit_only_on_gpu=True, serves_cpu=True)]
+    _fwd_bwd(
+        "Sm90",
+        "frost.adapters.sm90",
+        "Sm90",
+        cc_min=(9, 0),
+        cc_max=(9, 0),
+        priority=10,
+        dtypes=("bf16", "fp16"),
+        head_dims=SM90_FWD_HEAD_DIMS,
+        features=DSL_FEATURES,
+        fwd_features=FWD_EXTRA_FEATURES | WGMMA_SCORE_MOD_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+        paged_block_sizes=SM90_PAGED_BLOCK_SIZES,
+        knob_choices={
+            "tile_m": (64, 128, 192),
+            "tile_n": tuple(range(16, 257, 16)),
+            "num_stages": (1, 2, 3, 4),
+            "pack_gqa": (False, True),
+            "v_slices": (1, 2, 3, 4),
+            **SPLIT_KNOB,
+        },
+    )[:1]
+    + [
+        CapabilityRow(
+            name="SdpaBwdDslSm90",
+            adapter="frost.adapters.sm90:SdpaBwdDslSm90",
+            direction="bwd",
+            cc_min=(9, 0),
+            cc_max=(9, 0),
+            priority=10,
+            dtypes=("bf16", "fp16"),
+            int32_extents=True,
+            head_dims=SM90_BWD_HEAD_DIMS,
+            features=SM90_BWD_FEATURES,
+            knob_choices={
+                "tile_m": (64, 80, 128),
+                "tile_n": (64, 128),
+                "num_stages": (1, 2),
+                "dq_fragments": (False, True),
+                "dq_red": (False, True),
+                "dk_first": (False, True),
+                "rows_warp": (False, True),
+                "rows_mbar": (False, True),
+                "pdl": (False, True),
+                "det_order": ("stair", "rotated"),
+            },
+        )
+    ]
+    + _fwd_bwd(
+        "Sm80",
+        "frost.adapters.sm80",
+        "Sm80",
+        cc_min=(8, 0),
+        cc_max=(9, 0),
+        priority=20,
+        dtypes=("bf16", "fp16"),
+        head_dims=MMA_SYNC_HEAD_DIMS,
+        features=MMA_SYNC_FEATURES,
+        fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+        bwd_features=SPLIT_HEAD_FEATURES,
+        paged_block_sizes=PAGED_BLOCK_SIZES,
+        knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3), "num_warps": (4, 8)},
+        bwd_knobs=MMA_SYNC_BWD_KNOBS,
+        fwd_knobs=MMA_SYNC_FWD_KNOBS,
+    )
+    + _fwd_bwd(
+        "Sm120",
+        "frost.adapters.sm120",
+        "Sm120",
+        cc_min=(12, 0),
+        cc_max=(12, 9),
+        priority=10,
+        dtypes=("bf16", "fp16"),
+        head_dims=MMA_SYNC_HEAD_DIMS,
+        features=MMA_SYNC_FEATURES,
+        fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+        bwd_features=SPLIT_HEAD_FEATURES,
+        paged_block_sizes=PAGED_BLOCK_SIZES,
+        knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2), "num_warps": (4, 8)},
+        bwd_knobs=MMA_SYNC_BWD_KNOBS,
+        fwd_knobs=MMA_SYNC_FWD_KNOBS,
+    )
+    + _fwd_bwd(
+        "Sm100",
+        "frost.adapters.sm100",
+        "Sm100",
+        cc_min=(10, 0),
+        cc_max=(10, 9),
+        priority=10,
+        dtypes=("bf16", "fp16"),
+        head_dims=FIXED_HEAD_DIMS,
+        features=DSL_FEATURES,
+        pending_fwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",
+        pending_bwd="the SM100 (tcgen05 + TMEM) kernels are not written yet",
+    )
+    + [
+        CapabilityRow(
+            name=f"Sdpa{d.capitalize()}Cudnn",
+            adapter=f"frost.adapters.cudnn:Sdpa{d.capitalize()}Cudnn",
+            direction=d,
+            cc_min=(8, 0),
+            cc_max=(12, 9),
+            priority=CUDNN_PRIORITY,
+            dtypes=("bf16", "fp16"),
+            head_dims=None,
+            features=CUDNN_FEATURES
+            | ({"deterministic", "dbias"} if d == "bwd" else BLOCK_MASK_FEATURES | PAGED_FEATURES),
+        )
+        for d in ("fwd", "bwd")
+    ]
+    + [
+        CapabilityRow(
+            name="SdpaFwdReference",
+            adapter="frost.adapters.reference:SdpaFwdReference",
+            direction="fwd",
+            cc_min=(0, 0),
+            cc_max=(99, 99),
+            priority=100,
+            dtypes=("bf16", "fp16", "fp32"),
+            head_dims=None,
+            features=REFERENCE_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+            vector_bytes=1,
+            explicit_only_on_gpu=True,
+            serves_cpu=True,
+        ),
+        CapabilityRow(
+            name="SdpaBwdReference",
+            adapter="frost.adapters.reference:SdpaBwdReference",
+            direction="bwd",
+            cc_min=(0, 0),
+            cc_max=(99, 99),
+            priority=100,
+            dtypes=("bf16", "fp16", "fp32"),
+            head_dims=None,
+            features=REFERENCE_FEATURES | {"deterministic"},
+            vector_bytes=1,
+            explicit_only_on_gpu=True,
+            serves_cpu=True,
+        ),
+    ]
 )
 
-_ALIASES = {"reference": "Reference", "ref": "Reference", "sm80": "DslSm80", "sm90": "DslSm90",
-            "sm100": "DslSm100", "sm120": "DslSm120", "cudnn": "Cudnn"}
+_ALIASES = {
+    "reference": "Reference",
+    "ref": "Reference",
+    "sm80": "DslSm80",
+    "sm90": "DslSm90",
+    "sm100": "DslSm100",
+    "sm120": "DslSm120",
+    "cudnn": "Cudnn",
+}
 
 
 def rows_for(direction: str) -> list[CapabilityRow]:

@@ -1,4 +1,5 @@
 """Rank engines for a facts record and build the winner's plan through lower_fwd / lower_bwd."""
+
 from __future__ import annotations
 
 import importlib
@@ -14,8 +15,7 @@ from frost.lowering.capabilities import CapabilityRow, resolve_engine_name, rows
 from frost.lowering.mismatch import mismatch
 from frost.target import Target
 
-REFERENCE_ON_GPU = ("is the numerics oracle and is never chosen silently on a GPU; "
-                    "request it with engine='reference'")
+REFERENCE_ON_GPU = "is the numerics oracle and is never chosen silently on a GPU; request it with engine='reference'"
 
 
 def adapter_class(row: CapabilityRow):
@@ -74,13 +74,20 @@ class Plan:
 
 def describe(facts: SdpaFacts) -> str:
     layout = "thd" if facts.is_thd else "dense"
-    return (f"sdpa {facts.direction} ({facts.io_dtype}, d={facts.head_dim_qk}x{facts.head_dim_v}, "
-            f"heads {facts.num_heads_q}/{facts.num_heads_kv}, {layout}, features "
-            f"{sorted(facts.features()) or 'none'})")
+    return (
+        f"sdpa {facts.direction} ({facts.io_dtype}, d={facts.head_dim_qk}x{facts.head_dim_v}, "
+        f"heads {facts.num_heads_q}/{facts.num_heads_kv}, {layout}, features "
+        f"{sorted(facts.features()) or 'none'})"
+    )
 
 
-def build_plan(facts: SdpaFacts, target: Target, knobs: Optional[Knobs] = None,
-               engine: Optional[str] = None, ranking: Optional[Ranking] = None) -> Plan:
+def build_plan(
+    facts: SdpaFacts,
+    target: Target,
+    knobs: Optional[Knobs] = None,
+    engine: Optional[str] = None,
+    ranking: Optional[Ranking] = None,
+) -> Plan:
     t0 = time.perf_counter()
     ranking = ranking or rank(facts, target, knobs, engine)
     if not ranking.accepted:

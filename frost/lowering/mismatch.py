@@ -1,4 +1,5 @@
 """`mismatch(row, facts, knobs, target)`: the first human-readable reason a row cannot serve, or None."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -18,13 +19,13 @@ FEATURE_DETAILS = {
     "block_mask": "cuDNN's block-sparse mask (forward only, as in cuDNN)",
     "rng_dump": "dropout's mask dump: cuDNN's Philox mask, written by the cuDNN engine only",
     "paged_attention": "paged K/V caches: the mma.sync and wgmma forwards read K and V through the block tables "
-                       "(block sizes 64, 128, 256; the wgmma forward 16 and 32 too); the cuDNN engine and the "
-                       "reference serve every block size",
+    "(block sizes 64, 128, 256; the wgmma forward 16 and 32 too); the cuDNN engine and the "
+    "reference serve every block size",
     "score_max": "the row maximum of the scores",
     "score_sum_exp": "the row sum of exponentials",
     "split_kv_heads": "K and V with different head counts: the forwards and both backwards serve them",
     "unnested_kv_heads": "K and V head counts where neither divides the other: the forwards and both backwards "
-                         "serve them",
+    "serve them",
     "unfuse_fma": "an SM100 softmax rounding option of cuDNN's kernels",
     "bias": "an additive score bias: the mma.sync engines and the wgmma forward and backward read it",
     "dbias": "the bias gradient: the mma.sync and wgmma backwards write it",
@@ -54,8 +55,9 @@ def mismatch(row: CapabilityRow, facts: SdpaFacts, knobs: Knobs, target: Target)
         return reason
     missing = sorted(facts.features() - row.features)
     if missing:
-        details = [FEATURE_DETAILS.get(f) or ("frost computes in fp32" if f.startswith("compute_") else "")
-                   for f in missing]
+        details = [
+            FEATURE_DETAILS.get(f) or ("frost computes in fp32" if f.startswith("compute_") else "") for f in missing
+        ]
         details = [d for d in details if d]
         return f"does not serve {', '.join(missing)}" + "".join(f" ({d})" for d in details)
     reason = _paged_mismatch(row, facts) or _layout_mismatch(row, facts)
@@ -76,13 +78,18 @@ INT32_LIMIT = 2**31
 def _extents(facts: SdpaFacts) -> list[tuple[str, int]]:
     """The extents a kernel takes as ints, by the names the graph declared them with."""
     thd = facts.is_thd
-    out = [("max_seq_len_q" if thd else "S_q (q's dim 2)", facts.seq_q),
-           ("max_seq_len_kv" if thd else "S_kv (k's dim 2)", facts.seq_kv),
-           ("the batch B", facts.batch), ("the query heads H_q", facts.num_heads_q),
-           ("the K/V heads H_kv", max(facts.num_heads_kv, facts.num_heads_v))]
+    out = [
+        ("max_seq_len_q" if thd else "S_q (q's dim 2)", facts.seq_q),
+        ("max_seq_len_kv" if thd else "S_kv (k's dim 2)", facts.seq_kv),
+        ("the batch B", facts.batch),
+        ("the query heads H_q", facts.num_heads_q),
+        ("the K/V heads H_kv", max(facts.num_heads_kv, facts.num_heads_v)),
+    ]
     if thd:
-        out += [("the packed token total of q (its dim 0)", facts.total_q),
-                ("the packed token total of k and v (their dim 0)", facts.total_kv)]
+        out += [
+            ("the packed token total of q (its dim 0)", facts.total_q),
+            ("the packed token total of k and v (their dim 0)", facts.total_kv),
+        ]
     return out
 
 
@@ -118,8 +125,10 @@ def _paged_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
     if not bad:
         return None
     served = ", ".join(str(b) for b in row.paged_block_sizes)
-    return (f"serves paged K/V block sizes {served}; this graph's K/V containers have block size "
-            f"{'/'.join(str(b) for b in facts.paged.block_sizes)}")
+    return (
+        f"serves paged K/V block sizes {served}; this graph's K/V containers have block size "
+        f"{'/'.join(str(b) for b in facts.paged.block_sizes)}"
+    )
 
 
 def _layout_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
@@ -131,7 +140,9 @@ def _layout_mismatch(row: CapabilityRow, facts: SdpaFacts) -> Optional[str]:
         elems = max(row.vector_bytes // _ITEMSIZE.get(t.dtype, 2), 1)
         bad = [s for d, s in zip(t.dim[:-1], t.stride[:-1]) if d > 1 and s % elems != 0]
         if bad:
-            return (f"tensor {t.label or repr(t.name)} has strides {t.stride} (dim {t.dim}); every non-unit stride "
-                    f"must be a multiple of {elems} elements ({row.vector_bytes}-byte vector loads), and {bad[0]} "
-                    "is not")
+            return (
+                f"tensor {t.label or repr(t.name)} has strides {t.stride} (dim {t.dim}); every non-unit stride "
+                f"must be a multiple of {elems} elements ({row.vector_bytes}-byte vector loads), and {bad[0]} "
+                "is not"
+            )
     return None

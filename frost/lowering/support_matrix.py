@@ -3,6 +3,7 @@
 `python -m frost.lowering.support_matrix` rewrites the block between the README's markers;
 `--check` exits 1 when the README's block differs (test/cpu/test_support_matrix.py runs the same comparison).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,10 @@ END = "<!-- support-matrix:end -->"
 
 #: (matrix row, the capability-row features it needs: all of them for a tick)
 FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("causal masks, sliding windows (top-left, bottom-right)", ("causal", "window_left", "window_right",
-                                                               "bottom_right")),
+    (
+        "causal masks, sliding windows (top-left, bottom-right)",
+        ("causal", "window_left", "window_right", "bottom_right"),
+    ),
     ("GQA / MQA", ("gqa",)),
     ("K and V head counts apart", ("split_kv_heads", "unnested_kv_heads")),
     ("padding mask (`seq_len_q/kv`)", ("padding",)),
@@ -39,11 +42,18 @@ FEATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 #: row features the matrix does not show, and why (every other feature of a row must have a matrix row: the test
 #: checks it, so a feature added to the rows reaches the README)
-NOT_SHOWN = {"stats": "every engine serves Stats on or off (said above the matrix)",
-             "stats_per_batch": "a layout of Stats in cuDNN's ragged form, part of the ragged-offsets row"}
+NOT_SHOWN = {
+    "stats": "every engine serves Stats on or off (said above the matrix)",
+    "stats_per_batch": "a layout of Stats in cuDNN's ragged form, part of the ragged-offsets row",
+}
 #: features one direction has: the other direction's row may list them (rows share feature sets), never serves them
-ONE_DIRECTION = {"dbias": "bwd", "deterministic": "bwd", "block_mask": "fwd", "score_max": "fwd",
-                 "paged_attention": "fwd"}
+ONE_DIRECTION = {
+    "dbias": "bwd",
+    "deterministic": "bwd",
+    "block_mask": "fwd",
+    "score_max": "fwd",
+    "paged_attention": "fwd",
+}
 
 
 def _line(row: CapabilityRow) -> str:
@@ -81,10 +91,14 @@ def _both(fwd: CapabilityRow | None, bwd: CapabilityRow | None, what) -> str:
 
 def _served(fwd: CapabilityRow | None, bwd: CapabilityRow | None, needs: tuple[str, ...]) -> str:
     only = ONE_DIRECTION.get(needs[0])
-    dirs = [d for d, r in (("fwd", fwd), ("bwd", bwd))
-            if r is not None and not r.pending and set(needs) <= r.features and only in (None, d)]
-    sizes = [r.paged_block_sizes for r in (fwd, bwd) if r is not None and "paged_attention" in needs
-             and r.paged_block_sizes]
+    dirs = [
+        d
+        for d, r in (("fwd", fwd), ("bwd", bwd))
+        if r is not None and not r.pending and set(needs) <= r.features and only in (None, d)
+    ]
+    sizes = [
+        r.paged_block_sizes for r in (fwd, bwd) if r is not None and "paged_attention" in needs and r.paged_block_sizes
+    ]
     if dirs and sizes:  # a paged cache's block sizes, where the row serves only some
         return " + ".join(dirs) + f" (block sizes {', '.join(map(str, sizes[0]))})"
     return " + ".join(dirs) if dirs else "-"
@@ -109,15 +123,19 @@ def render(rows=ROWS) -> str:
     add("head dims (d_qk, d_v each)", lambda f, b: _both(f, b, _head_dims))
     for label, needs in FEATURES:
         add(label, lambda f, b, needs=needs: _served(f, b, needs))
-    out += ["", "Generated from `frost/lowering/capabilities.py` by `python -m frost.lowering.support_matrix`.",
-            "", END]
+    out += [
+        "",
+        "Generated from `frost/lowering/capabilities.py` by `python -m frost.lowering.support_matrix`.",
+        "",
+        END,
+    ]
     return "\n".join(out)
 
 
 def readme_block(text: str) -> str:
     """The README's current block, markers included ('' when the markers are missing)."""
     i, j = text.find(BEGIN), text.find(END)
-    return text[i:j + len(END)] if 0 <= i < j else ""
+    return text[i : j + len(END)] if 0 <= i < j else ""
 
 
 def rewrite(text: str, rows=ROWS) -> str:

@@ -13,6 +13,7 @@ own size field is compared first), and reports whether the file passes the
 cache's ownership rule (`frost.compiler.trust`): only then may its kernels be
 loaded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -98,8 +99,10 @@ def _inflate(z: zipfile.ZipFile, name: str, limit: int, path) -> bytes:
     inflates past the declared size: a member that would is a CRC error)."""
     declared = z.getinfo(name).file_size
     if declared > limit:
-        raise PlanFileError(f"plan file {path}: member {name} declares {declared} bytes, more than the "
-                            f"{limit} its record allows (corrupt or hostile file); nothing was inflated")
+        raise PlanFileError(
+            f"plan file {path}: member {name} declares {declared} bytes, more than the "
+            f"{limit} its record allows (corrupt or hostile file); nothing was inflated"
+        )
     return z.read(name)
 
 
@@ -127,8 +130,9 @@ def read(path) -> PlanContents:
             if not isinstance(raw, dict) or raw.get("magic") != MAGIC:
                 raise PlanFileError(f"{path} is not a frost plan file")
             if raw.get("version") != VERSION:
-                raise PlanFileError(f"plan file {path} has format version {raw.get('version')!r}; "
-                                    f"this frost reads version {VERSION}")
+                raise PlanFileError(
+                    f"plan file {path} has format version {raw.get('version')!r}; this frost reads version {VERSION}"
+                )
             header = PlanHeader.model_validate(raw)
             blobs = []
             for rec in header.kernels:

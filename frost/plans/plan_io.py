@@ -11,6 +11,7 @@ and so do the kernels of a file that another user owns or that group or others
 may write (the cache's rule, `frost.compiler.trust`): its native code is never
 loaded.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,12 +34,22 @@ def _warn(msg: str) -> None:
 # -- save -------------------------------------------------------------------------------------
 def _record(i: int, art: Artifact) -> KernelRecord:
     j = art.spec.to_json()
-    return KernelRecord(name=art.symbol, template=art.spec.template, params_type=j["params_type"], params=j["params"],
-                        arch=art.arch, key=art.key, member=f"kernels/{i}.o", size=len(art.obj), sha256=art.digest,
-                        so_member=f"kernels/{i}.so" if art.so is not None else None,
-                        so_sha256=sha256(art.so) if art.so is not None else None,
-                        so_size=len(art.so) if art.so is not None else None, runtime_libs=list(art.runtime_libs),
-                        kernel_symbols=list(art.kernel_symbols))
+    return KernelRecord(
+        name=art.symbol,
+        template=art.spec.template,
+        params_type=j["params_type"],
+        params=j["params"],
+        arch=art.arch,
+        key=art.key,
+        member=f"kernels/{i}.o",
+        size=len(art.obj),
+        sha256=art.digest,
+        so_member=f"kernels/{i}.so" if art.so is not None else None,
+        so_sha256=sha256(art.so) if art.so is not None else None,
+        so_size=len(art.so) if art.so is not None else None,
+        runtime_libs=list(art.runtime_libs),
+        kernel_symbols=list(art.kernel_symbols),
+    )
 
 
 def save_plan(graph, path) -> Path:
@@ -49,11 +60,20 @@ def save_plan(graph, path) -> Path:
         arts = [export_kernel(ck) for ck in plan.adapter.compiled_kernels()]
     except OSError as e:
         raise PlanFileError(f"cannot save the plan of graph {graph.name!r}: {e}") from None
-    header = PlanHeader(frost_version=__version__, created=time.time(), graph=graph.name,
-                        engine=plan.engine_name, knobs=plan.adapter.knobs.requested(),
-                        target=graph.target.model_dump(), arch=graph.target.arch, fingerprint=fingerprint.fingerprint(),
-                        fingerprint_inputs=fingerprint.fingerprint_inputs(), facts=plan.facts.model_dump(mode="json"),
-                        workspace_size=plan.workspace_size, kernels=[_record(i, a) for i, a in enumerate(arts)])
+    header = PlanHeader(
+        frost_version=__version__,
+        created=time.time(),
+        graph=graph.name,
+        engine=plan.engine_name,
+        knobs=plan.adapter.knobs.requested(),
+        target=graph.target.model_dump(),
+        arch=graph.target.arch,
+        fingerprint=fingerprint.fingerprint(),
+        fingerprint_inputs=fingerprint.fingerprint_inputs(),
+        facts=plan.facts.model_dump(mode="json"),
+        workspace_size=plan.workspace_size,
+        kernels=[_record(i, a) for i, a in enumerate(arts)],
+    )
     return plan_file.write(path, header, [(a.obj, a.so) for a in arts])
 
 
@@ -96,14 +116,18 @@ def _check_facts(graph, header: PlanHeader, path) -> None:
         raise PlanFileError(f"plan file {path}: its facts record does not parse here ({e})") from None
     diffs = facts_differences(saved, graph.facts.model_dump(mode="json"))
     if diffs:
-        raise PlanFileError(f"plan file {path} was saved for a different graph than {graph.name!r}: "
-                            + "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else ""))
+        raise PlanFileError(
+            f"plan file {path} was saved for a different graph than {graph.name!r}: "
+            + "; ".join(diffs[:8])
+            + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+        )
 
 
 def _fingerprint_reason(header: PlanHeader) -> str:
     here = fingerprint.fingerprint_inputs()
-    keys = [k for k in sorted(set(here) | set(header.fingerprint_inputs))
-            if here.get(k) != header.fingerprint_inputs.get(k)]
+    keys = [
+        k for k in sorted(set(here) | set(header.fingerprint_inputs)) if here.get(k) != header.fingerprint_inputs.get(k)
+    ]
     parts = []
     for k in keys:
         a, b = header.fingerprint_inputs.get(k), here.get(k)
@@ -127,13 +151,17 @@ def _adopt_all(graph, header: PlanHeader, blobs, path, untrusted=None) -> bool:
         _warn(f"{untrusted}; its kernels are not loaded and compile here")
         return False
     if header.fingerprint != fingerprint.fingerprint():
-        _warn(f"{path} was saved by another frost build (differs in {_fingerprint_reason(header)}); "
-              "its kernels are not used and compile here")
+        _warn(
+            f"{path} was saved by another frost build (differs in {_fingerprint_reason(header)}); "
+            "its kernels are not used and compile here"
+        )
         return False
     arch = graph.target.arch
     if header.arch != arch:
-        _warn(f"{path} was saved for {header.arch} ({header.target.get('name', '?')}); "
-              f"{graph.target.name} compiles for {arch}, so its kernels compile here")
+        _warn(
+            f"{path} was saved for {header.arch} ({header.target.get('name', '?')}); "
+            f"{graph.target.name} compiles for {arch}, so its kernels compile here"
+        )
         return False
     ids, complete = [], True
     for rec, (obj, so) in zip(header.kernels, blobs):
@@ -161,8 +189,10 @@ def _build(graph, header: PlanHeader) -> None:
         graph.build_plans(engine=header.engine, knobs=header.knobs)
     except (NotSupportedError, GraphError) as e:
         first = str(e).splitlines()[0]
-        _warn(f"engine {header.engine} with knobs {header.knobs} cannot plan graph {graph.name!r} on "
-              f"{graph.target.name} ({first}); ranking the engines afresh")
+        _warn(
+            f"engine {header.engine} with knobs {header.knobs} cannot plan graph {graph.name!r} on "
+            f"{graph.target.name} ({first}); ranking the engines afresh"
+        )
         graph.build_plans(knobs={})
 
 

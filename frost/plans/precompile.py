@@ -7,6 +7,7 @@ and graphs: for a graph, the engine that `build_plans` would pick on the target
 supplies its specs (its adapter's `kernel_specs()` if it has one, else its
 `template` and `template_params()`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,9 @@ def missing_kernels_extra() -> Optional[str]:
     return None if reason is None else f"compiling kernels {reason}"
 
 
-def precompile(specs_or_graphs, target: Optional[Target | str] = None, *,
-               max_workers: Optional[int] = None, progress=None) -> list[CompiledKernel]:
+def precompile(
+    specs_or_graphs, target: Optional[Target | str] = None, *, max_workers: Optional[int] = None, progress=None
+) -> list[CompiledKernel]:
     """Compile (or load from the cache) every kernel the specs or graphs need, in parallel.
 
     `target` defaults to this machine's GPU; pass a fake target (frost.target.fake_target)
@@ -86,6 +88,7 @@ def _progress_bar(total: int):
     try:
         from tqdm.auto import tqdm
     except ImportError:
+
         def log(name: str) -> None:
             _log.info("compiled %s", name)
 
@@ -118,8 +121,7 @@ def _load_from(ref: str, target: Target) -> list:
     mod, _, attr = ref.partition(":")
     obj = getattr(importlib.import_module(mod), attr or "kernel_specs")
     got = obj(target) if callable(obj) else obj
-    lone = isinstance(got, (KernelSpec, dict)) or (isinstance(got, tuple) and len(got) == 2
-                                                    and isinstance(got[0], str))
+    lone = isinstance(got, (KernelSpec, dict)) or (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], str))
     return [got] if lone or not hasattr(got, "__iter__") else list(got)
 
 
@@ -127,20 +129,27 @@ def _target_of(args) -> Target | str:
     if args.target == "auto":
         t = discover_target()
         if t.is_cpu and not args.arch:
-            raise SystemExit("frost precompile: no GPU here; pass --target "
-                             f"{'|'.join(FAKE_TARGETS)} or --arch sm_XX")
+            raise SystemExit(f"frost precompile: no GPU here; pass --target {'|'.join(FAKE_TARGETS)} or --arch sm_XX")
     else:
         t = fake_target(args.target)
     return args.arch or t
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="frost precompile",
-                                description="Compile kernels into the persistent cache, in parallel workers.")
-    p.add_argument("--spec-file", action="append", default=[],
-                   help="JSON list (or JSON lines) of {template, params_type, params}")
-    p.add_argument("--from", dest="sources", action="append", default=[], metavar="MODULE:ATTR",
-                   help="a callable(target) or iterable giving specs or graphs")
+    p = argparse.ArgumentParser(
+        prog="frost precompile", description="Compile kernels into the persistent cache, in parallel workers."
+    )
+    p.add_argument(
+        "--spec-file", action="append", default=[], help="JSON list (or JSON lines) of {template, params_type, params}"
+    )
+    p.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="a callable(target) or iterable giving specs or graphs",
+    )
     p.add_argument("--probe", action="store_true", help="compile the probe copy kernels (smoke check)")
     p.add_argument("--target", default="auto", help=f"auto (this GPU) or a fake target: {', '.join(FAKE_TARGETS)}")
     p.add_argument("--arch", default=None, help="compile for this arch string instead (e.g. sm_90a)")
@@ -149,8 +158,12 @@ def main(argv=None) -> int:
     p.add_argument("--prune", action="store_true", help="apply the size cap now")
     p.add_argument("--clear", action="store_true", help="delete every cached artifact")
     p.add_argument("--json", action="store_true", help="print results as JSON")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar (by default one on stderr, a kernel at a time as each finishes)")
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no progress bar (by default one on stderr, a kernel at a time as each finishes)",
+    )
     args = p.parse_args(argv)
 
     if args.clear:
@@ -183,17 +196,30 @@ def main(argv=None) -> int:
         finally:
             close()
         wall = time.perf_counter() - t0
-        rows = [{"name": k.name, "arch": k.arch, "source": k.source, "compile_s": round(k.compile_seconds, 3),
-                 "load_s": round(k.load_seconds, 4), "digest": k.digest} for k in kernels]
+        rows = [
+            {
+                "name": k.name,
+                "arch": k.arch,
+                "source": k.source,
+                "compile_s": round(k.compile_seconds, 3),
+                "load_s": round(k.load_seconds, 4),
+                "digest": k.digest,
+            }
+            for k in kernels
+        ]
         if args.json:
             print(json.dumps({"kernels": rows, "wall_s": wall, "stats": cache.stats()}, indent=1))
         else:
             for r in rows:
-                print(f"{r['name']:<56} {r['arch']:<8} {r['source']:<8} compile {r['compile_s']:>7.3f}s "
-                      f"load {r['load_s']:>7.4f}s")
+                print(
+                    f"{r['name']:<56} {r['arch']:<8} {r['source']:<8} compile {r['compile_s']:>7.3f}s "
+                    f"load {r['load_s']:>7.4f}s"
+                )
             s = cache.stats()
-            print(f"{len(rows)} kernels in {wall:.2f}s: {s['compiles']} compiled here, {s['worker_compiles']} "
-                  f"by workers, {s['hits']} loaded from {cache.cache_dir()}")
+            print(
+                f"{len(rows)} kernels in {wall:.2f}s: {s['compiles']} compiled here, {s['worker_compiles']} "
+                f"by workers, {s['hits']} loaded from {cache.cache_dir()}"
+            )
     if args.info or not (work or args.clear or args.prune):
         print(json.dumps(cache.describe(), indent=1))
     return 0

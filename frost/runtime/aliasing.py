@@ -25,6 +25,7 @@ the sorts, about 1.2 us for nine tensors): outputs that move among a few recurri
 allocator's steady state, double buffering) cost no more than outputs that stay. Only when the test fails
 does `check_aliasing` look at pairs, to tell an aliased output from inputs that merely share memory.
 """
+
 from __future__ import annotations
 
 import math
@@ -102,9 +103,11 @@ def check_aliasing(labels, spans: list, outputs, tensors=()) -> None:
                 continue
             if a0 < b1 and b0 < a1 and not never_touch(tensors[i], tensors[j]):
                 lo, hi = max(a0, b0), min(a1, b1)
-                raise BindingError(f"output {labels[i]} shares memory with {labels[j]} (bytes {lo:#x}..{hi:#x}); "
-                                   f"an output must not overlap any other bound tensor or the workspace "
-                                   f"(frost never copies to separate them)")
+                raise BindingError(
+                    f"output {labels[i]} shares memory with {labels[j]} (bytes {lo:#x}..{hi:#x}); "
+                    f"an output must not overlap any other bound tensor or the workspace "
+                    f"(frost never copies to separate them)"
+                )
 
 
 class AliasGuard:

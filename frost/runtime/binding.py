@@ -1,4 +1,5 @@
 """Execute-time binding: check each bound tensor against its declaration. Checks only, no copies."""
+
 from __future__ import annotations
 
 import operator
@@ -36,8 +37,10 @@ def _check_identity(role: str, decl: Tensor, t, device) -> None:
     import torch
 
     if t is None:
-        raise BindingError(f"{_who(role, decl)} is missing from the variant pack (key it by the tensor handle, "
-                           f"its uid {decl.uid} or its name)")
+        raise BindingError(
+            f"{_who(role, decl)} is missing from the variant pack (key it by the tensor handle, "
+            f"its uid {decl.uid} or its name)"
+        )
     if not isinstance(t, torch.Tensor):
         raise BindingError(f"{_who(role, decl)}: expected a torch.Tensor, got {type(t).__name__}")
     want = decl.data_type.to_torch()
@@ -55,8 +58,9 @@ def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_byt
     if thd_token:
         ok = len(got_dims) == len(dims) and got_dims[1:] == dims[1:] and got_dims[0] <= dims[0]
         if not ok:
-            raise BindingError(f"{_who(role, decl)}: declared dim {dims} (packed tokens up to {dims[0]}), "
-                               f"bound {got_dims}")
+            raise BindingError(
+                f"{_who(role, decl)}: declared dim {dims} (packed tokens up to {dims[0]}), bound {got_dims}"
+            )
     elif got_dims != dims:
         raise BindingError(f"{_who(role, decl)}: declared dim {dims}, bound {got_dims}")
     for axis, (d, s, gs) in enumerate(zip(got_dims, strides, got_strides)):
@@ -64,8 +68,10 @@ def check_tensor(role: str, decl: Tensor, t, *, device, is_thd: bool, vector_byt
             continue
         derived = thd_token and s == dims[0] and gs == got_dims[0]  # e.g. head-major THD stats
         if not derived:
-            raise BindingError(f"{_who(role, decl)}: declared strides {strides}, bound {got_strides} "
-                               f"(dim {got_dims}); frost never copies to fix a layout")
+            raise BindingError(
+                f"{_who(role, decl)}: declared strides {strides}, bound {got_strides} "
+                f"(dim {got_dims}); frost never copies to fix a layout"
+            )
     if vector_bytes > 1 and t.numel() > 0 and t.data_ptr() % vector_bytes != 0:
         raise BindingError(f"{_who(role, decl)}: address {t.data_ptr():#x} is not {vector_bytes}-byte aligned")
     return t
@@ -115,13 +121,17 @@ def _ragged_tokens(role: str, decl: Tensor, t, spec: RaggedSpec) -> int:
     got_dims, got_strides = tuple(t.shape), tuple(t.stride())
     if t.dim() == 3:
         if got_dims[1:] != (h, d) or any(n > 1 and a != b for n, a, b in zip(got_dims, got_strides, (ts, hs, ds))):
-            raise BindingError(f"{_who(role, decl)}: declared (B, H, S, D) {spec.dims} in the ragged form, tokens "
-                               f"(H, D) = ({h}, {d}) with strides (S, H, D) = ({ts}, {hs}, {ds}); bound {got_dims} "
-                               f"with strides {got_strides}, which hold tokens of another layout")
+            raise BindingError(
+                f"{_who(role, decl)}: declared (B, H, S, D) {spec.dims} in the ragged form, tokens "
+                f"(H, D) = ({h}, {d}) with strides (S, H, D) = ({ts}, {hs}, {ds}); bound {got_dims} "
+                f"with strides {got_strides}, which hold tokens of another layout"
+            )
         return got_dims[0]
     if not t.is_contiguous():
-        raise BindingError(f"{_who(role, decl)}: bound {got_dims} with strides {got_strides} to a ragged "
-                           f"declaration; bind the packed tokens as (T, {h}, {d}) or a contiguous buffer")
+        raise BindingError(
+            f"{_who(role, decl)}: bound {got_dims} with strides {got_strides} to a ragged "
+            f"declaration; bind the packed tokens as (T, {h}, {d}) or a contiguous buffer"
+        )
     token = (h - 1) * hs + (d - 1) * ds + 1  # the elements one token spans
     n = t.numel()
     return 0 if n < token else (n - token) // ts + 1
@@ -139,8 +149,10 @@ def bind_ragged(role: str, decl: Tensor, t, spec: RaggedSpec, *, device, vector_
         raise BindingError(f"{_who(role, decl)}: address {t.data_ptr():#x} is not {vector_bytes}-byte aligned")
     tokens = _ragged_tokens(role, decl, t, spec)
     if tokens < spec.tokens:
-        raise BindingError(f"{_who(role, decl)}: the bound {tuple(t.shape)} buffer holds {tokens} tokens of the "
-                           f"declared layout; the ragged form needs {spec.tokens} (max_total_seq_len)")
+        raise BindingError(
+            f"{_who(role, decl)}: the bound {tuple(t.shape)} buffer holds {tokens} tokens of the "
+            f"declared layout; the ragged form needs {spec.tokens} (max_total_seq_len)"
+        )
     b, h, _, d = spec.dims
     _, hs, ts, ds = spec.strides
     return t.as_strided((b, h, tokens, d), (0, hs, ts, ds), t.storage_offset())
@@ -185,8 +197,10 @@ def ragged_totals(facts, bound: dict) -> dict:
     held = bound.get(RAGGED_TOKENS)
     if held is None:
         return {"total_q": facts.total_q, "total_kv": facts.total_kv}
-    return {"total_q": min(facts.total_q, held.get("q", facts.total_q)),
-            "total_kv": min(facts.total_kv, held.get("kv", facts.total_kv))}
+    return {
+        "total_q": min(facts.total_q, held.get("q", facts.total_q)),
+        "total_kv": min(facts.total_kv, held.get("kv", facts.total_kv)),
+    }
 
 
 def _stride_picker(dims: tuple):
@@ -221,10 +235,15 @@ def matches_spec(t, spec: TensorSpec, device: int, first):
     try:
         # the whole stride tuple as declared is the common case; comparing it costs less than
         # picking out the non-unit dims' strides
-        return (t.dtype is dtype
-                and ((shape := t.shape) == dims or (packed and shape[1:] == dims[1:] and 0 <= shape[0] <= dims[0]))
-                and ((st := t.stride()) == strides or pick(st) == picked) and t.get_device() == device
-                and (device >= 0 or t.device == first) and not (p := t.data_ptr()) & misalign and p + 1)
+        return (
+            t.dtype is dtype
+            and ((shape := t.shape) == dims or (packed and shape[1:] == dims[1:] and 0 <= shape[0] <= dims[0]))
+            and ((st := t.stride()) == strides or pick(st) == picked)
+            and t.get_device() == device
+            and (device >= 0 or t.device == first)
+            and not (p := t.data_ptr()) & misalign
+            and p + 1
+        )
     except (AttributeError, IndexError, TypeError):  # not keyed by handle, or not a tensor
         return False
 
@@ -249,8 +268,18 @@ class Binder:
     raises the detailed error.
     """
 
-    def __init__(self, roles: dict, *, vector_bytes: int, is_thd: bool, wants_cuda: bool, engine: str,
-                 workspace_size: int, ragged: dict = None, device: Optional[int] = None):
+    def __init__(
+        self,
+        roles: dict,
+        *,
+        vector_bytes: int,
+        is_thd: bool,
+        wants_cuda: bool,
+        engine: str,
+        workspace_size: int,
+        ragged: dict = None,
+        device: Optional[int] = None,
+    ):
         self.device = device  # the plan's CUDA device (frost/runtime/device.py), None off the GPU
         self.is_thd = is_thd
         self.ragged = ragged or {}  # role -> RaggedSpec: cuDNN's ragged form, bound by pointer (bind_ragged)
@@ -269,10 +298,12 @@ class Binder:
 
     def alias_guard(self, specs) -> AliasGuard:
         """The aliasing check (`aliasing.py`) for tensors given in the order of `specs`."""
-        return AliasGuard([_who(s.role, s.decl) for s in specs],
-                          [bool(s.decl.is_output or s.decl.is_virtual) for s in specs],
-                          [None if s.packed else span_length(s.dims, s.strides, s.dtype.itemsize) for s in specs],
-                          self.workspace_size)
+        return AliasGuard(
+            [_who(s.role, s.decl) for s in specs],
+            [bool(s.decl.is_output or s.decl.is_virtual) for s in specs],
+            [None if s.packed else span_length(s.dims, s.strides, s.dtype.itemsize) for s in specs],
+            self.workspace_size,
+        )
 
     def bind(self, variant_pack: dict, workspace) -> dict:
         get = variant_pack.get
@@ -297,8 +328,7 @@ class Binder:
             view = None if spec.packed else unit_dims_view(decl, t)
             if view is not None:
                 t = view
-            bound[role] = check_tensor(role, decl, t, device=first, is_thd=self.is_thd,
-                                       vector_bytes=spec.misalign + 1)
+            bound[role] = check_tensor(role, decl, t, device=first, is_thd=self.is_thd, vector_bytes=spec.misalign + 1)
         if self.is_thd:
             check_thd_totals(bound)
         need = self.workspace_size
@@ -333,8 +363,9 @@ class Binder:
             return None, None  # the loop's slow path reports it
         if index < 0:
             if self.wants_cuda:
-                raise BindingError(f"engine {self.engine} runs on the GPU; tensors are on {t.device} "
-                                   f"(first: {decl.name!r})")
+                raise BindingError(
+                    f"engine {self.engine} runs on the GPU; tensors are on {t.device} (first: {decl.name!r})"
+                )
             return index, t.device
         if index != self.device and self.device is not None:
             check_device(index, self.device, _who(self.specs[0].role, decl))

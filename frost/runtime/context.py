@@ -5,6 +5,7 @@ handle, or None (torch's current stream). Raw handles 0 and 1 mean the default
 stream. Every launch and every torch operation on the execute path uses the
 resolved stream.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,10 @@ def as_handle(handle: Any) -> Handle:
         found = _HANDLES.get(handle)
         if found is not None:
             return found
-    raise TypeError(f"not a frost handle: {handle!r} (make one with create_handle(); to launch on a stream pass "
-                    f"frost.ExecutionContext(stream=...))")
+    raise TypeError(
+        f"not a frost handle: {handle!r} (make one with create_handle(); to launch on a stream pass "
+        f"frost.ExecutionContext(stream=...))"
+    )
 
 
 def create_handle() -> Handle:
@@ -105,8 +108,9 @@ def launch_stream(launch: Any) -> Any:
     try:
         return as_handle(launch).stream
     except TypeError:
-        raise TypeError(f"execute: expected a handle from create_handle() or a frost.ExecutionContext, got "
-                        f"{launch!r}") from None
+        raise TypeError(
+            f"execute: expected a handle from create_handle() or a frost.ExecutionContext, got {launch!r}"
+        ) from None
 
 
 def stream_handle(stream: Any) -> int:

@@ -6,6 +6,7 @@ with device 1's pointers faults, or worse), and launches under a device guard wh
 current device is another one (as FlashAttention does), so the launch stream is the plan device's.
 The guard costs one C call to read the current device when nothing needs switching.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,10 @@ def _getter():
 def check_device(index: int, want: Optional[int], who: str) -> None:
     """Raise when tensors on CUDA device `index` (-1: not on a GPU) are bound to a plan for device `want`."""
     if want is not None and index >= 0 and index != want:
-        raise BindingError(f"{who} is on cuda:{index}, but this plan was built for cuda:{want}; build a plan "
-                           f"on that device (torch.cuda.set_device({index}) before build_plans) or move the tensors")
+        raise BindingError(
+            f"{who} is on cuda:{index}, but this plan was built for cuda:{want}; build a plan "
+            f"on that device (torch.cuda.set_device({index}) before build_plans) or move the tensors"
+        )
 
 
 class DeviceGuard:

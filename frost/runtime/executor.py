@@ -14,6 +14,7 @@ positionally, in the order of the ports it was made with, and binds them with th
 
 Neither allocates, copies or syncs: the workspace and every output are the caller's.
 """
+
 from __future__ import annotations
 
 from frost.errors import BindingError, GraphError
@@ -36,8 +37,23 @@ def _port_index(ports: tuple, decl) -> int:
 class Executor:
     """A built graph's plan, executed with tensors given positionally (see the module docstring)."""
 
-    __slots__ = ("_graph", "_ports", "_plan", "_binder", "_execute", "_roles", "_specs", "_lead", "_misalign",
-                 "_workspace_size", "_wants_cuda", "_is_thd", "_aliasing", "_device", "_guard")
+    __slots__ = (
+        "_graph",
+        "_ports",
+        "_plan",
+        "_binder",
+        "_execute",
+        "_roles",
+        "_specs",
+        "_lead",
+        "_misalign",
+        "_workspace_size",
+        "_wants_cuda",
+        "_is_thd",
+        "_aliasing",
+        "_device",
+        "_guard",
+    )
 
     def __init__(self, graph, ports):
         self._graph = graph
@@ -55,12 +71,16 @@ class Executor:
             role, decl = spec.role, spec.decl
             i = _port_index(self._ports, decl)
             if i < 0:
-                raise GraphError(f"graph {g.name!r}: executor ports {self._port_names()} miss tensor {decl.name!r} "
-                                 f"({role}); pass every tensor an execute binds")
+                raise GraphError(
+                    f"graph {g.name!r}: executor ports {self._port_names()} miss tensor {decl.name!r} "
+                    f"({role}); pass every tensor an execute binds"
+                )
             order.append((i, spec))
         if len(order) != len(self._ports) or len({i for i, _ in order}) != len(order):
-            raise GraphError(f"graph {g.name!r}: executor ports {self._port_names()} must name each bound tensor "
-                             f"once ({', '.join(s.decl.name for s in binder.specs)})")
+            raise GraphError(
+                f"graph {g.name!r}: executor ports {self._port_names()} must name each bound tensor "
+                f"once ({', '.join(s.decl.name for s in binder.specs)})"
+            )
         order.sort(key=lambda x: x[0])
         specs = tuple(s for _, s in order)
         self._aliasing = binder.alias_guard(specs)  # in port order
@@ -93,8 +113,10 @@ class Executor:
     def _checked(self, tensors, workspace) -> dict:
         """The bound tensors by role, every check of `execute` applied (its errors raised)."""
         if len(tensors) != len(self._ports):
-            raise BindingError(f"executor of graph {self._graph.name!r} takes {len(self._ports)} tensors "
-                               f"({', '.join(self._roles)}), got {len(tensors)}")
+            raise BindingError(
+                f"executor of graph {self._graph.name!r} takes {len(self._ports)} tensors "
+                f"({', '.join(self._roles)}), got {len(tensors)}"
+            )
         lead = tensors[self._lead]
         try:
             index = lead.get_device()

@@ -1,4 +1,5 @@
 """Workspace carving: scratch views cut from the caller's workspace, never allocated by frost."""
+
 from __future__ import annotations
 
 import weakref
@@ -48,13 +49,17 @@ def check_workspace(workspace, needed: int, device=None) -> None:
     import torch
 
     if workspace is None:
-        raise WorkspaceError(f"this plan needs a workspace of {needed} bytes; got None "
-                             f"(allocate torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=...))")
+        raise WorkspaceError(
+            f"this plan needs a workspace of {needed} bytes; got None "
+            f"(allocate torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=...))"
+        )
     if not isinstance(workspace, torch.Tensor):
         raise WorkspaceError(f"workspace must be a torch.Tensor of uint8, got {type(workspace).__name__}")
     if workspace.dtype != torch.uint8 or not workspace.is_contiguous():
-        raise WorkspaceError(f"workspace must be a contiguous uint8 tensor, got {workspace.dtype} "
-                             f"(contiguous={workspace.is_contiguous()})")
+        raise WorkspaceError(
+            f"workspace must be a contiguous uint8 tensor, got {workspace.dtype} "
+            f"(contiguous={workspace.is_contiguous()})"
+        )
     if workspace.numel() < needed:
         raise WorkspaceError(f"workspace too small: this plan needs {needed} bytes, got {workspace.numel()}")
     if workspace.data_ptr() % ALIGN != 0:
@@ -77,7 +82,7 @@ def carve(workspace, buffers, *, checked: bool = False, start: int = 0) -> dict:
     at, views = layout_offsets(buffers, start), {}
     for b in buffers:
         off = at[b.name]
-        views[b.name] = workspace[off:off + b.nbytes].view(getattr(torch, b.dtype)).view(b.shape)
+        views[b.name] = workspace[off : off + b.nbytes].view(getattr(torch, b.dtype)).view(b.shape)
     return views
 
 
@@ -114,5 +119,6 @@ class CarvedViews:
             owner = me()
             if owner is not None and (owner._cached or (None,))[0] is ref:
                 owner._cached = None
+
         self._cached = (weakref.ref(workspace, forget), workspace.data_ptr(), views)
         return views

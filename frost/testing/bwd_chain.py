@@ -4,6 +4,7 @@ For the GPU kernel tests and the benchmark scripts that time the chain without
 a graph; the adapter (frost/adapters/dsl_bwd.py) does the same work on the
 execute path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,13 +22,11 @@ def workspace_views(p, t, poison=True):
     every fp32 view) when `poison`: what the kernels rely on being zeroed must be zeroed by the preprocess."""
     if p.is_thd:
         batch = t["cu_seqlens_q"].shape[0] - 1
-        dims = dict(batch=batch, max_seqlen_q=0, max_seqlen_kv=0, total_q=t["q"].shape[0],
-                    total_kv=t["k"].shape[0])
+        dims = dict(batch=batch, max_seqlen_q=0, max_seqlen_kv=0, total_q=t["q"].shape[0], total_kv=t["k"].shape[0])
     else:
         dims = dict(batch=t["q"].shape[0], max_seqlen_q=t["q"].shape[1], max_seqlen_kv=t["k"].shape[1])
     buffers = [ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in scratch_layout(p, **dims)]
-    ws = torch.full((max(layout_bytes(buffers), 256),), 0xFF if poison else 0, dtype=torch.uint8,
-                    device=t["q"].device)
+    ws = torch.full((max(layout_bytes(buffers), 256),), 0xFF if poison else 0, dtype=torch.uint8, device=t["q"].device)
     return carve(ws, buffers, checked=True)  # sized from the same layout just above
 
 

@@ -6,6 +6,7 @@ dims), which tools/kernel_ir.py dumps; and
 the SM90 forward's direct-call cases, which the GPU kernel tests run and the
 SM90 benchmark scripts precompile. Data and params records only: no cutlass.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,15 +22,13 @@ SM90_FWD_TEMPLATE = "frost.engines.sm90.sdpa_fwd"
 SM90_BWD_TEMPLATE = "frost.engines.sm90.sdpa_bwd"
 
 
-def params_kwargs(default_knobs, family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None,
-                  **flags) -> dict:
+def params_kwargs(default_knobs, family="sm80", dtype="bf16", d=128, dv=None, hq=4, hk=4, knobs=None, **flags) -> dict:
     """Keyword arguments of Sm80FwdParams / Sm80BwdParams: a family's default knobs (`default_knobs` of the
     matching params module), then overrides, then feature flags."""
     dv = dv or d
     k = default_knobs(family, d, dv, dtype)
     k.update(knobs or {})
-    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk,
-                **flags, **k)
+    return dict(family=family, dtype=dtype, head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 
 def _mma_fwd(**kw) -> dict:
@@ -77,8 +76,16 @@ SM80_BWD_COVER = {
         _mma_bwd(d=64, hq=4, hk=2, is_thd=True, has_window_left=True, has_window_right=True, deterministic=True),
         _mma_bwd(d=256, dtype="fp16", has_seqused=True, has_window_right=True, bottom_right=True),
         _mma_bwd(d=128, hq=4, hk=2, deterministic=True),
-        _mma_bwd(d=128, hq=4, hk=2, has_window_right=True, has_sinks=True, has_dsinks=True, deterministic=True,
-             knobs=dict(dq_splits=3)),
+        _mma_bwd(
+            d=128,
+            hq=4,
+            hk=2,
+            has_window_right=True,
+            has_sinks=True,
+            has_dsinks=True,
+            deterministic=True,
+            knobs=dict(dq_splits=3),
+        ),
     ],
     "sm_120a": [
         _mma_bwd(family="sm120", d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_dsinks=True),
@@ -142,34 +149,84 @@ SM80_FWD_SCORE_MOD_COVER = {
         _mma_fwd(dtype="fp16", d=64, hq=6, hk=2, has_alibi=True, has_window_right=True, has_lse=True),
     ],
     "sm_90a": [
-        _mma_fwd(d=128, is_thd=True, has_bias=True, bias_per_head=True, has_alibi=True, has_window_right=True,
-                 has_sinks=True, has_lse=True),
-        _mma_fwd(d=72, has_seqused=True, has_bias=True, bias_per_batch=True, bias_key_strided=True,
-                 has_window_right=True, bottom_right=True),
+        _mma_fwd(
+            d=128,
+            is_thd=True,
+            has_bias=True,
+            bias_per_head=True,
+            has_alibi=True,
+            has_window_right=True,
+            has_sinks=True,
+            has_lse=True,
+        ),
+        _mma_fwd(
+            d=72,
+            has_seqused=True,
+            has_bias=True,
+            bias_per_batch=True,
+            bias_key_strided=True,
+            has_window_right=True,
+            bottom_right=True,
+        ),
     ],
     "sm_120a": [
-        _mma_fwd(family="sm120", d=128, has_bias=True, has_alibi=True, has_window_left=True, has_window_right=True,
-                 has_lse=True),
+        _mma_fwd(
+            family="sm120",
+            d=128,
+            has_bias=True,
+            has_alibi=True,
+            has_window_left=True,
+            has_window_right=True,
+            has_lse=True,
+        ),
     ],
 }
 
 SM80_BWD_SCORE_MOD_COVER = {
     "sm_80": [
-        _mma_bwd(d=128, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True,
-                 has_window_right=True),
-        _mma_bwd(dtype="fp16", d=64, hq=6, hk=2, has_alibi=True, has_window_right=True, has_bias=True,
-                 bias_per_head=True, bias_key_strided=True, has_dbias=True, dbias_accum=True),
+        _mma_bwd(d=128, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True, has_window_right=True),
+        _mma_bwd(
+            dtype="fp16",
+            d=64,
+            hq=6,
+            hk=2,
+            has_alibi=True,
+            has_window_right=True,
+            has_bias=True,
+            bias_per_head=True,
+            bias_key_strided=True,
+            has_dbias=True,
+            dbias_accum=True,
+        ),
     ],
     "sm_90a": [
-        _mma_bwd(d=128, hq=4, hk=2, has_seqused=True, has_bias=True, bias_per_batch=True, bias_per_head=True,
-                 has_dbias=True, deterministic=True, knobs=dict(dq_splits=2)),
-        _mma_bwd(d=64, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True, has_window_right=True,
-                 has_alibi=True),
+        _mma_bwd(
+            d=128,
+            hq=4,
+            hk=2,
+            has_seqused=True,
+            has_bias=True,
+            bias_per_batch=True,
+            bias_per_head=True,
+            has_dbias=True,
+            deterministic=True,
+            knobs=dict(dq_splits=2),
+        ),
+        _mma_bwd(
+            d=64, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True, has_window_right=True, has_alibi=True
+        ),
         _mma_bwd(d=96, has_bias=True, bias_per_head=True),
     ],
     "sm_120a": [
-        _mma_bwd(family="sm120", d=128, has_bias=True, bias_per_batch=True, has_dbias=True, dbias_accum=True,
-                 has_window_right=True),
+        _mma_bwd(
+            family="sm120",
+            d=128,
+            has_bias=True,
+            bias_per_batch=True,
+            has_dbias=True,
+            dbias_accum=True,
+            has_window_right=True,
+        ),
     ],
 }
 
@@ -188,8 +245,16 @@ SM90_FWD_COVER = [
         _sm90(has_window_left=True, knobs=dict(tile_n=176, separate_o_smem=False)),
         _sm90(d=192, has_window_right=True, knobs=dict(pingpong=False, num_stages=1)),
         _sm90(hq=16, hk=2, is_thd=True, has_window_right=True, knobs=dict(pack_gqa=True)),
-        _sm90(hq=8, hk=2, has_sinks=True, has_seqused=True, has_window_left=True, has_window_right=True,
-          bottom_right=True, knobs=dict(pack_gqa=True)),
+        _sm90(
+            hq=8,
+            hk=2,
+            has_sinks=True,
+            has_seqused=True,
+            has_window_left=True,
+            has_window_right=True,
+            bottom_right=True,
+            knobs=dict(pack_gqa=True),
+        ),
     ],
 ]
 
@@ -197,6 +262,7 @@ SM90_FWD_COVER = [
 @dataclass(frozen=True)
 class Sm90Case:
     """One direct-call case of the SM90 forward: geometry, features and optional knob overrides."""
+
     d: int = 128
     dv: Optional[int] = None
     hq: int = 4
@@ -287,7 +353,6 @@ SM90_FWD_HEAD_DIM_CASES = [
 ]
 
 
-
 def sm90_params(c: Sm90Case, sm_count: int):
     """The Sm90FwdParams a case compiles from, with the default knobs for a GPU of `sm_count` SMs."""
     from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams
@@ -295,10 +360,21 @@ def sm90_params(c: Sm90Case, sm_count: int):
     dv = c.dv or c.d
     knobs = _sm90_knobs(c.d, dv, sm_count=sm_count)
     knobs.update(c.knobs)
-    return Sm90FwdParams(dtype=c.dtype, head_dim=c.d, head_dim_v=dv, num_heads_q=c.hq, num_heads_kv=c.hkv,
-                         is_thd=c.thd is not None, has_seqused=c.seqused is not None, has_lse=c.lse,
-                         has_sinks=c.sinks, has_window_left=c.wl is not None, has_window_right=c.wr is not None,
-                         bottom_right=c.br, **knobs)
+    return Sm90FwdParams(
+        dtype=c.dtype,
+        head_dim=c.d,
+        head_dim_v=dv,
+        num_heads_q=c.hq,
+        num_heads_kv=c.hkv,
+        is_thd=c.thd is not None,
+        has_seqused=c.seqused is not None,
+        has_lse=c.lse,
+        has_sinks=c.sinks,
+        has_window_left=c.wl is not None,
+        has_window_right=c.wr is not None,
+        bottom_right=c.br,
+        **knobs,
+    )
 
 
 # GQA heads packed into one M tile: decode-like shapes are what packing exists for
@@ -309,8 +385,7 @@ SM90_PACK_GQA_CASES = [
     # r = 2, 4, 8 over Sq in {1, 7, 128, 1000} against 4k keys
     *[Sm90Case(hq=4, hkv=2, b=2, sq=sq, skv=_S4K, wr=0, br=True, knobs=_PACK) for sq in (1, 7, 128, 1000)],
     *[Sm90Case(hq=8, hkv=2, b=2, sq=sq, skv=_S4K, knobs=_PACK) for sq in (1, 7, 128, 1000)],
-    *[Sm90Case(hq=16, hkv=2, b=1, sq=sq, skv=_S4K, wr=0, br=True, sinks=True, knobs=_PACK)
-      for sq in (1, 7, 128, 1000)],
+    *[Sm90Case(hq=16, hkv=2, b=1, sq=sq, skv=_S4K, wr=0, br=True, sinks=True, knobs=_PACK) for sq in (1, 7, 128, 1000)],
     Sm90Case(hq=16, hkv=2, b=2, sq=1000, skv=1000, wr=0, knobs=_PACK),  # causal, top-left
     Sm90Case(hq=8, hkv=2, b=2, sq=300, skv=700, wr=0, knobs=_PACK),  # causal top-left, Sq < Skv
     # bottom-right, Sq > Skv (empty rows)
@@ -319,17 +394,26 @@ SM90_PACK_GQA_CASES = [
     Sm90Case(hq=8, hkv=4, wl=33, br=True, sq=130, skv=260, knobs=_PACK),
     Sm90Case(hq=8, hkv=2, seqused=((250, 0), (300, 17)), sq=300, skv=300, wr=0, knobs=_PACK),
     Sm90Case(hq=16, hkv=4, lse=False, strided=True, sq=257, skv=383, knobs=_PACK),
-    Sm90Case(hq=16, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 4096), (7, 4096)),
-             wr=0, knobs=_PACK),
+    Sm90Case(
+        hq=16, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 4096), (7, 4096)), wr=0, knobs=_PACK
+    ),
     Sm90Case(hq=8, hkv=2, thd=((513, 513), (1, 7), (0, 3), (64, 64)), sinks=True, knobs=_PACK),
     # tile_m 192: 96 positions x 2 heads
     Sm90Case(d=64, hq=8, hkv=4, wr=0, br=True, sq=700, skv=900, knobs=_PACK),
     Sm90Case(hq=32, hkv=4, sq=3, skv=_S4K, knobs=dict(pack_gqa=True, tile_m=64)),  # one warpgroup, r = 8
     # 64-row tiles: what the adapter picks for decode-like shapes
-    *[Sm90Case(hq=32, hkv=4, b=2, sq=sq, skv=_S4K, wr=0, br=True, sinks=True,
-               knobs=dict(pack_gqa=True, tile_m=64)) for sq in (1, 16, 100)],
-    Sm90Case(hq=16, hkv=2, thd=((1, 4096), (0, 5), (7, 4096), (16, 16), (100, 3000)), wr=0, br=True,
-             knobs=dict(pack_gqa=True, tile_m=64)),
+    *[
+        Sm90Case(hq=32, hkv=4, b=2, sq=sq, skv=_S4K, wr=0, br=True, sinks=True, knobs=dict(pack_gqa=True, tile_m=64))
+        for sq in (1, 16, 100)
+    ],
+    Sm90Case(
+        hq=16,
+        hkv=2,
+        thd=((1, 4096), (0, 5), (7, 4096), (16, 16), (100, 3000)),
+        wr=0,
+        br=True,
+        knobs=dict(pack_gqa=True, tile_m=64),
+    ),
     Sm90Case(dtype="fp16", hq=8, hkv=2, wr=0, sq=333, skv=333, knobs=_PACK),
     Sm90Case(d=256, hq=4, hkv=2, wr=0, sq=333, skv=333, knobs=_PACK),
     Sm90Case(d=192, dv=128, hq=8, hkv=2, wr=0, sq=200, skv=600, knobs=_PACK),
@@ -350,10 +434,17 @@ def sm90_bwd_kwargs(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flag
     fills the rest, the dQ path from the tile height among them)."""
     from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
 
-    k = default_knobs(d, dv or d, banded=bool(flags.get("has_window_right")), packed=bool(flags.get("is_thd")),
-                      ragged=bool(flags.get("token_div_q")),
-                      bias=bool(flags.get("has_bias")), alibi=bool(flags.get("has_alibi")),
-                      dbias=bool(flags.get("has_dbias")), **(knobs or {}))
+    k = default_knobs(
+        d,
+        dv or d,
+        banded=bool(flags.get("has_window_right")),
+        packed=bool(flags.get("is_thd")),
+        ragged=bool(flags.get("token_div_q")),
+        bias=bool(flags.get("has_bias")),
+        alibi=bool(flags.get("has_alibi")),
+        dbias=bool(flags.get("has_dbias")),
+        **(knobs or {}),
+    )
     return dict(dtype=dtype, head_dim=d, head_dim_v=dv or d, num_heads_q=hq, num_heads_kv=hk, **flags, **k)
 
 
@@ -361,48 +452,83 @@ def sm90_bwd_kwargs(d=128, dv=None, hq=4, hk=4, dtype="bf16", knobs=None, **flag
 # GQA / MQA and the deterministic mode at least once; then packed THD, padding masks and sinks (each head dim
 # and tile height, deterministic turns of both orders, one stage)
 SM90_BWD_COVER = [
-    [sm90_bwd_kwargs(), sm90_bwd_kwargs(d=64, hq=8, hk=2, has_window_right=True),
-     sm90_bwd_kwargs(d=96, dtype="fp16", has_window_left=True), sm90_bwd_kwargs(hq=8, hk=2, has_window_right=True,
-                                                                     deterministic=True)],
-    [sm90_bwd_kwargs(hq=4, hk=1, has_window_left=True, has_window_right=True, bottom_right=True),
-     sm90_bwd_kwargs(d=64, knobs=dict(tile_m=64, num_stages=1)),
-     sm90_bwd_kwargs(dtype="fp16", has_window_right=True, bottom_right=True),
-     sm90_bwd_kwargs(knobs=dict(tile_m=64, dq_fragments=False), has_window_left=True, deterministic=True)],
-    [sm90_bwd_kwargs(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
-     sm90_bwd_kwargs(d=64, is_thd=True, deterministic=True),
-     sm90_bwd_kwargs(d=96, hq=4, hk=2, is_thd=True, has_window_right=True, deterministic=True),
-     sm90_bwd_kwargs(dtype="fp16", is_thd=True, has_window_left=True, has_window_right=True, bottom_right=True,
-                     knobs=dict(tile_m=64, num_stages=1)),
-     sm90_bwd_kwargs(has_seqused=True, has_window_right=True, bottom_right=True),
-     sm90_bwd_kwargs(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),
-     sm90_bwd_kwargs(d=64, hq=4, hk=1, has_seqused=True, has_window_left=True, deterministic=True)],
+    [
+        sm90_bwd_kwargs(),
+        sm90_bwd_kwargs(d=64, hq=8, hk=2, has_window_right=True),
+        sm90_bwd_kwargs(d=96, dtype="fp16", has_window_left=True),
+        sm90_bwd_kwargs(hq=8, hk=2, has_window_right=True, deterministic=True),
+    ],
+    [
+        sm90_bwd_kwargs(hq=4, hk=1, has_window_left=True, has_window_right=True, bottom_right=True),
+        sm90_bwd_kwargs(d=64, knobs=dict(tile_m=64, num_stages=1)),
+        sm90_bwd_kwargs(dtype="fp16", has_window_right=True, bottom_right=True),
+        sm90_bwd_kwargs(knobs=dict(tile_m=64, dq_fragments=False), has_window_left=True, deterministic=True),
+    ],
+    [
+        sm90_bwd_kwargs(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+        sm90_bwd_kwargs(d=64, is_thd=True, deterministic=True),
+        sm90_bwd_kwargs(d=96, hq=4, hk=2, is_thd=True, has_window_right=True, deterministic=True),
+        sm90_bwd_kwargs(
+            dtype="fp16",
+            is_thd=True,
+            has_window_left=True,
+            has_window_right=True,
+            bottom_right=True,
+            knobs=dict(tile_m=64, num_stages=1),
+        ),
+        sm90_bwd_kwargs(has_seqused=True, has_window_right=True, bottom_right=True),
+        sm90_bwd_kwargs(d=96, has_seqused=True, has_sinks=True, has_dsinks=True, deterministic=True),
+        sm90_bwd_kwargs(d=64, hq=4, hk=1, has_seqused=True, has_window_left=True, deterministic=True),
+    ],
 ]
 # the SM90 backward above d=128 (both warpgroups share 64 keys): dQ through fragment tiles (the dense defaults),
 # rows (packed) and register adds (with two stages), every mask flag, deterministic turns with register adds,
 # packed and padded lengths, fp16, and d=128 on shared keys
 SM90_BWD_WIDE_COVER = [
-    [sm90_bwd_kwargs(d=256), sm90_bwd_kwargs(d=192, dv=128, hq=4, hk=1, has_window_right=True, bottom_right=True),
-     sm90_bwd_kwargs(d=256, knobs=dict(num_stages=2, dq_red=True)),
-     sm90_bwd_kwargs(d=256, dtype="fp16", hq=8, hk=2, has_window_left=True, has_window_right=True,
-                     deterministic=True, knobs=dict(num_stages=2, dq_red=True))],
-    [sm90_bwd_kwargs(d=256, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
-     sm90_bwd_kwargs(d=192, dv=128, is_thd=True, deterministic=True),
-     sm90_bwd_kwargs(d=256, has_seqused=True, has_window_right=True),
-     sm90_bwd_kwargs(has_window_right=True, knobs=dict(tile_m=64, tile_n=64))],
+    [
+        sm90_bwd_kwargs(d=256),
+        sm90_bwd_kwargs(d=192, dv=128, hq=4, hk=1, has_window_right=True, bottom_right=True),
+        sm90_bwd_kwargs(d=256, knobs=dict(num_stages=2, dq_red=True)),
+        sm90_bwd_kwargs(
+            d=256,
+            dtype="fp16",
+            hq=8,
+            hk=2,
+            has_window_left=True,
+            has_window_right=True,
+            deterministic=True,
+            knobs=dict(num_stages=2, dq_red=True),
+        ),
+    ],
+    [
+        sm90_bwd_kwargs(d=256, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+        sm90_bwd_kwargs(d=192, dv=128, is_thd=True, deterministic=True),
+        sm90_bwd_kwargs(d=256, has_seqused=True, has_window_right=True),
+        sm90_bwd_kwargs(has_window_right=True, knobs=dict(tile_m=64, tile_n=64)),
+    ],
 ]
 # the SM90 backward at the other head dims (multiples of 8 up to 256): tiles padded past the head dim (80 on 96
 # columns, 112 on 128 with 80 and 64 rows, 72x40 on 96x48, 40 on 48 with 128 rows, packed 8 on 32x16 with 64 rows,
 # 200 on 224 with shared keys and register adds) and pairs on whole tiles (128x64 on 80 rows; 192x64 and 64x256 with
 # fragment tiles; 160 packed), packed THD and padding lengths, sinks, fp16 and deterministic turns
 SM90_BWD_HEAD_DIM_COVER = [
-    [sm90_bwd_kwargs(d=80), sm90_bwd_kwargs(d=112), sm90_bwd_kwargs(d=112, hq=8, hk=2, has_window_right=True),
-     sm90_bwd_kwargs(d=72, dv=40, dtype="fp16", has_window_left=True), sm90_bwd_kwargs(d=40, deterministic=True),
-     sm90_bwd_kwargs(d=8, is_thd=True, has_window_right=True),
-     sm90_bwd_kwargs(d=88, hq=8, hk=2, has_window_right=True, deterministic=True)],
-    [sm90_bwd_kwargs(d=128, dv=64), sm90_bwd_kwargs(d=192, dv=64, has_window_right=True),
-     sm90_bwd_kwargs(d=160, is_thd=True, deterministic=True),
-     sm90_bwd_kwargs(d=80, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
-     sm90_bwd_kwargs(d=200, has_seqused=True, knobs=dict(dq_red=True)), sm90_bwd_kwargs(d=64, dv=256)],
+    [
+        sm90_bwd_kwargs(d=80),
+        sm90_bwd_kwargs(d=112),
+        sm90_bwd_kwargs(d=112, hq=8, hk=2, has_window_right=True),
+        sm90_bwd_kwargs(d=72, dv=40, dtype="fp16", has_window_left=True),
+        sm90_bwd_kwargs(d=40, deterministic=True),
+        sm90_bwd_kwargs(d=8, is_thd=True, has_window_right=True),
+        sm90_bwd_kwargs(d=88, hq=8, hk=2, has_window_right=True, deterministic=True),
+    ],
+    [
+        sm90_bwd_kwargs(d=128, dv=64),
+        sm90_bwd_kwargs(d=192, dv=64, has_window_right=True),
+        sm90_bwd_kwargs(d=160, is_thd=True, deterministic=True),
+        sm90_bwd_kwargs(d=80, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+        sm90_bwd_kwargs(d=200, has_seqused=True, knobs=dict(dq_red=True)),
+        sm90_bwd_kwargs(d=64, dv=256),
+    ],
 ]
 
 
@@ -411,8 +537,15 @@ def ragged(hq=4, hk=4, d=128, int64=False, stats="ragged", **flags) -> dict:
     stride (H * D) divides its element offsets, int32 or int64 (`int64`: the q group's and Stats'); Stats ragged
     (token stride H), per batch, or none (`stats` None)."""
     kind = "int64" if int64 else "int32"
-    f = dict(is_thd=True, has_seqused=True, token_div_q=hq * d, token_div_kv=hk * d, offset_dtype_q=kind,
-             offset_dtype_kv="int32", **flags)
+    f = dict(
+        is_thd=True,
+        has_seqused=True,
+        token_div_q=hq * d,
+        token_div_kv=hk * d,
+        offset_dtype_q=kind,
+        offset_dtype_kv="int32",
+        **flags,
+    )
     if stats == "ragged":
         f.update(token_div_lse=hq, offset_dtype_lse=kind)
     elif stats == "batch":
@@ -437,8 +570,9 @@ RAGGED_MMA_BWD_COVER = {
         _mma_bwd(d=64, deterministic=True, **ragged(d=64, int64=True, stats="batch")),
     ],
     "sm_90a": [
-        _mma_bwd(d=96, hq=4, hk=2, has_window_left=True, has_sinks=True, has_dsinks=True,
-                 **ragged(4, 2, 96, int64=True)),
+        _mma_bwd(
+            d=96, hq=4, hk=2, has_window_left=True, has_sinks=True, has_dsinks=True, **ragged(4, 2, 96, int64=True)
+        ),
     ],
 }
 RAGGED_SM90_FWD_COVER = [
@@ -449,10 +583,18 @@ RAGGED_SM90_FWD_COVER = [
 ]
 RAGGED_SM90_BWD_COVER = [
     sm90_bwd_kwargs(hq=8, hk=2, has_window_right=True, **ragged(8, 2)),
-    sm90_bwd_kwargs(d=64, deterministic=True, has_sinks=True, has_dsinks=True,
-                    **ragged(d=64, int64=True, stats="batch")),
-    sm90_bwd_kwargs(d=96, hq=4, hk=1, has_window_left=True, has_window_right=True, deterministic=True,
-                    **ragged(4, 1, 96, int64=True)),
+    sm90_bwd_kwargs(
+        d=64, deterministic=True, has_sinks=True, has_dsinks=True, **ragged(d=64, int64=True, stats="batch")
+    ),
+    sm90_bwd_kwargs(
+        d=96,
+        hq=4,
+        hk=1,
+        has_window_left=True,
+        has_window_right=True,
+        deterministic=True,
+        **ragged(4, 1, 96, int64=True),
+    ),
 ]
 
 # the SM90 forward at head dims padded up to 16-element tiles (d_qk and d_v apart), above d_qk=256, and in the
@@ -485,8 +627,18 @@ SM90_FWD_SCORE_MOD_COVER = [
     ],
     [
         _sm90(hq=8, hk=2, is_thd=True, has_bias=True, bias_per_head=True, has_window_right=True),
-        _sm90(d=64, hq=8, hk=2, has_bias=True, bias_per_batch=True, has_alibi=True, has_window_left=True,
-              has_window_right=True, bottom_right=True, knobs=dict(tile_m=128)),  # the planner's tile with them
+        _sm90(
+            d=64,
+            hq=8,
+            hk=2,
+            has_bias=True,
+            bias_per_batch=True,
+            has_alibi=True,
+            has_window_left=True,
+            has_window_right=True,
+            bottom_right=True,
+            knobs=dict(tile_m=128),
+        ),  # the planner's tile with them
         _sm90(d=256, has_bias=True, bias_per_head=True, has_window_right=True, has_score_max=True),
     ],
 ]
@@ -497,17 +649,24 @@ SM90_FWD_SCORE_MOD_COVER = [
 SM80_FWD_BLOCK_MASK_COVER = {
     "sm_80": [
         _mma_fwd(d=128, has_block_mask=True, has_lse=True),
-        _mma_fwd(dtype="fp16", d=64, hq=8, hk=2, is_thd=True, has_block_mask=True, has_window_right=True,
-                 has_lse=True),
+        _mma_fwd(dtype="fp16", d=64, hq=8, hk=2, is_thd=True, has_block_mask=True, has_window_right=True, has_lse=True),
         _mma_fwd(d=128, hq=8, hk=2, has_block_mask=True, has_window_right=True, has_lse=True, **ragged(8, 2)),
     ],
     "sm_90a": [
-        _mma_fwd(d=128, has_block_mask=True, has_seqused=True, has_sinks=True, has_window_right=True,
-                 bottom_right=True, has_lse=True, has_score_max=True),
-        _mma_fwd(d=64, hq=4, hk=1, has_block_mask=True, has_bias=True, bias_per_head=True, has_window_left=True,
-                 has_lse=True),
-        _mma_fwd(d=64, has_block_mask=True, has_window_right=True, has_lse=True,
-                 knobs=dict(tile_n=96, num_stages=1)),
+        _mma_fwd(
+            d=128,
+            has_block_mask=True,
+            has_seqused=True,
+            has_sinks=True,
+            has_window_right=True,
+            bottom_right=True,
+            has_lse=True,
+            has_score_max=True,
+        ),
+        _mma_fwd(
+            d=64, hq=4, hk=1, has_block_mask=True, has_bias=True, bias_per_head=True, has_window_left=True, has_lse=True
+        ),
+        _mma_fwd(d=64, has_block_mask=True, has_window_right=True, has_lse=True, knobs=dict(tile_n=96, num_stages=1)),
     ],
     "sm_120a": [
         _mma_fwd(family="sm120", d=128, is_thd=True, has_block_mask=True, has_lse=True),
@@ -520,17 +679,44 @@ SM80_FWD_BLOCK_MASK_COVER = {
 SM80_FWD_PAGED_COVER = {
     "sm_80": [
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=64, paged_block_v=64),
-        _mma_fwd(d=80, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=128,
-                 paged_block_v=64, knobs=dict(tile_n=64)),
+        _mma_fwd(
+            d=80,
+            has_seqused=True,
+            has_window_right=True,
+            bottom_right=True,
+            paged_block_k=128,
+            paged_block_v=64,
+            knobs=dict(tile_n=64),
+        ),
     ],
     "sm_90a": [
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=64, paged_block_v=64),
-        _mma_fwd(d=64, hq=4, hk=1, has_seqused=True, has_sinks=True, has_window_left=True, has_window_right=True,
-                 bottom_right=True, has_lse=True, paged_block_k=256, paged_block_v=256),
+        _mma_fwd(
+            d=64,
+            hq=4,
+            hk=1,
+            has_seqused=True,
+            has_sinks=True,
+            has_window_left=True,
+            has_window_right=True,
+            bottom_right=True,
+            has_lse=True,
+            paged_block_k=256,
+            paged_block_v=256,
+        ),
     ],
     "sm_120a": [
-        _mma_fwd(family="sm120", d=128, hq=8, hk=1, has_seqused=True, has_window_right=True, bottom_right=True,
-                 paged_block_k=128, paged_block_v=128),
+        _mma_fwd(
+            family="sm120",
+            d=128,
+            hq=8,
+            hk=1,
+            has_seqused=True,
+            has_window_right=True,
+            bottom_right=True,
+            paged_block_k=128,
+            paged_block_v=128,
+        ),
     ],
 }
 
@@ -542,24 +728,53 @@ SM80_FWD_PAGED_COVER = {
 # tile (one TMA load per block): 16-row blocks under d=128's 128-key tiles (two column atoms per block) with
 # bottom-right causal, 32-row blocks in a GQA-packed decode
 SM90_FWD_PAGED_COVER = [
-    _sm90(hq=8, hk=2, has_seqused=True, paged_block_k=64, paged_block_v=64,
-          knobs=dict(tile_m=64, tile_n=64, pack_gqa=True)),
-    _sm90(d=64, hq=4, hk=1, has_seqused=True, has_sinks=True, has_window_left=True, has_window_right=True,
-          bottom_right=True, paged_block_k=256, paged_block_v=256),
-    _sm90(d=80, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=128, paged_block_v=64,
-          knobs=dict(tile_n=64)),
-    _sm90(hq=8, hk=2, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=16,
-          paged_block_v=16),
-    _sm90(d=64, hq=8, hk=2, has_seqused=True, paged_block_k=32, paged_block_v=32,
-          knobs=dict(tile_m=64, pack_gqa=True)),
+    _sm90(
+        hq=8,
+        hk=2,
+        has_seqused=True,
+        paged_block_k=64,
+        paged_block_v=64,
+        knobs=dict(tile_m=64, tile_n=64, pack_gqa=True),
+    ),
+    _sm90(
+        d=64,
+        hq=4,
+        hk=1,
+        has_seqused=True,
+        has_sinks=True,
+        has_window_left=True,
+        has_window_right=True,
+        bottom_right=True,
+        paged_block_k=256,
+        paged_block_v=256,
+    ),
+    _sm90(
+        d=80,
+        has_seqused=True,
+        has_window_right=True,
+        bottom_right=True,
+        paged_block_k=128,
+        paged_block_v=64,
+        knobs=dict(tile_n=64),
+    ),
+    _sm90(hq=8, hk=2, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=16, paged_block_v=16),
+    _sm90(d=64, hq=8, hk=2, has_seqused=True, paged_block_k=32, paged_block_v=32, knobs=dict(tile_m=64, pack_gqa=True)),
 ]
 
 #: the wgmma forward's split-KV (docs/decode.md): the packed decodes the H200 plans, dense and paged with sinks, and
 #: an unpacked bottom-right causal split on the longest-first order
 SM90_FWD_SPLIT_COVER = [
     _sm90(hq=32, hk=8, has_lse=True, knobs=dict(tile_m=64, pack_gqa=True, num_splits=14)),
-    _sm90(hq=32, hk=8, has_lse=True, has_seqused=True, has_sinks=True, paged_block_k=128, paged_block_v=128,
-          knobs=dict(tile_m=64, pack_gqa=True, num_splits=8)),
+    _sm90(
+        hq=32,
+        hk=8,
+        has_lse=True,
+        has_seqused=True,
+        has_sinks=True,
+        paged_block_k=128,
+        paged_block_v=128,
+        knobs=dict(tile_m=64, pack_gqa=True, num_splits=8),
+    ),
     _sm90(hq=32, hk=8, has_lse=True, has_window_right=True, bottom_right=True, knobs=dict(num_splits=3)),
 ]
 
@@ -575,8 +790,12 @@ def ragged_own(hq, hk, hv, d, dv, bwd=False, scores="", **flags) -> dict:
     if scores == "ragged":
         own += (("score_max", hq, "int64"), ("score_sum_exp", hq, "int32"))
     extra = dict(has_score_max=True, has_score_sum_exp=True) if scores else {}
-    return dict(ragged(hq, hk, d, int64=True, stats="ragged" if scores == "ragged" else "batch", **flags),
-                own_offsets=own, **extra, **({"num_heads_v": hv} if hv != hk else {}))
+    return dict(
+        ragged(hq, hk, d, int64=True, stats="ragged" if scores == "ragged" else "batch", **flags),
+        own_offsets=own,
+        **extra,
+        **({"num_heads_v": hv} if hv != hk else {}),
+    )
 
 
 # cuDNN's ragged-offset form with an offset tensor per tensor: d_qk != d_v, K and V head counts apart, a bias
@@ -584,22 +803,51 @@ def ragged_own(hq, hk, hv, d, dv, bwd=False, scores="", **flags) -> dict:
 RAGGED_OWN_MMA_FWD_COVER = {
     "sm_90a": [
         _mma_fwd(d=128, dv=64, hq=6, hk=3, has_lse=True, **ragged_own(6, 3, 1, 128, 64)),
-        _mma_fwd(d=56, dv=96, hq=6, hk=2, has_lse=True, has_bias=True, bias_per_head=True, has_alibi=True,
-                 has_window_right=True, **ragged_own(6, 2, 2, 56, 96)),
+        _mma_fwd(
+            d=56,
+            dv=96,
+            hq=6,
+            hk=2,
+            has_lse=True,
+            has_bias=True,
+            bias_per_head=True,
+            has_alibi=True,
+            has_window_right=True,
+            **ragged_own(6, 2, 2, 56, 96),
+        ),
         _mma_fwd(d=64, hq=4, hk=4, has_lse=True, has_window_right=True, **ragged_own(4, 4, 4, 64, 64, scores="ragged")),
     ],
 }
 RAGGED_OWN_MMA_BWD_COVER = {
     "sm_90a": [
-        _mma_bwd(d=64, dv=128, hq=6, hk=2, has_bias=True, bias_per_head=True, has_dbias=True, dbias_accum=True,
-                 has_window_right=True, **ragged_own(6, 2, 2, 64, 128, bwd=True)),
+        _mma_bwd(
+            d=64,
+            dv=128,
+            hq=6,
+            hk=2,
+            has_bias=True,
+            bias_per_head=True,
+            has_dbias=True,
+            dbias_accum=True,
+            has_window_right=True,
+            **ragged_own(6, 2, 2, 64, 128, bwd=True),
+        ),
         _mma_bwd(d=128, hq=6, hk=6, deterministic=True, **ragged_own(6, 6, 1, 128, 128, bwd=True)),
     ],
 }
 RAGGED_OWN_SM90_FWD_COVER = [
     _sm90(d=128, dv=64, hq=6, hk=3, **ragged_own(6, 3, 1, 128, 64)),
-    _sm90(d=56, dv=96, hq=6, hk=2, has_bias=True, bias_per_batch=True, has_alibi=True, has_window_right=True,
-          **ragged_own(6, 2, 2, 56, 96)),
+    _sm90(
+        d=56,
+        dv=96,
+        hq=6,
+        hk=2,
+        has_bias=True,
+        bias_per_batch=True,
+        has_alibi=True,
+        has_window_right=True,
+        **ragged_own(6, 2, 2, 56, 96),
+    ),
     _sm90(d=128, hq=8, hk=2, has_window_right=True, **ragged_own(8, 2, 2, 128, 128, scores="ragged")),
     _sm90(d=64, hq=4, hk=4, **ragged_own(4, 4, 4, 64, 64, scores="batch")),
 ]
@@ -611,8 +859,17 @@ RAGGED_OWN_SM90_BWD_COVER = [
 # head), stored once per element, summed by the dQ convert in a fixed order (dense and packed)
 DET_DBIAS_MMA_BWD_COVER = {
     "sm_90a": [
-        _mma_bwd(d=64, hq=4, hk=2, has_bias=True, bias_per_head=True, has_dbias=True, dbias_accum=True,
-                 deterministic=True, has_window_right=True),
+        _mma_bwd(
+            d=64,
+            hq=4,
+            hk=2,
+            has_bias=True,
+            bias_per_head=True,
+            has_dbias=True,
+            dbias_accum=True,
+            deterministic=True,
+            has_window_right=True,
+        ),
         _mma_bwd(d=128, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True, deterministic=True),
     ],
 }
@@ -629,8 +886,16 @@ SM90_BWD_ROWS_BARRIER_COVER = [
 # 128-key tiles)
 SM90_FWD_BLOCK_MASK_COVER = [
     _sm90(d=128, has_block_mask=True, has_window_right=True, has_sinks=True, has_bias=True, bias_per_head=True),
-    _sm90(d=64, hq=8, hk=2, is_thd=True, has_block_mask=True, has_window_left=True, has_window_right=True,
-          knobs=dict(tile_m=128)),
+    _sm90(
+        d=64,
+        hq=8,
+        hk=2,
+        is_thd=True,
+        has_block_mask=True,
+        has_window_left=True,
+        has_window_right=True,
+        knobs=dict(tile_m=128),
+    ),
     _sm90(d=96, has_block_mask=True, has_seqused=True, has_score_max=True, knobs=dict(tile_n=96)),
 ]
 
@@ -650,11 +915,13 @@ SM90_FWD_BLOCK_SKIP_COVER = [
 # dBias written directly (the band's outside zeroed) or through the fp32 accumulator (broadcast, packed, and a copy
 # per (batch entry, head) when deterministic); 64-row packed tiles as the planner takes them with modifiers
 SM90_BWD_SCORE_MOD_COVER = [
-    sm90_bwd_kwargs(hq=8, hk=2, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True,
-                    has_window_right=True),
+    sm90_bwd_kwargs(
+        hq=8, hk=2, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True, has_window_right=True
+    ),
     sm90_bwd_kwargs(has_bias=True, bias_per_head=True, has_dbias=True, dbias_accum=True, deterministic=True),
-    sm90_bwd_kwargs(d=64, hq=8, hk=2, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True,
-                    has_window_right=True),
+    sm90_bwd_kwargs(
+        d=64, hq=8, hk=2, is_thd=True, has_bias=True, has_dbias=True, dbias_accum=True, has_window_right=True
+    ),
     sm90_bwd_kwargs(hq=8, hk=2, has_alibi=True, has_window_right=True, has_sinks=True),
     sm90_bwd_kwargs(d=256, has_bias=True, bias_key_strided=True, has_dbias=True),
 ]
@@ -671,8 +938,16 @@ SM80_BWD_UNNESTED_COVER = {
 # the SM90 backward's packed batches with fragment-order dQ tiles (each sequence's own tiles, `dq_fragments` on THD)
 SM90_BWD_PACKED_FRAGMENT_COVER = [
     sm90_bwd_kwargs(d=64, is_thd=True, knobs=dict(dq_fragments=True)),
-    sm90_bwd_kwargs(hq=8, hk=2, is_thd=True, has_window_right=True, deterministic=True, has_sinks=True,
-                    has_dsinks=True, knobs=dict(tile_m=64, dq_fragments=True)),
+    sm90_bwd_kwargs(
+        hq=8,
+        hk=2,
+        is_thd=True,
+        has_window_right=True,
+        deterministic=True,
+        has_sinks=True,
+        has_dsinks=True,
+        knobs=dict(tile_m=64, dq_fragments=True),
+    ),
 ]
 
 # the SM90 forward past d_v 256 and d_qk 512: O in column slices (`v_slices`), each its own work tile; dense,
@@ -682,8 +957,15 @@ SM90_FWD_WIDE_V_COVER = [
     _sm90(d=520, dv=520, has_window_right=True),
     _sm90(d=64, dv=264, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True),
     _sm90(d=128, dv=520, hq=8, hk=2),
-    _sm90(d=56, dv=520, hq=6, hk=2, has_window_left=True, has_window_right=True,
-          **ragged_own(6, 2, 2, 56, 520, scores="ragged")),
+    _sm90(
+        d=56,
+        dv=520,
+        hq=6,
+        hk=2,
+        has_window_left=True,
+        has_window_right=True,
+        **ragged_own(6, 2, 2, 56, 520, scores="ragged"),
+    ),
     _sm90(d=200, dv=264, has_bias=True, bias_per_head=True, has_alibi=True, has_window_right=True, has_seqused=True),
     _sm90(d=1024, dv=1024, is_thd=True),
 ]

@@ -1,6 +1,7 @@
 """torch's own host-time floor for an attention autograd.Function (the torch face's host benchmark and its budget
 test measure frost against it): frost's node with the same outputs and saved tensors, its kernels replaced by
 allocating the outputs (no key, no plan, no binding)."""
+
 from __future__ import annotations
 
 import torch

@@ -8,6 +8,7 @@ token stride) is an `arith.minsi` whose result only an `arith.maxsi` takes, or t
 the raw value (a mask's band), does not count. `unclamped_loads` names the
 loads that do not, so a new read of a length that skips the decoder fails the compile tests.
 """
+
 from __future__ import annotations
 
 import re

@@ -15,6 +15,7 @@ check) and memoizes it when it needed no copy. Both give the same outputs and ra
 Without `return_lse` the eager forward plans without Stats: no lse is allocated or written (nobody
 could see it).
 """
+
 from __future__ import annotations
 
 import enum
@@ -34,9 +35,14 @@ _MEMO_SCALARS = (bool, int, float, str, type(None))
 def _memoizable(causal, window, scale, diagonal_alignment, return_lse, causal_wins) -> bool:
     """Arguments a memo key may hold: plain values (never a tensor, which would be kept alive and compared)."""
     plain = _MEMO_SCALARS
-    return (type(causal) in plain and type(scale) in plain and type(return_lse) in plain
-            and type(causal_wins) in plain and isinstance(diagonal_alignment, (str, enum.Enum))
-            and (window is None or (type(window) is tuple and all(type(w) in plain for w in window))))
+    return (
+        type(causal) in plain
+        and type(scale) in plain
+        and type(return_lse) in plain
+        and type(causal_wins) in plain
+        and isinstance(diagonal_alignment, (str, enum.Enum))
+        and (window is None or (type(window) is tuple and all(type(w) in plain for w in window)))
+    )
 
 
 def _deterministic(deterministic) -> bool:
@@ -62,9 +68,22 @@ def _needs_grad(*tensors) -> bool:
     return _grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[float] = None, sinks=None,
-              deterministic: Optional[bool] = None, layout: str = "bhsd", return_lse: bool = False,
-              diagonal_alignment: str = "top_left", dropout_p: float = 0.0, _causal_wins: bool = False):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    window=None,
+    scale: Optional[float] = None,
+    sinks=None,
+    deterministic: Optional[bool] = None,
+    layout: str = "bhsd",
+    return_lse: bool = False,
+    diagonal_alignment: str = "top_left",
+    dropout_p: float = 0.0,
+    _causal_wins: bool = False,
+):
     """Scaled dot-product attention on frost; differentiable, torch.compile- and CUDA-graph-safe.
 
     q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D/Dv) with `layout="bhsd"` (torch's order, the default), or
@@ -82,8 +101,26 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
     key = None
     if lean and sinks is None and not dropout_p:
         try:
-            key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                   q.device, causal, window, scale, layout, return_lse, diagonal_alignment, _causal_wins, grad)
+            key = (
+                q.shape,
+                q.stride(),
+                k.shape,
+                k.stride(),
+                v.shape,
+                v.stride(),
+                q.dtype,
+                k.dtype,
+                v.dtype,
+                q.device,
+                causal,
+                window,
+                scale,
+                layout,
+                return_lse,
+                diagonal_alignment,
+                _causal_wins,
+                grad,
+            )
             hit = _memo.get(key)
         except TypeError:  # an unhashable window
             key = hit = None
@@ -113,29 +150,58 @@ def attention(q, k, v, *, causal: bool = False, window=None, scale: Optional[flo
         grad = lean and (grad or _needs_grad(sinks))
     if lean and not grad:
         remember = None
-        if (key is not None and qs is q and ks is k and vs is v
-                and _memoizable(causal, window, scale, diagonal_alignment, return_lse, _causal_wins)):
+        if (
+            key is not None
+            and qs is q
+            and ks is k
+            and vs is v
+            and _memoizable(causal, window, scale, diagonal_alignment, return_lse, _causal_wins)
+        ):
             remember = (key, bshd)
-        out, lse = block.forward(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, lse=bool(return_lse),
-                                 remember=remember)
+        out, lse = block.forward(
+            qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, lse=bool(return_lse), remember=remember
+        )
     elif lean:
-        out, lse = ops.fwd_autograd(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right,
-                                    _deterministic(deterministic))
-        if (key is not None and sinks is None and qs is q and ks is k and vs is v
-                and _memoizable(causal, window, scale, diagonal_alignment, return_lse, _causal_wins)):
+        out, lse = ops.fwd_autograd(
+            qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, _deterministic(deterministic)
+        )
+        if (
+            key is not None
+            and sinks is None
+            and qs is q
+            and ks is k
+            and vs is v
+            and _memoizable(causal, window, scale, diagonal_alignment, return_lse, _causal_wins)
+        ):
             block.memoize_training(key, qs, ks, vs, out, lse, scale, b.left, b.right, b.bottom_right, bshd=bshd)
     else:
-        out, lse = torch.ops.frost.sdpa_fwd(qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right,
-                                            _deterministic(deterministic))
+        out, lse = torch.ops.frost.sdpa_fwd(
+            qs, ks, vs, sinks, scale, b.left, b.right, b.bottom_right, _deterministic(deterministic)
+        )
     if bshd:
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
 
 
-def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                     causal: bool = False, window=None, scale: Optional[float] = None, sinks=None,
-                     deterministic: Optional[bool] = None, return_lse: bool = False,
-                     diagonal_alignment: str = "top_left", dropout_p: float = 0.0, _causal_wins: bool = False):
+def varlen_attention(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    window=None,
+    scale: Optional[float] = None,
+    sinks=None,
+    deterministic: Optional[bool] = None,
+    return_lse: bool = False,
+    diagonal_alignment: str = "top_left",
+    dropout_p: float = 0.0,
+    _causal_wins: bool = False,
+):
     """Attention over packed variable-length sequences: q (Tq, Hq, D), k/v (Tk, Hkv, D/Dv).
 
     cu_seqlens_q/k: int32 (B+1,) prefix sums on the device (read only by the kernels, never on the host,
@@ -157,8 +223,20 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     b = band(causal, window, diagonal_alignment, causal_wins=_causal_wins)
     det = _deterministic(deterministic)
     sinks = _sinks(sinks, q.shape[1])
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, b.left, b.right,
-            b.bottom_right)
+    args = (
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        sinks,
+        scale,
+        b.left,
+        b.right,
+        b.bottom_right,
+    )
     if not _lean(q, k, v, sinks):
         out, lse = torch.ops.frost.sdpa_varlen_fwd(*args, det)
     elif _needs_grad(q, k, v, sinks):

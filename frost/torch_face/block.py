@@ -14,6 +14,7 @@ Eager `attention` calls memoize an `EagerForward` per exact argument signature (
 cached plan, its executor and the recipe of its outputs, so a repeated call allocates its outputs and
 launches with nothing else between (see `EagerForward`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,12 +55,31 @@ def dsinks_like(q, sinks):
 
 
 def _forward_key(q, k, v, ostride, sinks, scale, window_left, window_right, bottom_right, lse):
-    return ("fwd", q.dtype, k.dtype, v.dtype, q.device, q.shape, q.stride(), k.shape, k.stride(), v.shape,
-            v.stride(), ostride, sinks is None, scale, window_left, window_right, bottom_right, lse)
+    return (
+        "fwd",
+        q.dtype,
+        k.dtype,
+        v.dtype,
+        q.device,
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.shape,
+        v.stride(),
+        ostride,
+        sinks is None,
+        scale,
+        window_left,
+        window_right,
+        bottom_right,
+        lse,
+    )
 
 
-def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=None, *, lse: bool = True,
-            remember=None):
+def forward(
+    q, k, v, sinks, scale, window_left, window_right, bottom_right, out=None, *, lse: bool = True, remember=None
+):
     """Dense forward -> (out, lse (B, H, S) fp32); `out` may be given (written in place).
 
     lse=False: a plan without Stats (nothing writes an lse) and (out, None). `remember`: (memo key,
@@ -82,8 +102,9 @@ def forward(q, k, v, sinks, scale, window_left, window_right, bottom_right, out=
     key = _forward_key(q, k, v, ostride, sinks, scale, window_left, window_right, bottom_right, lse)
     plan = _lookup(key)
     if plan is None:
-        plan = _build(key, build_forward, q, k, v, out, lse4, sinks, scale, Band(window_left, window_right,
-                                                                                  bottom_right))
+        plan = _build(
+            key, build_forward, q, k, v, out, lse4, sinks, scale, Band(window_left, window_right, bottom_right)
+        )
     if sinks is None:  # the key pins q, k, v; out and lse are made from q here (a given out is checked)
         plan.run(tensors, dev, ostride is None)
     else:
@@ -109,8 +130,18 @@ class EagerForward:
     (`backward_memo`), so a repeated training step finds both plans without building a key.
     """
 
-    __slots__ = ("plan", "launch", "bshd", "out_shape", "out_stride", "lse_shape", "cuda", "workspace_size",
-                 "attrs", "grads")
+    __slots__ = (
+        "plan",
+        "launch",
+        "bshd",
+        "out_shape",
+        "out_stride",
+        "lse_shape",
+        "cuda",
+        "workspace_size",
+        "attrs",
+        "grads",
+    )
 
     def __init__(self, plan, q, out, lse, *, bshd: bool, attrs=(), train: bool = False):
         self.plan = plan
@@ -161,8 +192,12 @@ def memoize_training(key, q, k, v, out, lse, scale, window_left, window_right, b
     """Memoize a training forward that went the whole way (no sinks, no copy, lse written) under `key`."""
     plan = _lookup(_forward_key(q, k, v, None, None, scale, window_left, window_right, bottom_right, True))
     if plan is not None:
-        PLANS.remember(key, EagerForward(plan, q, out, lse, bshd=bshd, train=True,
-                                         attrs=(scale, window_left, window_right, bottom_right)))
+        PLANS.remember(
+            key,
+            EagerForward(
+                plan, q, out, lse, bshd=bshd, train=True, attrs=(scale, window_left, window_right, bottom_right)
+            ),
+        )
 
 
 def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
@@ -170,8 +205,22 @@ def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, b
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = dsinks_like(q, sinks)
     lse4 = lse.unsqueeze(-1)
-    plan = _backward_plan(dout, q, k, v, out, lse4, (dq, dk, dv), sinks, dsinks, scale, window_left, window_right,
-                          bottom_right, deterministic)
+    plan = _backward_plan(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse4,
+        (dq, dk, dv),
+        sinks,
+        dsinks,
+        scale,
+        window_left,
+        window_right,
+        bottom_right,
+        deterministic,
+    )
     tensors = (q, k, v, out, dout, lse4, dq, dk, dv)
     if sinks is None:  # the key pins every input; the gradients are made from them here
         plan.run(tensors, q.device, True)
@@ -180,17 +229,56 @@ def backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, b
     return dq, dk, dv, dsinks
 
 
-def _backward_plan(dout, q, k, v, out, lse4, grads, sinks, dsinks, scale, window_left, window_right, bottom_right,
-                   deterministic):
+def _backward_plan(
+    dout, q, k, v, out, lse4, grads, sinks, dsinks, scale, window_left, window_right, bottom_right, deterministic
+):
     """The cached backward plan of these tensors (built on a miss); its key holds every bound tensor's dtype,
     dims and strides."""
-    key = ("bwd", q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, q.device, q.shape, q.stride(), k.shape,
-           k.stride(), v.shape, v.stride(), out.shape, out.stride(), dout.shape, dout.stride(), lse4.shape,
-           lse4.stride(), sinks is None, scale, window_left, window_right, bottom_right, deterministic)
+    key = (
+        "bwd",
+        q.dtype,
+        k.dtype,
+        v.dtype,
+        out.dtype,
+        dout.dtype,
+        q.device,
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.shape,
+        v.stride(),
+        out.shape,
+        out.stride(),
+        dout.shape,
+        dout.stride(),
+        lse4.shape,
+        lse4.stride(),
+        sinks is None,
+        scale,
+        window_left,
+        window_right,
+        bottom_right,
+        deterministic,
+    )
     plan = _lookup(key)
     if plan is None:
-        plan = _build(key, build_backward, dout, q, k, v, out, lse4, grads, sinks, dsinks, scale,
-                      Band(window_left, window_right, bottom_right), deterministic)
+        plan = _build(
+            key,
+            build_backward,
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse4,
+            grads,
+            sinks,
+            dsinks,
+            scale,
+            Band(window_left, window_right, bottom_right),
+            deterministic,
+        )
     return plan
 
 
@@ -207,8 +295,22 @@ def backward_memo(grads, dout, q, k, v, out, lse, scale, window_left, window_rig
     if plan is None or not plan.live:
         if len(grads) > 8:
             grads.clear()
-        plan = grads[key] = _backward_plan(dout, q, k, v, out, lse4, (dq, dk, dv), None, None, scale, window_left,
-                                           window_right, bottom_right, deterministic)
+        plan = grads[key] = _backward_plan(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse4,
+            (dq, dk, dv),
+            None,
+            None,
+            scale,
+            window_left,
+            window_right,
+            bottom_right,
+            deterministic,
+        )
     else:
         plan.used = next(TICKS)
         PLANS.stats.hits += 1
@@ -222,8 +324,21 @@ def _envelopes(q, k, max_seqlen_q, max_seqlen_k):
     return (tq, tk), (min(envelope(max_seqlen_q), tq), min(envelope(max_seqlen_k), tk))
 
 
-def packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
-                   window_right, bottom_right, out=None):
+def packed_forward(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    sinks,
+    scale,
+    window_left,
+    window_right,
+    bottom_right,
+    out=None,
+):
     """Packed forward -> (out (T, H, Dv), lse (H, T) fp32)."""
     dev = q.device
     ostride = None
@@ -234,20 +349,67 @@ def packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     lse = packed_lse(q)
     lse3 = lse.t().unsqueeze(-1)
     totals, maxes = _envelopes(q, k, max_seqlen_q, max_seqlen_k)
-    key = ("pfwd", q.dtype, dev, q.shape[1:], q.stride(), k.shape[1:], k.stride(), v.shape[1:], v.stride(), ostride,
-           cu_seqlens_q.shape[0], totals, maxes, sinks is None, scale, window_left, window_right, bottom_right)
+    key = (
+        "pfwd",
+        q.dtype,
+        dev,
+        q.shape[1:],
+        q.stride(),
+        k.shape[1:],
+        k.stride(),
+        v.shape[1:],
+        v.stride(),
+        ostride,
+        cu_seqlens_q.shape[0],
+        totals,
+        maxes,
+        sinks is None,
+        scale,
+        window_left,
+        window_right,
+        bottom_right,
+    )
     cu = (cu_seqlens_q, cu_seqlens_k)
     plan = _lookup(key)
     if plan is None:
-        plan = _build(key, build_forward, q, k, v, out, lse3, sinks, scale,
-                      Band(window_left, window_right, bottom_right), cu, maxes, totals)
+        plan = _build(
+            key,
+            build_forward,
+            q,
+            k,
+            v,
+            out,
+            lse3,
+            sinks,
+            scale,
+            Band(window_left, window_right, bottom_right),
+            cu,
+            maxes,
+            totals,
+        )
     tensors = (q, k, v, out, lse3) if sinks is None else (q, k, v, out, lse3, sinks)
     plan.run((*tensors, *cu), dev)
     return out, lse
 
 
-def packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
-                    window_left, window_right, bottom_right, deterministic):
+def packed_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    sinks,
+    scale,
+    window_left,
+    window_right,
+    bottom_right,
+    deterministic,
+):
     """Packed backward -> (dq, dk, dv, dsinks)."""
     dev = q.device
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -256,15 +418,51 @@ def packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         lse = lse.contiguous()
     lse3 = lse.t().unsqueeze(-1)
     totals, maxes = _envelopes(q, k, max_seqlen_q, max_seqlen_k)
-    key = ("pbwd", q.dtype, dev, q.shape[1:], q.stride(), k.shape[1:], k.stride(), v.shape[1:], v.stride(),
-           out.stride(), dout.stride(), cu_seqlens_q.shape[0], totals, maxes, sinks is None, scale,
-           window_left, window_right, bottom_right, deterministic)
+    key = (
+        "pbwd",
+        q.dtype,
+        dev,
+        q.shape[1:],
+        q.stride(),
+        k.shape[1:],
+        k.stride(),
+        v.shape[1:],
+        v.stride(),
+        out.stride(),
+        dout.stride(),
+        cu_seqlens_q.shape[0],
+        totals,
+        maxes,
+        sinks is None,
+        scale,
+        window_left,
+        window_right,
+        bottom_right,
+        deterministic,
+    )
     cu = (cu_seqlens_q, cu_seqlens_k)
     grads = (dq, dk, dv)
     plan = _lookup(key)
     if plan is None:
-        plan = _build(key, build_backward, dout, q, k, v, out, lse3, grads, sinks, dsinks, scale,
-                      Band(window_left, window_right, bottom_right), deterministic, cu, maxes, totals)
+        plan = _build(
+            key,
+            build_backward,
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse3,
+            grads,
+            sinks,
+            dsinks,
+            scale,
+            Band(window_left, window_right, bottom_right),
+            deterministic,
+            cu,
+            maxes,
+            totals,
+        )
     tensors = (q, k, v, out, dout, lse3, dq, dk, dv)
     plan.run((*tensors, *((sinks, dsinks) if sinks is not None else ()), *cu), dev)
     return dq, dk, dv, dsinks

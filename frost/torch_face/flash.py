@@ -12,6 +12,7 @@ serve); `return_lse=True` returns `(out, lse)` as FlashAttention 4 (`flash_attn.
 `learnable_sink` (FlashAttention 4's keyword): one logit per query head, (Hq,), any float dtype; its
 gradient flows (frost computes dSink).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -39,32 +40,84 @@ def _returns(got, return_attn_probs, return_lse):
     return (out, lse, None) if return_attn_probs else (out, lse)
 
 
-def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
-                    window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                    deterministic: Optional[bool] = None, return_attn_probs: bool = False, *, learnable_sink=None,
-                    return_lse: bool = False):
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size=(-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes=None,
+    deterministic: Optional[bool] = None,
+    return_attn_probs: bool = False,
+    *,
+    learnable_sink=None,
+    return_lse: bool = False,
+):
     """q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) -> out (B, Sq, Hq, D), as FlashAttention's.
 
     `deterministic` defaults to `torch.are_deterministic_algorithms_enabled()`; `learnable_sink` and
     `return_lse` are keywords (FlashAttention 4 orders its positional arguments otherwise).
     """
     _unserved(dropout_p, softcap, alibi_slopes)
-    got = attention(q, k, v, causal=causal, window=window_size, scale=softmax_scale, sinks=learnable_sink,
-                    deterministic=deterministic, layout="bshd", return_lse=bool(return_attn_probs or return_lse),
-                    diagonal_alignment="bottom_right", _causal_wins=True)
+    got = attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        window=window_size,
+        scale=softmax_scale,
+        sinks=learnable_sink,
+        deterministic=deterministic,
+        layout="bshd",
+        return_lse=bool(return_attn_probs or return_lse),
+        diagonal_alignment="bottom_right",
+        _causal_wins=True,
+    )
     return _returns(got, return_attn_probs, return_lse)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
-                           dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
-                           window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                           deterministic: Optional[bool] = None, return_attn_probs: bool = False,
-                           block_table=None, *, learnable_sink=None, return_lse: bool = False):
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size=(-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes=None,
+    deterministic: Optional[bool] = None,
+    return_attn_probs: bool = False,
+    block_table=None,
+    *,
+    learnable_sink=None,
+    return_lse: bool = False,
+):
     """q (Tq, Hq, D), k/v (Tk, Hkv, D), int32 cu_seqlens (B+1,) -> out (Tq, Hq, D), as FlashAttention's;
     lse (Hq, Tq) with `return_attn_probs` or `return_lse`."""
     _unserved(dropout_p, softcap, alibi_slopes, block_table)
-    got = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                           window=window_size, scale=softmax_scale, sinks=learnable_sink,
-                           deterministic=deterministic, return_lse=bool(return_attn_probs or return_lse),
-                           diagonal_alignment="bottom_right", _causal_wins=True)
+    got = varlen_attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=causal,
+        window=window_size,
+        scale=softmax_scale,
+        sinks=learnable_sink,
+        deterministic=deterministic,
+        return_lse=bool(return_attn_probs or return_lse),
+        diagonal_alignment="bottom_right",
+        _causal_wins=True,
+    )
     return _returns(got, return_attn_probs, return_lse)

@@ -6,6 +6,7 @@ envelopes (`envelope()`) so that one plan serves every total up to it. A built g
 `Planned`: the graph, its ports in the order the ops bind tensors, and `Graph.executor`, the one way a
 plan launches (`Planned.run`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,8 +81,13 @@ def envelope(n: int) -> int:
 
 
 def _graph(dtype, device, name):
-    return frost.Graph(io_data_type=dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32,
-                       name=name, target=target_of(device))
+    return frost.Graph(
+        io_data_type=dtype,
+        intermediate_data_type=torch.float32,
+        compute_data_type=torch.float32,
+        name=name,
+        target=target_of(device),
+    )
 
 
 def _packed_like(g, t, name, total):
@@ -123,8 +129,12 @@ def _set_output(port, t, total=None):
 
 def _finish(g, handles, spec, device=None) -> Planned:
     g.validate()
-    if (device is not None and device.type == "cuda" and device.index is not None
-            and device.index != torch.cuda.current_device()):
+    if (
+        device is not None
+        and device.type == "cuda"
+        and device.index is not None
+        and device.index != torch.cuda.current_device()
+    ):
         with torch.cuda.device(device):  # the plan is for the tensors' device (frost/runtime/device.py)
             g.build_plans()
     else:
@@ -132,8 +142,7 @@ def _finish(g, handles, spec, device=None) -> Planned:
     return Planned(graph=g, handles=tuple(handles), workspace_size=g.get_workspace_size(), spec=spec)
 
 
-def build_forward(q, k, v, out, lse_view, sinks, scale, band: Band, cu=None, max_seqlens=None,
-                  totals=None) -> Planned:
+def build_forward(q, k, v, out, lse_view, sinks, scale, band: Band, cu=None, max_seqlens=None, totals=None) -> Planned:
     """Plan `out, lse = sdpa(q, k, v)`; handles: q, k, v, o, [stats], [sinks], [cu_q, cu_k].
 
     Dense tensors are (B, H, S, D) and `lse_view` (B, H, S, 1); packed ones are (T, H, D) with
@@ -151,13 +160,29 @@ def build_forward(q, k, v, out, lse_view, sinks, scale, band: Band, cu=None, max
     if stats_on:
         dims, strides = _stats_layout(lse_view, totals[0] if packed else None)
         stats.set_output(True).set_dim(dims).set_stride(strides)
-    spec = specialization("fwd", q, k, v, band=band, sinks=sinks, packed=packed, arch=g.target.arch, scale=scale,
-                          has_stats=stats_on)
+    spec = specialization(
+        "fwd", q, k, v, band=band, sinks=sinks, packed=packed, arch=g.target.arch, scale=scale, has_stats=stats_on
+    )
     return _finish(g, (hq, hk, hv, o, *((stats,) if stats_on else ()), *extra), spec, q.device)
 
 
-def build_backward(dout, q, k, v, out, lse_view, grads, sinks, dsinks, scale, band: Band, deterministic: bool,
-                   cu=None, max_seqlens=None, totals=None) -> Planned:
+def build_backward(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse_view,
+    grads,
+    sinks,
+    dsinks,
+    scale,
+    band: Band,
+    deterministic: bool,
+    cu=None,
+    max_seqlens=None,
+    totals=None,
+) -> Planned:
     """Plan the gradients; handles: q, k, v, o, dO, stats, dQ, dK, dV, [sinks, dSink], [cu_q, cu_k]."""
     packed = cu is not None
     g = _graph(q.dtype, q.device, "frost_torch_bwd")
@@ -169,13 +194,28 @@ def build_backward(dout, q, k, v, out, lse_view, grads, sinks, dsinks, scale, ba
     hds = None
     if sinks is not None:
         hds = g.tensor_like(dsinks, name="dsinks")
-    dq, dk, dv = g.sdpa_backward(hq, hk, hv, ho, hdo, hstats, use_deterministic_algorithm=deterministic,
-                                 dSink_token=hds, **kw)
-    for port, t, total in ((dq, grads[0], totals and totals[0]), (dk, grads[1], totals and totals[1]),
-                           (dv, grads[2], totals and totals[1])):
+    dq, dk, dv = g.sdpa_backward(
+        hq, hk, hv, ho, hdo, hstats, use_deterministic_algorithm=deterministic, dSink_token=hds, **kw
+    )
+    for port, t, total in (
+        (dq, grads[0], totals and totals[0]),
+        (dk, grads[1], totals and totals[1]),
+        (dv, grads[2], totals and totals[1]),
+    ):
         _set_output(port, t, total if packed else None)
-    spec = specialization("bwd", q, k, v, band=band, sinks=sinks, packed=packed, arch=g.target.arch, scale=scale,
-                          deterministic=deterministic, extra=(out, dout))
+    spec = specialization(
+        "bwd",
+        q,
+        k,
+        v,
+        band=band,
+        sinks=sinks,
+        packed=packed,
+        arch=g.target.arch,
+        scale=scale,
+        deterministic=deterministic,
+        extra=(out, dout),
+    )
     sink_ports = (extra[0], hds) if sinks is not None else ()
     cu_ports = tuple(extra[-2:]) if packed else ()
     return _finish(g, (hq, hk, hv, ho, hdo, hstats, dq, dk, dv, *sink_ports, *cu_ports), spec, q.device)

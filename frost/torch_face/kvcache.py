@@ -23,6 +23,7 @@ on a GPU; the reference serves both on a CPU.
 Rotary embeddings, cache_batch_idx, cache_leftpad, softcap and ALiBi raise `UnsupportedArgumentError`;
 `num_splits` and `rotary_interleaved` are speed / rotary hints with nothing to do here.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -54,42 +55,73 @@ def _unserved(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, softcap, a
 def _check(q, k_cache, v_cache, k, v, block_table, cache_seqlens):
     """(paged, capacity per sequence) after the argument checks; errors name the argument."""
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
-        reject("q/k_cache/v_cache", "<tensors>", f"expected 4-d tensors, got q {tuple(q.shape)}, k_cache "
-               f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+        reject(
+            "q/k_cache/v_cache",
+            "<tensors>",
+            f"expected 4-d tensors, got q {tuple(q.shape)}, k_cache "
+            f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}",
+        )
     b = q.shape[0]
     paged = block_table is not None
     if paged:
         if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != b:
-            reject("block_table", "<tensor>", f"expected int32 (B={b}, max_blocks), got {block_table.dtype} "
-                   f"{tuple(block_table.shape)}")
+            reject(
+                "block_table",
+                "<tensor>",
+                f"expected int32 (B={b}, max_blocks), got {block_table.dtype} {tuple(block_table.shape)}",
+            )
         if k_cache.shape[:3] != v_cache.shape[:3]:
-            reject("v_cache", "<tensor>", f"paged caches share (num_blocks, block_size, H_kv): k_cache "
-                   f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+            reject(
+                "v_cache",
+                "<tensor>",
+                f"paged caches share (num_blocks, block_size, H_kv): k_cache "
+                f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}",
+            )
         capacity = block_table.shape[1] * k_cache.shape[1]
     else:
         if k_cache.shape[0] != b or k_cache.shape[:3] != v_cache.shape[:3]:
-            reject("k_cache", "<tensor>", f"a contiguous cache is (B={b}, S_cache, H_kv, D) for K and V; got "
-                   f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+            reject(
+                "k_cache",
+                "<tensor>",
+                f"a contiguous cache is (B={b}, S_cache, H_kv, D) for K and V; got "
+                f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}",
+            )
         capacity = k_cache.shape[1]
     if (k is None) != (v is None):
         reject("k" if v is None else "v", "<tensor>", "new keys and values come together")
     if k is not None:
         want = (b, k.shape[1], k_cache.shape[2])
-        if tuple(k.shape[:3]) != want or tuple(v.shape[:3]) != want or k.shape[3] != k_cache.shape[3] \
-                or v.shape[3] != v_cache.shape[3] or k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
-            reject("k/v", "<tensors>", f"new rows are (B, S_new, H_kv, D) like the cache: k {tuple(k.shape)} "
-                   f"{k.dtype}, v {tuple(v.shape)} {v.dtype}, cache {tuple(k_cache.shape)} {k_cache.dtype}")
+        if (
+            tuple(k.shape[:3]) != want
+            or tuple(v.shape[:3]) != want
+            or k.shape[3] != k_cache.shape[3]
+            or v.shape[3] != v_cache.shape[3]
+            or k.dtype != k_cache.dtype
+            or v.dtype != v_cache.dtype
+        ):
+            reject(
+                "k/v",
+                "<tensors>",
+                f"new rows are (B, S_new, H_kv, D) like the cache: k {tuple(k.shape)} "
+                f"{k.dtype}, v {tuple(v.shape)} {v.dtype}, cache {tuple(k_cache.shape)} {k_cache.dtype}",
+            )
         if cache_seqlens is None:
             reject("cache_seqlens", None, "appending k/v needs the cache lengths to write them at")
     if isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (b,):
-            reject("cache_seqlens", "<tensor>", f"expected int32 ({b},), got {cache_seqlens.dtype} "
-                   f"{tuple(cache_seqlens.shape)}")
+            reject(
+                "cache_seqlens",
+                "<tensor>",
+                f"expected int32 ({b},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}",
+            )
     elif cache_seqlens is not None and not isinstance(cache_seqlens, int):
         reject("cache_seqlens", cache_seqlens, "an int32 tensor (B,), an int, or None")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        reject("q/k_cache/v_cache", "<tensors>", f"one dtype: q {q.dtype}, k_cache {k_cache.dtype}, v_cache "
-               f"{v_cache.dtype}")
+        reject(
+            "q/k_cache/v_cache",
+            "<tensors>",
+            f"one dtype: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}",
+        )
     return paged, capacity
 
 
@@ -99,8 +131,13 @@ def _build(q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks, scale, bnd, c
     g = _graph(q4.dtype, q4.device, "frost_torch_kvcache")
     hq, hk, hv = (g.tensor_like(t, name=n) for n, t in (("q", q4), ("k_cache", kc), ("v_cache", vc)))
     hlq, hlk = g.tensor_like(lens_q, name="seq_len_q"), g.tensor_like(lens_kv, name="seq_len_kv")
-    kw = dict(attn_scale=default_scale(q4.shape[-1], scale), use_padding_mask=True, seq_len_q=hlq, seq_len_kv=hlk,
-              **bnd.graph_keywords())
+    kw = dict(
+        attn_scale=default_scale(q4.shape[-1], scale),
+        use_padding_mask=True,
+        seq_len_q=hlq,
+        seq_len_kv=hlk,
+        **bnd.graph_keywords(),
+    )
     handles = []
     if table4 is not None:
         for role in ("k", "v"):  # one table for both caches, bound twice (a graph port is one role)
@@ -116,27 +153,72 @@ def _build(q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks, scale, bnd, c
     if lse4 is not None:
         stats.set_output(True).set_dim(tuple(lse4.shape)).set_stride(tuple(lse4.stride()))
         head.append(stats)
-    spec = specialization("fwd", q4, kc, vc, band=bnd, sinks=sinks, packed=False, arch=g.target.arch, scale=scale,
-                          has_stats=lse4 is not None)
+    spec = specialization(
+        "fwd",
+        q4,
+        kc,
+        vc,
+        band=bnd,
+        sinks=sinks,
+        packed=False,
+        arch=g.target.arch,
+        scale=scale,
+        has_stats=lse4 is not None,
+    )
     return _finish(g, (*head, hlq, hlk, *handles), spec, q4.device)
 
 
 _build.what = "flash_attn_with_kvcache"  # named in the plan cache's errors
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
-                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                            softmax_scale: Optional[float] = None, causal: bool = False, window_size=(-1, -1),
-                            softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes=None,
-                            num_splits: int = 0, return_softmax_lse: bool = False, learnable_sink=None):
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size=(-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes=None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+    learnable_sink=None,
+):
     """FlashAttention's `flash_attn_with_kvcache` (see the module docstring); k_cache / v_cache are updated in
     place when k / v are given."""
     if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):  # the append and the attention launch on q's device's current stream
-            return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                           cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                                           window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-                                           return_softmax_lse, learnable_sink)
+            return flash_attn_with_kvcache(
+                q,
+                k_cache,
+                v_cache,
+                k,
+                v,
+                rotary_cos,
+                rotary_sin,
+                cache_seqlens,
+                cache_batch_idx,
+                cache_leftpad,
+                block_table,
+                softmax_scale,
+                causal,
+                window_size,
+                softcap,
+                rotary_interleaved,
+                alibi_slopes,
+                num_splits,
+                return_softmax_lse,
+                learnable_sink,
+            )
     _unserved(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, softcap, alibi_slopes)
     paged, capacity = _check(q, k_cache, v_cache, k, v, block_table, cache_seqlens)
     b, s_q, _, d = q.shape
@@ -153,8 +235,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k = k_cache[:1, :0].expand(b, -1, -1, -1)
         v = v_cache[:1, :0].expand(b, -1, -1, -1)
     cache_len = capacity if cache_seqlens is None else (0 if seqlens_tensor else int(cache_seqlens))
-    append.execute(k, v, k_cache, v_cache, block_table, cache_seqlens if seqlens_tensor else None, lens_q, lens_kv,
-                   cache_len=cache_len, s_q=s_q)
+    append.execute(
+        k,
+        v,
+        k_cache,
+        v_cache,
+        block_table,
+        cache_seqlens if seqlens_tensor else None,
+        lens_q,
+        lens_kv,
+        cache_len=cache_len,
+        s_q=s_q,
+    )
     # the attention graph over the cache: (B, H, S, D) views of q and out, the cache as cuDNN declares it
     q4 = q.transpose(1, 2)
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # paged: (num_blocks, H_kv, block_size, D)
@@ -167,11 +259,26 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[2],)):
         reject("learnable_sink", "<tensor>", f"expected fp32 ({q.shape[2]},), got {sinks.dtype} {tuple(sinks.shape)}")
     bnd = band(causal, tuple(window_size) if window_size is not None else None, "bottom_right", causal_wins=True)
-    key = ("kvcache", q.dtype, dev, q4.shape, q4.stride(), kc.shape, kc.stride(), vc.shape, vc.stride(),
-           None if table4 is None else (table4.shape, table4.stride()), sinks is None, softmax_scale, bnd,
-           lse is not None, out4.stride())
-    plan = PLANS.lookup(key) or PLANS.build(key, _build, q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks,
-                                            softmax_scale, bnd, capacity)
+    key = (
+        "kvcache",
+        q.dtype,
+        dev,
+        q4.shape,
+        q4.stride(),
+        kc.shape,
+        kc.stride(),
+        vc.shape,
+        vc.stride(),
+        None if table4 is None else (table4.shape, table4.stride()),
+        sinks is None,
+        softmax_scale,
+        bnd,
+        lse is not None,
+        out4.stride(),
+    )
+    plan = PLANS.lookup(key) or PLANS.build(
+        key, _build, q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks, softmax_scale, bnd, capacity
+    )
     tensors = [q4, kc, vc, out4, *((lse4,) if lse4 is not None else ()), lens_q, lens_kv]
     if table4 is not None:
         tensors += [table4, table4]

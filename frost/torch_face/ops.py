@@ -24,6 +24,7 @@ transform, plain tensors) the same autograd nodes are made without the dispatche
 (`sdpa_fwd`, `sdpa_bwd`, `sdpa_varlen_fwd`, `sdpa_varlen_bwd`) are the lean block calls of
 context-parallel code (`torch.ops.frost.*` where `lean` says no). Both give the same outputs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,18 +33,26 @@ from frost.torch_face import block
 
 _LIB = torch.library.Library("frost", "DEF")  # kept for the process: the registrations live while it does
 
-_FWD = ("(Tensor q, Tensor k, Tensor v, Tensor? sinks, float? scale, SymInt window_left, SymInt window_right, "
-        "bool bottom_right, bool deterministic) -> (Tensor, Tensor)")
-_BWD = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sinks, float? scale, "
-        "SymInt window_left, SymInt window_right, bool bottom_right, bool deterministic) "
-        "-> (Tensor, Tensor, Tensor, Tensor)")
-_VARLEN_FWD = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
-               "SymInt max_seqlen_k, Tensor? sinks, float? scale, SymInt window_left, SymInt window_right, "
-               "bool bottom_right, bool deterministic) -> (Tensor, Tensor)")
-_VARLEN_BWD = ("(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
-               "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? sinks, float? scale, "
-               "SymInt window_left, SymInt window_right, bool bottom_right, bool deterministic) "
-               "-> (Tensor, Tensor, Tensor, Tensor)")
+_FWD = (
+    "(Tensor q, Tensor k, Tensor v, Tensor? sinks, float? scale, SymInt window_left, SymInt window_right, "
+    "bool bottom_right, bool deterministic) -> (Tensor, Tensor)"
+)
+_BWD = (
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? sinks, float? scale, "
+    "SymInt window_left, SymInt window_right, bool bottom_right, bool deterministic) "
+    "-> (Tensor, Tensor, Tensor, Tensor)"
+)
+_VARLEN_FWD = (
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+    "SymInt max_seqlen_k, Tensor? sinks, float? scale, SymInt window_left, SymInt window_right, "
+    "bool bottom_right, bool deterministic) -> (Tensor, Tensor)"
+)
+_VARLEN_BWD = (
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+    "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? sinks, float? scale, "
+    "SymInt window_left, SymInt window_right, bool bottom_right, bool deterministic) "
+    "-> (Tensor, Tensor, Tensor, Tensor)"
+)
 
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _AFTER_AD_INPLACE = torch._C._after_ADInplaceOrView_keyset
@@ -82,25 +91,111 @@ def _sdpa_bwd_fake(dout, q, k, v, out, lse, sinks, scale, window_left, window_ri
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), block.dsinks_like(q, sinks)
 
 
-def sdpa_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
-                    window_right, bottom_right, deterministic):
-    return block.packed_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
-                                window_left, window_right, bottom_right)
+def sdpa_varlen_fwd(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    sinks,
+    scale,
+    window_left,
+    window_right,
+    bottom_right,
+    deterministic,
+):
+    return block.packed_forward(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        sinks,
+        scale,
+        window_left,
+        window_right,
+        bottom_right,
+    )
 
 
-def _sdpa_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
-                          window_right, bottom_right, deterministic):
+def _sdpa_varlen_fwd_fake(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    sinks,
+    scale,
+    window_left,
+    window_right,
+    bottom_right,
+    deterministic,
+):
     return block.out_like(q, v.shape[-1]), block.packed_lse(q)
 
 
-def sdpa_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
-                    window_left, window_right, bottom_right, deterministic):
-    return block.packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                 sinks, scale, window_left, window_right, bottom_right, deterministic)
+def sdpa_varlen_bwd(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    sinks,
+    scale,
+    window_left,
+    window_right,
+    bottom_right,
+    deterministic,
+):
+    return block.packed_backward(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        sinks,
+        scale,
+        window_left,
+        window_right,
+        bottom_right,
+        deterministic,
+    )
 
 
-def _sdpa_varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks,
-                          scale, window_left, window_right, bottom_right, deterministic):
+def _sdpa_varlen_bwd_fake(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    sinks,
+    scale,
+    window_left,
+    window_right,
+    bottom_right,
+    deterministic,
+):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), block.dsinks_like(q, sinks)
 
 
@@ -129,6 +224,7 @@ def _lean_probes():
             if t is not None and type(t) is not plain:
                 return False
         return True
+
     return lean
 
 
@@ -213,8 +309,12 @@ class _SdpaVarlenFwd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, keyset, q, k, v, cu_q, cu_k, max_q, max_k, sinks, scale, wl, wr, br, det):
-        out, lse = _below(_SDPA_VARLEN_FWD, sdpa_varlen_fwd, keyset,
-                          (q, k, v, cu_q, cu_k, max_q, max_k, sinks, scale, wl, wr, br, det))
+        out, lse = _below(
+            _SDPA_VARLEN_FWD,
+            sdpa_varlen_fwd,
+            keyset,
+            (q, k, v, cu_q, cu_k, max_q, max_k, sinks, scale, wl, wr, br, det),
+        )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
         ctx.attrs = (max_q, max_k, sinks is not None, scale, wl, wr, br, det)
         ctx.mark_non_differentiable(lse)
@@ -247,8 +347,10 @@ class _NoDerivative(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError(f"{ctx.op} has no derivative: frost attention does not serve double backward "
-                           f"(create_graph=True through its gradients)")
+        raise RuntimeError(
+            f"{ctx.op} has no derivative: frost attention does not serve double backward "
+            f"(create_graph=True through its gradients)"
+        )
 
 
 def _fwd_autograd(function, handle, kernel):
@@ -256,6 +358,7 @@ def _fwd_autograd(function, handle, kernel):
         if _grad_enabled() and _any_requires_grad(*args):
             return function.apply(keyset, *args)
         return _below(handle, kernel, keyset, args)
+
     return autograd_kernel
 
 
@@ -264,12 +367,14 @@ def _bwd_autograd(handle, kernel):
         if _grad_enabled() and _any_requires_grad(*args):
             return _NoDerivative.apply(handle, kernel, keyset, *args)
         return _below(handle, kernel, keyset, args)
+
     return autograd_kernel
 
 
 _LIB.impl("sdpa_fwd", _fwd_autograd(_SdpaFwd, _SDPA_FWD, sdpa_fwd), "Autograd", with_keyset=True)
-_LIB.impl("sdpa_varlen_fwd", _fwd_autograd(_SdpaVarlenFwd, _SDPA_VARLEN_FWD, sdpa_varlen_fwd), "Autograd",
-          with_keyset=True)
+_LIB.impl(
+    "sdpa_varlen_fwd", _fwd_autograd(_SdpaVarlenFwd, _SDPA_VARLEN_FWD, sdpa_varlen_fwd), "Autograd", with_keyset=True
+)
 _LIB.impl("sdpa_bwd", _bwd_autograd(_SDPA_BWD, sdpa_bwd), "Autograd", with_keyset=True)
 _LIB.impl("sdpa_varlen_bwd", _bwd_autograd(_SDPA_VARLEN_BWD, sdpa_varlen_bwd), "Autograd", with_keyset=True)
 
@@ -289,8 +394,35 @@ def memo_autograd(memo, q, k, v, deterministic):
     return _apply_fwd(memo, q, k, v, None, *memo.attrs, deterministic)
 
 
-def varlen_fwd_autograd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale, window_left,
-                        window_right, bottom_right, deterministic):
+def varlen_fwd_autograd(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    sinks,
+    scale,
+    window_left,
+    window_right,
+    bottom_right,
+    deterministic,
+):
     """`torch.ops.frost.sdpa_varlen_fwd` with autograd, without the dispatcher: only where `lean(...)`."""
-    return _apply_varlen_fwd(None, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, scale,
-                             window_left, window_right, bottom_right, deterministic)
+    return _apply_varlen_fwd(
+        None,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        sinks,
+        scale,
+        window_left,
+        window_right,
+        bottom_right,
+        deterministic,
+    )

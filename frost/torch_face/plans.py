@@ -15,6 +15,7 @@ The cache sits between the ops and the graphs: `lookup(key)` finds an entry, `bu
 declares and plans one with `declare(*args)` (a `graphs.build_*` function) on a miss; the caller then
 launches it (`graphs.Planned.run`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -80,7 +81,7 @@ class PlanCache:
         """Drop the least recently used entries until `size` are left (under the lock)."""
         if len(self._entries) <= size:
             return
-        for key, entry in sorted(self._entries.items(), key=lambda kv: kv[1].used)[:len(self._entries) - size]:
+        for key, entry in sorted(self._entries.items(), key=lambda kv: kv[1].used)[: len(self._entries) - size]:
             del self._entries[key]
             entry.live = False
             self.stats.evictions += 1
@@ -94,7 +95,8 @@ class PlanCache:
             raise PlanDuringCaptureError(
                 f"frost needs a new plan for {describe(declare, args)} while the current stream captures a CUDA "
                 f"graph; planning is host work that capture cannot record. Run the same call once before capture "
-                f"(a warm-up step) so its plan is cached; torch.compile's mode='reduce-overhead' warms up by itself.")
+                f"(a warm-up step) so its plan is cached; torch.compile's mode='reduce-overhead' warms up by itself."
+            )
         with self._build_lock:
             with self._lock:
                 entry = self._entries.get(key)
@@ -152,8 +154,15 @@ def clear_plan_cache() -> None:
 def plan_cache_info() -> dict:
     """Counters of the plan cache: size, hits, misses, evictions, planning time, plans per specialization."""
     s = PLANS.stats
-    return {"size": len(PLANS), "max_size": PLANS.max_size, "hits": s.hits, "misses": s.misses,
-            "evictions": s.evictions, "plan_seconds": s.plan_seconds, "specializations": dict(s.specializations)}
+    return {
+        "size": len(PLANS),
+        "max_size": PLANS.max_size,
+        "hits": s.hits,
+        "misses": s.misses,
+        "evictions": s.evictions,
+        "plan_seconds": s.plan_seconds,
+        "specializations": dict(s.specializations),
+    }
 
 
 def describe(declare, args) -> str:

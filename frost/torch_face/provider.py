@@ -18,6 +18,7 @@ derivative is aten's flash backward op. That is the op torch's `context_parallel
 ring attention over gloo runs every block on frost's reference engine, as on CUDA it runs frost's
 kernels; other calls keep torch's own CPU attention. `restore_sdpa(device="cpu")` takes it back.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,22 +38,31 @@ def _registry():
     """
     import torch.nn.attention as attn
 
-    if not all(hasattr(attn, n) for n in ("register_flash_attention_impl", "activate_flash_attention_impl",
-                                          "current_flash_attention_impl")):
+    if not all(
+        hasattr(attn, n)
+        for n in ("register_flash_attention_impl", "activate_flash_attention_impl", "current_flash_attention_impl")
+    ):
         return None
-    names = ("register_flash_attention_impl", "activate_flash_attention_impl", "current_flash_attention_impl",
-             "restore_flash_attention_impl")
+    names = (
+        "register_flash_attention_impl",
+        "activate_flash_attention_impl",
+        "current_flash_attention_impl",
+        "restore_flash_attention_impl",
+    )
     return {n: getattr(attn, n, None) for n in names}
 
 
 def _no_registry_error() -> RuntimeError:
-    return RuntimeError(f"torch {torch.__version__} has no flash-attention provider registry "
-                        f"(torch.nn.attention.register_flash_attention_impl, torch 2.10 and later), so frost "
-                        f"cannot serve F.scaled_dot_product_attention; call frost.torch_face.attention instead")
+    return RuntimeError(
+        f"torch {torch.__version__} has no flash-attention provider registry "
+        f"(torch.nn.attention.register_flash_attention_impl, torch 2.10 and later), so frost "
+        f"cannot serve F.scaled_dot_product_attention; call frost.torch_face.attention instead"
+    )
 
 
-def _unserved(dropout_p=0.0, return_debug_mask=False, alibi_slopes=None, seqused_k=None, block_table=None,
-              **unknown) -> None:
+def _unserved(
+    dropout_p=0.0, return_debug_mask=False, alibi_slopes=None, seqused_k=None, block_table=None, **unknown
+) -> None:
     if dropout_p:
         reject("dropout_p", dropout_p, "attention dropout is not implemented")
     if return_debug_mask:
@@ -82,28 +92,75 @@ def _bhsd(*tensors):
     return tuple(t.transpose(1, 2) for t in tensors)
 
 
-def sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None,
-                       **extra):
+def sdpa_flash_forward(
+    query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None, **extra
+):
     """aten::_scaled_dot_product_flash_attention: (B, H, S, D) inputs; torch's is_causal is top-left."""
     _unserved(dropout_p, return_debug_mask, **extra)
-    out, lse = block.forward(servable(query), servable(key), servable(value), None, scale, -1,
-                           0 if is_causal else -1, False)
+    out, lse = block.forward(
+        servable(query), servable(key), servable(value), None, scale, -1, 0 if is_causal else -1, False
+    )
     rng_state, unused = _aux(query)
     debug = torch.empty(0, dtype=query.dtype, device=query.device)
     return out, lse, None, None, query.size(2), key.size(2), rng_state, unused, debug
 
 
-def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                        is_causal, philox_seed, philox_offset, *, scale=None, **extra):
+def sdpa_flash_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    philox_seed,
+    philox_offset,
+    *,
+    scale=None,
+    **extra,
+):
     """aten::_scaled_dot_product_flash_attention_backward -> (dq, dk, dv)."""
     _unserved(dropout_p, **extra)
-    dq, dk, dv, _ = block.backward(servable(grad_out), query, key, value, out, logsumexp, None, scale, -1,
-                                 0 if is_causal else -1, False, torch.are_deterministic_algorithms_enabled())
+    dq, dk, dv, _ = block.backward(
+        servable(grad_out),
+        query,
+        key,
+        value,
+        out,
+        logsumexp,
+        None,
+        scale,
+        -1,
+        0 if is_causal else -1,
+        False,
+        torch.are_deterministic_algorithms_enabled(),
+    )
     return dq, dk, dv
 
 
-def flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask,
-                  *, scale=None, window_size_left=None, window_size_right=None, out=None, **extra):
+def flash_forward(
+    query,
+    key,
+    value,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    return_debug_mask,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+    out=None,
+    **extra,
+):
     """aten::_flash_attention_forward: dense (B, S, H, D) or packed (T, H, D); FlashAttention's masks
     (bottom-right aligned)."""
     _unserved(dropout_p, return_debug_mask, **extra)
@@ -119,16 +176,47 @@ def flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout
     return o, lse, rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
 
 
-def flash_forward_inplace(out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                          return_debug_mask, **kwargs):
+def flash_forward_inplace(
+    out, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, **kwargs
+):
     """aten::_flash_attention_forward_no_dropout_inplace: writes `out`, returns lse."""
-    return flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                         return_debug_mask, out=out, **kwargs)[1]
+    return flash_forward(
+        query,
+        key,
+        value,
+        cum_seq_q,
+        cum_seq_k,
+        max_q,
+        max_k,
+        dropout_p,
+        is_causal,
+        return_debug_mask,
+        out=out,
+        **kwargs,
+    )[1]
 
 
-def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                   is_causal, rng_state, unused, *, scale=None, window_size_left=None, window_size_right=None,
-                   **extra):
+def flash_backward(
+    grad_out,
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    rng_state,
+    unused,
+    *,
+    scale=None,
+    window_size_left=None,
+    window_size_right=None,
+    **extra,
+):
     """aten::_flash_attention_backward -> (dq, dk, dv)."""
     _unserved(dropout_p, **extra)
     wl, wr = _window(is_causal, window_size_left, window_size_right)
@@ -137,8 +225,9 @@ def flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_s
     if cum_seq_q is None or cum_seq_q.numel() == 0:
         dq, dk, dv, _ = block.backward(*_bhsd(dout, query, key, value, out), logsumexp, None, scale, wl, wr, True, det)
         return _bhsd(dq, dk, dv)
-    dq, dk, dv, _ = block.packed_backward(dout, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
-                                        None, scale, wl, wr, True, det)
+    dq, dk, dv, _ = block.packed_backward(
+        dout, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, None, scale, wl, wr, True, det
+    )
     return dq, dk, dv
 
 
@@ -193,13 +282,22 @@ def _sdpa_cpu(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     """`F.scaled_dot_product_attention` on CPU tensors (its AutogradCPU kernel while frost serves the CPU): aten's
     flash op where frost serves the call, torch's own composite otherwise."""
     hq, hk = query.size(-3), key.size(-3)
-    if (attn_mask is None and not dropout_p and query.dim() == 4 and key.dim() == 4 and value.dim() == 4
-            and query.dtype in _SERVED and query.size(-1) == value.size(-1)
-            and (hq == hk or (enable_gqa and hq % hk == 0))):
-        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, is_causal, False,
-                                                                  scale=scale)[0]
+    if (
+        attn_mask is None
+        and not dropout_p
+        and query.dim() == 4
+        and key.dim() == 4
+        and value.dim() == 4
+        and query.dtype in _SERVED
+        and query.size(-1) == value.size(-1)
+        and (hq == hk or (enable_gqa and hq % hk == 0))
+    ):
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, 0.0, is_causal, False, scale=scale
+        )[0]
     return torch.ops.aten.scaled_dot_product_attention.default.decompose(
-        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+    )
 
 
 _CPU = None  # the CPU registrations while frost serves CPU tensors

@@ -5,6 +5,7 @@ sinks, packing, layout class, arch, determinism, scale, whether the forward writ
 batch, lengths or totals; two calls that differ only in those share their compiled kernels (each
 exact shape still has its own plan, see `plans.py`).
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,10 @@ def _band(causal, window, diagonal_alignment, causal_wins) -> Band:
     left, right = _window(window)
     if causal:
         if right > 0 and not causal_wins:
-            raise ValueError(f"causal=True keeps no key right of the diagonal, but window={tuple(window)} asks for "
-                             f"{right}; pass causal=False with the window, or a right bound of 0 or -1")
+            raise ValueError(
+                f"causal=True keeps no key right of the diagonal, but window={tuple(window)} asks for "
+                f"{right}; pass causal=False with the window, or a right bound of 0 or -1"
+            )
         right = 0
     return Band(left=left, right=right, bottom_right=align == "bottom_right")
 
@@ -127,18 +130,41 @@ class Specialization:
     has_stats: bool = True  # False: an eager forward whose lse nobody sees (no Stats port, no lse written)
 
 
-def specialization(direction: str, q, k, v, *, band: Band, sinks, packed: bool, arch: str, scale: Optional[float],
-                   deterministic: bool = False, extra=(), has_stats: bool = True) -> Specialization:
+def specialization(
+    direction: str,
+    q,
+    k,
+    v,
+    *,
+    band: Band,
+    sinks,
+    packed: bool,
+    arch: str,
+    scale: Optional[float],
+    deterministic: bool = False,
+    extra=(),
+    has_stats: bool = True,
+) -> Specialization:
     """The Specialization of a call; `extra` are further io tensors (out, dout) whose layout class counts.
 
     Heads are dim 1 of dense (B, H, S, D) and packed (T, H, D) tensors alike.
     """
-    return Specialization(direction=direction, dtype=str(q.dtype).replace("torch.", ""),
-                          head_dim_qk=int(q.shape[-1]), head_dim_v=int(v.shape[-1]), heads_q=int(q.shape[1]),
-                          heads_kv=int(k.shape[1]), band=band, has_sinks=sinks is not None, packed=packed,
-                          layouts=tuple(stride_order(t) for t in (q, k, v, *extra)), arch=arch,
-                          deterministic=bool(deterministic) and direction == "bwd",
-                          scale=default_scale(int(q.shape[-1]), scale), has_stats=has_stats or direction == "bwd")
+    return Specialization(
+        direction=direction,
+        dtype=str(q.dtype).replace("torch.", ""),
+        head_dim_qk=int(q.shape[-1]),
+        head_dim_v=int(v.shape[-1]),
+        heads_q=int(q.shape[1]),
+        heads_kv=int(k.shape[1]),
+        band=band,
+        has_sinks=sinks is not None,
+        packed=packed,
+        layouts=tuple(stride_order(t) for t in (q, k, v, *extra)),
+        arch=arch,
+        deterministic=bool(deterministic) and direction == "bwd",
+        scale=default_scale(int(q.shape[-1]), scale),
+        has_stats=has_stats or direction == "bwd",
+    )
 
 
 def reject(name: str, value, why: str = "") -> None:

@@ -2,6 +2,7 @@
 
 Routing on the fake targets must not depend on whether nvidia-cudnn-frontend happens to be installed.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Outputs that share memory with another bound tensor (or the workspace) are a BindingError naming both ports;
 nothing is written. Inputs may share memory; interleaved views that provably never touch one byte pass."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,12 @@ def _fwd(shape=(1, 2, 8, 16), score_max=False):
     q, k, v = (g.tensor_like(like, name=n) for n in ("q", "k", "v"))
     extra = {}
     if score_max:
-        extra["score_max"] = g.tensor(name="smax", dim=(shape[0], shape[1], shape[2], 1),
-                                      stride=(shape[1] * shape[2], shape[2], 1, 1), data_type=F32)
+        extra["score_max"] = g.tensor(
+            name="smax",
+            dim=(shape[0], shape[1], shape[2], 1),
+            stride=(shape[1] * shape[2], shape[2], 1, 1),
+            data_type=F32,
+        )
     o, st = g.sdpa(q, k, v, attn_scale=0.25, generate_stats=True, use_causal_mask=True, **extra)
     o.set_output(True)
     st.set_output(True).set_data_type(F32)
@@ -90,7 +95,7 @@ def test_output_a_view_of_v_and_partial_overlap():
     buf = torch.randn(2 * 256 + 64)
     q, k = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
     v = buf[:256].view(1, 2, 8, 16)
-    o = buf[256 - 32:512 - 32].view(1, 2, 8, 16)  # its first 32 elements are v's last
+    o = buf[256 - 32 : 512 - 32].view(1, 2, 8, 16)  # its first 32 elements are v's last
     lse = _filled(1, 2, 8, 1)
     o_tail = o[..., 2:, :].clone()
     _all_paths(g, ports[:5], (q, k, v, o, lse), "output tensor 'sdpa::O' (o) shares memory with tensor 'v'", lse)
@@ -101,8 +106,7 @@ def test_stats_and_score_max_in_one_tensor():
     g, ports = _fwd(score_max=True)
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
     o, rows = _filled(1, 2, 8, 16), _filled(1, 2, 8, 1)
-    msg = _raises_untouched(lambda: g.execute(_fwd_pack(ports, q, k, v, o, rows, rows)), "shares memory with", o,
-                            rows)
+    msg = _raises_untouched(lambda: g.execute(_fwd_pack(ports, q, k, v, o, rows, rows)), "shares memory with", o, rows)
     assert "'sdpa::Stats' (stats)" in msg and "'smax' (score_max)" in msg
 
 
@@ -111,12 +115,24 @@ def test_backward_dq_and_dk_in_one_tensor_and_dq_in_dO():
     q, k, v, o, do = (torch.randn(1, 2, 8, 16) for _ in range(5))
     st = torch.randn(1, 2, 8, 1)
     dq, dv = _filled(1, 2, 8, 16), _filled(1, 2, 8, 16)
-    _all_paths(g, ports, (q, k, v, o, do, st, dq, dq, dv),
-               "output tensor 'sdpa_backward::dQ' (dQ) shares memory with tensor 'sdpa_backward::dK' (dK)", dq, dv)
+    _all_paths(
+        g,
+        ports,
+        (q, k, v, o, do, st, dq, dq, dv),
+        "output tensor 'sdpa_backward::dQ' (dQ) shares memory with tensor 'sdpa_backward::dK' (dK)",
+        dq,
+        dv,
+    )
     dk = _filled(1, 2, 8, 16)
     do_before = do.clone()
-    _all_paths(g, ports, (q, k, v, o, do, st, do, dk, dv),
-               "output tensor 'sdpa_backward::dQ' (dQ) shares memory with tensor 'dO'", dk, dv)
+    _all_paths(
+        g,
+        ports,
+        (q, k, v, o, do, st, do, dk, dv),
+        "output tensor 'sdpa_backward::dQ' (dQ) shares memory with tensor 'dO'",
+        dk,
+        dv,
+    )
     assert torch.equal(do, do_before)
 
 

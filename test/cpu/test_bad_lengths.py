@@ -1,6 +1,7 @@
 """Bad device lengths and offsets on the reference engine (docs/lengths.md): an error that names the tensor, the
 batch entry and the rule, raised before any output is written (sentinel-filled outputs stay as they were), and
 no work sized by the bad value (a length of 2^31 - 1 fails at once)."""
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,7 @@ def _fwd(case: Case):
 def _bwd(case: Case):
     """A planned reference backward whose gradients hold the sentinel: (graph, pack, inputs, gradients)."""
     t = make_inputs(case)
-    g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32)
+    g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     q, k, v = (g.tensor_like(t[r], name=r) for r in ("q", "k", "v"))
     o_t = torch.randn_like(t["do"])
     lse_t = torch.zeros((*t["do"].shape[:-1], 1))
@@ -61,12 +61,15 @@ BAD = {
     "seq_len_kv negative": (PADDED, "seq_len_kv", [8, -1, 7], ["seq_len_kv[1] = -1", "[0, 8]"]),
     "seq_len_q 2^31-1": (PADDED, "seq_len_q", [5, 8, BIG], [f"seq_len_q[2] = {BIG}"]),
     "cu_seq_len_q decreasing": (PACKED, "cu_seq_len_q", [0, 3, 2, 10], ["cu_seq_len_q[2] = 2", "never decrease"]),
-    "cu_seq_len_kv past the tokens": (PACKED, "cu_seq_len_kv", [0, 4, 9, 17], ["cu_seq_len_kv[3] = 17",
-                                                                              "[0, 16]"]),
+    "cu_seq_len_kv past the tokens": (PACKED, "cu_seq_len_kv", [0, 4, 9, 17], ["cu_seq_len_kv[3] = 17", "[0, 16]"]),
     "cu_seq_len_q negative": (PACKED, "cu_seq_len_q", [-3, 3, 8, 10], ["cu_seq_len_q[0] = -3", "[0, 12]"]),
     "cu_seq_len_q 2^31-1": (PACKED, "cu_seq_len_q", [0, 3, 8, BIG], [f"cu_seq_len_q[3] = {BIG}"]),
-    "cu_seq_len_kv above max_seq_len": (PACKED, "cu_seq_len_kv", [0, 7, 9, 15], ["cu_seq_len_kv[1] = 7",
-                                                                                "max_seq_len_kv = 6"]),
+    "cu_seq_len_kv above max_seq_len": (
+        PACKED,
+        "cu_seq_len_kv",
+        [0, 7, 9, 15],
+        ["cu_seq_len_kv[1] = 7", "max_seq_len_kv = 6"],
+    ),
 }
 
 
@@ -112,12 +115,21 @@ def _ragged(direction: str):
     for t_, off in ((q, off_q), (k, off_kv), (v, off_kv)):
         t_.set_ragged_offset(off)
     x = {n: torch.randn(B * S * H * D).as_strided((B, H, S, D), STRIDE) for n in ("q", "k", "v", "o", "do")}
-    lens = {"seq_len_q": torch.tensor([5, 2, 8], dtype=torch.int32).view(-1, 1, 1, 1),
-            "seq_len_kv": torch.tensor([7, 3, 8], dtype=torch.int32).view(-1, 1, 1, 1),
-            "off_q": torch.tensor([0, 5, 7, 15]).view(-1, 1, 1, 1) * H * D,
-            "off_kv": torch.tensor([0, 7, 10, 16]).view(-1, 1, 1, 1) * H * D}
-    pack = {q: x["q"], k: x["k"], v: x["v"], lq: lens["seq_len_q"], lk: lens["seq_len_kv"],
-            off_q: lens["off_q"], off_kv: lens["off_kv"]}
+    lens = {
+        "seq_len_q": torch.tensor([5, 2, 8], dtype=torch.int32).view(-1, 1, 1, 1),
+        "seq_len_kv": torch.tensor([7, 3, 8], dtype=torch.int32).view(-1, 1, 1, 1),
+        "off_q": torch.tensor([0, 5, 7, 15]).view(-1, 1, 1, 1) * H * D,
+        "off_kv": torch.tensor([0, 7, 10, 16]).view(-1, 1, 1, 1) * H * D,
+    }
+    pack = {
+        q: x["q"],
+        k: x["k"],
+        v: x["v"],
+        lq: lens["seq_len_q"],
+        lk: lens["seq_len_kv"],
+        off_q: lens["off_q"],
+        off_kv: lens["off_kv"],
+    }
     kw = dict(attn_scale=0.25, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk)
     if direction == "fwd":
         o, _ = g.sdpa(q, k, v, **kw)
@@ -145,8 +157,11 @@ RAGGED_BAD = {
     "seq_len_kv negative": ("seq_len_kv", [7, -2, 8], ["seq_len_kv[1] = -2"]),
     "seq_len_q 2^31-1": ("seq_len_q", [5, BIG, 8], [f"seq_len_q[1] = {BIG}"]),
     "offset past the token envelope": ("off_q", [0, 5, 25, 30], ["q_ragged_offset[2]", "token 25", "[0, 24]"]),
-    "offset plus length past the envelope": ("off_kv", [0, 7, 20, 24], ["k_ragged_offset[2]", "token 20",
-                                                                       "plus seq_len_kv[2] = 8"]),
+    "offset plus length past the envelope": (
+        "off_kv",
+        [0, 7, 20, 24],
+        ["k_ragged_offset[2]", "token 20", "plus seq_len_kv[2] = 8"],
+    ),
     "negative offset": ("off_q", [0, -1, 7, 15], ["q_ragged_offset[1]", "token -1"]),
     "offset not a whole token": ("off_kv", [0, 7, 10, 16], ["k_ragged_offset[1]", "whole number of tokens"]),
 }
@@ -183,18 +198,23 @@ def test_ragged_good_values_run(direction):
 from frost.engines.common import length_check_params as lc  # noqa: E402
 
 FLAG_OF = {
-    "seq_len_q above S": lc.LENGTH_ABOVE_MAX, "seq_len_kv negative": lc.LENGTH_NEGATIVE,
+    "seq_len_q above S": lc.LENGTH_ABOVE_MAX,
+    "seq_len_kv negative": lc.LENGTH_NEGATIVE,
     "seq_len_q 2^31-1": lc.LENGTH_ABOVE_MAX,
     # (entry 2 then spans 2..10: above max_seq_len_q = 5 too; the check reports every rule, the reference the first)
     "cu_seq_len_q decreasing": lc.PREFIX_SUMS_DECREASE | lc.LENGTH_ABOVE_MAX,
-    "cu_seq_len_kv past the tokens": lc.OFFSET_OUTSIDE, "cu_seq_len_q negative": lc.OFFSET_OUTSIDE,
-    "cu_seq_len_q 2^31-1": lc.OFFSET_OUTSIDE, "cu_seq_len_kv above max_seq_len": lc.LENGTH_ABOVE_MAX,
+    "cu_seq_len_kv past the tokens": lc.OFFSET_OUTSIDE,
+    "cu_seq_len_q negative": lc.OFFSET_OUTSIDE,
+    "cu_seq_len_q 2^31-1": lc.OFFSET_OUTSIDE,
+    "cu_seq_len_kv above max_seq_len": lc.LENGTH_ABOVE_MAX,
 }
 RAGGED_FLAG_OF = {
-    "seq_len_q above S": lc.LENGTH_ABOVE_MAX, "seq_len_kv negative": lc.LENGTH_NEGATIVE,
-    "seq_len_q 2^31-1": lc.LENGTH_ABOVE_MAX | lc.OFFSET_PLUS_LENGTH_OUTSIDE, "offset past the token envelope":
-    lc.OFFSET_OUTSIDE,
-    "offset plus length past the envelope": lc.OFFSET_PLUS_LENGTH_OUTSIDE, "negative offset": lc.OFFSET_OUTSIDE,
+    "seq_len_q above S": lc.LENGTH_ABOVE_MAX,
+    "seq_len_kv negative": lc.LENGTH_NEGATIVE,
+    "seq_len_q 2^31-1": lc.LENGTH_ABOVE_MAX | lc.OFFSET_PLUS_LENGTH_OUTSIDE,
+    "offset past the token envelope": lc.OFFSET_OUTSIDE,
+    "offset plus length past the envelope": lc.OFFSET_PLUS_LENGTH_OUTSIDE,
+    "negative offset": lc.OFFSET_OUTSIDE,
     "offset not a whole token": lc.OFFSET_NOT_WHOLE_TOKEN,
 }
 

@@ -3,6 +3,7 @@
 The frost runner is exercised through the real graph API with the CPU-serving
 reference engine, so API drift shows up here before anyone spends GPU time.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,7 @@ from frost.bench.impl import CHECK_FAILED, FAILED, MISSING, NA, OK
 from frost.bench.inputs import buffer_count, cu_seqlens_of
 from frost.bench.results import Measurement, Row, impl_columns, rows_from_dict
 from frost.bench.timing import choose_inner
-from frost.bench.workloads import (DEFAULT_THD_LENGTHS, Workload, parse_gqa, parse_head_dim,
-                                   parse_size, random_mix)
+from frost.bench.workloads import DEFAULT_THD_LENGTHS, Workload, parse_gqa, parse_head_dim, parse_size, random_mix
 
 
 def _spec(argv):
@@ -42,7 +42,7 @@ def test_default_preset_expands_the_full_sweep():
     dense = [w for w in ws if not w.is_thd]
     thd = [w for w in ws if w.is_thd]
     assert len(dense) == 2 * 3 * 2 * 6  # dir x D x mask x S
-    assert len(thd) == 2 * 3 * 2 * 2   # dir x D x mask x mix
+    assert len(thd) == 2 * 3 * 2 * 2  # dir x D x mask x mix
     for w in dense:
         assert w.batch * w.seqlen_q == 16384 and w.heads_q * w.d_v == 2048 and w.heads_kv == w.heads_q
     assert {w.seqlen_q for w in dense} == {512, 1024, 2048, 4096, 8192, 16384}
@@ -51,9 +51,31 @@ def test_default_preset_expands_the_full_sweep():
 
 
 def test_flags_override_the_preset():
-    spec = _spec(["--preset", "quick", "--head-dim", "192x128", "--dtype", "fp16", "--causal", "yes",
-                  "--gqa", "1,32:8", "--seqlen", "1k,8k", "--tokens", "32k", "--hidden", "4096",
-                  "--layout", "bshd", "--direction", "bwd", "--no-probe"])
+    spec = _spec(
+        [
+            "--preset",
+            "quick",
+            "--head-dim",
+            "192x128",
+            "--dtype",
+            "fp16",
+            "--causal",
+            "yes",
+            "--gqa",
+            "1,32:8",
+            "--seqlen",
+            "1k,8k",
+            "--tokens",
+            "32k",
+            "--hidden",
+            "4096",
+            "--layout",
+            "bshd",
+            "--direction",
+            "bwd",
+            "--no-probe",
+        ]
+    )
     ws = spec.expand()
     assert spec.probes() == []
     assert len(ws) == 2 * 2  # gqa x S
@@ -113,8 +135,13 @@ def test_deterministic_label_and_round_trip():
 
 
 def test_bad_flags_exit_with_usage():
-    for argv in (["--dtype", "fp8"], ["--direction", "sideways"], ["--causal", "maybe"], ["--impl", "xformers"],
-                 ["--deterministic", "maybe"]):
+    for argv in (
+        ["--dtype", "fp8"],
+        ["--direction", "sideways"],
+        ["--causal", "maybe"],
+        ["--impl", "xformers"],
+        ["--deterministic", "maybe"],
+    ):
         with pytest.raises(SystemExit):
             cli.build_parser().parse_args(argv)
 
@@ -154,8 +181,11 @@ def test_workload_flops_match_the_formula():
 
 # ---- rows, ratio, table -----------------------------------------------------------------
 def _row(direction="fwd", causal=False, probe=False):
-    w = (Workload(direction, "bf16", 64, 64, 1, 1, False, batch=1, seqlen_q=128, seqlen_kv=128, probe=True)
-         if probe else Workload(direction, "bf16", 128, 128, 16, 16, causal, batch=4, seqlen_q=4096, seqlen_kv=4096))
+    w = (
+        Workload(direction, "bf16", 64, 64, 1, 1, False, batch=1, seqlen_q=128, seqlen_kv=128, probe=True)
+        if probe
+        else Workload(direction, "bf16", 128, 128, 16, 16, causal, batch=4, seqlen_q=4096, seqlen_kv=4096)
+    )
     return Row(w)
 
 
@@ -298,12 +328,28 @@ def test_json_writer_round_trip(tmp_path):
 
 
 def test_markdown_file_names_the_environment(tmp_path):
-    env = {"gpu": "NVIDIA H200", "driver": "580.159", "torch": "2.11.0", "cudnn": "9.19.0",
-           "cutlass_dsl": "4.8.1", "flash_attn_4": "4.0.0b36", "frost_commit": "abc123"}
+    env = {
+        "gpu": "NVIDIA H200",
+        "driver": "580.159",
+        "torch": "2.11.0",
+        "cudnn": "9.19.0",
+        "cutlass_dsl": "4.8.1",
+        "flash_attn_4": "4.0.0b36",
+        "frost_commit": "abc123",
+    }
     path = report.write_markdown(str(tmp_path / "r.md"), _synthetic_rows(), env, {"timing": {"reps": 20}})
     md = open(path).read()
-    for needle in ("NVIDIA H200", "580.159", "2.11.0", "9.19.0", "4.8.1", "4.0.0b36", "abc123", "reps=20",
-                   "| cuDNN | FA2 | FA4 |"):
+    for needle in (
+        "NVIDIA H200",
+        "580.159",
+        "2.11.0",
+        "9.19.0",
+        "4.8.1",
+        "4.0.0b36",
+        "abc123",
+        "reps=20",
+        "| cuDNN | FA2 | FA4 |",
+    ):
         assert needle in md
 
 
@@ -363,8 +409,18 @@ def test_dry_run_lists_without_a_gpu(capsys, monkeypatch):
     assert all("missing: " in line for line in peers if not line.split()[0] == "frost")
     assert "only the reference engine would serve" in out
     assert "16 workloads, 2 probe rows" in out
-    for needle in ("cudnn", "fa2", "fa4", "frost", "4x4096", "1x16384", "thd fixed (8 seq, T=16454)",
-                   "1x128 (probe)", "4096,2048,1024,3000,517,5000,768,1", "would write: frost-bench.json"):
+    for needle in (
+        "cudnn",
+        "fa2",
+        "fa4",
+        "frost",
+        "4x4096",
+        "1x16384",
+        "thd fixed (8 seq, T=16454)",
+        "1x128 (probe)",
+        "4096,2048,1024,3000,517,5000,768,1",
+        "would write: frost-bench.json",
+    ):
         assert needle in out
     assert len([line for line in out.splitlines() if line.strip()[:3].strip().isdigit()]) == 18
 
@@ -383,14 +439,23 @@ def test_dry_run_on_a_gpu_host_lists_the_peers_it_can_import(capsys, monkeypatch
 
 
 def test_dry_run_lists_deterministic_rows(capsys):
-    assert cli.main(["--dry-run", "--preset", "quick", "--layout", "bshd", "--seqlen", "4k",
-                     "--deterministic", "both"]) == 0
+    assert (
+        cli.main(["--dry-run", "--preset", "quick", "--layout", "bshd", "--seqlen", "4k", "--deterministic", "both"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "6 workloads, 2 probe rows" in out and "deterministic backward: 2 rows" in out
-    dirs = [line.split()[1:3] for line in out.splitlines()
-            if line.strip()[:3].strip().isdigit() and "(probe)" not in line]
-    assert dirs[:6] == [["fwd", "bf16"], ["fwd", "bf16"], ["bwd", "bf16"], ["bwd", "det"],
-                        ["bwd", "bf16"], ["bwd", "det"]]
+    dirs = [
+        line.split()[1:3] for line in out.splitlines() if line.strip()[:3].strip().isdigit() and "(probe)" not in line
+    ]
+    assert dirs[:6] == [
+        ["fwd", "bf16"],
+        ["fwd", "bf16"],
+        ["bwd", "bf16"],
+        ["bwd", "det"],
+        ["bwd", "bf16"],
+        ["bwd", "det"],
+    ]
 
 
 def test_dry_run_results_dir_paths(capsys):
@@ -401,12 +466,16 @@ def test_dry_run_results_dir_paths(capsys):
 
 
 # ---- frost through its graph API (CPU reference engine) ---------------------------------
-@pytest.mark.parametrize("w", [
-    Workload("fwd", "bf16", 64, 64, 4, 2, True, batch=2, seqlen_q=33, seqlen_kv=33),
-    Workload("fwd", "fp16", 192, 128, 2, 2, False, layout="thd", seqlens=(17, 1, 40), mix="t"),
-    Workload("bwd", "bf16", 64, 64, 4, 2, True, batch=2, seqlen_q=33, seqlen_kv=33),
-    Workload("bwd", "bf16", 64, 64, 2, 2, True, layout="thd", seqlens=(17, 1, 40), mix="t"),
-], ids=lambda w: w.label)
+@pytest.mark.parametrize(
+    "w",
+    [
+        Workload("fwd", "bf16", 64, 64, 4, 2, True, batch=2, seqlen_q=33, seqlen_kv=33),
+        Workload("fwd", "fp16", 192, 128, 2, 2, False, layout="thd", seqlens=(17, 1, 40), mix="t"),
+        Workload("bwd", "bf16", 64, 64, 4, 2, True, batch=2, seqlen_q=33, seqlen_kv=33),
+        Workload("bwd", "bf16", 64, 64, 2, 2, True, layout="thd", seqlens=(17, 1, 40), mix="t"),
+    ],
+    ids=lambda w: w.label,
+)
 def test_frost_runner_through_the_graph_api(w):
     from frost.bench import check, frost_runner
     from frost.bench.inputs import make_inputs
@@ -422,8 +491,11 @@ def test_frost_runner_through_the_graph_api(w):
     prep.calls[1]()
     outs = prep.outputs(1)
     b = inputs.sets[1]
-    ref = (reference_forward(w, b.q, b.k, b.v)[0],) if w.direction == "fwd" else reference_backward(
-        w, b.q, b.k, b.v, b.do)
+    ref = (
+        (reference_forward(w, b.q, b.k, b.v)[0],)
+        if w.direction == "fwd"
+        else reference_backward(w, b.q, b.k, b.v, b.do)
+    )
     assert check.unwritten(outs) == 0
     assert check.compare(outs, ref) < 1e-2
 
@@ -449,10 +521,43 @@ def test_frost_runner_builds_a_deterministic_backward(layout):
 
 
 def test_cpu_self_test_end_to_end(tmp_path, capsys):
-    argv = ["--device", "cpu", "--tokens", "64", "--hidden", "128", "--seqlen", "32", "--head-dim", "64",
-            "--layout", "bshd,thd", "--thd-mix", "fixed", "--thd-lengths", "20,1,11", "--causal", "yes",
-            "--reps", "2", "--warmup", "1", "--probe-calls", "3", "--impl", "frost", "-q",
-            "--results-dir", str(tmp_path), "--name", "cpu", "--json", "", "--png", ""]
+    argv = [
+        "--device",
+        "cpu",
+        "--tokens",
+        "64",
+        "--hidden",
+        "128",
+        "--seqlen",
+        "32",
+        "--head-dim",
+        "64",
+        "--layout",
+        "bshd,thd",
+        "--thd-mix",
+        "fixed",
+        "--thd-lengths",
+        "20,1,11",
+        "--causal",
+        "yes",
+        "--reps",
+        "2",
+        "--warmup",
+        "1",
+        "--probe-calls",
+        "3",
+        "--impl",
+        "frost",
+        "-q",
+        "--results-dir",
+        str(tmp_path),
+        "--name",
+        "cpu",
+        "--json",
+        "",
+        "--png",
+        "",
+    ]
     assert cli.main(argv) == 0
     doc = json.loads((tmp_path / "cpu.json").read_text())
     assert (tmp_path / "cpu.md").exists()
@@ -469,10 +574,42 @@ def test_cpu_self_test_end_to_end(tmp_path, capsys):
 
 
 def test_cpu_self_test_deterministic_pair(tmp_path):
-    argv = ["--device", "cpu", "--tokens", "64", "--hidden", "128", "--seqlen", "32", "--head-dim", "64",
-            "--layout", "bshd", "--causal", "yes", "--direction", "bwd", "--deterministic", "both", "--no-probe",
-            "--reps", "2", "--warmup", "1", "--impl", "frost", "-q",
-            "--results-dir", str(tmp_path), "--name", "det", "--json", "", "--png", ""]
+    argv = [
+        "--device",
+        "cpu",
+        "--tokens",
+        "64",
+        "--hidden",
+        "128",
+        "--seqlen",
+        "32",
+        "--head-dim",
+        "64",
+        "--layout",
+        "bshd",
+        "--causal",
+        "yes",
+        "--direction",
+        "bwd",
+        "--deterministic",
+        "both",
+        "--no-probe",
+        "--reps",
+        "2",
+        "--warmup",
+        "1",
+        "--impl",
+        "frost",
+        "-q",
+        "--results-dir",
+        str(tmp_path),
+        "--name",
+        "det",
+        "--json",
+        "",
+        "--png",
+        "",
+    ]
     assert cli.main(argv) == 0
     doc = json.loads((tmp_path / "det.json").read_text())
     assert [r["label"] for r in doc["rows"]] == ["bwd bf16 d64 2x32 h2 causal", "bwd det bf16 d64 2x32 h2 causal"]
@@ -536,7 +673,7 @@ def test_cudnn_engine_column_compares_with_cudnn_through_torch():
     headers, body = report.throughput_table([fwd, bwd])
     assert headers[6:11] == ["cuDNN", "FA2", "frost:sm90", "frost:cudnn", "best"]
     i = headers.index("cudnn/cuDNN")
-    assert headers[i - 2:i + 3] == ["sm90/best", "cudnn/best", "cudnn/cuDNN", "sm90 err", "cudnn err"]
+    assert headers[i - 2 : i + 3] == ["sm90/best", "cudnn/best", "cudnn/cuDNN", "sm90 err", "cudnn err"]
     assert [line[i] for line in body] == ["0.98x", "1.02x"]
     ph, pb = report.probe_table([probe])
     assert ph[-1] == "cudnn/cuDNN" and pb[0][-1] == "0.50x"
@@ -553,8 +690,10 @@ def test_cudnn_engine_summary_in_the_report_and_the_json(tmp_path):
     slow = _row()
     slow.add(Measurement("cudnn", OK, ms=slow.flops / 600e12 * 1e3))
     slow.add(Measurement("frost:cudnn", OK, ms=slow.flops / 570e12 * 1e3))
-    assert report.cudnn_engine_lines([rows[0], slow])[0] == \
-        "fwd: 0.95x - 0.98x (median 0.96x) over 2 rows; 1 of 2 within 3% of cuDNN or faster"
+    assert (
+        report.cudnn_engine_lines([rows[0], slow])[0]
+        == "fwd: 0.95x - 0.98x (median 0.96x) over 2 rows; 1 of 2 within 3% of cuDNN or faster"
+    )
     text = report.render_report(rows)
     assert "the same library behind two front ends" in text and "1 of 1 within 3%" in text
     md = report.render_report(rows, markdown=True)
@@ -617,8 +756,13 @@ def test_runner_times_frost_cudnn_beside_the_cudnn_peer(monkeypatch, tmp_path):
         return prep
 
     monkeypatch.setattr(frost_runner.FrostEngine, "prepare", prepare)
-    monkeypatch.setattr(frost_runner, "list_engines", lambda w: ["SdpaFwdReference", "SdpaFwdCudnn"] if
-                        w.direction == "fwd" else ["SdpaBwdReference", "SdpaBwdCudnn"])
+    monkeypatch.setattr(
+        frost_runner,
+        "list_engines",
+        lambda w: (
+            ["SdpaFwdReference", "SdpaFwdCudnn"] if w.direction == "fwd" else ["SdpaBwdReference", "SdpaBwdCudnn"]
+        ),
+    )
 
     class CudnnPeer(Implementation):
         key, label = "cudnn", "cuDNN (stand-in)"
@@ -628,11 +772,14 @@ def test_runner_times_frost_cudnn_beside_the_cudnn_peer(monkeypatch, tmp_path):
             return real_prepare(frost_runner.FrostEngine(name), inputs)
 
     dense = dict(batch=2, seqlen_q=32, seqlen_kv=32)
-    workloads = [Workload("fwd", "bf16", 64, 64, 1, 1, False, batch=1, seqlen_q=128, seqlen_kv=128, probe=True),
-                 Workload("fwd", "bf16", 64, 64, 2, 2, True, **dense),
-                 Workload("bwd", "bf16", 64, 64, 2, 2, True, **dense)]
-    opts = RunOptions(impls=["cudnn", "frost"], timing=TimingOptions(warmup=1, reps=2, mode="loop"), probe_calls=3,
-                      device="cpu")
+    workloads = [
+        Workload("fwd", "bf16", 64, 64, 1, 1, False, batch=1, seqlen_q=128, seqlen_kv=128, probe=True),
+        Workload("fwd", "bf16", 64, 64, 2, 2, True, **dense),
+        Workload("bwd", "bf16", 64, 64, 2, 2, True, **dense),
+    ]
+    opts = RunOptions(
+        impls=["cudnn", "frost"], timing=TimingOptions(warmup=1, reps=2, mode="loop"), probe_calls=3, device="cpu"
+    )
     rows = Runner(opts, [CudnnPeer()], Progress(0, enabled=False)).run(workloads)
     for r in rows:
         assert r.measurements["frost:cudnn"].status == OK, r.measurements["frost:cudnn"]
@@ -661,6 +808,7 @@ def test_a_lone_peer_that_frost_disagrees_with_meets_the_float32_math(peer_wrong
 
         def wrong(i):
             return tuple(t * 1.5 for t in outputs(i))
+
         prep.outputs = wrong
         return prep
 
@@ -676,8 +824,11 @@ def test_a_lone_peer_that_frost_disagrees_with_meets_the_float32_math(peer_wrong
         return prep if peer_wrong else skewed(prep)
 
     import unittest.mock as mock
-    with mock.patch.object(frost_runner, "list_engines", lambda w: ["SdpaFwdReference"]), \
-            mock.patch.object(frost_runner.FrostEngine, "prepare", frost_prepare):
+
+    with (
+        mock.patch.object(frost_runner, "list_engines", lambda w: ["SdpaFwdReference"]),
+        mock.patch.object(frost_runner.FrostEngine, "prepare", frost_prepare),
+    ):
         w = Workload("fwd", "bf16", 64, 64, 2, 2, False, batch=1, seqlen_q=32, seqlen_kv=32)
         opts = RunOptions(impls=["fa4", "frost"], timing=TimingOptions(warmup=1, reps=2, mode="loop"), device="cpu")
         [row] = Runner(opts, [Peer()], Progress(0, enabled=False)).run([w])

@@ -1,6 +1,7 @@
 """`frost bench` paged rows on the CPU: the preset's decode and prefill rows, the dry run listing them without a
 GPU, and the frost runner declaring cuDNN's paged cache through the graph API (the reference engine serves it)
 against the harness's own gather-then-attend math."""
+
 from __future__ import annotations
 
 import json
@@ -52,10 +53,14 @@ def test_dry_run_lists_paged_rows_without_a_gpu(capsys, monkeypatch):
         assert needle in out
 
 
-@pytest.mark.parametrize("w", [
-    Workload("fwd", "bf16", 64, 64, 4, 2, False, layout="paged", batch=3, seqlen_q=1, seqlen_kv=70, block_size=16),
-    Workload("fwd", "fp16", 64, 64, 4, 1, True, layout="paged", batch=2, seqlen_q=40, seqlen_kv=40, block_size=32),
-], ids=lambda w: w.label)
+@pytest.mark.parametrize(
+    "w",
+    [
+        Workload("fwd", "bf16", 64, 64, 4, 2, False, layout="paged", batch=3, seqlen_q=1, seqlen_kv=70, block_size=16),
+        Workload("fwd", "fp16", 64, 64, 4, 1, True, layout="paged", batch=2, seqlen_q=40, seqlen_kv=40, block_size=32),
+    ],
+    ids=lambda w: w.label,
+)
 def test_frost_runner_declares_the_paged_cache(w):
     from frost.bench import check, frost_runner
     from frost.bench.inputs import make_inputs
@@ -78,9 +83,37 @@ def test_frost_runner_declares_the_paged_cache(w):
 
 
 def test_cpu_paged_rows_end_to_end(tmp_path):
-    argv = ["--device", "cpu", "--preset", "paged", "--tokens", "96", "--heads", "4", "--gqa", "2", "--seqlen",
-            "48", "--head-dim", "64", "--reps", "2", "--warmup", "1", "--impl", "frost", "-q",
-            "--results-dir", str(tmp_path), "--name", "paged", "--json", "", "--png", ""]
+    argv = [
+        "--device",
+        "cpu",
+        "--preset",
+        "paged",
+        "--tokens",
+        "96",
+        "--heads",
+        "4",
+        "--gqa",
+        "2",
+        "--seqlen",
+        "48",
+        "--head-dim",
+        "64",
+        "--reps",
+        "2",
+        "--warmup",
+        "1",
+        "--impl",
+        "frost",
+        "-q",
+        "--results-dir",
+        str(tmp_path),
+        "--name",
+        "paged",
+        "--json",
+        "",
+        "--png",
+        "",
+    ]
     assert cli.main(argv) == 0
     doc = json.loads((tmp_path / "paged.json").read_text())
     assert len(doc["rows"]) == 8

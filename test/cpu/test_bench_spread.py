@@ -1,5 +1,6 @@
 """Interleaved timing: rotated order, spread, win / loss / tie by range overlap, the matmul ceiling; the CPU
 harness mode end to end (wall-clock samples)."""
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,18 @@ def test_spread_lines_show_range_ratio_verdict_and_ceiling():
     row = _row()
     peer = row.add(Measurement("fa4", "ok", ms=1.0, info={"spread_ms": [1.0, 0.98, 1.04]}))
     mine = Spread.of([0.8, 0.81, 0.82, 0.8, 0.79])
-    row.add(Measurement("frost:SdpaFwdDslSm90", "ok", ms=0.8, info={
-        "spread_ms": [mine.median, mine.lo, mine.hi], "of_ceiling": 0.62,
-        "vs": {"fa4": compare_ms(mine, Spread(1.0, 0.98, 1.04, 5))}}))
+    row.add(
+        Measurement(
+            "frost:SdpaFwdDslSm90",
+            "ok",
+            ms=0.8,
+            info={
+                "spread_ms": [mine.median, mine.lo, mine.hi],
+                "of_ceiling": 0.62,
+                "vs": {"fa4": compare_ms(mine, Spread(1.0, 0.98, 1.04, 5))},
+            },
+        )
+    )
     assert peer.tflops
     lines = report.spread_lines([row])
     frost_line = [x for x in lines if "Sm90" in x][0]
@@ -53,10 +63,42 @@ def test_spread_lines_show_range_ratio_verdict_and_ceiling():
 
 
 def test_cpu_run_interleaves_and_measures_the_ceiling(tmp_path, capsys):
-    argv = ["--device", "cpu", "--tokens", "64", "--hidden", "128", "--seqlen", "32", "--head-dim", "64",
-            "--layout", "bshd", "--causal", "no", "--direction", "fwd", "--no-probe", "--reps", "2", "--warmup",
-            "1", "--impl", "frost", "-q", "--results-dir", str(tmp_path), "--name", "cpu", "--png", "",
-            "--interleave", "5", "--ceiling", "128"]
+    argv = [
+        "--device",
+        "cpu",
+        "--tokens",
+        "64",
+        "--hidden",
+        "128",
+        "--seqlen",
+        "32",
+        "--head-dim",
+        "64",
+        "--layout",
+        "bshd",
+        "--causal",
+        "no",
+        "--direction",
+        "fwd",
+        "--no-probe",
+        "--reps",
+        "2",
+        "--warmup",
+        "1",
+        "--impl",
+        "frost",
+        "-q",
+        "--results-dir",
+        str(tmp_path),
+        "--name",
+        "cpu",
+        "--png",
+        "",
+        "--interleave",
+        "5",
+        "--ceiling",
+        "128",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "Interleaved timing" in out and "matmul ceiling (128^3 GEMM" in out and "% of ceiling" in out

@@ -1,5 +1,6 @@
 """frost bench tells the truth on any machine: a CPU run's report says its times are wall clock, the PNG carries
 GPU, date and commit, and --tokens sizes every workload, the packed mixes too."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,9 @@ def _png_text(path) -> dict:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     out, i = {}, 8
     while i < len(data):
-        (n,), kind = struct.unpack(">I", data[i:i + 4]), data[i + 4:i + 8]
+        (n,), kind = struct.unpack(">I", data[i : i + 4]), data[i + 4 : i + 8]
         if kind == b"tEXt":
-            k, _, v = data[i + 8:i + 8 + n].partition(b"\0")
+            k, _, v = data[i + 8 : i + 8 + n].partition(b"\0")
             out[k.decode("latin-1")] = v.decode("latin-1")
         i += 12 + n
     return out
@@ -27,10 +28,40 @@ def _png_text(path) -> dict:
 
 def test_cpu_run_says_wall_clock_not_cuda_events(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the PNG is matplotlib's (the bench extra)")
-    argv = ["--device", "cpu", "--tokens", "64", "--hidden", "128", "--seqlen", "32", "--head-dim", "64",
-            "--layout", "bshd", "--causal", "no", "--direction", "fwd", "--no-probe", "--reps", "2", "--warmup",
-            "1", "--impl", "frost", "-q", "--results-dir", str(tmp_path), "--name", "cpu", "--json", "",
-            "--png", ""]
+    argv = [
+        "--device",
+        "cpu",
+        "--tokens",
+        "64",
+        "--hidden",
+        "128",
+        "--seqlen",
+        "32",
+        "--head-dim",
+        "64",
+        "--layout",
+        "bshd",
+        "--causal",
+        "no",
+        "--direction",
+        "fwd",
+        "--no-probe",
+        "--reps",
+        "2",
+        "--warmup",
+        "1",
+        "--impl",
+        "frost",
+        "-q",
+        "--results-dir",
+        str(tmp_path),
+        "--name",
+        "cpu",
+        "--json",
+        "",
+        "--png",
+        "",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "CUDA-event" not in out and "wall-clock time on the CPU" in out

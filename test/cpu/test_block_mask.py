@@ -2,6 +2,7 @@
 expanded independently into cuDNN's additive where(mask, 0, -inf) over 128x128 tiles), the routing that puts it
 on the DSL forwards (the wgmma forward on cc 9.0, unpacked), the records the planner builds for it, and the kernel's
 compile."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,13 @@ from frost.errors import GraphError, TemplateParamsError
 from frost.target import fake_target
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, pack_gqa_reason
 from frost.engines.sm90.sdpa_fwd_params import validate as validate90
-from frost.testing.cases import (SM80_FWD_BLOCK_MASK_COVER, SM80_FWD_TEMPLATE, SM90_FWD_BLOCK_MASK_COVER,
-                                 SM90_FWD_BLOCK_SKIP_COVER, SM90_FWD_TEMPLATE)
+from frost.testing.cases import (
+    SM80_FWD_BLOCK_MASK_COVER,
+    SM80_FWD_TEMPLATE,
+    SM90_FWD_BLOCK_MASK_COVER,
+    SM90_FWD_BLOCK_SKIP_COVER,
+    SM90_FWD_TEMPLATE,
+)
 from test import oracle
 from test.compile_runner import BIAS_TILE_SPILL_BYTES, compile_groups
 from test.helpers import assert_close, empty_like_decl, prefix
@@ -50,14 +56,18 @@ def additive(bm: torch.Tensor, sq: int, skv: int) -> torch.Tensor:
 
 # --- declarations ----------------------------------------------------------------------------------------------
 
+
 def _graph(sq=300, skv=1100, b=2, h=4, thd=False, max_q=None, max_kv=None):
     g = frost.Graph(io_data_type="fp16")
     if thd:
         q = g.tensor(name="q", dim=(b * sq, h, 64))
         k, v = (g.tensor(name=n, dim=(b * skv, h, 64)) for n in ("k", "v"))
-        kw = dict(cu_seq_len_q=g.tensor(name="cu_q", dim=(b + 1,), data_type="int32"),
-                  cu_seq_len_kv=g.tensor(name="cu_kv", dim=(b + 1,), data_type="int32"),
-                  max_seq_len_q=max_q or sq, max_seq_len_kv=max_kv or skv)
+        kw = dict(
+            cu_seq_len_q=g.tensor(name="cu_q", dim=(b + 1,), data_type="int32"),
+            cu_seq_len_kv=g.tensor(name="cu_kv", dim=(b + 1,), data_type="int32"),
+            max_seq_len_q=max_q or sq,
+            max_seq_len_kv=max_kv or skv,
+        )
     else:
         q = g.tensor(name="q", dim=(b, h, sq, 64))
         k, v = (g.tensor(name=n, dim=(b, h, skv, 64)) for n in ("k", "v"))
@@ -124,6 +134,7 @@ def test_the_backward_has_no_block_mask():
 
 # --- the reference engine against the oracle --------------------------------------------------------------------
 
+
 def _run_reference(q, k, v, bm, *, scale, sink=None, seq=None, thd=None, stats_outputs=False, **mask):
     """Plan the reference (CPU) and execute; returns (o, stats[, score_max, score_sum_exp])."""
     g = frost.Graph(io_data_type=q.dtype)
@@ -136,13 +147,18 @@ def _run_reference(q, k, v, bm, *, scale, sink=None, seq=None, thd=None, stats_o
         pack[S] = sink
     if seq is not None:
         lq, lkv = (torch.tensor(x, dtype=torch.int32) for x in seq)
-        kw.update(use_padding_mask=True, seq_len_q=g.tensor_like(lq, name="lq"),
-                  seq_len_kv=g.tensor_like(lkv, name="lkv"))
+        kw.update(
+            use_padding_mask=True, seq_len_q=g.tensor_like(lq, name="lq"), seq_len_kv=g.tensor_like(lkv, name="lkv")
+        )
         pack.update({kw["seq_len_q"]: lq, kw["seq_len_kv"]: lkv})
     if thd is not None:
         cu_q, cu_kv, max_q, max_kv = thd
-        kw.update(cu_seq_len_q=g.tensor_like(cu_q, name="cu_q"), cu_seq_len_kv=g.tensor_like(cu_kv, name="cu_kv"),
-                  max_seq_len_q=max_q, max_seq_len_kv=max_kv)
+        kw.update(
+            cu_seq_len_q=g.tensor_like(cu_q, name="cu_q"),
+            cu_seq_len_kv=g.tensor_like(cu_kv, name="cu_kv"),
+            max_seq_len_q=max_q,
+            max_seq_len_kv=max_kv,
+        )
         pack.update({kw["cu_seq_len_q"]: cu_q, kw["cu_seq_len_kv"]: cu_kv})
     rows = {}
     if stats_outputs:
@@ -177,16 +193,26 @@ def test_dense_with_fully_masked_rows_matches_cudnns_rule():
     assert torch.all(smax[1, 2, 256:300] == float("-inf")) and torch.all(ssum[1, 2, 256:300] == 0)
 
 
-@pytest.mark.parametrize("mask", [dict(use_causal_mask=True), dict(use_causal_mask_bottom_right=True),
-                                  dict(diagonal_band_right_bound=0, diagonal_band_left_bound=200)])
+@pytest.mark.parametrize(
+    "mask",
+    [
+        dict(use_causal_mask=True),
+        dict(use_causal_mask_bottom_right=True),
+        dict(diagonal_band_right_bound=0, diagonal_band_left_bound=200),
+    ],
+)
 def test_masks_compose_with_the_band(mask):
     b, h, sq, skv, d = 2, 2, 260, 400, 8
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(b, h, s, d, generator=gen, dtype=torch.float32) for s in (sq, skv, skv))
     bm = random_block_mask(b, h, sq, skv, seed=3, empty_tiles=((1, 0, 0),))
     o, st = _run_reference(q, k, v, bm, scale=0.3, **mask)
-    names = {"use_causal_mask": "causal", "use_causal_mask_bottom_right": "causal_bottom_right",
-             "diagonal_band_right_bound": "right_bound", "diagonal_band_left_bound": "left_bound"}
+    names = {
+        "use_causal_mask": "causal",
+        "use_causal_mask_bottom_right": "causal_bottom_right",
+        "diagonal_band_right_bound": "right_bound",
+        "diagonal_band_left_bound": "left_bound",
+    }
     want = oracle.attention(q, k, v, scale=0.3, bias=additive(bm, sq, skv), **{names[n]: x for n, x in mask.items()})
     assert_close(o, want[0], rtol=1e-6, atol=1e-6, what="O")
     assert_close(st, want[1], rtol=1e-6, atol=1e-6, what="Stats")
@@ -200,8 +226,9 @@ def test_padded_batches_index_tiles_per_batch_entry_and_a_sink_fills_empty_rows(
     bm = random_block_mask(b, h, sq, skv, seed=5, empty_tiles=((0, 0, 1), (1, 1, 0)))
     lens = ([200, 270], [300, 140])
     o, st = _run_reference(q, k, v, bm, scale=0.3, sink=sink, seq=lens, use_causal_mask=True)
-    want = oracle.attention(q, k, v, scale=0.3, sink=sink, bias=additive(bm, sq, skv), seq_len_q=lens[0],
-                            seq_len_kv=lens[1], causal=True)
+    want = oracle.attention(
+        q, k, v, scale=0.3, sink=sink, bias=additive(bm, sq, skv), seq_len_q=lens[0], seq_len_kv=lens[1], causal=True
+    )
     assert_close(o, want[0], rtol=1e-6, atol=1e-6, what="O")
     assert_close(st, want[1], rtol=1e-6, atol=1e-6, what="Stats")
     assert torch.allclose(st[0, 0, 128:200].double(), sink[0].double().expand(72))  # no key: the sink alone
@@ -217,8 +244,16 @@ def test_packed_sequences_count_tiles_from_their_first_token():
     bm = random_block_mask(3, h, max_q, max_kv, seed=7, empty_tiles=((2, 1, 2),))
     cu_q, cu_kv = (torch.tensor(prefix(x), dtype=torch.int32) for x in (lens_q, lens_kv))
     o, st = _run_reference(q, k, v, bm, scale=0.3, thd=(cu_q, cu_kv, max_q, max_kv), use_causal_mask=True)
-    want = oracle.attention(q, k, v, scale=0.3, bias=additive(bm, max_q, max_kv), cu_seq_len_q=prefix(lens_q),
-                            cu_seq_len_kv=prefix(lens_kv), causal=True)
+    want = oracle.attention(
+        q,
+        k,
+        v,
+        scale=0.3,
+        bias=additive(bm, max_q, max_kv),
+        cu_seq_len_q=prefix(lens_q),
+        cu_seq_len_kv=prefix(lens_kv),
+        causal=True,
+    )
     rows = sum(lens_q)
     assert_close(o[:rows], want[0][:rows], rtol=1e-6, atol=1e-6, what="O")
     assert_close(st[:rows], want[1][:rows], rtol=1e-6, atol=1e-6, what="Stats")
@@ -236,19 +271,22 @@ def test_cudnns_ragged_form_takes_it_on_the_reference():
     Q, K, V = (g.tensor_like(t, name=n).set_ragged_offset(OFF) for t, n in ((q, "q"), (k, "k"), (v, "v")))
     lq, lkv = (torch.tensor(x, dtype=torch.int32).view(-1, 1, 1, 1) for x in (lens_q, lens_kv))
     LQ, LK, M = g.tensor_like(lq, name="lq"), g.tensor_like(lkv, name="lkv"), g.tensor_like(bm, name="bm")
-    o, _ = g.sdpa(Q, K, V, attn_scale=0.3, use_padding_mask=True, seq_len_q=LQ, seq_len_kv=LK, block_mask=M,
-                  use_causal_mask=True)
+    o, _ = g.sdpa(
+        Q, K, V, attn_scale=0.3, use_padding_mask=True, seq_len_q=LQ, seq_len_kv=LK, block_mask=M, use_causal_mask=True
+    )
     o.set_output(True).set_stride(q.stride()).set_ragged_offset(OFF)
     g.build_plans()
     out = torch.full_like(q, float("nan"))
     g.execute({Q: q, K: k, V: v, OFF: offsets, LQ: lq, LK: lkv, M: bm, o: out}, None)
-    want = oracle.attention(q, k, v, scale=0.3, bias=additive(bm, s, s), seq_len_q=lens_q, seq_len_kv=lens_kv,
-                            causal=True)[0]
+    want = oracle.attention(
+        q, k, v, scale=0.3, bias=additive(bm, s, s), seq_len_q=lens_q, seq_len_kv=lens_kv, causal=True
+    )[0]
     for i in range(b):
-        assert_close(out[i, :, :lens_q[i]], want[i, :, :lens_q[i]], rtol=1e-6, atol=1e-6, what=f"O batch {i}")
+        assert_close(out[i, :, : lens_q[i]], want[i, :, : lens_q[i]], rtol=1e-6, atol=1e-6, what=f"O batch {i}")
 
 
 # --- routing and the records the planner builds ----------------------------------------------------------------
+
 
 def _bm_graph(target, thd=False, **kw):
     from test.cpu.test_routing import declare

@@ -4,6 +4,7 @@ Planted directories (owned by another user, or group-writable) make frost warn o
 and compile without the disk layer; a sidecar cannot choose the libraries frost opens; cache files are private
 whatever the umask; a nearly full disk costs one compile per kernel, not two.
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,8 +53,15 @@ def test_directories_are_0700_and_files_not_group_writable_whatever_the_umask(fr
         assert not p.stat().st_mode & 0o022, f"{p.name} mode {stat.S_IMODE(p.stat().st_mode):o}"
 
 
-@pytest.mark.parametrize("plant", ["root owned by nobody", "fingerprint dir owned by nobody",
-                                   "group-writable root", "group-writable fingerprint dir"])
+@pytest.mark.parametrize(
+    "plant",
+    [
+        "root owned by nobody",
+        "fingerprint dir owned by nobody",
+        "group-writable root",
+        "group-writable fingerprint dir",
+    ],
+)
 def test_untrusted_cache_warns_once_and_never_loads_its_entries(fresh, caplog, plant):
     first = _compile()  # a valid entry on disk
     assert first.source == "compile"
@@ -82,7 +90,7 @@ def test_untrusted_cache_warns_once_and_never_loads_its_entries(fresh, caplog, p
     assert warnings[0].startswith(want), warnings[0]
     assert "compiling without the disk cache" in warnings[0]
     described = cache.describe()
-    assert described["enabled"] is False and described["off_reason"].startswith(want[len("frost cache: "):])
+    assert described["enabled"] is False and described["off_reason"].startswith(want[len("frost cache: ") :])
 
 
 def test_a_sidecar_cannot_choose_the_libraries_frost_opens(fresh, tmp_path):

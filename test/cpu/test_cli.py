@@ -1,5 +1,6 @@
 """The `frost` command answers a newcomer's first questions on a CPU-only machine: --version, info, precompile
 without the kernels extra, compile progress, messages through the `frost` logger, and what a target is."""
+
 from __future__ import annotations
 
 import json
@@ -100,8 +101,11 @@ def test_precompile_shows_a_bar_that_advances_per_kernel(monkeypatch, capsys):
             name = f"frost_probe_copy_{s.params.dtype}"
             if progress is not None:
                 progress(name)
-            out.append(types.SimpleNamespace(name=name, arch="sm_90a", source="compile", compile_seconds=0.0,
-                                             load_seconds=0.0, digest="x"))
+            out.append(
+                types.SimpleNamespace(
+                    name=name, arch="sm_90a", source="compile", compile_seconds=0.0, load_seconds=0.0, digest="x"
+                )
+            )
         return out
 
     monkeypatch.setattr(pre, "compile_many", fake_compile_many)
@@ -130,8 +134,9 @@ def test_compile_many_reports_each_distinct_kernel_once_as_it_finishes(monkeypat
     monkeypatch.setattr(workers.cache, "disk", lambda: Disk())
     monkeypatch.setattr(workers, "memo_has", lambda *a: False)
     monkeypatch.setattr(workers, "run_in_workers", fake_pool)
-    monkeypatch.setattr(workers, "compile_kernel",
-                        lambda template, params, target: types.SimpleNamespace(name=f"k_{params.dtype}"))
+    monkeypatch.setattr(
+        workers, "compile_kernel", lambda template, params, target: types.SimpleNamespace(name=f"k_{params.dtype}")
+    )
     specs = [(PROBE, ProbeCopyParams(dtype=d)) for d in ("f16", "bf16", "f16", "f32")]
     seen = []
     got = workers.compile_many(specs, frost.target.fake_target("H200"), max_workers=2, progress=seen.append)
@@ -145,7 +150,8 @@ def test_cache_messages_go_through_the_frost_logger(caplog):
     with caplog.at_level(logging.WARNING, logger="frost"):
         cache.warn("an entry was corrupt")
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
-        ("frost.compiler.cache", "frost cache: an entry was corrupt")]
+        ("frost.compiler.cache", "frost cache: an entry was corrupt")
+    ]
 
 
 def test_no_module_prints_to_stderr():
@@ -153,8 +159,12 @@ def test_no_module_prints_to_stderr():
     from pathlib import Path
 
     root = Path(frost.__file__).parent
-    hits = [str(p.relative_to(root)) for p in root.rglob("*.py") if "file=sys.stderr)" in p.read_text()
-            and "print(" in p.read_text().split("file=sys.stderr)")[0].rsplit("\n", 3)[-1]]
+    hits = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "file=sys.stderr)" in p.read_text()
+        and "print(" in p.read_text().split("file=sys.stderr)")[0].rsplit("\n", 3)[-1]
+    ]
     assert hits == []
 
 

@@ -3,6 +3,7 @@
 Cross-process behaviour runs in fresh interpreters (subprocesses) sharing one
 cache directory; the probe compiles in about a second, so this stays quick.
 """
+
 from __future__ import annotations
 
 import json
@@ -148,8 +149,17 @@ def test_racing_processes_compile_a_key_once(tmp_path, tree):
     """
     env = dict(os.environ, PYTHONPATH=str(tree), FROST_CACHE_DIR=str(d))
     env.pop("FROST_CACHE_DISABLE", None)
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=str(tree)) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(script)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(tree),
+        )
+        for _ in range(2)
+    ]
     deadline = time.time() + 120
     while len(list(tmp_path.glob("ready.*"))) < 2 and time.time() < deadline:
         time.sleep(0.01)
@@ -186,8 +196,11 @@ def test_worker_sees_no_gpu_and_cannot_initialize_cuda(fresh):
 def test_compile_many_compiles_in_workers_and_loads_in_order(fresh):
     from frost.compiler.workers import compile_many
 
-    specs = [(PROBE, ProbeCopyParams(dtype="bf16")), (PROBE, ProbeCopyParams(dtype="f16")),
-             (PROBE, ProbeCopyParams(dtype="bf16"))]
+    specs = [
+        (PROBE, ProbeCopyParams(dtype="bf16")),
+        (PROBE, ProbeCopyParams(dtype="f16")),
+        (PROBE, ProbeCopyParams(dtype="bf16")),
+    ]
     kernels = compile_many(specs, fake_target("H200"), max_workers=2)
     assert [k.name for k in kernels] == ["frost_probe_copy_bf16", "frost_probe_copy_f16", "frost_probe_copy_bf16"]
     assert kernels[0] is kernels[2]
@@ -205,8 +218,11 @@ def test_precompile_entry_and_cli(fresh, capsys):
     assert got[0].name == "frost_probe_copy_f32"
     assert main(["--probe", "--target", "H200", "--workers", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [k["name"] for k in out["kernels"]] == ["frost_probe_copy_f16", "frost_probe_copy_bf16",
-                                                    "frost_probe_copy_f32"]
+    assert [k["name"] for k in out["kernels"]] == [
+        "frost_probe_copy_f16",
+        "frost_probe_copy_bf16",
+        "frost_probe_copy_f32",
+    ]
     assert main(["--info"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["dir"] == str(fresh) and info["bytes"] > 0
@@ -234,7 +250,7 @@ def test_precompile_takes_graphs(monkeypatch, unpended):
 
 
 # -- keys ------------------------------------------------------------------------------------
-TEMPLATE_SRC = '''
+TEMPLATE_SRC = """
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -270,7 +286,7 @@ def second(a: cute.Tensor, b: cute.Tensor):
 def host(a: cute.Tensor, b: cute.Tensor):
     first(a, b).launch(grid=(1, 1, 1), block=(128, 1, 1))
     second(a, b).launch(grid=(1, 1, 1), block=(128, 1, 1))
-'''
+"""
 
 
 def write_template(root: Path, name: str, args: str = "a, b") -> str:
@@ -294,8 +310,13 @@ def test_key_follows_template_source_and_arch_not_runtime_extents(tmp_path, monk
 
     src = tmp_path / "frost"
     shutil.copytree(fingerprint.FROST_ROOT, src, ignore=shutil.ignore_patterns("__pycache__"))
-    for rel, counts in (("engines/common/probe_copy.py", True), ("compiler/naming.py", True),
-                        ("runtime/workspace.py", True), ("bench/cli.py", False), ("lowering/lower.py", False)):
+    for rel, counts in (
+        ("engines/common/probe_copy.py", True),
+        ("compiler/naming.py", True),
+        ("runtime/workspace.py", True),
+        ("bench/cli.py", False),
+        ("lowering/lower.py", False),
+    ):
         before = fingerprint.sources_digest(src)
         (src / rel).write_text((src / rel).read_text() + "\n# edited\n")
         fingerprint.forget_sources()
@@ -350,8 +371,12 @@ def test_ptx_entries_and_exported_symbol_carry_frost_names(tmp_path):
                       "obj": open(ck.path, "rb").read().hex()}
         print(json.dumps(out))
     """
-    out = run_py(script, tmp_path / "cache", extra_env={"CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump)},
-                 extra_path=[tmp_path])
+    out = run_py(
+        script,
+        tmp_path / "cache",
+        extra_env={"CUTE_DSL_KEEP": "ptx", "CUTE_DSL_DUMP_DIR": str(dump)},
+        extra_path=[tmp_path],
+    )
     import re
 
     probe = out[PROBE]
@@ -366,8 +391,9 @@ def test_ptx_entries_and_exported_symbol_carry_frost_names(tmp_path):
 
 def test_kernel_names_must_be_frost_symbols(tmp_path, monkeypatch, fresh):
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "tmpl_badname.py").write_text("def kernel_name(p, a):\n    return 'probe copy'\n"
-                                              "def build(p, a):\n    raise AssertionError\n")
+    (tmp_path / "tmpl_badname.py").write_text(
+        "def kernel_name(p, a):\n    return 'probe copy'\ndef build(p, a):\n    raise AssertionError\n"
+    )
     with pytest.raises(ValueError, match="frost_"):
         boundary.compile_kernel("tmpl_badname", ProbeCopyParams(), ARCH)
 
@@ -442,9 +468,18 @@ def test_an_unusable_cache_directory_never_fails_a_compile(tmp_path, monkeypatch
 
 
 def test_public_stats_module_is_cheap():
-    out = subprocess.run([sys.executable, "-c", "import sys, json, frost.cache as c; "
-                          "print(json.dumps([sorted(c.stats()), 'cutlass' in sys.modules, 'tvm_ffi' in sys.modules]))"],
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, cwd=str(ROOT))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, json, frost.cache as c; "
+            "print(json.dumps([sorted(c.stats()), 'cutlass' in sys.modules, 'tvm_ffi' in sys.modules]))",
+        ],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+    )
     keys, cutlass_loaded, tvm_loaded = json.loads(out.stdout)
     assert {"hits", "misses", "compiles", "load_seconds", "compile_seconds"} <= set(keys)
     assert not cutlass_loaded and not tvm_loaded

@@ -2,6 +2,7 @@
 (ring / all_gather / ulysses; causal head-tail, full, sliding window, GQA, sinks, packed documents; forward and
 backward; bitwise reproducible deterministic backward; the CUDA side-stream ordering, driven with recording
 streams). Each rank compares its own shares with the sharded oracle and reports; the test asserts here."""
+
 from __future__ import annotations
 
 import json
@@ -70,7 +71,7 @@ def _run_case(name, case, rank, world, deterministic=False):
 
     scheme, causal, window, hq, hkv, sinks, lens, dtype = case
     q, k, v, do, sink = _inputs(case)
-    scale = D ** -0.5
+    scale = D**-0.5
     want = oracle.attention_grads(q, k, v, do, scale=scale, sink=sink, **_oracle_kwargs(case))
     cu = None
     if lens is not None:
@@ -81,8 +82,16 @@ def _run_case(name, case, rank, world, deterministic=False):
         share = lambda t: shard_sequence(t, rank=rank, world=world, dim=2)  # noqa: E731
     leaves = [share(t).requires_grad_(True) for t in (q, k, v)]
     sink_leaf = sink.clone().requires_grad_(True) if sink is not None else None
-    out = context_parallel_attention(*leaves, scheme=scheme, causal=causal, window=window, scale=scale,
-                                     sinks=sink_leaf, deterministic=deterministic, cu_seqlens=cu)
+    out = context_parallel_attention(
+        *leaves,
+        scheme=scheme,
+        causal=causal,
+        window=window,
+        scale=scale,
+        sinks=sink_leaf,
+        deterministic=deterministic,
+        cu_seqlens=cu,
+    )
     out.backward(share(do))
     got = [out.detach(), *(t.grad for t in leaves)]
     wants = [share(want[0]), share(want[2]), share(want[3]), share(want[4])]
@@ -135,10 +144,9 @@ def _overlap_case(rank, world):
         comm.overlap_for = real
     post = ["side waits current", "record on side", "record on side", "post on side"]
     # forward: W-1 K/V posts; backward: W-1 K/V posts and W dK/dV posts
-    starts = [i for i in range(len(log)) if log[i:i + 4] == post]
+    starts = [i for i in range(len(log)) if log[i : i + 4] == post]
     joins = [i for i, e in enumerate(log) if e == "current waits side"]
-    ok = (len(starts) == 3 * world - 2 and len(joins) == len(starts)
-          and len(log) == 5 * len(starts))
+    ok = len(starts) == 3 * world - 2 and len(joins) == len(starts) and len(log) == 5 * len(starts)
     errs = [_rel(g, w) for g, w in zip(got, wants)]
     return dict(ok=ok, log=log[:12], errs=errs)
 
@@ -154,10 +162,12 @@ def _unshard_case(rank, world) -> bool:
     p_share = shard_sequence(p, rank=rank, world=world, dim=0, cu_seqlens=cu)
     c = S // (2 * world)
     head_tail = list(range(rank * c, (rank + 1) * c)) + list(range(S - (rank + 1) * c, S - rank * c))
-    return (torch.equal(unshard_sequence(share, dim=2), x)
-            and torch.equal(unshard_sequence(p_share, dim=0, cu_seqlens=cu), p)
-            and shard_positions(S, rank=rank, world=world).tolist() == head_tail
-            and torch.equal(share[0, 0, :, 0], x[0, 0, head_tail, 0]))
+    return (
+        torch.equal(unshard_sequence(share, dim=2), x)
+        and torch.equal(unshard_sequence(p_share, dim=0, cu_seqlens=cu), p)
+        and shard_positions(S, rank=rank, world=world).tolist() == head_tail
+        and torch.equal(share[0, 0, :, 0], x[0, 0, head_tail, 0])
+    )
 
 
 def _warm():
@@ -174,8 +184,9 @@ def _worker(rank, world, port, out_dir):
     results = {}
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+        )
         torch.manual_seed(0)
         for name, case in CASES.items():
             try:
@@ -184,12 +195,14 @@ def _worker(rank, world, port, out_dir):
             except Exception:
                 results[name] = traceback.format_exc()
         try:
-            runs = [_run_case("det", CASES["ring-causal-packed-sinks"], rank, world, deterministic=True)[0]
-                    for _ in range(2)]
-            runs += [_run_case("det", CASES["all_gather-window"], rank, world, deterministic=True)[0]
-                     for _ in range(2)]
+            runs = [
+                _run_case("det", CASES["ring-causal-packed-sinks"], rank, world, deterministic=True)[0]
+                for _ in range(2)
+            ]
+            runs += [_run_case("det", CASES["all_gather-window"], rank, world, deterministic=True)[0] for _ in range(2)]
             results["deterministic"] = all(torch.equal(a, b) for a, b in zip(runs[0], runs[1])) and all(
-                torch.equal(a, b) for a, b in zip(runs[2], runs[3]))
+                torch.equal(a, b) for a, b in zip(runs[2], runs[3])
+            )
         except Exception:
             results["deterministic"] = traceback.format_exc()
         try:
@@ -223,8 +236,7 @@ def test_context_parallel_matches_float64(world, tmp_path):
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     if method == "fork":
         _warm()
-    mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True,
-                       start_method=method)
+    mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True, start_method=method)
     failures = []
     for rank in range(world):
         res = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -1,5 +1,6 @@
 """examples/context_parallel.py with 2 gloo processes (launched as torchrun would: RANK, WORLD_SIZE, MASTER_*
 in the environment) trains the same model as the single-process run: every one of 100 losses within 1%."""
+
 from __future__ import annotations
 
 import functools
@@ -18,8 +19,26 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "context_parallel.py"
-ARGS = ["--device", "cpu", "--layers", "1", "--width", "32", "--heads", "2", "--context", "32", "--batch", "4",
-        "--steps", "100", "--data-mb", "0.25", "--log-every", "1000"]
+ARGS = [
+    "--device",
+    "cpu",
+    "--layers",
+    "1",
+    "--width",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch",
+    "4",
+    "--steps",
+    "100",
+    "--data-mb",
+    "0.25",
+    "--log-every",
+    "1000",
+]
 
 
 def _example():
@@ -32,8 +51,9 @@ def _example():
 
 def _rank(rank, world, port, out, example):
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     example.main(ARGS + ["--out", out])
 
 

@@ -1,4 +1,5 @@
 """The pieces of frost.distributed that need no process group: the head-tail geometry and the fp32 merge."""
+
 from __future__ import annotations
 
 import pytest

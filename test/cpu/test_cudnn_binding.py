@@ -11,6 +11,7 @@ test process.
 Skipped where the binding is not installed (`pip install --no-deps nvidia-cudnn-frontend==1.32.0` brings it to a
 CPU machine), where no C compiler builds the stub, or where a real libcudnn loads (the GPU tests exercise that).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -226,8 +227,11 @@ CASES = {
     "fwd ragged form": ("fwd", "ragged", {}),
     "bwd ragged form": ("bwd", "ragged", {"use_causal_mask": True}),
     "fwd paged": ("fwd", "paged", {}),
-    "fwd paged decode bottom-right causal": ("fwd", "paged", {"use_causal_mask_bottom_right": True,
-                                                              "generate_stats": False}),
+    "fwd paged decode bottom-right causal": (
+        "fwd",
+        "paged",
+        {"use_causal_mask_bottom_right": True, "generate_stats": False},
+    ),
     "fwd paged window": ("fwd", "paged", {"use_causal_mask_bottom_right": True, "sliding_window_length": 64}),
     "fwd paged sinks": ("fwd", "paged", {"use_causal_mask_bottom_right": True, "sink": True}),
     "fwd paged block 128": ("fwd", "paged", {"block_size": 128, "table_transposed": False}),
@@ -264,8 +268,13 @@ def lowered(tmp_path_factory):
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(d / "stub.c")], check=True, capture_output=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("LD_LIBRARY_PATH", None)  # the binding would load a libcudnn found there
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(lib), json.dumps(CASES)], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(lib), json.dumps(CASES)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if "skip" in out:
@@ -315,8 +324,11 @@ def test_packed_graphs_reach_the_binding_in_its_ragged_form(lowered, name):
     mask's; the packed totals are the op's envelopes."""
     res = lowered[name]
     assert res["ok"], res.get("error")
-    io = ("q", "k", "v", "o", "stats") if name.startswith("fwd") else \
-        ("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV")
+    io = (
+        ("q", "k", "v", "o", "stats")
+        if name.startswith("fwd")
+        else ("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV")
+    )
     assert set(res["offsets"]) == set(io)
     role_uid = dict(zip(res["roles"], res["role_uids"]))
     assert set(res["offsets"].values()) <= set(role_uid.values()) <= set(res["cpp_uids"])

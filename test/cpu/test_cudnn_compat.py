@@ -4,6 +4,7 @@ gates on `backend_version_string()`, packed (T, H, D) buffers bound to (B, H, S,
 dropout with its mask dump. Each runs on the CPU reference engine (or is lowered for the cuDNN engine) and is
 checked against float64 math or against the same graph written with False / AUTO.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,17 +42,30 @@ class Cfg:
 
 
 def _fwd_graph(cfg: Cfg):
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, intermediate_data_type=cudnn.data_type.FLOAT,
-                      compute_data_type=cudnn.data_type.FLOAT)
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.FLOAT,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
     dims = (cfg.b, cfg.h, cfg.s_q, cfg.d)
     strides = (cfg.s_q * cfg.h * cfg.d, cfg.d, cfg.h * cfg.d, 1)
     q = g.tensor(uid=1, dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT)
     k = g.tensor(uid=2, dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT)
     v = g.tensor(uid=3, dim=dims, stride=strides, data_type=cudnn.data_type.FLOAT)
-    o, stats = g.sdpa(name="sdpa_forward", q=q, k=k, v=v, generate_stats=True, attn_scale=0.125,
-                      use_alibi_mask=cfg.is_alibi, use_padding_mask=cfg.is_padding, use_causal_mask=cfg.is_causal,
-                      use_causal_mask_bottom_right=cfg.is_causal_br, implementation=cfg.implementation,
-                      unfuse_fma=cfg.with_unfuse_fma)
+    o, stats = g.sdpa(
+        name="sdpa_forward",
+        q=q,
+        k=k,
+        v=v,
+        generate_stats=True,
+        attn_scale=0.125,
+        use_alibi_mask=cfg.is_alibi,
+        use_padding_mask=cfg.is_padding,
+        use_causal_mask=cfg.is_causal,
+        use_causal_mask_bottom_right=cfg.is_causal_br,
+        implementation=cfg.implementation,
+        unfuse_fma=cfg.with_unfuse_fma,
+    )
     o.set_uid(4).set_output(True).set_dim(dims).set_stride(strides)
     stats.set_uid(5).set_output(True).set_data_type(cudnn.data_type.FLOAT)
     return g, (q, k, v, o, stats)
@@ -60,8 +74,9 @@ def _fwd_graph(cfg: Cfg):
 def _run(g, tensors, seed=0):
     q, k, v, o, stats = tensors
     gen = torch.Generator().manual_seed(seed)
-    pack = {t.get_uid(): torch.randn(t.get_dim(), generator=gen).as_strided(t.get_dim(), t.get_stride())
-            for t in (q, k, v)}
+    pack = {
+        t.get_uid(): torch.randn(t.get_dim(), generator=gen).as_strided(t.get_dim(), t.get_stride()) for t in (q, k, v)
+    }
     pack[o.get_uid()] = torch.full(o.get_dim(), float("nan")).as_strided(o.get_dim(), o.get_stride())
     pack[stats.get_uid()] = torch.full(stats.get_dim(), float("nan"))
     g.validate()
@@ -77,8 +92,9 @@ def _run(g, tensors, seed=0):
 def test_a_config_of_none_flags_is_the_graph_of_false_flags():
     """cuDNN's binding takes its `bool` keywords through pybind11, which reads None as False."""
     g_none, t_none = _fwd_graph(Cfg())
-    g_false, t_false = _fwd_graph(Cfg(is_alibi=False, is_padding=False, is_causal=False, is_causal_br=False,
-                                      with_unfuse_fma=False))
+    g_false, t_false = _fwd_graph(
+        Cfg(is_alibi=False, is_padding=False, is_causal=False, is_causal_br=False, with_unfuse_fma=False)
+    )
     assert g_none.validate().facts == g_false.validate().facts
     out_none, out_false = _run(g_none, t_none), _run(g_false, t_false)
     for uid in (4, 5):
@@ -92,17 +108,28 @@ def test_none_flags_in_the_backward_and_true_still_counts():
     q, k, v, o, do = (g.tensor(dim=dims, stride=(1024, 512, 32, 1)) for _ in range(5))
     st = g.tensor(dim=(1, 2, 16, 1), stride=(32, 16, 1, 1), data_type=cudnn.data_type.FLOAT)
     cfg = Cfg(is_causal=True)
-    for grad in g.sdpa_backward(q=q, k=k, v=v, o=o, dO=do, stats=st, attn_scale=0.125, use_alibi_mask=cfg.is_alibi,
-                                use_padding_mask=cfg.is_padding, use_causal_mask=cfg.is_causal,
-                                use_deterministic_algorithm=cfg.is_determin):
+    for grad in g.sdpa_backward(
+        q=q,
+        k=k,
+        v=v,
+        o=o,
+        dO=do,
+        stats=st,
+        attn_scale=0.125,
+        use_alibi_mask=cfg.is_alibi,
+        use_padding_mask=cfg.is_padding,
+        use_causal_mask=cfg.is_causal,
+        use_deterministic_algorithm=cfg.is_determin,
+    ):
         grad.set_output(True)
     f = g.validate().facts
     assert f.window_right == 0 and not f.deterministic and not f.has_alibi and not f.has_padding
 
 
 @pytest.mark.parametrize("value", [0, 1, 0.0, "False", [], (True,)])
-@pytest.mark.parametrize("key", ["use_alibi_mask", "use_padding_mask", "use_causal_mask",
-                                 "use_causal_mask_bottom_right", "unfuse_fma"])
+@pytest.mark.parametrize(
+    "key", ["use_alibi_mask", "use_padding_mask", "use_causal_mask", "use_causal_mask_bottom_right", "unfuse_fma"]
+)
 def test_what_is_not_true_false_or_none_still_raises(key, value):
     """Numbers usually mean a positional argument in the wrong slot: frost refuses them (pybind11 would take their
     truth value; docs/porting.md says so)."""
@@ -168,8 +195,10 @@ def test_padded_rows_of_stats_are_minus_infinity():
     g.build_plans()
     out = {o: torch.full(o.dim, float("nan")), st: torch.full(st.dim, float("nan"))}
     lens = torch.tensor([5, 16], dtype=torch.int32).view(2, 1, 1, 1)
-    g.execute({q: torch.randn(q.dim), k: torch.randn(k.dim), v: torch.randn(v.dim), lq: lens, lk: lens, **out},
-              torch.empty(g.get_workspace_size(), dtype=torch.uint8))
+    g.execute(
+        {q: torch.randn(q.dim), k: torch.randn(k.dim), v: torch.randn(v.dim), lq: lens, lk: lens, **out},
+        torch.empty(g.get_workspace_size(), dtype=torch.uint8),
+    )
     assert torch.isneginf(out[st][0, :, 5:]).all() and torch.isfinite(out[st][0, :, :5]).all()
     assert torch.isfinite(out[st][1]).all()
 
@@ -183,10 +212,24 @@ def _dropout_graph(target=None, dump=True, dump_dims=None):
     seed = g.tensor(uid=30, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT64)
     offset = g.tensor(uid=31, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT64)
     dd = dump_dims or (b, h, s, s)
-    rng_dump = g.tensor(uid=32, dim=dd, stride=(dd[1] * dd[2] * dd[3], dd[2] * dd[3], dd[3], 1),
-                        data_type=cudnn.data_type.FLOAT) if dump else None
-    o, stats = g.sdpa(q=q, k=k, v=v, generate_stats=True, attn_scale=0.125, dropout=(0.1, seed, offset),
-                      rng_dump=rng_dump, use_causal_mask=None, implementation=cudnn.attention_implementation.AUTO)
+    rng_dump = (
+        g.tensor(
+            uid=32, dim=dd, stride=(dd[1] * dd[2] * dd[3], dd[2] * dd[3], dd[3], 1), data_type=cudnn.data_type.FLOAT
+        )
+        if dump
+        else None
+    )
+    o, stats = g.sdpa(
+        q=q,
+        k=k,
+        v=v,
+        generate_stats=True,
+        attn_scale=0.125,
+        dropout=(0.1, seed, offset),
+        rng_dump=rng_dump,
+        use_causal_mask=None,
+        implementation=cudnn.attention_implementation.AUTO,
+    )
     o.set_output(True)
     stats.set_output(True).set_data_type(cudnn.data_type.FLOAT)
     return g, rng_dump
@@ -241,28 +284,37 @@ def _ragged_case(seed=0, lens_q=(5, 0, 11), lens_kv=(7, 3, 13), s_q=40, s_kv=48,
     lkv = torch.tensor(lens_kv, dtype=torch.int32).view(-1, 1, 1, 1)
     t_q = max(64, (sum(lens_q) + 63) // 64 * 64)
     t_kv = max(64, (sum(lens_kv) + 63) // 64 * 64)
-    bufs = {"q": torch.randn(t_q, h, d, generator=gen), "k": torch.randn(t_kv, h, d, generator=gen),
-            "v": torch.randn(t_kv, h, d, generator=gen), "o": torch.full((t_q, h, d), float("nan")),
-            "stats": torch.full((t_q, h, 1), float("nan")), "dO": torch.randn(t_q, h, d, generator=gen),
-            "dQ": torch.full((t_q, h, d), float("nan")), "dK": torch.full((t_kv, h, d), float("nan")),
-            "dV": torch.full((t_kv, h, d), float("nan"))}
+    bufs = {
+        "q": torch.randn(t_q, h, d, generator=gen),
+        "k": torch.randn(t_kv, h, d, generator=gen),
+        "v": torch.randn(t_kv, h, d, generator=gen),
+        "o": torch.full((t_q, h, d), float("nan")),
+        "stats": torch.full((t_q, h, 1), float("nan")),
+        "dO": torch.randn(t_q, h, d, generator=gen),
+        "dQ": torch.full((t_q, h, d), float("nan")),
+        "dK": torch.full((t_kv, h, d), float("nan")),
+        "dV": torch.full((t_kv, h, d), float("nan")),
+    }
     offs = {"q": (_prefix(lq) * h * d).long(), "kv": (_prefix(lkv) * h * d).long(), "stats": (_prefix(lq) * h).long()}
-    return dict(lq=lq, lkv=lkv, t_q=t_q, t_kv=t_kv, bufs=bufs, offs=offs, b=len(lens_q), h=h, d=d, s_q=s_q,
-                s_kv=s_kv)
+    return dict(lq=lq, lkv=lkv, t_q=t_q, t_kv=t_kv, bufs=bufs, offs=offs, b=len(lens_q), h=h, d=d, s_q=s_q, s_kv=s_kv)
 
 
 def _declare_ragged(g, c, roles):
     """(B, H, S, D) bshd declarations with a ragged offset each, as cuDNN's tests declare them."""
     b, h, d = c["b"], c["h"], c["d"]
     ts = {}
-    offsets = {key: g.tensor(dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT64)
-               for key in ("q", "kv", "stats")}
+    offsets = {
+        key: g.tensor(dim=(b + 1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT64)
+        for key in ("q", "kv", "stats")
+    }
     for r in roles:
         s = c["s_q"] if r in ("q", "o", "dO") else c["s_kv"]
         ts[r] = g.tensor(dim=(b, h, s, d), stride=(s * h * d, d, h * d, 1), data_type=cudnn.data_type.FLOAT)
         ts[r].set_ragged_offset(offsets["q" if r in ("q", "o", "dO") else "kv"])
-    lens = {n: g.tensor(dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT32)
-            for n in ("seq_len_q", "seq_len_kv")}
+    lens = {
+        n: g.tensor(dim=(b, 1, 1, 1), stride=(1, 1, 1, 1), data_type=cudnn.data_type.INT32)
+        for n in ("seq_len_q", "seq_len_kv")
+    }
     return ts, offsets, lens
 
 
@@ -272,7 +324,7 @@ def _oracle(c, causal=True):
     oq, okv = _prefix(c["lq"]).flatten().tolist(), _prefix(c["lkv"]).flatten().tolist()
     rows = []
     for b in range(c["b"]):
-        qs, ks, vs = q[oq[b]:oq[b + 1]], k[okv[b]:okv[b + 1]], v[okv[b]:okv[b + 1]]
+        qs, ks, vs = q[oq[b] : oq[b + 1]], k[okv[b] : okv[b + 1]], v[okv[b] : okv[b + 1]]
         s = torch.einsum("qhd,khd->hqk", qs, ks) * 0.125
         if causal:
             s = s.masked_fill(torch.ones(s.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
@@ -283,14 +335,30 @@ def _oracle(c, causal=True):
 
 
 def _ragged_fwd_graph(c, max_total=False):
-    g = cudnn.pygraph(io_data_type=cudnn.data_type.FLOAT, intermediate_data_type=cudnn.data_type.FLOAT,
-                      compute_data_type=cudnn.data_type.FLOAT)
+    g = cudnn.pygraph(
+        io_data_type=cudnn.data_type.FLOAT,
+        intermediate_data_type=cudnn.data_type.FLOAT,
+        compute_data_type=cudnn.data_type.FLOAT,
+    )
     ts, offs, lens = _declare_ragged(g, c, ("q", "k", "v"))
     extra = dict(max_total_seq_len_q=c["t_q"], max_total_seq_len_kv=c["t_kv"]) if max_total else {}
-    o, stats = g.sdpa(name="sdpa_forward", q=ts["q"], k=ts["k"], v=ts["v"], generate_stats=True, attn_scale=0.125,
-                      use_alibi_mask=None, use_padding_mask=True, seq_len_q=lens["seq_len_q"],
-                      seq_len_kv=lens["seq_len_kv"], diagonal_band_right_bound=0, dropout=None, rng_dump=None,
-                      implementation=cudnn.attention_implementation.UNIFIED, **extra)
+    o, stats = g.sdpa(
+        name="sdpa_forward",
+        q=ts["q"],
+        k=ts["k"],
+        v=ts["v"],
+        generate_stats=True,
+        attn_scale=0.125,
+        use_alibi_mask=None,
+        use_padding_mask=True,
+        seq_len_q=lens["seq_len_q"],
+        seq_len_kv=lens["seq_len_kv"],
+        diagonal_band_right_bound=0,
+        dropout=None,
+        rng_dump=None,
+        implementation=cudnn.attention_implementation.UNIFIED,
+        **extra,
+    )
     b, h, s, d = ts["q"].get_dim()
     o.set_output(True).set_dim((b, h, s, d)).set_stride((s * h * d, d, h * d, 1)).set_ragged_offset(offs["q"])
     stats.set_output(True).set_data_type(cudnn.data_type.FLOAT).set_dim((b, h, s, 1)).set_stride((s * h, 1, h, 1))
@@ -333,11 +401,25 @@ def test_packed_buffers_bind_to_ragged_declarations_backward():
     b, h, s, d = ts["q"].get_dim()
     stats = g.tensor(dim=(b, h, s, 1), stride=(s * h, 1, h, 1), data_type=cudnn.data_type.FLOAT)
     stats.set_ragged_offset(offs["stats"])
-    grads = g.sdpa_backward(name="sdpa_backward", q=ts["q"], k=ts["k"], v=ts["v"], o=ts["o"], dO=ts["dO"],
-                            stats=stats, attn_scale=0.125, use_alibi_mask=None, use_padding_mask=True,
-                            seq_len_q=lens["seq_len_q"], seq_len_kv=lens["seq_len_kv"],
-                            max_total_seq_len_q=c["t_q"], max_total_seq_len_kv=c["t_kv"],
-                            diagonal_band_right_bound=0, dropout=None, use_deterministic_algorithm=None)
+    grads = g.sdpa_backward(
+        name="sdpa_backward",
+        q=ts["q"],
+        k=ts["k"],
+        v=ts["v"],
+        o=ts["o"],
+        dO=ts["dO"],
+        stats=stats,
+        attn_scale=0.125,
+        use_alibi_mask=None,
+        use_padding_mask=True,
+        seq_len_q=lens["seq_len_q"],
+        seq_len_kv=lens["seq_len_kv"],
+        max_total_seq_len_q=c["t_q"],
+        max_total_seq_len_kv=c["t_kv"],
+        diagonal_band_right_bound=0,
+        dropout=None,
+        use_deterministic_algorithm=None,
+    )
     for name, grad, like in zip(("dQ", "dK", "dV"), grads, ("q", "k", "v")):
         grad.set_output(True).set_ragged_offset(offs["q" if like == "q" else "kv"])
         ts[name] = grad
@@ -350,11 +432,11 @@ def test_packed_buffers_bind_to_ragged_declarations_backward():
     oq, okv = _prefix(c["lq"]).flatten().tolist(), _prefix(c["lkv"]).flatten().tolist()
     total = 0
     for i in range(b):
-        qs, ks, vs = q[oq[i]:oq[i + 1]], k[okv[i]:okv[i + 1]], v[okv[i]:okv[i + 1]]
+        qs, ks, vs = q[oq[i] : oq[i + 1]], k[okv[i] : okv[i + 1]], v[okv[i] : okv[i + 1]]
         sc = torch.einsum("qhd,khd->hqk", qs, ks) * 0.125
         sc = sc.masked_fill(torch.ones(sc.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
         o = torch.einsum("hqk,khd->qhd", torch.softmax(sc, -1).nan_to_num(0.0), vs)
-        total = total + (o * c["bufs"]["dO"][oq[i]:oq[i + 1]].double()).sum()
+        total = total + (o * c["bufs"]["dO"][oq[i] : oq[i + 1]].double()).sum()
     total.backward()
     for name, ref, end in (("dQ", q.grad, oq[-1]), ("dK", k.grad, okv[-1]), ("dV", v.grad, okv[-1])):
         torch.testing.assert_close(c["bufs"][name][:end].double(), ref[:end], atol=1e-5, rtol=1e-5)
@@ -393,8 +475,7 @@ def test_any_buffer_holding_the_tokens_binds_without_a_copy():
     view = bind_ragged("q", ts["q"], flat, spec, device=flat.device, vector_bytes=16)
     assert view.data_ptr() == flat.data_ptr() and view.shape == (3, 2, 64, 16) and view.stride() == (0, 16, 32, 1)
     part = torch.randn(100, c["h"], c["d"])[20:60]
-    view = bind_ragged("q", ts["q"], part, RaggedSpec(spec.dims, spec.strides, 1), device=part.device,
-                       vector_bytes=16)
+    view = bind_ragged("q", ts["q"], part, RaggedSpec(spec.dims, spec.strides, 1), device=part.device, vector_bytes=16)
     assert view.data_ptr() == part.data_ptr() and view.shape[2] == 40  # the tokens the slice holds
     # the reference engine reads through such views: a flat q and an offset o slice serve the forward
     g.build_plans()
@@ -415,7 +496,7 @@ def test_declared_shapes_still_bind_as_before():
         buf = c["bufs"][r]
         dims, strides = ts[r].get_dim(), ts[r].get_stride()
         big = torch.full((max(dims[0] * strides[0], buf.numel()),), float("nan"))
-        big[:buf.numel()] = buf.reshape(-1)
+        big[: buf.numel()] = buf.reshape(-1)
         pack[ts[r]] = big.as_strided(dims, strides)
     g.execute(pack, torch.empty(g.get_workspace_size(), dtype=torch.uint8))
     o = pack[ts["o"]]

@@ -1,5 +1,6 @@
 """The cuDNN engine without cuDNN: its lowering record, its routing on the fake targets, its declines, and the
 declarations of bias, dBias and dropout it brings."""
+
 from __future__ import annotations
 
 import builtins
@@ -49,6 +50,7 @@ def dropout_graph(target=H200, *, p=0.1, seed_dtype="int64", seed_dim=(1, 1, 1, 
 
 
 # --- the lowering record ---------------------------------------------------------------------------------------
+
 
 def test_dense_forward_lowering_keeps_declared_layouts():
     bshd = {r: (128 * 4 * 64, 64, 4 * 64, 1) for r in "qkv"}
@@ -108,19 +110,30 @@ def test_packed_score_outputs_are_declined_by_the_lowering():
     lower_cudnn_sdpa(_row_stats(H200).facts)
 
 
-@pytest.mark.parametrize("kw, want", [
-    (dict(use_causal_mask=True), dict(diagonal_alignment="TOP_LEFT", diagonal_band_right_bound=0)),
-    (dict(use_causal_mask_bottom_right=True, skv=256), dict(diagonal_alignment="BOTTOM_RIGHT",
-                                                           diagonal_band_right_bound=0)),
-    (dict(use_causal_mask=True, sliding_window_length=32),
-     dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=32, diagonal_band_right_bound=0)),
-    (dict(diagonal_band_left_bound=16, diagonal_band_right_bound=4),
-     dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=16, diagonal_band_right_bound=4)),
-    (dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=3, skv=256),
-     dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=3)),
-    (dict(sliding_window_length=8), dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=8)),
-    (dict(), dict()),
-])
+@pytest.mark.parametrize(
+    "kw, want",
+    [
+        (dict(use_causal_mask=True), dict(diagonal_alignment="TOP_LEFT", diagonal_band_right_bound=0)),
+        (
+            dict(use_causal_mask_bottom_right=True, skv=256),
+            dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=0),
+        ),
+        (
+            dict(use_causal_mask=True, sliding_window_length=32),
+            dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=32, diagonal_band_right_bound=0),
+        ),
+        (
+            dict(diagonal_band_left_bound=16, diagonal_band_right_bound=4),
+            dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=16, diagonal_band_right_bound=4),
+        ),
+        (
+            dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=3, skv=256),
+            dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=3),
+        ),
+        (dict(sliding_window_length=8), dict(diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=8)),
+        (dict(), dict()),
+    ],
+)
 def test_band_lowering(kw, want):
     """cuDNN's preferred masking keywords only: its deprecated causal flags mixed with a bound are undefined."""
     f = declare(H200, **kw).facts
@@ -197,10 +210,14 @@ def test_packed_forward_lowering_is_cudnns_ragged_form():
     assert decl["stats"].dim == (2, 4, 128, 1) and decl["stats"].stride == (128 * 4, 1, 4, 1)
     assert call.derived.strides_q == (256, 4) and call.derived.strides_kv == (128,)
     assert call.derived.offset_dtype == "int32" and call.batch == 2
-    assert call.derived_roles() == ("seq_len_q", "seq_len_kv", "ragged_offset_0", "ragged_offset_1",
-                                    "ragged_offset_2")
-    assert dict(call.ragged) == {"q": "ragged_offset_0", "o": "ragged_offset_0", "stats": "ragged_offset_1",
-                                 "k": "ragged_offset_2", "v": "ragged_offset_2"}
+    assert call.derived_roles() == ("seq_len_q", "seq_len_kv", "ragged_offset_0", "ragged_offset_1", "ragged_offset_2")
+    assert dict(call.ragged) == {
+        "q": "ragged_offset_0",
+        "o": "ragged_offset_0",
+        "stats": "ragged_offset_1",
+        "k": "ragged_offset_2",
+        "v": "ragged_offset_2",
+    }
     assert decl["seq_len_q"].dim == (2, 1, 1, 1) and decl["seq_len_q"].dtype == "int32"
     assert decl["ragged_offset_2"].dim == (3, 1, 1, 1) and decl["ragged_offset_2"].dtype == "int32"
     assert call.kwarg("use_padding_mask") is True and call.kwarg("seq_len_q") == "seq_len_q"
@@ -230,8 +247,17 @@ def head_major_stats_graph():
     g = frost.Graph(io_data_type="bf16", target=B200)
     cq, ck = (g.tensor(name=n, dim=(3,), data_type="int32") for n in ("cu_q", "cu_kv"))
     q, k, v = (g.tensor(name=n, dim=(256, 4, 64)) for n in "qkv")
-    o, stats = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=True, cu_seq_len_q=cq, cu_seq_len_kv=ck,
-                      max_seq_len_q=128, max_seq_len_kv=128)
+    o, stats = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.125,
+        generate_stats=True,
+        cu_seq_len_q=cq,
+        cu_seq_len_kv=ck,
+        max_seq_len_q=128,
+        max_seq_len_kv=128,
+    )
     o.set_output(True)
     stats.set_output(True).set_stride((1, 256, 1))
     return g.build_operation_graph()
@@ -267,11 +293,18 @@ def test_ragged_form_lowering_passes_its_declarations_through():
 
 # --- routing on the fake targets -------------------------------------------------------------------------------
 
+
 def test_b200_routes_every_graph_to_cudnn(unpended, cudnn_present, no_compile):
     for direction in ("fwd", "bwd"):
         name = "SdpaFwdCudnn" if direction == "fwd" else "SdpaBwdCudnn"
-        for kw in (dict(), dict(hq=8, hkv=2), dict(use_causal_mask=True), dict(use_causal_mask_bottom_right=True),
-                   dict(sliding_window_length=16), dict(diagonal_band_left_bound=8, diagonal_band_right_bound=2)):
+        for kw in (
+            dict(),
+            dict(hq=8, hkv=2),
+            dict(use_causal_mask=True),
+            dict(use_causal_mask_bottom_right=True),
+            dict(sliding_window_length=16),
+            dict(diagonal_band_left_bound=8, diagonal_band_right_bound=2),
+        ):
             assert declare(B200, direction=direction, **kw).available_engines() == [name], kw
         assert bias_graph(B200, direction=direction).validate().available_engines() == [name]
         assert dropout_graph(B200, direction=direction).available_engines() == [name]
@@ -351,8 +384,9 @@ def test_missing_binding_declines_naming_the_package(unpended, monkeypatch):
     g = bias_graph(B200).build_operation_graph()
     with pytest.raises(NotSupportedError) as ei:
         g.build_plans()
-    assert dict(ei.value.declines)["SdpaFwdCudnn"] == "nvidia-cudnn-frontend is not installed (pip install " \
-                                                      "'frost[cudnn]')"
+    assert (
+        dict(ei.value.declines)["SdpaFwdCudnn"] == "nvidia-cudnn-frontend is not installed (pip install 'frost[cudnn]')"
+    )
 
 
 def test_broken_binding_declines_with_the_error(monkeypatch):
@@ -375,8 +409,10 @@ def test_an_older_binding_declines_naming_its_version(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "cudnn", SimpleNamespace(__version__="1.23.0"))
     reason = cudnn_adapter.cudnn_missing_reason()
-    assert reason == "nvidia-cudnn-frontend 1.23.0 is installed; the cuDNN engine needs 1.32 or later (pip install " \
-                     "'frost[cudnn]')"
+    assert (
+        reason == "nvidia-cudnn-frontend 1.23.0 is installed; the cuDNN engine needs 1.32 or later (pip install "
+        "'frost[cudnn]')"
+    )
     monkeypatch.setitem(sys.modules, "cudnn", SimpleNamespace())
     assert "(no version) is installed" in cudnn_adapter.cudnn_missing_reason()
     for ok in ("1.32.0", "1.32.1.dev0", "1.40.0", "2.0.0rc1"):
@@ -385,8 +421,10 @@ def test_an_older_binding_declines_naming_its_version(monkeypatch):
 
 
 def test_import_frost_does_not_import_cudnn():
-    code = ("import sys, frost, frost.adapters.cudnn, frost.lowering.lower\n"
-            "assert 'cudnn' not in sys.modules, 'importing frost imported cudnn'\n")
+    code = (
+        "import sys, frost, frost.adapters.cudnn, frost.lowering.lower\n"
+        "assert 'cudnn' not in sys.modules, 'importing frost imported cudnn'\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
@@ -394,12 +432,16 @@ def test_import_frost_does_not_import_cudnn():
 
 # --- declarations of bias, dBias and dropout --------------------------------------------------------------------
 
-@pytest.mark.parametrize("bias_dim, match", [
-    ((3, 4, 128, 128), r"'bias'.*expected dim \(1 or 2, 1 or 4, 128, 128\).*got \(3, 4, 128, 128\)"),
-    ((1, 2, 128, 128), r"'bias'.*1 or 4"),
-    ((1, 4, 128, 64), r"'bias'.*got \(1, 4, 128, 64\)"),
-    ((4, 128, 128), r"'bias'.*expected dim"),
-])
+
+@pytest.mark.parametrize(
+    "bias_dim, match",
+    [
+        ((3, 4, 128, 128), r"'bias'.*expected dim \(1 or 2, 1 or 4, 128, 128\).*got \(3, 4, 128, 128\)"),
+        ((1, 2, 128, 128), r"'bias'.*1 or 4"),
+        ((1, 4, 128, 64), r"'bias'.*got \(1, 4, 128, 64\)"),
+        ((4, 128, 128), r"'bias'.*expected dim"),
+    ],
+)
 def test_bias_with_a_wrong_broadcast_is_a_graph_error(bias_dim, match):
     with pytest.raises(GraphError, match=match):
         bias_graph(bias_dim=bias_dim).validate()
@@ -435,18 +477,23 @@ def test_dbias_needs_bias_and_its_shape():
         g.validate()
 
 
-@pytest.mark.parametrize("dropout, match", [
-    ((1.0, "seed", "offset"), r"dropout probability must be a number in \[0, 1\), got 1.0"),
-    ((-0.1, "seed", "offset"), r"got -0.1"),
-    (("x", "seed", "offset"), r"got 'x'"),
-    ((0.1, None, "offset"), r"dropout seed must be a frost tensor.*got NoneType"),
-    ((0.1, "seed", 7), r"dropout offset must be a frost tensor.*got int"),
-    ((0.1,), r"dropout must be \(probability, seed tensor, offset tensor\)"),
-])
+@pytest.mark.parametrize(
+    "dropout, match",
+    [
+        ((1.0, "seed", "offset"), r"dropout probability must be a number in \[0, 1\), got 1.0"),
+        ((-0.1, "seed", "offset"), r"got -0.1"),
+        (("x", "seed", "offset"), r"got 'x'"),
+        ((0.1, None, "offset"), r"dropout seed must be a frost tensor.*got NoneType"),
+        ((0.1, "seed", 7), r"dropout offset must be a frost tensor.*got int"),
+        ((0.1,), r"dropout must be \(probability, seed tensor, offset tensor\)"),
+    ],
+)
 def test_bad_dropout_is_a_graph_error(dropout, match):
     g = frost.Graph(io_data_type="bf16", target=H200)
-    tensors = {"seed": g.tensor(name="seed", dim=(1, 1, 1, 1), data_type="int64"),
-               "offset": g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64")}
+    tensors = {
+        "seed": g.tensor(name="seed", dim=(1, 1, 1, 1), data_type="int64"),
+        "offset": g.tensor(name="offset", dim=(1, 1, 1, 1), data_type="int64"),
+    }
     dropout = tuple(tensors.get(x, x) if isinstance(x, str) and x in tensors else x for x in dropout)
     with pytest.raises(GraphError, match=match):
         declare(H200, dropout=dropout, graph=g)
@@ -469,6 +516,7 @@ def test_dropout_tensors_are_bound_at_execute():
 
 
 # --- the adapter against a stand-in of the cuDNN binding ----------------------------------------------------------
+
 
 class _FakeTensor:
     uids = itertools.count(1)
@@ -573,9 +621,12 @@ def fake_cudnn(monkeypatch, cudnn_present):
     import torch
 
     ns = SimpleNamespace
-    fake = ns(pygraph=_FakeGraph, heur_mode=ns(A="A", FALLBACK="FALLBACK"),
-              data_type=ns(BFLOAT16="BFLOAT16", HALF="HALF", FLOAT="FLOAT", INT32="INT32", INT64="INT64"),
-              diagonal_alignment=ns(TOP_LEFT="TOP_LEFT", BOTTOM_RIGHT="BOTTOM_RIGHT"))
+    fake = ns(
+        pygraph=_FakeGraph,
+        heur_mode=ns(A="A", FALLBACK="FALLBACK"),
+        data_type=ns(BFLOAT16="BFLOAT16", HALF="HALF", FLOAT="FLOAT", INT32="INT32", INT64="INT64"),
+        diagonal_alignment=ns(TOP_LEFT="TOP_LEFT", BOTTOM_RIGHT="BOTTOM_RIGHT"),
+    )
     monkeypatch.setattr(cudnn_adapter, "_cudnn", lambda: fake)
     monkeypatch.setattr(cudnn_adapter, "_BUILT", {})
     monkeypatch.setattr(cudnn_adapter, "handle_for", lambda device, stream: ("handle", device, stream))
@@ -591,8 +642,10 @@ def fake_cudnn(monkeypatch, cudnn_present):
 def bias_only_cudnn(unpended, monkeypatch):
     """The DSL rows as if they read no bias: the tests below use a bias graph as one only the cuDNN engine serves
     (they are about its mechanics; the mma.sync engine serves biases, test/cpu/test_score_mods.py)."""
-    rows = tuple(r.model_copy(update={"features": r.features - capabilities.SCORE_MOD_FEATURES})
-                 if "Dsl" in r.name else r for r in capabilities.ROWS)
+    rows = tuple(
+        r.model_copy(update={"features": r.features - capabilities.SCORE_MOD_FEATURES}) if "Dsl" in r.name else r
+        for r in capabilities.ROWS
+    )
     monkeypatch.setattr(capabilities, "ROWS", rows)
     return rows
 
@@ -605,7 +658,12 @@ def test_ranking_asks_cudnn_only_when_it_could_win(bias_only_cudnn, fake_cudnn):
     g = bias_graph(live).validate()
     assert g.available_engines() == ["SdpaFwdCudnn"]
     assert len(_FakeGraph.made) == 1 and _FakeGraph.made[0].steps == [
-        "validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"]
+        "validate",
+        "build_operation_graph",
+        "create_execution_plans",
+        "check_support",
+        "build_plans",
+    ]
     g = declare(live)
     g.create_execution_plans(engine="cudnn")
     assert g.available_engines() == ["SdpaFwdCudnn"] and len(_FakeGraph.made) == 2
@@ -670,20 +728,34 @@ def test_execute_falls_back_to_the_mapping_form_once(bias_only_cudnn, fake_cudnn
     assert len(cg.executed) == 2
     for pack, _, _, uids in cg.executed:
         assert uids is None and sorted(b.role for b in pack.values()) == sorted(bound)
-        assert {t.kw["name"]: b.role for t, b in pack.items() if t.kw.get("name") in ("q", "k", "v", "bias")} \
-            == {"q": "q", "k": "k", "v": "v", "bias": "bias"}
+        assert {t.kw["name"]: b.role for t, b in pack.items() if t.kw.get("name") in ("q", "k", "v", "bias")} == {
+            "q": "q",
+            "k": "k",
+            "v": "v",
+            "bias": "bias",
+        }
 
 
 def test_the_frontends_own_engines_are_deselected(bias_only_cudnn, fake_cudnn):
     """1.32's pygraph ranks its own CuTe DSL engines beside the library's: the cuDNN engine builds the library's."""
-    _FakeGraph.ranked = [(20517, "sdpa_fwd_prefill_sm90[TILE_M=128]"), (7, "eng7_k2=3"),
-                         (20511, "sdpa_fwd_prefill_sm100"), (3, "eng3")]
+    _FakeGraph.ranked = [
+        (20517, "sdpa_fwd_prefill_sm90[TILE_M=128]"),
+        (7, "eng7_k2=3"),
+        (20511, "sdpa_fwd_prefill_sm100"),
+        (3, "eng3"),
+    ]
     g = bias_graph(fake_cudnn).validate()
     assert g.available_engines() == ["SdpaFwdCudnn"]
     (cg,) = _FakeGraph.made
     assert cg.deselected == ["sdpa_fwd_prefill_sm100", "sdpa_fwd_prefill_sm90"]
-    assert cg.steps == ["validate", "build_operation_graph", "create_execution_plans", "deselect_engines",
-                        "check_support", "build_plans"]
+    assert cg.steps == [
+        "validate",
+        "build_operation_graph",
+        "create_execution_plans",
+        "deselect_engines",
+        "check_support",
+        "build_plans",
+    ]
 
 
 def test_a_graph_only_the_frontends_own_engines_serve_is_declined(bias_only_cudnn, fake_cudnn):
@@ -697,6 +769,7 @@ def test_a_graph_only_the_frontends_own_engines_serve_is_declined(bias_only_cudn
 
 def test_a_binding_mismatch_is_an_error_not_a_decline(bias_only_cudnn, fake_cudnn, monkeypatch):
     """A keyword the binding does not take must fail planning loudly (a decline would hide it as a skip)."""
+
     def sdpa(self, *args, **kw):
         raise TypeError("sdpa(): incompatible function arguments")
 
@@ -714,9 +787,20 @@ def test_backward_replay_passes_dbias_dropout_and_determinism(unpended, fake_cud
     stats = g.tensor(name="stats", dim=(2, 4, 128, 1), data_type="fp32")
     bias = g.tensor(name="bias", dim=(1, 4, 128, 128))
     db = g.tensor(name="db", dim=(1, 4, 128, 128))
-    for t in g.sdpa_backward(q, k, v, o, do, stats, attn_scale=0.5, bias=bias, dBias=db,
-                             dropout=(0.2, seed, offset), use_deterministic_algorithm=True,
-                             diagonal_band_right_bound=3):
+    for t in g.sdpa_backward(
+        q,
+        k,
+        v,
+        o,
+        do,
+        stats,
+        attn_scale=0.5,
+        bias=bias,
+        dBias=db,
+        dropout=(0.2, seed, offset),
+        use_deterministic_algorithm=True,
+        diagonal_band_right_bound=3,
+    ):
         t.set_output(True)
     g.validate().build_plans()
     assert g.engine_name == "SdpaBwdCudnn"
@@ -724,13 +808,15 @@ def test_backward_replay_passes_dbias_dropout_and_determinism(unpended, fake_cud
     assert op == "sdpa_backward" and [a.kw["name"] for a in args] == ["q", "k", "v", "o", "dO", "stats"]
     assert kw["dBias"].output and kw["dBias"].kw["dim"] == [1, 4, 128, 128]
     p, s, off = kw["dropout"]
-    assert p == 0.2 and s.kw["dim"] == [1, 1, 1, 1] and s.kw["data_type"] == "INT64" and off.kw["name"] == \
-        "dropout_offset"
+    assert (
+        p == 0.2 and s.kw["dim"] == [1, 1, 1, 1] and s.kw["data_type"] == "INT64" and off.kw["name"] == "dropout_offset"
+    )
     assert kw["use_deterministic_algorithm"] is True and kw["diagonal_alignment"] == "TOP_LEFT"
     assert kw["diagonal_band_right_bound"] == 3
 
 
 # --- the lean execute: the backend's raw-pointer entry, and packed graphs' derived operands --------------------
+
 
 class _RawLowered:
     """1.32's lowered C++ graph as far as the raw-pointer execute needs it: the operand uids in ascending order,
@@ -795,8 +881,9 @@ class _Ptr:
 def _backend_handles(monkeypatch):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(cudnn_adapter, "handle_for",
-                        lambda device, stream: SimpleNamespace(backend_handle=7000 + stream))
+    monkeypatch.setattr(
+        cudnn_adapter, "handle_for", lambda device, stream: SimpleNamespace(backend_handle=7000 + stream)
+    )
 
 
 def test_execute_hands_the_backend_raw_pointers_in_its_order(bias_only_cudnn, fake_cudnn, monkeypatch):
@@ -878,8 +965,12 @@ def test_packed_execute_derives_lengths_and_offsets_then_launches_cudnn(unpended
     assert (cu_q, cu_kv, stream) == ("cu_q", "cu_kv", 5)
     # the envelope the kernel clamps the prefix sums to (docs/lengths.md): token totals, then longest sequences
     f = g.facts
-    assert tuple(envelope) == adapter.call.envelope == (f.total_q, f.total_kv, f.seq_q, f.seq_kv) == (
-        f.total_q, f.total_kv, 128, 96)
+    assert (
+        tuple(envelope)
+        == adapter.call.envelope
+        == (f.total_q, f.total_kv, f.seq_q, f.seq_kv)
+        == (f.total_q, f.total_kv, 128, 96)
+    )
     base = ws.data_ptr()
     assert lengths.shape == (2, 64) and lengths.dtype == torch.int32 and lengths.data_ptr() == base + start
     assert offsets.shape == (3, 64) and offsets.data_ptr() == base + start + 2 * 256

@@ -6,6 +6,7 @@ at its "off" value, `set_ragged_offset`, handles with streams, `heur_mode`, `bui
 swaps `import cudnn` for `import frost as cudnn`, runs the text, and checks the outputs against torch math.
 On a CPU-only machine frost plans the reference engine.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,7 @@ import torch
 
 import frost
 
-PROLOGUE = '''
+PROLOGUE = """
 import math
 import torch
 import cudnn
@@ -25,9 +26,11 @@ torch.manual_seed(1)
 handle = cudnn.create_handle()
 stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else 0x5EED
 cudnn.set_stream(handle=handle, stream=stream)
-'''
+"""
 
-DENSE_FWD = PROLOGUE + '''
+DENSE_FWD = (
+    PROLOGUE
+    + """
 b, h_q, h_kv, s_q, s_kv, d = 2, 4, 2, 24, 32, 64
 attn_scale = 1.0 / math.sqrt(d)
 q_gpu = torch.randn(b, s_q, h_q, d, dtype=torch.float16, device=device).transpose(1, 2)  # bshd in memory
@@ -65,9 +68,12 @@ graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
 variant_pack = {q: q_gpu, k: k_gpu, v: v_gpu, o: o_gpu, stats: stats_gpu, None: None}
 workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
 graph.execute(variant_pack, workspace, handle=handle)
-'''
+"""
+)
 
-DENSE_BWD = DENSE_FWD + '''
+DENSE_BWD = (
+    DENSE_FWD
+    + """
 dO_gpu = torch.randn_like(o_gpu)
 dQ_gpu, dK_gpu, dV_gpu = torch.empty_like(q_gpu), torch.empty_like(k_gpu), torch.empty_like(v_gpu)
 
@@ -92,10 +98,13 @@ workspace = torch.empty(bwd.get_workspace_size(), device=device, dtype=torch.uin
 bwd.execute({bq: q_gpu, bk: k_gpu, bv: v_gpu, bo: o_gpu, bdO: dO_gpu, bstats: stats_gpu, dQ: dQ_gpu, dK: dK_gpu,
              dV: dV_gpu}, workspace, handle)
 cudnn.destroy_handle(handle)
-'''
+"""
+)
 
 # cuDNN's packed (THD) form, as in its tests: (B, H, S, D) tensors over packed tokens, element offsets per batch
-RAGGED_FWD = PROLOGUE + '''
+RAGGED_FWD = (
+    PROLOGUE
+    + """
 b, h, s_q, s_kv, d = 3, 2, 16, 20, 64
 attn_scale = 0.125
 seq_len_q_gpu = torch.tensor([5, 16, 0], dtype=torch.int32, device=device).view(b, 1, 1, 1)
@@ -154,9 +163,12 @@ variant_pack = {q: q_gpu, k: k_gpu, v: v_gpu, o: o_gpu, stats: stats_gpu, seq_le
                 kv_ragged_offset: kv_ragged_offset_gpu, stats_ragged_offset: stats_ragged_offset_gpu}
 workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
 graph.execute(variant_pack, workspace, handle=handle)
-'''
+"""
+)
 
-RAGGED_BWD = RAGGED_FWD + '''
+RAGGED_BWD = (
+    RAGGED_FWD
+    + """
 dO_gpu = torch.randn(b * s_q * h * d, dtype=torch.bfloat16, device=device).as_strided((b, h, s_q, d), stride_q)
 dQ_gpu = torch.zeros_like(dO_gpu).as_strided((b, h, s_q, d), stride_q)
 dK_gpu = torch.zeros(b * s_kv * h * d, dtype=torch.bfloat16, device=device).as_strided((b, h, s_kv, d), stride_kv)
@@ -193,13 +205,16 @@ pack.update({offsets["q"]: q_ragged_offset_gpu, offsets["kv"]: kv_ragged_offset_
              dQ: dQ_gpu, dK: dK_gpu, dV: dV_gpu})
 workspace = torch.empty(bwd.get_workspace_size(), device=device, dtype=torch.uint8)
 bwd.execute(pack, workspace, handle)
-'''
+"""
+)
 
 
 # cuDNN's paged K/V cache, as its own tests build it (test/python/sdpa/helpers.py create_container_and_page_table
 # and sdpa/fp16.py): K/V containers declared from the container tensors, page tables (B, 1, blocks, 1) with a
 # transposed tensor's strides, tensors keyed by uid, the padding mask's lengths
-PAGED_FWD = PROLOGUE + '''
+PAGED_FWD = (
+    PROLOGUE
+    + """
 b, h_q, h_k, s_q, s_kv, d, block_size = 3, 4, 2, 8, 40, 64, 16
 
 
@@ -260,7 +275,8 @@ variant_pack = {1: q_gpu, 20: container_k_gpu, 21: container_v_gpu, 24: page_tab
                 8: seq_len_q_gpu, 9: seq_len_kv_gpu, 5: o_gpu}
 workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
 graph.execute(variant_pack, workspace, handle=handle)
-'''
+"""
+)
 
 
 def run_as_frost(program: str) -> dict:
@@ -311,8 +327,9 @@ def test_dense_backward_program_matches_torch_autograd():
 
 def _ragged_rows(t, offsets, stride, b, length):
     start = int(offsets.reshape(-1)[b])
-    return t.as_strided((t.shape[1], length, t.shape[3]), (t.stride(1), stride, t.stride(3)),
-                        t.storage_offset() + start)
+    return t.as_strided(
+        (t.shape[1], length, t.shape[3]), (t.stride(1), stride, t.stride(3)), t.storage_offset() + start
+    )
 
 
 def _sequences(p):
@@ -322,8 +339,12 @@ def _sequences(p):
         lq, lk = int(p["seq_len_q_gpu"][b]), int(p["seq_len_kv_gpu"][b])
         if lq == 0:
             continue
-        yield (b, lq, lambda t, b=b, n=lq: _ragged_rows(t, p["q_ragged_offset_gpu"], hd, b, n),
-               lambda t, b=b, n=lk: _ragged_rows(t, p["kv_ragged_offset_gpu"], hd, b, n))
+        yield (
+            b,
+            lq,
+            lambda t, b=b, n=lq: _ragged_rows(t, p["q_ragged_offset_gpu"], hd, b, n),
+            lambda t, b=b, n=lk: _ragged_rows(t, p["kv_ragged_offset_gpu"], hd, b, n),
+        )
 
 
 def test_ragged_forward_program_matches_torch():
@@ -341,8 +362,7 @@ def test_ragged_forward_program_matches_torch():
 def test_ragged_backward_program_matches_torch_autograd():
     p = run_as_frost(RAGGED_BWD)
     for _, _, rows_q, rows_kv in _sequences(p):
-        q, k, v = (x.double().requires_grad_() for x in (rows_q(p["q_gpu"]), rows_kv(p["k_gpu"]),
-                                                         rows_kv(p["v_gpu"])))
+        q, k, v = (x.double().requires_grad_() for x in (rows_q(p["q_gpu"]), rows_kv(p["k_gpu"]), rows_kv(p["v_gpu"])))
         o, _ = _attend(q, k, v, p["attn_scale"], 0)
         o.backward(rows_q(p["dO_gpu"]).double())
         torch.testing.assert_close(rows_q(p["dQ_gpu"]).double(), q.grad, atol=3e-2, rtol=3e-2)
@@ -359,8 +379,7 @@ def test_the_handles_stream_is_the_launch_stream():
     graph, pack, ws = p["graph"], p["variant_pack"], p["workspace"]
     seen = []
     real = graph.plan.adapter.execute
-    graph.plan.adapter.execute = lambda bound, workspace, stream: (seen.append(stream), real(bound, workspace,
-                                                                                              stream))
+    graph.plan.adapter.execute = lambda bound, workspace, stream: (seen.append(stream), real(bound, workspace, stream))
     cudnn = frost
     h = p["handle"]
     graph.execute(pack, ws, h)  # positional, as cuDNN's samples

@@ -5,6 +5,7 @@ file names (the note a GPU run of cuDNN's tests against frost gives: benchmarks/
 The draws follow the distributions of cuDNN's test_mhas.py (layouts, head groups, head dims, masks, bias, ALiBi,
 padding, the ragged-offset form with an offset tensor per tensor); the declarations are dims and strides only.
 """
+
 from __future__ import annotations
 
 import random
@@ -62,9 +63,25 @@ def draw(rng: random.Random, direction: str) -> Draw:
     ragged = padding and layout in ("bshd", "bs3hd") and rng.random() < 0.5
     left = max(1, rng.choice([1, skv // 4])) if rng.random() < 0.5 else None
     right = rng.choice([0, skv // 4]) if rng.random() < 0.5 else None
-    return Draw(direction, layout, hq, hk, hv, dqk, dv, sq, skv, bias=rng.random() < 0.5, alibi=rng.random() < 0.5,
-                padding=padding, ragged=ragged, bottom_right=rng.random() < 0.5, left=left, right=right,
-                deterministic=direction == "bwd" and rng.random() < 0.5)
+    return Draw(
+        direction,
+        layout,
+        hq,
+        hk,
+        hv,
+        dqk,
+        dv,
+        sq,
+        skv,
+        bias=rng.random() < 0.5,
+        alibi=rng.random() < 0.5,
+        padding=padding,
+        ragged=ragged,
+        bottom_right=rng.random() < 0.5,
+        left=left,
+        right=right,
+        deterministic=direction == "bwd" and rng.random() < 0.5,
+    )
 
 
 def _bshd_strides(b, h, s, d, interleaved=1):
@@ -74,8 +91,12 @@ def _bshd_strides(b, h, s, d, interleaved=1):
 def declare(c: Draw) -> frost.Graph:
     """The graph of one draw on an H200, declared with cuDNN's positional tensor(dim, stride, data_type)."""
     b, bf16 = 2, frost.data_type.BFLOAT16
-    g = frost.pygraph(io_data_type=bf16, intermediate_data_type=frost.data_type.FLOAT,
-                      compute_data_type=frost.data_type.FLOAT, target=H200)
+    g = frost.pygraph(
+        io_data_type=bf16,
+        intermediate_data_type=frost.data_type.FLOAT,
+        compute_data_type=frost.data_type.FLOAT,
+        target=H200,
+    )
     inter = 3 if c.layout != "bshd" else 1
 
     def io(h, s, d):
@@ -84,13 +105,21 @@ def declare(c: Draw) -> frost.Graph:
         return g.tensor((b, h, s, d), _bshd_strides(b, h, s, d, inter), bf16)
 
     q, k, v = io(c.hq, c.sq, c.dqk), io(c.hk, c.skv, c.dqk), io(c.hv, c.skv, c.dv)
-    kw = dict(attn_scale=0.125, use_alibi_mask=c.alibi, diagonal_band_left_bound=c.left,
-              diagonal_band_right_bound=c.right,
-              diagonal_alignment=(frost.diagonal_alignment.BOTTOM_RIGHT if c.bottom_right
-                                  else frost.diagonal_alignment.TOP_LEFT))
+    kw = dict(
+        attn_scale=0.125,
+        use_alibi_mask=c.alibi,
+        diagonal_band_left_bound=c.left,
+        diagonal_band_right_bound=c.right,
+        diagonal_alignment=(
+            frost.diagonal_alignment.BOTTOM_RIGHT if c.bottom_right else frost.diagonal_alignment.TOP_LEFT
+        ),
+    )
     if c.padding:
-        kw.update(use_padding_mask=True, seq_len_q=g.tensor((b, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32),
-                  seq_len_kv=g.tensor((b, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32))
+        kw.update(
+            use_padding_mask=True,
+            seq_len_q=g.tensor((b, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32),
+            seq_len_kv=g.tensor((b, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32),
+        )
     if c.bias:
         kw["bias"] = g.tensor((1, c.hq, c.sq, c.skv), (c.hq * c.sq * c.skv, c.sq * c.skv, c.skv, 1), bf16)
     offsets = {}
@@ -114,8 +143,9 @@ def declare(c: Draw) -> frost.Graph:
         do.set_ragged_offset(offsets["o"])
     if c.bias:
         kw["dBias"] = g.tensor(kw["bias"].dim, kw["bias"].stride, bf16)
-    grads = g.sdpa_backward(q, k, v, o, do, stats, name="sdpa_backward", use_deterministic_algorithm=c.deterministic,
-                            **kw)
+    grads = g.sdpa_backward(
+        q, k, v, o, do, stats, name="sdpa_backward", use_deterministic_algorithm=c.deterministic, **kw
+    )
     for grad, src in zip(grads, (q, k, v)):
         grad.set_output(True).set_dim(src.dim).set_stride(src.stride)
         if c.ragged:

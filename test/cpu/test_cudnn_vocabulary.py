@@ -3,6 +3,7 @@
 cuDNN's ragged form declares (B, H, S, D) tensors whose batches start at element offsets; frost lowers it to the
 facts of its own packed form (tokens, heads, dim) with cu_seq_len_q/kv, which these tests compare field by field.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -57,8 +58,14 @@ def _packed(g, direction="fwd", total_q=None, total_kv=None):
     q = g.tensor(name="q", dim=(tq, H, D), data_type=BF16)
     k = g.tensor(name="k", dim=(tkv, HKV, D), data_type=BF16)
     v = g.tensor(name="v", dim=(tkv, HKV, D), data_type=BF16)
-    common = dict(attn_scale=0.125, use_causal_mask=True, cu_seq_len_q=cq, cu_seq_len_kv=ck,
-                  max_seq_len_q=min(SQ, tq), max_seq_len_kv=min(SKV, tkv))
+    common = dict(
+        attn_scale=0.125,
+        use_causal_mask=True,
+        cu_seq_len_q=cq,
+        cu_seq_len_kv=ck,
+        max_seq_len_q=min(SQ, tq),
+        max_seq_len_kv=min(SKV, tkv),
+    )
     if direction == "fwd":
         o, stats = g.sdpa(q, k, v, generate_stats=True, name="sdpa", **common)
         o.set_output(True)
@@ -109,20 +116,60 @@ def test_dsl_engines_serve_the_ragged_form(direction, target):
 
 
 # every cuDNN keyword at its off value leaves the graph as it was --------------------------------------------------
-FWD_OFF = dict(bias=None, block_mask=None, use_alibi_mask=False, use_padding_mask=False, seq_len_q=None,
-               seq_len_kv=None, use_causal_mask=False, use_causal_mask_bottom_right=False, sliding_window_length=None,
-               diagonal_alignment="TOP_LEFT", diagonal_band_left_bound=None, diagonal_band_right_bound=None,
-               dropout=None, rng_dump=None, paged_attention_k_table=None, paged_attention_v_table=None,
-               paged_attention_max_seq_len_kv=None, compute_data_type=frost.data_type.FLOAT, name="",
-               score_mod=None, generate_stats=None, implementation=frost.attention_implementation.AUTO,
-               score_max=None, score_sum_exp=None, sink_token=None, unfuse_fma=False, is_inference=None)
-BWD_OFF = dict(bias=None, dBias=None, use_alibi_mask=False, use_padding_mask=False, seq_len_q=None, seq_len_kv=None,
-               max_total_seq_len_q=None, max_total_seq_len_kv=None, use_causal_mask=False,
-               use_causal_mask_bottom_right=False, sliding_window_length=None,
-               diagonal_alignment=frost.diagonal_alignment.TOP_LEFT, diagonal_band_left_bound=None,
-               diagonal_band_right_bound=None, dropout=None, rng_dump=None, use_deterministic_algorithm=False,
-               compute_data_type=frost.data_type.NOT_SET, name="", score_mod=None, score_mod_bprop=None,
-               sink_token=None, dSink_token=None)
+FWD_OFF = dict(
+    bias=None,
+    block_mask=None,
+    use_alibi_mask=False,
+    use_padding_mask=False,
+    seq_len_q=None,
+    seq_len_kv=None,
+    use_causal_mask=False,
+    use_causal_mask_bottom_right=False,
+    sliding_window_length=None,
+    diagonal_alignment="TOP_LEFT",
+    diagonal_band_left_bound=None,
+    diagonal_band_right_bound=None,
+    dropout=None,
+    rng_dump=None,
+    paged_attention_k_table=None,
+    paged_attention_v_table=None,
+    paged_attention_max_seq_len_kv=None,
+    compute_data_type=frost.data_type.FLOAT,
+    name="",
+    score_mod=None,
+    generate_stats=None,
+    implementation=frost.attention_implementation.AUTO,
+    score_max=None,
+    score_sum_exp=None,
+    sink_token=None,
+    unfuse_fma=False,
+    is_inference=None,
+)
+BWD_OFF = dict(
+    bias=None,
+    dBias=None,
+    use_alibi_mask=False,
+    use_padding_mask=False,
+    seq_len_q=None,
+    seq_len_kv=None,
+    max_total_seq_len_q=None,
+    max_total_seq_len_kv=None,
+    use_causal_mask=False,
+    use_causal_mask_bottom_right=False,
+    sliding_window_length=None,
+    diagonal_alignment=frost.diagonal_alignment.TOP_LEFT,
+    diagonal_band_left_bound=None,
+    diagonal_band_right_bound=None,
+    dropout=None,
+    rng_dump=None,
+    use_deterministic_algorithm=False,
+    compute_data_type=frost.data_type.NOT_SET,
+    name="",
+    score_mod=None,
+    score_mod_bprop=None,
+    sink_token=None,
+    dSink_token=None,
+)
 
 
 def _dense(direction, **kw):
@@ -193,8 +240,9 @@ def test_score_max_and_sum_exp_as_cudnn_declares_them():
     mx, se = (g.tensor((b, hq, s, 1), (hq * s, s, 1, 1), frost.data_type.FLOAT) for _ in range(2))
     mx.set_output(True)
     se.set_output(True)
-    o, stats = g.sdpa(q, k, v, generate_stats=True, attn_scale=0.125, diagonal_band_right_bound=0, score_max=mx,
-                      score_sum_exp=se)
+    o, stats = g.sdpa(
+        q, k, v, generate_stats=True, attn_scale=0.125, diagonal_band_right_bound=0, score_max=mx, score_sum_exp=se
+    )
     o.set_output(True)
     stats.set_output(True).set_data_type(frost.data_type.FLOAT)
     g.validate()
@@ -222,16 +270,28 @@ REFUSED = [
     ("tensor_like junk", lambda g: g.tensor_like(3), "torch tensor or a graph tensor"),
     ("ragged offset junk", lambda g: g.tensor((1, 2)).set_ragged_offset(torch.zeros(2)), "set_ragged_offset"),
     ("is_inference slot", lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), 0.125), "is_inference"),
-    ("bool keyword", lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), use_causal_mask=1),
-     "use_causal_mask must be True or False"),
-    ("stats contradiction", lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), is_inference=True,
-                                             generate_stats=True), "contradict"),
-    ("scale tensor", lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)),
-                                      attn_scale=g.tensor((1, 1, 1, 1))), "attn_scale must be a number"),
+    (
+        "bool keyword",
+        lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), use_causal_mask=1),
+        "use_causal_mask must be True or False",
+    ),
+    (
+        "stats contradiction",
+        lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), is_inference=True, generate_stats=True),
+        "contradict",
+    ),
+    (
+        "scale tensor",
+        lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), attn_scale=g.tensor((1, 1, 1, 1))),
+        "attn_scale must be a number",
+    ),
     ("heur mode", lambda g: g.create_execution_plans(["fast"]), "heur_modes"),
     ("policy", lambda g: g.build_plans("quick"), "build_plans(policy)"),
-    ("alignment", lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), diagonal_alignment=1),
-     "diagonal_alignment"),
+    (
+        "alignment",
+        lambda g: g.sdpa(*(g.tensor((1, 2, 8, 64)) for _ in range(3)), diagonal_alignment=1),
+        "diagonal_alignment",
+    ),
 ]
 
 
@@ -246,8 +306,14 @@ def test_what_frost_would_misread_is_refused(name, call, fragment):
 def test_graph_constructor_keywords():
     g = frost.pygraph(name="g", io_data_type=frost.data_type.HALF, sm_version=90, sm_count=66)
     assert g.target.cc == (9, 0) and g.target.sm_count == 66
-    for bad in ({"sm_version": "90"}, {"sm_version": 75}, {"sm_count": 0}, {"device_property": object()},
-                {"is_dynamic_shape_enabled": True}, {"is_override_shape_enabled": True}):
+    for bad in (
+        {"sm_version": "90"},
+        {"sm_version": 75},
+        {"sm_count": 0},
+        {"device_property": object()},
+        {"is_dynamic_shape_enabled": True},
+        {"is_override_shape_enabled": True},
+    ):
         with pytest.raises(GraphError):
             frost.pygraph(**bad)
     with pytest.raises(TypeError, match="not a frost handle"):
@@ -259,7 +325,13 @@ def test_tensor_like_a_graph_tensor_and_positional_declarations():
     off = g.tensor((4, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT32)
     q = g.tensor((3, 2, 8, 64), (1024, 64, 128, 1), frost.data_type.BFLOAT16, False, False, off, None, "q", 42)
     assert (q.name, q.dim, q.stride, q.data_type, q.get_uid(), q.get_ragged_offset()) == (
-        "q", (3, 2, 8, 64), (1024, 64, 128, 1), BF16, 42, off)
+        "q",
+        (3, 2, 8, 64),
+        (1024, 64, 128, 1),
+        BF16,
+        42,
+        off,
+    )
     twin = g.tensor_like(q, "twin")
     assert (twin.dim, twin.stride, twin.data_type, twin.get_ragged_offset()) == (q.dim, q.stride, BF16, off)
     assert twin.get_uid() != q.get_uid()
@@ -304,8 +376,13 @@ def test_validate_reports_ragged_declaration_errors():
     # round the envelope up to 64 tokens, above B * S: taken as given
     g = frost.Graph()
     with pytest.raises(GraphError, match="not both"):
-        _ragged(g, cu_seq_len_q=g.tensor((B + 1,), None, "int32"), cu_seq_len_kv=g.tensor((B + 1,), None, "int32"),
-                max_seq_len_q=SQ, max_seq_len_kv=SKV)
+        _ragged(
+            g,
+            cu_seq_len_q=g.tensor((B + 1,), None, "int32"),
+            cu_seq_len_kv=g.tensor((B + 1,), None, "int32"),
+            max_seq_len_q=SQ,
+            max_seq_len_kv=SKV,
+        )
 
 
 def test_validate_reports_envelopes_and_paged_caches_out_of_place():
@@ -313,7 +390,8 @@ def test_validate_reports_envelopes_and_paged_caches_out_of_place():
     assert "only meaningful with" in _validate_error(lambda g: _dense_into(g, paged_attention_max_seq_len_kv=32))
     table = lambda g: g.tensor((2, 1, 4, 1), None, "int32")  # noqa: E731
     assert "need use_padding_mask=True" in _validate_error(
-        lambda g: _dense_into(g, paged_attention_k_table=table(g), paged_attention_v_table=table(g)))
+        lambda g: _dense_into(g, paged_attention_k_table=table(g), paged_attention_v_table=table(g))
+    )
     assert "need both" in _validate_error(lambda g: _dense_into(g, paged_attention_k_table=table(g)))
 
 
@@ -329,8 +407,9 @@ def test_ragged_offsets_that_are_not_whole_tokens_fail_the_reference_binding():
     n = g.node
     torch.manual_seed(0)
     pack = {t: torch.randn(B * SQ * H * D, dtype=torch.bfloat16).as_strided(t.dim, t.stride) for t in (n.q, n.o)}
-    pack.update({t: torch.randn(B * SKV * HKV * D, dtype=torch.bfloat16).as_strided(t.dim, t.stride)
-                 for t in (n.k, n.v)})
+    pack.update(
+        {t: torch.randn(B * SKV * HKV * D, dtype=torch.bfloat16).as_strided(t.dim, t.stride) for t in (n.k, n.v)}
+    )
     pack[n.stats] = torch.empty(B * SQ * H).as_strided(n.stats.dim, n.stats.stride)
     pack[n.attrs.seq_len_q] = torch.tensor([2, 3, 4], dtype=torch.int32).view(B, 1, 1, 1)
     pack[n.attrs.seq_len_kv] = torch.tensor([2, 3, 4], dtype=torch.int32).view(B, 1, 1, 1)
@@ -354,6 +433,5 @@ def test_a_variant_pack_keyed_by_uid_binds():
     t = {uid: torch.randn(dims, dtype=torch.float64).float() for uid in (101, 102, 103)}
     t[104] = torch.full(dims, float("nan"))
     g.execute(t, None)
-    ref = torch.nn.functional.scaled_dot_product_attention(t[101].double(), t[102].double(), t[103].double(),
-                                                           scale=1.0)
+    ref = torch.nn.functional.scaled_dot_product_attention(t[101].double(), t[102].double(), t[103].double(), scale=1.0)
     torch.testing.assert_close(t[104].double(), ref, atol=1e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
 """The dependencies pyproject.toml declares are the ones a fresh install needs to run quietly."""
+
 from __future__ import annotations
 
 import re
@@ -28,13 +29,13 @@ def test_torch_starts_quietly_on_the_base_dependencies():
     """`import torch` without numpy warns on every run (the demo's first line on a fresh machine): torch's wheel
     does not bring numpy, so frost's base dependencies must."""
     blocked = "import sys; sys.modules['numpy'] = None; import torch"
-    run = subprocess.run([sys.executable, "-W", "default", "-c", blocked], capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run([sys.executable, "-W", "default", "-c", blocked], capture_output=True, text=True, timeout=120)
     if "Failed to initialize NumPy" not in run.stderr:
         pytest.skip("this torch imports without numpy quietly; numpy is then not needed to start it")
     assert "numpy" in _declared(), "pyproject's base dependencies must hold numpy (torch warns without it)"
-    quiet = subprocess.run([sys.executable, "-W", "default", "-c", "import torch"], capture_output=True, text=True,
-                           timeout=120)
+    quiet = subprocess.run(
+        [sys.executable, "-W", "default", "-c", "import torch"], capture_output=True, text=True, timeout=120
+    )
     assert "NumPy" not in quiet.stderr, quiet.stderr
 
 

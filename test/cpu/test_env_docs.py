@@ -1,5 +1,6 @@
 """Every FROST_* environment variable that frost, its tests or its benchmarks read is documented in
 docs/troubleshooting.md (a new one without a line there fails here)."""
+
 from __future__ import annotations
 
 import re

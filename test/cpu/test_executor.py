@@ -1,4 +1,5 @@
 """`Graph.executor(ports)`: positional execution gives what `execute` gives and raises its errors (reference engine)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,7 @@ def _rand(*shape, dtype=torch.float32):
 
 
 def _graph(q, stats=True):
-    g = frost.Graph(io_data_type=torch.float32, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32)
+    g = frost.Graph(io_data_type=torch.float32, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     hq, hk, hv = (g.tensor_like(q, name=n) for n in ("q", "k", "v"))
     o, st = g.sdpa(hq, hk, hv, attn_scale=0.25, generate_stats=stats, use_causal_mask=True)
     o.set_output(True)

@@ -1,6 +1,7 @@
 """Function shape: no function over 150 lines, none over 16 parameters except a `@cute.kernel` entry (whose
 parameters are the launch's tensors). Long argument lists grow a parameter per feature; records and per-step
 functions keep them short (see `frost/engines/common/turns.py` and the kernels' records)."""
+
 from __future__ import annotations
 
 import ast
@@ -49,6 +50,7 @@ def _functions(path: Path):
                 yield from walk(child, f"{prefix}{child.name}.")
             else:
                 yield from walk(child, prefix)
+
     yield from walk(tree, "")
 
 
@@ -69,7 +71,8 @@ def test_no_function_is_too_long_or_takes_too_many_parameters():
     found = shape_offenders()
     over = {k: v for k, v in found.items() if k not in ALLOWED}
     assert not over, "functions over 150 lines or 16 parameters ((lines, parameters)): " + ", ".join(
-        f"{k} {v}" for k, v in sorted(over.items()))
+        f"{k} {v}" for k, v in sorted(over.items())
+    )
     stale = sorted(set(ALLOWED) - set(found))
     assert not stale, f"allowed functions that now fit, drop them from ALLOWED: {stale}"
 
@@ -81,6 +84,9 @@ def test_the_shape_check_catches_a_long_function_and_a_long_signature(tmp_path):
     (tmp_path / "frost" / "m.py").write_text(
         f"def long():\n{body}\n\n\nclass C:\n    def wide(self, {params}):\n        pass\n\n"
         f"    def fits(self, {', '.join(f'a{i}' for i in range(MAX_PARAMS))}):\n        pass\n\n\n"
-        f"@cute.kernel\ndef entry({params}):\n    pass\n")
-    assert shape_offenders(tmp_path) == {"frost/m.py:long": (MAX_LINES + 1, 0),
-                                         "frost/m.py:C.wide": (2, MAX_PARAMS + 1)}
+        f"@cute.kernel\ndef entry({params}):\n    pass\n"
+    )
+    assert shape_offenders(tmp_path) == {
+        "frost/m.py:long": (MAX_LINES + 1, 0),
+        "frost/m.py:C.wide": (2, MAX_PARAMS + 1),
+    }

@@ -1,4 +1,5 @@
 """benchmarks/gpu_suite_summary.py on a synthetic junit file: per-file counts, skip reasons, failures."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -57,7 +58,9 @@ def test_a_rerun_shard_replaces_the_earlier_outcome(tmp_path, capsys):
     mod = _module()
     first, rerun = tmp_path / "junit-1.xml", tmp_path / "junit-2.xml"
     first.write_text(JUNIT)
-    rerun.write_text('<testsuite><testcase classname="test.gpu.test_b_gpu.TestX" name="test_three"/>'
-                     '<testcase classname="test.gpu.test_b_gpu.TestX" name="test_four"/></testsuite>')
+    rerun.write_text(
+        '<testsuite><testcase classname="test.gpu.test_b_gpu.TestX" name="test_three"/>'
+        '<testcase classname="test.gpu.test_b_gpu.TestX" name="test_four"/></testsuite>'
+    )
     assert mod.main([str(first), str(rerun)]) == 0
     assert "| test/gpu/test_b_gpu.py | 3 | 0 | 0 | 1 |" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 A GPU test that expects a decline the planner no longer makes (or a plan it no longer makes) would fail, or
 skip, only on a GPU; planning needs no GPU, so the expectation is checked here against the same graphs.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,4 +31,5 @@ def test_ragged_cudnn_form_expectations_match_the_planner(direction, case):
         want = ragged.expected_decline(engine, case, direction)
         assert (declined is not None) == want, (
             f"{engine} on the H200: the GPU test expects {'a decline' if want else 'a plan'}, the planner "
-            f"{'declines: ' + str(declined) if declined else 'plans ' + g.engine_name}")
+            f"{'declines: ' + str(declined) if declined else 'plans ' + g.engine_name}"
+        )

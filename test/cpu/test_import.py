@@ -1,4 +1,5 @@
 """Importing frost, its arch adapters, declaring and ranking never import cutlass (checked in a fresh interpreter)."""
+
 from __future__ import annotations
 
 import json
@@ -52,16 +53,14 @@ def test_frost_import_and_ranking_do_not_import_cutlass():
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("CUTE_DSL_ARCH", None)
-    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     for stage, modules in result["seen"].items():
         assert modules == [], f"after {stage!r}: {modules} were imported"
-    assert set(result["seen"]) == {"import frost", "import adapters", "rank on H200",
-                                   "rank with every row available"}
+    assert set(result["seen"]) == {"import frost", "import adapters", "rank on H200", "rank with every row available"}
     # the subprocess really ranked: with every row available, Hopper ranks SM90 over SM80 (when the DSL is here),
     # and the cuDNN engine last where nvidia-cudnn-frontend is installed (its binding imports no cutlass either)
     accepted = [n for n in result["accepted"] if n != "SdpaFwdCudnn"]
     assert accepted in (["SdpaFwdDslSm90", "SdpaFwdDslSm80"], [])
-    assert result["accepted"][len(accepted):] in ([], ["SdpaFwdCudnn"])
+    assert result["accepted"][len(accepted) :] in ([], ["SdpaFwdCudnn"])

@@ -1,5 +1,6 @@
 """Extents the DSL kernels take as 32-bit ints (S, max_seq_len, packed token totals) decline at plan time from
 2^31 on, naming the extent; one below still plans."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ WHY = "as a 32-bit int; this graph declares {v} (2^31 and above do not fit)"
 
 
 def _dense(sq, skv, target="H200", direction="fwd"):
-    g = frost.Graph(io_data_type="bf16", intermediate_data_type="fp32", compute_data_type="fp32",
-                    target=fake_target(target))
+    g = frost.Graph(
+        io_data_type="bf16", intermediate_data_type="fp32", compute_data_type="fp32", target=fake_target(target)
+    )
     q = g.tensor(name="q", dim=(1, 1, sq, 64))
     k, v = (g.tensor(name=n, dim=(1, 1, skv, 64)) for n in ("k", "v"))
     if direction == "fwd":
@@ -28,13 +30,15 @@ def _dense(sq, skv, target="H200", direction="fwd"):
 
 
 def _thd(tq, tkv, max_q, max_kv):
-    g = frost.Graph(io_data_type="bf16", intermediate_data_type="fp32", compute_data_type="fp32",
-                    target=fake_target("H200"))
+    g = frost.Graph(
+        io_data_type="bf16", intermediate_data_type="fp32", compute_data_type="fp32", target=fake_target("H200")
+    )
     q = g.tensor(name="q", dim=(tq, 2, 64))
     k, v = (g.tensor(name=n, dim=(tkv, 2, 64)) for n in ("k", "v"))
     cu_q, cu_kv = (g.tensor(name=n, dim=(3,), data_type="int32") for n in ("cu_q", "cu_kv"))
-    o, _ = g.sdpa(q, k, v, attn_scale=0.125, cu_seq_len_q=cu_q, cu_seq_len_kv=cu_kv, max_seq_len_q=max_q,
-                  max_seq_len_kv=max_kv)
+    o, _ = g.sdpa(
+        q, k, v, attn_scale=0.125, cu_seq_len_q=cu_q, cu_seq_len_kv=cu_kv, max_seq_len_q=max_q, max_seq_len_kv=max_kv
+    )
     o.set_output(True)
     return g
 
@@ -71,7 +75,8 @@ def test_packed_totals_and_max_seq_len_decline_naming_them():
     r = _dsl_reasons(_thd(BIG, 64, 32, 32))
     assert r and all(v == f"takes the packed token total of q (its dim 0) {WHY.format(v=BIG)}" for v in r.values())
     r = _dsl_reasons(_thd(64, BIG, 32, 32))
-    assert r and all(v == f"takes the packed token total of k and v (their dim 0) {WHY.format(v=BIG)}"
-                     for v in r.values())
+    assert r and all(
+        v == f"takes the packed token total of k and v (their dim 0) {WHY.format(v=BIG)}" for v in r.values()
+    )
     r = _dsl_reasons(_thd(64, BIG, 32, BIG))
     assert r and all(v == f"takes max_seq_len_kv {WHY.format(v=BIG)}" for v in r.values()), r

@@ -1,4 +1,5 @@
 """tools/kernel_ir.py sorts kernel MLIR changes into identical, reordered and different."""
+
 from __future__ import annotations
 
 import importlib.util

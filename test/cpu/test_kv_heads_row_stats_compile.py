@@ -3,6 +3,7 @@ heads, nested or not, in both backwards' main kernels), also beside a bias, dBia
 params validate, name their kernels apart, and the kernels compile for sm_80 (mma.sync) and sm_90a (mma.sync and
 wgmma) without a GPU. Graphs without the features compile to the same kernels as before (the kernel IR of the
 covering sets is unchanged; `tools/kernel_ir.py diff`)."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,8 +40,14 @@ def _b90(d=128, dv=None, hq=4, hk=4, **kw) -> dict:
     from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
 
     dv = dv or d
-    return dict(head_dim=d, head_dim_v=dv, num_heads_q=hq, num_heads_kv=hk, **kw,
-                **default_knobs(d, dv, banded=kw.get("has_window_right", False)))
+    return dict(
+        head_dim=d,
+        head_dim_v=dv,
+        num_heads_q=hq,
+        num_heads_kv=hk,
+        **kw,
+        **default_knobs(d, dv, banded=kw.get("has_window_right", False)),
+    )
 
 
 def _k90(d=128, **kw) -> dict:
@@ -51,45 +58,133 @@ def _k90(d=128, **kw) -> dict:
 CASES = {
     "sm_80": [
         (SM80_FWD_TEMPLATE, P80, _k80(d=128, hq=6, hk=6, num_heads_v=1, has_lse=True, has_window_right=True)),
-        (SM80_FWD_TEMPLATE, P80, _k80(d=64, hq=8, hk=2, num_heads_v=4, has_score_max=True,
-                                      has_score_sum_exp=True, has_seqused=True, has_sinks=True)),
-        (SM80_FWD_TEMPLATE, P80, _k80(d=128, hq=4, hk=4, is_thd=True, has_lse=True, has_score_max=True,
-                                      has_score_sum_exp=True, has_window_right=True)),
+        (
+            SM80_FWD_TEMPLATE,
+            P80,
+            _k80(
+                d=64,
+                hq=8,
+                hk=2,
+                num_heads_v=4,
+                has_score_max=True,
+                has_score_sum_exp=True,
+                has_seqused=True,
+                has_sinks=True,
+            ),
+        ),
+        (
+            SM80_FWD_TEMPLATE,
+            P80,
+            _k80(
+                d=128,
+                hq=4,
+                hk=4,
+                is_thd=True,
+                has_lse=True,
+                has_score_max=True,
+                has_score_sum_exp=True,
+                has_window_right=True,
+            ),
+        ),
         # the mma.sync backward's main kernel: K finer (6 K heads, 1 V head) and V finer (2 K heads, 4 V heads)
         (BWD_MAIN, B80, _b80(d=64, hq=6, hk=6, num_heads_v=1, has_window_right=True)),
         (BWD_MAIN, B80, _b80(d=128, hq=8, hk=2, num_heads_v=4, is_thd=True, deterministic=True)),
-        (BWD_MAIN, B80, _b80(d=72, hq=8, hk=4, num_heads_v=1, has_seqused=True, deterministic=True,
-                             knobs=dict(dq_splits=2))),
+        (
+            BWD_MAIN,
+            B80,
+            _b80(d=72, hq=8, hk=4, num_heads_v=1, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
+        ),
         # counts that do not nest: K's and V's tiles both change within a walk (K groups of 3, V groups of 2)
         (BWD_MAIN, B80, _b80(d=64, hq=12, hk=4, num_heads_v=6, has_window_right=True, has_seqused=True)),
         (BWD_MAIN, B80, _b80(d=128, hq=6, hk=2, num_heads_v=3, is_thd=True, deterministic=True)),
         # with the score modifiers: a bias and ALiBi beside split heads and both row statistics, and the
         # backward's dBias written directly with K finer
-        (SM80_FWD_TEMPLATE, P80, _k80(d=64, hq=8, hk=2, num_heads_v=4, has_bias=True, bias_per_head=True,
-                                      has_alibi=True, has_window_right=True, has_lse=True, has_score_max=True,
-                                      has_score_sum_exp=True)),
-        (BWD_MAIN, B80, _b80(d=64, hq=6, hk=6, num_heads_v=1, has_bias=True, bias_per_head=True, has_dbias=True,
-                             has_alibi=True, has_window_right=True)),
+        (
+            SM80_FWD_TEMPLATE,
+            P80,
+            _k80(
+                d=64,
+                hq=8,
+                hk=2,
+                num_heads_v=4,
+                has_bias=True,
+                bias_per_head=True,
+                has_alibi=True,
+                has_window_right=True,
+                has_lse=True,
+                has_score_max=True,
+                has_score_sum_exp=True,
+            ),
+        ),
+        (
+            BWD_MAIN,
+            B80,
+            _b80(
+                d=64,
+                hq=6,
+                hk=6,
+                num_heads_v=1,
+                has_bias=True,
+                bias_per_head=True,
+                has_dbias=True,
+                has_alibi=True,
+                has_window_right=True,
+            ),
+        ),
     ],
     "sm_90a": [
         (SM90_FWD_TEMPLATE, P90, _k90(num_heads_q=6, num_heads_kv=6, num_heads_v=1, has_window_right=True)),
-        (SM90_FWD_TEMPLATE, P90, _k90(num_heads_q=8, num_heads_kv=2, num_heads_v=4, pack_gqa=True,
-                                      has_score_max=True, has_score_sum_exp=True, has_sinks=True)),
-        (SM90_FWD_TEMPLATE, P90, _k90(num_heads_q=4, num_heads_kv=4, is_thd=True, has_score_max=True,
-                                      has_score_sum_exp=True, has_window_right=True)),
-        (SM90_FWD_TEMPLATE, P90, _k90(d=64, num_heads_q=8, num_heads_kv=2, pack_gqa=True, has_seqused=True,
-                                      has_lse=False, has_score_max=True)),
+        (
+            SM90_FWD_TEMPLATE,
+            P90,
+            _k90(
+                num_heads_q=8,
+                num_heads_kv=2,
+                num_heads_v=4,
+                pack_gqa=True,
+                has_score_max=True,
+                has_score_sum_exp=True,
+                has_sinks=True,
+            ),
+        ),
+        (
+            SM90_FWD_TEMPLATE,
+            P90,
+            _k90(
+                num_heads_q=4,
+                num_heads_kv=4,
+                is_thd=True,
+                has_score_max=True,
+                has_score_sum_exp=True,
+                has_window_right=True,
+            ),
+        ),
+        (
+            SM90_FWD_TEMPLATE,
+            P90,
+            _k90(
+                d=64, num_heads_q=8, num_heads_kv=2, pack_gqa=True, has_seqused=True, has_lse=False, has_score_max=True
+            ),
+        ),
         (SM80_FWD_TEMPLATE, P80, _k80(d=96, hq=8, hk=2, num_heads_v=4, is_thd=True, has_score_sum_exp=True)),
         (BWD_MAIN, B80, _b80(d=128, hq=8, hk=1, num_heads_v=2, has_sinks=True, has_dsinks=True)),
         # a broadcast dBias through the fp32 accumulator, V finer
-        (BWD_MAIN, B80, _b80(d=64, hq=8, hk=2, num_heads_v=4, has_bias=True, has_dbias=True, dbias_accum=True,
-                             has_window_right=True)),
+        (
+            BWD_MAIN,
+            B80,
+            _b80(
+                d=64, hq=8, hk=2, num_heads_v=4, has_bias=True, has_dbias=True, dbias_accum=True, has_window_right=True
+            ),
+        ),
         # the wgmma backward's main kernel: K finer, V finer (deterministic, causal), counts that do not nest
         # (padded, deterministic), shared keys (d=192x128)
         (BWD90_MAIN, B90, _b90(hq=6, hk=6, num_heads_v=1)),
         (BWD90_MAIN, B90, _b90(hq=8, hk=2, num_heads_v=4, has_window_right=True, deterministic=True)),
-        (BWD90_MAIN, B90, _b90(hq=12, hk=4, num_heads_v=6, has_window_right=True, has_seqused=True,
-                               deterministic=True)),
+        (
+            BWD90_MAIN,
+            B90,
+            _b90(hq=12, hk=4, num_heads_v=6, has_window_right=True, has_seqused=True, deterministic=True),
+        ),
         (BWD90_MAIN, B90, _b90(d=192, dv=128, hq=6, hk=6, num_heads_v=1)),
     ],
 }
@@ -169,6 +264,7 @@ def test_backward_walks_whole_k_and_v_groups():
     assert (Sm80BwdParams(**_b80(d=64, hq=6, hk=2, num_heads_v=3)).kv_grid_heads,) == (1,)
     assert Sm80BwdParams(**_b80(d=64, hq=24, hk=6, num_heads_v=4)).walk_group == 12  # groups of 4 and 6
     from frost.engines.sm90.sdpa_bwd import kernel_name as name90
+
     for hk, hv, walk in ((2, 4, 4), (8, 1, 8), (1, 4, 8)):  # the wgmma backward walks the same runs
         w = Sm90BwdParams(head_dim=64, head_dim_v=64, num_heads_q=8, num_heads_kv=hk, num_heads_v=hv)
         validate_bwd90(w)

@@ -5,6 +5,7 @@ inside functions (the lazy ones that keep `import frost` cheap), and dotted
 module paths in strings (kernel templates and adapters load by path through
 importlib). A new folder under frost/ must be given a layer here.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,8 +36,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ONLY: dict[str, tuple[str, ...]] = {
     "ir": ("frost.ir", "frost.types", "frost.errors"),  # the graph knows nothing below it
     # a client of the public graph API: the package's public names and the records they use
-    "torch_face": ("frost", "frost.torch_face", "frost.errors", "frost.types", "frost.knobs", "frost.target",
-                   "frost.version", "frost.runtime", "frost.kv_append"),
+    "torch_face": (
+        "frost",
+        "frost.torch_face",
+        "frost.errors",
+        "frost.types",
+        "frost.knobs",
+        "frost.target",
+        "frost.version",
+        "frost.runtime",
+        "frost.kv_append",
+    ),
     # beyond torch.distributed, the public names and the torch face only
     "distributed": ("frost", "frost.torch_face", "frost.distributed"),
 }
@@ -80,8 +90,7 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
                 pkg = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(pkg + ([node.module] if node.module else []))
             # `from pkg import mod` imports the submodule when there is one
-            out += [(node.lineno, f"{base}.{a.name}" if is_module(f"{base}.{a.name}") else base)
-                    for a in node.names]
+            out += [(node.lineno, f"{base}.{a.name}" if is_module(f"{base}.{a.name}") else base) for a in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _DOTTED.fullmatch(node.value):
             mod = longest_module(node.value)
             if mod.count(".") >= 1:
@@ -142,8 +151,12 @@ def test_the_scan_sees_lazy_imports_and_dotted_paths():
 
 @pytest.mark.parametrize("folder", ["frost", "tools", "benchmarks"])
 def test_nothing_outside_tests_imports_a_test_module(folder):
-    bad = [f"{p.relative_to(ROOT)}:{line} imports {t}" for p in sources(folder) for line, t in imports_of(p)
-           if t == "test" or t.startswith("test.")]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {t}"
+        for p in sources(folder)
+        for line, t in imports_of(p)
+        if t == "test" or t.startswith("test.")
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -178,6 +191,10 @@ def test_fingerprint_hashes_every_module_the_kernels_and_the_compiler_import():
 def test_context_parallel_talks_through_torch_distributed_only():
     """frost.distributed's transport is torch.distributed: no other communication package."""
     allowed = ("torch", "frost", "__future__", "contextlib", "dataclasses", "functools", "math", "typing")
-    bad = [f"{p.relative_to(ROOT)}:{line} imports {t}" for p in sources("frost/distributed")
-           for line, t in imports_of(p) if t.split(".")[0] not in allowed]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {t}"
+        for p in sources("frost/distributed")
+        for line, t in imports_of(p)
+        if t.split(".")[0] not in allowed
+    ]
     assert not bad, "\n".join(bad)

@@ -3,6 +3,7 @@ lengths or offsets from the device, on sm_80 and sm_90a, clamps each value it lo
 (`frost.testing.length_clamps`: every use of an integer loaded from global memory, or of its quotient by a token
 stride, is a min whose only use is a max, or the other way round). The structural check itself is tested on
 hand-written MLIR first, so it is known to fail where a length goes unclamped."""
+
 from __future__ import annotations
 
 import pytest
@@ -103,8 +104,14 @@ def _covering_with_lengths() -> dict:
     return out
 
 
-FAMILIES = ["sm80_sdpa_fwd", "sdpa_bwd_preprocess", "sm80_sdpa_bwd", "sdpa_bwd_postprocess", "sm90_sdpa_fwd",
-            "sm90_sdpa_bwd"]
+FAMILIES = [
+    "sm80_sdpa_fwd",
+    "sdpa_bwd_preprocess",
+    "sm80_sdpa_bwd",
+    "sdpa_bwd_postprocess",
+    "sm90_sdpa_fwd",
+    "sm90_sdpa_bwd",
+]
 
 
 @pytest.mark.slow
@@ -131,8 +138,11 @@ def test_the_length_check_kernel_compiles_and_reads_the_values_as_they_are(tmp_p
     from frost.engines.common.length_check_params import LengthCheckParams
 
     params = "frost.engines.common.length_check_params.LengthCheckParams"
-    cases = [dict(form="padded"), dict(form="packed"),
-             dict(form="ragged", offsets=(("q", 256, "int64"), ("kv", 128, "int32"), ("q", 4, "int32")))]
+    cases = [
+        dict(form="padded"),
+        dict(form="packed"),
+        dict(form="ragged", offsets=(("q", 256, "int64"), ("kv", 128, "int32"), ("q", 4, "int32"))),
+    ]
     archs = ("sm_80", "sm_90a")
     groups = [(arch, [("frost.engines.common.length_check", params, kw, None) for kw in cases]) for arch in archs]
     for arch, outs in zip(archs, compile_groups(groups, tmp_path)):

@@ -1,4 +1,5 @@
 """`assert_close_to_oracle`: passes rounding-level error, fails a few corrupted rows the norm check lets through."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ from test import oracle
 def _case(dtype):
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 256, 64, generator=gen).to(dtype) for _ in range(3))
-    o64, _ = oracle.attention(q, k, v, scale=64 ** -0.5)
+    o64, _ = oracle.attention(q, k, v, scale=64**-0.5)
     return o64
 
 
@@ -73,5 +74,6 @@ def test_the_gpu_suites_oracle_keywords_agree_with_the_reference_engine():
         want = oracle_grads(case, t)
         g.execute(pack(d, t), None)
         for name, ref in want.items():
-            oracle.assert_close_to_oracle(t[name], ref, rel=2e-2, kind="grad", io_dtype=case.dtype,
-                                          name=f"{case.id} {name}")
+            oracle.assert_close_to_oracle(
+                t[name], ref, rel=2e-2, kind="grad", io_dtype=case.dtype, name=f"{case.id} {name}"
+            )

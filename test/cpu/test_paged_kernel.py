@@ -3,6 +3,7 @@ plans paged graphs on a fake A100 and the SM90 adapter on a fake H200 (the SM80 
 block sizes their key tiles divide, and both decline the others naming the sizes they serve; the templates' params
 and argument lists; the kernels compile (sm_80 / sm_90a) with no more ptxas spills than the same kernels over dense
 K and V, every length and block index they read clamped."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,15 +26,31 @@ def _facts(block_size: int, *, d=64, max_kv=1000, hq=8, hkv=2, sq=1, **sdpa_kw):
     blocks = -(-max_kv // block_size)
     g = frost.pygraph(io_data_type=frost.data_type.BFLOAT16)
     q = g.tensor(name="Q", dim=(3, hq, sq, d), stride=(hq * sq * d, d, hq * d, 1))
-    k, v = (g.tensor(name=n, dim=(3 * blocks + 2, hkv, block_size, d),
-                     stride=(hkv * block_size * d, d, hkv * d, 1)) for n in ("container_k", "container_v"))
-    kt, vt = (g.tensor(name=n, dim=(3, 1, blocks, 1), stride=(blocks, blocks, 1, 1),
-                       data_type=frost.data_type.INT32) for n in ("table_k", "table_v"))
-    lq, lk = (g.tensor(name=n, dim=(3, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
-              for n in ("seq_q", "seq_kv"))
-    o, _ = g.sdpa(q, k, v, attn_scale=0.125, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk,
-                  paged_attention_k_table=kt, paged_attention_v_table=vt, paged_attention_max_seq_len_kv=max_kv,
-                  **sdpa_kw)
+    k, v = (
+        g.tensor(name=n, dim=(3 * blocks + 2, hkv, block_size, d), stride=(hkv * block_size * d, d, hkv * d, 1))
+        for n in ("container_k", "container_v")
+    )
+    kt, vt = (
+        g.tensor(name=n, dim=(3, 1, blocks, 1), stride=(blocks, blocks, 1, 1), data_type=frost.data_type.INT32)
+        for n in ("table_k", "table_v")
+    )
+    lq, lk = (
+        g.tensor(name=n, dim=(3, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
+        for n in ("seq_q", "seq_kv")
+    )
+    o, _ = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.125,
+        use_padding_mask=True,
+        seq_len_q=lq,
+        seq_len_kv=lk,
+        paged_attention_k_table=kt,
+        paged_attention_v_table=vt,
+        paged_attention_max_seq_len_kv=max_kv,
+        **sdpa_kw,
+    )
     o.set_output(True)
     return g.validate().facts
 
@@ -125,8 +142,15 @@ def test_the_paged_forward_compiles_with_no_more_spills_than_dense(tmp_path):
 def test_the_wgmma_forward_plans_paged_graphs(block_size, d, sq):
     """Decode (one query row: GQA packed into the M tile) and chunked prefill (a bottom-right sliding window)
     rank the wgmma forward first on the H200, its key tile shrunk to divide the block size."""
-    band = {} if sq == 1 else dict(diagonal_band_right_bound=0, diagonal_band_left_bound=256,
-                                   diagonal_alignment=frost.diagonal_alignment.BOTTOM_RIGHT)
+    band = (
+        {}
+        if sq == 1
+        else dict(
+            diagonal_band_right_bound=0,
+            diagonal_band_left_bound=256,
+            diagonal_alignment=frost.diagonal_alignment.BOTTOM_RIGHT,
+        )
+    )
     ranking, declines = _ranked(_facts(block_size, d=d, sq=sq, **band), "H200")
     row, adapter = ranking.accepted[0]
     assert row.name == "SdpaFwdDslSm90", declines.get("SdpaFwdDslSm90")
@@ -140,7 +164,7 @@ def test_the_wgmma_forward_plans_paged_graphs(block_size, d, sq):
         assert p.bottom_right and p.has_window_left and p.has_window_right
     names = fwd_arg_names(p)
     tail = ["max_seqlen_kv"] + ["o_partial", "lse_partial"] * p.split + ["stream"]  # a long decode may split
-    assert names.index("k_table") < names.index("v_table") and names[-len(tail):] == tail
+    assert names.index("k_table") < names.index("v_table") and names[-len(tail) :] == tail
 
 
 def test_the_wgmma_forward_serves_sinks_and_mixed_block_sizes():
@@ -150,16 +174,30 @@ def test_the_wgmma_forward_serves_sinks_and_mixed_block_sizes():
     blocks = {"k": 64, "v": 128}
     g = frost.pygraph(io_data_type=frost.data_type.BFLOAT16)
     q = g.tensor(name="Q", dim=(2, 8, 40, 128), stride=(8 * 40 * 128, 128, 8 * 128, 1))
-    k, v = (g.tensor(name=f"c{n}", dim=(40, 2, blocks[n], 128), stride=(2 * blocks[n] * 128, 128, 2 * 128, 1))
-            for n in ("k", "v"))
+    k, v = (
+        g.tensor(name=f"c{n}", dim=(40, 2, blocks[n], 128), stride=(2 * blocks[n] * 128, 128, 2 * 128, 1))
+        for n in ("k", "v")
+    )
     kt = g.tensor(name="kt", dim=(2, 1, 8, 1), stride=(8, 8, 1, 1), data_type=frost.data_type.INT32)
     vt = g.tensor(name="vt", dim=(2, 1, 4, 1), stride=(4, 4, 1, 1), data_type=frost.data_type.INT32)
-    lq, lk = (g.tensor(name=n, dim=(2, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
-              for n in ("lq", "lk"))
+    lq, lk = (
+        g.tensor(name=n, dim=(2, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32) for n in ("lq", "lk")
+    )
     sink = g.tensor(name="sink", dim=(1, 8, 1, 1), stride=(8, 1, 1, 1), data_type=frost.data_type.FLOAT)
-    o, _ = g.sdpa(q, k, v, attn_scale=0.1, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk, sink_token=sink,
-                  use_causal_mask_bottom_right=True, paged_attention_k_table=kt, paged_attention_v_table=vt,
-                  paged_attention_max_seq_len_kv=512)
+    o, _ = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.1,
+        use_padding_mask=True,
+        seq_len_q=lq,
+        seq_len_kv=lk,
+        sink_token=sink,
+        use_causal_mask_bottom_right=True,
+        paged_attention_k_table=kt,
+        paged_attention_v_table=vt,
+        paged_attention_max_seq_len_kv=512,
+    )
     o.set_output(True)
     ranking = rank(g.validate().facts, fake_target("H200"))
     row, adapter = ranking.accepted[0]
@@ -174,8 +212,15 @@ def test_the_wgmma_forward_serves_sinks_and_mixed_block_sizes():
 def test_the_wgmma_forward_plans_blocks_smaller_than_its_key_tile(block_size, d, sq):
     """Blocks of 16 and 32 rows: the wgmma forward ranks first on the H200, its key tile the widest multiple of the
     block up to its default (one TMA load per block), not shrunk to the block."""
-    band = {} if sq == 1 else dict(diagonal_band_right_bound=0, diagonal_band_left_bound=256,
-                                   diagonal_alignment=frost.diagonal_alignment.BOTTOM_RIGHT)
+    band = (
+        {}
+        if sq == 1
+        else dict(
+            diagonal_band_right_bound=0,
+            diagonal_band_left_bound=256,
+            diagonal_alignment=frost.diagonal_alignment.BOTTOM_RIGHT,
+        )
+    )
     ranking, declines = _ranked(_facts(block_size, d=d, sq=sq, **band), "H200")
     row, adapter = ranking.accepted[0]
     assert row.name == "SdpaFwdDslSm90", declines.get("SdpaFwdDslSm90")
@@ -189,13 +234,15 @@ def test_the_wgmma_forward_plans_blocks_smaller_than_its_key_tile(block_size, d,
 @pytest.mark.parametrize("block_size", [8, 24, 48, 512])
 def test_the_wgmma_forward_declines_other_block_sizes_naming_the_served_ones(block_size):
     _, declines = _ranked(_facts(block_size, max_kv=1024), "H200")
-    assert declines["SdpaFwdDslSm90"] == ("serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V "
-                                          f"containers have block size {block_size}")
+    assert declines["SdpaFwdDslSm90"] == (
+        f"serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have block size {block_size}"
+    )
 
 
 def test_wgmma_key_tiles_lie_inside_a_block_or_span_whole_ones():
-    p = sm90.Sm90FwdParams(head_dim=128, head_dim_v=128, has_seqused=True, paged_block_k=64, paged_block_v=64,
-                           tile_n=96)
+    p = sm90.Sm90FwdParams(
+        head_dim=128, head_dim_v=128, has_seqused=True, paged_block_k=64, paged_block_v=64, tile_n=96
+    )
     with pytest.raises(TemplateParamsError, match="tile_n=96 must divide the k container's block size 64"):
         sm90.validate(p)
     with pytest.raises(TemplateParamsError, match="multiple of 8 rows"):  # a block's load fills whole swizzle atoms

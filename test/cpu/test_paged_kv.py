@@ -5,6 +5,7 @@ The graphs are written the way cuDNN's own paged tests write them (test_mhas_v2.
 declared as containers (num_blocks, H_kv, block_size, D), int32 block tables (B, 1, max_blocks_per_seq, 1) with
 the strides of a transposed (max_blocks, 1, B, 1) tensor, paged_attention_max_seq_len_kv, and the padding mask.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,22 +18,38 @@ from frost.errors import GraphError
 from frost.target import fake_target
 from test import oracle
 
-SIZES_SAY = {"SdpaFwdDslSm80": "serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block "
-                               "size 24",
-             "SdpaFwdDslSm90": "serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have "
-                               "block size 24"}
+SIZES_SAY = {
+    "SdpaFwdDslSm80": "serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block size 24",
+    "SdpaFwdDslSm90": "serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have "
+    "block size 24",
+}
 
 
 def _tables(b, blocks_per_seq, num_blocks, gen, *, transposed=True):
     """A (B, 1, max_blocks, 1) int32 table of distinct shuffled block ids (transposed strides, as cuDNN's tests)."""
-    ids = torch.randperm(num_blocks, generator=gen)[:b * blocks_per_seq].to(torch.int32)
+    ids = torch.randperm(num_blocks, generator=gen)[: b * blocks_per_seq].to(torch.int32)
     if transposed:
         return ids.reshape(blocks_per_seq, 1, b, 1).transpose(0, 2)
     return ids.reshape(b, 1, blocks_per_seq, 1)
 
 
-def _paged(q_dims, kv_heads, d_v, block_size, max_kv, lens_q, lens_kv, *, dtype=torch.float32, seed=0, sink=False,
-           spare_blocks=3, junk=True, row_stats=False, **sdpa_kw):
+def _paged(
+    q_dims,
+    kv_heads,
+    d_v,
+    block_size,
+    max_kv,
+    lens_q,
+    lens_kv,
+    *,
+    dtype=torch.float32,
+    seed=0,
+    sink=False,
+    spare_blocks=3,
+    junk=True,
+    row_stats=False,
+    **sdpa_kw,
+):
     """(graph, variant pack, the oracle's dense K and V (B, H, S_kv, D) and lengths) of one paged forward."""
     gen = torch.Generator().manual_seed(seed)
     b, hq, sq, d = q_dims
@@ -45,13 +62,17 @@ def _paged(q_dims, kv_heads, d_v, block_size, max_kv, lens_q, lens_kv, *, dtype=
     if junk:  # table entries past a sequence's last block are never read (a serving engine leaves them stale)
         for t in (kt, vt):
             for i, n in enumerate(lens_kv):
-                t[i, 0, math.ceil(n / block_size):, 0] = 10 ** 6
+                t[i, 0, math.ceil(n / block_size) :, 0] = 10**6
     lq = torch.tensor(lens_q, dtype=torch.int32).reshape(b, 1, 1, 1)
     lk = torch.tensor(lens_kv, dtype=torch.int32).reshape(b, 1, 1, 1)
-    io = {torch.float32: frost.data_type.FLOAT, torch.bfloat16: frost.data_type.BFLOAT16,
-          torch.float16: frost.data_type.HALF}[dtype]
-    g = frost.pygraph(io_data_type=io, intermediate_data_type=frost.data_type.FLOAT,
-                      compute_data_type=frost.data_type.FLOAT)
+    io = {
+        torch.float32: frost.data_type.FLOAT,
+        torch.bfloat16: frost.data_type.BFLOAT16,
+        torch.float16: frost.data_type.HALF,
+    }[dtype]
+    g = frost.pygraph(
+        io_data_type=io, intermediate_data_type=frost.data_type.FLOAT, compute_data_type=frost.data_type.FLOAT
+    )
     tq = g.tensor(dim=q.shape, stride=q.stride(), data_type=io)
     tk = g.tensor(dim=kc.shape, stride=kc.stride(), data_type=io)
     tv = g.tensor(dim=vc.shape, stride=vc.stride(), data_type=io)
@@ -69,10 +90,22 @@ def _paged(q_dims, kv_heads, d_v, block_size, max_kv, lens_q, lens_kv, *, dtype=
             t.set_output(True)
             rows[r] = (t, buf)
         sdpa_kw.update({r: t for r, (t, _) in rows.items()})
-    o, st = g.sdpa(name="sdpa_forward", q=tq, k=tk, v=tv, generate_stats=True, attn_scale=0.125,
-                   use_padding_mask=True, seq_len_q=tlq, seq_len_kv=tlk, paged_attention_k_table=tkt,
-                   paged_attention_v_table=tvt, paged_attention_max_seq_len_kv=max_kv, sink_token=ts,
-                   **sdpa_kw)
+    o, st = g.sdpa(
+        name="sdpa_forward",
+        q=tq,
+        k=tk,
+        v=tv,
+        generate_stats=True,
+        attn_scale=0.125,
+        use_padding_mask=True,
+        seq_len_q=tlq,
+        seq_len_kv=tlk,
+        paged_attention_k_table=tkt,
+        paged_attention_v_table=tvt,
+        paged_attention_max_seq_len_kv=max_kv,
+        sink_token=ts,
+        **sdpa_kw,
+    )
     out = torch.full((b, hq, sq, d_v), float("nan"), dtype=dtype)
     lse = torch.full((b, hq, sq, 1), float("nan"))
     o.set_output(True).set_dim(out.shape).set_stride(out.stride())
@@ -81,8 +114,25 @@ def _paged(q_dims, kv_heads, d_v, block_size, max_kv, lens_q, lens_kv, *, dtype=
     if sink:
         pack[ts] = sink_t
     pack.update({t: buf for t, buf in rows.values()})
-    return g, pack, dict(rows={r: buf for r, (_, buf) in rows.items()}, q=q, kc=kc, vc=vc, kt=kt, vt=vt, out=out,
-                         lse=lse, sink=sink_t, lens_q=lens_q, lens_kv=lens_kv, block_size=block_size, max_kv=max_kv)
+    return (
+        g,
+        pack,
+        dict(
+            rows={r: buf for r, (_, buf) in rows.items()},
+            q=q,
+            kc=kc,
+            vc=vc,
+            kt=kt,
+            vt=vt,
+            out=out,
+            lse=lse,
+            sink=sink_t,
+            lens_q=lens_q,
+            lens_kv=lens_kv,
+            block_size=block_size,
+            max_kv=max_kv,
+        ),
+    )
 
 
 def _gathered(container, table, lens_kv, block_size, max_kv):
@@ -101,8 +151,17 @@ def _gathered(container, table, lens_kv, block_size, max_kv):
 def _oracle(x, row_stats=False, **mask):
     k = _gathered(x["kc"], x["kt"], x["lens_kv"], x["block_size"], x["max_kv"])
     v = _gathered(x["vc"], x["vt"], x["lens_kv"], x["block_size"], x["max_kv"])
-    return oracle.attention(x["q"], k, v, scale=0.125, sink=x["sink"], seq_len_q=x["lens_q"],
-                            seq_len_kv=x["lens_kv"], row_stats=row_stats, **mask)
+    return oracle.attention(
+        x["q"],
+        k,
+        v,
+        scale=0.125,
+        sink=x["sink"],
+        seq_len_q=x["lens_q"],
+        seq_len_kv=x["lens_kv"],
+        row_stats=row_stats,
+        **mask,
+    )
 
 
 def _run(g, pack):
@@ -133,16 +192,16 @@ def _close(x, ref, tol):
 @pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
 def test_reference_matches_gather_then_attend_for_every_block_size(block_size):
     lens_q, lens_kv = [5, 1, 7], [300, 17, block_size]
-    g, pack, x = _paged((3, 4, 7, 32), 2, 32, block_size, 300, lens_q, lens_kv, seed=block_size,
-                        use_causal_mask_bottom_right=True)
+    g, pack, x = _paged(
+        (3, 4, 7, 32), 2, 32, block_size, 300, lens_q, lens_kv, seed=block_size, use_causal_mask_bottom_right=True
+    )
     assert g.validate().facts.paged.block_size_k == block_size
     _run(g, pack)
     assert g.engine_name == "SdpaFwdReference"
     _close(x, _oracle(x, causal_bottom_right=True), 1e-5)
 
 
-@pytest.mark.parametrize("case", ["gqa", "mqa", "window", "band", "sinks", "empty", "decode", "top_left", "bf16",
-                                  "dv"])
+@pytest.mark.parametrize("case", ["gqa", "mqa", "window", "band", "sinks", "empty", "decode", "top_left", "bf16", "dv"])
 def test_reference_paged_features(case):
     q_dims, hkv, dv, bs, max_kv = (2, 8, 4, 64), 2, 64, 16, 80
     lens_q, lens_kv = [4, 3], [80, 33]
@@ -153,8 +212,11 @@ def test_reference_paged_features(case):
         kw = dict(use_causal_mask_bottom_right=True, sliding_window_length=9)
         mask = dict(causal_bottom_right=True, sliding_window_length=9)
     elif case == "band":
-        kw = dict(diagonal_alignment=frost.diagonal_alignment.BOTTOM_RIGHT, diagonal_band_left_bound=20,
-                  diagonal_band_right_bound=2)
+        kw = dict(
+            diagonal_alignment=frost.diagonal_alignment.BOTTOM_RIGHT,
+            diagonal_band_left_bound=20,
+            diagonal_band_right_bound=2,
+        )
         mask = dict(alignment="BOTTOM_RIGHT", left_bound=20, right_bound=2)
     elif case == "sinks":
         sink = True
@@ -189,18 +251,40 @@ def test_reference_refuses_a_table_entry_outside_the_container():
 
 
 # the declaration ----------------------------------------------------------------------------------------------
-def _declare(*, table_dtype=frost.data_type.INT32, table_dims=(3, 1, 4, 1), max_kv=100, block_size=32,
-             num_blocks=11, v_table_dims=None, target=None):
+def _declare(
+    *,
+    table_dtype=frost.data_type.INT32,
+    table_dims=(3, 1, 4, 1),
+    max_kv=100,
+    block_size=32,
+    num_blocks=11,
+    v_table_dims=None,
+    target=None,
+):
     g = frost.pygraph(io_data_type=frost.data_type.HALF, target=target)
     q = g.tensor(name="Q", dim=(3, 4, 8, 64), stride=(2048, 512, 64, 1))
-    k, v = (g.tensor(name=n, dim=(num_blocks, 2, block_size, 64), stride=(4096, 64 * block_size, 64, 1))
-            for n in ("container_k", "container_v"))
+    k, v = (
+        g.tensor(name=n, dim=(num_blocks, 2, block_size, 64), stride=(4096, 64 * block_size, 64, 1))
+        for n in ("container_k", "container_v")
+    )
     kt = g.tensor(name="page_table_k", dim=table_dims, stride=None, data_type=table_dtype)
     vt = g.tensor(name="page_table_v", dim=v_table_dims or table_dims, stride=None, data_type=frost.data_type.INT32)
-    lq, lk = (g.tensor(name=n, dim=(3, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
-              for n in ("seq_q", "seq_kv"))
-    o, _ = g.sdpa(q, k, v, attn_scale=0.125, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk,
-                  paged_attention_k_table=kt, paged_attention_v_table=vt, paged_attention_max_seq_len_kv=max_kv)
+    lq, lk = (
+        g.tensor(name=n, dim=(3, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
+        for n in ("seq_q", "seq_kv")
+    )
+    o, _ = g.sdpa(
+        q,
+        k,
+        v,
+        attn_scale=0.125,
+        use_padding_mask=True,
+        seq_len_q=lq,
+        seq_len_kv=lk,
+        paged_attention_k_table=kt,
+        paged_attention_v_table=vt,
+        paged_attention_max_seq_len_kv=max_kv,
+    )
     o.set_output(True)
     return g
 
@@ -216,14 +300,20 @@ def test_the_envelope_is_inferred_from_the_tables_as_cudnn_does():
     assert _declare(max_kv=None).validate().facts.seq_kv == 4 * 32
 
 
-@pytest.mark.parametrize("kw, fragment", [
-    (dict(table_dtype=frost.data_type.INT64), "'page_table_k' (paged_attention_k_table): data_type must be int32"),
-    (dict(table_dims=(3, 4, 1)), "'page_table_k' (paged_attention_k_table): expected dim (3, 1, max_blocks_per_seq"),
-    (dict(table_dims=(2, 1, 4, 1)), "B=3 from q"),
-    (dict(v_table_dims=(3, 1, 4, 2)), "'page_table_v' (paged_attention_v_table): expected dim"),
-    (dict(max_kv=200), "'page_table_k' (paged_attention_k_table): 4 blocks per sequence, but"),
-    (dict(max_kv=0), "paged_attention_max_seq_len_kv must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        (dict(table_dtype=frost.data_type.INT64), "'page_table_k' (paged_attention_k_table): data_type must be int32"),
+        (
+            dict(table_dims=(3, 4, 1)),
+            "'page_table_k' (paged_attention_k_table): expected dim (3, 1, max_blocks_per_seq",
+        ),
+        (dict(table_dims=(2, 1, 4, 1)), "B=3 from q"),
+        (dict(v_table_dims=(3, 1, 4, 2)), "'page_table_v' (paged_attention_v_table): expected dim"),
+        (dict(max_kv=200), "'page_table_k' (paged_attention_k_table): 4 blocks per sequence, but"),
+        (dict(max_kv=0), "paged_attention_max_seq_len_kv must be >= 1"),
+    ],
+)
 def test_validation_names_the_tensor(kw, fragment):
     with pytest.raises(GraphError) as ei:
         _declare(**kw).validate()
@@ -270,8 +360,9 @@ def test_a_block_size_no_engine_serves_is_named_with_the_sizes_served():
     assert mismatch(ref, facts, Knobs(), CPU) is None  # the reference serves every block size
     narrow = ref.model_copy(update={"paged_block_sizes": (16, 32, 64, 128, 256)})
     reason = mismatch(narrow, facts, Knobs(), CPU)
-    assert reason == ("serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have block "
-                      "size 24")
+    assert reason == (
+        "serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have block size 24"
+    )
     assert mismatch(narrow, _declare().validate().facts, Knobs(), CPU) is None
 
 
@@ -281,8 +372,10 @@ def test_cudnn_rows_serve_paged_forwards():
     fwd = {r.name: r for r in rows_for("fwd")}
     assert "paged_attention" in fwd["SdpaFwdCudnn"].features and "paged_attention" in fwd["SdpaFwdReference"].features
     assert "paged_attention" not in fwd["SdpaFwdDslSm100"].features  # no SM100 kernels yet
-    assert all("paged_attention" in fwd[n].features and fwd[n].paged_block_sizes == (64, 128, 256)
-               for n in ("SdpaFwdDslSm80", "SdpaFwdDslSm120"))
+    assert all(
+        "paged_attention" in fwd[n].features and fwd[n].paged_block_sizes == (64, 128, 256)
+        for n in ("SdpaFwdDslSm80", "SdpaFwdDslSm120")
+    )
     assert fwd["SdpaFwdDslSm90"].paged_block_sizes == (16, 32, 64, 128, 256)
 
 
@@ -292,9 +385,20 @@ def test_paged_caches_take_dense_queries_not_the_packed_form():
     cu = g.tensor(dim=(3,), data_type="int32")
     t = g.tensor(dim=(2, 1, 2, 1), data_type="int32")
     lens = g.tensor(dim=(2,), data_type="int32")
-    o, _ = g.sdpa(q, k, v, cu_seq_len_q=cu, cu_seq_len_kv=cu, max_seq_len_q=32, max_seq_len_kv=32,
-                  use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens, paged_attention_k_table=t,
-                  paged_attention_v_table=t)
+    o, _ = g.sdpa(
+        q,
+        k,
+        v,
+        cu_seq_len_q=cu,
+        cu_seq_len_kv=cu,
+        max_seq_len_q=32,
+        max_seq_len_kv=32,
+        use_padding_mask=True,
+        seq_len_q=lens,
+        seq_len_kv=lens,
+        paged_attention_k_table=t,
+        paged_attention_v_table=t,
+    )
     o.set_output(True)
     with pytest.raises(GraphError, match="not frost's packed form"):
         g.validate()
@@ -303,8 +407,9 @@ def test_paged_caches_take_dense_queries_not_the_packed_form():
 def test_row_statistics_and_sinks_through_a_paged_cache():
     """cuDNN's paged tests draw score_max / score_sum_exp and sinks too: the halves of Stats per valid row."""
     lens_q, lens_kv = [3, 2], [45, 0]
-    g, pack, x = _paged((2, 4, 3, 32), 2, 16, 32, 64, lens_q, lens_kv, sink=True, row_stats=True,
-                        use_causal_mask_bottom_right=True)
+    g, pack, x = _paged(
+        (2, 4, 3, 32), 2, 16, 32, 64, lens_q, lens_kv, sink=True, row_stats=True, use_causal_mask_bottom_right=True
+    )
     _run(g, pack)
     o, lse, top, sum_exp = _oracle(x, row_stats=True, causal_bottom_right=True)
     _close(x, (o, lse), 1e-5)

@@ -1,5 +1,6 @@
 """Execute binds tensors on the plan's device only and launches with that device current (CPU: the logic, with
 stand-ins for CUDA tensors and for the device switch)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,9 @@ class _OnCuda:
 
 
 def _ref_graph():
-    g = frost.Graph(io_data_type=torch.float32, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32, target=CPU)
+    g = frost.Graph(
+        io_data_type=torch.float32, intermediate_data_type=torch.float32, compute_data_type=torch.float32, target=CPU
+    )
     q, k, v = (g.tensor(name=n, dim=(1, 2, 8, 16)) for n in ("q", "k", "v"))
     o, _ = g.sdpa(q, k, v, attn_scale=0.25)
     o.set_output(True)
@@ -37,8 +39,10 @@ def _ref_graph():
     return g, (q, k, v, o)
 
 
-WANT = ("tensor 'q' is on cuda:1, but this plan was built for cuda:0; build a plan on that device "
-        "(torch.cuda.set_device(1) before build_plans) or move the tensors")
+WANT = (
+    "tensor 'q' is on cuda:1, but this plan was built for cuda:0; build a plan on that device "
+    "(torch.cuda.set_device(1) before build_plans) or move the tensors"
+)
 
 
 def test_tensors_on_another_device_than_the_plans_raise_naming_both():

@@ -6,6 +6,7 @@ with an empty cache directory. Every process runs a frozen copy of the package, 
 all of them see one fingerprint even if the working tree changes meanwhile. The
 quick tests use the reference engine (no kernels) and hand-made damaged files.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -32,7 +33,9 @@ PROBE_PARAMS = "frost.engines.common.probe_copy_params:ProbeCopyParams"
 
 GRAPHS = inspect.getsource(plan_graphs)
 
-SAVE = GRAPHS + """
+SAVE = (
+    GRAPHS
+    + """
 import json, sys
 out = {}
 for kind, path in zip(("fwd", "bwd"), sys.argv[1:3]):
@@ -44,8 +47,11 @@ for kind, path in zip(("fwd", "bwd"), sys.argv[1:3]):
 out["stats"] = frost.cache.stats()
 print(json.dumps(out))
 """
+)
 
-LOAD = GRAPHS + """
+LOAD = (
+    GRAPHS
+    + """
 import json, sys, warnings
 kind, path, target = sys.argv[1:4]
 g = BUILD[kind](fake_target(target))
@@ -60,12 +66,19 @@ print(json.dumps({"engine": g.engine_name, "names": g.plan.adapter.kernel_names(
                   "warnings": [str(w.message) for w in caught if issubclass(w.category, UserWarning)],
                   "categories": [w.category.__name__ for w in caught if issubclass(w.category, UserWarning)]}))
 """
+)
 
 
 def run_py(script: str, args, cache_dir: Path, root: Path, extra_env=None) -> dict:
     """compile_runner.run_py with no visible GPU and room for compiles."""
-    return run_fresh(script, cache_dir, args=args, root=root, timeout=900,
-                     extra_env={"CUDA_VISIBLE_DEVICES": "", **(extra_env or {})})
+    return run_fresh(
+        script,
+        cache_dir,
+        args=args,
+        root=root,
+        timeout=900,
+        extra_env={"CUDA_VISIBLE_DEVICES": "", **(extra_env or {})},
+    )
 
 
 def rewrite(src: Path, dst: Path, header_update=None, members=None, drop=()) -> Path:
@@ -119,8 +132,13 @@ def test_fresh_process_with_an_empty_cache_loads_without_compiling(saved, tmp_pa
 @pytest.mark.slow
 def test_with_the_disk_layer_off_the_kernels_load_into_memory_and_save_again(saved, tmp_path):
     again = tmp_path / "again.plan"
-    got = run_py(LOAD, ["bwd", saved["files"]["bwd"], "H200", again], tmp_path / "unused", saved["tree"],
-                 {"FROST_CACHE_DISABLE": "1"})
+    got = run_py(
+        LOAD,
+        ["bwd", saved["files"]["bwd"], "H200", again],
+        tmp_path / "unused",
+        saved["tree"],
+        {"FROST_CACHE_DISABLE": "1"},
+    )
     assert got["stats"]["compiles"] == 0 and got["names"] == saved["out"]["bwd"]["names"], got
     assert got["warnings"] == [] and not (tmp_path / "unused").exists()
 
@@ -164,8 +182,9 @@ def test_an_artifact_that_cannot_be_loaded_is_compiled_with_a_warning(saved, tmp
         rec = h["kernels"][0]
         rec.update(size=len(junk), sha256=hashlib.sha256(junk).hexdigest(), so_member=None, so_sha256=None)
 
-    bad = rewrite(saved["files"]["fwd"], tmp_path / "junk.plan", point_at_junk, {"kernels/0.o": junk},
-                  drop=("kernels/0.so",))
+    bad = rewrite(
+        saved["files"]["fwd"], tmp_path / "junk.plan", point_at_junk, {"kernels/0.o": junk}, drop=("kernels/0.so",)
+    )
     got = run_py(LOAD, ["fwd", bad, "H200"], tmp_path / "cache", saved["tree"])
     assert got["stats"]["compiles"] == 1 and got["stats"]["corrupt"] == 1
     assert got["names"] == saved["out"]["fwd"]["names"]
@@ -259,14 +278,53 @@ def test_damaged_files_raise_plan_file_error(ref_plan, tmp_path):
         "not a plan": _zip(tmp_path / "magic.plan", {"plan.json": json.dumps({"magic": "zip"})}),
         "future": _zip(tmp_path / "future.plan", {"plan.json": json.dumps({**header, "version": 99})}),
         "malformed": _zip(tmp_path / "malformed.plan", {"plan.json": json.dumps({**header, "kernels": 3})}),
-        "missing member": _zip(tmp_path / "member.plan", {"plan.json": json.dumps({**header, "kernels": [
-            {"name": "frost_x", "template": PROBE, "params_type": PROBE_PARAMS, "params": {}, "arch": "sm_90a",
-             "key": {},
-             "member": "kernels/0.o", "size": 1, "sha256": "0" * 64}]})}),
-        "digest": _zip(tmp_path / "digest.plan", {"kernels/0.o": b"x", "plan.json": json.dumps({**header, "kernels": [
-            {"name": "frost_x", "template": PROBE, "params_type": PROBE_PARAMS, "params": {}, "arch": "sm_90a",
-             "key": {},
-             "member": "kernels/0.o", "size": 1, "sha256": "0" * 64}]})}),
+        "missing member": _zip(
+            tmp_path / "member.plan",
+            {
+                "plan.json": json.dumps(
+                    {
+                        **header,
+                        "kernels": [
+                            {
+                                "name": "frost_x",
+                                "template": PROBE,
+                                "params_type": PROBE_PARAMS,
+                                "params": {},
+                                "arch": "sm_90a",
+                                "key": {},
+                                "member": "kernels/0.o",
+                                "size": 1,
+                                "sha256": "0" * 64,
+                            }
+                        ],
+                    }
+                )
+            },
+        ),
+        "digest": _zip(
+            tmp_path / "digest.plan",
+            {
+                "kernels/0.o": b"x",
+                "plan.json": json.dumps(
+                    {
+                        **header,
+                        "kernels": [
+                            {
+                                "name": "frost_x",
+                                "template": PROBE,
+                                "params_type": PROBE_PARAMS,
+                                "params": {},
+                                "arch": "sm_90a",
+                                "key": {},
+                                "member": "kernels/0.o",
+                                "size": 1,
+                                "sha256": "0" * 64,
+                            }
+                        ],
+                    }
+                ),
+            },
+        ),
     }
     cases["garbage"].write_bytes(b"\x00\x01 not a zip at all" * 10)
     cases["truncated"].write_bytes(good[: len(good) // 2])

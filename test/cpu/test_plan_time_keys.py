@@ -3,6 +3,7 @@
 The kernels compile for real (CPU, no GPU needed); only the launch is replaced by
 a recorder, since launching needs a GPU.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,12 @@ from test.plan_graphs import fwd_thd
 
 pytestmark = pytest.mark.slow
 
-ARCH_LINES = [(SdpaFwdDslSm80, "A100"), (SdpaFwdDslSm80, "H200"), (SdpaFwdDslSm120, "RTX5090"),
-              (SdpaFwdDslSm90, "H200")]
+ARCH_LINES = [
+    (SdpaFwdDslSm80, "A100"),
+    (SdpaFwdDslSm80, "H200"),
+    (SdpaFwdDslSm120, "RTX5090"),
+    (SdpaFwdDslSm90, "H200"),
+]
 
 
 def _thd_facts(total=4096, batch=3):
@@ -56,13 +61,15 @@ def test_execute_with_new_totals_never_compiles(adapter_cls, target):
 
 def _run_totals(adapter):
     for total in (4096, 1000, 17):
-        bound = {"q": torch.zeros(total, 8, 128, dtype=torch.bfloat16),
-                 "k": torch.zeros(total, 2, 128, dtype=torch.bfloat16),
-                 "v": torch.zeros(total, 2, 128, dtype=torch.bfloat16),
-                 "o": torch.zeros(total, 8, 128, dtype=torch.bfloat16),
-                 "stats": torch.zeros(total, 8, 1, dtype=torch.float32),
-                 "cu_seq_len_q": torch.zeros(4, dtype=torch.int32),
-                 "cu_seq_len_kv": torch.zeros(4, dtype=torch.int32)}
+        bound = {
+            "q": torch.zeros(total, 8, 128, dtype=torch.bfloat16),
+            "k": torch.zeros(total, 2, 128, dtype=torch.bfloat16),
+            "v": torch.zeros(total, 2, 128, dtype=torch.bfloat16),
+            "o": torch.zeros(total, 8, 128, dtype=torch.bfloat16),
+            "stats": torch.zeros(total, 8, 1, dtype=torch.float32),
+            "cu_seq_len_q": torch.zeros(4, dtype=torch.int32),
+            "cu_seq_len_kv": torch.zeros(4, dtype=torch.int32),
+        }
         adapter.execute(bound, None, 0)
 
 
@@ -71,7 +78,7 @@ def test_kernel_window_bounds_are_clamped_without_changing_the_mask():
 
     thd = _thd_facts(total=4096)
     assert kernel_window(thd) == (None, 0)  # causal: nothing to clamp
-    huge = thd.model_copy(update={"window_left": 2 ** 40, "window_right": 2 ** 33})
+    huge = thd.model_copy(update={"window_left": 2**40, "window_right": 2**33})
     assert kernel_window(huge) == (2 * 4096, 2 * 4096)  # the packed envelopes, Int32-safe
     dense = huge.model_copy(update={"is_thd": False, "total_q": 0, "total_kv": 0, "seq_q": 300, "seq_kv": 700})
     assert kernel_window(dense) == (1000, 1000)
@@ -81,6 +88,6 @@ def test_kernel_window_bounds_are_clamped_without_changing_the_mask():
     from frost.adapters.reference_math import allowed_mask
 
     for br in (False, True):
-        wide = allowed_mask(300, 700, window_left=2 ** 40, window_right=2 ** 33, bottom_right=br)
+        wide = allowed_mask(300, 700, window_left=2**40, window_right=2**33, bottom_right=br)
         clamped = allowed_mask(300, 700, window_left=1000, window_right=1000, bottom_right=br)
         assert bool((wide == clamped).all())

@@ -1,5 +1,6 @@
 """Plan files: only frost's own record types are named (nothing else is imported), a member's declared size is
 checked before it is inflated, and bundled native code follows the cache's ownership rule."""
+
 from __future__ import annotations
 
 import json
@@ -51,22 +52,44 @@ def _rewrite(src: Path, dst: Path, update=None, members=None) -> Path:
 
 
 def _kernel(**kw) -> dict:
-    rec = {"name": "frost_x", "template": PROBE, "params_type": PROBE_PARAMS_TYPE,
-           "params": {}, "arch": ARCH, "key": {}, "member": "kernels/0.o", "size": 1, "sha256": "0" * 64}
+    rec = {
+        "name": "frost_x",
+        "template": PROBE,
+        "params_type": PROBE_PARAMS_TYPE,
+        "params": {},
+        "arch": ARCH,
+        "key": {},
+        "member": "kernels/0.o",
+        "size": 1,
+        "sha256": "0" * 64,
+    }
     rec.update(kw)
     return rec
 
 
-@pytest.mark.parametrize("field,value,text", [
-    ("params_type", "this:X", "kernels.0.params_type: Value error, 'this:X' is not a frost params type "
-                              "(frost.engines.<module>:<Class>)"),
-    ("template", "this", "kernels.0.template: Value error, 'this' is not a frost kernel template module "
-                         "(frost.engines.<module>)"),
-])
+@pytest.mark.parametrize(
+    "field,value,text",
+    [
+        (
+            "params_type",
+            "this:X",
+            "kernels.0.params_type: Value error, 'this:X' is not a frost params type (frost.engines.<module>:<Class>)",
+        ),
+        (
+            "template",
+            "this",
+            "kernels.0.template: Value error, 'this' is not a frost kernel template module (frost.engines.<module>)",
+        ),
+    ],
+)
 def test_a_plan_naming_a_foreign_module_is_refused_without_importing_it(tmp_path, field, value, text):
     sys.modules.pop("this", None)
-    bad = _rewrite(_ref_plan(tmp_path), tmp_path / "bad.plan",
-                   lambda h: h.update(kernels=[_kernel(**{field: value})]), {"kernels/0.o": b"x"})
+    bad = _rewrite(
+        _ref_plan(tmp_path),
+        tmp_path / "bad.plan",
+        lambda h: h.update(kernels=[_kernel(**{field: value})]),
+        {"kernels/0.o": b"x"},
+    )
     with pytest.raises(PlanFileError) as ei:
         plan_file.read(bad)
     assert str(ei.value) == f"plan file {bad} has a malformed header ({text})"
@@ -75,17 +98,21 @@ def test_a_plan_naming_a_foreign_module_is_refused_without_importing_it(tmp_path
 
 def test_a_member_declaring_more_than_its_record_is_refused_before_inflating(tmp_path, monkeypatch):
     big = b"\0" * (8 << 20)  # deflates to a few KiB
-    bad = _rewrite(_ref_plan(tmp_path), tmp_path / "bomb.plan", lambda h: h.update(kernels=[_kernel(size=1)]),
-                   {"kernels/0.o": big})
+    bad = _rewrite(
+        _ref_plan(tmp_path), tmp_path / "bomb.plan", lambda h: h.update(kernels=[_kernel(size=1)]), {"kernels/0.o": big}
+    )
     assert bad.stat().st_size < 64 << 10
     inflated = []
     real_read = zipfile.ZipFile.read
-    monkeypatch.setattr(zipfile.ZipFile, "read", lambda self, name, pwd=None: (
-        inflated.append(name), real_read(self, name, pwd))[1])
+    monkeypatch.setattr(
+        zipfile.ZipFile, "read", lambda self, name, pwd=None: (inflated.append(name), real_read(self, name, pwd))[1]
+    )
     with pytest.raises(PlanFileError) as ei:
         plan_file.read(bad)
-    assert str(ei.value) == (f"plan file {bad}: member kernels/0.o declares {8 << 20} bytes, more than the 1 its "
-                             f"record allows (corrupt or hostile file); nothing was inflated")
+    assert str(ei.value) == (
+        f"plan file {bad}: member kernels/0.o declares {8 << 20} bytes, more than the 1 its "
+        f"record allows (corrupt or hostile file); nothing was inflated"
+    )
     assert inflated == ["plan.json"]
 
 
@@ -94,10 +121,20 @@ def _probe_plan(tmp_path) -> tuple[Path, object]:
     ck = boundary.compile_kernel(PROBE, ProbeCopyParams(dtype="f32"), ARCH)
     art = export_kernel(ck)
     rec = plan_io._record(0, art)
-    header = PlanHeader(frost_version=frost.__version__, created=0.0, graph="g", engine="x", knobs={}, target={},
-                        arch=ARCH, fingerprint=fingerprint.fingerprint(),
-                        fingerprint_inputs=fingerprint.fingerprint_inputs(), facts={}, workspace_size=0,
-                        kernels=[rec])
+    header = PlanHeader(
+        frost_version=frost.__version__,
+        created=0.0,
+        graph="g",
+        engine="x",
+        knobs={},
+        target={},
+        arch=ARCH,
+        fingerprint=fingerprint.fingerprint(),
+        fingerprint_inputs=fingerprint.fingerprint_inputs(),
+        facts={},
+        workspace_size=0,
+        kernels=[rec],
+    )
     path = plan_file.write(tmp_path / "probe.plan", header, [(art.obj, art.so)])
     return path, art
 
@@ -162,7 +199,6 @@ def test_a_spec_file_naming_a_foreign_module_is_refused_naming_the_field(tmp_pat
         precompile.main(["--spec-file", str(f), "--arch", ARCH])
     assert "params_type" in str(ei.value) and "'this:X' is not a frost params type" in str(ei.value)
     assert "this" not in sys.modules
-    f.write_text(json.dumps([{"template": PROBE, "params_type": PROBE_PARAMS_TYPE,
-                              "params": {"dtype": "f64"}}]))
+    f.write_text(json.dumps([{"template": PROBE, "params_type": PROBE_PARAMS_TYPE, "params": {"dtype": "f64"}}]))
     with pytest.raises(ValueError, match="dtype"):
         precompile.main(["--spec-file", str(f), "--arch", ARCH])

@@ -1,4 +1,5 @@
 """Property tests: random valid graphs match the oracle; one perturbed field gives a frost error, never a crash."""
+
 from __future__ import annotations
 
 import math
@@ -11,17 +12,28 @@ from hypothesis import strategies as st
 
 import frost
 from frost.target import CPU, fake_target
-from test.helpers import (Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, run_bwd, run_fwd,
-                           sdpa_keywords)
+from test.helpers import Case, assert_close, make_inputs, oracle_bwd, oracle_fwd, run_bwd, run_fwd, sdpa_keywords
 
 # FROST_HYPOTHESIS_EXAMPLES raises the example count for a deeper local search
-SETTINGS = settings(max_examples=int(os.environ.get("FROST_HYPOTHESIS_EXAMPLES", "60")), deadline=None,
-                     database=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("FROST_HYPOTHESIS_EXAMPLES", "60")),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
-MASKS = st.sampled_from([
-    (), (("use_causal_mask", True),), (("use_causal_mask_bottom_right", True),),
-    "window", "window-causal", "window-causal-br", "band", "right-only",
-])
+MASKS = st.sampled_from(
+    [
+        (),
+        (("use_causal_mask", True),),
+        (("use_causal_mask_bottom_right", True),),
+        "window",
+        "window-causal",
+        "window-causal-br",
+        "band",
+        "right-only",
+    ]
+)
 
 
 @st.composite
@@ -51,9 +63,19 @@ def cases(draw, allow_bf16=False) -> Case:
     d = draw(st.sampled_from([4, 8]))
     dv = draw(st.sampled_from([None, None, 4, 12]))
     thd = draw(st.booleans())
-    kw = dict(batch=batch, hq=hq, hkv=hkv, d=d, dv=dv, thd=thd, mask=draw(mask_keywords()),
-              sink=draw(st.booleans()), sink_4d=draw(st.booleans()), stats=draw(st.booleans()),
-              seed=draw(st.integers(0, 2**16)))
+    kw = dict(
+        batch=batch,
+        hq=hq,
+        hkv=hkv,
+        d=d,
+        dv=dv,
+        thd=thd,
+        mask=draw(mask_keywords()),
+        sink=draw(st.booleans()),
+        sink_4d=draw(st.booleans()),
+        stats=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
     scale = draw(st.sampled_from([None, "omit", 0.3, 1.7]))
     if scale == "omit":
         kw["omit_scale"] = True
@@ -89,8 +111,12 @@ def test_random_valid_graphs_match_the_oracle(case, backward):
     if backward == 0 and case.dtype == torch.float32:
         dq, dk, dv, dsink = run_bwd(case, t)
         _, _, want_dq, want_dk, want_dv, want_dsink = oracle_bwd(case, t)
-        for got, want, what in ((dq, want_dq, "dQ"), (dk, want_dk, "dK"), (dv, want_dv, "dV"),
-                                (dsink, want_dsink, "dSink")):
+        for got, want, what in (
+            (dq, want_dq, "dQ"),
+            (dk, want_dk, "dK"),
+            (dv, want_dv, "dV"),
+            (dsink, want_dsink, "dSink"),
+        ):
             if want is not None:
                 assert_close(got, want, rtol=1e-5, atol=1e-6, what=what)
 
@@ -99,19 +125,45 @@ def test_random_valid_graphs_match_the_oracle(case, backward):
 
 INPUT_ROLES = ("q", "k", "v", "cu_seq_len_q", "cu_seq_len_kv", "seq_len_q", "seq_len_kv", "sink")
 DTYPES = ["fp16", "bf16", "fp32", "fp64", "int32", "int64", "uint8", "bool"]
-INT_KEYWORDS = ("diagonal_band_left_bound", "diagonal_band_right_bound", "sliding_window_length",
-                "max_seq_len_q", "max_seq_len_kv")
+INT_KEYWORDS = (
+    "diagonal_band_left_bound",
+    "diagonal_band_right_bound",
+    "sliding_window_length",
+    "max_seq_len_q",
+    "max_seq_len_kv",
+)
 BOOL_KEYWORDS = ("use_causal_mask", "use_causal_mask_bottom_right", "use_padding_mask", "generate_stats")
 ODD_VALUES = [-1, 0, 1, 2, 100, 2.5, "3", None, True, float("nan")]
 
 
 @st.composite
 def perturbations(draw):
-    kind = draw(st.sampled_from(["dim", "stride", "dtype", "int_kw", "bool_kw", "scale", "alignment",
-                                 "drop_kw", "unknown_kw", "out_dim", "out_stride", "out_dtype", "unmark"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "dim",
+                "stride",
+                "dtype",
+                "int_kw",
+                "bool_kw",
+                "scale",
+                "alignment",
+                "drop_kw",
+                "unknown_kw",
+                "out_dim",
+                "out_stride",
+                "out_dtype",
+                "unmark",
+            ]
+        )
+    )
     if kind in ("dim", "stride"):
-        return kind, draw(st.sampled_from(INPUT_ROLES)), draw(st.integers(0, 3)), draw(st.sampled_from(
-            ["zero", "neg", "plus1", "minus1", "double", "three", "float"]))
+        return (
+            kind,
+            draw(st.sampled_from(INPUT_ROLES)),
+            draw(st.integers(0, 3)),
+            draw(st.sampled_from(["zero", "neg", "plus1", "minus1", "double", "three", "float"])),
+        )
     if kind == "dtype":
         return kind, draw(st.sampled_from(INPUT_ROLES)), draw(st.sampled_from(DTYPES))
     if kind == "int_kw":
@@ -123,13 +175,29 @@ def perturbations(draw):
     if kind == "alignment":
         return kind, draw(st.sampled_from(["BOTTOM_RIGHT", "TOP_LEFT", "bottom_right", "", None, 3]))
     if kind == "drop_kw":
-        return kind, draw(st.sampled_from(["cu_seq_len_q", "cu_seq_len_kv", "max_seq_len_q", "max_seq_len_kv",
-                                           "seq_len_q", "seq_len_kv", "use_padding_mask", "attn_scale"]))
+        return kind, draw(
+            st.sampled_from(
+                [
+                    "cu_seq_len_q",
+                    "cu_seq_len_kv",
+                    "max_seq_len_q",
+                    "max_seq_len_kv",
+                    "seq_len_q",
+                    "seq_len_kv",
+                    "use_padding_mask",
+                    "attn_scale",
+                ]
+            )
+        )
     if kind == "unknown_kw":
         return kind, draw(st.sampled_from(["use_causal", "window", "dropout_p", "is_causal"]))
     if kind in ("out_dim", "out_stride"):
-        return kind, draw(st.sampled_from(["o", "stats"])), draw(st.integers(0, 3)), draw(st.sampled_from(
-            ["zero", "neg", "plus1", "minus1", "double"]))
+        return (
+            kind,
+            draw(st.sampled_from(["o", "stats"])),
+            draw(st.integers(0, 3)),
+            draw(st.sampled_from(["zero", "neg", "plus1", "minus1", "double"])),
+        )
     if kind == "out_dtype":
         return kind, draw(st.sampled_from(["o", "stats"])), draw(st.sampled_from(DTYPES))
     return (kind,)
@@ -140,9 +208,16 @@ def _changed(values: tuple, axis: int, how: str) -> tuple:
         return values
     axis %= len(values)
     old = values[axis]
-    new = {"zero": 0, "neg": -abs(old) - 1, "plus1": old + 1, "minus1": old - 1, "double": 2 * old,
-           "three": 3, "float": old + 0.5}[how]
-    return values[:axis] + (new,) + values[axis + 1:]
+    new = {
+        "zero": 0,
+        "neg": -abs(old) - 1,
+        "plus1": old + 1,
+        "minus1": old - 1,
+        "double": 2 * old,
+        "three": 3,
+        "float": old + 0.5,
+    }[how]
+    return values[:axis] + (new,) + values[axis + 1 :]
 
 
 def _is_int(x) -> bool:
@@ -222,7 +297,7 @@ def declare_perturbed(case: Case, t: dict, p) -> frost.Graph:
         stats.set_output(True)
     outs = {"o": o, "stats": stats}
     if kind in ("out_dim", "out_stride", "out_dtype"):
-        _perturb(outs[p[1]], kind[len("out_"):], p)
+        _perturb(outs[p[1]], kind[len("out_") :], p)
     elif kind == "unmark":
         o.set_output(False)
     return g.validate()
@@ -244,8 +319,10 @@ def bind_from_declaration(g: frost.Graph) -> dict:
             t.zero_()
         pack[decl] = t
     if facts.is_thd:
-        for cu, total, longest in ((a.cu_seq_len_q, facts.total_q, facts.seq_q),
-                                   (a.cu_seq_len_kv, facts.total_kv, facts.seq_kv)):
+        for cu, total, longest in (
+            (a.cu_seq_len_q, facts.total_q, facts.seq_q),
+            (a.cu_seq_len_kv, facts.total_kv, facts.seq_kv),
+        ):
             n = facts.batch
             each = min(longest, total // n)
             pack[cu].copy_(torch.arange(n + 1, dtype=torch.int32) * each)
@@ -281,7 +358,13 @@ def test_perturbation_catalogue_covers_must_fail_kinds():
     """Sanity: a must-fail perturbation of a plain case does fail, with a frost error."""
     case = Case()
     t = make_inputs(case)
-    for p in (("unknown_kw", "is_causal"), ("unmark",), ("dim", "q", 2, "neg"), ("dtype", "k", "fp16"),
-              ("scale", "x"), ("int_kw", "sliding_window_length", 2.5)):
+    for p in (
+        ("unknown_kw", "is_causal"),
+        ("unmark",),
+        ("dim", "q", 2, "neg"),
+        ("dtype", "k", "fp16"),
+        ("scale", "x"),
+        ("int_kw", "sliding_window_length", 2.5),
+    ):
         with pytest.raises(frost.FrostError):
             declare_perturbed(case, t, p)

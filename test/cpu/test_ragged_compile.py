@@ -5,6 +5,7 @@ The kernels are frost's packed (THD) kernels with three plan-time additions: eac
 element offsets, the offsets' dtype, and where Stats live; frost's own packed form keeps identical IR (checked
 with tools/kernel_ir.py, not here).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,13 @@ ragged = cases.ragged
 def test_argument_lists_take_offsets_lengths_stats_offsets_and_token_envelopes():
     p = Sm80FwdParams(**cases.RAGGED_MMA_FWD_COVER["sm_80"][0])
     names = fwd_arg_names(p)
-    assert names[names.index("cu_seqlens_q"):names.index("softmax_scale")] == [
-        "cu_seqlens_q", "cu_seqlens_kv", "seqused_q", "seqused_kv", "lse_offsets"]
+    assert names[names.index("cu_seqlens_q") : names.index("softmax_scale")] == [
+        "cu_seqlens_q",
+        "cu_seqlens_kv",
+        "seqused_q",
+        "seqused_kv",
+        "lse_offsets",
+    ]
     assert names[-5:] == ["max_seqlen_q", "max_seqlen_kv", "total_q", "total_kv", "stream"]
     per_batch = Sm80FwdParams(**cases.RAGGED_MMA_FWD_COVER["sm_80"][1])
     assert "lse_offsets" not in fwd_arg_names(per_batch) and per_batch.stats_per_batch
@@ -53,14 +59,17 @@ def test_kernel_names_tag_the_divisors_and_64_bit_offsets():
     assert helpers["preprocess"].ragged and helpers["postprocess"].token_div_lse == 8
 
 
-@pytest.mark.parametrize("flags, word", [
-    (dict(token_div_q=512, token_div_kv=256), "ragged-offset form is packed"),
-    (dict(is_thd=True, token_div_q=512, token_div_kv=256), "ragged-offset form is packed"),
-    (dict(is_thd=True, has_seqused=True, token_div_q=512), "token stride per group"),
-    (dict(is_thd=True, has_seqused=True), "dense-only padding mask"),
-    (dict(stats_per_batch=True), "belong to the ragged-offset form"),
-    (dict(ragged(stats="batch"), token_div_lse=4), "or per batch, not both"),
-])
+@pytest.mark.parametrize(
+    "flags, word",
+    [
+        (dict(token_div_q=512, token_div_kv=256), "ragged-offset form is packed"),
+        (dict(is_thd=True, token_div_q=512, token_div_kv=256), "ragged-offset form is packed"),
+        (dict(is_thd=True, has_seqused=True, token_div_q=512), "token stride per group"),
+        (dict(is_thd=True, has_seqused=True), "dense-only padding mask"),
+        (dict(stats_per_batch=True), "belong to the ragged-offset form"),
+        (dict(ragged(stats="batch"), token_div_lse=4), "or per batch, not both"),
+    ],
+)
 def test_validator_rejects_inconsistent_ragged_fields(flags, word):
     from frost.engines.params import check_sdpa_features
 
@@ -110,8 +119,12 @@ def test_launch_arguments_are_the_bound_tensors_and_one_dimensional_offset_views
         per_call[n] = view(bound[role])
     args = dict(zip(names, LaunchArgs(names, facts)(bound, per_call)))
     assert args["q"] is bound["q"] and args["lse"] is bound["stats"]
-    for name, role in (("cu_seqlens_q", "q_ragged_offset"), ("cu_seqlens_kv", "k_ragged_offset"),
-                       ("lse_offsets", "stats_ragged_offset"), ("seqused_q", "seq_len_q")):
+    for name, role in (
+        ("cu_seqlens_q", "q_ragged_offset"),
+        ("cu_seqlens_kv", "k_ragged_offset"),
+        ("lse_offsets", "stats_ragged_offset"),
+        ("seqused_q", "seq_len_q"),
+    ):
         assert args[name].dim() == 1 and args[name].data_ptr() == bound[role].data_ptr(), name
     assert (args["total_q"], args["total_kv"], args["max_seqlen_q"]) == (B * SQ, B * SKV, SQ)
 
@@ -120,20 +133,31 @@ def _chain_specs(kws, params_cls):
     """Compile specs of each chain's three kernels (helpers from their own params record)."""
     helper = "frost.engines.sdpa_bwd.chain.BwdHelperParams"
     main = f"{params_cls.__module__}.{params_cls.__name__}"
-    return [(t, main if stage == "main" else helper, sp.model_dump(), stage) for kw in kws
-            for stage, t, _, sp in chain_of(params_cls(**kw))]
+    return [
+        (t, main if stage == "main" else helper, sp.model_dump(), stage)
+        for kw in kws
+        for stage, t, _, sp in chain_of(params_cls(**kw))
+    ]
 
 
 @pytest.mark.slow
 def test_ragged_specializations_compile_for_sm80_and_sm90a(tmp_path):
     fwd80 = f"{Sm80FwdParams.__module__}.Sm80FwdParams"
     fwd90 = f"{Sm90FwdParams.__module__}.Sm90FwdParams"
-    groups = [("sm_80", [(cases.SM80_FWD_TEMPLATE, fwd80, kw, "mma") for kw in cases.RAGGED_MMA_FWD_COVER["sm_80"]]
-               + _chain_specs(cases.RAGGED_MMA_BWD_COVER["sm_80"], Sm80BwdParams)),
-              ("sm_90a", [(cases.SM80_FWD_TEMPLATE, fwd80, kw, "mma") for kw in cases.RAGGED_MMA_FWD_COVER["sm_90a"]]
-               + _chain_specs(cases.RAGGED_MMA_BWD_COVER["sm_90a"], Sm80BwdParams)
-               + [(cases.SM90_FWD_TEMPLATE, fwd90, kw, "wgmma") for kw in cases.RAGGED_SM90_FWD_COVER]
-               + _chain_specs(cases.RAGGED_SM90_BWD_COVER, Sm90BwdParams))]
+    groups = [
+        (
+            "sm_80",
+            [(cases.SM80_FWD_TEMPLATE, fwd80, kw, "mma") for kw in cases.RAGGED_MMA_FWD_COVER["sm_80"]]
+            + _chain_specs(cases.RAGGED_MMA_BWD_COVER["sm_80"], Sm80BwdParams),
+        ),
+        (
+            "sm_90a",
+            [(cases.SM80_FWD_TEMPLATE, fwd80, kw, "mma") for kw in cases.RAGGED_MMA_FWD_COVER["sm_90a"]]
+            + _chain_specs(cases.RAGGED_MMA_BWD_COVER["sm_90a"], Sm80BwdParams)
+            + [(cases.SM90_FWD_TEMPLATE, fwd90, kw, "wgmma") for kw in cases.RAGGED_SM90_FWD_COVER]
+            + _chain_specs(cases.RAGGED_SM90_BWD_COVER, Sm90BwdParams),
+        ),
+    ]
     results = [r for part in compile_groups(groups, tmp_path) for r in part]
     assert len(results) == 3 + 9 + 4 + 9
     for r in results:
@@ -152,7 +176,7 @@ def test_tensors_with_offsets_of_their_own_read_them_by_name():
     Stats offsets, the backward's main kernel V's and the gradients' own, its preprocess O's and dO's."""
     fwd = Sm80FwdParams(**cases.RAGGED_OWN_MMA_FWD_COVER["sm_90a"][0])
     names = fwd_arg_names(fwd)
-    assert names[names.index("seqused_kv") + 1:names.index("softmax_scale")] == ["o_offsets", "v_offsets"]
+    assert names[names.index("seqused_kv") + 1 : names.index("softmax_scale")] == ["o_offsets", "v_offsets"]
     assert fwd.own_div("o") == 6 * 64 and fwd.own_div("v") == 64 and fwd.own_div("dq") == 0
     bwd = Sm80BwdParams(**cases.RAGGED_OWN_MMA_BWD_COVER["sm_90a"][0])
     stages = {stage: (names, sp) for stage, _, names, sp in chain_of(bwd)}
@@ -166,12 +190,13 @@ def test_tensors_with_offsets_of_their_own_read_them_by_name():
 def test_ragged_specializations_with_offsets_of_their_own_compile_for_sm90a(tmp_path):
     fwd80 = f"{Sm80FwdParams.__module__}.Sm80FwdParams"
     fwd90 = f"{Sm90FwdParams.__module__}.Sm90FwdParams"
-    specs = ([(cases.SM80_FWD_TEMPLATE, fwd80, kw, "mma") for kw in cases.RAGGED_OWN_MMA_FWD_COVER["sm_90a"]]
-             + _chain_specs(cases.RAGGED_OWN_MMA_BWD_COVER["sm_90a"], Sm80BwdParams)
-             + [(cases.SM90_FWD_TEMPLATE, fwd90, kw, "wgmma") for kw in cases.RAGGED_OWN_SM90_FWD_COVER]
-             + _chain_specs(cases.RAGGED_OWN_SM90_BWD_COVER, Sm90BwdParams))
-    results = [r for part in compile_groups([("sm_90a", specs[:6]), ("sm_90a", specs[6:])], tmp_path)
-               for r in part]
+    specs = (
+        [(cases.SM80_FWD_TEMPLATE, fwd80, kw, "mma") for kw in cases.RAGGED_OWN_MMA_FWD_COVER["sm_90a"]]
+        + _chain_specs(cases.RAGGED_OWN_MMA_BWD_COVER["sm_90a"], Sm80BwdParams)
+        + [(cases.SM90_FWD_TEMPLATE, fwd90, kw, "wgmma") for kw in cases.RAGGED_OWN_SM90_FWD_COVER]
+        + _chain_specs(cases.RAGGED_OWN_SM90_BWD_COVER, Sm90BwdParams)
+    )
+    results = [r for part in compile_groups([("sm_90a", specs[:6]), ("sm_90a", specs[6:])], tmp_path) for r in part]
     assert len(results) == 3 + 6 + 4 + 3
     for r in results:
         assert "_rg" in r["name"] and r["local"] == 0, r

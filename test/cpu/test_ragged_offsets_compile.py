@@ -1,18 +1,27 @@
 """frost's ragged-offsets kernel (packed graphs on the cuDNN engine): its params, scratch layout and name, and its
 compile for sm_80, sm_90a and sm_100a (no GPU needed; each arch in its own process, PTX kept)."""
+
 from __future__ import annotations
 
 import pytest
 
-from frost.engines.common.ragged_offsets_params import (INT32_MAX, RaggedOffsetsParams, offset_dtype_for,
-                                                        offset_role, scratch_buffers, validate)
+from frost.engines.common.ragged_offsets_params import (
+    INT32_MAX,
+    RaggedOffsetsParams,
+    offset_dtype_for,
+    offset_role,
+    scratch_buffers,
+    validate,
+)
 from frost.errors import TemplateParamsError
 from test.compile_runner import compile_groups
 
 TEMPLATE = "frost.engines.common.ragged_offsets"
 PARAMS = "frost.engines.common.ragged_offsets_params.RaggedOffsetsParams"
-CASES = [dict(offset_dtype="int32", strides_q=(512, 4), strides_kv=(256,)),
-         dict(offset_dtype="int64", strides_q=(1024,), strides_kv=(128, 2048))]
+CASES = [
+    dict(offset_dtype="int32", strides_q=(512, 4), strides_kv=(256,)),
+    dict(offset_dtype="int64", strides_q=(1024,), strides_kv=(128, 2048)),
+]
 
 
 def test_offsets_are_int32_until_an_offset_passes_it():

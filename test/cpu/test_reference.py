@@ -1,4 +1,5 @@
 """The reference engine through the public Graph API against the independent float64 oracle."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,18 @@ import torch
 
 from frost.target import CPU
 from test import oracle
-from test.helpers import (Case, assert_bwd_matches_oracle, assert_close, assert_fwd_matches_oracle, make_inputs,
-                           oracle_bwd, oracle_fwd, rel_err, run_bwd, run_fwd)
+from test.helpers import (
+    Case,
+    assert_bwd_matches_oracle,
+    assert_close,
+    assert_fwd_matches_oracle,
+    make_inputs,
+    oracle_bwd,
+    oracle_fwd,
+    rel_err,
+    run_bwd,
+    run_fwd,
+)
 
 CAUSAL = (("use_causal_mask", True),)
 CAUSAL_BR = (("use_causal_mask_bottom_right", True),)
@@ -28,24 +39,41 @@ CASES = {
     "causal-topleft-sq>skv": Case(sq=9, skv=5, mask=CAUSAL),
     "causal-bottomright-sq<skv": Case(sq=5, skv=9, mask=CAUSAL_BR, layout="bshd"),
     "causal-bottomright-sq>skv": Case(sq=9, skv=5, mask=CAUSAL_BR),
-    "causal-br-by-alignment": Case(sq=4, skv=7, mask=(("diagonal_alignment", "BOTTOM_RIGHT"),
-                                                       ("diagonal_band_right_bound", 0))),
+    "causal-br-by-alignment": Case(
+        sq=4, skv=7, mask=(("diagonal_alignment", "BOTTOM_RIGHT"), ("diagonal_band_right_bound", 0))
+    ),
     "sliding-window": Case(sq=10, skv=10, mask=(("sliding_window_length", 3),) + CAUSAL),
     "left-bound-only": Case(sq=10, skv=10, mask=(("diagonal_band_left_bound", 2),)),
     "window-bottomright": Case(sq=6, skv=11, mask=(("sliding_window_length", 4),) + CAUSAL_BR),
     "band-right-bound": Case(sq=8, skv=8, mask=(("diagonal_band_right_bound", 2),)),
-    "band-both-bounds": Case(sq=8, skv=12, mask=(("diagonal_band_left_bound", 3), ("diagonal_band_right_bound", 1),
-                                                 ("diagonal_alignment", "BOTTOM_RIGHT"))),
+    "band-both-bounds": Case(
+        sq=8,
+        skv=12,
+        mask=(
+            ("diagonal_band_left_bound", 3),
+            ("diagonal_band_right_bound", 1),
+            ("diagonal_alignment", "BOTTOM_RIGHT"),
+        ),
+    ),
     "padding": Case(sq=8, skv=9, lens_q=(5, 8), lens_kv=(9, 2)),
     "padding-zero-lengths": Case(batch=3, sq=6, skv=6, lens_q=(0, 6, 3), lens_kv=(4, 0, 6), sink=True),
     "padding-causal-br": Case(sq=8, skv=9, lens_q=(3, 8), lens_kv=(7, 9), mask=CAUSAL_BR, layout="bshd"),
     "thd": Case(thd=True, batch=3, lens_q=(3, 5, 2), lens_kv=(4, 5, 6)),
     "thd-empty-and-single": Case(thd=True, batch=4, lens_q=(0, 1, 4, 1), lens_kv=(3, 1, 0, 5)),
     "thd-head-major-stats": Case(thd=True, batch=3, lens_q=(2, 0, 6), lens_kv=(5, 1, 6), stats_head_major=True),
-    "thd-causal-br-sinks-gqa": Case(thd=True, batch=3, hq=4, hkv=1, lens_q=(4, 1, 3), lens_kv=(2, 6, 3),
-                                     mask=CAUSAL_BR, sink=True),
-    "thd-window-tail-tokens": Case(thd=True, batch=2, lens_q=(5, 3), lens_kv=(5, 7), extra_q=3, extra_kv=2,
-                                    mask=(("sliding_window_length", 2),) + CAUSAL, stats_head_major=True),
+    "thd-causal-br-sinks-gqa": Case(
+        thd=True, batch=3, hq=4, hkv=1, lens_q=(4, 1, 3), lens_kv=(2, 6, 3), mask=CAUSAL_BR, sink=True
+    ),
+    "thd-window-tail-tokens": Case(
+        thd=True,
+        batch=2,
+        lens_q=(5, 3),
+        lens_kv=(5, 7),
+        extra_q=3,
+        extra_kv=2,
+        mask=(("sliding_window_length", 2),) + CAUSAL,
+        stats_head_major=True,
+    ),
     "thd-every-sequence-empty": Case(thd=True, batch=2, lens_q=(0, 0), lens_kv=(0, 3), extra_q=1, sink=True),
     "padding-every-row-empty": Case(batch=2, sq=4, skv=4, lens_q=(0, 0), lens_kv=(2, 4), sink=True),
     "no-stats": Case(stats=False, mask=CAUSAL),
@@ -151,5 +179,6 @@ def test_oracle_agrees_with_torch_sdpa():
     v = torch.randn(2, 2, 7, 8, generator=gen, dtype=torch.float64)
     o, _ = oracle.attention(q, k, v, scale=0.3, causal=True)
     want = torch.nn.functional.scaled_dot_product_attention(
-        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, scale=0.3)
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, scale=0.3
+    )
     torch.testing.assert_close(o, want, rtol=1e-12, atol=1e-12)

@@ -5,6 +5,7 @@ a backward that recomputed them from the block's Q/K/V would give wrong gradient
 O/LSE against float64 closed-form math that reads them, and a key split whose two halves' gradients, each
 computed with the whole row's O/LSE, add up to the float64 oracle's gradients of the whole row.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,9 @@ def _bwd(q, k, v, o, do, lse, *, scale, sink=None, dsink=False, thd=None, **mask
     """Run frost's backward (reference engine, CPU) on exactly the bound tensors; (dq, dk, dv, dsink or None).
     Dense tensors are (B, H, S, D), lse (B, H, S, 1); with `thd` = (cu_q, cu_kv, max_q, max_kv), (T, H, D) and
     lse (T, H, 1)."""
-    g = frost.Graph(io_data_type=q.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32,
-                    target=CPU)
+    g = frost.Graph(
+        io_data_type=q.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32, target=CPU
+    )
     roles = (("q", q), ("k", k), ("v", v), ("o", o), ("dO", do), ("stats", lse))
     hs = {r: g.tensor_like(t, name=r) for r, t in roles}
     pack = {hs[r]: t for r, t in roles}
@@ -123,8 +125,16 @@ def test_packed_key_halves_with_the_rows_o_and_lse():
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     for idx, cu_kv in zip(split, ([0, 2, 6], [0, 1, 3])):
         t = torch.tensor
-        parts = _bwd(q, k[idx], v[idx], o, do, lse, scale=0.4,
-                     thd=(t(cu, dtype=torch.int32), t(cu_kv, dtype=torch.int32), max(lens), len(idx) // 2 + 1))
+        parts = _bwd(
+            q,
+            k[idx],
+            v[idx],
+            o,
+            do,
+            lse,
+            scale=0.4,
+            thd=(t(cu, dtype=torch.int32), t(cu_kv, dtype=torch.int32), max(lens), len(idx) // 2 + 1),
+        )
         got_dq += parts[0]
         dk[idx], dv[idx] = parts[1], parts[2]
     assert_close(got_dq, dq_w, what="dQ")

@@ -1,4 +1,5 @@
 """Which engines accept which graphs on the fake targets, in which order, and why the others decline."""
+
 from __future__ import annotations
 
 import importlib
@@ -20,8 +21,24 @@ FWD = ["SdpaFwdDslSm90", "SdpaFwdDslSm120", "SdpaFwdDslSm100", "SdpaFwdDslSm80",
 BWD = [n.replace("Fwd", "Bwd") for n in FWD]
 
 
-def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, hv=None, s=128, skv=None, d=64, dv=None, strides=None,
-            thd=False, direction="fwd", graph=None, **kw) -> frost.Graph:
+def declare(
+    target=H200,
+    *,
+    dtype="bf16",
+    b=2,
+    hq=4,
+    hkv=4,
+    hv=None,
+    s=128,
+    skv=None,
+    d=64,
+    dv=None,
+    strides=None,
+    thd=False,
+    direction="fwd",
+    graph=None,
+    **kw,
+) -> frost.Graph:
     """A validated graph declared from dims and strides only (no storage); `graph` may hold tensors `kw` names."""
     skv = skv or s
     dv = dv or d
@@ -33,9 +50,12 @@ def declare(target=H200, *, dtype="bf16", b=2, hq=4, hkv=4, hv=None, s=128, skv=
         dims = {"q": (b, hq, s, d), "k": (b, hkv, skv, d), "v": (b, hv or hkv, skv, dv)}
     q, k, v = (g.tensor(name=r, dim=dims[r], stride=strides.get(r)) for r in ("q", "k", "v"))
     if thd:
-        kw.update(cu_seq_len_q=g.tensor(name="cu_q", dim=(b + 1,), data_type="int32"),
-                  cu_seq_len_kv=g.tensor(name="cu_kv", dim=(b + 1,), data_type="int32"),
-                  max_seq_len_q=s, max_seq_len_kv=skv)
+        kw.update(
+            cu_seq_len_q=g.tensor(name="cu_q", dim=(b + 1,), data_type="int32"),
+            cu_seq_len_kv=g.tensor(name="cu_kv", dim=(b + 1,), data_type="int32"),
+            max_seq_len_q=s,
+            max_seq_len_kv=skv,
+        )
     if direction == "fwd":
         gen_stats = kw.pop("generate_stats", True)
         o, stats = g.sdpa(q, k, v, attn_scale=0.125, generate_stats=gen_stats, **kw)
@@ -57,6 +77,7 @@ def reasons(g: frost.Graph) -> dict:
 
 
 # --- the real rows ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("tname", list(TARGETS))
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
@@ -110,13 +131,17 @@ def test_reference_serves_the_cpu_with_real_rows():
 
 # --- ranking with every kernel available -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tname, want", [
-    ("H200", ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
-    ("A100", ["SdpaFwdDslSm80"]),
-    ("RTX5090", ["SdpaFwdDslSm120"]),
-    ("B200", []),
-    ("CPU", ["SdpaFwdReference"]),
-])
+
+@pytest.mark.parametrize(
+    "tname, want",
+    [
+        ("H200", ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]),
+        ("A100", ["SdpaFwdDslSm80"]),
+        ("RTX5090", ["SdpaFwdDslSm120"]),
+        ("B200", []),
+        ("CPU", ["SdpaFwdReference"]),
+    ],
+)
 def test_order_per_target(unpended, no_compile, tname, want):
     g = declare(TARGETS[tname], dtype="fp32" if tname == "CPU" else "bf16", d=128)
     assert g.available_engines() == want
@@ -126,8 +151,9 @@ def test_order_per_target(unpended, no_compile, tname, want):
 
 def test_h200_declines_in_detail(unpended):
     declined = reasons(declare(H200))
-    assert declined["SdpaFwdDslSm120"] == ("serves compute capability 12.0-12.9; this device "
-                                           "(NVIDIA H200 (fake)) is 9.0")
+    assert declined["SdpaFwdDslSm120"] == (
+        "serves compute capability 12.0-12.9; this device (NVIDIA H200 (fake)) is 9.0"
+    )
     assert declined["SdpaFwdDslSm100"].startswith("serves compute capability 10.0-10.9;")
     assert declined["SdpaFwdReference"] == REFERENCE_ON_GPU
     assert "engine='reference'" in REFERENCE_ON_GPU
@@ -135,8 +161,9 @@ def test_h200_declines_in_detail(unpended):
 
 def test_a100_declines_sm90_by_cc(unpended):
     declined = reasons(declare(A100))
-    assert declined["SdpaFwdDslSm90"] == ("serves compute capability 9.0; this device "
-                                          "(NVIDIA A100-SXM4-80GB (fake)) is 8.0")
+    assert declined["SdpaFwdDslSm90"] == (
+        "serves compute capability 9.0; this device (NVIDIA A100-SXM4-80GB (fake)) is 8.0"
+    )
 
 
 def test_rtx5090_declines_sm80_by_cc(unpended):
@@ -170,8 +197,7 @@ def test_backward_lines_accept_or_say_their_kernels_are_missing(unpended, no_com
     declined = reasons(declare(B200, direction="bwd"))
     assert declined["SdpaBwdDslSm100"] == "the SM100 (tcgen05 + TMEM) backward kernel is not written yet"
     g = declare(H200, direction="bwd")
-    assert g.available_engines() in (["SdpaBwdDslSm90", "SdpaBwdDslSm80"], ["SdpaBwdDslSm80"],
-                                     ["SdpaBwdDslSm90"], [])
+    assert g.available_engines() in (["SdpaBwdDslSm90", "SdpaBwdDslSm80"], ["SdpaBwdDslSm80"], ["SdpaBwdDslSm90"], [])
     assert reasons(g)["SdpaBwdReference"] == REFERENCE_ON_GPU
 
 
@@ -193,8 +219,15 @@ def test_reference_is_never_silent_on_a_gpu_but_available_by_name(unpended, no_c
         assert g.engine_name == "SdpaFwdReference"
 
 
-@pytest.mark.parametrize("alias, full", [("sm80", "SdpaFwdDslSm80"), ("SM90", "SdpaFwdDslSm90"),
-                                         ("ref", "SdpaFwdReference"), ("SdpaFwdDslSm80", "SdpaFwdDslSm80")])
+@pytest.mark.parametrize(
+    "alias, full",
+    [
+        ("sm80", "SdpaFwdDslSm80"),
+        ("SM90", "SdpaFwdDslSm90"),
+        ("ref", "SdpaFwdReference"),
+        ("SdpaFwdDslSm80", "SdpaFwdDslSm80"),
+    ],
+)
 def test_engine_by_name_restricts_the_ranking(unpended, alias, full):
     g = declare(H200).create_execution_plans(engine=alias)
     assert g.available_engines() == [full]
@@ -204,11 +237,13 @@ def test_engine_by_name_on_the_wrong_target_names_why(unpended, no_compile):
     g = declare(A100)
     with pytest.raises(NotSupportedError) as ei:
         g.build_plans(engine="sm90")
-    assert ei.value.declines == [("SdpaFwdDslSm90", "serves compute capability 9.0; this device "
-                                                    "(NVIDIA A100-SXM4-80GB (fake)) is 8.0")]
+    assert ei.value.declines == [
+        ("SdpaFwdDslSm90", "serves compute capability 9.0; this device (NVIDIA A100-SXM4-80GB (fake)) is 8.0")
+    ]
 
 
 # --- what the rows judge -----------------------------------------------------------------------------------------
+
 
 def test_dtype(unpended):
     declined = reasons(declare(H200, dtype="fp32"))
@@ -220,16 +255,38 @@ def test_dtype(unpended):
 BOTH = ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
 
 
-@pytest.mark.parametrize("d, dv, engines", [
-    (64, None, BOTH), (96, None, BOTH), (128, None, BOTH), (192, 128, BOTH), (256, None, BOTH), (192, None, BOTH),
-    # every multiple of 8 up to 256, d_qk and d_v independently: both lines (the wgmma one on padded tiles)
-    (80, None, BOTH), (128, 64, BOTH), (32, None, BOTH), (8, None, BOTH), (72, None, BOTH), (192, 64, BOTH),
-    (40, 200, BOTH), (112, None, BOTH),
-    # either above 256 (up to 1024; d_v above 256 in column slices of O): the wgmma forward alone
-    (320, 128, ["SdpaFwdDslSm90"]), (512, 256, ["SdpaFwdDslSm90"]), (264, 8, ["SdpaFwdDslSm90"]),
-    (520, 128, ["SdpaFwdDslSm90"]), (264, None, ["SdpaFwdDslSm90"]), (64, 520, ["SdpaFwdDslSm90"]),
-    (1024, None, ["SdpaFwdDslSm90"]),
-    (100, None, []), (128, 12, []), (1032, 128, []), (128, 1040, [])])
+@pytest.mark.parametrize(
+    "d, dv, engines",
+    [
+        (64, None, BOTH),
+        (96, None, BOTH),
+        (128, None, BOTH),
+        (192, 128, BOTH),
+        (256, None, BOTH),
+        (192, None, BOTH),
+        # every multiple of 8 up to 256, d_qk and d_v independently: both lines (the wgmma one on padded tiles)
+        (80, None, BOTH),
+        (128, 64, BOTH),
+        (32, None, BOTH),
+        (8, None, BOTH),
+        (72, None, BOTH),
+        (192, 64, BOTH),
+        (40, 200, BOTH),
+        (112, None, BOTH),
+        # either above 256 (up to 1024; d_v above 256 in column slices of O): the wgmma forward alone
+        (320, 128, ["SdpaFwdDslSm90"]),
+        (512, 256, ["SdpaFwdDslSm90"]),
+        (264, 8, ["SdpaFwdDslSm90"]),
+        (520, 128, ["SdpaFwdDslSm90"]),
+        (264, None, ["SdpaFwdDslSm90"]),
+        (64, 520, ["SdpaFwdDslSm90"]),
+        (1024, None, ["SdpaFwdDslSm90"]),
+        (100, None, []),
+        (128, 12, []),
+        (1032, 128, []),
+        (128, 1040, []),
+    ],
+)
 def test_head_dims(unpended, d, dv, engines):
     g = declare(H200, d=d, dv=dv)
     assert g.available_engines() == engines
@@ -241,15 +298,34 @@ def test_head_dims(unpended, d, dv, engines):
         why = why or ("d_qk is above 256" if d > 256 else "d_v is above 256")
         assert reasons(g)["SdpaFwdDslSm80"] == f"{mma_sync}; {graph} ({why})"
     if "SdpaFwdDslSm90" not in engines:
-        why = {(100, None): "d_qk is not a multiple of 8", (128, 12): "d_v is not a multiple of 8",
-               (1032, 128): "d_qk is above 1024", (128, 1040): "d_v is above 1024"}[d, dv]
+        why = {
+            (100, None): "d_qk is not a multiple of 8",
+            (128, 12): "d_v is not a multiple of 8",
+            (1032, 128): "d_qk is above 1024",
+            (128, 1040): "d_v is above 1024",
+        }[d, dv]
         assert reasons(g)["SdpaFwdDslSm90"] == f"{wgmma}; {graph} ({why})"
 
 
 @pytest.mark.parametrize("tname", ["A100", "H200", "RTX5090"])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-@pytest.mark.parametrize("d, dv", [(32, 32), (48, 48), (72, 72), (80, 80), (112, 112), (160, 160), (192, 64),
-                                   (40, 40), (8, 8), (256, 64), (64, 256), (136, 128)])
+@pytest.mark.parametrize(
+    "d, dv",
+    [
+        (32, 32),
+        (48, 48),
+        (72, 72),
+        (80, 80),
+        (112, 112),
+        (160, 160),
+        (192, 64),
+        (40, 40),
+        (8, 8),
+        (256, 64),
+        (64, 256),
+        (136, 128),
+    ],
+)
 def test_every_multiple_of_8_head_dim_plans_on_the_dsl_lines(unpended, no_compile, tname, direction, d, dv):
     """cuDNN's head dims (multiples of 8 up to 256) plan on the mma.sync engine of each target, with valid
     params, dense and packed, and on H200 on the wgmma forward and backward first (their tiles padded to
@@ -325,8 +401,9 @@ def test_mma_sync_rows_and_validators_agree_on_every_head_dim():
             for family in ("sm80", "sm120"):
                 for mod, knobs, cls in ((fwd, fwd, fwd.Sm80FwdParams), (bwd, sdpa_bwd_knobs, bwd.Sm80BwdParams)):
                     if served:
-                        mod.validate(cls(family=family, head_dim=d, head_dim_v=dv,
-                                         **knobs.default_knobs(family, d, dv)))
+                        mod.validate(
+                            cls(family=family, head_dim=d, head_dim_v=dv, **knobs.default_knobs(family, d, dv))
+                        )
                     else:
                         with pytest.raises(TemplateParamsError):
                             knobs.default_knobs(family, d, dv)
@@ -334,16 +411,21 @@ def test_mma_sync_rows_and_validators_agree_on_every_head_dim():
                             mod.validate(cls(family=family, head_dim=d, head_dim_v=dv))
 
 
-@pytest.mark.parametrize("kw, feature", [
-    (dict(score_mod=lambda s: s), "score_mod"),
-])
+@pytest.mark.parametrize(
+    "kw, feature",
+    [
+        (dict(score_mod=lambda s: s), "score_mod"),
+    ],
+)
 def test_undeclared_features_decline_everywhere(unpended, kw, feature):
     for target in (H200, A100, RTX5090, B200):
         g = declare(target, **kw)
         assert g.available_engines() == []
         for name, reason in g.declines():
-            assert reason == f"does not serve {feature}" or reason.startswith("serves compute capability"), \
-                (name, reason)
+            assert reason == f"does not serve {feature}" or reason.startswith("serves compute capability"), (
+                name,
+                reason,
+            )
         assert reasons(g)["SdpaFwdReference"] == f"does not serve {feature}"
     g = declare(CPU, dtype="fp32", **kw)
     with pytest.raises(NotSupportedError) as ei:
@@ -363,11 +445,20 @@ def test_bias_and_attn_mask_decline_listing_both(unpended):
     assert declined["SdpaFwdDslSm80"] == "does not serve attn_mask"  # the mma.sync kernels read the bias
 
 
-@pytest.mark.parametrize("kw", [
-    dict(use_causal_mask=True), dict(use_causal_mask_bottom_right=True, skv=256), dict(sliding_window_length=32),
-    dict(diagonal_band_right_bound=4), dict(hkv=1), dict(hkv=2), dict(generate_stats=False), dict(thd=True),
-    dict(thd=True, use_causal_mask=True, hkv=2),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(use_causal_mask=True),
+        dict(use_causal_mask_bottom_right=True, skv=256),
+        dict(sliding_window_length=32),
+        dict(diagonal_band_right_bound=4),
+        dict(hkv=1),
+        dict(hkv=2),
+        dict(generate_stats=False),
+        dict(thd=True),
+        dict(thd=True, use_causal_mask=True, hkv=2),
+    ],
+)
 def test_kernel_features_are_accepted(unpended, kw):
     assert declare(H200, **kw).available_engines() == ["SdpaFwdDslSm90", "SdpaFwdDslSm80"]
 
@@ -385,6 +476,7 @@ def test_sinks_and_padding_are_accepted(unpended):
 
 
 # --- layouts --------------------------------------------------------------------------------------------------
+
 
 def test_strides_not_16_byte_multiples_decline_naming_the_tensor(unpended):
     # q's token stride 68 elements (136 bytes) is not a multiple of 8 bf16 elements
@@ -426,6 +518,7 @@ def test_the_reference_takes_any_layout_on_cpu(unpended):
 
 # --- knobs ---------------------------------------------------------------------------------------------------
 
+
 def test_knob_outside_every_choice_makes_every_line_ineligible(unpended):
     g = declare(H200).create_execution_plans(knobs=frost.Knobs(tile_m=96))
     declined = reasons(g)
@@ -456,6 +549,7 @@ def test_unknown_knob_is_a_frost_error(unpended):
 
 # --- the DSL itself ------------------------------------------------------------------------------------------
 
+
 def test_missing_dsl_declines_the_dsl_lines_naming_the_version(unpended, monkeypatch):
     patch_dsl_reason(monkeypatch, "needs nvidia-cutlass-dsl >= 4.8.1; found 4.7.0")
     g = declare(H200)
@@ -465,14 +559,17 @@ def test_missing_dsl_declines_the_dsl_lines_naming_the_version(unpended, monkeyp
     assert declined["SdpaFwdDslSm80"] == "needs nvidia-cutlass-dsl >= 4.8.1; found 4.7.0"
 
 
-@pytest.mark.parametrize("versions, fragment", [
-    ({}, "needs nvidia-cutlass-dsl >= 4.8.1, which is not installed"),
-    ({"nvidia-cutlass-dsl": "4.7.2"}, "needs nvidia-cutlass-dsl >= 4.8.1; found 4.7.2"),
-    ({"nvidia-cutlass-dsl": "4.8.0.dev1"}, "found 4.8.0.dev1"),
-    ({"nvidia-cutlass-dsl": "4.8.1"}, "needs apache-tvm-ffi, which is not installed"),
-    ({"nvidia-cutlass-dsl": "4.8.1", "apache-tvm-ffi": "0.1.15"}, None),
-    ({"nvidia-cutlass-dsl": "4.10.0", "apache-tvm-ffi": "0.1.15"}, None),
-])
+@pytest.mark.parametrize(
+    "versions, fragment",
+    [
+        ({}, "needs nvidia-cutlass-dsl >= 4.8.1, which is not installed"),
+        ({"nvidia-cutlass-dsl": "4.7.2"}, "needs nvidia-cutlass-dsl >= 4.8.1; found 4.7.2"),
+        ({"nvidia-cutlass-dsl": "4.8.0.dev1"}, "found 4.8.0.dev1"),
+        ({"nvidia-cutlass-dsl": "4.8.1"}, "needs apache-tvm-ffi, which is not installed"),
+        ({"nvidia-cutlass-dsl": "4.8.1", "apache-tvm-ffi": "0.1.15"}, None),
+        ({"nvidia-cutlass-dsl": "4.10.0", "apache-tvm-ffi": "0.1.15"}, None),
+    ],
+)
 def test_dsl_decline_reason_from_metadata(monkeypatch, versions, fragment):
     from importlib import metadata
 
@@ -494,6 +591,7 @@ def test_dsl_decline_reason_from_metadata(monkeypatch, versions, fragment):
 
 
 # --- errors and contracts ------------------------------------------------------------------------------------
+
 
 def test_error_types():
     assert issubclass(EngineDecline, NotImplementedError) and issubclass(EngineDecline, frost.FrostError)
@@ -620,6 +718,7 @@ def test_ragged_backward_with_dsink_plans_on_the_dsl_lines():
 
 # --- K and V with their own head counts; score_max / score_sum_exp ------------------------------------------------
 
+
 def _row_stats(target=H200, *, thd=False, b=2, hq=4, s=128, **kw) -> frost.Graph:
     """A forward declaring score_max and score_sum_exp (fp32, Stats' dims) beside Stats."""
     g = frost.Graph(io_data_type="bf16", target=target)
@@ -637,7 +736,9 @@ def test_split_kv_heads_run_on_the_dsl_forwards_and_both_backwards(unpended, no_
     assert declare(A100, **heads).available_engines() == ["SdpaFwdDslSm80"]
     assert declare(RTX5090, **heads).available_engines() == ["SdpaFwdDslSm120"]
     assert declare(H200, thd=True, use_causal_mask=True, **heads).available_engines() == [
-        "SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+        "SdpaFwdDslSm90",
+        "SdpaFwdDslSm80",
+    ]
     for thd in (False, True):
         g = declare(H200, direction="bwd", thd=thd, use_causal_mask=True, **heads)
         assert g.available_engines() == ["SdpaBwdDslSm90", "SdpaBwdDslSm80"]  # the wgmma backward first on cc 9.0
@@ -688,7 +789,9 @@ def test_score_max_and_sum_exp_are_served_by_the_forwards(unpended, no_compile, 
     assert _row_stats(RTX5090, thd=thd).available_engines() == ["SdpaFwdDslSm120"]
     assert _row_stats(CPU, thd=thd).available_engines() == ["SdpaFwdReference"]
     assert _row_stats(H200, thd=thd, hq=8, hkv=2, hv=4, generate_stats=False).available_engines() == [
-        "SdpaFwdDslSm90", "SdpaFwdDslSm80"]
+        "SdpaFwdDslSm90",
+        "SdpaFwdDslSm80",
+    ]
 
 
 def test_score_outputs_are_outputs_bound_like_stats(unpended):
@@ -700,6 +803,7 @@ def test_score_outputs_are_outputs_bound_like_stats(unpended):
 
 
 # --- split K/V heads and score_max / score_sum_exp beside cuDNN's ragged-offset form and the wgmma backward -------
+
 
 def _ragged_split(direction="fwd", hv=4, dv=64):
     """cuDNN's ragged form (B=3, H=4, K heads 2, d=64) with V's own head count (its own offset array's token
@@ -748,12 +852,15 @@ def test_score_outputs_in_the_ragged_form_plan_on_the_dsl_engines(unpended):
 
     def graph(ragged_scores: bool, stats_ragged: bool):
         g = frost.Graph(target=H200)
-        mx, se = (g.tensor((B, H, SQ, 1), (H * SQ, 1, H, 1), frost.DataType.FLOAT, name=n)
-                  for n in ("score_max", "score_sum_exp"))
+        mx, se = (
+            g.tensor((B, H, SQ, 1), (H * SQ, 1, H, 1), frost.DataType.FLOAT, name=n)
+            for n in ("score_max", "score_sum_exp")
+        )
         if ragged_scores:
             for t in (mx, se):
-                t.set_ragged_offset(g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT64,
-                                             name=f"off_{t.name}"))
+                t.set_ragged_offset(
+                    g.tensor((B + 1, 1, 1, 1), (1, 1, 1, 1), frost.data_type.INT64, name=f"off_{t.name}")
+                )
         return _ragged(g, score_max=mx, score_sum_exp=se, stats_ragged=stats_ragged).build_operation_graph()
 
     g = graph(False, False)
@@ -767,8 +874,10 @@ def test_score_outputs_in_the_ragged_form_plan_on_the_dsl_engines(unpended):
     g = graph(False, True)  # Stats ragged, the two halves per batch
     declined = reasons(g)
     for line in ("Sm90", "Sm80"):
-        assert "all ragged or all per batch; stats ragged, score_max, score_sum_exp per batch" in declined[
-            f"SdpaFwdDsl{line}"]
+        assert (
+            "all ragged or all per batch; stats ragged, score_max, score_sum_exp per batch"
+            in declined[f"SdpaFwdDsl{line}"]
+        )
     assert g.build_plans(engine="reference").engine_name == "SdpaFwdReference"
 
 
@@ -776,13 +885,22 @@ def test_ragged_params_refuse_score_outputs_and_stray_own_offsets():
     from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
     from frost.errors import TemplateParamsError
 
-    ragged = dict(num_heads_q=8, num_heads_kv=2, is_thd=True, has_seqused=True, token_div_q=8 * 128,
-                  token_div_kv=2 * 128, head_dim=128, head_dim_v=128)
+    ragged = dict(
+        num_heads_q=8,
+        num_heads_kv=2,
+        is_thd=True,
+        has_seqused=True,
+        token_div_q=8 * 128,
+        token_div_kv=2 * 128,
+        head_dim=128,
+        head_dim_v=128,
+    )
     validate(Sm80FwdParams(**ragged))
     validate(Sm80FwdParams(**ragged, num_heads_v=4, own_offsets=(("v", 4 * 128, "int32"),)))
     with pytest.raises(TemplateParamsError, match="belong to the ragged-offset form"):
-        validate(Sm80FwdParams(**{**ragged, "token_div_q": 0, "has_seqused": False},
-                               own_offsets=(("v", 512, "int32"),)))
+        validate(
+            Sm80FwdParams(**{**ragged, "token_div_q": 0, "has_seqused": False}, own_offsets=(("v", 512, "int32"),))
+        )
     with pytest.raises(TemplateParamsError, match="in that order"):
         validate(Sm80FwdParams(**ragged, own_offsets=(("v", 512, "int32"), ("o", 1024, "int32"))))
     with pytest.raises(TemplateParamsError, match="divisor"):
@@ -792,8 +910,9 @@ def test_ragged_params_refuse_score_outputs_and_stray_own_offsets():
     validate(Sm80FwdParams(**ragged, has_score_max=True, own_offsets=(("score_max", 8, "int32"),)))
 
 
-@pytest.mark.parametrize("d, dv", [(80, 80), (112, 112), (72, 40), (128, 64), (64, 128), (192, 64), (160, 160),
-                                   (8, 8), (256, 64)])
+@pytest.mark.parametrize(
+    "d, dv", [(80, 80), (112, 112), (72, 40), (128, 64), (64, 128), (192, 64), (160, 160), (8, 8), (256, 64)]
+)
 @pytest.mark.parametrize("thd", [False, True])
 def test_h200_backward_plans_the_wgmma_chain_at_every_head_dim(unpended, no_compile, d, dv, thd):
     """cc 9.0: the wgmma backward takes every multiple of 8 up to 256, with valid params whose tiles span the
@@ -823,8 +942,13 @@ def test_sm90_backward_row_and_validator_agree_on_every_head_dim():
         for dv in range(4, 272, 4):
             served = span.outside(d, dv) is None
             for banded, packed in ((False, False), (True, False), (True, True)):
-                p = bwd.Sm90BwdParams(head_dim=d, head_dim_v=dv, has_window_right=banded, is_thd=packed,
-                                      **default_knobs(d, dv, banded=banded, packed=packed))
+                p = bwd.Sm90BwdParams(
+                    head_dim=d,
+                    head_dim_v=dv,
+                    has_window_right=banded,
+                    is_thd=packed,
+                    **default_knobs(d, dv, banded=banded, packed=packed),
+                )
                 if served:
                     bwd.validate(p)
                 else:

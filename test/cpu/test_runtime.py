@@ -1,4 +1,5 @@
 """Runtime: workspace checks and carving, stream resolution, the execution context."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,27 +15,31 @@ def aligned_bytes(n: int, offset: int = 0) -> torch.Tensor:
     """A uint8 CPU tensor of n bytes whose address is `offset` past a 256-byte boundary."""
     base = torch.empty(n + 2 * ALIGN, dtype=torch.uint8)
     start = (-base.data_ptr()) % ALIGN + offset
-    out = base[start:start + n]
+    out = base[start : start + n]
     assert out.data_ptr() % ALIGN == offset
     return out
 
 
 # --- workspace checks ----------------------------------------------------------------------------------------
 
+
 def test_no_workspace_needed_accepts_anything():
     check_workspace(None, 0)
     check_workspace(torch.empty(3, dtype=torch.float32), 0)
 
 
-@pytest.mark.parametrize("make, fragment", [
-    (lambda: None, "needs a workspace of 1024 bytes; got None"),
-    (lambda: aligned_bytes(1000), "workspace too small: this plan needs 1024 bytes, got 1000"),
-    (lambda: torch.empty(256, dtype=torch.float32), "contiguous uint8 tensor, got torch.float32"),
-    (lambda: aligned_bytes(4096)[::2], "(contiguous=False)"),
-    (lambda: bytearray(2048), "must be a torch.Tensor of uint8, got bytearray"),
-    (lambda: aligned_bytes(2048, offset=1), "must be 256-byte aligned"),
-    (lambda: aligned_bytes(2048, offset=128), "must be 256-byte aligned"),
-])
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda: None, "needs a workspace of 1024 bytes; got None"),
+        (lambda: aligned_bytes(1000), "workspace too small: this plan needs 1024 bytes, got 1000"),
+        (lambda: torch.empty(256, dtype=torch.float32), "contiguous uint8 tensor, got torch.float32"),
+        (lambda: aligned_bytes(4096)[::2], "(contiguous=False)"),
+        (lambda: bytearray(2048), "must be a torch.Tensor of uint8, got bytearray"),
+        (lambda: aligned_bytes(2048, offset=1), "must be 256-byte aligned"),
+        (lambda: aligned_bytes(2048, offset=128), "must be 256-byte aligned"),
+    ],
+)
 def test_workspace_errors(make, fragment):
     with pytest.raises(frost.WorkspaceError) as ei:
         check_workspace(make(), 1024, device=torch.device("cpu"))
@@ -83,9 +88,13 @@ def test_execute_without_workspace_when_none_is_needed():
 
 # --- carving ---------------------------------------------------------------------------------------------------
 
-BUFFERS = [ScratchBuffer("acc", "float32", (3, 5)), ScratchBuffer("lse", "float32", (1,)),
-           ScratchBuffer("sem", "int32", (64,)), ScratchBuffer("half", "bfloat16", (2, 129)),
-           ScratchBuffer("bytes", "uint8", (300,))]
+BUFFERS = [
+    ScratchBuffer("acc", "float32", (3, 5)),
+    ScratchBuffer("lse", "float32", (1,)),
+    ScratchBuffer("sem", "int32", (64,)),
+    ScratchBuffer("half", "bfloat16", (2, 129)),
+    ScratchBuffer("bytes", "uint8", (300,)),
+]
 
 
 def test_scratch_sizes_and_layout_bytes():
@@ -126,6 +135,7 @@ def test_carve_checks_the_workspace():
 
 # --- streams -----------------------------------------------------------------------------------------------
 
+
 class TorchLikeStream:
     def __init__(self, handle):
         self.cuda_stream = handle
@@ -154,12 +164,23 @@ def test_none_is_the_default_stream_without_cuda():
     assert stream_handle(None) == 0
 
 
-@pytest.mark.parametrize("stream, want", [
-    (0, 0), (1, 0), (2, 2), (0x7F00DEAD, 0x7F00DEAD), (2**48 + 16, 2**48 + 16),
-    (TorchLikeStream(0), 0), (TorchLikeStream(0x1234), 0x1234), (TorchLikeStream(1), 0),
-    (CUstreamLike(0), 0), (CUstreamLike(1), 0), (CUstreamLike(0xABC0), 0xABC0),
-    (PtrStream(0x5550), 0x5550),
-])
+@pytest.mark.parametrize(
+    "stream, want",
+    [
+        (0, 0),
+        (1, 0),
+        (2, 2),
+        (0x7F00DEAD, 0x7F00DEAD),
+        (2**48 + 16, 2**48 + 16),
+        (TorchLikeStream(0), 0),
+        (TorchLikeStream(0x1234), 0x1234),
+        (TorchLikeStream(1), 0),
+        (CUstreamLike(0), 0),
+        (CUstreamLike(1), 0),
+        (CUstreamLike(0xABC0), 0xABC0),
+        (PtrStream(0x5550), 0x5550),
+    ],
+)
 def test_stream_handles(stream, want):
     assert stream_handle(stream) == want
 
@@ -170,11 +191,21 @@ def test_real_custream_if_installed():
     assert stream_handle(driver.CUstream(0)) == 0
 
 
-@pytest.mark.parametrize("stream, exc", [
-    (-1, ValueError), (True, TypeError), (False, TypeError), ("7", TypeError), ("stream", TypeError),
-    (1.5, TypeError), (object(), TypeError), ([3], TypeError), (CUstreamLike(-5), ValueError),
-    (TorchLikeStream(-2), ValueError),
-])
+@pytest.mark.parametrize(
+    "stream, exc",
+    [
+        (-1, ValueError),
+        (True, TypeError),
+        (False, TypeError),
+        ("7", TypeError),
+        ("stream", TypeError),
+        (1.5, TypeError),
+        (object(), TypeError),
+        ([3], TypeError),
+        (CUstreamLike(-5), ValueError),
+        (TorchLikeStream(-2), ValueError),
+    ],
+)
 def test_bad_streams(stream, exc):
     with pytest.raises(exc):
         stream_handle(stream)
@@ -224,6 +255,7 @@ def test_packed_tensors_below_their_envelope_bind_on_the_fast_path(monkeypatch):
 
     def no_detailed_check(role, *a, **k):
         raise AssertionError(f"{role} took the slow path")
+
     monkeypatch.setattr(binding, "check_tensor", no_detailed_check)
     bound = g._binder.bind(small, None)
     assert bound["q"].shape[0] == 8 and bound["k"].shape[0] == 6

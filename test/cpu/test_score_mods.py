@@ -1,6 +1,7 @@
 """Score modifiers (the additive bias, its gradient dBias, ALiBi) without a GPU: the reference engine against the
 float64 oracle, their declarations, the routing that puts them on the mma.sync engine (and, forward on cc 9.0, on
 the wgmma engine), and the template records (params, argument lists, workspace) the planner builds for them."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,15 @@ from frost.engines.sm90.sdpa_fwd_params import validate as validate_sm90_fwd
 from frost.errors import GraphError, TemplateParamsError
 from frost.target import fake_target
 from test import oracle
-from test.helpers import (Case, assert_bwd_matches_oracle, assert_close, assert_fwd_matches_oracle, make_inputs,
-                           oracle_fwd, run_bwd)
+from test.helpers import (
+    Case,
+    assert_bwd_matches_oracle,
+    assert_close,
+    assert_fwd_matches_oracle,
+    make_inputs,
+    oracle_fwd,
+    run_bwd,
+)
 
 A100, H200, RTX5090 = (fake_target(n) for n in ("A100", "H200", "RTX5090"))
 CAUSAL = (("use_causal_mask", True),)
@@ -82,7 +90,7 @@ def test_dbias_is_zero_where_masked_and_sums_broadcast_dims():
 def test_alibi_slopes_follow_cudnn():
     """cuDNN's slopes (test_mhas.py compute_ref), written out for a power of two and for 6 heads."""
     assert alibi_slopes(8) == [2.0 ** (-i) for i in range(1, 9)]
-    assert alibi_slopes(1) == [2.0 ** -8]
+    assert alibi_slopes(1) == [2.0**-8]
     want6 = [2.0 ** (-2 * (i + 1)) for i in range(4)] + [2.0 ** (-1), 2.0 ** (-3)]  # n = 4: m0 = 1/4, m_hat0 = 1/2
     assert alibi_slopes(6) == pytest.approx(want6, rel=1e-15)
     for h in (1, 2, 3, 5, 6, 8, 12, 16, 24, 40, 64):
@@ -96,11 +104,12 @@ def test_alibi_adds_slope_times_key_minus_query():
     o, lse = oracle_fwd(case, t)
     q, k = t["q"][0, 0].double(), t["k"][0, 0].double()
     row = 3
-    logits = q[row] @ k.T * 0.5 + 2.0 ** -8 * (torch.arange(4.0, dtype=torch.float64) - row)
+    logits = q[row] @ k.T * 0.5 + 2.0**-8 * (torch.arange(4.0, dtype=torch.float64) - row)
     assert lse[0, 0, row].item() == pytest.approx(torch.logsumexp(logits, 0).item(), rel=1e-12)
 
 
 # --- declarations ---------------------------------------------------------------------------------------------
+
 
 def _alibi_graph(**kw):
     g = frost.Graph(io_data_type="bf16", target=H200)
@@ -110,16 +119,23 @@ def _alibi_graph(**kw):
     return g
 
 
-@pytest.mark.parametrize("kw, right", [(dict(), None), (dict(diagonal_band_right_bound=3), 3),
-                                       (dict(sliding_window_length=8), None)])
+@pytest.mark.parametrize(
+    "kw, right", [(dict(), None), (dict(diagonal_band_right_bound=3), 3), (dict(sliding_window_length=8), None)]
+)
 def test_alibi_without_a_causal_mask_is_a_graph_error(kw, right):
     with pytest.raises(GraphError, match=rf"use_alibi_mask needs a causal mask .* right bound is {right}"):
         _alibi_graph(**kw).validate()
 
 
-@pytest.mark.parametrize("kw", [dict(use_causal_mask=True), dict(diagonal_band_right_bound=0),
-                                dict(use_causal_mask_bottom_right=True),
-                                dict(use_causal_mask=True, sliding_window_length=16)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(use_causal_mask=True),
+        dict(diagonal_band_right_bound=0),
+        dict(use_causal_mask_bottom_right=True),
+        dict(use_causal_mask=True, sliding_window_length=16),
+    ],
+)
 def test_alibi_with_a_causal_mask_is_accepted(kw):
     g = _alibi_graph(**kw).validate()
     assert g.facts.has_alibi and "alibi" in g.facts.features()
@@ -145,6 +161,7 @@ def test_dbias_strides_may_not_overlap():
 
 
 # --- routing --------------------------------------------------------------------------------------------------
+
 
 def _bias_graph(target, *, direction="fwd", bias_dim=(1, 4, 128, 128), dbias=True, thd=False, **kw):
     from test.cpu.test_routing import declare
@@ -182,8 +199,9 @@ def test_bias_graphs_plan_on_the_mma_sync_engine(unpended, no_compile, tname, di
 def test_alibi_graphs_plan_on_the_dsl_engines(unpended, no_compile, tname):
     target = MMA_SYNC[tname][0]
     for direction in ("fwd", "bwd"):
-        g = _bias_graph(target, direction=direction, bias_dim=None, use_alibi_mask=True, use_causal_mask=True,
-                        hq=8, hkv=2)
+        g = _bias_graph(
+            target, direction=direction, bias_dim=None, use_alibi_mask=True, use_causal_mask=True, hq=8, hkv=2
+        )
         d = "Fwd" if direction == "fwd" else "Bwd"
         assert g.available_engines()[0] == f"Sdpa{d}Dsl{_line(tname)}"
 
@@ -207,11 +225,14 @@ def _sm90_fwd_params(g, knobs=None):
     return SdpaFwdDslSm90(g.facts, H200, Knobs(**(knobs or {}))).validated_params()
 
 
-@pytest.mark.parametrize("bias_dim, flags", [
-    ((2, 8, 128, 128), dict(bias_per_batch=True, bias_per_head=True, bias_key_strided=False)),
-    ((1, 1, 128, 128), dict(bias_per_batch=False, bias_per_head=False, bias_key_strided=False)),
-    ((1, 8, 128, 128), dict(bias_per_batch=False, bias_per_head=True, bias_key_strided=False)),
-])
+@pytest.mark.parametrize(
+    "bias_dim, flags",
+    [
+        ((2, 8, 128, 128), dict(bias_per_batch=True, bias_per_head=True, bias_key_strided=False)),
+        ((1, 1, 128, 128), dict(bias_per_batch=False, bias_per_head=False, bias_key_strided=False)),
+        ((1, 8, 128, 128), dict(bias_per_batch=False, bias_per_head=True, bias_key_strided=False)),
+    ],
+)
 def test_the_wgmma_forward_plans_bias_graphs_unpacked(unpended, no_compile, bias_dim, flags):
     """cc 9.0 plans the wgmma forward for a bias (GQA included: its tiles read one query head's bias, so the planner
     does not pack the heads of a kv head)."""
@@ -260,7 +281,8 @@ def test_score_mods_plan_two_consumer_warpgroups_on_the_wgmma_forward(unpended, 
 
 def test_forced_gqa_packing_with_score_mods_declines_with_the_reason(unpended, no_compile):
     g = _bias_graph(H200, hq=8, hkv=2, bias_dim=(1, 8, 128, 128)).create_execution_plans(
-        knobs=frost.Knobs(pack_gqa=True))
+        knobs=frost.Knobs(pack_gqa=True)
+    )
     reason = dict(g.declines())["SdpaFwdDslSm90"]
     assert "pack_gqa is not served with score modifiers (bias, ALiBi)" in reason, reason
 
@@ -290,15 +312,17 @@ def test_deterministic_dbias_summed_over_broadcast_dims_keeps_a_copy_per_batch_a
     assert layout["dbias_accum"] == (2, 4, 128, 128)  # full along batch: the dBias (1, 4, S, S) sums 2 copies
     post = {stage: sp for stage, _, _, sp in chain_of(p)}["postprocess"]
     assert post.dbias_sum_batch and "dbiasaccbhsumb" in __import__(
-        "frost.engines.sdpa_bwd.chain", fromlist=["helper_suffix"]).helper_suffix(post)
+        "frost.engines.sdpa_bwd.chain", fromlist=["helper_suffix"]
+    ).helper_suffix(post)
     full = _bias_graph(H200, direction="bwd", bias_dim=(2, 4, 128, 128), use_deterministic_algorithm=True)
     assert full.available_engines()[0] == "SdpaBwdDslSm90"
     assert not full._ranking.accepted[0][1].template_params().dbias_accum  # full: written directly, once
     no_grad = _bias_graph(H200, direction="bwd", dbias=False, use_deterministic_algorithm=True)
     assert no_grad.available_engines()[0] == "SdpaBwdDslSm90"
     assert DETERMINISTIC_DBIAS_BYTES == 4 << 30
-    big = _bias_graph(H200, direction="bwd", b=300, s=1024, bias_dim=(1, 4, 1024, 1024),
-                      use_deterministic_algorithm=True)
+    big = _bias_graph(
+        H200, direction="bwd", b=300, s=1024, bias_dim=(1, 4, 1024, 1024), use_deterministic_algorithm=True
+    )
     for engine in ("SdpaBwdDslSm90", "SdpaBwdDslSm80"):  # both DSL backwards keep the copies
         why = dict(big.declines())[engine]
         assert "deterministic dBias" in why and "GiB of workspace" in why
@@ -332,11 +356,18 @@ def test_ragged_graphs_with_score_mods_plan_on_the_dsl_engines(direction, mods):
 
 # --- the records planning builds ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("bias_dim, b, hq, thd, accum", [
-    ((2, 4, 128, 128), 2, 4, False, False), ((1, 4, 128, 128), 2, 4, False, True),
-    ((2, 1, 128, 128), 2, 4, False, True), ((1, 4, 128, 128), 1, 4, False, False),
-    ((1, 1, 128, 128), 1, 1, False, False), ((2, 4, 128, 128), 2, 4, True, True),
-])
+
+@pytest.mark.parametrize(
+    "bias_dim, b, hq, thd, accum",
+    [
+        ((2, 4, 128, 128), 2, 4, False, False),
+        ((1, 4, 128, 128), 2, 4, False, True),
+        ((2, 1, 128, 128), 2, 4, False, True),
+        ((1, 4, 128, 128), 1, 4, False, False),
+        ((1, 1, 128, 128), 1, 1, False, False),
+        ((2, 4, 128, 128), 2, 4, True, True),
+    ],
+)
 def test_dbias_goes_through_the_accumulator_only_where_elements_are_shared(unpended, bias_dim, b, hq, thd, accum):
     g = _bias_graph(H200, direction="bwd", bias_dim=bias_dim, b=b, hq=hq, hkv=hq, thd=thd)
     assert dbias_accumulates(g.facts) is accum
@@ -349,8 +380,13 @@ def test_bwd_params_args_and_workspace_of_a_broadcast_dbias(unpended):
     g = _bias_graph(H200, direction="bwd", bias_dim=(1, 4, 128, 100), skv=100, use_causal_mask=True)
     a = SdpaBwdDslSm80(g.facts, H200, Knobs())
     p = a.validated_params()
-    assert (p.has_bias, p.bias_per_batch, p.bias_per_head, p.has_dbias, p.dbias_accum) == (True, False, True,
-                                                                                            True, True)
+    assert (p.has_bias, p.bias_per_batch, p.bias_per_head, p.has_dbias, p.dbias_accum) == (
+        True,
+        False,
+        True,
+        True,
+        True,
+    )
     assert not p.bias_key_strided  # a compact bias: its unit key stride compiles in
     assert "bias" in main_args(p) and "dbias_accum" in main_args(p) and "dbias" not in main_args(p)
     stages = {stage: names for stage, _, names, _ in chain_of(p)}
@@ -362,8 +398,12 @@ def test_bwd_params_args_and_workspace_of_a_broadcast_dbias(unpended):
     pre = stage_params(p, "preprocess")
     assert pre.dbias_accum and pre.dbias_accum_per_head and not pre.dbias_accum_per_batch
     plain = stage_params(p.model_copy(update=dict(has_dbias=False, dbias_accum=False)), "preprocess")
-    assert plain == stage_params(Sm80BwdParams(**{**p.model_dump(), "has_bias": False, "bias_per_head": False,
-                                                  "has_dbias": False, "dbias_accum": False}), "preprocess")
+    assert plain == stage_params(
+        Sm80BwdParams(
+            **{**p.model_dump(), "has_bias": False, "bias_per_head": False, "has_dbias": False, "dbias_accum": False}
+        ),
+        "preprocess",
+    )
 
 
 def test_a_strided_key_dim_compiles_a_runtime_stride(unpended):
@@ -394,8 +434,9 @@ def test_fwd_args_and_kernel_names():
     from frost.engines.sm80.sdpa_fwd import kernel_name
     from frost.testing.cases import _mma_fwd
 
-    p = Sm80FwdParams(**_mma_fwd(d=128, has_bias=True, bias_per_head=True, has_alibi=True, has_window_right=True,
-                                 has_lse=True))
+    p = Sm80FwdParams(
+        **_mma_fwd(d=128, has_bias=True, bias_per_head=True, has_alibi=True, has_window_right=True, has_lse=True)
+    )
     names = fwd_arg_names(p)
     assert names.index("bias") == names.index("softmax_scale") - 1
     assert kernel_name(p, "sm_90a") == "frost_sdpa_fwd_sm80_bf16_d128_h4k4_wr_biash_alibi_lse_m128n64s1w4"
@@ -417,26 +458,42 @@ def test_validators_reject_inconsistent_score_mods():
     assert det.dbias_accum_per_batch and det.dbias_accum_per_head and det.dbias_sum_batch and det.dbias_sum_heads
     with pytest.raises(TemplateParamsError, match="packed batch's dbias goes through the accumulator"):
         validate_bwd(Sm80BwdParams(**base, is_thd=True, has_bias=True, has_dbias=True))
-    validate_bwd(Sm80BwdParams(**base, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True,
-                               deterministic=True))
+    validate_bwd(
+        Sm80BwdParams(
+            **base, has_bias=True, bias_per_batch=True, bias_per_head=True, has_dbias=True, deterministic=True
+        )
+    )
 
 
 def test_sm90_validators_take_or_decline_score_mods_with_reasons():
-    validate_sm90_fwd(Sm90FwdParams(has_bias=True, bias_per_batch=True, bias_per_head=True, num_heads_q=8,
-                                    num_heads_kv=2))
+    validate_sm90_fwd(
+        Sm90FwdParams(has_bias=True, bias_per_batch=True, bias_per_head=True, num_heads_q=8, num_heads_kv=2)
+    )
     validate_sm90_fwd(Sm90FwdParams(has_alibi=True, has_window_right=True, is_thd=True, has_bias=True))
     with pytest.raises(TemplateParamsError, match="pack_gqa is not served with score modifiers"):
         validate_sm90_fwd(Sm90FwdParams(has_bias=True, num_heads_q=8, num_heads_kv=2, pack_gqa=True))
     with pytest.raises(TemplateParamsError, match="pack_gqa is not served with score modifiers"):
-        validate_sm90_fwd(Sm90FwdParams(has_alibi=True, has_window_right=True, num_heads_q=8, num_heads_kv=2,
-                                        pack_gqa=True))
+        validate_sm90_fwd(
+            Sm90FwdParams(has_alibi=True, has_window_right=True, num_heads_q=8, num_heads_kv=2, pack_gqa=True)
+        )
     with pytest.raises(TemplateParamsError, match="Sm90FwdParams: ALiBi needs a causal mask"):
         validate_sm90_fwd(Sm90FwdParams(has_alibi=True))
     validate_sm90_fwd(Sm90FwdParams(has_bias=True, is_thd=True, has_seqused=True, token_div_q=512, token_div_kv=512))
     with pytest.raises(TemplateParamsError, match="Sm90FwdParams: bias_per_batch / bias_per_head"):
         validate_sm90_fwd(Sm90FwdParams(bias_per_head=True))
-    validate_sm90_bwd(Sm90BwdParams(head_dim=128, head_dim_v=128, has_bias=True, bias_per_head=True, has_alibi=True,
-                                    has_window_right=True, is_thd=True, has_dbias=True, dbias_accum=True))
+    validate_sm90_bwd(
+        Sm90BwdParams(
+            head_dim=128,
+            head_dim_v=128,
+            has_bias=True,
+            bias_per_head=True,
+            has_alibi=True,
+            has_window_right=True,
+            is_thd=True,
+            has_dbias=True,
+            dbias_accum=True,
+        )
+    )
     with pytest.raises(TemplateParamsError, match="packed batch's dbias goes through the accumulator"):
         validate_sm90_bwd(Sm90BwdParams(head_dim=128, head_dim_v=128, has_bias=True, has_dbias=True, is_thd=True))
 
@@ -459,8 +516,15 @@ def test_score_mod_covering_sets_cover_every_flag_family_and_arch():
     for cover in (SM80_FWD_SCORE_MOD_COVER, SM80_BWD_SCORE_MOD_COVER):
         assert set(cover) == {"sm_80", "sm_90a", "sm_120a"}
         kws = [kw for arch in cover for kw in cover[arch]]
-        for flag in ("has_bias", "bias_per_batch", "bias_per_head", "bias_key_strided", "has_alibi", "is_thd",
-                     "has_seqused"):
+        for flag in (
+            "has_bias",
+            "bias_per_batch",
+            "bias_per_head",
+            "bias_key_strided",
+            "has_alibi",
+            "is_thd",
+            "has_seqused",
+        ):
             assert any(k.get(flag) for k in kws), flag
         assert any(k.get("has_bias") and not (k.get("bias_per_batch") or k.get("bias_per_head")) for k in kws)
         assert {k["family"] for k in kws} == {"sm80", "sm120"} and {k["dtype"] for k in kws} == {"bf16", "fp16"}
@@ -496,15 +560,25 @@ def test_a_bias_plans_64_key_tiles_unless_asked_otherwise(unpended):
 
 
 @pytest.mark.parametrize("params", [Sm90BwdParams, Sm80BwdParams])
-@pytest.mark.parametrize("per_batch,deterministic,want", [(False, False, True), (True, False, False),
-                                                          (False, True, False)])
+@pytest.mark.parametrize(
+    "per_batch,deterministic,want", [(False, False, True), (True, False, False), (False, True, False)]
+)
 def test_a_dbias_shared_by_the_batch_runs_its_batch_entries_side_by_side(params, per_batch, deterministic, want):
     """Both backward main kernels put batch on the grid's fastest axis exactly where the batch entries add into one
     fp32 dBias copy (so their adds meet in L2); a per-batch dBias, or a deterministic one (a stored copy per batch
     entry), keeps the key-tile-fastest grid."""
-    p = params(head_dim=128, head_dim_v=128, num_heads_q=4, num_heads_kv=4, has_bias=True,
-               bias_per_batch=per_batch, bias_per_head=True, has_dbias=True, dbias_accum=not per_batch,
-               deterministic=deterministic)
+    p = params(
+        head_dim=128,
+        head_dim_v=128,
+        num_heads_q=4,
+        num_heads_kv=4,
+        has_bias=True,
+        bias_per_batch=per_batch,
+        bias_per_head=True,
+        has_dbias=True,
+        dbias_accum=not per_batch,
+        deterministic=deterministic,
+    )
     assert p.batch_fastest is want
     assert p.grid_order == ("batch" if want else "key")
     assert params(head_dim=128, head_dim_v=128, num_heads_q=4, num_heads_kv=4).grid_order == "key"

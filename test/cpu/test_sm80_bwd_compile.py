@@ -6,6 +6,7 @@ other head dims (tiles padded past the head dim, d_qk != d_v). Each arch compile
 its three kernels per flavor in its own process (PTX kept, disk cache off); the
 PTX is checked for the instruction family and the frost kernel symbol.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -32,27 +33,41 @@ def _p(**kw) -> dict:
     return params_kwargs(default_knobs, **kw)
 
 
-PARAMS = {"main": "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams",
-          "preprocess": "frost.engines.sdpa_bwd.chain.BwdHelperParams",
-          "postprocess": "frost.engines.sdpa_bwd.chain.BwdHelperParams"}
+PARAMS = {
+    "main": "frost.engines.sm80.sdpa_bwd_params.Sm80BwdParams",
+    "preprocess": "frost.engines.sdpa_bwd.chain.BwdHelperParams",
+    "postprocess": "frost.engines.sdpa_bwd.chain.BwdHelperParams",
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cover", [COVER, HEAD_DIM_COVER, SCORE_MOD_COVER, DET_DBIAS_COVER],
-                         ids=["tuned", "head_dims", "score_mods", "det_dbias"])
+@pytest.mark.parametrize(
+    "cover",
+    [COVER, HEAD_DIM_COVER, SCORE_MOD_COVER, DET_DBIAS_COVER],
+    ids=["tuned", "head_dims", "score_mods", "det_dbias"],
+)
 def test_covering_set_compiles_to_mma_sync_for_every_arch(tmp_path, cover):
     import importlib
 
-    groups = [(arch, [(t, PARAMS[stage], sp.model_dump(), stage) for kw in kws
-                      for stage, t, _, sp in bwd_chain(Sm80BwdParams(**kw))])
-              for arch, kws in cover.items()]
+    groups = [
+        (
+            arch,
+            [
+                (t, PARAMS[stage], sp.model_dump(), stage)
+                for kw in kws
+                for stage, t, _, sp in bwd_chain(Sm80BwdParams(**kw))
+            ],
+        )
+        for arch, kws in cover.items()
+    ]
     results = dict(zip(cover, compile_groups(groups, tmp_path)))
     for arch, outs in results.items():
         expected = []
         for kw in cover[arch]:
             p = Sm80BwdParams(**kw)
-            expected += [(stage, importlib.import_module(t).kernel_name(sp, arch), p)
-                         for stage, t, _, sp in bwd_chain(p)]
+            expected += [
+                (stage, importlib.import_module(t).kernel_name(sp, arch), p) for stage, t, _, sp in bwd_chain(p)
+            ]
         assert len(outs) == len(expected)
         for (stage, name, p), out in zip(expected, outs):
             assert out["tag"] == stage and out["name"] == name, (out["name"], name)
@@ -79,8 +94,16 @@ def test_covering_set_covers_head_dims_flags_and_families():
     kws = [kw for arch in COVER for kw in COVER[arch]]
     for flag in ("is_thd", "has_seqused", "has_dsinks", "deterministic", "dq_splits"):
         assert any(k.get(flag) for k in others), flag
-    for flag in ("is_thd", "has_seqused", "has_sinks", "has_dsinks", "has_window_left", "has_window_right",
-                 "bottom_right", "deterministic"):
+    for flag in (
+        "is_thd",
+        "has_seqused",
+        "has_sinks",
+        "has_dsinks",
+        "has_window_left",
+        "has_window_right",
+        "bottom_right",
+        "deterministic",
+    ):
         assert any(k.get(flag) for k in kws), flag
     assert {k["family"] for k in kws} == {"sm80", "sm120"}
     assert any(k["num_heads_q"] != k["num_heads_kv"] for k in kws)
@@ -108,10 +131,12 @@ def test_helper_kernels_are_keyed_by_the_fields_they_read():
     from frost.engines.sdpa_bwd.chain import HELPER_FIELDS
 
     base = _p(d=128, hq=8, hk=2, is_thd=True, has_sinks=True, has_dsinks=True)
-    variants = [Sm80BwdParams(**base),
-                Sm80BwdParams(**dict(base, has_window_right=True, has_window_left=True, bottom_right=True)),
-                Sm80BwdParams(**dict(base, tile_m=128, tile_n=64, num_stages=1, fused_prefetch=True)),
-                Sm80BwdParams(**dict(base, num_heads_kv=8))]
+    variants = [
+        Sm80BwdParams(**base),
+        Sm80BwdParams(**dict(base, has_window_right=True, has_window_left=True, bottom_right=True)),
+        Sm80BwdParams(**dict(base, tile_m=128, tile_n=64, num_stages=1, fused_prefetch=True)),
+        Sm80BwdParams(**dict(base, num_heads_kv=8)),
+    ]
     for stage in ("preprocess", "postprocess"):
         helpers = {stage_params(v, stage) for v in variants}
         assert len(helpers) == 1, (stage, helpers)
@@ -144,7 +169,7 @@ def test_padded_head_dims_take_the_covering_rows_with_their_warps_arranged():
         assert candidates(d, dv) == _CANDIDATES[(d, dv)] and default_knobs("sm80", d, dv) in candidates(d, dv)
     # 72 runs on 96-wide tiles with the 96 rows first (then the larger pairs' as fallbacks); 112 with the 128 rows
     for d, tuned in ((72, 96), (112, 128)):
-        assert candidates(d, d)[:len(_CANDIDATES[(tuned, tuned)])] == _CANDIDATES[(tuned, tuned)]
+        assert candidates(d, d)[: len(_CANDIDATES[(tuned, tuned)])] == _CANDIDATES[(tuned, tuned)]
     # 160 columns do not split over 4 warps of 16: the dQ warps go 4 along the rows, 2 along the columns
     c160 = candidates(160, 128)
     assert c160 and all(c["dq_warps_m"] == 4 for c in c160 if c["num_warps"] == 8)
@@ -156,24 +181,27 @@ def test_padded_head_dims_take_the_covering_rows_with_their_warps_arranged():
     assert (p.tile_head_dim, p.tile_head_dim_v) == (160, 128)
 
 
-@pytest.mark.parametrize("bad", [
-    dict(head_dim=84, head_dim_v=84),
-    dict(head_dim=128, head_dim_v=68),
-    dict(head_dim=264, head_dim_v=256),
-    dict(num_heads_q=6, num_heads_kv=4),
-    dict(is_thd=True, has_seqused=True),
-    dict(has_dsinks=True),
-    dict(num_stages=3),
-    dict(num_warps=6),
-    dict(sdp_warps_m=3),
-    dict(tile_m=48),
-    dict(tile_m=128, tile_n=128, head_dim=128, head_dim_v=128),  # smem and registers
-    dict(family="sm120", head_dim=128, head_dim_v=128, tile_m=64, tile_n=128, num_stages=2),
-    dict(dq_splits=2),  # split accumulator copies order a deterministic backward only
-    dict(dq_splits=2, deterministic=True, is_thd=True),  # THD keeps turns
-    dict(dq_splits=65, deterministic=True),
-    dict(det_order="rotated", deterministic=True, has_window_right=True),  # windows narrow the rotated walks
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(head_dim=84, head_dim_v=84),
+        dict(head_dim=128, head_dim_v=68),
+        dict(head_dim=264, head_dim_v=256),
+        dict(num_heads_q=6, num_heads_kv=4),
+        dict(is_thd=True, has_seqused=True),
+        dict(has_dsinks=True),
+        dict(num_stages=3),
+        dict(num_warps=6),
+        dict(sdp_warps_m=3),
+        dict(tile_m=48),
+        dict(tile_m=128, tile_n=128, head_dim=128, head_dim_v=128),  # smem and registers
+        dict(family="sm120", head_dim=128, head_dim_v=128, tile_m=64, tile_n=128, num_stages=2),
+        dict(dq_splits=2),  # split accumulator copies order a deterministic backward only
+        dict(dq_splits=2, deterministic=True, is_thd=True),  # THD keeps turns
+        dict(dq_splits=65, deterministic=True),
+        dict(det_order="rotated", deterministic=True, has_window_right=True),  # windows narrow the rotated walks
+    ],
+)
 def test_validator_rejects(bad):
     with pytest.raises(TemplateParamsError):
         validate(Sm80BwdParams(**bad))
@@ -201,8 +229,9 @@ def test_scratch_layout_is_closed_form_and_aligned():
 
 
 def test_split_copies_replace_the_semaphores_and_multiply_the_accumulator():
-    p = Sm80BwdParams(**_p(d=64, hq=4, hk=2, deterministic=True, has_sinks=True, has_dsinks=True,
-                           knobs=dict(dq_splits=3)))
+    p = Sm80BwdParams(
+        **_p(d=64, hq=4, hk=2, deterministic=True, has_sinks=True, has_dsinks=True, knobs=dict(dq_splits=3))
+    )
     validate(p)
     lay = dict((n, s) for n, _, s in scratch_layout(p, batch=2, max_seqlen_q=300, max_seqlen_kv=500))
     assert lay["dq_accum"] == (3 * 2, 4, 304, 64) and "dq_semaphore" not in lay and "dsink_partial" in lay
@@ -219,6 +248,7 @@ def test_split_copies_replace_the_semaphores_and_multiply_the_accumulator():
     # the io tensors' batch (a call would be refused with a shape mismatch)
     from frost.engines.common.sdpa_entry import FakeArgs
     from frost.engines.sdpa_bwd.accum import scratch_fake
+
     for params, shared in ((p, False), (plain, True)):
         acc, o = FakeArgs(params, extra=scratch_fake).all(["dq_accum", "o"])
         assert (acc.shape[0] is o.shape[0]) == shared
@@ -241,12 +271,15 @@ def test_split_count_keeps_the_sms_busy_or_falls_back_to_turns():
     assert choose_dq_splits(132, 1, 32, 1024, copy_bytes=32 * 131072 * 64 * 4) == 0
 
 
-@pytest.mark.parametrize("kw,splits", [
-    (dict(b=1, hq=16, hkv=16, s=16384, d=128), 8),  # one wave of 128 CTAs on the H200's 132 SMs
-    (dict(b=4, hq=32, hkv=32, s=4096, d=64), 1),
-    (dict(b=1, hq=1, hkv=1, s=1024), 0),  # eight copies would busy 8 of 132 SMs: turns
-    (dict(b=2, hq=4, hkv=4, s=128, thd=True), 0),  # packed chains keep turns
-])
+@pytest.mark.parametrize(
+    "kw,splits",
+    [
+        (dict(b=1, hq=16, hkv=16, s=16384, d=128), 8),  # one wave of 128 CTAs on the H200's 132 SMs
+        (dict(b=4, hq=32, hkv=32, s=4096, d=64), 1),
+        (dict(b=1, hq=1, hkv=1, s=1024), 0),  # eight copies would busy 8 of 132 SMs: turns
+        (dict(b=2, hq=4, hkv=4, s=128, thd=True), 0),  # packed chains keep turns
+    ],
+)
 def test_deterministic_dense_plans_default_to_split_copies(kw, splits):
     from frost.adapters.sm80 import SdpaBwdDslSm80
     from frost.knobs import Knobs
@@ -294,12 +327,15 @@ def test_rotated_turns_rank_key_tiles_by_arrival_on_the_rotated_walks():
                 assert [rotated_turn(n, m, num_n, n_m) for n in arrivals] == list(range(num_n))
 
 
-@pytest.mark.parametrize("kw,order", [
-    (dict(b=2, hq=4, hkv=4, s=5000, thd=True), "rotated"),  # 40 key tiles fit on half of 132 SMs at once
-    (dict(b=2, hq=4, hkv=4, s=5000, thd=True, use_causal_mask=True), "stair"),  # windows keep the band order
-    (dict(b=1, hq=1, hkv=1, s=32768), "stair"),  # 256 key tiles could not all be resident
-    (dict(b=1, hq=1, hkv=1, s=1024), "rotated"),  # dense, too few heads for split copies
-])
+@pytest.mark.parametrize(
+    "kw,order",
+    [
+        (dict(b=2, hq=4, hkv=4, s=5000, thd=True), "rotated"),  # 40 key tiles fit on half of 132 SMs at once
+        (dict(b=2, hq=4, hkv=4, s=5000, thd=True, use_causal_mask=True), "stair"),  # windows keep the band order
+        (dict(b=1, hq=1, hkv=1, s=32768), "stair"),  # 256 key tiles could not all be resident
+        (dict(b=1, hq=1, hkv=1, s=1024), "rotated"),  # dense, too few heads for split copies
+    ],
+)
 def test_deterministic_turn_plans_pick_the_rotated_order_where_it_is_safe(kw, order):
     from frost.adapters.sm80 import SdpaBwdDslSm80
     from frost.knobs import Knobs
@@ -313,6 +349,7 @@ def test_deterministic_turn_plans_pick_the_rotated_order_where_it_is_safe(kw, or
 
 def sdpa_kernel_name(p):
     from frost.engines.sm80 import sdpa_bwd
+
     return sdpa_bwd.kernel_name(p, "sm_90a")
 
 
@@ -328,14 +365,52 @@ def test_split_ctas_walk_every_key_tile_once_with_even_counts(splits):
 
 
 def test_chain_argument_lists_follow_the_contract_order():
-    p = Sm80BwdParams(**_p(d=128, hq=8, hk=2, is_thd=True, has_window_left=True, has_window_right=True,
-                           has_sinks=True, has_dsinks=True, deterministic=True))
+    p = Sm80BwdParams(
+        **_p(
+            d=128,
+            hq=8,
+            hk=2,
+            is_thd=True,
+            has_window_left=True,
+            has_window_right=True,
+            has_sinks=True,
+            has_dsinks=True,
+            deterministic=True,
+        )
+    )
     chain = {stage: names for stage, _, names, _ in bwd_chain(p)}
-    assert chain["preprocess"] == ["o", "do", "lse", "cu_seqlens_q", "sinks", "dpsum", "dq_accum",
-                                   "dq_semaphore", "dsink_partial", "stream"]
-    assert chain["main"] == ["q", "k", "v", "do", "lse", "dk", "dv", "cu_seqlens_q", "cu_seqlens_kv", "dpsum",
-                             "dq_accum", "dq_semaphore", "softmax_scale", "window_left", "window_right",
-                             "max_seqlen_q", "max_seqlen_kv", "stream"]
+    assert chain["preprocess"] == [
+        "o",
+        "do",
+        "lse",
+        "cu_seqlens_q",
+        "sinks",
+        "dpsum",
+        "dq_accum",
+        "dq_semaphore",
+        "dsink_partial",
+        "stream",
+    ]
+    assert chain["main"] == [
+        "q",
+        "k",
+        "v",
+        "do",
+        "lse",
+        "dk",
+        "dv",
+        "cu_seqlens_q",
+        "cu_seqlens_kv",
+        "dpsum",
+        "dq_accum",
+        "dq_semaphore",
+        "softmax_scale",
+        "window_left",
+        "window_right",
+        "max_seqlen_q",
+        "max_seqlen_kv",
+        "stream",
+    ]
     assert chain["postprocess"] == ["dq", "dsinks", "dq_accum", "dsink_partial", "softmax_scale", "stream"]
     values = {n: n for names in chain.values() for n in names}
     bound = chain_args(bwd_chain(p), values)

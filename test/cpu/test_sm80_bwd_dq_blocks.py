@@ -6,6 +6,7 @@ family. Each 8-byte reduction (a fragment register pair) of the 32 lanes must fi
 block, and the layout must place every (row, column) of the tile once. A tile padded past the head dim
 (d=72 on 96 columns) skips the pairs of its padding columns: a whole warp's pair is in or out.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -63,4 +64,5 @@ def test_each_warp_reduction_fills_whole_lines(family, d, dv):
         assert all(b == a + 1 for a, b in pair), "a register pair must be two adjacent floats"
         start = min(a for a, _ in pair)
         assert start % 64 == 0 and sorted(x for ab in pair for x in ab) == list(range(start, start + 64)), (
-            f"value pair {i}: the warp's reduction is not one aligned 256-byte block")
+            f"value pair {i}: the warp's reduction is not one aligned 256-byte block"
+        )

@@ -6,6 +6,7 @@ five GEMMs (its lanes' 16-byte row addresses under the swizzled smem layouts, in
 and each 4-byte store of P and dS (32 lanes) must take the minimum number of shared-memory wavefronts.
 A tile, warp arrangement or swizzle change that makes a copy conflict fails here.
 """
+
 from __future__ import annotations
 
 import collections
@@ -24,7 +25,7 @@ def _ldsm_wavefronts(addrs) -> int:
     total = 0
     for phase in range(4):
         groups = collections.defaultdict(set)
-        for a in addrs[8 * phase:8 * phase + 8]:
+        for a in addrs[8 * phase : 8 * phase + 8]:
             groups[(a >> 4) & 7].add(a >> 4)
         total += max(len(v) for v in groups.values())
     return total
@@ -51,17 +52,19 @@ def _copies(p: Sm80BwdParams) -> list:
         sts = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=2 * dt.width)
         A, B = cute.make_tiled_copy_A, cute.make_tiled_copy_B
         # (name, tiled copy, smem layout, shape the GEMM sees, seen transposed?)
-        specs = [("S: Q", A(ldsm, m.mma_sdp), m.sQ_layout, (bm, d), False),
-                 ("S: K", B(ldsm, m.mma_sdp), m.sK_layout, (bn, d), False),
-                 ("dP: dO", A(ldsm, m.mma_sdp), m.sdO_layout, (bm, dv), False),
-                 ("dP: V", B(ldsm, m.mma_sdp), m.sV_layout, (bn, dv), False),
-                 ("dV: P^T", A(ldsm_t, m.mma_dkv), m.sPdS_layout, (bn, bm), True),
-                 ("dV: dO^T", B(ldsm_t, m.mma_dkv), m.sdO_layout, (dv, bm), True),
-                 ("dK: dS^T", A(ldsm_t, m.mma_dkv), m.sPdS_layout, (bn, bm), True),
-                 ("dK: Q^T", B(ldsm_t, m.mma_dkv), m.sQ_layout, (d, bm), True),
-                 ("dQ: dS", A(ldsm, m.mma_dq), m.sPdS_layout, (bm, bn), False),
-                 ("dQ: K^T", B(ldsm_t, m.mma_dq), m.sK_layout, (d, bn), True),
-                 ("P, dS stores", cute.make_tiled_copy_C(sts, m.mma_sdp), m.sPdS_layout, (bm, bn), False)]
+        specs = [
+            ("S: Q", A(ldsm, m.mma_sdp), m.sQ_layout, (bm, d), False),
+            ("S: K", B(ldsm, m.mma_sdp), m.sK_layout, (bn, d), False),
+            ("dP: dO", A(ldsm, m.mma_sdp), m.sdO_layout, (bm, dv), False),
+            ("dP: V", B(ldsm, m.mma_sdp), m.sV_layout, (bn, dv), False),
+            ("dV: P^T", A(ldsm_t, m.mma_dkv), m.sPdS_layout, (bn, bm), True),
+            ("dV: dO^T", B(ldsm_t, m.mma_dkv), m.sdO_layout, (dv, bm), True),
+            ("dK: dS^T", A(ldsm_t, m.mma_dkv), m.sPdS_layout, (bn, bm), True),
+            ("dK: Q^T", B(ldsm_t, m.mma_dkv), m.sQ_layout, (d, bm), True),
+            ("dQ: dS", A(ldsm, m.mma_dq), m.sPdS_layout, (bm, bn), False),
+            ("dQ: K^T", B(ldsm_t, m.mma_dq), m.sK_layout, (d, bn), True),
+            ("P, dS stores", cute.make_tiled_copy_C(sts, m.mma_sdp), m.sPdS_layout, (bm, bn), False),
+        ]
         for name, tiled, layout, shape, transposed in specs:
             store = name.startswith("P, dS")
             tile = cute.make_identity_tensor(shape)

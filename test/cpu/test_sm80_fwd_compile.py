@@ -6,12 +6,19 @@ other head dims (tiles padded past the head dim, d_qk != d_v). Each arch compile
 its own process (PTX kept, disk cache off) and the PTX is checked for the
 instruction family and the frost kernel symbol.
 """
+
 from __future__ import annotations
 
 import pytest
 
-from frost.engines.sm80.sdpa_fwd_params import (SMEM_BUDGET, TUNED_HEAD_DIMS, Sm80FwdParams, default_knobs,
-                                                smem_bytes, validate)
+from frost.engines.sm80.sdpa_fwd_params import (
+    SMEM_BUDGET,
+    TUNED_HEAD_DIMS,
+    Sm80FwdParams,
+    default_knobs,
+    smem_bytes,
+    validate,
+)
 from frost.errors import TemplateParamsError
 from frost.testing.cases import SM80_FWD_COVER as COVER
 from frost.testing.cases import SM80_FWD_HEAD_DIM_COVER as HEAD_DIM_COVER
@@ -51,8 +58,15 @@ def test_covering_set_covers_head_dims_flags_and_families():
     others = check_head_dim_cover(COVER, HEAD_DIM_COVER, TUNED_HEAD_DIMS)
     for k in others:
         assert (k["head_dim"], k["head_dim_v"]) not in TUNED_HEAD_DIMS
-    for flag in ("is_thd", "has_seqused", "has_lse", "has_sinks", "has_window_left", "has_window_right",
-                 "bottom_right"):
+    for flag in (
+        "is_thd",
+        "has_seqused",
+        "has_lse",
+        "has_sinks",
+        "has_window_left",
+        "has_window_right",
+        "bottom_right",
+    ):
         assert any(k.get(flag) for k in kws), flag
     assert {k["family"] for k in kws} == {"sm80", "sm120"}
     assert any(k["num_heads_q"] != k["num_heads_kv"] for k in kws)
@@ -89,7 +103,18 @@ def test_padded_head_dims_take_the_covering_tuned_row():
     from frost.engines.sm80.sdpa_fwd_params import tile_dim, tuned_head_dims
 
     assert [tile_dim(d) for d in (8, 32, 40, 64, 72, 96, 112, 136, 160, 200, 256)] == [
-        32, 32, 64, 64, 96, 96, 128, 160, 160, 224, 256]
+        32,
+        32,
+        64,
+        64,
+        96,
+        96,
+        128,
+        160,
+        160,
+        224,
+        256,
+    ]
     for d, dv in TUNED_HEAD_DIMS:
         assert tuned_head_dims(d, dv) == (d, dv)
     assert tuned_head_dims(72, 72) == (96, 96) and tuned_head_dims(112, 112) == (128, 128)
@@ -98,21 +123,31 @@ def test_padded_head_dims_take_the_covering_tuned_row():
     assert default_knobs("sm80", 72, 72) == default_knobs("sm80", 96, 96)
     p = Sm80FwdParams(**_p(d=72, dv=40))
     assert (p.tile_head_dim, p.tile_head_dim_v) == (96, 64)
-    assert smem_bytes(p) == smem_bytes(Sm80FwdParams(**_p(d=96, dv=64, knobs=dict(
-        tile_m=p.tile_m, tile_n=p.tile_n, num_stages=p.num_stages, num_warps=p.num_warps))))
+    assert smem_bytes(p) == smem_bytes(
+        Sm80FwdParams(
+            **_p(
+                d=96,
+                dv=64,
+                knobs=dict(tile_m=p.tile_m, tile_n=p.tile_n, num_stages=p.num_stages, num_warps=p.num_warps),
+            )
+        )
+    )
 
 
-@pytest.mark.parametrize("bad", [
-    dict(head_dim=84, head_dim_v=84),
-    dict(head_dim=128, head_dim_v=4),
-    dict(head_dim=264, head_dim_v=128),
-    dict(num_heads_q=6, num_heads_kv=4),
-    dict(is_thd=True, has_seqused=True),
-    dict(tile_m=96),
-    dict(tile_m=64, num_warps=8),
-    dict(num_stages=4),
-    dict(family="sm120", head_dim=256, head_dim_v=256, tile_m=128, tile_n=64, num_warps=8),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(head_dim=84, head_dim_v=84),
+        dict(head_dim=128, head_dim_v=4),
+        dict(head_dim=264, head_dim_v=128),
+        dict(num_heads_q=6, num_heads_kv=4),
+        dict(is_thd=True, has_seqused=True),
+        dict(tile_m=96),
+        dict(tile_m=64, num_warps=8),
+        dict(num_stages=4),
+        dict(family="sm120", head_dim=256, head_dim_v=256, tile_m=128, tile_n=64, num_warps=8),
+    ],
+)
 def test_validator_rejects(bad):
     with pytest.raises(TemplateParamsError):
         validate(Sm80FwdParams(**bad))

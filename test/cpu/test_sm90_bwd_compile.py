@@ -6,6 +6,7 @@ reduce-add of dQ (a tensor TMA of rows, or one 1D bulk reduce of a fragment-orde
 stores), register reallocation and the frost symbol; the params validator rejects what the template does not
 serve.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,14 @@ import pytest
 from frost.engines.sm90.sdpa_bwd_params import Sm90BwdParams, main_args, validate
 from frost.errors import TemplateParamsError
 from frost.engines.sdpa_bwd.chain import chain_of
-from frost.testing.cases import (SM90_BWD_COVER, SM90_BWD_HEAD_DIM_COVER, SM90_BWD_ROWS_BARRIER_COVER,
-                                 SM90_BWD_SCORE_MOD_COVER, SM90_BWD_WIDE_COVER, sm90_bwd_kwargs)
+from frost.testing.cases import (
+    SM90_BWD_COVER,
+    SM90_BWD_HEAD_DIM_COVER,
+    SM90_BWD_ROWS_BARRIER_COVER,
+    SM90_BWD_SCORE_MOD_COVER,
+    SM90_BWD_WIDE_COVER,
+    sm90_bwd_kwargs,
+)
 from test.compile_runner import compile_groups, run_compile_script
 
 
@@ -55,25 +62,28 @@ def test_covering_set_compiles_for_sm90a(tmp_path):
 
 
 def test_validator_declines_what_the_template_lacks():
-    for flags, word in ((dict(has_dsinks=True), "dsinks needs sinks"),
-                        (dict(tile_m=80, head_dim=64, head_dim_v=64, dq_fragments=False), "head_dim from 104 to 128"),
-                        (dict(tile_m=64, head_dim=80, head_dim_v=80, dq_fragments=True), r"pad to tiles of \(96, 80\)"),
-                        (dict(tile_m=128, head_dim=112, head_dim_v=112, dq_fragments=False),
-                         r"tiles of \(112, 112\) needs 240"),
-                        (dict(head_dim=100, head_dim_v=100), "d_qk=100 is not a multiple of 8"),
-                        (dict(head_dim=264, head_dim_v=264), "d_qk=264 is above 256"),
-                        (dict(head_dim=128, head_dim_v=12), "d_v=12 is not a multiple of 8"),
-                        (dict(tile_m=128), "registers"),
-                        (dict(tile_n=64, tile_m=80, dq_fragments=False), "tile_m=64"),
-                        (dict(tile_n=32, tile_m=64), "tile_n"),
-                        (dict(tile_m=80, dq_fragments=True), "serialize"),
-                        (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
-                        (dict(tile_m=80, dq_red=True, dq_fragments=False), "transposes"),
-                        (dict(tile_m=80, head_dim=128, head_dim_v=64, dq_fragments=False), "head_dim_v == head_dim"),
-                        (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),
-                        (dict(tile_m=64, dq_fragments=True, is_thd=True, has_seqused=True, token_div_q=512,
-                              token_div_kv=512), "ragged-offset form"),
-                        (dict(tile_m=64, rows_warp=False, rows_mbar=True), "needs rows_warp")):
+    for flags, word in (
+        (dict(has_dsinks=True), "dsinks needs sinks"),
+        (dict(tile_m=80, head_dim=64, head_dim_v=64, dq_fragments=False), "head_dim from 104 to 128"),
+        (dict(tile_m=64, head_dim=80, head_dim_v=80, dq_fragments=True), r"pad to tiles of \(96, 80\)"),
+        (dict(tile_m=128, head_dim=112, head_dim_v=112, dq_fragments=False), r"tiles of \(112, 112\) needs 240"),
+        (dict(head_dim=100, head_dim_v=100), "d_qk=100 is not a multiple of 8"),
+        (dict(head_dim=264, head_dim_v=264), "d_qk=264 is above 256"),
+        (dict(head_dim=128, head_dim_v=12), "d_v=12 is not a multiple of 8"),
+        (dict(tile_m=128), "registers"),
+        (dict(tile_n=64, tile_m=80, dq_fragments=False), "tile_m=64"),
+        (dict(tile_n=32, tile_m=64), "tile_n"),
+        (dict(tile_m=80, dq_fragments=True), "serialize"),
+        (dict(tile_m=64, dq_red=True, dq_fragments=True), "pick one"),
+        (dict(tile_m=80, dq_red=True, dq_fragments=False), "transposes"),
+        (dict(tile_m=80, head_dim=128, head_dim_v=64, dq_fragments=False), "head_dim_v == head_dim"),
+        (dict(head_dim=256, head_dim_v=256, tile_m=64), "registers"),
+        (
+            dict(tile_m=64, dq_fragments=True, is_thd=True, has_seqused=True, token_div_q=512, token_div_kv=512),
+            "ragged-offset form",
+        ),
+        (dict(tile_m=64, rows_warp=False, rows_mbar=True), "needs rows_warp"),
+    ):
         with pytest.raises(TemplateParamsError, match=word):
             validate(Sm90BwdParams(**{**_p(), **flags}))
     for part in COVER + SM90_BWD_HEAD_DIM_COVER:
@@ -113,23 +123,30 @@ def test_fragment_order_is_a_bijection_of_the_tile(tile_m, d):
             coords.add((r, c))
             offsets.add(fragment_offset(tile_m, d, t, i))
         # each thread's registers leave four at a time, side by side
-        assert all(fragment_offset(tile_m, d, t, i) + 1 == fragment_offset(tile_m, d, t, i + 1)
-                   for i in range(n) if i % 4 != 3)
+        assert all(
+            fragment_offset(tile_m, d, t, i) + 1 == fragment_offset(tile_m, d, t, i + 1) for i in range(n) if i % 4 != 3
+        )
     assert len(coords) == len(offsets) == tile_m * d and offsets == set(range(tile_m * d))
 
 
 def test_default_knobs_pick_the_dq_path_per_head_dim_and_band():
     from frost.engines.sm90.sdpa_bwd_knobs import default_knobs
 
-    assert default_knobs(128, 128) == dict(tile_m=64, tile_n=128, num_stages=2, dq_fragments=True, rows_warp=True,
-                                           rows_mbar=True)
-    assert default_knobs(128, 128, packed=True) == dict(tile_m=80, tile_n=128, num_stages=2, dq_fragments=False,
-                                                        rows_warp=True, rows_mbar=True)
+    assert default_knobs(128, 128) == dict(
+        tile_m=64, tile_n=128, num_stages=2, dq_fragments=True, rows_warp=True, rows_mbar=True
+    )
+    assert default_knobs(128, 128, packed=True) == dict(
+        tile_m=80, tile_n=128, num_stages=2, dq_fragments=False, rows_warp=True, rows_mbar=True
+    )
     # the rows warp where it was measured: d = 64, 96, 128; dense padded 64-row tiles (d_qk 72-88) and the 80-row
     # kernel at d_qk 104 / 112 (run 18); not the d=128 80-row kernel (serialized), d=120's, d=112 under a band, packed
     # padded tiles or d_qk != d_v
-    assert all(default_knobs(d, d, banded=b, packed=pk)["rows_warp"] for d in (64, 96, 128) for b in (False, True)
-               for pk in (False, True))
+    assert all(
+        default_knobs(d, d, banded=b, packed=pk)["rows_warp"]
+        for d in (64, 96, 128)
+        for b in (False, True)
+        for pk in (False, True)
+    )
     assert all(default_knobs(d, d, banded=b)["rows_warp"] for d in (72, 80, 88) for b in (False, True))
     assert default_knobs(112, 112)["rows_warp"] and default_knobs(104, 104)["rows_warp"]
     assert not default_knobs(128, 128, tile_m=80)["rows_warp"] and not default_knobs(120, 120)["rows_warp"]
@@ -163,16 +180,18 @@ def test_the_dq_convert_of_a_fragment_tile_compiles_with_16_byte_accesses(tmp_pa
     p = Sm90BwdParams(**_p(d=64))
     sp = stage_params(p, "postprocess")
     assert p.dq_accum_tile == sp.dq_accum_tile == 128
-    spec = ("frost.engines.sdpa_bwd.postprocess", "frost.engines.sdpa_bwd.chain.BwdHelperParams", sp.model_dump(),
-            None)
+    spec = ("frost.engines.sdpa_bwd.postprocess", "frost.engines.sdpa_bwd.chain.BwdHelperParams", sp.model_dump(), None)
     [[r]] = compile_groups([("sm_90a", [spec])], tmp_path, timeout=600)
     assert r["name"].endswith("_qf128_pdl"), r
     assert r["local"] == 0 and r["ldg_v4"] > 0 and r["stg_v4"] > 0, r
     assert r["pdl_wait"] == 1, r  # launched as the main kernel's dependent: it waits for the dQ partials
 
 
-@pytest.mark.parametrize("kw", [dict(d=64), dict(d=128), dict(d=128, has_window_right=True), dict(is_thd=True)],
-                         ids=["d64_fragments", "d128_rows", "d128_causal_fragments", "thd_rows"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(d=64), dict(d=128), dict(d=128, has_window_right=True), dict(is_thd=True)],
+    ids=["d64_fragments", "d128_rows", "d128_causal_fragments", "thd_rows"],
+)
 def test_helpers_take_a_padded_accumulator_as_its_own_extent(kw):
     """A fragment-order accumulator has whole tiles of rows, more than Sq: the helpers' fake dq_accum must
     not share the query rows' symbol (else binding a real padded accumulator fails), and a row accumulator must."""
@@ -180,8 +199,10 @@ def test_helpers_take_a_padded_accumulator_as_its_own_extent(kw):
     from frost.engines.sdpa_bwd.chain import postprocess_args, preprocess_args, stage_params
 
     p = Sm90BwdParams(**_p(**kw))
-    for mod, args, stage, rows_of in ((preprocess, preprocess_args, "preprocess", "o"),
-                                      (postprocess, postprocess_args, "postprocess", "dq")):
+    for mod, args, stage, rows_of in (
+        (preprocess, preprocess_args, "preprocess", "o"),
+        (postprocess, postprocess_args, "postprocess", "dq"),
+    ):
         sp = stage_params(p, stage)
         _, fakes = mod.build(sp, "sm_90a")
         names = args(sp)
@@ -190,17 +211,24 @@ def test_helpers_take_a_padded_accumulator_as_its_own_extent(kw):
         assert (str(acc_rows) != str(io_rows)) == (p.dq_accum_tile > 0), (stage, acc.shape, io.shape)
 
 
-@pytest.mark.parametrize("d, dv, knobs, tiles", [
-    ((80, 80), {}, dict(tile_m=64), (96, 80)), ((112, 112), {}, dict(tile_m=80), (128, 112)),
-    ((112, 112), dict(banded=True), dict(tile_m=64), (128, 112)), ((72, 40), {}, dict(tile_m=64), (96, 48)),
-    ((40, 40), {}, dict(tile_m=128), (48, 48)), ((8, 8), {}, dict(tile_m=128), (16, 16)),
-    ((8, 8), dict(packed=True), dict(tile_m=64), (32, 16)),
-    ((128, 64), {}, dict(tile_m=64), (128, 64)), ((64, 128), {}, dict(tile_m=64), (64, 128)),
-    ((192, 64), {}, dict(tile_n=64, num_stages=2), (192, 64)),
-    ((160, 160), {}, dict(tile_n=64, num_stages=2), (160, 160)),
-    ((200, 200), {}, dict(tile_n=64, num_stages=1), (224, 224)),
-    ((256, 64), {}, dict(tile_n=64, num_stages=2), (256, 64)),
-])
+@pytest.mark.parametrize(
+    "d, dv, knobs, tiles",
+    [
+        ((80, 80), {}, dict(tile_m=64), (96, 80)),
+        ((112, 112), {}, dict(tile_m=80), (128, 112)),
+        ((112, 112), dict(banded=True), dict(tile_m=64), (128, 112)),
+        ((72, 40), {}, dict(tile_m=64), (96, 48)),
+        ((40, 40), {}, dict(tile_m=128), (48, 48)),
+        ((8, 8), {}, dict(tile_m=128), (16, 16)),
+        ((8, 8), dict(packed=True), dict(tile_m=64), (32, 16)),
+        ((128, 64), {}, dict(tile_m=64), (128, 64)),
+        ((64, 128), {}, dict(tile_m=64), (64, 128)),
+        ((192, 64), {}, dict(tile_n=64, num_stages=2), (192, 64)),
+        ((160, 160), {}, dict(tile_n=64, num_stages=2), (160, 160)),
+        ((200, 200), {}, dict(tile_n=64, num_stages=1), (224, 224)),
+        ((256, 64), {}, dict(tile_n=64, num_stages=2), (256, 64)),
+    ],
+)
 def test_default_knobs_of_the_other_head_dims_follow_their_tiles(d, dv, knobs, tiles):
     """Every other head dim takes the knobs of its tiles' width (up to 64: 128 rows, 96: 64 rows, 128: as d=128
     where d_qk allows the 80-row kernel, above: shared keys, two stages where they fit; packed tiles of 16 columns
@@ -258,8 +286,14 @@ def test_the_other_head_dims_compile_with_padded_tiles(tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = [r for part in pool.map(one, SM90_BWD_HEAD_DIM_COVER) for r in part]
     kws = [kw for part in SM90_BWD_HEAD_DIM_COVER for kw in part]
-    assert {(kw["head_dim"], kw["head_dim_v"]) for kw in kws} >= {(80, 80), (112, 112), (72, 40), (128, 64),
-                                                                  (192, 64), (160, 160)}
+    assert {(kw["head_dim"], kw["head_dim_v"]) for kw in kws} >= {
+        (80, 80),
+        (112, 112),
+        (72, 40),
+        (128, 64),
+        (192, 64),
+        (160, 160),
+    }
     for kw, r in zip(kws, results):
         p = Sm90BwdParams(**kw)
         assert r["name"].startswith("frost_sdpa_bwd_main_sm90_") and r["entries"] == [r["name"]], r
@@ -317,8 +351,11 @@ def test_packed_fragment_tiles_compile_for_sm90a(tmp_path):
     from frost.testing.cases import SM90_BWD_PACKED_FRAGMENT_COVER
 
     helper = "frost.engines.sdpa_bwd.chain.BwdHelperParams"
-    specs = [(t, PARAMS if stage == "main" else helper, sp.model_dump(), stage)
-             for kw in SM90_BWD_PACKED_FRAGMENT_COVER for stage, t, _, sp in chain_of(Sm90BwdParams(**kw))]
+    specs = [
+        (t, PARAMS if stage == "main" else helper, sp.model_dump(), stage)
+        for kw in SM90_BWD_PACKED_FRAGMENT_COVER
+        for stage, t, _, sp in chain_of(Sm90BwdParams(**kw))
+    ]
     results = [r for part in compile_groups([("sm_90a", specs)], tmp_path, timeout=900) for r in part]
     assert len(results) == 6
     for r in results:

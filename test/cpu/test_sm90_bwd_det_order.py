@@ -6,6 +6,7 @@ the order it states (by step, then key tile), that each tile's turns are a permu
 once never deadlock (and how many turn latencies they take against the stair order), and why the kernel keeps
 the stair order where a sequence's key tiles outnumber the SMs.
 """
+
 from __future__ import annotations
 
 import random
@@ -44,7 +45,7 @@ def simulate(walks, turns, resident: int | None = None, pick=None) -> int | None
         ready = [n for n in running if counters.get(walks[n][pos[n]], 0) == turns[n, walks[n][pos[n]][1]]]
         if not ready:
             return None
-        for n in ([pick(ready)] if pick else ready):
+        for n in [pick(ready)] if pick else ready:
             counters[walks[n][pos[n]]] = counters.get(walks[n][pos[n]], 0) + 1
             pos[n] += 1
         rounds += 1
@@ -63,8 +64,9 @@ def test_rotated_turn_orders_adds_by_step_then_key_tile(n_k, n_m):
         assert [turns[n] for n in by_step] == list(range(n_k))
 
 
-@pytest.mark.parametrize("n_k,n_m,group", [(1, 1, 1), (3, 7, 1), (7, 3, 2), (16, 16, 2), (32, 32, 1), (64, 32, 1),
-                                           (33, 32, 4), (10, 40, 1)])
+@pytest.mark.parametrize(
+    "n_k,n_m,group", [(1, 1, 1), (3, 7, 1), (7, 3, 2), (16, 16, 2), (32, 32, 1), (64, 32, 1), (33, 32, 4), (10, 40, 1)]
+)
 def test_concurrent_ctas_never_deadlock(n_k, n_m, group):
     for order in (stair, rotated):
         walks, turns = order(n_k, n_m, group)
@@ -73,8 +75,10 @@ def test_concurrent_ctas_never_deadlock(n_k, n_m, group):
         assert simulate(walks, turns, pick=rng.choice) == n_k * n_m * group  # any interleaving: one add a round
 
 
-@pytest.mark.parametrize("n_k,n_m,rounds_stair,rounds_rotated", [(32, 32, 63, 32), (128, 128, 255, 128),
-                                                                 (64, 32, 95, 64), (256, 128, 383, 256)])
+@pytest.mark.parametrize(
+    "n_k,n_m,rounds_stair,rounds_rotated",
+    [(32, 32, 63, 32), (128, 128, 255, 128), (64, 32, 95, 64), (256, 128, 383, 256)],
+)
 def test_rotated_walks_skip_the_staircase(n_k, n_m, rounds_stair, rounds_rotated):
     """Stair: key tile n's first add waits n turns (N + M - 1 rounds); rotated: every CTA adds at once."""
     assert simulate(*stair(n_k, n_m)) == rounds_stair
@@ -118,8 +122,11 @@ def test_params_validate_and_name_the_rotated_order():
     validate(rot)
     assert default_knobs(128, 128, sm_count=78, det_order="rotated")["sm_count"] == 78
     assert "sm_count" not in default_knobs(128, 128, sm_count=78)  # the stair plans' knobs as before
-    for flags, word in ((dict(), "needs deterministic"), (dict(deterministic=True, has_window_right=True), "window"),
-                        (dict(deterministic=True, has_window_left=True), "window")):
+    for flags, word in (
+        (dict(), "needs deterministic"),
+        (dict(deterministic=True, has_window_right=True), "window"),
+        (dict(deterministic=True, has_window_left=True), "window"),
+    ):
         with pytest.raises(TemplateParamsError, match=word):
             validate(Sm90BwdParams(**sm90_bwd_kwargs(**flags, knobs=dict(det_order="rotated"))))
 
@@ -128,11 +135,15 @@ def test_params_validate_and_name_the_rotated_order():
 def test_rotated_kernels_compile_for_sm90a_without_spills(tmp_path):
     from test.compile_runner import compile_groups
 
-    kws = [sm90_bwd_kwargs(deterministic=True, knobs=dict(det_order="rotated")),
-           sm90_bwd_kwargs(d=256, deterministic=True, knobs=dict(det_order="rotated", num_stages=2, dq_red=True)),
-           sm90_bwd_kwargs(is_thd=True, hq=8, hk=2, deterministic=True, knobs=dict(det_order="rotated"))]
-    groups = [("sm_90a", [("frost.engines.sm90.sdpa_bwd", "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams", kw,
-                           None)]) for kw in kws]
+    kws = [
+        sm90_bwd_kwargs(deterministic=True, knobs=dict(det_order="rotated")),
+        sm90_bwd_kwargs(d=256, deterministic=True, knobs=dict(det_order="rotated", num_stages=2, dq_red=True)),
+        sm90_bwd_kwargs(is_thd=True, hq=8, hk=2, deterministic=True, knobs=dict(det_order="rotated")),
+    ]
+    groups = [
+        ("sm_90a", [("frost.engines.sm90.sdpa_bwd", "frost.engines.sm90.sdpa_bwd_params.Sm90BwdParams", kw, None)])
+        for kw in kws
+    ]
     for [r] in compile_groups(groups, tmp_path, timeout=900, ptxas=True):
         assert "_det_rot132_" in r["name"], r
         assert r["wgmma_mma_async"] > 0 and r["local"] == 0, r

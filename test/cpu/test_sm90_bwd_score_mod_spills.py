@@ -3,6 +3,7 @@ a GPU: nothing up to d=96 (d<=64 with a bias on 64-row steps: at 128 rows it spi
 slower, benchmarks/results/2026-12-02-h200-run17), and at d=128, where 64 rows is the smallest step, no more than
 the bytes measured when these kernels were last timed (a bias's loads and dBias's fp32 adds beside dK, dV, S^T and
 dP^T): a kernel that spills more has grown its live registers."""
+
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@ every feature flag and every knob at least once. Two processes (PTX kept, disk
 cache off) split the set; each PTX must hold wgmma, TMA bulk-tensor copies,
 register reallocation and the frost kernel symbol.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -97,8 +98,10 @@ def test_defaults_validate_for_every_head_dim():
             assert p.v_slices == -(-dv // 256), (d, dv, p.v_slices)
 
 
-@pytest.mark.parametrize("dv, slices, tile, first_slices", [
-    (256, 1, 256, 1), (264, 2, 144, 2), (520, 3, 176, 3), (512, 2, 256, 2), (1024, 4, 256, 4), (776, 4, 208, 4)])
+@pytest.mark.parametrize(
+    "dv, slices, tile, first_slices",
+    [(256, 1, 256, 1), (264, 2, 144, 2), (520, 3, 176, 3), (512, 2, 256, 2), (1024, 4, 256, 4), (776, 4, 208, 4)],
+)
 def test_d_v_above_256_runs_in_column_slices_of_o(dv, slices, tile, first_slices):
     """A wgmma PV GEMM covers at most 256 columns: a wider d_v takes the fewest slices whose padded tiles do."""
     from frost.engines.sm90.sdpa_fwd_params import min_v_slices
@@ -117,19 +120,29 @@ def test_tiles_pad_head_dims_to_wgmma_k_steps():
     assert smem_bytes(p) == smem_bytes(Sm90FwdParams(head_dim=80, head_dim_v=48))
 
 
-@pytest.mark.parametrize("d, dv, knobs", [
-    (80, 80, dict(tile_m=192, tile_n=112, num_stages=2)), (112, 112, dict(tile_m=192, tile_n=80, num_stages=2)),
-    (72, 40, dict(tile_m=192, tile_n=112, num_stages=2)), (64, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
-    (104, 64, dict(tile_m=192, tile_n=80)), (120, 120, dict(tile_m=128, tile_n=128)),
-    (320, 128, dict(tile_m=64, tile_n=64, num_stages=2)), (512, 256, dict(tile_m=64, tile_n=64, num_stages=1)),
-    (520, 520, dict(tile_m=64, tile_n=64, num_stages=1, v_slices=3)),
-    (1024, 1024, dict(tile_m=64, tile_n=32, num_stages=1, v_slices=4)),
-    (64, 264, dict(tile_m=128, tile_n=96, num_stages=2, v_slices=2)), (64, 520, dict(tile_n=96, v_slices=3)),
-    # the tuned pairs keep their measured rows
-    (64, 64, dict(tile_m=192, tile_n=128, num_stages=2)), (192, 192, dict(tile_m=128, tile_n=112, num_stages=2)),
-    (96, 96, dict(tile_m=192, tile_n=112, num_stages=2)), (128, 128, dict(tile_m=128, tile_n=128, num_stages=2)),
-    (256, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
-])
+@pytest.mark.parametrize(
+    "d, dv, knobs",
+    [
+        (80, 80, dict(tile_m=192, tile_n=112, num_stages=2)),
+        (112, 112, dict(tile_m=192, tile_n=80, num_stages=2)),
+        (72, 40, dict(tile_m=192, tile_n=112, num_stages=2)),
+        (64, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
+        (104, 64, dict(tile_m=192, tile_n=80)),
+        (120, 120, dict(tile_m=128, tile_n=128)),
+        (320, 128, dict(tile_m=64, tile_n=64, num_stages=2)),
+        (512, 256, dict(tile_m=64, tile_n=64, num_stages=1)),
+        (520, 520, dict(tile_m=64, tile_n=64, num_stages=1, v_slices=3)),
+        (1024, 1024, dict(tile_m=64, tile_n=32, num_stages=1, v_slices=4)),
+        (64, 264, dict(tile_m=128, tile_n=96, num_stages=2, v_slices=2)),
+        (64, 520, dict(tile_n=96, v_slices=3)),
+        # the tuned pairs keep their measured rows
+        (64, 64, dict(tile_m=192, tile_n=128, num_stages=2)),
+        (192, 192, dict(tile_m=128, tile_n=112, num_stages=2)),
+        (96, 96, dict(tile_m=192, tile_n=112, num_stages=2)),
+        (128, 128, dict(tile_m=128, tile_n=128, num_stages=2)),
+        (256, 256, dict(tile_m=128, tile_n=80, num_stages=2)),
+    ],
+)
 def test_default_knobs_by_tile_head_dims(d, dv, knobs):
     k = default_knobs(d, dv)
     assert {n: k[n] for n in knobs} == knobs
@@ -142,11 +155,16 @@ def test_score_modifiers_keep_two_consumer_warpgroups(d):
     assert {n: default_knobs(d, d, score_mods=True)[n] for n in ("tile_m", "tile_n")} == dict(tile_m=128, tile_n=128)
 
 
-@pytest.mark.parametrize("d, dv, message", [
-    (84, 84, "d_qk=84 is not a multiple of 8"), (128, 60, "d_v=60 is not a multiple of 8"),
-    (1032, 128, "d_qk=1032 is above 1024"), (512, 1040, "d_v=1040 is above 1024"),
-    (0, 64, "d_qk=0 is not a multiple"),
-])
+@pytest.mark.parametrize(
+    "d, dv, message",
+    [
+        (84, 84, "d_qk=84 is not a multiple of 8"),
+        (128, 60, "d_v=60 is not a multiple of 8"),
+        (1032, 128, "d_qk=1032 is above 1024"),
+        (512, 1040, "d_v=1040 is above 1024"),
+        (0, 64, "d_qk=0 is not a multiple"),
+    ],
+)
 def test_validator_names_the_head_dim_outside_the_span(d, dv, message):
     with pytest.raises(TemplateParamsError, match=message):
         validate(Sm90FwdParams(head_dim=d, head_dim_v=dv))
@@ -163,24 +181,27 @@ def test_o_tile_falls_back_to_q_tile_when_it_does_not_fit():
     assert not separate_o(big) and smem_bytes(big) <= 227 * 1024
 
 
-@pytest.mark.parametrize("bad", [
-    dict(head_dim=84),
-    dict(head_dim=520, head_dim_v=128),  # the default 128x128 tiles past the shared memory
-    dict(head_dim=64, head_dim_v=264),  # one 272-column O tile: past a wgmma's N
-    dict(head_dim=64, head_dim_v=64, v_slices=0),
-    dict(head_dim=64, head_dim_v=64, v_slices=8),  # the last slice (past 7 * 16 columns) would be empty
-    dict(head_dim=64, head_dim_v=520, v_slices=3, num_heads_q=4, num_heads_kv=2, pack_gqa=True),
-    dict(head_dim=512, head_dim_v=256, tile_m=128),  # Q, K and V tiles past the shared memory
-    dict(num_heads_q=6, num_heads_kv=4),
-    dict(is_thd=True, has_seqused=True),
-    dict(bottom_right=True),
-    dict(tile_m=96),
-    dict(tile_n=120),
-    dict(tile_n=256, num_stages=3),
-    dict(intra_wg_overlap=False),
-    dict(pack_gqa=True),  # nothing to pack (Hq == Hkv)
-    dict(num_heads_q=6, num_heads_kv=2, pack_gqa=True),  # r=3 does not divide a warpgroup's 64 rows
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(head_dim=84),
+        dict(head_dim=520, head_dim_v=128),  # the default 128x128 tiles past the shared memory
+        dict(head_dim=64, head_dim_v=264),  # one 272-column O tile: past a wgmma's N
+        dict(head_dim=64, head_dim_v=64, v_slices=0),
+        dict(head_dim=64, head_dim_v=64, v_slices=8),  # the last slice (past 7 * 16 columns) would be empty
+        dict(head_dim=64, head_dim_v=520, v_slices=3, num_heads_q=4, num_heads_kv=2, pack_gqa=True),
+        dict(head_dim=512, head_dim_v=256, tile_m=128),  # Q, K and V tiles past the shared memory
+        dict(num_heads_q=6, num_heads_kv=4),
+        dict(is_thd=True, has_seqused=True),
+        dict(bottom_right=True),
+        dict(tile_m=96),
+        dict(tile_n=120),
+        dict(tile_n=256, num_stages=3),
+        dict(intra_wg_overlap=False),
+        dict(pack_gqa=True),  # nothing to pack (Hq == Hkv)
+        dict(num_heads_q=6, num_heads_kv=2, pack_gqa=True),  # r=3 does not divide a warpgroup's 64 rows
+    ],
+)
 def test_validator_rejects(bad):
     with pytest.raises(TemplateParamsError):
         validate(Sm90FwdParams(**bad))
@@ -191,12 +212,27 @@ def test_kernel_name_encodes_every_param():
 
     base = Sm90FwdParams()
     names = {kernel_name(base, "sm_90a")}
-    for field, value in [("dtype", "fp16"), ("head_dim", 64), ("num_heads_q", 8), ("num_heads_kv", 2),
-                         ("is_thd", True), ("has_seqused", True), ("has_lse", False), ("has_sinks", True),
-                         ("has_window_left", True), ("has_window_right", True), ("tile_n", 64),
-                         ("num_stages", 3), ("pingpong", False), ("separate_o_smem", False),
-                         ("persistent", False), ("sm_count", 114), ("pack_gqa", True), ("has_bias", True),
-                         ("has_alibi", True)]:
+    for field, value in [
+        ("dtype", "fp16"),
+        ("head_dim", 64),
+        ("num_heads_q", 8),
+        ("num_heads_kv", 2),
+        ("is_thd", True),
+        ("has_seqused", True),
+        ("has_lse", False),
+        ("has_sinks", True),
+        ("has_window_left", True),
+        ("has_window_right", True),
+        ("tile_n", 64),
+        ("num_stages", 3),
+        ("pingpong", False),
+        ("separate_o_smem", False),
+        ("persistent", False),
+        ("sm_count", 114),
+        ("pack_gqa", True),
+        ("has_bias", True),
+        ("has_alibi", True),
+    ]:
         upd = {field: value}
         if field == "head_dim":
             upd["head_dim_v"] = 64

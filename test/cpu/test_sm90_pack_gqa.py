@@ -3,6 +3,7 @@
 No kernel is compiled here (the compile test covers packed flavors); these check
 which TemplateParams the adapter would compile from and the decline reasons.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,9 @@ def _params(knobs=None, **kw):
     return SdpaFwdDslSm90(g.facts, H200, Knobs(**(knobs or {}))).template_params()
 
 
-@pytest.mark.parametrize("hq,hkv,packs", [(32, 8, True), (8, 1, True), (64, 1, True), (4, 4, False),
-                                          (6, 2, False), (128, 1, False)])
+@pytest.mark.parametrize(
+    "hq,hkv,packs", [(32, 8, True), (8, 1, True), (64, 1, True), (4, 4, False), (6, 2, False), (128, 1, False)]
+)
 def test_default_packs_where_the_template_can(hq, hkv, packs):
     p = _params(hq=hq, hkv=hkv, use_causal_mask=True)
     assert p.pack_gqa is packs
@@ -47,8 +49,9 @@ def test_knob_forces_packing_off_and_on():
     assert _params(knobs=dict(pack_gqa=True), hq=32, hkv=8).pack_gqa
 
 
-@pytest.mark.parametrize("hq,hkv,why", [(4, 4, "num_heads_q > num_heads_kv"), (6, 2, "divide 64"),
-                                        (128, 1, "divide 64")])
+@pytest.mark.parametrize(
+    "hq,hkv,why", [(4, 4, "num_heads_q > num_heads_kv"), (6, 2, "divide 64"), (128, 1, "divide 64")]
+)
 def test_forced_packing_declines_with_the_reason(unpended, hq, hkv, why):
     g = declare(H200, d=128, hq=hq, hkv=hkv).create_execution_plans(knobs=frost.Knobs(pack_gqa=True))
     reason = reasons(g)["SdpaFwdDslSm90"]
@@ -63,8 +66,10 @@ def test_forced_off_still_plans_on_sm90(unpended):
     assert g.available_engines()[0] == "SdpaFwdDslSm90"
 
 
-@pytest.mark.parametrize("bad", [dict(num_heads_q=4, num_heads_kv=4), dict(num_heads_q=6, num_heads_kv=2),
-                                 dict(num_heads_q=128, num_heads_kv=1)])
+@pytest.mark.parametrize(
+    "bad",
+    [dict(num_heads_q=4, num_heads_kv=4), dict(num_heads_q=6, num_heads_kv=2), dict(num_heads_q=128, num_heads_kv=1)],
+)
 def test_validator_rejects_unpackable(bad):
     p = Sm90FwdParams(pack_gqa=True, **bad)
     assert pack_gqa_reason(p)

@@ -2,6 +2,7 @@
 requests, workspace, kernels and arguments), the split + combine math modelled in float64 on the host with the
 kernel's own key-tile cut against the reference engine, and the split, packed and combine kernels compiled for
 sm_80."""
+
 from __future__ import annotations
 
 import math
@@ -29,14 +30,25 @@ def _decode_facts(batch=1, hq=32, hkv=8, sq=1, d=128, skv=32768, paged=None, sta
     kw = dict(attn_scale=0.1, generate_stats=stats)
     if paged:
         blocks = -(-skv // paged)
-        k, v = (g.tensor(name=n, dim=(batch * blocks, hkv, paged, d), stride=(hkv * paged * d, d, hkv * d, 1))
-                for n in "KV")
-        kt, vt = (g.tensor(name=n, dim=(batch, 1, blocks, 1), stride=(blocks, blocks, 1, 1),
-                           data_type=frost.data_type.INT32) for n in ("table_k", "table_v"))
-        lq, lk = (g.tensor(name=n, dim=(batch, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
-                  for n in ("seq_q", "seq_kv"))
-        kw.update(use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk, paged_attention_k_table=kt,
-                  paged_attention_v_table=vt, paged_attention_max_seq_len_kv=skv)
+        k, v = (
+            g.tensor(name=n, dim=(batch * blocks, hkv, paged, d), stride=(hkv * paged * d, d, hkv * d, 1)) for n in "KV"
+        )
+        kt, vt = (
+            g.tensor(name=n, dim=(batch, 1, blocks, 1), stride=(blocks, blocks, 1, 1), data_type=frost.data_type.INT32)
+            for n in ("table_k", "table_v")
+        )
+        lq, lk = (
+            g.tensor(name=n, dim=(batch, 1, 1, 1), stride=(1, 1, 1, 1), data_type=frost.data_type.INT32)
+            for n in ("seq_q", "seq_kv")
+        )
+        kw.update(
+            use_padding_mask=True,
+            seq_len_q=lq,
+            seq_len_kv=lk,
+            paged_attention_k_table=kt,
+            paged_attention_v_table=vt,
+            paged_attention_max_seq_len_kv=skv,
+        )
     else:
         k, v = (g.tensor(name=n, dim=(batch, hkv, skv, d), stride=(hkv * skv * d, d, hkv * d, 1)) for n in "KV")
     o, st = g.sdpa(q, k, v, **kw)
@@ -55,8 +67,9 @@ def _sm80(facts, knobs=None, target="H200"):
     return ranking.accepted[0][1]
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(batch=2, skv=131072), dict(paged=128), dict(batch=2, paged=64,
-                                                                                              skv=131072)])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(batch=2, skv=131072), dict(paged=128), dict(batch=2, paged=64, skv=131072)]
+)
 def test_a_long_decode_is_split_until_it_fills_the_h200(kw):
     a = _sm80(_decode_facts(**kw))
     p = a.validated_params()
@@ -98,8 +111,10 @@ def test_a_requested_split_count_is_honored_on_both_dsl_forwards():
     assert "num_splits=200 is not one of" in declines["SdpaFwdDslSm80"]
 
 
-@pytest.mark.parametrize("kw, packed", [(dict(), True), (dict(sq=16), True), (dict(sq=17), False),
-                                        (dict(hkv=32), False), (dict(hkv=1, skv=4096), True)])
+@pytest.mark.parametrize(
+    "kw, packed",
+    [(dict(), True), (dict(sq=16), True), (dict(sq=17), False), (dict(hkv=32), False), (dict(hkv=1, skv=4096), True)],
+)
 def test_gqa_packing_is_planned_for_short_queries(kw, packed):
     p = _sm80(_decode_facts(**kw)).validated_params()
     assert p.pack_gqa == packed
@@ -116,9 +131,12 @@ def test_gqa_packing_requests_and_what_it_declines():
 
     base = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, pack_gqa=True, tile_m=64)
     validate(Sm80FwdParams(**base))
-    for bad, match in ((dict(num_heads_kv=32), "more query heads"), (dict(num_heads_kv=1, num_heads_q=96),
-                                                                      "not a multiple"),
-                       (dict(has_window_left=True), "no left band"), (dict(is_thd=True), "dense")):
+    for bad, match in (
+        (dict(num_heads_kv=32), "more query heads"),
+        (dict(num_heads_kv=1, num_heads_q=96), "not a multiple"),
+        (dict(has_window_left=True), "no left band"),
+        (dict(is_thd=True), "dense"),
+    ):
         with pytest.raises(TemplateParamsError, match=match):
             validate(Sm80FwdParams(**{**base, **bad}))
 
@@ -131,8 +149,9 @@ def _sm90(facts, knobs=None):
     return ranking.accepted[0][1]
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(batch=2, skv=131072), dict(paged=128), dict(batch=2, paged=64,
-                                                                                              skv=131072)])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(batch=2, skv=131072), dict(paged=128), dict(batch=2, paged=64, skv=131072)]
+)
 def test_the_wgmma_forward_splits_a_long_decode_with_the_shared_choice(kw):
     """The H200's first-ranked decode engine (GQA 32:8, d=128): 64-row packed tiles, one per KV group, split by the
     mma.sync forward's own choice over its work tiles (one CTA per SM); its workspace, combine and arguments."""
@@ -175,8 +194,13 @@ def test_the_wgmma_forward_splits_only_what_its_template_serves():
 
     base = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, num_splits=4)
     validate(Sm90FwdParams(**base))
-    for bad in (dict(is_thd=True), dict(has_score_max=True), dict(has_block_mask=True), dict(num_splits=129),
-                dict(head_dim_v=512, v_slices=2)):
+    for bad in (
+        dict(is_thd=True),
+        dict(has_score_max=True),
+        dict(has_block_mask=True),
+        dict(num_splits=129),
+        dict(head_dim_v=512, v_slices=2),
+    ):
         with pytest.raises(TemplateParamsError, match="num_splits"):
             validate(Sm90FwdParams(**{**base, **bad}))
 
@@ -191,6 +215,7 @@ def test_choose_num_splits_counts_waves():
 
 
 # ---------------------------------------------------------------- the math, modelled on the host in float64
+
 
 def _band_tiles(m_block, tile_m, tile_n, sq, sk, offset, window_right):
     """The kernel's [n_min, n_max) of an m-tile (frost.engines.common.mask.n_block_range, no left bound)."""
@@ -219,8 +244,7 @@ def _split_model(case: Case, t: dict, num_splits: int, tile_m: int, tile_n: int)
             sink = float(t["sink"].view(-1)[h]) if case.sink else None
             logits = (q[b, h] @ k[b, h // qpk].T) * case.attn_scale
             for i in range(len_q):
-                n_min, n_max = _band_tiles(i // tile_m, tile_m, tile_n, len_q, len_k, offset,
-                                           0 if causal_br else None)
+                n_min, n_max = _band_tiles(i // tile_m, tile_m, tile_n, len_q, len_k, offset, 0 if causal_br else None)
                 lses, outs = [], []
                 for s in range(num_splits):
                     lo, hi = key_split_range(n_min, n_max, s, num_splits)
@@ -243,10 +267,25 @@ def _split_model(case: Case, t: dict, num_splits: int, tile_m: int, tile_n: int)
 SPLIT_CASES = {
     "plain": (Case(batch=2, hq=4, hkv=2, sq=3, skv=37, d=8), 3),
     "empty-splits": (Case(batch=2, hq=4, hkv=2, sq=2, skv=37, d=8), 7),
-    "sinks-padding-empty-sequence": (Case(batch=3, hq=2, hkv=1, sq=5, skv=29, d=8, sink=True, lens_q=(5, 2, 3),
-                                          lens_kv=(29, 0, 11)), 4),
-    "causal-bottom-right": (Case(batch=2, hq=2, hkv=2, sq=6, skv=30, d=8, lens_q=(6, 4), lens_kv=(30, 17),
-                                 mask=(("use_causal_mask_bottom_right", True),), sink=True), 5),
+    "sinks-padding-empty-sequence": (
+        Case(batch=3, hq=2, hkv=1, sq=5, skv=29, d=8, sink=True, lens_q=(5, 2, 3), lens_kv=(29, 0, 11)),
+        4,
+    ),
+    "causal-bottom-right": (
+        Case(
+            batch=2,
+            hq=2,
+            hkv=2,
+            sq=6,
+            skv=30,
+            d=8,
+            lens_q=(6, 4),
+            lens_kv=(30, 17),
+            mask=(("use_causal_mask_bottom_right", True),),
+            sink=True,
+        ),
+        5,
+    ),
 }
 
 
@@ -267,7 +306,7 @@ def test_split_and_combine_reproduce_the_reference_engine(name, tiles):
     o, lse, empty = _split_model(case, t, splits, tile_m=tile_m, tile_n=tile_n)
     rows = torch.zeros(lse.shape, dtype=torch.bool)
     for b in range(case.batch):
-        rows[b, :, :case.lens_q[b] if case.padding else case.sq] = True
+        rows[b, :, : case.lens_q[b] if case.padding else case.sq] = True
     lse_ref = lse_ref.double().squeeze(-1)
     torch.testing.assert_close(o[rows], o_ref.double()[rows], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(lse[rows], lse_ref[rows], rtol=1e-6, atol=1e-6)
@@ -309,14 +348,25 @@ def test_split_and_combine_kernels_compile_for_sm80_and_sm90a_without_spills(tmp
     """The split and packed forwards (dense, paged with sinks) beside the plain kernel, and the combine, for sm_80
     and sm_90a: frost symbols, mma.sync in the forwards, no more local memory or ptxas spills than the plain kernel,
     every device length clamped (compile_groups checks)."""
-    specs = [(FWD, FWD_PARAMS, dict(_FWD, num_splits=7), "split"), (FWD, FWD_PARAMS, _FWD, "base"),
-             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=5), "paged-split"),
-             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED), "paged-base"),
-             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=29, pack_gqa=True), "paged-split-packed"),
-             (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, pack_gqa=True, has_window_right=True, bottom_right=True),
-              "paged-packed-causal"),
-             (COMBINE, COMBINE_PARAMS, dict(head_dim_v=128, num_heads_q=32, num_splits=7, has_lse=True,
-                                            has_seqused=True, has_sinks=True), "combine")]
+    specs = [
+        (FWD, FWD_PARAMS, dict(_FWD, num_splits=7), "split"),
+        (FWD, FWD_PARAMS, _FWD, "base"),
+        (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=5), "paged-split"),
+        (FWD, FWD_PARAMS, dict(_FWD, **_PAGED), "paged-base"),
+        (FWD, FWD_PARAMS, dict(_FWD, **_PAGED, num_splits=29, pack_gqa=True), "paged-split-packed"),
+        (
+            FWD,
+            FWD_PARAMS,
+            dict(_FWD, **_PAGED, pack_gqa=True, has_window_right=True, bottom_right=True),
+            "paged-packed-causal",
+        ),
+        (
+            COMBINE,
+            COMBINE_PARAMS,
+            dict(head_dim_v=128, num_heads_q=32, num_splits=7, has_lse=True, has_seqused=True, has_sinks=True),
+            "combine",
+        ),
+    ]
     # sm_90a too: the H200 runs the mma.sync family from an sm_90a build
     both = compile_groups([("sm_80", specs), ("sm_90a", specs)], tmp_path, ptxas=True)
     for arch_outs in both:
@@ -325,8 +375,12 @@ def test_split_and_combine_kernels_compile_for_sm80_and_sm90a_without_spills(tmp
     outs90 = {o["tag"]: o for o in both[1]}
     assert outs90["combine"]["local"] == 0 and all(o["mma_sync"] > 0 for t, o in outs90.items() if t != "combine")
     for arch_outs in (outs, outs90):
-        for split, base in (("split", "base"), ("paged-split", "paged-base"), ("paged-split-packed", "paged-base"),
-                            ("paged-packed-causal", "paged-base")):
+        for split, base in (
+            ("split", "base"),
+            ("paged-split", "paged-base"),
+            ("paged-split-packed", "paged-base"),
+            ("paged-packed-causal", "paged-base"),
+        ):
             out = arch_outs[split]
             assert ("_sp" in out["name"] or "_pk" in out["name"]) and out["entries"] == [out["name"]]
             assert out["mma_sync"] > 0
@@ -349,11 +403,24 @@ SM90_PARAMS = "frost.engines.sm90.sdpa_fwd_params.Sm90FwdParams"
 _SM90 = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True, tile_m=64, pack_gqa=True)
 #: a paged cache of 16-row blocks: each 128-key tile spans 8 blocks, a TMA load each
 _PAGED16 = dict(_PAGED, paged_block_k=16, paged_block_v=16)
-_SM90_CAUSAL = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True,
-                    has_window_right=True, bottom_right=True)
+_SM90_CAUSAL = dict(
+    head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, has_lse=True, has_window_right=True, bottom_right=True
+)
 #: O in Q's shared tile on one warpgroup (d=256), and three warpgroups of 64 rows (d=64, no Stats)
-_SM90_D256 = dict(head_dim=256, head_dim_v=256, num_heads_q=16, num_heads_kv=2, has_lse=True, tile_m=64, tile_n=80,
-                  pack_gqa=True, separate_o_smem=False, pingpong=False, has_seqused=True, has_sinks=True)
+_SM90_D256 = dict(
+    head_dim=256,
+    head_dim_v=256,
+    num_heads_q=16,
+    num_heads_kv=2,
+    has_lse=True,
+    tile_m=64,
+    tile_n=80,
+    pack_gqa=True,
+    separate_o_smem=False,
+    pingpong=False,
+    has_seqused=True,
+    has_sinks=True,
+)
 _SM90_D64 = dict(head_dim=64, head_dim_v=64, num_heads_q=8, num_heads_kv=8, has_lse=False, tile_m=192, tile_n=128)
 
 
@@ -363,19 +430,29 @@ def test_wgmma_split_forwards_compile_for_sm90a_without_more_spills(tmp_path):
     causal on the longest-first order, O in Q's tile at d=256, three warpgroups at d=64) beside their unsplit
     kernels for sm_90a: frost symbols tagged with the split count, wgmma in each, no more local memory or ptxas
     spills than the unsplit kernel, every device length clamped (compile_groups)."""
-    specs = [(SM90, SM90_PARAMS, dict(_SM90, num_splits=14), "split"), (SM90, SM90_PARAMS, _SM90, "base"),
-             (SM90, SM90_PARAMS, dict(_SM90, **_PAGED, num_splits=8), "paged-split"),
-             (SM90, SM90_PARAMS, dict(_SM90, **_PAGED), "paged-base"),
-             (SM90, SM90_PARAMS, dict(_SM90, **_PAGED16, num_splits=8), "paged16-split"),
-             (SM90, SM90_PARAMS, dict(_SM90, **_PAGED16), "paged16-base"),
-             (SM90, SM90_PARAMS, dict(_SM90_CAUSAL, num_splits=3), "causal-split"),
-             (SM90, SM90_PARAMS, _SM90_CAUSAL, "causal-base"),
-             (SM90, SM90_PARAMS, dict(_SM90_D256, num_splits=5), "d256-split"), (SM90, SM90_PARAMS, _SM90_D256, "d256"),
-             (SM90, SM90_PARAMS, dict(_SM90_D64, num_splits=3), "d64-split"), (SM90, SM90_PARAMS, _SM90_D64, "d64")]
+    specs = [
+        (SM90, SM90_PARAMS, dict(_SM90, num_splits=14), "split"),
+        (SM90, SM90_PARAMS, _SM90, "base"),
+        (SM90, SM90_PARAMS, dict(_SM90, **_PAGED, num_splits=8), "paged-split"),
+        (SM90, SM90_PARAMS, dict(_SM90, **_PAGED), "paged-base"),
+        (SM90, SM90_PARAMS, dict(_SM90, **_PAGED16, num_splits=8), "paged16-split"),
+        (SM90, SM90_PARAMS, dict(_SM90, **_PAGED16), "paged16-base"),
+        (SM90, SM90_PARAMS, dict(_SM90_CAUSAL, num_splits=3), "causal-split"),
+        (SM90, SM90_PARAMS, _SM90_CAUSAL, "causal-base"),
+        (SM90, SM90_PARAMS, dict(_SM90_D256, num_splits=5), "d256-split"),
+        (SM90, SM90_PARAMS, _SM90_D256, "d256"),
+        (SM90, SM90_PARAMS, dict(_SM90_D64, num_splits=3), "d64-split"),
+        (SM90, SM90_PARAMS, _SM90_D64, "d64"),
+    ]
     outs = {o["tag"]: o for o in compile_groups([("sm_90a", specs)], tmp_path, ptxas=True)[0]}
-    for split, base in (("split", "base"), ("paged-split", "paged-base"), ("paged16-split", "paged16-base"),
-                        ("causal-split", "causal-base"),
-                        ("d256-split", "d256"), ("d64-split", "d64")):
+    for split, base in (
+        ("split", "base"),
+        ("paged-split", "paged-base"),
+        ("paged16-split", "paged16-base"),
+        ("causal-split", "causal-base"),
+        ("d256-split", "d256"),
+        ("d64-split", "d64"),
+    ):
         out, ref = outs[split], outs[base]
         splits = next(kw["num_splits"] for _, _, kw, tag in specs if tag == split)
         assert out["name"].endswith(f"sp{splits}"), out["name"]

@@ -1,5 +1,6 @@
 """The README's support matrix is the capability rows' own rendering: a row that changes without the README
 (or a README edited by hand) fails here. Fix: `python -m frost.lowering.support_matrix`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,12 @@ def test_a_changed_row_changes_the_matrix():
     """The comparison above can fail: dropping a feature, a head dim or an arch from a row changes the block."""
     base = support_matrix.render()
     sm90 = next(r for r in ROWS if r.name == "SdpaFwdDslSm90")
-    for change in ({"features": sm90.features - {"sinks"}}, {"cc_min": (8, 9)},
-                   {"head_dims": ((64, 64), (128, 128))}, {"pending": "not yet"}):
+    for change in (
+        {"features": sm90.features - {"sinks"}},
+        {"cc_min": (8, 9)},
+        {"head_dims": ((64, 64), (128, 128))},
+        {"pending": "not yet"},
+    ):
         rows = tuple(r.model_copy(update=change) if r is sm90 else r for r in ROWS)
         assert support_matrix.render(rows) != base, change
 

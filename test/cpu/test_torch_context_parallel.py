@@ -2,6 +2,7 @@
 (127.0.0.1), frost's provider kernels registered for CPU tensors (`use_for_sdpa(device="cpu")`), torch's
 head-tail load balancing (causal) and its all-gather and all-to-all K/V rotations, forward and backward
 against float64, with K/V on all query heads and GQA; frost's block kernels are counted in each rank."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-CASES = [(causal, method, heads_kv) for causal in (True, False) for method in ("allgather", "alltoall")
-         for heads_kv in (4, 2)]  # (is_causal: head-tail balanced, rotation, K/V heads of 4 query heads: GQA at 2)
+CASES = [
+    (causal, method, heads_kv)
+    for causal in (True, False)
+    for method in ("allgather", "alltoall")
+    for heads_kv in (4, 2)
+]  # (is_causal: head-tail balanced, rotation, K/V heads of 4 query heads: GQA at 2)
 
 
 def _rank(rank, world, port, out_dir):
@@ -37,8 +42,11 @@ def _rank(rank, world, port, out_dir):
         from frost.torch_face import block
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.experimental import context_parallel
-        from torch.distributed.tensor.experimental._attention import (_cp_options, context_parallel_unshard,
-                                                                      set_rotate_method)
+        from torch.distributed.tensor.experimental._attention import (
+            _cp_options,
+            context_parallel_unshard,
+            set_rotate_method,
+        )
 
         ft.use_for_sdpa(device="cpu")
         calls = {"forward": 0, "backward": 0}
@@ -48,7 +56,9 @@ def _rank(rank, world, port, out_dir):
             def call(*a, **k):
                 calls[name] += 1
                 return fn(*a, **k)
+
             return call
+
         block.forward, block.backward = counted("forward", fwd), counted("backward", bwd)
         mesh = init_device_mesh("cpu", (world,))
         results = []
@@ -64,17 +74,24 @@ def _rank(rank, world, port, out_dir):
             _cp_options.enable_load_balance = causal  # head-tail balancing needs causal
             before = dict(calls)
             cq, ck, cv, cdo = (t.clone() for t in (q, k, v, do))
-            with context_parallel(mesh, buffers=[cq, ck, cv, cdo], buffer_seq_dims=[2, 2, 2, 2],
-                                  no_restore_buffers={cq, ck, cv, cdo}):
+            with context_parallel(
+                mesh, buffers=[cq, ck, cv, cdo], buffer_seq_dims=[2, 2, 2, 2], no_restore_buffers={cq, ck, cv, cdo}
+            ):
                 for t in (cq, ck, cv):
                     t.requires_grad_(True)
                 out = F.scaled_dot_product_attention(cq, ck, cv, is_causal=causal, enable_gqa=gqa)
                 grads = torch.autograd.grad(out, (cq, ck, cv), cdo)
                 full = context_parallel_unshard(mesh, [out.detach(), *grads], [2, 2, 2, 2])
             errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(full, want)]
-            results.append({"case": [causal, method, heads_kv], "errors": errs, "local_seq": out.shape[2],
-                            "forward": calls["forward"] - before["forward"],
-                            "backward": calls["backward"] - before["backward"]})
+            results.append(
+                {
+                    "case": [causal, method, heads_kv],
+                    "errors": errs,
+                    "local_seq": out.shape[2],
+                    "forward": calls["forward"] - before["forward"],
+                    "backward": calls["backward"] - before["backward"],
+                }
+            )
         ft.restore_sdpa(device="cpu")
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)

@@ -1,4 +1,5 @@
 """The torch face on the CPU (reference engine): ops, autograd, fake kernels, compile, plan cache, provider."""
+
 from __future__ import annotations
 
 import math
@@ -61,14 +62,21 @@ def test_attention_forward_backward_matches_the_oracle(case):
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     sink_leaf = sinks.clone().requires_grad_(True) if sinks is not None else None
     args = [t.transpose(1, 2) if bshd else t for t in leaves]
-    out, lse = ft.attention(*args, causal=case.get("causal", False), window=case.get("window"), sinks=sink_leaf,
-                            layout="bshd" if bshd else "bhsd", return_lse=True,
-                            diagonal_alignment="bottom_right" if case.get("bottom_right") else "top_left")
+    out, lse = ft.attention(
+        *args,
+        causal=case.get("causal", False),
+        window=case.get("window"),
+        sinks=sink_leaf,
+        layout="bshd" if bshd else "bhsd",
+        return_lse=True,
+        diagonal_alignment="bottom_right" if case.get("bottom_right") else "top_left",
+    )
     out_bhsd = out.transpose(1, 2) if bshd else out
     out_bhsd.backward(do)
     mask = _mask_kw(case.get("causal", False), case.get("window"), case.get("bottom_right", False))
-    o_ref, lse_ref, dq, dk, dv_ref, dsink = oracle.attention_grads(q, k, v, do, scale=1 / math.sqrt(d), sink=sinks,
-                                                                   **mask)
+    o_ref, lse_ref, dq, dk, dv_ref, dsink = oracle.attention_grads(
+        q, k, v, do, scale=1 / math.sqrt(d), sink=sinks, **mask
+    )
     _close(out_bhsd.detach(), o_ref)
     torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-5, atol=1e-5)
     for got, ref in zip(leaves, (dq, dk, dv_ref)):
@@ -86,12 +94,21 @@ def test_varlen_matches_the_oracle_per_sequence():
     q, k, v = _rand(sum(lens_q), 4, 16), _rand(sum(lens_k), 2, 16), _rand(sum(lens_k), 2, 16)
     do = _rand(sum(lens_q), 4, 16)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out, lse = ft.varlen_attention(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                   diagonal_alignment="bottom_right", return_lse=True)
+    out, lse = ft.varlen_attention(
+        *leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, diagonal_alignment="bottom_right", return_lse=True
+    )
     out.backward(do)
     o_ref, lse_ref, dq, dk, dv, _ = oracle.attention_grads(
-        q, k, v, do, scale=0.25, cu_seq_len_q=cu_q.tolist(), cu_seq_len_kv=cu_k.tolist(), right_bound=0,
-        alignment="BOTTOM_RIGHT")
+        q,
+        k,
+        v,
+        do,
+        scale=0.25,
+        cu_seq_len_q=cu_q.tolist(),
+        cu_seq_len_kv=cu_k.tolist(),
+        right_bound=0,
+        alignment="BOTTOM_RIGHT",
+    )
     _close(out.detach(), o_ref)
     assert lse.shape == (4, q.shape[0])  # head-major, as FlashAttention's varlen lse
     torch.testing.assert_close(lse.t().double(), lse_ref, rtol=1e-5, atol=1e-5)
@@ -116,8 +133,9 @@ def _fa_window_reference(q, k, v, window, causal):
     return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=keep).transpose(1, 2)
 
 
-@pytest.mark.parametrize("window,causal", [((2, 1), False), ((3, -1), False), ((-1, 2), False), ((2, 5), True),
-                                           ((0, 0), False)])
+@pytest.mark.parametrize(
+    "window,causal", [((2, 1), False), ((3, -1), False), ((-1, 2), False), ((2, 5), True), ((0, 0), False)]
+)
 def test_flash_attn_func_window_is_flash_attentions(window, causal):
     torch.manual_seed(2)
     q, k, v = _rand(2, 7, 4, 16), _rand(2, 11, 4, 16), _rand(2, 11, 4, 16)
@@ -130,15 +148,23 @@ def test_band_maps_onto_frosts_bounds():
     assert ft.band(False, (3, 2)).graph_keywords() == {"diagonal_band_left_bound": 4, "diagonal_band_right_bound": 2}
     assert ft.band(True).graph_keywords() == {"diagonal_band_right_bound": 0}
     assert ft.band(True, (None, -1), "bottom_right").graph_keywords() == {
-        "diagonal_band_right_bound": 0, "diagonal_alignment": "BOTTOM_RIGHT"}
+        "diagonal_band_right_bound": 0,
+        "diagonal_alignment": "BOTTOM_RIGHT",
+    }
     assert ft.band(False).graph_keywords() == {}
     with pytest.raises(ValueError, match="causal=True"):
         ft.band(True, (4, 3))
     assert ft.band(True, (4, 3), causal_wins=True) == ft.Band(4, 0, False)
 
 
-@pytest.mark.parametrize("kwargs,name", [(dict(dropout_p=0.1), "dropout_p"), (dict(softcap=30.0), "softcap"),
-                                         (dict(alibi_slopes=torch.ones(4)), "alibi_slopes")])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(dropout_p=0.1), "dropout_p"),
+        (dict(softcap=30.0), "softcap"),
+        (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
+    ],
+)
 def test_flash_attn_func_names_what_it_does_not_serve(kwargs, name):
     q = _rand(1, 8, 4, 16)
     with pytest.raises(ft.UnsupportedArgumentError, match=name):
@@ -157,16 +183,21 @@ def test_flash_attn_func_returns_lse_and_learns_sinks_as_the_peers(returns):
     q, k, v, do = _rand(b, sq, hq, d), _rand(b, sk, hkv, d), _rand(b, sk, hkv, d), _rand(b, sq, hq, d)
     sink = _rand(hq).bfloat16()
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, sink)]
-    got = ft.flash_attn_func(*leaves[:3], causal=True, learnable_sink=leaves[3],
-                             **({"return_attn_probs": True} if returns == "attn_probs" else {"return_lse": True}))
+    got = ft.flash_attn_func(
+        *leaves[:3],
+        causal=True,
+        learnable_sink=leaves[3],
+        **({"return_attn_probs": True} if returns == "attn_probs" else {"return_lse": True}),
+    )
     assert len(got) == (3 if returns == "attn_probs" else 2)
     out, lse = got[:2]
     if returns == "attn_probs":
         assert got[2] is None
     out.backward(do)
     bhsd = [t.transpose(1, 2) for t in (q, k, v, do)]
-    o_ref, lse_ref, dq, dk, dv, dsink = oracle.attention_grads(*bhsd, scale=1 / math.sqrt(d), sink=sink.float(),
-                                                               right_bound=0, alignment="BOTTOM_RIGHT")
+    o_ref, lse_ref, dq, dk, dv, dsink = oracle.attention_grads(
+        *bhsd, scale=1 / math.sqrt(d), sink=sink.float(), right_bound=0, alignment="BOTTOM_RIGHT"
+    )
     _close(out.detach().transpose(1, 2), o_ref)
     assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32 and not lse.requires_grad
     torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-5, atol=1e-5)
@@ -184,15 +215,26 @@ def test_flash_attn_varlen_func_returns_lse_and_learns_sinks():
     q, k, v = _rand(sum(lens_q), 4, 16), _rand(sum(lens_k), 2, 16), _rand(sum(lens_k), 2, 16)
     do, sink = _rand(sum(lens_q), 4, 16), _rand(4)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v, sink)]
-    out, lse, none = ft.flash_attn_varlen_func(*leaves[:3], cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                               return_attn_probs=True, learnable_sink=leaves[3])
-    out4, lse4 = ft.flash_attn_varlen_func(*leaves[:3], cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                           return_lse=True, learnable_sink=leaves[3])
+    out, lse, none = ft.flash_attn_varlen_func(
+        *leaves[:3], cu_q, cu_k, max(lens_q), max(lens_k), causal=True, return_attn_probs=True, learnable_sink=leaves[3]
+    )
+    out4, lse4 = ft.flash_attn_varlen_func(
+        *leaves[:3], cu_q, cu_k, max(lens_q), max(lens_k), causal=True, return_lse=True, learnable_sink=leaves[3]
+    )
     assert none is None and torch.equal(out, out4) and torch.equal(lse, lse4)
     out.backward(do)
     o_ref, lse_ref, dq, dk, dv, dsink = oracle.attention_grads(
-        q, k, v, do, scale=0.25, sink=sink, cu_seq_len_q=cu_q.tolist(), cu_seq_len_kv=cu_k.tolist(), right_bound=0,
-        alignment="BOTTOM_RIGHT")
+        q,
+        k,
+        v,
+        do,
+        scale=0.25,
+        sink=sink,
+        cu_seq_len_q=cu_q.tolist(),
+        cu_seq_len_kv=cu_k.tolist(),
+        right_bound=0,
+        alignment="BOTTOM_RIGHT",
+    )
     _close(out.detach(), o_ref)
     assert lse.shape == (4, q.shape[0])
     torch.testing.assert_close(lse.t().double(), lse_ref, rtol=1e-5, atol=1e-5)
@@ -216,12 +258,13 @@ def test_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.frost.sdpa_fwd, (*leaves, None, None, -1, 0, False, False))
     torch.library.opcheck(torch.ops.frost.sdpa_fwd, (q_bshd, k, v, _rand(4), 0.3, 2, 1, True, False))
     out, lse = torch.ops.frost.sdpa_fwd(q.detach(), k.detach(), v.detach(), None, None, -1, 0, False, False)
-    torch.library.opcheck(torch.ops.frost.sdpa_bwd, (_rand(2, 4, 8, 16), q.detach(), k.detach(), v.detach(), out,
-                                                     lse, None, None, -1, 0, False, False))
+    torch.library.opcheck(
+        torch.ops.frost.sdpa_bwd,
+        (_rand(2, 4, 8, 16), q.detach(), k.detach(), v.detach(), out, lse, None, None, -1, 0, False, False),
+    )
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     qp, kp, vp = _rand(8, 4, 16), _rand(8, 2, 16), _rand(8, 2, 16)
-    torch.library.opcheck(torch.ops.frost.sdpa_varlen_fwd, (qp, kp, vp, cu, cu, 5, 5, None, None, -1, 0, False,
-                                                            False))
+    torch.library.opcheck(torch.ops.frost.sdpa_varlen_fwd, (qp, kp, vp, cu, cu, 5, 5, None, None, -1, 0, False, False))
 
 
 def test_fake_outputs_match_real_metadata():
@@ -296,8 +339,9 @@ def test_specialization_never_holds_batch_or_lengths():
     one = ft.specialization("fwd", _rand(1, 4, 8, 64), _rand(1, 2, 8, 64), _rand(1, 2, 8, 64), **kw)
     two = ft.specialization("fwd", _rand(5, 4, 300, 64), _rand(5, 2, 77, 64), _rand(5, 2, 77, 64), **kw)
     assert one == two and hash(one) == hash(two)
-    other = ft.specialization("fwd", _rand(1, 4, 8, 64), _rand(1, 2, 8, 64), _rand(1, 2, 8, 64),
-                              **{**kw, "band": ft.band(False)})
+    other = ft.specialization(
+        "fwd", _rand(1, 4, 8, 64), _rand(1, 2, 8, 64), _rand(1, 2, 8, 64), **{**kw, "band": ft.band(False)}
+    )
     assert other != one
     bshd = ft.specialization("fwd", *(_rand(1, 8, h, 64).transpose(1, 2) for h in (4, 2, 2)), **kw)
     assert bshd != one  # the layout class (stride order) is part of it
@@ -346,6 +390,7 @@ def test_threads_plan_each_shape_once():
             ft.attention(x, x, x, causal=True)
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
+
     threads = [threading.Thread(target=call) for _ in range(6)]
     for t in threads:
         t.start()
@@ -402,8 +447,9 @@ def test_provider_kernels_honor_the_aten_contracts():
     assert out.stride() == torch.empty_like(q).stride() and lse.shape == (2, 4, 9) and (mq, mk) == (9, 9)
     assert rng.shape == (2,) and unused.shape == () and dbg.numel() == 0
     do = _rand(2, 4, 9, 16)
-    dq, dk, dv = provider.sdpa_flash_backward(do, q, k, v, out, lse, None, None, 9, 9, 0.0, True, rng, unused,
-                                              scale=0.2)
+    dq, dk, dv = provider.sdpa_flash_backward(
+        do, q, k, v, out, lse, None, None, 9, 9, 0.0, True, rng, unused, scale=0.2
+    )
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     F.scaled_dot_product_attention(*leaves, is_causal=True, scale=0.2, enable_gqa=True).backward(do)
     for got, want in zip((dq, dk, dv), leaves):
@@ -414,12 +460,28 @@ def test_provider_kernels_honor_the_aten_contracts():
     assert o2.shape == qb.shape and o2.stride() == qb.stride()
     _close(o2.transpose(1, 2), ref)
     cu = torch.tensor([0, 9, 18], dtype=torch.int32)
-    o3, lse3, *_ = provider.flash_forward(qb.flatten(0, 1), kb.flatten(0, 1), vb.flatten(0, 1), cu, cu, 9, 9, 0.0,
-                                          True, False, scale=0.2)
+    o3, lse3, *_ = provider.flash_forward(
+        qb.flatten(0, 1), kb.flatten(0, 1), vb.flatten(0, 1), cu, cu, 9, 9, 0.0, True, False, scale=0.2
+    )
     assert lse3.shape == (4, 18)
     _close(o3.view(2, 9, 4, 16).transpose(1, 2), ref)
-    g = provider.flash_backward(do.transpose(1, 2).contiguous().flatten(0, 1), qb.flatten(0, 1), kb.flatten(0, 1),
-                                vb.flatten(0, 1), o3, lse3, cu, cu, 9, 9, 0.0, True, rng, unused, scale=0.2)
+    g = provider.flash_backward(
+        do.transpose(1, 2).contiguous().flatten(0, 1),
+        qb.flatten(0, 1),
+        kb.flatten(0, 1),
+        vb.flatten(0, 1),
+        o3,
+        lse3,
+        cu,
+        cu,
+        9,
+        9,
+        0.0,
+        True,
+        rng,
+        unused,
+        scale=0.2,
+    )
     _close(g[0].view(2, 9, 4, 16).transpose(1, 2), leaves[0].grad.double())
     with pytest.raises(ft.UnsupportedArgumentError, match="dropout_p"):
         provider.sdpa_flash_forward(q, k, v, 0.1)
@@ -464,8 +526,24 @@ def test_train_gpt_example_runs_tiny_on_the_cpu(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, str(root / "examples" / "train_gpt.py"), "--device", "cpu", "--layers", "1", "--width",
-           "64", "--heads", "2", "--context", "64", "--steps", "2", "--out-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(root / "examples" / "train_gpt.py"),
+        "--device",
+        "cpu",
+        "--layers",
+        "1",
+        "--width",
+        "64",
+        "--heads",
+        "2",
+        "--context",
+        "64",
+        "--steps",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads((tmp_path / "frost_summary.json").read_text())
@@ -528,8 +606,9 @@ print("ok")
 
 def test_provider_kernels_through_torchs_dispatcher():
     """aten's flash ops reach the provider's Python kernels with their schema's arguments (CPU key, subprocess)."""
-    out = subprocess.run([sys.executable, "-c", _DISPATCH_SCRIPT], capture_output=True, text=True, timeout=300,
-                         env=_env())
+    out = subprocess.run(
+        [sys.executable, "-c", _DISPATCH_SCRIPT], capture_output=True, text=True, timeout=300, env=_env()
+    )
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
 
 

@@ -1,6 +1,7 @@
 """The torch face's cheap paths on the CPU (reference engine): the memoized eager `attention`, the Stats-free
 inference plan, pinned launches and the ops' own autograd kernels give the same results and raise the same
 errors as the whole way (`Graph.executor` itself: test_executor.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,12 @@ def _rand(*shape, dtype=torch.float32):
 
 def _op_forward(q, k, v, bshd=False, **kw):
     """The same call through the custom op (the dispatcher, a plan with Stats)."""
-    b = ft.band(kw.get("causal", False), kw.get("window"), kw.get("diagonal_alignment", "top_left"),
-                causal_wins=kw.get("_causal_wins", False))
+    b = ft.band(
+        kw.get("causal", False),
+        kw.get("window"),
+        kw.get("diagonal_alignment", "top_left"),
+        causal_wins=kw.get("_causal_wins", False),
+    )
     if bshd:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     out, lse = torch.ops.frost.sdpa_fwd(q, k, v, None, kw.get("scale"), b.left, b.right, b.bottom_right, False)
@@ -147,6 +152,7 @@ def test_eager_path_is_not_taken_under_modes_or_autograd(monkeypatch):
     class Mode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
+
     with Mode():
         ft.attention(q, q, q)  # a mode: through the op, whose kernel is block.forward (with Stats)
     leaf = q.clone().requires_grad_(True)
@@ -178,10 +184,12 @@ def test_autograd_gradients_match_the_plain_backward():
 
 
 def test_op_registrations_keep_their_schemas():
-    for name, head in (("sdpa_fwd", "frost::sdpa_fwd(Tensor q, Tensor k, Tensor v, Tensor? sinks, float? scale, "),
-                       ("sdpa_bwd", "frost::sdpa_bwd(Tensor dout, Tensor q, "),
-                       ("sdpa_varlen_fwd", "frost::sdpa_varlen_fwd(Tensor q, "),
-                       ("sdpa_varlen_bwd", "frost::sdpa_varlen_bwd(Tensor dout, ")):
+    for name, head in (
+        ("sdpa_fwd", "frost::sdpa_fwd(Tensor q, Tensor k, Tensor v, Tensor? sinks, float? scale, "),
+        ("sdpa_bwd", "frost::sdpa_bwd(Tensor dout, Tensor q, "),
+        ("sdpa_varlen_fwd", "frost::sdpa_varlen_fwd(Tensor q, "),
+        ("sdpa_varlen_bwd", "frost::sdpa_varlen_bwd(Tensor dout, "),
+    ):
         op = getattr(torch.ops.frost, name).default
         assert str(op._schema).startswith(head)
         assert torch.Tag.pt2_compliant_tag in op.tags
@@ -209,6 +217,7 @@ def test_lean_autograd_path_skips_the_dispatcher_and_matches_the_op():
     class Mode(TorchDispatchMode):  # any mode (active in the backward too): the op path
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
+
     leaves = _leaves(2, 4, 8, 16)
     do = _rand(2, 4, 8, 16)
     ft.clear_plan_cache()
@@ -223,8 +232,11 @@ def test_lean_autograd_path_skips_the_dispatcher_and_matches_the_op():
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", [dict(layout="bshd", return_lse=True), dict(window=(3, 1), sk=13), dict(hkv=2),
-                                  dict(dv=24, scale=0.3)], ids=["bshd-lse", "window", "gqa", "dv"])
+@pytest.mark.parametrize(
+    "case",
+    [dict(layout="bshd", return_lse=True), dict(window=(3, 1), sk=13), dict(hkv=2), dict(dv=24, scale=0.3)],
+    ids=["bshd-lse", "window", "gqa", "dv"],
+)
 def test_training_memo_gives_the_ops_gradients(case):
     kw = {k: v for k, v in case.items() if k not in ("hkv", "sk", "dv")}
     q, k, v = (t.requires_grad_(True) for t in _inputs(case))
@@ -244,8 +256,20 @@ def test_training_memo_gives_the_ops_gradients(case):
     b = ft.band(False, kw.get("window"))
     bshd = kw.get("layout") == "bshd"
     t = (lambda x: x.transpose(1, 2)) if bshd else (lambda x: x)
-    dq, dk, dv, _ = block.backward(torch.ones_like(t(want_out)), t(qd), t(kd), t(vd), t(want_out), want_lse, None,
-                                   kw.get("scale"), b.left, b.right, b.bottom_right, False)
+    dq, dk, dv, _ = block.backward(
+        torch.ones_like(t(want_out)),
+        t(qd),
+        t(kd),
+        t(vd),
+        t(want_out),
+        want_lse,
+        None,
+        kw.get("scale"),
+        b.left,
+        b.right,
+        b.bottom_right,
+        False,
+    )
     for got, want in zip(results[0][2:], (dq, dk, dv)):
         assert torch.equal(got, t(want))
 
@@ -257,13 +281,13 @@ def test_lean_varlen_autograd_matches_the_op():
     do = _rand(12, 2, 16)
     leaves = (q, k, v)
     lean = torch.autograd.grad(ft.varlen_attention(q, k, v, cu, cu, 8, 8, causal=True), leaves, do)
-    assert _op_events(lambda: torch.autograd.grad(ft.varlen_attention(q, k, v, cu, cu, 8, 8, causal=True),
-                                                  leaves, do)) == set()
+    assert (
+        _op_events(lambda: torch.autograd.grad(ft.varlen_attention(q, k, v, cu, cu, 8, 8, causal=True), leaves, do))
+        == set()
+    )
     out = torch.ops.frost.sdpa_varlen_fwd(q, k, v, cu, cu, 8, 8, None, None, -1, 0, False, False)[0]
     for a, b in zip(lean, torch.autograd.grad(out, leaves, do)):
         assert torch.equal(a, b)
-
-
 
 
 def test_host_time_of_forward_and_backward_under_autograd(monkeypatch):
@@ -295,6 +319,7 @@ def test_host_time_of_forward_and_backward_under_autograd(monkeypatch):
             for _ in range(n):
                 fn()
             return (time.thread_time_ns() - t0) / n / 1e3
+
         for _ in range(100):
             frost_step(), floor_step()
         shares = [burst(frost_step) - burst(floor_step) for _ in range(41)]

@@ -1,4 +1,5 @@
 """Tensor names and uids key the variant pack: a graph never holds two tensors with one name or one chosen uid."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,12 +10,15 @@ from frost.errors import GraphError
 
 
 def _g():
-    return frost.Graph(io_data_type=torch.float32, intermediate_data_type=torch.float32,
-                       compute_data_type=torch.float32)
+    return frost.Graph(
+        io_data_type=torch.float32, intermediate_data_type=torch.float32, compute_data_type=torch.float32
+    )
 
 
-NAME_TAKEN = "graph 'frost_graph': tensor name 'q' is already taken (the tensor of uid {uid}); names key the " \
-             "variant pack, so each is used once per graph"
+NAME_TAKEN = (
+    "graph 'frost_graph': tensor name 'q' is already taken (the tensor of uid {uid}); names key the "
+    "variant pack, so each is used once per graph"
+)
 
 
 def test_duplicate_names_raise_at_declaration_and_in_set_name():
@@ -53,13 +57,15 @@ def test_duplicate_chosen_uids_raise_in_tensor_and_set_uid():
     q = g.tensor((1, 2), name="q", uid=5)
     with pytest.raises(GraphError) as ei:
         g.tensor((1, 2), name="k", uid=5)
-    assert str(ei.value) == ("tensor 'k': uid 5 is already tensor 'q''s; uids key the variant pack, so each is "
-                             "used once per graph")
+    assert str(ei.value) == (
+        "tensor 'k': uid 5 is already tensor 'q''s; uids key the variant pack, so each is used once per graph"
+    )
     k = g.tensor((1, 2), name="k")
     with pytest.raises(GraphError) as ei:
         k.set_uid(5)
-    assert str(ei.value) == ("tensor 'k': uid 5 is already tensor 'q''s; uids key the variant pack, so each is "
-                             "used once per graph")
+    assert str(ei.value) == (
+        "tensor 'k': uid 5 is already tensor 'q''s; uids key the variant pack, so each is used once per graph"
+    )
     assert q.uid == 5 and k.uid != 5
     with pytest.raises(GraphError, match="uid must be an int >= 0, got 'x'"):
         k.set_uid("x")

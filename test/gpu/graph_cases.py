@@ -1,4 +1,5 @@
 """Build frost SDPA graphs from torch tensors for the GPU suites (engine-agnostic)."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,14 @@ class FwdCase:
     @property
     def id(self) -> str:
         parts = [f"d{self.d}" + (f"x{self.dv}" if self.dv else ""), f"h{self.hq}-{self.hkv}", self.layout]
-        for flag, name in ((self.causal, "causal"), (self.bottom_right, "br"), (self.sinks, "sinks"),
-                           (self.padding, "pad"), (self.thd_lens is not None, "thd"), (not self.stats, "nostats")):
+        for flag, name in (
+            (self.causal, "causal"),
+            (self.bottom_right, "br"),
+            (self.sinks, "sinks"),
+            (self.padding, "pad"),
+            (self.thd_lens is not None, "thd"),
+            (not self.stats, "nostats"),
+        ):
             if flag:
                 parts.append(name)
         if self.left:
@@ -166,7 +173,7 @@ class BlockedDefaultStream:
             pytest.skip(f"cuda.bindings is needed to block a stream without a kernel: {e}")
         self.flag = torch.zeros(1, dtype=torch.int32).pin_memory()
         geq = int(drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
-        err, = drv.cuStreamWaitValue32(drv.CUstream(0), drv.CUdeviceptr(self.flag.data_ptr()), drv.cuuint32_t(1), geq)
+        (err,) = drv.cuStreamWaitValue32(drv.CUstream(0), drv.CUdeviceptr(self.flag.data_ptr()), drv.cuuint32_t(1), geq)
         if err != drv.CUresult.CUDA_SUCCESS:
             pytest.skip(f"cuStreamWaitValue32 is not available here: {err}")
         self.marker = torch.cuda.Event()

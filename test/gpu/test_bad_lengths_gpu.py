@@ -3,6 +3,7 @@ offsets hold, no kernel writes outside the bound outputs and the workspace. Ever
 carved from the middle of a larger buffer whose guard bytes before and after hold a poison pattern; after the
 executes with bad values the guards must hold it still. The opt-in check's flag is compared with the host rules.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -29,7 +30,7 @@ class Guarded:
     def _carve(self, nbytes: int) -> torch.Tensor:
         buf = torch.full((GUARD + nbytes + GUARD,), POISON, dtype=torch.uint8, device="cuda")
         self.buffers.append(buf)
-        return buf[GUARD:GUARD + nbytes]
+        return buf[GUARD : GUARD + nbytes]
 
     def like(self, decl: frost.Tensor) -> torch.Tensor:
         dt = decl.data_type.to_torch()
@@ -71,10 +72,21 @@ def _graph(case: Case, direction: str, engine: str):
     return g, pack, t, guarded
 
 
-PADDED = Case(batch=3, sq=200, skv=190, hq=4, hkv=2, d=64, dtype=torch.bfloat16, lens_q=(100, 200, 7),
-              lens_kv=(190, 3, 64))
-PACKED = Case(thd=True, batch=3, hq=4, hkv=2, d=64, dtype=torch.bfloat16, lens_q=(100, 130, 7),
-              lens_kv=(90, 3, 164), extra_q=5, extra_kv=2)
+PADDED = Case(
+    batch=3, sq=200, skv=190, hq=4, hkv=2, d=64, dtype=torch.bfloat16, lens_q=(100, 200, 7), lens_kv=(190, 3, 64)
+)
+PACKED = Case(
+    thd=True,
+    batch=3,
+    hq=4,
+    hkv=2,
+    d=64,
+    dtype=torch.bfloat16,
+    lens_q=(100, 130, 7),
+    lens_kv=(90, 3, 164),
+    extra_q=5,
+    extra_kv=2,
+)
 
 BAD = {  # (case, tensor, values)
     "seq_len_q above S": (PADDED, "seq_len_q", [100, 1000, BIG]),
@@ -126,14 +138,25 @@ def _ragged(direction: str, engine: str):
     for t_, off in ((q, off_q), (k, off_kv), (v, off_kv)):
         t_.set_ragged_offset(off)
     dev = "cuda"
-    x = {n: torch.randn(B * S * H * D, device=dev).to(torch.bfloat16).as_strided((B, H, S, D), STRIDE)
-         for n in ("q", "k", "v", "o", "do")}
-    vals = {"seq_len_q": torch.tensor([100, 60, 160], dtype=torch.int32, device=dev).view(-1, 1, 1, 1),
-            "seq_len_kv": torch.tensor([150, 30, 90], dtype=torch.int32, device=dev).view(-1, 1, 1, 1),
-            "off_q": torch.tensor([0, 100, 160, 320], device=dev).view(-1, 1, 1, 1) * H * D,
-            "off_kv": torch.tensor([0, 150, 180, 270], device=dev).view(-1, 1, 1, 1) * H * D}
-    pack = {q: x["q"], k: x["k"], v: x["v"], lq: vals["seq_len_q"], lk: vals["seq_len_kv"],
-            off_q: vals["off_q"], off_kv: vals["off_kv"]}
+    x = {
+        n: torch.randn(B * S * H * D, device=dev).to(torch.bfloat16).as_strided((B, H, S, D), STRIDE)
+        for n in ("q", "k", "v", "o", "do")
+    }
+    vals = {
+        "seq_len_q": torch.tensor([100, 60, 160], dtype=torch.int32, device=dev).view(-1, 1, 1, 1),
+        "seq_len_kv": torch.tensor([150, 30, 90], dtype=torch.int32, device=dev).view(-1, 1, 1, 1),
+        "off_q": torch.tensor([0, 100, 160, 320], device=dev).view(-1, 1, 1, 1) * H * D,
+        "off_kv": torch.tensor([0, 150, 180, 270], device=dev).view(-1, 1, 1, 1) * H * D,
+    }
+    pack = {
+        q: x["q"],
+        k: x["k"],
+        v: x["v"],
+        lq: vals["seq_len_q"],
+        lk: vals["seq_len_kv"],
+        off_q: vals["off_q"],
+        off_kv: vals["off_kv"],
+    }
     kw = dict(attn_scale=0.125, use_padding_mask=True, seq_len_q=lq, seq_len_kv=lk)
     if direction == "fwd":
         o, _ = g.sdpa(q, k, v, **kw)
@@ -182,16 +205,29 @@ def test_device_check_agrees_with_the_host_rules(engine):
         assert flag.item() == 0, name
         t[role].view(-1).copy_(torch.tensor(values, dtype=torch.int32))
         check(pack, flag)
-        lens = {"q": t["cu_seq_len_q" if case.thd else "seq_len_q"].view(-1).tolist(),
-                "kv": t["cu_seq_len_kv" if case.thd else "seq_len_kv"].view(-1).tolist()}
+        lens = {
+            "q": t["cu_seq_len_q" if case.thd else "seq_len_q"].view(-1).tolist(),
+            "kv": t["cu_seq_len_kv" if case.thd else "seq_len_kv"].view(-1).tolist(),
+        }
         env = check._envelope(t["q"], t["k"])
         assert flag.item() == lc.host_flag(check.p, lens, [], env), name
 
 
 # a packed length above its declared maximum is capped at it (the padded form's rule: a length is clamped to S):
 # entry 1 spans 47 query tokens (max_seq_len_q = 40) and 60 keys (max_seq_len_kv = 50)
-CAPPED = Case(thd=True, batch=3, hq=4, hkv=2, d=64, dtype=torch.bfloat16, lens_q=(20, 40, 7), lens_kv=(30, 10, 50),
-              extra_q=5, extra_kv=2, mask=(("use_causal_mask", True),))
+CAPPED = Case(
+    thd=True,
+    batch=3,
+    hq=4,
+    hkv=2,
+    d=64,
+    dtype=torch.bfloat16,
+    lens_q=(20, 40, 7),
+    lens_kv=(30, 10, 50),
+    extra_q=5,
+    extra_kv=2,
+    mask=(("use_causal_mask", True),),
+)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -205,6 +241,13 @@ def test_packed_lengths_above_the_declared_maximum_are_capped_at_it(engine):
     assert guarded.intact()
     o = next(x for h, x in pack.items() if h.is_output and x.shape[-1] == CAPPED.d)  # O, not Stats
     # what the kernels compute: entry 1 as its first 40 queries against its first 50 keys
-    want, _ = oracle.attention(t["q"][:60].cpu(), t["k"][:80].cpu(), t["v"][:80].cpu(), scale=CAPPED.attn_scale,
-                               cu_seq_len_q=[0, 20, 60], cu_seq_len_kv=[0, 30, 80], causal=True)
+    want, _ = oracle.attention(
+        t["q"][:60].cpu(),
+        t["k"][:80].cpu(),
+        t["v"][:80].cpu(),
+        scale=CAPPED.attn_scale,
+        cu_seq_len_q=[0, 20, 60],
+        cu_seq_len_kv=[0, 30, 80],
+        causal=True,
+    )
     oracle.assert_close_to_oracle(o[:60], want, rel=2e-2, name=f"{engine} capped packed lengths")

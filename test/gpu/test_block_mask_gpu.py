@@ -6,6 +6,7 @@ rows with no visible key; then against the cuDNN engine where it serves block_ma
 skips the key blocks whose bits are all clear for a work tile's rows: masks shaped for it (whole cleared key-block
 columns, block-diagonal ones, work tiles with nothing visible) against the oracle, and poisoned cleared blocks that
 a skipped block never reads."""
+
 from __future__ import annotations
 
 import math
@@ -48,11 +49,22 @@ class MaskCase:
 
     @property
     def id(self) -> str:
-        bits = [f"d{self.d}", f"h{self.hq}-{self.hkv}", f"s{self.sq}x{self.skv}",
-                "fp16" if self.dtype == torch.float16 else "bf16", f"p{self.density}"]
-        for on, name in ((self.causal, "causal"), (self.bottom_right, "br"), (self.padding is not None, "pad"),
-                         (self.thd is not None, "thd"), (self.sinks, "sinks"), (not self.empty, "noempty"),
-                         (self.pattern != "random", self.pattern)):
+        bits = [
+            f"d{self.d}",
+            f"h{self.hq}-{self.hkv}",
+            f"s{self.sq}x{self.skv}",
+            "fp16" if self.dtype == torch.float16 else "bf16",
+            f"p{self.density}",
+        ]
+        for on, name in (
+            (self.causal, "causal"),
+            (self.bottom_right, "br"),
+            (self.padding is not None, "pad"),
+            (self.thd is not None, "thd"),
+            (self.sinks, "sinks"),
+            (not self.empty, "noempty"),
+            (self.pattern != "random", self.pattern),
+        ):
             if on:
                 bits.append(name)
         if self.left:
@@ -111,8 +123,8 @@ def make_inputs(case: MaskCase) -> dict:
         t["q"] = torch.randn(sum(lq), case.hq, case.d, device=DEV, dtype=case.dtype)
         t["k"] = torch.randn(sum(lk), case.hkv, case.d, device=DEV, dtype=case.dtype)
         t["v"] = torch.randn(sum(lk), case.hkv, case.d, device=DEV, dtype=case.dtype)
-        t["cu_q"] = torch.tensor([0] + [sum(lq[:i + 1]) for i in range(len(lq))], device=DEV, dtype=torch.int32)
-        t["cu_kv"] = torch.tensor([0] + [sum(lk[:i + 1]) for i in range(len(lk))], device=DEV, dtype=torch.int32)
+        t["cu_q"] = torch.tensor([0] + [sum(lq[: i + 1]) for i in range(len(lq))], device=DEV, dtype=torch.int32)
+        t["cu_kv"] = torch.tensor([0] + [sum(lk[: i + 1]) for i in range(len(lk))], device=DEV, dtype=torch.int32)
     else:
         for role, h, s in (("q", case.hq, case.sq), ("k", case.hkv, case.skv), ("v", case.hkv, case.skv)):
             t[role] = torch.randn(case.b, s, h, case.d, device=DEV, dtype=case.dtype).permute(0, 2, 1, 3)
@@ -135,8 +147,12 @@ def graph(case: MaskCase, t: dict):
     if case.left:
         kw["sliding_window_length"] = case.left
     if case.thd is not None:
-        kw.update(cu_seq_len_q=decl["cu_q"], cu_seq_len_kv=decl["cu_kv"], max_seq_len_q=case.seq[0],
-                  max_seq_len_kv=case.seq[1])
+        kw.update(
+            cu_seq_len_q=decl["cu_q"],
+            cu_seq_len_kv=decl["cu_kv"],
+            max_seq_len_q=case.seq[0],
+            max_seq_len_kv=case.seq[1],
+        )
     if case.padding is not None:
         kw.update(use_padding_mask=True, seq_len_q=decl["seq_len_q"], seq_len_kv=decl["seq_len_kv"])
     if case.sinks:
@@ -166,8 +182,7 @@ def run(case: MaskCase, t: dict, engine: str = "sm80"):
 
 def want(case: MaskCase, t: dict):
     sq, skv = case.seq
-    kw = dict(scale=1.0 / math.sqrt(case.d), bias=additive(t["block_mask"].cpu(), sq, skv).to(DEV),
-              sink=t.get("sink"))
+    kw = dict(scale=1.0 / math.sqrt(case.d), bias=additive(t["block_mask"].cpu(), sq, skv).to(DEV), sink=t.get("sink"))
     if case.causal:
         kw["causal_bottom_right" if case.bottom_right else "causal"] = True
     if case.left:
@@ -201,8 +216,12 @@ def tile_n_96(monkeypatch):
     the block mask's 128-key blocks, masked bit by bit."""
     from frost.lowering import capabilities
 
-    rows = tuple(r.model_copy(update={"knob_choices": {**r.knob_choices, "tile_n": (32, 64, 96, 128)}})
-                 if r.name == "SdpaFwdDslSm80" else r for r in capabilities.ROWS)
+    rows = tuple(
+        r.model_copy(update={"knob_choices": {**r.knob_choices, "tile_n": (32, 64, 96, 128)}})
+        if r.name == "SdpaFwdDslSm80"
+        else r
+        for r in capabilities.ROWS
+    )
     monkeypatch.setattr(capabilities, "ROWS", rows)
 
 
@@ -288,8 +307,14 @@ SKIP_CASES = [
     MaskCase(pattern="stripes", causal=True, left=300, sq=900, skv=900, d=96),
     MaskCase(pattern="stripes", padding=((400, 130), (77, 512)), causal=True, empty=((0, 2, 1),)),
     MaskCase(pattern="stripes", sinks=True, empty=((0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3))),  # a head with no key
-    MaskCase(pattern="stripes", thd=((130, 300), (1, 7), (0, 3), (520, 700)), causal=True, hq=8, hkv=2,
-             empty=((3, 5, 2), (0, 1, 0))),
+    MaskCase(
+        pattern="stripes",
+        thd=((130, 300), (1, 7), (0, 3), (520, 700)),
+        causal=True,
+        hq=8,
+        hkv=2,
+        empty=((3, 5, 2), (0, 1, 0)),
+    ),
     MaskCase(pattern="local", thd=((256, 900), (129, 1000), (300, 129)), d=64, dtype=torch.float16, empty=((2, 0, 1),)),
     MaskCase(pattern="stripes", d=64, skv=1100, knobs=(("tile_n", 96),)),
     MaskCase(pattern="local", d=64, causal=True, sq=700, skv=700, knobs=(("tile_n", 96),)),
@@ -328,7 +353,7 @@ def poison_cleared_key_blocks(case: MaskCase, t: dict) -> dict:
         x = t[role].clone()  # the same strides
         for j in cleared:
             if case.thd is None:
-                x[:, :, 128 * j:128 * (j + 1)] = float("nan")
+                x[:, :, 128 * j : 128 * (j + 1)] = float("nan")
             else:
                 cu = t["cu_kv"].tolist()
                 for i in range(len(cu) - 1):
@@ -343,8 +368,9 @@ def poison_cleared_key_blocks(case: MaskCase, t: dict) -> dict:
 POISON_CASES = [
     MaskCase(pattern="stripes", skv=1100),
     MaskCase(pattern="stripes", causal=True, d=64, hq=8, hkv=2, sq=700, skv=1500, empty=((1, 7, 5),)),
-    MaskCase(pattern="stripes", thd=((130, 300), (1, 7), (0, 3), (520, 700)), causal=True, hq=8, hkv=2,
-             empty=((3, 5, 2),)),
+    MaskCase(
+        pattern="stripes", thd=((130, 300), (1, 7), (0, 3), (520, 700)), causal=True, hq=8, hkv=2, empty=((3, 5, 2),)
+    ),
     MaskCase(pattern="stripes", padding=((400, 300), (77, 512)), sinks=True),
 ]
 

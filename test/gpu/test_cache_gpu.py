@@ -5,6 +5,7 @@ load it back (through the linked library and through the object loader), run
 it with lengths it never saw, on a side stream, and time the host cost of a
 call. Set FROST_GPU_RESULTS to a directory to keep the measurements as JSON.
 """
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ nvidia-cudnn-frontend (1.32 or later).
 
 A graph is skipped only when cuDNN itself says it does not support it (cudnnGraphNotSupportedError); any other
 decline fails the test, so a call the binding refuses cannot pass as a skip."""
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,11 @@ def plan_or_skip(g, engine=ENGINE, *, any_cudnn_refusal=False):
         g.build_plans(engine=engine)
     except frost.NotSupportedError as e:
         reasons = [r for name, r in e.declines if "Cudnn" in name]
-        refused = reasons and reasons[0].startswith("cuDNN declines this graph: ") and (
-            any_cudnn_refusal or "cudnnGraphNotSupportedError" in reasons[0])
+        refused = (
+            reasons
+            and reasons[0].startswith("cuDNN declines this graph: ")
+            and (any_cudnn_refusal or "cudnnGraphNotSupportedError" in reasons[0])
+        )
         if refused:
             pytest.skip(f"cuDNN does not support this graph here: {reasons[0]}")
         pytest.fail(f"the cuDNN engine declined: {e.declines}")
@@ -102,8 +106,9 @@ def test_fwd_matches_the_float64_oracle(case):
     lens = {}
     if case.padding:
         lens = dict(seq_len_q=t["seq_len_q"].view(-1).tolist(), seq_len_kv=t["seq_len_kv"].view(-1).tolist())
-    ro, rlse = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), sink=t.get("sink_token"),
-                                **lens, **_band_kw(case))
+    ro, rlse = oracle.attention(
+        t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), sink=t.get("sink_token"), **lens, **_band_kw(case)
+    )
     o, lse = t["o"], t.get("stats")
     if case.padding:  # rows past a sequence's length are engine-defined: compare the valid ones
         rows = torch.arange(case.sq, device="cuda").view(1, -1) < t["seq_len_q"].view(-1, 1)
@@ -125,8 +130,9 @@ def test_bwd_matches_the_float64_oracle(case):
     plan_or_skip(g, ENGINE)
     assert g.engine_name == "SdpaBwdCudnn"
     got = _run(g, d, t)
-    _, _, dq, dk, dv, dsink = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], scale=1 / math.sqrt(case.d),
-                                                     sink=t.get("sink_token"), **_band_kw(case))
+    _, _, dq, dk, dv, dsink = oracle.attention_grads(
+        t["q"], t["k"], t["v"], t["dO"], scale=1 / math.sqrt(case.d), sink=t.get("sink_token"), **_band_kw(case)
+    )
     refs = [("dQ", dq), ("dK", dk), ("dV", dv)] + ([("dSink_token", dsink)] if "dSink_token" in got else [])
     for name, ref in refs:
         assert not torch.isnan(got[name]).any(), f"{name}: some elements were not written"
@@ -134,6 +140,7 @@ def test_bwd_matches_the_float64_oracle(case):
 
 
 # --- bias and dBias ----------------------------------------------------------------------------------------------
+
 
 def _biased_reference(q, k, v, bias, do, *, scale, causal):
     """float64 softmax(scale * q k^T + bias) v with autograd: (o, dq, dk, dv, dbias summed to bias's shape)."""
@@ -153,8 +160,7 @@ def test_bias_forward_and_dbias_backward(bias_shape, causal):
     b, h, s, dh = 2, 4, 256, 128
     scale = 1 / math.sqrt(dh)
     torch.manual_seed(0)
-    q, k, v, do = (torch.randn(b, s, h, dh, device="cuda", dtype=torch.bfloat16).permute(0, 2, 1, 3)
-                   for _ in range(4))
+    q, k, v, do = (torch.randn(b, s, h, dh, device="cuda", dtype=torch.bfloat16).permute(0, 2, 1, 3) for _ in range(4))
     bdim = {"1h": (1, h, s, s), "b1": (b, 1, s, s), "bh": (b, h, s, s)}[bias_shape]
     bias = torch.randn(bdim, device="cuda", dtype=torch.bfloat16)
     mask = dict(use_causal_mask=True) if causal else {}
@@ -177,11 +183,16 @@ def test_bias_forward_and_dbias_backward(bias_shape, causal):
     gb = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     t = {"q": q, "k": k, "v": v, "o": o_t, "dO": do, "stats": stats_t, "bias": bias}
     d = {n: gb.tensor_like(x, name=n) for n, x in t.items()}
-    out = {"dQ": torch.empty_like(q), "dK": torch.empty_like(k), "dV": torch.empty_like(v),
-           "dBias": torch.empty_like(bias)}
+    out = {
+        "dQ": torch.empty_like(q),
+        "dK": torch.empty_like(k),
+        "dV": torch.empty_like(v),
+        "dBias": torch.empty_like(bias),
+    }
     d["dBias"] = gb.tensor_like(out["dBias"], name="dBias")
-    grads = gb.sdpa_backward(d["q"], d["k"], d["v"], d["o"], d["dO"], d["stats"], attn_scale=scale, bias=d["bias"],
-                             dBias=d["dBias"], **mask)
+    grads = gb.sdpa_backward(
+        d["q"], d["k"], d["v"], d["o"], d["dO"], d["stats"], attn_scale=scale, bias=d["bias"], dBias=d["dBias"], **mask
+    )
     for n, decl in zip(("dQ", "dK", "dV"), grads):
         decl.set_output(True).set_dim(tuple(out[n].shape)).set_stride(tuple(out[n].stride()))
         d[n] = decl
@@ -199,15 +210,18 @@ def test_bias_forward_and_dbias_backward(bias_shape, causal):
 
 # --- dropout -----------------------------------------------------------------------------------------------------
 
+
 def _dropout_graphs(p, *, b=2, h=4, s=512, dh=64, q_zero=False, seed=0):
     """A forward and a backward graph with dropout (p, seed, offset) over the same tensors."""
     torch.manual_seed(seed)
     q = torch.zeros if q_zero else torch.randn
-    t = {"q": q(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
-         "k": torch.randn(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
-         "v": torch.randn(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
-         "seed": torch.full((1, 1, 1, 1), 123456, device="cuda", dtype=torch.int64),
-         "offset": torch.full((1, 1, 1, 1), 789, device="cuda", dtype=torch.int64)}
+    t = {
+        "q": q(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
+        "k": torch.randn(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
+        "v": torch.randn(b, h, s, dh, device="cuda", dtype=torch.bfloat16),
+        "seed": torch.full((1, 1, 1, 1), 123456, device="cuda", dtype=torch.int64),
+        "offset": torch.full((1, 1, 1, 1), 789, device="cuda", dtype=torch.int64),
+    }
     t["o"] = torch.empty_like(t["q"])
     t["stats"] = torch.empty(b, h, s, 1, device="cuda", dtype=torch.float32)
     t["dO"] = torch.randn_like(t["o"])
@@ -217,16 +231,25 @@ def _dropout_graphs(p, *, b=2, h=4, s=512, dh=64, q_zero=False, seed=0):
 
     fg = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     fd = {n: fg.tensor_like(t[n], name=n) for n in ("q", "k", "v", "seed", "offset")}
-    o, stats = fg.sdpa(fd["q"], fd["k"], fd["v"], attn_scale=scale, generate_stats=True,
-                       dropout=(p, fd["seed"], fd["offset"]))
+    o, stats = fg.sdpa(
+        fd["q"], fd["k"], fd["v"], attn_scale=scale, generate_stats=True, dropout=(p, fd["seed"], fd["offset"])
+    )
     o.set_output(True)
     stats.set_output(True)
     fd.update(o=o, stats=stats)
 
     bg = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     bd = {n: bg.tensor_like(t[n], name=n) for n in ("q", "k", "v", "o", "dO", "stats", "seed", "offset")}
-    grads = bg.sdpa_backward(bd["q"], bd["k"], bd["v"], bd["o"], bd["dO"], bd["stats"], attn_scale=scale,
-                             dropout=(p, bd["seed"], bd["offset"]))
+    grads = bg.sdpa_backward(
+        bd["q"],
+        bd["k"],
+        bd["v"],
+        bd["o"],
+        bd["dO"],
+        bd["stats"],
+        attn_scale=scale,
+        dropout=(p, bd["seed"], bd["offset"]),
+    )
     for n, decl in zip(("dQ", "dK", "dV"), grads):
         decl.set_output(True)
         bd[n] = decl
@@ -277,6 +300,7 @@ def test_dropout_forward_and_backward_share_one_mask():
 
 # --- the launch stream -------------------------------------------------------------------------------------------
 
+
 def test_execute_allocates_nothing_and_never_syncs():
     case = FwdCase(d=128, causal=True)
     g, decl, t = make_fwd(case)
@@ -312,8 +336,15 @@ def _packed_lengths(t) -> dict:
 
 
 def _check_thd_fwd(case, t):
-    ro, rlse = oracle.attention(t["q"], t["k"], t["v"], scale=1 / math.sqrt(case.d), sink=t.get("sink_token"),
-                                **_packed_lengths(t), **_band_kw(case))
+    ro, rlse = oracle.attention(
+        t["q"],
+        t["k"],
+        t["v"],
+        scale=1 / math.sqrt(case.d),
+        sink=t.get("sink_token"),
+        **_packed_lengths(t),
+        **_band_kw(case),
+    )
     n = int(t["cu_seq_len_q"][-1])  # tokens past the last sequence are not the engine's
     o, lse = t["o"][:n], t["stats"][:n, :, 0]
     assert not torch.isnan(o).any(), "some output rows were not written"
@@ -323,9 +354,16 @@ def _check_thd_fwd(case, t):
 
 
 def _check_thd_bwd(case, t, got):
-    _, _, dq, dk, dv, dsink = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], scale=1 / math.sqrt(case.d),
-                                                     sink=t.get("sink_token"), **_packed_lengths(t),
-                                                     **_band_kw(case))
+    _, _, dq, dk, dv, dsink = oracle.attention_grads(
+        t["q"],
+        t["k"],
+        t["v"],
+        t["dO"],
+        scale=1 / math.sqrt(case.d),
+        sink=t.get("sink_token"),
+        **_packed_lengths(t),
+        **_band_kw(case),
+    )
     nq, nk = int(t["cu_seq_len_q"][-1]), int(t["cu_seq_len_kv"][-1])
     refs = [("dQ", dq, nq), ("dK", dk, nk), ("dV", dv, nk)]
     refs += [("dSink_token", dsink, None)] if "dSink_token" in got else []
@@ -419,9 +457,14 @@ def _ragged_form(lens, *, h=4, d=128, s=320, seed=0):
     def as4(x):
         return x.as_strided((b, h, s, d), (s * h * d, d, h * d, 1))
 
-    t = {"q": storage(), "k": storage(), "v": storage(), "o": torch.full((b * s, h, d), float("nan"), device=dev,
-                                                                         dtype=bf16),
-         "dO": storage(), "stats": torch.full((b * s, h), float("nan"), device=dev)}
+    t = {
+        "q": storage(),
+        "k": storage(),
+        "v": storage(),
+        "o": torch.full((b * s, h, d), float("nan"), device=dev, dtype=bf16),
+        "dO": storage(),
+        "stats": torch.full((b * s, h), float("nan"), device=dev),
+    }
     cu_t = torch.tensor(cu, device=dev, dtype=torch.int64)
     t["off"] = (cu_t * h * d).view(b + 1, 1, 1, 1)
     t["off_stats"] = (cu_t * h).to(torch.int32).view(b + 1, 1, 1, 1)
@@ -437,8 +480,7 @@ def test_ragged_form_fwd_and_bwd_match_the_float64_oracle():
     h, d = 4, 128
     t, x, cu = _ragged_form(lens, h=h, d=d)
     scale = 1 / math.sqrt(d)
-    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32)
+    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     off, off_st = g.tensor_like(t["off"], name="off"), g.tensor_like(t["off_stats"], name="off_stats")
     lq, lk = g.tensor_like(t["lens"], name="lq"), g.tensor_like(t["lens"], name="lk")
     q, k, v = (g.tensor_like(x[r], name=r).set_ragged_offset(off) for r in ("q", "k", "v"))
@@ -450,25 +492,45 @@ def test_ragged_form_fwd_and_bwd_match_the_float64_oracle():
     plan_or_skip(g, ENGINE)
     assert g.engine_name == "SdpaFwdCudnn" and g.plan.adapter.call.derived is None
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
-    vp = {q: x["q"], k: x["k"], v: x["v"], o: x["o"], stats: x["stats"], off: t["off"], off_st: t["off_stats"],
-          lq: t["lens"], lk: t["lens"]}
+    vp = {
+        q: x["q"],
+        k: x["k"],
+        v: x["v"],
+        o: x["o"],
+        stats: x["stats"],
+        off: t["off"],
+        off_st: t["off_stats"],
+        lq: t["lens"],
+        lk: t["lens"],
+    }
     g.execute(vp, ws, frost.ExecutionContext())
     torch.cuda.synchronize()
     n = cu[-1]
     packed = {r: t[r][:n] for r in ("q", "k", "v", "dO")}
-    ro, rlse, dq, dk, dv, _ = oracle.attention_grads(packed["q"], packed["k"], packed["v"], packed["dO"], scale=scale,
-                                                     cu_seq_len_q=cu, cu_seq_len_kv=cu, causal=True)
+    ro, rlse, dq, dk, dv, _ = oracle.attention_grads(
+        packed["q"], packed["k"], packed["v"], packed["dO"], scale=scale, cu_seq_len_q=cu, cu_seq_len_kv=cu, causal=True
+    )
     assert_close_to_oracle(t["o"][:n], ro, rel=1e-2, name="O")
     assert (t["stats"][:n].double() - rlse).abs().max().item() < 2e-2
 
-    bg = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
-                     compute_data_type=torch.float32)
+    bg = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     boff, boff_st = bg.tensor_like(t["off"], name="off"), bg.tensor_like(t["off_stats"], name="off_stats")
     blq, blk = bg.tensor_like(t["lens"], name="lq"), bg.tensor_like(t["lens"], name="lk")
     bt = {r: bg.tensor_like(x[r], name=r).set_ragged_offset(boff) for r in ("q", "k", "v", "o", "dO")}
     bt["stats"] = bg.tensor_like(x["stats"], name="stats").set_ragged_offset(boff_st)
-    grads = bg.sdpa_backward(bt["q"], bt["k"], bt["v"], bt["o"], bt["dO"], bt["stats"], attn_scale=scale,
-                             use_causal_mask=True, use_padding_mask=True, seq_len_q=blq, seq_len_kv=blk)
+    grads = bg.sdpa_backward(
+        bt["q"],
+        bt["k"],
+        bt["v"],
+        bt["o"],
+        bt["dO"],
+        bt["stats"],
+        attn_scale=scale,
+        use_causal_mask=True,
+        use_padding_mask=True,
+        seq_len_q=blq,
+        seq_len_kv=blk,
+    )
     out = {r: torch.full_like(t["q"], float("nan")) for r in ("dQ", "dK", "dV")}
     for grad, r in zip(grads, ("dQ", "dK", "dV")):
         x[r] = out[r].as_strided(x["q"].shape, x["q"].stride())
@@ -477,8 +539,17 @@ def test_ragged_form_fwd_and_bwd_match_the_float64_oracle():
     assert bg.engine_name == "SdpaBwdCudnn"
     bws = torch.empty(bg.get_workspace_size(), dtype=torch.uint8, device="cuda")
     bvp = {bt[r]: x[r] for r in bt}
-    bvp.update({grads[0]: x["dQ"], grads[1]: x["dK"], grads[2]: x["dV"], boff: t["off"], boff_st: t["off_stats"],
-                blq: t["lens"], blk: t["lens"]})
+    bvp.update(
+        {
+            grads[0]: x["dQ"],
+            grads[1]: x["dK"],
+            grads[2]: x["dV"],
+            boff: t["off"],
+            boff_st: t["off_stats"],
+            blq: t["lens"],
+            blk: t["lens"],
+        }
+    )
     bg.execute(bvp, bws, frost.ExecutionContext())
     torch.cuda.synchronize()
     for name, ref in (("dQ", dq), ("dK", dk), ("dV", dv)):
@@ -513,9 +584,16 @@ def test_cuda_graph_capture_and_replay_with_new_inputs():
 
 # --- the lean execute ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", [FwdCase(d=128, causal=True), FwdCase(d=64, hq=8, hkv=2, layout="bhsd"),
-                                  FwdCase(d=128, thd_lens=[(100, 100), (0, 0), (257, 300)], causal=True)],
-                         ids=lambda c: c.id)
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        FwdCase(d=128, causal=True),
+        FwdCase(d=64, hq=8, hkv=2, layout="bhsd"),
+        FwdCase(d=128, thd_lens=[(100, 100), (0, 0), (257, 300)], causal=True),
+    ],
+    ids=lambda c: c.id,
+)
 def test_the_raw_pointer_execute_matches_the_bindings_own_execute(case):
     """Execute takes the backend's raw-pointer entry with this binding, and it writes what the binding's public
     execute (`tensor_uids=`) writes, bit for bit."""

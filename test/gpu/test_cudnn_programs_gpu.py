@@ -1,6 +1,7 @@
 """cuDNN programs on a GPU with only the import changed; the handle's stream is the launch stream; a program with an
 additive bias gives what the real cuDNN frontend gives for the same text, on frost's mma.sync engine (to bf16
 rounding) and on its cuDNN engine (the same library: equal in practice)."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,9 @@ def _run(program: str, real_cudnn: bool = False) -> dict:
 
 
 # a causal forward with a per-head additive bias: on an H200 frost's mma.sync engine serves it first
-BIAS_FWD = PROLOGUE + '''
+BIAS_FWD = (
+    PROLOGUE
+    + """
 b, h, s, d = 2, 4, 256, 128
 q_gpu = torch.randn(b, s, h, d, dtype=torch.bfloat16, device=device).transpose(1, 2)
 k_gpu = torch.randn(b, s, h, d, dtype=torch.bfloat16, device=device).transpose(1, 2)
@@ -42,7 +45,8 @@ graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
 workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
 graph.execute({q: q_gpu, k: k_gpu, v: v_gpu, bias: bias_gpu, o: o_gpu, stats: stats_gpu}, workspace, handle=handle)
 torch.cuda.synchronize()
-'''
+"""
+)
 
 
 def test_dense_programs_run_on_a_dsl_engine():
@@ -56,8 +60,11 @@ def test_dense_programs_run_on_a_dsl_engine():
 def _ragged_rows_cpu(t, offsets, stride, b, length):
     """(H, length, D) rows of batch entry b of a ragged program's tensor, on the host, in float64."""
     start = int(offsets.reshape(-1)[b])
-    return t.as_strided((t.shape[1], length, t.shape[3]), (t.stride(1), stride, t.stride(3)),
-                        t.storage_offset() + start).double().cpu()
+    return (
+        t.as_strided((t.shape[1], length, t.shape[3]), (t.stride(1), stride, t.stride(3)), t.storage_offset() + start)
+        .double()
+        .cpu()
+    )
 
 
 def test_the_ragged_programs_run_on_a_dsl_engine():
@@ -123,8 +130,10 @@ def test_a_bias_program_matches_the_real_cudnn_frontend(monkeypatch):
     mine = _run(BIAS_FWD)
     assert mine["graph"].engine_name == "SdpaFwdDslSm90"
     agree(mine, 2e-2)
-    rows = tuple(r.model_copy(update={"features": r.features - capabilities.SCORE_MOD_FEATURES})
-                 if "Dsl" in r.name else r for r in capabilities.ROWS)
+    rows = tuple(
+        r.model_copy(update={"features": r.features - capabilities.SCORE_MOD_FEATURES}) if "Dsl" in r.name else r
+        for r in capabilities.ROWS
+    )
     monkeypatch.setattr(capabilities, "ROWS", rows)
     mine = _run(BIAS_FWD)
     assert mine["graph"].engine_name == "SdpaFwdCudnn"
@@ -145,12 +154,14 @@ def test_paged_program_runs_on_the_cudnn_engine_and_matches_the_real_frontend():
         got = p["o_gpu"][i, :, :lq].double().cpu()
         if lk == 0:
             continue
-        o, _ = _attend(p["q_gpu"][i, :, :lq].cpu(), p["k_gpu"][i, :, :lk].cpu(), p["v_gpu"][i, :, :lk].cpu(), 0.125,
-                       lk - lq)
+        o, _ = _attend(
+            p["q_gpu"][i, :, :lq].cpu(), p["k_gpu"][i, :, :lk].cpu(), p["v_gpu"][i, :, :lk].cpu(), 0.125, lk - lq
+        )
         torch.testing.assert_close(got, o, atol=2e-3, rtol=2e-3)
     real = _run(PAGED_FWD, real_cudnn=True)
     torch.cuda.synchronize()
     for i in range(p["b"]):
         lq = int(p["seq_len_q_gpu"][i])
-        torch.testing.assert_close(p["o_gpu"][i, :, :lq].cpu(), real["o_gpu"][i, :, :lq].cpu(), atol=2e-3, rtol=2e-3,
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            p["o_gpu"][i, :, :lq].cpu(), real["o_gpu"][i, :, :lq].cpu(), atol=2e-3, rtol=2e-3, equal_nan=True
+        )

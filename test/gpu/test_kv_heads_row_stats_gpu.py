@@ -9,6 +9,7 @@ CTA walks whole K groups and whole V groups and writes each head's tile where it
 loads the next head's tile by TMA) and must match the oracle's gradients, deterministic mode (bitwise stable) and
 padded head dims included; cuDNN and the reference by name match too when they plan.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,9 +48,15 @@ class Problem:
     @property
     def id(self) -> str:
         parts = [f"h{self.hq}-{self.hk}-{self.hv}", f"d{self.d}" + (f"x{self.dv}" if self.dv else "")]
-        for on, tag in ((self.causal, "causal"), (self.bottom_right, "br"), (self.thd_lens is not None, "thd"),
-                        (self.padding is not None, "pad"), (self.sinks, "sink"), (self.row_stats, "rowstats"),
-                        (not self.stats, "nostats")):
+        for on, tag in (
+            (self.causal, "causal"),
+            (self.bottom_right, "br"),
+            (self.thd_lens is not None, "thd"),
+            (self.padding is not None, "pad"),
+            (self.sinks, "sink"),
+            (self.row_stats, "rowstats"),
+            (not self.stats, "nostats"),
+        ):
             if on:
                 parts.append(tag)
         if self.sq != self.skv:
@@ -141,8 +148,9 @@ def _sdpa_keywords(p: Problem, g: frost.Graph, t: dict) -> tuple[dict, dict]:
         if role in t:
             decl[role] = kw[role] = g.tensor_like(t[role], name=role)
     if p.thd_lens is not None:
-        kw.update(max_seq_len_q=max(1, max(a for a, _ in p.thd_lens)),
-                  max_seq_len_kv=max(1, max(b for _, b in p.thd_lens)))
+        kw.update(
+            max_seq_len_q=max(1, max(a for a, _ in p.thd_lens)), max_seq_len_kv=max(1, max(b for _, b in p.thd_lens))
+        )
     if p.padding is not None:
         kw["use_padding_mask"] = True
     return kw, decl
@@ -179,8 +187,7 @@ def test_fwd_split_heads_and_row_stats_match_the_oracle(engine, p):
     if engine == "cudnn" and p.padding is not None:
         pytest.skip("cuDNN leaves rows past seq_len_q unspecified")
     t = _inputs(p)
-    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32)
+    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     q, k, v = (g.tensor_like(t[r], name=r) for r in ("q", "k", "v"))
     kw, pack = _sdpa_keywords(p, g, t)
     pack = {h: t[r] for r, h in pack.items()}
@@ -248,8 +255,7 @@ def test_bwd_split_heads_matches_the_oracle_or_is_declined_by_name(engine, p, de
     okw = _oracle_kw(p, t)
     ref_o, ref_lse, ref_dq, ref_dk, ref_dv, _ = oracle.attention_grads(t["q"], t["k"], t["v"], t["do"], **okw)
     o_in, lse_in = ref_o.to(torch.bfloat16), ref_lse.float().unsqueeze(-1)
-    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32,
-                    compute_data_type=torch.float32)
+    g = frost.Graph(io_data_type=torch.bfloat16, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
     q, k, v = (g.tensor_like(t[r], name=r) for r in ("q", "k", "v"))
     o, do, stats = g.tensor_like(o_in, name="o"), g.tensor_like(t["do"], name="dO"), g.tensor_like(lse_in, name="st")
     kw, pack = _sdpa_keywords(p, g, t)

@@ -4,6 +4,7 @@ test/cpu/test_paged_kv.py (block sizes 64, 128, 256; GQA, bottom-right causal, d
 sinks, empty sequences), and a CUDA-graph replay after a new table and new lengths are written into the same
 tensors. Run: python3 -m pytest -q -m gpu test/gpu/test_paged_kernel_gpu.py
 """
+
 from __future__ import annotations
 
 import pytest
@@ -58,8 +59,11 @@ def _outputs(pack, dev, x):
 
 CASES = {
     "gqa causal": (dict(use_causal_mask_bottom_right=True), dict(causal_bottom_right=True), False),
-    "window": (dict(use_causal_mask_bottom_right=True, sliding_window_length=70),
-               dict(causal_bottom_right=True, sliding_window_length=70), False),
+    "window": (
+        dict(use_causal_mask_bottom_right=True, sliding_window_length=70),
+        dict(causal_bottom_right=True, sliding_window_length=70),
+        False,
+    ),
     "sinks": (dict(use_causal_mask_bottom_right=True), dict(causal_bottom_right=True), True),
     "no mask": ({}, {}, False),
 }
@@ -71,8 +75,9 @@ CASES = {
 def test_paged_forward_matches_gather_then_attend(block_size, d, case):
     kw, mask, sink = CASES[case]
     lens_q, lens_kv = [7, 1, 0, 5], [700, 33, 0, block_size]  # prefill, decode, empty, one whole block
-    g, pack, x = _paged((4, 8, 7, d), 2, d, block_size, 700, lens_q, lens_kv, dtype=BF16, sink=sink,
-                        seed=block_size + d, **kw)
+    g, pack, x = _paged(
+        (4, 8, 7, d), 2, d, block_size, 700, lens_q, lens_kv, dtype=BF16, sink=sink, seed=block_size + d, **kw
+    )
     dev = _on_gpu(g, pack, x)
     g.execute(dev, _workspace(g))
     _close(_outputs(pack, dev, x), _oracle(x, **mask), 2e-2)
@@ -82,8 +87,9 @@ def test_decode_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths():
     """Captured once; a replay after a new table and new lengths are copied into the same device tensors gives
     the oracle's answer for those values (nothing about either is read on the host)."""
     lens_q, lens_kv = [1, 1, 1], [300, 64, 5]
-    g, pack, x = _paged((3, 8, 1, 128), 2, 128, 64, 320, lens_q, lens_kv, dtype=BF16, spare_blocks=20,
-                        use_causal_mask_bottom_right=True)
+    g, pack, x = _paged(
+        (3, 8, 1, 128), 2, 128, 64, 320, lens_q, lens_kv, dtype=BF16, spare_blocks=20, use_causal_mask_bottom_right=True
+    )
     dev = _on_gpu(g, pack, x)
     ws = _workspace(g)
     s = torch.cuda.Stream()
@@ -98,7 +104,7 @@ def test_decode_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths():
     new_lens = [17, 320, 0]
     num_blocks = x["kc"].shape[0]
     for name in ("kt", "vt"):  # other blocks of the pool, in another order
-        fresh = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(7))[:x[name].numel()]
+        fresh = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(7))[: x[name].numel()]
         x[name] = fresh.to(torch.int32).reshape(x[name].shape)
         dev[key[name]].copy_(x[name])
     dev[lk].copy_(torch.tensor(new_lens, dtype=torch.int32).reshape(3, 1, 1, 1))
@@ -127,8 +133,9 @@ def test_sm90_paged_forward_matches_the_oracle(block_size, d, case, shape):
     kw, mask, sink = CASES[case]
     dims, max_kv, lens_q, lens_kv = SM90_SHAPES[shape]
     lens_kv = [block_size if n is None else n for n in lens_kv]
-    g, pack, x = _paged((*dims[:3], d), 2, d, block_size, max_kv, lens_q, lens_kv, dtype=BF16, sink=sink,
-                        seed=block_size + d, **kw)
+    g, pack, x = _paged(
+        (*dims[:3], d), 2, d, block_size, max_kv, lens_q, lens_kv, dtype=BF16, sink=sink, seed=block_size + d, **kw
+    )
     dev = _on_gpu(g, pack, x, "sm90")
     g.execute(dev, None)
     _close_to_oracle(_outputs(pack, dev, x), _oracle(x, **mask), f"sm90 {shape} {case} bs{block_size} d{d}")
@@ -140,8 +147,18 @@ def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
     """Decode (one query row per sequence): the query heads of a K/V head packed into one M tile."""
     _needs_sm90()
     lens_kv = [1000, 1, 0, 257, block_size]
-    g, pack, x = _paged((5, hq, 1, 128), hkv, 128, block_size, 1000, [1] * 5, lens_kv, dtype=BF16,
-                        seed=block_size + hq, use_causal_mask_bottom_right=True)
+    g, pack, x = _paged(
+        (5, hq, 1, 128),
+        hkv,
+        128,
+        block_size,
+        1000,
+        [1] * 5,
+        lens_kv,
+        dtype=BF16,
+        seed=block_size + hq,
+        use_causal_mask_bottom_right=True,
+    )
     dev = _on_gpu(g, pack, x, "sm90")
     g.execute(dev, None)
     _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 decode bs{block_size}")
@@ -154,8 +171,18 @@ def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block
     device tensors gives the oracle's answer for those values (nothing about them is read on the host)."""
     _needs_sm90()
     lens_q, lens_kv = [sq, sq, 1], [300, 64, 5]
-    g, pack, x = _paged((3, 8, sq, 128), 2, 128, block_size, 320, lens_q, lens_kv, dtype=BF16, spare_blocks=20,
-                        use_causal_mask_bottom_right=True)
+    g, pack, x = _paged(
+        (3, 8, sq, 128),
+        2,
+        128,
+        block_size,
+        320,
+        lens_q,
+        lens_kv,
+        dtype=BF16,
+        spare_blocks=20,
+        use_causal_mask_bottom_right=True,
+    )
     dev = _on_gpu(g, pack, x, "sm90")
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
@@ -165,12 +192,14 @@ def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block
     with torch.cuda.graph(graph, stream=s):
         g.execute(dev, None)
     key = {name: next(t for t, v in pack.items() if v is x[name]) for name in ("kt", "vt")}
-    lq, lk = (next(t for t, v in pack.items() if v.dtype == torch.int32 and v.numel() == 3
-                   and v.flatten().tolist() == lens) for lens in (lens_q, lens_kv))
+    lq, lk = (
+        next(t for t, v in pack.items() if v.dtype == torch.int32 and v.numel() == 3 and v.flatten().tolist() == lens)
+        for lens in (lens_q, lens_kv)
+    )
     new_q, new_kv = [max(1, sq // 2), sq, 0], [17, 320, 0]
     num_blocks = x["kc"].shape[0]
     for name in ("kt", "vt"):  # other blocks of the pool, in another order
-        fresh = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(7))[:x[name].numel()]
+        fresh = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(7))[: x[name].numel()]
         x[name] = fresh.to(torch.int32).reshape(x[name].shape)
         dev[key[name]].copy_(x[name])
     dev[lk].copy_(torch.tensor(new_kv, dtype=torch.int32).reshape(3, 1, 1, 1))

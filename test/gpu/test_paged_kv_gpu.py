@@ -3,6 +3,7 @@ paged, a scalar or per-sequence length), `flash_attn_with_kvcache` against the C
 graph on the cuDNN engine against the reference (same graph, engine by name); CUDA-graph capture of the append with
 new lengths written into the same tensors. Run: python3 -m pytest -q -m gpu test/gpu/test_paged_kv_gpu.py
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,7 +24,7 @@ def _caches(paged, b=3, hk=2, d=128, bs=64, blocks=6, cap=320, seed=0):
         n = b * blocks + 2
         kc = torch.randn(n, bs, hk, d, device="cuda", dtype=BF16, generator=g)
         vc = torch.randn(n, bs, hk, d, device="cuda", dtype=BF16, generator=g)
-        table = torch.randperm(n, device="cuda", generator=g)[:b * blocks].reshape(b, blocks).to(torch.int32)
+        table = torch.randperm(n, device="cuda", generator=g)[: b * blocks].reshape(b, blocks).to(torch.int32)
         return kc, vc, table
     kc = torch.randn(b, cap, hk, d, device="cuda", dtype=BF16, generator=g)
     vc = torch.randn(b, cap, hk, d, device="cuda", dtype=BF16, generator=g)
@@ -40,11 +41,23 @@ def test_append_kernel_matches_its_reference(paged, tensor_lens):
     lens = torch.tensor([0, 60, 300], dtype=torch.int32, device="cuda") if tensor_lens else None
     want_kc, want_vc = kc.cpu(), vc.cpu()
     want_q, want_kv = torch.empty(b, dtype=torch.int32), torch.empty(b, dtype=torch.int32)
-    reference_append(k.cpu(), v.cpu(), want_kc, want_vc, None if table is None else table.cpu(),
-                     None if lens is None else lens.cpu(), 7, 4, want_q, want_kv)
+    reference_append(
+        k.cpu(),
+        v.cpu(),
+        want_kc,
+        want_vc,
+        None if table is None else table.cpu(),
+        None if lens is None else lens.cpu(),
+        7,
+        4,
+        want_q,
+        want_kv,
+    )
     plan = plan_kv_append("bf16", d, d, paged=paged, seqlens_tensor=tensor_lens, target=discover_target())
-    lq, lkv = torch.full((b,), -1, dtype=torch.int32, device="cuda"), torch.full((b,), -1, dtype=torch.int32,
-                                                                                   device="cuda")
+    lq, lkv = (
+        torch.full((b,), -1, dtype=torch.int32, device="cuda"),
+        torch.full((b,), -1, dtype=torch.int32, device="cuda"),
+    )
     plan.execute(k, v, kc, vc, table, lens, lq, lkv, cache_len=7, s_q=4)
     torch.cuda.synchronize()
     assert torch.equal(kc.cpu(), want_kc) and torch.equal(vc.cpu(), want_vc)
@@ -91,8 +104,9 @@ def test_flash_attn_with_kvcache_matches_the_cpu_reference(paged):
     except NotImplementedError as e:  # paged without the cuDNN engine: a decline naming the feature
         assert paged and "paged" in str(e)
         pytest.skip(f"no engine serves paged caches here: {e}")
-    want = flash_attn_with_kvcache(cpu[0], cpu[1], cpu[2], cpu[3], cpu[4], cache_seqlens=cpu[5],
-                                   block_table=cpu[6], causal=True)
+    want = flash_attn_with_kvcache(
+        cpu[0], cpu[1], cpu[2], cpu[3], cpu[4], cache_seqlens=cpu[5], block_table=cpu[6], causal=True
+    )
     assert torch.equal(kc.cpu(), cpu[1]) and torch.equal(vc.cpu(), cpu[2])
     err = (out.cpu().double() - want.double()).norm() / want.double().norm()
     assert err < 1e-2
@@ -110,6 +124,7 @@ def test_kvcache_decode_step_replays_in_a_cuda_graph_with_new_lengths_and_table(
     k = torch.randn(b, 1, hk, d, device="cuda", dtype=BF16)
     v = torch.randn(b, 1, hk, d, device="cuda", dtype=BF16)
     lens = torch.tensor([3, 9, 27], dtype=torch.int32, device="cuda")
+
     def step():
         return flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True)
 

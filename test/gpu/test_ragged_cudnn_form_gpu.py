@@ -5,6 +5,7 @@ element offsets of its own tensor (prefix sums times H * D of that tensor), so w
 counts apart no two groups of offsets agree. Stats are per batch (B, H, S, 1). Additive bias (with dBias in the
 backward) and ALiBi ride along. Sequences are packed at the storage's start; the tail past them is NaN.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,10 +38,14 @@ class CudnnRagged:
     dtype: torch.dtype = torch.bfloat16
 
     def id(self) -> str:
-        return (f"h{self.hq}x{self.hk}x{self.hv}-d{self.dqk}x{self.dv}" + "-causal" * self.causal
-                + (f"-bias{self.bias}" if self.bias else "") + "-alibi" * self.alibi
-                + f"-tot{self.totals}" * bool(self.totals)
-                + (f"-rows{self.rows}" if self.rows else ""))
+        return (
+            f"h{self.hq}x{self.hk}x{self.hv}-d{self.dqk}x{self.dv}"
+            + "-causal" * self.causal
+            + (f"-bias{self.bias}" if self.bias else "")
+            + "-alibi" * self.alibi
+            + f"-tot{self.totals}" * bool(self.totals)
+            + (f"-rows{self.rows}" if self.rows else "")
+        )
 
     @property
     def s(self) -> tuple:
@@ -72,11 +77,17 @@ def make(case: CudnnRagged, direction: str = "fwd", seed: int = 0, device: str =
     (sq, skv), lq, lk = case.s, [a for a, _ in case.lens], [c for _, c in case.lens]
     cq, ck = [0, *accumulate(lq)], [0, *accumulate(lk)]
     tq, tk = cq[-1], ck[-1]
-    t = {"q": _storage(b, sq, case.hq, case.dqk, case.dtype, gen, tq),
-         "k": _storage(b, skv, case.hk, case.dqk, case.dtype, gen, tk),
-         "v": _storage(b, skv, case.hv, case.dv, case.dtype, gen, tk)}
-    offsets = {"q": (cq, case.hq * case.dqk, torch.int64), "k": (ck, case.hk * case.dqk, torch.int32),
-               "v": (ck, case.hv * case.dv, torch.int32), "o": (cq, case.hq * case.dv, torch.int64)}
+    t = {
+        "q": _storage(b, sq, case.hq, case.dqk, case.dtype, gen, tq),
+        "k": _storage(b, skv, case.hk, case.dqk, case.dtype, gen, tk),
+        "v": _storage(b, skv, case.hv, case.dv, case.dtype, gen, tk),
+    }
+    offsets = {
+        "q": (cq, case.hq * case.dqk, torch.int64),
+        "k": (ck, case.hk * case.dqk, torch.int32),
+        "v": (ck, case.hv * case.dv, torch.int32),
+        "o": (cq, case.hq * case.dv, torch.int64),
+    }
     for role, (prefix, per_token, kind) in offsets.items():
         t[f"off_{role}"] = (torch.tensor(prefix, device=device) * per_token).to(kind).view(-1, 1, 1, 1)
     t["len_q"] = torch.tensor(lq, dtype=torch.int32, device=device).view(b, 1, 1, 1)
@@ -85,7 +96,8 @@ def make(case: CudnnRagged, direction: str = "fwd", seed: int = 0, device: str =
     for role in row_roles:
         if case.rows == "ragged":  # (B, H, S, 1) over packed rows: token stride H, offsets prefix * H
             t[role] = torch.full((b * sq * case.hq,), float("nan"), device=device).as_strided(
-                (b, case.hq, sq, 1), (sq * case.hq, 1, case.hq, 1))
+                (b, case.hq, sq, 1), (sq * case.hq, 1, case.hq, 1)
+            )
             t[f"off_{role}"] = (torch.tensor(cq, device=device) * case.hq).view(-1, 1, 1, 1)
         else:
             t[role] = torch.full((b, case.hq, sq, 1), float("nan"), device=device)
@@ -93,18 +105,30 @@ def make(case: CudnnRagged, direction: str = "fwd", seed: int = 0, device: str =
         shape = (1, case.hq, sq, skv) if case.bias == "h" else (b, 1, sq, skv)
         t["bias"] = torch.randn(shape, generator=gen, device=device).to(case.dtype)
 
-    g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32,
-                    **({"target": target} if target is not None else {}))
+    g = frost.Graph(
+        io_data_type=case.dtype,
+        intermediate_data_type=torch.float32,
+        compute_data_type=torch.float32,
+        **({"target": target} if target is not None else {}),
+    )
     decl = {n: g.tensor_like(t[n], name=n) for n in t if n.startswith(("off_", "len_"))}
     for role in ("q", "k", "v"):
         decl[role] = g.tensor_like(t[role], name=role).set_ragged_offset(decl[f"off_{role}"])
-    kw = dict(attn_scale=case.dqk ** -0.5, use_padding_mask=True, seq_len_q=decl["len_q"],
-              seq_len_kv=decl["len_kv"], use_causal_mask=case.causal, use_alibi_mask=case.alibi)
+    kw = dict(
+        attn_scale=case.dqk**-0.5,
+        use_padding_mask=True,
+        seq_len_q=decl["len_q"],
+        seq_len_kv=decl["len_kv"],
+        use_causal_mask=case.causal,
+        use_alibi_mask=case.alibi,
+    )
     if case.bias:
         decl["bias"] = kw["bias"] = g.tensor_like(t["bias"], name="bias")
     if case.totals:
-        kw.update(max_total_seq_len_q=-(-tq // case.totals) * case.totals,
-                  max_total_seq_len_kv=-(-tk // case.totals) * case.totals)
+        kw.update(
+            max_total_seq_len_q=-(-tq // case.totals) * case.totals,
+            max_total_seq_len_kv=-(-tk // case.totals) * case.totals,
+        )
     if direction == "fwd":
         t["o"] = _storage(b, sq, case.hq, case.dv, case.dtype, gen, tq, fill=float("nan"))
         for role in row_roles[1:]:
@@ -137,8 +161,14 @@ def make(case: CudnnRagged, direction: str = "fwd", seed: int = 0, device: str =
 def _oracle(case, t, prefix, grads=False):
     cq, ck = prefix
     q, k, v = _packed(t["q"], cq[-1]), _packed(t["k"], ck[-1]), _packed(t["v"], ck[-1])
-    kw = dict(scale=case.dqk ** -0.5, bias=t.get("bias"), alibi=case.alibi, cu_seq_len_q=cq, cu_seq_len_kv=ck,
-              causal=case.causal)
+    kw = dict(
+        scale=case.dqk**-0.5,
+        bias=t.get("bias"),
+        alibi=case.alibi,
+        cu_seq_len_q=cq,
+        cu_seq_len_kv=ck,
+        causal=case.causal,
+    )
     if not grads:
         return oracle.attention(q, k, v, row_stats=True, **kw)
     return oracle.attention_grads(q, k, v, _packed(t["dO"], cq[-1]), with_dbias=bool(case.bias), **kw)
@@ -154,7 +184,7 @@ def _stats_per_batch(t, prefix, lse):
     """Write packed (T, H) LSE rows into the per-batch (B, H, S, 1) Stats."""
     cq = prefix[0]
     for i in range(len(cq) - 1):
-        t["stats"][i, :, :cq[i + 1] - cq[i], 0] = lse[cq[i]:cq[i + 1]].transpose(0, 1).float()
+        t["stats"][i, :, : cq[i + 1] - cq[i], 0] = lse[cq[i] : cq[i + 1]].transpose(0, 1).float()
 
 
 CASES = [
@@ -165,8 +195,9 @@ CASES = [
     CudnnRagged(hq=4, hk=4, hv=4, dqk=128, dv=128, causal=True, bias="b", alibi=True),
     CudnnRagged(hq=8, hk=1, hv=1, dqk=32, dv=64, causal=True, alibi=True, dtype=torch.float16),
     # cuDNN's own failing draw: S_q 1024 > S_kv 512, a token envelope below S (its totals rounded up to 64)
-    CudnnRagged(lens=((700, 300), (250, 77)), hq=6, hk=1, hv=1, dqk=56, dv=96, causal=True, bias="h", totals=64,
-                pad=400),
+    CudnnRagged(
+        lens=((700, 300), (250, 77)), hq=6, hk=1, hv=1, dqk=56, dv=96, causal=True, bias="h", totals=64, pad=400
+    ),
     CudnnRagged(hq=8, hk=2, hv=2, causal=True, rows="ragged"),  # score_max / score_sum_exp from their own offsets
     CudnnRagged(dqk=64, dv=64, hq=4, hk=4, hv=4, rows="batch"),  # per batch with Stats
     # d_v above 256 (O in column slices on the wgmma forward; every row output from the first slice), and d_qk
@@ -206,7 +237,7 @@ def test_cudnn_ragged_forward_runs_on_the_dsl_engines(engine, case):
             continue
         for i in range(len(prefix[0]) - 1):
             got = _row_outputs(case, t, role, prefix, i).double()
-            want = ref[prefix[0][i]:prefix[0][i + 1]].transpose(0, 1)
+            want = ref[prefix[0][i] : prefix[0][i + 1]].transpose(0, 1)
             finite = torch.isfinite(want)
             assert torch.equal(torch.isfinite(got), finite), role
             if finite.any():

@@ -6,6 +6,7 @@ an element offset ((B+1, 1, 1, 1) int32 or int64) with its length in seq_len_q /
 kernels write only the rows of the sequences (outputs are poisoned with NaN and checked elsewhere). Captured
 executes replayed with new lengths and offsets in the same device tensors follow them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,13 @@ class RaggedCase:
         return max(max(a, b) for a, b in self.lens) + 3  # the declared S of both groups
 
     def id(self) -> str:
-        return (f"h{self.hq}x{self.hkv}-d{self.d}-{self.placement}-{self.stats}" + "-causal" * self.causal
-                + "-i64" * self.int64 + "-tot" * self.totals + "-sink" * self.sinks)
+        return (
+            f"h{self.hq}x{self.hkv}-d{self.d}-{self.placement}-{self.stats}"
+            + "-causal" * self.causal
+            + "-i64" * self.int64
+            + "-tot" * self.totals
+            + "-sink" * self.sinks
+        )
 
 
 def _starts(lens, placement, s):
@@ -99,8 +105,13 @@ def make(case: RaggedCase, direction="fwd", seed=0, deterministic=False, dev="cu
         t["dV"] = _bshd(_store(b * s, hkv, d, case.dtype, gen, nan), b, hkv, s, d)
 
     # tokens outside every sequence (gaps, the tail) hold NaN: no kernel may let them reach a result
-    for name, tok, lens in (("q", tok_q, lq), ("k", tok_kv, lk), ("v", tok_kv, lk), ("o", tok_q, lq),
-                            ("dO", tok_q, lq)):
+    for name, tok, lens in (
+        ("q", tok_q, lq),
+        ("k", tok_kv, lk),
+        ("v", tok_kv, lk),
+        ("o", tok_q, lq),
+        ("dO", tok_q, lq),
+    ):
         if name in t:
             _flat(t[name])[~_inside(t[name], tok, lens)] = float("nan")
     g = frost.Graph(io_data_type=case.dtype, intermediate_data_type=torch.float32, compute_data_type=torch.float32)
@@ -108,8 +119,13 @@ def make(case: RaggedCase, direction="fwd", seed=0, deterministic=False, dev="cu
     decl = {n: g.tensor_like(t[n], name=n) for n in offsets}
     for n, off in (("q", "off_q"), ("k", "off_kv"), ("v", "off_kv")):
         decl[n] = g.tensor_like(t[n], name=n).set_ragged_offset(decl[off])
-    kw = dict(attn_scale=d ** -0.5, use_padding_mask=True, seq_len_q=decl["len_q"], seq_len_kv=decl["len_kv"],
-              use_causal_mask=case.causal)
+    kw = dict(
+        attn_scale=d**-0.5,
+        use_padding_mask=True,
+        seq_len_q=decl["len_q"],
+        seq_len_kv=decl["len_kv"],
+        use_causal_mask=case.causal,
+    )
     if case.sinks:
         t["sink"] = torch.randn(1, hq, 1, 1, generator=gen, device=dev)
         decl["sink"] = kw["sink_token"] = g.tensor_like(t["sink"], name="sink")
@@ -127,8 +143,16 @@ def make(case: RaggedCase, direction="fwd", seed=0, deterministic=False, dev="cu
         for n in ("o", "dO"):
             decl[n] = g.tensor_like(t[n], name=n).set_ragged_offset(decl["off_q"])
         decl["stats"] = g.tensor_like(t["stats"], name="stats")
-        grads = g.sdpa_backward(decl["q"], decl["k"], decl["v"], decl["o"], decl["dO"], decl["stats"],
-                                use_deterministic_algorithm=deterministic, **kw)
+        grads = g.sdpa_backward(
+            decl["q"],
+            decl["k"],
+            decl["v"],
+            decl["o"],
+            decl["dO"],
+            decl["stats"],
+            use_deterministic_algorithm=deterministic,
+            **kw,
+        )
         for n, grad, like in zip(("dQ", "dK", "dV"), grads, ("q", "k", "v")):
             grad.set_output(True).set_stride(t[like].stride()).set_ragged_offset(decl[like].ragged_offset)
             decl[n] = grad
@@ -162,9 +186,9 @@ def _oracle(case, t, b, grads=False):
     v = rows(t["v"], t["tok_kv"][b], m).transpose(0, 1)[None]
     sink = t.get("sink")
     if not grads:
-        return oracle.attention(q, k, v, scale=case.d ** -0.5, causal=case.causal, sink=sink)
+        return oracle.attention(q, k, v, scale=case.d**-0.5, causal=case.causal, sink=sink)
     do = rows(t["dO"], t["tok_q"][b], n).transpose(0, 1)[None]
-    return oracle.attention_grads(q, k, v, do, scale=case.d ** -0.5, causal=case.causal, sink=sink)
+    return oracle.attention_grads(q, k, v, do, scale=case.d**-0.5, causal=case.causal, sink=sink)
 
 
 def check_fwd(case, t):
@@ -194,7 +218,7 @@ def _flat(x):
 def _inside(x, tok, lens):
     inside = torch.zeros(x.shape[0] * x.shape[2], dtype=torch.bool, device=x.device)
     for start, n in zip(tok, lens):
-        inside[start:start + n] = True
+        inside[start : start + n] = True
     return inside
 
 
@@ -243,8 +267,11 @@ def check_bwd(case, t):
         _, _, dq, dk, dv, ds = _oracle(case, t, b, grads=True)
         if ds is not None:
             dsink = dsink + ds.reshape(-1)
-        for name, ref, tok, length in (("dQ", dq, t["tok_q"][b], n), ("dK", dk, t["tok_kv"][b], m),
-                                       ("dV", dv, t["tok_kv"][b], m)):
+        for name, ref, tok, length in (
+            ("dQ", dq, t["tok_q"][b], n),
+            ("dK", dk, t["tok_kv"][b], m),
+            ("dV", dv, t["tok_kv"][b], m),
+        ):
             if length:
                 got[name].append(rows(t[name], tok, length).transpose(0, 1).reshape(-1))
                 want[name].append(ref[0].reshape(-1))
@@ -253,8 +280,9 @@ def check_bwd(case, t):
         assert not torch.isnan(x).any(), name
         assert_close_to_oracle(x, ref, rel=2e-2, kind="grad", name=name)
     if case.sinks:
-        assert_close_to_oracle(t["dsink"].reshape(-1), dsink, rel=1e-2, kind="grad", io_dtype=t["q"].dtype,
-                               name="dSink")
+        assert_close_to_oracle(
+            t["dsink"].reshape(-1), dsink, rel=1e-2, kind="grad", io_dtype=t["q"].dtype, name="dSink"
+        )
 
 
 BWD_CASES = [

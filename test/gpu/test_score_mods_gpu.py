@@ -7,6 +7,7 @@ backward, `engine="sm90"`, serve the bias, dBias and ALiBi too, the backward but
 cc 8.x it is the native line.
 The bias is declared (B or 1, H or 1, S_q, S_kv) with its own strides.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,14 +59,21 @@ class ScoreCase:
     @property
     def id(self) -> str:
         heads = f"h{self.hq}-{self.hkv}" + (f"-v{self.hv}" if self.hv else "")
-        bits = [f"d{self.d}", heads, f"s{self.sq}x{self.skv}",
-                "fp16" if self.dtype == torch.float16 else "bf16"]
+        bits = [f"d{self.d}", heads, f"s{self.sq}x{self.skv}", "fp16" if self.dtype == torch.float16 else "bf16"]
         if self.bias is not None:
             bits.append(f"bias{self.bias or '1'}" + ("" if self.bias_layout == "compact" else f"-{self.bias_layout}"))
-        for flag, name in ((self.neg_inf, "neginf"), (self.alibi, "alibi"), (self.causal, "causal"),
-                           (self.bottom_right, "br"), (self.padding is not None, "pad"), (self.thd is not None, "thd"),
-                           (self.sinks, "sinks"), (self.bias is not None and not self.dbias, "nodbias"),
-                           (self.deterministic, "det"), (self.row_stats, "rowstats")):
+        for flag, name in (
+            (self.neg_inf, "neginf"),
+            (self.alibi, "alibi"),
+            (self.causal, "causal"),
+            (self.bottom_right, "br"),
+            (self.padding is not None, "pad"),
+            (self.thd is not None, "thd"),
+            (self.sinks, "sinks"),
+            (self.bias is not None and not self.dbias, "nodbias"),
+            (self.deterministic, "det"),
+            (self.row_stats, "rowstats"),
+        ):
             if flag:
                 bits.append(name)
         if self.left:
@@ -89,7 +97,7 @@ def _bias(case: ScoreCase, dev) -> torch.Tensor:
     if case.bias_layout == "transposed":
         x = torch.randn(dim[0], dim[1], dim[3], dim[2], device=dev, dtype=case.dtype).transpose(2, 3)
     elif case.bias_layout == "padded":
-        x = torch.randn(dim[0], dim[1], dim[2], dim[3] + 24, device=dev, dtype=case.dtype)[..., :dim[3]]
+        x = torch.randn(dim[0], dim[1], dim[2], dim[3] + 24, device=dev, dtype=case.dtype)[..., : dim[3]]
     else:
         x = torch.randn(dim, device=dev, dtype=case.dtype)
     if case.neg_inf:
@@ -106,14 +114,19 @@ def make_inputs(case: ScoreCase, seed: int = 0) -> dict:
         tq, tk = sum(a for a, _ in case.thd), sum(b for _, b in case.thd)
         for role, n, h in (("q", tq, case.hq), ("k", tk, case.hkv), ("v", tk, case.heads_v), ("dO", tq, case.hq)):
             t[role] = torch.randn(n, h, case.d, device=dev, dtype=case.dtype)
+
         def cu(lens):
-            return torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], device=dev, dtype=torch.int32)
+            return torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], device=dev, dtype=torch.int32)
 
         t["cu_seq_len_q"] = cu([a for a, _ in case.thd])
         t["cu_seq_len_kv"] = cu([b for _, b in case.thd])
     else:
-        for role, h, s in (("q", case.hq, case.sq), ("k", case.hkv, case.skv), ("v", case.heads_v, case.skv),
-                           ("dO", case.hq, case.sq)):
+        for role, h, s in (
+            ("q", case.hq, case.sq),
+            ("k", case.hkv, case.skv),
+            ("v", case.heads_v, case.skv),
+            ("dO", case.hq, case.sq),
+        ):
             t[role] = torch.randn(case.b, s, h, case.d, device=dev, dtype=case.dtype).permute(0, 2, 1, 3)
         if case.padding:
             lq, lk = case.padding
@@ -140,8 +153,10 @@ def _sdpa_keywords(case: ScoreCase, g: frost.Graph, t: dict) -> tuple[dict, dict
             decl[role] = g.tensor_like(t[role], name=role)
             kw[role] = decl[role]
     if case.thd:
-        kw.update(max_seq_len_q=case.bias_dim[2] if case.bias is not None else max(a for a, _ in case.thd),
-                  max_seq_len_kv=case.bias_dim[3] if case.bias is not None else max(b for _, b in case.thd))
+        kw.update(
+            max_seq_len_q=case.bias_dim[2] if case.bias is not None else max(a for a, _ in case.thd),
+            max_seq_len_kv=case.bias_dim[3] if case.bias is not None else max(b for _, b in case.thd),
+        )
     if case.padding:
         kw["use_padding_mask"] = True
     return kw, decl
@@ -172,8 +187,10 @@ def run_fwd(case: ScoreCase, t: dict, engine: str = ENGINE, rows: Optional[dict]
             kw[role] = decl[role] = g.tensor_like(rows[role], name=role)
             t = dict(t, **{role: rows[role]})
     o, stats = g.sdpa(q, k, v, generate_stats=True, **kw)
-    out = {"o": torch.full(t["q"].shape, float("nan"), device=DEV, dtype=case.dtype),
-           "stats": torch.full(t["q"].shape[:-1] + (1,), float("nan"), device=DEV, dtype=torch.float32)}
+    out = {
+        "o": torch.full(t["q"].shape, float("nan"), device=DEV, dtype=case.dtype),
+        "stats": torch.full(t["q"].shape[:-1] + (1,), float("nan"), device=DEV, dtype=torch.float32),
+    }
     o.set_output(True).set_dim(tuple(out["o"].shape)).set_stride(tuple(out["o"].stride()))
     stats.set_output(True).set_dim(tuple(out["stats"].shape)).set_stride(tuple(out["stats"].stride()))
     plan_or_skip(g, engine)
@@ -196,8 +213,9 @@ def bwd_graph(case: ScoreCase, t: dict, engine: str = ENGINE, strict: bool = Fal
     if case.bias is not None and case.dbias:
         out["dBias"] = torch.full_like(t["bias"], float("nan"))  # the bias's own strides
         kw["dBias"] = decl["dBias"] = g.tensor_like(out["dBias"], name="dBias")
-    grads = g.sdpa_backward(h["q"], h["k"], h["v"], h["o"], h["dO"], h["stats"],
-                            use_deterministic_algorithm=case.deterministic, **kw)
+    grads = g.sdpa_backward(
+        h["q"], h["k"], h["v"], h["o"], h["dO"], h["stats"], use_deterministic_algorithm=case.deterministic, **kw
+    )
     for role, src, gh in zip(("dQ", "dK", "dV"), ("q", "k", "v"), grads):
         out[role] = torch.full_like(t[src], float("nan"))
         gh.set_output(True).set_dim(tuple(out[role].shape)).set_stride(tuple(out[role].stride()))
@@ -352,8 +370,11 @@ def check_bwd(case: ScoreCase, engine: str = ENGINE, strict: bool = False):
         again = run_bwd(case, t, engine=engine, strict=strict)
         for name in got:
             assert torch.equal(got[name].nan_to_num(), again[name].nan_to_num()), f"{name} differs between runs"
-    want = oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], with_dbias=True, **oracle_kwargs(case, t)) \
-        if case.bias is not None else oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], **oracle_kwargs(case, t))
+    want = (
+        oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], with_dbias=True, **oracle_kwargs(case, t))
+        if case.bias is not None
+        else oracle.attention_grads(t["q"], t["k"], t["v"], t["dO"], **oracle_kwargs(case, t))
+    )
     for name, ref in zip(("dQ", "dK", "dV"), want[2:5]):
         x = got[name]
         assert not torch.isnan(x).any(), f"{name}: some elements were not written"
@@ -395,8 +416,11 @@ def scored(case: ScoreCase, t: dict) -> torch.Tensor:
     """(B or 1, 1, S_q, S_kv) bool: the bias positions some sequence scores (inside it and its mask band); the
     others (masked, padding, past a packed sequence) get dBias = 0 exactly."""
     nb, _, sq, skv = case.bias_dim
-    mask = dict(causal=case.causal and not case.bottom_right, causal_bottom_right=case.causal and case.bottom_right,
-                sliding_window_length=case.left)
+    mask = dict(
+        causal=case.causal and not case.bottom_right,
+        causal_bottom_right=case.causal and case.bottom_right,
+        sliding_window_length=case.left,
+    )
     if case.thd:
         lens = list(case.thd)
     elif case.padding:

@@ -1,5 +1,6 @@
 """Backward engines through the public graph API on a GPU: gradients vs the float64 oracle (test/oracle.py), and the
 execute contract (stream, capture and replay, no sync, no allocation, determinism)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +9,17 @@ import pytest
 import torch
 
 import frost
-from test.gpu.graph_cases import (FwdCase, capture_after_clean_execute, extra_cols, make_fwd, oracle_grads, pack,
-                                    plan_or_skip, rel_err, wide_like)
+from test.gpu.graph_cases import (
+    FwdCase,
+    capture_after_clean_execute,
+    extra_cols,
+    make_fwd,
+    oracle_grads,
+    pack,
+    plan_or_skip,
+    rel_err,
+    wide_like,
+)
 from test.oracle import assert_close_to_oracle
 
 pytestmark = pytest.mark.gpu
@@ -60,8 +70,16 @@ def make_bwd(case: FwdCase, *, deterministic=False, seed=0, dsink=True, dev="cud
     d = {r: g.tensor_like(x, name=r) for r, x in t.items() if not r.startswith("_")}
     kw = {}
     a = fg.node.attrs
-    for key in ("attn_scale", "use_causal_mask", "use_causal_mask_bottom_right", "diagonal_alignment",
-                "sliding_window_length", "max_seq_len_q", "max_seq_len_kv", "use_padding_mask"):
+    for key in (
+        "attn_scale",
+        "use_causal_mask",
+        "use_causal_mask_bottom_right",
+        "diagonal_alignment",
+        "sliding_window_length",
+        "max_seq_len_q",
+        "max_seq_len_kv",
+        "use_padding_mask",
+    ):
         kw[key] = getattr(a, key)
     for key in ("seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv", "sink_token"):
         if getattr(a, key) is not None:
@@ -70,8 +88,9 @@ def make_bwd(case: FwdCase, *, deterministic=False, seed=0, dsink=True, dev="cud
         t["dSink_token"] = torch.empty_like(t["sink_token"])
         d["dSink_token"] = g.tensor_like(t["dSink_token"], name="dSink_token")
         kw["dSink_token"] = d["dSink_token"]
-    grads = g.sdpa_backward(d["q"], d["k"], d["v"], d["o"], d["dO"], d["stats"],
-                            use_deterministic_algorithm=deterministic, **kw)
+    grads = g.sdpa_backward(
+        d["q"], d["k"], d["v"], d["o"], d["dO"], d["stats"], use_deterministic_algorithm=deterministic, **kw
+    )
     for name, decl, src in zip(_GRADS, grads, ("q", "k", "v")):
         t[name] = wide_like(t[src]) if case.layout == "wide" else torch.empty_like(t[src])
         decl.set_output(True).set_dim(tuple(t[name].shape)).set_stride(tuple(t[name].stride()))
@@ -115,12 +134,15 @@ def test_bwd_matches_reference(engine, case):
         lq = t["seq_len_q"].view(-1).tolist()
         lk = t["seq_len_kv"].view(-1).tolist()
         for b in range(case.b):
-            assert_close_to_oracle(got["dQ"][b, :, :lq[b]], want["dQ"][b, :, :lq[b]], rel=2e-2, kind="grad",
-                                   io_dtype=case.dtype)
-            assert_close_to_oracle(got["dK"][b, :, :lk[b]], want["dK"][b, :, :lk[b]], rel=2e-2, kind="grad",
-                                   io_dtype=case.dtype)
-            assert_close_to_oracle(got["dV"][b, :, :lk[b]], want["dV"][b, :, :lk[b]], rel=2e-2, kind="grad",
-                                   io_dtype=case.dtype)
+            assert_close_to_oracle(
+                got["dQ"][b, :, : lq[b]], want["dQ"][b, :, : lq[b]], rel=2e-2, kind="grad", io_dtype=case.dtype
+            )
+            assert_close_to_oracle(
+                got["dK"][b, :, : lk[b]], want["dK"][b, :, : lk[b]], rel=2e-2, kind="grad", io_dtype=case.dtype
+            )
+            assert_close_to_oracle(
+                got["dV"][b, :, : lk[b]], want["dV"][b, :, : lk[b]], rel=2e-2, kind="grad", io_dtype=case.dtype
+            )
 
 
 # padded head dims at a size where each CTA walks many query tiles and every SM holds one (the small cases above
@@ -142,8 +164,14 @@ def test_bwd_padded_head_dims_at_scale_match_the_reference(case):
     got = _run(g, d, t)
     want = _reference(case)
     for name, x in got.items():
-        assert_close_to_oracle(x, want[name], rel=2e-2, kind="grad", io_dtype=case.dtype, 
-                               name=f"{name} tile_m={g.plan.adapter.params.tile_m}")
+        assert_close_to_oracle(
+            x,
+            want[name],
+            rel=2e-2,
+            kind="grad",
+            io_dtype=case.dtype,
+            name=f"{name} tile_m={g.plan.adapter.params.tile_m}",
+        )
 
 
 # each deterministic order a plan picks on this GPU's record: (case, dq_splits > 0, det_order when turns)
@@ -153,8 +181,11 @@ DET_CASES = [
     (FwdCase(d=64, hq=4, hkv=2, thd_lens=[(300, 300), (1, 1), (700, 500), (0, 0), (129, 900)]), False, "rotated"),
     # the wgmma chain has one order (turn counters), so any graph it serves is its case
     (FwdCase(d=128, hq=8, hkv=2, b=2, sq=1000, skv=1000, causal=True, bottom_right=True), False, None),
-    (FwdCase(d=128, hq=4, hkv=2, thd_lens=[(300, 300), (1, 1), (0, 0), (129, 500), (77, 20)], causal=True), False,
-     None),
+    (
+        FwdCase(d=128, hq=4, hkv=2, thd_lens=[(300, 300), (1, 1), (0, 0), (129, 500), (77, 20)], causal=True),
+        False,
+        None,
+    ),
 ]
 
 
@@ -166,8 +197,9 @@ def test_deterministic_mode_is_bitwise_reproducible(engine, case, splits, order)
     p = g.plan.adapter.params  # the CPU tests pin these choices for the H200's record
     det_order = getattr(p, "det_order", None)  # the wgmma chain's params have none (one order)
     if splits != (p.dq_splits > 0) or (order is not None and det_order != order):
-        pytest.skip(f"this GPU's plan picked dq_splits={p.dq_splits}, det_order={det_order!r}, not the mode "
-                    "this case covers")
+        pytest.skip(
+            f"this GPU's plan picked dq_splits={p.dq_splits}, det_order={det_order!r}, not the mode this case covers"
+        )
     want = _reference(case)
     first = _run(g, d, t)
     for name, x in first.items():
@@ -183,8 +215,7 @@ def test_bwd_nan_in_padded_rows_stays_out(engine):
     """Rows past seq_len_q / seq_len_kv hold NaN (Q, O, dO, Stats, V) and Inf (K), as uninitialized buffers do:
     every gradient stays finite (the DSL engines write zeros there) and the valid rows, and dSink, match the
     reference on clean inputs."""
-    case = FwdCase(d=128, hq=4, hkv=2, b=3, sq=200, skv=260, padding=True, causal=True, bottom_right=True,
-                   sinks=True)
+    case = FwdCase(d=128, hq=4, hkv=2, b=3, sq=200, skv=260, padding=True, causal=True, bottom_right=True, sinks=True)
     g, d, t = make_bwd(case)
     plan_or_skip(g, engine)
     want = _reference(case)
@@ -192,26 +223,28 @@ def test_bwd_nan_in_padded_rows_stays_out(engine):
     lk = t["seq_len_kv"].view(-1).tolist()
     for b in range(case.b):  # (B, H, S, D) views of the declared tensors
         for r in ("q", "o", "dO", "stats"):
-            t[r][b, :, lq[b]:] = float("nan")
-        t["k"][b, :, lk[b]:] = float("inf")
-        t["v"][b, :, lk[b]:] = float("nan")
+            t[r][b, :, lq[b] :] = float("nan")
+        t["k"][b, :, lk[b] :] = float("inf")
+        t["v"][b, :, lk[b] :] = float("nan")
     got = _run(g, d, t)
     for name, x in got.items():
         assert torch.isfinite(x).all(), f"{name}: {int((~torch.isfinite(x)).sum())} non-finite"
     assert_close_to_oracle(got["dSink_token"], want["dSink_token"], rel=2e-2, kind="grad", io_dtype=case.dtype)
     for b in range(case.b):
-        assert_close_to_oracle(got["dQ"][b, :, :lq[b]], want["dQ"][b, :, :lq[b]], rel=2e-2, kind="grad",
-                               io_dtype=case.dtype)
-        assert_close_to_oracle(got["dK"][b, :, :lk[b]], want["dK"][b, :, :lk[b]], rel=2e-2, kind="grad",
-                               io_dtype=case.dtype)
-        assert_close_to_oracle(got["dV"][b, :, :lk[b]], want["dV"][b, :, :lk[b]], rel=2e-2, kind="grad",
-                               io_dtype=case.dtype)
+        assert_close_to_oracle(
+            got["dQ"][b, :, : lq[b]], want["dQ"][b, :, : lq[b]], rel=2e-2, kind="grad", io_dtype=case.dtype
+        )
+        assert_close_to_oracle(
+            got["dK"][b, :, : lk[b]], want["dK"][b, :, : lk[b]], rel=2e-2, kind="grad", io_dtype=case.dtype
+        )
+        assert_close_to_oracle(
+            got["dV"][b, :, : lk[b]], want["dV"][b, :, : lk[b]], rel=2e-2, kind="grad", io_dtype=case.dtype
+        )
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_bwd_thd_capture_replay_no_sync_no_alloc(engine):
-    case = FwdCase(d=128, hq=4, hkv=2, thd_lens=[(100, 100), (300, 300), (17, 17), (0, 0)], causal=True,
-                   sinks=True)
+    case = FwdCase(d=128, hq=4, hkv=2, thd_lens=[(100, 100), (300, 300), (17, 17), (0, 0)], causal=True, sinks=True)
     g, d, t = make_bwd(case)
     plan_or_skip(g, engine)
     ws = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")

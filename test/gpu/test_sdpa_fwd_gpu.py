@@ -1,12 +1,21 @@
 """Forward engines through the public graph API on a GPU: numerics vs the float64 oracle, and the execute contract."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 import frost
-from test.gpu.graph_cases import (FwdCase, assert_executes_clean, assert_runs_on_side_stream, extra_cols, make_fwd,
-                                    oracle_fwd, pack, plan_or_skip)
+from test.gpu.graph_cases import (
+    FwdCase,
+    assert_executes_clean,
+    assert_runs_on_side_stream,
+    extra_cols,
+    make_fwd,
+    oracle_fwd,
+    pack,
+    plan_or_skip,
+)
 from test.oracle import assert_close_to_oracle
 
 pytestmark = pytest.mark.gpu

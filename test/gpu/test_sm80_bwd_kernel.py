@@ -8,6 +8,7 @@ Deterministic mode is checked bitwise across two runs, and strided Stats
 against contiguous Stats bitwise. Timings against FlashAttention-2 are
 `benchmarks/sm80_bwd_sweep.py`'s job.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,21 @@ def _p(**kw):
 class Case:
     """One problem: params, geometry, mask band and input layout."""
 
-    def __init__(self, name, params, b=2, sq=300, skv=300, wl=None, wr=None, thd_lens=None, used=None,
-                 strided_lse=False, runs=1, wide=False):
+    def __init__(
+        self,
+        name,
+        params,
+        b=2,
+        sq=300,
+        skv=300,
+        wl=None,
+        wr=None,
+        thd_lens=None,
+        used=None,
+        strided_lse=False,
+        runs=1,
+        wide=False,
+    ):
         self.name, self.p, self.b, self.sq, self.skv = name, params, b, sq, skv
         self.wl, self.wr, self.thd_lens, self.used = wl, wr, thd_lens, used
         self.strided_lse, self.runs = strided_lse, runs
@@ -48,87 +62,203 @@ BASE_CASES = [
     Case("d128_causal_tl_sq<skv", _p(has_window_right=True), sq=200, skv=333, wr=0),
     Case("d128_causal_br", _p(has_window_right=True, bottom_right=True), sq=200, skv=450, wr=0),
     Case("d128_causal_br_sq>skv", _p(has_window_right=True, bottom_right=True), sq=300, skv=130, wr=0),
-    Case("d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
-                                 bottom_right=True), sq=513, skv=600, wl=64, wr=0),
-    Case("d128_band_wl40_wr17", _p(has_window_left=True, has_window_right=True), sq=257, skv=257,
-         wl=40, wr=17),
+    Case(
+        "d64_window_br_gqa",
+        _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True, bottom_right=True),
+        sq=513,
+        skv=600,
+        wl=64,
+        wr=0,
+    ),
+    Case("d128_band_wl40_wr17", _p(has_window_left=True, has_window_right=True), sq=257, skv=257, wl=40, wr=17),
     Case("d96_fp16_sinks", _p(d=96, dtype="fp16", has_sinks=True, has_dsinks=True), sq=190, skv=250),
-    Case("d192x128_causal_mqa", _p(d=192, dv=128, hq=4, hk=1, has_window_right=True), sq=260, skv=260,
-         wr=0),
+    Case("d192x128_causal_mqa", _p(d=192, dv=128, hq=4, hk=1, has_window_right=True), sq=260, skv=260, wr=0),
     Case("d256_causal", _p(d=256, hq=2, hk=2, has_window_right=True), sq=200, skv=200, wr=0),
-    Case("thd_d128_causal_gqa_sinks",
-         _p(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
-         thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (129, 129), (5, 200)], wr=0),
-    Case("thd_d64_det", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True),
-         thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2),
-    Case("pad_d128_causal", _p(has_seqused=True, has_window_right=True), b=4, sq=256, skv=256, wr=0,
-         used=[(256, 256), (100, 180), (1, 1), (0, 0)]),
-    Case("det_d128_causal", _p(has_window_right=True, deterministic=True), b=2, sq=520, skv=520,
-         wr=0, runs=2),
-    Case("det_d128_strided_lse", _p(deterministic=True, hq=4, hk=2), b=2, sq=300, skv=300,
-         strided_lse=True),
-    Case("det_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
-                                     bottom_right=True, deterministic=True), sq=513, skv=600, wl=64,
-         wr=0, runs=2),
-    Case("d128_causal_fused", _p(has_window_right=True, knobs=dict(fused_prefetch=True)),
-         sq=333, skv=333, wr=0),
-    Case("thd_d64_w16", _p(d=64, hq=4, hk=2, is_thd=True, has_window_right=True,
-                           knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)),
-         thd_lens=[(0, 0), (1, 1), (300, 300), (129, 200)], wr=0),
+    Case(
+        "thd_d128_causal_gqa_sinks",
+        _p(hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+        thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (129, 129), (5, 200)],
+        wr=0,
+    ),
+    Case(
+        "thd_d64_det",
+        _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True),
+        thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)],
+        runs=2,
+    ),
+    Case(
+        "pad_d128_causal",
+        _p(has_seqused=True, has_window_right=True),
+        b=4,
+        sq=256,
+        skv=256,
+        wr=0,
+        used=[(256, 256), (100, 180), (1, 1), (0, 0)],
+    ),
+    Case("det_d128_causal", _p(has_window_right=True, deterministic=True), b=2, sq=520, skv=520, wr=0, runs=2),
+    Case("det_d128_strided_lse", _p(deterministic=True, hq=4, hk=2), b=2, sq=300, skv=300, strided_lse=True),
+    Case(
+        "det_d64_window_br_gqa",
+        _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True, bottom_right=True, deterministic=True),
+        sq=513,
+        skv=600,
+        wl=64,
+        wr=0,
+        runs=2,
+    ),
+    Case("d128_causal_fused", _p(has_window_right=True, knobs=dict(fused_prefetch=True)), sq=333, skv=333, wr=0),
+    Case(
+        "thd_d64_w16",
+        _p(
+            d=64,
+            hq=4,
+            hk=2,
+            is_thd=True,
+            has_window_right=True,
+            knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4),
+        ),
+        thd_lens=[(0, 0), (1, 1), (300, 300), (129, 200)],
+        wr=0,
+    ),
     Case("d64_gqa_window_left", _p(d=64, hq=8, hk=2, has_window_left=True), sq=300, skv=450, wl=200),
-    Case("det_late_release_d128_causal_gqa", _p(hq=4, hk=2, has_window_right=True, deterministic=True,
-                                                knobs=dict(det_late_release=True)),
-         b=2, sq=520, skv=520, wr=0, runs=2),
-    Case("thd_d64_det_late_release", _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True,
-                                        knobs=dict(det_late_release=True)),
-         thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)], runs=2),
-    Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300,
-         skv=300),
+    Case(
+        "det_late_release_d128_causal_gqa",
+        _p(hq=4, hk=2, has_window_right=True, deterministic=True, knobs=dict(det_late_release=True)),
+        b=2,
+        sq=520,
+        skv=520,
+        wr=0,
+        runs=2,
+    ),
+    Case(
+        "thd_d64_det_late_release",
+        _p(d=64, hq=2, hk=2, is_thd=True, deterministic=True, knobs=dict(det_late_release=True)),
+        thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64)],
+        runs=2,
+    ),
+    Case("d128_w16", _p(knobs=dict(num_warps=16, sdp_warps_m=4, dkv_warps_n=8, dq_warps_m=4)), sq=300, skv=300),
     # dense dQ accumulator in 8x8 blocks: rows not a multiple of 8 (padding rows), deterministic turns,
     # sinks, seqused padding
-    Case("det_d64_acc_blocks_causal_sinks", _p(d=64, hq=4, hk=2, has_window_right=True, has_sinks=True,
-                                               has_dsinks=True, deterministic=True),
-         b=2, sq=517, skv=517, wr=0, runs=2),
-    Case("pad_d128_acc_blocks", _p(has_seqused=True), b=3, sq=203, skv=203,
-         used=[(203, 203), (9, 150), (0, 0)]),
-    Case("thd_d128_det", _p(hq=2, hk=2, is_thd=True, deterministic=True),
-         thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=3),
+    Case(
+        "det_d64_acc_blocks_causal_sinks",
+        _p(d=64, hq=4, hk=2, has_window_right=True, has_sinks=True, has_dsinks=True, deterministic=True),
+        b=2,
+        sq=517,
+        skv=517,
+        wr=0,
+        runs=2,
+    ),
+    Case("pad_d128_acc_blocks", _p(has_seqused=True), b=3, sq=203, skv=203, used=[(203, 203), (9, 150), (0, 0)]),
+    Case(
+        "thd_d128_det",
+        _p(hq=2, hk=2, is_thd=True, deterministic=True),
+        thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)],
+        runs=3,
+    ),
     # deterministic through split accumulator copies (dq_splits): uneven and empty splits, padding, windows,
     # sinks, more splits than key tiles
-    Case("det_splits3_d128_causal_gqa_sinks", _p(hq=4, hk=2, has_window_right=True, has_sinks=True,
-                                                 has_dsinks=True, deterministic=True,
-                                                 knobs=dict(dq_splits=3)),
-         b=2, sq=520, skv=520, wr=0, runs=3),
-    Case("det_splits2_d64_pad", _p(d=64, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
-         b=3, sq=203, skv=203, used=[(203, 203), (9, 150), (0, 0)], runs=2),
-    Case("det_splits1_d64_window_br_gqa", _p(d=64, hq=8, hk=2, has_window_left=True, has_window_right=True,
-                                             bottom_right=True, deterministic=True,
-                                             knobs=dict(dq_splits=1)),
-         sq=513, skv=600, wl=64, wr=0, runs=2),
-    Case("det_splits8_d128_more_splits_than_tiles", _p(deterministic=True, knobs=dict(dq_splits=8)),
-         b=2, sq=300, skv=300, runs=2),
-    Case("det_splits4_d64_skv>sq", _p(d=64, hq=4, hk=4, deterministic=True, knobs=dict(dq_splits=4)),
-         sq=333, skv=700, runs=2),
+    Case(
+        "det_splits3_d128_causal_gqa_sinks",
+        _p(
+            hq=4,
+            hk=2,
+            has_window_right=True,
+            has_sinks=True,
+            has_dsinks=True,
+            deterministic=True,
+            knobs=dict(dq_splits=3),
+        ),
+        b=2,
+        sq=520,
+        skv=520,
+        wr=0,
+        runs=3,
+    ),
+    Case(
+        "det_splits2_d64_pad",
+        _p(d=64, has_seqused=True, deterministic=True, knobs=dict(dq_splits=2)),
+        b=3,
+        sq=203,
+        skv=203,
+        used=[(203, 203), (9, 150), (0, 0)],
+        runs=2,
+    ),
+    Case(
+        "det_splits1_d64_window_br_gqa",
+        _p(
+            d=64,
+            hq=8,
+            hk=2,
+            has_window_left=True,
+            has_window_right=True,
+            bottom_right=True,
+            deterministic=True,
+            knobs=dict(dq_splits=1),
+        ),
+        sq=513,
+        skv=600,
+        wl=64,
+        wr=0,
+        runs=2,
+    ),
+    Case(
+        "det_splits8_d128_more_splits_than_tiles",
+        _p(deterministic=True, knobs=dict(dq_splits=8)),
+        b=2,
+        sq=300,
+        skv=300,
+        runs=2,
+    ),
+    Case(
+        "det_splits4_d64_skv>sq",
+        _p(d=64, hq=4, hk=4, deterministic=True, knobs=dict(dq_splits=4)),
+        sq=333,
+        skv=700,
+        runs=2,
+    ),
     # deterministic turns in the rotated order (rotated walks, turns by arrival): GQA, more key tiles than query
     # tiles (ties in a step), fewer, padding with sinks, THD, both release points
-    Case("det_cyc_d128_gqa", _p(hq=4, hk=2, deterministic=True, knobs=dict(det_order="rotated")),
-         b=2, sq=520, skv=520, runs=3),
-    Case("det_cyc_d64_skv>sq", _p(d=64, deterministic=True, knobs=dict(det_order="rotated")),
-         sq=200, skv=900, runs=2),
-    Case("det_cyc_d128_sq>skv", _p(deterministic=True, knobs=dict(det_order="rotated", det_late_release=True)),
-         sq=900, skv=130, runs=2),
-    Case("det_cyc_d64_pad_sinks", _p(d=64, has_seqused=True, has_sinks=True, has_dsinks=True,
-                                     deterministic=True, knobs=dict(det_order="rotated",
-                                                                    det_late_release=False)),
-         b=3, sq=300, skv=300, used=[(300, 300), (9, 150), (0, 0)], runs=2),
-    Case("thd_d64_det_cyc_gqa", _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True,
-                                   knobs=dict(det_order="rotated")),
-         thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64), (100, 700)], runs=3),
-    Case("thd_d128_plain", _p(is_thd=True),
-         thd_lens=[(77, 77), (1, 1), (200, 150)]),
+    Case(
+        "det_cyc_d128_gqa",
+        _p(hq=4, hk=2, deterministic=True, knobs=dict(det_order="rotated")),
+        b=2,
+        sq=520,
+        skv=520,
+        runs=3,
+    ),
+    Case("det_cyc_d64_skv>sq", _p(d=64, deterministic=True, knobs=dict(det_order="rotated")), sq=200, skv=900, runs=2),
+    Case(
+        "det_cyc_d128_sq>skv",
+        _p(deterministic=True, knobs=dict(det_order="rotated", det_late_release=True)),
+        sq=900,
+        skv=130,
+        runs=2,
+    ),
+    Case(
+        "det_cyc_d64_pad_sinks",
+        _p(
+            d=64,
+            has_seqused=True,
+            has_sinks=True,
+            has_dsinks=True,
+            deterministic=True,
+            knobs=dict(det_order="rotated", det_late_release=False),
+        ),
+        b=3,
+        sq=300,
+        skv=300,
+        used=[(300, 300), (9, 150), (0, 0)],
+        runs=2,
+    ),
+    Case(
+        "thd_d64_det_cyc_gqa",
+        _p(d=64, hq=4, hk=2, is_thd=True, deterministic=True, knobs=dict(det_order="rotated")),
+        thd_lens=[(513, 513), (1, 7), (0, 3), (64, 64), (100, 700)],
+        runs=3,
+    ),
+    Case("thd_d128_plain", _p(is_thd=True), thd_lens=[(77, 77), (1, 1), (200, 150)]),
     Case("sm120_d128_causal_s1", _p(family="sm120", has_window_right=True), sq=300, skv=300, wr=0),
-    Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True),
-         thd_lens=[(70, 70), (1, 1), (33, 90)]),
+    Case("sm120_d256_thd", _p(family="sm120", d=256, hq=2, hk=2, is_thd=True), thd_lens=[(70, 70), (1, 1), (33, 90)]),
 ]
 
 
@@ -136,28 +266,55 @@ BASE_CASES = [
 # widths off the tuned ones (160), d_qk != d_v both ways, and rows wider than the head dim holding NaN
 HEAD_DIM_CASES = [
     Case("hd_d72_causal_br", _p(d=72, has_window_right=True, bottom_right=True), sq=200, skv=333, wr=0),
-    Case("hd_thd_d40_causal_gqa_sinks", _p(d=40, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True,
-                                           has_dsinks=True),
-         thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (5, 200)], wr=0),
+    Case(
+        "hd_thd_d40_causal_gqa_sinks",
+        _p(d=40, hq=4, hk=2, is_thd=True, has_window_right=True, has_sinks=True, has_dsinks=True),
+        thd_lens=[(0, 0), (1, 1), (37, 37), (300, 300), (5, 200)],
+        wr=0,
+    ),
     Case("hd_d192v64_mqa", _p(d=192, dv=64, hq=4, hk=1), sq=260, skv=260),
-    Case("hd_d80_fp16_band", _p(dtype="fp16", d=80, has_window_left=True, has_window_right=True), sq=257, skv=257,
-         wl=40, wr=17),
-    Case("hd_pad_d112_sinks", _p(d=112, has_seqused=True, has_sinks=True, has_dsinks=True), b=3, sq=203, skv=203,
-         used=[(203, 203), (9, 150), (0, 0)]),
+    Case(
+        "hd_d80_fp16_band",
+        _p(dtype="fp16", d=80, has_window_left=True, has_window_right=True),
+        sq=257,
+        skv=257,
+        wl=40,
+        wr=17,
+    ),
+    Case(
+        "hd_pad_d112_sinks",
+        _p(d=112, has_seqused=True, has_sinks=True, has_dsinks=True),
+        b=3,
+        sq=203,
+        skv=203,
+        used=[(203, 203), (9, 150), (0, 0)],
+    ),
     Case("hd_d32_gqa", _p(d=32, hq=8, hk=2), sq=300, skv=300),
     Case("hd_d48_causal", _p(d=48, has_window_right=True), sq=333, skv=333, wr=0),
     Case("hd_d160_causal", _p(d=160, has_window_right=True), sq=200, skv=200, wr=0),
     Case("hd_d8v24", _p(d=8, dv=24), sq=130, skv=190),
-    Case("hd_thd_d64v256_causal", _p(d=64, dv=256, is_thd=True, has_window_right=True),
-         thd_lens=[(70, 70), (1, 1), (33, 90)], wr=0),
-    Case("hd_det_d72_causal_gqa", _p(d=72, hq=4, hk=2, has_window_right=True, deterministic=True), sq=520, skv=520,
-         wr=0, runs=2),
-    Case("hd_det_splits2_d8v24", _p(d=8, dv=24, deterministic=True, knobs=dict(dq_splits=2)), sq=300, skv=300,
-         runs=2),
-    Case("hd_thd_d80_det", _p(d=80, hq=2, hk=2, is_thd=True, deterministic=True),
-         thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)], runs=2),
-    Case("hd_sm120_d136v128_causal", _p(family="sm120", d=136, dv=128, has_window_right=True), sq=300, skv=300,
-         wr=0),
+    Case(
+        "hd_thd_d64v256_causal",
+        _p(d=64, dv=256, is_thd=True, has_window_right=True),
+        thd_lens=[(70, 70), (1, 1), (33, 90)],
+        wr=0,
+    ),
+    Case(
+        "hd_det_d72_causal_gqa",
+        _p(d=72, hq=4, hk=2, has_window_right=True, deterministic=True),
+        sq=520,
+        skv=520,
+        wr=0,
+        runs=2,
+    ),
+    Case("hd_det_splits2_d8v24", _p(d=8, dv=24, deterministic=True, knobs=dict(dq_splits=2)), sq=300, skv=300, runs=2),
+    Case(
+        "hd_thd_d80_det",
+        _p(d=80, hq=2, hk=2, is_thd=True, deterministic=True),
+        thd_lens=[(513, 513), (1, 7), (0, 3), (200, 64)],
+        runs=2,
+    ),
+    Case("hd_sm120_d136v128_causal", _p(family="sm120", d=136, dv=128, has_window_right=True), sq=300, skv=300, wr=0),
     Case("hd_wide_d72_causal_gqa", _p(d=72, hq=4, hk=2, has_window_right=True), sq=300, skv=300, wr=0, wide=True),
     Case("hd_wide_thd_d40v104", _p(d=40, dv=104, is_thd=True), thd_lens=[(77, 77), (1, 1), (200, 150)], wide=True),
 ]
@@ -169,8 +326,8 @@ def _widen(x, fill=float("nan")):
     """x's values in a buffer whose rows are WIDE elements longer, the extra columns `fill`: the same view with
     longer row strides."""
     buf = torch.full(x.shape[:-1] + (x.shape[-1] + WIDE,), fill, dtype=x.dtype, device=x.device)
-    buf[..., :x.shape[-1]] = x
-    return buf[..., :x.shape[-1]]
+    buf[..., : x.shape[-1]] = x
+    return buf[..., : x.shape[-1]]
 
 
 def extra_cols(x):
@@ -220,8 +377,9 @@ def oracle(case, q, k, v, do, sinks, scale):
     for b, (oq, lq, ok, lk) in enumerate(_ranges(case, None)):
         if lq == 0 or lk == 0 and s64 is None:
             continue
-        mask = allowed_mask(lq, lk, window_left=case.wl, window_right=case.wr, bottom_right=p.bottom_right,
-                            device=q.device)
+        mask = allowed_mask(
+            lq, lk, window_left=case.wl, window_right=case.wr, bottom_right=p.bottom_right, device=q.device
+        )
         if p.is_thd:
             sl = (slice(oq, oq + lq),)
             skl = (slice(ok, ok + lk),)
@@ -282,10 +440,22 @@ def make_inputs(case, device="cuda", seed=0):
         t["sinks"] = sinks
         t["dsinks"] = torch.empty(hq, dtype=torch.float32, device=device)
     scale = 1.0 / math.sqrt(d)
-    o, lse = sdpa_fwd_reference(t["q"], t["k"], t["v"], RefArgs(
-        scale, cu_seqlens_q=t.get("cu_seqlens_q"), cu_seqlens_kv=t.get("cu_seqlens_kv"),
-        seqused_q=t.get("seqused_q"), seqused_kv=t.get("seqused_kv"), sinks=sinks, window_left=case.wl,
-        window_right=case.wr, bottom_right=p.bottom_right))
+    o, lse = sdpa_fwd_reference(
+        t["q"],
+        t["k"],
+        t["v"],
+        RefArgs(
+            scale,
+            cu_seqlens_q=t.get("cu_seqlens_q"),
+            cu_seqlens_kv=t.get("cu_seqlens_kv"),
+            seqused_q=t.get("seqused_q"),
+            seqused_kv=t.get("seqused_kv"),
+            sinks=sinks,
+            window_left=case.wl,
+            window_right=case.wr,
+            bottom_right=p.bottom_right,
+        ),
+    )
     t["o"] = o.to(dt)
     if case.wide:  # NaN in the columns past the head dim: a kernel reading them would spread NaN
         for n in ("q", "k", "v", "do", "o", "dq", "dk", "dv"):
@@ -444,10 +614,12 @@ def run_nan_padding(case, chain, tail=96, device="cuda"):
         t["k"] = grow(t["k"], value=float("inf"))
         t["lse"] = grow(t["lse"], 1)
         t["dq"] = torch.empty(tq + tail, *t["dq"].shape[1:], dtype=t["dq"].dtype, device=device)
-        t["dk"] = torch.empty(t["k"].shape[1], tk + tail, t["k"].shape[2], dtype=t["dk"].dtype,
-                              device=device).transpose(0, 1)
-        t["dv"] = torch.empty(t["v"].shape[1], tk + tail, t["v"].shape[2], dtype=t["dv"].dtype,
-                              device=device).transpose(0, 1)
+        t["dk"] = torch.empty(
+            t["k"].shape[1], tk + tail, t["k"].shape[2], dtype=t["dk"].dtype, device=device
+        ).transpose(0, 1)
+        t["dv"] = torch.empty(
+            t["v"].shape[1], tk + tail, t["v"].shape[2], dtype=t["dv"].dtype, device=device
+        ).transpose(0, 1)
     else:
         for b, (lq, lk) in enumerate(case.used):
             for n in ("q", "do", "o"):
@@ -478,8 +650,7 @@ def run_nan_padding(case, chain, tail=96, device="cuda"):
     return ok, ", ".join(msgs)
 
 
-@pytest.mark.parametrize("name", ["pad_d128_causal", "thd_d128_causal_gqa_sinks", "thd_d64_det",
-                                  "pad_d128_acc_blocks"])
+@pytest.mark.parametrize("name", ["pad_d128_causal", "thd_d128_causal_gqa_sinks", "thd_d64_det", "pad_d128_acc_blocks"])
 def test_nan_in_padding_does_not_leak(name, chains):
     case = [c for c in CASES if c.name == name][0]
     ok, msg = run_nan_padding(case, chains[name])

@@ -4,6 +4,7 @@ Outputs are poisoned with NaN before every launch; every element that the
 contract says is written is checked (THD tokens all belong to a sequence,
 dense padding rows are written as O = 0, LSE = -inf).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,16 +37,19 @@ FLAVORS = {
     "d128_causal_br_gqa": _p(hq=8, hk=2, has_window_right=True, bottom_right=True, has_lse=True),
     "d128_causal_s1": _p(has_window_right=True, knobs=dict(num_stages=1)),
     "d128_s2_window": _p(has_window_left=True, has_window_right=True, has_lse=True, knobs=dict(num_stages=2)),
-    "d64_fp16_window_br": _p(dtype="fp16", d=64, hq=6, hk=3, has_window_left=True, has_window_right=True,
-                             bottom_right=True, has_lse=True),
+    "d64_fp16_window_br": _p(
+        dtype="fp16", d=64, hq=6, hk=3, has_window_left=True, has_window_right=True, bottom_right=True, has_lse=True
+    ),
     "d64_fp16_plain": _p(dtype="fp16", d=64),
     "d96_thd_causal_gqa": _p(d=96, hq=4, hk=2, is_thd=True, has_window_right=True, has_lse=True),
     "d256_sinks_seqused": _p(d=256, hq=2, hk=2, has_sinks=True, has_seqused=True, has_lse=True),
-    "d192_thd_sinks_wl_br": _p(d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_window_left=True,
-                               bottom_right=True, has_lse=True),
+    "d192_thd_sinks_wl_br": _p(
+        d=192, dv=128, hq=4, hk=1, is_thd=True, has_sinks=True, has_window_left=True, bottom_right=True, has_lse=True
+    ),
     "sm120_d128_thd_causal": _p(family="sm120", is_thd=True, has_window_right=True, has_lse=True),
-    "sm120_d256_causal_br": _p(family="sm120", d=256, hq=2, hk=2, has_window_right=True, bottom_right=True,
-                               has_lse=True),
+    "sm120_d256_causal_br": _p(
+        family="sm120", d=256, hq=2, hk=2, has_window_right=True, bottom_right=True, has_lse=True
+    ),
     "sm120_d64_thd": _p(family="sm120", d=64, is_thd=True, has_lse=True, has_sinks=True),
 }
 
@@ -91,8 +95,8 @@ def _wide(shape, dt, scale=1.0):
     """Random values of `shape` in rows WIDE elements longer, the extra columns NaN: a kernel that read past
     the head dim would spread NaN."""
     x = _randn(tuple(shape[:-1]) + (shape[-1] + WIDE,), dt, scale)
-    x[..., shape[-1]:] = float("nan")
-    return x[..., :shape[-1]]
+    x[..., shape[-1] :] = float("nan")
+    return x[..., : shape[-1]]
 
 
 def extra_cols(x):
@@ -105,15 +109,18 @@ def _dense_qkv(p, B, Sq, Skv, layout, qscale):
     if layout == "bshd":
         return _randn((B, Sq, hq, d), dt, qscale), _randn((B, Skv, hk, d), dt), _randn((B, Skv, hk, dv), dt)
     if layout == "bhsd":
-        return (_randn((B, hq, Sq, d), dt, qscale).permute(0, 2, 1, 3),
-                _randn((B, hk, Skv, d), dt).permute(0, 2, 1, 3), _randn((B, hk, Skv, dv), dt).permute(0, 2, 1, 3))
+        return (
+            _randn((B, hq, Sq, d), dt, qscale).permute(0, 2, 1, 3),
+            _randn((B, hk, Skv, d), dt).permute(0, 2, 1, 3),
+            _randn((B, hk, Skv, dv), dt).permute(0, 2, 1, 3),
+        )
     if layout == "wide":
         return _wide((B, Sq, hq, d), dt, qscale), _wide((B, Skv, hk, d), dt), _wide((B, Skv, hk, dv), dt)
     assert layout == "interleaved" and Sq == Skv and d == dv
     x = _randn((B, Sq, hq + 2 * hk, d), dt)
     q = x[:, :, :hq]
     q.mul_(qscale)
-    return q, x[:, :, hq:hq + hk], x[:, :, hq + hk:]
+    return q, x[:, :, hq : hq + hk], x[:, :, hq + hk :]
 
 
 def _thd_qkv(p, Tq, Tk, layout, qscale):
@@ -123,12 +130,15 @@ def _thd_qkv(p, Tq, Tk, layout, qscale):
         x = _randn((Tq, hq + 2 * hk, d), dt)
         q = x[:, :hq]
         q.mul_(qscale)
-        return q, x[:, hq:hq + hk], x[:, hq + hk:]
+        return q, x[:, hq : hq + hk], x[:, hq + hk :]
     if layout == "wide":
         return _wide((Tq, hq, d), dt, qscale), _wide((Tk, hk, d), dt), _wide((Tk, hk, dv), dt)
     if layout == "hsd":  # head-major storage
-        return (_randn((hq, Tq, d), dt, qscale).transpose(0, 1), _randn((hk, Tk, d), dt).transpose(0, 1),
-                _randn((hk, Tk, dv), dt).transpose(0, 1))
+        return (
+            _randn((hq, Tq, d), dt, qscale).transpose(0, 1),
+            _randn((hk, Tk, d), dt).transpose(0, 1),
+            _randn((hk, Tk, dv), dt).transpose(0, 1),
+        )
     return _randn((Tq, hq, d), dt, qscale), _randn((Tk, hk, d), dt), _randn((Tk, hk, dv), dt)
 
 
@@ -139,9 +149,27 @@ def _cu(lens):
     return torch.tensor(c, dtype=torch.int32, device="cuda")
 
 
-def run_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_q=None, seqused_kv=None,
-             layout="bshd", o_layout="bshd", lse_layout="contig", wl=None, wr=None, qscale=1.0, scale=None,
-             sink_scale=1.0, stream=None):
+def run_case(
+    ck,
+    p,
+    *,
+    B=1,
+    Sq=128,
+    Skv=128,
+    lens_q=None,
+    lens_kv=None,
+    seqused_q=None,
+    seqused_kv=None,
+    layout="bshd",
+    o_layout="bshd",
+    lse_layout="contig",
+    wl=None,
+    wr=None,
+    qscale=1.0,
+    scale=None,
+    sink_scale=1.0,
+    stream=None,
+):
     """One launch with poisoned outputs; checks every written element against the reference."""
     dt = DT[p.dtype]
     hq, dv = p.num_heads_q, p.head_dim_v
@@ -149,16 +177,20 @@ def run_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_
     if p.is_thd:
         Tq, Tk = sum(lens_q), sum(lens_kv)
         q, k, v = _thd_qkv(p, Tq, Tk, layout, qscale)
-        o_store = torch.empty((hq, Tq, dv) if o_layout == "hsd" else (Tq, hq, dv + WIDE * (o_layout == "wide")),
-                              device="cuda", dtype=dt)
+        o_store = torch.empty(
+            (hq, Tq, dv) if o_layout == "hsd" else (Tq, hq, dv + WIDE * (o_layout == "wide")), device="cuda", dtype=dt
+        )
         o = o_store.transpose(0, 1) if o_layout == "hsd" else o_store[..., :dv]
         lse_store = torch.empty((Tq, hq) if lse_layout == "strided" else (hq, Tq), device="cuda")
         lse = lse_store.t() if lse_layout == "strided" else lse_store
         cu_q, cu_k = _cu(lens_q), _cu(lens_kv)
     else:
         q, k, v = _dense_qkv(p, B, Sq, Skv, layout, qscale)
-        o_store = torch.empty((B, hq, Sq, dv) if o_layout == "bhsd" else (B, Sq, hq, dv + WIDE * (o_layout == "wide")),
-                              device="cuda", dtype=dt)
+        o_store = torch.empty(
+            (B, hq, Sq, dv) if o_layout == "bhsd" else (B, Sq, hq, dv + WIDE * (o_layout == "wide")),
+            device="cuda",
+            dtype=dt,
+        )
         o = o_store.permute(0, 2, 1, 3) if o_layout == "bhsd" else o_store[..., :dv]
         lse_store = torch.empty((B, Sq, hq) if lse_layout == "strided" else (B, hq, Sq), device="cuda")
         lse = lse_store.permute(0, 2, 1) if lse_layout == "strided" else lse_store
@@ -188,10 +220,22 @@ def run_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_
     ck(*args)
     torch.cuda.synchronize()
 
-    ref_o, ref_lse = sdpa_fwd_reference(q, k, v, RefArgs(
-        scale, cu_seqlens_q=cu_q if p.is_thd else None, cu_seqlens_kv=cu_k if p.is_thd else None, seqused_q=su_q,
-        seqused_kv=su_k, sinks=sinks, window_left=wl if p.has_window_left else None,
-        window_right=wr if p.has_window_right else None, bottom_right=p.bottom_right))
+    ref_o, ref_lse = sdpa_fwd_reference(
+        q,
+        k,
+        v,
+        RefArgs(
+            scale,
+            cu_seqlens_q=cu_q if p.is_thd else None,
+            cu_seqlens_kv=cu_k if p.is_thd else None,
+            seqused_q=su_q,
+            seqused_kv=su_k,
+            sinks=sinks,
+            window_left=wl if p.has_window_left else None,
+            window_right=wr if p.has_window_right else None,
+            bottom_right=p.bottom_right,
+        ),
+    )
     of = o.float()
     assert not torch.isnan(of).any(), f"{int(torch.isnan(of).sum())} O elements not written"
     if o_layout == "wide":
@@ -267,8 +311,7 @@ def test_fp16_plain_and_stream_objects(kernels):
 def test_thd_causal_random_lengths(kernels):
     ck, p = kernels["d96_thd_causal_gqa"], FLAVORS["d96_thd_causal_gqa"]
     run_case(ck, p, lens_q=[0, 1, 17, 128, 300, 1], lens_kv=[0, 1, 17, 128, 300, 1], wr=0)
-    run_case(ck, p, lens_q=[5, 0, 250], lens_kv=[9, 3, 260], wr=0, layout="hsd", o_layout="hsd",
-             lse_layout="strided")
+    run_case(ck, p, lens_q=[5, 0, 250], lens_kv=[9, 3, 260], wr=0, layout="hsd", o_layout="hsd", lse_layout="strided")
     g = torch.Generator().manual_seed(0)
     lens = torch.randint(0, 200, (7,), generator=g).tolist()
     run_case(ck, p, lens_q=lens, lens_kv=lens, wr=0)
@@ -277,8 +320,7 @@ def test_thd_causal_random_lengths(kernels):
 def test_dense_sinks_seqused(kernels):
     ck, p = kernels["d256_sinks_seqused"], FLAVORS["d256_sinks_seqused"]
     run_case(ck, p, B=3, Sq=200, Skv=200, seqused_q=[200, 0, 77], seqused_kv=[150, 10, 0])
-    run_case(ck, p, B=2, Sq=65, Skv=300, seqused_q=[65, 1], seqused_kv=[300, 299], sink_scale=10.0,
-             layout="bhsd")
+    run_case(ck, p, B=2, Sq=65, Skv=300, seqused_q=[65, 1], seqused_kv=[300, 299], sink_scale=10.0, layout="bhsd")
 
 
 def test_thd_sinks_window_left_d192(kernels):
@@ -324,8 +366,9 @@ def test_thd_cuda_graph_replay_new_lengths(kernels):
         lse.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        ref_o, ref_lse = sdpa_fwd_reference(q, k, v, RefArgs(scale, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k,
-                                                             window_right=0))
+        ref_o, ref_lse = sdpa_fwd_reference(
+            q, k, v, RefArgs(scale, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, window_right=0)
+        )
         assert not torch.isnan(o).any()
         rel = ((o.float() - ref_o).norm() / ref_o.norm()).item()
         assert rel < 1e-2, f"replay with lengths {lens}: O relative error {rel:.3e}"
@@ -341,23 +384,56 @@ def test_head_dims_padded_and_unequal(kernels, name):
     wl = 64 if p.has_window_left else None
     if p.is_thd:
         run_case(ck, p, lens_q=[0, 1, 17, 128, 300, 1], lens_kv=[0, 1, 17, 128, 300, 1], wl=wl, wr=wr)
-        run_case(ck, p, lens_q=[5, 0, 250], lens_kv=[9, 3, 260], wl=wl, wr=wr, layout="hsd", o_layout="hsd",
-                 lse_layout="strided")
+        run_case(
+            ck,
+            p,
+            lens_q=[5, 0, 250],
+            lens_kv=[9, 3, 260],
+            wl=wl,
+            wr=wr,
+            layout="hsd",
+            o_layout="hsd",
+            lse_layout="strided",
+        )
         run_case(ck, p, lens_q=[77, 1, 200], lens_kv=[77, 1, 150], wl=wl, wr=wr, layout="wide", o_layout="wide")
         return
     su = dict(seqused_q=[200, 0, 77], seqused_kv=[150, 10, 0]) if p.has_seqused else {}
     su2 = dict(seqused_q=[65, 1, 0], seqused_kv=[300, 299, 1]) if p.has_seqused else {}
     run_case(ck, p, B=3, Sq=200, Skv=200 if p.has_seqused else 333, wl=wl, wr=wr, **su)
-    run_case(ck, p, B=3, Sq=65 if p.has_seqused else 300, Skv=300 if p.has_seqused else 77, wl=wl, wr=wr,
-             layout="bhsd", o_layout="bhsd", lse_layout="strided", **su2)
+    run_case(
+        ck,
+        p,
+        B=3,
+        Sq=65 if p.has_seqused else 300,
+        Skv=300 if p.has_seqused else 77,
+        wl=wl,
+        wr=wr,
+        layout="bhsd",
+        o_layout="bhsd",
+        lse_layout="strided",
+        **su2,
+    )
     run_case(ck, p, B=3, Sq=200, Skv=200, wl=wl, wr=wr, layout="wide", o_layout="wide", qscale=4.0, **su)
     if p.head_dim == p.head_dim_v and not p.has_seqused:
         run_case(ck, p, B=2, Sq=130, Skv=130, wl=wl, wr=wr, layout="interleaved")
 
 
 # ---------------------------------------------------------------- NaN in padding
-def run_nan_padding_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=None, seqused_q=None,
-                         seqused_kv=None, wl=None, wr=None, tail=150):
+def run_nan_padding_case(
+    ck,
+    p,
+    *,
+    B=1,
+    Sq=128,
+    Skv=128,
+    lens_q=None,
+    lens_kv=None,
+    seqused_q=None,
+    seqused_kv=None,
+    wl=None,
+    wr=None,
+    tail=150,
+):
     """Padding rows of Q / K / V (dense: past seqused; THD: `tail` tokens after the last sequence) hold
     NaN / Inf, as uninitialized user buffers do; valid rows must match the reference on clean inputs."""
     dt = DT[p.dtype]
@@ -376,22 +452,34 @@ def run_nan_padding_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=No
         q, k, v = _dense_qkv(p, B, Sq, Skv, "bshd", 1.0)
         clean = tuple(x.clone() for x in (q, k, v))
         for b in range(B):
-            q[b, seqused_q[b]:], k[b, seqused_kv[b]:], v[b, seqused_kv[b]:] = nan, float("inf"), nan
+            q[b, seqused_q[b] :], k[b, seqused_kv[b] :], v[b, seqused_kv[b] :] = nan, float("inf"), nan
         o = torch.full((B, Sq, hq, dv), nan, device="cuda", dtype=dt)
         lse = torch.full((B, hq, Sq), nan, device="cuda")
     sinks = torch.randn(hq, device="cuda") + 1.0 if p.has_sinks else None
     su_q = torch.tensor(seqused_q, dtype=torch.int32, device="cuda") if p.has_seqused else None
     su_k = torch.tensor(seqused_kv, dtype=torch.int32, device="cuda") if p.has_seqused else None
-    args = [q, k, v, o] + [lse] * p.has_lse + ([cu_q, cu_k] if p.is_thd else []) + ([su_q, su_k] if p.has_seqused
-                                                                                      else [])
+    args = (
+        [q, k, v, o] + [lse] * p.has_lse + ([cu_q, cu_k] if p.is_thd else []) + ([su_q, su_k] if p.has_seqused else [])
+    )
     args += [sinks] * p.has_sinks + [scale] + [wl] * p.has_window_left + [wr] * p.has_window_right
     args += [max(lens_q), max(lens_kv)] if p.is_thd else []
     ck(*args, torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
 
-    ref_o, ref_lse = sdpa_fwd_reference(*clean, RefArgs(
-        scale, cu_seqlens_q=cu_q if p.is_thd else None, cu_seqlens_kv=cu_k if p.is_thd else None, seqused_q=su_q,
-        seqused_kv=su_k, sinks=sinks, window_left=wl, window_right=wr, bottom_right=p.bottom_right))
+    ref_o, ref_lse = sdpa_fwd_reference(
+        *clean,
+        RefArgs(
+            scale,
+            cu_seqlens_q=cu_q if p.is_thd else None,
+            cu_seqlens_kv=cu_k if p.is_thd else None,
+            seqused_q=su_q,
+            seqused_kv=su_k,
+            sinks=sinks,
+            window_left=wl,
+            window_right=wr,
+            bottom_right=p.bottom_right,
+        ),
+    )
     if p.is_thd:  # tokens after the last sequence are not written
         o, lse = o[:Tq], lse[:, :Tq]
     of = o.float()
@@ -399,7 +487,7 @@ def run_nan_padding_case(ck, p, *, B=1, Sq=128, Skv=128, lens_q=None, lens_kv=No
     assert_close_to_oracle(of, ref_o, rel=1e-2, io_dtype=o.dtype, name="O")
     if not p.is_thd:
         for b in range(B):
-            assert (of[b, seqused_q[b]:] == 0).all(), "padding rows must write O = 0"
+            assert (of[b, seqused_q[b] :] == 0).all(), "padding rows must write O = 0"
     if p.has_lse:
         fin = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(lse), fin), "LSE -inf pattern differs"

@@ -3,6 +3,7 @@
 Outputs are poisoned with NaN before each launch: every element the contract
 defines must be written. Run on an H100/H200 (cc 9.0); skipped elsewhere.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,8 +76,10 @@ def make_args(c: K, seed=0):
             o = torch.full((c.b, c.sq, c.hq, dv), float("nan"), dtype=dt, device=dev)
             lse = torch.full((c.b, c.hq, c.sq), float("nan"), dtype=torch.float32, device=dev)
         if c.seqused is not None:
-            ref_kw.update(seqused_q=torch.tensor(c.seqused[0], dtype=torch.int32, device=dev),
-                          seqused_kv=torch.tensor(c.seqused[1], dtype=torch.int32, device=dev))
+            ref_kw.update(
+                seqused_q=torch.tensor(c.seqused[0], dtype=torch.int32, device=dev),
+                seqused_kv=torch.tensor(c.seqused[1], dtype=torch.int32, device=dev),
+            )
     sinks = torch.randn(c.hq, dtype=torch.float32, device=dev) + c.sink_shift if c.sinks else None
     args = [q, k, v, o]
     if c.lse:
@@ -187,8 +190,9 @@ def check_replay_with_new_lengths(ck, c: K, new_q: list, new_k: list) -> None:
 def test_graph_replay_honors_new_lengths(kernels):
     """THD lengths rewritten in place after capture are honored by a replay (no host reads)."""
     c = K(hq=8, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 5)), wr=0)
-    check_replay_with_new_lengths(kernels[c.id], c, [0, 300, 301, 400, 600, 708, 708],
-                                  [0, 400, 401, 600, 800, 930, 935])
+    check_replay_with_new_lengths(
+        kernels[c.id], c, [0, 300, 301, 400, 600, 708, 708], [0, 400, 401, 600, 800, 930, 935]
+    )
 
 
 # ---------------------------------------------------------------- NaN in padding

@@ -6,6 +6,7 @@ Outputs are poisoned with NaN; decode-like shapes (Sq = 1, 7) against 4k keys
 are the case packing exists for. The unpacked twin of each dense kernel runs
 too: the two must agree to bf16 rounding.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,9 +17,17 @@ from frost.testing.cases import SM90_PACK_GQA_CASES as CASES
 from frost.testing.cases import SM90_PACK_GQA_TWINS as TWINS
 from frost.testing.cases import Sm90Case as K
 from frost.testing.cases import unpacked as _unpacked
-from test.gpu.test_sm90_fwd_kernel import (TEMPLATE, _hopper, _rel, run_and_check,
-                                            check_nan_after_last_packed_sequence, check_nan_in_seqused_padding,
-                                            check_replay_with_new_lengths, make_args, params_of)
+from test.gpu.test_sm90_fwd_kernel import (
+    TEMPLATE,
+    _hopper,
+    _rel,
+    run_and_check,
+    check_nan_after_last_packed_sequence,
+    check_nan_in_seqused_padding,
+    check_replay_with_new_lengths,
+    make_args,
+    params_of,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -69,8 +78,8 @@ def test_nan_after_last_packed_sequence_does_not_leak(kernels, case):
 
 
 def test_graph_replay_honors_new_lengths(kernels):
-    c = K(hq=16, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 4096), (7, 4096)), wr=0,
-          knobs=PACK)
+    c = K(hq=16, hkv=2, thd=((0, 0), (1, 1), (129, 129), (500, 500), (77, 300), (1, 4096), (7, 4096)), wr=0, knobs=PACK)
     # every new length within the captured maxima (500 queries, 4096 keys): a longer one is capped at them
-    check_replay_with_new_lengths(kernels[c.id], c, [0, 300, 301, 400, 600, 708, 709, 715],
-                                  [0, 400, 401, 600, 800, 930, 5026, 9122])
+    check_replay_with_new_lengths(
+        kernels[c.id], c, [0, 300, 301, 400, 600, 708, 709, 715], [0, 400, 401, 600, 800, 930, 5026, 9122]
+    )

@@ -6,6 +6,7 @@ packing (the query heads of a KV group in one tile) with and without splits. The
 workspace is poisoned (NaN) before each run, O and Stats too: every element the combine reads or writes must be
 written. Run: python3 -m pytest -q -m gpu test/gpu/test_split_kv_gpu.py
 """
+
 from __future__ import annotations
 
 import math
@@ -44,14 +45,17 @@ def _graph(batch, sq, skv, *, paged=0, lens=False, sink=False, knobs=None, **sdp
     size `paged` whose blocks are a shuffled pool; `lens`: a padding mask (seq_len_q / seq_len_kv tensors)."""
     gen = torch.Generator().manual_seed(batch * 7 + sq + skv % 97 + paged)
     x = {"q": torch.randn(batch, HQ, sq, D, generator=gen).to(BF16)}
-    g = frost.pygraph(io_data_type=frost.data_type.BFLOAT16, intermediate_data_type=frost.data_type.FLOAT,
-                      compute_data_type=frost.data_type.FLOAT)
+    g = frost.pygraph(
+        io_data_type=frost.data_type.BFLOAT16,
+        intermediate_data_type=frost.data_type.FLOAT,
+        compute_data_type=frost.data_type.FLOAT,
+    )
     kw = dict(sdpa_kw)
     if paged:
         per_seq = -(-skv // paged)
         blocks = batch * per_seq + 5
         x["kc"], x["vc"] = (torch.randn(blocks, HKV, paged, D, generator=gen).to(BF16) for _ in range(2))
-        perm = torch.randperm(blocks, generator=gen)[:batch * per_seq].to(torch.int32)
+        perm = torch.randperm(blocks, generator=gen)[: batch * per_seq].to(torch.int32)
         x["kt"] = perm.reshape(batch, 1, per_seq, 1)
         x["vt"] = perm.flip(0).reshape(batch, 1, per_seq, 1).contiguous()
         kw.update(paged_attention_max_seq_len_kv=skv)
@@ -85,8 +89,9 @@ def _graph(batch, sq, skv, *, paged=0, lens=False, sink=False, knobs=None, **sdp
 
 
 def _dtype(v):
-    return {BF16: frost.data_type.BFLOAT16, torch.float32: frost.data_type.FLOAT,
-            torch.int32: frost.data_type.INT32}[v.dtype]
+    return {BF16: frost.data_type.BFLOAT16, torch.float32: frost.data_type.FLOAT, torch.int32: frost.data_type.INT32}[
+        v.dtype
+    ]
 
 
 def _workspace(g):
@@ -102,7 +107,7 @@ def _keys(x, b, lk):
     bs = x["kc"].shape[2]
     out = []
     for c, table in ((x["kc"], x["kt"]), (x["vc"], x["vt"])):
-        blocks = table[b, 0, :-(-lk // bs), 0].long()
+        blocks = table[b, 0, : -(-lk // bs), 0].long()
         out.append(c[blocks].permute(1, 0, 2, 3).reshape(HKV, -1, D)[:, :lk].double())
     return out
 
@@ -118,8 +123,16 @@ def _oracle(x, lens_q, lens_kv, **mask):
         for kh in range(HKV):
             hs = slice(kh * qpk, (kh + 1) * qpk)
             sink = x["sink"].reshape(-1)[hs] if "sink" in x else None
-            ob, lb = oracle.attention(x["q"][b:b + 1, hs], k[None, kh:kh + 1], v[None, kh:kh + 1], scale=SCALE,
-                                      sink=sink, seq_len_q=[lens_q[b]], seq_len_kv=[lens_kv[b]], **mask)
+            ob, lb = oracle.attention(
+                x["q"][b : b + 1, hs],
+                k[None, kh : kh + 1],
+                v[None, kh : kh + 1],
+                scale=SCALE,
+                sink=sink,
+                seq_len_q=[lens_q[b]],
+                seq_len_kv=[lens_kv[b]],
+                **mask,
+            )
             o[b, hs], lse[b, hs] = ob[0], lb.reshape(qpk, sq)
     return o, lse
 
@@ -144,13 +157,25 @@ CASES = {  # name: (batch, sq, skv, paged block size, graph keywords, oracle mas
     "dense-1x32k": (1, 1, 32768, 0, {}, {}),
     "dense-2x128k": (2, 1, 131072, 0, {}, {}),
     "dense-1x32k-sinks": (1, 1, 32768, 0, dict(sink=True), {}),
-    "dense-2x128k-sq4-causal": (2, 4, 131072, 0, dict(use_causal_mask_bottom_right=True),
-                                dict(causal_bottom_right=True)),
+    "dense-2x128k-sq4-causal": (
+        2,
+        4,
+        131072,
+        0,
+        dict(use_causal_mask_bottom_right=True),
+        dict(causal_bottom_right=True),
+    ),
     "paged-1x32k": (1, 1, 32768, 64, {}, {}),
     "paged-2x128k": (2, 1, 131072, 128, {}, {}),
     "paged16-1x32k-sinks": (1, 1, 32768, 16, dict(sink=True), {}),  # the wgmma forward's tiles span 16-row blocks
-    "paged-2x128k-sinks-causal": (2, 1, 131072, 256, dict(sink=True, use_causal_mask_bottom_right=True),
-                                  dict(causal_bottom_right=True)),
+    "paged-2x128k-sinks-causal": (
+        2,
+        1,
+        131072,
+        256,
+        dict(sink=True, use_causal_mask_bottom_right=True),
+        dict(causal_bottom_right=True),
+    ),
 }
 
 
@@ -216,8 +241,16 @@ def _set_lengths(dev, lens_q, lens_kv):
 def test_packed_and_unpacked_split_decodes(pack, paged):
     """The same split decode with the 4 query heads of each KV group in one tile, and with a tile per head: three
     query positions under a bottom-right causal band, sinks, a shorter second sequence."""
-    g, pack_, x, dev = _graph(2, 3, 40000, paged=paged, lens=True, sink=True, knobs=frost.Knobs(pack_gqa=pack),
-                              use_causal_mask_bottom_right=True)
+    g, pack_, x, dev = _graph(
+        2,
+        3,
+        40000,
+        paged=paged,
+        lens=True,
+        sink=True,
+        knobs=frost.Knobs(pack_gqa=pack),
+        use_causal_mask_bottom_right=True,
+    )
     assert _packed(g) == pack and _split_count(g) > 1
     lens_q, lens_kv = [3, 2], [40000, 9000]
     _set_lengths(dev, lens_q, lens_kv)

@@ -6,6 +6,7 @@ bottom-right, and the deterministic backward of the first; D = 128, bf16. Eager 
 first (no autograd, no return_lse) add its forward without Stats.
 Run: python3 -m pytest -q -m gpu test/gpu/test_torch_face.py
 """
+
 from __future__ import annotations
 
 import math
@@ -60,18 +61,28 @@ DENSE = [
 @pytest.mark.parametrize("c", DENSE, ids=[c["id"] for c in DENSE])
 def test_attention_forward_backward_vs_float64_oracle(c):
     b = 2
-    q, k, v = (_dense(b, s, h, c["layout"], i) for i, (s, h) in
-               enumerate(((c["sq"], c["hq"]), (c["sk"], c["hkv"]), (c["sk"], c["hkv"]))))
+    q, k, v = (
+        _dense(b, s, h, c["layout"], i)
+        for i, (s, h) in enumerate(((c["sq"], c["hq"]), (c["sk"], c["hkv"]), (c["sk"], c["hkv"])))
+    )
     do = _dense(b, c["sq"], c["hq"], "bhsd", 7)
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-    out, lse = ft.attention(*(_args(t, c["layout"]) for t in leaves), causal=c["causal"], window=c["window"],
-                            layout=c["layout"], return_lse=True,
-                            diagonal_alignment="bottom_right" if c["br"] else "top_left")
+    out, lse = ft.attention(
+        *(_args(t, c["layout"]) for t in leaves),
+        causal=c["causal"],
+        window=c["window"],
+        layout=c["layout"],
+        return_lse=True,
+        diagonal_alignment="bottom_right" if c["br"] else "top_left",
+    )
     out_bhsd = _args(out, c["layout"])
     assert out_bhsd.stride() == torch.empty_like(q).stride(), "out must keep q's memory layout"
     out_bhsd.backward(do)
-    ref = oracle.attention_grads(*(t.float().cpu() for t in (q, k, v, do)), scale=1 / math.sqrt(D),
-                                 **_oracle_kw(c["causal"], c["window"], c["br"]))
+    ref = oracle.attention_grads(
+        *(t.float().cpu() for t in (q, k, v, do)),
+        scale=1 / math.sqrt(D),
+        **_oracle_kw(c["causal"], c["window"], c["br"]),
+    )
     _check("out", out_bhsd.detach(), ref[0], 1e-2)
     finite = torch.isfinite(ref[1])
     assert torch.allclose(lse.cpu().double()[finite], ref[1][finite], atol=2e-2), "lse differs from the oracle"
@@ -102,9 +113,14 @@ def test_varlen_forward_backward_vs_float64_oracle():
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     out = ft.flash_attn_varlen_func(*leaves, cu_q, cu_k, MAX_SEQ, MAX_SEQ, causal=True)
     out.backward(do)
-    ref = oracle.attention_grads(*(t.float().cpu() for t in (q, k, v, do)), scale=1 / math.sqrt(D),
-                                 cu_seq_len_q=cu_q.tolist(), cu_seq_len_kv=cu_k.tolist(), right_bound=0,
-                                 alignment="BOTTOM_RIGHT")
+    ref = oracle.attention_grads(
+        *(t.float().cpu() for t in (q, k, v, do)),
+        scale=1 / math.sqrt(D),
+        cu_seq_len_q=cu_q.tolist(),
+        cu_seq_len_kv=cu_k.tolist(),
+        right_bound=0,
+        alignment="BOTTOM_RIGHT",
+    )
     _check("out", out.detach(), ref[0], 1e-2)
     for name, leaf, want in zip(("dq", "dk", "dv"), leaves, ref[2:5]):
         _check(name, leaf.grad, want, 2e-2)
@@ -159,10 +175,12 @@ def test_cuda_graph_replays_honor_rewritten_packed_lengths():
     do = torch.randn_like(q)
 
     def body():
-        out, lse = ft.varlen_attention(q, k, v, cu_q, cu_k, MAX_SEQ, MAX_SEQ, causal=True, return_lse=True,
-                                       diagonal_alignment="bottom_right")
-        grads = torch.ops.frost.sdpa_varlen_bwd(do, q, k, v, out, lse, cu_q, cu_k, MAX_SEQ, MAX_SEQ, None, None,
-                                                -1, 0, True, False)
+        out, lse = ft.varlen_attention(
+            q, k, v, cu_q, cu_k, MAX_SEQ, MAX_SEQ, causal=True, return_lse=True, diagonal_alignment="bottom_right"
+        )
+        grads = torch.ops.frost.sdpa_varlen_bwd(
+            do, q, k, v, out, lse, cu_q, cu_k, MAX_SEQ, MAX_SEQ, None, None, -1, 0, True, False
+        )
         return out, grads[0]
 
     side = torch.cuda.Stream()
@@ -192,6 +210,7 @@ def test_runs_on_the_current_non_default_stream():
     def calls():
         out, lse = ft.attention(q, k, v, causal=True, return_lse=True)
         return out, torch.ops.frost.sdpa_bwd(do, q, k, v, out, lse, None, None, -1, 0, False, False)[0]
+
     with torch.cuda.stream(side):  # warm-up on the side stream: plans exist, its allocator pool holds the blocks
         out, _ = calls()
     torch.cuda.synchronize()
@@ -200,6 +219,7 @@ def test_runs_on_the_current_non_default_stream():
     def launch():
         with torch.cuda.stream(side):
             got.extend(calls())
+
     finished, still_blocked = runs_while_default_blocked(launch, side)
     out2, dq = got
     assert finished, "the call waited on the (blocked) default stream: something ran off the current stream"
@@ -238,8 +258,9 @@ def test_sdpa_provider_runs_frost_kernels():
     ft.use_for_sdpa()
     try:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            via = _step(lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True),
-                        (q, k, v), do)
+            via = _step(
+                lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True), (q, k, v), do
+            )
         info = ft.plan_cache_info()
         assert info["hits"] + info["misses"] >= lookups + 2, "SDPA's flash ops did not reach frost's plan cache"
         assert torch.equal(via[0], own[0]), "SDPA through frost differs from frost's own forward"
@@ -264,9 +285,32 @@ def test_train_gpt_example_runs_a_few_steps(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, str(root / "examples" / "train_gpt.py"), "--attention", "frost", "--layers", "1",
-           "--width", "512", "--heads", "4", "--context", "128", "--batch", "2", "--steps", "3", "--log-every", "1",
-           "--compile", "off", "--data-mb", "1", "--out-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(root / "examples" / "train_gpt.py"),
+        "--attention",
+        "frost",
+        "--layers",
+        "1",
+        "--width",
+        "512",
+        "--heads",
+        "4",
+        "--context",
+        "128",
+        "--batch",
+        "2",
+        "--steps",
+        "3",
+        "--log-every",
+        "1",
+        "--compile",
+        "off",
+        "--data-mb",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]

@@ -5,6 +5,7 @@ accumulator, so they serve any accumulator whose per-thread values come in
 (2 columns) x (2 rows) atoms: mma.sync m16n8 fragments ((2, 2), MMA_M, MMA_N)
 and wgmma fragments ((2, 2, V), MMA_M, MMA_N).
 """
+
 import cutlass
 import cutlass.cute as cute
 
@@ -17,14 +18,15 @@ def acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
     if cutlass.const_expr(cute.rank(v) == 2):
         mn = cute.make_layout(
             ((v[1], acc_col.shape[1]), (v[0], acc_col.shape[2])),
-            stride=((acc_col.stride[0][1], acc_col.stride[1]),
-                    (acc_col.stride[0][0], acc_col.stride[2])),
+            stride=((acc_col.stride[0][1], acc_col.stride[1]), (acc_col.stride[0][0], acc_col.stride[2])),
         )
     else:
         mn = cute.make_layout(
             ((v[1], acc_col.shape[1]), (v[0], v[2], acc_col.shape[2])),
-            stride=((acc_col.stride[0][1], acc_col.stride[1]),
-                    (acc_col.stride[0][0], acc_col.stride[0][2], acc_col.stride[2])),
+            stride=(
+                (acc_col.stride[0][1], acc_col.stride[1]),
+                (acc_col.stride[0][0], acc_col.stride[0][2], acc_col.stride[2]),
+            ),
         )
     return cute.composition(acc_layout, mn)
 

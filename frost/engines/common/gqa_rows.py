@@ -6,6 +6,7 @@ view's row mode is (r, S) with strides (head stride, position stride), so a flat
 fills its rows instead of padding them), and K / V stream once per group. The heads of a position are
 consecutive rows, so the mask reads query position m // r (`mask.apply_mask`'s `rows_per_query`).
 """
+
 from __future__ import annotations
 
 import cutlass
@@ -26,8 +27,16 @@ def pack_rows(t: cute.Tensor, row_mode: int, head_mode: int, group, r: int) -> c
 
 
 @cute.jit
-def packed_key_tiles(m_block, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
-                     rows_per_query: cutlass.Constexpr[int], seqlen_q, seqlen_k, offset, window_right=None):
+def packed_key_tiles(
+    m_block,
+    tile_m: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+    rows_per_query: cutlass.Constexpr[int],
+    seqlen_q,
+    seqlen_k,
+    offset,
+    window_right=None,
+):
     """(n_min, n_max, lo, hi) of a packed query tile (no left bound): the key tiles holding any allowed column,
     and [lo, hi) those every row of it may see entirely (`mask.n_block_range` / `n_block_unmasked_range` over the
     tile's query positions m // rows_per_query)."""

@@ -4,6 +4,7 @@ Key tiles run fastest, then heads, then batch entries ("key"), except where the 
 dBias accumulator ("batch", `SdpaBwdFeatureParams.grid_order`): the CTAs of one (key tile, head) then run side by
 side for every batch entry, and their adds into an element meet in L2 instead of a batch's pass apart.
 """
+
 import cutlass.cute as cute
 
 GRID_AXES = {"key": ("key", "head", "batch"), "batch": ("batch", "key", "head")}

@@ -8,6 +8,7 @@ block outside the container are dropped (nothing is read on the host to check th
 the block size and every stride are symbolic: one artifact per (dtype, head dims, paged, where the lengths come from).
 Contract and reference: `kv_append_params`.
 """
+
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
@@ -44,8 +45,9 @@ def build(params: KvAppendParams, arch: str):
     slots, rows = cute.sym_int(symbol="cache_slots"), cute.sym_int(symbol="cache_rows")
     k_cache = _io(dt, slots, rows, heads, params.head_dim)
     v_cache = _io(dt, slots, rows, heads, params.head_dim_v)
-    table = cute.runtime.make_fake_tensor(Int32, (batch, cute.sym_int(symbol="max_blocks")),
-                                          (cute.sym_int64(), cute.sym_int64()), assumed_align=4)
+    table = cute.runtime.make_fake_tensor(
+        Int32, (batch, cute.sym_int(symbol="max_blocks")), (cute.sym_int64(), cute.sym_int64()), assumed_align=4
+    )
     seqlens = cute.runtime.make_fake_tensor(Int32, (batch,), (cute.sym_int64(),), assumed_align=4)
     lens_q = cute.runtime.make_fake_compact_tensor(Int32, (batch,), assumed_align=4)
     lens_kv = cute.runtime.make_fake_compact_tensor(Int32, (batch,), assumed_align=4)
@@ -53,9 +55,19 @@ def build(params: KvAppendParams, arch: str):
     op = KvAppend(params)
 
     @cute.jit
-    def kv_append(k_new: cute.Tensor, v_new: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
-                  table: cute.Tensor, seqlens: cute.Tensor, lens_q: cute.Tensor, lens_kv: cute.Tensor,
-                  cache_len: Int32, s_q: Int32, stream: cuda.CUstream):
+    def kv_append(
+        k_new: cute.Tensor,
+        v_new: cute.Tensor,
+        k_cache: cute.Tensor,
+        v_cache: cute.Tensor,
+        table: cute.Tensor,
+        seqlens: cute.Tensor,
+        lens_q: cute.Tensor,
+        lens_kv: cute.Tensor,
+        cache_len: Int32,
+        s_q: Int32,
+        stream: cuda.CUstream,
+    ):
         op.launch(k_new, v_new, k_cache, v_cache, table, seqlens, lens_q, lens_kv, cache_len, s_q, stream)
 
     return kv_append, (k_new, v_new, k_cache, v_cache, table, seqlens, lens_q, lens_kv, Int32(0), Int32(1), stream)
@@ -67,13 +79,13 @@ class KvAppend:
     def __init__(self, p: KvAppendParams):
         self.p = p
 
-    def launch(self, k_new, v_new, k_cache, v_cache, table, seqlens, lens_q, lens_kv, cache_len, s_q,
-               stream) -> None:
+    def launch(self, k_new, v_new, k_cache, v_cache, table, seqlens, lens_q, lens_kv, cache_len, s_q, stream) -> None:
         batch = cute.size(k_new, mode=[0])
         s_new = cute.size(k_new, mode=[1])
         heads = cute.size(k_new, mode=[2])
         kernel(self.p, k_new, v_new, k_cache, v_cache, table, seqlens, lens_q, lens_kv, cache_len, s_q).launch(
-            grid=(s_new + 1, batch, heads), block=(THREADS, 1, 1), stream=stream)
+            grid=(s_new + 1, batch, heads), block=(THREADS, 1, 1), stream=stream
+        )
 
 
 @cute.jit
@@ -86,9 +98,19 @@ def _copy_row(dst: cute.Tensor, src: cute.Tensor, tidx: Int32, dim: cutlass.Cons
 
 
 @cute.kernel
-def kernel(p: cutlass.Constexpr, mKNew: cute.Tensor, mVNew: cute.Tensor, mKCache: cute.Tensor, mVCache: cute.Tensor,
-           mTable: cute.Tensor, mSeqlens: cute.Tensor, mLensQ: cute.Tensor, mLensKV: cute.Tensor, cache_len: Int32,
-           s_q: Int32):
+def kernel(
+    p: cutlass.Constexpr,
+    mKNew: cute.Tensor,
+    mVNew: cute.Tensor,
+    mKCache: cute.Tensor,
+    mVCache: cute.Tensor,
+    mTable: cute.Tensor,
+    mSeqlens: cute.Tensor,
+    mLensQ: cute.Tensor,
+    mLensKV: cute.Tensor,
+    cache_len: Int32,
+    s_q: Int32,
+):
     tidx, _, _ = cute.arch.thread_idx()
     s, b, h = cute.arch.block_idx()
     s_new = cute.size(mKNew, mode=[1])

@@ -8,6 +8,7 @@ seq_len_q[b] = S_q. Call signature: ``fn(k_new, v_new, k_cache, v_cache, table, 
 seq_len_kv, cache_len, s_q, stream)``; a contiguous cache's `table` and a scalar length's `cache_seqlens` are
 stand-ins the kernel never reads (any int32 tensors of their shapes).
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -29,8 +30,9 @@ def validate(p: KvAppendParams) -> None:
         raise TemplateParamsError(f"kv append: head dims must be >= 1, got {p.head_dim} / {p.head_dim_v}")
 
 
-def reference_append(k_new, v_new, k_cache, v_cache, table, cache_seqlens, cache_len: int, s_q: int,
-                     seq_len_q, seq_len_kv) -> None:
+def reference_append(
+    k_new, v_new, k_cache, v_cache, table, cache_seqlens, cache_len: int, s_q: int, seq_len_q, seq_len_kv
+) -> None:
     """The kernel's contract in torch (the CPU path, and the tests' model): the same writes, host-indexed."""
     import torch
 
@@ -52,7 +54,7 @@ def reference_append(k_new, v_new, k_cache, v_cache, table, cache_seqlens, cache
                 v_cache[blk, pos % bs] = v_new[b, s]
         elif s_new:
             end = min(start + s_new, k_cache.shape[1])  # past the cache's end: dropped, as the kernel drops it
-            k_cache[b, start:end] = k_new[b, :max(end - start, 0)]
-            v_cache[b, start:end] = v_new[b, :max(end - start, 0)]
+            k_cache[b, start:end] = k_new[b, : max(end - start, 0)]
+            v_cache[b, start:end] = v_new[b, : max(end - start, 0)]
         seq_len_kv[b] = start + s_new
     seq_len_q.copy_(torch.full_like(seq_len_q, s_q))

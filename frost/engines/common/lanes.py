@@ -5,6 +5,7 @@ backward's helper kernels also reduce a row over a few lanes or a whole warp.
 Offsets run upward (1, 2, 4, ...), so every caller sums in the same order and
 every lane ends with the group's result.
 """
+
 import math
 
 import cutlass

@@ -8,6 +8,7 @@ compile tests' clamp check. B is symbolic; the envelopes are Int32 arguments (pl
 extents), so one artifact serves every batch. Call signature: ``fn(flag, lengths_q, lengths_kv, *offsets,
 env_q, env_kv, max_q, max_kv, stream)``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -30,8 +31,11 @@ def kernel_name(params: LengthCheckParams, arch: str) -> str:
 
 
 def arg_names(params: LengthCheckParams) -> list[str]:
-    return (["flag", "lengths_q", "lengths_kv"] + [f"offsets_{i}" for i in range(len(params.offsets))]
-            + ["env_q", "env_kv", "max_q", "max_kv", "stream"])
+    return (
+        ["flag", "lengths_q", "lengths_kv"]
+        + [f"offsets_{i}" for i in range(len(params.offsets))]
+        + ["env_q", "env_kv", "max_q", "max_kv", "stream"]
+    )
 
 
 def build(params: LengthCheckParams, arch: str):
@@ -41,22 +45,35 @@ def build(params: LengthCheckParams, arch: str):
     rows = cute.sym_int(symbol="batch_plus_1") if params.form == "packed" else batch
     flag = cute.runtime.make_fake_compact_tensor(Int32, (1,), assumed_align=4)
     lens = [cute.runtime.make_fake_compact_tensor(Int32, (rows,), assumed_align=4) for _ in range(2)]
-    offs = [cute.runtime.make_fake_compact_tensor(_TYPES[dt], (cute.sym_int(symbol=f"offsets_{i}"),),
-                                                  assumed_align=4) for i, (_, _, dt) in enumerate(params.offsets)]
+    offs = [
+        cute.runtime.make_fake_compact_tensor(_TYPES[dt], (cute.sym_int(symbol=f"offsets_{i}"),), assumed_align=4)
+        for i, (_, _, dt) in enumerate(params.offsets)
+    ]
     names = arg_names(params)
     op = LengthCheck(params)
 
     def length_check(*args):
         a = dict(zip(names, args))
-        op.launch(a["flag"], a["lengths_q"], a["lengths_kv"], tuple(a[f"offsets_{i}"] for i in
-                                                                     range(len(params.offsets))),
-                  (a["env_q"], a["env_kv"], a["max_q"], a["max_kv"]), a["stream"])
+        op.launch(
+            a["flag"],
+            a["lengths_q"],
+            a["lengths_kv"],
+            tuple(a[f"offsets_{i}"] for i in range(len(params.offsets))),
+            (a["env_q"], a["env_kv"], a["max_q"], a["max_kv"]),
+            a["stream"],
+        )
 
     scalars = {"env_q", "env_kv", "max_q", "max_kv"}
     length_check.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                           annotation=Int32 if n in scalars else cuda.CUstream if n == "stream" else cute.Tensor)
-         for n in names])
+        [
+            inspect.Parameter(
+                n,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=Int32 if n in scalars else cuda.CUstream if n == "stream" else cute.Tensor,
+            )
+            for n in names
+        ]
+    )
     fakes = (flag, *lens, *offs, Int32(1), Int32(1), Int32(1), Int32(1), cute.runtime.make_fake_stream())
     return cute.jit(length_check), fakes
 
@@ -69,7 +86,8 @@ class LengthCheck:
 
     def launch(self, flag, lengths_q, lengths_kv, offsets, envelope, stream) -> None:
         kernel(self.p, flag, lengths_q, lengths_kv, offsets, *envelope).launch(
-            grid=(1, 1, 1), block=(32, 1, 1), stream=stream)
+            grid=(1, 1, 1), block=(32, 1, 1), stream=stream
+        )
 
 
 @cute.jit
@@ -111,8 +129,17 @@ def _offset_bits(mOff: cute.Tensor, b: Int32, div: cutlass.Constexpr[int], n: In
 
 
 @cute.kernel
-def kernel(p: cutlass.Constexpr, mFlag: cute.Tensor, mLenQ: cute.Tensor, mLenKV: cute.Tensor, mOffsets,
-           env_q: Int32, env_kv: Int32, max_q: Int32, max_kv: Int32):
+def kernel(
+    p: cutlass.Constexpr,
+    mFlag: cute.Tensor,
+    mLenQ: cute.Tensor,
+    mLenKV: cute.Tensor,
+    mOffsets,
+    env_q: Int32,
+    env_kv: Int32,
+    max_q: Int32,
+    max_kv: Int32,
+):
     lane, _, _ = cute.arch.thread_idx()
     n = cute.size(mLenQ, mode=[0])
     if cutlass.const_expr(p.form == "packed"):

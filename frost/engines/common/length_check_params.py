@@ -4,6 +4,7 @@ No cutlass import: planning, the reference engine and the host read this module.
 (`frost/engines/common/length_check.py`) writes the OR of the bits of every rule any batch entry breaks into
 an int32 flag the caller owns; `host_flag` computes the same flag from host values (the reference engine).
 """
+
 from __future__ import annotations
 
 from typing import Literal

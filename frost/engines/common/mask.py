@@ -21,6 +21,7 @@ Three pieces per kernel: which key tiles an m-tile must visit at all
 (rows, cols) score view (`apply_mask`). All divisions are on clamped
 non-negative values, so negative diagonals are safe.
 """
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32
@@ -105,8 +106,7 @@ def tile_needs_mask(
     window_right=None,
 ):
     """True when tile (m_block, n_block) holds a disallowed (row < seqlen_q, col) pair."""
-    lo, hi = n_block_unmasked_range(m_block, tile_m, tile_n, seqlen_q, seqlen_k, offset,
-                                    window_left, window_right)
+    lo, hi = n_block_unmasked_range(m_block, tile_m, tile_n, seqlen_q, seqlen_k, offset, window_left, window_right)
     return n_block < lo or n_block >= hi
 
 
@@ -262,6 +262,7 @@ def apply_block_mask(
     def word_of(q_tile):
         """Query block q_tile's bits from the view's first key tile on."""
         return (Int32(mBM[q_tile, lo]) | (Int32(mBM[q_tile, hi]) << BLOCK_MASK_BITS)) >> shift
+
     if cutlass.const_expr(one_query_block and one_key_block):  # one 128x128 block: one bit for the view
         q_tile = cutlass.min(row_base // BLOCK_MASK_TILE, q_last)
         keep = ((Int32(mBM[q_tile, lo]) >> shift) & 1) != 0
@@ -295,8 +296,9 @@ _ROW_OFFSET_LIMIT = 0x7FFFFFFF
 
 
 @cute.jit
-def block_mask_rows(mBM: cute.Tensor, batch: Int32, head: Int32, row_first: Int32, tile_m: cutlass.Constexpr[int],
-                    seqlen_q: Int32):
+def block_mask_rows(
+    mBM: cute.Tensor, batch: Int32, head: Int32, row_first: Int32, tile_m: cutlass.Constexpr[int], seqlen_q: Int32
+):
     """Where a work tile's block_mask bits start: the (batch entry, head, query block) byte rows of the rows
     `row_first` .. row_first + tile_m - 1 (sequence-local query positions, those below seqlen_q), as the byte
     offsets of their first key-tile byte in the declared uint8 (B, Hq, q tiles, key-tile bytes) `mBM`.
@@ -326,8 +328,9 @@ def block_mask_rows(mBM: cute.Tensor, batch: Int32, head: Int32, row_first: Int3
 
 
 @cute.jit
-def block_mask_tile_visible(rows, n_block: Int32, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
-                            seqlen_k: Int32):
+def block_mask_tile_visible(
+    rows, n_block: Int32, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int], seqlen_k: Int32
+):
     """Whether key tile n_block (tile_n keys, n_block >= 0) has a key that a row of the work tile may see by
     cuDNN's block_mask: any set bit among the (query block, key block) pairs it covers, keys below seqlen_k only.
     `rows`: the work tile's `block_mask_rows` (of `tile_m` rows).
@@ -348,6 +351,7 @@ def block_mask_tile_visible(rows, n_block: Int32, tile_m: cutlass.Constexpr[int]
         byte that exists, read for nothing)."""
         row = cute.make_tensor(mBM.iterator + cutlass.max(off_row, 0), cute.select(mBM.layout, mode=[3]))
         return Int32(row[byte])
+
     # the tile's first key block (non-negative operands: the shifts are floor divisions)
     kt0 = n_block
     if cutlass.const_expr(tile_n % BLOCK_MASK_TILE == 0):
@@ -382,8 +386,9 @@ def block_mask_unread(rows):
 
 
 @cute.jit
-def block_mask_last_visible(rows, n_min: Int32, n_max: Int32, tile_m: cutlass.Constexpr[int],
-                            tile_n: cutlass.Constexpr[int], seqlen_k: Int32) -> Int32:
+def block_mask_last_visible(
+    rows, n_min: Int32, n_max: Int32, tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int], seqlen_k: Int32
+) -> Int32:
     """The last key tile of [n_min, n_max) that `block_mask_tile_visible` keeps, or n_min - 1 when there is none
     (a work tile whose rows see no key: the kernel writes its empty rows). Tiles are read from the top down and
     the search stops at the first visible one; nothing below n_min is read."""

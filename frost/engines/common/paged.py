@@ -8,6 +8,7 @@ forward also serves blocks smaller than its key tile: a tile spans whole blocks,
 index is a device value and is clamped to the container (docs/lengths.md), so no load leaves it whatever the
 table holds.
 """
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
@@ -35,8 +36,15 @@ def span_block_of(table: cute.Tensor, index, num_blocks) -> Int32:
 
 
 @cute.jit
-def key_tile(mX: cute.Tensor, table: cute.Tensor, head: Int32, n_block: Int32, tile_n: cutlass.Constexpr[int],
-             block_size: cutlass.Constexpr[int], cols: cutlass.Constexpr[int]) -> cute.Tensor:
+def key_tile(
+    mX: cute.Tensor,
+    table: cute.Tensor,
+    head: Int32,
+    n_block: Int32,
+    tile_n: cutlass.Constexpr[int],
+    block_size: cutlass.Constexpr[int],
+    cols: cutlass.Constexpr[int],
+) -> cute.Tensor:
     """The (tile_n, cols) global view of key tile `n_block` of one head of container `mX` (num_blocks,
     block_size, H, D), through `table` (`table_row`); `cols` >= D widens it as `rows.widen` does."""
     first = n_block * tile_n

@@ -6,6 +6,7 @@ kernel that has the same contract as the SDPA templates: plan-time params,
 fake tensors with a symbolic extent, the caller's stream (TVM-FFI env stream).
 Call signature of the compiled kernel: ``fn(src, dst)``, 1-D, equal lengths.
 """
+
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
@@ -45,6 +46,4 @@ def probe_copy_kernel(src: cute.Tensor, dst: cute.Tensor):
 @cute.jit
 def probe_copy(src: cute.Tensor, dst: cute.Tensor, stream: cuda.CUstream):
     n = cute.size(src, mode=[0])
-    probe_copy_kernel(src, dst).launch(
-        grid=((n + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream
-    )
+    probe_copy_kernel(src, dst).launch(grid=((n + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream)

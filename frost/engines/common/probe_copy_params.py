@@ -1,4 +1,5 @@
 """Params of the probe copy template (no cutlass import, like every *_params module)."""
+
 from __future__ import annotations
 
 from typing import Literal

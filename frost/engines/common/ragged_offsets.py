@@ -14,6 +14,7 @@ maximum, so cuDNN is never handed an offset or length outside the tensors it was
 ``fn(cu_q, cu_kv, lengths, offsets, total_q, total_kv, max_q, max_kv, stream)`` (the four envelopes Int32,
 plan-time values passed at run time, so they stay out of the compile key).
 """
+
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
@@ -41,17 +42,30 @@ def build(params: RaggedOffsetsParams, arch: str):
     batch1 = cute.sym_int(symbol="batch_plus_1")
     cu_q = cute.runtime.make_fake_compact_tensor(Int32, (batch1,), assumed_align=4)
     cu_kv = cute.runtime.make_fake_compact_tensor(Int32, (batch1,), assumed_align=4)
-    lengths = cute.runtime.make_fake_compact_tensor(Int32, (2, cute.sym_int(symbol="lengths_row")),
-                                                    stride_order=(1, 0), assumed_align=16)
-    offsets = cute.runtime.make_fake_compact_tensor(_OFFSET_TYPES[params.offset_dtype],
-                                                    (params.num_offsets, cute.sym_int(symbol="offsets_row")),
-                                                    stride_order=(1, 0), assumed_align=16)
+    lengths = cute.runtime.make_fake_compact_tensor(
+        Int32, (2, cute.sym_int(symbol="lengths_row")), stride_order=(1, 0), assumed_align=16
+    )
+    offsets = cute.runtime.make_fake_compact_tensor(
+        _OFFSET_TYPES[params.offset_dtype],
+        (params.num_offsets, cute.sym_int(symbol="offsets_row")),
+        stride_order=(1, 0),
+        assumed_align=16,
+    )
     stream = cute.runtime.make_fake_stream()
     op = RaggedOffsets(params)
 
     @cute.jit
-    def ragged_offsets(cu_q: cute.Tensor, cu_kv: cute.Tensor, lengths: cute.Tensor, offsets: cute.Tensor,
-                       total_q: Int32, total_kv: Int32, max_q: Int32, max_kv: Int32, stream: cuda.CUstream):
+    def ragged_offsets(
+        cu_q: cute.Tensor,
+        cu_kv: cute.Tensor,
+        lengths: cute.Tensor,
+        offsets: cute.Tensor,
+        total_q: Int32,
+        total_kv: Int32,
+        max_q: Int32,
+        max_kv: Int32,
+        stream: cuda.CUstream,
+    ):
         op.launch(cu_q, cu_kv, lengths, offsets, (total_q, total_kv, max_q, max_kv), stream)
 
     return ragged_offsets, (cu_q, cu_kv, lengths, offsets, Int32(1), Int32(1), Int32(1), Int32(1), stream)
@@ -67,12 +81,22 @@ class RaggedOffsets:
         """`envelope`: (total_q, total_kv, max_q, max_kv), the declared token totals and longest sequences."""
         n = cute.size(cu_q, mode=[0])
         kernel(self.p, cu_q, cu_kv, lengths, offsets, *envelope).launch(
-            grid=((n + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+            grid=((n + THREADS - 1) // THREADS, 1, 1), block=(THREADS, 1, 1), stream=stream
+        )
 
 
 @cute.kernel
-def kernel(p: cutlass.Constexpr, mCuQ: cute.Tensor, mCuKV: cute.Tensor, mLengths: cute.Tensor, mOffsets: cute.Tensor,
-           total_q: Int32, total_kv: Int32, max_q: Int32, max_kv: Int32):
+def kernel(
+    p: cutlass.Constexpr,
+    mCuQ: cute.Tensor,
+    mCuKV: cute.Tensor,
+    mLengths: cute.Tensor,
+    mOffsets: cute.Tensor,
+    total_q: Int32,
+    total_kv: Int32,
+    max_q: Int32,
+    max_kv: Int32,
+):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     b = bidx * THREADS + tidx

@@ -4,6 +4,7 @@ The kernel turns frost's packed prefix sums (`cu_seq_len_q/kv`, (B+1,) int32) in
 takes: per-batch lengths (`seq_len_q/kv`, (B,) int32) and, for each token stride a packed tensor group uses, the
 element offsets of every batch's first token ((B+1,) int32 or int64: `cu[b] * token_stride`).
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -43,8 +44,10 @@ def scratch_buffers(p: RaggedOffsetsParams, batch: int) -> list[ScratchBuffer]:
     seq_len_kv) and the offset arrays (N, B+1) (the q group's strides first). Rows are padded to 256 bytes, so
     each row starts aligned: every row is a cuDNN operand of its own."""
     itemsize = 4 if p.offset_dtype == "int32" else 8
-    return [ScratchBuffer("ragged_lengths", "int32", (2, row_elems(batch, 4))),
-            ScratchBuffer("ragged_offsets", p.offset_dtype, (p.num_offsets, row_elems(batch + 1, itemsize)))]
+    return [
+        ScratchBuffer("ragged_lengths", "int32", (2, row_elems(batch, 4))),
+        ScratchBuffer("ragged_offsets", p.offset_dtype, (p.num_offsets, row_elems(batch + 1, itemsize))),
+    ]
 
 
 def row_elems(n: int, itemsize: int) -> int:

@@ -6,6 +6,7 @@ the head dim (the mma.sync kernels pad a head dim such as 72 up to a 96-wide til
 columns past it are zero-filled in smem instead of loaded, and never stored. `cols=0` means the tile is
 the head dim, and no column is checked.
 """
+
 import math
 
 import cutlass
@@ -29,13 +30,13 @@ def row_copy(dtype, width: int, threads: int):
     tpr = width // 8  # threads per row
     per_pass = 1 << int(math.log2(threads // tpr))
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
-    return cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((per_pass, tpr), order=(1, 0)),
-                                   cute.make_layout((1, 8))), per_pass * tpr
+    return cute.make_tiled_copy_tv(
+        atom, cute.make_ordered_layout((per_pass, tpr), order=(1, 0)), cute.make_layout((1, 8))
+    ), per_pass * tpr
 
 
 @cute.jit
-def zero_rows(tiled_copy: cute.TiledCopy, threads: cutlass.Constexpr[int], sX: cute.Tensor, limit: Int32,
-              tidx: Int32):
+def zero_rows(tiled_copy: cute.TiledCopy, threads: cutlass.Constexpr[int], sX: cute.Tensor, limit: Int32, tidx: Int32):
     """Zero the rows >= limit of a (rows, cols) smem tile, 16 bytes per store, by threads [0, threads) of a
     `row_copy`. TMA zero-fills only outside the tensor: rows past a packed sequence (the next one's, or
     whatever follows the last) or past a padding length arrive as they are, and a P or dS of 0 does not stop
@@ -60,8 +61,14 @@ def widen(mX: cute.Tensor, cols: cutlass.Constexpr[int]):
 
 
 @cute.jit
-def _copy_chunks(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, crd: cute.Tensor,
-                 cols, zero_fill: cutlass.Constexpr[bool]):
+def _copy_chunks(
+    tiled_copy: cute.TiledCopy,
+    src: cute.Tensor,
+    dst: cute.Tensor,
+    crd: cute.Tensor,
+    cols,
+    zero_fill: cutlass.Constexpr[bool],
+):
     """One row's (CPY, chunks) of a partitioned tile: the chunks left of `cols` (a constant, or a tile's own
     Int32) copied, the others zeroed in smem when `zero_fill` (loads) or skipped (stores)."""
     for k in cutlass.range_constexpr(cute.size(dst.shape[1])):
@@ -73,8 +80,9 @@ def _copy_chunks(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
 
 
 @cute.jit
-def copy_cols(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tXc: cute.Tensor,
-              cols: cutlass.Constexpr[int] = 0):
+def copy_cols(
+    tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tXc: cute.Tensor, cols: cutlass.Constexpr[int] = 0
+):
     """Load a partitioned (CPY, rows, chunks) tile; with `cols`, the chunks past it are zeroed in smem."""
     if cutlass.const_expr(cols == 0):
         cute.copy(tiled_copy, tXg, tXs)
@@ -84,8 +92,14 @@ def copy_cols(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tX
 
 
 @cute.jit
-def copy_row(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, crd: cute.Tensor,
-             cols=0, zero_fill: cutlass.Constexpr[bool] = True):
+def copy_row(
+    tiled_copy: cute.TiledCopy,
+    src: cute.Tensor,
+    dst: cute.Tensor,
+    crd: cute.Tensor,
+    cols=0,
+    zero_fill: cutlass.Constexpr[bool] = True,
+):
     """Copy one row's (CPY, chunks); with `cols` (the constant 0: every column), only the chunks left of it
     (the others zeroed when `zero_fill`)."""
     if cutlass.const_expr(isinstance(cols, int) and cols == 0):
@@ -95,8 +109,16 @@ def copy_row(tiled_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, crd
 
 
 @cute.jit
-def store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX: cute.Tensor, limit: Int32,
-               tidx: Int32, regs_like_dst: cutlass.Constexpr[bool] = False, cols=0):
+def store_rows(
+    tiled_copy: cute.TiledCopy,
+    sX: cute.Tensor,
+    gX: cute.Tensor,
+    cX: cute.Tensor,
+    limit: Int32,
+    tidx: Int32,
+    regs_like_dst: cutlass.Constexpr[bool] = False,
+    cols=0,
+):
     """smem tile -> registers -> global rows < limit, one copy-atom width per store (columns < `cols`, a
     constant or an Int32; 0: all).
 
@@ -115,9 +137,16 @@ def store_rows(tiled_copy: cute.TiledCopy, sX: cute.Tensor, gX: cute.Tensor, cX:
 
 
 @cute.jit
-def load_rows(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tXc: cute.Tensor, limit: Int32,
-              zero_fill: cutlass.Constexpr[bool] = True, tile_rows: cutlass.Constexpr[int] = 0,
-              cols: cutlass.Constexpr[int] = 0):
+def load_rows(
+    tiled_copy: cute.TiledCopy,
+    tXg: cute.Tensor,
+    tXs: cute.Tensor,
+    tXc: cute.Tensor,
+    limit: Int32,
+    zero_fill: cutlass.Constexpr[bool] = True,
+    tile_rows: cutlass.Constexpr[int] = 0,
+    cols: cutlass.Constexpr[int] = 0,
+):
     """Copy the partitioned rows < limit of a (CPY, rows, cols) tile; zero the others' smem when `zero_fill`.
 
     With `tile_rows` (the tile's height), a tile that lies wholly below `limit` is copied without per-row
@@ -135,8 +164,15 @@ def load_rows(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tX
 
 
 @cute.jit
-def _load_rows_checked(tiled_copy: cute.TiledCopy, tXg: cute.Tensor, tXs: cute.Tensor, tXc: cute.Tensor,
-                       limit: Int32, zero_fill: cutlass.Constexpr[bool], cols: cutlass.Constexpr[int] = 0):
+def _load_rows_checked(
+    tiled_copy: cute.TiledCopy,
+    tXg: cute.Tensor,
+    tXs: cute.Tensor,
+    tXc: cute.Tensor,
+    limit: Int32,
+    zero_fill: cutlass.Constexpr[bool],
+    cols: cutlass.Constexpr[int] = 0,
+):
     for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
         if tXc[0, r, 0][0] < limit:
             copy_row(tiled_copy, tXg[None, r, None], tXs[None, r, None], tXc[None, r, None], cols)

@@ -12,6 +12,7 @@ same way (`write_score_tile`). Rows and columns outside the sequence (or the bia
 the mask then decides. ALiBi's slopes are computed in the
 kernel (`alibi_slope`, cuDNN's formula; `sdpa_args.alibi_slopes` is its host twin).
 """
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
@@ -32,8 +33,9 @@ def alibi_slope(head: Int32, num_heads: cutlass.Constexpr[int]) -> Float32:
 
 
 @cute.jit
-def bias_rows(mBias: cute.Tensor, batch: Int32, head: Int32, per_batch: cutlass.Constexpr[bool],
-              per_head: cutlass.Constexpr[bool]) -> cute.Tensor:
+def bias_rows(
+    mBias: cute.Tensor, batch: Int32, head: Int32, per_batch: cutlass.Constexpr[bool], per_head: cutlass.Constexpr[bool]
+) -> cute.Tensor:
     """The (S_q, S_kv) view of one (batch entry, query head) of a declared (B or 1, H or 1, S_q, S_kv) bias or
     dBias: index 0 along a mode it broadcasts over."""
     b = Int32(0)
@@ -193,10 +195,22 @@ def write_score_tile(
 
 
 @cute.jit
-def zero_dbias_outside_band(p: cutlass.Constexpr, mdBias: cute.Tensor, batch: Int32, head0: Int32,
-                            group: cutlass.Constexpr[int], m_min: Int32, n_m: Int32, bm: cutlass.Constexpr[int],
-                            n_block: Int32, bn: cutlass.Constexpr[int], static_q, static_k,
-                            threads: cutlass.Constexpr[int], tidx: Int32):
+def zero_dbias_outside_band(
+    p: cutlass.Constexpr,
+    mdBias: cute.Tensor,
+    batch: Int32,
+    head0: Int32,
+    group: cutlass.Constexpr[int],
+    m_min: Int32,
+    n_m: Int32,
+    bm: cutlass.Constexpr[int],
+    n_block: Int32,
+    bn: cutlass.Constexpr[int],
+    static_q,
+    static_k,
+    threads: cutlass.Constexpr[int],
+    tidx: Int32,
+):
     """Zeros into the dBias elements of key tile n_block's columns that no step of its walk writes (a dBias
     written directly): the query rows above and below its band (query tiles m_min .. m_min + n_m - 1 of bm rows;
     padding rows included), for each of the `group` query heads from head0 on. `static_q` / `static_k`: the
@@ -212,8 +226,17 @@ def zero_dbias_outside_band(p: cutlass.Constexpr, mdBias: cute.Tensor, batch: In
 
 
 @cute.jit
-def zero_rows_of_cols(mX: cute.Tensor, total: Int32, lo_rows: Int32, hi_row: Int32, col0: Int32, n_cols: Int32,
-                      width: cutlass.Constexpr[int], threads: cutlass.Constexpr[int], tidx: Int32):
+def zero_rows_of_cols(
+    mX: cute.Tensor,
+    total: Int32,
+    lo_rows: Int32,
+    hi_row: Int32,
+    col0: Int32,
+    n_cols: Int32,
+    width: cutlass.Constexpr[int],
+    threads: cutlass.Constexpr[int],
+    tidx: Int32,
+):
     """Zero columns [col0, col0 + min(width, n_cols)) of rows [0, lo_rows) and [hi_row, ...) of a (rows, cols)
     tensor, `total` = rows * width elements in all, `threads` threads taking consecutive columns."""
     zero = mX.element_type(0.0)

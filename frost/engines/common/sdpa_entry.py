@@ -6,6 +6,7 @@ kernels keep one view of their operands. The fakes follow the declared order:
 one symbol per runtime extent, shared wherever extents must agree, and every
 stride its own 64-bit symbol (16-byte multiples for the io tensors).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -18,8 +19,16 @@ from cutlass import Float32, Int32
 from frost.engines.sdpa_args import IO_ROLES, OWN_OFFSET_ROLES, Q_ROLES, STATS_ROLES
 
 IO_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-_SCALARS = {"softmax_scale": Float32, "window_left": Int32, "window_right": Int32, "max_seqlen_q": Int32,
-            "max_seqlen_kv": Int32, "total_q": Int32, "total_kv": Int32, "stream": cuda.CUstream}
+_SCALARS = {
+    "softmax_scale": Float32,
+    "window_left": Int32,
+    "window_right": Int32,
+    "max_seqlen_q": Int32,
+    "max_seqlen_kv": Int32,
+    "total_q": Int32,
+    "total_kv": Int32,
+    "stream": cuda.CUstream,
+}
 OFFSET_DTYPES = {"int32": Int32, "int64": cutlass.Int64}
 
 
@@ -55,8 +64,9 @@ def ragged_view(name: str, t, named: dict, stats_per_batch: bool):
     if name in STATS_ROLES:
         if stats_per_batch:
             return select_modes(t, [0, 1, 2])
-        return cute.make_tensor(t.iterator, cute.make_layout((t.shape[1], named["total_q"]),
-                                                             stride=(t.stride[1], t.stride[2])))
+        return cute.make_tensor(
+            t.iterator, cute.make_layout((t.shape[1], named["total_q"]), stride=(t.stride[1], t.stride[2]))
+        )
     return t
 
 
@@ -68,6 +78,7 @@ def make_entry(run, names: list[str], is_thd: bool, ragged=None):
     arguments by contract name, never by position. `ragged`: the params of a ragged-offset
     kernel (`ragged_view`), else None.
     """
+
     def sdpa_entry(*args):
         if ragged is not None:
             named = dict(zip(names, args))
@@ -76,8 +87,11 @@ def make_entry(run, names: list[str], is_thd: bool, ragged=None):
             run(canonical_args(names, args, is_thd))
 
     sdpa_entry.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_SCALARS.get(n, cute.Tensor))
-         for n in names])
+        [
+            inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_SCALARS.get(n, cute.Tensor))
+            for n in names
+        ]
+    )
     return cute.jit(sdpa_entry)
 
 
@@ -114,8 +128,9 @@ class FakeArgs:
         """A paged cache's K or V container (num_blocks, H, block_size, D): its own block count, the block size a
         plan-time constant, 16-byte multiple strides."""
         stride = (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1)
-        return cute.runtime.make_fake_tensor(IO_DTYPES[self.p.dtype], (cute.sym_int(), heads, block_size, dim),
-                                             stride, assumed_align=16)
+        return cute.runtime.make_fake_tensor(
+            IO_DTYPES[self.p.dtype], (cute.sym_int(), heads, block_size, dim), stride, assumed_align=16
+        )
 
     def bias_rows(self):
         """(S_q, S_kv) of a bias-shaped tensor: the io tensors' own extents (dense), or two symbols (THD, whose
@@ -139,8 +154,7 @@ class FakeArgs:
             shape = (self.batch, hq, cute.sym_int(), 1)
         else:
             shape = (self.rows_q, hq, 1) if self.p.is_thd else (self.batch, hq, self.rows_q, 1)
-        return cute.runtime.make_fake_tensor(Float32, shape, tuple(cute.sym_int64() for _ in shape),
-                                             assumed_align=4)
+        return cute.runtime.make_fake_tensor(Float32, shape, tuple(cute.sym_int64() for _ in shape), assumed_align=4)
 
     def compact(self, dtype, shape, align=16):
         order = tuple(range(len(shape) - 1, -1, -1))
@@ -153,25 +167,38 @@ class FakeArgs:
     def _make(self, name: str):
         p = self.p
         hq, hkv, hv, d, dv = p.num_heads_q, p.num_heads_kv, p.heads_v, p.head_dim, p.head_dim_v
-        io = {"q": (self.rows_q, hq, d), "dq": (self.rows_q, hq, d), "o": (self.rows_q, hq, dv),
-              "do": (self.rows_q, hq, dv), "k": (self.rows_kv, hkv, d), "dk": (self.rows_kv, hkv, d),
-              "v": (self.rows_kv, hv, dv), "dv": (self.rows_kv, hv, dv)}
+        io = {
+            "q": (self.rows_q, hq, d),
+            "dq": (self.rows_q, hq, d),
+            "o": (self.rows_q, hq, dv),
+            "do": (self.rows_q, hq, dv),
+            "k": (self.rows_kv, hkv, d),
+            "dk": (self.rows_kv, hkv, d),
+            "v": (self.rows_kv, hv, dv),
+            "dv": (self.rows_kv, hv, dv),
+        }
         if name in ("k", "v") and getattr(p, "paged", False):
             return self._container(p.paged_block_k if name == "k" else p.paged_block_v, *io[name][1:])
         if name in io:
             return self._io(*io[name])
         if name in ("k_table", "v_table"):  # int32 (B, 1, max_blocks, 1), any declared strides
-            return cute.runtime.make_fake_tensor(Int32, (self.batch, 1, cute.sym_int(), 1),
-                                                 tuple(cute.sym_int64() for _ in range(4)), assumed_align=4)
+            return cute.runtime.make_fake_tensor(
+                Int32, (self.batch, 1, cute.sym_int(), 1), tuple(cute.sym_int64() for _ in range(4)), assumed_align=4
+            )
         if name in STATS_ROLES:
             return self._stats()
         if name in ("cu_seqlens_q", "cu_seqlens_kv", "lse_offsets"):
             if not self.ragged:
                 return self._offsets("int32")
-            return self._offsets({"cu_seqlens_q": p.offset_dtype_q, "cu_seqlens_kv": p.offset_dtype_kv,
-                                  "lse_offsets": p.offset_dtype_lse}[name])
-        if name.endswith("_offsets") and name[:-len("_offsets")] in OWN_OFFSET_ROLES:
-            return self._offsets(dict((r, k) for r, _, k in p.own_offsets)[name[:-len("_offsets")]])
+            return self._offsets(
+                {
+                    "cu_seqlens_q": p.offset_dtype_q,
+                    "cu_seqlens_kv": p.offset_dtype_kv,
+                    "lse_offsets": p.offset_dtype_lse,
+                }[name]
+            )
+        if name.endswith("_offsets") and name[: -len("_offsets")] in OWN_OFFSET_ROLES:
+            return self._offsets(dict((r, k) for r, _, k in p.own_offsets)[name[: -len("_offsets")]])
         if name in ("seqused_q", "seqused_kv"):
             return self.compact(Int32, (self.batch,), align=4)
         if name in ("sinks", "dsinks"):
@@ -180,12 +207,16 @@ class FakeArgs:
             return self._bias(p.bias_per_batch, p.bias_per_head, unit_key=not p.bias_key_strided)
         if name == "block_mask":  # uint8 (B, Hq, q tiles, key-tile bytes), any declared strides
             return cute.runtime.make_fake_tensor(
-                cutlass.Uint8, (self.batch, p.num_heads_q, cute.sym_int(), cute.sym_int()),
-                tuple(cute.sym_int64() for _ in range(4)), assumed_align=1)
+                cutlass.Uint8,
+                (self.batch, p.num_heads_q, cute.sym_int(), cute.sym_int()),
+                tuple(cute.sym_int64() for _ in range(4)),
+                assumed_align=1,
+            )
         if name == "dbias":  # the main kernel's (the bias's dims) or, from its accumulator, the dQ convert's
             if getattr(p, "dbias_accum", False):  # the accumulator's dims less the copies it sums
-                return self._bias(p.dbias_accum_per_batch and not p.dbias_sum_batch,
-                                  p.dbias_accum_per_head and not p.dbias_sum_heads)
+                return self._bias(
+                    p.dbias_accum_per_batch and not p.dbias_sum_batch, p.dbias_accum_per_head and not p.dbias_sum_heads
+                )
             return self._bias(p.bias_per_batch, p.bias_per_head)
         if name in ("o_partial", "lse_partial"):  # split-KV partials: compact fp32 workspace views
             rows = (p.num_splits, self.batch, hq, self.rows_q)

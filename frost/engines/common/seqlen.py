@@ -9,6 +9,7 @@ them whatever the device holds. Offsets go to [0, T] (T: the bound token extent)
 [start, T], a length to [0, T - start] (dense: [0, S]) and, where a kernel passes one, to its plan-time maximum;
 an io tensor's own offset goes to [0, T - length] so its rows fit too.
 """
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32

@@ -10,6 +10,7 @@ one FFMA and one exp2 per element.
 Used by every SDPA forward kernel (mma.sync and wgmma); the backward
 recomputes P from the LSE that `softmax_finalize` writes.
 """
+
 import math
 
 import cutlass

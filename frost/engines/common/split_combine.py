@@ -6,6 +6,7 @@ split weights exp(LSE_s - LSE); then each lane combines O for the head-dim colum
 (coalesced over the warp) and stores them in the io dtype to O as declared; lane 0 writes Stats. Grid
 (ceil(S_q / 4), Hq, B). Math, empty rows and the padding convention: `split_combine_params`.
 """
+
 from __future__ import annotations
 
 import cutlass
@@ -24,8 +25,9 @@ WARPS = 4
 def kernel_name(params: SplitCombineParams, arch: str) -> str:
     p = params
     flags = [n for on, n in ((p.has_lse, "lse"), (p.has_seqused, "seqused"), (p.has_sinks, "sink")) if on]
-    return "_".join(["frost_split_combine", p.dtype, f"d{p.head_dim_v}", f"h{p.num_heads_q}",
-                     f"sp{p.num_splits}", *flags])
+    return "_".join(
+        ["frost_split_combine", p.dtype, f"d{p.head_dim_v}", f"h{p.num_heads_q}", f"sp{p.num_splits}", *flags]
+    )
 
 
 def build(params: SplitCombineParams, arch: str):
@@ -50,7 +52,8 @@ class SplitCombine:
         grid = ((seqlen_q + WARPS - 1) // WARPS, self.p.num_heads_q, num_batch)
         g = a.get
         self.kernel(mO, g("lse"), a["o_partial"], a["lse_partial"], g("seqused_q"), g("sinks")).launch(
-            grid=grid, block=(32 * WARPS, 1, 1), stream=a["stream"])
+            grid=grid, block=(32 * WARPS, 1, 1), stream=a["stream"]
+        )
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mLSE, mOp: cute.Tensor, mLp: cute.Tensor, mSeqQ, mSinks):

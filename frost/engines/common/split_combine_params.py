@@ -9,6 +9,7 @@ A row whose LSE is -inf (no key in any split, no sink) gets O = 0, LSE = -inf; d
 O = 0, LSE = -inf as every forward writes them (docs/lengths.md). Call signature (declared order, the
 forward's `o` / `stats` as bound): ``fn(o, [lse], o_partial, lse_partial, [seqused_q], [sinks], stream)``.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,14 +46,21 @@ class SplitCombineParams(TemplateParams):
 
 def validate(p: SplitCombineParams) -> None:
     if p.num_splits < 2 or p.head_dim_v < 1 or p.num_heads_q < 1 or p.is_thd:
-        raise TemplateParamsError(f"split combine: needs num_splits >= 2, head_dim_v, num_heads_q >= 1 and dense "
-                                  f"rows; got {p}")
+        raise TemplateParamsError(
+            f"split combine: needs num_splits >= 2, head_dim_v, num_heads_q >= 1 and dense rows; got {p}"
+        )
 
 
 def combine_arg_names(p: SplitCombineParams) -> list[str]:
     """The combine kernel's arguments (contract names of `frost.engines.sdpa_args`), in order."""
-    return (["o"] + ["lse"] * p.has_lse + ["o_partial", "lse_partial"] + ["seqused_q"] * p.has_seqused
-            + ["sinks"] * p.has_sinks + ["stream"])
+    return (
+        ["o"]
+        + ["lse"] * p.has_lse
+        + ["o_partial", "lse_partial"]
+        + ["seqused_q"] * p.has_seqused
+        + ["sinks"] * p.has_sinks
+        + ["stream"]
+    )
 
 
 def key_split_range(n_min, n_max, split, num_splits: int, lesser=min):

@@ -20,6 +20,7 @@ query heads launches its batch entries longest first (`ranked_batch`): a CTA wal
 its sequence's query tiles, so a long sequence launched last leaves the other SMs
 idle at the end.
 """
+
 from __future__ import annotations
 
 import cutlass
@@ -42,8 +43,7 @@ def varlen_tiles_bound(total_q: Int32, num_batch: Int32, num_heads: int, tile_m:
 
 
 @cute.jit
-def dense_decode(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int],
-                 total_tiles: Int32):
+def dense_decode(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int], total_tiles: Int32):
     """tile index -> (m_block, head, batch, is_valid) for a dense (B, S) batch."""
     m_idx = tile_idx % num_m_blocks
     hb = tile_idx // num_m_blocks
@@ -53,8 +53,9 @@ def dense_decode(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Conste
 
 
 @cute.jit
-def dense_decode_lpt(tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int], num_batch: Int32,
-                     width: Int32):
+def dense_decode_lpt(
+    tile_idx: Int32, num_m_blocks: Int32, num_heads: cutlass.Constexpr[int], num_batch: Int32, width: Int32
+):
     """Longest-first within sections of `width` (batch, head) pairs: the last m-block of every pair
     of the first section, then the one before, and so on, then the next section (the last one may be
     narrower). CTAs at one m-level of one head stream the same K/V blocks at about the same time.
@@ -80,8 +81,14 @@ def zigzag_tile(wave: Int32, cta: Int32, num_ctas: Int32) -> Int32:
 
 
 @cute.jit
-def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutlass.Constexpr[int],
-              lengths: cutlass.Constexpr[bool] = False, total=None) -> Int32:
+def _m_blocks(
+    cu_seqlens: cute.Tensor,
+    b: Int32,
+    num_batch: Int32,
+    tile_m: cutlass.Constexpr[int],
+    lengths: cutlass.Constexpr[bool] = False,
+    total=None,
+) -> Int32:
     """m-blocks of packed sequence b (0 past the batch); `lengths`: the tensor holds each sequence's length
     (seqused: cuDNN's ragged-offset form), not prefix sums. `total`: the token extent the lengths are clamped
     to as `seqlen.seqlen_info` clamps them (a ragged length to [0, total]: its offset is not read here; the
@@ -102,9 +109,17 @@ def _m_blocks(cu_seqlens: cute.Tensor, b: Int32, num_batch: Int32, tile_m: cutla
 
 
 @cute.jit
-def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
-                  num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                  cursor_batch: Int32, cursor_base: Int32, lengths: cutlass.Constexpr[bool] = False, total=None):
+def varlen_decode(
+    tile_idx: Int32,
+    cu_seqlens: cute.Tensor,
+    num_batch: Int32,
+    num_heads: cutlass.Constexpr[int],
+    tile_m: cutlass.Constexpr[int],
+    cursor_batch: Int32,
+    cursor_base: Int32,
+    lengths: cutlass.Constexpr[bool] = False,
+    total=None,
+):
     """tile index -> (m_block, head, batch, is_valid, cursor_batch, cursor_base). Warp-collective.
 
     `cursor_batch` is the first batch of a 32-batch chunk and `cursor_base` the
@@ -144,10 +159,17 @@ def varlen_decode(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
 
 
 @cute.jit
-def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32,
-                      num_heads: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
-                      cursor_rank: Int32, cursor_base: Int32, lengths: cutlass.Constexpr[bool] = False,
-                      total=None):
+def varlen_decode_lpt(
+    tile_idx: Int32,
+    cu_seqlens: cute.Tensor,
+    num_batch: Int32,
+    num_heads: cutlass.Constexpr[int],
+    tile_m: cutlass.Constexpr[int],
+    cursor_rank: Int32,
+    cursor_base: Int32,
+    lengths: cutlass.Constexpr[bool] = False,
+    total=None,
+):
     """Longest-first over a packed batch under a causal band. Warp-collective.
 
     Under a causal band a tile's work grows with its m-block index, whatever its
@@ -177,8 +199,8 @@ def varlen_decode_lpt(tile_idx: Int32, cu_seqlens: cute.Tensor, num_batch: Int32
         c = Int32(0)
         while c < num_batch:
             count = count + cute.arch.popc(
-                cute.arch.vote_ballot_sync(_m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths, total)
-                                           > level))
+                cute.arch.vote_ballot_sync(_m_blocks(cu_seqlens, c + lane, num_batch, tile_m, lengths, total) > level)
+            )
             c = c + 32
         n_tiles = count * num_heads
         if tile_idx < base + n_tiles:

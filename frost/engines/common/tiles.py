@@ -7,6 +7,7 @@
 kernels' tile ranges (`mask.n_block_range`, `mask.m_block_range`) and masks read it; the deterministic
 backward's stair turns too (`turns.stair_turn`).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -39,15 +40,17 @@ def extents(mQ, mK, is_thd: bool) -> tuple:
 
 
 @cute.jit
-def sequence(p: cutlass.Constexpr, batch: Int32, static_q: Int32, static_k: Int32, lengths, max_q=None,
-             max_k=None) -> Sequence:
+def sequence(
+    p: cutlass.Constexpr, batch: Int32, static_q: Int32, static_k: Int32, lengths, max_q=None, max_k=None
+) -> Sequence:
     """Batch entry `batch`'s `Sequence`: its offsets and lengths from the device lengths where the form has them
     (`lengths`: the packed prefix sums of q and k, then their used lengths, each None where absent; params `p`'s
     `token_div_q` / `token_div_kv` for cuDNN's element offsets), clamped to the extents `static_q` / `static_k`
     (`seqlen.seqlen_info`; `max_q` / `max_k`: the bounds each length is also held to, or None)."""
     cu_q, cu_k, used_q, used_k = lengths
-    off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(batch, static_q, static_k, cu_q, cu_k, used_q, used_k,
-                                                          p.token_div_q, p.token_div_kv, max_q, max_k)
+    off_q, off_k, seqlen_q, seqlen_k = seqlen.seqlen_info(
+        batch, static_q, static_k, cu_q, cu_k, used_q, used_k, p.token_div_q, p.token_div_kv, max_q, max_k
+    )
     return Sequence(off_q, off_k, seqlen_q, seqlen_k, static_q, static_k)
 
 
@@ -62,8 +65,14 @@ class Band(NamedTuple):
 
 
 @cute.jit
-def band(seqlen_q: Int32, seqlen_k: Int32, window_left, window_right, bottom_right: cutlass.Constexpr[bool],
-         clamp: cutlass.Constexpr[bool]) -> Band:
+def band(
+    seqlen_q: Int32,
+    seqlen_k: Int32,
+    window_left,
+    window_right,
+    bottom_right: cutlass.Constexpr[bool],
+    clamp: cutlass.Constexpr[bool],
+) -> Band:
     """The `Band` of a sequence of these lengths. `clamp`: each window bound to seqlen_q + seqlen_k, a bound
     that admits every key already (the mask is unchanged and the index arithmetic stays far from Int32
     overflow); the kernels that take plan-time windows already clamped to the envelopes need not."""

@@ -14,6 +14,7 @@ passes the turn on. Two orders (`det_order`):
 Plain, branch-free integer arithmetic without a cutlass import: planning and the CPU tests call the very
 definitions the kernels trace (a kernel passes `cutlass.min` / `cutlass.max`).
 """
+
 from __future__ import annotations
 
 STAIR, ROTATED = "stair", "rotated"
@@ -49,8 +50,20 @@ def _residues_below(x, query_tiles, r, minimum=min):
     return (x // query_tiles) * r + minimum(x % query_tiles, r)
 
 
-def stair_turn(n_block, m_block, tile_m, tile_n, seqlen_k, diag, window_left, window_right, downward: bool,
-               integer=int, minimum=min, maximum=max):
+def stair_turn(
+    n_block,
+    m_block,
+    tile_m,
+    tile_n,
+    seqlen_k,
+    diag,
+    window_left,
+    window_right,
+    downward: bool,
+    integer=int,
+    minimum=min,
+    maximum=max,
+):
     """Key tile n_block's turn on query tile m_block in the stair order. The key tiles that visit a query tile
     are a run [n_lo, n_hi] of the band (windows: None where the band has none); `downward` (the launch runs
     from the last key tile) counts from n_hi, else from n_lo (`integer`: the kernel's Int32)."""

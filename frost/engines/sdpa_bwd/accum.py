@@ -6,6 +6,7 @@ The accumulator's layout is stated by its params (`chain.BwdChainParams`): dense
 head_dim) accumulator, or, in fragment-order tiles, one whose sequences each start a tile of their own
 (`packed_acc_tile`, `scratch.packed_acc_rows`).
 """
+
 from __future__ import annotations
 
 import cutlass

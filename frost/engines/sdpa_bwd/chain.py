@@ -5,6 +5,7 @@ module path and the main kernel's argument names (see the package docstring). Th
 compile from `BwdHelperParams`, the few fields they read, so backward plans that differ only in masks,
 tiles or other main-kernel knobs share them. No cutlass import: planning reads this module.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -60,20 +61,55 @@ class BwdHelperParams(SdpaFeatureParams):
 
 
 #: the ragged-offset form's fields (the helpers view the bound tensors with them and walk each sequence's rows)
-_RAGGED_FIELDS = ("token_div_q", "token_div_kv", "offset_dtype_q", "stats_per_batch", "token_div_lse",
-                  "offset_dtype_lse")
+_RAGGED_FIELDS = (
+    "token_div_q",
+    "token_div_kv",
+    "offset_dtype_q",
+    "stats_per_batch",
+    "token_div_lse",
+    "offset_dtype_lse",
+)
 #: the dBias accumulator's fields (the preprocess zeroes it, the dQ convert writes dBias from it)
 _DBIAS_FIELDS = ("dbias_accum", "dbias_accum_per_batch", "dbias_accum_per_head")
 #: the dQ convert also sums the copies of a deterministic dBias accumulator
 _DBIAS_SUM_FIELDS = ("dbias_sum_batch", "dbias_sum_heads")
 #: the fields each helper kernel reads; its key keeps only these (has_sinks rides along with has_dsinks)
 HELPER_FIELDS = {
-    "preprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_seqused",
-                   "has_sinks", "has_dsinks", "deterministic", "dq_accum_blocked", "dq_splits", "dq_accum_tile",
-                   *_DBIAS_FIELDS, "pdl") + _RAGGED_FIELDS,
-    "postprocess": ("family", "dtype", "head_dim", "head_dim_v", "num_heads_q", "is_thd", "has_sinks",
-                    "has_dsinks", "dq_accum_blocked", "dq_splits", "dq_accum_tile", *_DBIAS_FIELDS, *_DBIAS_SUM_FIELDS,
-                    "pdl") + _RAGGED_FIELDS,
+    "preprocess": (
+        "family",
+        "dtype",
+        "head_dim",
+        "head_dim_v",
+        "num_heads_q",
+        "is_thd",
+        "has_seqused",
+        "has_sinks",
+        "has_dsinks",
+        "deterministic",
+        "dq_accum_blocked",
+        "dq_splits",
+        "dq_accum_tile",
+        *_DBIAS_FIELDS,
+        "pdl",
+    )
+    + _RAGGED_FIELDS,
+    "postprocess": (
+        "family",
+        "dtype",
+        "head_dim",
+        "head_dim_v",
+        "num_heads_q",
+        "is_thd",
+        "has_sinks",
+        "has_dsinks",
+        "dq_accum_blocked",
+        "dq_splits",
+        "dq_accum_tile",
+        *_DBIAS_FIELDS,
+        *_DBIAS_SUM_FIELDS,
+        "pdl",
+    )
+    + _RAGGED_FIELDS,
 }
 
 
@@ -140,9 +176,11 @@ def ragged_helper_scalars(p) -> list[str]:
 
 def bwd_chain(p, main_template: str, main_args: list[str]) -> list[tuple[str, str, list[str], object]]:
     """(stage, template module, argument names, stage params) of each kernel, in launch order."""
-    return [("preprocess", PREPROCESS, preprocess_args(p), stage_params(p, "preprocess")),
-            ("main", main_template, list(main_args), p),
-            ("postprocess", POSTPROCESS, postprocess_args(p), stage_params(p, "postprocess"))]
+    return [
+        ("preprocess", PREPROCESS, preprocess_args(p), stage_params(p, "preprocess")),
+        ("main", main_template, list(main_args), p),
+        ("postprocess", POSTPROCESS, postprocess_args(p), stage_params(p, "postprocess")),
+    ]
 
 
 def chain_of(p) -> list:
@@ -181,10 +219,30 @@ def name_tags(flags) -> list[str]:
 
 def helper_suffix(p: BwdHelperParams) -> str:
     """The name of a helper kernel: only the fields its key keeps (`HELPER_FIELDS`)."""
-    dbias = ("dbiasacc" + "b" * p.dbias_accum_per_batch + "h" * p.dbias_accum_per_head
-             + "sum" * (p.dbias_sum_batch or p.dbias_sum_heads) + "b" * p.dbias_sum_batch + "h" * p.dbias_sum_heads)
-    return "_".join(name_dims(p) + [f"h{p.num_heads_q}"] + name_tags(
-        ((p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_sinks and not p.has_dsinks, "sink"), (p.has_dsinks, "dsink"),
-         (p.dbias_accum, dbias),
-         (p.deterministic, "det"), (p.dq_accum_blocked, "qb"), (p.dq_splits > 0, f"sp{p.dq_splits}"),
-         (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"), (p.pdl, "pdl"))) + ragged_tags(p))
+    dbias = (
+        "dbiasacc"
+        + "b" * p.dbias_accum_per_batch
+        + "h" * p.dbias_accum_per_head
+        + "sum" * (p.dbias_sum_batch or p.dbias_sum_heads)
+        + "b" * p.dbias_sum_batch
+        + "h" * p.dbias_sum_heads
+    )
+    return "_".join(
+        name_dims(p)
+        + [f"h{p.num_heads_q}"]
+        + name_tags(
+            (
+                (p.is_thd, "thd"),
+                (p.has_seqused, "pad"),
+                (p.has_sinks and not p.has_dsinks, "sink"),
+                (p.has_dsinks, "dsink"),
+                (p.dbias_accum, dbias),
+                (p.deterministic, "det"),
+                (p.dq_accum_blocked, "qb"),
+                (p.dq_splits > 0, f"sp{p.dq_splits}"),
+                (p.dq_accum_tile > 0, f"qf{p.dq_accum_tile}"),
+                (p.pdl, "pdl"),
+            )
+        )
+        + ragged_tags(p)
+    )

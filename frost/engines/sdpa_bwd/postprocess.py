@@ -20,6 +20,7 @@ sum one head's dSink partials in a fixed order (deterministic in every mode). Wi
 
 Argument list: `chain.postprocess_args`.
 """
+
 from __future__ import annotations
 
 import cutlass
@@ -29,8 +30,14 @@ from cutlass import Float32, Int32
 from frost.engines.common.sdpa_entry import IO_DTYPES
 from frost.engines.common.lanes import lanes_allreduce_sum
 from frost.engines.common.seqlen import clamp, own_token_offset, packed_length, token_offset
-from frost.engines.sdpa_bwd.accum import (FRAGMENT_THREADS, acc_copies, build_entry, fragment_coord,
-                                          fragment_offset, packed_acc_tile)
+from frost.engines.sdpa_bwd.accum import (
+    FRAGMENT_THREADS,
+    acc_copies,
+    build_entry,
+    fragment_coord,
+    fragment_offset,
+    packed_acc_tile,
+)
 from frost.engines.sdpa_bwd.chain import BwdHelperParams, helper_suffix, postprocess_args
 from frost.engines.sdpa_bwd.scratch import PARTIALS_PER_CTA, ROWS_PER_CTA, packed_fragments
 
@@ -66,16 +73,37 @@ class SdpaBwdPostprocess:
             n_batch = mdQ.shape[0]
         rows = self.p.dq_accum_tile or ROWS_PER_CTA
         n_blocks = cutlass.max((total + rows - 1) // rows, 1)
-        kernel(self.p, mdQ, a["dq_accum"], a.get("dsinks"), a.get("dsink_partial"), a.get("dbias"),
-               a.get("dbias_accum"), Float32(a["softmax_scale"]), a.get("cu_seqlens_q"), a.get("seqused_q"),
-               a.get("dq_offsets")).launch(
-            grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"],
-            use_pdl=self.p.pdl)
+        kernel(
+            self.p,
+            mdQ,
+            a["dq_accum"],
+            a.get("dsinks"),
+            a.get("dsink_partial"),
+            a.get("dbias"),
+            a.get("dbias_accum"),
+            Float32(a["softmax_scale"]),
+            a.get("cu_seqlens_q"),
+            a.get("seqused_q"),
+            a.get("dq_offsets"),
+        ).launch(
+            grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"], use_pdl=self.p.pdl
+        )
 
 
 @cute.kernel
-def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, mPart, mdBias, mDBiasAcc,
-           scale: Float32, mCuQ, mUsedQ, mdQOff):
+def kernel(
+    p: cutlass.Constexpr,
+    mdQ: cute.Tensor,
+    mAcc: cute.Tensor,
+    mdSinks,
+    mPart,
+    mdBias,
+    mDBiasAcc,
+    scale: Float32,
+    mCuQ,
+    mUsedQ,
+    mdQOff,
+):
     if cutlass.const_expr(p.pdl):  # launched while the main kernel runs: its dQ partials are complete after this
         cute.arch.griddepcontrol_wait()
     tidx, _, _ = cute.arch.thread_idx()
@@ -97,8 +125,9 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
         start = token_offset(mCuQ, batch, 0, packed_rows)
         extent = packed_length(mCuQ, batch, start, packed_rows)
         mdQ = cute.domain_offset((start, 0, 0), mdQ)
-        copies = [cute.domain_offset((packed_acc_tile(start, batch, p.dq_accum_tile) * p.dq_accum_tile, 0), c)
-                  for c in copies]
+        copies = [
+            cute.domain_offset((packed_acc_tile(start, batch, p.dq_accum_tile) * p.dq_accum_tile, 0), c) for c in copies
+        ]
         convert_tile = bx * p.dq_accum_tile < extent
     if cutlass.const_expr(p.ragged):
         # cuDNN's ragged-offset form: the rows of sequence `batch` only, from its first token
@@ -141,8 +170,17 @@ def kernel(p: cutlass.Constexpr, mdQ: cute.Tensor, mAcc: cute.Tensor, mdSinks, m
 
 
 @cute.jit
-def _zero_tail_rows(p: cutlass.Constexpr, mdQ: cute.Tensor, first: Int32, total: Int32, dt, tidx: Int32, bx: Int32,
-                    gx: Int32, head: Int32):
+def _zero_tail_rows(
+    p: cutlass.Constexpr,
+    mdQ: cute.Tensor,
+    first: Int32,
+    total: Int32,
+    dt,
+    tidx: Int32,
+    bx: Int32,
+    gx: Int32,
+    head: Int32,
+):
     """Zero dQ rows [first, total) of `head` (tokens after the last packed sequence), tiles of dq_accum_tile rows
     dealt to the last sequence's CTAs bx, bx + gx, ...: the fragment-order convert writes only the sequences'
     own rows, where the row convert writes every row."""
@@ -158,8 +196,17 @@ def _zero_tail_rows(p: cutlass.Constexpr, mdQ: cute.Tensor, first: Int32, total:
 
 
 @cute.jit
-def _convert_fragment_tile(p: cutlass.Constexpr, mdQ: cute.Tensor, acc_rows: cute.Tensor, scale: Float32,
-                           tidx: Int32, m_block: Int32, batch: Int32, head: Int32, extent: Int32):
+def _convert_fragment_tile(
+    p: cutlass.Constexpr,
+    mdQ: cute.Tensor,
+    acc_rows: cute.Tensor,
+    scale: Float32,
+    tidx: Int32,
+    m_block: Int32,
+    batch: Int32,
+    head: Int32,
+    extent: Int32,
+):
     """dQ rows of query tile m_block from its fragment-order accumulator tile: each thread reads the
     16-byte groups of two MMA threads (t and t + 128), places them in a shared tile, then rows go out."""
     tile, d = p.dq_accum_tile, p.head_dim
@@ -167,8 +214,10 @@ def _convert_fragment_tile(p: cutlass.Constexpr, mdQ: cute.Tensor, acc_rows: cut
     smem = cutlass.utils.SmemAllocator()
     s_tile = smem.allocate_tensor(dt, cute.make_layout((tile, d), stride=(d + VEC, 1)), byte_alignment=16)
     base = acc_rows.iterator + m_block * (tile * d)  # whole tiles: 16-byte aligned (the workspace is 256)
-    chunk = cute.make_tensor(cute.make_ptr(Float32, base.toint(), cute.AddressSpace.gmem, assumed_align=16),
-                             cute.make_layout((4, tile * d // 4)))
+    chunk = cute.make_tensor(
+        cute.make_ptr(Float32, base.toint(), cute.AddressSpace.gmem, assumed_align=16),
+        cute.make_layout((4, tile * d // 4)),
+    )
     group = cute.make_rmem_tensor((4,), Float32)
     for k in cutlass.range_constexpr(FRAGMENT_THREADS // THREADS):
         t = tidx + k * THREADS
@@ -193,8 +242,19 @@ def _convert_fragment_tile(p: cutlass.Constexpr, mdQ: cute.Tensor, acc_rows: cut
 
 
 @cute.jit
-def _convert_chunk(p: cutlass.Constexpr, mdQ: cute.Tensor, copies, scale: Float32, dt: cutlass.Constexpr, bx: Int32,
-                   batch: Int32, head: Int32, extent: Int32, idx: Int32, chunks_per_row: cutlass.Constexpr[int]):
+def _convert_chunk(
+    p: cutlass.Constexpr,
+    mdQ: cute.Tensor,
+    copies,
+    scale: Float32,
+    dt: cutlass.Constexpr,
+    bx: Int32,
+    batch: Int32,
+    head: Int32,
+    extent: Int32,
+    idx: Int32,
+    chunks_per_row: cutlass.Constexpr[int],
+):
     """dQ's 16-byte chunk `idx` of this CTA's rows: the accumulator copies summed in order, times scale."""
     row = bx * ROWS_PER_CTA + idx // chunks_per_row
     c = idx % chunks_per_row
@@ -210,8 +270,9 @@ def _convert_chunk(p: cutlass.Constexpr, mdQ: cute.Tensor, copies, scale: Float3
 
 
 @cute.jit
-def _convert_dbias(mdBias: cute.Tensor, mAcc: cute.Tensor, dt: cutlass.Constexpr, cta: Int32, n_cta: Int32,
-                   tidx: Int32):
+def _convert_dbias(
+    mdBias: cute.Tensor, mAcc: cute.Tensor, dt: cutlass.Constexpr, cta: Int32, n_cta: Int32, tidx: Int32
+):
     """dBias (B or 1, H or 1, S_q, S_kv, any strides) from its fp32 accumulator (rows padded to 16 bytes): CTA
     `cta` of `n_cta` takes every n_cta-th row, its threads consecutive columns."""
     n_b, n_h, s_q, s_kv = mdBias.shape
@@ -227,8 +288,15 @@ def _convert_dbias(mdBias: cute.Tensor, mAcc: cute.Tensor, dt: cutlass.Constexpr
 
 
 @cute.jit
-def _sum_dbias_copies(p: cutlass.Constexpr, mdBias: cute.Tensor, mAcc: cute.Tensor, dt: cutlass.Constexpr,
-                      cta: Int32, n_cta: Int32, tidx: Int32):
+def _sum_dbias_copies(
+    p: cutlass.Constexpr,
+    mdBias: cute.Tensor,
+    mAcc: cute.Tensor,
+    dt: cutlass.Constexpr,
+    cta: Int32,
+    n_cta: Int32,
+    tidx: Int32,
+):
     """A deterministic dBias from its accumulator's copies (one per batch entry and query head): each element
     the sum, batch entries outer and heads inner in increasing order, of the copies it broadcasts over; rows
     dealt out as `_convert_dbias` deals them."""

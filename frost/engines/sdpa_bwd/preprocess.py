@@ -18,6 +18,7 @@ fill launch.
 
 Argument list: `chain.preprocess_args`.
 """
+
 from __future__ import annotations
 
 import cutlass
@@ -60,9 +61,21 @@ class SdpaBwdPreprocess:
             n_batch = mO.shape[0]
         n_blocks = cutlass.max((total + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1)
         kernel(
-            self.p, a["o"], a["do"], a["lse"], a.get("cu_seqlens_q"), a.get("seqused_q"), a.get("sinks"),
-            a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("dsink_partial"), a.get("lse_offsets"),
-            a.get("dbias_accum"), a.get("o_offsets"), a.get("do_offsets"),
+            self.p,
+            a["o"],
+            a["do"],
+            a["lse"],
+            a.get("cu_seqlens_q"),
+            a.get("seqused_q"),
+            a.get("sinks"),
+            a["dpsum"],
+            a["dq_accum"],
+            a.get("dq_semaphore"),
+            a.get("dsink_partial"),
+            a.get("lse_offsets"),
+            a.get("dbias_accum"),
+            a.get("o_offsets"),
+            a.get("do_offsets"),
         ).launch(grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
@@ -173,8 +186,11 @@ def kernel(
             mSem[linear + i * n_threads_total] = Int32(0)
 
     if cutlass.const_expr(mDBiasAcc is not None):
-        _zero_grid_stride(cute.make_tensor(mDBiasAcc.iterator, cute.make_layout(cute.size(mDBiasAcc))),
-                          ((batch * gy + head) * gx + bx) * THREADS + tidx, gx * gy * gz * THREADS)
+        _zero_grid_stride(
+            cute.make_tensor(mDBiasAcc.iterator, cute.make_layout(cute.size(mDBiasAcc))),
+            ((batch * gy + head) * gx + bx) * THREADS + tidx,
+            gx * gy * gz * THREADS,
+        )
 
     if cutlass.const_expr(mPart is not None):
         total = lanes_allreduce_sum(dsink, 32)

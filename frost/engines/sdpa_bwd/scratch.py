@@ -4,6 +4,7 @@ dBias accumulator.
 Every function reads a `BwdChainParams` (see `chain.py`), so the helper kernels, the main kernels and
 the adapter size and carve the same buffers. No cutlass import: planning reads this module.
 """
+
 from __future__ import annotations
 
 from frost.runtime.workspace import ScratchBuffer, layout_bytes
@@ -52,8 +53,9 @@ def packed_acc_rows(p, total_q: int, batch: int) -> int:
     return total_q
 
 
-def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
-                   total_q: int = 0, total_kv: int = 0, bias_rows=None) -> list[tuple[str, str, tuple[int, ...]]]:
+def scratch_layout(
+    p, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_q: int = 0, total_kv: int = 0, bias_rows=None
+) -> list[tuple[str, str, tuple[int, ...]]]:
     """The workspace buffers of the chain, in carving order: (name, torch dtype name, shape).
 
     Dense: `max_seqlen_q` is the declared Sq. THD: `total_q` is the packed query
@@ -71,8 +73,10 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
     else:
         acc_rows = accumulator_rows(p, max_seqlen_q)
         copies = max(p.dq_splits, 1)
-        out = [("dpsum", "float32", (batch, h, max_seqlen_q)),
-               ("dq_accum", "float32", (copies * batch, h, acc_rows, d))]
+        out = [
+            ("dpsum", "float32", (batch, h, max_seqlen_q)),
+            ("dq_accum", "float32", (copies * batch, h, acc_rows, d)),
+        ]
         n_part = h * PARTIALS_PER_CTA * batch * max(cdiv(max_seqlen_q, ROWS_PER_CTA), 1)
     if uses_turns(p):  # one per (batch, head, query tile of tile_m rows); THD: per head, the packed total's
         # tiles plus one per sequence (a sequence's tiles start where its first token's tile does)
@@ -83,8 +87,9 @@ def scratch_layout(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int,
     if p.has_dsinks:
         out.append(("dsink_partial", "float32", (n_part,)))
     if p.dbias_accum:
-        out.append(("dbias_accum", "float32", dbias_accum_shape(p, batch, *(bias_rows or (max_seqlen_q,
-                                                                                          max_seqlen_kv)))))
+        out.append(
+            ("dbias_accum", "float32", dbias_accum_shape(p, batch, *(bias_rows or (max_seqlen_q, max_seqlen_kv))))
+        )
     return out
 
 
@@ -95,12 +100,19 @@ DBIAS_ROW_ALIGN = 4
 def dbias_accum_shape(p, batch: int, seq_q: int, seq_kv: int) -> tuple[int, int, int, int]:
     """(B or 1, H_q or 1, S_q, S_kv padded to DBIAS_ROW_ALIGN): dBias's dims (declared S_q / S_kv, or THD's
     max_seq_len_q / kv) in fp32, rows 16-byte aligned."""
-    return (batch if p.dbias_accum_per_batch else 1, p.num_heads_q if p.dbias_accum_per_head else 1, seq_q,
-            cdiv(seq_kv, DBIAS_ROW_ALIGN) * DBIAS_ROW_ALIGN)
+    return (
+        batch if p.dbias_accum_per_batch else 1,
+        p.num_heads_q if p.dbias_accum_per_head else 1,
+        seq_q,
+        cdiv(seq_kv, DBIAS_ROW_ALIGN) * DBIAS_ROW_ALIGN,
+    )
 
 
-def scratch_bytes(p, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_q: int = 0, total_kv: int = 0,
-                  bias_rows=None) -> int:
+def scratch_bytes(
+    p, batch: int, max_seqlen_q: int, max_seqlen_kv: int, total_q: int = 0, total_kv: int = 0, bias_rows=None
+) -> int:
     """Workspace bytes of `scratch_layout`, each buffer 256-byte aligned (the adapter's own closed form)."""
-    return layout_bytes(ScratchBuffer(n, dt, tuple(shape)) for n, dt, shape in
-                        scratch_layout(p, batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv, bias_rows))
+    return layout_bytes(
+        ScratchBuffer(n, dt, tuple(shape))
+        for n, dt, shape in scratch_layout(p, batch, max_seqlen_q, max_seqlen_kv, total_q, total_kv, bias_rows)
+    )

@@ -2,6 +2,7 @@
 
 Plain integer arithmetic (no cutlass import): the kernel calls it on Int32s, the CPU tests on ints.
 """
+
 from __future__ import annotations
 
 

@@ -51,7 +51,6 @@ sequence, so a longer sequence than declared is still fully served.
 Argument list: `sdpa_bwd_params.main_args`; the chain around it: `frost.engines.sdpa_bwd`.
 """
 
-
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -124,8 +123,7 @@ class SdpaBwdSm80:
             return warp_mma.row_thread_layout(self.threads, row_elems)
 
         vals = cute.make_layout((1, 8))
-        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt,
-                                  num_bits_per_copy=128)
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
         st128 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
         self.g2s_qk = cute.make_tiled_copy_tv(g2s, thr_layout(self.d), vals)
         self.g2s_vdo = cute.make_tiled_copy_tv(g2s, thr_layout(self.dv), vals)
@@ -184,23 +182,72 @@ class SdpaBwdSm80:
         if cutlass.const_expr(self.p.is_thd):
             maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         kernel(
-            self, a["q"], mK, a["v"], a["do"], a["lse"], a["dk"], a["dv"],
-            a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"), a.get("seqused_kv"), maxima,
-            a.get("lse_offsets"), (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
-            a["dpsum"], a["dq_accum"], a.get("dq_semaphore"), a.get("bias"), a.get("dbias"),
-            a.get("dbias_accum"), scale, scale_log2, a.get("window_left"), a.get("window_right"),
-            self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sPdS_layout,
-            self.g2s_qk, self.g2s_vdo, self.s2g_k, self.s2g_v, self.mma_sdp, self.mma_dkv, self.mma_dq, Storage,
-        ).launch(grid=grid_shape(self.p.grid_order, grid_x, self.p.kv_grid_heads, n_batch), block=(self.threads, 1, 1),
-                 smem=Storage.size_in_bytes(), stream=a["stream"])
+            self,
+            a["q"],
+            mK,
+            a["v"],
+            a["do"],
+            a["lse"],
+            a["dk"],
+            a["dv"],
+            a.get("cu_seqlens_q"),
+            a.get("cu_seqlens_kv"),
+            a.get("seqused_q"),
+            a.get("seqused_kv"),
+            maxima,
+            a.get("lse_offsets"),
+            (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
+            a["dpsum"],
+            a["dq_accum"],
+            a.get("dq_semaphore"),
+            a.get("bias"),
+            a.get("dbias"),
+            a.get("dbias_accum"),
+            scale,
+            scale_log2,
+            a.get("window_left"),
+            a.get("window_right"),
+            self.sQ_layout,
+            self.sdO_layout,
+            self.sK_layout,
+            self.sV_layout,
+            self.sPdS_layout,
+            self.g2s_qk,
+            self.g2s_vdo,
+            self.s2g_k,
+            self.s2g_v,
+            self.mma_sdp,
+            self.mma_dkv,
+            self.mma_dq,
+            Storage,
+        ).launch(
+            grid=grid_shape(self.p.grid_order, grid_x, self.p.kv_grid_heads, n_batch),
+            block=(self.threads, 1, 1),
+            smem=Storage.size_in_bytes(),
+            stream=a["stream"],
+        )
 
 
 @cute.jit
-def _load_rows(thr_copy: cute.TiledCopy, tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor,
-              cX: cute.Tensor, limit: Int32, cols: cutlass.Constexpr[int] = 0):
+def _load_rows(
+    thr_copy: cute.TiledCopy,
+    tiled_copy: cute.TiledCopy,
+    gX: cute.Tensor,
+    sX: cute.Tensor,
+    cX: cute.Tensor,
+    limit: Int32,
+    cols: cutlass.Constexpr[int] = 0,
+):
     """cp.async a (rows, cols) tile into smem; rows >= limit (and columns >= `cols`) are zero-filled instead."""
-    rows.load_rows(tiled_copy, thr_copy.partition_S(gX), thr_copy.partition_D(sX), thr_copy.partition_S(cX),
-                   limit, tile_rows=cute.size(sX, mode=[0]), cols=cols)
+    rows.load_rows(
+        tiled_copy,
+        thr_copy.partition_S(gX),
+        thr_copy.partition_D(sX),
+        thr_copy.partition_S(cX),
+        limit,
+        tile_rows=cute.size(sX, mode=[0]),
+        cols=cols,
+    )
 
 
 @cute.jit
@@ -337,15 +384,50 @@ def kernel(
     tidx, _, _ = cute.arch.thread_idx()
     bx, head_kv, batch = (block_coord(p.grid_order, a) for a in ("key", "head", "batch"))
     grid_x = grid_extent(p.grid_order, "key")
-    c = _setup(cfg, tidx, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, g2s_qk, g2s_vdo, s2g_k, s2g_v,
-               mma_sdp, mma_dkv, mma_dq, Storage)
-    s = _sequence(cfg, mQ, mK, (mCuQ, mCuK, mUsedQ, mUsedK, maxima[0], maxima[1]), batch, head_kv, bx, grid_x,
-                  window_left, window_right, mLseOff, mSem)
+    c = _setup(
+        cfg,
+        tidx,
+        sQ_layout,
+        sdO_layout,
+        sK_layout,
+        sV_layout,
+        sPdS_layout,
+        g2s_qk,
+        g2s_vdo,
+        s2g_k,
+        s2g_v,
+        mma_sdp,
+        mma_dkv,
+        mma_dq,
+        Storage,
+    )
+    s = _sequence(
+        cfg,
+        mQ,
+        mK,
+        (mCuQ, mCuK, mUsedQ, mUsedK, maxima[0], maxima[1]),
+        batch,
+        head_kv,
+        bx,
+        grid_x,
+        window_left,
+        window_right,
+        mLseOff,
+        mSem,
+    )
     # the ragged form's io tensors with offsets of their own, rebased onto their group leader's (q's, k's) and
     # clamped so the sequence's rows fit
-    mV, mdO, mdK, mdV = (own_rows(p, role, mX, off, batch, *((s.offset_q, s.seqlen_q, s.static_q) if role == "do"
-                                                             else (s.offset_k, s.seqlen_k, s.static_k)))
-                         for role, mX, off in zip(("v", "do", "dk", "dv"), (mV, mdO, mdK, mdV), mOwnOff))
+    mV, mdO, mdK, mdV = (
+        own_rows(
+            p,
+            role,
+            mX,
+            off,
+            batch,
+            *((s.offset_q, s.seqlen_q, s.static_q) if role == "do" else (s.offset_k, s.seqlen_k, s.static_k)),
+        )
+        for role, mX, off in zip(("v", "do", "dk", "dv"), (mV, mdO, mdK, mdV), mOwnOff)
+    )
     io = _Io(mQ, mdO, mLSE, mdPsum, mAcc, mSem, mBias, mdBias, mdBiasAcc)
 
     # key / value views of this (batch, kv head); K and V heads apart: the walk starts at the first K and V heads
@@ -377,9 +459,17 @@ def kernel(
             _walk(cfg, c, s, kt, io, acc_dK, acc_dV, mK_cur, mV_cur, scale, scale_log2, tidx, fine_k, fine_v)
         if cutlass.const_expr(p.has_dbias and not p.dbias_accum):
             _zero_dbias_outside_band(cfg, s, kt, io, tidx)
-        _write_dk_dv(cfg, c, acc_dK, acc_dV, scale, cute.local_tile(mdK_cur, (cfg.bn, cfg.d), (kt.n_block, 0)),
-                     cute.local_tile(mdV_cur, (cfg.bn, cfg.dv), (kt.n_block, 0)), out_rows - kt.n_block * cfg.bn,
-                     tidx)
+        _write_dk_dv(
+            cfg,
+            c,
+            acc_dK,
+            acc_dV,
+            scale,
+            cute.local_tile(mdK_cur, (cfg.bn, cfg.d), (kt.n_block, 0)),
+            cute.local_tile(mdV_cur, (cfg.bn, cfg.dv), (kt.n_block, 0)),
+            out_rows - kt.n_block * cfg.bn,
+            tidx,
+        )
         if cutlass.const_expr(fine_k is not None or fine_v is not None):
             if kt.n_steps == 0:  # no query tile in the band: the changing tensors' other heads get zeros too
                 if cutlass.const_expr(fine_k is not None):
@@ -391,14 +481,29 @@ def kernel(
 
 
 @cute.jit
-def _setup(cfg: cutlass.Constexpr, tidx: Int32, sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
-           g2s_qk: cute.TiledCopy, g2s_vdo: cute.TiledCopy, s2g_k: cute.TiledCopy, s2g_v: cute.TiledCopy,
-           mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma, Storage: cutlass.Constexpr):
+def _setup(
+    cfg: cutlass.Constexpr,
+    tidx: Int32,
+    sQ_layout,
+    sdO_layout,
+    sK_layout,
+    sV_layout,
+    sPdS_layout,
+    g2s_qk: cute.TiledCopy,
+    g2s_vdo: cute.TiledCopy,
+    s2g_k: cute.TiledCopy,
+    s2g_v: cute.TiledCopy,
+    mma_sdp: cute.TiledMma,
+    mma_dkv: cute.TiledMma,
+    mma_dq: cute.TiledMma,
+    Storage: cutlass.Constexpr,
+):
     """Shared memory, this thread's MMA partitions and fragments, and the copies: loop-invariant, bound once."""
     bm, bn, D, Dv = cfg.bm, cfg.bn, cfg.d, cfg.dv
     dt = cfg.dtype
-    c = SimpleNamespace(g2s_qk=g2s_qk, g2s_vdo=g2s_vdo, s2g_k=s2g_k, s2g_v=s2g_v, mma_sdp=mma_sdp,
-                        mma_dkv=mma_dkv, mma_dq=mma_dq)
+    c = SimpleNamespace(
+        g2s_qk=g2s_qk, g2s_vdo=g2s_vdo, s2g_k=s2g_k, s2g_v=s2g_v, mma_sdp=mma_sdp, mma_dkv=mma_dkv, mma_dq=mma_dq
+    )
 
     # ---------------------------------------------------------------- shared memory
     smem = cutlass.utils.SmemAllocator()
@@ -476,9 +581,20 @@ def _setup(cfg: cutlass.Constexpr, tidx: Int32, sQ_layout, sdO_layout, sK_layout
 
 
 @cute.jit
-def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, lengths, batch: Int32,
-              head_kv: Int32, bx: Int32, grid_x: Int32, window_left, window_right, mLseOff=None,
-              mSem=None) -> _Sequence:
+def _sequence(
+    cfg: cutlass.Constexpr,
+    mQ: cute.Tensor,
+    mK: cute.Tensor,
+    lengths,
+    batch: Int32,
+    head_kv: Int32,
+    bx: Int32,
+    grid_x: Int32,
+    window_left,
+    window_right,
+    mLseOff=None,
+    mSem=None,
+) -> _Sequence:
     """This CTA's sequence record: offsets, lengths (clamped to the envelope, `seqlen_info`; `lengths`: the device
     lengths and the packed form's (max_seqlen_q, max_seqlen_kv) they are capped at), the mask's diagonal, its key
     tiles and accumulator copy."""
@@ -504,8 +620,22 @@ def _sequence(cfg: cutlass.Constexpr, mQ: cute.Tensor, mK: cute.Tensor, lengths,
     acc_batch = batch  # the accumulator copy this CTA adds into (its own, with split copies)
     if cutlass.const_expr(splits > 0):
         acc_batch = accum.copy_batch(bx, grid_extent(cfg.p.grid_order, "batch"), batch)
-    return _Sequence(batch, head_kv, offset_q, offset_k, seqlen_q, seqlen_k, static_q, static_k, diag, window_left,
-                     window_right, num_n, acc_batch, offset_lse)
+    return _Sequence(
+        batch,
+        head_kv,
+        offset_q,
+        offset_k,
+        seqlen_q,
+        seqlen_k,
+        static_q,
+        static_k,
+        diag,
+        window_left,
+        window_right,
+        num_n,
+        acc_batch,
+        offset_lse,
+    )
 
 
 @cute.jit
@@ -517,8 +647,9 @@ def _key_tile(cfg: cutlass.Constexpr, s: _Sequence, bx: Int32, it: Int32, grid_x
         n_block = split_tile(it, bx, p.dq_splits)
     if cutlass.const_expr(uses_turns(p) and p.det_order == turns.STAIR):
         n_block = s.num_n - 1 - n_block  # higher key tiles launch first: they take the earlier turns
-    m_min, m_max = fmask.m_block_range(n_block, cfg.bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left,
-                                       s.window_right)
+    m_min, m_max = fmask.m_block_range(
+        n_block, cfg.bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left, s.window_right
+    )
     n_m = cutlass.max(m_max - m_min, 0)
     n_steps = n_m * cfg.group
     rot = Int32(0)
@@ -529,9 +660,22 @@ def _key_tile(cfg: cutlass.Constexpr, s: _Sequence, bx: Int32, it: Int32, grid_x
 
 
 @cute.jit
-def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK: cute.Tensor, acc_dV: cute.Tensor,
-          mK_cur: cute.Tensor, mV_cur: cute.Tensor, scale: Float32, scale_log2: Float32, tidx: Int32, fine_k=None,
-          fine_v=None):
+def _walk(
+    cfg: cutlass.Constexpr,
+    c,
+    s: _Sequence,
+    kt: _KeyTile,
+    io: _Io,
+    acc_dK: cute.Tensor,
+    acc_dV: cute.Tensor,
+    mK_cur: cute.Tensor,
+    mV_cur: cute.Tensor,
+    scale: Float32,
+    scale_log2: Float32,
+    tidx: Int32,
+    fine_k=None,
+    fine_v=None,
+):
     """Load the key tile and the walk's first query tile, run every step, and pass a late turn on."""
     bm, bn = cfg.bm, cfg.bn
     kv_limit = s.seqlen_k - kt.n_block * bn
@@ -562,8 +706,19 @@ def _walk(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
 
 
 @cute.jit
-def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK: cute.Tensor, acc_dV: cute.Tensor,
-          scale: Float32, scale_log2: Float32, tidx: Int32, t: Int32):
+def _step(
+    cfg: cutlass.Constexpr,
+    c,
+    s: _Sequence,
+    kt: _KeyTile,
+    io: _Io,
+    acc_dK: cute.Tensor,
+    acc_dV: cute.Tensor,
+    scale: Float32,
+    scale_log2: Float32,
+    tidx: Int32,
+    t: Int32,
+):
     """Step t of a walk: S, P, dP, dS of one query tile; dV and dK accumulate, dQ's partial is added."""
     bm = cfg.bm
     n_block = kt.n_block
@@ -605,8 +760,18 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     _score_grads_to_smem(cfg, c, s, io, (head, m_block, n_block), slot, acc_S, acc_S_mn)
 
     # ---- dV += P^T.dO
-    warp_mma.gemm_ss(c.mma_dkv, acc_dV, c.tdVrPt, c.tdVrdOt, c.tdVsPt, c.tdVsdOt[None, None, None, slot],
-                     c.s2r_dkv_a, c.s2r_dkv_b, c.s2r_dkv_a, c.s2r_dkv_b)
+    warp_mma.gemm_ss(
+        c.mma_dkv,
+        acc_dV,
+        c.tdVrPt,
+        c.tdVrdOt,
+        c.tdVsPt,
+        c.tdVsdOt[None, None, None, slot],
+        c.s2r_dkv_a,
+        c.s2r_dkv_b,
+        c.s2r_dkv_a,
+        c.s2r_dkv_b,
+    )
     if cutlass.const_expr(cfg.stages == 1):
         cute.arch.barrier()
         _prefetch(cfg, c, s, io, nxt, slot, False, True)
@@ -614,8 +779,18 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
     _dq_partial(cfg, c, s, io, (head, m_block, n_block), tidx)
 
     # ---- dK += dS^T.Q
-    warp_mma.gemm_ss(c.mma_dkv, acc_dK, c.tdKrdSt, c.tdKrQt, c.tdKsdSt, c.tdKsQt[None, None, None, slot],
-                     c.s2r_dkv_a, c.s2r_dkv_b, c.s2r_dkv_a, c.s2r_dkv_b)
+    warp_mma.gemm_ss(
+        c.mma_dkv,
+        acc_dK,
+        c.tdKrdSt,
+        c.tdKrQt,
+        c.tdKsdSt,
+        c.tdKsQt[None, None, None, slot],
+        c.s2r_dkv_a,
+        c.s2r_dkv_b,
+        c.s2r_dkv_a,
+        c.s2r_dkv_b,
+    )
     if cutlass.const_expr(cfg.stages == 1):
         cute.arch.barrier()
         _prefetch(cfg, c, s, io, nxt, slot, True, False)
@@ -626,17 +801,45 @@ def _step(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, io: _Io, acc_dK
 
 
 @cute.jit
-def _prefetch(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, nxt: _Next, slot, q: cutlass.Constexpr[bool],
-              do: cutlass.Constexpr[bool]):
+def _prefetch(
+    cfg: cutlass.Constexpr,
+    c,
+    s: _Sequence,
+    io: _Io,
+    nxt: _Next,
+    slot,
+    q: cutlass.Constexpr[bool],
+    do: cutlass.Constexpr[bool],
+):
     """cp.async the next query tile's Q and / or dO (where there is a next tile) into the stage after this step's
     `slot` (`_next_slot`), then commit the group (empty at the walk's end)."""
     if nxt.has_next:
         if cutlass.const_expr(q):
-            _load_q(cfg, s, c.g2s_qk_thr, c.g2s_qk, io.q, nxt.head, nxt.m_block,
-                    c.sQ[None, None, _next_slot(cfg, slot)], c.cQ, cfg.cols_qk)
+            _load_q(
+                cfg,
+                s,
+                c.g2s_qk_thr,
+                c.g2s_qk,
+                io.q,
+                nxt.head,
+                nxt.m_block,
+                c.sQ[None, None, _next_slot(cfg, slot)],
+                c.cQ,
+                cfg.cols_qk,
+            )
         if cutlass.const_expr(do):
-            _load_q(cfg, s, c.g2s_vdo_thr, c.g2s_vdo, io.do, nxt.head, nxt.m_block,
-                    c.sdO[None, None, _next_slot(cfg, slot)], c.cdO, cfg.cols_v)
+            _load_q(
+                cfg,
+                s,
+                c.g2s_vdo_thr,
+                c.g2s_vdo,
+                io.do,
+                nxt.head,
+                nxt.m_block,
+                c.sdO[None, None, _next_slot(cfg, slot)],
+                c.cdO,
+                cfg.cols_v,
+            )
     cute.arch.cp_async_commit_group()
 
 
@@ -654,15 +857,37 @@ def _scores(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, at, slot, scale: F
     head, m_block, n_block = at
     acc_S = cute.make_rmem_tensor(c.acc_shape_S, Float32)
     acc_S.fill(0.0)
-    warp_mma.gemm_ss(c.mma_sdp, acc_S, c.tSrQ, c.tSrK, c.tSsQ[None, None, None, slot], c.tSsK, c.s2r_sdp_a,
-                     c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b, cfg.k_slices_qk)
+    warp_mma.gemm_ss(
+        c.mma_sdp,
+        acc_S,
+        c.tSrQ,
+        c.tSrK,
+        c.tSsQ[None, None, None, slot],
+        c.tSsK,
+        c.s2r_sdp_a,
+        c.s2r_sdp_b,
+        c.s2r_sdp_a,
+        c.s2r_sdp_b,
+        cfg.k_slices_qk,
+    )
     acc_S_mn = acc_as_mn(acc_S)
     if cutlass.const_expr(cfg.p.has_score_mods):
         _score_mods(cfg, c, s, io, acc_S_mn, head, m_block, n_block, scale)
-    if fmask.tile_needs_mask(m_block, n_block, bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left,
-                             s.window_right):
-        fmask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, m_block * bm, n_block * cfg.bn, s.seqlen_k, s.diag,
-                         s.window_left, s.window_right, mask_seqlen=True)
+    if fmask.tile_needs_mask(
+        m_block, n_block, bm, cfg.bn, s.seqlen_q, s.seqlen_k, s.diag, s.window_left, s.window_right
+    ):
+        fmask.apply_mask(
+            acc_S_mn,
+            c.tScS_mn,
+            c.t0ScS_mn,
+            m_block * bm,
+            n_block * cfg.bn,
+            s.seqlen_k,
+            s.diag,
+            s.window_left,
+            s.window_right,
+            mask_seqlen=True,
+        )
     _probabilities(acc_S_mn, c.tScS_mn, c.sLSE, scale_log2)
     if cutlass.const_expr(cfg.fused):
         rP = cute.make_fragment_like(acc_S, cfg.dtype)
@@ -672,16 +897,28 @@ def _scores(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, at, slot, scale: F
 
 
 @cute.jit
-def _score_grads_to_smem(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, at, slot, acc_S: cute.Tensor,
-                         acc_S_mn: cute.Tensor):
+def _score_grads_to_smem(
+    cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, at, slot, acc_S: cute.Tensor, acc_S_mn: cute.Tensor
+):
     """dP = dO.V^T and dS of the step's tile (`at`: query head, query tile, key tile); dBias = dS where declared;
     P (split) and dS to smem, then a barrier."""
     dt = cfg.dtype
     head, m_block, n_block = at
     acc_dP = cute.make_rmem_tensor(c.acc_shape_S, Float32)
     acc_dP.fill(0.0)
-    warp_mma.gemm_ss(c.mma_sdp, acc_dP, c.tdPrdO, c.tdPrV, c.tdPsdO[None, None, None, slot], c.tdPsV, c.s2r_sdp_a,
-                     c.s2r_sdp_b, c.s2r_sdp_a, c.s2r_sdp_b, cfg.k_slices_v)
+    warp_mma.gemm_ss(
+        c.mma_sdp,
+        acc_dP,
+        c.tdPrdO,
+        c.tdPrV,
+        c.tdPsdO[None, None, None, slot],
+        c.tdPsV,
+        c.s2r_sdp_a,
+        c.s2r_sdp_b,
+        c.s2r_sdp_a,
+        c.s2r_sdp_b,
+        cfg.k_slices_v,
+    )
     _score_grads(acc_as_mn(acc_dP), acc_S_mn, c.tScS_mn, c.sdPsum)
     if cutlass.const_expr(not cfg.fused):
         rP = cute.make_fragment_like(acc_S, dt)
@@ -711,21 +948,32 @@ def _dq_partial(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, at, tidx: Int3
             polled = ld_acquire_i32(_sem_ptr(cfg, s, io, head, m_block))
     acc_dQ = cute.make_rmem_tensor(c.acc_shape_dQ, Float32)
     acc_dQ.fill(0.0)
-    warp_mma.gemm_ss(c.mma_dq, acc_dQ, c.tdQrdS, c.tdQrKt, c.tdQsdS, c.tdQsKt, c.s2r_dq_a, c.s2r_dq_b, c.s2r_dq_a,
-                     c.s2r_dq_b)
+    warp_mma.gemm_ss(
+        c.mma_dq, acc_dQ, c.tdQrdS, c.tdQrKt, c.tdQsdS, c.tdQsKt, c.s2r_dq_a, c.s2r_dq_b, c.s2r_dq_a, c.s2r_dq_b
+    )
     _add_dq(cfg, c, s, io, acc_dQ, head, m_block, n_block, tidx, polled)
 
 
 @cute.jit
-def _score_mods(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, acc_S_mn: cute.Tensor, head: Int32,
-                m_block: Int32, n_block: Int32, scale: Float32):
+def _score_mods(
+    cfg: cutlass.Constexpr,
+    c,
+    s: _Sequence,
+    io: _Io,
+    acc_S_mn: cute.Tensor,
+    head: Int32,
+    m_block: Int32,
+    n_block: Int32,
+    scale: Float32,
+):
     """S -> scale * S + bias + ALiBi of query head `head`, in place (score_mod; masks come after)."""
     mB, row_limit, col_limit, slope = score_mod.sequence_mods(cfg.p, io.bias, s.batch, head, s.seqlen_q, s.seqlen_k)
     tBgB = None
     if cutlass.const_expr(cfg.p.has_bias):
         tBgB = _score_tile(cfg, c, mB, m_block, n_block)
-    score_mod.add_score_mods(acc_S_mn, c.tScS_mn, c.t0ScS_mn, tBgB, scale, m_block * cfg.bm, n_block * cfg.bn,
-                             row_limit, col_limit, slope)
+    score_mod.add_score_mods(
+        acc_S_mn, c.tScS_mn, c.t0ScS_mn, tBgB, scale, m_block * cfg.bm, n_block * cfg.bn, row_limit, col_limit, slope
+    )
 
 
 @cute.jit
@@ -736,20 +984,28 @@ def _score_tile(cfg: cutlass.Constexpr, c, mX: cute.Tensor, m_block: Int32, n_bl
 
 
 @cute.jit
-def _store_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, rdS_mn: cute.Tensor, head: Int32,
-                 m_block: Int32, n_block: Int32):
+def _store_dbias(
+    cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, rdS_mn: cute.Tensor, head: Int32, m_block: Int32, n_block: Int32
+):
     """dS of one (query tile, key tile) into dBias as it is (dense, one (batch, head) per element): every
     element inside dBias's extents, the zeros of masked and padding positions included."""
     p = cfg.p
     mdB = score_mod.bias_rows(io.dbias, s.batch, head, p.bias_per_batch, p.bias_per_head)
-    score_mod.write_score_tile(rdS_mn, _score_tile(cfg, c, mdB, m_block, n_block), c.tScS_mn, c.t0ScS_mn,
-                               mdB.shape[0] - m_block * cfg.bm, mdB.shape[1] - n_block * cfg.bn - c.tScS_mn[0][1],
-                               add=False)
+    score_mod.write_score_tile(
+        rdS_mn,
+        _score_tile(cfg, c, mdB, m_block, n_block),
+        c.tScS_mn,
+        c.t0ScS_mn,
+        mdB.shape[0] - m_block * cfg.bm,
+        mdB.shape[1] - n_block * cfg.bn - c.tScS_mn[0][1],
+        add=False,
+    )
 
 
 @cute.jit
-def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Tensor, head: Int32, m_block: Int32,
-               n_block: Int32):
+def _add_dbias(
+    cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Tensor, head: Int32, m_block: Int32, n_block: Int32
+):
     """red.global.add dS (fp32) of one (query tile, key tile) into the dBias accumulator (dbias_accum), the
     positions inside the sequence only (the others add 0). Neighbouring columns go as one 8-byte reduction on
     sm_90+: the accumulator's rows are 16-byte multiples, so a pair never leaves its row. Deterministic: the
@@ -757,18 +1013,39 @@ def _add_dbias(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, dS_mn: cute.Ten
     store (the dQ convert sums the copies in a fixed order)."""
     p = cfg.p
     mA = score_mod.bias_rows(io.dbias_acc, s.batch, head, p.dbias_accum_per_batch, p.dbias_accum_per_head)
-    score_mod.write_score_tile(dS_mn, _score_tile(cfg, c, mA, m_block, n_block), c.tScS_mn, c.t0ScS_mn,
-                               cutlass.min(s.seqlen_q, mA.shape[0]) - m_block * cfg.bm,
-                               cutlass.min(s.seqlen_k, mA.shape[1]) - n_block * cfg.bn - c.tScS_mn[0][1],
-                               add=not p.deterministic, pairs=True, vector_red=cfg.vector_red)
+    score_mod.write_score_tile(
+        dS_mn,
+        _score_tile(cfg, c, mA, m_block, n_block),
+        c.tScS_mn,
+        c.t0ScS_mn,
+        cutlass.min(s.seqlen_q, mA.shape[0]) - m_block * cfg.bm,
+        cutlass.min(s.seqlen_k, mA.shape[1]) - n_block * cfg.bn - c.tScS_mn[0][1],
+        add=not p.deterministic,
+        pairs=True,
+        vector_red=cfg.vector_red,
+    )
 
 
 @cute.jit
 def _zero_dbias_outside_band(cfg: cutlass.Constexpr, s: _Sequence, kt: _KeyTile, io: _Io, tidx: Int32):
     """Zeros into the dBias elements of this key tile's columns that no step of its walk writes
     (`score_mod.zero_dbias_outside_band`)."""
-    score_mod.zero_dbias_outside_band(cfg.p, io.dbias, s.batch, s.head_kv * cfg.group, cfg.group, kt.m_min, kt.n_m,
-                                      cfg.bm, kt.n_block, cfg.bn, s.static_q, s.static_k, cfg.threads, tidx)
+    score_mod.zero_dbias_outside_band(
+        cfg.p,
+        io.dbias,
+        s.batch,
+        s.head_kv * cfg.group,
+        cfg.group,
+        kt.m_min,
+        kt.n_m,
+        cfg.bm,
+        kt.n_block,
+        cfg.bn,
+        s.static_q,
+        s.static_k,
+        cfg.threads,
+        tidx,
+    )
 
 
 @cute.jit
@@ -788,8 +1065,17 @@ def _score_grads(acc_dP_mn: cute.Tensor, acc_P_mn: cute.Tensor, tScS_mn: cute.Te
 
 
 @cute.jit
-def _write_dk_dv(cfg: cutlass.Constexpr, c, acc_dK: cute.Tensor, acc_dV: cute.Tensor, scale: Float32,
-                 gdK: cute.Tensor, gdV: cute.Tensor, rows_left: Int32, tidx: Int32):
+def _write_dk_dv(
+    cfg: cutlass.Constexpr,
+    c,
+    acc_dK: cute.Tensor,
+    acc_dV: cute.Tensor,
+    scale: Float32,
+    gdK: cute.Tensor,
+    gdV: cute.Tensor,
+    rows_left: Int32,
+    tidx: Int32,
+):
     """Epilogue of a key tile: dK (scaled) and dV in the io dtype, through the K / V smem tiles to their rows."""
     dt = cfg.dtype
     cute.arch.barrier()
@@ -807,8 +1093,18 @@ def _write_dk_dv(cfg: cutlass.Constexpr, c, acc_dK: cute.Tensor, acc_dV: cute.Te
 
 
 @cute.jit
-def _next_fine_head(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, is_v: cutlass.Constexpr[bool],
-                    acc_dK: cute.Tensor, acc_dV: cute.Tensor, t: Int32, tidx: Int32):
+def _next_fine_head(
+    cfg: cutlass.Constexpr,
+    c,
+    s: _Sequence,
+    kt: _KeyTile,
+    fine: _Fine,
+    is_v: cutlass.Constexpr[bool],
+    acc_dK: cute.Tensor,
+    acc_dV: cute.Tensor,
+    t: Int32,
+    tidx: Int32,
+):
     """K and V heads apart, after step t: where the query heads of one of this tensor's heads (V's if `is_v`, else
     K's) end and the walk goes on, its dK or dV tile goes out and the next head's K or V tile comes in (the walk
     takes the query heads in order)."""
@@ -824,8 +1120,18 @@ def _next_fine_head(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine:
 
 
 @cute.jit
-def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, is_v: cutlass.Constexpr[bool],
-                acc_dK: cute.Tensor, acc_dV: cute.Tensor, head: Int32, tidx: Int32):
+def _store_fine(
+    cfg: cutlass.Constexpr,
+    c,
+    s: _Sequence,
+    kt: _KeyTile,
+    fine: _Fine,
+    is_v: cutlass.Constexpr[bool],
+    acc_dK: cute.Tensor,
+    acc_dV: cute.Tensor,
+    head: Int32,
+    tidx: Int32,
+):
     """The accumulated dV (`is_v`) or dK (scaled) tile to head `head`'s rows, staged through its own V or K smem
     tile as the epilogue does (every thread is done with that tile first)."""
     dt = cfg.dtype
@@ -841,8 +1147,9 @@ def _store_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fi
         rX.store((acc_dK.load() * fine.scale).to(dt))
     cute.copy(c.r2s_dkv, c.r2s_dkv.retile(rX), c.r2s_dkv.partition_D(sX))
     cute.arch.barrier()
-    gX = cute.local_tile(rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d),
-                         (kt.n_block, 0))
+    gX = cute.local_tile(
+        rows.widen(rows.head_rows(fine.grad, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d), (kt.n_block, 0)
+    )
     rows.store_rows(s2g, sX, gX, cX, rows_left, tidx, regs_like_dst=True, cols=cols)
     cute.arch.barrier()
 
@@ -856,16 +1163,18 @@ def _fine_tile(cfg, c, is_v: bool) -> tuple:
 
 
 @cute.jit
-def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, is_v: cutlass.Constexpr[bool],
-               head: Int32):
+def _load_fine(
+    cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fine, is_v: cutlass.Constexpr[bool], head: Int32
+):
     """Head `head`'s V (`is_v`) or K tile of this key tile into its smem tile, waited for (with whatever else is in
     flight) before the next step reads it."""
     batch = block_coord(cfg.p.grid_order, "batch")
     kv_limit = s.seqlen_k - kt.n_block * cfg.bn
     sX, cX, _, d, cols = _fine_tile(cfg, c, is_v)
     g2s_thr, g2s = (c.g2s_vdo_thr, c.g2s_vdo) if cutlass.const_expr(is_v) else (c.g2s_qk_thr, c.g2s_qk)
-    gX = cute.local_tile(rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d),
-                         (kt.n_block, 0))
+    gX = cute.local_tile(
+        rows.widen(rows.head_rows(fine.src, head, batch, s.offset_k, cfg.p.is_thd), d), (cfg.bn, d), (kt.n_block, 0)
+    )
     _load_rows(g2s_thr, g2s, gX, sX, cX, kv_limit, cols)
     cute.arch.cp_async_commit_group()
     cute.arch.cp_async_wait_group(0)
@@ -873,8 +1182,18 @@ def _load_fine(cfg: cutlass.Constexpr, c, s: _Sequence, kt: _KeyTile, fine: _Fin
 
 
 @cute.jit
-def _load_q(cfg: cutlass.Constexpr, s: _Sequence, thr_copy, tiled_copy, mX: cute.Tensor, head: Int32,
-            m_block: Int32, sX: cute.Tensor, cX: cute.Tensor, limit_cols: cutlass.Constexpr[int]):
+def _load_q(
+    cfg: cutlass.Constexpr,
+    s: _Sequence,
+    thr_copy,
+    tiled_copy,
+    mX: cute.Tensor,
+    head: Int32,
+    m_block: Int32,
+    sX: cute.Tensor,
+    cX: cute.Tensor,
+    limit_cols: cutlass.Constexpr[int],
+):
     """cp.async one query tile of q or do (rows past the sequence, and columns >= `limit_cols`, zero-filled)."""
     batch = block_coord(cfg.p.grid_order, "batch")
     cols = cute.size(sX, mode=[1])
@@ -917,8 +1236,18 @@ def _stage_rows_stats(sLSE: cute.Tensor, sdPsum: cute.Tensor, lse: Float32, dps:
 
 
 @cute.jit
-def _add_dq(cfg: cutlass.Constexpr, c, s: _Sequence, io: _Io, acc_dQ: cute.Tensor, head: Int32, m_block: Int32,
-            n_block: Int32, tidx: Int32, polled: Int32):
+def _add_dq(
+    cfg: cutlass.Constexpr,
+    c,
+    s: _Sequence,
+    io: _Io,
+    acc_dQ: cute.Tensor,
+    head: Int32,
+    m_block: Int32,
+    n_block: Int32,
+    tidx: Int32,
+    polled: Int32,
+):
     """Add a dQ partial into the fp32 accumulator (in key-tile order when deterministic).
 
     `polled`: thread 0's acquire read of the semaphore before the dQ GEMM (deterministic turns), else -1.
@@ -973,8 +1302,9 @@ def _sem_ptr(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block
     elif cutlass.const_expr(p.is_thd):
         n_batch = grid_extent(p.grid_order, "batch")
         per_head = io.acc.shape[1] // cfg.bm + n_batch + 1
-        idx = turns.turn_index(head, m_block, p.num_heads_q, per_head,
-                               first_tile=accum.packed_acc_tile(s.offset_q, s.batch, cfg.bm))
+        idx = turns.turn_index(
+            head, m_block, p.num_heads_q, per_head, first_tile=accum.packed_acc_tile(s.offset_q, s.batch, cfg.bm)
+        )
     else:
         idx = turns.turn_index(head, m_block, p.num_heads_q, (s.static_q + cfg.bm - 1) // cfg.bm, batch=s.batch)
     return elem_ptr(io.sem, idx)
@@ -993,8 +1323,14 @@ def _release(cfg: cutlass.Constexpr, s: _Sequence, io: _Io, head: Int32, m_block
 
 
 @cute.jit
-def _red_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, tAcc: cute.Tensor, tdQcdQ: cute.Tensor, limit: Int32,
-            check: cutlass.Constexpr[bool]):
+def _red_dq(
+    cfg: cutlass.Constexpr,
+    acc_dQ: cute.Tensor,
+    tAcc: cute.Tensor,
+    tdQcdQ: cute.Tensor,
+    limit: Int32,
+    check: cutlass.Constexpr[bool],
+):
     """red.global.add this thread's dQ partial into its accumulator rows (rows >= limit skipped if `check`)."""
     n_vals = cute.size(acc_dQ)
     for i in cutlass.range_constexpr(0, n_vals, 2):
@@ -1006,8 +1342,9 @@ def _red_dq(cfg: cutlass.Constexpr, acc_dQ: cute.Tensor, tAcc: cute.Tensor, tdQc
 
 
 @cute.jit
-def _red_pair_cols(cfg: cutlass.Constexpr, tAcc: cute.Tensor, acc_dQ: cute.Tensor, tdQcdQ: cute.Tensor,
-                   i: cutlass.Constexpr[int]):
+def _red_pair_cols(
+    cfg: cutlass.Constexpr, tAcc: cute.Tensor, acc_dQ: cute.Tensor, tdQcdQ: cute.Tensor, i: cutlass.Constexpr[int]
+):
     """`_red_pair`, skipped for a pair in the columns past the head dim of a padded tile (a pair is two
     neighbouring columns of one 8-column block: both in or both out)."""
     if cutlass.const_expr(cfg.cols_qk == 0):
@@ -1040,11 +1377,13 @@ def _turn(cfg: cutlass.Constexpr, s: _Sequence, m_block: Int32, n_block: Int32) 
     bm, bn = cfg.bm, cfg.bn
     turn = Int32(0)
     if cutlass.const_expr(cfg.p.det_order == turns.ROTATED):
-        turn = turns.rotated_turn(n_block, m_block, (s.seqlen_k + bn - 1) // bn, (s.seqlen_q + bm - 1) // bm,
-                                  cutlass.min)
+        turn = turns.rotated_turn(
+            n_block, m_block, (s.seqlen_k + bn - 1) // bn, (s.seqlen_q + bm - 1) // bm, cutlass.min
+        )
     else:
-        turn = turns.stair_turn(n_block, m_block, bm, bn, s.seqlen_k, s.diag, None, s.window_right, True, Int32,
-                                cutlass.min, cutlass.max)
+        turn = turns.stair_turn(
+            n_block, m_block, bm, bn, s.seqlen_k, s.diag, None, s.window_right, True, Int32, cutlass.min, cutlass.max
+        )
     return turn
 
 

@@ -2,6 +2,7 @@
 
 Planning reads this module (no cutlass import); the validator and budgets it probes live in `sdpa_bwd_params`.
 """
+
 from __future__ import annotations
 
 from frost.engines.params import check_sdpa_features
@@ -19,23 +20,38 @@ from frost.errors import TemplateParamsError
 # Head dims outside these rows take the rows of their covering tuned pair (`tuned_head_dims`), each with its
 # warps re-arranged where the tile width asks for it (`candidates`); not tuned at their own dims yet.
 _CANDIDATES: dict[tuple[int, int], list[dict]] = {
-    (64, 64): [dict(tile_m=128, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4,
-                    fused_prefetch=True, det_late_release=True),
-               dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-               dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2)],
-    (96, 96): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
-               dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4)],
-    (128, 128): [dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
-                      dq_warps_m=2),
-                 dict(tile_m=64, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
-                      dq_warps_m=2)],
-    (192, 128): [dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-                 dict(tile_m=32, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4,
-                      dq_warps_m=2)],
-    (256, 256): [dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-                 dict(tile_m=64, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-                 dict(tile_m=32, tile_n=32, num_stages=1, num_warps=4, sdp_warps_m=2, dkv_warps_n=2,
-                      dq_warps_m=2)],
+    (64, 64): [
+        dict(
+            tile_m=128,
+            tile_n=128,
+            num_stages=2,
+            num_warps=8,
+            sdp_warps_m=4,
+            dkv_warps_n=4,
+            dq_warps_m=4,
+            fused_prefetch=True,
+            det_late_release=True,
+        ),
+        dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+        dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+    ],
+    (96, 96): [
+        dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
+        dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
+    ],
+    (128, 128): [
+        dict(tile_m=64, tile_n=128, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+        dict(tile_m=64, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+    ],
+    (192, 128): [
+        dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+        dict(tile_m=32, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+    ],
+    (256, 256): [
+        dict(tile_m=64, tile_n=64, num_stages=2, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+        dict(tile_m=64, tile_n=64, num_stages=1, num_warps=8, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+        dict(tile_m=32, tile_n=32, num_stages=1, num_warps=4, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    ],
 }
 
 
@@ -68,8 +84,9 @@ def candidates(head_dim: int, head_dim_v: int) -> list[dict]:
     return out
 
 
-def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16",
-                  smem_budget: int | None = None, **requested) -> dict:
+def default_knobs(
+    family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16", smem_budget: int | None = None, **requested
+) -> dict:
     """Good knobs for a family and head dims; `requested` knobs (e.g. tile_n=64) are honored.
 
     `smem_budget` (bytes, a target's opt-in limit) tightens the family budget.
@@ -86,5 +103,7 @@ def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf1
             continue
         if smem_bytes(probe) <= budget:
             return knobs if splits is None else {**knobs, "dq_splits": splits}
-    raise TemplateParamsError(f"Sm80BwdParams: no knobs for d_qk={head_dim}, d_v={head_dim_v} honoring "
-                              f"{requested} fit {budget} bytes of shared memory")
+    raise TemplateParamsError(
+        f"Sm80BwdParams: no knobs for d_qk={head_dim}, d_v={head_dim_v} honoring "
+        f"{requested} fit {budget} bytes of shared memory"
+    )

@@ -16,6 +16,7 @@ when its group ends; `kv_grid_heads`, `walk_group`).
 One template serves two arch lines: ``sm80`` (cc 8.x, and cc 9.0 below the wgmma kernel) and ``sm120`` (about 99 KB of
 shared memory). No cutlass import here: planning reads this module.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -108,11 +109,16 @@ def smem_bytes(p: Sm80BwdParams) -> int:
     e = 2
     off = 0
     d, dv = p.tile_head_dim, p.tile_head_dim_v
-    for size, a in ((p.tile_n * d * e, 1024), (p.tile_n * dv * e, 1024),
-                    (p.num_stages * p.tile_m * d * e, 1024),
-                    (p.num_stages * p.tile_m * dv * e, 1024),
-                    (p.tile_m * p.tile_n * e, 1024), (p.tile_m * p.tile_n * e, 1024),
-                    (p.tile_m * 4, 128), (p.tile_m * 4, 128)):
+    for size, a in (
+        (p.tile_n * d * e, 1024),
+        (p.tile_n * dv * e, 1024),
+        (p.num_stages * p.tile_m * d * e, 1024),
+        (p.num_stages * p.tile_m * dv * e, 1024),
+        (p.tile_m * p.tile_n * e, 1024),
+        (p.tile_m * p.tile_n * e, 1024),
+        (p.tile_m * 4, 128),
+        (p.tile_m * 4, 128),
+    ):
         off = _align(off, a) + size
     return _align(off, 1024)
 
@@ -161,8 +167,10 @@ def validate(p: Sm80BwdParams) -> None:
     if not 0 <= p.dq_splits <= 64:
         bad(f"dq_splits={p.dq_splits} not in 0..64")
     if p.dq_splits and (not p.deterministic or p.is_thd):
-        bad(f"dq_splits={p.dq_splits} orders a deterministic dense backward; this one is "
-            f"{'packed (THD)' if p.is_thd else 'not deterministic'}")
+        bad(
+            f"dq_splits={p.dq_splits} orders a deterministic dense backward; this one is "
+            f"{'packed (THD)' if p.is_thd else 'not deterministic'}"
+        )
     if p.det_order == ROTATED and (p.has_window_left or p.has_window_right):
         bad("det_order='rotated' walks every query tile from each key tile's own start; windows narrow the walks")
     need = smem_bytes(p)
@@ -171,17 +179,24 @@ def validate(p: Sm80BwdParams) -> None:
     regs = accumulator_registers(p)
     cap = min(192, 65536 // p.num_threads - 32)  # leave room for operands and addresses
     if regs > cap:
-        bad(f"tiles {p.tile_m}x{p.tile_n} with d={p.head_dim}/{p.head_dim_v} on {w} warps need {regs} "
-            f"fp32 accumulator registers per thread (max {cap})")
+        bad(
+            f"tiles {p.tile_m}x{p.tile_n} with d={p.head_dim}/{p.head_dim_v} on {w} warps need {regs} "
+            f"fp32 accumulator registers per thread (max {cap})"
+        )
 
 
 def _warp_tiles(p: Sm80BwdParams) -> tuple:
     """(what, extent, warps along it) of the five GEMMs' warp tilings."""
     w, d, dv = p.num_warps, p.tile_head_dim, p.tile_head_dim_v
-    return (("S/dP rows", p.tile_m, p.sdp_warps_m), ("S/dP cols", p.tile_n, w // p.sdp_warps_m),
-            ("dK/dV rows", p.tile_n, p.dkv_warps_n), ("dK cols", d, w // p.dkv_warps_n),
-            ("dV cols", dv, w // p.dkv_warps_n),
-            ("dQ rows", p.tile_m, p.dq_warps_m), ("dQ cols", d, w // p.dq_warps_m))
+    return (
+        ("S/dP rows", p.tile_m, p.sdp_warps_m),
+        ("S/dP cols", p.tile_n, w // p.sdp_warps_m),
+        ("dK/dV rows", p.tile_n, p.dkv_warps_n),
+        ("dK cols", d, w // p.dkv_warps_n),
+        ("dV cols", dv, w // p.dkv_warps_n),
+        ("dQ rows", p.tile_m, p.dq_warps_m),
+        ("dQ cols", d, w // p.dq_warps_m),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,12 +225,29 @@ def name_suffix(p: Sm80BwdParams) -> str:
     if p.dq_splits:
         det = f"detsp{p.dq_splits}"  # the turn knobs do not apply
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
-    parts = name_dims(p) + [heads] + name_tags(
-        ((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"), (p.is_thd, "thd"),
-         (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), *score_mod_tags(p), (p.deterministic, det))) + ragged_tags(p)
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}" + ("f" if p.fused_prefetch else "")
-                 + ("qb" if p.dq_accum_blocked else "")
-                 + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else ""))
+    parts = (
+        name_dims(p)
+        + [heads]
+        + name_tags(
+            (
+                (p.has_window_left, "wl"),
+                (p.has_window_right, "wr"),
+                (p.bottom_right, "br"),
+                (p.is_thd, "thd"),
+                (p.has_seqused, "pad"),
+                (p.has_dsinks, "dsink"),
+                *score_mod_tags(p),
+                (p.deterministic, det),
+            )
+        )
+        + ragged_tags(p)
+    )
+    parts.append(
+        f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}"
+        + ("f" if p.fused_prefetch else "")
+        + ("qb" if p.dq_accum_blocked else "")
+        + (f"a{p.sdp_warps_m}{p.dkv_warps_n}{p.dq_warps_m}" if _custom_warps(p) else "")
+    )
     return "_".join(parts)
 
 
@@ -230,5 +262,8 @@ def _custom_warps(p: Sm80BwdParams) -> bool:
     for cand in cands:
         if (cand["tile_m"], cand["tile_n"], cand["num_warps"]) == (p.tile_m, p.tile_n, p.num_warps):
             return (cand["sdp_warps_m"], cand["dkv_warps_n"], cand["dq_warps_m"]) != (
-                p.sdp_warps_m, p.dkv_warps_n, p.dq_warps_m)
+                p.sdp_warps_m,
+                p.dkv_warps_n,
+                p.dq_warps_m,
+            )
     return True

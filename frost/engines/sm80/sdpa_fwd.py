@@ -26,6 +26,7 @@ A paged K/V cache (cuDNN's, params `paged`) changes only where a key tile is rea
 one block of its container, found through the block tables per tile (`frost.engines.common.paged`); the key
 length comes from seqused_kv, clamped to the envelope max_seqlen_kv.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -50,12 +51,23 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     """frost_sdpa_fwd_<family>_<dtype>_d<qk>[v<v>]_h<Hq>k<Hkv>[_<flags>]_m<tm>n<tn>s<st>w<nw>."""
     p = params
     d = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
-    flags = [name for on, name in (
-        (p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-        (p.has_sinks, "sink"), *score_mod_tags(p), (p.has_block_mask, "bmask"), (p.has_lse, "lse"),
-        (p.has_score_max, "smax"),
-        (p.has_score_sum_exp, "ssum"), (p.has_seqused, "seqused"), (p.is_thd, "thd"),
-    ) if on] + ragged_tags(p)
+    flags = [
+        name
+        for on, name in (
+            (p.has_window_left, "wl"),
+            (p.has_window_right, "wr"),
+            (p.bottom_right, "br"),
+            (p.has_sinks, "sink"),
+            *score_mod_tags(p),
+            (p.has_block_mask, "bmask"),
+            (p.has_lse, "lse"),
+            (p.has_score_max, "smax"),
+            (p.has_score_sum_exp, "ssum"),
+            (p.has_seqused, "seqused"),
+            (p.is_thd, "thd"),
+        )
+        if on
+    ] + ragged_tags(p)
     if p.paged:  # paged K/V: the containers' block sizes
         flags.append(f"pg{p.paged_block_k}" + (f"v{p.paged_block_v}" if p.paged_block_v != p.paged_block_k else ""))
     if p.pack_gqa:  # the query heads of a KV group share the query tiles
@@ -63,8 +75,15 @@ def kernel_name(params: Sm80FwdParams, arch: str) -> str:
     if p.split:  # split-KV: fp32 partials per split (the combine kernel reduces them)
         flags.append(f"sp{p.num_splits}")
     heads = f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")
-    parts = ["frost_sdpa_fwd", p.family, p.dtype, d, heads, *flags,
-             f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}"]
+    parts = [
+        "frost_sdpa_fwd",
+        p.family,
+        p.dtype,
+        d,
+        heads,
+        *flags,
+        f"m{p.tile_m}n{p.tile_n}s{p.num_stages}w{p.num_warps}",
+    ]
     return "_".join(parts)
 
 
@@ -154,8 +173,9 @@ class SdpaFwdSm80:
         """128-bit per thread, rows of the tile spread over the CTA."""
         vec = 128 // self.dtype.width
         if is_async:
-            atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                                       self.dtype, num_bits_per_copy=128)
+            atom = cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
+            )
         else:
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         thr = warp_mma.row_thread_layout(self.num_threads, d)
@@ -203,13 +223,41 @@ class SdpaFwdSm80:
         if const_expr(p.is_thd):
             maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         self.kernel(
-            a["q"], a["k"], a["v"], a["o"], g("lse"), g("score_max"), g("score_sum_exp"), g("cu_seqlens_q"),
-            g("cu_seqlens_kv"), g("seqused_q"), g("seqused_kv"), maxima, g("sinks"), g("lse_offsets"), g("o_offsets"),
-            g("v_offsets"), (g("score_max_offsets"), g("score_sum_exp_offsets")), g("bias"),
-            g("block_mask"), (g("k_table"), g("v_table"), g("max_seqlen_kv")), (g("o_partial"), g("lse_partial")),
-            scale if const_expr(p.has_score_mods) else None, scale_log2, g("window_left"),
-            g("window_right"), num_batch,
-            sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage,
+            a["q"],
+            a["k"],
+            a["v"],
+            a["o"],
+            g("lse"),
+            g("score_max"),
+            g("score_sum_exp"),
+            g("cu_seqlens_q"),
+            g("cu_seqlens_kv"),
+            g("seqused_q"),
+            g("seqused_kv"),
+            maxima,
+            g("sinks"),
+            g("lse_offsets"),
+            g("o_offsets"),
+            g("v_offsets"),
+            (g("score_max_offsets"), g("score_sum_exp_offsets")),
+            g("bias"),
+            g("block_mask"),
+            (g("k_table"), g("v_table"), g("max_seqlen_kv")),
+            (g("o_partial"), g("lse_partial")),
+            scale if const_expr(p.has_score_mods) else None,
+            scale_log2,
+            g("window_left"),
+            g("window_right"),
+            num_batch,
+            sQ_layout,
+            sK_layout,
+            sV_layout,
+            sO_layout,
+            copy_QK,
+            copy_V,
+            copy_O,
+            tiled_mma,
+            SharedStorage,
         ).launch(
             grid=grid,
             block=(self.num_threads, 1, 1),
@@ -259,13 +307,17 @@ class SdpaFwdSm80:
     ):
         bx, head, batch = cute.arch.block_idx()
         if batch < num_batch:
-            self.cta(_Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask, mPaged,
-                              mPartial),
-                     (mCuQ, mCuK, mSuQ, mSuK, maxima[0], maxima[1]), mLseOff, (mOOff, mVOff, mScoreOffs),
-                     _Scores(softmax_scale, scale_log2, window_left, window_right),
-                     _Kit(sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma,
-                          SharedStorage),
-                     bx, head, batch)
+            self.cta(
+                _Globals(mQ, mK, mV, mO, mLSE, (mScoreMax, mScoreSumExp), mSinks, mBias, mBlockMask, mPaged, mPartial),
+                (mCuQ, mCuK, mSuQ, mSuK, maxima[0], maxima[1]),
+                mLseOff,
+                (mOOff, mVOff, mScoreOffs),
+                _Scores(softmax_scale, scale_log2, window_left, window_right),
+                _Kit(sQ_layout, sK_layout, sV_layout, sO_layout, copy_QK, copy_V, copy_O, tiled_mma, SharedStorage),
+                bx,
+                head,
+                batch,
+            )
 
     @cute.jit
     def cta(self, g: _Globals, lengths, mLseOff, mOwnOff, sc: _Scores, kit: _Kit, bx, head, batch):
@@ -290,8 +342,10 @@ class SdpaFwdSm80:
         # entry's rows fit in each
         off_o = seqlen.own_token_offset(p, "o", mOwnOff[0], batch, off_q, seqlen_q, static_sq)
         off_v = seqlen.own_token_offset(p, "v", mOwnOff[1], batch, off_k, seqlen_k, static_sk)
-        off_scores = tuple(seqlen.own_token_offset(p, role, off, batch, off_q, seqlen_q, static_sq)
-                           for role, off in zip(("score_max", "score_sum_exp"), mOwnOff[2]))
+        off_scores = tuple(
+            seqlen.own_token_offset(p, role, off, batch, off_q, seqlen_q, static_sq)
+            for role, off in zip(("score_max", "score_sum_exp"), mOwnOff[2])
+        )
         # last m-tiles first: under a causal band they carry the most work. Dense batches
         # visit every m-tile of the static length (rows past seqused_q are written as
         # padding); packed sequences only their own.
@@ -362,10 +416,24 @@ class SdpaFwdSm80:
             mods = self.tile_mods(softmax_scale, mBias, m_block, head, batch, seqlen_q, seqlen_k)
 
         ctx = SimpleNamespace(
-            **vars(r), tiled_mma=tiled_mma, copy_QK=copy_QK, copy_V=copy_V,
-            src=src, tKsK=tKsK, tKcK=tKcK, tVsV=tVsV, tVcV=tVcV, scale_log2=scale_log2,
-            m_block=m_block, n_min=n_min, n_max=n_max, seqlen_k=seqlen_k, offset=offset,
-            window_left=window_left, window_right=window_right, mods=mods,
+            **vars(r),
+            tiled_mma=tiled_mma,
+            copy_QK=copy_QK,
+            copy_V=copy_V,
+            src=src,
+            tKsK=tKsK,
+            tKcK=tKcK,
+            tVsV=tVsV,
+            tVcV=tVcV,
+            scale_log2=scale_log2,
+            m_block=m_block,
+            n_min=n_min,
+            n_max=n_max,
+            seqlen_k=seqlen_k,
+            offset=offset,
+            window_left=window_left,
+            window_right=window_right,
+            mods=mods,
         )
         if const_expr(p.has_block_mask):  # this (batch entry, head)'s (q tiles, key-tile bytes) bits
             ctx.block_mask = mBlockMask[batch, head, None, None]
@@ -428,11 +496,26 @@ class SdpaFwdSm80:
         tScS_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cS))
         t0ScS_mn = acc_layout.acc_as_mn(tiled_mma.get_slice(0).partition_C(cS))
         return SimpleNamespace(
-            thr_mma=thr_mma, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
-            smem_copy_Q=smem_copy_Q, smem_copy_K=smem_copy_K, smem_copy_V=smem_copy_V,
-            thr_copy_Q=thr_copy_Q, thr_copy_K=thr_copy_K, thr_copy_V=thr_copy_V,
-            acc_O=acc_O, row_max=row_max, row_sum=row_sum, row_scale=row_scale,
-            tScS_mn=tScS_mn, t0ScS_mn=t0ScS_mn, num_rows=num_rows,
+            thr_mma=thr_mma,
+            tSrQ=tSrQ,
+            tSrK=tSrK,
+            tOrVt=tOrVt,
+            tSsQ=tSsQ,
+            tSsK=tSsK,
+            tOsVt=tOsVt,
+            smem_copy_Q=smem_copy_Q,
+            smem_copy_K=smem_copy_K,
+            smem_copy_V=smem_copy_V,
+            thr_copy_Q=thr_copy_Q,
+            thr_copy_K=thr_copy_K,
+            thr_copy_V=thr_copy_V,
+            acc_O=acc_O,
+            row_max=row_max,
+            row_sum=row_sum,
+            row_scale=row_scale,
+            tScS_mn=tScS_mn,
+            t0ScS_mn=t0ScS_mn,
+            num_rows=num_rows,
         )
 
     @cute.jit
@@ -463,15 +546,18 @@ class SdpaFwdSm80:
         for s in cutlass.range_constexpr(1, S):
             if n_max - s >= n_min:
                 if const_expr(s == 1):
-                    self.load_rows(copy_V, self.kv_src(c.src.v, n_max - 1), tVsV, tVcV, 0, first_rows, True,
-                                   self.cols_v)
+                    self.load_rows(
+                        copy_V, self.kv_src(c.src.v, n_max - 1), tVsV, tVcV, 0, first_rows, True, self.cols_v
+                    )
                 else:
-                    rows.copy_cols(copy_V, self.kv_src(c.src.v, n_max - s), tVsV[None, None, None, s - 1],
-                                   tVcV, self.cols_v)
+                    rows.copy_cols(
+                        copy_V, self.kv_src(c.src.v, n_max - s), tVsV[None, None, None, s - 1], tVcV, self.cols_v
+                    )
             cute.arch.cp_async_commit_group()
             if n_max - 1 - s >= n_min:
-                rows.copy_cols(copy_QK, self.kv_src(c.src.k, n_max - 1 - s), tKsK[None, None, None, s], tKcK,
-                               self.cols_qk)
+                rows.copy_cols(
+                    copy_QK, self.kv_src(c.src.k, n_max - 1 - s), tKsK[None, None, None, s], tKcK, self.cols_qk
+                )
             cute.arch.cp_async_commit_group()
 
     @cute.jit
@@ -480,13 +566,16 @@ class SdpaFwdSm80:
         of them, split-KV), and [lo, hi) those wholly allowed (packed tiles: over their query positions)."""
         p = self.p
         if const_expr(p.pack_gqa):
-            n_min, n_max, lo, hi = gqa_rows.packed_key_tiles(m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q,
-                                                             seqlen_k, offset, window_right)
+            n_min, n_max, lo, hi = gqa_rows.packed_key_tiles(
+                m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q, seqlen_k, offset, window_right
+            )
         else:
-            n_min, n_max = mask.n_block_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
-                                              window_left, window_right)
-            lo, hi = mask.n_block_unmasked_range(m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset,
-                                                 window_left, window_right)
+            n_min, n_max = mask.n_block_range(
+                m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset, window_left, window_right
+            )
+            lo, hi = mask.n_block_unmasked_range(
+                m_block, p.tile_m, p.tile_n, seqlen_q, seqlen_k, offset, window_left, window_right
+            )
         if const_expr(p.split):  # this split's piece of the band's key tiles (cut from the actual lengths)
             n_min, n_max = key_split_range(n_min, n_max, split, p.num_splits, cutlass.min)
         return n_min, n_max, lo, hi
@@ -528,8 +617,9 @@ class SdpaFwdSm80:
                             gO_r[col] = acc_O_mn[r, c]
                     else:
                         gO_r[col] = acc_O_mn[r, c]
-        self.store_row_values(mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block,
-                              store_rows)
+        self.store_row_values(
+            mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block, store_rows
+        )
 
     @cute.jit
     def epilogue(self, ctx, g: _Globals, kit: _Kit, sQ, gO, at, offsets, q_rows, store_rows, num_rows, tidx):
@@ -557,8 +647,17 @@ class SdpaFwdSm80:
         # the two halves of the LSE (cuDNN's score_max / score_sum_exp), where declared
         s_max = cute.make_rmem_tensor(num_rows, Float32) if const_expr(p.has_score_max) else None
         s_sum = cute.make_rmem_tensor(num_rows, Float32) if const_expr(p.has_score_sum_exp) else None
-        softmax.softmax_finalize(row_max, row_sum, scale_log2, row_scale, lse, sink, p.pack_gqa and p.has_sinks,
-                                 score_max=s_max, score_sum_exp=s_sum)
+        softmax.softmax_finalize(
+            row_max,
+            row_sum,
+            scale_log2,
+            row_scale,
+            lse,
+            sink,
+            p.pack_gqa and p.has_sinks,
+            score_max=s_max,
+            score_sum_exp=s_sum,
+        )
         tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, dv))))
         if const_expr(not p.is_thd):
             for r in cutlass.range_constexpr(num_rows):
@@ -576,19 +675,20 @@ class SdpaFwdSm80:
         sO = cute.make_tensor(sQ.iterator, sO_layout)
         smem_copy_O = cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=2 * self.dtype.width),
-            tiled_mma)
+            tiled_mma,
+        )
         thr_copy_O = smem_copy_O.get_slice(tidx)
         cute.copy(smem_copy_O, thr_copy_O.retile(rO), thr_copy_O.partition_D(sO))
 
         # LSE and its two halves, where declared (ragged ones start at their own offsets, or are per batch)
-        for mX, vals, off_row in zip((mLSE, *mScores), (lse if const_expr(p.has_lse) else None, s_max, s_sum),
-                                     (off_lse, *off_scores)):
+        for mX, vals, off_row in zip(
+            (mLSE, *mScores), (lse if const_expr(p.has_lse) else None, s_max, s_sum), (off_lse, *off_scores)
+        ):
             if const_expr(vals is not None):
                 self.store_row_values(mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows)
 
         cute.arch.barrier()
-        rows.store_rows(copy_O, sO, gO, cute.make_identity_tensor((p.tile_m, dv)), store_rows, tidx,
-                        cols=self.cols_v)
+        rows.store_rows(copy_O, sO, gO, cute.make_identity_tensor((p.tile_m, dv)), store_rows, tidx, cols=self.cols_v)
 
     @cute.jit
     def store_row_values(self, mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows):
@@ -624,31 +724,47 @@ class SdpaFwdSm80:
         (thr_QK, thr_V), (head_kv, head_v), (off_k, off_v) = thr, heads, offsets
         if const_expr(p.paged):
             return SimpleNamespace(
-                k=SimpleNamespace(m=g.mK, table=paged.table_row(g.paged[0], batch), head=head_kv, thr=thr_QK,
-                                  block=p.paged_block_k, width=self.d),
-                v=SimpleNamespace(m=g.mV, table=paged.table_row(g.paged[1], batch), head=head_v, thr=thr_V,
-                                  block=p.paged_block_v, width=self.dv))
+                k=SimpleNamespace(
+                    m=g.mK,
+                    table=paged.table_row(g.paged[0], batch),
+                    head=head_kv,
+                    thr=thr_QK,
+                    block=p.paged_block_k,
+                    width=self.d,
+                ),
+                v=SimpleNamespace(
+                    m=g.mV,
+                    table=paged.table_row(g.paged[1], batch),
+                    head=head_v,
+                    thr=thr_V,
+                    block=p.paged_block_v,
+                    width=self.dv,
+                ),
+            )
         else:
             mK_s = rows.widen(rows.head_rows(g.mK, head_kv, batch, off_k, p.is_thd), self.d)
             mV_s = rows.widen(rows.head_rows(g.mV, head_v, batch, off_v, p.is_thd), self.dv)
             gK = cute.local_tile(mK_s, (p.tile_n, self.d), (None, 0))
             gV = cute.local_tile(mV_s, (p.tile_n, self.dv), (None, 0))
-            return SimpleNamespace(k=SimpleNamespace(tiles=thr_QK.partition_S(gK)),
-                                   v=SimpleNamespace(tiles=thr_V.partition_S(gV)))
+            return SimpleNamespace(
+                k=SimpleNamespace(tiles=thr_QK.partition_S(gK)), v=SimpleNamespace(tiles=thr_V.partition_S(gV))
+            )
 
     @cute.jit
     def kv_src(self, src: SimpleNamespace, n_block):
         """This thread's partition of key tile `n_block` of K or V in global memory (`src`: `key_sources`' `k` or
         `v`), through the table when paged."""
         if const_expr(self.p.paged):
-            return src.thr.partition_S(paged.key_tile(src.m, src.table, src.head, n_block, self.p.tile_n,
-                                                      src.block, src.width))
+            return src.thr.partition_S(
+                paged.key_tile(src.m, src.table, src.head, n_block, self.p.tile_n, src.block, src.width)
+            )
         else:
             return src.tiles[None, None, None, n_block]
 
     @cute.jit
-    def load_rows(self, tiled_copy, tXg, tXsX, tXcX, stage, n_rows, zero_fill: cutlass.Constexpr,
-                  cols: cutlass.Constexpr = 0):
+    def load_rows(
+        self, tiled_copy, tXg, tXsX, tXcX, stage, n_rows, zero_fill: cutlass.Constexpr, cols: cutlass.Constexpr = 0
+    ):
         """Copy the first `n_rows` rows of a key tile's partition `tXg` into `stage`; optionally zero the rest.
 
         V rows past the key length must be zero (P is 0 there, 0 * garbage may be NaN);
@@ -657,8 +773,7 @@ class SdpaFwdSm80:
         """
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             if tXcX[0, m, 0][0] < n_rows:
-                rows.copy_row(tiled_copy, tXg[None, m, None], tXsX[None, m, None, stage],
-                              tXcX[None, m, None], cols)
+                rows.copy_row(tiled_copy, tXg[None, m, None], tXsX[None, m, None, stage], tXcX[None, m, None], cols)
             else:
                 if const_expr(zero_fill):
                     tXsX[None, m, None, stage].fill(0)
@@ -678,20 +793,31 @@ class SdpaFwdSm80:
         if n_v >= c.n_min:
             if const_expr(S == 1):
                 if n_v == c.n_max - 1:
-                    self.load_rows(c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV, c.tVcV, v_stage,
-                                   c.seqlen_k - n_v * p.tile_n, True, self.cols_v)
+                    self.load_rows(
+                        c.copy_V,
+                        self.kv_src(c.src.v, n_v),
+                        c.tVsV,
+                        c.tVcV,
+                        v_stage,
+                        c.seqlen_k - n_v * p.tile_n,
+                        True,
+                        self.cols_v,
+                    )
                 else:
-                    rows.copy_cols(c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV[None, None, None, v_stage],
-                                   c.tVcV, self.cols_v)
+                    rows.copy_cols(
+                        c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV[None, None, None, v_stage], c.tVcV, self.cols_v
+                    )
             else:
-                rows.copy_cols(c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV[None, None, None, v_stage], c.tVcV,
-                               self.cols_v)
+                rows.copy_cols(
+                    c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV[None, None, None, v_stage], c.tVcV, self.cols_v
+                )
         cute.arch.cp_async_commit_group()
 
         if const_expr(p.has_block_mask and self.block_mask_tiles):
             # the tile lies in one 128x128 block: with its bit clear it adds nothing (its loads keep their order)
-            if mask.block_mask_visible(c.block_mask, c.m_block * p.tile_m // BLOCK_MASK_TILE,
-                                       n_block * p.tile_n // BLOCK_MASK_TILE):
+            if mask.block_mask_visible(
+                c.block_mask, c.m_block * p.tile_m // BLOCK_MASK_TILE, n_block * p.tile_n // BLOCK_MASK_TILE
+            ):
                 self.scores(c, n_block, stage, masked)
             else:
                 self.next_k(c, n_block, stage)
@@ -707,8 +833,7 @@ class SdpaFwdSm80:
         cute.arch.barrier()
         n_k = n_block - S
         if n_k >= c.n_min:
-            rows.copy_cols(c.copy_QK, self.kv_src(c.src.k, n_k), c.tKsK[None, None, None, stage], c.tKcK,
-                           self.cols_qk)
+            rows.copy_cols(c.copy_QK, self.kv_src(c.src.k, n_k), c.tKsK[None, None, None, stage], c.tKcK, self.cols_qk)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
@@ -717,8 +842,19 @@ class SdpaFwdSm80:
         p = self.p
         acc_S = cute.make_rmem_tensor(c.thr_mma.partition_shape_C((p.tile_m, p.tile_n)), Float32)
         acc_S.fill(0.0)
-        warp_mma.gemm_ss(c.tiled_mma, acc_S, c.tSrQ, c.tSrK, c.tSsQ, c.tSsK[None, None, None, stage],
-                         c.smem_copy_Q, c.smem_copy_K, c.thr_copy_Q, c.thr_copy_K, self.k_slices_qk)
+        warp_mma.gemm_ss(
+            c.tiled_mma,
+            acc_S,
+            c.tSrQ,
+            c.tSrK,
+            c.tSsQ,
+            c.tSsK[None, None, None, stage],
+            c.smem_copy_Q,
+            c.smem_copy_K,
+            c.thr_copy_Q,
+            c.thr_copy_K,
+            self.k_slices_qk,
+        )
         # V(n_block) has landed and every thread is done reading K from `stage`
         self.next_k(c, n_block, stage)
         self.attend(c, acc_S, n_block, stage, masked)
@@ -733,24 +869,48 @@ class SdpaFwdSm80:
             if const_expr(p.has_bias):
                 tBgB = acc_layout.acc_as_mn(c.thr_mma.partition_C(c.mods.gB[None, None, n_block]))
             # unmasked tiles lie inside the key length (a packed sequence may outgrow its bias: check)
-            score_mod.add_score_mods(acc_S_mn, c.tScS_mn, c.t0ScS_mn, tBgB, c.mods.scale, c.m_block * p.tile_m,
-                                     n_block * p.tile_n, c.mods.row_limit, c.mods.col_limit, c.mods.slope,
-                                     check_cols=masked or p.is_thd)
+            score_mod.add_score_mods(
+                acc_S_mn,
+                c.tScS_mn,
+                c.t0ScS_mn,
+                tBgB,
+                c.mods.scale,
+                c.m_block * p.tile_m,
+                n_block * p.tile_n,
+                c.mods.row_limit,
+                c.mods.col_limit,
+                c.mods.slope,
+                check_cols=masked or p.is_thd,
+            )
         if const_expr(masked):
-            mask.apply_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.m_block * p.tile_m, n_block * p.tile_n,
-                            c.seqlen_k, c.offset, c.window_left, c.window_right, True, self.rpq)
+            mask.apply_mask(
+                acc_S_mn,
+                c.tScS_mn,
+                c.t0ScS_mn,
+                c.m_block * p.tile_m,
+                n_block * p.tile_n,
+                c.seqlen_k,
+                c.offset,
+                c.window_left,
+                c.window_right,
+                True,
+                self.rpq,
+            )
         element_bits = p.has_block_mask and not self.block_mask_tiles
         if const_expr(element_bits):  # tiles straddle 128x128 blocks: bit by bit
-            mask.apply_block_mask(acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.block_mask, c.m_block * p.tile_m,
-                                  n_block * p.tile_n)
+            mask.apply_block_mask(
+                acc_S_mn, c.tScS_mn, c.t0ScS_mn, c.block_mask, c.m_block * p.tile_m, n_block * p.tile_n
+            )
         # a bias may hold -inf (and a block mask clear a row's part of a tile): every tile then checks for rows
         # with no finite score yet
-        softmax.online_softmax(acc_S_mn, c.row_max, c.row_sum, c.row_scale, c.scale_log2,
-                               check_inf=masked or p.has_bias or element_bits)
+        softmax.online_softmax(
+            acc_S_mn, c.row_max, c.row_sum, c.row_scale, c.scale_log2, check_inf=masked or p.has_bias or element_bits
+        )
         softmax.rescale_rows(acc_layout.acc_as_mn(c.acc_O), c.row_scale)
 
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
         tOrP = acc_layout.acc_as_operand_a(rP)
-        warp_mma.gemm_rs(c.tiled_mma, c.acc_O, tOrP, c.tOrVt, c.tOsVt[None, None, None, stage],
-                         c.smem_copy_V, c.thr_copy_V)
+        warp_mma.gemm_rs(
+            c.tiled_mma, c.acc_O, tOrP, c.tOrVt, c.tOsVt[None, None, None, stage], c.smem_copy_V, c.thr_copy_V
+        )

@@ -6,6 +6,7 @@ block). The family only changes the budgets and the knob defaults; the kernel
 code is the same. No cutlass import here: the capability rows and the lowering
 read this module while planning.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -40,6 +41,7 @@ def tuned_head_dims(head_dim: int, head_dim_v: int) -> tuple[int, int]:
         return head_dim, head_dim_v
     d, dv = tile_dim(head_dim), tile_dim(head_dim_v)
     return next((a, b) for a, b in TUNED_HEAD_DIMS if a >= d and b >= dv)
+
 
 #: Largest dynamic shared memory one block of each family may ask for (bytes).
 #: sm80 is the A100's opt-in limit, so an sm80 artifact also fits every 9.0 part;
@@ -123,8 +125,10 @@ def pack_gqa_reason(p: Sm80FwdParams) -> str | None:
     if p.tile_m % r:
         return f"tile_m={p.tile_m} is not a multiple of the {r} query heads of a group"
     if p.num_heads_v or p.is_thd or p.has_window_left or p.has_score_mods or p.has_block_mask:
-        return ("serves dense or paged (B, H, S, D) queries, V on K's heads, no left band bound, no bias, ALiBi or "
-                "block mask")
+        return (
+            "serves dense or paged (B, H, S, D) queries, V on K's heads, no left band bound, no bias, ALiBi or "
+            "block mask"
+        )
     return None
 
 
@@ -172,13 +176,17 @@ def validate(p: Sm80FwdParams) -> None:
             bad("a paged cache takes dense (B, H, S, D) queries with lengths from seqused")
         for role, bs in (("k", p.paged_block_k), ("v", p.paged_block_v)):
             if bs % p.tile_n != 0:
-                bad(f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile lies "
-                    f"inside one block)")
+                bad(
+                    f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile lies "
+                    f"inside one block)"
+                )
     if not 1 <= p.num_splits <= MAX_SPLITS:
         bad(f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}")
     if p.split and (p.is_thd or p.has_score_max or p.has_score_sum_exp):
-        bad("num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
-            "batches, no score_max / score_sum_exp)")
+        bad(
+            "num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
+            "batches, no score_max / score_sum_exp)"
+        )
     if p.pack_gqa:
         reason = pack_gqa_reason(p)
         if reason:
@@ -189,8 +197,10 @@ def validate(p: Sm80FwdParams) -> None:
     # per-thread fp32 accumulator registers for O and S: keep well under 255
     acc_regs = (p.tile_m * p.tile_head_dim_v + p.tile_m * p.tile_n) // p.num_threads
     if acc_regs > 192:
-        bad(f"tile {p.tile_m}x{p.tile_n} with d_v={p.head_dim_v} (tiles of {p.tile_head_dim_v}) on {p.num_warps} warps "
-            f"needs {acc_regs} accumulator registers per thread (max 192)")
+        bad(
+            f"tile {p.tile_m}x{p.tile_n} with d_v={p.head_dim_v} (tiles of {p.tile_head_dim_v}) on {p.num_warps} warps "
+            f"needs {acc_regs} accumulator registers per thread (max 192)"
+        )
 
 
 # (family, head_dim, head_dim_v) -> (tile_m, tile_n, num_stages, num_warps), for the TUNED_HEAD_DIMS; every
@@ -233,8 +243,9 @@ def paged_tile_n(tile_n: int, block_sizes) -> int:
     return min(tile_n, *block_sizes)
 
 
-def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16",
-                  smem_budget: int | None = None) -> dict:
+def default_knobs(
+    family: str, head_dim: int, head_dim_v: int, dtype: str = "bf16", smem_budget: int | None = None
+) -> dict:
     """Good tile knobs per family and head dim (dict of tile_m, tile_n, num_stages, num_warps).
 
     Head dims outside the tuning table take the row of their covering tuned pair (`tuned_head_dims`).
@@ -249,9 +260,18 @@ def default_knobs(family: str, head_dim: int, head_dim_v: int, dtype: str = "bf1
     key = (family, *tuned_head_dims(head_dim, head_dim_v))
     budget = min(SMEM_BUDGET[family], smem_budget) if smem_budget else SMEM_BUDGET[family]
     for tm, tn, st, nw in [_DEFAULTS[key]] + _SMALL_SMEM:
-        probe = Sm80FwdParams(family=family, dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v,
-                              tile_m=tm, tile_n=tn, num_stages=st, num_warps=nw)
+        probe = Sm80FwdParams(
+            family=family,
+            dtype=dtype,
+            head_dim=head_dim,
+            head_dim_v=head_dim_v,
+            tile_m=tm,
+            tile_n=tn,
+            num_stages=st,
+            num_warps=nw,
+        )
         if smem_bytes(probe) <= budget and _valid(probe):
             return dict(tile_m=tm, tile_n=tn, num_stages=st, num_warps=nw)
     raise TemplateParamsError(
-        f"Sm80FwdParams: no tile configuration for d_qk={head_dim}, d_v={head_dim_v} fits {budget} bytes")
+        f"Sm80FwdParams: no tile configuration for d_qk={head_dim}, d_v={head_dim_v} fits {budget} bytes"
+    )

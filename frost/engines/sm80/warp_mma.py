@@ -3,6 +3,7 @@
 Shared by the mma.sync-family SDPA kernels: `gemm_ss` reads both operands
 from shared memory, `gemm_rs` takes A from registers (P in P.V).
 """
+
 import cutlass
 import cutlass.cute as cute
 
@@ -61,8 +62,9 @@ def gemm_rs(
 def smem_layout_atom(row_elems: int):
     """Swizzled (8, 64) or (8, 32) atom for 16-bit rows of `row_elems` elements (ldmatrix conflict-free)."""
     kblk = 64 if row_elems % 64 == 0 else 32
-    return cute.make_composed_layout(cute.make_swizzle(3 if kblk == 64 else 2, 3, 3), 0,
-                                     cute.make_ordered_layout((8, kblk), order=(1, 0)))
+    return cute.make_composed_layout(
+        cute.make_swizzle(3 if kblk == 64 else 2, 3, 3), 0, cute.make_ordered_layout((8, kblk), order=(1, 0))
+    )
 
 
 def row_thread_layout(num_threads: int, row_elems: int):

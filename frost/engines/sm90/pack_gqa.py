@@ -6,6 +6,7 @@ with strides ((head stride, row stride), ..., r * head stride) lets one M tile
 cover r heads that read the same K/V, and lets an integer row index address the
 right head: a coordinate m on the mode (r, S) is (m % r, m // r).
 """
+
 from __future__ import annotations
 
 import cutlass.cute as cute

@@ -72,6 +72,7 @@ batch coordinate is a rank, the longest sequences first (`ranked_launch`). Sinks
 nothing here (LSE holds them; the shared helpers compute dSink). Argument list:
 `main_args`.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -97,10 +98,10 @@ from frost.engines.sdpa_bwd.accum import packed_acc_tile
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_bwd_params import ROWS_STAGES, Sm90BwdParams, main_args, name_suffix, validate
 
-BAR_DS = 1        # both MMA warpgroups stored their halves of dS
+BAR_DS = 1  # both MMA warpgroups stored their halves of dS
 BAR_DQ_EMPTY = 2  # the dQ writer's last reduce has read the dQ tile (MMA warpgroups + writer warp)
-BAR_DQ_FULL = 3   # the MMA warpgroups wrote the dQ tile
-BAR_EPI = 4       # epilogue: K / V tiles free, then dK / dV staged
+BAR_DQ_FULL = 3  # the MMA warpgroups wrote the dQ tile
+BAR_EPI = 4  # epilogue: K / V tiles free, then dK / dV staged
 BAR_ROWS_FULL = 5  # (and 6) the rows warp staged a step's LSE / dpsum rows in that half (`rows_warp`)
 BAR_ROWS_FREE = 7  # (and 8) the MMA warpgroups have read that half
 MMA_THREADS = 256
@@ -345,8 +346,7 @@ class SdpaBwdSm90:
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         s2g = cpasync.CopyBulkTensorTileS2GOp()
         tma_atom_q, tma_q = cpasync.make_tiled_tma_atom(g2s, mQ, cute.select(sQ_layout, mode=[0, 1]), (bm, d))
-        tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(g2s, mdO, cute.select(sdO_layout, mode=[0, 1]),
-                                                          (bm, dv))
+        tma_atom_do, tma_do = cpasync.make_tiled_tma_atom(g2s, mdO, cute.select(sdO_layout, mode=[0, 1]), (bm, dv))
         tma_atom_k, tma_k = cpasync.make_tiled_tma_atom(g2s, mK, sK_layout, (bn, d))
         tma_atom_v, tma_v = cpasync.make_tiled_tma_atom(g2s, mV, sV_layout, (bn, dv))
         tma_atom_dk, tma_dk = cpasync.make_tiled_tma_atom(s2g, mdK, sK_layout, (bn, d))
@@ -354,8 +354,9 @@ class SdpaBwdSm90:
         if const_expr(self.frag or self.red):  # a bulk reduce of a flat tile, or reds: no tensor map
             tma_atom_dq, acc = None, mAcc
         else:
-            tma_atom_dq, acc = cpasync.make_tiled_tma_atom(cpasync.CopyReduceBulkTensorTileS2GOp(), mAcc,
-                                                           sdQ_layout, (bm, d))
+            tma_atom_dq, acc = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mAcc, sdQ_layout, (bm, d)
+            )
         q_bytes = cute.size_in_bytes(dt, cute.select(sQ_layout, mode=[0, 1]))
         do_bytes = cute.size_in_bytes(dt, cute.select(sdO_layout, mode=[0, 1]))
         kv_bytes = cute.size_in_bytes(dt, sK_layout) + cute.size_in_bytes(dt, sV_layout)
@@ -373,27 +374,72 @@ class SdpaBwdSm90:
         if const_expr(thd):
             maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         self.kernel(
-            tma_q, tma_k, tma_v, tma_do, tma_dk, tma_dv, acc, mLSE, mdPsum,
-            a.get("dq_semaphore"), a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"), a.get("seqused_q"),
-            a.get("seqused_kv"), maxima, mdK if const_expr(thd) else None, mdV if const_expr(thd) else None,
-            a.get("lse_offsets"), (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
-            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq,
-            (scale, a.get("bias"), a.get("dbias"), a.get("dbias_accum")), a.get("window_left"), a.get("window_right"),
-            q_bytes, do_bytes, kv_bytes,
-            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout,
-            mma_sdp, mma_dk, mma_dv, mma_dq, SharedStorage,
-        ).launch(grid=grid_shape(p.grid_order, n_blocks, p.kv_grid_heads, n_batch), block=[self.num_threads, 1, 1],
-                 stream=a["stream"], min_blocks_per_mp=1, use_pdl=p.pdl)
+            tma_q,
+            tma_k,
+            tma_v,
+            tma_do,
+            tma_dk,
+            tma_dv,
+            acc,
+            mLSE,
+            mdPsum,
+            a.get("dq_semaphore"),
+            a.get("cu_seqlens_q"),
+            a.get("cu_seqlens_kv"),
+            a.get("seqused_q"),
+            a.get("seqused_kv"),
+            maxima,
+            mdK if const_expr(thd) else None,
+            mdV if const_expr(thd) else None,
+            a.get("lse_offsets"),
+            (a.get("v_offsets"), a.get("do_offsets"), a.get("dk_offsets"), a.get("dv_offsets")),
+            tma_atom_q,
+            tma_atom_k,
+            tma_atom_v,
+            tma_atom_do,
+            tma_atom_dk,
+            tma_atom_dv,
+            tma_atom_dq,
+            (scale, a.get("bias"), a.get("dbias"), a.get("dbias_accum")),
+            a.get("window_left"),
+            a.get("window_right"),
+            q_bytes,
+            do_bytes,
+            kv_bytes,
+            sQ_layout,
+            sdO_layout,
+            sK_layout,
+            sV_layout,
+            sdS_layout,
+            sdQ_layout,
+            mma_sdp,
+            mma_dk,
+            mma_dv,
+            mma_dq,
+            SharedStorage,
+        ).launch(
+            grid=grid_shape(p.grid_order, n_blocks, p.kv_grid_heads, n_batch),
+            block=[self.num_threads, 1, 1],
+            stream=a["stream"],
+            min_blocks_per_mp=1,
+            use_pdl=p.pdl,
+        )
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sdQ_layout):
         """The kernel's shared memory struct; P^T's tiles (`sP`) only when the warpgroups share the keys, the
         dQ tile only when dQ leaves through shared memory (a 16-byte stand-in otherwise)."""
         dt, st, bm = self.dtype, self.stages, self.bm
         mem, align = cute.struct.MemRange, cute.struct.Align
-        fields = dict(mbar_q=mem[cutlass.Int64, 2 * st], mbar_do=mem[cutlass.Int64, 2 * st],
-                      mbar_kv=mem[cutlass.Int64, 2])
-        for name, layout in (("sQ", sQ_layout), ("sdO", sdO_layout), ("sK", sK_layout), ("sV", sV_layout),
-                             ("sdS", sdS_layout)) + ((("sP", sdS_layout),) if self.shared_keys else ()):
+        fields = dict(
+            mbar_q=mem[cutlass.Int64, 2 * st], mbar_do=mem[cutlass.Int64, 2 * st], mbar_kv=mem[cutlass.Int64, 2]
+        )
+        for name, layout in (
+            ("sQ", sQ_layout),
+            ("sdO", sdO_layout),
+            ("sK", sK_layout),
+            ("sV", sV_layout),
+            ("sdS", sdS_layout),
+        ) + ((("sP", sdS_layout),) if self.shared_keys else ()):
             fields[name] = align[mem[dt, cute.cosize(layout)], 1024]
         fields["sdQ"] = align[mem[Float32, 4 if self.red else cute.cosize(sdQ_layout)], 1024]
         fields["sLSE"] = align[mem[Float32, ROWS_STAGES * bm], 128]
@@ -406,34 +452,74 @@ class SdpaBwdSm90:
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
-    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
-               mdV: cute.Tensor, mAcc: cute.Tensor, mLSE: cute.Tensor, mdPsum: cute.Tensor, mSem, mCuQ, mCuK,
-               mUsedQ, mUsedK, maxima, mdK_rows, mdV_rows, mLseOff, mOwnOff, tma_atom_q: cute.CopyAtom,
-               tma_atom_k: cute.CopyAtom,
-               tma_atom_v: cute.CopyAtom, tma_atom_do: cute.CopyAtom, tma_atom_dk: cute.CopyAtom,
-               tma_atom_dv: cute.CopyAtom, tma_atom_dq, score_args, wl, wr,
-               q_bytes: cutlass.Constexpr, do_bytes: cutlass.Constexpr, kv_bytes: cutlass.Constexpr,
-               sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
-               mma_sdp: cute.TiledMma, mma_dk: cute.TiledMma, mma_dv: cute.TiledMma, mma_dq: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mAcc: cute.Tensor,
+        mLSE: cute.Tensor,
+        mdPsum: cute.Tensor,
+        mSem,
+        mCuQ,
+        mCuK,
+        mUsedQ,
+        mUsedK,
+        maxima,
+        mdK_rows,
+        mdV_rows,
+        mLseOff,
+        mOwnOff,
+        tma_atom_q: cute.CopyAtom,
+        tma_atom_k: cute.CopyAtom,
+        tma_atom_v: cute.CopyAtom,
+        tma_atom_do: cute.CopyAtom,
+        tma_atom_dk: cute.CopyAtom,
+        tma_atom_dv: cute.CopyAtom,
+        tma_atom_dq,
+        score_args,
+        wl,
+        wr,
+        q_bytes: cutlass.Constexpr,
+        do_bytes: cutlass.Constexpr,
+        kv_bytes: cutlass.Constexpr,
+        sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        sdQ_layout: cute.ComposedLayout,
+        mma_sdp: cute.TiledMma,
+        mma_dk: cute.TiledMma,
+        mma_dv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            for atom in (tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv,
-                         tma_atom_dq):
+            for atom in (tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq):
                 if const_expr(atom is not None):
                     cpasync.prefetch_descriptor(atom)
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         pipe_q, pipe_do, pipe_kv = wu.tma_pipelines(
-            MMA_THREADS, (storage.mbar_q.data_ptr(), self.stages, q_bytes),
-            (storage.mbar_do.data_ptr(), self.stages, do_bytes), (storage.mbar_kv.data_ptr(), 1, kv_bytes))
+            MMA_THREADS,
+            (storage.mbar_q.data_ptr(), self.stages, q_bytes),
+            (storage.mbar_do.data_ptr(), self.stages, do_bytes),
+            (storage.mbar_kv.data_ptr(), 1, kv_bytes),
+        )
         pipe_rows = None
         if const_expr(self.rows_mbar):  # the rows warp's 32 lanes fill a stage, the 256 MMA threads free it
             pipe_rows = pipeline.PipelineAsync.create(
-                num_stages=ROWS_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
+                num_stages=ROWS_STAGES,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32),
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, MMA_THREADS),
-                barrier_storage=storage.mbar_rows.data_ptr(), defer_sync=True)
+                barrier_storage=storage.mbar_rows.data_ptr(),
+                defer_sync=True,
+            )
         mbar_fine = None
         if const_expr(self.fine_k or self.fine_v):
             mbar_fine = storage.mbar_fine.data_ptr()
@@ -467,8 +553,9 @@ class SdpaBwdSm90:
             max_q, turn_rows = maxima[0], self.ragged_turn_rows(mSem)
             if const_expr(turn_rows is not None):
                 max_q = cutlass.min(max_q, turn_rows)
-            seq = tiles.sequence(self.p, batch, mQ.shape[0], mK.shape[0], (mCuQ, mCuK, mUsedQ, mUsedK), max_q,
-                                 maxima[1])
+            seq = tiles.sequence(
+                self.p, batch, mQ.shape[0], mK.shape[0], (mCuQ, mCuK, mUsedQ, mUsedK), max_q, maxima[1]
+            )
             off_q, off_k, seqlen_q, seqlen_k = seq.offset_q, seq.offset_k, seq.seqlen_q, seq.seqlen_k
         off_lse = off_q
         if const_expr(mLseOff is not None):
@@ -482,10 +569,15 @@ class SdpaBwdSm90:
         fine = None  # what a K or V tile reloaded within the walk needs (`swap_fine`)
         if const_expr(self.fine_k or self.fine_v):
             fine = Fine(mK, mV, tma_atom_k, tma_atom_v, mbar_fine)
-        args = (Globals(mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows),
-                Smem(sRows, sQ, sK, sV, sdO, sdS, sP, sdQ),
-                Tma(tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq),
-                Gemms(pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq), score_args, fine, walk)
+        args = (
+            Globals(mQ, mK, mV, mdO, mdK, mdV, mAcc, mLSE, mdPsum, mSem, key_offsets, mdK_rows, mdV_rows),
+            Smem(sRows, sQ, sK, sV, sdO, sdS, sP, sdQ),
+            Tma(tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do, tma_atom_dk, tma_atom_dv, tma_atom_dq),
+            Gemms(pipe_q, pipe_do, pipe_kv, mma_sdp, mma_dk, mma_dv, mma_dq),
+            score_args,
+            fine,
+            walk,
+        )
         if const_expr(self.p.is_thd):
             # a key tile past its sequence's keys owns no dK / dV rows and visits no query tile: every warp
             # of the CTA leaves at once, so none waits on another
@@ -507,8 +599,24 @@ class SdpaBwdSm90:
                 if warp_idx != 0:
                     cute.arch.griddepcontrol_wait()
             if warp_idx == 0:
-                self.load(g.mQ, g.mK, g.mV, g.mdO, s.sQ, s.sK, s.sV, s.sdO, tma.q, tma.k, tma.v, tma.do,
-                          gemms.pipe_q, gemms.pipe_do, gemms.pipe_kv, walk)
+                self.load(
+                    g.mQ,
+                    g.mK,
+                    g.mV,
+                    g.mdO,
+                    s.sQ,
+                    s.sK,
+                    s.sV,
+                    s.sdO,
+                    tma.q,
+                    tma.k,
+                    tma.v,
+                    tma.do,
+                    gemms.pipe_q,
+                    gemms.pipe_do,
+                    gemms.pipe_kv,
+                    walk,
+                )
             if const_expr(not self.red):
                 if warp_idx == 1:
                     self.store_dq(g.mAcc, g.mSem, s.sdQ, tma.dq, walk)
@@ -539,20 +647,52 @@ class SdpaBwdSm90:
         return mX[row, head, w.batch]
 
     @cute.jit
-    def walk(self, n_block: Int32, head_kv: Int32, batch: Int32, seqlen_q: Int32, seqlen_k: Int32, wl, wr, off_q,
-             off_k, off_lse=None):
+    def walk(
+        self,
+        n_block: Int32,
+        head_kv: Int32,
+        batch: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        wl,
+        wr,
+        off_q,
+        off_k,
+        off_lse=None,
+    ):
         """The CTA's `Walk`: the query tiles of its key tile's band, over every query head of its group."""
         p = self.p
-        band = tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
-                          wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
-        m_min, m_max = mask.m_block_range(n_block, self.bm, self.bn, seqlen_q, seqlen_k, band.diag, band.window_left,
-                                          band.window_right)
+        band = tiles.band(
+            seqlen_q,
+            seqlen_k,
+            wl if const_expr(p.has_window_left) else None,
+            wr if const_expr(p.has_window_right) else None,
+            p.bottom_right,
+            True,
+        )
+        m_min, m_max = mask.m_block_range(
+            n_block, self.bm, self.bn, seqlen_q, seqlen_k, band.diag, band.window_left, band.window_right
+        )
         n_m = cutlass.max(m_max - m_min, 0)
         n_k, rot = None, None
         if const_expr(self.rotated):
             n_k, rot = self.rotation(n_block, n_m, seqlen_k)
-        return Walk(n_block, head_kv, batch, m_min, n_m, n_m * self.group, band, seqlen_q, seqlen_k, off_q, off_k,
-                    off_lse, n_k, rot)
+        return Walk(
+            n_block,
+            head_kv,
+            batch,
+            m_min,
+            n_m,
+            n_m * self.group,
+            band,
+            seqlen_q,
+            seqlen_k,
+            off_q,
+            off_k,
+            off_lse,
+            n_k,
+            rot,
+        )
 
     @cute.jit
     def rotation(self, n_block: Int32, n_m: Int32, seqlen_k: Int32):
@@ -587,8 +727,25 @@ class SdpaBwdSm90:
 
     # --- producer warp: K / V once, then Q and dO per step
     @cute.jit
-    def load(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do,
-             pipe_q, pipe_do, pipe_kv, w: Walk):
+    def load(
+        self,
+        mQ,
+        mK,
+        mV,
+        mdO,
+        sQ,
+        sK,
+        sV,
+        sdO,
+        tma_atom_q,
+        tma_atom_k,
+        tma_atom_v,
+        tma_atom_do,
+        pipe_q,
+        pipe_do,
+        pipe_kv,
+        w: Walk,
+    ):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipe_kv.producer_acquire(kv_state)
         bar = pipe_kv.producer_get_barrier(kv_state)
@@ -599,24 +756,34 @@ class SdpaBwdSm90:
             head, m_block = self.step_tile(t, w)
             gQ = cute.local_tile(self.seq_rows(mQ, head, w, w.off_q), (self.bm, self.d), (m_block, 0))
             gdO = cute.local_tile(self.seq_rows(mdO, head, w, w.off_q), (self.bm, self.dv), (m_block, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))
-            tOsdO, tOgdO = cpasync.tma_partition(tma_atom_do, 0, cute.make_layout(1),
-                                                 cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2))
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_atom_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+            )
+            tOsdO, tOgdO = cpasync.tma_partition(
+                tma_atom_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2)
+            )
             pipe_q.producer_acquire(state)
             cute.copy(tma_atom_q, tQgQ, tQsQ[None, state.index], tma_bar_ptr=pipe_q.producer_get_barrier(state))
             pipe_do.producer_acquire(state)
-            cute.copy(tma_atom_do, tOgdO, tOsdO[None, state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            cute.copy(tma_atom_do, tOgdO, tOsdO[None, state.index], tma_bar_ptr=pipe_do.producer_get_barrier(state))
             state.advance()
 
     @cute.jit
-    def load_kv_tile(self, atom: cute.CopyAtom, mX: cute.Tensor, sX: cute.Tensor, width: cutlass.Constexpr[int],
-                     head: Int32, w: Walk, bar):
+    def load_kv_tile(
+        self,
+        atom: cute.CopyAtom,
+        mX: cute.Tensor,
+        sX: cute.Tensor,
+        width: cutlass.Constexpr[int],
+        head: Int32,
+        w: Walk,
+        bar,
+    ):
         """One TMA load of the CTA's (tile_n, width) K or V tile of head `head` into sX, completing on `bar`."""
         gX = cute.local_tile(self.seq_rows(mX, head, w, w.off_k), (self.bn, width), (w.n_block, 0))
-        tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                           cute.group_modes(gX, 0, 2))
+        tXsX, tXgX = cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2)
+        )
         cute.copy(atom, tXgX, tXsX, tma_bar_ptr=bar)
 
     # --- dQ writer warp: one TMA reduce-add of each step's fp32 dQ tile
@@ -629,8 +796,9 @@ class SdpaBwdSm90:
             head, m_block = self.step_tile(t, w)
             if const_expr(not self.frag):
                 gAcc = cute.local_tile(self.seq_rows(mAcc, head, w, w.off_q), (self.bm, self.d), (m_block, 0))
-                tDsdQ, tDgAcc = cpasync.tma_partition(tma_atom_dq, 0, cute.make_layout(1),
-                                                      cute.group_modes(sdQ, 0, 2), cute.group_modes(gAcc, 0, 2))
+                tDsdQ, tDgAcc = cpasync.tma_partition(
+                    tma_atom_dq, 0, cute.make_layout(1), cute.group_modes(sdQ, 0, 2), cute.group_modes(gAcc, 0, 2)
+                )
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous reduce has read the tile
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=MMA_THREADS + 32)
             sem = None
@@ -644,8 +812,9 @@ class SdpaBwdSm90:
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=MMA_THREADS + 32)
             if const_expr(self.frag):  # the tile's rows are one contiguous run of the accumulator
                 if lane == 0:
-                    gops.bulk_reduce_add_f32(self.fragment_tile(mAcc, head, m_block, w), sdQ.iterator,
-                                             self.bm * self.d * 4)
+                    gops.bulk_reduce_add_f32(
+                        self.fragment_tile(mAcc, head, m_block, w), sdQ.iterator, self.bm * self.d * 4
+                    )
             else:
                 cute.copy(tma_atom_dq, tDsdQ, tDgAcc)
             cute.arch.cp_async_bulk_commit_group()
@@ -688,8 +857,9 @@ class SdpaBwdSm90:
             per_head = mAcc.shape[0] // bm + grid_extent(self.p.grid_order, "batch") + 1
             if const_expr(self.frag):  # the accumulator's own tiles are laid out as the turns are
                 per_head = mAcc.shape[0] // bm
-            idx = turns.turn_index(head, m_block, self.p.num_heads_q, per_head,
-                                   first_tile=packed_acc_tile(w.off_q, w.batch, bm))
+            idx = turns.turn_index(
+                head, m_block, self.p.num_heads_q, per_head, first_tile=packed_acc_tile(w.off_q, w.batch, bm)
+            )
         else:
             rows_q = mAcc.shape[0] if const_expr(self.p.has_seqused) else w.seqlen_q  # equal without padding
             idx = turns.turn_index(head, m_block, self.p.num_heads_q, (rows_q + bm - 1) // bm, batch=w.batch)
@@ -708,8 +878,20 @@ class SdpaBwdSm90:
         p = self.p
         turn = Int32(0)
         band = w.band
-        turn = turns.stair_turn(w.n_block, m_block, self.bm, self.bn, w.seqlen_k, band.diag, band.window_left,
-                                band.window_right, p.has_window_right, Int32, cutlass.min, cutlass.max)
+        turn = turns.stair_turn(
+            w.n_block,
+            m_block,
+            self.bm,
+            self.bn,
+            w.seqlen_k,
+            band.diag,
+            band.window_left,
+            band.window_right,
+            p.has_window_right,
+            Int32,
+            cutlass.min,
+            cutlass.max,
+        )
         if const_expr(self.rotated and not p.has_window_right):
             turn = self.rotated_turn(turn, m_block, w)
         return turn
@@ -786,8 +968,10 @@ class SdpaBwdSm90:
         elif const_expr(self.frag):  # fragment order (frost.engines.sdpa_bwd.accum.fragment_offset)
             n_dq = self.bm * self.d // MMA_THREADS  # registers (p, h, j) of the dQ fragment: j-th 16-byte group
             half = self.bm * self.d // 2
-            tdQsdQ = cute.make_tensor(sdQ.iterator + (tidx // 128) * half + (tidx % 128) * 4,
-                                      cute.make_layout(((2, 2, n_dq // 4), 1, 1), stride=((1, 2, 512), 0, 0)))
+            tdQsdQ = cute.make_tensor(
+                sdQ.iterator + (tidx // 128) * half + (tidx % 128) * 4,
+                cute.make_layout(((2, 2, n_dq // 4), 1, 1), stride=((1, 2, 512), 0, 0)),
+            )
         else:
             tdQsdQ = mma_dq.get_slice(tidx).partition_C(wu.transpose_view(sdQ) if const_expr(self.swap_dq) else sdQ)
         # per-column (query) coordinates of this thread's S^T values
@@ -817,22 +1001,85 @@ class SdpaBwdSm90:
                 cute.arch.fence_view_async_shared()  # generic-proxy stores before the wgmma (async proxy) reads
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
         fine_phase = Int32(0)  # the fine-tile reloads' mbarrier phase (`swap_fine`)
-        out = GradOut(acc_dK, acc_dV, g.mdK, g.mdV, g.key_offsets, g.mdK_rows, g.mdV_rows, sK, sV, tma.dk, tma.dv,
-                      mma_dk, mma_dv, scale)
-        ops = Operands(tSrK, tSrQ, tPrV, tPrdO, tdVrdOt, tdKrQt, tdQrKt, tdQrdS, tdVrP, tdKrdS, r2s_ds, tRsdS, tRsP,
-                       tdQsdQ, tdQcdQ, tScS_mn, t0ScS_mn, thr_sdp, n_cols)
+        out = GradOut(
+            acc_dK,
+            acc_dV,
+            g.mdK,
+            g.mdV,
+            g.key_offsets,
+            g.mdK_rows,
+            g.mdV_rows,
+            sK,
+            sV,
+            tma.dk,
+            tma.dv,
+            mma_dk,
+            mma_dv,
+            scale,
+        )
+        ops = Operands(
+            tSrK,
+            tSrQ,
+            tPrV,
+            tPrdO,
+            tdVrdOt,
+            tdKrQt,
+            tdQrKt,
+            tdQrdS,
+            tdVrP,
+            tdKrdS,
+            r2s_ds,
+            tRsdS,
+            tRsP,
+            tdQsdQ,
+            tdQcdQ,
+            tScS_mn,
+            t0ScS_mn,
+            thr_sdp,
+            n_cols,
+        )
         for t in cutlass.range(steps, unroll=1):
-            fine_phase, r_state, q_state = self.mma_step(t, q_state, r_state, fine_phase, ops, g, s, gemms, score_args,
-                                                         rows, scale_log2, out, fine, w, tidx)
+            fine_phase, r_state, q_state = self.mma_step(
+                t, q_state, r_state, fine_phase, ops, g, s, gemms, score_args, rows, scale_log2, out, fine, w, tidx
+            )
         if const_expr(self.p.has_dbias and not self.p.dbias_accum):
-            score_mod.zero_dbias_outside_band(self.p, mdBias, w.batch, w.head_kv * self.group, self.group, w.m_min,
-                                              w.n_m, bm, n_block, bn, mdBias.shape[2], mdBias.shape[3], MMA_THREADS,
-                                              tidx)
+            score_mod.zero_dbias_outside_band(
+                self.p,
+                mdBias,
+                w.batch,
+                w.head_kv * self.group,
+                self.group,
+                w.m_min,
+                w.n_m,
+                bm,
+                n_block,
+                bn,
+                mdBias.shape[2],
+                mdBias.shape[3],
+                MMA_THREADS,
+                tidx,
+            )
         self.epilogue(out, tidx, w)
 
     @cute.jit
-    def mma_step(self, t: Int32, q_state, r_state, fine_phase: Int32, ops: Operands, g: Globals, s: Smem,
-                 gemms: Gemms, score_args, rows: Rows, scale_log2: Float32, out: GradOut, fine, w: Walk, tidx: Int32):
+    def mma_step(
+        self,
+        t: Int32,
+        q_state,
+        r_state,
+        fine_phase: Int32,
+        ops: Operands,
+        g: Globals,
+        s: Smem,
+        gemms: Gemms,
+        score_args,
+        rows: Rows,
+        scale_log2: Float32,
+        out: GradOut,
+        fine,
+        w: Walk,
+        tidx: Int32,
+    ):
         """Step t of the walk: S^T and dP^T, P^T and dS^T, dV and dK, this step's dQ handed on. Returns what the
         next step carries: the fine reloads' phase, the rows' and Q / dO's pipeline states (in the order the
         loop has always carried them, so the kernel's IR is unchanged)."""
@@ -841,8 +1088,27 @@ class SdpaBwdSm90:
         mAcc, mSem = g.mAcc, g.mSem
         pipe_rows = s.rows[2]  # with rows_mbar: the staged rows' mbarrier pipeline
         pipe_q, pipe_do, _, mma_sdp, mma_dk, _, mma_dq = gemms
-        (tSrK, tSrQ, tPrV, tPrdO, _, tdKrQt, tdQrKt, tdQrdS, _, tdKrdS, _, _, _, tdQsdQ, tdQcdQ, tScS_mn, t0ScS_mn,
-         thr_sdp, _) = ops
+        (
+            tSrK,
+            tSrQ,
+            tPrV,
+            tPrdO,
+            _,
+            tdKrQt,
+            tdQrKt,
+            tdQrdS,
+            _,
+            tdKrdS,
+            _,
+            _,
+            _,
+            tdQsdQ,
+            tdQcdQ,
+            tScS_mn,
+            t0ScS_mn,
+            thr_sdp,
+            _,
+        ) = ops
         acc_dK = out.acc_dK
         head, m_block = self.step_tile(t, w)
         q0 = m_block * bm
@@ -854,17 +1120,32 @@ class SdpaBwdSm90:
             self.zero_query_tail(q_state, s, gemms, q0, w, tidx)
         pipe_q.consumer_wait(q_state, pipe_q.consumer_try_wait(q_state))
         acc_S = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
-        wu.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
-                k_blocks=self.p.s_k_blocks)
+        wu.gemm(
+            mma_sdp,
+            acc_S,
+            tSrK,
+            tSrQ[None, None, None, q_state.index],
+            zero_init=True,
+            wg_wait=-1,
+            k_blocks=self.p.s_k_blocks,
+        )
         pipe_do.consumer_wait(q_state, pipe_do.consumer_try_wait(q_state))
         acc_dP = cute.make_rmem_tensor(mma_sdp.partition_shape_C((bn, bm)), Float32)
-        wu.gemm(mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, q_state.index], zero_init=True, wg_wait=-1,
-                k_blocks=self.p.dp_k_blocks)
+        wu.gemm(
+            mma_sdp,
+            acc_dP,
+            tPrV,
+            tPrdO[None, None, None, q_state.index],
+            zero_init=True,
+            wg_wait=-1,
+            k_blocks=self.p.dp_k_blocks,
+        )
         rB = None  # the step's bias tile, its loads in flight while S^T and dP^T run
         if const_expr(self.p.has_bias):
             rB = self.fetch_bias(tScS_mn, t0ScS_mn, thr_sdp, mBias, head, m_block, w)
-        s_mn = self.probabilities(acc_S, rB, ops, (rows, pipe_rows, r_state), (scale, scale_log2), (head, m_block, q0),
-                                  stage, w)
+        s_mn = self.probabilities(
+            acc_S, rB, ops, (rows, pipe_rows, r_state), (scale, scale_log2), (head, m_block, q0), stage, w
+        )
         r_state = self.score_grads(acc_dP, s_mn, ops, (rows, pipe_rows, r_state), mdBiasAcc, head, m_block, stage, w)
         rdS16 = self.dv_step(acc_dP, ops, gemms, out, stage, q_state)
         tdKrdS_t = tdKrdS[None, None, None, stage] if const_expr(self.shared_keys) else tdKrdS
@@ -936,8 +1217,7 @@ class SdpaBwdSm90:
             mask.apply_mask_keys_by_rows(s_mn, tScS_mn, t0ScS_mn, q0, n_block * bn, seqlen_k, off, wl, wr)
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             for c in cutlass.range_constexpr(n_cols):
-                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage],
-                                             fastmath=True)
+                s_mn[r, c] = cute.math.exp2(s_mn[r, c] * scale_log2 - rows.sLSE[tScS_mn[0, c][1], stage], fastmath=True)
         if const_expr(self.shared_keys):
             self.stage_tile(acc_S, ops.r2s_ds, ops.tRsP[None, None, None, stage])
         else:
@@ -945,8 +1225,18 @@ class SdpaBwdSm90:
         return s_mn
 
     @cute.jit
-    def score_grads(self, acc_dP: cute.Tensor, s_mn: cute.Tensor, ops: Operands, staged, mdBiasAcc, head: Int32,
-                    m_block: Int32, stage, w: Walk):
+    def score_grads(
+        self,
+        acc_dP: cute.Tensor,
+        s_mn: cute.Tensor,
+        ops: Operands,
+        staged,
+        mdBiasAcc,
+        head: Int32,
+        m_block: Int32,
+        stage,
+        w: Walk,
+    ):
         """dP^T -> dS^T in place once dP^T has landed (P^T `s_mn` and the staged dpsum rows), the rows handed
         back; dBias through the accumulator added here. `staged`: (rows, their pipeline, its state). Returns the
         rows' pipeline state (advanced with `rows_mbar`)."""
@@ -977,14 +1267,16 @@ class SdpaBwdSm90:
             rdS16 = self.stage_tile(acc_dP, r2s_ds, tRsdS[None, None, None, stage])
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
-            wu.gemm(mma_dv, acc_dV, tdVrP[None, None, None, stage], tdVrdOt[None, None, None, q_state.index],
-                    wg_wait=-1)
+            wu.gemm(
+                mma_dv, acc_dV, tdVrP[None, None, None, stage], tdVrdOt[None, None, None, q_state.index], wg_wait=-1
+            )
         else:
             wu.convert_to_16bit(wu.acc_view_as_a(acc_dP), tdKrdS)
             # dV += P^T dO while dS goes to shared memory
             wu.gemm(mma_dv, acc_dV, tdVrP, tdVrdOt[None, None, None, q_state.index], wg_wait=-1)
-            cute.copy(r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)),
-                      tRsdS[None, None, None, stage])
+            cute.copy(
+                r2s_ds, r2s_ds.retile(cute.make_tensor(tdKrdS.iterator, acc_dP.layout)), tRsdS[None, None, None, stage]
+            )
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
         if const_expr(self.p.has_dbias and not self.p.dbias_accum and not self.shared_keys):
@@ -992,25 +1284,53 @@ class SdpaBwdSm90:
         return rdS16
 
     @cute.jit
-    def fetch_bias(self, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mBias, head: Int32, m_block: Int32,
-                   w: Walk) -> cute.Tensor:
+    def fetch_bias(
+        self, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mBias, head: Int32, m_block: Int32, w: Walk
+    ) -> cute.Tensor:
         """Issue the loads of the step's bias^T tile (`score_mod.fetch_bias` through the transposed view: rows are
         keys, columns queries) into fp32 registers; called before the scores are waited for."""
         mB, q_limit, k_limit, _ = score_mod.sequence_mods(self.p, mBias, w.batch, head, w.seqlen_q, w.seqlen_k)
-        return score_mod.fetch_bias(self.score_tile(thr_sdp, mB, m_block, w), tScS_mn, t0ScS_mn,
-                                    w.n_block * self.bn, m_block * self.bm, k_limit, q_limit)
+        return score_mod.fetch_bias(
+            self.score_tile(thr_sdp, mB, m_block, w),
+            tScS_mn,
+            t0ScS_mn,
+            w.n_block * self.bn,
+            m_block * self.bm,
+            k_limit,
+            q_limit,
+        )
 
     @cute.jit
-    def score_mods(self, s_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, rB, scale: Float32,
-                   head: Int32, m_block: Int32, w: Walk):
+    def score_mods(
+        self,
+        s_mn: cute.Tensor,
+        tScS_mn: cute.Tensor,
+        t0ScS_mn: cute.Tensor,
+        rB,
+        scale: Float32,
+        head: Int32,
+        m_block: Int32,
+        w: Walk,
+    ):
         """S^T -> scale * S^T + bias^T + ALiBi of query head `head`, in place, before the mask
         (`score_mod.add_score_mods` on the transposed view, `rB` the fetched bias^T tile or None; ALiBi's
         slope(j - i) takes the negated slope)."""
         neg_slope = None
         if const_expr(self.p.has_alibi):
             neg_slope = -score_mod.alibi_slope(head, self.p.num_heads_q)
-        score_mod.add_score_mods(s_mn, tScS_mn, t0ScS_mn, None, scale, w.n_block * self.bn, m_block * self.bm,
-                                 w.seqlen_k, w.seqlen_q, neg_slope, rB=rB)
+        score_mod.add_score_mods(
+            s_mn,
+            tScS_mn,
+            t0ScS_mn,
+            None,
+            scale,
+            w.n_block * self.bn,
+            m_block * self.bm,
+            w.seqlen_k,
+            w.seqlen_q,
+            neg_slope,
+            rB=rB,
+        )
 
     def score_tile(self, thr_sdp, mX: cute.Tensor, m_block: Int32, w: Walk) -> cute.Tensor:
         """This thread's elements of a (S_q, S_kv) score-shaped tensor (bias, dBias) at the step's tile, through
@@ -1019,8 +1339,18 @@ class SdpaBwdSm90:
         return acc_as_mn(thr_sdp.partition_C(cute.local_tile(mXt, (self.bn, self.bm), (w.n_block, m_block))))
 
     @cute.jit
-    def write_dbias(self, vals_mn: cute.Tensor, tScS_mn: cute.Tensor, t0ScS_mn: cute.Tensor, thr_sdp, mX,
-                    head: Int32, m_block: Int32, w: Walk, add: cutlass.Constexpr[bool]):
+    def write_dbias(
+        self,
+        vals_mn: cute.Tensor,
+        tScS_mn: cute.Tensor,
+        t0ScS_mn: cute.Tensor,
+        thr_sdp,
+        mX,
+        head: Int32,
+        m_block: Int32,
+        w: Walk,
+        add: cutlass.Constexpr[bool],
+    ):
         """dS^T of one step (before the scale) into dBias: as it is (16 bits, one (batch, head) per element),
         every element inside dBias's extents, the zeros of masked and padding positions included; or (`add`)
         red.global.add'ed in fp32 into the accumulator (`dbias_accum`), the positions inside the sequence only.
@@ -1033,9 +1363,15 @@ class SdpaBwdSm90:
         k_limit, q_limit = mB.shape[1], mB.shape[0]
         if const_expr(add):
             k_limit, q_limit = cutlass.min(w.seqlen_k, k_limit), cutlass.min(w.seqlen_q, q_limit)
-        score_mod.write_score_tile(vals_mn, self.score_tile(thr_sdp, mB, m_block, w), tScS_mn, t0ScS_mn,
-                                   k_limit - w.n_block * self.bn, q_limit - m_block * self.bm - tScS_mn[0][1],
-                                   add=add and not p.deterministic)
+        score_mod.write_score_tile(
+            vals_mn,
+            self.score_tile(thr_sdp, mB, m_block, w),
+            tScS_mn,
+            t0ScS_mn,
+            k_limit - w.n_block * self.bn,
+            q_limit - m_block * self.bm - tScS_mn[0][1],
+            add=add and not p.deterministic,
+        )
 
     @cute.jit
     def write_step_dbias(self, rdS16, tScS_mn, t0ScS_mn, thr_sdp, mdBias, head: Int32, m_block: Int32, w: Walk):
@@ -1056,8 +1392,19 @@ class SdpaBwdSm90:
         return acc_dQ
 
     @cute.jit
-    def put_dq(self, acc_dQ, tdQsdQ, tdQcdQ, mAcc, mSem, head: Int32, m_block: Int32, tidx: Int32, w: Walk,
-               wait: cutlass.Constexpr[bool]):
+    def put_dq(
+        self,
+        acc_dQ,
+        tdQsdQ,
+        tdQcdQ,
+        mAcc,
+        mSem,
+        head: Int32,
+        m_block: Int32,
+        tidx: Int32,
+        w: Walk,
+        wait: cutlass.Constexpr[bool],
+    ):
         """The step's dQ out of the registers: added by this thread (`dq_red`), or into the shared dQ tile once
         the writer's previous add has read it, handed over to the writer. `wait`: the dQ GEMM is the last one
         in flight, waited for here (after the barrier, so its time overlaps the writer's)."""
@@ -1084,8 +1431,17 @@ class SdpaBwdSm90:
         return r16
 
     @cute.jit
-    def add_dq(self, acc_dQ: cute.Tensor, tdQcdQ: cute.Tensor, mAcc: cute.Tensor, mSem, head: Int32,
-               m_block: Int32, tidx: Int32, w: Walk):
+    def add_dq(
+        self,
+        acc_dQ: cute.Tensor,
+        tdQcdQ: cute.Tensor,
+        mAcc: cute.Tensor,
+        mSem,
+        head: Int32,
+        m_block: Int32,
+        tidx: Int32,
+        w: Walk,
+    ):
         """Add this thread's dQ values into the row-layout accumulator, two neighbouring columns per
         red.global.add.v2, rows past the sequence skipped. Deterministic: MMA thread 0 waits for the tile's
         turn, every thread fences its adds, and thread 0 passes the turn on."""
@@ -1203,8 +1559,10 @@ class SdpaBwdSm90:
             first_v = last_v
             if w.steps == 0:
                 first_v = self.kv_head(w, 0, True)
-        grads = ((False, last_k, None) if first_k is None else (False, first_k, last_k),
-                 (True, last_v, None) if first_v is None else (True, first_v, last_v))
+        grads = (
+            (False, last_k, None) if first_k is None else (False, first_k, last_k),
+            (True, last_v, None) if first_v is None else (True, first_v, last_v),
+        )
         self.write_grads(grads, out, tidx, w)
 
     @cute.jit
@@ -1239,10 +1597,13 @@ class SdpaBwdSm90:
                 self.store_rows(grads[1], out, off_k, limit, tidx - 128, w)
         elif tidx < 32:
             for is_v, lo, hi in grads:
-                store = partial(self.tma_store_tile, out.sV if const_expr(is_v) else out.sK,
-                                out.mdV if const_expr(is_v) else out.mdK,
-                                out.tma_atom_dv if const_expr(is_v) else out.tma_atom_dk,
-                                self.dv if const_expr(is_v) else self.d)
+                store = partial(
+                    self.tma_store_tile,
+                    out.sV if const_expr(is_v) else out.sK,
+                    out.mdV if const_expr(is_v) else out.mdK,
+                    out.tma_atom_dv if const_expr(is_v) else out.tma_atom_dk,
+                    self.dv if const_expr(is_v) else self.d,
+                )
                 self.each_head(store, lo, hi, w)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -1255,12 +1616,14 @@ class SdpaBwdSm90:
         _, mdKOff, mdVOff = out.key_offsets
         if const_expr(is_v):
             off = own_token_offset(self.p, "dv", mdVOff, w.batch, off_k, w.seqlen_k, out.mdV_rows.shape[0])
-            self.each_head(partial(self.store_tile, out.sV, out.mdV_rows, self.dv, self.p.head_dim_v, off, limit, t),
-                           lo, hi, w)
+            self.each_head(
+                partial(self.store_tile, out.sV, out.mdV_rows, self.dv, self.p.head_dim_v, off, limit, t), lo, hi, w
+            )
         else:
             off = own_token_offset(self.p, "dk", mdKOff, w.batch, off_k, w.seqlen_k, out.mdK_rows.shape[0])
-            self.each_head(partial(self.store_tile, out.sK, out.mdK_rows, self.d, self.p.head_dim, off, limit, t),
-                           lo, hi, w)
+            self.each_head(
+                partial(self.store_tile, out.sK, out.mdK_rows, self.d, self.p.head_dim, off, limit, t), lo, hi, w
+            )
 
     @cute.jit
     def each_head(self, store, lo, hi, w: Walk):
@@ -1272,12 +1635,14 @@ class SdpaBwdSm90:
                 store(h, w)
 
     @cute.jit
-    def tma_store_tile(self, sX: cute.Tensor, mX: cute.Tensor, atom: cute.CopyAtom, width: cutlass.Constexpr[int],
-                       head: Int32, w: Walk):
+    def tma_store_tile(
+        self, sX: cute.Tensor, mX: cute.Tensor, atom: cute.CopyAtom, width: cutlass.Constexpr[int], head: Int32, w: Walk
+    ):
         """One TMA store of a staged (tile_n, width) dK / dV tile to head `head` (not committed)."""
         gX = cute.local_tile(mX[None, None, head, w.batch], (self.bn, width), (w.n_block, 0))
-        tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                           cute.group_modes(gX, 0, 2))
+        tXsX, tXgX = cpasync.tma_partition(
+            atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2)
+        )
         cute.copy(atom, tXsX, tXgX)
 
     @cute.jit
@@ -1299,8 +1664,9 @@ class SdpaBwdSm90:
         return phase
 
     @cute.jit
-    def swap_fine(self, is_v: cutlass.Constexpr[bool], j: Int32, fine: Fine, out: GradOut, phase: Int32,
-                  tidx: Int32, w: Walk):
+    def swap_fine(
+        self, is_v: cutlass.Constexpr[bool], j: Int32, fine: Fine, out: GradOut, phase: Int32, tidx: Int32, w: Walk
+    ):
         """The K (V) head of query head j - 1 is done: its dK (dV) leaves through its tile (`write_grads`; every GEMM
         of the step has completed, each warpgroup waited for its own), the accumulator restarts at zero, and one
         TMA load brings query head j's K (V) tile in, on the fine mbarrier, before the next step's GEMMs."""
@@ -1313,9 +1679,15 @@ class SdpaBwdSm90:
         if tidx < 32:
             if tidx == 0:
                 cute.arch.mbarrier_arrive_and_expect_tx(fine.mbar, self.bn * width * self.dtype.width // 8)
-            self.load_kv_tile(fine.tma_atom_v if const_expr(is_v) else fine.tma_atom_k,
-                              fine.mV if const_expr(is_v) else fine.mK, sX, width, self.kv_head(w, j, is_v), w,
-                              fine.mbar)
+            self.load_kv_tile(
+                fine.tma_atom_v if const_expr(is_v) else fine.tma_atom_k,
+                fine.mV if const_expr(is_v) else fine.mK,
+                sX,
+                width,
+                self.kv_head(w, j, is_v),
+                w,
+                fine.mbar,
+            )
         cute.arch.mbarrier_wait(fine.mbar, phase)
         if const_expr(self.lengths):
             key_rows = w.seqlen_k - w.n_block * self.bn
@@ -1325,16 +1697,33 @@ class SdpaBwdSm90:
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=MMA_THREADS)
 
     @cute.jit
-    def store_tile(self, sX: cute.Tensor, mX: cute.Tensor, width: cutlass.Constexpr[int], cols: cutlass.Constexpr[int],
-                   off_k: Int32, limit: Int32, t: Int32, head: Int32, w: Walk):
+    def store_tile(
+        self,
+        sX: cute.Tensor,
+        mX: cute.Tensor,
+        width: cutlass.Constexpr[int],
+        cols: cutlass.Constexpr[int],
+        off_k: Int32,
+        limit: Int32,
+        t: Int32,
+        head: Int32,
+        w: Walk,
+    ):
         """The rows < limit of a staged (tile_n, width) dK / dV tile to the sequence's rows (from its first key
         `off_k`), by one warpgroup; a tile padded past the head dim (`cols`) stores only its first cols columns."""
         tiled, threads = row_copy(self.dtype, width, 128)
         if t < threads:
             rows = widen(self.seq_rows(mX, head, w, off_k), width)
             g = cute.local_tile(rows, (self.bn, width), (w.n_block, 0))
-            store_rows(tiled, sX, g, cute.make_identity_tensor((self.bn, width)), limit, t,
-                       cols=cols if const_expr(cols < width) else 0)
+            store_rows(
+                tiled,
+                sX,
+                g,
+                cute.make_identity_tensor((self.bn, width)),
+                limit,
+                t,
+                cols=cols if const_expr(cols < width) else 0,
+            )
 
 
 def build(params: Sm90BwdParams, arch: str):

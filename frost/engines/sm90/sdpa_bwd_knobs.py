@@ -2,6 +2,7 @@
 
 Planning reads this module (no cutlass import); the validator and budgets live in `sdpa_bwd_params`.
 """
+
 from __future__ import annotations
 
 from frost.engines.common.turns import ROTATED
@@ -10,9 +11,18 @@ from frost.engines.sm90.sdpa_bwd_params import WGMMA_K, Sm90BwdParams, smem_byte
 from frost.engines.sm90.sdpa_fwd_params import SMEM_BUDGET_BYTES
 
 
-def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = False, packed: bool = False,
-                  sm_count: int = 132, ragged: bool = False, bias: bool = False, alibi: bool = False,
-                  dbias: bool = False, **requested) -> dict:
+def default_knobs(
+    head_dim: int,
+    head_dim_v: int | None = None,
+    banded: bool = False,
+    packed: bool = False,
+    sm_count: int = 132,
+    ragged: bool = False,
+    bias: bool = False,
+    alibi: bool = False,
+    dbias: bool = False,
+    **requested,
+) -> dict:
     """Good knobs per head dim (`banded`: a right bound, e.g. causal; `packed`: THD; `ragged`: cuDNN's
     ragged-offset form of it; `bias`, `alibi`: the score modifiers, `dbias`: with dBias); `requested` knobs are
     honored (the validator judges them).
@@ -48,8 +58,13 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
         # packed batches take 80 without a band
         # 80 rows only with d_v = d_qk (`validate`: with d_v = 64 under d_qk = 128 its gradients were wrong)
         wide_qk = 96 < head_dim <= 128 and dv == head_dim
-        tile_m = (128 if widest <= 64 and not (packed and widest <= WGMMA_K) else
-                  80 if widest > 96 and wide_qk and (packed or (not banded and head_dim != 128)) else 64)
+        tile_m = (
+            128
+            if widest <= 64 and not (packed and widest <= WGMMA_K)
+            else 80
+            if widest > 96 and wide_qk and (packed or (not banded and head_dim != 128))
+            else 64
+        )
         if ((bias or alibi) and tile_m == 80) or (tile_m == 128 and (bias or (packed and dbias))):
             # the modifiers' registers spill the 80-row kernel; a bias's loads (212-476 bytes, with dBias or not)
             # and dBias's adds (packed) the 128-row one
@@ -58,9 +73,14 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     # packed tiles up to 64 wide add dQ in fragment order too, each sequence from its own tiles (run 12: 0.92-0.96x
     # FlashAttention-4 against 0.88-0.91x with rows); wider packed tiles keep rows (80-row tiles; 64-row fragment
     # tiles were within 2% of them without a band and 1-9% slower under one)
-    k.setdefault("dq_fragments", (not packed or (widest <= 64 and not ragged)) and not k.get("dq_red")
-                 and k["tile_m"] % 64 == 0 and (k["tile_m"] * head_dim) % 1024 == 0
-                 and not _probe(head_dim, dv, k).padded)
+    k.setdefault(
+        "dq_fragments",
+        (not packed or (widest <= 64 and not ragged))
+        and not k.get("dq_red")
+        and k["tile_m"] % 64 == 0
+        and (k["tile_m"] * head_dim) % 1024 == 0
+        and not _probe(head_dim, dv, k).padded,
+    )
     if widest > 128:
         return k
     # the rows warp frees the MMA threads of the LSE / dpsum loads, handing its stages over through mbarriers (a
@@ -74,8 +94,12 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, banded: bool = F
     # per step in its 24 registers), and the 80-row kernel at d_qk 104 / 112 (clean; d=112 1.04x without a band;
     # at d=120 ptxas serializes) (run 18); d=112 under a band (64 rows) gained nothing. Other head dims are
     # unmeasured and keep the MMA-thread loads
-    measured = (head_dim in (64, 96, 128) and (packed or (k["dq_fragments"] and k["tile_m"] != 80))
-                or not packed and (64 < head_dim < 96 or 96 < head_dim <= 112 and k["tile_m"] == 80))
+    measured = (
+        head_dim in (64, 96, 128)
+        and (packed or (k["dq_fragments"] and k["tile_m"] != 80))
+        or not packed
+        and (64 < head_dim < 96 or 96 < head_dim <= 112 and k["tile_m"] == 80)
+    )
     k.setdefault("rows_warp", head_dim == dv and measured)
     k.setdefault("rows_mbar", k["rows_warp"])
     return k

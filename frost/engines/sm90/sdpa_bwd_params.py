@@ -7,6 +7,7 @@ dQ convert); this template is its main kernel for cc 9.0 (`MAIN_TEMPLATE`,
 (with the turn counters when deterministic) and the shared dQ convert scales into
 dQ's declared strides. No cutlass import here: planning reads this module.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -132,8 +133,9 @@ class Sm90BwdParams(SdpaBwdFeatureParams):
         form or padding masks. Without GQA the index order measured level or faster, cuDNN's ragged-offset form
         keeps it until a GPU run checks the ranking there, and a dBias shared by the batch entries keeps its
         batch-fastest grid (benchmarks/results/2026-12-03-h200-run19)."""
-        return (self.walk_group > 1 and (self.is_thd or self.has_seqused) and not self.ragged
-                and self.grid_order == "key")
+        return (
+            self.walk_group > 1 and (self.is_thd or self.has_seqused) and not self.ragged and self.grid_order == "key"
+        )
 
 
 def smem_bytes(p: Sm90BwdParams) -> int:
@@ -164,6 +166,7 @@ def accumulator_registers(p: Sm90BwdParams) -> int:
 
 def validate(p: Sm90BwdParams) -> None:
     """Raise TemplateParamsError when the template cannot build `p`."""
+
     def bad(msg: str):
         raise TemplateParamsError(f"Sm90BwdParams: {msg}")
 
@@ -173,8 +176,10 @@ def validate(p: Sm90BwdParams) -> None:
     if p.tile_m not in (64, 80, 128):
         bad(f"tile_m={p.tile_m} must be 64, 80 or 128")
     if p.kv_shared and p.tile_m != 64:
-        bad(f"tile_n=64 splits S^T's query columns and dQ's head dims over the warpgroups: needs tile_m=64 "
-            f"(tile_m={p.tile_m})")
+        bad(
+            f"tile_n=64 splits S^T's query columns and dQ's head dims over the warpgroups: needs tile_m=64 "
+            f"(tile_m={p.tile_m})"
+        )
     if p.dq_red and p.dq_fragments:
         bad("dq_red and dq_fragments are two ways out for dQ: pick one")
     if p.dq_red and p.dq_swap:
@@ -182,11 +187,15 @@ def validate(p: Sm90BwdParams) -> None:
     if p.dq_fragments and p.ragged:
         bad("dq_fragments stores whole query tiles: the ragged-offset form (sequences anywhere) adds rows")
     if p.dq_fragments and p.dq_swap:
-        bad(f"dq_fragments needs tile_m a multiple of 64 (tile_m={p.tile_m} transposes dQ, and fragment stores "
-            "of the transposed tile make ptxas serialize the wgmmas)")
+        bad(
+            f"dq_fragments needs tile_m a multiple of 64 (tile_m={p.tile_m} transposes dQ, and fragment stores "
+            "of the transposed tile make ptxas serialize the wgmmas)"
+        )
     if p.dq_fragments and p.padded:
-        bad(f"dq_fragments stores whole tiles of head_dim columns: head dims ({p.head_dim}, {p.head_dim_v}) pad to "
-            f"tiles of ({p.tile_head_dim}, {p.tile_head_dim_v}), whose dQ leaves as rows (a clipping TMA reduce-add)")
+        bad(
+            f"dq_fragments stores whole tiles of head_dim columns: head dims ({p.head_dim}, {p.head_dim_v}) pad to "
+            f"tiles of ({p.tile_head_dim}, {p.tile_head_dim_v}), whose dQ leaves as rows (a clipping TMA reduce-add)"
+        )
     if p.dq_fragments and (p.tile_m * p.head_dim) % 1024:
         bad(f"dq_fragments needs tile_m * head_dim ({p.tile_m * p.head_dim}) to be a multiple of 1024")
     if p.rows_mbar and not p.rows_warp:
@@ -194,21 +203,27 @@ def validate(p: Sm90BwdParams) -> None:
     if p.num_stages not in (1, 2):
         bad(f"num_stages={p.num_stages} must be 1 or 2")
     if p.dq_swap and not 96 < p.head_dim <= 2 * 64:
-        bad(f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
-            f"head_dim from 104 to 128 (head_dim={p.head_dim})")
+        bad(
+            f"tile_m={p.tile_m} puts dQ's head dim on the M axis of two 64-row warpgroups (a 128-row tile): needs "
+            f"head_dim from 104 to 128 (head_dim={p.head_dim})"
+        )
     if p.tile_m == 80 and p.head_dim_v != p.head_dim:
         # H200 run 20: d_qk = 128 with d_v = 64 on 80 rows gave gradients 0.2-4x off (norm-relative) on every
         # packed graph; the 80-row kernel is verified only with equal head dims
-        bad(f"tile_m=80 needs head_dim_v == head_dim (head dims {p.head_dim} x {p.head_dim_v}: its gradients were "
-            "wrong on the GPU with d_v below d_qk; 64 rows serve this pair)")
+        bad(
+            f"tile_m=80 needs head_dim_v == head_dim (head dims {p.head_dim} x {p.head_dim_v}: its gradients were "
+            "wrong on the GPU with d_v below d_qk; 64 rows serve this pair)"
+        )
     if p.rotated and not p.deterministic:
         bad("det_order='rotated' orders deterministic turns: needs deterministic=True")
     if p.rotated and (p.has_window_left or p.has_window_right):
         bad("det_order='rotated' rotates whole walks over every query tile: needs no window (not causal)")
     regs = accumulator_registers(p)
     if regs > 208:
-        bad(f"tile_m={p.tile_m} with head dims ({p.head_dim}, {p.head_dim_v}) on tiles of ({p.tile_head_dim}, "
-            f"{p.tile_head_dim_v}) needs {regs} accumulator registers per thread (max 208)")
+        bad(
+            f"tile_m={p.tile_m} with head dims ({p.head_dim}, {p.head_dim_v}) on tiles of ({p.tile_head_dim}, "
+            f"{p.tile_head_dim_v}) needs {regs} accumulator registers per thread (max 208)"
+        )
     need = smem_bytes(p)
     if need > SMEM_BUDGET_BYTES:
         bad(f"tiles need {need} bytes of shared memory, more than {SMEM_BUDGET_BYTES}")
@@ -217,13 +232,29 @@ def validate(p: Sm90BwdParams) -> None:
 def name_suffix(p: Sm90BwdParams) -> str:
     """The self-describing part of the main kernel's name."""
     parts = name_dims(p) + [f"h{p.num_heads_q}k{p.num_heads_kv}" + (f"v{p.num_heads_v}" if p.num_heads_v else "")]
-    parts += name_tags(((p.has_window_left, "wl"), (p.has_window_right, "wr"), (p.bottom_right, "br"),
-                        (p.is_thd, "thd"), (p.has_seqused, "pad"), (p.has_dsinks, "dsink"), (p.deterministic, "det"))
-                       + score_mod_tags(p))
+    parts += name_tags(
+        (
+            (p.has_window_left, "wl"),
+            (p.has_window_right, "wr"),
+            (p.bottom_right, "br"),
+            (p.is_thd, "thd"),
+            (p.has_seqused, "pad"),
+            (p.has_dsinks, "dsink"),
+            (p.deterministic, "det"),
+        )
+        + score_mod_tags(p)
+    )
     parts += ragged_tags(p)
     parts += [f"rot{p.sm_count}"] * p.rotated
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + "f" * p.dq_fragments + "r" * p.dq_red
-                 + "k" * (p.dk_first and not p.kv_shared) + "w" * p.rows_warp + "b" * p.rows_mbar + "p" * p.pdl)
+    parts.append(
+        f"m{p.tile_m}n{p.tile_n}s{p.num_stages}"
+        + "f" * p.dq_fragments
+        + "r" * p.dq_red
+        + "k" * (p.dk_first and not p.kv_shared)
+        + "w" * p.rows_warp
+        + "b" * p.rows_mbar
+        + "p" * p.pdl
+    )
     return "_".join(parts)
 
 

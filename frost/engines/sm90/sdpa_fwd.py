@@ -53,6 +53,7 @@ stores clip them and the row-predicated O store of packed sequences skips them.
 
 Arguments follow `frost.engines.sdpa_args` exactly; see `build` for the fakes.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -76,34 +77,59 @@ from frost.engines.sm90 import pack_gqa as pg
 from frost.engines.sm90 import wgmma_utils as wu
 from frost.engines.sm90.sdpa_fwd_params import Sm90FwdParams, paged_span, separate_o, validate
 
-BAR_SCHED = 1      # 1..3: ping-pong turn of consumer warpgroup w
-BAR_EPI = 4        # 4..6: epilogue of consumer warpgroup w
-BAR_EPI_ALL = 7    # every consumer thread
+BAR_SCHED = 1  # 1..3: ping-pong turn of consumer warpgroup w
+BAR_EPI = 4  # 4..6: epilogue of consumer warpgroup w
+BAR_EPI_ALL = 7  # every consumer thread
 
 
 def kernel_name(params: Sm90FwdParams, arch: str) -> str:
     """Every param appears: dtype, head dims, heads, band, features, then the knobs."""
     p = params
     dims = f"d{p.head_dim}" + (f"v{p.head_dim_v}" if p.head_dim_v != p.head_dim else "")
-    parts = ["frost_sdpa_fwd_sm90", p.dtype, dims,
-             f"h{p.num_heads_q}" + (f"x{p.num_heads_kv}" if p.num_heads_kv != p.num_heads_q else "")
-             + (f"v{p.num_heads_v}" if p.num_heads_v else "")]
+    parts = [
+        "frost_sdpa_fwd_sm90",
+        p.dtype,
+        dims,
+        f"h{p.num_heads_q}"
+        + (f"x{p.num_heads_kv}" if p.num_heads_kv != p.num_heads_q else "")
+        + (f"v{p.num_heads_v}" if p.num_heads_v else ""),
+    ]
     if p.has_window_right and not p.has_window_left:
         parts.append("causal" if not p.bottom_right else "causalbr")
     elif p.has_window_left or p.has_window_right:
-        parts.append("band" + ("l" if p.has_window_left else "") + ("r" if p.has_window_right else "")
-                     + ("br" if p.bottom_right else ""))
-    parts += [tag for flag, tag in ((p.is_thd, "thd"), (p.has_seqused, "seqused"), (p.has_sinks, "sink"),
-                                    (not p.has_lse, "nolse"), (p.has_score_max, "smax"),
-                                    (p.has_score_sum_exp, "ssum"), *score_mod_tags(p),
-                                    (p.has_block_mask, "bmask")) if flag]
+        parts.append(
+            "band"
+            + ("l" if p.has_window_left else "")
+            + ("r" if p.has_window_right else "")
+            + ("br" if p.bottom_right else "")
+        )
+    parts += [
+        tag
+        for flag, tag in (
+            (p.is_thd, "thd"),
+            (p.has_seqused, "seqused"),
+            (p.has_sinks, "sink"),
+            (not p.has_lse, "nolse"),
+            (p.has_score_max, "smax"),
+            (p.has_score_sum_exp, "ssum"),
+            *score_mod_tags(p),
+            (p.has_block_mask, "bmask"),
+        )
+        if flag
+    ]
     if p.paged:  # paged K/V: the containers' block sizes
         parts.append(f"pg{p.paged_block_k}" + (f"v{p.paged_block_v}" if p.paged_block_v != p.paged_block_k else ""))
     parts += ragged_tags(p)
-    parts.append(f"m{p.tile_m}n{p.tile_n}s{p.num_stages}" + ("" if p.persistent else "np")
-                 + ("pp" if p.pingpong else "") + ("" if p.separate_o_smem else "ao") + ("pg" if p.pack_gqa else "")
-                 + (f"vs{p.v_slices}" if p.v_slices > 1 else "") + f"sm{p.sm_count}"
-                 + (f"sp{p.num_splits}" if p.split else ""))
+    parts.append(
+        f"m{p.tile_m}n{p.tile_n}s{p.num_stages}"
+        + ("" if p.persistent else "np")
+        + ("pp" if p.pingpong else "")
+        + ("" if p.separate_o_smem else "ao")
+        + ("pg" if p.pack_gqa else "")
+        + (f"vs{p.v_slices}" if p.v_slices > 1 else "")
+        + f"sm{p.sm_count}"
+        + (f"sp{p.num_splits}" if p.split else "")
+    )
     return "_".join(parts)
 
 
@@ -278,16 +304,16 @@ class SdpaFwdSm90:
 
         K = cute.nvgpu.OperandMajorMode.K
         MN = cute.nvgpu.OperandMajorMode.MN
-        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (self.num_wg, 1, 1),
-                                                         (64, self.tile_n))
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (self.num_wg, 1, 1),
-                                                         (64, self.hdv), warpgroup.OperandSource.RMEM)
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (self.num_wg, 1, 1), (64, self.tile_n))
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, K, MN, Float32, (self.num_wg, 1, 1), (64, self.hdv), warpgroup.OperandSource.RMEM
+        )
 
         sQ_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hd), (self.tile_m, self.hd), order=(0, 1))
-        sK_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hd), (self.tile_n, self.hd, self.stages),
-                                       order=(0, 1, 2))
-        sV_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hdv), (self.tile_n, self.hdv, self.stages),
-                                       order=(0, 1, 2))
+        sK_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hd), (self.tile_n, self.hd, self.stages), order=(0, 1, 2))
+        sV_layout = cute.tile_to_shape(
+            wu.smem_atom(dt, self.hdv), (self.tile_n, self.hdv, self.stages), order=(0, 1, 2)
+        )
         sO_layout = cute.tile_to_shape(wu.smem_atom(dt, self.hdv), (64, self.hdv, self.num_wg), order=(0, 1, 2))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -296,9 +322,9 @@ class SdpaFwdSm90:
         tma_atom_v, tma_v = self.key_tma(g2s, mV, sV_layout, p.paged_block_v, self.hdv)
         tma_atom_o, tma_o = None, mO
         if const_expr(not thd):
-            tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
-                                                            cute.select(sO_layout, mode=[0, 1]),
-                                                            (o_box, self.hdv))
+            tma_atom_o, tma_o = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mO, cute.select(sO_layout, mode=[0, 1]), (o_box, self.hdv)
+            )
         q_bytes = cute.size_in_bytes(dt, sQ_layout)
         k_bytes = cute.size_in_bytes(dt, cute.select(sK_layout, mode=[0, 1]))
         v_bytes = cute.size_in_bytes(dt, cute.select(sV_layout, mode=[0, 1]))
@@ -331,8 +357,11 @@ class SdpaFwdSm90:
         stages = self.stages
         o_elems = cute.cosize(sO_layout) if const_expr(self.separate_o) else 0
         # O reusing Q's tile: the tile is as large as the larger of the two (d_v above d_qk)
-        q_elems = cute.cosize(sQ_layout) if const_expr(self.separate_o) else max(cute.cosize(sQ_layout),
-                                                                                 cute.cosize(sO_layout))
+        q_elems = (
+            cute.cosize(sQ_layout)
+            if const_expr(self.separate_o)
+            else max(cute.cosize(sQ_layout), cute.cosize(sO_layout))
+        )
 
         @cute.struct
         class SharedStorage:
@@ -348,35 +377,108 @@ class SdpaFwdSm90:
         if const_expr(thd):
             maxima = (a["max_seqlen_q"], a["max_seqlen_kv"])
         self.kernel(
-            tma_q, tma_k, tma_v, tma_o, mLSE, mMax, mSumExp, a.get("cu_seqlens_q"), a.get("cu_seqlens_kv"),
-            a.get("seqused_q"), a.get("seqused_kv"), maxima, a.get("sinks"), a.get("lse_offsets"),
-            a.get("o_offsets"), a.get("v_offsets"), (a.get("score_max_offsets"), a.get("score_sum_exp_offsets")),
-            a.get("bias"), a.get("block_mask"), paged_args, mPartials,
-            tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_o, scale_log2, softmax_scale, wl, wr,
-            num_batch, num_m_blocks, total_tiles, section_width, q_bytes, k_bytes, v_bytes,
-            sQ_layout, sK_layout, sV_layout, sO_layout, tiled_mma_qk, tiled_mma_pv, SharedStorage,
+            tma_q,
+            tma_k,
+            tma_v,
+            tma_o,
+            mLSE,
+            mMax,
+            mSumExp,
+            a.get("cu_seqlens_q"),
+            a.get("cu_seqlens_kv"),
+            a.get("seqused_q"),
+            a.get("seqused_kv"),
+            maxima,
+            a.get("sinks"),
+            a.get("lse_offsets"),
+            a.get("o_offsets"),
+            a.get("v_offsets"),
+            (a.get("score_max_offsets"), a.get("score_sum_exp_offsets")),
+            a.get("bias"),
+            a.get("block_mask"),
+            paged_args,
+            mPartials,
+            tma_atom_q,
+            tma_atom_k,
+            tma_atom_v,
+            tma_atom_o,
+            scale_log2,
+            softmax_scale,
+            wl,
+            wr,
+            num_batch,
+            num_m_blocks,
+            total_tiles,
+            section_width,
+            q_bytes,
+            k_bytes,
+            v_bytes,
+            sQ_layout,
+            sK_layout,
+            sV_layout,
+            sO_layout,
+            tiled_mma_qk,
+            tiled_mma_pv,
+            SharedStorage,
         ).launch(grid=[grid, 1, 1], block=[self.num_threads, 1, 1], stream=a["stream"], min_blocks_per_mp=1)
 
     def key_tma(self, g2s, mX, s_layout, paged_block: int, width: int):
         """K's (V's) TMA atom and tensor: one box per key tile, or with a paged cache whose blocks are smaller than
         the tile, one box per block of the tile's blocks (`block_rows`)."""
         if const_expr(paged_span(paged_block, self.tile_n)):
-            return cpasync.make_tiled_tma_atom(g2s, mX, self.block_rows(s_layout, paged_block, width),
-                                               (paged_block, width), 1)
+            return cpasync.make_tiled_tma_atom(
+                g2s, mX, self.block_rows(s_layout, paged_block, width), (paged_block, width), 1
+            )
         return cpasync.make_tiled_tma_atom(g2s, mX, cute.select(s_layout, mode=[0, 1]), (self.tile_n, width), 1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
-    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE, mMax, mSumExp,
-               mCuQ, mCuK, mUsedQ, mUsedK, maxima, mSinks, mLseOff, mOOff, mVOff, mScoreOffs, mBias, mBlockMask,
-               mPaged, mPartials,
-               tma_atom_q: cute.CopyAtom,
-               tma_atom_k: cute.CopyAtom, tma_atom_v: cute.CopyAtom, tma_atom_o, scale_log2: Float32, softmax_scale,
-               wl, wr, num_batch: Int32,
-               num_m_blocks: Int32, total_tiles: Int32, section_width: Int32, q_bytes: cutlass.Constexpr,
-               k_bytes: cutlass.Constexpr, v_bytes: cutlass.Constexpr, sQ_layout: cute.ComposedLayout,
-               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
-               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE,
+        mMax,
+        mSumExp,
+        mCuQ,
+        mCuK,
+        mUsedQ,
+        mUsedK,
+        maxima,
+        mSinks,
+        mLseOff,
+        mOOff,
+        mVOff,
+        mScoreOffs,
+        mBias,
+        mBlockMask,
+        mPaged,
+        mPartials,
+        tma_atom_q: cute.CopyAtom,
+        tma_atom_k: cute.CopyAtom,
+        tma_atom_v: cute.CopyAtom,
+        tma_atom_o,
+        scale_log2: Float32,
+        softmax_scale,
+        wl,
+        wr,
+        num_batch: Int32,
+        num_m_blocks: Int32,
+        total_tiles: Int32,
+        section_width: Int32,
+        q_bytes: cutlass.Constexpr,
+        k_bytes: cutlass.Constexpr,
+        v_bytes: cutlass.Constexpr,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_q)
@@ -388,8 +490,11 @@ class SdpaFwdSm90:
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         pipe_q, pipe_k, pipe_v = wu.tma_pipelines(
-            self.num_mma_threads, (storage.mbar_q.data_ptr(), 1, q_bytes),
-            (storage.mbar_k.data_ptr(), self.stages, k_bytes), (storage.mbar_v.data_ptr(), self.stages, v_bytes))
+            self.num_mma_threads,
+            (storage.mbar_q.data_ptr(), 1, q_bytes),
+            (storage.mbar_k.data_ptr(), self.stages, k_bytes),
+            (storage.mbar_v.data_ptr(), self.stages, v_bytes),
+        )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -408,29 +513,68 @@ class SdpaFwdSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.load_regs)
             if warp_idx == 0:
-                self.producer(mQ, mK, mV, lengths, mVOff, mBlockMask, smem, (tma_atom_q, tma_atom_k, tma_atom_v),
-                              pipes, wl, wr, sched, mPaged)
+                self.producer(
+                    mQ,
+                    mK,
+                    mV,
+                    lengths,
+                    mVOff,
+                    mBlockMask,
+                    smem,
+                    (tma_atom_q, tma_atom_k, tma_atom_v),
+                    pipes,
+                    wl,
+                    wr,
+                    sched,
+                    mPaged,
+                )
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
-            self.consumer(mO, mLSE, (mMax, mSumExp, mPartials), lengths, mSinks, (mLseOff, mOOff, mScoreOffs), smem,
-                          tma_atom_o, pipes, (scale_log2, softmax_scale, mBias, mBlockMask), (wl, wr), sched,
-                          (tiled_mma_qk, tiled_mma_pv), (pg.rows_extent(mQ, self.pack), self.key_extent(mK, mPaged)))
+            self.consumer(
+                mO,
+                mLSE,
+                (mMax, mSumExp, mPartials),
+                lengths,
+                mSinks,
+                (mLseOff, mOOff, mScoreOffs),
+                smem,
+                tma_atom_o,
+                pipes,
+                (scale_log2, softmax_scale, mBias, mBlockMask),
+                (wl, wr),
+                sched,
+                (tiled_mma_qk, tiled_mma_pv),
+                (pg.rows_extent(mQ, self.pack), self.key_extent(mK, mPaged)),
+            )
 
     # --- work decomposition shared by producer and consumers
     @cute.jit
-    def decode(self, tile_idx: Int32, mCuQ, num_batch: Int32, num_m_blocks: Int32, total_tiles: Int32,
-               section_width: Int32, cursor_b: Int32, cursor_base: Int32, total_q=None):
+    def decode(
+        self,
+        tile_idx: Int32,
+        mCuQ,
+        num_batch: Int32,
+        num_m_blocks: Int32,
+        total_tiles: Int32,
+        section_width: Int32,
+        cursor_b: Int32,
+        cursor_base: Int32,
+        total_q=None,
+    ):
         """`mCuQ`: `sched_lengths` (prefix sums, or the ragged form's lengths); `total_q`: packed, the query token
         extent the lengths are clamped to (`seqlen.seqlen_info`)."""
         if const_expr(self.p.is_thd and self.reverse_m):
-            return ts.varlen_decode_lpt(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base,
-                                        self.p.ragged, total_q)
+            return ts.varlen_decode_lpt(
+                tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base, self.p.ragged, total_q
+            )
         elif const_expr(self.p.is_thd):
-            return ts.varlen_decode(tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base,
-                                    self.p.ragged, total_q)
+            return ts.varlen_decode(
+                tile_idx, mCuQ, num_batch, self.tile_heads, self.qt, cursor_b, cursor_base, self.p.ragged, total_q
+            )
         elif const_expr(self.reverse_m):
-            m_block, head, batch, valid = ts.dense_decode_lpt(tile_idx, num_m_blocks, self.tile_heads,
-                                                              num_batch, section_width)
+            m_block, head, batch, valid = ts.dense_decode_lpt(
+                tile_idx, num_m_blocks, self.tile_heads, num_batch, section_width
+            )
             return m_block, head, batch, valid, cursor_b, cursor_base
         else:
             m_block, head, batch, valid = ts.dense_decode(tile_idx, num_m_blocks, self.tile_heads, total_tiles)
@@ -449,8 +593,14 @@ class SdpaFwdSm90:
     def band(self, seqlen_q: Int32, seqlen_k: Int32, wl, wr) -> tiles.Band:
         """The sequence's `tiles.Band`, its windows clamped to its lengths."""
         p = self.p
-        return tiles.band(seqlen_q, seqlen_k, wl if const_expr(p.has_window_left) else None,
-                          wr if const_expr(p.has_window_right) else None, p.bottom_right, True)
+        return tiles.band(
+            seqlen_q,
+            seqlen_k,
+            wl if const_expr(p.has_window_left) else None,
+            wr if const_expr(p.has_window_right) else None,
+            p.bottom_right,
+            True,
+        )
 
     def key_split(self, hv):
         """Split-KV: the split of a scheduled head index (the constant 0 without splits)."""
@@ -520,8 +670,22 @@ class SdpaFwdSm90:
 
     # --- producer warp
     @cute.jit
-    def producer(self, mQ, mK, mV, lengths: _Lengths, mVOff, mBlockMask, smem: _Smem, tma_atoms, pipes, wl, wr,
-                 sched: _Sched, mPaged):
+    def producer(
+        self,
+        mQ,
+        mK,
+        mV,
+        lengths: _Lengths,
+        mVOff,
+        mBlockMask,
+        smem: _Smem,
+        tma_atoms,
+        pipes,
+        wl,
+        wr,
+        sched: _Sched,
+        mPaged,
+    ):
         """Warp 0: per work tile Q, then K and V of the key blocks the consumers visit, in their order (K of a
         block ahead of V of the one before it); with block_mask only the blocks `tile_visible` keeps; with a paged
         cache (`mPaged`: K table, V table, envelope) each key tile from the block its table names."""
@@ -536,13 +700,31 @@ class SdpaFwdSm90:
         wave = Int32(0)
         total_q = pg.rows_extent(mQ, self.pack)
         m_block, hv, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-            Int32(0), Int32(0), total_q)
+            tile_idx,
+            self.sched_lengths(mCuQ, mUsedQ),
+            num_batch,
+            num_m_blocks,
+            total_tiles,
+            section_width,
+            Int32(0),
+            Int32(0),
+            total_q,
+        )
         while valid:
             head, vsl = self.split_head(hv)
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, total_q, self.key_extent(mK, mPaged),
-                                                           mCuQ, mCuK, mUsedQ, mUsedK, self.p.token_div_q,
-                                                           self.p.token_div_kv, max_q, max_k)
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(
+                batch,
+                total_q,
+                self.key_extent(mK, mPaged),
+                mCuQ,
+                mCuK,
+                mUsedQ,
+                mUsedK,
+                self.p.token_div_q,
+                self.p.token_div_kv,
+                max_q,
+                max_k,
+            )
             off_v = own_token_offset(self.p, "v", mVOff, batch, off_k, seqlen_k, mK.shape[0])
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c, hv)
@@ -554,7 +736,8 @@ class SdpaFwdSm90:
                 has_work = n_top >= n_min
             if has_work:
                 tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self.tile_sources(
-                    mQ, mK, mV, mPaged, smem, tma_atoms, (m_block, head, vsl, batch, off_q, off_k, off_v))
+                    mQ, mK, mV, mPaged, smem, tma_atoms, (m_block, head, vsl, batch, off_q, off_k, off_v)
+                )
                 n_last = n_max - 1
                 if const_expr(self.p.has_block_mask):
                     n_last = n_top
@@ -590,8 +773,9 @@ class SdpaFwdSm90:
                 if const_expr(not self.separate_o):
                     # sO lives in sQ: an empty tile still owns the Q slot while it writes zeros
                     gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
-                    tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
-                                                       cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                    tQsQ, tQgQ = cpasync.tma_partition(
+                        tma_atom_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+                    )
                     pipe_q.producer_acquire(q_state)
                     cute.copy(tma_atom_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                     q_state.advance()
@@ -599,8 +783,16 @@ class SdpaFwdSm90:
             valid = Boolean(False)
             if more:
                 m_block, hv, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-                    cur_b, cur_base, total_q)
+                    tile_idx,
+                    self.sched_lengths(mCuQ, mUsedQ),
+                    num_batch,
+                    num_m_blocks,
+                    total_tiles,
+                    section_width,
+                    cur_b,
+                    cur_base,
+                    total_q,
+                )
 
     @cute.jit
     def tile_sources(self, mQ, mK, mV, mPaged, smem: _Smem, tma_atoms, at):
@@ -617,22 +809,25 @@ class SdpaFwdSm90:
             head_v = head // (self.ratio_v // self.rq) if const_expr(self.pack) else head // self.ratio_v
         gQ = cute.local_tile(self.q_rows(mQ, head, batch, off_q), (self.tile_m, self.hd), (m_block, 0))
         if const_expr(not self.p.paged):
-            gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd),
-                                 (None, 0))
-            gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv),
-                                 (None, vsl))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_q, 0, cute.make_layout(1),
-                                           cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            gK = cute.local_tile(self.head_rows(mK, head_kv, batch, off_k), (self.tile_n, self.hd), (None, 0))
+            gV = cute.local_tile(self.head_rows(mV, head_v, batch, off_v), (self.tile_n, self.hdv), (None, vsl))
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_atom_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+        )
         if const_expr(self.p.paged):  # each key tile's source is found in its block per load (`kv_gmem`)
-            tKsK, tKgK = self.paged_source(tma_atom_k, mK, mPaged[0], sK, head_kv, batch,
-                                           self.p.paged_block_k, self.hd, 0)
-            tVsV, tVgV = self.paged_source(tma_atom_v, mV, mPaged[1], sV, head_v, batch,
-                                           self.p.paged_block_v, self.hdv, vsl)
+            tKsK, tKgK = self.paged_source(
+                tma_atom_k, mK, mPaged[0], sK, head_kv, batch, self.p.paged_block_k, self.hd, 0
+            )
+            tVsV, tVgV = self.paged_source(
+                tma_atom_v, mV, mPaged[1], sV, head_v, batch, self.p.paged_block_v, self.hdv, vsl
+            )
         else:
-            tKsK, tKgK = cpasync.tma_partition(tma_atom_k, 0, cute.make_layout(1),
-                                               cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_atom_v, 0, cute.make_layout(1),
-                                               cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            tKsK, tKgK = cpasync.tma_partition(
+                tma_atom_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+            )
+            tVsV, tVgV = cpasync.tma_partition(
+                tma_atom_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+            )
         return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
 
     @cute.jit
@@ -646,8 +841,9 @@ class SdpaFwdSm90:
         self.load_key_tile(tma_atom_v, tVgV, tVsV, n_prev, pipe_v, prev_state)
 
     @cute.jit
-    def paged_source(self, atom, mX, mTable, sX, head, batch, block_size: cutlass.Constexpr[int],
-                     cols: cutlass.Constexpr[int], vsl):
+    def paged_source(
+        self, atom, mX, mTable, sX, head, batch, block_size: cutlass.Constexpr[int], cols: cutlass.Constexpr[int], vsl
+    ):
         """(the shared stages partitioned for TMA, the `_PagedKv` that `kv_gmem` makes each key tile's source
         from) of one paged container, K or V (`cols`: the tile's columns; `vsl`: O's column slice)."""
         m = mX[None, None, head, None]
@@ -666,8 +862,12 @@ class SdpaFwdSm90:
         if const_expr(self.p.paged and paged_span(src.block, self.tile_n)):
             self.load_blocks(atom, src, n_block, state.index, pipe.producer_get_barrier(state))
         else:
-            cute.copy(atom, self.kv_gmem(atom, src, n_block), dst[None, state.index],
-                      tma_bar_ptr=pipe.producer_get_barrier(state))
+            cute.copy(
+                atom,
+                self.kv_gmem(atom, src, n_block),
+                dst[None, state.index],
+                tma_bar_ptr=pipe.producer_get_barrier(state),
+            )
 
     @cute.jit
     def load_blocks(self, atom, src, n_block: Int32, stage, bar):
@@ -683,15 +883,17 @@ class SdpaFwdSm90:
             block = paged.span_block_of(src.table, n_block * per + j, num_blocks)
             g = cute.local_tile(src.m[None, None, block], (src.block, src.cols), (0, src.vsl))
             s = cute.local_tile(sX, (src.block, src.cols), (j, 0))
-            tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
-                                               cute.group_modes(g, 0, 2))
+            tXsX, tXgX = cpasync.tma_partition(
+                atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2)
+            )
             cute.copy(atom, tXgX, tXsX, tma_bar_ptr=bar)
 
     def block_rows(self, s_layout, block_size: int, cols: int):
         """The shared layout of one block's rows of a K or V stage (the first block_size rows of the (tile_n,
         cols) tile, its column atoms still tile_n rows apart): the box a spanned tile's per-block TMA loads fill."""
-        return cute.composition(cute.select(s_layout, mode=[0, 1]),
-                                cute.make_layout((block_size, cols), stride=(1, self.tile_n)))
+        return cute.composition(
+            cute.select(s_layout, mode=[0, 1]), cute.make_layout((block_size, cols), stride=(1, self.tile_n))
+        )
 
     @cute.jit
     def kv_gmem(self, atom, src, n_block: Int32):
@@ -701,8 +903,9 @@ class SdpaFwdSm90:
         if const_expr(self.p.paged):
             first = n_block * self.tile_n
             block = paged.block_of(src.table, first // src.block, cute.size(src.m, mode=[2]))
-            g = cute.local_tile(src.m[None, None, block], (self.tile_n, src.cols),
-                                ((first % src.block) // self.tile_n, src.vsl))
+            g = cute.local_tile(
+                src.m[None, None, block], (self.tile_n, src.cols), ((first % src.block) // self.tile_n, src.vsl)
+            )
             _, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), src.smem, cute.group_modes(g, 0, 2))
             return tXgX
         return src[None, n_block]
@@ -724,8 +927,7 @@ class SdpaFwdSm90:
             cute.arch.barrier_arrive(barrier_id=BAR_SCHED + nxt, number_of_threads=256)
 
     @cute.jit
-    def one_block(self, c: _Mainloop, t: _TileBand, acc_O, n_block: Int32, kv_state,
-                  masked: cutlass.Constexpr[bool]):
+    def one_block(self, c: _Mainloop, t: _TileBand, acc_O, n_block: Int32, kv_state, masked: cutlass.Constexpr[bool]):
         """QK^T of block n_block overlapped with PV of the previous block; softmax of n_block."""
         v_state = kv_state.clone()
         kv_state.advance()
@@ -734,22 +936,42 @@ class SdpaFwdSm90:
         acc_S = cute.make_rmem_tensor(c.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         wu.gemm(c.tiled_mma_qk, acc_S, c.tSrQ, c.tSrK[None, None, None, kv_state.index], zero_init=True, wg_wait=-1)
         c.pipe_v.consumer_wait(v_state, c.pipe_v.consumer_try_wait(v_state))
-        wu.gemm(c.tiled_mma_pv, acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index], zero_init=False,
-                wg_wait=-1)
+        wu.gemm(c.tiled_mma_pv, acc_O, c.tOrP, c.tOrVt[None, None, None, v_state.index], zero_init=False, wg_wait=-1)
         self.sched_arrive(c.wg)
         tBgB, rB = None, None  # the bias tile; its first row, loads in flight while QK^T runs (dense: packed
         if const_expr(self.p.has_bias):
             tBgB = self.bias_tile(c, t.mods, n_block)
         if const_expr(self.p.has_bias and not self.p.is_thd):  # plans' checks spill)
-            rB = score_mod.fetch_bias(tBgB, c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.mods.row_limit,
-                                      t.mods.col_limit, False, 0, 1)
+            rB = score_mod.fetch_bias(
+                tBgB,
+                c.tScS_mn,
+                c.t0ScS_mn,
+                t.row0,
+                n_block * self.tile_n,
+                t.mods.row_limit,
+                t.mods.col_limit,
+                False,
+                0,
+                1,
+            )
         warpgroup.wait_group(1)
         c.pipe_k.consumer_release(kv_state)
         if const_expr(self.p.has_score_mods):  # every block but the last lies inside the key length
             self.add_mods(c, t.row0, t.mods, acc_S, n_block, False, rB, tBgB)
         if const_expr(masked):
-            mask.apply_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, t.row0, n_block * self.tile_n, t.seqlen_k,
-                            t.off, t.wl, t.wr, mask_seqlen=False, rows_per_query=self.rq)
+            mask.apply_mask(
+                acc_as_mn(acc_S),
+                c.tScS_mn,
+                c.t0ScS_mn,
+                t.row0,
+                n_block * self.tile_n,
+                t.seqlen_k,
+                t.off,
+                t.wl,
+                t.wr,
+                mask_seqlen=False,
+                rows_per_query=self.rq,
+            )
         if const_expr(self.p.has_block_mask):
             self.block_mask(c, t.bm_at, t.bm_rows, t.row0, acc_S, n_block)
         sm.online_softmax(acc_as_mn(acc_S), c.row_max, c.row_sum, c.row_scale, c.scale_log2, is_first=False)
@@ -760,8 +982,7 @@ class SdpaFwdSm90:
         return kv_state
 
     @cute.jit
-    def visit_block(self, c: _Mainloop, t: _TileBand, acc_O, n_block: Int32, kv_state,
-                    masked: cutlass.Constexpr[bool]):
+    def visit_block(self, c: _Mainloop, t: _TileBand, acc_O, n_block: Int32, kv_state, masked: cutlass.Constexpr[bool]):
         """`one_block` for a key block after the first: with block_mask only where `tile_visible` keeps it (the
         producer loaded exactly those), a skipped block advancing no pipeline state."""
         if const_expr(self.p.has_block_mask):
@@ -783,24 +1004,59 @@ class SdpaFwdSm90:
         mBM = c.mBlockMask[batch, head, None, None]
         if const_expr(one_query_block and one_key_block):
             if mask.block_mask_unread(rows):
-                mask.apply_block_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, mBM, row0, n_block * self.tile_n,
-                                      one_query_block=True, one_key_block=True)
+                mask.apply_block_mask(
+                    acc_as_mn(acc_S),
+                    c.tScS_mn,
+                    c.t0ScS_mn,
+                    mBM,
+                    row0,
+                    n_block * self.tile_n,
+                    one_query_block=True,
+                    one_key_block=True,
+                )
         else:
-            mask.apply_block_mask(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, mBM, row0, n_block * self.tile_n,
-                                  one_query_block=one_query_block)
+            mask.apply_block_mask(
+                acc_as_mn(acc_S),
+                c.tScS_mn,
+                c.t0ScS_mn,
+                mBM,
+                row0,
+                n_block * self.tile_n,
+                one_query_block=one_query_block,
+            )
 
     @cute.jit
-    def add_mods(self, c: _Mainloop, row0: Int32, m: _TileMods, acc_S, n_block: Int32,
-                 check_cols: cutlass.Constexpr[bool], rB=None, tBgB=None):
+    def add_mods(
+        self,
+        c: _Mainloop,
+        row0: Int32,
+        m: _TileMods,
+        acc_S,
+        n_block: Int32,
+        check_cols: cutlass.Constexpr[bool],
+        rB=None,
+        tBgB=None,
+    ):
         """Scale key block n_block's scores and add the bias and ALiBi (`score_mod.add_score_mods`; `rB`: its
         first rows already fetched from `tBgB`, the block's `bias_tile`, made here when not given); a packed
         sequence may outgrow its bias, so its columns are always checked."""
         p = self.p
         if const_expr(p.has_bias and tBgB is None):
             tBgB = self.bias_tile(c, m, n_block)
-        score_mod.add_score_mods(acc_as_mn(acc_S), c.tScS_mn, c.t0ScS_mn, tBgB, c.softmax_scale, row0,
-                                 n_block * self.tile_n, m.row_limit, m.col_limit, m.slope,
-                                 check_cols=check_cols or p.is_thd, rB=rB)
+        score_mod.add_score_mods(
+            acc_as_mn(acc_S),
+            c.tScS_mn,
+            c.t0ScS_mn,
+            tBgB,
+            c.softmax_scale,
+            row0,
+            n_block * self.tile_n,
+            m.row_limit,
+            m.col_limit,
+            m.slope,
+            check_cols=check_cols or p.is_thd,
+            rB=rB,
+        )
 
     def bias_tile(self, c: _Mainloop, m: _TileMods, n_block: Int32) -> cute.Tensor:
         """This thread's bias elements of key block n_block, as the scores' (rows, cols) view."""
@@ -809,8 +1065,23 @@ class SdpaFwdSm90:
         return acc_as_mn(c.thr_qk.partition_C(cute.local_tile(mB, (self.tile_m, self.tile_n), (m.m_block, n_block))))
 
     @cute.jit
-    def consumer(self, mO, mLSE, mScores, lengths: _Lengths, mSinks, row_offsets, smem: _Smem, tma_atom_o, pipes,
-                 scales, windows, sched: _Sched, mmas, static_lengths):
+    def consumer(
+        self,
+        mO,
+        mLSE,
+        mScores,
+        lengths: _Lengths,
+        mSinks,
+        row_offsets,
+        smem: _Smem,
+        tma_atom_o,
+        pipes,
+        scales,
+        windows,
+        sched: _Sched,
+        mmas,
+        static_lengths,
+    ):
         """The MMA warpgroups: per work tile its key blocks (`tile_mainloop`), then O and the row statistics out."""
         p = self.p
         mCuQ, mCuK, mUsedQ, mUsedK, max_q, max_k = lengths
@@ -836,13 +1107,31 @@ class SdpaFwdSm90:
         tile_idx = Int32(cute.arch.block_idx()[0])
         wave = Int32(0)
         m_block, hv, batch, valid, cur_b, cur_base = self.decode(
-            tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-            Int32(0), Int32(0), seqlen_q_static)
+            tile_idx,
+            self.sched_lengths(mCuQ, mUsedQ),
+            num_batch,
+            num_m_blocks,
+            total_tiles,
+            section_width,
+            Int32(0),
+            Int32(0),
+            seqlen_q_static,
+        )
         while valid:
             head, vsl = self.split_head(hv)
-            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(batch, seqlen_q_static, seqlen_k_static,
-                                                           mCuQ, mCuK, mUsedQ, mUsedK, p.token_div_q, p.token_div_kv,
-                                                           max_q, max_k)
+            off_q, off_k, seqlen_q, seqlen_k = seqlen_info(
+                batch,
+                seqlen_q_static,
+                seqlen_k_static,
+                mCuQ,
+                mCuK,
+                mUsedQ,
+                mUsedK,
+                p.token_div_q,
+                p.token_div_kv,
+                max_q,
+                max_k,
+            )
             off_lse, off_o, off_scores = self.row_starts(row_offsets, batch, off_q, seqlen_q, seqlen_q_static)
             off, wl_c, wr_c = self.band(seqlen_q, seqlen_k, wl, wr)
             n_min, n_max = self.n_block_range(m_block, seqlen_q, seqlen_k, off, wl_c, wr_c, hv)
@@ -861,8 +1150,9 @@ class SdpaFwdSm90:
                 mods = _TileMods(batch, head, m_block, row_limit, col_limit, slope)
             if has_work:
                 band = _TileBand(row0, seqlen_k, off, wl_c, wr_c, mods, bm_at, bm_rows)
-                kv_state = self.tile_mainloop(loop, band, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max, n_top,
-                                              q0, tidx)
+                kv_state = self.tile_mainloop(
+                    loop, band, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max, n_top, q0, tidx
+                )
             else:
                 if const_expr(not self.separate_o):
                     pipe_q.consumer_wait(q_state)
@@ -870,13 +1160,28 @@ class SdpaFwdSm90:
                 sm.softmax_reset(row_max, row_sum)
 
             if const_expr(self.ns > 1):  # split-KV: this split's partials (the combine adds the sink)
-                self.finish_partial(loop, acc_O, mScores[2], out.tOcO_mn, (m_block, head, batch, self.key_split(hv)),
-                                    (seqlen_q, seqlen_q_static))
+                self.finish_partial(
+                    loop,
+                    acc_O,
+                    mScores[2],
+                    out.tOcO_mn,
+                    (m_block, head, batch, self.key_split(hv)),
+                    (seqlen_q, seqlen_q_static),
+                )
             else:
                 sink = self.row_sinks(mSinks, head, row0, tScS_mn)
-                self.finish_tile(loop, out, acc_O, (s_max, s_sum), (mO, mLSE, mScores[:2]), sink,
-                                 (tidx, wg, warp_in_wg), (m_block, head, vsl, batch), (seqlen_q, seqlen_q_static),
-                                 (off_o, off_lse, off_scores))
+                self.finish_tile(
+                    loop,
+                    out,
+                    acc_O,
+                    (s_max, s_sum),
+                    (mO, mLSE, mScores[:2]),
+                    sink,
+                    (tidx, wg, warp_in_wg),
+                    (m_block, head, vsl, batch),
+                    (seqlen_q, seqlen_q_static),
+                    (off_o, off_lse, off_scores),
+                )
             if const_expr(not self.separate_o):
                 cute.arch.fence_view_async_shared()
                 pipe_q.consumer_release(q_state)
@@ -888,8 +1193,16 @@ class SdpaFwdSm90:
             valid = Boolean(False)
             if more:
                 m_block, hv, batch, valid, cur_b, cur_base = self.decode(
-                    tile_idx, self.sched_lengths(mCuQ, mUsedQ), num_batch, num_m_blocks, total_tiles, section_width,
-                    cur_b, cur_base, seqlen_q_static)
+                    tile_idx,
+                    self.sched_lengths(mCuQ, mUsedQ),
+                    num_batch,
+                    num_m_blocks,
+                    total_tiles,
+                    section_width,
+                    cur_b,
+                    cur_base,
+                    seqlen_q_static,
+                )
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -928,16 +1241,33 @@ class SdpaFwdSm90:
 
         # epilogue pieces
         L = sO.layout
-        sO_mn = cute.make_tensor(sO.iterator, cute.make_layout(((L.shape[0], L.shape[2]), L.shape[1]),
-                                                               stride=((L.stride[0], L.stride[2]), L.stride[1])))
+        sO_mn = cute.make_tensor(
+            sO.iterator,
+            cute.make_layout(((L.shape[0], L.shape[2]), L.shape[1]), stride=((L.stride[0], L.stride[2]), L.stride[1])),
+        )
         st_atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         r2s = cute.make_tiled_copy_C(st_atom, tiled_mma_pv)
         thr_r2s = r2s.get_slice(tidx)
         tRsO = thr_r2s.partition_D(sO_mn)
         out = _OutStage(sO, sO_mn, tRsO, r2s, tOcO_mn, tma_atom_o)
 
-        loop = _Mainloop(tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale, tScS_mn, t0ScS_mn, pipe_k,
-                         pipe_v, tiled_mma_qk, tiled_mma_pv, scale_log2, wg)
+        loop = _Mainloop(
+            tOrP,
+            tSrQ,
+            tSrK,
+            tOrVt,
+            row_max,
+            row_sum,
+            row_scale,
+            tScS_mn,
+            t0ScS_mn,
+            pipe_k,
+            pipe_v,
+            tiled_mma_qk,
+            tiled_mma_pv,
+            scale_log2,
+            wg,
+        )
         if const_expr(p.has_score_mods):
             loop = loop._replace(softmax_scale=softmax_scale, thr_qk=thr_qk, mBias=mBias)
         if const_expr(p.has_block_mask):
@@ -955,8 +1285,10 @@ class SdpaFwdSm90:
         if const_expr(mLseOff is not None):
             off_lse = rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, seqlen_q_static)
         off_o = own_token_offset(p, "o", mOOff, batch, off_q, seqlen_q, seqlen_q_static)
-        off_scores = tuple(own_token_offset(p, role, off, batch, off_q, seqlen_q, seqlen_q_static)
-                           for role, off in zip(("score_max", "score_sum_exp"), mScoreOffs))
+        off_scores = tuple(
+            own_token_offset(p, role, off, batch, off_q, seqlen_q, seqlen_q_static)
+            for role, off in zip(("score_max", "score_sum_exp"), mScoreOffs)
+        )
         return off_lse, off_o, off_scores
 
     @cute.jit
@@ -985,25 +1317,61 @@ class SdpaFwdSm90:
         off_o, off_lse, off_scores = offs
         m_block, head, vsl, batch = tile
         seqlen_q, seqlen_q_static = seqlen
-        sm.softmax_finalize(c.row_max, c.row_sum, c.scale_log2, c.row_scale, c.row_sum, sink, sink_per_row=self.pack,
-                            score_max=s_max, score_sum_exp=s_sum)
+        sm.softmax_finalize(
+            c.row_max,
+            c.row_sum,
+            c.scale_log2,
+            c.row_scale,
+            c.row_sum,
+            sink,
+            sink_per_row=self.pack,
+            score_max=s_max,
+            score_sum_exp=s_sum,
+        )
         sm.rescale_rows(acc_as_mn(acc_O), c.row_scale)  # row_sum now holds the LSE
         self.epilogue(acc_O, c.row_sum, mO, mLSE, out, thread, tile, seqlen, off_o, off_lse)
         if vsl == 0:  # every slice holds the same row values: the first writes them
             for mX, vals, pad, off_rows in zip(mScores, (s_max, s_sum), (-Float32.inf, Float32(0.0)), off_scores):
                 if const_expr(vals is not None):
-                    self.store_row_values(mX, vals, pad, out.tOcO_mn, m_block, head, batch, seqlen_q, off_rows,
-                                          seqlen_q_static, p.stats_per_batch)
+                    self.store_row_values(
+                        mX,
+                        vals,
+                        pad,
+                        out.tOcO_mn,
+                        m_block,
+                        head,
+                        batch,
+                        seqlen_q,
+                        off_rows,
+                        seqlen_q_static,
+                        p.stats_per_batch,
+                    )
 
     @cute.jit
-    def tile_mainloop(self, loop: _Mainloop, band: _TileBand, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max,
-                      n_top, q0, tidx):
+    def tile_mainloop(
+        self, loop: _Mainloop, band: _TileBand, acc_O, pipe_q, q_state, kv_state, sV, n_min, n_max, n_top, q0, tidx
+    ):
         """One work tile's key blocks, n_max - 1 (with block_mask the top visible one) down to n_min: the first with
         every mask, then the masked right edge, the unmasked middle, the masked left edge, the last PV; returns
         the K / V pipeline state after them."""
         p = self.p
-        (tOrP, tSrQ, tSrK, tOrVt, row_max, row_sum, row_scale, tScS_mn, t0ScS_mn, pipe_k, pipe_v, tiled_mma_qk,
-         tiled_mma_pv, scale_log2, wg) = loop[:15]
+        (
+            tOrP,
+            tSrQ,
+            tSrK,
+            tOrVt,
+            row_max,
+            row_sum,
+            row_scale,
+            tScS_mn,
+            t0ScS_mn,
+            pipe_k,
+            pipe_v,
+            tiled_mma_qk,
+            tiled_mma_pv,
+            scale_log2,
+            wg,
+        ) = loop[:15]
         row0, seqlen_k, off, wl_c, wr_c, mods, bm_at, bm_rows = band
         pipe_q.consumer_wait(q_state)
         # first block (with block_mask the first visited): all masks (it may hold the end of the keys)
@@ -1016,8 +1384,19 @@ class SdpaFwdSm90:
         pipe_k.consumer_release(kv_state)
         if const_expr(p.has_score_mods):  # the last key block: it may hold the end of the keys
             self.add_mods(loop, row0, mods, acc_S, n_last, True)
-        mask.apply_mask(acc_as_mn(acc_S), tScS_mn, t0ScS_mn, row0, n_last * self.tile_n, seqlen_k, off, wl_c, wr_c,
-                        mask_seqlen=True, rows_per_query=self.rq)
+        mask.apply_mask(
+            acc_as_mn(acc_S),
+            tScS_mn,
+            t0ScS_mn,
+            row0,
+            n_last * self.tile_n,
+            seqlen_k,
+            off,
+            wl_c,
+            wr_c,
+            mask_seqlen=True,
+            rows_per_query=self.rq,
+        )
         if const_expr(p.has_block_mask):
             self.block_mask(loop, bm_at, bm_rows, row0, acc_S, n_last)
         sm.online_softmax(acc_as_mn(acc_S), row_max, row_sum, row_scale, scale_log2, is_first=True)
@@ -1033,8 +1412,7 @@ class SdpaFwdSm90:
             hi = r_lo
         l_hi = n_min
         if const_expr(p.has_window_left):
-            l_hi = cutlass.max(n_min, cutlass.min(
-                hi, (q0 + self.qt + off - wl_c + (self.tile_n - 1)) // self.tile_n))
+            l_hi = cutlass.max(n_min, cutlass.min(hi, (q0 + self.qt + off - wl_c + (self.tile_n - 1)) // self.tile_n))
         for i in cutlass.range(hi - l_hi, unroll=1):
             kv_state = self.visit_block(loop, band, acc_O, hi - 1 - i, kv_state, masked=False)
         if const_expr(p.has_window_left):
@@ -1110,8 +1488,9 @@ class SdpaFwdSm90:
         if const_expr(not p.is_thd):
             if warp_in_wg == 0:
                 gO = cute.local_tile(mO[None, None, head, batch], (64, self.hdv), (m_block * self.num_wg + wg, vsl))
-                tOsO, tOgO = cpasync.tma_partition(tma_atom_o, 0, cute.make_layout(1),
-                                                   cute.group_modes(sO_wg, 0, 2), cute.group_modes(gO, 0, 2))
+                tOsO, tOgO = cpasync.tma_partition(
+                    tma_atom_o, 0, cute.make_layout(1), cute.group_modes(sO_wg, 0, 2), cute.group_modes(gO, 0, 2)
+                )
                 cute.copy(tma_atom_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
                 if const_expr(not self.separate_o):
@@ -1121,8 +1500,19 @@ class SdpaFwdSm90:
 
         if const_expr(p.has_lse):
             if vsl == 0:  # every slice holds the same LSE: the first writes it
-                self.store_row_values(mLSE, lse, -Float32.inf, tOcO_mn, m_block, head, batch, seqlen_q, off_lse,
-                                      seqlen_q_static, p.stats_per_batch)
+                self.store_row_values(
+                    mLSE,
+                    lse,
+                    -Float32.inf,
+                    tOcO_mn,
+                    m_block,
+                    head,
+                    batch,
+                    seqlen_q,
+                    off_lse,
+                    seqlen_q_static,
+                    p.stats_per_batch,
+                )
 
     def partial_views(self, a: dict):
         """Split-KV: the workspace partials in the kernel's views, O's (S_q, D_v, H_q, B, split) and the LSE's
@@ -1176,8 +1566,20 @@ class SdpaFwdSm90:
         return pg.pack_heads(t, self.rq, 1) if self.pack else t
 
     @cute.jit
-    def store_row_values(self, mX, vals, pad, tOcO_mn, m_block, head, batch, seqlen_q, off_rows, seqlen_q_static,
-                         per_batch: cutlass.Constexpr[bool] = False):
+    def store_row_values(
+        self,
+        mX,
+        vals,
+        pad,
+        tOcO_mn,
+        m_block,
+        head,
+        batch,
+        seqlen_q,
+        off_rows,
+        seqlen_q_static,
+        per_batch: cutlass.Constexpr[bool] = False,
+    ):
         """One fp32 value per tile row (LSE, score_max, score_sum_exp) to its (seq, head[, batch]) view: packed
         rows from `off_rows` (the sequence's first token) on, only those inside the sequence, as are `per_batch`
         ones (the ragged form's per-batch Stats, indexed like a dense batch's); dense rows past seqused_q get
@@ -1212,12 +1614,20 @@ class SdpaFwdSm90:
                 cols = cutlass.min(Int32(self.p.head_dim_v) - vsl * self.hdv, Int32(self.hdv))
             mO_h = rows.widen(cute.domain_offset((off_rows, 0, 0), mO)[None, None, head], self.hdv * self.vs)
             gO = cute.local_tile(mO_h, (64, self.hdv), (m_block * self.num_wg + wg, vsl))
-            rows.store_rows(tiled, sO_wg, gO, cute.make_identity_tensor((64, self.hdv)),
-                            rows_q - (m_block * self.tile_m + wg * 64), t, cols=cols)
+            rows.store_rows(
+                tiled,
+                sO_wg,
+                gO,
+                cute.make_identity_tensor((64, self.hdv)),
+                rows_q - (m_block * self.tile_m + wg * 64),
+                t,
+                cols=cols,
+            )
 
 
 def build(params: Sm90FwdParams, arch: str):
     """(jit entry taking declared-order tensors, fake arguments); every runtime extent is symbolic."""
     names = fwd_arg_names(params)
-    return make_entry(SdpaFwdSm90(params).launch, names, params.is_thd,
-                      params if params.ragged else None), FakeArgs(params).all(names)
+    return make_entry(SdpaFwdSm90(params).launch, names, params.is_thd, params if params.ragged else None), FakeArgs(
+        params
+    ).all(names)

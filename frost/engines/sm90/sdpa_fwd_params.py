@@ -4,6 +4,7 @@ Feature flags follow `frost.engines.sdpa_args`; knobs change speed only. This
 module never imports cutlass, so capability rows and validators can use it
 cheaply.
 """
+
 from __future__ import annotations
 
 
@@ -134,13 +135,17 @@ def pack_gqa_reason(p: Sm90FwdParams):
     if p.has_block_mask:
         return "pack_gqa is not served with block_mask: a tile reads one query head's bits"
     if p.v_slices > 1:
-        return ("pack_gqa is not combined with column slices of O (v_slices, a d_v above 256): ptxas spills the "
-                "packed rows' addressing beside the slice's")
+        return (
+            "pack_gqa is not combined with column slices of O (v_slices, a d_v above 256): ptxas spills the "
+            "packed rows' addressing beside the slice's"
+        )
     r = p.pack_group
     if r < 2:
         if p.num_heads_v:
-            return (f"pack_gqa needs query heads that share both a K head and a V head (Hq/Hkv = "
-                    f"{p.qhead_per_kvhead}, Hq/Hv = {p.qhead_per_vhead})")
+            return (
+                f"pack_gqa needs query heads that share both a K head and a V head (Hq/Hkv = "
+                f"{p.qhead_per_kvhead}, Hq/Hv = {p.qhead_per_vhead})"
+            )
         return f"pack_gqa needs num_heads_q > num_heads_kv (got {p.num_heads_q}:{p.num_heads_kv})"
     if 64 % r != 0:
         return f"pack_gqa needs Hq/Hkv to divide 64 (a warpgroup's rows); Hq/Hkv = {r}"
@@ -149,6 +154,7 @@ def pack_gqa_reason(p: Sm90FwdParams):
 
 def validate(p: Sm90FwdParams) -> None:
     """Raise TemplateParamsError when the template cannot be built for `p`."""
+
     def bad(msg: str):
         raise TemplateParamsError(f"Sm90FwdParams: {msg}")
 
@@ -168,8 +174,10 @@ def validate(p: Sm90FwdParams) -> None:
     if p.v_slices < 1:
         bad(f"v_slices={p.v_slices} must be positive")
     if p.tile_head_dim_v > MAX_TILE_DIM_V:
-        bad(f"d_v={p.head_dim_v} in {p.v_slices} slice(s) makes {p.tile_head_dim_v}-column O tiles, above "
-            f"{MAX_TILE_DIM_V}: v_slices must be at least {min_v_slices(p.head_dim_v)}")
+        bad(
+            f"d_v={p.head_dim_v} in {p.v_slices} slice(s) makes {p.tile_head_dim_v}-column O tiles, above "
+            f"{MAX_TILE_DIM_V}: v_slices must be at least {min_v_slices(p.head_dim_v)}"
+        )
     if p.v_slices > 1 and (p.v_slices - 1) * p.tile_head_dim_v >= p.head_dim_v:
         bad(f"v_slices={p.v_slices} leaves the last slice of d_v={p.head_dim_v} empty")
     if p.pack_gqa:
@@ -204,8 +212,7 @@ def paged_tile_n(tile_n: int, block_sizes) -> int:
     inside = next(t for t in range(tile_n - tile_n % 16, 0, -16) if all(bs % t == 0 for bs in block_sizes))
     if inside >= min(64, tile_n):
         return inside
-    return next(t for t in range(tile_n - tile_n % 16, 0, -16)
-                if all(bs % t == 0 or t % bs == 0 for bs in block_sizes))
+    return next(t for t in range(tile_n - tile_n % 16, 0, -16) if all(bs % t == 0 or t % bs == 0 for bs in block_sizes))
 
 
 def paged_span(block_size: int, tile_n: int) -> bool:
@@ -225,9 +232,11 @@ def paged_reason(p: Sm90FwdParams):
         if bs % p.tile_n == 0:
             continue  # a key tile inside one block
         if p.tile_n % bs != 0 or bs % PAGED_SPAN_ROWS != 0:
-            return (f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile's TMA load "
-                    f"lies inside one block) or be a multiple of it, with blocks of a multiple of "
-                    f"{PAGED_SPAN_ROWS} rows (one TMA load per block)")
+            return (
+                f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile's TMA load "
+                f"lies inside one block) or be a multiple of it, with blocks of a multiple of "
+                f"{PAGED_SPAN_ROWS} rows (one TMA load per block)"
+            )
     return None
 
 
@@ -238,8 +247,10 @@ def split_reason(p: Sm90FwdParams):
     if not 1 <= p.num_splits <= MAX_SPLITS:
         return f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}"
     if p.split and (p.is_thd or p.has_score_max or p.has_score_sum_exp):
-        return ("num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
-                "batches, no score_max / score_sum_exp)")
+        return (
+            "num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
+            "batches, no score_max / score_sum_exp)"
+        )
     if p.split and (p.v_slices > 1 or p.has_block_mask):
         return "num_splits > 1 is not combined with column slices of O (v_slices) or a block_mask"
     return None
@@ -259,8 +270,9 @@ def score_mods_of(flags: dict) -> bool:
     return any(flags.get(f) for f in ("has_bias", "has_alibi", "has_block_mask"))
 
 
-def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int = 132,
-                  score_mods: bool = False) -> dict:
+def default_knobs(
+    head_dim: int, head_dim_v: int | None = None, *, sm_count: int = 132, score_mods: bool = False
+) -> dict:
     """The best measured configuration per head dim on the H200 (bf16, 16k tokens, hidden 2048).
 
     Measured against alternatives: persistent beats one-CTA-per-tile by 5-7% unbanded
@@ -286,8 +298,17 @@ def default_knobs(head_dim: int, head_dim_v: int | None = None, *, sm_count: int
         raise TemplateParamsError(f"{e}; no default knobs") from None
     slices = min_v_slices(dv)
     wide = max(tile_dim(head_dim), slice_dim(dv, slices))
-    k = dict(tile_m=128, tile_n=128, num_stages=2, intra_wg_overlap=True, pingpong=True,
-             separate_o_smem=True, persistent=True, sm_count=sm_count, v_slices=slices)
+    k = dict(
+        tile_m=128,
+        tile_n=128,
+        num_stages=2,
+        intra_wg_overlap=True,
+        pingpong=True,
+        separate_o_smem=True,
+        persistent=True,
+        sm_count=sm_count,
+        v_slices=slices,
+    )
     if wide <= 64:
         k.update(tile_m=192, tile_n=128)
     elif wide <= 96:

@@ -5,6 +5,7 @@ N/8 column groups), MMA_M, MMA_N) values. Softmax and masking take it as (rows,
 cols) through the shared `common.acc_layout.acc_as_mn`; the register-A (RS) PV
 GEMM wants it regrouped into k16 slices, built here.
 """
+
 from __future__ import annotations
 
 import cutlass
@@ -20,8 +21,7 @@ def smem_atom(dtype, width: int):
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.tensor_utils import LayoutEnum
 
-    return warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, width), dtype)
+    return warpgroup.make_smem_layout_atom(sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, width), dtype)
 
 
 def tma_pipelines(consumer_threads: int, *specs):
@@ -32,15 +32,29 @@ def tma_pipelines(consumer_threads: int, *specs):
 
     producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
     consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_threads // 32)
-    return [pipeline.PipelineTmaAsync.create(barrier_storage=mbar, num_stages=stages, producer_group=producer,
-                                             consumer_group=consumers, tx_count=tx, defer_sync=True)
-            for mbar, stages, tx in specs]
+    return [
+        pipeline.PipelineTmaAsync.create(
+            barrier_storage=mbar,
+            num_stages=stages,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=tx,
+            defer_sync=True,
+        )
+        for mbar, stages, tx in specs
+    ]
 
 
 @cute.jit
-def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
-         zero_init: cutlass.Constexpr[bool] = False, wg_wait: cutlass.Constexpr[int] = 0,
-         k_blocks: cutlass.Constexpr[int] = 0):
+def gemm(
+    tiled_mma: cute.TiledMma,
+    acc: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    zero_init: cutlass.Constexpr[bool] = False,
+    wg_wait: cutlass.Constexpr[int] = 0,
+    k_blocks: cutlass.Constexpr[int] = 0,
+):
     """acc (+)= A @ B over the first `k_blocks` k blocks (0: all) as one wgmma commit group; wait for `wg_wait`
     groups (-1: none). Blocks past `k_blocks` must hold zeros in A or B (a tile's padded head-dim columns)."""
     warpgroup.fence()
@@ -59,8 +73,7 @@ def acc_layout_as_a(acc_layout: cute.Layout) -> cute.Layout:
     l = cute.logical_divide(acc_layout, ((None, None, 2), None, None))
     return cute.make_layout(
         ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1], (l.shape[0][2][1], l.shape[2])),
-        stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1],
-                (l.stride[0][2][1], l.stride[2])),
+        stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1], (l.stride[0][2][1], l.stride[2])),
     )
 
 
@@ -79,10 +92,17 @@ def transpose_view(a: cute.Tensor) -> cute.Tensor:
 def cvt_pack_f32x2(a: Float32, b: Float32, to_bf16: bool, *, loc=None, ip=None) -> Int32:
     """Two fp32 -> one 32-bit register of two 16-bit floats (round to nearest), `a` in the low half."""
     kind = "bf16x2" if to_bf16 else "f16x2"
-    return Int32(llvm.inline_asm(
-        T.i32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-        f"cvt.rn.{kind}.f32 $0, $2, $1;", "=r,f,f",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+            f"cvt.rn.{kind}.f32 $0, $2, $1;",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
 
 
 @cute.jit
