@@ -74,13 +74,19 @@ def test_packed_kernels_cap_each_length_at_the_plans_maximum():
     from frost.testing import cases
 
     root = Path(__file__).resolve().parents[2] / "frost" / "engines"
-    calls = []
+    calls, built = [], []  # seqlen_info's calls (11 arguments: ..., max_q, max_k); tiles.sequence's (7)
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "seqlen_info":
+            name = getattr(node.func, "id", getattr(node.func, "attr", "")) if isinstance(node, ast.Call) else ""
+            if name == "seqlen_info":
                 calls.append((path.name, node.lineno, len(node.args) + len(node.keywords)))
-    assert len(calls) >= 5, calls  # both forwards (the wgmma one twice) and both backwards
-    assert all(n == 11 for _, _, n in calls), [c for c in calls if c[2] != 11]  # ..., max_q, max_k
+            elif name == "sequence" and getattr(node.func, "value", None) is not None:
+                built.append((path.name, node.lineno, len(node.args) + len(node.keywords)))
+    # the wgmma forward twice (producer, consumer) and tiles.sequence, which the other three kernels call
+    assert len(calls) >= 3 and any(f == "tiles.py" for f, _, _ in calls), calls
+    assert all(n == 11 for _, _, n in calls), [c for c in calls if c[2] != 11]
+    assert {f for f, _, _ in built} >= {"sdpa_fwd.py", "sdpa_bwd.py"} and len(built) >= 3, built
+    assert all(n == 7 for _, _, n in built), [c for c in built if c[2] != 7]  # ..., lengths, max_q, max_k
     thd_fwd = Sm80FwdParams(**cases.SM80_FWD_COVER["sm_80"][1])
     assert thd_fwd.is_thd and {"max_seqlen_q", "max_seqlen_kv"} <= set(fwd_arg_names(thd_fwd))
     sm80 = Sm80BwdParams(**cases.SM80_BWD_COVER["sm_90a"][0])
