@@ -137,7 +137,7 @@ def test_sm90_paged_forward_matches_the_oracle(block_size, d, case, shape):
         (*dims[:3], d), 2, d, block_size, max_kv, lens_q, lens_kv, dtype=BF16, sink=sink, seed=block_size + d, **kw
     )
     dev = _on_gpu(g, pack, x, "sm90")
-    g.execute(dev, None)
+    g.execute(dev, _workspace(g))
     _close_to_oracle(_outputs(pack, dev, x), _oracle(x, **mask), f"sm90 {shape} {case} bs{block_size} d{d}")
 
 
@@ -160,7 +160,7 @@ def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
         use_causal_mask_bottom_right=True,
     )
     dev = _on_gpu(g, pack, x, "sm90")
-    g.execute(dev, None)
+    g.execute(dev, _workspace(g))
     _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 decode bs{block_size}")
 
 
@@ -184,13 +184,14 @@ def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block
         use_causal_mask_bottom_right=True,
     )
     dev = _on_gpu(g, pack, x, "sm90")
+    ws = _workspace(g)  # a split plan's partials live there; allocated before the capture
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        g.execute(dev, None)
+        g.execute(dev, ws)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
-        g.execute(dev, None)
+        g.execute(dev, ws)
     key = {name: next(t for t, v in pack.items() if v is x[name]) for name in ("kt", "vt")}
     lq, lk = (
         next(t for t, v in pack.items() if v.dtype == torch.int32 and v.numel() == 3 and v.flatten().tolist() == lens)
