@@ -31,9 +31,13 @@ class DslFwdAdapter(DslKernels, SdpaFwdAdapter):
         return [self.kernel] if self.compiled else []
 
     def execute(self, bound: dict, workspace, stream) -> None:
+        self.kernel(*self._args(bound, self.per_call(bound, stream)))
+
+    def per_call(self, bound: dict, stream) -> dict:
+        """The launch's values that change per call: the stream, the ragged form's totals, the viewed tensors."""
         per_call = {"stream": stream_handle(stream)}
         if self.facts.ragged is not None:
             per_call.update(ragged_totals(self.facts, bound))
         for n, role, view in self._views:
             per_call[n] = view(bound[role])
-        self.kernel(*self._args(bound, per_call))
+        return per_call

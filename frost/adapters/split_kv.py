@@ -11,7 +11,6 @@ pieces' fp32 partial O and LSE go to the plan's workspace and `frost.engines.com
 from __future__ import annotations
 
 from frost.adapters.dsl import LaunchArgs
-from frost.runtime.context import stream_handle
 from frost.runtime.workspace import CarvedViews, ScratchBuffer, layout_bytes
 
 COMBINE_TEMPLATE = "frost.engines.common.split_combine"
@@ -179,9 +178,7 @@ class SplitKvForward:
         split = self._split
         if split is None:
             return super().execute(bound, workspace, stream)
-        per_call = {"stream": stream_handle(stream), **split.partials(workspace)}
-        for n, role, view in self._views:
-            per_call[n] = view(bound[role])
+        per_call = {**self.per_call(bound, stream), **split.partials(workspace)}
         self.kernel(*self._args(bound, per_call))
         split.combine(bound, per_call)
 
