@@ -102,6 +102,29 @@ def _fwd_bwd(
     ]
 
 
+def _mma_sync(name: str, module: str, *, cc: tuple, priority: int, num_stages: tuple) -> list[CapabilityRow]:
+    """The rows of an mma.sync arch line (SM80 and SM120 share the template): they differ in the compute
+    capabilities they take, their priority and the pipeline depths their shared memory allows (`module`: the
+    adapters' dotted path, spelled out for the layer check)."""
+    return _fwd_bwd(
+        name,
+        module,
+        name,
+        cc_min=cc[0],
+        cc_max=cc[1],
+        priority=priority,
+        dtypes=("bf16", "fp16"),
+        head_dims=MMA_SYNC_HEAD_DIMS,
+        features=MMA_SYNC_FEATURES,
+        fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
+        bwd_features=SPLIT_HEAD_FEATURES,
+        paged_block_sizes=PAGED_BLOCK_SIZES,
+        knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": num_stages, "num_warps": (4, 8)},
+        bwd_knobs=MMA_SYNC_BWD_KNOBS,
+        fwd_knobs=MMA_SYNC_FWD_KNOBS,
+    )
+
+
 #: the reference also serves cuDNN's ragged-offset form (it reads the offsets on the host)
 REFERENCE_FEATURES = KERNEL_FEATURES | FWD_EXTRA_FEATURES | SCORE_MOD_FEATURES | {"ragged_offsets", "stats_per_batch"}
 #: the cuDNN engine: every arch cuDNN serves, ranked below every DSL engine (and above the reference oracle);
@@ -178,40 +201,8 @@ ROWS: tuple[CapabilityRow, ...] = tuple(
             },
         )
     ]
-    + _fwd_bwd(
-        "Sm80",
-        "frost.adapters.sm80",
-        "Sm80",
-        cc_min=(8, 0),
-        cc_max=(9, 0),
-        priority=20,
-        dtypes=("bf16", "fp16"),
-        head_dims=MMA_SYNC_HEAD_DIMS,
-        features=MMA_SYNC_FEATURES,
-        fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
-        bwd_features=SPLIT_HEAD_FEATURES,
-        paged_block_sizes=PAGED_BLOCK_SIZES,
-        knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2, 3), "num_warps": (4, 8)},
-        bwd_knobs=MMA_SYNC_BWD_KNOBS,
-        fwd_knobs=MMA_SYNC_FWD_KNOBS,
-    )
-    + _fwd_bwd(
-        "Sm120",
-        "frost.adapters.sm120",
-        "Sm120",
-        cc_min=(12, 0),
-        cc_max=(12, 9),
-        priority=10,
-        dtypes=("bf16", "fp16"),
-        head_dims=MMA_SYNC_HEAD_DIMS,
-        features=MMA_SYNC_FEATURES,
-        fwd_features=FWD_EXTRA_FEATURES | BLOCK_MASK_FEATURES | PAGED_FEATURES,
-        bwd_features=SPLIT_HEAD_FEATURES,
-        paged_block_sizes=PAGED_BLOCK_SIZES,
-        knob_choices={"tile_m": (64, 128), "tile_n": (32, 64, 128), "num_stages": (1, 2), "num_warps": (4, 8)},
-        bwd_knobs=MMA_SYNC_BWD_KNOBS,
-        fwd_knobs=MMA_SYNC_FWD_KNOBS,
-    )
+    + _mma_sync("Sm80", "frost.adapters.sm80", cc=((8, 0), (9, 0)), priority=20, num_stages=(1, 2, 3))
+    + _mma_sync("Sm120", "frost.adapters.sm120", cc=((12, 0), (12, 9)), priority=10, num_stages=(1, 2))
     + _fwd_bwd(
         "Sm100",
         "frost.adapters.sm100",
