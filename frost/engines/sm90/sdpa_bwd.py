@@ -599,24 +599,7 @@ class SdpaBwdSm90:
                 if warp_idx != 0:
                     cute.arch.griddepcontrol_wait()
             if warp_idx == 0:
-                self.load(
-                    g.mQ,
-                    g.mK,
-                    g.mV,
-                    g.mdO,
-                    s.sQ,
-                    s.sK,
-                    s.sV,
-                    s.sdO,
-                    tma.q,
-                    tma.k,
-                    tma.v,
-                    tma.do,
-                    gemms.pipe_q,
-                    gemms.pipe_do,
-                    gemms.pipe_kv,
-                    walk,
-                )
+                self.load(g, s, tma, gemms, walk)
             if const_expr(not self.red):
                 if warp_idx == 1:
                     self.store_dq(g.mAcc, g.mSem, s.sdQ, tma.dq, walk)
@@ -727,25 +710,12 @@ class SdpaBwdSm90:
 
     # --- producer warp: K / V once, then Q and dO per step
     @cute.jit
-    def load(
-        self,
-        mQ,
-        mK,
-        mV,
-        mdO,
-        sQ,
-        sK,
-        sV,
-        sdO,
-        tma_atom_q,
-        tma_atom_k,
-        tma_atom_v,
-        tma_atom_do,
-        pipe_q,
-        pipe_do,
-        pipe_kv,
-        w: Walk,
-    ):
+    def load(self, g: Globals, s: Smem, tma: Tma, gemms: Gemms, w: Walk):
+        """The producer warp: the K and V tiles once, then Q and dO of every step of the walk."""
+        mQ, mK, mV, mdO = g.mQ, g.mK, g.mV, g.mdO
+        sQ, sK, sV, sdO = s.sQ, s.sK, s.sV, s.sdO
+        tma_atom_q, tma_atom_k, tma_atom_v, tma_atom_do = tma.q, tma.k, tma.v, tma.do
+        pipe_q, pipe_do, pipe_kv = gemms.pipe_q, gemms.pipe_do, gemms.pipe_kv
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipe_kv.producer_acquire(kv_state)
         bar = pipe_kv.producer_get_barrier(kv_state)
