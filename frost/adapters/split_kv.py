@@ -55,8 +55,6 @@ def choose_num_splits(
 
 def split_reason(facts) -> str | None:
     """Why this graph's forward cannot be split (None: it can)."""
-    if facts.is_thd:
-        return "packed batches"
     if facts.has_score_max or facts.has_score_sum_exp:
         return "score_max / score_sum_exp outputs"
     return None
@@ -64,7 +62,8 @@ def split_reason(facts) -> str | None:
 
 def partial_layout(facts, num_splits: int) -> list[ScratchBuffer]:
     """The partials' workspace: O (splits, B, Hq, Sq, Dv) and LSE (splits, B, Hq, Sq), fp32, from the declared
-    dims (the bound tensors have them)."""
+    dims (the bound tensors have them); packed batches alike, Sq their max_seq_len_q envelope and the rows local to
+    each sequence (the kernels cap every length there)."""
     rows = (num_splits, facts.batch, facts.num_heads_q, facts.seq_q)
     return [
         ScratchBuffer("o_partial", "float32", rows + (facts.head_dim_v,)),
@@ -148,6 +147,13 @@ def combine_params(params):
         has_lse=params.has_lse,
         has_seqused=params.has_seqused,
         has_sinks=params.has_sinks,
+        is_thd=params.is_thd,
+        token_div_q=params.token_div_q,
+        offset_dtype_q=params.offset_dtype_q,
+        token_div_lse=params.token_div_lse,
+        offset_dtype_lse=params.offset_dtype_lse,
+        stats_per_batch=params.stats_per_batch,
+        own_offsets=tuple(o for o in params.own_offsets if o[0] == "o"),
     )
 
 

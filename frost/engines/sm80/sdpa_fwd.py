@@ -584,7 +584,8 @@ class SdpaFwdSm80:
     def epilogue_partial(self, ctx, g: _Globals, at, q_rows, store_rows, num_rows):
         """Split-KV: this split's O (normalized over its keys, fp32) and LSE (natural log, without the sink, which
         the combine adds once) to the workspace partials, straight from the registers. A split that saw no key
-        writes O = 0, LSE = -inf; dense rows past the sequence the same. `at`: (split, head, batch entry)."""
+        writes O = 0, LSE = -inf; dense rows past the sequence the same (packed sequences: only their own rows,
+        at sequence-local rows of the per-batch partials). `at`: (split, head, batch entry)."""
         p = self.p
         split, head, batch = at
         mOp, mLp = g.partial
@@ -618,7 +619,7 @@ class SdpaFwdSm80:
                     else:
                         gO_r[col] = acc_O_mn[r, c]
         self.store_row_values(
-            mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block, store_rows
+            mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block, store_rows, True
         )
 
     @cute.jit
@@ -691,12 +692,15 @@ class SdpaFwdSm80:
         rows.store_rows(copy_O, sO, gO, cute.make_identity_tensor((p.tile_m, dv)), store_rows, tidx, cols=self.cols_v)
 
     @cute.jit
-    def store_row_values(self, mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows):
+    def store_row_values(
+        self, mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows, per_batch: cutlass.Constexpr[bool] = False
+    ):
         """One fp32 value per query row (LSE, score_max, score_sum_exp) to its (B, H, S) / (H, T) canonical view,
         the packed rows from `off_row` (ragged Stats' own offset for the LSE); per-batch ragged Stats as a dense
-        batch's. The lane holding column 0 of its rows writes them."""
+        batch's, and so are `per_batch` rows (split-KV's LSE partials, per batch entry in every form). The lane
+        holding column 0 of its rows writes them."""
         p = self.p
-        if const_expr(p.is_thd and not p.stats_per_batch):
+        if const_expr(p.is_thd and not p.stats_per_batch and not per_batch):
             mX_s = cute.domain_offset((off_row,), mX[head, None])
         elif const_expr(p.pack_gqa):  # the group's rows (r, S): `head` is the KV group
             mX_s = gqa_rows.pack_rows(mX[batch, None, None], 1, 0, head, self.rpq)

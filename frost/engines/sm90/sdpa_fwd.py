@@ -1166,7 +1166,7 @@ class SdpaFwdSm90:
                     mScores[2],
                     out.tOcO_mn,
                     (m_block, head, batch, self.key_split(hv)),
-                    (seqlen_q, seqlen_q_static),
+                    (seqlen_q, self.partial_rows(seqlen_q, seqlen_q_static)),
                 )
             else:
                 sink = self.row_sinks(mSinks, head, row0, tScS_mn)
@@ -1524,13 +1524,20 @@ class SdpaFwdSm90:
             mOp, mLp = pg.pack_heads(mOp, self.rq, 2), pg.pack_heads(mLp, self.rq, 1)
         return mOp, mLp
 
+    def partial_rows(self, seqlen_q, seqlen_q_static):
+        """The query positions of a sequence whose partial rows a split writes: the bound tensor's (dense: the
+        combine reads every row), or the sequence's own (packed: the per-batch partials hold max_seq_len_q rows and
+        the combine reads those inside the sequence)."""
+        return seqlen_q if const_expr(self.p.is_thd) else seqlen_q_static
+
     @cute.jit
     def finish_partial(self, c: _Mainloop, acc_O, partials, tOcO_mn, tile, seqlen):
         """Split-KV: a work tile's softmax closed without the sink (the combine adds it once), its O (normalized over
         its own keys, fp32) and LSE (natural log) straight from the registers to the workspace partials. A split
         that saw no key has O = 0 and LSE = -inf; so do rows past the sequence up to the bound tensor's (the combine
         reads every row of the partials; the workspace holds anything). `tile`: (query tile, head, batch entry,
-        split); `seqlen`: (the sequence's query length, the bound tensor's)."""
+        split); `seqlen`: (the sequence's query length, the query positions whose rows are written:
+        `partial_rows`)."""
         mOp, mLp = partials
         m_block, head, batch, split = tile
         seqlen_q, seqlen_q_static = seqlen
