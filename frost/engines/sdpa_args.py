@@ -42,6 +42,7 @@ flag is set, in this order):
     total_q, total_kv            if ragged        Int32 plan-time token envelopes (T of the (T, H, D) views)
     o_partial, lse_partial       if num_splits > 1 fp32 (splits, B, Hq, Sq, Dv) / (splits, B, Hq, Sq) workspace
                                  views: each split's O and LSE (no sink); `split_combine` reduces them
+                                 (packed batches: Sq the max_seqlen_q envelope, rows local to each sequence)
     stream                       CUstream (explicit; the adapter passes the context's stream)
 
 cuDNN's ragged-offset form (params `ragged`: `token_div_q` / `token_div_kv` > 0) is packed THD

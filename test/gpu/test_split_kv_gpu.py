@@ -2,7 +2,8 @@
 test runs once per engine), on a GPU, against the float64 oracle: split-KV over long caches
 (1 x 32k and 2 x 128k keys, GQA 32:8, D=128), dense and paged, sinks, a causal band, empty sequences, requested
 split counts with empty splits, a CUDA-graph replay after new lengths are written into the same tensors, and GQA
-packing (the query heads of a KV group in one tile) with and without splits. The
+packing (the query heads of a KV group in one tile) with and without splits; packed (THD) query batches in frost's
+packed form and cuDNN's ragged offsets (ragged lengths, empty sequences, 1..16 query tokens, replays). The
 workspace is poisoned (NaN) before each run, O and Stats too: every element the combine reads or writes must be
 written. Run: python3 -m pytest -q -m gpu test/gpu/test_split_kv_gpu.py
 """
