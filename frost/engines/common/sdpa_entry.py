@@ -224,7 +224,7 @@ class FakeArgs:
                     p.dbias_accum_per_batch and not p.dbias_sum_batch, p.dbias_accum_per_head and not p.dbias_sum_heads
                 )
             return self._bias(p.bias_per_batch, p.bias_per_head)
-        if name in ("o_partial", "lse_partial"):  # split-KV partials: compact fp32 workspace views
+        if name in ("o_partial", "lse_partial", "max_partial"):  # split-KV partials: compact fp32 workspace views
             # packed batches keep a dense batch's per-sequence rows (max_seq_len_q of them, a runtime extent)
             rows = (p.num_splits, self.batch, hq, self.partial_rows() if p.is_thd else self.rows_q)
             return self.compact(Float32, rows + (dv,) if name == "o_partial" else rows, align=16)

@@ -3,7 +3,8 @@
 One warp per query row (b, h, i): every lane reads the row's num_splits LSEs (one plan-time count, unrolled),
 takes the max (the sink too, which enters exactly once here), the sum of exp(LSE_s - max), the row's LSE and the
 split weights exp(LSE_s - LSE); then each lane combines O for the head-dim columns lane, lane + 32, ...
-(coalesced over the warp) and stores them in the io dtype to O as declared; lane 0 writes Stats. Grid
+(coalesced over the warp) and stores them in the io dtype to O as declared; lane 0 writes Stats (and score_max /
+score_sum_exp from each split's row max, `max_partial`). Grid
 (ceil(S_q / 4), Hq, B). Math, empty rows and the padding convention: `split_combine_params`.
 
 Packed batches (`is_thd`): grid (ceil(max_seqlen_q / 4), Hq, B); each warp finds its sequence's first token and
@@ -30,7 +31,17 @@ WARPS = 4
 
 def kernel_name(params: SplitCombineParams, arch: str) -> str:
     p = params
-    flags = [n for on, n in ((p.has_lse, "lse"), (p.has_seqused, "seqused"), (p.has_sinks, "sink")) if on]
+    flags = [
+        n
+        for on, n in (
+            (p.has_lse, "lse"),
+            (p.has_seqused, "seqused"),
+            (p.has_sinks, "sink"),
+            (p.has_score_max, "smax"),
+            (p.has_score_sum_exp, "ssum"),
+        )
+        if on
+    ]
     return "_".join(
         ["frost_split_combine", p.dtype, f"d{p.head_dim_v}", f"h{p.num_heads_q}", f"sp{p.num_splits}", *flags]
         + packed_tags(p)
@@ -73,7 +84,8 @@ class SplitCombine:
         num_batch, seqlen_q = mO.shape[0], mO.shape[1]
         grid = ((seqlen_q + WARPS - 1) // WARPS, self.p.num_heads_q, num_batch)
         g = a.get
-        self.kernel(mO, g("lse"), a["o_partial"], a["lse_partial"], g("seqused_q"), g("sinks")).launch(
+        scores = (g("score_max"), g("score_sum_exp"), g("max_partial"))
+        self.kernel(mO, g("lse"), a["o_partial"], a["lse_partial"], g("seqused_q"), g("sinks"), scores).launch(
             grid=grid, block=(32 * WARPS, 1, 1), stream=a["stream"]
         )
 
@@ -84,13 +96,15 @@ class SplitCombine:
         num_batch = a["cu_seqlens_q"].shape[0] - 1
         grid = (cutlass.max((max_q + WARPS - 1) // WARPS, 1), self.p.num_heads_q, cutlass.max(num_batch, 1))
         g = a.get
-        lengths = (a["cu_seqlens_q"], g("seqused_q"), g("lse_offsets"), g("o_offsets"), max_q, num_batch)
-        self.kernel_packed(a["o"], g("lse"), a["o_partial"], a["lse_partial"], lengths, g("sinks")).launch(
+        offsets = (g("lse_offsets"), g("o_offsets"), g("score_max_offsets"), g("score_sum_exp_offsets"))
+        lengths = (a["cu_seqlens_q"], g("seqused_q"), offsets, max_q, num_batch)
+        scores = (g("score_max"), g("score_sum_exp"), g("max_partial"))
+        self.kernel_packed(a["o"], g("lse"), a["o_partial"], a["lse_partial"], lengths, g("sinks"), scores).launch(
             grid=grid, block=(32 * WARPS, 1, 1), stream=a["stream"]
         )
 
     @cute.kernel
-    def kernel(self, mO: cute.Tensor, mLSE, mOp: cute.Tensor, mLp: cute.Tensor, mSeqQ, mSinks):
+    def kernel(self, mO: cute.Tensor, mLSE, mOp: cute.Tensor, mLp: cute.Tensor, mSeqQ, mSinks, scores):
         p = self.p
         tidx, _, _ = cute.arch.thread_idx()
         bx, head, batch = cute.arch.block_idx()
@@ -131,11 +145,18 @@ class SplitCombine:
             if const_expr(p.has_lse):
                 if lane == 0:
                     mLSE[batch, head, row] = lse
+            if const_expr(p.has_score_stats):  # rows past the sequence: -inf and 0, as the forwards write them
+                if lane == 0:
+                    s_max, s_sum = self.score_stats(scores[2], mSinks, (batch, head, row), lse, row < q_rows)
+                    for mX, val in zip(scores[:2], (s_max, s_sum)):
+                        if const_expr(mX is not None):
+                            mX[batch, head, row] = val
 
     @cute.kernel
-    def kernel_packed(self, mO: cute.Tensor, mLSE, mOp: cute.Tensor, mLp: cute.Tensor, lengths, mSinks):
+    def kernel_packed(self, mO: cute.Tensor, mLSE, mOp: cute.Tensor, mLp: cute.Tensor, lengths, mSinks, scores):
         p = self.p
-        mCuQ, mUsedQ, mLseOff, mOOff, max_q, num_batch = lengths
+        mCuQ, mUsedQ, offsets, max_q, num_batch = lengths
+        mLseOff, mOOff = offsets[0], offsets[1]
         tidx, _, _ = cute.arch.thread_idx()
         bx, head, batch = cute.arch.block_idx()
         row = bx * WARPS + tidx // 32
@@ -160,10 +181,40 @@ class SplitCombine:
                         mO[off_o + row, head, col] = acc.to(self.dtype)
                 if const_expr(p.has_lse):
                     if lane == 0:
-                        if const_expr(p.stats_per_batch):
-                            mLSE[batch, head, row] = lse
-                        else:
-                            mLSE[head, off_lse + row] = lse
+                        self.store_row(mLSE, lse, (batch, head, row), off_lse)
+                if const_expr(p.has_score_stats):
+                    if lane == 0:
+                        s_max, s_sum = self.score_stats(scores[2], mSinks, (batch, head, row), lse, True)
+                        for role, mX, mOff, val in zip(
+                            ("score_max", "score_sum_exp"), scores[:2], offsets[2:], (s_max, s_sum)
+                        ):
+                            if const_expr(mX is not None):
+                                off = seqlen.own_token_offset(p, role, mOff, batch, off_q, seqlen_q, total)
+                                self.store_row(mX, val, (batch, head, row), off)
+
+    @cute.jit
+    def store_row(self, mX: cute.Tensor, val, at, offset):
+        """One packed row's value (LSE, score_max, score_sum_exp) to its (H, T) view from the sequence's first row
+        `offset` there, or per batch entry to its (B, H, S) view (the ragged form's per-batch row outputs)."""
+        batch, head, row = at
+        if const_expr(self.p.stats_per_batch):
+            mX[batch, head, row] = val
+        else:
+            mX[head, offset + row] = val
+
+    @cute.jit
+    def score_stats(self, mMp: cute.Tensor, mSinks, at, lse, inside):
+        """(score_max, score_sum_exp) of a row: the largest split maximum and the sink, and exp(LSE - score_max)
+        (the sum of exp(logit - score_max) over every key and the sink); -inf and 0 for a row with neither, and
+        for rows not `inside` the sequence."""
+        batch, head, row = at
+        mx = -Float32.inf
+        for s in cutlass.range_constexpr(self.p.num_splits):
+            mx = cute.arch.fmax(mx, mMp[s, batch, head, row])
+        if const_expr(self.p.has_sinks):
+            mx = cute.arch.fmax(mx, mSinks[head])
+        mx = mx if inside else -Float32.inf
+        return mx, Float32(0.0) if mx == -Float32.inf else cute.math.exp2((lse - mx) * LOG2_E)
 
     @cute.jit
     def reduce_row(self, mLp: cute.Tensor, mSinks, batch, head, row):

@@ -182,8 +182,6 @@ def validate(p: Sm80FwdParams) -> None:
                 )
     if not 1 <= p.num_splits <= MAX_SPLITS:
         bad(f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}")
-    if p.split and (p.has_score_max or p.has_score_sum_exp):
-        bad("num_splits > 1 writes O and Stats only (no score_max / score_sum_exp)")
     if p.pack_gqa:
         reason = pack_gqa_reason(p)
         if reason:
