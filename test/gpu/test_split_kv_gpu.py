@@ -3,7 +3,8 @@ test runs once per engine), on a GPU, against the float64 oracle: split-KV over 
 (1 x 32k and 2 x 128k keys, GQA 32:8, D=128), dense and paged, sinks, a causal band, empty sequences, requested
 split counts with empty splits, a CUDA-graph replay after new lengths are written into the same tensors, and GQA
 packing (the query heads of a KV group in one tile) with and without splits; packed (THD) query batches in frost's
-packed form and cuDNN's ragged offsets (ragged lengths, empty sequences, 1..16 query tokens, replays). The
+packed form and cuDNN's ragged offsets (ragged lengths, empty sequences, 1..16 query tokens, replays), and
+score_max / score_sum_exp of split decodes, dense, paged and packed. The
 workspace is poisoned (NaN) before each run, O and Stats too: every element the combine reads or writes must be
 written. Run: python3 -m pytest -q -m gpu test/gpu/test_split_kv_gpu.py
 """
@@ -41,9 +42,10 @@ def engine(request):
     ENGINE = "sm80"
 
 
-def _graph(batch, sq, skv, *, paged=0, lens=False, sink=False, knobs=None, **sdpa_kw):
+def _graph(batch, sq, skv, *, paged=0, lens=False, sink=False, knobs=None, scores=False, **sdpa_kw):
     """A decode graph on the GPU: (graph, pack, inputs). Dense K/V (B, Hkv, Skv, D), or a paged cache of block
-    size `paged` whose blocks are a shuffled pool; `lens`: a padding mask (seq_len_q / seq_len_kv tensors)."""
+    size `paged` whose blocks are a shuffled pool; `lens`: a padding mask (seq_len_q / seq_len_kv tensors);
+    `scores`: score_max and score_sum_exp outputs (poisoned) too."""
     gen = torch.Generator().manual_seed(batch * 7 + sq + skv % 97 + paged)
     x = {"q": torch.randn(batch, HQ, sq, D, generator=gen).to(BF16)}
     g = frost.pygraph(
@@ -67,7 +69,11 @@ def _graph(batch, sq, skv, *, paged=0, lens=False, sink=False, knobs=None, **sdp
         x["lk"] = torch.full((batch, 1, 1, 1), skv, dtype=torch.int32)
     if sink:
         x["sink"] = torch.randn(1, HQ, 1, 1, generator=gen) * 2
+    if scores:
+        x["smax"], x["ssum"] = (torch.full((batch, HQ, sq, 1), float("nan")) for _ in range(2))
     t = {n: g.tensor(name=n, dim=v.shape, stride=v.stride(), data_type=_dtype(v)) for n, v in x.items()}
+    if scores:
+        kw.update(score_max=t["smax"], score_sum_exp=t["ssum"])
     k, v = (t["kc"], t["vc"]) if paged else (t["k"], t["v"])
     if paged:
         kw.update(paged_attention_k_table=t["kt"], paged_attention_v_table=t["vt"])
@@ -119,12 +125,13 @@ def _oracle(x, lens_q, lens_kv, **mask):
     qpk = HQ // HKV
     o = torch.zeros(b_n, HQ, sq, D, dtype=torch.float64)
     lse = torch.full((b_n, HQ, sq), -math.inf, dtype=torch.float64)
+    s_max, s_sum = lse.clone(), torch.zeros_like(lse)
     for b in range(b_n):
         k, v = _keys(x, b, lens_kv[b])
         for kh in range(HKV):
             hs = slice(kh * qpk, (kh + 1) * qpk)
             sink = x["sink"].reshape(-1)[hs] if "sink" in x else None
-            ob, lb = oracle.attention(
+            ob, lb, mb, zb = oracle.attention(
                 x["q"][b : b + 1, hs],
                 k[None, kh : kh + 1],
                 v[None, kh : kh + 1],
@@ -132,18 +139,28 @@ def _oracle(x, lens_q, lens_kv, **mask):
                 sink=sink,
                 seq_len_q=[lens_q[b]],
                 seq_len_kv=[lens_kv[b]],
+                row_stats=True,
                 **mask,
             )
             o[b, hs], lse[b, hs] = ob[0], lb.reshape(qpk, sq)
-    return o, lse
+            s_max[b, hs], s_sum[b, hs] = mb.reshape(qpk, sq), zb.reshape(qpk, sq)
+    return o, lse, s_max, s_sum
+
+
+def _check_scores(got_max, got_sum, want_max, want_sum):
+    """score_max (natural units, like the LSE) and score_sum_exp (1 up to the number of keys) against the oracle."""
+    assert_close_to_oracle(got_max, want_max, rel=1e-4, max_abs=1e-2, name="score_max", io_dtype=BF16)
+    assert_close_to_oracle(got_sum, want_sum, rel=1e-3, name="score_sum_exp", io_dtype=BF16)
 
 
 def _check(g, dev, x, lens_q, lens_kv, **mask):
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-    o, lse = _oracle(x, lens_q, lens_kv, **mask)
+    o, lse, s_max, s_sum = _oracle(x, lens_q, lens_kv, **mask)
     assert_close_to_oracle(dev["o"], o, rel=1e-2, name="O", io_dtype=BF16)
     assert_close_to_oracle(dev["lse"][..., 0], lse, rel=1e-4, max_abs=1e-2, name="LSE", io_dtype=BF16)
+    if "smax" in dev:
+        _check_scores(dev["smax"][..., 0], dev["ssum"][..., 0], s_max, s_sum)
 
 
 def _split_count(g) -> int:
@@ -278,10 +295,11 @@ def test_packed_decode_without_splits(paged):
 PACKED_FORMS = ("packed", "ragged", "ragged-lse")
 
 
-def _packed_graph(form, lens_q, lens_kv, max_q, max_kv, *, sink=False, knobs=None, **sdpa_kw):
+def _packed_graph(form, lens_q, lens_kv, max_q, max_kv, *, sink=False, knobs=None, scores=False, **sdpa_kw):
     """A packed decode graph on the GPU: (graph, pack, inputs, device tensors). Every buffer holds the envelopes
     (B x max_q query tokens, B x max_kv keys), so a replay may write any lengths within them; `_set_packed`
-    writes the lengths and offsets of `lens_q` / `lens_kv`."""
+    writes the lengths and offsets of `lens_q` / `lens_kv`. `scores`: score_max and score_sum_exp laid out as
+    Stats."""
     batch = len(lens_q)
     tq, tkv = batch * max_q, batch * max_kv
     gen = torch.Generator().manual_seed(batch * 7 + max_q + max_kv % 97)
@@ -323,6 +341,15 @@ def _packed_graph(form, lens_q, lens_kv, max_q, max_kv, *, sink=False, knobs=Non
         kw.update(max_total_seq_len_kv=tkv)
     if sink:
         kw["sink_token"] = t["sink"]
+    for role, n in (("score_max", "smax"), ("score_sum_exp", "ssum")) if scores else ():
+        x[n] = torch.full_like(x["lse"], float("nan"))
+        if form == "ragged-lse":  # ragged like Stats: (B, H, S, 1) over a token-major (T, H) buffer
+            dim, stride = (batch, HQ, max_q, 1), (max_q * HQ, 1, HQ, 1)
+            t[n] = g.tensor(name=n, dim=dim, stride=stride, data_type=frost.data_type.FLOAT)
+            t[n].set_ragged_offset(t["off_lse"])
+        else:
+            t[n] = g.tensor(name=n, dim=x[n].shape, stride=x[n].stride(), data_type=frost.data_type.FLOAT)
+        kw[role] = t[n]
     o, st = g.sdpa(q=t["q"], k=t["k"], v=t["v"], attn_scale=SCALE, generate_stats=True, **kw)
     o.set_output(True)
     st.set_output(True).set_data_type(frost.data_type.FLOAT)
@@ -345,8 +372,9 @@ def _packed_graph(form, lens_q, lens_kv, max_q, max_kv, *, sink=False, knobs=Non
         for n, s in (("q", max_q), ("k", max_kv), ("v", max_kv), ("o", max_q)):
             v_ = dev[n]
             bound[n] = v_.as_strided((batch, v_.shape[1], s, D), (s * v_.shape[1] * D, D, v_.shape[1] * D, 1))
-        if form == "ragged-lse":
-            bound["lse"] = dev["lse"].as_strided((batch, HQ, max_q, 1), (max_q * HQ, 1, HQ, 1))
+        for n in ("lse", "smax", "ssum") if form == "ragged-lse" else ():
+            if n in dev:
+                bound[n] = dev[n].as_strided((batch, HQ, max_q, 1), (max_q * HQ, 1, HQ, 1))
     pack = {t[n]: bound[n] for n in x}
     _set_packed(form, dev, lens_q, lens_kv)
     return g, pack, x, dev
@@ -396,11 +424,12 @@ def _packed_check(form, dev, x, lens_q, lens_kv, **mask):
     used = cu_q[-1]
     o = torch.zeros(used, HQ, D, dtype=torch.float64)
     lse = torch.zeros(used, HQ, dtype=torch.float64)
+    s_max, s_sum = lse.clone(), lse.clone()
     for b, kh in ((b, kh) for b in range(len(lens_q)) for kh in range(HKV)):
         q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_kv[b], cu_kv[b + 1]
         hs = slice(kh * qpk, (kh + 1) * qpk)
         sink = x["sink"].reshape(-1)[hs] if "sink" in x else None
-        ob, lb = oracle.attention(
+        ob, lb, mb, zb = oracle.attention(
             x["q"][q0:q1, hs],
             x["k"][k0:k1, kh : kh + 1],
             x["v"][k0:k1, kh : kh + 1],
@@ -408,18 +437,27 @@ def _packed_check(form, dev, x, lens_q, lens_kv, **mask):
             sink=sink,
             cu_seq_len_q=[0, q1 - q0],
             cu_seq_len_kv=[0, k1 - k0],
+            row_stats=True,
             **mask,
         )
-        o[q0:q1, hs], lse[q0:q1, hs] = ob, lb
+        o[q0:q1, hs], lse[q0:q1, hs], s_max[q0:q1, hs], s_sum[q0:q1, hs] = ob, lb, mb, zb
     got_o = dev["o"].cpu()
-    if form == "ragged":  # per batch entry: (B, H, S, 1), rows local to the sequence
-        got_lse = torch.cat([dev["lse"][b, :, : lens_q[b], 0].T.cpu() for b in range(len(lens_q))])
-    else:
-        got_lse = dev["lse"][:used, :, 0].cpu()
     assert_close_to_oracle(got_o[:used], o, rel=1e-2, name="O", io_dtype=BF16)
-    assert_close_to_oracle(got_lse, lse, rel=1e-4, max_abs=1e-2, name="LSE", io_dtype=BF16)
+    rows = _packed_rows(form, lens_q)
+    assert_close_to_oracle(rows(dev["lse"]), lse, rel=1e-4, max_abs=1e-2, name="LSE", io_dtype=BF16)
+    if "smax" in dev:
+        _check_scores(rows(dev["smax"]), rows(dev["ssum"]), s_max, s_sum)
     if ENGINE in ENGINES:  # (the reference engine zeroes them)
         assert got_o[used:].isnan().all(), "a token outside every sequence was written"
+
+
+def _packed_rows(form, lens_q):
+    """A row output's values of the tokens inside the sequences, (tokens, H): packed rows, or per batch entry
+    ((B, H, S, 1), rows local to the sequence: the ragged form's per-batch Stats)."""
+    used = sum(lens_q)
+    if form == "ragged":
+        return lambda t: torch.cat([t[b, :, : lens_q[b], 0].T.cpu() for b in range(len(lens_q))])
+    return lambda t: t[:used, :, 0].cpu()
 
 
 PACKED_CASES = {  # name: (lens_q, lens_kv, max_q, max_kv, graph keywords, oracle mask)
@@ -481,3 +519,28 @@ def test_packed_capture_replay_follows_new_lengths(form):
         dev["lse"].fill_(float("nan"))
         graph.replay()
         _packed_check(form, dev, x, lens_q, lens_kv)
+
+
+@pytest.mark.parametrize("paged", [0, 128])
+def test_split_decode_writes_score_statistics(paged):
+    """score_max / score_sum_exp beside a split decode: each split's row max from the workspace, the sink once;
+    three query rows under a bottom-right causal band, an empty cache (the sink alone) and a padding row."""
+    g, pack, x, dev = _graph(
+        3, 3, 40000, paged=paged, lens=True, sink=True, scores=True, use_causal_mask_bottom_right=True
+    )
+    assert _split_count(g) > 1
+    lens_q, lens_kv = [3, 2, 1], [40000, 0, 9000]
+    _set_lengths(dev, lens_q, lens_kv)
+    g.execute(pack, _workspace(g))
+    _check(g, dev, x, lens_q, lens_kv, causal_bottom_right=True)
+
+
+@pytest.mark.parametrize("form", PACKED_FORMS)
+def test_packed_split_decode_writes_score_statistics(form):
+    """score_max / score_sum_exp of a split packed batch, laid out as its Stats (packed, per batch entry, ragged),
+    with sinks, an empty query sequence and an empty cache."""
+    lens_q, lens_kv = (2, 0, 5, 1), (30000, 100, 17000, 0)
+    g, pack, x, dev = _packed_graph(form, lens_q, lens_kv, 8, 30000, sink=True, scores=True)
+    assert _split_count(g) > 1
+    g.execute(pack, _workspace(g))
+    _packed_check(form, dev, x, lens_q, lens_kv)
