@@ -779,12 +779,21 @@ SM90_FWD_SPLIT_COVER = [
 ]
 
 
-#: split-KV over packed (THD) query batches (docs/decode.md): frost's packed form, and cuDNN's ragged offsets with
-#: sinks and per-batch Stats, on the mma.sync forward's 64-row decode tiles; the wgmma forward's packed decode with
-#: sinks and an unpacked bottom-right causal packed split
+#: split-KV over packed (THD) query batches (docs/decode.md): frost's packed form (with score_max / score_sum_exp
+#: too), and cuDNN's ragged offsets with sinks and per-batch Stats, on the mma.sync forward's 64-row decode tiles; the
+#: wgmma forward's packed decode with sinks (and score_max), and an unpacked bottom-right causal packed split
 SM80_FWD_SPLIT_THD_COVER = {
     "sm_80": [
         _mma_fwd(hq=32, hk=8, is_thd=True, has_lse=True, knobs=dict(tile_m=64, num_warps=4, num_splits=7)),
+        _mma_fwd(
+            hq=32,
+            hk=8,
+            is_thd=True,
+            has_lse=True,
+            has_score_max=True,
+            has_score_sum_exp=True,
+            knobs=dict(tile_m=64, num_warps=4, num_splits=7),
+        ),
         _mma_fwd(
             hq=32,
             hk=8,
@@ -801,6 +810,15 @@ SM80_FWD_SPLIT_THD_COVER = {
 }
 SM90_FWD_SPLIT_THD_COVER = [
     _sm90(hq=32, hk=8, is_thd=True, has_lse=True, has_sinks=True, knobs=dict(tile_m=64, pack_gqa=True, num_splits=7)),
+    _sm90(
+        hq=32,
+        hk=8,
+        is_thd=True,
+        has_lse=True,
+        has_sinks=True,
+        has_score_max=True,
+        knobs=dict(tile_m=64, pack_gqa=True, num_splits=7),
+    ),
     _sm90(hq=8, hk=8, is_thd=True, has_lse=True, has_window_right=True, bottom_right=True, knobs=dict(num_splits=3)),
 ]
 
