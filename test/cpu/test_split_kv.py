@@ -32,12 +32,12 @@ from test.helpers import Case, make_inputs, prefix, run_fwd
 H200_SLOTS = 2 * 132  # the CTA slots the plan counts on an H200 (frost.adapters.split_kv.CTAS_PER_SM)
 
 
-def _decode_facts(batch=1, hq=32, hkv=8, sq=1, d=128, skv=32768, paged=None, stats=True, scores=False):
+def _decode_facts(batch=1, hq=32, hkv=8, sq=1, d=128, skv=32768, paged=None, stats=True, scores=False, **mask):
     """A decode forward's facts: dense K/V (B, Hkv, Skv, d) or a paged cache of block size `paged`; `scores`:
-    score_max and score_sum_exp outputs too."""
+    score_max and score_sum_exp outputs too; `mask`: sdpa's mask keywords."""
     g = frost.pygraph(io_data_type=frost.data_type.BFLOAT16)
     q = g.tensor(name="Q", dim=(batch, hq, sq, d), stride=(hq * sq * d, d, hq * d, 1))
-    kw = dict(attn_scale=0.1, generate_stats=stats)
+    kw = dict(attn_scale=0.1, generate_stats=stats, **mask)
     if scores:
         for role in ("score_max", "score_sum_exp"):
             kw[role] = g.tensor(name=role, dim=(batch, hq, sq, 1), data_type=frost.data_type.FLOAT)
@@ -143,7 +143,14 @@ def test_a_requested_split_count_is_honored_on_both_dsl_forwards():
 
 @pytest.mark.parametrize(
     "kw, packed",
-    [(dict(), True), (dict(sq=16), True), (dict(sq=17), False), (dict(hkv=32), False), (dict(hkv=1, skv=4096), True)],
+    [
+        (dict(), True),
+        (dict(sq=16), True),
+        (dict(sq=17), False),
+        (dict(hkv=32), False),
+        (dict(hkv=1, skv=4096), True),
+        (dict(sq=4, use_causal_mask_bottom_right=True, sliding_window_length=4096), True),
+    ],
 )
 def test_gqa_packing_is_planned_for_short_queries(kw, packed):
     p = _sm80(_decode_facts(**kw)).validated_params()
@@ -161,10 +168,10 @@ def test_gqa_packing_requests_and_what_it_declines():
 
     base = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, pack_gqa=True, tile_m=64)
     validate(Sm80FwdParams(**base))
+    validate(Sm80FwdParams(**base, has_window_left=True, has_window_right=True))  # a sliding window packs too
     for bad, match in (
         (dict(num_heads_kv=32), "more query heads"),
         (dict(num_heads_kv=1, num_heads_q=96), "not a multiple"),
-        (dict(has_window_left=True), "no left band"),
         (dict(is_thd=True), "dense"),
     ):
         with pytest.raises(TemplateParamsError, match=match):
@@ -602,6 +609,12 @@ def test_split_and_combine_kernels_compile_for_sm80_and_sm90a_without_spills(tmp
             "paged-packed-causal",
         ),
         (
+            FWD,
+            FWD_PARAMS,
+            dict(_FWD, **_PAGED, num_splits=9, pack_gqa=True, has_window_left=True, has_window_right=True),
+            "paged-split-packed-window",
+        ),
+        (
             COMBINE,
             COMBINE_PARAMS,
             dict(head_dim_v=128, num_heads_q=32, num_splits=7, has_lse=True, has_seqused=True, has_sinks=True),
@@ -621,6 +634,7 @@ def test_split_and_combine_kernels_compile_for_sm80_and_sm90a_without_spills(tmp
             ("paged-split", "paged-base"),
             ("paged-split-packed", "paged-base"),
             ("paged-packed-causal", "paged-base"),
+            ("paged-split-packed-window", "paged-base"),
         ):
             out = arch_outs[split]
             assert ("_sp" in out["name"] or "_pk" in out["name"]) and out["entries"] == [out["name"]]

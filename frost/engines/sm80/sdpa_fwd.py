@@ -567,7 +567,7 @@ class SdpaFwdSm80:
         p = self.p
         if const_expr(p.pack_gqa):
             n_min, n_max, lo, hi = gqa_rows.packed_key_tiles(
-                m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q, seqlen_k, offset, window_right
+                m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q, seqlen_k, offset, window_right, window_left
             )
         else:
             n_min, n_max = mask.n_block_range(
