@@ -115,26 +115,7 @@ class SplitCombine:
             q_rows = static_sq
             if const_expr(p.has_seqused):  # a device length: clamped to the rows the tensors hold
                 q_rows = clamp(mSeqQ[batch], Int32(0), static_sq)
-            lses = cute.make_rmem_tensor(p.num_splits, Float32)
-            mx = -Float32.inf
-            for s in cutlass.range_constexpr(p.num_splits):
-                lses[s] = mLp[s, batch, head, row]
-                mx = cute.arch.fmax(mx, lses[s])
-            sink = Float32(0.0)
-            if const_expr(p.has_sinks):
-                sink = mSinks[head]
-                mx = cute.arch.fmax(mx, sink)
-            m = Float32(0.0) if mx == -Float32.inf else mx
-            total = Float32(0.0)
-            for s in cutlass.range_constexpr(p.num_splits):
-                total += cute.math.exp2((lses[s] - m) * LOG2_E)
-            if const_expr(p.has_sinks):
-                total += cute.math.exp2((sink - m) * LOG2_E)
-            lse = -Float32.inf
-            if total > 0.0 and row < q_rows:
-                lse = m + cute.math.log2(total) * LN_2
-            for s in cutlass.range_constexpr(p.num_splits):  # the split weights (0 for empty splits, empty rows)
-                lses[s] = Float32(0.0) if lse == -Float32.inf else cute.math.exp2((lses[s] - lse) * LOG2_E)
+            lse, lses = self.reduce_row(mLp, mSinks, batch, head, row, row < q_rows)
             for j in cutlass.range_constexpr((p.head_dim_v + 31) // 32):
                 col = lane + 32 * j
                 if col < p.head_dim_v:
@@ -217,9 +198,9 @@ class SplitCombine:
         return mx, Float32(0.0) if mx == -Float32.inf else cute.math.exp2((lse - mx) * LOG2_E)
 
     @cute.jit
-    def reduce_row(self, mLp: cute.Tensor, mSinks, batch, head, row):
-        """(LSE, split weights exp(LSE_s - LSE)) of a row inside its sequence: -inf and zero weights where no
-        split saw a key and there is no sink."""
+    def reduce_row(self, mLp: cute.Tensor, mSinks, batch, head, row, inside=None):
+        """(LSE, split weights exp(LSE_s - LSE)) of a row: -inf and zero weights where no split saw a key and there
+        is no sink, or where the row is not `inside` its sequence (a dense row past seqused_q; None: it is)."""
         p = self.p
         lses = cute.make_rmem_tensor(p.num_splits, Float32)
         mx = -Float32.inf
@@ -239,6 +220,9 @@ class SplitCombine:
         lse = -Float32.inf
         if total > 0.0:
             lse = m + cute.math.log2(total) * LN_2
+        if const_expr(inside is not None):
+            if not inside:
+                lse = -Float32.inf
         for s in cutlass.range_constexpr(p.num_splits):
             lses[s] = Float32(0.0) if lse == -Float32.inf else cute.math.exp2((lses[s] - lse) * LOG2_E)
         return lse, lses
