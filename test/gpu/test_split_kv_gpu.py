@@ -18,6 +18,7 @@ import torch
 
 import frost
 from test import oracle
+from test.gpu.graph_cases import capture_after_clean_execute
 from test.oracle import assert_close_to_oracle
 
 pytestmark = pytest.mark.gpu
@@ -233,14 +234,8 @@ def test_capture_replay_follows_new_lengths(paged):
     """Captured once; a replay after new lengths are copied into the same device tensors cuts the new key range
     into splits on the device and gives the oracle's answer for them."""
     g, pack, x, dev = _graph(2, 1, 131072, paged=paged, lens=True, sink=True)
-    ws = _workspace(g)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        g.execute(pack, ws)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        g.execute(pack, ws)
+    ws = _workspace(g)  # held while the graph replays into it
+    graph = capture_after_clean_execute(g, pack, ws, torch.cuda.Stream())
     for lens_kv in ([131072, 77], [3, 100000], [0, 131072]):
         dev["lk"].copy_(torch.tensor(lens_kv, dtype=torch.int32).reshape(2, 1, 1, 1))
         dev["o"].fill_(float("nan"))
@@ -505,14 +500,8 @@ def test_packed_capture_replay_follows_new_lengths(form):
     tokens and caches that grow, shrink, empty) cut the new key ranges and write only the new sequences' tokens."""
     lens = [((1, 1, 1), (65536, 77, 3000)), ((3, 0, 8), (12, 65536, 0)), ((8, 8, 8), (65536, 65536, 65536))]
     g, pack, x, dev = _packed_graph(form, *lens[0], 8, 65536, sink=True)
-    ws = _workspace(g)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        g.execute(pack, ws)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        g.execute(pack, ws)
+    ws = _workspace(g)  # held while the graph replays into it
+    graph = capture_after_clean_execute(g, pack, ws, torch.cuda.Stream())
     for lens_q, lens_kv in lens:
         _set_packed(form, dev, lens_q, lens_kv)
         dev["o"].fill_(float("nan"))
