@@ -535,26 +535,17 @@ def test_packed_split_decode_writes_score_statistics(form):
     _packed_check(form, dev, x, lens_q, lens_kv)
 
 
-@pytest.mark.parametrize("skv, splits", [(300, 1), (40000, 0)])
+@pytest.mark.parametrize("skv", [300, 40000])
 @pytest.mark.parametrize("paged", [0, 64])
-def test_packed_sliding_window_decodes(paged, skv, splits):
+def test_packed_sliding_window_decodes(paged, skv):
     """GQA packing under a sliding window (bottom-right causal, 700 keys back, or all 300 of a short cache): each
     packed tile walks from its first position's window start to its last position's end, and masks per row by the
-    row's own position. Without splits (a short cache) and split (40k keys; a window of 700 keys leaves most
-    splits empty); padding positions and a shorter second sequence."""
-    knobs = frost.Knobs(num_splits=1) if splits == 1 else None
+    row's own position. Unsplit (a short cache) and split (40k keys; a window of 700 keys leaves most splits
+    empty); padding positions and a shorter second sequence."""
     g, pack_, x, dev = _graph(
-        2,
-        5,
-        skv,
-        paged=paged,
-        lens=True,
-        sink=True,
-        knobs=knobs,
-        use_causal_mask_bottom_right=True,
-        sliding_window_length=700,
+        2, 5, skv, paged=paged, lens=True, sink=True, use_causal_mask_bottom_right=True, sliding_window_length=700
     )
-    assert ENGINE not in ENGINES or _packed(g)
+    assert ENGINE not in ENGINES or (_packed(g) and (_split_count(g) > 1) == (skv > 300))
     lens_q, lens_kv = [5, 3], [skv, skv // 3]
     _set_lengths(dev, lens_q, lens_kv)
     g.execute(pack_, _workspace(g) if _split_count(g) > 1 else None)
