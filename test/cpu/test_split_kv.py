@@ -23,7 +23,7 @@ from frost.engines.common.split_combine_params import (
 )
 from frost.engines.sdpa_args import fwd_arg_names
 from frost.knobs import Knobs
-from frost.runtime.workspace import layout_bytes
+from frost.runtime.workspace import align_up, layout_bytes
 from frost.target import fake_target
 from test.compile_runner import compile_groups
 from test import oracle
@@ -169,10 +169,11 @@ def test_gqa_packing_requests_and_what_it_declines():
     base = dict(head_dim=128, head_dim_v=128, num_heads_q=32, num_heads_kv=8, pack_gqa=True, tile_m=64)
     validate(Sm80FwdParams(**base))
     validate(Sm80FwdParams(**base, has_window_left=True, has_window_right=True))  # a sliding window packs too
+    validate(Sm80FwdParams(**base, is_thd=True))  # and packed batches
     for bad, match in (
         (dict(num_heads_kv=32), "more query heads"),
         (dict(num_heads_kv=1, num_heads_q=96), "not a multiple"),
-        (dict(is_thd=True), "dense"),
+        (dict(has_alibi=True, has_window_right=True), "no bias, ALiBi"),
     ):
         with pytest.raises(TemplateParamsError, match=match):
             validate(Sm80FwdParams(**{**base, **bad}))
@@ -430,21 +431,22 @@ def _thd_decode_facts(batch=4, hq=32, hkv=8, sq=1, skv=32768, d=128, ragged=Fals
 )
 def test_a_packed_decode_is_split_on_both_forwards(kw):
     """A serving batch of packed decodes (1..16 query tokens per sequence over long caches) on a fake H200: both
-    forwards split it by the shared choice over their work tiles (the wgmma forward packs each KV group's heads,
-    the mma.sync forward keeps a tile per head as its unsplit packed kernel does); the partials are per batch
-    entry from the declared B and max_seq_len_q; the combine reads the packed form's lengths and offsets."""
+    forwards split it by the shared choice over their work tiles (each packs a KV group's heads); the partials are
+    per batch entry from the declared B and max_seq_len_q; the combine reads the packed form's lengths and offsets."""
     from frost.adapters.split_kv import cdiv
 
     facts = _thd_decode_facts(**kw)
     batch, sq, skv = kw.get("batch", 4), kw.get("sq", 1), kw.get("skv", 32768)
     assert facts.is_thd and (facts.ragged is not None) == kw.get("ragged", False)
-    for a, slots, heads in ((_sm90(facts), 132, 8), (_sm80(facts), H200_SLOTS, 32)):
+    heads = 8  # one tile row block per KV group
+    for a, slots in ((_sm90(facts), 132), (_sm80(facts), H200_SLOTS)):
         p = a.validated_params()
-        assert p.is_thd and p.split and p.pack_gqa == (heads == 8) and p.tile_m == 64, a.engine_name
+        assert p.is_thd and p.split and p.pack_gqa and p.tile_m == 64, a.engine_name
         rows = sq * 32 // heads
         assert p.num_splits == choose_num_splits(slots, batch * heads * cdiv(rows, 64), cdiv(skv, p.tile_n))
         row_values = 2 if kw.get("scores") else 1  # the LSE, and each split's row max for the score statistics
-        assert a.scratch_workspace_bytes() == 4 * p.num_splits * batch * 32 * sq * (128 + row_values)
+        rows_bytes = 4 * p.num_splits * batch * 32 * sq  # each buffer 256-byte aligned (frost.runtime.workspace)
+        assert a.scratch_workspace_bytes() == align_up(rows_bytes * 128) + row_values * align_up(rows_bytes)
         (_, fwd), (template, combine) = a.kernel_specs()
         assert template == "frost.engines.common.split_combine" and combine.is_thd and combine.has_lse
         assert combine.has_score_max == combine.has_score_sum_exp == fwd.has_score_max == kw.get("scores", False)
@@ -746,10 +748,13 @@ def test_packed_split_kernels_compile_without_more_spills(tmp_path):
         (FWD, FWD_PARAMS, dict(_FWD, num_splits=7), "dense-split"),
         (FWD, FWD_PARAMS, dict(_THD, **_SCORES, num_splits=7), "thd-split-scores"),
         (FWD, FWD_PARAMS, dict(_THD, **_SCORES), "thd-base-scores"),
+        (FWD, FWD_PARAMS, dict(_THD, pack_gqa=True, num_splits=7), "thd-split-packed"),
+        (FWD, FWD_PARAMS, dict(_THD, pack_gqa=True, has_sinks=True), "thd-packed"),
     ]
     ragged_mma = [
         (FWD, FWD_PARAMS, dict(_RAGGED, num_splits=5, has_sinks=True), "ragged-split"),
         (FWD, FWD_PARAMS, dict(_RAGGED, has_sinks=True), "ragged-base"),
+        (FWD, FWD_PARAMS, dict(_RAGGED, num_splits=5, has_sinks=True, pack_gqa=True), "ragged-split-packed"),
     ]
     combines = [
         (COMBINE, COMBINE_PARAMS, dict(_COMBINE_THD, has_sinks=True), "combine-thd"),
@@ -774,9 +779,14 @@ def test_packed_split_kernels_compile_without_more_spills(tmp_path):
     results = compile_groups(groups, tmp_path, ptxas=True)
     outs80, outs90, outs_wg = ({o["tag"]: o for o in outs} for outs in results)
     pairs = (("thd-split", "thd-base"), ("thd-split", "dense-split"), ("thd-split-scores", "thd-base-scores"))
+    packed = (("thd-split-packed", "thd-base"),)  # the mma.sync forward's packed heads
     for outs, bases, count in (
-        (outs80, pairs + (("ragged-split", "ragged-base"),), "mma_sync"),
-        (outs90, pairs, "mma_sync"),
+        (
+            outs80,
+            pairs + (("ragged-split", "ragged-base"), ("ragged-split-packed", "ragged-base")) + packed,
+            "mma_sync",
+        ),
+        (outs90, pairs + packed, "mma_sync"),
         (outs_wg, pairs, "wgmma"),
     ):
         for split, base in bases:
@@ -787,6 +797,11 @@ def test_packed_split_kernels_compile_without_more_spills(tmp_path):
             assert out["local"] <= ref["local"], (split, base, out["local"], ref["local"])
             if out["ptxas"] is not None:
                 assert out["spill_bytes"] <= ref["spill_bytes"], (split, base, out["ptxas"], ref["ptxas"])
+    for outs in (outs80, outs90):  # the unsplit packed-heads kernel beside the tile per head
+        out, ref = outs["thd-packed"], outs["thd-base"]
+        assert "_thd" in out["name"] and "_pk" in out["name"] and out["mma_sync"] > 0 and out["length_loads"] >= 1
+        if out["ptxas"] is not None:
+            assert out["spill_bytes"] <= ref["spill_bytes"], (out["ptxas"], ref["ptxas"])
     for outs in (outs80, outs90):
         for tag in (t for t in outs if t.startswith("combine")):
             c = outs[tag]

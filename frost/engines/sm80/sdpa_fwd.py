@@ -208,7 +208,7 @@ class SdpaFwdSm80:
 
         if const_expr(p.is_thd):
             num_batch = a["cu_seqlens_q"].shape[0] - 1
-            m_blocks = (a["max_seqlen_q"] + (p.tile_m - 1)) // p.tile_m
+            m_blocks = (self.packed(a["max_seqlen_q"]) + (p.tile_m - 1)) // p.tile_m
         else:
             num_batch = a["q"].shape[0]
             m_blocks = (self.packed(a["q"].shape[1]) + (p.tile_m - 1)) // p.tile_m
@@ -350,7 +350,7 @@ class SdpaFwdSm80:
         # visit every m-tile of the static length (rows past seqused_q are written as
         # padding); packed sequences only their own.
         if const_expr(p.is_thd):
-            m_block = (seqlen_q + (p.tile_m - 1)) // p.tile_m - 1 - bx
+            m_block = (self.packed(seqlen_q) + (p.tile_m - 1)) // p.tile_m - 1 - bx
         else:
             m_block = (self.packed(static_sq) + (p.tile_m - 1)) // p.tile_m - 1 - bx
         if m_block >= 0:
@@ -377,7 +377,10 @@ class SdpaFwdSm80:
             head_v = head // self.qpv
         # ---- per-sequence 2-D views (rows, d); packed: rows (r, S) of the group's query heads
         d, dv = self.d, self.dv
-        if const_expr(p.pack_gqa):
+        if const_expr(p.pack_gqa and p.is_thd):  # the sequence's tokens from its first, (T, H, D)
+            mQ_s = rows.widen(gqa_rows.pack_rows(cute.domain_offset((off_q, 0, 0), mQ), 0, 1, head, self.rpq), d)
+            mO_s = rows.widen(gqa_rows.pack_rows(cute.domain_offset((off_o, 0, 0), mO), 0, 1, head, self.rpq), dv)
+        elif const_expr(p.pack_gqa):
             mQ_s = rows.widen(gqa_rows.pack_rows(mQ[batch, None, None, None], 0, 1, head, self.rpq), d)
             mO_s = rows.widen(gqa_rows.pack_rows(mO[batch, None, None, None], 0, 1, head, self.rpq), dv)
         else:
@@ -710,7 +713,9 @@ class SdpaFwdSm80:
         batch's, and so are `per_batch` rows (split-KV's LSE partials, per batch entry in every form). The lane
         holding column 0 of its rows writes them."""
         p = self.p
-        if const_expr(p.is_thd and not p.stats_per_batch and not per_batch):
+        if const_expr(p.is_thd and not p.stats_per_batch and not per_batch and p.pack_gqa):  # (H, T): (r, T) rows
+            mX_s = gqa_rows.pack_rows(cute.domain_offset((0, off_row), mX), 1, 0, head, self.rpq)
+        elif const_expr(p.is_thd and not p.stats_per_batch and not per_batch):
             mX_s = cute.domain_offset((off_row,), mX[head, None])
         elif const_expr(p.pack_gqa):  # the group's rows (r, S): `head` is the KV group
             mX_s = gqa_rows.pack_rows(mX[batch, None, None], 1, 0, head, self.rpq)

@@ -124,8 +124,8 @@ def pack_gqa_reason(p: Sm80FwdParams) -> str | None:
         return "needs more query heads than KV heads"
     if p.tile_m % r:
         return f"tile_m={p.tile_m} is not a multiple of the {r} query heads of a group"
-    if p.num_heads_v or p.is_thd or p.has_score_mods or p.has_block_mask:
-        return "serves dense or paged (B, H, S, D) queries, V on K's heads, no bias, ALiBi or block mask"
+    if p.num_heads_v or p.has_score_mods or p.has_block_mask:
+        return "serves V on K's heads, no bias, ALiBi or block mask"
     return None
 
 
