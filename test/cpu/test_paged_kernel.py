@@ -10,7 +10,14 @@ import pytest
 
 import frost
 from frost.engines.sdpa_args import fwd_arg_names
-from frost.engines.sm80.sdpa_fwd_params import PAGED_BLOCK_SIZES, Sm80FwdParams, validate
+from frost.engines.sm80.sdpa_fwd_params import (
+    PAGED_BLOCK_SIZES,
+    Sm80FwdParams,
+    default_knobs,
+    paged_span,
+    paged_tile_n,
+    validate,
+)
 from frost.engines.sm90 import sdpa_fwd_params as sm90
 from frost.errors import TemplateParamsError
 from frost.target import fake_target
@@ -63,7 +70,7 @@ def _ranked(facts, target):
 
 
 @pytest.mark.parametrize("target", ["A100", "H200"])
-@pytest.mark.parametrize("block_size", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("d", [64, 128])
 def test_the_mma_sync_forward_plans_paged_graphs(target, block_size, d):
     ranking, declines = _ranked(_facts(block_size, d=d, use_causal_mask_bottom_right=True), target)
@@ -74,7 +81,11 @@ def test_the_mma_sync_forward_plans_paged_graphs(target, block_size, d):
     row, adapter = ranking.accepted[accepted.index("SdpaFwdDslSm80")]
     p = adapter.validated_params()
     assert (p.paged_block_k, p.paged_block_v) == (block_size, block_size) and p.paged
-    assert block_size % p.tile_n == 0  # every key tile inside one block
+    default = default_knobs("sm80", d, d)["tile_n"]
+    if block_size < 64:  # the key tile spans whole blocks, not shrunk to one
+        assert p.tile_n == default and p.tile_n % block_size == 0 and paged_span(block_size, p.tile_n)
+    else:  # every key tile inside one block
+        assert block_size % p.tile_n == 0 and not paged_span(block_size, p.tile_n)
     assert p.has_seqused and p.bottom_right and p.num_heads_q == 8 and p.num_heads_kv == 2
     names = fwd_arg_names(p)
     assert names.index("k_table") < names.index("v_table") < names.index("softmax_scale")
@@ -89,26 +100,56 @@ def test_the_mma_sync_forward_plans_paged_graphs(target, block_size, d):
 
 
 @pytest.mark.parametrize("target", ["A100", "H200"])
-@pytest.mark.parametrize("block_size", [16, 32])
-def test_the_mma_sync_forward_declines_small_blocks_naming_the_sizes_served(target, block_size):
-    ranking, declines = _ranked(_facts(block_size), target)
-    says = f"serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block size {block_size}"
+@pytest.mark.parametrize("block_size", [8, 24, 48, 512])
+def test_the_mma_sync_forward_declines_other_blocks_naming_the_sizes_served(target, block_size):
+    ranking, declines = _ranked(_facts(block_size, max_kv=1024), target)
+    says = (
+        f"serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have block size {block_size}"
+    )
     assert declines["SdpaFwdDslSm80"] == says
-    accepted = [row.name for row, _ in ranking.accepted]
-    if target == "H200":  # the wgmma forward's key tiles span them
-        assert "SdpaFwdDslSm90" not in declines and accepted[0] == "SdpaFwdDslSm90"
-    else:
-        assert all(name == "SdpaFwdCudnn" for name in accepted)  # the cuDNN engine, if its binding loads
+    assert all(row.name == "SdpaFwdCudnn" for row, _ in ranking.accepted)  # the cuDNN engine, if its binding loads
 
 
-def test_requested_key_tiles_must_divide_the_block():
+@pytest.mark.parametrize("blocks", [(16, 128), (64, 32), (32, 16)])
+def test_the_mma_sync_forward_plans_k_and_v_blocks_apart(blocks):
+    """K's and V's containers of different block sizes: the key tile lies inside the blocks of 64 rows or more and
+    spans the smaller ones (here through the params: the declaration helper gives K and V one block size)."""
+    from frost.adapters.sm80 import SdpaFwdDslSm80
+
+    p = Sm80FwdParams(
+        head_dim=64,
+        head_dim_v=64,
+        has_seqused=True,
+        paged_block_k=blocks[0],
+        paged_block_v=blocks[1],
+        tile_n=paged_tile_n(default_knobs("sm80", 64, 64)["tile_n"], blocks),
+    )
+    validate(p)
+    big = [b for b in blocks if b >= 64]
+    assert p.tile_n == min([128, *big])
+    assert [paged_span(b, p.tile_n) for b in blocks] == [b < 64 for b in blocks]
+    # the plan: 16-row blocks keep d=64's 128-key tile, 64-row blocks shrink it to 64
+    assert [SdpaFwdDslSm80.plan_knobs(_facts(b, d=64), fake_target("A100"), {})["tile_n"] for b in (16, 64)] == [
+        128,
+        64,
+    ]
+
+
+def test_requested_key_tiles_must_divide_the_block_or_span_whole_ones():
     p = Sm80FwdParams(head_dim=64, head_dim_v=64, has_seqused=True, paged_block_k=64, paged_block_v=64, tile_n=128)
-    with pytest.raises(TemplateParamsError, match="must divide the k container's block size 64"):
-        validate(p)
+    with pytest.raises(TemplateParamsError, match="tile_n=96 must divide the k container's block size 64"):
+        validate(p.model_copy(update={"tile_n": 96}))
+    validate(p)  # two 64-row blocks per key tile
     with pytest.raises(TemplateParamsError, match="dense"):
         validate(p.model_copy(update={"tile_n": 64, "has_seqused": False}))
     validate(p.model_copy(update={"tile_n": 64}))
-    assert PAGED_BLOCK_SIZES == (64, 128, 256)
+    validate(p.model_copy(update={"tile_n": 96, "paged_block_k": 32, "paged_block_v": 16}))  # 3 and 6 blocks a tile
+    with pytest.raises(TemplateParamsError, match="the v container's block size 48"):
+        validate(p.model_copy(update={"tile_n": 64, "paged_block_v": 48}))
+    assert PAGED_BLOCK_SIZES == (16, 32, 64, 128, 256)
+    assert [paged_tile_n(t, (16,)) for t in (128, 96, 64, 32)] == [128, 96, 64, 32]
+    assert [paged_tile_n(t, (64, 32)) for t in (128, 64, 32)] == [64, 64, 32]
+    assert paged_tile_n(128, (256, 128)) == 128 and not paged_span(64, 64) and paged_span(16, 64)
 
 
 @pytest.mark.slow
