@@ -152,17 +152,36 @@ def test_requested_key_tiles_must_divide_the_block_or_span_whole_ones():
     assert paged_tile_n(128, (256, 128)) == 128 and not paged_span(64, 64) and paged_span(16, 64)
 
 
+#: what ptxas may spill in a mma.sync forward whose key tiles span 16- or 32-row blocks beyond the same kernel over
+#: 64-row blocks: d=128's 128x64 tile runs at 255 registers and spills in every form (dense 128 bytes, 64-row blocks
+#: 108, 16-row blocks 120: a table entry and a 64-bit block offset per row mode); the others spill nothing
+SPAN_SPILL_BYTES = 16
+
+
+def _twin(kw: dict) -> dict:
+    """A spanning case's twin over 64-row blocks (where it spans), its key tile as the plan shrinks it."""
+    blocks = [64 if paged_span(kw[b], kw["tile_n"]) else kw[b] for b in ("paged_block_k", "paged_block_v")]
+    return dict(kw, paged_block_k=blocks[0], paged_block_v=blocks[1], tile_n=paged_tile_n(kw["tile_n"], blocks))
+
+
 @pytest.mark.slow
 def test_the_paged_forward_compiles_with_no_more_spills_than_dense(tmp_path):
     """Each paged case of the covering set beside the same kernel over dense K and V: mma.sync and cp.async, no
     local memory beyond the dense kernel's, ptxas spills no more (d=128 on 255 registers spills a little in both),
-    and the block tables are read on the device."""
+    and the block tables are read on the device. Key tiles spanning 16- or 32-row blocks beside their twins over
+    64-row blocks: more table reads (one per row mode and tile), spills within SPAN_SPILL_BYTES of the twin's."""
     from frost.engines.sm80.sdpa_fwd import kernel_name
 
     cover = SM80_FWD_PAGED_COVER
     dense = {arch: [dict(kw, paged_block_k=0, paged_block_v=0) for kw in kws] for arch, kws in cover.items()}
+    spans = {arch: [kw for kw in kws if kw != _twin(kw)] for arch, kws in cover.items()}
+    assert {kw["paged_block_k"] for kws in spans.values() for kw in kws} == {16, 32}
+    assert any(kw["paged_block_v"] in (16, 32) for kws in spans.values() for kw in kws)
+    assert any(kw.get("num_splits", 1) > 1 and kw.get("pack_gqa") for kws in spans.values() for kw in kws)
     groups = [(arch, [(SM80_FWD_TEMPLATE, PARAMS, kw, None) for kw in cover[arch] + dense[arch]]) for arch in cover]
-    for arch, outs in zip(cover, compile_groups(groups, tmp_path, ptxas=True)):
+    groups += [(arch, [(SM80_FWD_TEMPLATE, PARAMS, _twin(kw), None) for kw in spans[arch]]) for arch in cover]
+    results = compile_groups(groups, tmp_path, ptxas=True)
+    for arch, outs, twins in zip(cover, results, results[len(cover) :]):
         n = len(cover[arch])
         for kw, out, base in zip(cover[arch], outs[:n], outs[n:]):
             name = kernel_name(Sm80FwdParams(**kw), arch)
@@ -174,6 +193,12 @@ def test_the_paged_forward_compiles_with_no_more_spills_than_dense(tmp_path):
             assert out["length_loads"] > base["length_loads"], (name, out["length_loads"], base["length_loads"])
             if out["ptxas"] is not None:
                 assert out["spill_bytes"] <= base["spill_bytes"], (name, out["ptxas"], base["ptxas"])
+        for out, twin in zip([out for kw, out in zip(cover[arch], outs) if kw in spans[arch]], twins):
+            assert "_pg64" in twin["name"] and out["local"] <= twin["local"], (out["name"], twin["name"])
+            assert out["length_loads"] > twin["length_loads"], (out["name"], out["length_loads"], twin["length_loads"])
+            if out["ptxas"] is not None:
+                spill = (out["spill_bytes"], twin["spill_bytes"])
+                assert spill[0] <= spill[1] + SPAN_SPILL_BYTES, (out["name"], spill, out["ptxas"], twin["ptxas"])
 
 
 # the wgmma forward ---------------------------------------------------------------------------------------------

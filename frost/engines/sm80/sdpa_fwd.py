@@ -23,8 +23,9 @@ Q.K^T, which stops at the last 16-column k-slice holding a head-dim column, and 
 O columns that are never stored), and O's store skips them.
 
 A paged K/V cache (cuDNN's, params `paged`) changes only where a key tile is read from: each tile lies inside
-one block of its container, found through the block tables per tile (`frost.engines.common.paged`); the key
-length comes from seqused_kv, clamped to the envelope max_seqlen_kv.
+one block of its container, found through the block tables per tile (`frost.engines.common.paged`), or spans
+blocks smaller than it, each of a thread's rows read from its own block (`span_tile`); the key length comes from
+seqused_kv, clamped to the envelope max_seqlen_kv.
 """
 
 from __future__ import annotations
@@ -773,11 +774,12 @@ class SdpaFwdSm80:
         reads its thread's row's."""
         p = self.p
         num_blocks = cute.size(src.m, mode=[0])
-        per_pass = self.num_threads // ((64 if src.width % 64 == 0 else 32) // 8)  # warp_mma.row_thread_layout
+        modes = cute.size(src.crd, mode=[1])
+        per_pass = p.tile_n // modes  # mode m holds rows [m * per_pass, (m + 1) * per_pass), a row per thread
         blocks = []
         if const_expr(src.block % per_pass == 0):
             first = {}
-            for m in cutlass.range_constexpr(cute.size(src.crd, mode=[1])):
+            for m in cutlass.range_constexpr(modes):
                 at = m * per_pass // src.block
                 if const_expr(at not in first):
                     first[at] = paged.span_block_index(
@@ -785,7 +787,7 @@ class SdpaFwdSm80:
                     )
                 blocks.append(first[at])
         else:
-            for m in cutlass.range_constexpr(cute.size(src.crd, mode=[1])):
+            for m in cutlass.range_constexpr(modes):
                 blocks.append(
                     paged.span_block_index(src.table, n_block, src.crd[0, m, 0][0], p.tile_n, src.block, num_blocks)
                 )
