@@ -152,6 +152,78 @@ def test_requested_key_tiles_must_divide_the_block_or_span_whole_ones():
     assert paged_tile_n(128, (256, 128)) == 128 and not paged_span(64, 64) and paged_span(16, 64)
 
 
+def _span_misses(p: Sm80FwdParams, n_block: int = 3, head: int = 2) -> tuple[list, int]:
+    """Traced on the CPU (nothing compiles for a GPU or runs): every thread of the mma.sync forward's K copy over a
+    key tile that spans blocks, its partition of the container view (`paged.span_rows`, an identity container of 7
+    blocks, so each element reads as its (block, row, head, column)) at the block of each row mode's table entry
+    (`paged.span_entries`, the table here holding entry % 7). Returns (misses, elements checked): a miss is a row
+    whose entry is not its key's block index or whose element is not (that block, the key's row in it, the head,
+    its column)."""
+    import cutlass.cute as cute
+
+    from frost.engines.common import paged
+    from frost.engines.sm80.sdpa_fwd import SdpaFwdSm80
+
+    kernel = SdpaFwdSm80(p)
+    block, tile_n, misses, checked = p.paged_block_k, p.tile_n, [], [0]
+
+    def collect():  # plain Python: its loops run at trace time over static values
+        copy = kernel._gmem_copy(kernel.d, True)
+        mX = cute.make_identity_tensor((7, block, 3, kernel.d))
+        for t in range(p.num_threads):
+            thr = copy.get_slice(t)
+            rows = thr.partition_S(paged.span_rows(mX, head, tile_n, block, kernel.d))
+            crd = thr.partition_S(cute.make_identity_tensor((tile_n, kernel.d)))
+            entries, owners = paged.span_entries(crd, n_block, tile_n, block)
+            for m in range(len(entries)):
+                entry = entries[owners[m]]
+                for k in range(cute.size(crd, mode=[2])):
+                    r, c = crd[0, m, k]
+                    checked[0] += 1
+                    if entry != (n_block * tile_n + r) // block or tuple(rows[0, m, k, entry % 7]) != (
+                        entry % 7,
+                        r % block,
+                        head,
+                        c,
+                    ):
+                        misses.append((t, m, k, r, c, entry, rows[0, m, k, entry % 7]))
+
+    @cute.jit
+    def trace():
+        collect()
+
+    cute.compile(trace)
+    return misses, checked[0]
+
+
+@pytest.mark.slow
+def test_each_row_of_a_spanning_key_tile_is_read_from_its_own_block():
+    """Blocks of 16 and 32 rows under every key tile they divide, with copy passes of 16, 32 and 64 rows (d=64 and
+    d=96 on 4 and 8 warps): where a pass divides the block the table entry is read once for the modes that share it,
+    else per thread; either way every element of every thread's rows lands on its key's block and row."""
+    configs = 0
+    for d in (64, 96):
+        for warps in (4, 8):
+            for block, tile_n in ((16, 32), (16, 64), (32, 64), (16, 96), (32, 96), (16, 128), (32, 128)):
+                p = Sm80FwdParams(
+                    head_dim=d,
+                    head_dim_v=d,
+                    num_warps=warps,
+                    tile_n=tile_n,
+                    has_seqused=True,
+                    paged_block_k=block,
+                    paged_block_v=block,
+                )
+                try:
+                    validate(p)
+                except TemplateParamsError:  # key tiles that are not whole copy passes
+                    continue
+                misses, checked = _span_misses(p)
+                assert not misses and checked == tile_n * p.tile_head_dim // 8, (d, warps, block, tile_n, misses[:4])
+                configs += 1
+    assert configs >= 16
+
+
 #: what ptxas may spill in a mma.sync forward whose key tiles span 16- or 32-row blocks beyond the same kernel over
 #: 64-row blocks: d=128's 128x64 tile runs at 255 registers and spills in every form (dense 128 bytes, 64-row blocks
 #: 108, 16-row blocks 120: a table entry and a 64-bit block offset per row mode); the others spill nothing

@@ -769,28 +769,15 @@ class SdpaFwdSm80:
     @cute.jit
     def span_tile(self, src: SimpleNamespace, n_block):
         """Key tile `n_block` over blocks smaller than it: the rows' partition (`paged_source`) and the block of each
-        of this thread's row modes, read from the table once per tile. Where the copy's rows per pass divide the
-        block, a mode's rows share one block whatever the thread (read once for the modes in it); else each mode
-        reads its thread's row's."""
-        p = self.p
+        of this thread's row modes, each table entry read once per tile (`paged.span_entries`)."""
         num_blocks = cute.size(src.m, mode=[0])
-        modes = cute.size(src.crd, mode=[1])
-        per_pass = p.tile_n // modes  # mode m holds rows [m * per_pass, (m + 1) * per_pass), a row per thread
+        entries, owners = paged.span_entries(src.crd, n_block, self.p.tile_n, src.block)
         blocks = []
-        if const_expr(src.block % per_pass == 0):
-            first = {}
-            for m in cutlass.range_constexpr(modes):
-                at = m * per_pass // src.block
-                if const_expr(at not in first):
-                    first[at] = paged.span_block_index(
-                        src.table, n_block, at * src.block, p.tile_n, src.block, num_blocks
-                    )
-                blocks.append(first[at])
-        else:
-            for m in cutlass.range_constexpr(modes):
-                blocks.append(
-                    paged.span_block_index(src.table, n_block, src.crd[0, m, 0][0], p.tile_n, src.block, num_blocks)
-                )
+        for m in cutlass.range_constexpr(len(entries)):
+            if const_expr(owners[m] == m):
+                blocks.append(paged.span_block_of(src.table, entries[m], num_blocks))
+            else:
+                blocks.append(blocks[owners[m]])
         return SimpleNamespace(rows=src.rows, blocks=blocks)
 
     @cute.jit
