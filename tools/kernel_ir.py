@@ -12,7 +12,8 @@ mma.sync forward's block masks, cuDNN's ragged-offset form with an offset tensor
 deterministic dBias, the SM90 backward's packed fragment-order dQ, the SM90 forward's column slices of O, the
 mma.sync backward's K and V head counts that do not nest, the SM90 forward's block_mask, the SM90
 backward's rows warp on named barriers, the SM90 forward's block skipping and the SM90 backward's score
-modifiers, the mma.sync and wgmma forwards' paged K/V caches, the wgmma forward's split-KV)
+modifiers, the mma.sync and wgmma forwards' paged K/V caches, the wgmma forward's split-KV, both forwards'
+split-KV over packed batches)
 through frost's compile boundary, with the disk cache off, and writes each one's MLIR (host entry and device code)
 with source locations stripped, one file per kernel (`--lengths only` / `without`: the kernels that read sequence
 lengths from the device, or the others; `--template`: one template's kernels). `--jobs` spreads the compiles
@@ -57,7 +58,7 @@ def covering_specs() -> list:
     # column slices of O (d_v above 256), K and V head counts that do not nest in the mma.sync backward, then the
     # SM90 forward's block_mask, then the SM90 backward's rows warp on named barriers, then the SM90 forward's
     # block skipping and the SM90 backward's score modifiers, then the mma.sync and wgmma forwards' paged K/V caches,
-    # then the wgmma forward's split-KV.
+    # then the wgmma forward's split-KV, then both forwards' split-KV over packed batches.
     entries = [
         (*fwd80, cases.SM80_FWD_COVER),
         (*bwd80, cases.SM80_BWD_COVER),
@@ -91,6 +92,8 @@ def covering_specs() -> list:
         (*fwd80, cases.SM80_FWD_PAGED_COVER),
         (*fwd90, cases.SM90_FWD_PAGED_COVER),
         (*fwd90, cases.SM90_FWD_SPLIT_COVER),
+        (*fwd80, cases.SM80_FWD_SPLIT_THD_COVER),
+        (*fwd90, cases.SM90_FWD_SPLIT_THD_COVER),
     ]
     specs = []
     for template, params_cls, cover in entries:

@@ -53,23 +53,16 @@ def choose_num_splits(
     return next(s for s in range(1, most + 1) if eligible(s) and efficiency(s) >= min_efficiency * best)
 
 
-def split_reason(facts) -> str | None:
-    """Why this graph's forward cannot be split (None: it can)."""
-    if facts.is_thd:
-        return "packed batches"
-    if facts.has_score_max or facts.has_score_sum_exp:
-        return "score_max / score_sum_exp outputs"
-    return None
-
-
 def partial_layout(facts, num_splits: int) -> list[ScratchBuffer]:
-    """The partials' workspace: O (splits, B, Hq, Sq, Dv) and LSE (splits, B, Hq, Sq), fp32, from the declared
-    dims (the bound tensors have them)."""
+    """The partials' workspace: O (splits, B, Hq, Sq, Dv) and LSE (splits, B, Hq, Sq), and each split's row max
+    (splits, B, Hq, Sq) for score_max / score_sum_exp, fp32, from the declared dims (the bound tensors have them);
+    packed batches alike, Sq their max_seq_len_q envelope and the rows local to
+    each sequence (the kernels cap every length there)."""
     rows = (num_splits, facts.batch, facts.num_heads_q, facts.seq_q)
     return [
         ScratchBuffer("o_partial", "float32", rows + (facts.head_dim_v,)),
         ScratchBuffer("lse_partial", "float32", rows),
-    ]
+    ] + [ScratchBuffer("max_partial", "float32", rows)] * (facts.has_score_max or facts.has_score_sum_exp)
 
 
 #: the query tile of a split decode plan whose queries fit in it (unless tile_m or num_warps is requested): 64 rows
@@ -123,10 +116,10 @@ def packed_rows(facts, knobs: dict, rows_per_query: int | None = None) -> int:
 def planned_num_splits(
     facts, target, knobs: dict, rows_per_query: int | None = None, ctas_per_sm: int = CTAS_PER_SM
 ) -> int:
-    """The plan's `num_splits` for the chosen tiles (`knobs`) on `target` (1 where the graph cannot split), for
-    either forward: its query tiles hold `rows_per_query` heads' rows (`packed_rows`) and `ctas_per_sm` of its
-    CTAs fit an SM (the wgmma forward's tiles take one)."""
-    if split_reason(facts) is not None or facts.seq_q > SPLIT_MAX_SEQ_Q:
+    """The plan's `num_splits` for the chosen tiles (`knobs`) on `target` (1 for queries longer than
+    `SPLIT_MAX_SEQ_Q`), for either forward: its query tiles hold `rows_per_query` heads' rows (`packed_rows`) and
+    `ctas_per_sm` of its CTAs fit an SM (the wgmma forward's tiles take one)."""
+    if facts.seq_q > SPLIT_MAX_SEQ_Q:
         return 1
     rows = packed_rows(facts, knobs, rows_per_query)
     work = facts.batch * (facts.num_heads_q * facts.seq_q // rows) * cdiv(rows, knobs["tile_m"])
@@ -148,6 +141,15 @@ def combine_params(params):
         has_lse=params.has_lse,
         has_seqused=params.has_seqused,
         has_sinks=params.has_sinks,
+        has_score_max=params.has_score_max,
+        has_score_sum_exp=params.has_score_sum_exp,
+        is_thd=params.is_thd,
+        token_div_q=params.token_div_q,
+        offset_dtype_q=params.offset_dtype_q,
+        token_div_lse=params.token_div_lse,
+        offset_dtype_lse=params.offset_dtype_lse,
+        stats_per_batch=params.stats_per_batch,
+        own_offsets=tuple(o for o in params.own_offsets if o[0] in ("o", "score_max", "score_sum_exp")),
     )
 
 

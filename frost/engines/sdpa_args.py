@@ -42,6 +42,9 @@ flag is set, in this order):
     total_q, total_kv            if ragged        Int32 plan-time token envelopes (T of the (T, H, D) views)
     o_partial, lse_partial       if num_splits > 1 fp32 (splits, B, Hq, Sq, Dv) / (splits, B, Hq, Sq) workspace
                                  views: each split's O and LSE (no sink); `split_combine` reduces them
+                                 (packed batches: Sq the max_seqlen_q envelope, rows local to each sequence)
+    max_partial                  if num_splits > 1 and has_score_max or has_score_sum_exp: fp32 (splits, B, Hq, Sq),
+                                 each split's row max (natural units, no sink; -inf where it saw no key)
     stream                       CUstream (explicit; the adapter passes the context's stream)
 
 cuDNN's ragged-offset form (params `ragged`: `token_div_q` / `token_div_kv` > 0) is packed THD
@@ -146,7 +149,9 @@ def fwd_arg_names(p) -> list[str]:
     names += ["softmax_scale"] + ["window_left"] * p.has_window_left + ["window_right"] * p.has_window_right
     names += ["max_seqlen_kv"] * paged
     names += ["max_seqlen_q", "max_seqlen_kv"] * p.is_thd + ragged_totals(p)
-    return names + ["o_partial", "lse_partial"] * (getattr(p, "num_splits", 1) > 1) + ["stream"]
+    split = getattr(p, "num_splits", 1) > 1
+    scores = getattr(p, "has_score_max", False) or getattr(p, "has_score_sum_exp", False)
+    return names + ["o_partial", "lse_partial"] * split + ["max_partial"] * (split and scores) + ["stream"]
 
 
 def ragged_tags(p) -> list[str]:

@@ -831,6 +831,50 @@ SM90_FWD_SPLIT_COVER = [
 ]
 
 
+#: split-KV over packed (THD) query batches (docs/decode.md): frost's packed form (with score_max / score_sum_exp
+#: too), and cuDNN's ragged offsets with sinks and per-batch Stats, on the mma.sync forward's 64-row decode tiles; the
+#: wgmma forward's packed decode with sinks (and score_max), and an unpacked bottom-right causal packed split
+SM80_FWD_SPLIT_THD_COVER = {
+    "sm_80": [
+        _mma_fwd(hq=32, hk=8, is_thd=True, has_lse=True, knobs=dict(tile_m=64, num_warps=4, num_splits=7)),
+        _mma_fwd(
+            hq=32,
+            hk=8,
+            is_thd=True,
+            has_lse=True,
+            has_score_max=True,
+            has_score_sum_exp=True,
+            knobs=dict(tile_m=64, num_warps=4, num_splits=7),
+        ),
+        _mma_fwd(
+            hq=32,
+            hk=8,
+            is_thd=True,
+            has_seqused=True,
+            has_sinks=True,
+            has_lse=True,
+            token_div_q=4096,
+            token_div_kv=1024,
+            stats_per_batch=True,
+            knobs=dict(tile_m=64, num_warps=4, num_splits=5),
+        ),
+    ]
+}
+SM90_FWD_SPLIT_THD_COVER = [
+    _sm90(hq=32, hk=8, is_thd=True, has_lse=True, has_sinks=True, knobs=dict(tile_m=64, pack_gqa=True, num_splits=7)),
+    _sm90(
+        hq=32,
+        hk=8,
+        is_thd=True,
+        has_lse=True,
+        has_sinks=True,
+        has_score_max=True,
+        knobs=dict(tile_m=64, pack_gqa=True, num_splits=7),
+    ),
+    _sm90(hq=8, hk=8, is_thd=True, has_lse=True, has_window_right=True, bottom_right=True, knobs=dict(num_splits=3)),
+]
+
+
 def ragged_own(hq, hk, hv, d, dv, bwd=False, scores="", **flags) -> dict:
     """cuDNN's ragged-offset form as its own tests declare it: q, k, v and o each with an offset tensor of its own
     (dO taking o's, dQ q's, dK k's, dV v's), so O, V (and dO, dV) read their own offsets over their own token

@@ -2,8 +2,9 @@
 
 They serve what frost serves (softmax_scale, causal, window_size, deterministic, GQA, packed batches,
 learnable sinks) and raise `UnsupportedArgumentError` naming any other argument that is set (dropout,
-softcap, ALiBi, paged KV). Masks follow FlashAttention: aligned to the bottom-right diagonal (offset
-len_k - len_q), causal overriding the window's right bound.
+softcap, ALiBi, a block table under packed queries: `flash_attn_with_kvcache` serves paged caches). Masks
+follow FlashAttention: aligned to the bottom-right diagonal (offset len_k - len_q), causal overriding the
+window's right bound.
 
 The log-sum-exp, as the peers give it: `return_attn_probs=True` returns `(out, softmax_lse, None)` as
 FlashAttention 2 does (its third value, the dropout mask, exists only with dropout, which frost does not
@@ -29,7 +30,12 @@ def _unserved(dropout_p, softcap, alibi_slopes, block_table=None) -> None:
     if alibi_slopes is not None:
         reject("alibi_slopes", "<tensor>", "ALiBi biases are not implemented")
     if block_table is not None:
-        reject("block_table", "<tensor>", "paged key/value caches are not implemented")
+        reject(
+            "block_table",
+            "<tensor>",
+            "packed queries over a paged key/value cache are not served (cuDNN's graph has no ragged queries "
+            "with paged caches); flash_attn_with_kvcache serves paged caches with (B, S_q, H, D) queries",
+        )
 
 
 def _returns(got, return_attn_probs, return_lse):

@@ -36,10 +36,12 @@ def packed_key_tiles(
     seqlen_k,
     offset,
     window_right=None,
+    window_left=None,
 ):
-    """(n_min, n_max, lo, hi) of a packed query tile (no left bound): the key tiles holding any allowed column,
-    and [lo, hi) those every row of it may see entirely (`mask.n_block_range` / `n_block_unmasked_range` over the
-    tile's query positions m // rows_per_query)."""
+    """(n_min, n_max, lo, hi) of a packed query tile: the key tiles holding any allowed column, and [lo, hi)
+    those every row of it may see entirely (`mask.n_block_range` / `n_block_unmasked_range` over the tile's query
+    positions m // rows_per_query: a left bound starts the band at the first position's, and its wholly allowed
+    tiles at the last position's)."""
     rows_total = seqlen_q * rows_per_query
     row_first = m_block * tile_m
     pos_first = row_first // rows_per_query
@@ -50,6 +52,13 @@ def packed_key_tiles(
         col_end = cutlass.min(col_end, pos_last + offset + window_right + 1)
         hi = cutlass.min(hi, cutlass.max(pos_first + offset + window_right + 1, 0) // tile_n)
     n_max = (cutlass.max(col_end, 0) + tile_n - 1) // tile_n
-    if row_first >= rows_total:
-        n_max = Int32(0)
-    return Int32(0), n_max, Int32(0), hi
+    if cutlass.const_expr(window_left is None):
+        if row_first >= rows_total:
+            n_max = Int32(0)
+        return Int32(0), n_max, Int32(0), hi
+    else:
+        n_min = cutlass.max(pos_first + offset - window_left, 0) // tile_n
+        lo = (cutlass.max(pos_last + offset - window_left, 0) + tile_n - 1) // tile_n
+        if row_first >= rows_total:
+            n_max = n_min
+        return n_min, n_max, lo, hi

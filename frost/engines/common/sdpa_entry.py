@@ -141,6 +141,12 @@ class FakeArgs:
             self._bias_rows = (cute.sym_int(symbol="bias_rows_q"), cute.sym_int(symbol="bias_rows_kv"))
         return self._bias_rows
 
+    def partial_rows(self):
+        """The query rows of a packed batch's split-KV partials: one symbol for O's and the LSE's."""
+        if not hasattr(self, "_partial_rows"):
+            self._partial_rows = cute.sym_int(symbol="partial_rows")
+        return self._partial_rows
+
     def _bias(self, per_batch: bool, per_head: bool, unit_key: bool = False):
         """A (B or 1, Hq or 1, S_q, S_kv) io-dtype bias or dBias: symbolic strides (any layout), the key stride 1
         with `unit_key`."""
@@ -218,8 +224,9 @@ class FakeArgs:
                     p.dbias_accum_per_batch and not p.dbias_sum_batch, p.dbias_accum_per_head and not p.dbias_sum_heads
                 )
             return self._bias(p.bias_per_batch, p.bias_per_head)
-        if name in ("o_partial", "lse_partial"):  # split-KV partials: compact fp32 workspace views
-            rows = (p.num_splits, self.batch, hq, self.rows_q)
+        if name in ("o_partial", "lse_partial", "max_partial"):  # split-KV partials: compact fp32 workspace views
+            # packed batches keep a dense batch's per-sequence rows (max_seq_len_q of them, a runtime extent)
+            rows = (p.num_splits, self.batch, hq, self.partial_rows() if p.is_thd else self.rows_q)
             return self.compact(Float32, rows + (dv,) if name == "o_partial" else rows, align=16)
         if name == "stream":
             return cute.runtime.make_fake_stream()

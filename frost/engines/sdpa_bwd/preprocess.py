@@ -76,6 +76,7 @@ class SdpaBwdPreprocess:
             a.get("dbias_accum"),
             a.get("o_offsets"),
             a.get("do_offsets"),
+            a["max_seqlen_q"] if self.p.ragged and a.get("dsink_partial") is not None else None,
         ).launch(grid=(n_blocks, self.p.num_heads_q, n_batch), block=(THREADS, 1, 1), stream=a["stream"])
 
 
@@ -96,6 +97,7 @@ def kernel(
     mDBiasAcc,
     mOOff,
     mdOOff,
+    max_q,
 ):
     if cutlass.const_expr(p.pdl):  # the main kernel may start: it waits for this grid before reading its output
         cute.arch.griddepcontrol_launch_dependents()
@@ -128,6 +130,8 @@ def kernel(
         seq_rows = clamp(mCuQ[mCuQ.shape[0] - 1], Int32(0), extent)
     if cutlass.const_expr(mUsedQ is not None):
         seq_rows = clamp(mUsedQ[batch], Int32(0), extent)
+    if cutlass.const_expr(max_q is not None):  # the main kernel's rows: a length past the plan's maximum is capped
+        seq_rows = cutlass.min(seq_rows, max_q)
     sink = Float32(0.0)
     if cutlass.const_expr(mSinks is not None):
         sink = mSinks[head]

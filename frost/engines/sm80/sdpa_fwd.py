@@ -100,7 +100,7 @@ def build(params: Sm80FwdParams, arch: str):
 class _Globals(NamedTuple):
     """The kernel's global tensors (None where a flavor does not take one): Q, K, V, O, Stats, (score_max,
     score_sum_exp), sinks, the bias, the block mask, a paged cache's (K table, V table, S_kv envelope), split-KV's
-    workspace partials (O, LSE)."""
+    workspace partials (O, LSE, and the row max where score_max / score_sum_exp are written, else None)."""
 
     mQ: Any
     mK: Any
@@ -244,7 +244,7 @@ class SdpaFwdSm80:
             g("bias"),
             g("block_mask"),
             (g("k_table"), g("v_table"), g("max_seqlen_kv")),
-            (g("o_partial"), g("lse_partial")),
+            (g("o_partial"), g("lse_partial"), g("max_partial")),
             scale if const_expr(p.has_score_mods) else None,
             scale_log2,
             g("window_left"),
@@ -568,7 +568,7 @@ class SdpaFwdSm80:
         p = self.p
         if const_expr(p.pack_gqa):
             n_min, n_max, lo, hi = gqa_rows.packed_key_tiles(
-                m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q, seqlen_k, offset, window_right
+                m_block, p.tile_m, p.tile_n, self.rpq, seqlen_q, seqlen_k, offset, window_right, window_left
             )
         else:
             n_min, n_max = mask.n_block_range(
@@ -584,20 +584,27 @@ class SdpaFwdSm80:
     @cute.jit
     def epilogue_partial(self, ctx, g: _Globals, at, q_rows, store_rows, num_rows):
         """Split-KV: this split's O (normalized over its keys, fp32) and LSE (natural log, without the sink, which
-        the combine adds once) to the workspace partials, straight from the registers. A split that saw no key
-        writes O = 0, LSE = -inf; dense rows past the sequence the same. `at`: (split, head, batch entry)."""
+        the combine adds once) to the workspace partials, straight from the registers, and with score_max /
+        score_sum_exp its row max (natural units, no sink). A split that saw no key writes O = 0, LSE = -inf, max
+        -inf; dense rows past the sequence the same (packed sequences: only their own rows,
+        at sequence-local rows of the per-batch partials). `at`: (split, head, batch entry)."""
         p = self.p
         split, head, batch = at
-        mOp, mLp = g.partial
+        mOp, mLp, mMp = g.partial
         thr_mma, acc_O, row_scale = ctx.thr_mma, ctx.acc_O, ctx.row_scale
         cute.arch.cp_async_wait_group(0)
         lse = cute.make_rmem_tensor(num_rows, Float32)
-        softmax.softmax_finalize(ctx.row_max, ctx.row_sum, ctx.scale_log2, row_scale, lse, None)
+        s_max = None  # score_max / score_sum_exp: this split's row max too (the combine takes the max over splits)
+        if const_expr(mMp is not None):
+            s_max = cute.make_rmem_tensor(num_rows, Float32)
+        softmax.softmax_finalize(ctx.row_max, ctx.row_sum, ctx.scale_log2, row_scale, lse, None, score_max=s_max)
         tOcO_mn = acc_layout.acc_as_mn(thr_mma.partition_C(cute.make_identity_tensor((p.tile_m, self.dv))))
         for r in cutlass.range_constexpr(num_rows):
             if tOcO_mn[r, 0][0] >= q_rows:
                 row_scale[r] = Float32(0.0)
                 lse[r] = -Float32.inf
+                if const_expr(mMp is not None):
+                    s_max[r] = -Float32.inf
         acc_O_mn = acc_layout.acc_as_mn(acc_O)
         softmax.rescale_rows(acc_O_mn, row_scale)
         # this tile's rows of the split's O, each row's slice taken once (its columns are unit-strided); the
@@ -619,8 +626,12 @@ class SdpaFwdSm80:
                     else:
                         gO_r[col] = acc_O_mn[r, c]
         self.store_row_values(
-            mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block, store_rows
+            mLp[split, None, None, None], lse, tOcO_mn, head, batch, Int32(0), ctx.m_block, store_rows, True
         )
+        if const_expr(mMp is not None):
+            self.store_row_values(
+                mMp[split, None, None, None], s_max, tOcO_mn, head, batch, Int32(0), ctx.m_block, store_rows, True
+            )
 
     @cute.jit
     def epilogue(self, ctx, g: _Globals, kit: _Kit, sQ, gO, at, offsets, q_rows, store_rows, num_rows, tidx):
@@ -692,12 +703,15 @@ class SdpaFwdSm80:
         rows.store_rows(copy_O, sO, gO, cute.make_identity_tensor((p.tile_m, dv)), store_rows, tidx, cols=self.cols_v)
 
     @cute.jit
-    def store_row_values(self, mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows):
+    def store_row_values(
+        self, mX, vals, tOcO_mn, head, batch, off_row, m_block, store_rows, per_batch: cutlass.Constexpr[bool] = False
+    ):
         """One fp32 value per query row (LSE, score_max, score_sum_exp) to its (B, H, S) / (H, T) canonical view,
         the packed rows from `off_row` (ragged Stats' own offset for the LSE); per-batch ragged Stats as a dense
-        batch's. The lane holding column 0 of its rows writes them."""
+        batch's, and so are `per_batch` rows (split-KV's LSE partials, per batch entry in every form). The lane
+        holding column 0 of its rows writes them."""
         p = self.p
-        if const_expr(p.is_thd and not p.stats_per_batch):
+        if const_expr(p.is_thd and not p.stats_per_batch and not per_batch):
             mX_s = cute.domain_offset((off_row,), mX[head, None])
         elif const_expr(p.pack_gqa):  # the group's rows (r, S): `head` is the KV group
             mX_s = gqa_rows.pack_rows(mX[batch, None, None], 1, 0, head, self.rpq)

@@ -125,11 +125,8 @@ def pack_gqa_reason(p: Sm80FwdParams) -> str | None:
         return "needs more query heads than KV heads"
     if p.tile_m % r:
         return f"tile_m={p.tile_m} is not a multiple of the {r} query heads of a group"
-    if p.num_heads_v or p.is_thd or p.has_window_left or p.has_score_mods or p.has_block_mask:
-        return (
-            "serves dense or paged (B, H, S, D) queries, V on K's heads, no left band bound, no bias, ALiBi or "
-            "block mask"
-        )
+    if p.num_heads_v or p.is_thd or p.has_score_mods or p.has_block_mask:
+        return "serves dense or paged (B, H, S, D) queries, V on K's heads, no bias, ALiBi or block mask"
     return None
 
 
@@ -183,11 +180,6 @@ def validate(p: Sm80FwdParams) -> None:
                 )
     if not 1 <= p.num_splits <= MAX_SPLITS:
         bad(f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}")
-    if p.split and (p.is_thd or p.has_score_max or p.has_score_sum_exp):
-        bad(
-            "num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
-            "batches, no score_max / score_sum_exp)"
-        )
     if p.pack_gqa:
         reason = pack_gqa_reason(p)
         if reason:

@@ -1166,7 +1166,7 @@ class SdpaFwdSm90:
                     mScores[2],
                     out.tOcO_mn,
                     (m_block, head, batch, self.key_split(hv)),
-                    (seqlen_q, seqlen_q_static),
+                    (seqlen_q, self.partial_rows(seqlen_q, seqlen_q_static)),
                 )
             else:
                 sink = self.row_sinks(mSinks, head, row0, tScS_mn)
@@ -1516,25 +1516,41 @@ class SdpaFwdSm90:
 
     def partial_views(self, a: dict):
         """Split-KV: the workspace partials in the kernel's views, O's (S_q, D_v, H_q, B, split) and the LSE's
-        (S_q, H_q, B, split), heads packed as Q's; (None, None) without splits."""
+        (S_q, H_q, B, split), and with score_max / score_sum_exp the row maxima's (as the LSE's), heads packed as
+        Q's; (None, None) without splits."""
         if const_expr(self.ns == 1):
             return None, None
         mOp, mLp = select_modes(a["o_partial"], [3, 4, 2, 1, 0]), select_modes(a["lse_partial"], [3, 2, 1, 0])
         if const_expr(self.pack):
             mOp, mLp = pg.pack_heads(mOp, self.rq, 2), pg.pack_heads(mLp, self.rq, 1)
+        if const_expr("max_partial" in a):  # score_max / score_sum_exp: each split's row max, viewed as the LSE's
+            mMp = select_modes(a["max_partial"], [3, 2, 1, 0])
+            return mOp, mLp, pg.pack_heads(mMp, self.rq, 1) if const_expr(self.pack) else mMp
         return mOp, mLp
+
+    def partial_rows(self, seqlen_q, seqlen_q_static):
+        """The query positions of a sequence whose partial rows a split writes: the bound tensor's (dense: the
+        combine reads every row), or the sequence's own (packed: the per-batch partials hold max_seq_len_q rows and
+        the combine reads those inside the sequence)."""
+        return seqlen_q if const_expr(self.p.is_thd) else seqlen_q_static
 
     @cute.jit
     def finish_partial(self, c: _Mainloop, acc_O, partials, tOcO_mn, tile, seqlen):
         """Split-KV: a work tile's softmax closed without the sink (the combine adds it once), its O (normalized over
-        its own keys, fp32) and LSE (natural log) straight from the registers to the workspace partials. A split
-        that saw no key has O = 0 and LSE = -inf; so do rows past the sequence up to the bound tensor's (the combine
+        its own keys, fp32) and LSE (natural log) straight from the registers to the workspace partials, and with
+        score_max / score_sum_exp its row max (natural units). A split that saw no key has O = 0 and LSE = max =
+        -inf; so do rows past the sequence up to the bound tensor's (the combine
         reads every row of the partials; the workspace holds anything). `tile`: (query tile, head, batch entry,
-        split); `seqlen`: (the sequence's query length, the bound tensor's)."""
-        mOp, mLp = partials
+        split); `seqlen`: (the sequence's query length, the query positions whose rows are written:
+        `partial_rows`)."""
+        mOp, mLp = partials[0], partials[1]
         m_block, head, batch, split = tile
         seqlen_q, seqlen_q_static = seqlen
-        sm.softmax_finalize(c.row_max, c.row_sum, c.scale_log2, c.row_scale, c.row_sum, None)
+        s_max, mMp_t = None, None  # score_max / score_sum_exp: the split's row max too (the combine takes their max)
+        if const_expr(len(partials) > 2):
+            s_max = cute.make_rmem_tensor(cute.size(c.row_sum), Float32)
+            mMp_t = partials[2][None, head, batch, split]
+        sm.softmax_finalize(c.row_max, c.row_sum, c.scale_log2, c.row_scale, c.row_sum, None, score_max=s_max)
         a = acc_as_mn(acc_O)
         sm.rescale_rows(a, c.row_scale)  # row_sum now holds the LSE
         row0 = m_block * self.tile_m
@@ -1545,6 +1561,8 @@ class SdpaFwdSm90:
             row = row0 + tOcO_mn[r, 0][0]
             if row >= rows_q:  # padding: O = 0 whatever Q held there
                 c.row_sum[r] = -Float32.inf
+                if const_expr(s_max is not None):
+                    s_max[r] = -Float32.inf
                 for col in cutlass.range_constexpr(cute.size(a, mode=[1])):
                     a[r, col] = 0.0
             if row < seqlen_q_static * self.rq:
@@ -1556,6 +1574,8 @@ class SdpaFwdSm90:
                         mOp_t[row, tOcO_mn[r, col][1]] = a[r, col]
                 if tOcO_mn[0][1] == 0:
                     mLp_t[row] = c.row_sum[r]
+                    if const_expr(s_max is not None):
+                        mMp_t[row] = s_max[r]
 
     def row_view(self, t):
         """A declared (B, H, S, 1) / (T, H, 1) per-row output (score_max, score_sum_exp) in the kernel's view of

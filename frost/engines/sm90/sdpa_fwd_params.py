@@ -246,11 +246,6 @@ def split_reason(p: Sm90FwdParams):
 
     if not 1 <= p.num_splits <= MAX_SPLITS:
         return f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}"
-    if p.split and (p.is_thd or p.has_score_max or p.has_score_sum_exp):
-        return (
-            "num_splits > 1 serves dense or paged (B, H, S, D) queries writing O and Stats only (no packed "
-            "batches, no score_max / score_sum_exp)"
-        )
     if p.split and (p.v_slices > 1 or p.has_block_mask):
         return "num_splits > 1 is not combined with column slices of O (v_slices) or a block_mask"
     return None
