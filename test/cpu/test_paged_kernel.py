@@ -198,13 +198,14 @@ def _span_misses(p: Sm80FwdParams, n_block: int = 3, head: int = 2) -> tuple[lis
 
 @pytest.mark.slow
 def test_each_row_of_a_spanning_key_tile_is_read_from_its_own_block():
-    """Blocks of 16 and 32 rows under every key tile they divide, with copy passes of 16, 32 and 64 rows (d=64 and
-    d=96 on 4 and 8 warps): where a pass divides the block the table entry is read once for the modes that share it,
-    else per thread; either way every element of every thread's rows lands on its key's block and row."""
+    """Blocks of 16 and 32 rows under every key tile they divide (and 64-row blocks under a requested 128-key tile),
+    with copy passes of 16, 32 and 64 rows (d=64 and d=96 on 4 and 8 warps): where a pass divides the block the
+    table entry is read once for the modes that share it, else per thread; either way every element of every
+    thread's rows lands on its key's block and row."""
     configs = 0
     for d in (64, 96):
         for warps in (4, 8):
-            for block, tile_n in ((16, 32), (16, 64), (32, 64), (16, 96), (32, 96), (16, 128), (32, 128)):
+            for block, tile_n in ((16, 32), (16, 64), (32, 64), (16, 96), (32, 96), (16, 128), (32, 128), (64, 128)):
                 p = Sm80FwdParams(
                     head_dim=d,
                     head_dim_v=d,
