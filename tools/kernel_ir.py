@@ -200,10 +200,16 @@ def classify(before: str, after: str) -> str:
 
 def by_kernel(d: Path) -> dict:
     """A dump's files by kernel name: the covering-set index in front (`NN_`) dropped, so a kernel added or removed
-    before another does not make every later one look new; a name dumped twice keeps its index."""
-    files = sorted(d.glob("*.mlir"))
-    names = [re.sub(r"^\d+_", "", f.name) for f in files]
-    return {(f.name if names.count(n) > 1 else n): f for n, f in zip(names, files)}
+    before another does not make every later one look new; a name dumped more than once (one kernel name for two
+    archs) is numbered by its occurrence in covering-set order (`name#2`)."""
+    index = re.compile(r"^(\d+)_")
+    files = sorted(d.glob("*.mlir"), key=lambda f: (int(index.match(f.name)[1]) if index.match(f.name) else -1, f.name))
+    out, seen = {}, {}
+    for f in files:
+        n = index.sub("", f.name)
+        seen[n] = seen.get(n, 0) + 1
+        out[n if seen[n] == 1 else f"{n}#{seen[n]}"] = f
+    return out
 
 
 def diff(a: Path, b: Path) -> int:

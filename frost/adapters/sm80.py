@@ -39,7 +39,7 @@ class MmaSyncFwdAdapter(SplitKvForward, DslFwdAdapter):
             # the bias's values join the S tile in registers: 128-key tiles (d=64's default) spilled 176 bytes a
             # thread on sm_80 (ptxas), 64-key tiles none; not timed on a GPU yet
             knobs["tile_n"] = 64
-        if facts.paged is not None:  # each key tile inside one block of the paged cache
+        if facts.paged is not None:  # each key tile inside one block of 64 rows or more, or spanning smaller ones
             knobs["tile_n"] = paged_tile_n(knobs["tile_n"], facts.paged.block_sizes)
         knobs.update(requested)
         # decode: GQA packing for short queries, split-KV where the grid is small against the SMs and the keys long

@@ -135,9 +135,9 @@ CUDNN_FEATURES = (
     KERNEL_FEATURES | FWD_EXTRA_FEATURES | {"bias", "dropout", "rng_dump", "alibi", "ragged_offsets", "stats_per_batch"}
 )
 #: cuDNN's paged K/V cache (forward only, as in cuDNN): the reference gathers through the tables, the cuDNN engine
-#: lowers it to cuDNN's paged SDPA, the mma.sync forward reads each key tile from its block (block sizes that its
-#: key tiles divide: `frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`), the wgmma forward loads each key
-#: tile by TMA from its block, or from each block of smaller ones it spans
+#: lowers it to cuDNN's paged SDPA, the mma.sync forward reads each key tile from its block, or each row of a tile
+#: spanning smaller blocks from its own (`frost.engines.sm80.sdpa_fwd_params.PAGED_BLOCK_SIZES`), the wgmma forward
+#: loads each key tile by TMA from its block, or from each block of smaller ones it spans
 #: (`frost.engines.sm90.sdpa_fwd_params.PAGED_BLOCK_SIZES`)
 PAGED_FEATURES = frozenset({"paged_attention"})
 

@@ -19,8 +19,7 @@ FEATURE_DETAILS = {
     "block_mask": "cuDNN's block-sparse mask (forward only, as in cuDNN)",
     "rng_dump": "dropout's mask dump: cuDNN's Philox mask, written by the cuDNN engine only",
     "paged_attention": "paged K/V caches: the mma.sync and wgmma forwards read K and V through the block tables "
-    "(block sizes 64, 128, 256; the wgmma forward 16 and 32 too); the cuDNN engine and the "
-    "reference serve every block size",
+    "(block sizes 16, 32, 64, 128, 256); the cuDNN engine and the reference serve every block size",
     "score_max": "the row maximum of the scores",
     "score_sum_exp": "the row sum of exponentials",
     "split_kv_heads": "K and V with different head counts: the forwards and both backwards serve them",

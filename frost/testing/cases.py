@@ -675,7 +675,12 @@ SM80_FWD_BLOCK_MASK_COVER = {
 
 # cuDNN's paged K/V cache in the mma.sync forward (key tiles read through the block tables): decode-like GQA with
 # block size 64 (d=128's 64-key tiles), bottom-right causal with sinks and a window at block size 256 (d=64's 128-key
-# tiles), K and V in blocks of different sizes with a padded head dim; the sm120 family's decode-style MQA
+# tiles), K and V in blocks of different sizes with a padded head dim; the sm120 family's decode-style MQA. Blocks
+# smaller than the key tile (each row read from its own block): 16-row blocks under d=128's 64-key tiles; 16-row K
+# blocks at d=96, whose copy passes of 32 rows span two blocks (each row's block read per thread), beside 128-row V
+# blocks; 32-row blocks with a padded head dim (d=80); a GQA-packed decode split over the keys (sm_80 and sm_90a,
+# which the H200 runs); 32-row K blocks beside 64-row V blocks under d=64's tiles shrunk to 64; the sm120 family's
+# packed decode on 16-row blocks
 SM80_FWD_PAGED_COVER = {
     "sm_80": [
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=64, paged_block_v=64),
@@ -687,6 +692,20 @@ SM80_FWD_PAGED_COVER = {
             paged_block_k=128,
             paged_block_v=64,
             knobs=dict(tile_n=64),
+        ),
+        _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=16, paged_block_v=16),
+        _mma_fwd(d=96, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=16, paged_block_v=128),
+        _mma_fwd(d=80, hq=4, hk=2, has_seqused=True, has_sinks=True, paged_block_k=32, paged_block_v=32),
+        _mma_fwd(
+            d=128,
+            hq=32,
+            hk=8,
+            has_seqused=True,
+            has_sinks=True,
+            has_lse=True,
+            paged_block_k=16,
+            paged_block_v=16,
+            knobs=dict(tile_m=64, pack_gqa=True, num_splits=5),
         ),
     ],
     "sm_90a": [
@@ -704,6 +723,28 @@ SM80_FWD_PAGED_COVER = {
             paged_block_k=256,
             paged_block_v=256,
         ),
+        _mma_fwd(
+            d=128,
+            hq=32,
+            hk=8,
+            has_seqused=True,
+            has_sinks=True,
+            has_lse=True,
+            paged_block_k=16,
+            paged_block_v=16,
+            knobs=dict(tile_m=64, pack_gqa=True, num_splits=5),
+        ),
+        _mma_fwd(
+            d=64,
+            hq=4,
+            hk=1,
+            has_seqused=True,
+            has_window_right=True,
+            bottom_right=True,
+            paged_block_k=32,
+            paged_block_v=64,
+            knobs=dict(tile_n=64),
+        ),
     ],
     "sm_120a": [
         _mma_fwd(
@@ -716,6 +757,17 @@ SM80_FWD_PAGED_COVER = {
             bottom_right=True,
             paged_block_k=128,
             paged_block_v=128,
+        ),
+        _mma_fwd(
+            family="sm120",
+            d=64,
+            hq=8,
+            hk=2,
+            has_seqused=True,
+            has_lse=True,
+            paged_block_k=16,
+            paged_block_v=16,
+            knobs=dict(tile_m=64, pack_gqa=True),
         ),
     ],
 }

@@ -58,6 +58,22 @@ def test_diff_matches_kernels_by_name_not_index(tmp_path, capsys):
     assert out.count("only in") == 1
 
 
+def test_a_name_dumped_twice_is_paired_by_occurrence(tmp_path, capsys):
+    """One kernel name for two archs, with kernels added before the second copy: each copy pairs with its own."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "00_twice.mlir").write_text(A)
+    (a / "01_twice.mlir").write_text(C)
+    (b / "00_twice.mlir").write_text(A)
+    (b / "01_new.mlir").write_text(B)
+    (b / "02_newer.mlir").write_text(B)
+    (b / "10_twice.mlir").write_text(C)
+    assert kernel_ir.diff(a, b) == 2  # the new ones
+    out = capsys.readouterr().out
+    assert "identical  twice.mlir\n" in out and "identical  twice.mlir#2" in out and out.count("only in") == 2
+
+
 def test_a_changed_dataflow_is_not_a_reorder():
     # a butterfly sum whose shuffle offsets swap: the same op lines, another summation order
     first = """%1 = nvvm.shfl.sync bfly %0, %c1 : f32

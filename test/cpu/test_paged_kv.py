@@ -19,9 +19,8 @@ from frost.target import fake_target
 from test import oracle
 
 SIZES_SAY = {
-    "SdpaFwdDslSm80": "serves paged K/V block sizes 64, 128, 256; this graph's K/V containers have block size 24",
-    "SdpaFwdDslSm90": "serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have "
-    "block size 24",
+    name: "serves paged K/V block sizes 16, 32, 64, 128, 256; this graph's K/V containers have block size 24"
+    for name in ("SdpaFwdDslSm80", "SdpaFwdDslSm90")
 }
 
 
@@ -373,10 +372,9 @@ def test_cudnn_rows_serve_paged_forwards():
     assert "paged_attention" in fwd["SdpaFwdCudnn"].features and "paged_attention" in fwd["SdpaFwdReference"].features
     assert "paged_attention" not in fwd["SdpaFwdDslSm100"].features  # no SM100 kernels yet
     assert all(
-        "paged_attention" in fwd[n].features and fwd[n].paged_block_sizes == (64, 128, 256)
-        for n in ("SdpaFwdDslSm80", "SdpaFwdDslSm120")
+        "paged_attention" in fwd[n].features and fwd[n].paged_block_sizes == (16, 32, 64, 128, 256)
+        for n in ("SdpaFwdDslSm80", "SdpaFwdDslSm120", "SdpaFwdDslSm90")
     )
-    assert fwd["SdpaFwdDslSm90"].paged_block_sizes == (16, 32, 64, 128, 256)
 
 
 def test_paged_caches_take_dense_queries_not_the_packed_form():

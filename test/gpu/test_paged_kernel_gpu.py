@@ -1,8 +1,9 @@
 """The mma.sync forward (`engine="sm80"`) and, on cc 9.0, the wgmma forward (`engine="sm90"`) reading cuDNN's
 paged K/V cache through its block tables, on a GPU: against the float64 gather-then-attend oracle of
-test/cpu/test_paged_kv.py (block sizes 64, 128, 256; GQA, bottom-right causal, decode, chunked prefill, windows,
-sinks, empty sequences), and a CUDA-graph replay after a new table and new lengths are written into the same
-tensors. Run: python3 -m pytest -q -m gpu test/gpu/test_paged_kernel_gpu.py
+test/cpu/test_paged_kv.py (block sizes 16 to 256, the blocks of 16 and 32 rows spanned by a key tile; GQA,
+bottom-right causal, decode, chunked prefill, windows, sinks, empty sequences), and a CUDA-graph replay after a new
+table and new lengths are written into the same tensors.
+Run: python3 -m pytest -q -m gpu test/gpu/test_paged_kernel_gpu.py
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("block_size", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])  # 16, 32: a key tile spans several blocks
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("case", list(CASES))
 def test_paged_forward_matches_gather_then_attend(block_size, d, case):
@@ -113,8 +114,7 @@ def test_decode_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths():
     _close(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), 2e-2)
 
 
-# the wgmma forward (cc 9.0) ------------------------------------------------------------------------------------
-SM90_SHAPES = {
+SHAPES = {
     # (q dims (B, Hq, S_q, d), S_kv envelope, lens_q, lens_kv): prefill, decode, empty, one whole block
     "prefill": ((4, 8, 7, None), 700, [7, 1, 0, 5], [700, 33, 0, None]),
     # chunked prefill: several query tiles per sequence against a longer cache (bottom-right aligned)
@@ -122,30 +122,21 @@ SM90_SHAPES = {
 }
 
 
-@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])  # 16, 32: a key tile spans several blocks
-@pytest.mark.parametrize("d", [64, 80, 128])
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("shape", list(SM90_SHAPES))
-def test_sm90_paged_forward_matches_the_oracle(block_size, d, case, shape):
-    """GQA 8:2 (packed into the M tile) with every band of CASES, sinks, ragged and empty sequences; d=80 pads its
-    tiles to 96 columns."""
-    _needs_sm90()
+def _matches(engine, block_size, d, case, shape):
+    """One forward of SHAPES' `shape` with CASES' `case` on `engine` against the oracle."""
     kw, mask, sink = CASES[case]
-    dims, max_kv, lens_q, lens_kv = SM90_SHAPES[shape]
+    dims, max_kv, lens_q, lens_kv = SHAPES[shape]
     lens_kv = [block_size if n is None else n for n in lens_kv]
     g, pack, x = _paged(
         (*dims[:3], d), 2, d, block_size, max_kv, lens_q, lens_kv, dtype=BF16, sink=sink, seed=block_size + d, **kw
     )
-    dev = _on_gpu(g, pack, x, "sm90")
+    dev = _on_gpu(g, pack, x, engine)
     g.execute(dev, _workspace(g))
-    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, **mask), f"sm90 {shape} {case} bs{block_size} d{d}")
+    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, **mask), f"{engine} {shape} {case} bs{block_size} d{d}")
 
 
-@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
-@pytest.mark.parametrize("hq,hkv", [(8, 2), (32, 8), (8, 1)])
-def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
-    """Decode (one query row per sequence): the query heads of a K/V head packed into one M tile."""
-    _needs_sm90()
+def _decode(engine, block_size, hq, hkv):
+    """Decode (one query row per sequence, GQA `hq`:`hkv`) on `engine` against the oracle."""
     lens_kv = [1000, 1, 0, 257, block_size]
     g, pack, x = _paged(
         (5, hq, 1, 128),
@@ -159,17 +150,14 @@ def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
         seed=block_size + hq,
         use_causal_mask_bottom_right=True,
     )
-    dev = _on_gpu(g, pack, x, "sm90")
+    dev = _on_gpu(g, pack, x, engine)
     g.execute(dev, _workspace(g))
-    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 decode bs{block_size}")
+    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"{engine} decode bs{block_size}")
 
 
-@pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("sq", [1, 40])
-def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block_size):
-    """Captured once; a replay after a new table and new lengths (keys and query rows) are copied into the same
-    device tensors gives the oracle's answer for those values (nothing about them is read on the host)."""
-    _needs_sm90()
+def _replay(engine, sq, block_size):
+    """Captured once on `engine`; a replay after a new table and new lengths (keys and query rows) are copied into
+    the same device tensors gives the oracle's answer for those values (nothing about them is read on the host)."""
     lens_q, lens_kv = [sq, sq, 1], [300, 64, 5]
     g, pack, x = _paged(
         (3, 8, sq, 128),
@@ -183,7 +171,7 @@ def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block
         spare_blocks=20,
         use_causal_mask_bottom_right=True,
     )
-    dev = _on_gpu(g, pack, x, "sm90")
+    dev = _on_gpu(g, pack, x, engine)
     ws = _workspace(g)  # a split plan's partials live there; allocated before the capture
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
@@ -208,4 +196,55 @@ def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block
     x["lens_q"], x["lens_kv"] = new_q, new_kv
     dev[next(t for t, v in pack.items() if v is x["out"])].fill_(float("nan"))  # poison: every row is written
     graph.replay()
-    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"sm90 replay sq{sq} bs{block_size}")
+    name = f"{engine} replay sq{sq} bs{block_size}"
+    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), name)
+
+
+# the mma.sync forward beside the wgmma forward's cases: chunked prefill, packed decode, replay -------------------
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("case", list(CASES))
+def test_sm80_paged_chunked_prefill_matches_the_oracle(block_size, d, case):
+    """Several query tiles per sequence against a longer cache; d=80 pads its tiles to 96 columns (with 16-row
+    blocks each copy pass of 32 rows spans two blocks)."""
+    _matches("sm80", block_size, d, case, "chunked")
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (32, 8), (8, 1)])
+def test_sm80_paged_decode_matches_the_oracle(block_size, hq, hkv):
+    """Decode: the query heads of a K/V head packed into one M tile (the plan may split a long cache's keys)."""
+    _decode("sm80", block_size, hq, hkv)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("sq", [1, 40])
+def test_sm80_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block_size):
+    _replay("sm80", sq, block_size)
+
+
+# the wgmma forward (cc 9.0) ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])  # 16, 32: a key tile spans several blocks
+@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_sm90_paged_forward_matches_the_oracle(block_size, d, case, shape):
+    """GQA 8:2 (packed into the M tile) with every band of CASES, sinks, ragged and empty sequences; d=80 pads its
+    tiles to 96 columns."""
+    _needs_sm90()
+    _matches("sm90", block_size, d, case, shape)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (32, 8), (8, 1)])
+def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
+    """Decode (one query row per sequence): the query heads of a K/V head packed into one M tile."""
+    _needs_sm90()
+    _decode("sm90", block_size, hq, hkv)
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("sq", [1, 40])
+def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block_size):
+    _needs_sm90()
+    _replay("sm90", sq, block_size)

@@ -23,8 +23,9 @@ Q.K^T, which stops at the last 16-column k-slice holding a head-dim column, and 
 O columns that are never stored), and O's store skips them.
 
 A paged K/V cache (cuDNN's, params `paged`) changes only where a key tile is read from: each tile lies inside
-one block of its container, found through the block tables per tile (`frost.engines.common.paged`); the key
-length comes from seqused_kv, clamped to the envelope max_seqlen_kv.
+one block of its container, found through the block tables per tile (`frost.engines.common.paged`), or spans
+blocks smaller than it, each of a thread's rows read from its own block (`span_tile`); the key length comes from
+seqused_kv, clamped to the envelope max_seqlen_kv.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from frost.engines.common.split_combine_params import key_split_range
 from frost.engines.params import score_mod_tags
 from frost.engines.sdpa_args import BLOCK_MASK_TILE, fwd_arg_names, ragged_tags
 from frost.engines.sm80 import warp_mma
-from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, validate
+from frost.engines.sm80.sdpa_fwd_params import Sm80FwdParams, paged_span, validate
 
 
 def kernel_name(params: Sm80FwdParams, arch: str) -> str:
@@ -553,12 +554,12 @@ class SdpaFwdSm80:
                         copy_V, self.kv_src(c.src.v, n_max - 1), tVsV, tVcV, 0, first_rows, True, self.cols_v
                     )
                 else:
-                    rows.copy_cols(
+                    self.copy_tile(
                         copy_V, self.kv_src(c.src.v, n_max - s), tVsV[None, None, None, s - 1], tVcV, self.cols_v
                     )
             cute.arch.cp_async_commit_group()
             if n_max - 1 - s >= n_min:
-                rows.copy_cols(
+                self.copy_tile(
                     copy_QK, self.kv_src(c.src.k, n_max - 1 - s), tKsK[None, None, None, s], tKcK, self.cols_qk
                 )
             cute.arch.cp_async_commit_group()
@@ -743,22 +744,8 @@ class SdpaFwdSm80:
         (thr_QK, thr_V), (head_kv, head_v), (off_k, off_v) = thr, heads, offsets
         if const_expr(p.paged):
             return SimpleNamespace(
-                k=SimpleNamespace(
-                    m=g.mK,
-                    table=paged.table_row(g.paged[0], batch),
-                    head=head_kv,
-                    thr=thr_QK,
-                    block=p.paged_block_k,
-                    width=self.d,
-                ),
-                v=SimpleNamespace(
-                    m=g.mV,
-                    table=paged.table_row(g.paged[1], batch),
-                    head=head_v,
-                    thr=thr_V,
-                    block=p.paged_block_v,
-                    width=self.dv,
-                ),
+                k=self.paged_source(g.mK, g.paged[0], batch, head_kv, thr_QK, p.paged_block_k, self.d),
+                v=self.paged_source(g.mV, g.paged[1], batch, head_v, thr_V, p.paged_block_v, self.dv),
             )
         else:
             mK_s = rows.widen(rows.head_rows(g.mK, head_kv, batch, off_k, p.is_thd), self.d)
@@ -770,15 +757,66 @@ class SdpaFwdSm80:
             )
 
     @cute.jit
+    def paged_source(self, m, mTable, batch, head, thr, block: cutlass.Constexpr[int], width: cutlass.Constexpr[int]):
+        """One paged container's key-tile source (K's or V's): the container, this head, this sequence's table row,
+        the copy's thread slice; with blocks smaller than the key tile (`span`), this thread's partition of the
+        container's rows viewed per block (`paged.span_rows`) and its rows' coordinates."""
+        src = SimpleNamespace(
+            m=m, table=paged.table_row(mTable, batch), head=head, thr=thr, block=block, width=width, span=False
+        )
+        if const_expr(paged_span(block, self.p.tile_n)):
+            src.span = True
+            src.rows = thr.partition_S(paged.span_rows(m, head, self.p.tile_n, block, width))
+            src.crd = thr.partition_S(cute.make_identity_tensor((self.p.tile_n, width)))
+        return src
+
+    @cute.jit
     def kv_src(self, src: SimpleNamespace, n_block):
         """This thread's partition of key tile `n_block` of K or V in global memory (`src`: `key_sources`' `k` or
-        `v`), through the table when paged."""
+        `v`), through the table when paged; for blocks smaller than the tile, the partition of the container's
+        rows with each row mode's block (`span_tile`)."""
         if const_expr(self.p.paged):
-            return src.thr.partition_S(
-                paged.key_tile(src.m, src.table, src.head, n_block, self.p.tile_n, src.block, src.width)
-            )
+            if const_expr(src.span):
+                return self.span_tile(src, n_block)
+            else:
+                return src.thr.partition_S(
+                    paged.key_tile(src.m, src.table, src.head, n_block, self.p.tile_n, src.block, src.width)
+                )
         else:
             return src.tiles[None, None, None, n_block]
+
+    @cute.jit
+    def span_tile(self, src: SimpleNamespace, n_block):
+        """Key tile `n_block` over blocks smaller than it: the rows' partition (`paged_source`) and the block of each
+        of this thread's row modes, each table entry read once per tile (`paged.span_entries`)."""
+        num_blocks = cute.size(src.m, mode=[0])
+        entries, owners = paged.span_entries(src.crd, n_block, self.p.tile_n, src.block)
+        blocks = []
+        for m in cutlass.range_constexpr(len(entries)):
+            if const_expr(owners[m] == m):
+                blocks.append(paged.span_block_of(src.table, entries[m], num_blocks))
+            else:
+                blocks.append(blocks[owners[m]])
+        return SimpleNamespace(rows=src.rows, blocks=blocks)
+
+    @cute.jit
+    def tile_row(self, tXg, m: cutlass.Constexpr[int]):
+        """Row mode `m` of a key tile's partition (`kv_src`): its (CPY, chunks) slice, from its own block when the
+        tile spans blocks."""
+        if const_expr(isinstance(tXg, SimpleNamespace)):
+            return tXg.rows[None, m, None, tXg.blocks[m]]
+        else:
+            return tXg[None, m, None]
+
+    @cute.jit
+    def copy_tile(self, tiled_copy, tXg, tXs, tXc, cols: cutlass.Constexpr[int]):
+        """A whole key tile's partition (`kv_src`) into one stage `tXs` (`rows.copy_cols`), row mode by row mode
+        when it spans blocks."""
+        if const_expr(isinstance(tXg, SimpleNamespace)):
+            for m in cutlass.range_constexpr(cute.size(tXs.shape[1])):
+                rows.copy_row(tiled_copy, self.tile_row(tXg, m), tXs[None, m, None], tXc[None, m, None], cols)
+        else:
+            rows.copy_cols(tiled_copy, tXg, tXs, tXc, cols)
 
     @cute.jit
     def load_rows(
@@ -792,7 +830,7 @@ class SdpaFwdSm80:
         """
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             if tXcX[0, m, 0][0] < n_rows:
-                rows.copy_row(tiled_copy, tXg[None, m, None], tXsX[None, m, None, stage], tXcX[None, m, None], cols)
+                rows.copy_row(tiled_copy, self.tile_row(tXg, m), tXsX[None, m, None, stage], tXcX[None, m, None], cols)
             else:
                 if const_expr(zero_fill):
                     tXsX[None, m, None, stage].fill(0)
@@ -823,11 +861,11 @@ class SdpaFwdSm80:
                         self.cols_v,
                     )
                 else:
-                    rows.copy_cols(
+                    self.copy_tile(
                         c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV[None, None, None, v_stage], c.tVcV, self.cols_v
                     )
             else:
-                rows.copy_cols(
+                self.copy_tile(
                     c.copy_V, self.kv_src(c.src.v, n_v), c.tVsV[None, None, None, v_stage], c.tVcV, self.cols_v
                 )
         cute.arch.cp_async_commit_group()
@@ -852,7 +890,7 @@ class SdpaFwdSm80:
         cute.arch.barrier()
         n_k = n_block - S
         if n_k >= c.n_min:
-            rows.copy_cols(c.copy_QK, self.kv_src(c.src.k, n_k), c.tKsK[None, None, None, stage], c.tKcK, self.cols_qk)
+            self.copy_tile(c.copy_QK, self.kv_src(c.src.k, n_k), c.tKsK[None, None, None, stage], c.tKcK, self.cols_qk)
         cute.arch.cp_async_commit_group()
 
     @cute.jit

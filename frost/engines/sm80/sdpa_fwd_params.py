@@ -82,7 +82,8 @@ class Sm80FwdParams(TileHeadDims, SdpaFeatureParams):
     has_score_sum_exp: bool = False  # write the row sum of exp(score - max) (cuDNN's score_sum_exp)
     has_block_mask: bool = False  # cuDNN's block_mask: one bit per (128 queries, 128 keys) tile pair
     # cuDNN's paged K/V cache: K's and V's container block sizes (0: dense K and V). Each key tile lies inside
-    # one block (tile_n divides both), read through the block tables (`frost.engines.common.paged`)
+    # one block (tile_n divides the block) or spans whole blocks (the block divides tile_n: each row read from its
+    # own block, `paged_span`), read through the block tables (`frost.engines.common.paged`)
     paged_block_k: int = 0
     paged_block_v: int = 0
     # knobs
@@ -172,10 +173,10 @@ def validate(p: Sm80FwdParams) -> None:
         if p.is_thd or not p.has_seqused:
             bad("a paged cache takes dense (B, H, S, D) queries with lengths from seqused")
         for role, bs in (("k", p.paged_block_k), ("v", p.paged_block_v)):
-            if bs % p.tile_n != 0:
+            if bs % p.tile_n != 0 and p.tile_n % bs != 0:
                 bad(
                     f"tile_n={p.tile_n} must divide the {role} container's block size {bs} (a key tile lies "
-                    f"inside one block)"
+                    f"inside one block) or be a multiple of it (a key tile spans whole blocks)"
                 )
     if not 1 <= p.num_splits <= MAX_SPLITS:
         bad(f"num_splits={p.num_splits} not in 1..{MAX_SPLITS}")
@@ -226,13 +227,20 @@ def _valid(p: Sm80FwdParams) -> bool:
     return True
 
 
-#: the paged K/V block sizes the template serves: multiples of every default tile_n (a key tile inside one block)
-PAGED_BLOCK_SIZES = (64, 128, 256)
+#: the paged K/V block sizes the template serves: multiples of every default tile_n (a key tile inside one block),
+#: and 16 and 32, which divide every default tile_n (a key tile spans whole blocks, `paged_span`)
+PAGED_BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
 def paged_tile_n(tile_n: int, block_sizes) -> int:
-    """The key tile of a paged cache: `tile_n`, shrunk to the smallest block size so each tile lies in a block."""
-    return min(tile_n, *block_sizes)
+    """The key tile of a paged cache: `tile_n`, shrunk to the smallest block size of 64 rows or more so each tile
+    lies in such a block; blocks below 64 rows (16, 32) do not shrink it: a tile spans them (`paged_span`)."""
+    return min([tile_n, *(bs for bs in block_sizes if bs >= 64)])
+
+
+def paged_span(block_size: int, tile_n: int) -> bool:
+    """Does a key tile span several blocks of this size (each row from its own block) rather than lie inside one?"""
+    return 0 < block_size < tile_n
 
 
 def default_knobs(
