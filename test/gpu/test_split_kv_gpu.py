@@ -550,3 +550,19 @@ def test_packed_sliding_window_decodes(paged, skv):
     _set_lengths(dev, lens_q, lens_kv)
     g.execute(pack_, _workspace(g) if _split_count(g) > 1 else None)
     _check(g, dev, x, lens_q, lens_kv, causal_bottom_right=True, sliding_window_length=700)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("form", PACKED_FORMS)
+def test_packed_batches_with_and_without_gqa_packing(form, pack):
+    """A short packed batch (no split: 1..16 query tokens over at most 700 keys) with the 4 query heads of each KV
+    group in one tile and with a tile per head: every token of every sequence matches the oracle, Stats in each
+    packed form; sinks, a bottom-right causal band, an empty query sequence."""
+    lens_q, lens_kv = (16, 0, 5, 1), (700, 30, 5, 1)
+    knobs = frost.Knobs(pack_gqa=pack) if ENGINE in ENGINES else None  # (a host dry run on the reference: none)
+    g, pack_, x, dev = _packed_graph(
+        form, lens_q, lens_kv, 16, 700, sink=True, knobs=knobs, use_causal_mask_bottom_right=True
+    )
+    assert ENGINE not in ENGINES or (_packed(g) == pack and _split_count(g) == 1)
+    g.execute(pack_, None)
+    _packed_check(form, dev, x, lens_q, lens_kv, causal_bottom_right=True)
