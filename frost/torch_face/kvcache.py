@@ -16,12 +16,14 @@ kernel on a GPU, which also writes the lengths the attention reads; its torch re
 graph through the public graph API: a paged cache declared as cuDNN's paged SDPA (containers (num_blocks, H_kv,
 block_size, D) as strided views of the cache, the table as (B, 1, max_blocks, 1)), a contiguous one as a dense
 (B, H_kv, S_cache, D) view with the padding mask. Nothing is copied; lengths are never read on the host. Which
-engine serves the graph is frost's choice: frost's own kernels serve the contiguous cache and, with blocks of 64,
-128 or 256 rows, the paged one (the mma.sync forward reads through the table); smaller blocks go to the cuDNN engine
-on a GPU; the reference serves both on a CPU.
+engine serves the graph is frost's choice: frost's own kernels serve the contiguous cache and, with blocks of 16,
+32, 64, 128 or 256 rows, the paged one (the wgmma forward on SM90, the mma.sync forward elsewhere, each reading
+through the table; docs/paged_kv.md); other block sizes go to the cuDNN engine on a GPU; the reference serves both
+on a CPU.
 
 Rotary embeddings, cache_batch_idx, cache_leftpad, softcap and ALiBi raise `UnsupportedArgumentError`;
-`num_splits` and `rotary_interleaved` are speed / rotary hints with nothing to do here.
+`num_splits` and `rotary_interleaved` are speed / rotary hints with nothing to do here (frost's plan chooses its own
+split count for a decode over a long cache: docs/decode.md).
 """
 
 from __future__ import annotations
