@@ -673,6 +673,19 @@ SM80_FWD_BLOCK_MASK_COVER = {
     ],
 }
 
+#: a split decode over 16-row blocks with the query heads of a KV group packed (sm_80 and sm_90a builds)
+_PAGED16_SPLIT_DECODE = _mma_fwd(
+    d=128,
+    hq=32,
+    hk=8,
+    has_seqused=True,
+    has_sinks=True,
+    has_lse=True,
+    paged_block_k=16,
+    paged_block_v=16,
+    knobs=dict(tile_m=64, pack_gqa=True, num_splits=5),
+)
+
 # cuDNN's paged K/V cache in the mma.sync forward (key tiles read through the block tables): decode-like GQA with
 # block size 64 (d=128's 64-key tiles), bottom-right causal with sinks and a window at block size 256 (d=64's 128-key
 # tiles), K and V in blocks of different sizes with a padded head dim; the sm120 family's decode-style MQA. Blocks
@@ -696,17 +709,7 @@ SM80_FWD_PAGED_COVER = {
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=16, paged_block_v=16),
         _mma_fwd(d=96, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=16, paged_block_v=128),
         _mma_fwd(d=80, hq=4, hk=2, has_seqused=True, has_sinks=True, paged_block_k=32, paged_block_v=32),
-        _mma_fwd(
-            d=128,
-            hq=32,
-            hk=8,
-            has_seqused=True,
-            has_sinks=True,
-            has_lse=True,
-            paged_block_k=16,
-            paged_block_v=16,
-            knobs=dict(tile_m=64, pack_gqa=True, num_splits=5),
-        ),
+        _PAGED16_SPLIT_DECODE,
     ],
     "sm_90a": [
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=64, paged_block_v=64),
@@ -723,17 +726,7 @@ SM80_FWD_PAGED_COVER = {
             paged_block_k=256,
             paged_block_v=256,
         ),
-        _mma_fwd(
-            d=128,
-            hq=32,
-            hk=8,
-            has_seqused=True,
-            has_sinks=True,
-            has_lse=True,
-            paged_block_k=16,
-            paged_block_v=16,
-            knobs=dict(tile_m=64, pack_gqa=True, num_splits=5),
-        ),
+        _PAGED16_SPLIT_DECODE,
         _mma_fwd(
             d=64,
             hq=4,
