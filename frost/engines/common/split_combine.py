@@ -116,13 +116,7 @@ class SplitCombine:
             if const_expr(p.has_seqused):  # a device length: clamped to the rows the tensors hold
                 q_rows = clamp(mSeqQ[batch], Int32(0), static_sq)
             lse, lses = self.reduce_row(mLp, mSinks, batch, head, row, row < q_rows)
-            for j in cutlass.range_constexpr((p.head_dim_v + 31) // 32):
-                col = lane + 32 * j
-                if col < p.head_dim_v:
-                    acc = Float32(0.0)
-                    for s in cutlass.range_constexpr(p.num_splits):
-                        acc += lses[s] * mOp[s, batch, head, row, col]
-                    mO[batch, row, head, col] = acc.to(self.dtype)
+            self.store_o(mO[batch, row, head, None], mOp, lses, (batch, head, row), lane)
             if const_expr(p.has_lse):
                 if lane == 0:
                     mLSE[batch, head, row] = lse
@@ -153,13 +147,7 @@ class SplitCombine:
                 if const_expr(mLseOff is not None):
                     off_lse = seqlen.rows_offset(mLseOff, batch, p.token_div_lse, seqlen_q, total)
                 lse, weights = self.reduce_row(mLp, mSinks, batch, head, row)
-                for j in cutlass.range_constexpr((p.head_dim_v + 31) // 32):
-                    col = lane + 32 * j
-                    if col < p.head_dim_v:
-                        acc = Float32(0.0)
-                        for s in cutlass.range_constexpr(p.num_splits):
-                            acc += weights[s] * mOp[s, batch, head, row, col]
-                        mO[off_o + row, head, col] = acc.to(self.dtype)
+                self.store_o(mO[off_o + row, head, None], mOp, weights, (batch, head, row), lane)
                 if const_expr(p.has_lse):
                     if lane == 0:
                         self.store_row(mLSE, lse, (batch, head, row), off_lse)
@@ -172,6 +160,19 @@ class SplitCombine:
                             if const_expr(mX is not None):
                                 off = seqlen.own_token_offset(p, role, mOff, batch, off_q, seqlen_q, total)
                                 self.store_row(mX, val, (batch, head, row), off)
+
+    @cute.jit
+    def store_o(self, o_row: cute.Tensor, mOp: cute.Tensor, weights, at, lane):
+        """One row of O (`o_row`: its D_v columns) as the weighted sum of the splits' partial rows, a warp's 32
+        lanes striding over the columns."""
+        batch, head, row = at
+        for j in cutlass.range_constexpr((self.p.head_dim_v + 31) // 32):
+            col = lane + 32 * j
+            if col < self.p.head_dim_v:
+                acc = Float32(0.0)
+                for s in cutlass.range_constexpr(self.p.num_splits):
+                    acc += weights[s] * mOp[s, batch, head, row, col]
+                o_row[col] = acc.to(self.dtype)
 
     @cute.jit
     def store_row(self, mX: cute.Tensor, val, at, offset):
