@@ -49,19 +49,21 @@ def _paged(
     row_stats=False,
     **sdpa_kw,
 ):
-    """(graph, variant pack, the oracle's dense K and V (B, H, S_kv, D) and lengths) of one paged forward."""
+    """(graph, variant pack, the oracle's dense K and V (B, H, S_kv, D) and lengths) of one paged forward;
+    `block_size`: both containers', or (K's, V's)."""
     gen = torch.Generator().manual_seed(seed)
     b, hq, sq, d = q_dims
-    per_seq = math.ceil(max_kv / block_size)
-    num_blocks = b * per_seq + spare_blocks
+    bk, bv = block_size if isinstance(block_size, tuple) else (block_size, block_size)
+    per_k, per_v = math.ceil(max_kv / bk), math.ceil(max_kv / bv)
     q = torch.randn(q_dims, generator=gen).to(dtype)
-    kc = torch.randn(num_blocks, kv_heads, block_size, d, generator=gen).to(dtype)
-    vc = torch.randn(num_blocks, kv_heads, block_size, d_v, generator=gen).to(dtype)
-    kt, vt = _tables(b, per_seq, num_blocks, gen), _tables(b, per_seq, num_blocks, gen, transposed=False)
+    kc = torch.randn(b * per_k + spare_blocks, kv_heads, bk, d, generator=gen).to(dtype)
+    vc = torch.randn(b * per_v + spare_blocks, kv_heads, bv, d_v, generator=gen).to(dtype)
+    kt = _tables(b, per_k, kc.shape[0], gen)
+    vt = _tables(b, per_v, vc.shape[0], gen, transposed=False)
     if junk:  # table entries past a sequence's last block are never read (a serving engine leaves them stale)
-        for t in (kt, vt):
+        for t, bs in ((kt, bk), (vt, bv)):
             for i, n in enumerate(lens_kv):
-                t[i, 0, math.ceil(n / block_size) :, 0] = 10**6
+                t[i, 0, math.ceil(n / bs) :, 0] = 10**6
     lq = torch.tensor(lens_q, dtype=torch.int32).reshape(b, 1, 1, 1)
     lk = torch.tensor(lens_kv, dtype=torch.int32).reshape(b, 1, 1, 1)
     io = {
@@ -134,11 +136,11 @@ def _paged(
     )
 
 
-def _gathered(container, table, lens_kv, block_size, max_kv):
+def _gathered(container, table, lens_kv, max_kv):
     """The oracle's dense (B, H, max_kv, D): key j of sequence b, element by element, from row j % block_size of
-    block table[b, 0, j // block_size, 0]; zeros past the sequence's length."""
+    block table[b, 0, j // block_size, 0] (the container's own block size); zeros past the sequence's length."""
     b = len(lens_kv)
-    _, h, _, d = container.shape
+    _, h, block_size, d = container.shape
     out = torch.zeros(b, h, max_kv, d, dtype=torch.float64)
     for i in range(b):
         for j in range(lens_kv[i]):
@@ -148,8 +150,8 @@ def _gathered(container, table, lens_kv, block_size, max_kv):
 
 
 def _oracle(x, row_stats=False, **mask):
-    k = _gathered(x["kc"], x["kt"], x["lens_kv"], x["block_size"], x["max_kv"])
-    v = _gathered(x["vc"], x["vt"], x["lens_kv"], x["block_size"], x["max_kv"])
+    k = _gathered(x["kc"], x["kt"], x["lens_kv"], x["max_kv"])
+    v = _gathered(x["vc"], x["vt"], x["lens_kv"], x["max_kv"])
     return oracle.attention(
         x["q"],
         k,
@@ -197,6 +199,17 @@ def test_reference_matches_gather_then_attend_for_every_block_size(block_size):
     assert g.validate().facts.paged.block_size_k == block_size
     _run(g, pack)
     assert g.engine_name == "SdpaFwdReference"
+    _close(x, _oracle(x, causal_bottom_right=True), 1e-5)
+
+
+@pytest.mark.parametrize("blocks", [(16, 64), (128, 32), (256, 16)])
+def test_reference_reads_k_and_v_through_blocks_of_different_sizes(blocks):
+    """K's container in blocks of one size and V's in another, each through its own table."""
+    lens_q, lens_kv = [5, 1, 7], [300, 17, 256]
+    g, pack, x = _paged((3, 4, 7, 32), 2, 32, blocks, 300, lens_q, lens_kv, use_causal_mask_bottom_right=True)
+    paged = g.validate().facts.paged
+    assert (paged.block_size_k, paged.block_size_v) == blocks
+    _run(g, pack)
     _close(x, _oracle(x, causal_bottom_right=True), 1e-5)
 
 

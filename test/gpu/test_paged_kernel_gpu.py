@@ -1,8 +1,8 @@
 """The mma.sync forward (`engine="sm80"`) and, on cc 9.0, the wgmma forward (`engine="sm90"`) reading cuDNN's
 paged K/V cache through its block tables, on a GPU: against the float64 gather-then-attend oracle of
 test/cpu/test_paged_kv.py (block sizes 16 to 256, the blocks of 16 and 32 rows spanned by a key tile; GQA,
-bottom-right causal, decode, chunked prefill, windows, sinks, empty sequences), and a CUDA-graph replay after a new
-table and new lengths are written into the same tensors.
+bottom-right causal, decode, chunked prefill, windows, sinks, empty sequences, K and V in blocks of different
+sizes), and a CUDA-graph replay after a new table and new lengths are written into the same tensors.
 Run: python3 -m pytest -q -m gpu test/gpu/test_paged_kernel_gpu.py
 """
 
@@ -248,3 +248,29 @@ def test_sm90_paged_decode_matches_the_oracle(block_size, hq, hkv):
 def test_sm90_replays_in_a_cuda_graph_with_a_new_table_and_new_lengths(sq, block_size):
     _needs_sm90()
     _replay("sm90", sq, block_size)
+
+
+# both forwards ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ["sm80", "sm90"])
+@pytest.mark.parametrize("blocks", [(16, 128), (64, 32), (256, 64)])
+def test_k_and_v_in_blocks_of_different_sizes(engine, blocks):
+    """K's container in blocks of one size and V's in another, each read through its own table (a key tile inside
+    one block on one side, spanning several on the other): prefill, decode and empty rows, causal, sinks."""
+    if engine == "sm90":
+        _needs_sm90()
+    g, pack, x = _paged(
+        (4, 8, 7, 128),
+        2,
+        128,
+        blocks,
+        700,
+        [7, 1, 0, 5],
+        [700, 33, 0, 256],
+        dtype=BF16,
+        sink=True,
+        seed=sum(blocks),
+        use_causal_mask_bottom_right=True,
+    )
+    dev = _on_gpu(g, pack, x, engine)
+    g.execute(dev, _workspace(g))
+    _close_to_oracle(_outputs(pack, dev, x), _oracle(x, causal_bottom_right=True), f"{engine} K/V blocks {blocks}")
