@@ -692,8 +692,8 @@ _PAGED16_SPLIT_DECODE = _mma_fwd(
 # smaller than the key tile (each row read from its own block): 16-row blocks under d=128's 64-key tiles; 16-row K
 # blocks at d=96, whose copy passes of 32 rows span two blocks (each row's block read per thread), beside 128-row V
 # blocks; 32-row blocks with a padded head dim (d=80); a GQA-packed decode split over the keys (sm_80 and sm_90a,
-# which the H200 runs); 32-row K blocks beside 64-row V blocks under d=64's tiles shrunk to 64; the sm120 family's
-# packed decode on 16-row blocks
+# which the H200 runs); a bias over 16-row blocks and a block mask over 32-row ones; 32-row K blocks beside 64-row V
+# blocks under d=64's tiles shrunk to 64; the sm120 family's packed decode on 16-row blocks
 SM80_FWD_PAGED_COVER = {
     "sm_80": [
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=64, paged_block_v=64),
@@ -710,6 +710,26 @@ SM80_FWD_PAGED_COVER = {
         _mma_fwd(d=96, has_seqused=True, has_window_right=True, bottom_right=True, paged_block_k=16, paged_block_v=128),
         _mma_fwd(d=80, hq=4, hk=2, has_seqused=True, has_sinks=True, paged_block_k=32, paged_block_v=32),
         _PAGED16_SPLIT_DECODE,
+        # spanning blocks beside a bias and a block mask (their key columns are positions in the sequence, not in the
+        # container), on 64-key tiles as the plan takes them with a bias (128-key ones spill 300 bytes at d=64)
+        _mma_fwd(
+            d=64,
+            has_seqused=True,
+            has_bias=True,
+            bias_per_head=True,
+            paged_block_k=16,
+            paged_block_v=16,
+            knobs=dict(tile_n=64),
+        ),
+        _mma_fwd(
+            d=64,
+            has_seqused=True,
+            has_block_mask=True,
+            has_lse=True,
+            paged_block_k=32,
+            paged_block_v=32,
+            knobs=dict(tile_n=64),
+        ),
     ],
     "sm_90a": [
         _mma_fwd(d=128, hq=8, hk=2, has_seqused=True, has_lse=True, paged_block_k=64, paged_block_v=64),
