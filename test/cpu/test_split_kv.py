@@ -755,6 +755,12 @@ def test_packed_split_kernels_compile_without_more_spills(tmp_path):
         (FWD, FWD_PARAMS, dict(_RAGGED, num_splits=5, has_sinks=True), "ragged-split"),
         (FWD, FWD_PARAMS, dict(_RAGGED, has_sinks=True), "ragged-base"),
         (FWD, FWD_PARAMS, dict(_RAGGED, num_splits=5, has_sinks=True, pack_gqa=True), "ragged-split-packed"),
+        (
+            FWD,
+            FWD_PARAMS,
+            dict(_RAGGED, **_SCORES, stats_per_batch=False, own_offsets=_OWN_SCORES, has_sinks=True, pack_gqa=True),
+            "ragged-packed-scores",
+        ),
     ]
     combines = [
         (COMBINE, COMBINE_PARAMS, dict(_COMBINE_THD, has_sinks=True), "combine-thd"),
@@ -797,8 +803,10 @@ def test_packed_split_kernels_compile_without_more_spills(tmp_path):
             assert out["local"] <= ref["local"], (split, base, out["local"], ref["local"])
             if out["ptxas"] is not None:
                 assert out["spill_bytes"] <= ref["spill_bytes"], (split, base, out["ptxas"], ref["ptxas"])
-    for outs in (outs80, outs90):  # the unsplit packed-heads kernel beside the tile per head
-        out, ref = outs["thd-packed"], outs["thd-base"]
+    # the unsplit packed-heads kernels beside the tile per head (the ragged one with its own offsets for O and the
+    # score statistics, which the packed view writes too)
+    for outs, tag in ((outs80, "thd-packed"), (outs90, "thd-packed"), (outs80, "ragged-packed-scores")):
+        out, ref = outs[tag], outs["thd-base"]
         assert "_thd" in out["name"] and "_pk" in out["name"] and out["mma_sync"] > 0 and out["length_loads"] >= 1
         if out["ptxas"] is not None:
             assert out["spill_bytes"] <= ref["spill_bytes"], (out["ptxas"], ref["ptxas"])
