@@ -3,10 +3,11 @@
 # (more than 7 of them: packed into $OUT/device-run.tar.gz, as the device tool returns at most 8 files).
 #   bash benchmarks/device_run.sh [tests] [plan] [host] [sweeps] [bench PRESET] [--bench-args "..."]
 #                                 [ncu "ARGS"] [ncubwd "ARGS"] [-k EXPR] [--budget SECONDS] [--commit SHA]
-#                                 [torchface] [gpt STEPS] [cudnn] [suite I/N [--suite-timeout SECONDS]]
+#                                 [torchface] [gpt STEPS] [cudnn] [suite I/N [--suite-timeout SECONDS] [--files "F ..."]]
 # `suite I/N` runs shard I of N of the whole GPU suite (the test files of test/gpu in sorted order, every Nth from
 # the Ith) with junit XML (junit-suite-I.xml) and its per-file table with skip reasons (gpu-suite-I.md, printed;
 # benchmarks/gpu_suite_summary.py). Summarize all shards at home: gpu_suite_summary.py junit-suite-*.xml.
+# `--files "F ..."` runs those test files instead of a shard (I names the output files: `suite new/1 --files ...`).
 # `cudnn` runs the cuDNN engine's GPU tests (cudnn-tests.log, skip reasons listed) and benchmarks/cudnn_host.py
 # (cudnn-host.md/json: its execute's host time against torch's cuDNN SDPA call); time it against cuDNN through
 # torch with `bench cudnn --bench-args "--impl cudnn,frost --frost-engines cudnn"`.
@@ -30,7 +31,7 @@ export PYTHONPATH="$PWD:$PYTHONPATH"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/frost-device-run.XXXXXX")"; trap 'rm -rf "$WORK"' EXIT
 OUT="${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/frost-out.XXXXXX")}"; mkdir -p "$OUT"; echo "# results in $OUT"
 kexpr=""; preset=""; run_tests=0; run_plan=0; run_host=0; run_sweeps=0; budget=240; commit="${FROST_COMMIT:-}"
-run_cudnn=0; suite=""; suite_timeout=540
+run_cudnn=0; suite=""; suite_timeout=540; suite_files=""
 bench_args=""; ncu_args=""; ncubwd_list=(); run_torchface=0; gpt_steps=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,6 +41,7 @@ while [ $# -gt 0 ]; do
     cudnn) run_cudnn=1 ;;
     suite) suite="$2"; shift ;;
     --suite-timeout) suite_timeout="$2"; shift ;;
+    --files) suite_files="$2"; shift ;;
     gpt) gpt_steps="$2"; shift ;;
     plan) run_plan=1 ;;
     host) run_host=1 ;;
@@ -61,7 +63,8 @@ if [ "$run_tests" = 1 ]; then
 fi
 if [ -n "$suite" ]; then
   si="${suite%/*}"; sn="${suite#*/}"
-  files=$(ls test/gpu/test_*.py | sort | awk -v i="$si" -v n="$sn" '(NR - i) % n == 0')
+  files="$suite_files"
+  [ -n "$files" ] || files=$(ls test/gpu/test_*.py | sort | awk -v i="$si" -v n="$sn" '(NR - i) % n == 0')
   # SIGINT first: pytest then still writes the junit file for the tests that ran
   env ${commit:+FROST_COMMIT=$commit} timeout -s INT -k 30 "$suite_timeout" python3 -m pytest -q -m gpu $files \
     -p no:cacheprovider -n 12 -rfEs --junitxml="$OUT/junit-suite-$si.xml" ${kexpr:+-k "$kexpr"} \
