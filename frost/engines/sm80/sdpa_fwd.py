@@ -378,15 +378,8 @@ class SdpaFwdSm80:
             head_v = head // self.qpv
         # ---- per-sequence 2-D views (rows, d); packed: rows (r, S) of the group's query heads
         d, dv = self.d, self.dv
-        if const_expr(p.pack_gqa and p.is_thd):  # the sequence's tokens from its first, (T, H, D)
-            mQ_s = rows.widen(gqa_rows.pack_rows(cute.domain_offset((off_q, 0, 0), mQ), 0, 1, head, self.rpq), d)
-            mO_s = rows.widen(gqa_rows.pack_rows(cute.domain_offset((off_o, 0, 0), mO), 0, 1, head, self.rpq), dv)
-        elif const_expr(p.pack_gqa):
-            mQ_s = rows.widen(gqa_rows.pack_rows(mQ[batch, None, None, None], 0, 1, head, self.rpq), d)
-            mO_s = rows.widen(gqa_rows.pack_rows(mO[batch, None, None, None], 0, 1, head, self.rpq), dv)
-        else:
-            mQ_s = rows.widen(rows.head_rows(mQ, head, batch, off_q, p.is_thd), d)
-            mO_s = rows.widen(rows.head_rows(mO, head, batch, off_o, p.is_thd), dv)
+        mQ_s = self.query_rows(mQ, head, batch, off_q, d)
+        mO_s = self.query_rows(mO, head, batch, off_o, dv)
         gQ = cute.local_tile(mQ_s, (p.tile_m, d), (m_block, 0))
         gO = cute.local_tile(mO_s, (p.tile_m, dv), (m_block, 0))
 
@@ -565,6 +558,19 @@ class SdpaFwdSm80:
             cute.arch.cp_async_commit_group()
 
     @cute.jit
+    def query_rows(self, mX, head, batch, offset, width: cutlass.Constexpr[int]):
+        """The (rows, `width`) view of Q or O (canonical (B, S, H, D) / (T, H, D)) a query tile reads or writes:
+        one head's rows of batch entry `batch` (packed: from token `offset`), or with GQA packing the (r, S) rows
+        of KV group `head`'s query heads (packed: the (r, tokens) rows from the sequence's first token `offset`)."""
+        p = self.p
+        if const_expr(p.pack_gqa and p.is_thd):
+            return rows.widen(gqa_rows.pack_rows(cute.domain_offset((offset, 0, 0), mX), 0, 1, head, self.rpq), width)
+        elif const_expr(p.pack_gqa):
+            return rows.widen(gqa_rows.pack_rows(mX[batch, None, None, None], 0, 1, head, self.rpq), width)
+        else:
+            return rows.widen(rows.head_rows(mX, head, batch, offset, p.is_thd), width)
+
+    @cute.jit
     def key_tiles(self, m_block, split, seqlen_q, seqlen_k, offset, window_left, window_right):
         """(n_min, n_max, lo, hi): the key tiles holding any allowed column of the query tile (this split's piece
         of them, split-KV), and [lo, hi) those wholly allowed (packed tiles: over their query positions)."""
@@ -714,19 +720,27 @@ class SdpaFwdSm80:
         batch's, and so are `per_batch` rows (split-KV's LSE partials, per batch entry in every form). The lane
         holding column 0 of its rows writes them."""
         p = self.p
-        if const_expr(p.is_thd and not p.stats_per_batch and not per_batch and p.pack_gqa):  # (H, T): (r, T) rows
-            mX_s = gqa_rows.pack_rows(cute.domain_offset((0, off_row), mX), 1, 0, head, self.rpq)
-        elif const_expr(p.is_thd and not p.stats_per_batch and not per_batch):
-            mX_s = cute.domain_offset((off_row,), mX[head, None])
-        elif const_expr(p.pack_gqa):  # the group's rows (r, S): `head` is the KV group
-            mX_s = gqa_rows.pack_rows(mX[batch, None, None], 1, 0, head, self.rpq)
-        else:
-            mX_s = mX[batch, head, None]
+        mX_s = self.row_values(mX, head, batch, off_row, per_batch)
         if tOcO_mn[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(vals)):
                 row = tOcO_mn[r, 0][0]
                 if row < store_rows:
                     mX_s[m_block * p.tile_m + row] = vals[r]
+
+    @cute.jit
+    def row_values(self, mX, head, batch, off_row, per_batch: cutlass.Constexpr[bool] = False):
+        """The (rows,) view of a per-row output (`store_row_values`) for this tile's head or KV group: the (H, T)
+        canonical view from row `off_row`, or (B, H, S) per batch entry; with GQA packing the (r, ...) rows of the
+        group's query heads."""
+        p = self.p
+        if const_expr(p.is_thd and not p.stats_per_batch and not per_batch and p.pack_gqa):  # (H, T): (r, T) rows
+            return gqa_rows.pack_rows(cute.domain_offset((0, off_row), mX), 1, 0, head, self.rpq)
+        elif const_expr(p.is_thd and not p.stats_per_batch and not per_batch):
+            return cute.domain_offset((off_row,), mX[head, None])
+        elif const_expr(p.pack_gqa):  # the group's rows (r, S): `head` is the KV group
+            return gqa_rows.pack_rows(mX[batch, None, None], 1, 0, head, self.rpq)
+        else:
+            return mX[batch, head, None]
 
     @cute.jit
     def next_stage(self, stage):
