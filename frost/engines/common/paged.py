@@ -48,7 +48,7 @@ def key_tile(
     """The (tile_n, cols) global view of key tile `n_block` of one head of container `mX` (num_blocks,
     block_size, H, D), through `table` (`table_row`); `cols` >= D widens it as `rows.widen` does."""
     first = n_block * tile_n
-    block = seqlen.clamp(table[first // block_size], Int32(0), cute.size(mX, mode=[0]) - 1)
+    block = block_of(table, first // block_size, cute.size(mX, mode=[0]))
     page = rows.widen(mX[block, None, head, None], cols)
     return cute.local_tile(page, (tile_n, cols), ((first % block_size) // tile_n, 0))
 
