@@ -193,14 +193,13 @@ class SplitKv:
         from frost.engines.common.split_combine_params import combine_arg_names
 
         cp = combine_params(params)
-        self.layout = partial_layout(facts, params.num_splits)
-        self.bytes = layout_bytes(self.layout)
         self.kernel = compile_kernel(COMBINE_TEMPLATE, cp, target)
         self._args = LaunchArgs(combine_arg_names(cp), facts)
-        self._views = CarvedViews(self.layout)
+        self._views = CarvedViews(partial_layout(facts, params.num_splits))
 
     def partials(self, workspace) -> dict:
-        """{o_partial, lse_partial}: views of the caller's workspace (checked by the binder against the plan)."""
+        """{o_partial, lse_partial[, max_partial]}: views of the caller's workspace (checked by the binder against the
+        plan)."""
         return self._views(workspace)
 
     def combine(self, bound: dict, per_call: dict) -> None:
