@@ -12,7 +12,7 @@ from __future__ import annotations
 from frost.adapters.dsl import fwd_feature_flags
 from frost.adapters.dsl_bwd import DslBwdAdapter
 from frost.adapters.dsl_fwd import DslFwdAdapter
-from frost.adapters.split_kv import SplitKvForward, planned_num_splits
+from frost.adapters.split_kv import SplitKvForward, planned_num_splits, work_tiles
 from frost.errors import TemplateParamsError
 
 
@@ -26,9 +26,7 @@ def _packed_tile_m(facts, target, p) -> int:
     """
     from frost.engines.sm90.sdpa_fwd_params import validate
 
-    rows = facts.seq_q * p.rows_per_query
-    tiles = facts.batch * (facts.num_heads_q // p.pack_group) * -(-rows // p.tile_m)
-    if p.tile_m == 64 or tiles >= target.sm_count:
+    if p.tile_m == 64 or work_tiles(facts, p.model_dump(), p.rows_per_query) >= target.sm_count:
         return p.tile_m
     small = p.model_copy(update={"tile_m": 64})
     try:

@@ -108,9 +108,22 @@ def plan_decode(facts, target, knobs: dict, requested: dict, params_of) -> dict:
 def packed_rows(facts, knobs: dict, rows_per_query: int | None = None) -> int:
     """Query rows of one (batch entry, head or KV group): S_q, times the group's heads when packed
     (`rows_per_query`: the heads a packed tile row mode holds, Hq / Hkv unless given)."""
-    if rows_per_query is None:
-        rows_per_query = facts.num_heads_q // facts.num_heads_kv if knobs.get("pack_gqa") else 1
-    return facts.seq_q * rows_per_query
+    return facts.seq_q * heads_per_row(facts, knobs, rows_per_query)
+
+
+def heads_per_row(facts, knobs: dict, rows_per_query: int | None = None) -> int:
+    """Query heads a packed tile holds per query position: `rows_per_query` if given, Hq / Hkv when `knobs` pack
+    GQA, else 1."""
+    if rows_per_query is not None:
+        return rows_per_query
+    return facts.num_heads_q // facts.num_heads_kv if knobs.get("pack_gqa") else 1
+
+
+def work_tiles(facts, knobs: dict, rows_per_query: int | None = None) -> int:
+    """The query tiles of a forward's grid from the declared shape: batch x (query heads, or KV groups when
+    packed) x tiles of `knobs["tile_m"]` rows over each one's `packed_rows`."""
+    r = heads_per_row(facts, knobs, rows_per_query)
+    return facts.batch * (facts.num_heads_q // r) * cdiv(packed_rows(facts, knobs, r), knobs["tile_m"])
 
 
 def planned_num_splits(
@@ -121,8 +134,7 @@ def planned_num_splits(
     `ctas_per_sm` of its CTAs fit an SM (the wgmma forward's tiles take one)."""
     if facts.seq_q > SPLIT_MAX_SEQ_Q:
         return 1
-    rows = packed_rows(facts, knobs, rows_per_query)
-    work = facts.batch * (facts.num_heads_q * facts.seq_q // rows) * cdiv(rows, knobs["tile_m"])
+    work = work_tiles(facts, knobs, rows_per_query)
     splits = choose_num_splits(ctas_per_sm * (target.sm_count or 0), work, cdiv(facts.seq_kv, knobs["tile_n"]))
     while splits > 1 and layout_bytes(partial_layout(facts, splits)) > MAX_PARTIAL_BYTES:
         splits -= 1
