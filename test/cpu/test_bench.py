@@ -19,6 +19,7 @@ from frost.bench.inputs import buffer_count, cu_seqlens_of
 from frost.bench.results import Measurement, Row, impl_columns, rows_from_dict
 from frost.bench.timing import choose_inner
 from frost.bench.workloads import DEFAULT_THD_LENGTHS, Workload, parse_gqa, parse_head_dim, parse_size, random_mix
+from test.bench_argv import cpu_run_argv
 
 
 def _spec(argv):
@@ -521,43 +522,15 @@ def test_frost_runner_builds_a_deterministic_backward(layout):
 
 
 def test_cpu_self_test_end_to_end(tmp_path, capsys):
-    argv = [
-        "--device",
-        "cpu",
-        "--tokens",
-        "64",
-        "--hidden",
-        "128",
-        "--seqlen",
-        "32",
-        "--head-dim",
-        "64",
-        "--layout",
-        "bshd,thd",
-        "--thd-mix",
-        "fixed",
-        "--thd-lengths",
-        "20,1,11",
-        "--causal",
-        "yes",
-        "--reps",
-        "2",
-        "--warmup",
-        "1",
-        "--probe-calls",
-        "3",
-        "--impl",
-        "frost",
-        "-q",
-        "--results-dir",
-        str(tmp_path),
-        "--name",
-        "cpu",
-        "--json",
-        "",
-        "--png",
-        "",
-    ]
+    argv = cpu_run_argv(
+        tmp_path,
+        layout="bshd,thd",
+        thd_mix="fixed",
+        thd_lengths="20,1,11",
+        causal="yes",
+        direction=None,
+        probe_calls="3",
+    )
     assert cli.main(argv) == 0
     doc = json.loads((tmp_path / "cpu.json").read_text())
     assert (tmp_path / "cpu.md").exists()
@@ -574,42 +547,7 @@ def test_cpu_self_test_end_to_end(tmp_path, capsys):
 
 
 def test_cpu_self_test_deterministic_pair(tmp_path):
-    argv = [
-        "--device",
-        "cpu",
-        "--tokens",
-        "64",
-        "--hidden",
-        "128",
-        "--seqlen",
-        "32",
-        "--head-dim",
-        "64",
-        "--layout",
-        "bshd",
-        "--causal",
-        "yes",
-        "--direction",
-        "bwd",
-        "--deterministic",
-        "both",
-        "--no-probe",
-        "--reps",
-        "2",
-        "--warmup",
-        "1",
-        "--impl",
-        "frost",
-        "-q",
-        "--results-dir",
-        str(tmp_path),
-        "--name",
-        "det",
-        "--json",
-        "",
-        "--png",
-        "",
-    ]
+    argv = cpu_run_argv(tmp_path, "--no-probe", causal="yes", direction="bwd", deterministic="both", name="det")
     assert cli.main(argv) == 0
     doc = json.loads((tmp_path / "det.json").read_text())
     assert [r["label"] for r in doc["rows"]] == ["bwd bf16 d64 2x32 h2 causal", "bwd det bf16 d64 2x32 h2 causal"]

@@ -8,6 +8,7 @@ import json
 from frost.bench import cli, report
 from frost.bench.results import Measurement
 from frost.bench.spread import Spread, compare_ms, interleave, rotated
+from test.bench_argv import cpu_run_argv
 
 
 def test_each_round_rotates_the_order_and_every_engine_gets_each_round():
@@ -63,42 +64,7 @@ def test_spread_lines_show_range_ratio_verdict_and_ceiling():
 
 
 def test_cpu_run_interleaves_and_measures_the_ceiling(tmp_path, capsys):
-    argv = [
-        "--device",
-        "cpu",
-        "--tokens",
-        "64",
-        "--hidden",
-        "128",
-        "--seqlen",
-        "32",
-        "--head-dim",
-        "64",
-        "--layout",
-        "bshd",
-        "--causal",
-        "no",
-        "--direction",
-        "fwd",
-        "--no-probe",
-        "--reps",
-        "2",
-        "--warmup",
-        "1",
-        "--impl",
-        "frost",
-        "-q",
-        "--results-dir",
-        str(tmp_path),
-        "--name",
-        "cpu",
-        "--png",
-        "",
-        "--interleave",
-        "5",
-        "--ceiling",
-        "128",
-    ]
+    argv = cpu_run_argv(tmp_path, "--no-probe", json=None, interleave="5", ceiling="128")
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "Interleaved timing" in out and "matmul ceiling (128^3 GEMM" in out and "% of ceiling" in out

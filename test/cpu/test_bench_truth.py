@@ -10,6 +10,7 @@ import pytest
 
 from frost.bench import cli, plot, report
 from frost.bench.workloads import DEFAULT_THD_LENGTHS, DEFAULT_TOKENS, SweepSpec
+from test.bench_argv import cpu_run_argv
 
 
 def _png_text(path) -> dict:
@@ -28,40 +29,7 @@ def _png_text(path) -> dict:
 
 def test_cpu_run_says_wall_clock_not_cuda_events(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the PNG is matplotlib's (the bench extra)")
-    argv = [
-        "--device",
-        "cpu",
-        "--tokens",
-        "64",
-        "--hidden",
-        "128",
-        "--seqlen",
-        "32",
-        "--head-dim",
-        "64",
-        "--layout",
-        "bshd",
-        "--causal",
-        "no",
-        "--direction",
-        "fwd",
-        "--no-probe",
-        "--reps",
-        "2",
-        "--warmup",
-        "1",
-        "--impl",
-        "frost",
-        "-q",
-        "--results-dir",
-        str(tmp_path),
-        "--name",
-        "cpu",
-        "--json",
-        "",
-        "--png",
-        "",
-    ]
+    argv = cpu_run_argv(tmp_path, "--no-probe")
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "CUDA-event" not in out and "wall-clock time on the CPU" in out
