@@ -83,8 +83,8 @@ def _sdpa_fwd_fake(q, k, v, sinks, scale, window_left, window_right, bottom_righ
     return block.out_like(q, v.shape[-1]), block.dense_lse(q)
 
 
-def sdpa_bwd(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
-    return block.backward(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic)
+#: the backward ops' kernels take the op's arguments as they are: the block calls themselves
+sdpa_bwd = block.backward
 
 
 def _sdpa_bwd_fake(dout, q, k, v, out, lse, sinks, scale, window_left, window_right, bottom_right, deterministic):
@@ -140,42 +140,7 @@ def _sdpa_varlen_fwd_fake(
     return block.out_like(q, v.shape[-1]), block.packed_lse(q)
 
 
-def sdpa_varlen_bwd(
-    dout,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    sinks,
-    scale,
-    window_left,
-    window_right,
-    bottom_right,
-    deterministic,
-):
-    return block.packed_backward(
-        dout,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        sinks,
-        scale,
-        window_left,
-        window_right,
-        bottom_right,
-        deterministic,
-    )
+sdpa_varlen_bwd = block.packed_backward
 
 
 def _sdpa_varlen_bwd_fake(
