@@ -136,8 +136,10 @@ for args in ${ncubwd_list[@]+"${ncubwd_list[@]}"}; do  # ncubwd may be given mor
   grep -E "^##|^###" "$OUT/ncu-bwd-$i-sass.txt" | head
 done
 if [ -n "$preset" ]; then
+  # the results' name says which card ran them (h100, h200, ...): the device may lend either
+  gpu_tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h[0-9]{3}|a100|b200' | head -1 | tr A-Z a-z)
   env ${commit:+FROST_COMMIT=$commit} timeout $((budget + 60)) python3 -m frost.bench --preset "$preset" --probe \
-    --time-budget "$budget" --results-dir "$OUT" --name "h200_${preset}" $bench_args 2> "$OUT/bench-progress.log" \
+    --time-budget "$budget" --results-dir "$OUT" --name "${gpu_tag:-gpu}_${preset}" $bench_args 2> "$OUT/bench-progress.log" \
     | tail -40
 fi
 # the device tool brings back at most 8 files: past 7, everything goes into one archive (untar it under the run's

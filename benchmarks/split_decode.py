@@ -4,7 +4,8 @@
 Each row is a decode (GQA 32:8, d=128, bf16, one query token a sequence unless --sq) over a dense or paged
 (64-row blocks) cache; it prints each variant's median and min-max per call in microseconds, the K/V bytes read per
 second, and the split plan's speed ratio to the unsplit one with its range from the extremes: a win or a loss only
-when the two time ranges do not overlap, else a tie (docs/gpu_verification.md). The split choice
+when the two time ranges do not overlap, else a tie (docs/gpu_verification.md); where the plan does not split, the
+row says "same plan" and its ratio measures the noise between two plans of one kernel. The split choice
 (frost/adapters/split_kv.py) was made without GPU timings: this is what checks it.
 
     python benchmarks/split_decode.py                         # both forwards (the wgmma one on SM90 only)
@@ -84,6 +85,8 @@ def row(batch, sq, skv, paged, engine, rounds, device):
     ratio = med["unsplit"] / med["planned"]
     spread = (lo["unsplit"] / hi["planned"], hi["unsplit"] / lo["planned"])
     verdict = "win" if lo["unsplit"] > hi["planned"] else "loss" if hi["unsplit"] < lo["planned"] else "tie"
+    if engine and splits_of(variants["planned"][0]) == 1:
+        verdict = "same plan"  # two plans of one kernel on their own buffers: the ratio is the noise floor
     cells = [
         f"{n} {med[n] * 1e3:8.1f}us [{lo[n] * 1e3:.1f}-{hi[n] * 1e3:.1f}] {kv_bytes / med[n] / 1e9:5.2f}TB/s"
         for n in names

@@ -64,3 +64,18 @@ def test_a_rerun_shard_replaces_the_earlier_outcome(tmp_path, capsys):
     )
     assert mod.main([str(first), str(rerun)]) == 0
     assert "| test/gpu/test_b_gpu.py | 3 | 0 | 0 | 1 |" in capsys.readouterr().out
+
+
+def test_tests_cut_by_the_timeout_are_counted_apart_never_as_passes(tmp_path, capsys):
+    """xdist writes a test interrupted mid-run as a testcase with neither name nor class."""
+    mod = _module()
+    path = tmp_path / "junit-1.xml"
+    path.write_text(
+        '<testsuite><testcase classname="test.gpu.test_b_gpu" name="test_six"/>'
+        '<testcase time="0.001" /><testcase time="0.000" /></testsuite>'
+    )
+    assert mod.main([str(path)]) == 0
+    md = capsys.readouterr().out
+    assert "| **total** | 1 | 0 | 0 | 0 |" in md
+    assert "| .py |" not in md
+    assert "2 tests were running when a timeout interrupted pytest" in md
