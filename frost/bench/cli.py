@@ -87,8 +87,9 @@ PRESETS = {
         probe=True,
     ),
     # paged K/V caches (forward only): decode (64 sequences of 8k keys, one query row each, GQA 32:8; K/V TB/s in
-    # each cell's info) and causal prefill, block sizes 16, 64, 128, 256; frost's engines that serve paged caches,
-    # FA4's page_table and cuDNN's paged SDPA
+    # each cell's info) and causal prefill, block sizes 16, 64, 128, 256, each shape with its contiguous twin (the
+    # report's paged / contiguous speed per frost engine); frost's engines that serve paged caches, FA4's
+    # page_table and cuDNN's paged SDPA
     "paged": dict(
         directions=["fwd"],
         dtypes=["bf16"],

@@ -25,6 +25,8 @@ from frost.bench.results import (
     deterministic_pairs,
     deterministic_ratios,
     impl_columns,
+    paged_pairs,
+    paged_vs_contiguous,
     report_dict,
 )
 
@@ -193,6 +195,27 @@ def deterministic_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
+PAGED_LEGEND = (
+    "Paged against contiguous: each frost engine's speed on the paged row over its speed on the same row over a "
+    "dense cache (< 1: reading through the table costs time) [range from the interleaved samples' extremes]; the "
+    "two rows were timed one after the other in this process, not interleaved with each other."
+)
+
+
+def paged_lines(rows: list[Row]) -> list[str]:
+    """One line per paged row whose contiguous twin was measured: each frost engine's paged / contiguous speed."""
+    lines = []
+    for paged, twin in paged_pairs(rows):
+        cells = []
+        for k, v in paged_vs_contiguous(paged, twin).items():
+            text = f"{impl_name(k)} {v['ratio']:.3f}x"
+            if "ratio_lo" in v:
+                text += f" [{v['ratio_lo']:.3f}-{v['ratio_hi']:.3f}] {v['verdict']}"
+            cells.append(text)
+        lines.append(f"{paged.workload.label}: {', '.join(cells) or 'no frost engine timed in both rows'}")
+    return lines
+
+
 def _text_columns(headers: list[str]) -> int:
     """How many leading columns describe the configuration (left-aligned); the rest are numbers."""
     return 6 if len(headers) > 5 and headers[5] == "mask" else 3
@@ -307,6 +330,9 @@ def render_report(rows: list[Row], markdown: bool = False, device: str = "cuda",
     same = cudnn_engine_lines(rows)
     if same:
         parts += ["", CUDNN_LEGEND, ""] + ([f"- {line}" for line in same] if markdown else same)
+    paged = paged_lines(rows)
+    if paged:
+        parts += ["", PAGED_LEGEND, ""] + ([f"- {line}" for line in paged] if markdown else paged)
     spread = spread_lines(rows)
     if spread or ceiling:
         head = [SPREAD_LEGEND] + ([ceiling_line(ceiling)] if ceiling else [])

@@ -3,8 +3,9 @@
 Rows carry everything the writers need (table, JSON, Markdown, PNG), so the
 writers can be tested on synthetic rows without a GPU. Ratios compare each
 frost engine with the best peer that ran in the same row, each frost engine with
-cuDNN through torch (the same library under frost's cuDNN engine), and a
-deterministic backward row with its non-deterministic twin.
+cuDNN through torch (the same library under frost's cuDNN engine), a
+deterministic backward row with its non-deterministic twin, and a paged row with
+its contiguous twin.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from frost.bench.flops import tflops
 from frost.bench.impl import CHECK_FAILED, OK
+from frost.bench.spread import Spread, compare_ms
 from frost.bench.workloads import Workload
 
 SCHEMA = "frost-bench/1"
@@ -55,7 +57,7 @@ class Row:
     def add(self, m: Measurement) -> Measurement:
         if m.ms is not None and m.tflops is None and not self.workload.probe:
             m.tflops = tflops(self.flops, m.ms)
-        if m.ms and self.workload.is_paged:  # paged rows: the K/V bytes read per second (decode's measure)
+        if m.ms and (self.workload.is_paged or self.workload.is_decode):  # K/V bytes read per second
             m.info["kv_tb_s"] = float(f"{self.workload.kv_bytes() / (m.ms * 1e-3) / 1e12:.4g}")
         self.measurements[m.impl] = m
         return m
@@ -150,6 +152,33 @@ def deterministic_ratios(base: Row, det: Row) -> dict:
     return out
 
 
+def paged_pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
+    """(paged row, its contiguous twin) for every paged row whose twin was measured, in the paged rows' order."""
+    dense = {r.workload: r for r in rows if not r.workload.is_paged}
+    pairs = []
+    for r in rows:
+        twin = dense.get(r.workload.contiguous_twin()) if r.workload.is_paged else None
+        if twin is not None:
+            pairs.append((r, twin))
+    return pairs
+
+
+def paged_vs_contiguous(paged: Row, twin: Row) -> dict:
+    """Each frost engine timed in both rows: the paged call's speed over the contiguous one's (< 1: the table
+    costs time), with the range from the interleaved samples' extremes and a verdict where both rows have them."""
+    out = {}
+    for k, m in paged.measurements.items():
+        c = twin.measurements.get(k)
+        if not k.startswith("frost:") or c is None or not (m.timed and c.timed and m.ms and c.ms):
+            continue
+        ms, cs = m.info.get("samples_ms"), c.info.get("samples_ms")
+        if ms and cs:
+            out[k] = compare_ms(Spread.of(ms), Spread.of(cs))
+        else:
+            out[k] = {"ratio": c.ms / m.ms}
+    return out
+
+
 def cudnn_engine_summary(rows: list[Row], tolerance: float = 0.03) -> list[dict]:
     """frost's cuDNN engine against cuDNN through torch, per direction (probe rows apart): the rows where both
     were timed, the TFLOP/s ratios' min / median / max and how many are within `tolerance` below 1 (or above);
@@ -197,6 +226,9 @@ def report_dict(rows: list[Row], env: dict, settings: dict) -> dict:
             for base, det in deterministic_pairs(rows)
         ],
         "cudnn_engine_vs_cudnn": cudnn_engine_summary(rows),
+        "paged_vs_contiguous": [
+            {"label": p.workload.label, "ratios": paged_vs_contiguous(p, c)} for p, c in paged_pairs(rows)
+        ],
     }
 
 

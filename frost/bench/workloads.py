@@ -9,7 +9,8 @@ Paged rows (layout "paged", forward only) read K and V from a paged cache
 (num_blocks, block_size, H_kv, D) through a shuffled block table: decode rows
 (S_q = 1, `paged_batch` sequences of each cache length) report the K/V bytes they
 read per second beside TFLOP/s, prefill rows (S_q = S_kv, causal, B = tokens / S)
-TFLOP/s.
+TFLOP/s. Each paged shape also gets its contiguous twin (the same row over a dense
+BSHD cache, once for all block sizes), so that a report can say what the table costs.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ class Workload:
         """Paged: every sequence's blocks, plus a spare one (the table never points to it)."""
         return self.batch * self.blocks_per_seq + 1 if self.is_paged else 0
 
+    @property
+    def is_decode(self) -> bool:
+        """One query row a sequence over a longer cache: K/V bytes read per second are the measure."""
+        return not self.is_thd and self.seqlen_q == 1 and self.seqlen_kv > 1
+
+    def contiguous_twin(self) -> "Workload":
+        """A paged row's twin over a dense (BSHD) cache: same shape, mask and batch."""
+        return replace(self, layout="bshd", block_size=0)
+
     def kv_bytes(self) -> int:
         """Bytes of K and V one call reads (each key and value once)."""
         return self.total_kv * self.heads_kv * (self.d_qk + self.d_v) * ELEMENT_BYTES[self.dtype]
@@ -108,7 +118,7 @@ class Workload:
         if self.is_thd:
             return f"thd {self.mix} ({len(self.seqlens)} seq, T={self.total_q})"
         if self.is_paged:
-            kind = "decode" if self.seqlen_q == 1 else "prefill"
+            kind = "decode" if self.is_decode else "prefill"
             return f"paged{self.block_size} {kind} {self.batch}x{self.seqlen_q}x{self.seqlen_kv}"
         if self.seqlen_q == self.seqlen_kv:
             return f"{self.batch}x{self.seqlen_q}"
@@ -353,48 +363,25 @@ class SweepSpec:
 
     def _paged(self, direction, dtype, d_qk, d_v, hq, hkv, causal, out) -> None:
         """Paged rows of one (head dims, heads, mask): decode rows unmasked (one query row sees every key: the
-        bottom-right causal mask is no mask), prefill rows causal (S_q = S_kv: both alignments agree)."""
+        bottom-right causal mask is no mask), prefill rows causal (S_q = S_kv: both alignments agree). Each shape's
+        contiguous twin goes first, once (unless the sweep's dense rows already hold it)."""
         if direction != "fwd":
             note = "paged K/V caches are forward only (as in cuDNN): no paged backward rows"
             if note not in self.skipped:
                 self.skipped.append(note)
             return
-        for bs in self.paged_block_sizes:
-            for s in self.seqlens:
-                if not causal:
-                    out.append(
-                        Workload(
-                            direction,
-                            dtype,
-                            d_qk,
-                            d_v,
-                            hq,
-                            hkv,
-                            False,
-                            layout="paged",
-                            batch=self.paged_batch,
-                            seqlen_q=1,
-                            seqlen_kv=s,
-                            block_size=bs,
-                        )
-                    )
-                else:
-                    out.append(
-                        Workload(
-                            direction,
-                            dtype,
-                            d_qk,
-                            d_v,
-                            hq,
-                            hkv,
-                            True,
-                            layout="paged",
-                            batch=max(1, self.tokens // s),
-                            seqlen_q=s,
-                            seqlen_kv=s,
-                            block_size=bs,
-                        )
-                    )
+        for s in self.seqlens:
+            if causal:
+                shape = dict(batch=max(1, self.tokens // s), seqlen_q=s, seqlen_kv=s)
+            else:
+                shape = dict(batch=self.paged_batch, seqlen_q=1, seqlen_kv=s)
+            rows = [
+                Workload(direction, dtype, d_qk, d_v, hq, hkv, causal, layout="paged", block_size=bs, **shape)
+                for bs in self.paged_block_sizes
+            ]
+            if rows and rows[0].contiguous_twin() not in out:
+                out.append(rows[0].contiguous_twin())
+            out.extend(rows)
 
     def probes(self) -> list[Workload]:
         """The tiny-problem host-time probe: 1x1x128x64, one per direction and dtype."""

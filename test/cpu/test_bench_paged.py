@@ -19,10 +19,15 @@ def _spec(argv):
 def test_the_paged_preset_has_decode_and_prefill_rows_per_block_size():
     spec = _spec(["--preset", "paged"])
     rows = spec.expand()
-    assert {w.block_size for w in rows} == {16, 64, 128, 256}
-    decode = [w for w in rows if w.seqlen_q == 1]
-    prefill = [w for w in rows if w.seqlen_q > 1]
+    paged = [w for w in rows if w.is_paged]
+    assert {w.block_size for w in paged} == {16, 64, 128, 256}
+    decode = [w for w in paged if w.seqlen_q == 1]
+    prefill = [w for w in paged if w.seqlen_q > 1]
     assert len(decode) == len(prefill) == 4
+    # each shape's contiguous twin once, before its paged rows: the dense decode and the dense causal prefill
+    twins = [w for w in rows if not w.is_paged]
+    assert twins == [decode[0].contiguous_twin(), prefill[0].contiguous_twin()]
+    assert rows.index(twins[0]) < rows.index(decode[0]) and twins[0].is_decode and not twins[1].is_decode
     w = decode[0]
     assert (w.batch, w.seqlen_kv, w.heads_q, w.heads_kv, w.causal) == (64, 8192, 32, 8, False)
     assert w.kv_bytes() == 64 * 8192 * 8 * 256 * 2 and w.blocks_per_seq == 8192 // w.block_size
@@ -48,7 +53,7 @@ def test_dry_run_lists_paged_rows_without_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "init", no_init)
     assert cli.main(["--dry-run", "--preset", "paged"]) == 0
     out = capsys.readouterr().out
-    assert "8 workloads" in out and "paged K/V: 8 rows" in out
+    assert "10 workloads" in out and "paged K/V: 8 rows" in out
     for needle in ("paged16 decode 64x1x8192", "paged256 prefill 2x8192x8192", "FA4 with page_table"):
         assert needle in out
 
@@ -116,8 +121,33 @@ def test_cpu_paged_rows_end_to_end(tmp_path):
     ]
     assert cli.main(argv) == 0
     doc = json.loads((tmp_path / "paged.json").read_text())
-    assert len(doc["rows"]) == 8
+    assert len(doc["rows"]) == 10  # 8 paged rows and the 2 contiguous twins
     for row in doc["rows"]:
         m = row["results"]["frost:reference"]
         assert m["status"] == "ok", m
-        assert m["rel_err"] < 1e-2 and m["info"]["kv_tb_s"] > 0
+        assert m["rel_err"] < 1e-2
+        assert ("kv_tb_s" in m["info"]) == ("paged" in row["label"] or "x1x" in row["label"])
+    pairs = doc["paged_vs_contiguous"]
+    assert len(pairs) == 8 and all(p["ratios"]["frost:reference"]["ratio"] > 0 for p in pairs)
+    assert "Paged against contiguous" in (tmp_path / "paged.md").read_text()
+
+
+def test_paged_against_contiguous_compares_interleaved_samples():
+    from frost.bench.report import paged_lines
+    from frost.bench.results import Measurement, Row, paged_vs_contiguous
+
+    w = Workload("fwd", "bf16", 64, 64, 4, 2, False, layout="paged", batch=3, seqlen_q=1, seqlen_kv=70, block_size=16)
+
+    def row(workload, samples):
+        r = Row(workload)
+        r.add(Measurement("frost:sm90", "ok", ms=sorted(samples)[len(samples) // 2], info={"samples_ms": samples}))
+        r.add(Measurement("cudnn", "ok", ms=1.0))  # peers are left out: the comparison is frost's own
+        return r
+
+    paged, twin = row(w, [1.10, 1.11, 1.12]), row(w.contiguous_twin(), [1.00, 1.01, 1.02])
+    v = paged_vs_contiguous(paged, twin)
+    assert list(v) == ["frost:sm90"] and v["frost:sm90"]["verdict"] == "loss"
+    assert abs(v["frost:sm90"]["ratio"] - 1.01 / 1.11) < 1e-9
+    assert v["frost:sm90"]["ratio_lo"] < v["frost:sm90"]["ratio"] < v["frost:sm90"]["ratio_hi"]
+    (line,) = paged_lines([twin, paged])
+    assert line.startswith(w.label) and "sm90 0.910x" in line and "loss" in line
