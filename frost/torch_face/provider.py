@@ -71,7 +71,7 @@ def _unserved(
         if value is not None:
             reject(name, "<tensor>", "not implemented by frost's provider")
     for name, value in unknown.items():
-        if value is not None and name != "num_splits":  # num_splits is a speed hint: frost never splits
+        if value is not None and name != "num_splits":  # num_splits is a speed hint: the plan picks the split
             reject(name, value, "an argument frost's provider does not know")
 
 
