@@ -441,7 +441,8 @@ def dry_run(a, spec: SweepSpec, workloads: list, out=None) -> int:
             f"paged K/V: {len(paged)} rows (block sizes {sorted({w.block_size for w in paged})}; decode rows also "
             f"report the K/V bytes read per second): frost's engines that serve paged caches (frost's wgmma "
             f"forward on cc 9.0, its mma.sync forward on other GPUs, block sizes 16 to 256), FA4 with page_table, "
-            f"cuDNN's paged SDPA in the cudnn column; FA2 n/a",
+            f"cuDNN's paged SDPA in the cudnn column; FA2 n/a; each shape's contiguous twin is timed too, for each "
+            f"frost engine's paged / contiguous speed",
             file=out,
         )
     if det:
