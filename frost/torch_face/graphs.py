@@ -9,6 +9,8 @@ plan launches (`Planned.run`).
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Optional
 
@@ -62,6 +64,14 @@ class Planned:
 
 # the current CUDA device's index, through torch's C getter (called only where a tensor lives on a GPU)
 current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def device_guard(device):
+    """`device` made current for a block when it is a GPU other than the current one, else nothing: plans and
+    launches are for the tensors' device (frost/runtime/device.py). Hot launch paths inline the test instead."""
+    if device.type == "cuda" and device.index is not None and device.index != current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
 
 
 def target_of(device) -> Optional[object]:
@@ -129,15 +139,7 @@ def _set_output(port, t, total=None):
 
 def _finish(g, handles, spec, device=None) -> Planned:
     g.validate()
-    if (
-        device is not None
-        and device.type == "cuda"
-        and device.index is not None
-        and device.index != torch.cuda.current_device()
-    ):
-        with torch.cuda.device(device):  # the plan is for the tensors' device (frost/runtime/device.py)
-            g.build_plans()
-    else:
+    with device_guard(device) if device is not None else contextlib.nullcontext():
         g.build_plans()
     return Planned(graph=g, handles=tuple(handles), workspace_size=g.get_workspace_size(), spec=spec)
 

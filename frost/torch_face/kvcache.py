@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from frost.kv_append import plan_kv_append
-from frost.torch_face.graphs import _finish, _graph, target_of
+from frost.torch_face.graphs import _finish, _graph, device_guard, target_of
 from frost.torch_face.plans import PLANS
 from frost.torch_face.spec import band, default_scale, reject, specialization
 
@@ -197,42 +197,31 @@ def flash_attn_with_kvcache(
 ):
     """FlashAttention's `flash_attn_with_kvcache` (see the module docstring); k_cache / v_cache are updated in
     place when k / v are given."""
-    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
-        with torch.cuda.device(q.device):  # the append and the attention launch on q's device's current stream
-            return flash_attn_with_kvcache(
-                q,
-                k_cache,
-                v_cache,
-                k,
-                v,
-                rotary_cos,
-                rotary_sin,
-                cache_seqlens,
-                cache_batch_idx,
-                cache_leftpad,
-                block_table,
-                softmax_scale,
-                causal,
-                window_size,
-                softcap,
-                rotary_interleaved,
-                alibi_slopes,
-                num_splits,
-                return_softmax_lse,
-                learnable_sink,
-            )
     _unserved(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, softcap, alibi_slopes)
     paged, capacity = _check(q, k_cache, v_cache, k, v, block_table, cache_seqlens)
+    if q.dtype not in _DTYPES:
+        reject("q", "<tensor>", f"dtype {q.dtype} (bf16, fp16, or fp32 on a CPU)")
+    sinks = learnable_sink
+    if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[2],)):
+        reject("learnable_sink", "<tensor>", f"expected fp32 ({q.shape[2]},), got {sinks.dtype} {tuple(sinks.shape)}")
+    bnd = band(causal, tuple(window_size) if window_size is not None else None, "bottom_right", causal_wins=True)
+    with device_guard(q.device):  # the append and the attention launch on q's device's current stream
+        lens_q, lens_kv = _append(q, k_cache, v_cache, k, v, block_table, cache_seqlens, paged, capacity)
+        return _attend(
+            q, k_cache, v_cache, block_table, lens_q, lens_kv, sinks, softmax_scale, bnd, capacity, return_softmax_lse
+        )
+
+
+def _append(q, k_cache, v_cache, k, v, block_table, cache_seqlens, paged, capacity):
+    """Step 1: the new rows written into the cache and the lengths the attention reads, (seq_len_q, seq_len_kv)."""
     b, s_q, _, d = q.shape
     dev = q.device
-    dtype = _DTYPES.get(q.dtype)
-    if dtype is None:
-        reject("q", "<tensor>", f"dtype {q.dtype} (bf16, fp16, or fp32 on a CPU)")
-    target = target_of(dev)
     seqlens_tensor = isinstance(cache_seqlens, torch.Tensor)
     lens_q = torch.empty(b, dtype=torch.int32, device=dev)
     lens_kv = torch.empty(b, dtype=torch.int32, device=dev)
-    append = plan_kv_append(dtype, d, v_cache.shape[-1], paged=paged, seqlens_tensor=seqlens_tensor, target=target)
+    append = plan_kv_append(
+        _DTYPES[q.dtype], d, v_cache.shape[-1], paged=paged, seqlens_tensor=seqlens_tensor, target=target_of(dev)
+    )
     if k is None:  # nothing new: zero rows (views, nothing allocated); the kernel still writes the lengths
         k = k_cache[:1, :0].expand(b, -1, -1, -1)
         v = v_cache[:1, :0].expand(b, -1, -1, -1)
@@ -249,18 +238,21 @@ def flash_attn_with_kvcache(
         cache_len=cache_len,
         s_q=s_q,
     )
-    # the attention graph over the cache: (B, H, S, D) views of q and out, the cache as cuDNN declares it
+    return lens_q, lens_kv
+
+
+def _attend(q, k_cache, v_cache, block_table, lens_q, lens_kv, sinks, scale, bnd, capacity, return_lse):
+    """Step 2: the attention graph over the cache, planned once per key: (B, H, S, D) views of q and out, the
+    cache as cuDNN declares it."""
+    b, s_q, hq, _ = q.shape
+    dev = q.device
     q4 = q.transpose(1, 2)
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # paged: (num_blocks, H_kv, block_size, D)
-    table4 = block_table[:, None, :, None] if paged else None
-    out = torch.empty((b, s_q, q.shape[2], v_cache.shape[-1]), dtype=q.dtype, device=dev)
+    table4 = block_table[:, None, :, None] if block_table is not None else None
+    out = torch.empty((b, s_q, hq, v_cache.shape[-1]), dtype=q.dtype, device=dev)
     out4 = out.transpose(1, 2)
-    lse = torch.empty((b, q.shape[2], s_q), dtype=torch.float32, device=dev) if return_softmax_lse else None
+    lse = torch.empty((b, hq, s_q), dtype=torch.float32, device=dev) if return_lse else None
     lse4 = lse.unsqueeze(-1) if lse is not None else None
-    sinks = learnable_sink
-    if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (q.shape[2],)):
-        reject("learnable_sink", "<tensor>", f"expected fp32 ({q.shape[2]},), got {sinks.dtype} {tuple(sinks.shape)}")
-    bnd = band(causal, tuple(window_size) if window_size is not None else None, "bottom_right", causal_wins=True)
     key = (
         "kvcache",
         q.dtype,
@@ -273,13 +265,13 @@ def flash_attn_with_kvcache(
         vc.stride(),
         None if table4 is None else (table4.shape, table4.stride()),
         sinks is None,
-        softmax_scale,
+        scale,
         bnd,
         lse is not None,
         out4.stride(),
     )
     plan = PLANS.lookup(key) or PLANS.build(
-        key, _build, q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks, softmax_scale, bnd, capacity
+        key, _build, q4, kc, vc, table4, out4, lse4, lens_q, lens_kv, sinks, scale, bnd, capacity
     )
     tensors = [q4, kc, vc, out4, *((lse4,) if lse4 is not None else ()), lens_q, lens_kv]
     if table4 is not None:
@@ -287,4 +279,4 @@ def flash_attn_with_kvcache(
     if sinks is not None:
         tensors.append(sinks)
     plan.run(tuple(tensors), dev)
-    return (out, lse) if return_softmax_lse else out
+    return (out, lse) if return_lse else out
