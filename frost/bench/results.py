@@ -131,15 +131,16 @@ def impl_columns(rows: list[Row]) -> list[str]:
     return peers + [k for k in seen if k.startswith("frost:")]
 
 
+def _twins(rows: list[Row], picks, twin_of) -> list[tuple[Row, Row]]:
+    """(row, its twin) for every row `picks` selects whose twin workload (`twin_of`) was measured, in row order."""
+    by_workload = {r.workload: r for r in rows}
+    return [(r, by_workload[t]) for r in rows if picks(r.workload) and (t := twin_of(r.workload)) in by_workload]
+
+
 def deterministic_pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
     """(non-deterministic, deterministic) rows of one backward workload, in the deterministic rows' order."""
-    plain = {r.workload: r for r in rows if not r.workload.deterministic}
-    pairs = []
-    for r in rows:
-        base = plain.get(replace(r.workload, deterministic=False)) if r.workload.deterministic else None
-        if base is not None:
-            pairs.append((base, r))
-    return pairs
+    pairs = _twins(rows, lambda w: w.deterministic, lambda w: replace(w, deterministic=False))
+    return [(base, det) for det, base in pairs]
 
 
 def deterministic_ratios(base: Row, det: Row) -> dict:
@@ -154,13 +155,7 @@ def deterministic_ratios(base: Row, det: Row) -> dict:
 
 def paged_pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
     """(paged row, its contiguous twin) for every paged row whose twin was measured, in the paged rows' order."""
-    dense = {r.workload: r for r in rows if not r.workload.is_paged}
-    pairs = []
-    for r in rows:
-        twin = dense.get(r.workload.contiguous_twin()) if r.workload.is_paged else None
-        if twin is not None:
-            pairs.append((r, twin))
-    return pairs
+    return _twins(rows, lambda w: w.is_paged, lambda w: w.contiguous_twin())
 
 
 def paged_vs_contiguous(paged: Row, twin: Row) -> dict:
